@@ -1,0 +1,124 @@
+"""Exceptions raised by wflow and the argument checks shared by every module.
+
+Bad input raises :class:`ValueError` or :class:`TypeError` naming the argument and
+the value received (never ``assert``: it vanishes under ``python -O``).  Failures
+during a computation raise :class:`WflowError` or one of its subclasses with a
+message that says what to change.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "WflowError",
+    "NotAGradientFlowError",
+    "SolverError",
+    "as_points",
+    "check_positive",
+    "check_nonnegative",
+    "check_int",
+    "short_repr",
+]
+
+
+class WflowError(RuntimeError):
+    """Base class for errors raised while wflow computes."""
+
+
+class NotAGradientFlowError(WflowError, ValueError):
+    """The model has no energy: it is not a gradient flow (the message says why)."""
+
+
+class SolverError(WflowError):
+    """A solver could not continue (non-finite state, step size underflow, ...)."""
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr`` of a value, shortened for error messages (arrays by shape and dtype)."""
+    if isinstance(value, np.ndarray):
+        if value.size <= 6:
+            text = np.array2string(value, precision=4, separator=", ")
+            return f"array({text}, dtype={value.dtype})"
+        return f"array(shape={value.shape}, dtype={value.dtype})"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def as_points(x: Any, name: str = "x", *, normalize: bool = False, atol: float = 1e-6) -> np.ndarray:
+    """Validate an array of points ``(..., n, d)`` with ``d >= 2``.
+
+    Returns a floating array (float32 kept, everything else float64).  With
+    ``normalize=True`` the points are projected onto the sphere; otherwise their norms
+    must be within ``atol`` of one.
+    """
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{name} must be an array of points of shape (..., n, d), got {short_repr(x)}")
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # pragma: no cover - numpy raises varied errors
+        raise TypeError(f"{name} must be an array of points, got {short_repr(x)}") from exc
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise TypeError(f"{name} must be a numeric array, got dtype {arr.dtype}")
+    if np.iscomplexobj(arr):
+        raise TypeError(f"{name} must be real, got complex dtype {arr.dtype}")
+    if arr.dtype != np.float32:
+        arr = arr.astype(np.float64, copy=False)
+    if arr.ndim < 2:
+        raise ValueError(f"{name} must have shape (..., n, d) with at least 2 axes, got shape {arr.shape}")
+    if arr.shape[-1] < 2:
+        raise ValueError(f"{name} must have dimension d >= 2 (last axis), got shape {arr.shape}")
+    if arr.shape[-2] < 1:
+        raise ValueError(f"{name} must hold at least one point, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains non-finite values (NaN or inf): {short_repr(arr)}")
+    norms = np.linalg.norm(arr, axis=-1)
+    if normalize:
+        if np.any(norms == 0):
+            i = np.unravel_index(int(np.argmin(norms)), norms.shape)
+            raise ValueError(f"{name} contains a zero vector (index {tuple(int(k) for k in i)}), which has no direction")
+        return arr / norms[..., None]
+    bad = np.abs(norms - 1) > atol
+    if np.any(bad):
+        i = np.unravel_index(int(np.argmax(np.abs(norms - 1))), norms.shape)
+        raise ValueError(
+            f"{name} must lie on the unit sphere; point {tuple(int(k) for k in i)} has norm {float(norms[i]):.6g} "
+            f"(use wflow.sphere.normalize first)"
+        )
+    return arr
+
+
+def _is_real_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_positive(value: Any, name: str, *, allow_inf: bool = False) -> float:
+    """Return ``float(value)`` after checking it is a finite real number > 0."""
+    if not _is_real_number(value):
+        raise TypeError(f"{name} must be a real number, got {short_repr(value)}")
+    v = float(value)
+    if np.isnan(v) or (np.isinf(v) and not allow_inf) or v <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return v
+
+
+def check_nonnegative(value: Any, name: str) -> float:
+    """Return ``float(value)`` after checking it is a finite real number >= 0."""
+    if not _is_real_number(value):
+        raise TypeError(f"{name} must be a real number, got {short_repr(value)}")
+    v = float(value)
+    if not np.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def check_int(value: Any, name: str, *, minimum: int = 1) -> int:
+    """Return ``int(value)`` after checking it is an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {short_repr(value)}")
+    v = int(value)
+    if v < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {v}")
+    return v
