@@ -1,0 +1,1 @@
+"""Solvers: particles (ODE/SDE on the sphere), continuum (Eulerian, Lagrangian), JKO."""
