@@ -1,0 +1,129 @@
+"""The ``wflow`` command.
+
+``wflow run [CONFIG.toml] [--set key=value ...] [--out DIR] [--resume]`` runs a
+configuration (the embedded default without arguments), writes ``DIR/trajectory.zarr``
+snapshot by snapshot, ``DIR/config.toml`` and ``DIR/summary.png``, and prints where
+they are.  Bad input is reported in one line with a non-zero exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from ._version import __version__
+from .errors import SolverError, WflowError
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+def _keys_help() -> str:
+    from .config import KEYS
+
+    lines = ["configuration keys (TOML sections [model], [init], ... or --set section.key=value):", ""]
+    for key, spec in KEYS.items():
+        choices = f" {{{', '.join(spec.choices)}}}" if spec.choices else ""
+        lines.append(f"  {key:<26} {spec.type.__name__:<5} default {spec.default!r}{choices}")
+        lines.append(f"  {'':<26} {spec.help}")
+    lines += ["", "The default runs SA on S^2 with 2000 uniform tokens at beta = 9 until t = 30:",
+              "metastable clusters that later merge."]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wflow", description="Mean-field dynamics of Transformers on the sphere.")
+    p.add_argument("--version", action="version", version=f"wflow {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log solver details")
+    sub = p.add_subparsers(dest="command")
+    r = sub.add_parser("run", help="run a configuration (the embedded default if none is given)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_keys_help(),
+                       description="Run a configuration and write the trajectory, its config and a figure.")
+    r.add_argument("config", nargs="?", help="TOML file with configuration keys (see below)")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a configuration key, e.g. --set model.beta=4 (repeatable)")
+    r.add_argument("--out", default="wflow-out", help="output folder (default: wflow-out)")
+    r.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
+    r.add_argument("--overwrite", action="store_true", help="replace an existing result in --out")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from . import io
+    from .config import apply_overrides, build_run, load_config, to_toml
+    from .plot import plot_trajectory
+    from .solvers.particles import simulate
+
+    out = Path(args.out)
+    store = out / "trajectory.zarr"
+    t_start = time.perf_counter()
+    if args.resume:
+        if args.config or args.overrides:
+            raise ValueError("--resume continues the stored configuration; do not pass a config file or --set")
+        if not store.exists():
+            raise FileNotFoundError(f"--resume: no interrupted run at {store}")
+        traj = io.resume(store, progress=not args.no_progress)
+        figure = True
+    else:
+        cfg = apply_overrides(load_config(args.config), args.overrides)
+        if store.exists() and not args.overwrite:
+            raise FileExistsError(f"{store} exists; use --resume to continue it, --overwrite to replace it, "
+                                  f"or another --out")
+        model, mu0, kwargs = build_run(cfg)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.toml").write_text(to_toml(cfg))
+        print(f"wflow {__version__}: {model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, "
+              f"method={cfg['run.method']} -> {store}", flush=True)
+        writer = io.ZarrWriter(store, overwrite=args.overwrite)
+        try:
+            traj = simulate(model, mu0, cfg["run.t_end"], writer=writer, progress=not args.no_progress, **kwargs)
+        except SolverError as exc:
+            print(f"wflow: solver stopped: {exc} ({writer.count} snapshots kept in {store})", file=sys.stderr)
+            return EXIT_FAILED
+        figure = cfg["output.figure"]
+    elapsed = time.perf_counter() - t_start
+    print(f"trajectory: {store} ({len(traj.times)} snapshots, {int(traj.stats['steps'][-1])} steps, "
+          f"{int(traj.stats['evaluations'][-1])} evaluations, {elapsed:.1f} s)")
+    e = traj.diagnostics["energy"]
+    if np.all(np.isfinite(e)):
+        print(f"energy: {float(np.ravel(e[0])[0]):.6g} -> {float(np.ravel(e[-1])[0]):.6g}; "
+              f"clusters: {int(np.ravel(traj.diagnostics['n_clusters'][0])[0])} -> "
+              f"{int(np.ravel(traj.diagnostics['n_clusters'][-1])[0])}")
+    if figure:
+        fig_path = out / "summary.png"
+        plot_trajectory(traj, fig_path)
+        print(f"figure: {fig_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        if args.command == "run":
+            return _run(args)
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as exc:
+        print(f"wflow: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except WflowError as exc:
+        print(f"wflow: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("wflow: interrupted; snapshots written so far are kept (continue with --resume)", file=sys.stderr)
+        return 130
+    return EXIT_USAGE  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Run configuration for ``wflow run``: a flat table of documented, typed keys.
+
+A config is TOML with sections (``[model]``, ``[init]``, ``[run]``, ...); on the
+command line a key is written with a dot, ``--set model.beta=4``.  Unknown keys and
+wrong types are rejected with the key and the value received.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import short_repr
+
+__all__ = ["KEYS", "default_config", "load_config", "apply_overrides", "validate_config", "to_toml", "build_run"]
+
+
+@dataclass(frozen=True)
+class Key:
+    type: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+
+KEYS: dict[str, Key] = {
+    "solver": Key(str, "particles", "solver: particles (finite-N system)", ("particles",)),
+    "model.type": Key(str, "SA", "attention block: SA (softmax) or USA (unnormalized)", ("SA", "USA")),
+    "model.beta": Key(float, 9.0, "inverse temperature beta >= 0"),
+    "model.value": Key(str, "identity", "value matrix V: identity (attraction) or minus-identity (repulsion)",
+                       ("identity", "minus-identity")),
+    "perceptron.m": Key(int, 0, "hidden width m of a perceptron block added to the model (0: no perceptron)"),
+    "perceptron.activation": Key(str, "relu", "perceptron activation", ("relu", "gelu", "tanh", "identity")),
+    "perceptron.conservative": Key(bool, True, "W = A^T diag(omega) (a gradient flow) instead of a general W"),
+    "perceptron.scale": Key(float, 1.0, "entries of A, W, b are N(0, scale^2 / m) (omega ~ N(0, scale^2))"),
+    "perceptron.seed": Key(int, 0, "seed of the perceptron's random weights"),
+    "init.kind": Key(str, "uniform", "initial tokens: uniform on the sphere, or a von Mises-Fisher mixture",
+                     ("uniform", "vmf-mixture")),
+    "init.n": Key(int, 2000, "number of tokens n"),
+    "init.d": Key(int, 3, "ambient dimension d (tokens on S^{d-1})"),
+    "init.seed": Key(int, 0, "seed of the initial tokens"),
+    "init.components": Key(int, 3, "vmf-mixture: number of components (random mean directions)"),
+    "init.kappa": Key(float, 10.0, "vmf-mixture: concentration of each component"),
+    "run.t_end": Key(float, 30.0, "final time (depth)"),
+    "run.n_saves": Key(int, 31, "number of snapshots saved, equally spaced in [0, t_end]"),
+    "run.method": Key(str, "dopri5", "time stepper", ("dopri5", "rk4", "euler", "euler-maruyama")),
+    "run.dt": Key(float, 0.0, "fixed step (rk4, euler, euler-maruyama) or first trial step (dopri5); 0: default"),
+    "run.rtol": Key(float, 1e-6, "dopri5 relative tolerance"),
+    "run.atol": Key(float, 1e-9, "dopri5 absolute tolerance"),
+    "run.kappa": Key(float, 0.0, "noise: diffusion kappa^{-1} Laplacian (needs method euler-maruyama); 0: none"),
+    "run.seed": Key(int, 0, "seed of the noise"),
+    "run.backend": Key(str, "auto", "kernel-sum backend (auto, numpy, keops, ...)"),
+    "run.cluster_threshold": Key(float, 0.1, "geodesic linkage distance for the cluster count"),
+    "output.figure": Key(bool, True, "write summary.png"),
+}
+
+
+def default_config() -> dict[str, Any]:
+    """The embedded default: SA on S^2, 2000 uniform tokens, beta = 9, t_end = 30."""
+    return {k: v.default for k, v in KEYS.items()}
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _check_key(key: str) -> None:
+    if key not in KEYS:
+        raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(KEYS)}")
+
+
+def _coerce(key: str, value: Any) -> Any:
+    spec = KEYS[key]
+    if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if spec.type is bool and not isinstance(value, bool):
+        raise TypeError(f"config key {key} must be true or false, got {short_repr(value)}")
+    if spec.type is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"config key {key} must be an integer, got {short_repr(value)}")
+    if not isinstance(value, spec.type):
+        raise TypeError(f"config key {key} must be of type {spec.type.__name__}, got {short_repr(value)}")
+    if spec.choices is not None and value not in spec.choices:
+        raise ValueError(f"config key {key} must be one of {list(spec.choices)}, got {value!r}")
+    return value
+
+
+def load_config(path: str | Path | None) -> dict[str, Any]:
+    """Defaults updated by a TOML file (if given); validated."""
+    cfg = default_config()
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config file not found: {p}")
+        try:
+            table = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"config file {p} is not valid TOML: {exc}") from None
+        for key, value in _flatten(table).items():
+            _check_key(key)
+            cfg[key] = _coerce(key, value)
+    return validate_config(cfg)
+
+
+def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key=value`` strings (values in TOML syntax; bare words are strings)."""
+    cfg = dict(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        _check_key(key)
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        cfg[key] = _coerce(key, value)
+    return validate_config(cfg)
+
+
+def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Range checks that do not depend on types alone."""
+    def need(cond: bool, key: str, what: str) -> None:
+        if not cond:
+            raise ValueError(f"config key {key} must be {what}, got {cfg[key]!r}")
+
+    for key in ("model.beta", "run.dt", "run.kappa"):
+        need(np.isfinite(cfg[key]) and cfg[key] >= 0, key, "a finite number >= 0")
+    for key in ("run.t_end", "run.rtol", "run.atol", "run.cluster_threshold", "init.kappa", "perceptron.scale"):
+        need(np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
+    for key, lo in (("init.n", 1), ("init.d", 2), ("run.n_saves", 2), ("init.components", 1), ("perceptron.m", 0)):
+        need(cfg[key] >= lo, key, f"an integer >= {lo}")
+    for key in ("init.seed", "run.seed", "perceptron.seed"):
+        need(cfg[key] >= 0, key, "a non-negative integer")
+    if (cfg["run.kappa"] > 0) != (cfg["run.method"] == "euler-maruyama"):
+        raise ValueError(f"run.kappa = {cfg['run.kappa']!r} and run.method = {cfg['run.method']!r} do not fit: "
+                         f"noise (kappa > 0) goes with method euler-maruyama and only with it")
+    return cfg
+
+
+def to_toml(cfg: dict[str, Any]) -> str:
+    """Write a flat config back as TOML with sections."""
+    lines: list[str] = []
+    sections: dict[str, list[str]] = {}
+    for key, value in cfg.items():
+        v = ("true" if value else "false") if isinstance(value, bool) else (f'"{value}"' if isinstance(value, str) else repr(value))
+        if "." in key:
+            sec, name = key.split(".", 1)
+            sections.setdefault(sec, []).append(f"{name} = {v}")
+        else:
+            lines.append(f"{key} = {v}")
+    for sec, body in sections.items():
+        lines += ["", f"[{sec}]", *body]
+    return "\n".join(lines) + "\n"
+
+
+def build_run(cfg: dict[str, Any]):
+    """Model, initial measure and keyword arguments of :func:`wflow.simulate` for a config."""
+    from . import sphere
+    from .measure import Atoms
+    from .models import SA, USA, Perceptron
+
+    d = cfg["init.d"]
+    V = None if cfg["model.value"] == "identity" else -np.eye(d)
+    model = (SA if cfg["model.type"] == "SA" else USA)(cfg["model.beta"], V=V)
+    m = cfg["perceptron.m"]
+    if m > 0:
+        rng = np.random.default_rng(cfg["perceptron.seed"])
+        s = cfg["perceptron.scale"]
+        A = rng.normal(0, s / np.sqrt(m), (m, d))
+        b = rng.normal(0, s / np.sqrt(m), m)
+        if cfg["perceptron.conservative"]:
+            p = Perceptron.conservative(A, rng.normal(0, s, m), b, cfg["perceptron.activation"])
+        else:
+            p = Perceptron(rng.normal(0, s / np.sqrt(m), (d, m)), A, b, cfg["perceptron.activation"])
+        model = model + p
+    rng = np.random.default_rng(cfg["init.seed"])
+    if cfg["init.kind"] == "uniform":
+        x = sphere.uniform(cfg["init.n"], d, rng)
+    else:
+        k = cfg["init.components"]
+        x = sphere.vmf_mixture(cfg["init.n"], sphere.uniform(k, d, rng), np.full(k, cfg["init.kappa"]), seed=rng)
+    kwargs = dict(
+        save_at=np.linspace(0.0, cfg["run.t_end"], cfg["run.n_saves"]),
+        method=cfg["run.method"],
+        dt=cfg["run.dt"] or None,
+        kappa=cfg["run.kappa"] or None,
+        seed=cfg["run.seed"],
+        backend=cfg["run.backend"],
+        cluster_threshold=cfg["run.cluster_threshold"],
+    )
+    if cfg["run.method"] == "dopri5":
+        kwargs.update(rtol=cfg["run.rtol"], atol=cfg["run.atol"])
+    return model, Atoms(x), kwargs
