@@ -116,7 +116,7 @@ class Density:
 
     @classmethod
     def from_samples(cls, mesh: Mesh, points: ArrayLike, weights: ArrayLike | None = None, *,
-                     method: str = "histogram", bandwidth: float | None = None) -> "Density":
+                     method: str = "histogram", bandwidth: float | None = None, backend: str = "auto") -> "Density":
         r"""Density estimate from samples on the sphere.
 
         Parameters
@@ -133,14 +133,17 @@ class Density:
         bandwidth : float, optional
             Angular width for ``"kde"``; default :math:`\max(2h,\ n^{-1/(d+3)})`,
             ``h`` the mesh spacing.
+        backend : str
+            Kernel-sum backend for ``"kde"``.
         """
         mu = Atoms(points, weights)
         if mu.batch_shape:
             raise ValueError(f"points must have shape (n, d), got {mu.points.shape}")
-        return cls.from_atoms(mesh, mu, method=method, bandwidth=bandwidth)
+        return cls.from_atoms(mesh, mu, method=method, bandwidth=bandwidth, backend=backend)
 
     @classmethod
-    def from_atoms(cls, mesh: Mesh, mu: Atoms, *, method: str = "histogram", bandwidth: float | None = None) -> "Density":
+    def from_atoms(cls, mesh: Mesh, mu: Atoms, *, method: str = "histogram", bandwidth: float | None = None,
+                   backend: str = "auto") -> "Density":
         """:meth:`from_samples` with the atoms' points and weights; inverse of :meth:`to_atoms` for
         ``method="histogram"`` (atoms at the centres map back to the same cells)."""
         mu = as_atoms(mu)
@@ -158,7 +161,7 @@ class Density:
                 sigma = max(2 * mesh.spacing, mu.n ** (-1.0 / (mesh.d + 3)))
             else:
                 sigma = check_positive(bandwidth, "bandwidth")
-            s = kernel_sums(mesh.centers, x, w, 1.0 / sigma**2, values=False)
+            s = kernel_sums(mesh.centers, x, w, 1.0 / sigma**2, values=False, backend=backend)
             # exp(log_scale - max) keeps the relative values finite for any bandwidth
             vals = s.mass * np.exp(s.log_scale - s.log_scale.max())
             return cls(mesh, vals, normalize=True)
