@@ -1,0 +1,184 @@
+"""Eulerian finite-volume solver: conservation, positivity, energy, linear theory, order, heat equation."""
+import numpy as np
+import pytest
+from scipy.special import eval_legendre, iv
+
+from wflow.density import Density
+from wflow.errors import NotAGradientFlowError
+from wflow.mesh import CircleMesh, SphereMesh
+from wflow.models import SA, USA, Perceptron
+from wflow.solvers.eulerian import DensityTrajectory, FiniteVolume, solve_density
+from wflow.sphere import points_to_angles
+
+BK = "numpy"  # direct sums: exact and deterministic
+
+
+def fourier(traj, k):
+    mesh = traj.mesh
+    return np.abs((traj.values * mesh.areas) @ np.exp(-1j * k * mesh.center_angles))
+
+
+@pytest.fixture(scope="module")
+def sphere():
+    return SphereMesh(4)
+
+
+def test_mass_and_positivity_through_clustering():
+    m = CircleMesh(128)
+    rng = np.random.default_rng(0)
+    # compactly supported, rough initial data: zeros and jumps
+    v = np.where(np.abs(m.center_angles - 2.0) < 1.2, rng.uniform(0.5, 1.5, m.m), 0.0)
+    rho0 = Density(m, v, normalize=True)
+    seen = []
+    r = solve_density(SA(beta=9.0), rho0, 6.0, save_at=np.linspace(0, 6, 13), backend=BK,
+                      callback=lambda t, rho: seen.append(rho.values.min()) and False)
+    assert np.abs(r.mass - 1).max() < 1e-13
+    assert r.values.min() >= 0 and min(seen) >= 0
+    assert r.values[-1].max() > 5 * r.values[0].max()  # it did concentrate
+    assert r.energy is not None and np.all(np.diff(r.energy) > -1e-13)
+
+
+def test_mass_positivity_sphere_auto_backend(sphere):
+    rho0 = Density.from_function(sphere, lambda x: np.exp(3 * x[:, 0]) + np.exp(2 * x[:, 2]))
+    r = solve_density(SA(beta=4.0), rho0, 1.5, save_at=[0, 0.5, 1.5], backend="auto")
+    assert np.abs(r.mass - 1).max() < 1e-13
+    assert r.values.min() >= 0
+    assert r.stats["evaluations"] >= 3 * r.stats["steps"] + 1
+
+
+@pytest.mark.parametrize("mesh", ["circle", "sphere"])
+def test_energy_non_decreasing_usa(mesh, sphere):
+    m = CircleMesh(64) if mesh == "circle" else sphere
+    rho0 = Density.from_function(m, lambda x: 1 + 0.8 * x[:, 0] + 0.5 * x[:, 1] ** 2)
+    r = solve_density(USA(beta=2.0), rho0, 2.0, save_at=np.linspace(0, 2, 41), backend=BK)
+    dE = np.diff(r.energy)
+    assert np.all(dE >= -1e-14 * np.abs(r.energy).max()), dE.min()
+    assert r.energy[-1] > r.energy[0]
+
+
+@pytest.mark.parametrize("beta", [1.0, 5.0])
+@pytest.mark.parametrize("kind", ["USA", "SA"])
+def test_growth_rates_circle(kind, beta):
+    """lambda_k = k^2 I_k(beta)/beta (USA), k^2 I_k(beta)/(beta I_0(beta)) (SA), DESIGN.md §1."""
+    m = CircleMesh(128)
+    model = USA(beta=beta) if kind == "USA" else SA(beta=beta)
+    for k in range(1, 5):
+        lam = k**2 * iv(k, beta) / beta / (iv(0, beta) if kind == "SA" else 1.0)
+        rho0 = Density.from_function(m, lambda x: 1 + 1e-5 * np.cos(k * points_to_angles(x)))
+        T = 1.0 / lam
+        r = solve_density(model, rho0, T, max_step=T / 50, backend=BK)
+        a = fourier(r, k)
+        measured = np.log(a[1] / a[0]) / T
+        assert abs(measured / lam - 1) < 0.01, (k, measured, lam)
+
+
+def test_order_of_convergence_circle():
+    """Smooth problem before clustering: successive-refinement order >= 1.8."""
+    f = lambda x: np.exp(x[:, 0]) + 0.5 * np.exp(1.5 * x[:, 1])  # noqa: E731
+    sols = {M: solve_density(SA(beta=2.0), Density.from_function(CircleMesh(M), f), 1.0, backend=BK).values[-1]
+            for M in (32, 64, 128, 256)}
+    diffs = [np.sum(np.abs(sols[2 * M].reshape(-1, 2).mean(axis=1) - sols[M])) * 2 * np.pi / M for M in (32, 64, 128)]
+    orders = np.log2(np.array(diffs[:-1]) / diffs[1:])
+    assert np.all(orders >= 1.8), orders
+
+
+def test_heat_equation_circle():
+    m = CircleMesh(128)
+    kappa, T = 2.0, 0.3
+    for k in (1, 2, 3):
+        rho0 = Density.from_function(m, lambda x: 1 + 0.5 * np.cos(k * points_to_angles(x)))
+        r = solve_density(None, rho0, T, kappa=kappa)
+        a = fourier(r, k)
+        # discrete Laplacian eigenvalue error: relative (k h)^2/12 in the rate
+        assert abs(a[1] / a[0] / np.exp(-k * k * T / kappa) - 1) < 3e-3
+        assert np.abs(r.mass - 1).max() < 1e-13
+
+
+def test_heat_equation_sphere():
+    kappa, T = 1.0, 0.1
+    errs = []
+    for n in (4, 8):
+        s = SphereMesh(n)
+        e = []
+        for ell in (1, 2):
+            rho0 = Density.from_function(s, lambda x: 1 + 0.5 * eval_legendre(ell, x[:, 2]))
+            # beta = 0 SA: v = P_x(mean) vanishes on a centred perturbation up to mesh error
+            r = solve_density(None, rho0, T, kappa=kappa)
+            P = eval_legendre(ell, s.centers[:, 2])
+            a = (r.values * s.areas) @ P
+            e.append(abs(a[1] / a[0] / np.exp(-ell * (ell + 1) * T / kappa) - 1))
+        errs.append(e)
+    errs = np.array(errs)
+    assert errs[1].max() < 0.01
+    assert np.all(errs[0] / errs[1] > 3.0)  # second order
+
+
+def test_heat_with_model_beta_zero():
+    m = CircleMesh(64)
+    rho0 = Density.from_function(m, lambda x: 1 + 0.5 * np.cos(2 * points_to_angles(x)))
+    r = solve_density(SA(beta=0.0), rho0, 0.2, kappa=1.0, backend=BK)
+    a = fourier(r, 2)
+    assert abs(a[1] / a[0] / np.exp(-0.8) - 1) < 5e-3
+
+
+def test_repulsive_and_perceptron_run(sphere):
+    rho0 = Density.from_function(sphere, lambda x: np.exp(2 * x[:, 2]))
+    A = np.random.default_rng(0).standard_normal((4, 3))
+    for model in (SA(beta=2.0, V=-np.eye(3)), USA(beta=1.0) + Perceptron.conservative(A, np.ones(4))):
+        r = solve_density(model, rho0, 0.5, backend=BK)
+        assert np.abs(r.mass - 1).max() < 1e-13 and r.values.min() >= 0
+    # repulsion spreads mass out
+    r = solve_density(USA(beta=1.0, V=-np.eye(3)), rho0, 1.0, save_at=np.linspace(0, 1, 6), backend=BK)
+    assert r.values[-1].max() < r.values[0].max()
+    assert np.all(np.diff(r.energy) >= -1e-14)
+
+
+def test_non_gradient_has_no_energy(sphere):
+    rho0 = Density.uniform(sphere)
+    r = solve_density(SA(beta=1.0, Q=np.diag([1.0, 2.0, 0.5])), rho0, 0.1, backend=BK)
+    assert r.energy is None
+
+
+def test_save_at_and_callback():
+    m = CircleMesh(32)
+    rho0 = Density.from_function(m, lambda x: np.exp(x[:, 0]))
+    r = solve_density(SA(beta=1.0), rho0, 1.0, save_at=[0.0, 0.25, 0.5, 1.0], backend=BK)
+    assert isinstance(r, DensityTrajectory) and np.array_equal(r.times, [0, 0.25, 0.5, 1.0])
+    assert r.values.shape == (4, 32) and r.status == 0
+    assert isinstance(r.density(-1), Density)
+    r = solve_density(SA(beta=1.0), rho0, 1.0, backend=BK, callback=lambda t, rho: t > 0.3)
+    assert r.status == 1 and 0.3 < r.times[-1] < 1.0
+    # a fixed step below the limit gives exactly t_end / dt steps
+    r = solve_density(SA(beta=1.0), rho0, 1.0, dt=0.01, backend=BK)
+    assert r.stats["steps"] == 100
+
+
+def test_bad_input(sphere):
+    m = CircleMesh(32)
+    rho0 = Density.from_function(m, lambda x: np.exp(x[:, 0]))
+    with pytest.raises(ValueError, match="d=3"):
+        solve_density(SA(beta=1.0, Q=np.eye(3)), rho0, 1.0)
+    with pytest.raises(ValueError, match=r"dt=10 .*limit"):
+        solve_density(USA(beta=1.0), rho0, 1.0, dt=10.0, backend=BK)
+    with pytest.raises(ValueError, match="cfl"):
+        solve_density(SA(beta=1.0), rho0, 1.0, cfl=1.5)
+    with pytest.raises(ValueError, match="kappa"):
+        solve_density(SA(beta=1.0), rho0, 1.0, kappa=-1.0)
+    with pytest.raises(ValueError, match="kappa"):
+        solve_density(None, rho0, 1.0)
+    with pytest.raises(ValueError, match="save_at"):
+        solve_density(SA(beta=1.0), rho0, 1.0, save_at=[0, 2.0])
+    with pytest.raises(ValueError, match="t_end"):
+        solve_density(SA(beta=1.0), rho0, -1.0)
+    with pytest.raises(TypeError, match="rho0"):
+        solve_density(SA(beta=1.0), rho0.values, 1.0)
+
+
+def test_scheme_contract():
+    assert FiniteVolume.order == 2
+    m = CircleMesh(16)
+    fv = FiniteVolume(m, SA(beta=1.0), backend=BK)
+    s = fv.init(Density.from_function(m, lambda x: np.exp(x[:, 0])).masses())
+    assert fv.step(s, 2 * s.limit) is None
+    nxt = fv.step(s, 0.5 * s.limit)
+    assert abs(nxt.masses.sum() - 1) < 1e-15
