@@ -42,6 +42,8 @@ def cluster_labels(points: np.ndarray, threshold: float = 0.1) -> tuple[int, np.
 
 def count_clusters(mu: Atoms, threshold: float = 0.1, *, min_mass: float = 0.0) -> np.ndarray:
     """Number of clusters per system (see :func:`cluster_labels`) holding mass ``> min_mass``; shape ``batch``."""
+    if mu.n == 1:
+        return np.ones(mu.batch_shape, dtype=np.int64)
     pts = mu.points.reshape(-1, mu.n, mu.d)
     w = mu.weights.reshape(-1, mu.n)
     out = np.empty(pts.shape[0], dtype=np.int64)

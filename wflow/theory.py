@@ -44,7 +44,8 @@ def funk_hecke(ell, beta: float, d: int) -> np.ndarray:
     if beta == 0:
         return np.where(ell == 0, 1.0, 0.0)
     # log form avoids overflow for large beta: ive(nu, b) = I_nu(b) e^{-b}
-    log_c = special.gammaln(d / 2) + (d / 2 - 1) * np.log(2 / beta) + np.log(special.ive(nu, beta)) + beta
+    with np.errstate(divide="ignore"):  # ive underflows to 0 for degrees far beyond beta: c = 0
+        log_c = special.gammaln(d / 2) + (d / 2 - 1) * np.log(2 / beta) + np.log(special.ive(nu, beta)) + beta
     return np.exp(log_c)
 
 

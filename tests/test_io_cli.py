@@ -1,0 +1,146 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import wflow
+from wflow import SA, USA, Atoms, io, simulate, sphere
+from wflow.cli import main
+from wflow.errors import WflowError
+
+
+class _StopAfter(io.ZarrWriter):
+    """A writer that interrupts the run after k snapshots (like a killed process)."""
+
+    def __init__(self, path, k):
+        super().__init__(path)
+        self.k = k
+
+    def write(self, snapshot):
+        super().write(snapshot)
+        if self.count == self.k:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(dt=0.05), dict(method="dopri5", rtol=1e-7), dict(kappa=3.0, dt=0.02, seed=11)],
+    ids=["rk4", "dopri5", "noise"],
+)
+def test_resumed_run_equals_uninterrupted(kwargs, tmp_path, rng):
+    mu0 = Atoms(sphere.uniform(24, 3, rng, batch=(2,)))
+    full = simulate(SA(4.0), mu0, 2.0, **kwargs)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(SA(4.0), mu0, 2.0, writer=_StopAfter(tmp_path / "t.zarr", 4), **kwargs)
+    part = io.load(tmp_path / "t.zarr")
+    assert len(part.times) == 4
+    resumed = io.resume(tmp_path / "t.zarr")
+    on_disk = io.load(tmp_path / "t.zarr")
+    for traj in (resumed, on_disk):
+        np.testing.assert_array_equal(traj.times, full.times)
+        np.testing.assert_array_equal(traj.points, full.points)
+        np.testing.assert_array_equal(traj.stats["steps"], full.stats["steps"])
+        np.testing.assert_array_equal(traj.diagnostics["energy"], full.diagnostics["energy"])
+
+
+def test_dataset_round_trip_and_self_description(tmp_path, rng):
+    traj = simulate(USA(1.0, V=-np.eye(3)), Atoms(sphere.uniform(10, 3, rng), rng.uniform(size=10)), 1.0, dt=0.1, seed=3)
+    ds = traj.to_dataset()
+    assert ds["points"].dims == ("time", "particle", "coord")
+    cfg = json.loads(ds.attrs["config"])
+    assert cfg["model"] == {"type": "USA", "beta": 1.0, "V": (-np.eye(3)).tolist()}
+    assert cfg["seed"] == 3 and cfg["method"] == "rk4" and ds.attrs["wflow_version"] == wflow.__version__
+    wflow.save(traj, tmp_path / "r.zarr")
+    back = wflow.load(tmp_path / "r.zarr")
+    np.testing.assert_array_equal(back.points, traj.points)
+    np.testing.assert_array_equal(back.weights, traj.weights)
+    assert back.config == traj.config
+
+
+def test_load_rejects_foreign_files(tmp_path):
+    import xarray as xr
+
+    xr.Dataset({"a": ("x", np.arange(3))}).to_zarr(tmp_path / "other.zarr", consolidated=False)
+    with pytest.raises(WflowError, match="not a wflow trajectory"):
+        io.load(tmp_path / "other.zarr")
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(WflowError, match="cannot read"):
+        io.load(tmp_path / "junk")
+    with pytest.raises(FileNotFoundError):
+        io.load(tmp_path / "missing.zarr")
+
+
+def test_cli_default_with_small_overrides(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["run", "--set", "init.n=60", "--set", "run.t_end=2", "--set", "run.n_saves=5", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert str(out / "trajectory.zarr") in text and str(out / "summary.png") in text
+    assert (out / "summary.png").stat().st_size > 10_000
+    traj = wflow.load(out / "trajectory.zarr")
+    assert traj.points.shape == (5, 60, 3)
+    assert traj.config["model"] == {"type": "SA", "beta": 9.0}
+    assert np.all(np.diff(traj.energy) >= -1e-12 * traj.energy.max())
+    # the written config reproduces the run
+    rc = main(["run", str(out / "config.toml"), "--out", str(tmp_path / "again"), "--no-progress"])
+    assert rc == 0
+    np.testing.assert_array_equal(wflow.load(tmp_path / "again" / "trajectory.zarr").points, traj.points)
+
+
+def test_cli_resume_completes_interrupted_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["--set", "init.n=30", "--set", "run.t_end=1", "--set", "run.n_saves=6", "--set", "run.method=rk4",
+            "--set", "run.dt=0.05", "--out", str(out), "--no-progress"]
+    assert main(["run", *args, "--set", "output.figure=false"]) == 0
+    full = wflow.load(out / "trajectory.zarr")
+    # simulate an interruption: keep the first 3 snapshots of a fresh run, then resume
+    out2 = tmp_path / "cut"
+    model = SA(9.0)
+    from wflow.config import apply_overrides, build_run, load_config
+
+    cfg = apply_overrides(load_config(None), [a for a in args[1:-3:2]] + ["run.seed=0"])
+    model, mu0, kw = build_run(cfg)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(model, mu0, cfg["run.t_end"], writer=_StopAfter(out2 / "trajectory.zarr", 3), **kw)
+    assert main(["run", "--resume", "--out", str(out2), "--no-progress"]) == 0
+    np.testing.assert_array_equal(wflow.load(out2 / "trajectory.zarr").points, full.points)
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["run", "--set", "model.beta=-2"], "model.beta"),
+        (["run", "--set", "init.n=ten"], "init.n"),
+        (["run", "--set", "model.kind=SA"], "unknown config key"),
+        (["run", "--set", "run.dt"], "key=value"),
+        (["run", "--set", "run.method=rk5"], "run.method"),
+        (["run", "--set", "run.t_end=0"], "run.t_end"),
+        (["run", "--set", "run.kappa=1"], "euler-maruyama"),
+        (["run", "missing.toml"], "not found"),
+        (["run", "--resume"], "no interrupted run"),
+    ],
+)
+def test_cli_bad_input_one_line(argv, match, tmp_path, capsys):
+    rc = main([*argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert match in err and err.count("\n") == 1 and err.startswith("wflow: error:")
+
+
+def test_cli_rejects_unknown_toml_keys(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\ntype = "SA"\ntemperature = 3\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert "model.temperature" in capsys.readouterr().err
+
+
+def test_console_script_version_and_help():
+    r = subprocess.run([sys.executable, "-m", "wflow.cli", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == f"wflow {wflow.__version__}"
+    r = subprocess.run([sys.executable, "-m", "wflow.cli", "run", "--help"], capture_output=True, text=True)
+    from wflow.config import KEYS
+
+    assert r.returncode == 0 and all(k in r.stdout for k in KEYS)

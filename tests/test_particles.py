@@ -1,0 +1,156 @@
+import numpy as np
+import pytest
+
+from wflow import SA, USA, Atoms, Perceptron, SolverError, simulate, sphere, theory
+from wflow.models import Model
+from wflow.theory import equiangular_configuration
+
+
+@pytest.mark.parametrize("kind", ["SA", "USA"])
+@pytest.mark.parametrize("beta,n", [(1.0, 3), (4.0, 6), (9.0, 10)])
+def test_equiangular_reduction(kind, beta, n):
+    """Particles from an equiangular start follow rho' = F(rho) of DESIGN.md §1 to 1e-9 (RK4)."""
+    rho0 = 0.1
+    x0 = equiangular_configuration(n, rho0)
+    model = SA(beta) if kind == "SA" else USA(beta)
+    t = np.linspace(0, 1.0, 6)
+    traj = simulate(model, Atoms(x0), t[-1], save_at=t, dt=2e-3 if kind == "SA" else 2e-4 * 9 / max(beta, 1))
+    G = np.einsum("tid,tjd->tij", traj.points, traj.points)
+    off = G[:, ~np.eye(n, dtype=bool)]
+    assert np.ptp(off, axis=1).max() < 1e-12  # stays equiangular
+    ref = theory.equiangular_solution(rho0, t, beta, n, kind)
+    np.testing.assert_allclose(off.mean(axis=1), ref, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("model", [SA(4.0), USA(2.0)], ids=["SA", "USA"])
+@pytest.mark.parametrize("d", [2, 3])
+def test_energy_non_decreasing(model, d, rng):
+    mu0 = Atoms(sphere.uniform(80, d, rng))
+    traj = simulate(model, mu0, 3.0, save_at=np.linspace(0, 3, 31), dt=0.02)
+    e = traj.energy
+    assert np.all(np.diff(e) >= -1e-12 * np.abs(e).max())
+    assert e[-1] > e[0] * 1.01  # and it really moves
+    np.testing.assert_allclose(np.linalg.norm(traj.points, axis=-1), 1, atol=1e-12)
+
+
+def test_rk4_order_four(rng):
+    model = SA(2.0) + Perceptron(rng.standard_normal((3, 4)), rng.standard_normal((4, 3)), activation="tanh")
+    mu0 = Atoms(sphere.uniform(20, 3, rng))
+    ref = simulate(model, mu0, 1.0, save_at=[0, 1.0], method="dopri5", rtol=1e-13, atol=1e-14).points[-1]
+    dts = np.array([0.2, 0.1, 0.05, 0.025])
+    errs = [np.abs(simulate(model, mu0, 1.0, save_at=[0, 1.0], dt=h).points[-1] - ref).max() for h in dts]
+    slope = np.polyfit(np.log(dts), np.log(errs), 1)[0]
+    assert 3.8 < slope < 4.3, (slope, errs)
+
+
+def test_euler_order_one(rng):
+    mu0 = Atoms(sphere.uniform(15, 3, rng))
+    ref = simulate(SA(1.0), mu0, 1.0, save_at=[0, 1.0], dt=0.01).points[-1]
+    errs = [np.abs(simulate(SA(1.0), mu0, 1.0, save_at=[0, 1.0], dt=h, method="euler").points[-1] - ref).max()
+            for h in (0.02, 0.01, 0.005)]
+    slope = np.polyfit(np.log([0.02, 0.01, 0.005]), np.log(errs), 1)[0]
+    assert 0.9 < slope < 1.1
+
+
+@pytest.mark.parametrize("rtol", [1e-5, 1e-8])
+def test_adaptive_agrees_with_fixed_step(rtol, rng):
+    mu0 = Atoms(sphere.uniform(30, 3, rng))
+    model = SA(5.0)
+    ref = simulate(model, mu0, 2.0, dt=0.005)
+    ad = simulate(model, mu0, 2.0, method="dopri5", rtol=rtol, atol=rtol * 1e-3)
+    err = np.abs(ad.points - ref.points).max()
+    assert err < 20 * rtol  # global error within a modest multiple of the local tolerance
+    assert ad.stats["steps"][-1] < ref.stats["steps"][-1]
+    assert ad.stats["evaluations"][-1] >= 7 * ad.stats["steps"][-1]
+
+
+def test_batched_systems_match_single_runs(rng):
+    x = sphere.uniform(8, 3, rng, batch=(4,))
+    traj = simulate(SA(3.0), Atoms(x), 1.0, dt=0.05)
+    for b in (0, 3):
+        single = simulate(SA(3.0), Atoms(x[b]), 1.0, dt=0.05)
+        np.testing.assert_allclose(traj.points[:, b], single.points, atol=1e-14)
+        np.testing.assert_allclose(traj.energy[:, b], single.energy, rtol=1e-13)
+
+
+def test_noise_is_seeded_and_stays_on_sphere(rng):
+    mu0 = Atoms(sphere.uniform(50, 3, rng))
+    a = simulate(SA(1.0), mu0, 1.0, kappa=2.0, dt=0.01, seed=5)
+    b = simulate(SA(1.0), mu0, 1.0, kappa=2.0, dt=0.01, seed=5)
+    c = simulate(SA(1.0), mu0, 1.0, kappa=2.0, dt=0.01, seed=6)
+    np.testing.assert_array_equal(a.points, b.points)
+    assert np.abs(a.points[-1] - c.points[-1]).max() > 0.1
+    np.testing.assert_allclose(np.linalg.norm(a.points, axis=-1), 1, atol=1e-12)
+
+
+def test_pure_diffusion_decay_rate(rng):
+    """V = 0: each particle is a Brownian motion on S^2, whose mean decays like e^{-(d-1) t / kappa}.
+
+    20000 independent one-particle systems (a batch), so no pair sums are needed.
+    """
+    n, kappa, t = 20_000, 4.0, 1.0
+    x0 = np.tile([0.0, 0.0, 1.0], (n, 1, 1))
+    traj = simulate(USA(0.0, V=np.zeros((3, 3))), Atoms(x0), t, save_at=[0, t], kappa=kappa, dt=0.01, seed=1)
+    m = traj.points[-1, :, 0, 2].mean()
+    # Brownian motion on S^2 with generator Delta/kappa: E[z] = exp(-2 t / kappa); weak error O(dt)
+    assert abs(m - np.exp(-2 * t / kappa)) < 4 / np.sqrt(n) + 0.01 * 2 / kappa
+
+
+class _Exploding(Model):
+    """Velocity turns NaN after t > 0.5 (to test the NaN stop)."""
+
+    def velocity(self, x, mu, *, backend="auto"):
+        return np.full_like(x, np.nan) if self.t > 0.5 else sphere.project(x, np.ones_like(x))
+
+    def to_dict(self):
+        return {"type": "Exploding"}
+
+
+def test_nan_stops_run_and_keeps_snapshots(rng):
+    class Keep:
+        def __init__(self):
+            self.times = []
+
+        def write(self, snap):
+            self.times.append(snap["time"])
+
+    model = _Exploding()
+    model.t = 0.0
+
+    def tick(t, mu):
+        model.t = t
+
+    keep = Keep()
+    with pytest.raises(SolverError, match="non-finite"):
+        simulate(model, Atoms(sphere.uniform(5, 3, rng)), 1.0, dt=0.1, writer=keep, callback=tick)
+    assert keep.times == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(t_end=-1.0), ValueError, "t_end"),
+        (dict(t_end="1"), TypeError, "t_end"),
+        (dict(dt=0.0), ValueError, "dt"),
+        (dict(dt=-0.1), ValueError, "dt"),
+        (dict(method="leapfrog"), ValueError, "method"),
+        (dict(method="rk4", kappa=1.0), ValueError, "euler-maruyama"),
+        (dict(rtol=1e-6), ValueError, "rtol"),
+        (dict(save_at=[0, 2.0]), ValueError, "save_at"),
+        (dict(kappa=-1.0), ValueError, "kappa"),
+        (dict(seed="x", kappa=1.0), TypeError, "seed"),
+    ],
+)
+def test_bad_simulate_input(kwargs, exc, match, rng):
+    args = dict(t_end=1.0)
+    args.update(kwargs)
+    t_end = args.pop("t_end")
+    with pytest.raises(exc, match=match):
+        simulate(SA(1.0), Atoms(sphere.uniform(4, 3, rng)), t_end, **args)
+
+
+def test_dimension_mismatch_is_reported(rng):
+    with pytest.raises(ValueError, match="d=3"):
+        simulate(SA(1.0, V=np.eye(3)), Atoms(sphere.uniform(4, 2, rng)), 1.0)
+    with pytest.raises(TypeError, match="model"):
+        simulate("SA", Atoms(sphere.uniform(4, 2, rng)), 1.0)
