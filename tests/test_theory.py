@@ -15,9 +15,10 @@ def test_funk_hecke_against_quadrature(d, beta):
             P = lambda t: np.cos(ell * np.arccos(np.clip(t, -1, 1)))  # noqa: E731
         else:
             P = lambda t: special.eval_gegenbauer(ell, lam, t) / special.eval_gegenbauer(ell, lam, 1.0)  # noqa: E731
-        dens = lambda t: (1 - t * t) ** ((d - 3) / 2)  # noqa: E731
-        num = integrate.quad(lambda t: np.exp(beta * (t - 1)) * P(t) * dens(t), -1, 1, limit=200)[0]
-        den = integrate.quad(dens, -1, 1)[0]
+        # t = cos(phi): the surface measure on S^{d-1} projects to sin^{d-2}(phi) dphi
+        f = lambda phi: np.exp(beta * (np.cos(phi) - 1)) * P(np.cos(phi)) * np.sin(phi) ** (d - 2)  # noqa: E731
+        num = integrate.quad(f, 0, np.pi, limit=200, epsabs=1e-14)[0]
+        den = integrate.quad(lambda phi: np.sin(phi) ** (d - 2), 0, np.pi)[0]
         expected = num / den * np.exp(beta)
         assert abs(theory.funk_hecke(ell, beta, d) - expected) < 1e-9 * np.exp(beta)
 
