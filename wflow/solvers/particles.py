@@ -70,6 +70,7 @@ class Trajectory:
     stats: dict[str, np.ndarray]
     config: dict[str, Any]
     dt_next: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tracers: np.ndarray | None = None
     status: int = 0
     message: str = "success"
 
@@ -175,6 +176,7 @@ def simulate(
     progress: bool = False,
     max_steps: int = 10**7,
     callback: Callable[[float, Atoms], None] | None = None,
+    tracers: np.ndarray | None = None,
     _resume: dict[str, Any] | None = None,
 ) -> Trajectory:
     r"""Evolve particles :math:`\dot x_i = v[\mu_N](x_i)` on the sphere.
@@ -210,6 +212,10 @@ def simulate(
         Show a tqdm progress bar.
     callback : callable, optional
         ``callback(t, mu)`` after each save.
+    tracers : ndarray, shape (..., m, d), optional
+        Passive points carried by the flow of :math:`\mu_N` without mass of their own
+        (e.g. to measure the flow map's Jacobian); returned in ``Trajectory.tracers``,
+        not written to disk.
 
     Returns
     -------
@@ -290,9 +296,18 @@ def simulate(
 
     w = mu0.weights
     dtype = mu0.points.dtype
+    n = mu0.n
+    if tracers is not None:
+        tracers = np.asarray(tracers, dtype=dtype)
+        if tracers.ndim != mu0.points.ndim or tracers.shape[:-2] != mu0.batch_shape or tracers.shape[-1] != mu0.d:
+            raise ValueError(f"tracers must have shape {mu0.batch_shape + ('m', mu0.d)}, got {tracers.shape}")
+        if writer is not None:
+            raise ValueError("tracers are not written to disk; run without a writer")
 
     def f(t: float, x: np.ndarray) -> np.ndarray:
-        return model.velocity(x, Atoms._trusted(x, w), backend=backend)
+        if x.shape[-2] == n:
+            return model.velocity(x, Atoms._trusted(x, w), backend=backend)
+        return model.velocity(x, Atoms._trusted(x[..., :n, :], w), backend=backend)
 
     stats = dict(resume.get("stats", {"steps": 0, "rejected": 0, "evaluations": 0}))
     dt_next = float(resume.get("dt_next", 0.0)) or None
@@ -304,7 +319,12 @@ def simulate(
     out_diag: dict[str, list] = {k: [] for k in DIAGNOSTICS}
     out_stats: dict[str, list] = {k: [] for k in ("steps", "rejected", "evaluations")}
 
+    out_tr: list[np.ndarray] = []
+
     def save(t: float, x: np.ndarray, dtn: float | None) -> None:
+        if x.shape[-2] != n:
+            out_tr.append(x[..., n:, :].copy())
+            x = x[..., :n, :]
         mu = Atoms._trusted(x, w)
         diag = snapshot_diagnostics(model, mu, cluster_threshold=cluster_threshold, backend=backend)
         out_t.append(t)
@@ -320,7 +340,7 @@ def simulate(
         if callback is not None:
             callback(t, mu)
 
-    x = mu0.points.copy()
+    x = mu0.points.copy() if tracers is None else np.concatenate([mu0.points, tracers], axis=-2)
     if first_interval == 0:
         save(times[0], x, dt_next)
     bar = None
@@ -363,6 +383,7 @@ def simulate(
         stats={k: np.asarray(v) for k, v in out_stats.items()},
         config=config,
         dt_next=np.asarray(out_dt),
+        tracers=np.stack(out_tr) if out_tr else None,
     )
     if prefix is not None:
         traj = _concat(prefix, traj)
