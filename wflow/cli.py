@@ -67,12 +67,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.overrides:
             raise ValueError("--resume continues the stored configuration; do not pass a config file or --set")
+        if (out / "density.zarr").exists():
+            return _run_density(None, out, args, resume=True)
         if not store.exists():
             raise FileNotFoundError(f"--resume: no interrupted run at {store}")
         traj = io.resume(store, progress=not args.no_progress)
         figure = True
     else:
         cfg = apply_overrides(load_config(args.config), args.overrides)
+        if cfg["solver"] != "particles":
+            return _run_density(cfg, out, args)
         if store.exists() and not args.overwrite:
             raise FileExistsError(f"{store} exists; use --resume to continue it, --overwrite to replace it, "
                                   f"or another --out")
@@ -100,6 +104,107 @@ def _run(args: argparse.Namespace) -> int:
         fig_path = out / "summary.png"
         plot_trajectory(traj, fig_path)
         print(f"figure: {fig_path}")
+    return 0
+
+
+def _run_density(cfg, out: Path, args: argparse.Namespace, *, resume: bool = False) -> int:
+    """Continuum runs: ``eulerian`` (written density by density, resumable) and ``lagrangian``."""
+    import json
+
+    import numpy as np
+
+    from . import io
+    from .config import build_mesh, build_model, initial_density, to_toml
+    from .plot import plot_density, plot_trajectory
+
+    t_start = time.perf_counter()
+    store = out / "density.zarr"
+    if resume:
+        prev = io.load_density(store)
+        cfg = prev["config"]["run_config"]
+        t_last = float(prev["times"][-1])
+    else:
+        for name in ("density.zarr", "trajectory.zarr"):
+            if (out / name).exists() and not args.overwrite:
+                raise FileExistsError(f"{out / name} exists; use --resume to continue it, --overwrite to replace it, "
+                                      f"or another --out")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.toml").write_text(to_toml(cfg))
+    model = build_model(cfg)
+    saves = np.linspace(0.0, cfg["run.t_end"], cfg["run.n_saves"])
+    if cfg["solver"] == "lagrangian":
+        from .solvers.lagrangian import solve_lagrangian
+
+        print(f"wflow {__version__}: lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}",
+              flush=True)
+        sol = solve_lagrangian(model, initial_density(cfg), cfg["run.t_end"], d=cfg["init.d"],
+                               nodes=cfg["mesh.resolution"], save_at=saves, rtol=cfg["run.rtol"],
+                               atol=cfg["run.atol"], backend=cfg["run.backend"], progress=not args.no_progress)
+        traj = sol.trajectory
+        traj.config.update(solver="lagrangian", run_config=cfg)
+        path = io.save(traj, out / "trajectory.zarr", overwrite=args.overwrite)
+        print(f"trajectory: {path} ({len(traj.times)} snapshots of {traj.points.shape[-2]} quadrature nodes, "
+              f"{time.perf_counter() - t_start:.1f} s)")
+        if cfg["output.figure"]:
+            plot_trajectory(traj, out / "summary.png")
+            print(f"figure: {out / 'summary.png'}")
+        return 0
+
+    from .density import Density
+    from .solvers.eulerian import solve_density
+
+    mesh = build_mesh(cfg)
+    spec = {"solver": "eulerian", "model": model.to_dict(), "kappa": cfg["run.kappa"] or None,
+            "cfl": cfg["mesh.cfl"], "mesh": repr(mesh), "run_config": cfg, "save_at": saves.tolist()}
+    if resume:
+        rho = Density(mesh, prev["values"][-1])
+        writer = io.DensityZarrWriter(store, mesh, spec, append=True)
+    else:
+        rho = Density.from_function(mesh, initial_density(cfg))
+        writer = io.DensityZarrWriter(store, mesh, spec, overwrite=args.overwrite)
+        t_last = 0.0
+    gradient = model.is_gradient
+
+    def energy(r: Density) -> float:
+        return float(model.energy(r.to_atoms(), backend=cfg["run.backend"])) if gradient else float("nan")
+
+    if not resume:
+        writer.write(0.0, rho.values, energy(rho))
+    remaining = saves[saves > t_last + 1e-12 * max(1.0, cfg["run.t_end"])] - t_last
+    targets = set(remaining.tolist())
+    print(f"wflow {__version__}: eulerian, {model!r}, {mesh!r} -> {store}", flush=True)
+    bar = None
+    if not args.no_progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=float(remaining[-1]) if remaining.size else 0.0, unit="t", dynamic_ncols=True,
+                   bar_format="{l_bar}{bar}| t={n:.3g}/{total:.3g} [{elapsed}<{remaining}]")
+
+    def on_step(t: float, r: Density) -> bool:
+        if bar is not None:
+            bar.update(t - bar.n)
+        if t in targets:
+            writer.write(t_last + t, r.values, energy(r))
+        return False
+
+    try:
+        if remaining.size:
+            res = solve_density(model, rho, float(remaining[-1]), save_at=np.concatenate([[0.0], remaining]),
+                                cfl=cfg["mesh.cfl"], kappa=cfg["run.kappa"] or None, backend=cfg["run.backend"],
+                                callback=on_step)
+            steps = res.stats.get("steps")
+        else:
+            steps = 0
+    finally:
+        if bar is not None:
+            bar.close()
+    done = io.load_density(store)
+    print(f"density: {store} ({len(done['times'])} snapshots, {steps} steps this run, mass "
+          f"{done['mass'][0]:.15g} -> {done['mass'][-1]:.15g}, {time.perf_counter() - t_start:.1f} s)")
+    if cfg["output.figure"]:
+        plot_density(done["times"], done["values"], done["centers"], out / "summary.png", energy=done["energy"],
+                     title=f"{json.dumps(spec['model'])} on {spec['mesh']}")
+        print(f"figure: {out / 'summary.png'}")
     return 0
 
 

@@ -27,7 +27,11 @@ class Key:
 
 
 KEYS: dict[str, Key] = {
-    "solver": Key(str, "particles", "solver: particles (finite-N system)", ("particles",)),
+    "solver": Key(str, "particles", "particles (finite-N system), eulerian (finite volume on a mesh) or "
+                  "lagrangian (quadrature nodes along characteristics)", ("particles", "eulerian", "lagrangian")),
+    "mesh.resolution": Key(int, 512, "eulerian: cells on S^1 (d=2), or icosahedral refinement on S^2 (d=3, "
+                           "about 10 r^2 cells); lagrangian: trapezoid nodes on S^1 or Gauss latitudes on S^2"),
+    "mesh.cfl": Key(float, 0.4, "eulerian: fraction of the positivity (CFL) step limit"),
     "model.type": Key(str, "SA", "attention block: SA (softmax) or USA (unnormalized)", ("SA", "USA")),
     "model.beta": Key(float, 9.0, "inverse temperature beta >= 0"),
     "model.value": Key(str, "identity", "value matrix V: identity (attraction) or minus-identity (repulsion)",
@@ -44,6 +48,8 @@ KEYS: dict[str, Key] = {
     "init.seed": Key(int, 0, "seed of the initial tokens"),
     "init.components": Key(int, 3, "vmf-mixture: number of components (random mean directions)"),
     "init.kappa": Key(float, 10.0, "vmf-mixture: concentration of each component"),
+    "init.perturbation": Key(float, 0.01, "eulerian/lagrangian with init.kind=uniform: the density is "
+                             "(1-p) + p * (vMF-mixture density), p = init.perturbation"),
     "run.t_end": Key(float, 30.0, "final time (depth)"),
     "run.n_saves": Key(int, 31, "number of snapshots saved, equally spaced in [0, t_end]"),
     "run.method": Key(str, "dopri5", "time stepper", ("dopri5", "rk4", "euler", "euler-maruyama")),
@@ -135,13 +141,24 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
     for key in ("model.beta", "run.dt", "run.kappa"):
         need(np.isfinite(cfg[key]) and cfg[key] >= 0, key, "a finite number >= 0")
-    for key in ("run.t_end", "run.rtol", "run.atol", "run.cluster_threshold", "init.kappa", "perceptron.scale"):
+    for key in ("run.t_end", "run.rtol", "run.atol", "run.cluster_threshold", "init.kappa", "perceptron.scale",
+                "mesh.cfl"):
         need(np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
     for key, lo in (("init.n", 1), ("init.d", 2), ("run.n_saves", 2), ("init.components", 1), ("perceptron.m", 0)):
         need(cfg[key] >= lo, key, f"an integer >= {lo}")
     for key in ("init.seed", "run.seed", "perceptron.seed"):
         need(cfg[key] >= 0, key, "a non-negative integer")
-    if (cfg["run.kappa"] > 0) != (cfg["run.method"] == "euler-maruyama"):
+    need(0 <= cfg["init.perturbation"] <= 1, "init.perturbation", "a number in [0, 1]")
+    need(cfg["mesh.resolution"] >= 4, "mesh.resolution", "an integer >= 4")
+    need(cfg["mesh.cfl"] <= 1, "mesh.cfl", "in (0, 1]")
+    if cfg["solver"] != "particles":
+        need(cfg["init.d"] in (2, 3), "init.d", f"2 or 3 for solver {cfg['solver']!r} (S^1 or S^2)")
+        if cfg["solver"] == "eulerian":
+            need(cfg["run.method"] in ("dopri5", "rk4"), "run.method",
+                 "left at its default for the eulerian solver (it uses SSP-RK3 with a CFL step)")
+        if cfg["run.kappa"] > 0 and cfg["solver"] == "lagrangian":
+            raise ValueError("config key run.kappa must be 0 for the lagrangian solver (characteristics carry no noise)")
+    if cfg["solver"] == "particles" and (cfg["run.kappa"] > 0) != (cfg["run.method"] == "euler-maruyama"):
         raise ValueError(f"run.kappa = {cfg['run.kappa']!r} and run.method = {cfg['run.method']!r} do not fit: "
                          f"noise (kappa > 0) goes with method euler-maruyama and only with it")
     return cfg
@@ -163,10 +180,38 @@ def to_toml(cfg: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_run(cfg: dict[str, Any]):
-    """Model, initial measure and keyword arguments of :func:`wflow.simulate` for a config."""
+def initial_density(cfg: dict[str, Any]):
+    """The initial density (a callable of points, plain surface measure, unnormalized) of a continuum run."""
     from . import sphere
-    from .measure import Atoms
+
+    d = cfg["init.d"]
+    rng = np.random.default_rng(cfg["init.seed"])
+    k = cfg["init.components"]
+    means = sphere.uniform(k, d, rng)
+    kap = cfg["init.kappa"]
+    p = 1.0 if cfg["init.kind"] == "vmf-mixture" else cfg["init.perturbation"]
+
+    def rho0(x: np.ndarray) -> np.ndarray:
+        mix = np.mean(np.exp(kap * (x @ means.T - 1.0)), axis=1)
+        # normalize the mixture to mean 1 over the sphere (each component's normalizer)
+        from scipy import special
+
+        norm = special.ive(d / 2 - 1, kap) * special.gamma(d / 2) * (2 / kap) ** (d / 2 - 1)
+        return (1 - p) + p * mix / norm
+
+    return rho0
+
+
+def build_mesh(cfg: dict[str, Any]):
+    """The mesh of an eulerian run."""
+    from .mesh import CircleMesh, SphereMesh
+
+    r = cfg["mesh.resolution"]
+    return CircleMesh(r) if cfg["init.d"] == 2 else SphereMesh(r)
+
+
+def build_model(cfg: dict[str, Any]):
+    """The model of a config (attention block, plus a perceptron when perceptron.m > 0)."""
     from .models import SA, USA, Perceptron
 
     d = cfg["init.d"]
@@ -183,6 +228,16 @@ def build_run(cfg: dict[str, Any]):
         else:
             p = Perceptron(rng.normal(0, s / np.sqrt(m), (d, m)), A, b, cfg["perceptron.activation"])
         model = model + p
+    return model
+
+
+def build_run(cfg: dict[str, Any]):
+    """Model, initial measure and keyword arguments of :func:`wflow.simulate` for a config."""
+    from . import sphere
+    from .measure import Atoms
+
+    d = cfg["init.d"]
+    model = build_model(cfg)
     rng = np.random.default_rng(cfg["init.seed"])
     if cfg["init.kind"] == "uniform":
         x = sphere.uniform(cfg["init.n"], d, rng)

@@ -75,3 +75,53 @@ def plot_trajectory(traj, path: str | Path | None = None, *, n_snapshots: int = 
         fig.savefig(path, dpi=110)
         plt.close(fig)
     return fig
+
+
+def plot_density(times: np.ndarray, values: np.ndarray, centers: np.ndarray, path: str | Path | None = None, *,
+                 energy: np.ndarray | None = None, n_snapshots: int = 4, title: str = ""):
+    """Continuum runs: a theta-t heat map on the circle, Mollweide maps at a few times on S^2.
+
+    ``values`` has shape ``(k, M)`` (cell averages), ``centers`` shape ``(M, d)``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    d = centers.shape[1]
+    if d == 2:
+        theta = np.mod(np.arctan2(centers[:, 1], centers[:, 0]), 2 * np.pi)
+        order = np.argsort(theta)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True,
+                                 gridspec_kw={"width_ratios": [3, 2]})
+        im = axes[0].pcolormesh(theta[order], times, values[:, order], shading="nearest", cmap="magma")
+        fig.colorbar(im, ax=axes[0], label="density")
+        axes[0].set_xlabel("θ")
+        axes[0].set_ylabel("t")
+        ax = axes[1]
+    else:
+        idx = np.unique(np.linspace(0, len(times) - 1, min(n_snapshots, len(times))).round().astype(int))
+        fig = plt.figure(figsize=(3.6 * len(idx), 5.5), constrained_layout=True)
+        gs = fig.add_gridspec(2, len(idx))
+        lon = np.arctan2(centers[:, 1], centers[:, 0])
+        lat = np.arcsin(np.clip(centers[:, 2], -1, 1))
+        for col, i in enumerate(idx):
+            a = fig.add_subplot(gs[0, col], projection="mollweide")
+            sc = a.scatter(lon, lat, c=values[i], s=4, cmap="magma", linewidths=0)
+            a.set_xticklabels([])
+            a.set_yticklabels([])
+            a.set_title(f"t = {times[i]:.3g}")
+            fig.colorbar(sc, ax=a, orientation="horizontal", fraction=0.05)
+        ax = fig.add_subplot(gs[1, :])
+    if energy is not None and np.any(np.isfinite(energy)):
+        ax.plot(times, energy, marker=".")
+        ax.set_ylabel("energy")
+    else:
+        ax.plot(times, values.max(axis=1), marker=".")
+        ax.set_ylabel("max density")
+    ax.set_xlabel("t")
+    fig.suptitle(title)
+    if path is not None:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+    return fig

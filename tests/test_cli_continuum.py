@@ -1,0 +1,52 @@
+import numpy as np
+import pytest
+
+from wflow import io
+from wflow.cli import main
+
+BASE = ["--set", "init.d=2", "--set", "mesh.resolution=64", "--set", "run.t_end=2", "--set", "run.n_saves=5",
+        "--no-progress"]
+
+
+def test_eulerian_run_writes_densities_and_resumes(tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    assert main(["run", "--set", "solver=eulerian", *BASE, "--out", str(full)]) == 0
+    ref = io.load_density(full / "density.zarr")
+    assert ref["values"].shape == (5, 64)
+    np.testing.assert_allclose(ref["mass"], 1, rtol=1e-13)
+    assert np.all(np.diff(ref["energy"]) >= -1e-12 * ref["energy"].max())
+    assert (full / "summary.png").stat().st_size > 10_000
+    # interrupt after the third snapshot, then resume
+    cut = tmp_path / "cut"
+    orig = io.DensityZarrWriter.write
+
+    def write(self, t, values, energy):
+        orig(self, t, values, energy)
+        if self.count == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(io.DensityZarrWriter, "write", write)
+    assert main(["run", "--set", "solver=eulerian", *BASE, "--out", str(cut)]) == 130
+    monkeypatch.setattr(io.DensityZarrWriter, "write", orig)
+    assert len(io.load_density(cut / "density.zarr")["times"]) == 3
+    assert main(["run", "--resume", "--out", str(cut), "--no-progress"]) == 0
+    back = io.load_density(cut / "density.zarr")
+    np.testing.assert_array_equal(back["times"], ref["times"])
+    # restarting from cell averages (values * areas) instead of masses costs only round-off
+    np.testing.assert_allclose(back["values"], ref["values"], rtol=1e-12, atol=1e-14)
+
+
+def test_lagrangian_run(tmp_path):
+    out = tmp_path / "lag"
+    assert main(["run", "--set", "solver=lagrangian", *BASE, "--out", str(out)]) == 0
+    traj = io.load(out / "trajectory.zarr")
+    assert traj.points.shape == (5, 64, 2) and traj.config["solver"] == "lagrangian"
+    assert np.all(np.diff(traj.energy) >= -1e-12 * traj.energy.max())
+
+
+@pytest.mark.parametrize("extra,match", [(["--set", "init.d=4"], "init.d"),
+                                         (["--set", "run.method=euler"], "run.method"),
+                                         (["--set", "mesh.resolution=2"], "mesh.resolution")])
+def test_continuum_bad_config(extra, match, tmp_path, capsys):
+    assert main(["run", "--set", "solver=eulerian", *BASE, *extra, "--out", str(tmp_path / "o")]) == 2
+    assert match in capsys.readouterr().err
