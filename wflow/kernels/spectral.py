@@ -305,16 +305,181 @@ def _sphere_moments(yhat: np.ndarray, rho: np.ndarray, Wcols: np.ndarray, L: int
     return M
 
 
+# --------------------------------------------------------------------------- numba engine
+# The same sums as above, fused per point (no temporaries, no skinny BLAS products,
+# which OpenBLAS runs badly on a loaded machine).  On S^2 the harmonics are built as
+# complex solid harmonics Z_l^m = rho^l P~_l^m e^{±im phi}: the sectoral start
+# Z_m^m = sqrt((2m+1)/2m) (y1 ± i y2) Z_{m-1}^{m-1} needs no trigonometry and the
+# recurrence Z_l^m = a_lm y3 Z_{l-1}^m - b_lm rho^2 Z_{l-2}^m carries the radius.
+_NUMBA = None
+
+
+def _numba_kernels():
+    global _NUMBA
+    if _NUMBA is not None:
+        return _NUMBA or None
+    try:
+        import numba as nb
+    except ImportError:  # pragma: no cover - numba is a dependency
+        _NUMBA = False
+        return None
+    njit, prange = nb.njit, nb.prange
+
+    @njit(cache=True)
+    def coefficients(a, h0, K, P, extra, nu0, scale, out, h):  # pragma: no cover - compiled
+        # out[k, p] = (a/2)^p/p! h_{k+p}(a) e^{-a} * scale  (backward ratio recurrence); h: work, size K+P+1
+        n = K + P + 1
+        q = 0.0
+        for k in range(n - 1 + extra, 0, -1):
+            q = a / (2.0 * (k + nu0) + a * q)
+            if k < n:
+                h[k] = q
+        h[0] = h0 * scale
+        for k in range(1, n):
+            h[k] *= h[k - 1]
+        f = 1.0
+        for p in range(P + 1):
+            if p > 0:
+                f *= 0.5 * a / p
+            for k in range(K + 1):
+                out[k, p] = f * h[k + p]
+
+    @njit(parallel=True, cache=True)
+    def circle_moments(y, W, K, nchunks):  # pragma: no cover - compiled
+        m, C = W.shape
+        acc = np.zeros((nchunks, K + 1, C, 2))
+        for ch in prange(nchunks):
+            for j in range(ch * m // nchunks, (ch + 1) * m // nchunks):
+                ur, ui = y[j, 0], -y[j, 1]
+                zr, zi = 1.0, 0.0
+                for k in range(K + 1):
+                    for c in range(C):
+                        acc[ch, k, c, 0] += zr * W[j, c]
+                        acc[ch, k, c, 1] += zi * W[j, c]
+                    zr, zi = zr * ur - zi * ui, zr * ui + zi * ur
+        return acc.sum(axis=0)
+
+    @njit(parallel=True, cache=True)
+    def circle_eval(x, G, a, h0, per_row, extra, scale_exp):  # pragma: no cover - compiled
+        n = x.shape[0]
+        K1, P1, C = G.shape[0], G.shape[1], G.shape[2]
+        out = np.zeros((n, C))
+        nchunks = min(n, 64)
+        for ch in prange(nchunks):
+            coef = np.ones((K1, P1))
+            work = np.empty(K1 + P1)
+            for i in range(ch * n // nchunks, (ch + 1) * n // nchunks):
+                if per_row:
+                    coefficients(a[i], h0[i], K1 - 1, P1 - 1, extra, 0.0, np.exp(a[i] * scale_exp), coef, work)
+                ur, ui = x[i, 0], x[i, 1]
+                zr, zi = 1.0, 0.0
+                for k in range(K1):
+                    for p in range(P1):
+                        f = coef[k, p]
+                        for c in range(C):
+                            out[i, c] += f * (zr * G[k, p, c, 0] - zi * G[k, p, c, 1])
+                    zr, zi = zr * ur - zi * ui, zr * ui + zi * ur
+        return out
+
+    @njit(parallel=True, cache=True)
+    def sphere_moments(y, W, L, A, Bc, nchunks):  # pragma: no cover - compiled
+        m, C = W.shape
+        acc = np.zeros((nchunks, L + 1, L + 1, C, 2))
+        for ch in prange(nchunks):
+            for j in range(ch * m // nchunks, (ch + 1) * m // nchunks):
+                ur, ui, t = y[j, 0], -y[j, 1], y[j, 2]
+                r2 = y[j, 0] ** 2 + y[j, 1] ** 2 + t * t
+                sr, si = 1.0, 0.0  # sectoral Z_m^m
+                for mm in range(L + 1):
+                    if mm > 0:
+                        g = np.sqrt((2.0 * mm + 1.0) / (2.0 * mm))
+                        sr, si = g * (sr * ur - si * ui), g * (sr * ui + si * ur)
+                    p2r, p2i = 0.0, 0.0
+                    p1r, p1i = sr, si
+                    for l in range(mm, L + 1):
+                        if l == mm + 1:
+                            g = np.sqrt(2.0 * mm + 3.0) * t
+                            p2r, p2i, p1r, p1i = p1r, p1i, g * p1r, g * p1i
+                        elif l > mm + 1:
+                            al, bl = A[mm, l] * t, Bc[mm, l] * r2
+                            p2r, p2i, p1r, p1i = p1r, p1i, al * p1r - bl * p2r, al * p1i - bl * p2i
+                        for c in range(C):
+                            acc[ch, mm, l, c, 0] += p1r * W[j, c]
+                            acc[ch, mm, l, c, 1] += p1i * W[j, c]
+        return acc.sum(axis=0)
+
+    @njit(parallel=True, cache=True)
+    def sphere_eval(x, G, a, h0, per_row, extra, scale_exp, A, Bc):  # pragma: no cover - compiled
+        n = x.shape[0]
+        L1, P1, C = G.shape[1], G.shape[2], G.shape[3]
+        out = np.zeros((n, C))
+        nchunks = min(n, 64)
+        for ch in prange(nchunks):
+            coef = np.ones((L1, P1))
+            work = np.empty(L1 + P1)
+            acc = np.zeros(C)
+            for i in range(ch * n // nchunks, (ch + 1) * n // nchunks):
+                if per_row:
+                    coefficients(a[i], h0[i], L1 - 1, P1 - 1, extra, 0.5, np.exp(a[i] * scale_exp), coef, work)
+                ur, ui, t = x[i, 0], x[i, 1], x[i, 2]
+                sr, si = 1.0, 0.0
+                acc[:] = 0.0
+                for mm in range(L1):
+                    if mm > 0:
+                        g = np.sqrt((2.0 * mm + 1.0) / (2.0 * mm))
+                        sr, si = g * (sr * ur - si * ui), g * (sr * ui + si * ur)
+                    p2r, p2i = 0.0, 0.0
+                    p1r, p1i = sr, si
+                    for l in range(mm, L1):
+                        if l == mm + 1:
+                            g = np.sqrt(2.0 * mm + 3.0) * t
+                            p2r, p2i, p1r, p1i = p1r, p1i, g * p1r, g * p1i
+                        elif l > mm + 1:
+                            al, bl = A[mm, l] * t, Bc[mm, l]
+                            p2r, p2i, p1r, p1i = p1r, p1i, al * p1r - bl * p2r, al * p1i - bl * p2i
+                        for p in range(P1):
+                            f = coef[l, p]
+                            for c in range(C):
+                                acc[c] += f * (p1r * G[mm, l, p, c, 0] - p1i * G[mm, l, p, c, 1])
+                for c in range(C):
+                    out[i, c] = acc[c]
+        return out
+
+    _NUMBA = dict(
+        circle_moments=circle_moments, circle_eval=circle_eval,
+        sphere_moments=sphere_moments, sphere_eval=sphere_eval, nb=nb,
+    )
+    return _NUMBA
+
+
+def _legendre_tables(L: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dense ``A[m, l]``, ``B[m, l]`` (recurrence coefficients, zero where unused)."""
+    A = np.zeros((L + 1, L + 1))
+    Bc = np.zeros((L + 1, L + 1))
+    for l, (a, b) in enumerate(_legendre_coefficients(L)):
+        A[: a.size, l] = a
+        Bc[: b.size, l] = b
+    return A, Bc
+
+
 # --------------------------------------------------------------------------- backend
 class SpectralBackend:
     """Spectral kernel sums (module docstring); ``tol`` bounds the error relative to :math:`e^{c_i}`."""
 
     name = "spectral"
     reason = ""
+
+    def __init__(self, engine: str = "numba") -> None:
+        if engine not in ("numba", "numpy"):
+            raise ValueError(f"engine must be 'numba' or 'numpy', got {engine!r}")
+        #: "numba" (fused loops, used when numba imports) or "numpy" (blocked arrays)
+        self.engine = engine
     #: rows per block (temporaries stay near ``block * K`` complex numbers)
     block = 4096
     #: worker threads over query blocks (NumPy releases the GIL in its loops)
     threads = max(1, min(2, os.cpu_count() or 1))
+    #: recompute rows with tiny local mass by direct summation (module docstring)
+    direct_fallback = True
     #: direct sums of the fastest CPU backend run at about this many pairs per second
     direct_pairs_per_s = 3e8
 
@@ -382,7 +547,7 @@ class SpectralBackend:
                 vector[b] = v * s1
             # rows where the softmax bound 2|v| rho_bar eps / (s0 - eps) exceeds sqrt(tol): direct sums
             bad = np.nonzero(2.0 * rho_bar * plan.bound > sqrt_tol * (s0 - plan.bound))[0]
-            if bad.size and np.isfinite(c).all():
+            if self.direct_fallback and bad.size and np.isfinite(c).all():
                 log.debug("spectral: %d of %d rows recomputed directly (tiny local mass)", bad.size, n)
                 sub = KernelProblem(
                     x=problem.x[b : b + 1, bad], y=problem.y[b : b + 1], weights=problem.weights[b : b + 1],
@@ -412,12 +577,67 @@ class SpectralBackend:
         ybasis = -y if problem.beta < 0 else y  # e^{beta<x,y>} = e^{|beta|<x,-y>} for beta < 0
         rho = np.linalg.norm(y, axis=1)
         rho_bar = max(1.0, float(rho.max(initial=0.0)))
-        # weight columns: w (mass), w*y (vector); radial series p multiplies by (rho^2-1)^p
+        # weight columns: w (mass), w*y (vector); radial series term p multiplies by (rho^2-1)^p
         wn = w / W
         cols = [wn[:, None]] + ([wn[:, None] * y] if problem.values else [])
         W0 = np.concatenate(cols, axis=1)
         C = W0.shape[1]
         Wcols = np.concatenate([W0 * ((rho * rho - 1.0) ** p)[:, None] for p in range(P + 1)], axis=1)
+        r = np.linalg.norm(x, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            xhat = np.where(r[:, None] > 0, x / r[:, None], np.eye(d)[-1])
+        a = beta * r
+        log_scale = a * rho_bar + math.log(W)
+        shared = bool(np.all(np.abs(r - 1.0) <= 8 * _EPS))
+        fact = np.array([1.0 / math.factorial(p) for p in range(P + 1)])
+        # shared coefficients (all queries on the sphere): (a/2)^p/p! h_{k+p}(a) e^{-a rho_bar}
+        h = _scaled_bessel(d, beta, K + P) * math.exp(beta * (1.0 - rho_bar))
+        fp = fact * (0.5 * beta) ** np.arange(P + 1)
+        extra = _miller_extra(plan.z_max)
+        kern = _numba_kernels() if self.engine == "numba" else None
+        if kern is not None:
+            out = self._numba_one(kern, d, K, P, C, ybasis, Wcols, xhat, a, rho_bar, shared, h, fp, extra)
+        else:
+            out = self._numpy_one(d, K, P, C, ybasis, rho, Wcols, xhat, a, rho_bar, shared, h, fp, fact, extra)
+        s0 = out[:, 0]
+        s1 = out[:, 1:] if problem.values else None
+        return log_scale, s0, s1, rho_bar
+
+    def _numba_one(self, kern, d, K, P, C, ybasis, Wcols, xhat, a, rho_bar, shared, h, fp, extra):
+        nchunks = max(1, min(4 * kern["nb"].get_num_threads(), ybasis.shape[0] // 256))
+        Wc = np.ascontiguousarray(Wcols)
+        if shared:
+            h0 = np.ones(0)
+        elif d == 2:
+            h0 = special.ive(0, a)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                h0 = np.where(a > 0, -np.expm1(-2.0 * a) / (2.0 * a), 1.0)
+        scale_exp = 1.0 - rho_bar
+        if d == 2:
+            M = kern["circle_moments"](np.ascontiguousarray(ybasis), Wc, K, nchunks)  # (K+1, (P+1)C, 2)
+            M = M.reshape(K + 1, P + 1, C, 2)
+            M[1:] *= 2.0  # e^{ik psi} + e^{-ik psi}, k >= 1
+            if shared:
+                G = np.einsum("p,kp,kpcz->kcz", fp, np.stack([h[p : p + K + 1] for p in range(P + 1)], 1), M)[:, None]
+            else:
+                G = M
+            return kern["circle_eval"](np.ascontiguousarray(xhat), np.ascontiguousarray(G), a, h0, not shared, extra, scale_exp)
+        A, Bc = _legendre_tables(K)
+        M = kern["sphere_moments"](np.ascontiguousarray(ybasis), Wc, K, A, Bc, nchunks)  # (m, l, (P+1)C, 2)
+        M = M.reshape(K + 1, K + 1, P + 1, C, 2)
+        M[1:] *= 2.0  # epsilon_m
+        if shared:
+            H = np.stack([h[p : p + K + 1] for p in range(P + 1)], 1)  # (l, p)
+            G = np.einsum("p,lp,mlpcz->mlcz", fp, H, M)[:, :, None]
+        else:
+            G = M
+        return kern["sphere_eval"](
+            np.ascontiguousarray(xhat), np.ascontiguousarray(G), a, h0, not shared, extra, scale_exp, A, Bc
+        )
+
+    def _numpy_one(self, d, K, P, C, ybasis, rho, Wcols, xhat, a, rho_bar, shared, h, fp, fact, extra):
+        n = xhat.shape[0]
         if d == 2:
             moments = _circle_moments(ybasis, Wcols, K, self.block)
             moments[1:] *= 2.0  # e^{ik psi} + e^{-ik psi} for k >= 1
@@ -429,36 +649,25 @@ class SpectralBackend:
             moments = _sphere_moments(yhat, rho, Wcols, K, self.block, coef)
             for M in moments:
                 M[1:] *= 2.0  # epsilon_m
-        r = np.linalg.norm(x, axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            xhat = np.where(r[:, None] > 0, x / r[:, None], np.eye(d)[-1])
-        a = beta * r
-        log_scale = a * rho_bar + math.log(W)
-        shared = bool(np.all(np.abs(r - 1.0) <= 8 * _EPS))
-        fact = np.array([1.0 / math.factorial(p) for p in range(P + 1)])
-        if shared:
-            # one coefficient vector for all rows: fold it into the moments
-            h = _scaled_bessel(d, beta, K + P) * math.exp(beta * (1.0 - rho_bar))
-            fp = fact * (0.5 * beta) ** np.arange(P + 1)
+        if shared:  # one coefficient vector for all rows: fold it into the moments
             if d == 2:
                 G = sum(fp[p] * h[p : p + K + 1, None] * moments[:, p * C : (p + 1) * C] for p in range(P + 1))
             else:
                 G = [sum(fp[p] * h[l + p] * M[:, p * C : (p + 1) * C] for p in range(P + 1)) for l, M in enumerate(moments)]
-        extra = _miller_extra(plan.z_max)
 
         def rows(i0: int) -> np.ndarray:
             xb = xhat[i0 : i0 + self.block]
             if not shared:
                 ab = a[i0 : i0 + self.block]
                 H = _scaled_bessel_rows(d, ab, K + P, extra) * np.exp(ab * (1.0 - rho_bar))[:, None]
-                fp = fact[None, :] * (0.5 * ab[:, None]) ** np.arange(P + 1)[None, :]
+                fpr = fact[None, :] * (0.5 * ab[:, None]) ** np.arange(P + 1)[None, :]
             if d == 2:
                 if shared:
                     return _circle_eval(xb, G)
                 E = _powers(xb[:, 0] + 1j * xb[:, 1], K)
                 out = np.zeros((xb.shape[0], C))
                 for p in range(P + 1):
-                    out += fp[:, p : p + 1] * ((E * H[:, p : p + K + 1]) @ moments[:, p * C : (p + 1) * C]).real
+                    out += fpr[:, p : p + 1] * ((E * H[:, p : p + K + 1]) @ moments[:, p * C : (p + 1) * C]).real
                 return out
             t, s, e = _sphere_angles(xb, conj=False)
             E = _powers(e, K)
@@ -469,7 +678,7 @@ class SpectralBackend:
                     out += (A @ G[l]).real
                 else:
                     Hl = (A @ moments[l]).real.reshape(-1, P + 1, C)
-                    out += np.einsum("bp,bpc->bc", fp * H[:, l : l + P + 1], Hl)
+                    out += np.einsum("bp,bpc->bc", fpr * H[:, l : l + P + 1], Hl)
             return out
 
         starts = range(0, n, self.block)
@@ -478,10 +687,7 @@ class SpectralBackend:
                 parts = list(pool.map(rows, starts))
         else:
             parts = [rows(i0) for i0 in starts]
-        out = np.concatenate(parts, axis=0) if parts else np.zeros((0, C))
-        s0 = out[:, 0]
-        s1 = out[:, 1:] if problem.values else None
-        return log_scale, s0, s1, rho_bar
+        return np.concatenate(parts, axis=0) if parts else np.zeros((0, C))
 
 
 register_backend(SpectralBackend(), auto_priority=1)
