@@ -1,0 +1,747 @@
+r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, solved with optimal transport.
+
+For a gradient model (DESIGN.md §1: USA with :math:`Q = K = I`, :math:`V = \pm I`, conservative
+perceptrons, their sums) the mean-field equation with noise,
+:math:`\partial_t\mu + \mathrm{div}_S(\mu\nabla_S\delta F/\delta\mu) = \kappa^{-1}\Delta_S\mu`,
+is the Wasserstein-2 gradient flow of the free energy :math:`\Phi = -F + \kappa^{-1}\int\mu\log\mu`
+(:math:`F` = ``model.energy``, the functional the flow ascends).  The Jordan--Kinderlehrer--Otto
+scheme (Jordan, Kinderlehrer & Otto 1998) takes implicit steps
+
+.. math::
+
+    \mu_{k+1} = \arg\min_\nu \frac{W_2^2(\mu_k, \nu)}{2\tau} - F(\nu) + \kappa^{-1}\int\nu\log\nu ,
+
+here over the measures carried by a fixed support :math:`x_1..x_n` (a mesh's cell centres, or
+any point cloud) with reference volumes :math:`r_j` (cell areas), :math:`\int\nu\log\nu \approx
+\sum_j\nu_j\log(\nu_j/r_j)`, and ground cost :math:`C_{ij} = d(x_i, x_j)^2` (geodesic, or chordal).
+
+Algorithm (``method="sinkhorn"``), one step.  The transport term is entropic,
+:math:`T_\varepsilon(a,\nu) = \min_{\pi\in\Pi(a,\nu)}\langle C,\pi\rangle + \varepsilon\,\mathrm{KL}(\pi\,|\,a\otimes r)`
+(Peyré 2015, *SIAM J. Imaging Sci.* 8), and the step minimizes over plans whose first marginal
+is :math:`a = \mu_k`:
+
+.. math::
+
+    J(\pi) = \frac{T_\varepsilon}{2\tau} - F(\nu) + (\kappa^{-1} - c_\varepsilon)\,\mathrm{KL}(\nu\,|\,r),
+    \qquad \nu = \pi^\top\mathbb 1 .
+
+* **Outer loop (energy).**  :math:`-F` and a negative entropy coefficient are linearized at the
+  current iterate :math:`\nu^m` (exact majorization for concave parts, e.g. attraction
+  :math:`-E_\beta`: the convex--concave procedure); a convex remainder (repulsion :math:`+E_\beta`)
+  gets a proximal term :math:`L\,\mathrm{KL}(\nu|\nu^m)` whose weight :math:`L` starts at 0 and
+  doubles whenever :math:`J` fails to decrease.  So :math:`J` decreases at every outer iteration.
+* **Inner loop (OT).**  The linearized problem (linear potential :math:`V`, entropy weight
+  :math:`\lambda`) is solved by the semi-relaxed Sinkhorn scaling iterations of Chizat, Peyré,
+  Schmitzer & Vialard (2018, *Math. Comp.* 87):
+  :math:`f_i = -\varepsilon\log\sum_j r_j e^{(g_j - C_{ij})/\varepsilon}`,
+  :math:`g_j = -\frac{\varepsilon}{\varepsilon+\lambda}\big(\lambda\log\sum_i a_i e^{(f_i-C_{ij})/\varepsilon} + V_j\big)`,
+  in the stabilized log domain (potentials absorbed into a kernel truncated below
+  :math:`e^{-50}` of each row's maximum, rebuilt when the scalings leave :math:`[e^{-10}, e^{10}]`),
+  with :math:`\varepsilon`-scaling from the cost's diameter down to the target on the first step
+  (warm starts afterwards).  With :math:`\lambda = 0` (no noise, no proximal term) one iteration
+  is exact.
+
+Stopping rule.  The step's first-order condition is
+:math:`g_j/(2\tau) + \delta\Phi_\varepsilon/\delta\nu_j = 0` for every support point, :math:`g` the
+OT dual potential of :math:`\nu` (the row multipliers :math:`f` carry the mass constraint).  The
+*residual* is its :math:`\nu`-weighted mean :math:`\sum_j\nu_j|g_j/(2\tau) + \delta\Phi_\varepsilon/\delta\nu_j|`,
+in units of :math:`\delta F/\delta\mu`; the outer loop stops when it is below ``tol`` (or after
+``max_iter`` iterations, flagged in the statistics).
+
+What :math:`\varepsilon` does.  Entropic transport blurs each step's plan by a kernel
+:math:`e^{-d^2/\varepsilon}`: a displacement spread of :math:`\sqrt{\varepsilon/2}` per direction
+(the *entropic blur* :math:`\sim\sqrt\varepsilon`), which on its own is a spurious diffusion
+:math:`\varepsilon/(4\tau)`.  With ``debias=True`` (default) it is removed to leading order by
+the entropy correction :math:`c_\varepsilon = \sigma^2/(2\tau)`, :math:`\sigma^2` the blur's
+per-direction variance measured on the discrete support (:math:`\to\varepsilon/2` when
+:math:`\varepsilon \gg h^2`, :math:`\to 0` when :math:`\varepsilon \ll h^2`, ``h`` the spacing).
+What remains is :math:`O(\tau)` from the implicit step, :math:`O(h)`--:math:`O(h^2)` from the
+support, and an :math:`O(\varepsilon)` blur of sharp features (atoms are smeared over
+:math:`\sim\sqrt\varepsilon`).  Without debiasing the error is :math:`O(\tau) + O(\varepsilon/\tau)`.
+Keep :math:`\varepsilon \gtrsim h^2`: with :math:`\varepsilon \ll h^2` the transport becomes the
+exact discrete one, which locks mass in its cell whenever :math:`\tau|v| < h/2`.
+
+``method="emd"`` solves the same step with the exact transport of POT's ``ot.emd`` (no blur, small
+supports only): mirror descent on the weights with Armijo backtracking, the gradient being
+:math:`g/(2\tau) + \delta\Phi/\delta\nu`, :math:`g` the exact dual potential of :math:`W_2^2(a,\nu)`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..density import Density
+from ..errors import NotAGradientFlowError, SolverError, check_int, check_positive, short_repr
+from ..measure import Atoms
+from ..mesh import Mesh
+from ..models import WASSERSTEIN, Model
+from ..sphere import geodesic_distance
+
+__all__ = ["jko", "jko_step", "JKOResult", "StepStats", "stationary", "StationaryResult", "cost_matrix",
+           "cluster_atoms", "check_gradient_model"]
+
+logger = logging.getLogger(__name__)
+
+COSTS = ("geodesic", "chordal")
+METHODS = ("sinkhorn", "emd")
+_THETA = 50.0  # kernel truncation: entries below e^{-50} of their row's maximum are dropped
+_ABSORB = 10.0  # rebuild the kernel when |log v| exceeds this
+_TINY = 1e-300
+
+
+# --------------------------------------------------------------------------- inputs
+def check_gradient_model(model: Any, d: int) -> None:
+    """Raise unless ``model`` is ``None`` or a gradient flow in the plain Wasserstein metric.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not a :class:`~wflow.models.Model`.
+    NotAGradientFlowError
+        The model has no energy (the message names the failing condition), or it ascends its
+        energy in the SA-reweighted metric, which the :math:`W_2` JKO scheme does not solve.
+    """
+    if model is None:
+        return
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a wflow Model or None, got {short_repr(model)}")
+    model.check_dimension(d)
+    why = model.gradient_obstruction()
+    if why is not None:
+        raise NotAGradientFlowError(f"the JKO scheme needs a gradient flow, but {model!r} is not one: {why}")
+    if model.metric != WASSERSTEIN:
+        raise NotAGradientFlowError(
+            f"the JKO scheme solves Wasserstein-2 gradient flows, but {model!r} ascends its energy in the metric "
+            f"reweighted by Z_mu (metric={model.metric!r}); use USA (plain W2) or the particle/Eulerian solvers for SA")
+
+
+def cost_matrix(x: np.ndarray, cost: str = "geodesic") -> np.ndarray:
+    r"""Dense ground cost :math:`C_{ij} = d(x_i, x_j)^2`, shape ``(n, n)``; geodesic or chordal distance."""
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+    n = x.shape[0]
+    out = np.empty((n, n))
+    rows = max(1, 2**21 // max(1, n * x.shape[1]))
+    for i in range(0, n, rows):
+        xi = x[i:i + rows, None, :]
+        if cost == "geodesic":
+            out[i:i + rows] = geodesic_distance(xi, x[None])
+        else:
+            out[i:i + rows] = np.linalg.norm(xi - x[None], axis=-1)
+    return out * out
+
+
+def _support(rho0: Any, reference: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, Mesh | None]:
+    """``(points, masses, reference volumes, mesh)`` from a Density or single Atoms."""
+    if isinstance(rho0, Density):
+        mesh = rho0.mesh
+        x, a, r = mesh.centers.astype(np.float64), rho0.masses().astype(np.float64), mesh.areas.astype(np.float64)
+    elif isinstance(rho0, Atoms):
+        if rho0.batch_shape:
+            raise ValueError(f"rho0 must be a single measure (no batch axes), got batch {rho0.batch_shape}")
+        mesh = None
+        x, a = rho0.points.astype(np.float64), rho0.weights.astype(np.float64)
+        area = 2 * np.pi if rho0.d == 2 else (4 * np.pi if rho0.d == 3 else 1.0)
+        r = np.full(rho0.n, area / rho0.n)
+    else:
+        raise TypeError(f"rho0 must be a wflow Density (mesh) or Atoms (point cloud), got {short_repr(rho0)}")
+    if reference is not None:
+        r = np.asarray(reference, dtype=float)
+        if r.shape != a.shape or not np.all(np.isfinite(r)) or np.any(r <= 0):
+            raise ValueError(f"reference must hold {a.shape[0]} positive volumes, got {short_repr(reference)}")
+    a = a / a.sum()
+    return x, a, r, mesh
+
+
+def _spacing(x: np.ndarray, r: np.ndarray) -> float:
+    return float(np.mean(r)) if x.shape[1] == 2 else float(np.sqrt(np.mean(r)))
+
+
+# --------------------------------------------------------------------------- semi-relaxed Sinkhorn
+class _SemiRelaxed:
+    r"""Stabilized scaling iterations for :math:`\min_\pi\langle C,\pi\rangle + \varepsilon\mathrm{KL}(\pi|a\otimes r) + \lambda\mathrm{KL}(\nu|r) + \langle V,\nu\rangle`, :math:`\pi\mathbb 1 = a`.
+
+    Plan :math:`\pi_{ij} = a_i u_i K_{ij} v_j`, :math:`K_{ij} = r_j e^{(\bar f_i + \bar g_j - C_{ij})/\varepsilon}`
+    truncated; potentials :math:`f = \bar f + \varepsilon\log u`, :math:`g = \bar g + \varepsilon\log v`.
+    """
+
+    def __init__(self, C: np.ndarray, r: np.ndarray):
+        self.C = C
+        self.logr = np.log(r)
+        self.n = C.shape[0]
+        self.eps = None
+        self.gbar = np.zeros(self.n)
+        self.fbar = np.zeros(self.n)
+        self.v = np.ones(self.n)
+        self.u = np.ones(self.n)
+        self.K = None
+        self.builds = 0
+        self.build_time = 0.0
+
+    @property
+    def g(self) -> np.ndarray:
+        return self.gbar + self.eps * np.log(self.v)
+
+    @property
+    def f(self) -> np.ndarray:
+        return self.fbar + self.eps * np.log(self.u)
+
+    def build(self, g: np.ndarray | None = None) -> None:
+        """Absorb the scalings and rebuild the truncated kernel (row maxima normalized to 1)."""
+        t0 = time.perf_counter()
+        self.gbar = self.g if g is None else np.array(g, dtype=float)
+        n, eps = self.n, self.eps
+        inv = 1.0 / eps
+        rows_per = max(1, 2**21 // n)
+        data, indices, indptr = [], [], [np.zeros(1, dtype=np.int64)]
+        fbar = np.empty(n)
+        h = self.gbar * inv + self.logr
+        nnz = 0
+        for i in range(0, n, rows_per):
+            E = h[None, :] - self.C[i:i + rows_per] * inv
+            m = E.max(axis=1)
+            E -= m[:, None]
+            fbar[i:i + rows_per] = -eps * m
+            keep = E > -_THETA
+            cnt = keep.sum(axis=1)
+            data.append(np.exp(E[keep]))
+            indices.append(np.nonzero(keep)[1])
+            indptr.append(nnz + np.cumsum(cnt))
+            nnz += int(cnt.sum())
+        from scipy import sparse
+
+        K = sparse.csr_matrix((np.concatenate(data), np.concatenate(indices), np.concatenate(indptr)), shape=(n, n))
+        self.K = K.toarray() if nnz > 0.3 * n * n else K
+        self.KT = self.K.T if isinstance(self.K, np.ndarray) else K.T.tocsr()
+        self.fbar = fbar
+        self.u = np.ones(n)
+        self.v = np.ones(n)
+        self.builds += 1
+        self.build_time += time.perf_counter() - t0
+
+    def set_eps(self, eps: float) -> None:
+        if self.eps is None:
+            self.eps = eps
+            self.build(self.gbar)
+        elif eps != self.eps:
+            g = self.g
+            self.eps = eps
+            self.build(g)
+
+    def row_update(self) -> None:
+        Kv = self.K @ self.v
+        self.u = 1.0 / Kv
+
+    def column_log_sums(self, a: np.ndarray) -> np.ndarray:
+        r""":math:`\log\sum_i a_i e^{(f_i - C_{ij})/\varepsilon}` (exact in the log domain where the kernel is empty)."""
+        s = self.KT @ (a * self.u)
+        with np.errstate(divide="ignore"):
+            out = np.log(s) - self.logr - self.gbar / self.eps
+        bad = ~(s > _TINY)
+        if np.any(bad):
+            f = self.f
+            cols = np.flatnonzero(bad)
+            E = (f[:, None] - self.C[:, cols]) / self.eps + np.log(np.maximum(a, _TINY))[:, None]
+            m = E.max(axis=0)
+            out[cols] = m + np.log(np.sum(np.exp(E - m[None, :]), axis=0))
+        return out
+
+    def nu(self, a: np.ndarray) -> np.ndarray:
+        return self.v * (self.KT @ (a * self.u))
+
+    def solve(self, a: np.ndarray, V: np.ndarray, lam: float, tol: float, max_iter: int) -> tuple[int, float]:
+        """Iterate to a fixed point of the generalized Sinkhorn map; ``(iterations, change)``."""
+        eps = self.eps
+        zeta = lam / (eps + lam)
+        it, change = 0, np.inf
+        while it < max_iter:
+            it += 1
+            self.row_update()
+            if zeta == 0.0:
+                g_new = -V
+            else:
+                g_new = -(zeta * eps) * self.column_log_sums(a) - (1 - zeta) * V
+            g_old = self.g
+            logv = (g_new - self.gbar) / eps
+            if np.max(np.abs(logv)) > _ABSORB or not np.all(np.isfinite(logv)):
+                self.build(g_new)
+                self.row_update()
+            else:
+                self.v = np.exp(logv)
+                self.row_update()
+            nu = self.nu(a)
+            change = float(np.dot(nu, np.abs(g_new - g_old))) / max(1.0 - zeta, 1e-300)
+            if zeta == 0.0 or change <= tol:
+                break
+        return it, change
+
+    def transport(self, a: np.ndarray, nu: np.ndarray) -> float:
+        r""":math:`T_\varepsilon(a,\nu) = \langle a, f\rangle + \langle\nu, g\rangle` for the current plan (exact marginals)."""
+        return float(np.dot(a, self.f) + np.dot(nu, self.g))
+
+
+def _blur_variance(C: np.ndarray, r: np.ndarray, eps: float, dim: int) -> float:
+    r"""Per-direction variance of the blur kernel :math:`r_j e^{-C_{ij}/\varepsilon}`, averaged over rows."""
+    n = C.shape[0]
+    rows = max(1, 2**21 // n)
+    acc = 0.0
+    for i in range(0, n, rows):
+        Ci = C[i:i + rows]
+        W = np.where(Ci < _THETA * eps, np.exp(-np.minimum(Ci, _THETA * eps) / eps) * r[None, :], 0.0)
+        acc += float(np.sum(np.sum(W * Ci, axis=1) / np.sum(W, axis=1)))
+    return acc / n / dim
+
+
+# --------------------------------------------------------------------------- the energy side
+class _Energy:
+    r"""The free energy :math:`\Phi(\nu) = -F(\nu) + \text{coef}\,\mathrm{KL}(\nu|r)` on the support."""
+
+    def __init__(self, model: Model | None, x: np.ndarray, r: np.ndarray, backend: str):
+        self.model, self.x, self.logr, self.backend = model, x, np.log(r), backend
+        self.evaluations = 0
+        self.time = 0.0
+
+    def first_variation(self, nu: np.ndarray) -> np.ndarray:
+        r""":math:`\delta F/\delta\nu` at the support points, shape ``(n,)``."""
+        if self.model is None:
+            return np.zeros_like(nu)
+        t0 = time.perf_counter()
+        out = self.model.first_variation(self.x, Atoms._trusted(self.x, nu), backend=self.backend)
+        self.evaluations += 1
+        self.time += time.perf_counter() - t0
+        return np.asarray(out, dtype=float)
+
+    def F(self, nu: np.ndarray) -> float:
+        if self.model is None:
+            return 0.0
+        t0 = time.perf_counter()
+        out = float(self.model.energy(Atoms._trusted(self.x, nu), backend=self.backend))
+        self.evaluations += 1
+        self.time += time.perf_counter() - t0
+        return out
+
+    def kl(self, nu: np.ndarray) -> float:
+        pos = nu > 0
+        return float(np.sum(nu[pos] * (np.log(nu[pos]) - self.logr[pos])))
+
+    def logratio(self, nu: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(nu, _TINY)) - self.logr
+
+
+@dataclass
+class StepStats:
+    """Statistics of one JKO step."""
+
+    iterations: int  #: outer (re-linearization) iterations
+    sinkhorn: int  #: scaling iterations (all outer iterations, all eps stages)
+    residual: float  #: nu-weighted first-order residual, units of dF/dmu
+    residual_max: float  #: max over support points with nu_j >= 1e-8 max(nu)
+    eps: float  #: regularization at the end of the step (0 for emd)
+    L: float  #: final proximal weight
+    objective: float  #: J at the solution (transport/2tau + Phi_eps)
+    converged: bool
+    time_ot: float = 0.0
+    time_energy: float = 0.0
+
+
+class _Stepper:
+    """Holds the support, the cost, the OT state (warm starts) and the energy; takes JKO steps."""
+
+    def __init__(self, model, x, r, *, tau, eps, cost, kappa, method, debias, eps_scaling, tol, max_iter,
+                 max_sinkhorn, backend):
+        self.x, self.r, self.dim = x, r, x.shape[1] - 1
+        self.method = method
+        self.tol, self.max_iter, self.max_sinkhorn = tol, max_iter, max_sinkhorn
+        self.kappa_inv = 0.0 if kappa is None or np.isinf(kappa) else 1.0 / kappa
+        self.energy = _Energy(model, x, r, backend)
+        t0 = time.perf_counter()
+        self.C = cost_matrix(x, cost)
+        self.time_cost = time.perf_counter() - t0
+        self.eps_target = eps if method == "sinkhorn" else 0.0
+        self.eps_scaling = eps_scaling
+        self.debias = debias and method == "sinkhorn"
+        self.sigma2 = _blur_variance(self.C, r, eps, self.dim) if self.debias else 0.0
+        self.ot = _SemiRelaxed(self.C, r) if method == "sinkhorn" else None
+        self.first = True
+        self.L = 0.0
+        self.set_tau(tau)
+
+    def set_tau(self, tau: float) -> None:
+        self.tau = tau
+        self.c_blur = self.sigma2 / (2 * tau)
+        self.coef = self.kappa_inv - self.c_blur  # entropy weight of the debiased step
+
+    def phi(self, nu: np.ndarray, F: float) -> float:
+        return -F + self.coef * self.energy.kl(nu)
+
+    # -- entropic step -------------------------------------------------------------
+    def _linear_part(self, nu_m: np.ndarray, dF: np.ndarray, L: float) -> tuple[np.ndarray, float]:
+        tau2 = 2 * self.tau
+        V = -tau2 * dF
+        lam = tau2 * L
+        lr = self.energy.logratio(nu_m)
+        if self.coef >= 0:
+            lam += tau2 * self.coef
+        else:
+            V = V + tau2 * self.coef * lr
+        if L > 0:
+            V = V - tau2 * L * lr
+        V = V - np.dot(nu_m, V)  # constants do not change the step (mass is fixed)
+        return V, lam
+
+    def _residual(self, nu: np.ndarray, g: np.ndarray, dF: np.ndarray) -> tuple[float, float]:
+        grad = g / (2 * self.tau) - dF + self.coef * self.energy.logratio(nu)
+        grad = grad - np.dot(nu, grad)
+        keep = nu >= 1e-8 * nu.max()
+        return float(np.dot(nu, np.abs(grad))), float(np.max(np.abs(grad[keep])))
+
+    def step(self, a: np.ndarray) -> tuple[np.ndarray, StepStats]:
+        if self.method == "emd":
+            return self._emd_step(a)
+        ot, E = self.ot, self.energy
+        t_ot = 0.0
+        t0e = E.time
+        # eps schedule: from the cost diameter on the first step, from a few times the target afterwards
+        eps0 = float(self.C.max()) if self.first else 4 * self.eps_target
+        schedule = []
+        e = max(eps0, self.eps_target)
+        while e > self.eps_target:
+            schedule.append(e)
+            e *= self.eps_scaling
+        schedule.append(self.eps_target)
+        self.first = False
+        nu_m = a.copy()
+        dF = E.first_variation(nu_m)
+        F_m = E.F(nu_m)
+        sink = 0
+        J_m = np.inf
+        L = 0.0 if self.L == 0 else self.L / 4
+        for stage, eps in enumerate(schedule):
+            t0 = time.perf_counter()
+            ot.set_eps(eps)
+            V, lam = self._linear_part(nu_m, dF, L)
+            it, _ = ot.solve(a, V, lam, tol=self.tol, max_iter=20 if eps != self.eps_target else self.max_sinkhorn)
+            sink += it
+            t_ot += time.perf_counter() - t0
+            if eps != self.eps_target:
+                nu = ot.nu(a)
+                nu_m = nu / nu.sum()
+                dF = E.first_variation(nu_m)
+        nu = ot.nu(a)
+        nu /= nu.sum()
+        F_new = E.F(nu)
+        J_m = ot.transport(a, nu) / (2 * self.tau) + self.phi(nu, F_new)
+        nu_m, F_m = nu, F_new
+        dF = E.first_variation(nu_m)
+        res, res_max = self._residual(nu_m, ot.g, dF)
+        outer = 1
+        converged = res <= self.tol
+        while not converged and outer < self.max_iter:
+            outer += 1
+            state = (ot.fbar.copy(), ot.gbar.copy(), ot.u.copy(), ot.v.copy(), ot.K, ot.KT)
+            t0 = time.perf_counter()
+            V, lam = self._linear_part(nu_m, dF, L)
+            it, _ = ot.solve(a, V, lam, tol=max(0.1 * self.tol, 0.01 * res), max_iter=self.max_sinkhorn)
+            sink += it
+            nu = ot.nu(a)
+            nu /= nu.sum()
+            t_ot += time.perf_counter() - t0
+            F_new = E.F(nu)
+            J_new = ot.transport(a, nu) / (2 * self.tau) + self.phi(nu, F_new)
+            if J_new > J_m + 1e-12 * max(1.0, abs(J_m)):
+                # the linearization was not a majorizer here: restore and add (more) proximal weight
+                ot.fbar, ot.gbar, ot.u, ot.v, ot.K, ot.KT = state
+                L = max(2 * L, 0.25 * float(dF.max() - dF.min()) + 1e-12)
+                continue
+            J_m, nu_m, F_m = J_new, nu, F_new
+            dF = E.first_variation(nu_m)
+            res, res_max = self._residual(nu_m, ot.g, dF)
+            converged = res <= self.tol
+            L = L / 2 if L > 0 else 0.0
+        self.L = L
+        if not converged:
+            logger.warning("JKO step: residual %.3g above tol=%.3g after %d iterations", res, self.tol, outer)
+        return nu_m, StepStats(outer, sink, res, res_max, float(ot.eps), L, J_m, converged,
+                               time_ot=t_ot, time_energy=E.time - t0e)
+
+    # -- exact step (POT emd) ------------------------------------------------------
+    def _emd_step(self, a: np.ndarray) -> tuple[np.ndarray, StepStats]:
+        import ot as pot
+
+        E = self.energy
+        t_ot = 0.0
+        t0e = E.time
+        tau2 = 2 * self.tau
+        support = a > 0
+
+        def evaluate(nu):
+            nonlocal t_ot
+            t0 = time.perf_counter()
+            w2, lg = pot.emd2(a, nu, self.C, numItermax=max(10**6, 50 * nu.size**2), log=True)
+            t_ot += time.perf_counter() - t0
+            if lg.get("result_code", 1) != 1:
+                raise SolverError(f"ot.emd did not reach an optimal plan (result_code={lg.get('result_code')}); "
+                                  f"use method='sinkhorn' for a support of {nu.size} points")
+            F = E.F(nu)
+            J = w2 / tau2 + self.phi(nu, F)
+            dF = E.first_variation(nu)
+            grad = np.asarray(lg["v"]) / tau2 - dF + self.coef * E.logratio(nu)
+            return J, grad - np.dot(nu, grad)
+
+        nu = np.where(support, a, 0.0) + 1e-12 * (self.kappa_inv > 0)
+        nu /= nu.sum()
+        J, grad = evaluate(nu)
+        s = 1.0 / (np.max(np.abs(grad)) + 1e-300)
+        it, res = 0, float(np.dot(nu, np.abs(grad)))
+        while res > self.tol and it < self.max_iter:
+            it += 1
+            for _ in range(60):
+                z = np.log(np.maximum(nu, _TINY)) - s * grad
+                trial = np.exp(z - z.max())
+                trial /= trial.sum()
+                Jt, gt = evaluate(trial)
+                if Jt <= J - 1e-4 * float(np.dot(grad, nu - trial)):
+                    break
+                s *= 0.5
+            else:
+                break
+            nu, J, grad = trial, Jt, gt
+            s *= 1.5
+            res = float(np.dot(nu, np.abs(grad)))
+        keep = nu >= 1e-8 * nu.max()
+        return nu, StepStats(it, it, res, float(np.max(np.abs(grad[keep]))), 0.0, 0.0, float(J), res <= self.tol,
+                             time_ot=t_ot, time_energy=E.time - t0e)
+
+
+# --------------------------------------------------------------------------- driver
+@dataclass
+class JKOResult:
+    """Result of :func:`jko`.
+
+    Attributes
+    ----------
+    times : ndarray, shape (n_saves,)
+        :math:`k\\tau` at the saved steps.
+    weights : ndarray, shape (n_saves, n)
+        Masses :math:`\\nu_j` on the support (sum 1, non-negative).
+    points : ndarray, shape (n, d)
+        The support.
+    reference : ndarray, shape (n,)
+        Reference volumes :math:`r_j` (cell areas) of the entropy.
+    energy : ndarray, shape (n_saves,)
+        :math:`F` (``model.energy``, ascended); zeros when ``model`` is None.
+    free_energy : ndarray, shape (n_saves,)
+        :math:`\\Phi = -F + \\kappa^{-1}\\sum_j\\nu_j\\log(\\nu_j/r_j)`, non-increasing for the exact scheme.
+    stats : list of StepStats
+        One per step taken.
+    mesh : Mesh or None
+    """
+
+    times: np.ndarray
+    weights: np.ndarray
+    points: np.ndarray
+    reference: np.ndarray
+    energy: np.ndarray
+    free_energy: np.ndarray
+    stats: list[StepStats] = field(default_factory=list)
+    mesh: Mesh | None = None
+    tau: float = 0.0
+    eps: float = 0.0
+    method: str = "sinkhorn"
+    status: int = 0
+    message: str = ""
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def values(self) -> np.ndarray:
+        """Densities (weights / reference volumes), shape ``(n_saves, n)``."""
+        return self.weights / self.reference
+
+    def density(self, i: int = -1) -> Density:
+        if self.mesh is None:
+            raise ValueError("this JKO run was on a point cloud, not a mesh: use atoms(i)")
+        return Density._trusted(self.mesh, self.weights[i] / self.mesh.areas)
+
+    def atoms(self, i: int = -1) -> Atoms:
+        return Atoms._trusted(self.points, self.weights[i])
+
+    def stat(self, name: str) -> np.ndarray:
+        """One statistic over the steps, e.g. ``stat("residual")``."""
+        return np.array([getattr(s, name) for s in self.stats])
+
+    def __len__(self) -> int:
+        return int(self.times.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"JKOResult(n_saves={len(self)}, tau={self.tau:g}, eps={self.eps:g}, n={self.points.shape[0]}, "
+                f"method={self.method!r}, status={self.status})")
+
+
+def _default_eps(x: np.ndarray, r: np.ndarray) -> float:
+    return 2.0 * _spacing(x, r) ** 2
+
+
+def jko(
+    model: Model | None,
+    rho0: Density | Atoms,
+    tau: float,
+    n_steps: int,
+    *,
+    eps: float | None = None,
+    cost: str = "geodesic",
+    kappa: float | None = None,
+    method: str = "sinkhorn",
+    debias: bool = True,
+    eps_scaling: float = 0.5,
+    tol: float = 1e-6,
+    max_iter: int = 200,
+    max_sinkhorn: int = 5000,
+    reference: Any = None,
+    save_every: int = 1,
+    backend: str = "auto",
+    callback: Callable[[float, np.ndarray], Any] | None = None,
+    progress: bool = False,
+    _stepper: _Stepper | None = None,
+) -> JKOResult:
+    r"""Run ``n_steps`` JKO steps :math:`\mu_{k+1} = \arg\min_\nu W_2^2(\mu_k,\nu)/(2\tau) - F(\nu) + \kappa^{-1}\int\nu\log\nu`.
+
+    Algorithm, stopping rule and the role of :math:`\varepsilon`: module docstring.
+
+    Parameters
+    ----------
+    model : Model or None
+        A gradient flow in the plain Wasserstein metric (USA with ``Q = K = I``, ``V = ±I``,
+        conservative perceptrons, sums of them); ``None`` for pure diffusion (needs ``kappa``).
+    rho0 : Density or Atoms
+        Initial measure.  A Density runs on its mesh's cell centres (reference volumes = cell
+        areas); Atoms run on their points (reference volumes ``|S^{d-1}|/n`` unless ``reference``).
+    tau : float
+        Time step.
+    n_steps : int
+        Number of steps; the result holds times ``0, tau, ..., n_steps tau`` (every ``save_every``).
+    eps : float, optional
+        Target entropic regularization (units of squared distance); default ``2 h^2``, ``h`` the
+        spacing of the support.
+    cost : {"geodesic", "chordal"}
+        :math:`C = d^2` with the great-circle or the chordal distance.
+    kappa : float, optional
+        Inverse diffusivity; ``None`` or ``inf``: no noise.
+    method : {"sinkhorn", "emd"}
+        Entropic semi-relaxed Sinkhorn (any size) or exact ``ot.emd`` mirror descent (small supports).
+    debias : bool
+        Remove the blur's spurious diffusion to leading order (module docstring).
+    eps_scaling : float
+        Factor of the eps-scaling schedule of the first step, in ``(0, 1)``.
+    tol : float
+        Stopping tolerance on the step's first-order residual (units of ``dF/dmu``).
+    max_iter, max_sinkhorn : int
+        Caps on outer iterations per step and on scaling iterations per outer iteration.
+    reference : array_like, shape (n,), optional
+        Reference volumes of the entropy.
+    backend : str
+        Kernel-sum backend of ``model.first_variation`` / ``model.energy``.
+    callback : callable, optional
+        ``callback(t, weights)`` after each step; a true value stops the run.
+    progress : bool
+        A tqdm progress bar over steps.
+
+    Returns
+    -------
+    JKOResult
+
+    Raises
+    ------
+    NotAGradientFlowError
+        ``model`` is not a Wasserstein gradient flow (SA, general Q/K/V, non-conservative perceptron).
+
+    Examples
+    --------
+    >>> from wflow.mesh import CircleMesh
+    >>> from wflow.density import Density
+    >>> rho0 = Density.from_function(CircleMesh(64), lambda x: 1 + 0.5 * x[:, 0])
+    >>> r = jko(None, rho0, 0.05, 4, kappa=1.0)
+    >>> abs(r.weights.sum(axis=1) - 1).max() < 1e-12
+    True
+    """
+    x, a, r, mesh = _support(rho0, reference)
+    check_gradient_model(model, x.shape[1])
+    tau = check_positive(tau, "tau")
+    n_steps = check_int(n_steps, "n_steps", minimum=0)
+    save_every = check_int(save_every, "save_every")
+    if kappa is not None:
+        kappa = check_positive(kappa, "kappa", allow_inf=True)
+    if model is None and (kappa is None or np.isinf(kappa)):
+        raise ValueError("model=None (pure diffusion) needs a finite kappa")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+    eps = _default_eps(x, r) if eps is None else check_positive(eps, "eps")
+    eps_scaling = check_positive(eps_scaling, "eps_scaling")
+    if eps_scaling >= 1:
+        raise ValueError(f"eps_scaling must be in (0, 1), got {eps_scaling}")
+    tol = check_positive(tol, "tol")
+    max_iter = check_int(max_iter, "max_iter")
+    max_sinkhorn = check_int(max_sinkhorn, "max_sinkhorn")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable, got {short_repr(callback)}")
+
+    st = _stepper or _Stepper(model, x, r, tau=tau, eps=eps, cost=cost, kappa=kappa, method=method, debias=debias,
+                              eps_scaling=eps_scaling, tol=tol, max_iter=max_iter, max_sinkhorn=max_sinkhorn,
+                              backend=backend)
+    st.set_tau(tau)
+    E = st.energy
+    out_t, out_w, out_F, out_P = [], [], [], []
+
+    def record(t, w):
+        F = E.F(w)
+        out_t.append(t)
+        out_w.append(w.copy())
+        out_F.append(F)
+        out_P.append(-F + st.kappa_inv * E.kl(w))
+
+    record(0.0, a)
+    stats: list[StepStats] = []
+    status, message = 0, f"took {n_steps} steps"
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_steps, desc="jko", unit="step")
+    w = a
+    t_start = time.perf_counter()
+    for k in range(1, n_steps + 1):
+        w, s = st.step(w)
+        if not np.all(np.isfinite(w)):
+            raise SolverError(f"non-finite weights at step {k}; try a larger eps or a smaller tau")
+        stats.append(s)
+        t = k * tau
+        stop = callback is not None and callback(t, w)
+        if k % save_every == 0 or k == n_steps or stop:
+            record(t, w)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(res=f"{s.residual:.1e}", it=s.iterations)
+        if stop:
+            status, message = 1, f"stopped by callback at step {k}"
+            break
+    if bar is not None:
+        bar.close()
+    weights = np.array(out_w)
+    return JKOResult(
+        times=np.array(out_t), weights=weights, points=x, reference=r, energy=np.array(out_F),
+        free_energy=np.array(out_P), stats=stats, mesh=mesh, tau=tau, eps=st.eps_target, method=method,
+        status=status, message=message,
+        timing={"cost_matrix": st.time_cost, "total": time.perf_counter() - t_start,
+                "ot": sum(s.time_ot for s in stats), "energy": sum(s.time_energy for s in stats),
+                "kernel_builds": st.ot.build_time if st.ot is not None else 0.0},
+    )
+
+
+def jko_step(model: Model | None, rho0: Density | Atoms, tau: float, **kwargs: Any) -> JKOResult:
+    """One JKO step (:func:`jko` with ``n_steps=1``)."""
+    return jko(model, rho0, tau, 1, **kwargs)
