@@ -1,0 +1,233 @@
+"""Numerical contracts of wflow.transport: exact methods against each other and closed forms."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wflow import Atoms
+from wflow.sphere import angles_to_points, random_rotation, uniform, vmf_mixture
+from wflow.transport import (
+    sinkhorn_divergence,
+    w2_to_uniform_circle,
+    wasserstein,
+    wasserstein_result,
+)
+
+
+@pytest.fixture(autouse=True)
+def _raise_on_fp_errors():
+    with np.errstate(all="raise", under="ignore"):
+        yield
+
+
+def _random_circle(rng, n):
+    theta = rng.uniform(0, 2 * np.pi, n)
+    return Atoms(angles_to_points(theta), rng.uniform(0.1, 1.0, n)), theta
+
+
+def _random_sphere(rng, n, d=3):
+    return Atoms(uniform(n, d, rng), rng.uniform(0.1, 1.0, n))
+
+
+@pytest.mark.parametrize("p", [1, 2, 1.5])
+def test_circle_matches_emd_geodesic(p):
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        n, m = rng.integers(1, 40, size=2)
+        mu, _ = _random_circle(rng, n)
+        nu, _ = _random_circle(rng, m)
+        exact = wasserstein(mu, nu, p, method="emd")
+        circ = wasserstein(mu, nu, p, method="circle")
+        assert abs(circ - exact) <= 1e-8
+        assert wasserstein(mu, nu, p) == circ  # auto -> circle on S^1
+
+
+def test_zero_and_symmetry():
+    rng = np.random.default_rng(0)
+    mu = _random_sphere(rng, 30)
+    nu = _random_sphere(rng, 25)
+    assert wasserstein(mu, mu, method="emd") <= 1e-7
+    assert wasserstein(mu, nu, method="emd") == pytest.approx(wasserstein(nu, mu, method="emd"), abs=1e-12)
+    c, _ = _random_circle(rng, 50)
+    assert wasserstein(c, c, method="circle") <= 1e-6
+
+
+@pytest.mark.parametrize("cost", ["geodesic", "chordal"])
+@pytest.mark.parametrize("p", [1, 2])
+def test_triangle_inequality(cost, p):
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        a, b, c = (_random_sphere(rng, k) for k in rng.integers(5, 30, size=3))
+        ab = wasserstein(a, b, p, method="emd", cost=cost)
+        bc = wasserstein(b, c, p, method="emd", cost=cost)
+        ac = wasserstein(a, c, p, method="emd", cost=cost)
+        assert ac <= ab + bc + 1e-12
+
+
+def test_rotation_invariance_s2():
+    rng = np.random.default_rng(0)
+    mu, nu = _random_sphere(rng, 40), _random_sphere(rng, 35)
+    R = random_rotation(3, rng)
+    for cost in ("geodesic", "chordal"):
+        w = wasserstein(mu, nu, method="emd", cost=cost)
+        assert wasserstein(mu.rotate(R), nu.rotate(R), method="emd", cost=cost) == pytest.approx(w, abs=1e-10)
+
+
+def test_two_diracs_and_dirac_against_measure():
+    rng = np.random.default_rng(0)
+    x, y = uniform(2, 3, rng)
+    theta = np.arccos(np.clip(x @ y, -1, 1))
+    for p in (1, 2, 3):
+        assert wasserstein(Atoms(x[None]), Atoms(y[None]), p, method="emd") == pytest.approx(theta, abs=1e-10)
+        chord = wasserstein(Atoms(x[None]), Atoms(y[None]), p, method="emd", cost="chordal")
+        assert chord == pytest.approx(2 * np.sin(theta / 2), abs=1e-12)
+    nu = _random_sphere(rng, 20)
+    th = np.arccos(np.clip(nu.points @ x, -1, 1))
+    for p in (1, 2):
+        expected = (nu.weights @ th**p) ** (1 / p)
+        assert wasserstein(Atoms(x[None]), nu, p, method="emd") == pytest.approx(expected, abs=1e-10)
+    # on the circle, by the exact circle method
+    c = Atoms(angles_to_points([0.3]))
+    d = Atoms(angles_to_points([0.3 + 2.5]))
+    assert wasserstein(c, d, 1) == pytest.approx(2.5, abs=1e-10)
+    assert wasserstein(c, Atoms(angles_to_points([0.3 - 2.9])), 2) == pytest.approx(2.9, abs=1e-10)
+
+
+def test_w2_to_uniform_circle():
+    rng = np.random.default_rng(0)
+    # a Dirac: W_2^2 = mean of theta^2 over (-pi, pi) = pi^2/3
+    assert w2_to_uniform_circle(Atoms(angles_to_points([1.0]))) == pytest.approx(np.pi / np.sqrt(3), abs=1e-12)
+    mu, _ = _random_circle(rng, 25)
+    closed = w2_to_uniform_circle(mu)
+    assert wasserstein(mu, "uniform") == closed
+    assert wasserstein("uniform", mu) == closed
+    # fine uniform grid, exact circle method: the grid is within pi/N of uniform
+    N = 20000
+    grid = Atoms(angles_to_points(2 * np.pi * (np.arange(N) + 0.5) / N))
+    assert wasserstein(mu, grid, 2, method="circle") == pytest.approx(closed, abs=2 * np.pi / N)
+    # a coarser grid checks the weight handling against the LP
+    M = 400
+    grid = Atoms(angles_to_points(2 * np.pi * (np.arange(M) + 0.5) / M))
+    assert wasserstein(mu, grid, 2, method="emd") == pytest.approx(closed, abs=2 * np.pi / M)
+
+
+def test_sinkhorn_close_to_emd_within_bias():
+    rng = np.random.default_rng(0)
+    mu = _random_sphere(rng, 60)
+    nu = Atoms(vmf_mixture(50, [[0, 0, 1], [1, 0, 0]], [5.0, 20.0], seed=rng))
+    w2 = wasserstein(mu, nu, 2, method="emd") ** 2
+    for reg in (1e-1, 1e-2):
+        res = wasserstein_result(mu, nu, 2, method="sinkhorn", reg=reg, backend="numpy")
+        assert res.info["converged"] and not res.exact
+        s = res.info["divergence"]
+        bound = res.info["bias_bound_pth_power"]
+        assert bound <= reg * np.log(60)
+        assert abs(s - w2) <= bound
+        assert abs(res.value - np.sqrt(w2)) <= res.error_bound
+    # small eps: the observed error is far below the bound
+    s = sinkhorn_divergence(mu, nu, 2, reg=1e-2, backend="numpy")
+    assert abs(s - w2) <= 0.01 * w2
+    # S(mu, mu) = 0 up to the stopping residual (tol = 0.1 reg)
+    assert abs(sinkhorn_divergence(mu, mu, 2, reg=1e-2, backend="numpy")) <= 1e-3
+
+
+def test_sinkhorn_chordal_p1():
+    rng = np.random.default_rng(0)
+    mu, nu = _random_sphere(rng, 40), _random_sphere(rng, 30)
+    w1 = wasserstein(mu, nu, 1, method="emd", cost="chordal")
+    s = sinkhorn_divergence(mu, nu, 1, cost="chordal", reg=1e-2, backend="numpy")
+    assert abs(s - w1) <= 1e-2 * np.log(40)
+
+
+def test_sinkhorn_keops_matches_numpy():
+    pytest.importorskip("pykeops")
+    from wflow.kernels.keops_backend import import_pykeops
+
+    if import_pykeops() is None:
+        pytest.skip("pykeops does not import")
+    rng = np.random.default_rng(0)
+    mu, nu = _random_sphere(rng, 50), _random_sphere(rng, 40)
+    a = sinkhorn_divergence(mu, nu, 2, reg=1e-1, backend="numpy")
+    b = sinkhorn_divergence(mu, nu, 2, reg=1e-1, backend="keops")  # first run compiles (10-25 s)
+    assert b == pytest.approx(a, abs=1e-9)
+
+
+def test_sliced_proxy():
+    rng = np.random.default_rng(0)
+    mu, nu = _random_sphere(rng, 200), _random_sphere(rng, 150)
+    r = wasserstein_result(mu, nu, 2, method="sliced", seed=0)
+    assert not r.exact and np.isnan(r.error_bound)
+    assert r.value == wasserstein(mu, nu, 2, method="sliced", seed=0)  # reproducible
+    assert wasserstein(mu, mu, 2, method="sliced", seed=1) <= 1e-6
+    # the proxy moves with the distance: a far measure is farther than a near one
+    far = Atoms(vmf_mixture(150, [[0, 0, 1]], [50.0], seed=rng))
+    assert wasserstein(mu, far, method="sliced", seed=0) > wasserstein(mu, nu, method="sliced", seed=0)
+    # on S^1 the sliced method is the exact circle distance
+    c1, _ = _random_circle(rng, 30)
+    c2, _ = _random_circle(rng, 20)
+    assert wasserstein(c1, c2, method="sliced") == wasserstein(c1, c2, method="circle")
+
+
+def test_auto_choice_and_result():
+    rng = np.random.default_rng(0)
+    mu, nu = _random_sphere(rng, 30), _random_sphere(rng, 30)
+    r = wasserstein_result(mu, nu)
+    assert r.method == "emd" and r.exact and r.error_bound == 0.0 and float(r) == r.value
+    c1, _ = _random_circle(rng, 10)
+    assert wasserstein_result(c1, c1).method == "circle"
+    assert wasserstein_result(c1, c1, cost="chordal").method == "emd"
+
+
+def test_density_like_and_arrays():
+    rng = np.random.default_rng(0)
+    mu = _random_sphere(rng, 20)
+
+    class FakeDensity:
+        def to_atoms(self):
+            return mu
+
+    nu = _random_sphere(rng, 15)
+    assert wasserstein(FakeDensity(), nu, method="emd") == wasserstein(mu, nu, method="emd")
+    pts = uniform(10, 3, rng)
+    assert wasserstein(pts, Atoms(pts), method="emd") <= 1e-7
+    # zero-weight atoms are dropped
+    z = Atoms(np.concatenate([mu.points, uniform(1, 3, rng)]), np.concatenate([mu.weights, [0.0]]))
+    assert wasserstein(z, nu, method="emd") == pytest.approx(wasserstein(mu, nu, method="emd"), abs=1e-12)
+
+
+def test_bad_input():
+    rng = np.random.default_rng(0)
+    s2, s1 = _random_sphere(rng, 10), _random_circle(rng, 10)[0]
+    with pytest.raises(ValueError, match="same sphere"):
+        wasserstein(s2, s1)
+    with pytest.raises(ValueError, match="non-negative"):
+        Atoms(uniform(3, 3, rng), [1.0, -1.0, 1.0])
+    with pytest.raises(ValueError, match="p must be"):
+        wasserstein(s2, s2, 0.5)
+    with pytest.raises(TypeError, match="p must be"):
+        wasserstein(s2, s2, "2")
+    with pytest.raises(ValueError, match="method"):
+        wasserstein(s2, s2, method="lp")
+    with pytest.raises(ValueError, match="cost"):
+        wasserstein(s2, s2, cost="euclid")
+    with pytest.raises(ValueError, match="max_emd=5"):
+        wasserstein(s2, s2, method="emd", max_emd=5)
+    assert wasserstein(s2, s2, method="emd", max_emd=5, allow_large=True) <= 1e-7
+    with pytest.raises(ValueError, match="batch"):
+        wasserstein(Atoms(uniform(4, 3, rng, batch=(2,))), s2)
+    with pytest.raises(ValueError, match="circle"):
+        wasserstein(s2, s2, method="circle")
+    with pytest.raises(ValueError, match="uniform"):
+        wasserstein(s2, "uniform")
+    with pytest.raises(ValueError, match="p=2"):
+        wasserstein(s1, "uniform", p=1)
+    with pytest.raises(ValueError, match="'uniform'"):
+        wasserstein(s1, "gauss")
+    with pytest.raises(TypeError, match="nu must be"):
+        wasserstein(s1, 3.0)
+    with pytest.raises(ValueError, match="reg"):
+        wasserstein(s2, s2, method="sinkhorn", reg=-1.0)
+    with pytest.raises(ValueError, match="scaling"):
+        wasserstein(s2, s2, method="sinkhorn", scaling=1.5)
+    with pytest.raises(ValueError, match="n_projections"):
+        wasserstein(s2, s2, method="sliced", n_projections=0)
