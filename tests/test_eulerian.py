@@ -4,7 +4,6 @@ import pytest
 from scipy.special import eval_legendre, iv
 
 from wflow.density import Density
-from wflow.errors import NotAGradientFlowError
 from wflow.mesh import CircleMesh, SphereMesh
 from wflow.models import SA, USA, Perceptron
 from wflow.solvers.eulerian import DensityTrajectory, FiniteVolume, solve_density

@@ -46,7 +46,7 @@ import numpy as np
 from scipy.spatial import SphericalVoronoi, cKDTree
 
 from ._typing import ArrayLike
-from .errors import as_points, check_int, short_repr
+from .errors import as_points, check_int
 from .sphere import fibonacci_nodes, geodesic_distance, log_map, points_to_angles
 
 __all__ = ["Mesh", "CircleMesh", "SphereMesh", "icosahedral_nodes"]
@@ -216,7 +216,6 @@ class CircleMesh(Mesh):
 
 
 # --------------------------------------------------------------------------- sphere
-_ICO_VERTICES = None
 
 
 def _icosahedron() -> tuple[np.ndarray, np.ndarray]:
