@@ -303,3 +303,4 @@ def _select(backend: str, problem: KernelProblem) -> Backend:
 from . import numpy_backend as _numpy_backend  # noqa: E402,F401  (registers "numpy")
 from . import keops_backend as _keops_backend  # noqa: E402,F401  (registers "keops")
 from . import spectral as _spectral  # noqa: E402,F401  (registers "spectral")
+from . import numba_backend as _numba_backend  # noqa: E402,F401  (registers "numba")

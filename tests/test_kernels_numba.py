@@ -1,0 +1,126 @@
+"""The numba backend agrees with the numpy backend (the reference) on small problems.
+
+float64 results must agree to 1e-12 relative, float32 to 1e-5.  The float32 reference
+is the numpy backend run in float64 on the same float32 numbers: the numba backend
+forms its logits in float64, whereas a float32 logit of size beta = 1000 is itself
+uncertain by 6e-5, so the numpy backend's own float32 result is only that close.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wflow.kernels import AUTO_ORDER, BACKENDS, kernel_sums
+
+numba_backend = pytest.importorskip("wflow.kernels.numba_backend")
+pytestmark = pytest.mark.skipif(not BACKENDS["numba"].available(), reason=BACKENDS["numba"].reason)
+
+RTOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+def _sphere(rng, shape, dtype):
+    x = rng.standard_normal(shape)
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(dtype)
+
+
+def _problem(rng, dtype, batch=(), n=37, m=300, d=3, p=None, q=None, zeros=True):
+    x = _sphere(rng, (*batch, n, d), dtype)
+    y = _sphere(rng, (*batch, m, d), dtype)
+    w = rng.random((*batch, m))
+    if zeros:
+        w[..., ::5] = 0.0
+    w = (w / w.sum(axis=-1, keepdims=True)).astype(dtype)
+    mats = {}
+    if p is not None:
+        mats["Q"] = (rng.standard_normal((p, d)) / np.sqrt(d)).astype(dtype)
+        mats["K"] = (rng.standard_normal((p, d)) / np.sqrt(d)).astype(dtype)
+    if q is not None:
+        mats["V"] = rng.standard_normal((q, d)).astype(dtype)
+    return x, y, w, mats
+
+
+def _reference(x, y, w, beta, mats, values=True):
+    up = {k: v.astype(np.float64) for k, v in mats.items()}
+    return kernel_sums(x.astype(np.float64), y.astype(np.float64), w.astype(np.float64), beta,
+                       values=values, backend="numpy", **up)
+
+
+def _check(got, ref, dtype, values=True):
+    rtol = RTOL[dtype]
+    assert got.backend == "numba"
+    assert got.log_scale.dtype == dtype and got.mass.dtype == dtype
+    assert got.log_scale.shape == ref.log_scale.shape
+    # the shift is the exact row maximum (up to rounding to the output dtype)
+    np.testing.assert_allclose(got.log_scale, ref.log_scale, rtol=rtol, atol=rtol)
+    # mass relative to the reference's shift: e^(c - c_ref) s0 = s0_ref
+    mass = got.mass.astype(np.float64) * np.exp(got.log_scale.astype(np.float64) - ref.log_scale)
+    np.testing.assert_allclose(mass, ref.mass, rtol=rtol)
+    if not values:
+        assert got.vector is None
+        return
+    assert got.vector.dtype == dtype
+    sa, sa_ref = got.softmax_average(), ref.softmax_average()
+    # relative to the row's size (components may cancel)
+    scale = np.max(np.abs(sa_ref), axis=-1, keepdims=True)
+    err = np.max(np.abs(sa - sa_ref) / scale)
+    assert err <= rtol, f"softmax average differs by {err:.3g} relative (tolerance {rtol})"
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("beta", [0.0, 1.0, 100.0, 1000.0])
+def test_identity_qkv_agrees_with_numpy(rng, dtype, beta):
+    x, y, w, mats = _problem(rng, dtype)
+    got = kernel_sums(x, y, w, beta, backend="numba")
+    _check(got, _reference(x, y, w, beta, mats), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("beta", [1.0, 1000.0])
+@pytest.mark.parametrize("d, p, q", [(3, 5, 2), (8, 6, 8), (5, 50, 7)])
+def test_general_qkv_agrees_with_numpy(rng, dtype, beta, d, p, q):
+    """p != d, q != d; p = 50 takes the BLAS route."""
+    x, y, w, mats = _problem(rng, dtype, d=d, p=p, q=q, m=2100)
+    got = kernel_sums(x, y, w, beta, backend="numba", **mats)
+    assert got.vector.shape == (x.shape[0], q)
+    _check(got, _reference(x, y, w, beta, mats), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_batched_agrees_with_numpy(rng, dtype):
+    x, y, w, mats = _problem(rng, dtype, batch=(3, 5), n=9, m=13, d=8, q=4)
+    got = kernel_sums(x, y, w, 100.0, backend="numba", **mats)
+    assert got.log_scale.shape == (3, 5, 9) and got.vector.shape == (3, 5, 9, 4)
+    _check(got, _reference(x, y, w, 100.0, mats), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_values_false(rng, dtype):
+    x, y, w, mats = _problem(rng, dtype, d=4)
+    got = kernel_sums(x, y, w, 10.0, values=False, backend="numba")
+    _check(got, _reference(x, y, w, 10.0, mats, values=False), dtype, values=False)
+
+
+def test_many_column_blocks_online_maximum(rng):
+    """Columns in several blocks whose maxima increase: the running shift is rescaled."""
+    x, y, w, mats = _problem(rng, np.float64, n=5, m=3 * numba_backend.TILE_COLS + 7, zeros=False)
+    order = np.argsort(y @ x[0])  # the best column of row 0 comes last
+    y, w = y[order], w[order]
+    got = kernel_sums(x, y, w, 300.0, backend="numba")
+    _check(got, _reference(x, y, w, 300.0, mats), np.float64)
+
+
+def test_largest_term_is_one(rng):
+    x, y, w, _ = _problem(rng, np.float64, zeros=False)
+    got = kernel_sums(x, y, w, 1000.0, backend="numba")
+    logits = 1000.0 * x @ y.T + np.log(w)
+    np.testing.assert_allclose(got.log_scale, logits.max(axis=1), rtol=1e-14)
+    assert np.all(got.mass >= 1.0)
+
+
+def test_auto_picks_numba_on_cpu(rng):
+    assert AUTO_ORDER.index("numba") < AUTO_ORDER.index("numpy")
+    keops = BACKENDS.get("keops")
+    if keops is not None and keops.available() and keops.gpu():
+        pytest.skip("a GPU is present: auto picks KeOps for large problems")
+    x, y, w, mats = _problem(rng, np.float64, q=3, p=4)
+    assert kernel_sums(x, y, w, 1.0, **mats).backend == "numba"

@@ -1,0 +1,398 @@
+r"""Fast direct kernel sums on the CPU with numba: parallel rows, vectorized exponential.
+
+The sums are those of :mod:`wflow.kernels` (shift :math:`c_i` = exact row maximum of
+:math:`\ell_{ij} + \log w_j`), computed in one streamed pass per row with an online
+maximum (as in "flash attention", Dao et al. 2022): columns are taken in blocks,
+and when a block raises the running maximum of a row the partial sums of that row
+are rescaled by :math:`e^{c_{old} - c_{new}}`.  The final shift is the exact row
+maximum; no array larger than a fixed block is ever held.
+
+Why it is fast (see ``PITFALLS.md``): numba has no SVML here, so ``np.exp`` inside
+a loop is a scalar libm call.  :func:`_exp64` and :func:`_exp32` write the
+exponential with plain arithmetic — Cody–Waite range reduction
+:math:`e^x = 2^k e^r`, :math:`|r| \le \tfrac12\log 2`, a near-minimax (Chebyshev
+interpolation) polynomial for :math:`e^r` of degree 10 (float64, relative error
+:math:`2\cdot 10^{-15}`) or 6 (float32, :math:`3\cdot 10^{-9}`), and :math:`2^k` built
+from the exponent bits — so LLVM vectorizes the loop over columns (AVX2: 4 float64
+or 8 float32 lanes).  Exponents are clamped at :func:`~wflow.kernels.exp_floor`, so
+:math:`k` stays in the normal range and no subnormal number appears.
+
+Two routes:
+
+* ``d`` (the row length of :math:`Qx`) up to :data:`BLAS_MIN_DIM` - 1: inner
+  products in numba, tiles of :data:`TILE_ROWS` rows × :data:`TILE_COLS` columns
+  kept in L1/L2 cache; ``prange`` over (system, row tile), so a batch of many small
+  systems is as parallel as one large one.
+* larger ``d``: inner products by BLAS on blocks, numba only for the
+  exponential, the online maximum and the row sums; the value sums
+  :math:`\sum_j e_{ij} V y_j` by BLAS as well.
+
+Accuracy: logits are formed in float64 even for float32 input (a float32 logit of
+size :math:`\beta = 10^3` carries an absolute error of :math:`6\cdot 10^{-5}`, which
+would be a relative error of the sum); the exponential and the value sums then run
+in the input precision, partial sums of each block are added in float64.  Results
+agree with the exact sums to about :math:`10^{-14}` (float64) and :math:`10^{-6}`
+(float32) relative, at any :math:`\beta`.  For float32 the returned ``log_scale`` is
+the row maximum rounded to float32 and ``mass``/``vector`` are rescaled to match it,
+so ``exp(log_scale) * mass`` keeps float64-level consistency.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+from . import KernelProblem, KernelSums, exp_floor, register_backend
+
+__all__ = ["NumbaBackend", "TILE_ROWS", "TILE_COLS", "BLAS_MIN_DIM", "BLAS_BLOCK"]
+
+#: Rows of one tile of the direct route (one task of the parallel loop).
+TILE_ROWS = 16
+#: Columns of one block of the direct route (logits and exponentials stay in L1).
+TILE_COLS = 256
+#: From this dimension of :math:`Qx` on, inner products are computed by BLAS.
+BLAS_MIN_DIM = 48
+#: (rows, columns) of one block of the BLAS route (16 MB of float64 logits): multithreaded
+#: OpenBLAS needs GEMMs this large to amortize its thread start-up on a busy 2-core machine.
+BLAS_BLOCK = (1024, 2048)
+
+_FLOAT_MIN = float(np.finfo(np.float64).min)
+#: Stands for log(0) so that every number the kernels see is finite (they are
+#: compiled with the no-inf/no-nan fast-math flags); e^(-1e300 - c) is clamped to
+#: e^floor exactly as the numpy backend clamps e^(-inf).
+_LOG_ZERO = -1e300
+
+try:  # numba is optional: without it the backend reports itself unavailable
+    import numba
+    from llvmlite import ir as _ir
+    from numba import njit, prange
+    from numba.core import types as _types
+    from numba.extending import intrinsic, overload
+
+    _NUMBA_ERROR = ""
+except Exception as exc:  # ImportError, or a numba/llvmlite mismatch
+    numba = None
+    _NUMBA_ERROR = f"numba cannot be imported ({type(exc).__name__}: {exc}); install numba"
+
+
+if numba is not None:
+    # Fast-math flags.  The exponential must not get "reassoc": it would fold the
+    # round-to-integer trick (x*log2e + S) - S into x*log2e and merge the two
+    # Cody-Waite steps.  The summing loops need "reassoc" to vectorize reductions.
+    _FM_EXP = {"nnan", "ninf", "nsz", "contract"}
+    _FM_SUM = {"nnan", "ninf", "nsz", "contract", "reassoc"}
+
+    @intrinsic
+    def _pow2_of_shifted64(typingctx, t):
+        """``2**k`` for ``t = k + 1.5 * 2**52`` exactly (k in the normal exponent range)."""
+
+        def codegen(context, builder, signature, args):
+            i = builder.bitcast(args[0], _ir.IntType(64))
+            # the shifter's own bits leave through the top; k lands in the exponent field
+            i = builder.shl(i, _ir.Constant(_ir.IntType(64), 52))
+            i = builder.add(i, _ir.Constant(_ir.IntType(64), 1023 << 52))
+            return builder.bitcast(i, _ir.DoubleType())
+
+        return _types.float64(_types.float64), codegen
+
+    @intrinsic
+    def _pow2_of_shifted32(typingctx, t):
+        """``2**k`` for ``t = k + 1.5 * 2**23`` exactly (k in the normal exponent range)."""
+
+        def codegen(context, builder, signature, args):
+            i = builder.bitcast(args[0], _ir.IntType(32))
+            i = builder.shl(i, _ir.Constant(_ir.IntType(32), 23))
+            i = builder.add(i, _ir.Constant(_ir.IntType(32), 127 << 23))
+            return builder.bitcast(i, _ir.FloatType())
+
+        return _types.float32(_types.float32), codegen
+
+    @njit(cache=True, fastmath=_FM_EXP)
+    def _exp64(x):
+        """e^x for float64 x in [-708, 0.3]: relative error about 2e-15."""
+        t = x * 1.4426950408889634 + 6755399441055744.0  # k + 1.5*2^52, k = round(x/log 2)
+        k = t - 6755399441055744.0
+        r = x - k * 6.93147180369123816490e-01  # Cody-Waite: log 2 = hi + lo, k*hi exact
+        r = r - k * 1.90821492927058770002e-10
+        # Chebyshev interpolant of e^r on |r| <= log(2)/2 + 1e-3, degree 10
+        p = 2.654918910414338e-07
+        p = p * r + 2.7634529673057688e-06
+        p = p * r + 2.4804475315593808e-05
+        p = p * r + 0.00019841184597455588
+        p = p * r + 0.001388888610320244
+        p = p * r + 0.008333333373576392
+        p = p * r + 0.041666666677520954
+        p = p * r + 0.1666666666659264
+        p = p * r + 0.499999999999845
+        p = p * r + 1.0000000000000033
+        p = p * r + 1.0000000000000004
+        return p * _pow2_of_shifted64(t)
+
+    @njit(cache=True, fastmath=_FM_EXP)
+    def _exp32(x):
+        """e^x for float32 x in [-87, 0.3]: relative error about 1e-7."""
+        t = x * np.float32(1.4426950408889634) + np.float32(12582912.0)  # k + 1.5*2^23
+        k = t - np.float32(12582912.0)
+        r = x - k * np.float32(0.693145751953125)
+        r = r - k * np.float32(1.428606765330187045e-06)
+        p = np.float32(0.0013941411161795259)
+        p = p * r + np.float32(0.00837536808103323)
+        p = p * r + np.float32(0.04166634753346443)
+        p = p * r + np.float32(0.16666412353515625)
+        p = p * r + np.float32(0.5)
+        p = p * r + np.float32(1.0)
+        p = p * r + np.float32(1.0)
+        return p * _pow2_of_shifted32(t)
+
+    def _exp(x):  # pragma: no cover - replaced by the overload inside numba
+        return np.exp(x)
+
+    @overload(_exp, inline="never")
+    def _exp_overload(x):
+        if x == _types.float32:
+            return lambda x: _exp32(x)
+        return lambda x: _exp64(x)
+
+    @njit(parallel=True, cache=True, fastmath=_FM_SUM)
+    def _direct_sums(a, bT, logw, gT, floor, zero, rows, cols, shift, acc_out):
+        """a (B, n, p) with n a multiple of rows, rows and p multiples of 4, bT (B, p, m),
+        logw (B, m) finite, all float64; gT (B, q, m) values in the working dtype (that of
+        zero).  Writes shift (B, n) and acc_out (B, n, 1 + q) = (mass, vector), float64."""
+        B, n, p = a.shape
+        m = bT.shape[2]
+        q = gT.shape[1]
+        ntile = n // rows
+        for task in prange(B * ntile):
+            k = task // ntile
+            i0 = (task % ntile) * rows
+            buf = np.empty((4, cols))
+            e = np.empty((4, cols), gT.dtype)
+            mx = np.full(rows, _FLOAT_MIN)
+            acc = np.zeros((rows, q + 1))
+            for j0 in range(0, m, cols):
+                j1 = min(j0 + cols, m)
+                J = j1 - j0
+                lw = logw[k, j0:j1]
+                x0, x1, x2, x3 = buf[0], buf[1], buf[2], buf[3]
+                e0, e1, e2, e3 = e[0], e[1], e[2], e[3]
+                for r4 in range(0, rows, 4):
+                    A = a[k, i0 + r4 : i0 + r4 + 4]
+                    # logits <a_i, b_j> + log w_j for 4 rows at once: each b load feeds 4 FMAs
+                    for l in range(0, p, 4):
+                        b0 = bT[k, l, j0:j1]
+                        b1 = bT[k, l + 1, j0:j1]
+                        b2 = bT[k, l + 2, j0:j1]
+                        b3 = bT[k, l + 3, j0:j1]
+                        a00, a01, a02, a03 = A[0, l], A[0, l + 1], A[0, l + 2], A[0, l + 3]
+                        a10, a11, a12, a13 = A[1, l], A[1, l + 1], A[1, l + 2], A[1, l + 3]
+                        a20, a21, a22, a23 = A[2, l], A[2, l + 1], A[2, l + 2], A[2, l + 3]
+                        a30, a31, a32, a33 = A[3, l], A[3, l + 1], A[3, l + 2], A[3, l + 3]
+                        if l == 0:
+                            for jj in range(J):
+                                x0[jj] = lw[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
+                                x1[jj] = lw[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
+                                x2[jj] = lw[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
+                                x3[jj] = lw[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                        else:
+                            for jj in range(J):
+                                x0[jj] += a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
+                                x1[jj] += a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
+                                x2[jj] += a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
+                                x3[jj] += a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                    for s in range(4):
+                        r = r4 + s
+                        xs = buf[s]
+                        es = e[s]
+                        bm = _FLOAT_MIN
+                        for jj in range(J):
+                            bm = max(bm, xs[jj])
+                        if bm > mx[r]:  # online maximum: rescale what this row has summed so far
+                            sc = math.exp(max(mx[r] - bm, floor))
+                            for l in range(q + 1):
+                                acc[r, l] *= sc
+                            mx[r] = bm
+                        c = mx[r]
+                        for jj in range(J):
+                            es[jj] = max(xs[jj] - c, floor)
+                        t = zero
+                        for jj in range(J):
+                            v = _exp(es[jj])
+                            es[jj] = v
+                            t += v
+                        acc[r, 0] += t
+                    # value sums, 4 rows at once: each value load feeds 4 FMAs
+                    for l in range(q):
+                        g = gT[k, l, j0:j1]
+                        t0 = zero
+                        t1 = zero
+                        t2 = zero
+                        t3 = zero
+                        for jj in range(J):
+                            gj = g[jj]
+                            t0 += e0[jj] * gj
+                            t1 += e1[jj] * gj
+                            t2 += e2[jj] * gj
+                            t3 += e3[jj] * gj
+                        acc[r4, l + 1] += t0
+                        acc[r4 + 1, l + 1] += t1
+                        acc[r4 + 2, l + 1] += t2
+                        acc[r4 + 3, l + 1] += t3
+            for r in range(rows):
+                shift[k, i0 + r] = mx[r]
+                for l in range(q + 1):
+                    acc_out[k, i0 + r, l] = acc[r, l]
+
+    @njit(cache=True, fastmath=_FM_SUM)
+    def _exp_rows(L, E, mx, mass, scale, floor, zero):
+        """BLAS route, one block, serially.  L (R, J) float64 logits + log w; E (R, J) working
+        dtype.  Updates the running maxima mx and masses (R,) in place, writes the exponentials
+        to E and the factor by which each row's earlier value sums must be rescaled to scale.
+
+        Serial on purpose: it alternates with multithreaded BLAS calls, and an OpenMP team
+        spinning beside OpenBLAS's threads on a small, shared machine slows both by 10-50x."""
+        R, J = L.shape
+        for r in range(R):
+            Lr = L[r]
+            Er = E[r]
+            bm = _FLOAT_MIN
+            for jj in range(J):
+                bm = max(bm, Lr[jj])
+            sc = 1.0
+            if bm > mx[r]:
+                sc = math.exp(max(mx[r] - bm, floor))
+                mx[r] = bm
+            c = mx[r]
+            for jj in range(J):
+                Er[jj] = max(Lr[jj] - c, floor)
+            t = zero
+            for jj in range(J):
+                v = _exp(Er[jj])
+                Er[jj] = v
+                t += v
+            mass[r] = mass[r] * sc + t
+            scale[r] = sc
+
+
+class NumbaBackend:
+    """Direct kernel sums compiled with numba (see module docstring).
+
+    Takes every problem (general Q, K, V, any batch, float32 and float64).  ``"auto"``
+    picks it ahead of ``"numpy"`` whenever numba imports; KeOps stays ahead of it
+    but is auto-selected only on a GPU.
+    """
+
+    name = "numba"
+
+    @property
+    def reason(self) -> str:
+        return _NUMBA_ERROR
+
+    def available(self) -> bool:
+        return numba is not None
+
+    def accepts(self, problem: KernelProblem) -> bool:
+        return True
+
+    def __call__(self, problem: KernelProblem) -> KernelSums:
+        if numba is None:
+            from ..errors import WflowError
+
+            raise WflowError(f"the numba backend is unavailable: {_NUMBA_ERROR}; use backend='numpy'")
+        dtype = problem.dtype
+        if dtype == np.float64:
+            a, b, logw, c = problem.dense_operands()
+        else:  # logits in float64: a float32 logit of size beta carries an error beta * 6e-8
+            p64 = dataclasses.replace(
+                problem,
+                x=problem.x.astype(np.float64), y=problem.y.astype(np.float64),
+                weights=problem.weights.astype(np.float64),
+                Q=None if problem.Q is None else problem.Q.astype(np.float64),
+                K=None if problem.K is None else problem.K.astype(np.float64),
+                V=None,
+            )
+            a, b, logw, _ = p64.dense_operands()
+            c = None
+            if problem.values:
+                c = problem.y if problem.V is None else problem.y @ problem.V.T
+        logw = np.maximum(logw, _LOG_ZERO)  # log 0 = -inf -> finite stand-in
+        floor = exp_floor(dtype)
+        zero = dtype.type(0)
+        B, n, p = a.shape
+        m = b.shape[1]
+        q = 0 if c is None else c.shape[-1]
+        if p < BLAS_MIN_DIM:
+            shift, acc = self._direct(a, b, logw, c, floor, zero)
+        else:
+            shift, acc = self._blas(a, b, logw, c, floor, zero)
+        if dtype != np.float64:
+            # report the shift in the output dtype and make mass and vector consistent with it
+            c32 = shift.astype(dtype)
+            acc *= np.exp(shift - c32.astype(np.float64))[..., None]
+            shift = c32
+        mass = acc[..., 0].astype(dtype)
+        vec = acc[..., 1:].astype(dtype) if problem.values else None
+        return KernelSums(shift, mass, vec, self.name)
+
+    @staticmethod
+    def _direct(a, b, logw, c, floor, zero):
+        B, n, p = a.shape
+        m = b.shape[1]
+        p4 = -(-p // 4) * 4
+        rows = min(TILE_ROWS, -(-n // 4) * 4)
+        n_pad = -(-n // rows) * rows
+        a4 = np.zeros((B, n_pad, p4))
+        a4[:, :n, :p] = a
+        bT = np.zeros((B, p4, m))
+        bT[:, :p, :] = np.swapaxes(b, 1, 2)
+        if c is None:
+            gT = np.zeros((B, 0, m), dtype=type(zero))
+        else:
+            gT = np.ascontiguousarray(np.swapaxes(c, 1, 2), dtype=type(zero))
+        q = gT.shape[1]
+        shift = np.empty((B, n_pad))
+        acc = np.empty((B, n_pad, q + 1))
+        cols = max(1, min(TILE_COLS, m))
+        _direct_sums(a4, bT, np.ascontiguousarray(logw), gT, float(floor), zero, rows, cols, shift, acc)
+        return shift[:, :n], acc[:, :n]
+
+    @staticmethod
+    def _blas(a, b, logw, c, floor, zero):
+        B, n, p = a.shape
+        m = b.shape[1]
+        wd = type(zero)
+        q = 0 if c is None else c.shape[-1]
+        shift = np.empty((B, n))
+        acc = np.zeros((B, n, q + 1))
+        rows, cols = BLAS_BLOCK
+        rows, cols = min(rows, n), min(cols, m)
+        L = np.empty((rows, cols))
+        E = np.empty((rows, cols), dtype=wd)
+        scale = np.empty(rows)
+        cw = None if c is None else c.astype(wd, copy=False)
+        for k in range(B):
+            for i0 in range(0, n, rows):
+                i1 = min(i0 + rows, n)
+                R = i1 - i0
+                mx = np.full(R, _FLOAT_MIN)
+                mass = np.zeros(R)
+                vec = np.zeros((R, q))
+                for j0 in range(0, m, cols):
+                    j1 = min(j0 + cols, m)
+                    J = j1 - j0
+                    Lb = L.reshape(-1)[: R * J].reshape(R, J)  # contiguous views of the buffers
+                    Eb = E.reshape(-1)[: R * J].reshape(R, J)
+                    np.matmul(a[k, i0:i1], b[k, j0:j1].T, out=Lb)
+                    Lb += logw[k, j0:j1]
+                    _exp_rows(Lb, Eb, mx, mass, scale[:R], float(floor), zero)
+                    if q:
+                        vec *= scale[:R, None]
+                        vec += Eb @ cw[k, j0:j1]
+                shift[k, i0:i1] = mx
+                acc[k, i0:i1, 0] = mass
+                acc[k, i0:i1, 1:] = vec
+        return shift, acc
+
+
+register_backend(NumbaBackend(), auto_priority=1)
