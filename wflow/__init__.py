@@ -10,9 +10,14 @@ from . import sphere, theory
 from .errors import NotAGradientFlowError, SolverError, WflowError
 from .io import load, resume, save
 from .kernels import kernel_sums
+from .density import Density
 from .measure import Atoms
+from .mesh import CircleMesh, SphereMesh
 from .models import SA, USA, Model, Perceptron
+from .solvers.eulerian import DensityTrajectory, solve_density
+from .solvers.lagrangian import LagrangianSolution, solve_lagrangian
 from .solvers.particles import Trajectory, simulate
+from .transport import wasserstein, wasserstein_result
 
 __all__ = [
     "__version__",
@@ -22,6 +27,15 @@ __all__ = [
     "Perceptron",
     "Model",
     "simulate",
+    "Density",
+    "CircleMesh",
+    "SphereMesh",
+    "solve_density",
+    "DensityTrajectory",
+    "solve_lagrangian",
+    "LagrangianSolution",
+    "wasserstein",
+    "wasserstein_result",
     "Trajectory",
     "kernel_sums",
     "load",

@@ -50,7 +50,34 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     r.add_argument("--overwrite", action="store_true", help="replace an existing result in --out")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v = sub.add_parser("validate", help="run validation studies and write a report folder",
+                       description="Run validation studies (all, or those named), write Markdown, CSV and PNG "
+                                   "into --out, print a summary, exit 1 if an expectation fails.")
+    v.add_argument("studies", nargs="*", help="studies to run (default: all): " + ", ".join(_study_names()))
+    v.add_argument("--quick", action="store_true", help="a few minutes (what CI runs)")
+    v.add_argument("--out", default="wflow-validation", help="report folder (default: wflow-validation)")
     return p
+
+
+def _study_names() -> list[str]:
+    from .validate import STUDIES
+
+    return list(STUDIES)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .validate import run_studies
+
+    out = Path(args.out)
+    reports = run_studies(args.studies or None, out, args.quick)
+    width = max(len(e.name) for r in reports for e in r.expectations) if reports else 20
+    failed = 0
+    for rep in reports:
+        print(f"{rep.name}: {'passed' if rep.passed else 'FAILED'} ({rep.seconds:.0f} s) -> {out / (rep.name + '.md')}")
+        for e in rep.expectations:
+            failed += not e.passed
+            print(f"  {'ok  ' if e.passed else 'FAIL'} {e.name:<{width}} {e.value:>11.4g}  {e.target}")
+    return EXIT_FAILED if failed else 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -218,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "validate":
+            return _validate(args)
     except (ValueError, TypeError, FileExistsError, FileNotFoundError) as exc:
         print(f"wflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

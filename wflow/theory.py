@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import special
-from scipy.integrate import solve_ivp
 
 from .errors import check_int, check_nonnegative, check_positive
 
@@ -94,6 +93,8 @@ def equiangular_rhs(rho, beta: float, n: int, model: str = "SA") -> np.ndarray:
 def equiangular_solution(rho0: float, t, beta: float, n: int, model: str = "SA", *, rtol: float = 1e-13,
                          atol: float = 1e-15) -> np.ndarray:
     """Solve the equiangular ODE from ``rho0`` at times ``t`` (scipy DOP853, tight tolerances)."""
+    from scipy.integrate import solve_ivp  # imported here: scipy.integrate is slow to import
+
     t = np.atleast_1d(np.asarray(t, dtype=float))
     sol = solve_ivp(lambda _t, r: equiangular_rhs(r, beta, n, model), (0.0, float(t[-1])), [rho0],
                     method="DOP853", t_eval=t, rtol=rtol, atol=atol)

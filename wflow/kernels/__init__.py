@@ -304,3 +304,7 @@ from . import numpy_backend as _numpy_backend  # noqa: E402,F401  (registers "nu
 from . import keops_backend as _keops_backend  # noqa: E402,F401  (registers "keops")
 from . import spectral as _spectral  # noqa: E402,F401  (registers "spectral")
 from . import numba_backend as _numba_backend  # noqa: E402,F401  (registers "numba")
+
+# What "auto" tries, in order: KeOps on a GPU, the spectral sums where the model and the
+# size make them clearly faster, the fast direct CPU sums, NumPy.
+AUTO_ORDER[:] = [name for name in ("keops", "spectral", "numba", "numpy") if name in BACKENDS]
