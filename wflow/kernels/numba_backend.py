@@ -340,7 +340,8 @@ class NumbaBackend:
         B, n, p = a.shape
         m = b.shape[1]
         p4 = -(-p // 4) * 4
-        rows = min(TILE_ROWS, -(-n // 4) * 4)
+        # one column block (small systems): larger row tiles, fewer parallel tasks to set up
+        rows = min(TILE_ROWS if m > TILE_COLS else 64, -(-n // 4) * 4)
         n_pad = -(-n // rows) * rows
         a4 = np.zeros((B, n_pad, p4))
         a4[:, :n, :p] = a

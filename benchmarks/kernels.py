@@ -1,0 +1,261 @@
+"""Kernel-sum throughput: wflow backends beside dense NumPy, PyTorch, and this machine's limits.
+
+Run ``python -m benchmarks.kernels`` (full table, under ~10 minutes on 2 cores) or
+``python -m benchmarks.kernels --quick``.  Prints Markdown tables (see README.md).
+
+What is measured, for points on S^{d-1} and uniform weights:
+
+* pairs per second of one kernel sum, ``pairs = (query rows) x N``.  SA and USA need
+  the same sums (SA: s^1/s^0, USA: e^c s^1), so one timing serves both columns.
+  At N = 10^4 and 10^5 only a subset of query rows is summed against all N
+  sources (stated in the ``rows`` column); the cost is linear in the rows.
+* "dense numpy" / "torch" are what a user writes: ``L = beta * x @ y.T``, subtract
+  the row max, ``exp``, ``E.sum`` and ``E @ y`` (no clamp: float32 underflows to
+  subnormals at large beta, as it would for the user).
+* limits of this machine measured in the same run: GEMM flop rate (2000^3 matmul)
+  and the fastest vectorized exp rate on all cores (NumPy, PyTorch, wflow's numba exp);
+  ``limit`` is the pair rate if a pair cost one exp plus its 2(d+1+d) GEMM flops.
+
+Every figure is the median of ``--repeat`` runs after one warm-up; the machine is
+shared, so expect noise of tens of percent.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from wflow.kernels import BACKENDS, kernel_sums
+
+try:
+    import torch
+except Exception:  # optional
+    torch = None
+
+
+def _median_time(f, repeat: int) -> float:
+    f()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sphere(rng, shape, dtype):
+    x = rng.standard_normal(shape)
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(dtype)
+
+
+# ---------------------------------------------------------------- machine limits
+def gemm_rate(dtype, repeat: int) -> float:
+    a = np.random.default_rng(0).standard_normal((2000, 2000)).astype(dtype)
+    return 2 * 2000**3 / _median_time(lambda: a @ a, repeat)
+
+
+def exp_rate(dtype, repeat: int) -> tuple[float, str]:
+    """Fastest exp per second over all cores, and who achieved it."""
+    # a cache-resident array (256 KB), many calls: the kernels' exponentials run in cache too
+    x = -np.random.default_rng(0).uniform(0, 50, 32768).astype(dtype)
+    out = np.empty_like(x)
+    calls = 200
+
+    def rate(f):
+        def many():
+            for _ in range(calls):
+                f()
+        return calls * x.size / _median_time(many, repeat)
+
+    rates = {"numpy": rate(lambda: np.exp(x, out=out))}
+    if torch is not None:
+        tx, to = torch.from_numpy(x), torch.from_numpy(out)
+        rates["torch"] = rate(lambda: torch.exp(tx, out=to))
+    if BACKENDS["numba"].available():
+        f = _numba_exp_loop()
+        rates["wflow numba"] = rate(lambda: f(x, out, dtype.type(-80.0)))
+    best = max(rates, key=rates.get)
+    return rates[best], best
+
+
+_EXP_LOOP = None
+
+
+def _numba_exp_loop():
+    global _EXP_LOOP
+    if _EXP_LOOP is None:
+        from numba import njit, prange
+
+        from wflow.kernels.numba_backend import _FM_EXP, _exp
+
+        @njit(parallel=True, fastmath=_FM_EXP)
+        def loop(x, out, floor):
+            for i in prange(x.shape[0]):
+                out[i] = _exp(max(x[i], floor))
+
+        _EXP_LOOP = loop
+    return _EXP_LOOP
+
+
+# ---------------------------------------------------------------- implementations
+def dense_numpy(x, y, beta, block=1000):
+    """SA/USA sums as a user writes them (row blocks to bound memory)."""
+    out = np.empty_like(x)
+    mass = np.empty(x.shape[0], x.dtype)
+    for i in range(0, x.shape[0], block):
+        L = beta * (x[i : i + block] @ y.T)
+        c = L.max(axis=1, keepdims=True)
+        E = np.exp(L - c)
+        mass[i : i + block] = E.sum(axis=1)
+        out[i : i + block] = E @ y
+    return mass, out
+
+
+def dense_torch(x, y, beta, block=1000):
+    out = torch.empty_like(x)
+    mass = torch.empty(x.shape[0], dtype=x.dtype)
+    for i in range(0, x.shape[0], block):
+        L = beta * (x[i : i + block] @ y.T)
+        E = torch.exp(L - L.amax(dim=1, keepdim=True))
+        mass[i : i + block] = E.sum(dim=1)
+        out[i : i + block] = E @ y
+    return mass, out
+
+
+def implementations(keops: bool):
+    impls = {"numpy": None, "numba": None}
+    if keops and BACKENDS["keops"].available():
+        impls["keops"] = None
+    impls["dense numpy"] = None
+    if torch is not None:
+        impls["torch"] = None
+    return list(impls)
+
+
+def pair_rate(name, x, y, w, beta, repeat):
+    pairs = x.shape[0] * y.shape[0]
+    if name == "dense numpy":
+        f = lambda: dense_numpy(x, y, x.dtype.type(beta))  # noqa: E731
+    elif name == "torch":
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        f = lambda: dense_torch(tx, ty, beta)  # noqa: E731
+    else:
+        f = lambda: kernel_sums(x, y, w, beta, backend=name)  # noqa: E731
+    return pairs / _median_time(f, repeat)
+
+
+def kernel_table(dims, sizes, dtypes, betas, repeat, keops, target_pairs):
+    rng = np.random.default_rng(0)
+    names = implementations(keops)
+    limits = {}
+    for dt in dtypes:
+        dt = np.dtype(dt)
+        g = gemm_rate(dt, repeat)
+        e, who = exp_rate(dt, repeat)
+        limits[dt.name] = (g, e, who)
+    print("\n### Machine limits (same run)\n")
+    print("| dtype | GEMM GFLOP/s | exp/s (best, by) |")
+    print("|---|---|---|")
+    for k, (g, e, who) in limits.items():
+        print(f"| {k} | {g / 1e9:.1f} | {e:.3g} ({who}) |")
+    print("\n### SA / USA kernel sums, pairs per second (median)\n")
+    head = "| d | N | rows | dtype | beta | " + " | ".join(names) + " | limit | numba/dense numpy | numba/keops | numba/torch | numba/limit |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for d in dims:
+        for N in sizes:
+            rows = min(N, max(64, target_pairs // N))
+            for dt in dtypes:
+                dt = np.dtype(dt)
+                y = _sphere(rng, (N, d), dt)
+                x = y[:rows].copy()
+                w = np.full(N, 1.0 / N, dt)
+                g, e, _ = limits[dt.name]
+                limit = 1.0 / (1.0 / e + 2 * (2 * d + 1) / g)
+                for beta in betas:
+                    r = {n: pair_rate(n, x, y, w, beta, repeat) for n in names}
+                    ratio = lambda a, b: f"{r[a] / r[b]:.1f}" if a in r and b in r else "-"  # noqa: E731
+                    cells = " | ".join(f"{r[n]:.3g}" for n in names)
+                    print(f"| {d} | {N} | {rows} | {dt.name} | {beta:g} | {cells} | {limit:.3g} | "
+                          f"{ratio('numba', 'dense numpy')} | {ratio('numba', 'keops')} | {ratio('numba', 'torch')} | "
+                          f"{r['numba'] / limit:.2f} |", flush=True)
+
+
+# ---------------------------------------------------------------- batched small systems
+def _proj(x, v):
+    return v - (x * v).sum(-1, keepdims=True) * x
+
+
+def velocity_dense_numpy(x, beta):
+    L = beta * (x @ np.swapaxes(x, -1, -2))
+    E = np.exp(L - L.max(-1, keepdims=True))
+    return _proj(x, (E @ x) / E.sum(-1)[..., None])
+
+
+def velocity_torch(x, beta):
+    A = torch.softmax(beta * (x @ x.transpose(-1, -2)), dim=-1)
+    v = A @ x
+    return v - (x * v).sum(-1, keepdim=True) * x
+
+
+def velocity_wflow(x, beta, backend):
+    w = np.full(x.shape[:-1], 1.0 / x.shape[-2], x.dtype)
+    s = kernel_sums(x, x, w, beta, backend=backend)
+    return _proj(x, s.softmax_average())
+
+
+def rk4_step(v, x, h, normalize):
+    k1 = v(x)
+    k2 = v(x + 0.5 * h * k1)
+    k3 = v(x + 0.5 * h * k2)
+    k4 = v(x + h * k3)
+    return normalize(x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4))
+
+
+def batched_table(repeat, B=2048, n=32, d=8, beta=4.0, h=0.1):
+    print(f"\n### Batched small systems: {B} systems x {n} tokens, d = {d}, SA, beta = {beta:g}\n")
+    print("| dtype | implementation | one kernel sum (ms) | one RK4 step, 4 evaluations (ms) | pairs/s |")
+    print("|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for dt in (np.float32, np.float64):
+        x = _sphere(rng, (B, n, d), dt)
+        nrm = lambda z: z / np.linalg.norm(z, axis=-1, keepdims=True)  # noqa: E731
+        cases = {
+            "wflow numba": (lambda z: velocity_wflow(z, beta, "numba"), x, nrm),
+            "wflow numpy": (lambda z: velocity_wflow(z, beta, "numpy"), x, nrm),
+            "dense batched numpy": (lambda z: velocity_dense_numpy(z, dt(beta)), x, nrm),
+        }
+        if torch is not None:
+            tnrm = lambda z: z / torch.linalg.norm(z, dim=-1, keepdim=True)  # noqa: E731
+            cases["torch (bmm + softmax)"] = (lambda z: velocity_torch(z, beta), torch.from_numpy(x), tnrm)
+        for name, (v, x0, normalize) in cases.items():
+            t1 = _median_time(lambda: v(x0), repeat)
+            t4 = _median_time(lambda: rk4_step(v, x0, h, normalize), repeat)
+            print(f"| {np.dtype(dt).name} | {name} | {t1 * 1e3:.2f} | {t4 * 1e3:.2f} | {B * n * n / t1:.3g} |", flush=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="d in {3, 64}, N = 10^4, beta = 100 only")
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per figure (median)")
+    ap.add_argument("--no-keops", action="store_true", help="skip KeOps (it compiles 10-25 s per d and dtype)")
+    args = ap.parse_args(argv)
+    repeat = args.repeat or (3 if args.quick else 3)
+    t0 = time.perf_counter()
+    print(f"python -m benchmarks.kernels {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
+    print(f"numpy {np.__version__}, torch {getattr(torch, '__version__', 'absent')}, "
+          f"backends available: {[n for n, b in BACKENDS.items() if b.available()]}")
+    if args.quick:
+        kernel_table([3, 64], [10_000], [np.float32, np.float64], [100.0], repeat, not args.no_keops, 2 * 10**7)
+    else:
+        kernel_table([2, 3, 16, 64], [1_000, 10_000, 100_000], [np.float32, np.float64], [1.0, 100.0],
+                     repeat, not args.no_keops, 10**7)
+    batched_table(repeat)
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
