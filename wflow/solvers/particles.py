@@ -305,8 +305,12 @@ def simulate(
             raise ValueError("tracers are not written to disk; run without a writer")
 
     def f(t: float, x: np.ndarray) -> np.ndarray:
-        if x.shape[-2] == n:
-            return model.velocity(x, Atoms._trusted(x, w), backend=backend)
+        # The field is extended off the sphere by zero-homogeneity: every point, query and
+        # source alike, is normalized before the velocity is evaluated.  The extension is
+        # smooth near the product of spheres and leaves it invariant, so Runge--Kutta plus
+        # projection keeps its order (Hairer-Lubich-Wanner, GNI IV.4), and the kernel sums
+        # always see points on the sphere (their fast spectral path needs that).
+        x = x / np.linalg.norm(x, axis=-1, keepdims=True)
         return model.velocity(x, Atoms._trusted(x[..., :n, :], w), backend=backend)
 
     stats = dict(resume.get("stats", {"steps": 0, "rejected": 0, "evaluations": 0}))

@@ -7,9 +7,10 @@ Every stepper follows one small contract (STYLE.md §2):
 * ``stochastic`` -- whether it needs a noise level and a random generator;
 * ``step(f, t, x, dt, ...)`` -- returns a :class:`Step`.
 
-Steps are taken in the ambient space :math:`\mathbb{R}^d` for the extended field
-:math:`\dot x = P_x F(x)` (for which the sphere is invariant) and then projected back,
-:math:`x \mapsto x/|x|`.  A projection method keeps the order of the underlying
+Steps are taken in the ambient space :math:`\mathbb{R}^d` for a smooth extension of
+the field off the sphere that leaves the sphere invariant (the particle driver uses
+the zero-homogeneous one, :math:`v(x) = v(x/|x|)`, tangent at :math:`x/|x|`) and then
+projected back, :math:`x \mapsto x/|x|`.  A projection method keeps the order of the underlying
 Runge--Kutta method (Hairer, Lubich & Wanner, *Geometric Numerical Integration*,
 §IV.4), and points stay on the sphere to round-off.
 
