@@ -74,6 +74,17 @@ def _snapshot_dataset(snap: dict[str, Any], *, first: bool):
     return xr.Dataset(data, coords={"time": np.array([snap["time"]], dtype=np.float64)}, attrs=attrs)
 
 
+def _append(path: Path, ds, *, first: bool) -> None:
+    """Create the store with ``ds`` (first snapshot) or append ``ds`` along ``time``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)  # zarr v3 consolidated-metadata notes
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        if first:
+            ds.to_zarr(path, mode="w", consolidated=False)
+        else:
+            ds.to_zarr(path, mode="a", append_dim="time", consolidated=False)
+
+
 class ZarrWriter:
     """Append snapshots to a Zarr store as they arrive (:class:`~wflow.solvers.particles.SnapshotWriter`).
 
@@ -99,15 +110,8 @@ class ZarrWriter:
         self.count = 0
 
     def write(self, snapshot: dict[str, Any]) -> None:
-        ds = _snapshot_dataset(snapshot, first=self._first)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=UserWarning)  # zarr v3 consolidated-metadata notes
-            warnings.simplefilter("ignore", category=RuntimeWarning)
-            if self._first:
-                ds.to_zarr(self.path, mode="w", consolidated=False)
-                self._first = False
-            else:
-                ds.to_zarr(self.path, mode="a", append_dim="time", consolidated=False)
+        _append(self.path, _snapshot_dataset(snapshot, first=self._first), first=self._first)
+        self._first = False
         self.count += 1
         log.debug("wrote snapshot t=%g to %s", snapshot["time"], self.path)
 
@@ -267,13 +271,8 @@ class DensityZarrWriter:
         attrs = {"wflow_format": DENSITY_FORMAT, "wflow_version": __version__,
                  "solver": self.config.get("solver", "eulerian"), "config": json.dumps(self.config)}
         ds = xr.Dataset(data, coords={"time": np.array([t], dtype=np.float64)}, attrs=attrs)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=UserWarning)
-            if self._first:
-                ds.to_zarr(self.path, mode="w", consolidated=False)
-                self._first = False
-            else:
-                ds.to_zarr(self.path, mode="a", append_dim="time", consolidated=False)
+        _append(self.path, ds, first=self._first)
+        self._first = False
         self.count += 1
 
 
