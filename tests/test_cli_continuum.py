@@ -50,3 +50,21 @@ def test_lagrangian_run(tmp_path):
 def test_continuum_bad_config(extra, match, tmp_path, capsys):
     assert main(["run", "--set", "solver=eulerian", *BASE, *extra, "--out", str(tmp_path / "o")]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_jko_run_writes_densities_and_step_statistics(tmp_path, capsys):
+    out = tmp_path / "jko"
+    args = ["run", "--set", "solver=jko", "--set", "model.type=USA", "--set", "model.beta=2", *BASE,
+            "--set", "jko.tau=0.25", "--out", str(out)]
+    assert main(args) == 0
+    res = io.load_density(out / "density.zarr")
+    assert res["values"].shape == (5, 64)
+    np.testing.assert_allclose(res["mass"], 1, rtol=1e-12)
+    assert np.all(res["values"] >= 0)
+    assert np.all(np.diff(res["energy"]) >= -1e-12 * np.abs(res["energy"]).max())  # USA ascends E
+    lines = (out / "steps.csv").read_text().splitlines()
+    assert len(lines) == 1 + 8 and lines[0].startswith("step,t,iterations")
+    # a JKO run is not resumable, and SA is not a Wasserstein gradient flow
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
+    assert main(["run", "--set", "solver=jko", *BASE, "--out", str(tmp_path / "sa")]) == 2
+    assert "SA-reweighted" in capsys.readouterr().err

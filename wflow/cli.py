@@ -95,6 +95,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.config or args.overrides:
             raise ValueError("--resume continues the stored configuration; do not pass a config file or --set")
         if (out / "density.zarr").exists():
+            if (out / "steps.csv").exists():
+                raise ValueError(f"{out} holds a JKO run, which cannot be resumed (its transport warm start is not "
+                                 f"stored); run it again with --overwrite")
             return _run_density(None, out, args, resume=True)
         if not store.exists():
             raise FileNotFoundError(f"--resume: no interrupted run at {store}")
@@ -180,6 +183,8 @@ def _run_density(cfg, out: Path, args: argparse.Namespace, *, resume: bool = Fal
     from .density import Density
     from .solvers.eulerian import solve_density
 
+    if cfg["solver"] == "jko":
+        return _run_jko(cfg, out, args, model, saves, t_start)
     mesh = build_mesh(cfg)
     spec = {"solver": "eulerian", "model": model.to_dict(), "kappa": cfg["run.kappa"] or None,
             "cfl": cfg["mesh.cfl"], "mesh": repr(mesh), "run_config": cfg, "save_at": saves.tolist()}
@@ -231,6 +236,70 @@ def _run_density(cfg, out: Path, args: argparse.Namespace, *, resume: bool = Fal
     if cfg["output.figure"]:
         plot_density(done["times"], done["values"], done["centers"], out / "summary.png", energy=done["energy"],
                      title=f"{json.dumps(spec['model'])} on {spec['mesh']}")
+        print(f"figure: {out / 'summary.png'}")
+    return 0
+
+
+def _run_jko(cfg, out: Path, args: argparse.Namespace, model, saves, t_start: float) -> int:
+    """JKO runs: densities written at the save steps, one CSV line of statistics per step."""
+    import csv
+    import math
+
+    import numpy as np
+
+    from . import io
+    from .config import build_mesh, initial_density
+    from .density import Density
+    from .plot import plot_density
+    from .solvers.jko import jko
+
+    if model.gradient_obstruction() is None and model.metric != "wasserstein":
+        raise ValueError(f"solver jko needs a Wasserstein gradient flow (USA with V = +-I, conservative "
+                         f"perceptrons); {model!r} ascends its energy in the SA-reweighted metric")
+    mesh = build_mesh(cfg)
+    tau = cfg["jko.tau"]
+    n_steps = max(1, math.ceil(cfg["run.t_end"] / tau - 1e-9))
+    save_every = max(1, n_steps // max(1, len(saves) - 1))
+    spec = {"solver": "jko", "model": model.to_dict(), "tau": tau, "eps": cfg["jko.eps"] or None,
+            "kappa": cfg["run.kappa"] or None, "mesh": repr(mesh), "run_config": cfg}
+    store = out / "density.zarr"
+    writer = io.DensityZarrWriter(store, mesh, spec, overwrite=args.overwrite)
+    rho = Density.from_function(mesh, initial_density(cfg))
+    gradient = model.is_gradient
+
+    def energy(masses: np.ndarray) -> float:
+        from .measure import Atoms
+
+        return float(model.energy(Atoms._trusted(mesh.centers, masses), backend=cfg["run.backend"]))
+
+    writer.write(0.0, rho.values, energy(rho.masses()) if gradient else float("nan"))
+    fields = ["step", "t", "iterations", "sinkhorn", "residual", "residual_max", "eps", "converged", "time_ot",
+              "time_energy"]
+    with open(out / "steps.csv", "w", newline="") as fh:
+        rows = csv.DictWriter(fh, fieldnames=fields)
+        rows.writeheader()
+        step = [0]
+
+        def on_step(t: float, w: np.ndarray, st) -> bool:
+            step[0] += 1
+            rows.writerow({"step": step[0], "t": t, **{k: getattr(st, k) for k in fields[2:]}})
+            fh.flush()
+            if step[0] % save_every == 0 or step[0] == n_steps:
+                writer.write(t, w / mesh.areas, energy(w))
+            return False
+
+        print(f"wflow {__version__}: jko, {model!r}, {mesh!r}, tau={tau:g}, {n_steps} steps -> {store}", flush=True)
+        res = jko(model, rho, tau, n_steps, eps=cfg["jko.eps"] or None, kappa=cfg["run.kappa"] or None,
+                  method=cfg["jko.method"], backend=cfg["run.backend"], callback=on_step,
+                  progress=not args.no_progress)
+    done = io.load_density(store)
+    n_conv = sum(bool(s.converged) for s in res.stats)
+    print(f"density: {store} ({len(done['times'])} snapshots, {n_steps} steps, {n_conv} converged, mass "
+          f"{done['mass'][0]:.15g} -> {done['mass'][-1]:.15g}, {time.perf_counter() - t_start:.1f} s); "
+          f"per-step statistics: {out / 'steps.csv'}")
+    if cfg["output.figure"]:
+        plot_density(done["times"], done["values"], done["centers"], out / "summary.png", energy=done["energy"],
+                     title=f"JKO tau={tau:g}: {model!r} on {mesh!r}")
         print(f"figure: {out / 'summary.png'}")
     return 0
 

@@ -28,10 +28,14 @@ class Key:
 
 KEYS: dict[str, Key] = {
     "solver": Key(str, "particles", "particles (finite-N system), eulerian (finite volume on a mesh) or "
-                  "lagrangian (quadrature nodes along characteristics)", ("particles", "eulerian", "lagrangian")),
+                  "lagrangian (quadrature nodes along characteristics), or jko (implicit Wasserstein steps with POT; "
+                  "USA with V = +-I and conservative perceptrons)", ("particles", "eulerian", "lagrangian", "jko")),
     "mesh.resolution": Key(int, 512, "eulerian: cells on S^1 (d=2), or icosahedral refinement on S^2 (d=3, "
                            "about 10 r^2 cells); lagrangian: trapezoid nodes on S^1 or Gauss latitudes on S^2"),
     "mesh.cfl": Key(float, 0.4, "eulerian: fraction of the positivity (CFL) step limit"),
+    "jko.tau": Key(float, 0.05, "jko: time step tau (run.t_end / tau steps)"),
+    "jko.eps": Key(float, 0.0, "jko: entropic regularization epsilon; 0: the solver's default (2 h^2)"),
+    "jko.method": Key(str, "sinkhorn", "jko: transport solver", ("sinkhorn", "emd")),
     "model.type": Key(str, "SA", "attention block: SA (softmax) or USA (unnormalized)", ("SA", "USA")),
     "model.beta": Key(float, 9.0, "inverse temperature beta >= 0"),
     "model.value": Key(str, "identity", "value matrix V: identity (attraction) or minus-identity (repulsion)",
@@ -139,10 +143,10 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if not cond:
             raise ValueError(f"config key {key} must be {what}, got {cfg[key]!r}")
 
-    for key in ("model.beta", "run.dt", "run.kappa"):
+    for key in ("model.beta", "run.dt", "run.kappa", "jko.eps"):
         need(np.isfinite(cfg[key]) and cfg[key] >= 0, key, "a finite number >= 0")
     for key in ("run.t_end", "run.rtol", "run.atol", "run.cluster_threshold", "init.kappa", "perceptron.scale",
-                "mesh.cfl"):
+                "mesh.cfl", "jko.tau"):
         need(np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
     for key, lo in (("init.n", 1), ("init.d", 2), ("run.n_saves", 2), ("init.components", 1), ("perceptron.m", 0)):
         need(cfg[key] >= lo, key, f"an integer >= {lo}")
@@ -153,9 +157,9 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     need(cfg["mesh.cfl"] <= 1, "mesh.cfl", "in (0, 1]")
     if cfg["solver"] != "particles":
         need(cfg["init.d"] in (2, 3), "init.d", f"2 or 3 for solver {cfg['solver']!r} (S^1 or S^2)")
-        if cfg["solver"] == "eulerian":
+        if cfg["solver"] in ("eulerian", "jko"):
             need(cfg["run.method"] in ("dopri5", "rk4"), "run.method",
-                 "left at its default for the eulerian solver (it uses SSP-RK3 with a CFL step)")
+                 f"left at its default for the {cfg['solver']} solver (it has its own time stepping)")
         if cfg["run.kappa"] > 0 and cfg["solver"] == "lagrangian":
             raise ValueError("config key run.kappa must be 0 for the lagrangian solver (characteristics carry no noise)")
     if cfg["solver"] == "particles" and (cfg["run.kappa"] > 0) != (cfg["run.method"] == "euler-maruyama"):

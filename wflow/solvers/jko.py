@@ -611,7 +611,7 @@ def jko(
     reference: Any = None,
     save_every: int = 1,
     backend: str = "auto",
-    callback: Callable[[float, np.ndarray], Any] | None = None,
+    callback: Callable[[float, np.ndarray, StepStats], Any] | None = None,
     progress: bool = False,
     _stepper: _Stepper | None = None,
 ) -> JKOResult:
@@ -653,7 +653,8 @@ def jko(
     backend : str
         Kernel-sum backend of ``model.first_variation`` / ``model.energy``.
     callback : callable, optional
-        ``callback(t, weights)`` after each step; a true value stops the run.
+        ``callback(t, weights, stats)`` after each step (``stats`` a :class:`StepStats`); a true
+        value stops the run.
     progress : bool
         A tqdm progress bar over steps.
 
@@ -728,7 +729,7 @@ def jko(
             raise SolverError(f"non-finite weights at step {k}; try a larger eps or a smaller tau")
         stats.append(s)
         t = k * tau
-        stop = callback is not None and callback(t, w)
+        stop = callback is not None and callback(t, w, s)
         if k % save_every == 0 or k == n_steps or stop:
             record(t, w)
         if bar is not None:
