@@ -53,10 +53,10 @@ class StudyReport:
         return all(e.passed for e in self.expectations)
 
     def expect_slope(self, name: str, slope: float, half: float, target: float, max_half: float = 0.25) -> None:
-        """The 95% confidence interval ``slope +- half`` contains ``target`` and is narrower than ``max_half``."""
+        """The confidence interval ``slope +- half`` contains ``target`` and is narrower than ``max_half``."""
         ok = bool(np.isfinite(slope) and abs(slope - target) <= half and half <= max_half)
         self.expectations.append(Expectation(f"{name} ({slope:.3f} ± {half:.3f})", float(slope),
-                                             f"95% CI contains {target:g}, half-width <= {max_half:g}", ok))
+                                             f"99% CI contains {target:g}, half-width <= {max_half:g}", ok))
 
     def expect(self, name: str, value: float, lo: float, hi: float) -> None:
         ok = bool(np.isfinite(value) and lo <= value <= hi)
@@ -95,10 +95,10 @@ def _quadrature(d: int, nodes: int) -> Atoms:
     return Atoms(x, q * _sphere_density(x))
 
 
-def _fit_slope(N: np.ndarray, err: np.ndarray) -> tuple[float, float]:
-    """OLS slope of log err against log N, with its 95% confidence half-width."""
+def _fit_slope(N: np.ndarray, err: np.ndarray, level: float = 0.99) -> tuple[float, float]:
+    """OLS slope of log err against log N, with the half-width of its ``level`` confidence interval."""
     res = stats.linregress(np.log(N), np.log(err))
-    half = stats.t.ppf(0.975, len(N) - 2) * res.stderr if len(N) > 2 else np.inf
+    half = stats.t.ppf(0.5 + level / 2, len(N) - 2) * res.stderr if len(N) > 2 else np.inf
     return float(res.slope), float(half)
 
 
@@ -128,41 +128,46 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
     t0 = time.perf_counter()
     rep = StudyReport("mean-field")
     times = np.array([0.0, 1.0, 2.0])
+    # samples per N: the slope's error is dominated by the spread of log W at each N, which
+    # hardly depends on N, so small N (cheap) get more seeds
     if quick:
-        plan = {2: ([100, 400, 1600, 6400], 6), 3: ([100, 400, 1600], 4)}
+        plan = {2: {100: 40, 400: 30, 1600: 20, 6400: 12}, 3: {100: 16, 400: 12, 1600: 8}}
         models = {2: {"SA": SA(1.0), "USA": USA(1.0)}, 3: {"SA": SA(1.0)}}
         quad_N = [16, 32, 64, 128]
     else:
-        plan = {2: ([100, 1000, 10_000, 100_000], 8), 3: ([100, 400, 1600, 6400], 6)}
+        plan = {2: {100: 64, 1000: 32, 10_000: 16, 100_000: 8}, 3: {100: 32, 400: 24, 1600: 16, 6400: 8}}
         models = {2: {"SA": SA(1.0), "USA": USA(1.0)}, 3: {"SA": SA(1.0), "USA": USA(1.0)}}
         quad_N = [16, 32, 64, 128, 256, 512, 1024]
     ref_nodes = {2: 512, 3: 24}
     rk4_dt = 0.1  # RK4 error ~1e-6, far below the N^{-1/2} effects measured
-    for d, (Ns, seeds) in plan.items():
+    for d, seeds_per_N in plan.items():
         quad = _quadrature(d, ref_nodes[d])
         for name, model in models[d].items():
-            fine = None
+            samples = {(N, s): _sample(d, N, np.random.default_rng([d, N, s]))
+                       for N, seeds in seeds_per_N.items() for s in range(seeds)}
+            # one reference run carries every sample (and, on S^1, a fine set of nodes) as passive tracers
+            parts = list(samples.values())
             if d == 2:
                 fx, fq = sphere.circle_nodes(2**15, offset=np.pi / 2**15)
                 fine_w = fq * _circle_density(fx)
                 fine_w /= fine_w.sum()
-                ref = simulate(model, quad, times[-1], save_at=times, method="dopri5", rtol=1e-10, atol=1e-12,
-                               tracers=fx)
-                fine = [Atoms._trusted(ref.tracers[i], fine_w) for i in range(len(times))]
+                parts.append(fx)
+            ref = simulate(model, quad, times[-1], save_at=times, method="dopri5", rtol=1e-10, atol=1e-12,
+                           tracers=np.concatenate(parts))
+            offsets = np.cumsum([0] + [len(p) for p in parts])
+            fine = None
+            if d == 2:
+                fine = [Atoms._trusted(ref.tracers[i, offsets[-2]:], fine_w) for i in range(len(times))]
             per_t: dict[float, list[tuple[int, float, float]]] = {t: [] for t in times}
-            for N in Ns:
-                for s in range(seeds):
-                    rng = np.random.default_rng([d, N, s])
-                    x0 = _sample(d, N, rng)
-                    traj = simulate(model, Atoms(x0), times[-1], save_at=times, dt=rk4_dt)
-                    chars = simulate(model, quad, times[-1], save_at=times, method="dopri5", rtol=1e-10,
-                                     atol=1e-12, tracers=x0).tracers
-                    for i, t in enumerate(times):
-                        coupling = float(np.sqrt(np.mean(sphere.geodesic_distance(traj.points[i], chars[i]) ** 2)))
-                        w2 = wasserstein(traj.atoms(i), fine[i], method="circle") if fine is not None else np.nan
-                        per_t[t].append((N, coupling, w2))
-                        rep.rows.append({"sphere": f"S{d - 1}", "model": name, "start": "iid", "N": N, "seed": s,
-                                         "t": t, "coupling": coupling, "W2": w2})
+            for k, ((N, s), x0) in enumerate(samples.items()):
+                traj = simulate(model, Atoms(x0), times[-1], save_at=times, dt=rk4_dt)
+                chars = ref.tracers[:, offsets[k]:offsets[k + 1]]
+                for i, t in enumerate(times):
+                    coupling = float(np.sqrt(np.mean(sphere.geodesic_distance(traj.points[i], chars[i]) ** 2)))
+                    w2 = wasserstein(traj.atoms(i), fine[i], method="circle") if fine is not None else np.nan
+                    per_t[t].append((N, coupling, w2))
+                    rep.rows.append({"sphere": f"S{d - 1}", "model": name, "start": "iid", "N": N, "seed": s,
+                                     "t": t, "coupling": coupling, "W2": w2})
             for t in times:
                 arr = np.array(per_t[t])
                 if t > 0:
