@@ -144,3 +144,27 @@ def test_console_script_version_and_help():
     from wflow.config import KEYS
 
     assert r.returncode == 0 and all(k in r.stdout for k in KEYS)
+
+
+def test_validate_rejects_unknown_study(tmp_path, capsys):
+    assert main(["validate", "no-such-study", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-study" in err and "mean-field" in err
+
+
+def test_validate_report_and_exit_status(tmp_path, monkeypatch, capsys):
+    """A failed expectation makes `wflow validate` exit 1 and is marked in the Markdown report."""
+    from wflow import validate
+
+    def fake(out, quick):
+        rep = validate.StudyReport("fake")
+        rep.rows.append({"N": 10, "err": 0.1})
+        rep.expect("slope", -0.2, -0.6, -0.4)
+        rep.expect("order", 2.0, 1.8, 2.2)
+        return rep
+
+    monkeypatch.setitem(validate.STUDIES, "fake", fake)
+    assert main(["validate", "fake", "--out", str(tmp_path)]) == 1
+    text = (tmp_path / "fake.md").read_text()
+    assert "FAILED" in text and "| slope | -0.2 |" in text and (tmp_path / "fake.csv").read_text().startswith("N,err")
+    assert "FAIL slope" in capsys.readouterr().out
