@@ -36,12 +36,29 @@ def test_eulerian_run_writes_densities_and_resumes(tmp_path, monkeypatch):
     np.testing.assert_allclose(back["values"], ref["values"], rtol=1e-12, atol=1e-14)
 
 
-def test_lagrangian_run(tmp_path):
+def test_lagrangian_run_is_written_incrementally_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "lag"
     assert main(["run", "--set", "solver=lagrangian", *BASE, "--out", str(out)]) == 0
     traj = io.load(out / "trajectory.zarr")
     assert traj.points.shape == (5, 64, 2) and traj.config["solver"] == "lagrangian"
+    assert traj.tracers.shape == (5, 128, 2)  # two Jacobian tracers per node on S^1
     assert np.all(np.diff(traj.energy) >= -1e-12 * traj.energy.max())
+    cut = tmp_path / "cut"
+    orig = io.ZarrWriter.write
+
+    def write(self, snapshot):
+        orig(self, snapshot)
+        if self.count == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(io.ZarrWriter, "write", write)
+    assert main(["run", "--set", "solver=lagrangian", *BASE, "--out", str(cut)]) == 130
+    monkeypatch.setattr(io.ZarrWriter, "write", orig)
+    assert main(["run", "--resume", "--out", str(cut), "--no-progress"]) == 0
+    back = io.load(cut / "trajectory.zarr")
+    assert back.config["solver"] == "lagrangian"
+    np.testing.assert_array_equal(back.points, traj.points)
+    np.testing.assert_array_equal(back.tracers, traj.tracers)
 
 
 @pytest.mark.parametrize("extra,match", [(["--set", "init.d=4"], "init.d"),

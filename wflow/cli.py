@@ -167,14 +167,14 @@ def _run_density(cfg, out: Path, args: argparse.Namespace, *, resume: bool = Fal
 
         print(f"wflow {__version__}: lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}",
               flush=True)
+        path = out / "trajectory.zarr"
         sol = solve_lagrangian(model, initial_density(cfg), cfg["run.t_end"], d=cfg["init.d"],
                                nodes=cfg["mesh.resolution"], save_at=saves, rtol=cfg["run.rtol"],
-                               atol=cfg["run.atol"], backend=cfg["run.backend"], progress=not args.no_progress)
+                               atol=cfg["run.atol"], backend=cfg["run.backend"], progress=not args.no_progress,
+                               writer=io.ZarrWriter(path, overwrite=args.overwrite))
         traj = sol.trajectory
-        traj.config.update(solver="lagrangian", run_config=cfg)
-        path = io.save(traj, out / "trajectory.zarr", overwrite=args.overwrite)
-        print(f"trajectory: {path} ({len(traj.times)} snapshots of {traj.points.shape[-2]} quadrature nodes, "
-              f"{time.perf_counter() - t_start:.1f} s)")
+        print(f"trajectory: {path} ({len(traj.times)} snapshots of {traj.points.shape[-2]} quadrature nodes "
+              f"and their Jacobian tracers, {time.perf_counter() - t_start:.1f} s)")
         if cfg["output.figure"]:
             plot_trajectory(traj, out / "summary.png")
             print(f"figure: {out / 'summary.png'}")

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 FORMAT = "wflow.trajectory/1"
 _STAT_VARS = ("steps", "rejected", "evaluations")
+#: config keys that simulate() writes itself; others (e.g. a lagrangian run's) are carried over on resume
+_SIMULATE_CONFIG = {"model", "method", "dt", "rtol", "atol", "kappa", "seed", "backend", "t0", "t_end",
+                    "save_at", "cluster_threshold", "n", "d", "batch_shape", "wflow_version", "n_tracers"}
 _DIAG_VARS = ("energy", "order_parameter", "n_clusters")
 
 
@@ -61,6 +64,9 @@ def _snapshot_dataset(snap: dict[str, Any], *, first: bool):
         "points": (("time",) + _point_dims(batch), pts[None]),
         "dt_next": (("time",), np.array([snap.get("dt_next", np.nan)], dtype=np.float64)),
     }
+    if snap.get("tracers") is not None:
+        tr = np.asarray(snap["tracers"]).reshape(pts.shape[:-2] + (-1, d))
+        data["tracers"] = (("time",) + sys_dims + ("tracer", "coord"), tr[None])
     for k in _DIAG_VARS:
         v = np.asarray(snap["diagnostics"][k]).reshape(pts.shape[:-2])
         data[k] = (("time",) + sys_dims, v[None])
@@ -129,6 +135,9 @@ def trajectory_to_dataset(traj):
         "weights": (sys_dims + ("particle",), traj.weights.reshape(nb + traj.weights.shape[-1:])),
         "dt_next": (("time",), np.asarray(traj.dt_next, dtype=np.float64)),
     }
+    if traj.tracers is not None:
+        data["tracers"] = (("time",) + sys_dims + ("tracer", "coord"),
+                           traj.tracers.reshape((k,) + nb + traj.tracers.shape[-2:]))
     for name in _DIAG_VARS:
         data[name] = (("time",) + sys_dims, traj.diagnostics[name].reshape((k,) + nb))
     for name in _STAT_VARS:
@@ -160,7 +169,11 @@ def dataset_to_trajectory(ds):
     diag = {name: np.asarray(ds[name].values).reshape((k,) + batch) for name in _DIAG_VARS}
     stats = {name: np.asarray(ds[name].values) for name in _STAT_VARS}
     dtn = np.asarray(ds["dt_next"].values) if "dt_next" in ds.variables else np.full(k, np.nan)
-    return Trajectory(times=times, points=pts, weights=w, diagnostics=diag, stats=stats, config=cfg, dt_next=dtn)
+    tracers = None
+    if "tracers" in ds.variables:
+        tracers = np.asarray(ds["tracers"].values).reshape((k,) + batch + (-1, cfg["d"]))
+    return Trajectory(times=times, points=pts, weights=w, diagnostics=diag, stats=stats, config=cfg, dt_next=dtn,
+                      tracers=tracers)
 
 
 def _open(path: str | os.PathLike):
@@ -211,8 +224,8 @@ def resume(path: str | os.PathLike, *, progress: bool = False, backend: str | No
 
     prev = load(path)
     cfg = prev.config
-    if cfg.get("solver", "particles") != "particles":
-        raise WflowError(f"resume supports particle runs; {path} holds solver={cfg.get('solver')!r}")
+    if cfg.get("solver", "particles") not in ("particles", "lagrangian"):
+        raise WflowError(f"resume supports particle and lagrangian runs; {path} holds solver={cfg.get('solver')!r}")
     all_times = np.asarray(cfg["save_at"], dtype=np.float64)
     done = len(prev.times)
     if done >= len(all_times):
@@ -228,6 +241,8 @@ def resume(path: str | os.PathLike, *, progress: bool = False, backend: str | No
         dt=cfg["dt"], rtol=cfg["rtol"], atol=cfg["atol"], kappa=cfg["kappa"], backend=backend or cfg["backend"],
         t0=cfg["t0"], cluster_threshold=cfg["cluster_threshold"],
         writer=ZarrWriter(path, append=True), progress=progress,
+        tracers=None if prev.tracers is None else prev.tracers[-1],
+        _config_update={k: v for k, v in cfg.items() if k not in _SIMULATE_CONFIG},
         _resume={"seed": cfg["seed"], "first_interval": done - 1, "stats": stats, "dt_next": dtn,
                  "previous": prev},
     )

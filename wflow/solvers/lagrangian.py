@@ -121,6 +121,7 @@ def solve_lagrangian(
     eps: float = 1e-4,
     backend: str = "auto",
     progress: bool = False,
+    writer: Any = None,
 ) -> LagrangianSolution:
     r"""Solve :math:`\partial_t\rho + \mathrm{div}_S(\rho\,v[\rho]) = 0` by quadrature nodes moved along characteristics.
 
@@ -139,6 +140,9 @@ def solve_lagrangian(
         Passed to :func:`wflow.simulate` (default ``dopri5`` at 1e-10).
     eps : float
         Offset of the Jacobian tracers (central differences, error ``O(eps^2)``).
+    writer : SnapshotWriter, optional
+        Receives each snapshot, nodes and tracers (e.g. :class:`wflow.io.ZarrWriter`); the
+        run is then resumable with :func:`wflow.resume`.
 
     Returns
     -------
@@ -155,9 +159,15 @@ def solve_lagrangian(
     tracers = np.concatenate(tr, axis=0)
     kw = dict(rtol=rtol, atol=atol) if method == "dopri5" else {}
     traj = simulate(model, mu0, t_end, save_at=save_at, method=method, dt=dt, backend=backend,
-                    tracers=tracers, progress=progress, **kw)
-    n = x.shape[0]
-    T = traj.tracers.reshape(len(traj.times), d - 1, 2, n, d)
+                    tracers=tracers, progress=progress, writer=writer,
+                    _config_update={"solver": "lagrangian", "nodes": nodes, "eps": eps}, **kw)
+    return _solution(traj, rho0, eps)
+
+
+def _solution(traj: Trajectory, rho0: np.ndarray, eps: float) -> LagrangianSolution:
+    """Jacobians from the tracers of a Lagrangian run (also for one loaded from disk)."""
+    k, n, d = traj.points.shape
+    T = traj.tracers.reshape(k, d - 1, 2, n, d)
     D = (T[:, :, 0] - T[:, :, 1]) / (2 * eps)  # (k, d-1, n, d): images of the frame vectors
     G = np.einsum("kanj,kbnj->knab", D, D)
     jac = np.sqrt(np.linalg.det(G))

@@ -178,6 +178,7 @@ def simulate(
     callback: Callable[[float, Atoms], None] | None = None,
     tracers: np.ndarray | None = None,
     _resume: dict[str, Any] | None = None,
+    _config_update: dict[str, Any] | None = None,
 ) -> Trajectory:
     r"""Evolve particles :math:`\dot x_i = v[\mu_N](x_i)` on the sphere.
 
@@ -214,8 +215,8 @@ def simulate(
         ``callback(t, mu)`` after each save.
     tracers : ndarray, shape (..., m, d), optional
         Passive points carried by the flow of :math:`\mu_N` without mass of their own
-        (e.g. to measure the flow map's Jacobian); returned in ``Trajectory.tracers``,
-        not written to disk.
+        (e.g. to measure the flow map's Jacobian); returned in ``Trajectory.tracers`` and
+        written with each snapshot.
 
     Returns
     -------
@@ -292,7 +293,9 @@ def simulate(
         "d": mu0.d,
         "batch_shape": list(mu0.batch_shape),
         "wflow_version": __version__,
+        "n_tracers": 0 if tracers is None else int(tracers.shape[-2]),
     }
+    config.update(_config_update or {})
 
     w = mu0.weights
     dtype = mu0.points.dtype
@@ -301,8 +304,6 @@ def simulate(
         tracers = np.asarray(tracers, dtype=dtype)
         if tracers.ndim != mu0.points.ndim or tracers.shape[:-2] != mu0.batch_shape or tracers.shape[-1] != mu0.d:
             raise ValueError(f"tracers must have shape {mu0.batch_shape + ('m', mu0.d)}, got {tracers.shape}")
-        if writer is not None:
-            raise ValueError("tracers are not written to disk; run without a writer")
 
     def f(t: float, x: np.ndarray) -> np.ndarray:
         # The field is extended off the sphere by zero-homogeneity: every point, query and
@@ -326,8 +327,10 @@ def simulate(
     out_tr: list[np.ndarray] = []
 
     def save(t: float, x: np.ndarray, dtn: float | None) -> None:
+        tr = None
         if x.shape[-2] != n:
-            out_tr.append(x[..., n:, :].copy())
+            tr = x[..., n:, :].copy()
+            out_tr.append(tr)
             x = x[..., :n, :]
         mu = Atoms._trusted(x, w)
         diag = snapshot_diagnostics(model, mu, cluster_threshold=cluster_threshold, backend=backend)
@@ -339,7 +342,7 @@ def simulate(
         for k in out_stats:
             out_stats[k].append(stats[k])
         if writer is not None:
-            writer.write({"time": t, "points": x, "weights": w, "config": config,
+            writer.write({"time": t, "points": x, "weights": w, "config": config, "tracers": tr,
                           "diagnostics": diag, "stats": dict(stats), "dt_next": out_dt[-1]})
         if callback is not None:
             callback(t, mu)
@@ -403,6 +406,7 @@ def _concat(a: Trajectory, b: Trajectory) -> Trajectory:
         stats={k: np.concatenate([a.stats[k], b.stats[k]]) for k in b.stats},
         config=b.config,
         dt_next=np.concatenate([a.dt_next, b.dt_next]),
+        tracers=None if b.tracers is None else np.concatenate([a.tracers, b.tracers]),
     )
 
 
