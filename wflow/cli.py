@@ -145,7 +145,7 @@ def _run_density(cfg, out: Path, args: argparse.Namespace, *, resume: bool = Fal
 
     from . import io
     from .config import build_mesh, build_model, initial_density, to_toml
-    from .plot import plot_density, plot_trajectory
+    from .plot import plot_trajectory
 
     t_start = time.perf_counter()
     store = out / "density.zarr"
@@ -230,12 +230,21 @@ def _run_density(cfg, out: Path, args: argparse.Namespace, *, resume: bool = Fal
     finally:
         if bar is not None:
             bar.close()
+    return _finish_density(store, out, cfg, f"{steps} steps this run", t_start,
+                           f"{json.dumps(spec['model'])} on {spec['mesh']}")
+
+
+def _finish_density(store: Path, out: Path, cfg, what: str, t_start: float, title: str) -> int:
+    """Summary line and figure of a continuum run whose densities are in ``store``."""
+    from . import io
+    from .plot import plot_density
+
     done = io.load_density(store)
-    print(f"density: {store} ({len(done['times'])} snapshots, {steps} steps this run, mass "
-          f"{done['mass'][0]:.15g} -> {done['mass'][-1]:.15g}, {time.perf_counter() - t_start:.1f} s)")
+    print(f"density: {store} ({len(done['times'])} snapshots, {what}, mass {done['mass'][0]:.15g} -> "
+          f"{done['mass'][-1]:.15g}, {time.perf_counter() - t_start:.1f} s)")
     if cfg["output.figure"]:
         plot_density(done["times"], done["values"], done["centers"], out / "summary.png", energy=done["energy"],
-                     title=f"{json.dumps(spec['model'])} on {spec['mesh']}")
+                     title=title)
         print(f"figure: {out / 'summary.png'}")
     return 0
 
@@ -250,7 +259,6 @@ def _run_jko(cfg, out: Path, args: argparse.Namespace, model, saves, t_start: fl
     from . import io
     from .config import build_mesh, initial_density
     from .density import Density
-    from .plot import plot_density
     from .solvers.jko import jko
 
     if model.gradient_obstruction() is None and model.metric != "wasserstein":
@@ -292,16 +300,10 @@ def _run_jko(cfg, out: Path, args: argparse.Namespace, model, saves, t_start: fl
         res = jko(model, rho, tau, n_steps, eps=cfg["jko.eps"] or None, kappa=cfg["run.kappa"] or None,
                   method=cfg["jko.method"], backend=cfg["run.backend"], callback=on_step,
                   progress=not args.no_progress)
-    done = io.load_density(store)
     n_conv = sum(bool(s.converged) for s in res.stats)
-    print(f"density: {store} ({len(done['times'])} snapshots, {n_steps} steps, {n_conv} converged, mass "
-          f"{done['mass'][0]:.15g} -> {done['mass'][-1]:.15g}, {time.perf_counter() - t_start:.1f} s); "
-          f"per-step statistics: {out / 'steps.csv'}")
-    if cfg["output.figure"]:
-        plot_density(done["times"], done["values"], done["centers"], out / "summary.png", energy=done["energy"],
-                     title=f"JKO tau={tau:g}: {model!r} on {mesh!r}")
-        print(f"figure: {out / 'summary.png'}")
-    return 0
+    print(f"per-step statistics: {out / 'steps.csv'}")
+    return _finish_density(store, out, cfg, f"{n_steps} steps, {n_conv} converged", t_start,
+                           f"JKO tau={tau:g}: {model!r} on {mesh!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

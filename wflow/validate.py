@@ -21,7 +21,7 @@ from scipy import special, stats
 
 from . import sphere
 from .measure import Atoms
-from .models import SA, USA, Model
+from .models import SA, USA
 from .solvers.particles import simulate
 
 __all__ = ["Expectation", "StudyReport", "STUDIES", "mean_field", "run_studies"]

@@ -24,7 +24,7 @@ Kernel sums know nothing about models.  Backends are looked up by name in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import numpy as np
 
@@ -319,9 +318,7 @@ class NumbaBackend:
         logw = np.maximum(logw, _LOG_ZERO)  # log 0 = -inf -> finite stand-in
         floor = exp_floor(dtype)
         zero = dtype.type(0)
-        B, n, p = a.shape
-        m = b.shape[1]
-        q = 0 if c is None else c.shape[-1]
+        p = a.shape[-1]
         if p < BLAS_MIN_DIM:
             shift, acc = self._direct(a, b, logw, c, floor, zero)
         else:
