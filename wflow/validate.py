@@ -211,15 +211,15 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
                 from .solvers.eulerian import solve_density
 
                 gaps = []
-                for M in (128, 256):
+                for M in (256, 512):  # orders 1.80 / 2.18 (SA / USA) at 128..256, 1.90 / 2.13 at 256..512
                     fv = solve_density(model, Density.from_function(CircleMesh(M), _circle_density), times[-1],
                                        save_at=[0.0, times[-1]]).density(-1).to_atoms()
                     ks = np.arange(1, 4)
                     mom = lambda mu: np.exp(1j * ks[:, None] * np.arctan2(mu.points[:, 1], mu.points[:, 0])[None]) @ mu.weights  # noqa: E731
                     gaps.append(float(np.abs(mom(fv) - mom(fine[-1])).max()))
-                rep.expect(f"S1 {name} Lagrangian vs finite volume (M=256), Fourier moments 1..3 at t={times[-1]:g}",
-                           gaps[1], 0.0, 1e-3)
-                rep.expect(f"S1 {name} Lagrangian vs finite volume, observed order M=128..256",
+                rep.expect(f"S1 {name} Lagrangian vs finite volume (M=512), Fourier moments 1..3 at t={times[-1]:g}",
+                           gaps[1], 0.0, 2e-4)
+                rep.expect(f"S1 {name} Lagrangian vs finite volume, observed order M=256..512",
                            np.log2(gaps[0] / gaps[1]), 1.8, 2.3)
             if d == 2:  # deterministic quadrature start
                 errs, moms = [], []
