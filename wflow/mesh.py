@@ -42,6 +42,8 @@ arc, and the surface divergence theorem applied to the tangent field :math:`P_x 
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 from scipy.spatial import SphericalVoronoi, cKDTree
 
@@ -52,7 +54,7 @@ from .sphere import fibonacci_nodes, geodesic_distance, log_map, points_to_angle
 __all__ = ["Mesh", "CircleMesh", "SphereMesh", "icosahedral_nodes"]
 
 
-class Mesh:
+class Mesh(ABC):
     """Common interface of :class:`CircleMesh` and :class:`SphereMesh` (see module docstring)."""
 
     d: int
@@ -124,17 +126,17 @@ class Mesh:
         self.cell_neighbor_offset = np.where(valid[..., None], log_map(c, self.centers[self.cell_neighbors]), 0.0)
 
     # -- point location and quadrature ----------------------------------------
+    @abstractmethod
     def locate(self, points: ArrayLike) -> np.ndarray:
         """Index of the cell containing each point, shape ``(n,)``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def quadrature(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A quadrature rule subordinate to the cells: ``(points (Q, d), weights (Q,), cell (Q,))``.
 
         Weights are for the plain surface measure; the weights of cell ``i`` sum to its area
         (up to the rule's error).
         """
-        raise NotImplementedError
 
     def cell_averages(self, f) -> np.ndarray:
         r"""Cell averages :math:`\frac{1}{|C_i|}\int_{C_i} f\,dA` of ``f(points (n, d)) -> (n,)`` by :meth:`quadrature`."""
