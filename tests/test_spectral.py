@@ -16,10 +16,6 @@ from wflow.kernels.spectral import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _raise_on_fp_errors():
-    with np.errstate(all="raise", under="ignore"):
-        yield
 
 
 def _sphere(rng, n, d):

@@ -14,10 +14,6 @@ from wflow.transport import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _raise_on_fp_errors():
-    with np.errstate(all="raise", under="ignore"):
-        yield
 
 
 def _random_circle(rng, n):
