@@ -16,8 +16,6 @@ from wflow.kernels.spectral import (
 )
 
 
-
-
 def _sphere(rng, n, d):
     x = rng.normal(size=(n, d))
     return x / np.linalg.norm(x, axis=-1, keepdims=True)

@@ -14,8 +14,6 @@ from wflow.transport import (
 )
 
 
-
-
 def _random_circle(rng, n):
     theta = rng.uniform(0, 2 * np.pi, n)
     return Atoms(angles_to_points(theta), rng.uniform(0.1, 1.0, n)), theta
