@@ -9,7 +9,7 @@ from wflow.measure import Atoms
 from wflow.mesh import CircleMesh, SphereMesh
 from wflow.models import SA, USA, Perceptron
 from wflow.solvers.eulerian import solve_density
-from wflow.solvers.jko import _Stepper, _support, jko, stationary
+from wflow.solvers.jko import _SemiRelaxed, _Stepper, _support, cost_matrix, jko, stationary
 
 BK = "numpy"
 
@@ -95,6 +95,44 @@ def test_large_tau_is_stable():
     assert np.ptp(r.values[-1]) < 1.1 * np.ptp(r.values[0]) / 6.0**2
 
 
+def test_noise_with_eps_much_smaller_than_entropy_weight_converges(bumpy):
+    """lambda = 2 tau / kappa = 1 is 830 x the default eps = 2 h^2 on 256 cells: the scaling map
+    contracts by zeta = 0.9988 per iteration (the old solver stopped at max_iter = 200 outer
+    iterations above tol, in 5 s); the Newton-CG inner solve reaches tol in well under a second,
+    and its step agrees with a 1e-10 solve to the tolerance's order."""
+    m = CircleMesh(256)
+    rho0 = Density.from_function(m, lambda x: np.exp(np.cos(theta(x) - 0.3)) + 0.5 * np.exp(2 * x[:, 0]))
+    r = jko(USA(2.0), rho0, 0.5, 2, kappa=1.0, backend=BK)
+    assert all(r.stat("converged")) and r.stat("residual").max() <= 1e-6
+    assert r.stat("iterations").max() <= 20 and r.stat("sinkhorn").max() <= 2000
+    tight = jko(USA(2.0), rho0, 0.5, 2, kappa=1.0, backend=BK, tol=1e-10, max_sinkhorn=20000)
+    assert tight.stat("residual").max() <= 1e-10
+    assert np.abs(r.weights - tight.weights).sum(axis=1).max() < 2e-6
+    # the opt-in eps-scaling of the first step ends on the same step
+    scaled = jko(USA(2.0), rho0, 0.5, 2, kappa=1.0, backend=BK, eps_scaling=0.5)
+    assert np.abs(scaled.weights - tight.weights).sum(axis=1).max() < 2e-6
+
+
+def test_newton_inner_solve_matches_scaling_iterations():
+    """The Newton-CG semi-dual solve and the plain scaling iterations (zeta = 0.95) reach the same
+    fixed point g + V + lambda log(nu / r) = 0, the Newton one in a tenth of the iterations."""
+    m = CircleMesh(64)
+    rho = Density.from_function(m, lambda x: 1 + 0.5 * np.cos(theta(x)))
+    x, a, r, _ = _support(rho, None)
+    C, V, eps, lam = cost_matrix(x), 0.05 * np.cos(2 * theta(x)), 0.01, 0.2
+    out = []
+    for newton in (True, False):
+        ot = _SemiRelaxed(C, r)
+        ot.set_eps(eps)
+        it, res = ot.solve(a, V, lam, 1e-13, 100000, newton=newton)
+        nu = ot.nu(a)
+        assert np.abs(nu.sum() - 1) < 1e-13
+        assert np.dot(nu, np.abs(ot.g + V + lam * np.log(nu / r))) < 1e-12
+        out.append((it, ot.g, nu))
+    assert out[0][0] < out[1][0] / 4
+    assert np.abs(out[0][1] - out[1][1]).max() < 1e-12 and np.abs(out[0][2] - out[1][2]).sum() < 1e-12
+
+
 def test_point_cloud_input(rng):
     x = rng.normal(size=(300, 3))
     mu = Atoms(x / np.linalg.norm(x, axis=1, keepdims=True), np.exp(rng.normal(size=300)))
@@ -154,6 +192,8 @@ def test_bad_input(bumpy):
         jko(USA(1.0), bumpy, 0.1, 1, method="lp")
     with pytest.raises(TypeError, match="rho0"):
         jko(USA(1.0), np.ones(5), 0.1, 1)
+    with pytest.raises(ValueError, match="eps_scaling"):
+        jko(USA(1.0), bumpy, 0.1, 1, eps_scaling=1.5)
 
 
 def test_stationary_attraction_single_dirac(circle, bumpy):

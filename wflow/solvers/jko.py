@@ -180,6 +180,7 @@ class _SemiRelaxed:
         self.v = np.ones(self.n)
         self.u = np.ones(self.n)
         self.K = None
+        self._KT2 = None
         self.builds = 0
         self.build_time = 0.0
 
@@ -221,6 +222,7 @@ class _SemiRelaxed:
         self.fbar = fbar
         self.u = np.ones(n)
         self.v = np.ones(n)
+        self._KT2 = None
         self.builds += 1
         self.build_time += time.perf_counter() - t0
 
@@ -254,10 +256,17 @@ class _SemiRelaxed:
     def nu(self, a: np.ndarray) -> np.ndarray:
         return self.v * (self.KT @ (a * self.u))
 
-    def solve(self, a: np.ndarray, V: np.ndarray, lam: float, tol: float, max_iter: int) -> tuple[int, float]:
-        """Iterate to a fixed point of the generalized Sinkhorn map; ``(iterations, change)``."""
+    def solve(self, a: np.ndarray, V: np.ndarray, lam: float, tol: float, max_iter: int,
+              newton: bool = True) -> tuple[int, float]:
+        """Iterate to a fixed point of the generalized Sinkhorn map; ``(iterations, change)``.
+
+        When the scaling map contracts slowly (:math:`\\zeta > 1/2`) and ``newton``, hands over to
+        :meth:`newton` instead.
+        """
         eps = self.eps
         zeta = lam / (eps + lam)
+        if newton and zeta > 0.5:
+            return self.newton(a, V, lam, tol, max_iter)
         it, change, prev = 0, np.inf, np.inf
         self.omega = OMEGA
         while it < max_iter:
@@ -287,6 +296,102 @@ class _SemiRelaxed:
             if zeta == 0.0 or change <= tol:
                 break
         return it, change
+
+    def _set_g(self, g: np.ndarray, a: np.ndarray) -> np.ndarray:
+        """Move to the potential ``g`` (exact row update; rebuild if the scaling leaves its range); returns nu."""
+        logv = (g - self.gbar) / self.eps
+        if np.max(np.abs(logv)) > _ABSORB or not np.all(np.isfinite(logv)):
+            self.build(g)
+        else:
+            self.v = np.exp(logv)
+        self.row_update()
+        return self.nu(a)
+
+    def newton(self, a: np.ndarray, V: np.ndarray, lam: float, tol: float, max_iter: int) -> tuple[int, float]:
+        r"""Damped Newton--CG on the semi-dual; ``(Hessian products + Newton steps, residual)``.
+
+        With the row potential eliminated (:math:`f = f(g)` exact), the dual of the linearized step is the
+        smooth concave function
+        :math:`D(g) = \langle a, f(g)\rangle - \lambda\sum_j r_j e^{-(g_j+V_j)/\lambda}`, gradient
+        :math:`q - \nu`, :math:`q_j = r_j e^{-(g_j+V_j)/\lambda}`, and negative Hessian
+        :math:`H = (\mathrm{diag}\,\nu - \pi^\top\mathrm{diag}(a)^{-1}\pi)/\varepsilon + \mathrm{diag}(q)/\lambda`
+        (symmetric positive definite; two kernel products per application).  Its condition number is
+        :math:`\approx 1 + \lambda/\varepsilon`, so Jacobi-preconditioned CG needs
+        :math:`O(\sqrt{\lambda/\varepsilon})` products where the scaling iterations, which contract by
+        :math:`\zeta = \lambda/(\lambda+\varepsilon)`, need :math:`O(\lambda/\varepsilon)`.  Steps are
+        damped by Armijo backtracking on :math:`D`.  Stops when
+        :math:`\sum_j\nu_j|g_j + V_j + \lambda\log(\nu_j/r_j)| \le` ``tol`` (the linearized optimality
+        condition, units of ``g``) or after ``max_iter`` products.
+        """
+        eps = self.eps
+        logr = self.logr
+
+        def dual(nu: np.ndarray) -> tuple[float, np.ndarray | None]:
+            z = -(self.g + V) / lam + logr
+            if z.max() > 700.0:
+                return -np.inf, None
+            q = np.exp(z)
+            return float(np.dot(a, self.f) - lam * q.sum()), q
+
+        def residual(nu: np.ndarray, q: np.ndarray) -> float:
+            pos = nu > 0
+            return float(lam * np.dot(nu[pos], np.abs(np.log(nu[pos] / np.maximum(q[pos], _TINY)))))
+
+        g = self.g
+        self.row_update()
+        nu = self.nu(a)
+        D, q = dual(nu)
+        if q is None:  # start far out: take one scaling iteration first
+            return self.solve(a, V, lam, tol, 1, newton=False)
+        products = 0
+        res = residual(nu, q)
+        while res > tol and products < max_iter:
+            grad = q - nu
+            u, v = self.u, self.v
+            au2 = a * u * u
+            if self._KT2 is None:
+                self._KT2 = self.KT * self.KT if isinstance(self.KT, np.ndarray) else self.KT.multiply(self.KT).tocsr()
+            diag = (nu - v * v * (self._KT2 @ au2)) / eps + q / lam
+            diag = np.maximum(diag, q / lam)
+
+            def hess(x: np.ndarray) -> np.ndarray:
+                return (nu * x - v * (self.KT @ (au2 * (self.K @ (v * x))))) / eps + q * x / lam
+
+            # preconditioned CG for H d = grad, relative tolerance 1e-3 (inexact Newton)
+            d = np.zeros_like(g)
+            rcg = grad.copy()
+            z = rcg / diag
+            p = z.copy()
+            rz = float(np.dot(rcg, z))
+            stop = 1e-6 * rz
+            for _ in range(max(1, max_iter - products)):
+                Hp = hess(p)
+                products += 1
+                alpha = rz / float(np.dot(p, Hp))
+                d += alpha * p
+                rcg -= alpha * Hp
+                z = rcg / diag
+                rz_new = float(np.dot(rcg, z))
+                if rz_new <= stop:
+                    break
+                p = z + (rz_new / rz) * p
+                rz = rz_new
+            slope = float(np.dot(grad, d))
+            t = 1.0
+            while True:
+                nu_t = self._set_g(g + t * d, a)
+                D_t, q_t = dual(nu_t)
+                if q_t is not None and D_t >= D + 1e-4 * t * slope - 1e-14 * abs(D):
+                    break
+                t *= 0.5
+                if t < 1e-8:
+                    self._set_g(g, a)
+                    logger.debug("Newton line search failed at residual %.3g", res)
+                    return products, res
+            products += 1
+            g, nu, D, q = g + t * d, nu_t, D_t, q_t
+            res = residual(nu, q)
+        return products, res
 
     def transport(self, a: np.ndarray, nu: np.ndarray) -> float:
         r""":math:`T_\varepsilon(a,\nu) = \langle a, f\rangle + \langle\nu, g\rangle` for the current plan (exact marginals)."""
@@ -408,38 +513,48 @@ class _Stepper:
         keep = nu >= 1e-8 * nu.max()
         return float(np.dot(nu, np.abs(grad))), float(np.max(np.abs(grad[keep])))
 
+    def _displacement_scale(self, a: np.ndarray, dF: np.ndarray) -> float:
+        r"""Mean squared displacement of one step, :math:`\tau^2\sum_i a_i|\nabla_S\psi|^2 + 2(d-1)\tau/\kappa`, capped by the diameter."""
+        s2 = 2 * self.dim * self.tau * self.kappa_inv
+        model = self.energy.model
+        if model is not None:
+            v = model.velocity(self.x, Atoms._trusted(self.x, a), backend=self.energy.backend)
+            s2 += self.tau**2 * float(np.dot(a, np.sum(v * v, axis=-1)))
+        return min(float(self.C.max()), s2)
+
     def step(self, a: np.ndarray) -> tuple[np.ndarray, StepStats]:
         if self.method == "emd":
             return self._emd_step(a)
         ot, E = self.ot, self.energy
         t_ot = 0.0
         t0e = E.time
-        # eps schedule: from the cost diameter on the first step, from a few times the target afterwards
-        eps0 = float(self.C.max()) if self.first else 4 * self.eps_target
-        schedule = []
-        e = max(eps0, self.eps_target)
-        while e > self.eps_target:
-            schedule.append(e)
-            e *= self.eps_scaling
-        schedule.append(self.eps_target)
-        self.first = False
         nu_m = a.copy()
         dF = E.first_variation(nu_m)
-        F_m = E.F(nu_m)
+        schedule = [self.eps_target]
+        if self.first and self.eps_scaling is not None:
+            # opt-in eps-scaling on the cold step, from the scale of one step's displacement
+            e = self._displacement_scale(a, dF)
+            while e > self.eps_target:
+                schedule.insert(-1, e)
+                e *= self.eps_scaling
         sink = 0
-        J_m = np.inf
         L = 0.0 if self.L == 0 else self.L / 4
-        for stage, eps in enumerate(schedule):
+        for eps in schedule:
             t0 = time.perf_counter()
-            ot.set_eps(eps)
             V, lam = self._linear_part(nu_m, dF, L)
-            it, _ = ot.solve(a, V, lam, tol=self.tol, max_iter=20 if eps != self.eps_target else self.max_sinkhorn)
+            if ot.eps is None and lam > 0:
+                # cold start at the potential whose target marginal q = r e^{-(g+V)/lam} is mu_k
+                ot.gbar = -V - lam * E.logratio(a)
+            ot.set_eps(eps)
+            it, _ = ot.solve(a, V, lam, tol=2 * self.tau * self.tol,
+                             max_iter=20 if eps != self.eps_target else self.max_sinkhorn)
             sink += it
             t_ot += time.perf_counter() - t0
             if eps != self.eps_target:
                 nu = ot.nu(a)
                 nu_m = nu / nu.sum()
                 dF = E.first_variation(nu_m)
+        self.first = False
         nu = ot.nu(a)
         nu /= nu.sum()
         F_new = E.F(nu)
@@ -454,7 +569,7 @@ class _Stepper:
             state = (ot.fbar.copy(), ot.gbar.copy(), ot.u.copy(), ot.v.copy(), ot.K, ot.KT)
             t0 = time.perf_counter()
             V, lam = self._linear_part(nu_m, dF, L)
-            it, _ = ot.solve(a, V, lam, tol=max(0.1 * self.tol, 0.01 * res), max_iter=self.max_sinkhorn)
+            it, _ = ot.solve(a, V, lam, tol=2 * self.tau * max(0.1 * self.tol, 0.01 * res), max_iter=self.max_sinkhorn)
             sink += it
             nu = ot.nu(a)
             nu /= nu.sum()
@@ -589,6 +704,15 @@ class JKOResult:
                 f"method={self.method!r}, status={self.status})")
 
 
+def _check_eps_scaling(eps_scaling: Any) -> float | None:
+    if eps_scaling is None:
+        return None
+    eps_scaling = check_positive(eps_scaling, "eps_scaling")
+    if eps_scaling >= 1:
+        raise ValueError(f"eps_scaling must be None or in (0, 1), got {eps_scaling}")
+    return eps_scaling
+
+
 def _default_eps(x: np.ndarray, r: np.ndarray) -> float:
     return 2.0 * _spacing(x, r) ** 2
 
@@ -604,7 +728,7 @@ def jko(
     kappa: float | None = None,
     method: str = "sinkhorn",
     debias: bool = True,
-    eps_scaling: float = 0.5,
+    eps_scaling: float | None = None,
     tol: float = 1e-6,
     max_iter: int = 200,
     max_sinkhorn: int = 5000,
@@ -690,9 +814,7 @@ def jko(
     if cost not in COSTS:
         raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
     eps = _default_eps(x, r) if eps is None else check_positive(eps, "eps")
-    eps_scaling = check_positive(eps_scaling, "eps_scaling")
-    if eps_scaling >= 1:
-        raise ValueError(f"eps_scaling must be in (0, 1), got {eps_scaling}")
+    eps_scaling = _check_eps_scaling(eps_scaling)
     tol = check_positive(tol, "tol")
     max_iter = check_int(max_iter, "max_iter")
     max_sinkhorn = check_int(max_sinkhorn, "max_sinkhorn")
@@ -932,7 +1054,7 @@ def stationary(
     max_steps = check_int(max_steps, "max_steps")
     eps = _default_eps(x, r) if eps is None else check_positive(eps, "eps")
     st = _Stepper(model, x, r, tau=tau, eps=eps, cost=cost, kappa=kappa, method=method,
-                  debias=kwargs.pop("debias", True), eps_scaling=kwargs.pop("eps_scaling", 0.5), tol=step_tol,
+                  debias=kwargs.pop("debias", True), eps_scaling=_check_eps_scaling(kwargs.pop("eps_scaling", None)), tol=step_tol,
                   max_iter=kwargs.pop("max_iter", 200), max_sinkhorn=kwargs.pop("max_sinkhorn", 5000),
                   backend=backend)
     if kwargs:
