@@ -25,7 +25,11 @@ Two routes:
   systems is as parallel as one large one.
 * larger ``d``: inner products by BLAS on blocks, numba only for the
   exponential, the online maximum and the row sums; the value sums
-  :math:`\sum_j e_{ij} V y_j` by BLAS as well.
+  :math:`\sum_j e_{ij} V y_j` by BLAS as well.  One worker thread per core takes
+  whole blocks (numpy's matmul and the numba kernel release the GIL) with BLAS
+  limited to one thread (threadpoolctl): small GEMMs split across a 2-core machine's
+  OpenBLAS threads are slow and, when the machine is shared, erratic.  With few query
+  rows the columns are split across workers and the partial sums merged.
 
 Accuracy: logits are formed in float64 even for float32 input (a float32 logit of
 size :math:`\beta = 10^3` carries an absolute error of :math:`6\cdot 10^{-5}`, which
@@ -53,9 +57,9 @@ TILE_ROWS = 16
 TILE_COLS = 256
 #: From this dimension of :math:`Qx` on, inner products are computed by BLAS.
 BLAS_MIN_DIM = 48
-#: (rows, columns) of one block of the BLAS route (16 MB of float64 logits): multithreaded
-#: OpenBLAS needs GEMMs this large to amortize its thread start-up on a busy 2-core machine.
-BLAS_BLOCK = (1024, 2048)
+#: (rows, columns) of one block of the BLAS route (2 MB of float64 logits, one block per
+#: thread at a time; each thread runs single-threaded GEMMs on its own blocks).
+BLAS_BLOCK = (256, 1024)
 
 _FLOAT_MIN = float(np.finfo(np.float64).min)
 #: Stands for log(0) so that every number the kernels see is finite (they are
@@ -155,119 +159,133 @@ if numba is not None:
         return lambda x: _exp64(x)
 
     @njit(parallel=True, cache=True, fastmath=_FM_SUM)
-    def _direct_sums(a, bT, logw, gT, floor, zero, rows, cols, shift, acc_out):
+    def _direct_sums(a, bT, logw, gT, floor, zero, rows, cols, n_chunks, shift, acc_out):
         """a (B, n, p) with n a multiple of rows, rows and p multiples of 4, bT (B, p, m),
         logw (B, m) finite, all float64; gT (B, q, m) values in the working dtype (that of
-        zero).  Writes shift (B, n) and acc_out (B, n, 1 + q) = (mass, vector), float64."""
+        zero).  Writes shift (B, n) and acc_out (B, n, 1 + q) = (mass, vector), float64.
+
+        The B * n / rows tiles are split into n_chunks contiguous runs, one parallel task
+        each, so that the work buffers are allocated once per task, not once per tile
+        (thousands of tiny systems would otherwise spend most of their time in malloc)."""
         B, n, p = a.shape
         m = bT.shape[2]
         q = gT.shape[1]
         ntile = n // rows
-        for task in prange(B * ntile):
-            k = task // ntile
-            i0 = (task % ntile) * rows
+        n_tasks = B * ntile
+        for chunk in prange(n_chunks):
             buf = np.empty((4, cols))
             e = np.empty((4, cols), gT.dtype)
-            mx = np.full(rows, _FLOAT_MIN)
-            acc = np.zeros((rows, q + 1))
-            for j0 in range(0, m, cols):
-                j1 = min(j0 + cols, m)
-                J = j1 - j0
-                lw = logw[k, j0:j1]
-                x0, x1, x2, x3 = buf[0], buf[1], buf[2], buf[3]
-                e0, e1, e2, e3 = e[0], e[1], e[2], e[3]
-                for r4 in range(0, rows, 4):
-                    A = a[k, i0 + r4 : i0 + r4 + 4]
-                    # logits <a_i, b_j> + log w_j for 4 rows at once: each b load feeds 4 FMAs
-                    for l in range(0, p, 4):
-                        b0 = bT[k, l, j0:j1]
-                        b1 = bT[k, l + 1, j0:j1]
-                        b2 = bT[k, l + 2, j0:j1]
-                        b3 = bT[k, l + 3, j0:j1]
-                        a00, a01, a02, a03 = A[0, l], A[0, l + 1], A[0, l + 2], A[0, l + 3]
-                        a10, a11, a12, a13 = A[1, l], A[1, l + 1], A[1, l + 2], A[1, l + 3]
-                        a20, a21, a22, a23 = A[2, l], A[2, l + 1], A[2, l + 2], A[2, l + 3]
-                        a30, a31, a32, a33 = A[3, l], A[3, l + 1], A[3, l + 2], A[3, l + 3]
-                        if l == 0:
+            mx = np.empty(rows)
+            acc = np.empty((rows, q + 1))
+            for task in range(chunk * n_tasks // n_chunks, (chunk + 1) * n_tasks // n_chunks):
+                k = task // ntile
+                i0 = (task % ntile) * rows
+                mx[:] = _FLOAT_MIN
+                acc[:] = 0.0
+                for j0 in range(0, m, cols):
+                    j1 = min(j0 + cols, m)
+                    J = j1 - j0
+                    lw = logw[k, j0:j1]
+                    x0, x1, x2, x3 = buf[0], buf[1], buf[2], buf[3]
+                    e0, e1, e2, e3 = e[0], e[1], e[2], e[3]
+                    for r4 in range(0, rows, 4):
+                        A = a[k, i0 + r4 : i0 + r4 + 4]
+                        # logits <a_i, b_j> + log w_j for 4 rows at once: each b load feeds 4 FMAs
+                        for l in range(0, p, 4):
+                            b0 = bT[k, l, j0:j1]
+                            b1 = bT[k, l + 1, j0:j1]
+                            b2 = bT[k, l + 2, j0:j1]
+                            b3 = bT[k, l + 3, j0:j1]
+                            a00, a01, a02, a03 = A[0, l], A[0, l + 1], A[0, l + 2], A[0, l + 3]
+                            a10, a11, a12, a13 = A[1, l], A[1, l + 1], A[1, l + 2], A[1, l + 3]
+                            a20, a21, a22, a23 = A[2, l], A[2, l + 1], A[2, l + 2], A[2, l + 3]
+                            a30, a31, a32, a33 = A[3, l], A[3, l + 1], A[3, l + 2], A[3, l + 3]
+                            if l == 0:
+                                for jj in range(J):
+                                    x0[jj] = lw[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
+                                    x1[jj] = lw[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
+                                    x2[jj] = lw[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
+                                    x3[jj] = lw[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                            else:
+                                for jj in range(J):
+                                    x0[jj] += a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
+                                    x1[jj] += a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
+                                    x2[jj] += a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
+                                    x3[jj] += a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                        # block maxima of the 4 rows in one pass
+                        m0 = _FLOAT_MIN
+                        m1 = _FLOAT_MIN
+                        m2 = _FLOAT_MIN
+                        m3 = _FLOAT_MIN
+                        for jj in range(J):
+                            m0 = max(m0, x0[jj])
+                            m1 = max(m1, x1[jj])
+                            m2 = max(m2, x2[jj])
+                            m3 = max(m3, x3[jj])
+                        for s in range(4):
+                            r = r4 + s
+                            bm = m0 if s == 0 else (m1 if s == 1 else (m2 if s == 2 else m3))
+                            if bm > mx[r]:  # online maximum: rescale what this row has summed so far
+                                sc = _exp64(max(mx[r] - bm, floor))
+                                for l in range(q + 1):
+                                    acc[r, l] *= sc
+                                mx[r] = bm
+                            c = mx[r]
+                            xs = buf[s]
+                            es = e[s]
+                            t = zero
                             for jj in range(J):
-                                x0[jj] = lw[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
-                                x1[jj] = lw[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
-                                x2[jj] = lw[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
-                                x3[jj] = lw[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
-                        else:
+                                v = _exp(max(xs[jj] - c, floor))
+                                es[jj] = v
+                                t += v
+                            acc[r, 0] += t
+                        # value sums, 4 rows at once: each value load feeds 4 FMAs
+                        for l in range(q):
+                            g = gT[k, l, j0:j1]
+                            t0 = zero
+                            t1 = zero
+                            t2 = zero
+                            t3 = zero
                             for jj in range(J):
-                                x0[jj] += a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
-                                x1[jj] += a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
-                                x2[jj] += a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
-                                x3[jj] += a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
-                    for s in range(4):
-                        r = r4 + s
-                        xs = buf[s]
-                        es = e[s]
-                        bm = _FLOAT_MIN
-                        for jj in range(J):
-                            bm = max(bm, xs[jj])
-                        if bm > mx[r]:  # online maximum: rescale what this row has summed so far
-                            sc = math.exp(max(mx[r] - bm, floor))
-                            for l in range(q + 1):
-                                acc[r, l] *= sc
-                            mx[r] = bm
-                        c = mx[r]
-                        for jj in range(J):
-                            es[jj] = max(xs[jj] - c, floor)
-                        t = zero
-                        for jj in range(J):
-                            v = _exp(es[jj])
-                            es[jj] = v
-                            t += v
-                        acc[r, 0] += t
-                    # value sums, 4 rows at once: each value load feeds 4 FMAs
-                    for l in range(q):
-                        g = gT[k, l, j0:j1]
-                        t0 = zero
-                        t1 = zero
-                        t2 = zero
-                        t3 = zero
-                        for jj in range(J):
-                            gj = g[jj]
-                            t0 += e0[jj] * gj
-                            t1 += e1[jj] * gj
-                            t2 += e2[jj] * gj
-                            t3 += e3[jj] * gj
-                        acc[r4, l + 1] += t0
-                        acc[r4 + 1, l + 1] += t1
-                        acc[r4 + 2, l + 1] += t2
-                        acc[r4 + 3, l + 1] += t3
-            for r in range(rows):
-                shift[k, i0 + r] = mx[r]
-                for l in range(q + 1):
-                    acc_out[k, i0 + r, l] = acc[r, l]
+                                gj = g[jj]
+                                t0 += e0[jj] * gj
+                                t1 += e1[jj] * gj
+                                t2 += e2[jj] * gj
+                                t3 += e3[jj] * gj
+                            acc[r4, l + 1] += t0
+                            acc[r4 + 1, l + 1] += t1
+                            acc[r4 + 2, l + 1] += t2
+                            acc[r4 + 3, l + 1] += t3
+                for r in range(rows):
+                    shift[k, i0 + r] = mx[r]
+                    for l in range(q + 1):
+                        acc_out[k, i0 + r, l] = acc[r, l]
 
-    @njit(cache=True, fastmath=_FM_SUM)
-    def _exp_rows(L, E, mx, mass, scale, floor, zero):
-        """BLAS route, one block, serially.  L (R, J) float64 logits + log w; E (R, J) working
-        dtype.  Updates the running maxima mx and masses (R,) in place, writes the exponentials
-        to E and the factor by which each row's earlier value sums must be rescaled to scale.
+    @njit(cache=True, nogil=True, fastmath=_FM_SUM)
+    def _exp_rows(L, lw, E, mx, mass, scale, floor, zero):
+        """BLAS route, one block, serially.  L (R, J) float64 logits, lw (J,) log-weights;
+        E (R, J) working dtype.  Updates the running maxima mx and masses (R,) in place,
+        writes the exponentials e^(L + lw - mx) to E and the factor by which each row's
+        earlier value sums must be rescaled to scale.
 
-        Serial on purpose: it alternates with multithreaded BLAS calls, and an OpenMP team
-        spinning beside OpenBLAS's threads on a small, shared machine slows both by 10-50x."""
+        Serial and GIL-free: the BLAS route runs one such worker per core (Python threads,
+        single-threaded BLAS); an OpenMP team spinning beside OpenBLAS's own threads on a
+        small, shared machine slows both by 10-50x."""
         R, J = L.shape
         for r in range(R):
             Lr = L[r]
             Er = E[r]
             bm = _FLOAT_MIN
             for jj in range(J):
-                bm = max(bm, Lr[jj])
+                bm = max(bm, Lr[jj] + lw[jj])
             sc = 1.0
             if bm > mx[r]:
-                sc = math.exp(max(mx[r] - bm, floor))
+                sc = _exp64(max(mx[r] - bm, floor))
                 mx[r] = bm
             c = mx[r]
-            for jj in range(J):
-                Er[jj] = max(Lr[jj] - c, floor)
             t = zero
             for jj in range(J):
-                v = _exp(Er[jj])
+                v = _exp(max(Lr[jj] + lw[jj] - c, floor))
                 Er[jj] = v
                 t += v
             mass[r] = mass[r] * sc + t
@@ -315,7 +333,7 @@ class NumbaBackend:
             c = None
             if problem.values:
                 c = problem.y if problem.V is None else problem.y @ problem.V.T
-        logw = np.maximum(logw, _LOG_ZERO)  # log 0 = -inf -> finite stand-in
+        logw = np.maximum(logw, _LOG_ZERO, out=logw)  # log 0 = -inf -> finite stand-in
         floor = exp_floor(dtype)
         zero = dtype.type(0)
         p = a.shape[-1]
@@ -337,60 +355,121 @@ class NumbaBackend:
         B, n, p = a.shape
         m = b.shape[1]
         p4 = -(-p // 4) * 4
+        threads = numba.get_num_threads()
         # one column block (small systems): larger row tiles, fewer parallel tasks to set up
         rows = min(TILE_ROWS if m > TILE_COLS else 64, -(-n // 4) * 4)
+        if B * -(-n // rows) < 8 * threads:  # few query rows: smaller tiles, so every thread has work
+            rows = max(4, min(rows, (n // (8 * threads * B)) // 4 * 4))
         n_pad = -(-n // rows) * rows
-        a4 = np.zeros((B, n_pad, p4))
-        a4[:, :n, :p] = a
-        bT = np.zeros((B, p4, m))
+        if n_pad == n and p4 == p:
+            a4 = np.ascontiguousarray(a, dtype=np.float64)
+        else:
+            a4 = np.zeros((B, n_pad, p4))
+            a4[:, :n, :p] = a
+        bT = np.empty((B, p4, m))
         bT[:, :p, :] = np.swapaxes(b, 1, 2)
+        bT[:, p:, :] = 0.0
         if c is None:
             gT = np.zeros((B, 0, m), dtype=type(zero))
+        elif c is b and p4 == p and bT.dtype == type(zero):  # values = keys (Q = K = V = I): share the transpose
+            gT = bT
         else:
             gT = np.ascontiguousarray(np.swapaxes(c, 1, 2), dtype=type(zero))
         q = gT.shape[1]
         shift = np.empty((B, n_pad))
         acc = np.empty((B, n_pad, q + 1))
         cols = max(1, min(TILE_COLS, m))
-        _direct_sums(a4, bT, np.ascontiguousarray(logw), gT, float(floor), zero, rows, cols, shift, acc)
+        n_chunks = min(B * (n_pad // rows), 16 * threads)
+        _direct_sums(a4, bT, np.ascontiguousarray(logw), gT, float(floor), zero, rows, cols, n_chunks, shift, acc)
         return shift[:, :n], acc[:, :n]
 
     @staticmethod
     def _blas(a, b, logw, c, floor, zero):
         B, n, p = a.shape
         m = b.shape[1]
-        wd = type(zero)
         q = 0 if c is None else c.shape[-1]
-        shift = np.empty((B, n))
-        acc = np.zeros((B, n, q + 1))
+        cw = None if c is None else c.astype(type(zero), copy=False)
+        threads = max(1, numba.get_num_threads())
         rows, cols = BLAS_BLOCK
-        rows, cols = min(rows, n), min(cols, m)
-        L = np.empty((rows, cols))
-        E = np.empty((rows, cols), dtype=wd)
-        scale = np.empty(rows)
-        cw = None if c is None else c.astype(wd, copy=False)
-        for k in range(B):
-            for i0 in range(0, n, rows):
-                i1 = min(i0 + rows, n)
+        # tasks: (system, row block, column chunk); columns are split only when there are
+        # too few row blocks to keep every thread busy, and the partial sums merged after
+        row_blocks = [(k, i0, min(i0 + rows, n)) for k in range(B) for i0 in range(0, n, rows)]
+        n_split = 1 if len(row_blocks) >= 4 * threads else max(1, min(-(-4 * threads // len(row_blocks)), -(-m // cols)))
+        edges = [m * s // n_split for s in range(n_split + 1)]
+        tasks = [(k, i0, i1, edges[s], edges[s + 1]) for (k, i0, i1) in row_blocks for s in range(n_split)]
+        parts = [None] * len(tasks)
+
+        def work(first: int) -> None:
+            # one worker: every threads-th task, its own buffers, single-threaded BLAS
+            L = np.empty((rows, cols))
+            E = np.empty((rows, cols), dtype=type(zero))
+            scale = np.empty(rows)
+            for t in range(first, len(tasks), threads):
+                k, i0, i1, ja, jb = tasks[t]
                 R = i1 - i0
                 mx = np.full(R, _FLOAT_MIN)
                 mass = np.zeros(R)
                 vec = np.zeros((R, q))
-                for j0 in range(0, m, cols):
-                    j1 = min(j0 + cols, m)
+                for j0 in range(ja, jb, cols):
+                    j1 = min(j0 + cols, jb)
                     J = j1 - j0
                     Lb = L.reshape(-1)[: R * J].reshape(R, J)  # contiguous views of the buffers
                     Eb = E.reshape(-1)[: R * J].reshape(R, J)
                     np.matmul(a[k, i0:i1], b[k, j0:j1].T, out=Lb)
-                    Lb += logw[k, j0:j1]
-                    _exp_rows(Lb, Eb, mx, mass, scale[:R], float(floor), zero)
+                    _exp_rows(Lb, logw[k, j0:j1], Eb, mx, mass, scale[:R], float(floor), zero)
                     if q:
                         vec *= scale[:R, None]
                         vec += Eb @ cw[k, j0:j1]
-                shift[k, i0:i1] = mx
-                acc[k, i0:i1, 0] = mass
-                acc[k, i0:i1, 1:] = vec
+                parts[t] = (mx, mass, vec)
+
+        with _blas_threads(1):  # parallel over tasks, not inside each (small) GEMM
+            if threads == 1 or len(tasks) == 1:
+                work(0)
+            else:
+                list(_executor(threads).map(work, range(min(threads, len(tasks)))))
+        shift = np.empty((B, n))
+        acc = np.zeros((B, n, q + 1))
+        for r, (k, i0, i1) in enumerate(row_blocks):
+            ps = parts[r * n_split : (r + 1) * n_split]
+            mx = np.max([pp[0] for pp in ps], axis=0)
+            for pmx, pmass, pvec in ps:
+                f = np.exp(np.maximum(pmx - mx, floor))
+                acc[k, i0:i1, 0] += f * pmass
+                acc[k, i0:i1, 1:] += f[:, None] * pvec
+            shift[k, i0:i1] = mx
         return shift, acc
+
+
+_EXECUTOR = None
+_EXECUTOR_SIZE = 0
+_BLAS_CONTROLLER = None
+
+
+def _executor(threads: int):
+    """A persistent thread pool for the BLAS route (numpy's matmul and the numba kernel release the GIL)."""
+    global _EXECUTOR, _EXECUTOR_SIZE
+    if _EXECUTOR is None or _EXECUTOR_SIZE != threads:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if _EXECUTOR is not None:
+            _EXECUTOR.shutdown(wait=True)
+        _EXECUTOR = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wflow-blas")
+        _EXECUTOR_SIZE = threads
+    return _EXECUTOR
+
+
+def _blas_threads(n: int):
+    """Limit BLAS to ``n`` threads inside a ``with`` block (threadpoolctl; no-op without it)."""
+    global _BLAS_CONTROLLER
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        import contextlib
+
+        return contextlib.nullcontext()
+    if _BLAS_CONTROLLER is None:
+        _BLAS_CONTROLLER = ThreadpoolController()
+    return _BLAS_CONTROLLER.limit(limits=n, user_api="blas")
 
 
 register_backend(NumbaBackend(), auto_priority=1)
