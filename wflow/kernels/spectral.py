@@ -306,11 +306,8 @@ def _sphere_moments(yhat: np.ndarray, rho: np.ndarray, Wcols: np.ndarray, L: int
 
 
 # --------------------------------------------------------------------------- numba engine
-# The same sums as above, fused per point (no temporaries, no skinny BLAS products,
-# which OpenBLAS runs badly on a loaded machine).  On S^2 the harmonics are built as
-# complex solid harmonics Z_l^m = rho^l P~_l^m e^{±im phi}: the sectoral start
-# Z_m^m = sqrt((2m+1)/2m) (y1 ± i y2) Z_{m-1}^{m-1} needs no trigonometry and the
-# recurrence Z_l^m = a_lm y3 Z_{l-1}^m - b_lm rho^2 Z_{l-2}^m carries the radius.
+# The same sums as above, fused per point (no temporaries, no skinny BLAS products, which
+# OpenBLAS runs badly on a loaded machine): wflow.kernels._spectral_numba.
 _NUMBA = None
 
 
@@ -320,134 +317,14 @@ def _numba_kernels():
         return _NUMBA or None
     try:
         import numba as nb
+
+        from . import _spectral_numba as k
     except ImportError:  # pragma: no cover - numba is a dependency
         _NUMBA = False
         return None
-    njit, prange = nb.njit, nb.prange
-
-    @njit(cache=True)
-    def coefficients(a, h0, K, P, extra, nu0, scale, out, h):  # pragma: no cover - compiled
-        # out[k, p] = (a/2)^p/p! h_{k+p}(a) e^{-a} * scale  (backward ratio recurrence); h: work, size K+P+1
-        n = K + P + 1
-        q = 0.0
-        for k in range(n - 1 + extra, 0, -1):
-            q = a / (2.0 * (k + nu0) + a * q)
-            if k < n:
-                h[k] = q
-        h[0] = h0 * scale
-        for k in range(1, n):
-            h[k] *= h[k - 1]
-        f = 1.0
-        for p in range(P + 1):
-            if p > 0:
-                f *= 0.5 * a / p
-            for k in range(K + 1):
-                out[k, p] = f * h[k + p]
-
-    @njit(parallel=True, cache=True)
-    def circle_moments(y, W, K, nchunks):  # pragma: no cover - compiled
-        m, C = W.shape
-        acc = np.zeros((nchunks, K + 1, C, 2))
-        for ch in prange(nchunks):
-            for j in range(ch * m // nchunks, (ch + 1) * m // nchunks):
-                ur, ui = y[j, 0], -y[j, 1]
-                zr, zi = 1.0, 0.0
-                for k in range(K + 1):
-                    for c in range(C):
-                        acc[ch, k, c, 0] += zr * W[j, c]
-                        acc[ch, k, c, 1] += zi * W[j, c]
-                    zr, zi = zr * ur - zi * ui, zr * ui + zi * ur
-        return acc.sum(axis=0)
-
-    @njit(parallel=True, cache=True)
-    def circle_eval(x, G, a, h0, per_row, extra, scale_exp):  # pragma: no cover - compiled
-        n = x.shape[0]
-        K1, P1, C = G.shape[0], G.shape[1], G.shape[2]
-        out = np.zeros((n, C))
-        nchunks = min(n, 64)
-        for ch in prange(nchunks):
-            coef = np.ones((K1, P1))
-            work = np.empty(K1 + P1)
-            for i in range(ch * n // nchunks, (ch + 1) * n // nchunks):
-                if per_row:
-                    coefficients(a[i], h0[i], K1 - 1, P1 - 1, extra, 0.0, np.exp(a[i] * scale_exp), coef, work)
-                ur, ui = x[i, 0], x[i, 1]
-                zr, zi = 1.0, 0.0
-                for k in range(K1):
-                    for p in range(P1):
-                        f = coef[k, p]
-                        for c in range(C):
-                            out[i, c] += f * (zr * G[k, p, c, 0] - zi * G[k, p, c, 1])
-                    zr, zi = zr * ur - zi * ui, zr * ui + zi * ur
-        return out
-
-    @njit(parallel=True, cache=True)
-    def sphere_moments(y, W, L, A, Bc, nchunks):  # pragma: no cover - compiled
-        m, C = W.shape
-        acc = np.zeros((nchunks, L + 1, L + 1, C, 2))
-        for ch in prange(nchunks):
-            for j in range(ch * m // nchunks, (ch + 1) * m // nchunks):
-                ur, ui, t = y[j, 0], -y[j, 1], y[j, 2]
-                r2 = y[j, 0] ** 2 + y[j, 1] ** 2 + t * t
-                sr, si = 1.0, 0.0  # sectoral Z_m^m
-                for mm in range(L + 1):
-                    if mm > 0:
-                        g = np.sqrt((2.0 * mm + 1.0) / (2.0 * mm))
-                        sr, si = g * (sr * ur - si * ui), g * (sr * ui + si * ur)
-                    p2r, p2i = 0.0, 0.0
-                    p1r, p1i = sr, si
-                    for l in range(mm, L + 1):
-                        if l == mm + 1:
-                            g = np.sqrt(2.0 * mm + 3.0) * t
-                            p2r, p2i, p1r, p1i = p1r, p1i, g * p1r, g * p1i
-                        elif l > mm + 1:
-                            al, bl = A[mm, l] * t, Bc[mm, l] * r2
-                            p2r, p2i, p1r, p1i = p1r, p1i, al * p1r - bl * p2r, al * p1i - bl * p2i
-                        for c in range(C):
-                            acc[ch, mm, l, c, 0] += p1r * W[j, c]
-                            acc[ch, mm, l, c, 1] += p1i * W[j, c]
-        return acc.sum(axis=0)
-
-    @njit(parallel=True, cache=True)
-    def sphere_eval(x, G, a, h0, per_row, extra, scale_exp, A, Bc):  # pragma: no cover - compiled
-        n = x.shape[0]
-        L1, P1, C = G.shape[1], G.shape[2], G.shape[3]
-        out = np.zeros((n, C))
-        nchunks = min(n, 64)
-        for ch in prange(nchunks):
-            coef = np.ones((L1, P1))
-            work = np.empty(L1 + P1)
-            acc = np.zeros(C)
-            for i in range(ch * n // nchunks, (ch + 1) * n // nchunks):
-                if per_row:
-                    coefficients(a[i], h0[i], L1 - 1, P1 - 1, extra, 0.5, np.exp(a[i] * scale_exp), coef, work)
-                ur, ui, t = x[i, 0], x[i, 1], x[i, 2]
-                sr, si = 1.0, 0.0
-                acc[:] = 0.0
-                for mm in range(L1):
-                    if mm > 0:
-                        g = np.sqrt((2.0 * mm + 1.0) / (2.0 * mm))
-                        sr, si = g * (sr * ur - si * ui), g * (sr * ui + si * ur)
-                    p2r, p2i = 0.0, 0.0
-                    p1r, p1i = sr, si
-                    for l in range(mm, L1):
-                        if l == mm + 1:
-                            g = np.sqrt(2.0 * mm + 3.0) * t
-                            p2r, p2i, p1r, p1i = p1r, p1i, g * p1r, g * p1i
-                        elif l > mm + 1:
-                            al, bl = A[mm, l] * t, Bc[mm, l]
-                            p2r, p2i, p1r, p1i = p1r, p1i, al * p1r - bl * p2r, al * p1i - bl * p2i
-                        for p in range(P1):
-                            f = coef[l, p]
-                            for c in range(C):
-                                acc[c] += f * (p1r * G[mm, l, p, c, 0] - p1i * G[mm, l, p, c, 1])
-                for c in range(C):
-                    out[i, c] = acc[c]
-        return out
-
     _NUMBA = dict(
-        circle_moments=circle_moments, circle_eval=circle_eval,
-        sphere_moments=sphere_moments, sphere_eval=sphere_eval, nb=nb,
+        circle_moments=k.circle_moments, circle_eval=k.circle_eval,
+        sphere_moments=k.sphere_moments, sphere_eval=k.sphere_eval, nb=nb,
     )
     return _NUMBA
 
