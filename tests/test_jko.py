@@ -133,6 +133,27 @@ def test_newton_inner_solve_matches_scaling_iterations():
     assert np.abs(out[0][1] - out[1][1]).max() < 1e-12 and np.abs(out[0][2] - out[1][2]).sum() < 1e-12
 
 
+def test_warm_start_continues_a_run_exactly(circle, bumpy):
+    """Three steps, then three more from the saved weights and warm start, repeat the six-step
+    run's iterations exactly; a cold restart differs at the inner tolerance's order."""
+    full = jko(USA(2.0), bumpy, 0.05, 6, kappa=4.0, backend=BK, save_every=3)
+    assert full.stats[2].warm_start is not None and full.stats[1].warm_start is None
+    half = jko(USA(2.0), bumpy, 0.05, 3, kappa=4.0, backend=BK)
+    kw = dict(kappa=4.0, backend=BK, reference=circle.areas)
+    warm = jko(USA(2.0), half.atoms(-1), 0.05, 3, warm_start=half.warm_start, **kw)
+    np.testing.assert_array_equal(warm.weights[-1], full.weights[-1])
+    assert list(warm.stat("sinkhorn")) == list(full.stat("sinkhorn")[3:])
+    cold = jko(USA(2.0), half.atoms(-1), 0.05, 3, **kw)
+    assert 0 < np.abs(cold.weights[-1] - full.weights[-1]).max() < 1e-8
+    with pytest.raises(TypeError, match="warm_start"):
+        jko(USA(2.0), bumpy, 0.05, 1, warm_start={"g": 0})
+    with pytest.raises(ValueError, match="eps"):
+        jko(USA(2.0), bumpy, 0.05, 1, eps=1e-3, warm_start=half.warm_start)
+    with pytest.raises(ValueError, match="shape"):
+        jko(USA(2.0), Density.from_function(CircleMesh(32), lambda x: 1 + 0 * x[:, 0]), 0.05, 1,
+            warm_start=half.warm_start)
+
+
 @pytest.mark.parametrize("d", [2, 3])
 def test_cost_matrix_against_geodesic_distance(d, rng):
     from wflow.sphere import geodesic_distance

@@ -95,9 +95,6 @@ def _run(args: argparse.Namespace) -> int:
         if args.config or args.overrides:
             raise ValueError("--resume continues the stored configuration; do not pass a config file or --set")
         if (out / "density.zarr").exists():
-            if (out / "steps.csv").exists():
-                raise ValueError(f"{out} holds a JKO run, which cannot be resumed (its transport warm start is not "
-                                 f"stored); run it again with --overwrite")
             return _run_density(None, out, args, resume=True)
         if not store.exists():
             raise FileNotFoundError(f"--resume: no interrupted run at {store}")
@@ -184,7 +181,7 @@ def _run_density(cfg, out: Path, args: argparse.Namespace, *, resume: bool = Fal
     from .solvers.eulerian import solve_density
 
     if cfg["solver"] == "jko":
-        return _run_jko(cfg, out, args, model, saves, t_start)
+        return _run_jko(cfg, out, args, model, saves, t_start, prev=prev if resume else None)
     mesh = build_mesh(cfg)
     spec = {"solver": "eulerian", "model": model.to_dict(), "kappa": cfg["run.kappa"] or None,
             "cfl": cfg["mesh.cfl"], "mesh": repr(mesh), "run_config": cfg, "save_at": saves.tolist()}
@@ -249,8 +246,9 @@ def _finish_density(store: Path, out: Path, cfg, what: str, t_start: float, titl
     return 0
 
 
-def _run_jko(cfg, out: Path, args: argparse.Namespace, model, saves, t_start: float) -> int:
-    """JKO runs: densities written at the save steps, one CSV line of statistics per step."""
+def _run_jko(cfg, out: Path, args: argparse.Namespace, model, saves, t_start: float, *, prev=None) -> int:
+    """JKO runs: densities and the inner solver's warm start written at the save steps, one CSV line of
+    statistics per step; ``prev`` (the stored run) continues it from its last saved step."""
     import csv
     import math
 
@@ -259,7 +257,7 @@ def _run_jko(cfg, out: Path, args: argparse.Namespace, model, saves, t_start: fl
     from . import io
     from .config import build_mesh, initial_density
     from .density import Density
-    from .solvers.jko import jko
+    from .solvers.jko import WarmStart, jko
 
     if model.gradient_obstruction() is None and model.metric != "wasserstein":
         raise ValueError(f"solver jko needs a Wasserstein gradient flow (USA with V = +-I, conservative "
@@ -271,8 +269,23 @@ def _run_jko(cfg, out: Path, args: argparse.Namespace, model, saves, t_start: fl
     spec = {"solver": "jko", "model": model.to_dict(), "tau": tau, "eps": cfg["jko.eps"] or None,
             "kappa": cfg["run.kappa"] or None, "mesh": repr(mesh), "run_config": cfg}
     store = out / "density.zarr"
-    writer = io.DensityZarrWriter(store, mesh, spec, overwrite=args.overwrite)
-    rho = Density.from_function(mesh, initial_density(cfg))
+    fields = ["step", "t", "iterations", "sinkhorn", "residual", "residual_max", "eps", "converged", "time_ot",
+              "time_energy"]
+    warm = None
+    if prev is None:
+        writer = io.DensityZarrWriter(store, mesh, spec, overwrite=args.overwrite)
+        rho = Density.from_function(mesh, initial_density(cfg))
+        done = 0
+        kept: list[dict] = []
+    else:
+        writer = io.DensityZarrWriter(store, mesh, spec, append=True)
+        rho = Density(mesh, prev["values"][-1])
+        done = int(round(float(prev["times"][-1]) / tau))
+        if "jko_gbar" in prev and np.isfinite(prev["jko_L"][-1]):
+            warm = WarmStart(prev["jko_gbar"][-1], prev["jko_v"][-1], float(prev["jko_L"][-1]),
+                             float(prev["jko_eps"][-1]))
+        with open(out / "steps.csv", newline="") as fh:  # statistics of steps after the last save are redone
+            kept = [row for row in csv.DictReader(fh) if int(row["step"]) <= done]
     gradient = model.is_gradient
 
     def energy(masses: np.ndarray) -> float:
@@ -280,27 +293,41 @@ def _run_jko(cfg, out: Path, args: argparse.Namespace, model, saves, t_start: fl
 
         return float(model.energy(Atoms._trusted(mesh.centers, masses), backend=cfg["run.backend"]))
 
-    writer.write(0.0, rho.values, energy(rho.masses()) if gradient else float("nan"))
-    fields = ["step", "t", "iterations", "sinkhorn", "residual", "residual_max", "eps", "converged", "time_ot",
-              "time_energy"]
+    def state(ws) -> dict:
+        if ws is None:  # method emd: nothing to warm-start
+            return {"jko_gbar": np.full(mesh.n_cells, np.nan), "jko_v": np.full(mesh.n_cells, np.nan),
+                    "jko_L": np.nan, "jko_eps": np.nan}
+        return {"jko_gbar": ws.gbar, "jko_v": ws.v, "jko_L": ws.L, "jko_eps": ws.eps}
+
+    if prev is None:
+        writer.write(0.0, rho.values, energy(rho.masses()) if gradient else float("nan"), extra=state(None))
     with open(out / "steps.csv", "w", newline="") as fh:
         rows = csv.DictWriter(fh, fieldnames=fields)
         rows.writeheader()
-        step = [0]
+        rows.writerows(kept)
+        step = [done]
 
         def on_step(t: float, w: np.ndarray, st) -> bool:
             step[0] += 1
+            t = step[0] * tau
             rows.writerow({"step": step[0], "t": t, **{k: getattr(st, k) for k in fields[2:]}})
             fh.flush()
             if step[0] % save_every == 0 or step[0] == n_steps:
-                writer.write(t, w / mesh.areas, energy(w))
+                writer.write(t, w / mesh.areas, energy(w), extra=state(st.warm_start))
             return False
 
-        print(f"wflow {__version__}: jko, {model!r}, {mesh!r}, tau={tau:g}, {n_steps} steps -> {store}", flush=True)
-        res = jko(model, rho, tau, n_steps, eps=cfg["jko.eps"] or None, kappa=cfg["run.kappa"] or None,
-                  method=cfg["jko.method"], backend=cfg["run.backend"], callback=on_step,
-                  progress=not args.no_progress)
-    n_conv = sum(bool(s.converged) for s in res.stats)
+        what = (f"resumed at step {done} ({'warm start' if warm is not None else 'cold start'}), "
+                if prev is not None else "")
+        print(f"wflow {__version__}: jko, {model!r}, {mesh!r}, tau={tau:g}, {what}{n_steps} steps -> {store}",
+              flush=True)
+        if n_steps > done:
+            res = jko(model, rho, tau, n_steps - done, eps=cfg["jko.eps"] or None, kappa=cfg["run.kappa"] or None,
+                      method=cfg["jko.method"], backend=cfg["run.backend"], callback=on_step, save_every=save_every,
+                      warm_start=warm, progress=not args.no_progress)
+            stats = res.stats
+        else:
+            stats = []
+    n_conv = sum(row["converged"] == "True" for row in kept) + sum(bool(s.converged) for s in stats)
     print(f"per-step statistics: {out / 'steps.csv'}")
     return _finish_density(store, out, cfg, f"{n_steps} steps, {n_conv} converged", t_start,
                            f"JKO tau={tau:g}: {model!r} on {mesh!r}")

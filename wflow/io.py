@@ -273,13 +273,18 @@ class DensityZarrWriter:
             shutil.rmtree(self.path)
         self.count = 0
 
-    def write(self, t: float, values: np.ndarray, energy: float) -> None:
+    def write(self, t: float, values: np.ndarray, energy: float, extra: dict[str, Any] | None = None) -> None:
+        """Append one density; ``extra`` maps further per-snapshot variables (a JKO run's warm start:
+        ``jko_gbar``, ``jko_v`` per cell, ``jko_L`` a scalar) to their values."""
         xr = _xr()
         data = {
             "values": (("time", "cell"), np.asarray(values, dtype=np.float64)[None]),
             "energy": (("time",), np.array([energy], dtype=np.float64)),
             "mass": (("time",), np.array([float(np.asarray(values) @ self.mesh.areas)])),
         }
+        for name, val in (extra or {}).items():
+            val = np.asarray(val, dtype=np.float64)
+            data[name] = ((("time", "cell") if val.ndim else ("time",)), val[None])
         if self._first:
             data["centers"] = (("cell", "coord"), self.mesh.centers)
             data["areas"] = (("cell",), self.mesh.areas)
@@ -292,7 +297,8 @@ class DensityZarrWriter:
 
 
 def load_density(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a continuum run written by :class:`DensityZarrWriter`: times, values, energy, mass, centers, areas, config."""
+    """Load a continuum run written by :class:`DensityZarrWriter`: times, values, energy, mass, centers, areas, config
+    (and a JKO run's warm starts ``jko_gbar``, ``jko_v``, ``jko_L`` where written)."""
     ds = _open(path)
     try:
         if ds.attrs.get("wflow_format") != DENSITY_FORMAT:
@@ -303,6 +309,9 @@ def load_density(path: str | os.PathLike) -> dict[str, Any]:
         except (KeyError, json.JSONDecodeError) as exc:
             raise WflowError(f"wflow density result has no readable 'config' attribute: {exc}") from None
         out = {k: np.asarray(ds[k].values) for k in ("values", "energy", "mass", "centers", "areas")}
+        for k in ds.data_vars:  # per-snapshot solver state (a JKO run's warm start)
+            if k.startswith("jko_"):
+                out[k] = np.asarray(ds[k].values)
         out["times"] = np.asarray(ds["time"].values)
         out["config"] = cfg
         return out
