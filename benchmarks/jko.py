@@ -43,7 +43,6 @@ def run(name, rho0, model, tau, kappa, backend="auto"):
 
 def main() -> None:
     circle = CircleMesh(2048)
-    th = circle.center_angles
     rho_c = Density.from_function(circle, lambda p: np.exp(np.cos(np.arctan2(p[:, 1], p[:, 0]) - 0.3)) + 0.5 * np.exp(2 * p[:, 0]))
     sphere = SphereMesh(20)
     rho_s = Density.from_function(sphere, lambda p: np.exp(2 * p[:, 0]) + np.exp(1.5 * p[:, 2]))

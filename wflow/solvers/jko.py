@@ -93,7 +93,6 @@ from ..errors import NotAGradientFlowError, SolverError, check_int, check_positi
 from ..measure import Atoms
 from ..mesh import Mesh
 from ..models import WASSERSTEIN, Model
-from ..sphere import geodesic_distance
 
 __all__ = ["jko", "jko_step", "JKOResult", "StepStats", "WarmStart", "stationary", "StationaryResult", "cost_matrix",
            "cluster_atoms", "check_gradient_model"]
@@ -639,7 +638,7 @@ class _Stepper:
         nu /= nu.sum()
         F_new = E.F(nu)
         J_m = ot.transport(a, nu) / (2 * self.tau) + self.phi(nu, F_new)
-        nu_m, F_m = nu, F_new
+        nu_m = nu
         dF = E.first_variation(nu_m)
         res, res_max = self._residual(nu_m, ot.g, dF)
         outer = 1
@@ -661,7 +660,7 @@ class _Stepper:
                 ot.fbar, ot.gbar, ot.u, ot.v, ot.K, ot.KT = state
                 L = max(2 * L, 0.25 * float(dF.max() - dF.min()) + 1e-12)
                 continue
-            J_m, nu_m, F_m = J_new, nu, F_new
+            J_m, nu_m = J_new, nu
             dF = E.first_variation(nu_m)
             res, res_max = self._residual(nu_m, ot.g, dF)
             converged = res <= self.tol
@@ -891,7 +890,7 @@ def jko(
     >>> from wflow.density import Density
     >>> rho0 = Density.from_function(CircleMesh(64), lambda x: 1 + 0.5 * x[:, 0])
     >>> r = jko(None, rho0, 0.05, 4, kappa=1.0)
-    >>> abs(r.weights.sum(axis=1) - 1).max() < 1e-12
+    >>> bool(abs(r.weights.sum(axis=1) - 1).max() < 1e-12)
     True
     """
     x, a, r, mesh = _support(rho0, reference)
