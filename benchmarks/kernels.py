@@ -16,8 +16,9 @@ What is measured, for points on S^{d-1} and uniform weights:
   and the fastest vectorized exp rate on all cores (NumPy, PyTorch, wflow's numba exp);
   ``limit`` is the pair rate if a pair cost one exp plus its 2(d+1+d) GEMM flops.
 
-Every figure is the median of ``--repeat`` runs after one warm-up; the machine is
-shared, so expect noise of tens of percent.
+Every figure is the median of ``--repeat`` runs after one warm-up; the implementations
+of one row are timed round-robin, so that load from other jobs on the shared machine
+hits them alike (their ratios are more reliable than the absolute rates).
 """
 from __future__ import annotations
 
@@ -44,6 +45,20 @@ def _median_time(f, repeat: int) -> float:
         f()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _interleaved_medians(fns: dict, repeat: int) -> dict:
+    """Median time of each callable, timed round-robin (one warm-up each first), so that a
+    burst of load from other jobs on the shared machine hits every implementation alike."""
+    for f in fns.values():
+        f()
+    times = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _sphere(rng, shape, dtype):
@@ -135,16 +150,20 @@ def implementations(keops: bool):
     return list(impls)
 
 
-def pair_rate(name, x, y, w, beta, repeat):
-    pairs = x.shape[0] * y.shape[0]
+def _sum_call(name, x, y, w, beta):
     if name == "dense numpy":
-        f = lambda: dense_numpy(x, y, x.dtype.type(beta))  # noqa: E731
-    elif name == "torch":
+        return lambda: dense_numpy(x, y, x.dtype.type(beta))
+    if name == "torch":
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-        f = lambda: dense_torch(tx, ty, beta)  # noqa: E731
-    else:
-        f = lambda: kernel_sums(x, y, w, beta, backend=name)  # noqa: E731
-    return pairs / _median_time(f, repeat)
+        return lambda: dense_torch(tx, ty, beta)
+    return lambda: kernel_sums(x, y, w, beta, backend=name)
+
+
+def pair_rates(names, x, y, w, beta, repeat) -> dict:
+    """Pairs per second of each implementation, timed side by side (interleaved)."""
+    pairs = x.shape[0] * y.shape[0]
+    t = _interleaved_medians({n: _sum_call(n, x, y, w, beta) for n in names}, repeat)
+    return {n: pairs / t[n] for n in names}
 
 
 def kernel_table(dims, sizes, dtypes, betas, repeat, keops, target_pairs):
@@ -167,7 +186,7 @@ def kernel_table(dims, sizes, dtypes, betas, repeat, keops, target_pairs):
     print("|" + "---|" * (head.count("|") - 1))
     for d in dims:
         for N in sizes:
-            rows = min(N, max(64, target_pairs // N))
+            rows = min(N, max(200, target_pairs // N))
             for dt in dtypes:
                 dt = np.dtype(dt)
                 y = _sphere(rng, (N, d), dt)
@@ -176,7 +195,7 @@ def kernel_table(dims, sizes, dtypes, betas, repeat, keops, target_pairs):
                 g, e, _ = limits[dt.name]
                 limit = 1.0 / (1.0 / e + 2 * (2 * d + 1) / g)
                 for beta in betas:
-                    r = {n: pair_rate(n, x, y, w, beta, repeat) for n in names}
+                    r = pair_rates(names, x, y, w, beta, repeat)
                     ratio = lambda a, b: f"{r[a] / r[b]:.1f}" if a in r and b in r else "-"  # noqa: E731
                     cells = " | ".join(f"{r[n]:.3g}" for n in names)
                     print(f"| {d} | {N} | {rows} | {dt.name} | {beta:g} | {cells} | {limit:.3g} | "
@@ -231,9 +250,11 @@ def batched_table(repeat, B=2048, n=32, d=8, beta=4.0, h=0.1):
         if torch is not None:
             tnrm = lambda z: z / torch.linalg.norm(z, dim=-1, keepdim=True)  # noqa: E731
             cases["torch (bmm + softmax)"] = (lambda z: velocity_torch(z, beta), torch.from_numpy(x), tnrm)
-        for name, (v, x0, normalize) in cases.items():
-            t1 = _median_time(lambda: v(x0), repeat)
-            t4 = _median_time(lambda: rk4_step(v, x0, h, normalize), repeat)
+        one = _interleaved_medians({k: (lambda v=v, x0=x0: v(x0)) for k, (v, x0, _) in cases.items()}, repeat)
+        step = _interleaved_medians({k: (lambda v=v, x0=x0, nrm=nrm: rk4_step(v, x0, h, nrm))
+                                     for k, (v, x0, nrm) in cases.items()}, repeat)
+        for name in cases:
+            t1, t4 = one[name], step[name]
             print(f"| {np.dtype(dt).name} | {name} | {t1 * 1e3:.2f} | {t4 * 1e3:.2f} | {B * n * n / t1:.3g} |", flush=True)
 
 
@@ -243,7 +264,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per figure (median)")
     ap.add_argument("--no-keops", action="store_true", help="skip KeOps (it compiles 10-25 s per d and dtype)")
     args = ap.parse_args(argv)
-    repeat = args.repeat or (3 if args.quick else 3)
+    repeat = args.repeat or 5
     t0 = time.perf_counter()
     print(f"python -m benchmarks.kernels {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
     print(f"numpy {np.__version__}, torch {getattr(torch, '__version__', 'absent')}, "

@@ -23,12 +23,19 @@ Kernel sums know nothing about models.  Backends are looked up by name in
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from ..errors import short_repr
+
+# The numba backends' OpenMP workers otherwise spin for a while after each parallel loop (GNU
+# libgomp's default), stealing a core from the NumPy work that follows a kernel sum in every
+# solver step: on the 2-core development machine that made a batched velocity evaluation
+# 1.5-2x slower.  libgomp reads this when numba first starts its threads; a user's value wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __all__ = [
     "KernelProblem",

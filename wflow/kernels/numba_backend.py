@@ -42,7 +42,6 @@ so ``exp(log_scale) * mass`` keeps float64-level consistency.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -158,6 +157,26 @@ if numba is not None:
             return lambda x: _exp32(x)
         return lambda x: _exp64(x)
 
+    def _round_as(x, zero):  # pragma: no cover - replaced by the overload inside numba
+        return x
+
+    @overload(_round_as)
+    def _round_as_overload(x, zero):
+        """float64 x rounded to the dtype of ``zero`` (returned as float64)."""
+        if zero == _types.float32:
+            return lambda x, zero: np.float64(np.float32(x))
+        return lambda x, zero: x
+
+    def _exp_as(x, zero):  # pragma: no cover - replaced by the overload inside numba
+        return np.exp(x)
+
+    @overload(_exp_as, inline="never")
+    def _exp_as_overload(x, zero):
+        """e^x in the dtype of ``zero`` (x is converted first: float32 runs 8 lanes, not 4)."""
+        if zero == _types.float32:
+            return lambda x, zero: _exp32(np.float32(x))
+        return lambda x, zero: _exp64(np.float64(x))
+
     @njit(parallel=True, cache=True, fastmath=_FM_SUM)
     def _direct_sums(a, bT, logw, gT, floor, zero, rows, cols, n_chunks, shift, acc_out):
         """a (B, n, p) with n a multiple of rows, rows and p multiples of 4, bT (B, p, m),
@@ -235,7 +254,7 @@ if numba is not None:
                             es = e[s]
                             t = zero
                             for jj in range(J):
-                                v = _exp(max(xs[jj] - c, floor))
+                                v = _exp_as(max(xs[jj] - c, floor), zero)
                                 es[jj] = v
                                 t += v
                             acc[r, 0] += t
@@ -257,9 +276,12 @@ if numba is not None:
                             acc[r4 + 2, l + 1] += t2
                             acc[r4 + 3, l + 1] += t3
                 for r in range(rows):
-                    shift[k, i0 + r] = mx[r]
+                    # report the shift in the working dtype, and the sums consistent with it
+                    c = _round_as(mx[r], zero)
+                    f = _exp64(max(mx[r] - c, floor)) if c != mx[r] else 1.0
+                    shift[k, i0 + r] = c
                     for l in range(q + 1):
-                        acc_out[k, i0 + r, l] = acc[r, l]
+                        acc_out[k, i0 + r, l] = acc[r, l] * f
 
     @njit(cache=True, nogil=True, fastmath=_FM_SUM)
     def _exp_rows(L, lw, E, mx, mass, scale, floor, zero):
@@ -285,7 +307,7 @@ if numba is not None:
             c = mx[r]
             t = zero
             for jj in range(J):
-                v = _exp(max(Lr[jj] + lw[jj] - c, floor))
+                v = _exp_as(max(Lr[jj] + lw[jj] - c, floor), zero)
                 Er[jj] = v
                 t += v
             mass[r] = mass[r] * sc + t
@@ -318,21 +340,22 @@ class NumbaBackend:
 
             raise WflowError(f"the numba backend is unavailable: {_NUMBA_ERROR}; use backend='numpy'")
         dtype = problem.dtype
-        if dtype == np.float64:
-            a, b, logw, c = problem.dense_operands()
-        else:  # logits in float64: a float32 logit of size beta carries an error beta * 6e-8
-            p64 = dataclasses.replace(
-                problem,
-                x=problem.x.astype(np.float64), y=problem.y.astype(np.float64),
-                weights=problem.weights.astype(np.float64),
-                Q=None if problem.Q is None else problem.Q.astype(np.float64),
-                K=None if problem.K is None else problem.K.astype(np.float64),
-                V=None,
-            )
-            a, b, logw, _ = p64.dense_operands()
-            c = None
-            if problem.values:
-                c = problem.y if problem.V is None else problem.y @ problem.V.T
+        f64 = np.float64
+        # logits in float64 even for float32 input: a float32 logit of size beta carries an
+        # error beta * 6e-8.  Keys b stay in the input dtype (the kernel's transposed copy
+        # upcasts them in the same pass); values c stay in the working dtype.
+        x, y = problem.x, problem.y
+        if problem.Q is None:
+            a = np.multiply(x, problem.beta, dtype=f64)
+        else:
+            a = np.matmul(x, problem.Q.T.astype(f64), dtype=f64)
+            a *= problem.beta
+        b = y if problem.K is None else np.matmul(y, problem.K.T.astype(f64), dtype=f64)
+        with np.errstate(divide="ignore"):
+            logw = np.log(problem.weights, dtype=f64)
+        c = None
+        if problem.values:
+            c = y if problem.V is None else y @ problem.V.T
         logw = np.maximum(logw, _LOG_ZERO, out=logw)  # log 0 = -inf -> finite stand-in
         floor = exp_floor(dtype)
         zero = dtype.type(0)
@@ -341,11 +364,12 @@ class NumbaBackend:
             shift, acc = self._direct(a, b, logw, c, floor, zero)
         else:
             shift, acc = self._blas(a, b, logw, c, floor, zero)
-        if dtype != np.float64:
+        if dtype != np.float64 and p >= BLAS_MIN_DIM:  # (the direct route does this in its kernel)
             # report the shift in the output dtype and make mass and vector consistent with it
             c32 = shift.astype(dtype)
             acc *= np.exp(shift - c32.astype(np.float64))[..., None]
             shift = c32
+        shift = shift.astype(dtype, copy=False)
         mass = acc[..., 0].astype(dtype)
         vec = acc[..., 1:].astype(dtype) if problem.values else None
         return KernelSums(shift, mass, vec, self.name)
@@ -389,6 +413,7 @@ class NumbaBackend:
         m = b.shape[1]
         q = 0 if c is None else c.shape[-1]
         cw = None if c is None else c.astype(type(zero), copy=False)
+        b = b.astype(np.float64, copy=False)
         threads = max(1, numba.get_num_threads())
         rows, cols = BLAS_BLOCK
         # tasks: (system, row block, column chunk); columns are split only when there are
