@@ -1,6 +1,8 @@
 """Numerical contracts of wflow.transport: exact methods against each other and closed forms."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -225,3 +227,48 @@ def test_bad_input():
         wasserstein(s2, s2, method="sinkhorn", scaling=1.5)
     with pytest.raises(ValueError, match="n_projections"):
         wasserstein(s2, s2, method="sliced", n_projections=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_semidiscrete_brackets_emd(seed):
+    """The certified bracket lo <= W_2 <= hi contains the exact LP value and is narrow."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 80))
+    x = vmf_mixture(n, [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], [3.0, 6.0], None, rng)
+    y = uniform(32 * n, 3, rng)
+    nu = Atoms(y, np.exp(2.0 * y[:, 2]))
+    for cost in ("chordal", "geodesic"):
+        r = wasserstein_result(x, nu, method="semidiscrete", cost=cost)
+        exact = wasserstein(x, nu, method="emd", cost=cost, allow_large=True)
+        assert r.info["lower"] - 1e-12 <= exact <= r.info["upper"] + 1e-12
+        assert r.value == pytest.approx(0.5 * (r.info["lower"] + r.info["upper"]))
+        assert not r.exact
+        if cost == "chordal":
+            assert r.error_bound <= 1e-3 * exact
+            assert r.info["converged"]
+    # symmetric in its arguments: the smaller measure is the atomic side
+    r2 = wasserstein_result(nu, x, method="semidiscrete", cost="chordal")
+    assert r2.value == pytest.approx(wasserstein_result(x, nu, method="semidiscrete", cost="chordal").value, abs=1e-12)
+
+
+def test_semidiscrete_uneven_weights_and_bad_input():
+    rng = np.random.default_rng(3)
+    mu = _random_sphere(rng, 40)
+    y = uniform(1600, 3, rng)
+    fine = Atoms(y, 1.0 + 0.5 * y[:, 0])
+    r = wasserstein_result(mu, fine, method="semidiscrete", cost="chordal")
+    exact = wasserstein(mu, fine, method="emd", cost="chordal")
+    assert r.info["lower"] - 1e-12 <= exact <= r.info["upper"] + 1e-12
+    assert r.error_bound <= 1e-3 * exact
+    # a fine measure with an almost empty Voronoi cell at the start: Newton may stop early,
+    # with a warning; the bracket is still valid
+    hard = _random_sphere(rng, 1600)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        r = wasserstein_result(mu, hard, method="semidiscrete", cost="chordal")
+    exact = wasserstein(mu, hard, method="emd", cost="chordal")
+    assert r.info["lower"] - 1e-12 <= exact <= r.info["upper"] + 1e-12
+    with pytest.raises(ValueError, match="p=1"):
+        wasserstein(mu, fine, 1, method="semidiscrete")
+    with pytest.raises(ValueError, match="at least 2 atoms"):
+        wasserstein(Atoms([[0.0, 0.0, 1.0]]), fine, method="semidiscrete")

@@ -25,6 +25,10 @@ method         what it computes                        accuracy
                domain, memory linear in N (KeOps)      :math:`|S_\varepsilon-W_p^p|\le\varepsilon\log N`
 ``sliced``     spherical sliced Wasserstein (Bonet     a different distance: a cheap proxy,
                et al. 2023)                            not a bound in general
+``semidis-     W_2 between N atoms and a measure of    certified bracket lo <= W_2 <= hi
+crete``        M >> N atoms (a fine quadrature),       (relative width ~1e-4); geodesic
+               damped Newton on the semi-dual,         within a factor 1 + c_max^2/24
+               exact c-transform by k-d tree           (:mod:`wflow.semidiscrete`)
 ``"uniform"``  :math:`W_2` to the uniform law on S^1   exact closed form
 =============  ======================================  =====================================
 
@@ -67,7 +71,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-METHODS = ("auto", "circle", "emd", "sinkhorn", "sliced")
+METHODS = ("auto", "circle", "emd", "sinkhorn", "sliced", "semidiscrete")
 COSTS = ("geodesic", "chordal")
 _TWO_PI = 2.0 * np.pi
 _CIRCLE_EPS = 1e-12  # bisection tolerance of POT's circle solver (unit-length circle)
@@ -94,7 +98,8 @@ class WassersteinResult:
         ``"sinkhorn"`` (valid at convergence), ``nan`` where none is known (``"sliced"``).
     info : dict
         Method details: ``reg``, ``n_iter``, ``converged``, ``divergence`` (Sinkhorn),
-        ``n_projections`` (sliced), sizes ``n`` and ``m``.
+        ``n_projections`` (sliced), ``lower``/``upper`` (semidiscrete bracket on
+        :math:`W_2`, with the solver's ``lo``/``hi`` on :math:`W_2^2`), sizes ``n`` and ``m``.
     """
 
     value: float
@@ -514,6 +519,25 @@ def wasserstein_result(
         info.update(extra)
         return WassersteinResult(max(wpp, 0.0) ** (1 / p), p, method, cost, True, 0.0, info)
 
+    if method == "semidiscrete":
+        if p != 2:
+            raise ValueError(f"method='semidiscrete' computes W_2 (p=2) only, got p={p:g}")
+        if min(n, m) < 2:
+            raise ValueError(f"method='semidiscrete' needs at least 2 atoms on each side, got n={n}, m={m}")
+        from .semidiscrete import semidiscrete_w2
+
+        coarse, fine = ((x, a), (y, b)) if n <= m else ((y, b), (x, a))
+        r = semidiscrete_w2(coarse[0], coarse[1], fine[0], fine[1])
+        lo, hi = math.sqrt(max(r["lo"], 0.0)), math.sqrt(max(r["hi"], 0.0))
+        if cost == "geodesic":  # theta = 2 arcsin(c/2) <= c * 2 arcsin(c_max/2)/c_max on the plan's support
+            cm = min(r["chord_max"], 2.0)
+            hi *= 2.0 * math.asin(cm / 2.0) / cm if cm > 0 else 1.0
+        info.update(r, lower=lo, upper=hi)
+        if not r["converged"]:
+            warnings.warn(f"semidiscrete: Newton stopped early (marginal error {r['marginal_error']:.3g}); the bracket "
+                          f"[{lo:.6g}, {hi:.6g}] is valid but wide", UserWarning, stacklevel=3)
+        return WassersteinResult(0.5 * (lo + hi), p, method, cost, False, 0.5 * (hi - lo), info)
+
     if method == "sliced":
         n_projections = check_int(n_projections, "n_projections")
         if cost != "geodesic":
@@ -575,7 +599,7 @@ def wasserstein(
         densities.  ``nu="uniform"`` (circle, ``p=2``) gives :func:`w2_to_uniform_circle`.
     p : float, >= 1
         Order of the distance.
-    method : {"auto", "circle", "emd", "sinkhorn", "sliced"}
+    method : {"auto", "circle", "emd", "sinkhorn", "sliced", "semidiscrete"}
         ``"circle"``: exact on :math:`S^1`, O(N log N) (POT ``wasserstein_circle``; the
         optimal rotation is bisected to 1e-12, agreement with EMD to 1e-14 measured).
         ``"emd"``: exact linear program (POT ``emd2``), any d and cost; refused above
@@ -588,6 +612,14 @@ def wasserstein(
         ``n_projections`` random great circles: a cheap proxy with Monte Carlo error
         :math:`O(n_\text{proj}^{-1/2})` that is *not* :math:`W_p` and not a bound on it in
         general; on :math:`S^1` it is the exact circle distance.
+        ``"semidiscrete"``: :math:`W_2` (p = 2) between the smaller measure and a much
+        finer one (16 or more atoms per atom of the smaller), e.g. a fine quadrature of a
+        continuum: a certified bracket ``lo <= W_2 <= hi`` from the semi-dual
+        (:mod:`wflow.semidiscrete`), returned as its midpoint with ``error_bound`` the
+        half-width (about 1e-4 relative); O(M log N) per Newton step, 25--40 steps.
+        For ``cost="geodesic"`` the upper end is widened by the factor
+        :math:`2\arcsin(c_\max/2)/c_\max` (longest chord used), about :math:`1 + 10^{-4}`
+        at small scales.
         ``"auto"``: circle for d = 2 (geodesic), emd up to ``max_emd`` atoms, else sinkhorn.
     cost : {"geodesic", "chordal"}
         Ground distance :math:`\theta = \arccos\langle x,y\rangle` or :math:`|x-y| = 2\sin(\theta/2)`.
