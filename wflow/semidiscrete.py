@@ -43,6 +43,12 @@ mismatch costs at most :math:`\mathrm{diam}^2 = 4` per unit, half of it moves). 
 Measured: relative gap :math:`(\mathrm{hi}-\mathrm{lo})/\mathrm{lo} \approx 1\text{--}3\cdot10^{-4}`
 with 16--32 quadrature atoms per cell.
 
+Scope.  Designed for atoms of (nearly) equal weight against a quasi-uniform fine
+quadrature with a smooth density (Fibonacci nodes pushed forward by a smooth flow), as
+in the mean-field study.  With very uneven atom weights or an i.i.d. fine sample the
+Newton iteration can stop early (a ``UserWarning`` from :func:`wflow.transport.wasserstein`);
+the bracket is then still valid, only wide.
+
 Geodesic cost.  With :math:`\theta = 2\arcsin(c/2)` and :math:`c_\max` the longest chord
 used by the plan, :math:`W_2^{\mathrm{chord}} \le W_2^{\mathrm{geo}} \le
 \frac{2\arcsin(c_\max/2)}{c_\max}\sqrt{\mathrm{hi}}`: at the :math:`N^{-1/2}` scales of
