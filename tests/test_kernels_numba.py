@@ -138,3 +138,23 @@ def test_blas_route_many_row_blocks(rng, dtype):
     got = kernel_sums(x, y, w, 100.0, backend="numba", **mats)
     assert got.vector.shape == (2, 600, 3)
     _check(got, _reference(x, y, w, 100.0, mats), dtype)
+
+
+def test_float32_logits_only_where_accurate(rng, monkeypatch):
+    """float32 input at small beta and near-uniform weights forms its logits in float32: still within
+    1e-5 of the float64 reference.  Forcing float32 logits at beta = 1000 shows why the rule exists."""
+    x, y, _, _ = _problem(rng, np.float32, n=64, m=700, d=3)
+    w = np.full(700, 1.0 / 700, np.float32)
+    for beta in (0.5, 1.0, 2.0):
+        assert 2.0**-24 * (6 * beta + 0.0) <= numba_backend.LOWP_LOGIT_ERROR  # this case takes the float32 path
+        _check(kernel_sums(x, y, w, beta, backend="numba"), _reference(x, y, w, beta, {}), np.float32)
+    # the batched workload of the benchmarks: 8-dimensional tokens, beta = 4
+    xb, yb, _, _ = _problem(rng, np.float32, batch=(64,), n=32, m=32, d=8)
+    wb = np.full((64, 32), 1.0 / 32, np.float32)
+    assert 2.0**-24 * (10 * 4.0) <= numba_backend.LOWP_LOGIT_ERROR
+    _check(kernel_sums(xb, yb, wb, 4.0, backend="numba"), _reference(xb, yb, wb, 4.0, {}), np.float32)
+    monkeypatch.setattr(numba_backend, "LOWP_LOGIT_ERROR", 1.0)  # float32 logits whatever their size
+    got = kernel_sums(x, y, w, 1000.0, backend="numba")
+    ref = _reference(x, y, w, 1000.0, {})
+    mass = got.mass.astype(np.float64) * np.exp(got.log_scale.astype(np.float64) - ref.log_scale)
+    assert np.max(np.abs(mass / ref.mass - 1.0)) > 1e-5

@@ -33,8 +33,13 @@ Two routes:
 
 Accuracy: logits are formed in float64 even for float32 input (a float32 logit of
 size :math:`\beta = 10^3` carries an absolute error of :math:`6\cdot 10^{-5}`, which
-would be a relative error of the sum); the exponential and the value sums then run
-in the input precision, partial sums of each block are added in float64.  Results
+would be a relative error of the sum) — unless the direct route can prove that float32
+logits are accurate enough: with log-weights taken relative to their maximum, the
+rounding error of each exponent is at most
+:math:`2^{-24}\big((p+2)\max_i|a_i|\max_j|b_j| + 2\max_j|\log w_j - \max\log w|\big)`,
+and when that is below :data:`LOWP_LOGIT_ERROR` (3e-6; small :math:`\beta`, near-uniform
+weights) the whole pass runs in float32, twice the SIMD lanes.  The exponential and the
+value sums run in the input precision, partial sums of each block are added in float64.  Results
 agree with the exact sums to about :math:`10^{-14}` (float64) and :math:`10^{-6}`
 (float32) relative, at any :math:`\beta`.  For float32 the returned ``log_scale`` is
 the row maximum rounded to float32 and ``mass``/``vector`` are rescaled to match it,
@@ -54,6 +59,10 @@ __all__ = ["NumbaBackend", "TILE_ROWS", "TILE_COLS", "BLAS_MIN_DIM", "BLAS_BLOCK
 TILE_ROWS = 16
 #: Columns of one block of the direct route (logits and exponentials stay in L1).
 TILE_COLS = 256
+#: float32 input: the direct route forms its logits in float32 when their rounding error is
+#: provably below this (relative, per term; a third of the 1e-5 float32 results are held to),
+#: else in float64 (module docstring).
+LOWP_LOGIT_ERROR = 3e-6
 #: From this dimension of :math:`Qx` on, inner products are computed by BLAS.
 BLAS_MIN_DIM = 48
 #: (rows, columns) of one block of the BLAS route (2 MB of float64 logits, one block per
@@ -192,7 +201,8 @@ if numba is not None:
         ntile = n // rows
         n_tasks = B * ntile
         for chunk in prange(n_chunks):
-            buf = np.empty((4, cols))
+            buf = np.empty((4, cols), a.dtype)  # logits: float64, or float32 when that is accurate enough
+            cf = np.empty(2, a.dtype)  # the row's shift and the floor in the logits' dtype
             e = np.empty((4, cols), gT.dtype)
             mx = np.empty(rows)
             acc = np.empty((rows, q + 1))
@@ -232,10 +242,10 @@ if numba is not None:
                                     x2[jj] += a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
                                     x3[jj] += a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
                         # block maxima of the 4 rows in one pass
-                        m0 = _FLOAT_MIN
-                        m1 = _FLOAT_MIN
-                        m2 = _FLOAT_MIN
-                        m3 = _FLOAT_MIN
+                        m0 = x0[0]
+                        m1 = x1[0]
+                        m2 = x2[0]
+                        m3 = x3[0]
                         for jj in range(J):
                             m0 = max(m0, x0[jj])
                             m1 = max(m1, x1[jj])
@@ -249,12 +259,15 @@ if numba is not None:
                                 for l in range(q + 1):
                                     acc[r, l] *= sc
                                 mx[r] = bm
-                            c = mx[r]
+                            cf[0] = mx[r]
+                            cf[1] = floor
+                            c = cf[0]
+                            fl = cf[1]
                             xs = buf[s]
                             es = e[s]
                             t = zero
                             for jj in range(J):
-                                v = _exp_as(max(xs[jj] - c, floor), zero)
+                                v = _exp_as(max(xs[jj] - c, fl), zero)
                                 es[jj] = v
                                 t += v
                             acc[r, 0] += t
@@ -379,6 +392,23 @@ class NumbaBackend:
         B, n, p = a.shape
         m = b.shape[1]
         p4 = -(-p // 4) * 4
+        # float32 input: logits in float32 too when their rounding provably stays below
+        # LOWP_LOGIT_ERROR relative per term (small beta), else in float64.  Log-weights are
+        # taken relative to their maximum (added back to the shift in float64), so that
+        # uniform weights 1/N do not inflate the logits' size.
+        lw_max = np.zeros(B)
+        ldt = np.float64
+        if type(zero) is np.float32:
+            with np.errstate(invalid="ignore"):
+                lw_max = np.max(logw, axis=1)
+            lw_rel = logw - lw_max[:, None]
+            size = float(np.max(np.linalg.norm(a, axis=-1), initial=0.0) * np.max(np.linalg.norm(b, axis=-1), initial=0.0))
+            lw_span = float(np.max(-lw_rel[lw_rel > _LOG_ZERO / 2], initial=0.0))
+            if 2.0**-24 * ((p4 + 2) * size + 2.0 * min(lw_span, -floor)) <= LOWP_LOGIT_ERROR:
+                ldt = np.float32
+                logw = np.maximum(lw_rel, _LOG_ZERO)
+            else:
+                lw_max = np.zeros(B)
         threads = numba.get_num_threads()
         # one column block (small systems): larger row tiles, fewer parallel tasks to set up
         rows = min(TILE_ROWS if m > TILE_COLS else 64, -(-n // 4) * 4)
@@ -386,11 +416,11 @@ class NumbaBackend:
             rows = max(4, min(rows, (n // (8 * threads * B)) // 4 * 4))
         n_pad = -(-n // rows) * rows
         if n_pad == n and p4 == p:
-            a4 = np.ascontiguousarray(a, dtype=np.float64)
+            a4 = np.ascontiguousarray(a, dtype=ldt)
         else:
-            a4 = np.zeros((B, n_pad, p4))
+            a4 = np.zeros((B, n_pad, p4), dtype=ldt)
             a4[:, :n, :p] = a
-        bT = np.empty((B, p4, m))
+        bT = np.empty((B, p4, m), dtype=ldt)
         bT[:, :p, :] = np.swapaxes(b, 1, 2)
         bT[:, p:, :] = 0.0
         if c is None:
@@ -404,8 +434,16 @@ class NumbaBackend:
         acc = np.empty((B, n_pad, q + 1))
         cols = max(1, min(TILE_COLS, m))
         n_chunks = min(B * (n_pad // rows), 16 * threads)
-        _direct_sums(a4, bT, np.ascontiguousarray(logw), gT, float(floor), zero, rows, cols, n_chunks, shift, acc)
-        return shift[:, :n], acc[:, :n]
+        logw = np.ascontiguousarray(np.maximum(logw, -3e38) if ldt is np.float32 else logw, dtype=ldt)
+        _direct_sums(a4, bT, logw, gT, float(floor), zero, rows, cols, n_chunks, shift, acc)
+        shift = shift[:, :n]
+        if ldt is np.float32:
+            shift += lw_max[:, None]  # exact: both parts are float32 numbers, added in float64
+            # the shift was rounded to float32 in the kernel; the sum of two float32 numbers is not
+            c32 = shift.astype(np.float32).astype(np.float64)
+            acc[:, :n] *= np.exp(shift - c32)[..., None]
+            shift = c32
+        return shift, acc[:, :n]
 
     @staticmethod
     def _blas(a, b, logw, c, floor, zero):
