@@ -383,7 +383,7 @@ class SpectralBackend:
         K = spectral_plan(d, abs(problem.beta), 0.0, tol).degree
         B, n, _ = problem.x.shape
         m = problem.y.shape[1]
-        per_point = 8e-9 * (K + 1) if d == 2 else 1.2e-8 * (K + 1) * (K + 2) / 2
+        per_point = 8e-9 * (K + 1) if d == 2 else 4e-9 * (K + 1) * (K + 2) / 2
         return B * (n + m) * per_point + 1e-3 * B
 
     def accepts_auto(self, problem: KernelProblem) -> bool:
