@@ -402,7 +402,8 @@ class NumbaBackend:
             with np.errstate(invalid="ignore"):
                 lw_max = np.max(logw, axis=1)
             lw_rel = logw - lw_max[:, None]
-            size = float(np.max(np.linalg.norm(a, axis=-1), initial=0.0) * np.max(np.linalg.norm(b, axis=-1), initial=0.0))
+            sq = lambda z: float(np.max(np.einsum("...i,...i->...", z, z), initial=0.0))  # noqa: E731
+            size = math.sqrt(sq(a) * sq(b)) * (1.0 + 1e-6)  # (b may be float32: its squared norms' rounding)
             lw_span = float(np.max(-lw_rel[lw_rel > _LOG_ZERO / 2], initial=0.0))
             if 2.0**-24 * ((p4 + 2) * size + 2.0 * min(lw_span, -floor)) <= LOWP_LOGIT_ERROR:
                 ldt = np.float32
