@@ -155,6 +155,9 @@ def test_sliced_proxy():
     assert not r.exact and np.isnan(r.error_bound)
     assert r.value == wasserstein(mu, nu, 2, method="sliced", seed=0)  # reproducible
     assert wasserstein(mu, mu, 2, method="sliced", seed=1) <= 1e-6
+    # any projection count (POT reshapes by n_projections, not by the projections passed)
+    r7 = wasserstein(mu, nu, 2, method="sliced", n_projections=7, seed=0)
+    assert np.isfinite(r7) and abs(r7 / r.value - 1) < 0.3
     # the proxy moves with the distance: a far measure is farther than a near one
     far = Atoms(vmf_mixture(150, [[0, 0, 1]], [50.0], seed=rng))
     assert wasserstein(mu, far, method="sliced", seed=0) > wasserstein(mu, nu, method="sliced", seed=0)
@@ -255,7 +258,7 @@ def test_semidiscrete_bracket_always_valid_and_bad_input():
     rng = np.random.default_rng(3)
     mu = Atoms(uniform(40, 3, rng))
     fine = Atoms(fibonacci_nodes(1600), 1.0 + 0.5 * fibonacci_nodes(1600)[:, 0])
-    r = wasserstein_result(mu, fine, method="semidiscrete", cost="chordal")
+    r = r_design = wasserstein_result(mu, fine, method="semidiscrete", cost="chordal")
     exact = wasserstein(mu, fine, method="emd", cost="chordal")
     assert r.info["lower"] - 1e-12 <= exact <= r.info["upper"] + 1e-12
     assert r.error_bound <= 1e-3 * exact
@@ -264,11 +267,15 @@ def test_semidiscrete_bracket_always_valid_and_bad_input():
     hard = _random_sphere(rng, 1600)
     for nu in (hard, Atoms(uniform(1600, 3, rng))):
         atoms = _random_sphere(rng, 40)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+        with pytest.warns(UserWarning, match="stalled after 5 failed line searches"):
             r = wasserstein_result(atoms, nu, method="semidiscrete", cost="chordal")
         exact = wasserstein(atoms, nu, method="emd", cost="chordal")
         assert r.info["lower"] - 1e-12 <= exact <= r.info["upper"] + 1e-12
+        # a stalled Newton iteration stops after max_failed=5 failed line searches, not max_steps=300
+        assert r.info["stalled"] and r.info["failed_line_searches"] == 5
+        assert r.info["newton_steps"] < 40 and r.info["queries"] < 200
+    # within the design no line search fails
+    assert not r_design.info["stalled"] and r_design.info["failed_line_searches"] <= 1
     with pytest.raises(ValueError, match="p=1"):
         wasserstein(mu, fine, 1, method="semidiscrete")
     with pytest.raises(ValueError, match="at least 2 atoms"):

@@ -143,6 +143,7 @@ def semidiscrete_w2(
     eps_final: float = 0.02,
     factor: float = 6.0,
     max_steps: int = 300,
+    max_failed: int = 5,
     workers: int = 2,
 ) -> dict:
     r"""Bracket :math:`\mathrm{lo} \le W_2^2(\mu_N, \nu) \le \mathrm{hi}` for the squared chordal cost.
@@ -165,6 +166,14 @@ def semidiscrete_w2(
     eps_start, eps_final : float
         :math:`\varepsilon` runs from ``eps_start * 4 pi / N`` down to
         ``eps_final * sqrt(4 pi / N) * sqrt(4 pi / M)`` by factors ``factor``.
+    max_steps : int
+        Newton steps in all (every stage).
+    max_failed : int
+        Failed line searches (a step damped below 1/16, or no acceptable step at all) after
+        which the solve stops and returns the bracket of the current plan (``stalled``).
+        Within the design this does not happen (at most one such step has been seen); outside
+        it (uneven weights, i.i.d. fine atoms) Newton can otherwise crawl for hundreds of
+        heavily damped steps, each costing up to 14 nearest-neighbour queries.
     workers : int
         Threads of the nearest-neighbour queries.
 
@@ -174,7 +183,8 @@ def semidiscrete_w2(
         ``lo``, ``hi`` (bounds on :math:`W_2^2`, chordal), ``chord_max`` (longest chord the
         plan uses), ``eps``, ``marginal_error`` (:math:`\|m-a\|_1`), ``newton_steps``,
         ``queries``, ``converged`` (the final marginal error is within ``100 * tol``; if not,
-        the bracket is still valid, only wider), ``seconds``.
+        the bracket is still valid, only wider), ``failed_line_searches``, ``stalled`` (stopped
+        after ``max_failed`` of them), ``seconds``.
     """
     from scipy import sparse
     from scipy.sparse.linalg import LinearOperator, cg
@@ -188,6 +198,7 @@ def semidiscrete_w2(
     psi = np.zeros(N)
     radius = ell2
     steps, final = 0, eps <= eps_end
+    failed, stalled = 0, False
     while True:
         cand, C = s.candidates(psi, s.k)
         F, P, m = s.evaluate(psi, eps, cand, C)
@@ -216,16 +227,25 @@ def semidiscrete_w2(
                     break
                 t *= 0.5
                 if gd < 1e-13 * abs(F) or t < 1e-4:  # round-off level, or no progress: stop this stage
+                    failed += t < 1e-4
                     t = 0.0
                     break
-            if t == 0.0:
+            if 0.0 < t < 1.0 / 16.0:
+                failed += 1
+            if failed >= max_failed:  # stalled: more steps would cost much and gain little
+                stalled = True
+            if t == 0.0 or stalled:
+                if t > 0.0:
+                    psi = psi + t * delta
+                    F, P, m, cand, C = Fn, Pn, mn, cn, Cn
+                    steps += 1
                 break
             psi = psi + t * delta
             F, P, m, cand, C = Fn, Pn, mn, cn, Cn
             radius = 2.0 * radius if t == 1.0 else max(t * float(np.abs(delta).max()), 1e-3 * ell2)
             steps += 1
             log.debug("eps=%.3g step %d t=%g |m-a|_1=%.3g", eps, steps, t, np.abs(a - m).sum())
-        if final:
+        if final or stalled:
             break
         eps = eps / factor
         if eps <= eps_end:
@@ -238,4 +258,4 @@ def semidiscrete_w2(
     lo = float(a @ psi + w @ (C1[:, 0] - psi[idx1[:, 0]]))
     return {"lo": lo, "hi": max(hi, lo), "chord_max": chord_max, "eps": eps, "marginal_error": marginal_error,
             "newton_steps": steps, "queries": s.queries, "converged": bool(marginal_error <= max(100 * tol, 1e-6)),
-            "seconds": time.perf_counter() - t0}
+            "failed_line_searches": failed, "stalled": stalled, "seconds": time.perf_counter() - t0}

@@ -257,7 +257,7 @@ def _sliced(x, a, y, b, p: float, n_projections: int, seed: SeedLike) -> float:
     q, r = np.linalg.qr(rng.standard_normal((n_projections, d, 2)))
     q = q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]
     with np.errstate(divide="ignore", invalid="ignore"):  # as in _circle
-        ssw = ot.sliced_wasserstein_sphere(x, y, a, b, p=p, projections=q)
+        ssw = ot.sliced_wasserstein_sphere(x, y, a, b, n_projections=n_projections, p=p, projections=q)
     return float(ssw) * _TWO_PI
 
 
@@ -534,8 +534,10 @@ def wasserstein_result(
             hi *= 2.0 * math.asin(cm / 2.0) / cm if cm > 0 else 1.0
         info.update(r, lower=lo, upper=hi)
         if not r["converged"]:
-            warnings.warn(f"semidiscrete: Newton stopped early (marginal error {r['marginal_error']:.3g}); the bracket "
-                          f"[{lo:.6g}, {hi:.6g}] is valid but wide", UserWarning, stacklevel=3)
+            why = (f"stalled after {r['failed_line_searches']} failed line searches, {r['newton_steps']} steps"
+                   if r["stalled"] else f"{r['newton_steps']} steps")
+            warnings.warn(f"semidiscrete: Newton stopped early ({why}; marginal error {r['marginal_error']:.3g}); the "
+                          f"bracket [{lo:.6g}, {hi:.6g}] is valid but wide", UserWarning, stacklevel=3)
         return WassersteinResult(0.5 * (lo + hi), p, method, cost, False, 0.5 * (hi - lo), info)
 
     if method == "sliced":
