@@ -2,8 +2,8 @@
 
 Tokens are particles on :math:`S^{d-1}`, depth is time, self-attention moves each
 token toward a softmax-weighted average of the others.  wflow solves the finite-N
-particle system and (as they land) its continuum limit, and measures the distance
-between them.  See DESIGN.md for the mathematics and README.md for a tour.
+particle system and its continuum limit (finite volume, Lagrangian quadrature, JKO
+steps), and measures the Wasserstein distance between them.  See DESIGN.md for the mathematics and README.md for a tour.
 """
 from ._version import __version__
 from . import sphere, theory
