@@ -8,6 +8,24 @@ BASE = ["--set", "init.d=2", "--set", "mesh.resolution=64", "--set", "run.t_end=
         "--no-progress"]
 
 
+def _interrupt_and_resume(monkeypatch, args, cut):
+    """Run ``args`` into ``cut``, interrupted (Ctrl-C) after the third density snapshot; check that
+    the three are on disk, resume with ``wflow run --resume`` and return the resumed density store."""
+    orig = io.DensityZarrWriter.write
+
+    def write(self, *a, **k):
+        orig(self, *a, **k)
+        if self.count == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(io.DensityZarrWriter, "write", write)
+    assert main([*args, "--out", str(cut)]) == 130
+    monkeypatch.setattr(io.DensityZarrWriter, "write", orig)
+    assert len(io.load_density(cut / "density.zarr")["times"]) == 3
+    assert main(["run", "--resume", "--out", str(cut), "--no-progress"]) == 0
+    return io.load_density(cut / "density.zarr")
+
+
 def test_eulerian_run_writes_densities_and_resumes(tmp_path, monkeypatch):
     full = tmp_path / "full"
     assert main(["run", "--set", "solver=eulerian", *BASE, "--out", str(full)]) == 0
@@ -17,20 +35,7 @@ def test_eulerian_run_writes_densities_and_resumes(tmp_path, monkeypatch):
     assert np.all(np.diff(ref["energy"]) >= -1e-12 * ref["energy"].max())
     assert (full / "summary.png").stat().st_size > 10_000
     # interrupt after the third snapshot, then resume
-    cut = tmp_path / "cut"
-    orig = io.DensityZarrWriter.write
-
-    def write(self, t, values, energy):
-        orig(self, t, values, energy)
-        if self.count == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(io.DensityZarrWriter, "write", write)
-    assert main(["run", "--set", "solver=eulerian", *BASE, "--out", str(cut)]) == 130
-    monkeypatch.setattr(io.DensityZarrWriter, "write", orig)
-    assert len(io.load_density(cut / "density.zarr")["times"]) == 3
-    assert main(["run", "--resume", "--out", str(cut), "--no-progress"]) == 0
-    back = io.load_density(cut / "density.zarr")
+    back = _interrupt_and_resume(monkeypatch, ["run", "--set", "solver=eulerian", *BASE], tmp_path / "cut")
     np.testing.assert_array_equal(back["times"], ref["times"])
     # restarting from cell averages (values * areas) instead of masses costs only round-off
     np.testing.assert_allclose(back["values"], ref["values"], rtol=1e-12, atol=1e-14)
@@ -94,19 +99,7 @@ def test_jko_run_resumes_from_its_warm_start(kappa, tmp_path, monkeypatch):
     ref = io.load_density(tmp_path / "full" / "density.zarr")
     assert ref["jko_gbar"].shape == (5, 64) and np.isnan(ref["jko_L"][0]) and np.all(ref["jko_v"][1:] > 0)
     cut = tmp_path / "cut"
-    orig = io.DensityZarrWriter.write
-
-    def write(self, *a, **k):
-        orig(self, *a, **k)
-        if self.count == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(io.DensityZarrWriter, "write", write)
-    assert main([*args, "--out", str(cut)]) == 130
-    monkeypatch.setattr(io.DensityZarrWriter, "write", orig)
-    assert len(io.load_density(cut / "density.zarr")["times"]) == 3
-    assert main(["run", "--resume", "--out", str(cut), "--no-progress"]) == 0
-    back = io.load_density(cut / "density.zarr")
+    back = _interrupt_and_resume(monkeypatch, args, cut)
     np.testing.assert_array_equal(back["times"], ref["times"])
     # the inner solver restarts from the stored warm start: the resumed run repeats the uninterrupted
     # one's iterations, from masses that round-trip through cell averages (round-off only)
