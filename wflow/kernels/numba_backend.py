@@ -396,7 +396,6 @@ class NumbaBackend:
         # LOWP_LOGIT_ERROR relative per term (small beta), else in float64.  Log-weights are
         # taken relative to their maximum (added back to the shift in float64), so that
         # uniform weights 1/N do not inflate the logits' size.
-        lw_max = np.zeros(B)
         ldt = np.float64
         if type(zero) is np.float32:
             with np.errstate(invalid="ignore"):
@@ -407,9 +406,7 @@ class NumbaBackend:
             lw_span = float(np.max(-lw_rel[lw_rel > _LOG_ZERO / 2], initial=0.0))
             if 2.0**-24 * ((p4 + 2) * size + 2.0 * min(lw_span, -floor)) <= LOWP_LOGIT_ERROR:
                 ldt = np.float32
-                logw = np.maximum(lw_rel, _LOG_ZERO)
-            else:
-                lw_max = np.zeros(B)
+                logw = np.maximum(lw_rel, -3e38)  # finite in float32: clamped at the floor anyway
         threads = numba.get_num_threads()
         # one column block (small systems): larger row tiles, fewer parallel tasks to set up
         rows = min(TILE_ROWS if m > TILE_COLS else 64, -(-n // 4) * 4)
@@ -435,7 +432,7 @@ class NumbaBackend:
         acc = np.empty((B, n_pad, q + 1))
         cols = max(1, min(TILE_COLS, m))
         n_chunks = min(B * (n_pad // rows), 16 * threads)
-        logw = np.ascontiguousarray(np.maximum(logw, -3e38) if ldt is np.float32 else logw, dtype=ldt)
+        logw = np.ascontiguousarray(logw, dtype=ldt)
         _direct_sums(a4, bT, logw, gT, float(floor), zero, rows, cols, n_chunks, shift, acc)
         shift = shift[:, :n]
         if ldt is np.float32:
