@@ -449,7 +449,7 @@ class NumbaBackend:
         m = b.shape[1]
         q = 0 if c is None else c.shape[-1]
         cw = None if c is None else c.astype(type(zero), copy=False)
-        b = b.astype(np.float64, copy=False)
+        convert = b.dtype != np.float64  # float32 keys: upcast block by block, in the workers
         threads = max(1, numba.get_num_threads())
         rows, cols = BLAS_BLOCK
         # tasks: (system, row block, column chunk); columns are split only when there are
@@ -464,6 +464,7 @@ class NumbaBackend:
             # one worker: every threads-th task, its own buffers, single-threaded BLAS
             L = np.empty((rows, cols))
             E = np.empty((rows, cols), dtype=type(zero))
+            Bf = np.empty((cols, p)) if convert else None
             scale = np.empty(rows)
             for t in range(first, len(tasks), threads):
                 k, i0, i1, ja, jb = tasks[t]
@@ -476,7 +477,12 @@ class NumbaBackend:
                     J = j1 - j0
                     Lb = L.reshape(-1)[: R * J].reshape(R, J)  # contiguous views of the buffers
                     Eb = E.reshape(-1)[: R * J].reshape(R, J)
-                    np.matmul(a[k, i0:i1], b[k, j0:j1].T, out=Lb)
+                    if convert:
+                        bb = Bf[:J]
+                        np.copyto(bb, b[k, j0:j1])
+                    else:
+                        bb = b[k, j0:j1]
+                    np.matmul(a[k, i0:i1], bb.T, out=Lb)
                     _exp_rows(Lb, logw[k, j0:j1], Eb, mx, mass, scale[:R], float(floor), zero)
                     if q:
                         vec *= scale[:R, None]
