@@ -12,8 +12,9 @@ What is measured, for points on S^{d-1} and uniform weights:
 * "dense numpy" / "torch" are what a user writes: ``L = beta * x @ y.T``, subtract
   the row max, ``exp``, ``E.sum`` and ``E @ y`` (no clamp: float32 underflows to
   subnormals at large beta, as it would for the user).
-* limits of this machine measured in the same run: GEMM flop rate (2000^3 matmul)
-  and the fastest vectorized exp rate on all cores (NumPy, PyTorch, wflow's numba exp);
+* limits of this machine measured in the same run (best of ``--repeat`` runs): GEMM flop
+  rate (2000^3 matmul) and the fastest vectorized exp rate on all cores (NumPy, PyTorch,
+  wflow's numba exp in one parallel region);
   ``limit`` is the pair rate if a pair cost one exp plus its 2(d+1+d) GEMM flops.
 
 Every figure is the median of ``--repeat`` runs after one warm-up; the implementations
@@ -35,16 +36,6 @@ try:
     import torch
 except Exception:  # optional
     torch = None
-
-
-def _median_time(f, repeat: int) -> float:
-    f()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 #: Idle time before each timed call of a round-robin: OpenBLAS's worker threads spin for
@@ -76,9 +67,20 @@ def _sphere(rng, shape, dtype):
 
 
 # ---------------------------------------------------------------- machine limits
+def _best_time(f, repeat: int) -> float:
+    """Shortest of ``repeat`` runs after a warm-up: a machine limit is what it can reach."""
+    f()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 def gemm_rate(dtype, repeat: int) -> float:
     a = np.random.default_rng(0).standard_normal((2000, 2000)).astype(dtype)
-    return 2 * 2000**3 / _median_time(lambda: a @ a, repeat)
+    return 2 * 2000**3 / _best_time(lambda: a @ a, repeat)
 
 
 def exp_rate(dtype, repeat: int) -> tuple[float, str]:
@@ -97,7 +99,7 @@ def exp_rate(dtype, repeat: int) -> tuple[float, str]:
     def rate(f, n=x.size):
         def many():
             f()
-        return n / _median_time(many, repeat)
+        return n / _best_time(many, repeat)
 
     def calls_of(f):
         def g():

@@ -158,3 +158,54 @@ def test_float32_logits_only_where_accurate(rng, monkeypatch):
     ref = _reference(x, y, w, 1000.0, {})
     mass = got.mass.astype(np.float64) * np.exp(got.log_scale.astype(np.float64) - ref.log_scale)
     assert np.max(np.abs(mass / ref.mass - 1.0)) > 1e-5
+
+
+def _mixed_error(got, ref):
+    """Largest relative error of the mass and of the value sums (relative to each row's size)."""
+    f = np.exp(got.log_scale.astype(np.float64) - ref.log_scale)
+    em = np.max(np.abs(got.mass * f / ref.mass - 1.0))
+    scale = np.max(np.abs(ref.vector), axis=-1, keepdims=True)
+    ev = np.max(np.abs(got.vector * f[:, None] - ref.vector) / scale)
+    return max(em, ev)
+
+
+@pytest.mark.parametrize("case", ["far", "clamped", "rising"])
+def test_float32_mixed_shift_moves(rng, case):
+    """float32 input with float64 logits: each logit is rounded to float32 after subtracting the
+    row's running shift.  The shift starts at a Cauchy-Schwarz bound and must move: down to the
+    first block's maximum when that bound is far above it ("far": the queries face away from every
+    source, 2 beta below it; "clamped": so far that every shifted value is clamped at the floor and
+    the maximum is recomputed in float64), and up when a later block's maximum exceeds it by more
+    than MIXED_JUMP ("rising": the columns sorted by logit).  Each case exercises one way the
+    shift moves; a wrong rescaling or a wrong new shift in any of them is off by O(1) (checked by
+    breaking each), and all stay within 2e-6 of the float64 reference.  (The point of moving the
+    shift, keeping the rounding of l - c below 2^-24 (|l - max l| + MIXED_JUMP), is a worst-case
+    bound: on random data the unmoved values would round nearly as well.)"""
+    m = 5 * numba_backend.TILE_COLS + 3
+    y = _sphere(rng, (m, 3), np.float64)
+    w = rng.random(m)
+    w[::7] = 0.0
+    w /= w.sum()
+    if case == "rising":
+        x = _sphere(rng, (9, 3), np.float64)
+        y = y[np.argsort(y @ x[0])]  # row 0's largest logits come last: its shift rises block by block
+        beta = 300.0
+    else:
+        y[:, 0] = np.abs(y[:, 0]) + 0.5  # sources around +e1, queries around -e1
+        y /= np.linalg.norm(y, axis=1, keepdims=True)
+        x = _sphere(rng, (9, 3), np.float64)
+        x[:, 0] = -np.abs(x[:, 0]) - 0.5
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        beta = 40.0 if case == "far" else 300.0
+    x32, y32, w32 = x.astype(np.float32), y.astype(np.float32), w.astype(np.float32)
+    got = kernel_sums(x32, y32, w32, beta, backend="numba")
+    ref = _reference(x32, y32, w32, beta, {})
+    gap = beta + np.log(w.max()) - ref.log_scale  # the starting bound against the true maxima
+    floor = -numba_backend.exp_floor(np.float32)
+    if case == "far":
+        assert np.all((gap > numba_backend.MIXED_JUMP) & (gap < floor))
+    elif case == "clamped":
+        assert np.all(gap > floor)
+    err = _mixed_error(got, ref)
+    assert err <= 2e-6, f"{case}: relative error {err:.3g}"
+    np.testing.assert_allclose(got.log_scale, ref.log_scale, rtol=1e-6, atol=1e-5)

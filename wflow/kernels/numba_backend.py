@@ -38,8 +38,17 @@ logits are accurate enough: with log-weights taken relative to their maximum, th
 rounding error of each exponent is at most
 :math:`2^{-24}\big((p+2)\max_i|a_i|\max_j|b_j| + 2\max_j|\log w_j - \max\log w|\big)`,
 and when that is below :data:`LOWP_LOGIT_ERROR` (3e-6; small :math:`\beta`, near-uniform
-weights) the whole pass runs in float32, twice the SIMD lanes.  The exponential and the
-value sums run in the input precision, partial sums of each block are added in float64.  Results
+weights) the whole pass runs in float32, twice the SIMD lanes.  Otherwise (float32 input,
+float64 logits) the direct route rounds each logit to float32 only after subtracting its
+row's running shift :math:`c` (which starts at the bound :math:`|a_i|\max_j|b_j| + \max_j\log w_j`
+and moves, the block being formed again, whenever a block's maximum lies more than
+:data:`MIXED_JUMP` away from it): the error of a term is then at most
+:math:`2^{-24}(|\ell_{ij} - \max_j\ell_{ij}| + 8)`, and since the terms' softmax weights
+:math:`\pi_j` satisfy :math:`\sum_j \pi_j(\max\ell - \ell_j) \le \log m`, the relative error
+of the sums from it is at most :math:`2^{-24}(\log m + 8)`, 1.2e-6 at :math:`m = 10^5` —
+whatever :math:`\beta`.  The exponentials, the maxima and the value sums then all run in
+float32.  The exponential and the value sums run in the input precision, partial sums of
+each block are added in float64.  Results
 agree with the exact sums to about :math:`10^{-14}` (float64) and :math:`10^{-6}`
 (float32) relative, at any :math:`\beta`.  For float32 the returned ``log_scale`` is
 the row maximum rounded to float32 and ``mass``/``vector`` are rescaled to match it,
@@ -63,6 +72,11 @@ TILE_COLS = 256
 #: provably below this (relative, per term; a third of the 1e-5 float32 results are held to),
 #: else in float64 (module docstring).
 LOWP_LOGIT_ERROR = 3e-6
+#: float32 input with float64 logits (direct route): each logit is rounded to float32 after
+#: subtracting its row's running shift, which is moved (and the block formed again) when a
+#: block's maximum lies more than this above it; the rounding error of a term is at most
+#: ``2^-24 (|l - max l| + MIXED_JUMP)``.
+MIXED_JUMP = 8.0
 #: From this dimension of :math:`Qx` on, inner products are computed by BLAS.
 BLAS_MIN_DIM = 48
 #: (rows, columns) of one block of the BLAS route (2 MB of float64 logits, one block per
@@ -296,6 +310,172 @@ if numba is not None:
                     for l in range(q + 1):
                         acc_out[k, i0 + r, l] = acc[r, l] * f
 
+    @njit(cache=True, fastmath=_FM_SUM)
+    def _block_max(ai, bTk, lw, j0, J):
+        """max_j (<ai, b_j> + lw_j) over the block's J columns from j0, in float64."""
+        mx = _FLOAT_MIN
+        for jj in range(J):
+            t = lw[jj]
+            for l in range(ai.shape[0]):
+                t += ai[l] * bTk[l, j0 + jj]
+            mx = max(mx, t)
+        return mx
+
+    @njit(parallel=True, cache=True, fastmath=_FM_SUM)
+    def _direct_sums_mixed(a, bT, logw, gT, upper, floor, jump, rows, cols, n_chunks, shift, acc_out):
+        """float32 input whose logits need float64: as :func:`_direct_sums` (same arguments,
+        and ``upper`` (B, n) a bound on each row's logits), but each logit leaves the float64
+        FMA loop already shifted, ``l - c`` rounded to float32, so that the exponentials, the
+        sums and the value sums run in float32 on 8 lanes from a half-size buffer.
+
+        The shift ``c`` of a row must be known before its block is formed: the row's running
+        shift, at first ``upper``.  The exact float64 maximum of the block comes out of the
+        same loop; when it lies more than ``jump`` above the shift (or, in a row's first
+        block, more than ``jump`` below it), the shift moves to it and the block is formed
+        again.  So every stored value ``l - c`` with ``l`` above ``c - jump`` is at most
+        ``jump`` in size and rounds with an absolute error below ``2^-24 (|l - c_final| + jump)``."""
+        B, n, p = a.shape
+        m = bT.shape[2]
+        q = gT.shape[1]
+        ntile = n // rows
+        n_tasks = B * ntile
+        lastl = p - 4
+        for chunk in prange(n_chunks):
+            buf = np.empty((4, cols))  # float64 partial logits (p > 4)
+            xv = np.empty((4, cols), np.float32)  # l - c, then e^(l - c')
+            mx = np.empty(rows)  # the rows' shifts (float64)
+            acc = np.empty((rows, q + 1))
+            cs = np.empty(4)
+            bmax = np.empty(4, np.float32)
+            best = np.empty(rows)  # the rows' maxima (to float32 accuracy): the reported shifts
+            for task in range(chunk * n_tasks // n_chunks, (chunk + 1) * n_tasks // n_chunks):
+                k = task // ntile
+                i0 = (task % ntile) * rows
+                for r in range(rows):
+                    mx[r] = upper[k, i0 + r]
+                best[:] = _FLOAT_MIN
+                acc[:] = 0.0
+                first = True
+                for j0 in range(0, m, cols):
+                    j1 = min(j0 + cols, m)
+                    J = j1 - j0
+                    lw = logw[k, j0:j1]
+                    x0, x1, x2, x3 = buf[0], buf[1], buf[2], buf[3]
+                    v0, v1, v2, v3 = xv[0], xv[1], xv[2], xv[3]
+                    for r4 in range(0, rows, 4):
+                        A = a[k, i0 + r4 : i0 + r4 + 4]
+                        for s in range(4):
+                            cs[s] = mx[r4 + s]
+                        for attempt in range(2):
+                            c0, c1, c2, c3 = cs[0], cs[1], cs[2], cs[3]
+                            for l in range(0, p, 4):
+                                b0 = bT[k, l, j0:j1]
+                                b1 = bT[k, l + 1, j0:j1]
+                                b2 = bT[k, l + 2, j0:j1]
+                                b3 = bT[k, l + 3, j0:j1]
+                                a00, a01, a02, a03 = A[0, l], A[0, l + 1], A[0, l + 2], A[0, l + 3]
+                                a10, a11, a12, a13 = A[1, l], A[1, l + 1], A[1, l + 2], A[1, l + 3]
+                                a20, a21, a22, a23 = A[2, l], A[2, l + 1], A[2, l + 2], A[2, l + 3]
+                                a30, a31, a32, a33 = A[3, l], A[3, l + 1], A[3, l + 2], A[3, l + 3]
+                                if l == lastl:
+                                    # last 4 components: finish the logit, shift, round to float32
+                                    if l == 0:  # p = 4: the logits start from the log-weights
+                                        for jj in range(J):
+                                            v0[jj] = np.float32(max(lw[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj] - c0, floor))
+                                            v1[jj] = np.float32(max(lw[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj] - c1, floor))
+                                            v2[jj] = np.float32(max(lw[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj] - c2, floor))
+                                            v3[jj] = np.float32(max(lw[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj] - c3, floor))
+                                    else:
+                                        for jj in range(J):
+                                            v0[jj] = np.float32(max(x0[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj] - c0, floor))
+                                            v1[jj] = np.float32(max(x1[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj] - c1, floor))
+                                            v2[jj] = np.float32(max(x2[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj] - c2, floor))
+                                            v3[jj] = np.float32(max(x3[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj] - c3, floor))
+                                    # the block's maxima relative to the shifts (float32, 8 lanes)
+                                    m0 = v0[0]
+                                    m1 = v1[0]
+                                    m2 = v2[0]
+                                    m3 = v3[0]
+                                    for jj in range(J):
+                                        m0 = max(m0, v0[jj])
+                                        m1 = max(m1, v1[jj])
+                                        m2 = max(m2, v2[jj])
+                                        m3 = max(m3, v3[jj])
+                                    bmax[0] = m0
+                                    bmax[1] = m1
+                                    bmax[2] = m2
+                                    bmax[3] = m3
+                                elif l == 0:
+                                    for jj in range(J):
+                                        x0[jj] = lw[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
+                                        x1[jj] = lw[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
+                                        x2[jj] = lw[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
+                                        x3[jj] = lw[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                                else:
+                                    for jj in range(J):
+                                        x0[jj] += a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
+                                        x1[jj] += a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
+                                        x2[jj] += a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
+                                        x3[jj] += a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                            again = False
+                            for s in range(4):
+                                if bmax[s] > jump or (first and bmax[s] < -jump):
+                                    # the values must be formed again against the block's maximum
+                                    if bmax[s] > floor:
+                                        cs[s] += bmax[s]
+                                    else:  # all clamped: that maximum is not in the float32 values
+                                        cs[s] = _block_max(A[s], bT[k], lw, j0, J)
+                                    again = True
+                            if not again:
+                                break
+                        # move the shifts up to the block maxima (by at most jump), rescaling the sums
+                        for s in range(4):
+                            r = r4 + s
+                            if bmax[s] > floor:
+                                best[r] = max(best[r], cs[s] + bmax[s])
+                            up = max(bmax[s], 0.0)
+                            cnew = cs[s] + up
+                            if first:  # nothing summed yet: the shift may also move down
+                                mx[r] = cnew
+                            elif cnew > mx[r]:
+                                sc = _exp64(max(mx[r] - cnew, floor))
+                                for l in range(q + 1):
+                                    acc[r, l] *= sc
+                                mx[r] = cnew
+                            d = np.float32(up)
+                            fl = np.float32(floor)
+                            vs = xv[s]
+                            t = np.float32(0.0)
+                            for jj in range(J):
+                                e = _exp32(max(vs[jj] - d, fl))
+                                vs[jj] = e
+                                t += e
+                            acc[r, 0] += t
+                        for l in range(q):
+                            g = gT[k, l, j0:j1]
+                            t0 = np.float32(0.0)
+                            t1 = np.float32(0.0)
+                            t2 = np.float32(0.0)
+                            t3 = np.float32(0.0)
+                            for jj in range(J):
+                                gj = g[jj]
+                                t0 += v0[jj] * gj
+                                t1 += v1[jj] * gj
+                                t2 += v2[jj] * gj
+                                t3 += v3[jj] * gj
+                            acc[r4, l + 1] += t0
+                            acc[r4 + 1, l + 1] += t1
+                            acc[r4 + 2, l + 1] += t2
+                            acc[r4 + 3, l + 1] += t3
+                    first = False
+                for r in range(rows):
+                    # report the row's maximum (as the other routes do), rounded to float32
+                    c = np.float64(np.float32(best[r] if best[r] > _FLOAT_MIN else mx[r]))
+                    f = math.exp(mx[r] - c) if c != mx[r] else 1.0  # mx >= the maximum, by at most jump
+                    shift[k, i0 + r] = c
+                    for l in range(q + 1):
+                        acc_out[k, i0 + r, l] = acc[r, l] * f
+
     @njit(cache=True, nogil=True, fastmath=_FM_SUM)
     def _exp_rows(L, lw, E, mx, mass, scale, floor, zero):
         """BLAS route, one block, serially.  L (R, J) float64 logits, lw (J,) log-weights;
@@ -433,7 +613,15 @@ class NumbaBackend:
         cols = max(1, min(TILE_COLS, m))
         n_chunks = min(B * (n_pad // rows), 16 * threads)
         logw = np.ascontiguousarray(logw, dtype=ldt)
-        _direct_sums(a4, bT, logw, gT, float(floor), zero, rows, cols, n_chunks, shift, acc)
+        if ldt is np.float64 and type(zero) is np.float32:
+            # float64 logits, float32 everything after: each row's shift starts at a bound on
+            # its logits, |a_i| max_j |b_j| + max_j log w_j (Cauchy-Schwarz)
+            bn = np.sqrt(np.max(np.einsum("kpj,kpj->kj", bT, bT), axis=1, initial=0.0))
+            upper = np.sqrt(np.einsum("kip,kip->ki", a4, a4)) * bn[:, None]
+            upper += np.max(logw, axis=1, initial=_LOG_ZERO)[:, None]
+            _direct_sums_mixed(a4, bT, logw, gT, upper, float(floor), MIXED_JUMP, rows, cols, n_chunks, shift, acc)
+        else:
+            _direct_sums(a4, bT, logw, gT, float(floor), zero, rows, cols, n_chunks, shift, acc)
         shift = shift[:, :n]
         if ldt is np.float32:
             shift += lw_max[:, None]  # exact: both parts are float32 numbers, added in float64
