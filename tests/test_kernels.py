@@ -89,4 +89,12 @@ def test_bad_arguments(rng):
         kernel_sums(x, x, w[:4], 1.0)
     with pytest.raises(ValueError, match="beta must be finite"):
         kernel_sums(x, x, w, np.inf)
+    with pytest.raises(ValueError, match=r"weights must be finite and non-negative, got -0\.2"):
+        kernel_sums(x, x, -w, 1.0)
+    with pytest.raises(ValueError, match="weights must be finite and non-negative, got nan"):
+        kernel_sums(x, x, np.where(np.arange(5) == 2, np.nan, w), 1.0)
+    with pytest.raises(ValueError, match="every weight of a system is zero"):
+        kernel_sums(np.stack([x, x]), np.stack([x, x]), np.stack([w, 0 * w]), 1.0)
+    with pytest.raises(ValueError, match="x and y must be finite"):
+        kernel_sums(np.where(x > 0.5, np.inf, x), x, w, 1.0)
     assert "numpy" in BACKENDS

@@ -264,6 +264,14 @@ def kernel_sums(
     w = np.asarray(weights, dtype=dtype)
     if w.shape != y.shape[:-1]:
         raise ValueError(f"weights must have shape {y.shape[:-1]}, got {w.shape}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("x and y must be finite, got NaN or infinite coordinates")
+    if not np.isfinite(w).all() or (w < 0).any():
+        bad = w[~(np.isfinite(w) & (w >= 0))].ravel()[0]
+        raise ValueError(f"weights must be finite and non-negative, got {float(bad)!r}")
+    if w.shape[-1] and not (w.reshape(-1, w.shape[-1]).max(axis=-1) > 0).all():
+        raise ValueError("weights: every weight of a system is zero (the sums vanish and the "
+                         "softmax average is undefined); give each system a positive weight")
     if not np.isfinite(beta):
         raise ValueError(f"beta must be finite, got {beta!r}")
     Qm = _as_matrix(Q, "Q", d, dtype)
