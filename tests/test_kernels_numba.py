@@ -181,7 +181,7 @@ def test_float32_mixed_shift_moves(rng, case):
     breaking each), and all stay within 2e-6 of the float64 reference.  (The point of moving the
     shift, keeping the rounding of l - c below 2^-24 (|l - max l| + MIXED_JUMP), is a worst-case
     bound: on random data the unmoved values would round nearly as well.)"""
-    m = 5 * numba_backend.TILE_COLS + 3
+    m = 3 * numba_backend.MIXED_TILE_COLS + 3
     y = _sphere(rng, (m, 3), np.float64)
     w = rng.random(m)
     w[::7] = 0.0

@@ -77,6 +77,9 @@ LOWP_LOGIT_ERROR = 3e-6
 #: block's maximum lies more than this above it; the rounding error of a term is at most
 #: ``2^-24 (|l - max l| + MIXED_JUMP)``.
 MIXED_JUMP = 8.0
+#: Columns of one block of that mixed-precision kernel (its float32 buffers are half the size;
+#: 1024 ran 7 % (d = 3) and 15 % (d = 16) faster than 256, measured side by side).
+MIXED_TILE_COLS = 1024
 #: From this dimension of :math:`Qx` on, inner products are computed by BLAS.
 BLAS_MIN_DIM = 48
 #: (rows, columns) of one block of the BLAS route (2 MB of float64 logits, one block per
@@ -619,6 +622,7 @@ class NumbaBackend:
             bn = np.sqrt(np.max(np.einsum("kpj,kpj->kj", bT, bT), axis=1, initial=0.0))
             upper = np.sqrt(np.einsum("kip,kip->ki", a4, a4)) * bn[:, None]
             upper += np.max(logw, axis=1, initial=_LOG_ZERO)[:, None]
+            cols = max(1, min(MIXED_TILE_COLS, m))
             _direct_sums_mixed(a4, bT, logw, gT, upper, float(floor), MIXED_JUMP, rows, cols, n_chunks, shift, acc)
         else:
             _direct_sums(a4, bT, logw, gT, float(floor), zero, rows, cols, n_chunks, shift, acc)
