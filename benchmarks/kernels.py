@@ -12,10 +12,13 @@ What is measured, for points on S^{d-1} and uniform weights:
 * "dense numpy" / "torch" are what a user writes: ``L = beta * x @ y.T``, subtract
   the row max, ``exp``, ``E.sum`` and ``E @ y`` (no clamp: float32 underflows to
   subnormals at large beta, as it would for the user).
-* limits of this machine measured in the same run (best of ``--repeat`` runs): GEMM flop
-  rate (2000^3 matmul) and the fastest vectorized exp rate on all cores (NumPy, PyTorch,
-  wflow's numba exp in one parallel region);
-  ``limit`` is the pair rate if a pair cost one exp plus its 2(d+1+d) GEMM flops.
+* limits of this machine: the pair rate if a pair cost one exp plus its 2(d+1+d) GEMM
+  flops, ``limit = 1 / (1/exp rate + 2(2d+1)/GEMM rate)``, with both rates timed in each
+  row's own round-robin beside the implementations (wflow's numba exponential in one
+  parallel region, each thread on a cache-resident chunk; a 1000^3 matmul), so that the
+  row's load hits the limit too.  For reference the machine-wide limits are also measured
+  before and after all rows (best of ``--repeat`` runs: GEMM 2000^3; exp by NumPy, PyTorch
+  and wflow's numba loop).
 
 Every figure is the median of ``--repeat`` runs after one warm-up; the implementations
 of one row are timed round-robin, so that load from other jobs on the shared machine
@@ -192,11 +195,40 @@ def _sum_call(name, x, y, w, beta):
     return lambda: kernel_sums(x, y, w, beta, backend=name)
 
 
+_LIMIT_GEMM = 1000  # the limit's GEMM: 1000^3 (2 GFLOP), near the 2000^3 rate on this machine
+
+
+def _limit_calls(pairs: int, d: int, dtype) -> tuple[dict, float, float]:
+    """Two callables timed in the same round-robin as the implementations: wflow's numba
+    exponential in one parallel region (``E`` exps, each thread on a cache-resident chunk) and a
+    ``_LIMIT_GEMM``^3 matmul (``F`` flops).  The row's limit is then
+    ``1 / (t_exp / E + 2 (2d + 1) t_gemm / F)`` pairs/s, under the load its implementations saw."""
+    import numba
+
+    f = _numba_exp_loop()
+    chunk = 4096
+    threads = numba.get_num_threads()
+    src = -np.random.default_rng(1).uniform(0, 50, (threads, chunk)).astype(dtype)
+    acc = np.zeros_like(src)
+    passes = max(1, round(pairs / (threads * chunk)))
+    floor = np.dtype(dtype).type(-80.0)
+    g = np.random.default_rng(2).standard_normal((_LIMIT_GEMM, _LIMIT_GEMM)).astype(dtype)
+    calls = {"limit: exp": lambda: f(src, acc, floor, passes), "limit: gemm": lambda: g @ g}
+    return calls, passes * threads * chunk, 2.0 * _LIMIT_GEMM**3
+
+
 def pair_rates(names, x, y, w, beta, repeat) -> dict:
-    """Pairs per second of each implementation, timed side by side (interleaved)."""
+    """Pairs per second of each implementation and of the machine's limit for this row, all timed
+    side by side (interleaved, so that load from other jobs hits them alike)."""
     pairs = x.shape[0] * y.shape[0]
-    t = _interleaved_medians({n: _sum_call(n, x, y, w, beta) for n in names}, repeat)
-    return {n: pairs / t[n] for n in names}
+    calls = {n: _sum_call(n, x, y, w, beta) for n in names}
+    limit_calls, n_exp, n_flop = _limit_calls(pairs, x.shape[-1], x.dtype)
+    t = _interleaved_medians({**calls, **limit_calls}, repeat)
+    rates = {n: pairs / t[n] for n in names}
+    rates["exp/s"] = n_exp / t["limit: exp"]
+    rates["gemm flop/s"] = n_flop / t["limit: gemm"]
+    rates["limit"] = 1.0 / (1.0 / rates["exp/s"] + 2 * (2 * x.shape[-1] + 1) / rates["gemm flop/s"])
+    return rates
 
 
 def _limits(dtypes, repeat) -> dict:
@@ -228,24 +260,27 @@ def kernel_table(dims, sizes, dtypes, betas, repeat, keops, target_pairs):
                     print(f"  measured d={d} N={N} {dt.name} beta={beta:g}", file=sys.stderr, flush=True)
     after = _limits(dtypes, repeat)
     limits = {k: (max(before[k][0], after[k][0]), *max(before[k][1:], after[k][1:])) for k in before}
-    print("\n### Machine limits (same run: before and after the rows; the better is used)\n")
-    print("| dtype | GEMM GFLOP/s (before / after) | exp/s (before / after, best by) |")
-    print("|---|---|---|")
+    print("\n### Machine limits (before and after the rows, for reference; each row's own limit is timed beside it)\n")
+    print("| dtype | GEMM GFLOP/s (before / after) | exp/s (before / after, best by) | in the rows: GEMM GFLOP/s, exp/s (median, min-max) |")
+    print("|---|---|---|---|")
     for k, (g, e, who) in limits.items():
+        gs = [r["gemm flop/s"] for *_, dtn, _, r in rows if dtn == k]
+        es = [r["exp/s"] for *_, dtn, _, r in rows if dtn == k]
         print(f"| {k} | {before[k][0] / 1e9:.1f} / {after[k][0] / 1e9:.1f} | "
-              f"{before[k][1]:.3g} / {after[k][1]:.3g} ({who}) |")
+              f"{before[k][1]:.3g} / {after[k][1]:.3g} ({who}) | {statistics.median(gs) / 1e9:.1f} "
+              f"({min(gs) / 1e9:.0f}-{max(gs) / 1e9:.0f}), {statistics.median(es):.3g} "
+              f"({min(es):.2g}-{max(es):.2g}) |")
     print("\n### SA / USA kernel sums, pairs per second (median)\n")
+    print("`limit` = 1 / (1/exp rate + 2(2d+1)/GEMM rate) with both rates timed in the row's own round-robin.\n")
     head = "| d | N | rows | dtype | beta | " + " | ".join(names) + " | limit | numba/dense numpy | numba/keops | numba/torch | numba/limit |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for d, N, n_rows, dtn, beta, r in rows:
-        g, e, _ = limits[dtn]
-        limit = 1.0 / (1.0 / e + 2 * (2 * d + 1) / g)
         ratio = lambda a, b: f"{r[a] / r[b]:.1f}" if a in r and b in r else "-"  # noqa: E731
         cells = " | ".join(f"{r[n]:.3g}" for n in names)
-        print(f"| {d} | {N} | {n_rows} | {dtn} | {beta:g} | {cells} | {limit:.3g} | "
+        print(f"| {d} | {N} | {n_rows} | {dtn} | {beta:g} | {cells} | {r['limit']:.3g} | "
               f"{ratio('numba', 'dense numpy')} | {ratio('numba', 'keops')} | {ratio('numba', 'torch')} | "
-              f"{r['numba'] / limit:.2f} |", flush=True)
+              f"{r['numba'] / r['limit']:.2f} |", flush=True)
 
 
 # ---------------------------------------------------------------- batched small systems
