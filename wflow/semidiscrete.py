@@ -16,20 +16,34 @@ and :math:`\max_\psi F_0 = W_2^2`.  The inner minimum is a nearest-neighbour que
 :math:`F_0(\psi)` is evaluated exactly.
 
 :math:`\psi` is found by damped Newton steps (Kitagawa, Mérigot & Thibert, JEMS 2019) on
-the entropic semi-dual
+the entropic semi-dual, with one :math:`\varepsilon_j` per fine atom,
 
 .. math::
-    F_\varepsilon(\psi) = \sum_i a_i\psi_i - \varepsilon\sum_j w_j
-    \log\sum_{i \in K_j} a_i\, e^{(\psi_i - |y_j - x_i|^2)/\varepsilon},
+    F_\varepsilon(\psi) = \sum_i a_i\psi_i - \sum_j w_j\varepsilon_j
+    \log\sum_{i \in K_j} a_i\, e^{(\psi_i - |y_j - x_i|^2)/\varepsilon_j}
 
-with :math:`K_j` the ``k`` best atoms of :math:`y_j` for the current :math:`\psi` (the same
-lifted query), :math:`\varepsilon` decreased geometrically from :math:`\ell^2/20`
-(:math:`\ell^2 = 4\pi/N`, the area per atom) down to :math:`0.02\,\ell h`
-(:math:`h = \sqrt{4\pi/M}`): small enough that the entropic plan barely blurs the
-Laguerre-cell boundaries, large enough that each cell's mass is a smooth function of
-:math:`\psi` despite the quadrature being discrete.  The Hessian is the sparse weighted
-graph Laplacian :math:`\varepsilon^{-1}(\operatorname{diag} m - \sum_j w_j P_j P_j^\top)`
-plus a Levenberg--Marquardt floor :math:`\min(10^{-3}, \|a - m\|_1)\,\bar L\,a_i/\bar a`
+(concave for any positive :math:`\varepsilon_j`; its gradient is :math:`a - m`, with
+:math:`m` the :math:`\mu_N`-marginal of the plan :math:`\pi_{ij} = w_j P_{ji}`, :math:`P_j`
+the softmax over :math:`K_j`).  :math:`\varepsilon_j` is decreased geometrically from
+:math:`\lambda_j\ell^2/20` (:math:`\ell^2 = 4\pi/N`, the area per atom) down to
+:math:`0.02\,\sqrt{\lambda_j}\ell\,\sqrt{\kappa_j}h` (:math:`h = \sqrt{4\pi/M}`): small
+enough that the entropic plan barely blurs the Laguerre-cell boundaries, large enough that
+each cell's mass is a smooth function of :math:`\psi` despite the quadrature being discrete.
+:math:`\lambda_j, \kappa_j \in [0.3, 1]` are the local squared spacings of the atoms and of
+the fine atoms around :math:`y_j` (distance to the 3rd nearest, relative to its value on a
+Fibonacci set): where the flow has clustered both, :math:`\varepsilon_j` shrinks with the
+cells, so the blur stays a fixed fraction of the local spacing.
+
+:math:`K_j` holds every atom whose reduced cost :math:`|y_j - x_i|^2 - \psi_i` is within
+:math:`(\log(10/\mathrm{tol}_\mathrm{stage}) + 6)\,\varepsilon_j` of the best (the ``k`` best by one
+lifted query, all of them by one ball query where atoms cluster): the dropped weights stay
+below :math:`e^{-\mathrm{cut}}` of the best while :math:`\max_i|\psi_i - \psi^q_i| \le
+3\min_j\varepsilon_j` (:math:`\psi^q`: where the support was queried), and the support is
+re-queried only when :math:`\psi` leaves that ball.  (A fixed number of candidates, as
+before, truncated clustered cells: the line search then compared values of different
+functions and stalled.)  The Hessian is the sparse weighted graph Laplacian
+:math:`\sum_j (w_j/\varepsilon_j)(\operatorname{diag} P_j - P_j P_j^\top)`
+plus a Levenberg--Marquardt floor :math:`\min(10^{-5}, 10^{-2}\|a - m\|_1)\,\bar L\,a_i/\bar a`
 (an empty cell has an empty row), solved by Jacobi-preconditioned conjugate gradients;
 steps are capped by an adaptive trust radius on :math:`\max_i|\delta\psi_i|`, then
 backtracked (Armijo, and no cell may lose 80 % of its smallest mass).
@@ -40,23 +54,29 @@ entropic plan :math:`\pi_{ij} = w_j P_{ji}` (exact :math:`\nu`-marginal, :math:`
 :math:`\mathrm{hi} = \sum_{ij}\pi_{ij}|x_i - y_j|^2 + 2\|m - a\|_1` (re-routing the mass
 mismatch costs at most :math:`\mathrm{diam}^2 = 4` per unit, half of it moves).  So
 :math:`\mathrm{lo} \le W_2^2(\mu_N,\nu) \le \mathrm{hi}`, whatever the solver did.
-Measured: relative gap :math:`(\mathrm{hi}-\mathrm{lo})/\mathrm{lo} \approx 1\text{--}3\cdot10^{-4}`
-with 16--32 quadrature atoms per cell.
+Measured (cases of :func:`wflow.validate._s2_semidiscrete_w2`, SA and USA, t = 0 and 1, 16 fine
+atoms per atom): relative width of the :math:`W_2` bracket
+:math:`(\sqrt{\mathrm{hi}}-\sqrt{\mathrm{lo}})/W_2 \approx 3\cdot10^{-5}\text{--}1.3\cdot10^{-4}`.
 
-Scope.  Designed for atoms of (nearly) equal weight against a quasi-uniform fine
-quadrature with a smooth density (Fibonacci nodes pushed forward by a smooth flow), as
-in the mean-field study.  With very uneven atom weights or an i.i.d. fine sample the
-Newton iteration can stop early (a ``UserWarning`` from :func:`wflow.transport.wasserstein`);
-the bracket is then still valid, only wide.
+Scope.  Atoms of (nearly) equal weight against a fine quadrature with a smooth density:
+Fibonacci nodes pushed forward by a smooth flow, also after the flow has clustered nodes
+and atoms (SA and USA at :math:`t \le 1` in the mean-field study: nearest-neighbour spacing
+of the pushed nodes 0.012--0.043 against 0.028 at :math:`t = 0`, :math:`N = 10^3`).  With
+very uneven atom weights or an i.i.d. fine sample the Newton iteration can stop early (a
+``UserWarning`` from :func:`wflow.transport.wasserstein`); the bracket is then still valid,
+only wide.
 
 Geodesic cost.  With :math:`\theta = 2\arcsin(c/2)` and :math:`c_\max` the longest chord
 used by the plan, :math:`W_2^{\mathrm{chord}} \le W_2^{\mathrm{geo}} \le
 \frac{2\arcsin(c_\max/2)}{c_\max}\sqrt{\mathrm{hi}}`: at the :math:`N^{-1/2}` scales of
 the mean-field study the factor is :math:`1 + c_\max^2/24 \approx 1 + 10^{-4}`.
 
-Cost: one k-nearest-neighbour query of the M fine atoms per Newton trial, about 25--40
-Newton steps in all; about 1 µs per fine atom per query on the 2-core reference machine
-(N = 10^4, M = 1.6·10^5: 30--40 s).
+Cost: one lifted k-d tree per support (a k-nearest query, plus a ball query where atoms
+cluster), re-queried only when :math:`\psi` leaves the support's ball; 20--55 Newton steps.
+The queries dominate, and slow down as the range of :math:`\psi` grows (the lifted coordinate
+spreads: range 0.4 against :math:`\ell^2 = 0.013` for USA at :math:`t = 1`, :math:`N = 10^3`).
+2-core machine, shared: :math:`N = 10^3`: 2.5--5 s; :math:`N = 10^4`, USA at :math:`t = 1`:
+285 s (54 steps, 87 queries).
 """
 from __future__ import annotations
 
@@ -72,7 +92,7 @@ log = logging.getLogger(__name__)
 
 
 class _Solver:
-    """State of one semi-discrete solve (kept small: arrays of the current candidates and plan)."""
+    """State of one semi-discrete solve: the data, and the support of the current entropic plan."""
 
     def __init__(self, x: np.ndarray, a: np.ndarray, y: np.ndarray, w: np.ndarray, k: int, workers: int):
         self.x, self.a, self.y, self.w = x, a, y, w
@@ -81,54 +101,80 @@ class _Solver:
         self.workers = workers
         self.y_lift = np.hstack([y, np.zeros((self.M, 1))])
         self.log_a = np.log(a)
+        self.log_a_range = float(np.log(a.max() / a.min()))
         self.queries = 0
 
-    def candidates(self, psi: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` atoms minimizing ``|y_j - x_i|^2 - psi_i`` for every ``j``, and ``|y_j - x_i|^2``."""
+    def _tree(self, psi: np.ndarray):
         from scipy.spatial import cKDTree
 
-        self.queries += 1
         H = float(psi.max()) + 1e-9
-        tree = cKDTree(np.hstack([self.x, np.sqrt(H - psi)[:, None]]))
-        dist, idx = tree.query(self.y_lift, k=k, workers=self.workers)
-        if k == 1:
-            dist, idx = dist[:, None], idx[:, None]
+        return cKDTree(np.hstack([self.x, np.sqrt(H - psi)[:, None]])), H
+
+    def nearest(self, psi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Exact c-transform: for every ``j`` the atom minimizing ``|y_j - x_i|^2 - psi_i``, and ``|y_j - x_i|^2``."""
+        self.queries += 1
+        tree, H = self._tree(psi)
+        dist, idx = tree.query(self.y_lift, k=1, workers=self.workers)
         # lifted squared distance = |y - x_i|^2 + H - psi_i
         return idx, np.maximum(dist**2 - H + psi[idx], 0.0)
 
-    def evaluate(self, psi: np.ndarray, eps: float, cand: np.ndarray, C: np.ndarray):
-        """``F_eps(psi)``, the softmax weights ``P`` (M, k) and the mu_N-marginal ``m`` of the plan."""
-        Z = (psi + self.log_a)[cand]
+    def support(self, psi: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, ...]:
+        """For every ``j``, every atom whose reduced cost ``|y_j - x_i|^2 - psi_i`` is within ``gap_j`` of the best.
+
+        Returns flat arrays sorted by ``j``: ``indptr`` (M + 1), the row ``j``, the atom ``i`` and
+        ``C = |y_j - x_i|^2`` of each entry.  The ``k`` best by one query; fine atoms whose ``k``-th is
+        still within the gap (a cluster of atoms) get all of theirs by one ball query.
+        """
+        self.queries += 1
+        tree, H = self._tree(psi)
+        dist, idx = tree.query(self.y_lift, k=self.k, workers=self.workers)
+        if self.k == 1:
+            dist, idx = dist[:, None], idx[:, None]
+        d2 = dist**2
+        keep = d2 - d2[:, :1] <= gap[:, None]
+        todo = np.nonzero(keep[:, -1])[0] if self.k < self.N else np.empty(0, int)
+        keep[todo] = False
+        rows, atoms = [np.nonzero(keep)[0]], [idx[keep]]
+        if todo.size:  # lifted radius^2 = best^2 + gap
+            lists = tree.query_ball_point(self.y_lift[todo], np.sqrt(d2[todo, 0] + gap[todo]), workers=self.workers,
+                                          return_sorted=False)
+            count = np.fromiter((len(lst) for lst in lists), int, todo.size)
+            rows.append(np.repeat(todo, count))
+            atoms.append(np.fromiter((i for lst in lists for i in lst), int, int(count.sum())))
+        j, i = np.concatenate(rows), np.concatenate(atoms)
+        order = np.argsort(j, kind="stable")
+        j, i = j[order], i[order]
+        C = np.sum((self.x[i] - self.y[j]) ** 2, axis=1)
+        return np.searchsorted(j, np.arange(self.M + 1)), j, i, C
+
+    def evaluate(self, psi: np.ndarray, eps: np.ndarray, sup: tuple[np.ndarray, ...]):
+        """``F_eps(psi)``, the softmax weights ``P`` (one per support entry) and the mu_N-marginal ``m``."""
+        indptr, j, i, C = sup
+        Z = (psi + self.log_a)[i]
         Z -= C
-        Z /= eps
-        zmax = Z.max(axis=1)
-        Z -= zmax[:, None]
+        Z /= eps[j]
+        zmax = np.maximum.reduceat(Z, indptr[:-1])
+        Z -= zmax[j]
         np.exp(Z, out=Z)
-        s = Z.sum(axis=1)
-        Z /= s[:, None]
-        F = float(self.a @ psi - eps * (self.w @ (zmax + np.log(s))))
-        m = np.bincount(cand.ravel(), weights=(Z * self.w[:, None]).ravel(), minlength=self.N)
+        s = np.add.reduceat(Z, indptr[:-1])
+        Z /= s[j]
+        F = float(self.a @ psi - (self.w * eps) @ (zmax + np.log(s)))
+        m = np.bincount(i, weights=Z * self.w[j], minlength=self.N)
         return F, Z, m
 
-    def laplacian(self, P: np.ndarray, cand: np.ndarray):
-        """``diag(m) - sum_j w_j P_j P_j^T`` (rows sum to zero), from the rows that are split."""
+    def hessian(self, P: np.ndarray, sup: tuple[np.ndarray, ...], eps: np.ndarray):
+        """``-D^2 F_eps = sum_j (w_j / eps_j) (diag P_j - P_j P_j^T)`` (rows sum to zero), from the split rows."""
         from scipy import sparse
 
-        rows = np.nonzero(P.max(axis=1) < 1.0 - 1e-13)[0]
-        Pb, cb, wb = P[rows], cand[rows], self.w[rows]
-        r, c, v = [], [], []
-        for p in range(P.shape[1]):
-            for q in range(p + 1, P.shape[1]):
-                val = wb * Pb[:, p] * Pb[:, q]
-                sel = val > 1e-15 * wb
-                r.append(cb[sel, p])
-                c.append(cb[sel, q])
-                v.append(val[sel])
-        r, c, v = np.concatenate(r), np.concatenate(c), np.concatenate(v)
-        off = sparse.coo_matrix((np.concatenate([v, v]), (np.concatenate([r, c]), np.concatenate([c, r]))),
-                                shape=(self.N, self.N)).tocsr()
-        diag = np.asarray(off.sum(axis=1)).ravel()
-        return sparse.diags(diag) - off, diag
+        _, j, i, _ = sup
+        sel = (P > 1e-15) & (P < 1.0 - 1e-13)
+        js = j[sel]
+        S = sparse.csr_matrix((np.sqrt(self.w[js] / eps[js]) * P[sel], (js, i[sel])), shape=(self.M, self.N))
+        G = (S.T @ S).tocsr()
+        G.setdiag(0.0)
+        G.eliminate_zeros()
+        diag = np.asarray(G.sum(axis=1)).ravel()
+        return sparse.diags(diag) - G, diag
 
 
 def semidiscrete_w2(
@@ -142,6 +188,8 @@ def semidiscrete_w2(
     eps_start: float = 0.05,
     eps_final: float = 0.02,
     factor: float = 6.0,
+    local: float = 0.3,
+    margin: float = 6.0,
     max_steps: int = 300,
     max_failed: int = 5,
     workers: int = 2,
@@ -160,20 +208,25 @@ def semidiscrete_w2(
     w : ndarray, shape (M,)
         Their weights (non-negative, sum 1).
     k : int
-        Candidate atoms per fine atom in the entropic plan.
+        Candidate atoms per fine atom in the first nearest-neighbour query of each support
+        (more where atoms cluster: every atom within the support's gap is taken).
     tol : float
         Target :math:`\|m - a\|_1` of the plan's marginal at the final :math:`\varepsilon`.
     eps_start, eps_final : float
-        :math:`\varepsilon` runs from ``eps_start * 4 pi / N`` down to
-        ``eps_final * sqrt(4 pi / N) * sqrt(4 pi / M)`` by factors ``factor``.
+        :math:`\varepsilon_j` runs from ``eps_start * 4 pi / N * lam_j`` down to
+        ``eps_final * sqrt(4 pi / N * lam_j) * sqrt(4 pi / M * kappa_j)`` by factors ``factor``.
+    local : float
+        Floor of the local scale factors ``lam_j`` and ``kappa_j`` (in ``(0, 1]``; 1: one global
+        :math:`\varepsilon`).
+    margin : float
+        A support is kept while :math:`\max_i|\psi_i - \psi_i^{q}| \le` ``margin / 2`` times the
+        smallest :math:`\varepsilon_j` (:math:`\psi^q`: where it was queried), and it holds every
+        atom within ``(log(10 / stage tol) + margin) * eps_j`` of the best.
     max_steps : int
         Newton steps in all (every stage).
     max_failed : int
         Failed line searches (a step damped below 1/16, or no acceptable step at all) after
         which the solve stops and returns the bracket of the current plan (``stalled``).
-        Within the design this does not happen (at most one such step has been seen); outside
-        it (uneven weights, i.i.d. fine atoms) Newton can otherwise crawl for hundreds of
-        heavily damped steps, each costing up to 14 nearest-neighbour queries.
     workers : int
         Threads of the nearest-neighbour queries.
 
@@ -181,48 +234,64 @@ def semidiscrete_w2(
     -------
     dict
         ``lo``, ``hi`` (bounds on :math:`W_2^2`, chordal), ``chord_max`` (longest chord the
-        plan uses), ``eps``, ``marginal_error`` (:math:`\|m-a\|_1`), ``newton_steps``,
-        ``queries``, ``converged`` (the final marginal error is within ``100 * tol``; if not,
-        the bracket is still valid, only wider), ``failed_line_searches``, ``stalled`` (stopped
-        after ``max_failed`` of them), ``seconds``.
+        plan uses), ``eps`` (median final :math:`\varepsilon_j`), ``marginal_error``
+        (:math:`\|m-a\|_1`), ``newton_steps``, ``queries`` (k-d trees built), ``support``
+        (mean entries per fine atom of the final plan), ``converged`` (the final marginal error
+        is within ``100 * tol``; if not, the bracket is still valid, only wider),
+        ``failed_line_searches``, ``stalled`` (stopped after ``max_failed`` of them), ``seconds``.
     """
     from scipy import sparse
     from scipy.sparse.linalg import LinearOperator, cg
+    from scipy.spatial import cKDTree
 
     t0 = time.perf_counter()
     s = _Solver(x, a, y, w, k, workers)
     N, M = s.N, s.M
-    ell2 = 4.0 * math.pi / N
-    eps_end = eps_final * math.sqrt(ell2) * math.sqrt(4.0 * math.pi / M)
-    eps = max(eps_start * ell2, eps_end)
+    ell2, h2 = 4.0 * math.pi / N, 4.0 * math.pi / M
+    # local squared scales around each fine atom, relative to the quasi-uniform values (Fibonacci
+    # sets: 0.8 ell^2 to the 3rd nearest atom, 1.19 h^2 to the 3rd nearest other fine atom)
+    lam = np.clip(cKDTree(x).query(y, k=min(3, N), workers=workers)[0][:, -1] ** 2 / (0.8 * ell2), local, 1.0)
+    kap = np.clip(cKDTree(y).query(y, k=min(4, M), workers=workers)[0][:, -1] ** 2 / (1.19 * h2), local, 1.0)
+    eps_end = eps_final * np.sqrt(ell2 * lam * h2 * kap)
+    e_rel = max(eps_start, eps_final * math.sqrt(h2 / ell2))
+    final = e_rel <= eps_final * math.sqrt(h2 / ell2)
     psi = np.zeros(N)
     radius = ell2
-    steps, final = 0, eps <= eps_end
-    failed, stalled = 0, False
+    steps, failed, stalled = 0, 0, False
+
+    def at(p: np.ndarray, cur: tuple):
+        """F, P, m at ``p``: on the current support while it is valid there, else on a fresh one."""
+        sup, p_q = cur
+        if sup is None or float(np.abs(p - p_q).max()) > 0.5 * margin * float(eps.min()):
+            sup, p_q = s.support(p, gap), p.copy()
+        return s.evaluate(p, eps, sup), (sup, p_q)
+
     while True:
-        cand, C = s.candidates(psi, s.k)
-        F, P, m = s.evaluate(psi, eps, cand, C)
+        eps = eps_end if final else np.maximum(e_rel * ell2 * lam, eps_end)
         stage_tol = tol if final else 1e-4
+        # the support holds every atom whose weight can reach e^{-cut} of the best while psi stays
+        # within margin * min(eps) / 2 of where it was queried
+        gap = eps * (math.log(10.0 / stage_tol) + margin + s.log_a_range)
+        (F, P, m), cur = at(psi, (None, None))
         while True:
             g = a - m
-            if np.abs(g).sum() < stage_tol:
+            if np.abs(g).sum() < stage_tol or steps >= max_steps:
                 break
-            if steps >= max_steps:
-                break
-            L, diag = s.laplacian(P, cand)
+            L, diag = s.hessian(P, cur[0], eps)
             # Levenberg-Marquardt floor: a cell with (almost) no mass has an (almost) empty row
-            mu_lm = min(1e-3, float(np.abs(g).sum()))  # vanishes near the solution: Newton's quadratic rate returns
+            # (vanishes near the solution: Newton's quadratic rate returns; 1e-3 instead of 1e-5 slowed the smooth
+            # modes of N = 1e4 cells, whose smallest Hessian eigenvalues are ~1e-3 of the mean diagonal)
+            mu_lm = min(1e-5, 1e-2 * float(np.abs(g).sum()))
             L = L + sparse.diags(mu_lm * (diag.mean() / a.mean()) * a + 1e-12 * diag.max())
             dinv = 1.0 / np.maximum(L.diagonal(), 1e-300)
-            delta, _ = cg(L, eps * g, rtol=1e-3, maxiter=1000, M=LinearOperator((N, N), matvec=lambda u: dinv * u))
+            delta, _ = cg(L, g, rtol=1e-3, maxiter=1000, M=LinearOperator((N, N), matvec=lambda u: dinv * u))
             big = float(np.abs(delta).max())
             if big > radius:  # trust region on max|delta|: a (nearly) empty cell asks for a huge step
                 delta *= radius / big
             gd = float(g @ delta)
             t = 1.0
             while True:  # Armijo on F_eps, and no cell may lose most of its mass (KMT's damping)
-                cn, Cn = s.candidates(psi + t * delta, s.k)
-                Fn, Pn, mn = s.evaluate(psi + t * delta, eps, cn, Cn)
+                (Fn, Pn, mn), cur_n = at(psi + t * delta, cur)
                 if Fn >= F + 0.01 * t * gd and mn.min() > 0.2 * min(m.min(), a.min()):
                     break
                 t *= 0.5
@@ -234,28 +303,26 @@ def semidiscrete_w2(
                 failed += 1
             if failed >= max_failed:  # stalled: more steps would cost much and gain little
                 stalled = True
+            if t > 0.0:
+                psi = psi + t * delta
+                F, P, m, cur = Fn, Pn, mn, cur_n
+                radius = 2.0 * radius if t == 1.0 else max(t * float(np.abs(delta).max()), 1e-3 * ell2)
+                steps += 1
+                log.debug("eps=%.3g step %d t=%g |m-a|_1=%.3g", e_rel, steps, t, np.abs(a - m).sum())
             if t == 0.0 or stalled:
-                if t > 0.0:
-                    psi = psi + t * delta
-                    F, P, m, cand, C = Fn, Pn, mn, cn, Cn
-                    steps += 1
                 break
-            psi = psi + t * delta
-            F, P, m, cand, C = Fn, Pn, mn, cn, Cn
-            radius = 2.0 * radius if t == 1.0 else max(t * float(np.abs(delta).max()), 1e-3 * ell2)
-            steps += 1
-            log.debug("eps=%.3g step %d t=%g |m-a|_1=%.3g", eps, steps, t, np.abs(a - m).sum())
         if final or stalled:
             break
-        eps = eps / factor
-        if eps <= eps_end:
-            eps, final = eps_end, True
+        e_rel /= factor
+        final = e_rel <= eps_final * math.sqrt(h2 / ell2)
+    _, j, i, C = cur[0]
     marginal_error = float(np.abs(m - a).sum())
-    hi = float(np.sum(w[:, None] * P * C)) + 2.0 * marginal_error
+    hi = float(np.sum(w[j] * P * C)) + 2.0 * marginal_error
     used = P > 1e-12
     chord_max = float(np.sqrt(C[used].max())) if used.any() else 0.0
-    idx1, C1 = s.candidates(psi, 1)
-    lo = float(a @ psi + w @ (C1[:, 0] - psi[idx1[:, 0]]))
-    return {"lo": lo, "hi": max(hi, lo), "chord_max": chord_max, "eps": eps, "marginal_error": marginal_error,
-            "newton_steps": steps, "queries": s.queries, "converged": bool(marginal_error <= max(100 * tol, 1e-6)),
-            "failed_line_searches": failed, "stalled": stalled, "seconds": time.perf_counter() - t0}
+    i1, C1 = s.nearest(psi)
+    lo = float(a @ psi + w @ (C1 - psi[i1]))
+    return {"lo": lo, "hi": max(hi, lo), "chord_max": chord_max, "eps": float(np.median(eps)),
+            "marginal_error": marginal_error, "newton_steps": steps, "queries": s.queries, "support": j.size / M,
+            "converged": bool(marginal_error <= max(100 * tol, 1e-6)), "failed_line_searches": failed,
+            "stalled": stalled, "seconds": time.perf_counter() - t0}
