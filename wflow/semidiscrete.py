@@ -56,7 +56,8 @@ mismatch costs at most :math:`\mathrm{diam}^2 = 4` per unit, half of it moves). 
 :math:`\mathrm{lo} \le W_2^2(\mu_N,\nu) \le \mathrm{hi}`, whatever the solver did.
 Measured (cases of :func:`wflow.validate._s2_semidiscrete_w2`, SA and USA, t = 0 and 1, 16 fine
 atoms per atom): relative width of the :math:`W_2` bracket
-:math:`(\sqrt{\mathrm{hi}}-\sqrt{\mathrm{lo}})/W_2 \approx 3\cdot10^{-5}\text{--}1.3\cdot10^{-4}`.
+:math:`(\sqrt{\mathrm{hi}}-\sqrt{\mathrm{lo}})/W_2 \approx 3\cdot10^{-5}\text{--}1.7\cdot10^{-4}`
+(docs/validation.md).
 
 Scope.  Atoms of (nearly) equal weight against a fine quadrature with a smooth density:
 Fibonacci nodes pushed forward by a smooth flow, also after the flow has clustered nodes
@@ -75,8 +76,8 @@ Cost: one lifted k-d tree per support (a k-nearest query, plus a ball query wher
 cluster), re-queried only when :math:`\psi` leaves the support's ball; 20--55 Newton steps.
 The queries dominate, and slow down as the range of :math:`\psi` grows (the lifted coordinate
 spreads: range 0.4 against :math:`\ell^2 = 0.013` for USA at :math:`t = 1`, :math:`N = 10^3`).
-2-core machine, shared: :math:`N = 10^3`: 2.5--5 s; :math:`N = 10^4`, USA at :math:`t = 1`:
-285 s (54 steps, 87 queries).
+2-core machine, shared, mean per solve: :math:`N = 10^3`: 2.4--4.8 s; :math:`N = 10^4`:
+67 s at :math:`t = 0`, 238 s (SA) and 544 s (USA, up to 881 s) at :math:`t = 1`.
 """
 from __future__ import annotations
 
