@@ -203,6 +203,28 @@ if numba is not None:
             return lambda x, zero: _exp32(np.float32(x))
         return lambda x, zero: _exp64(np.float64(x))
 
+    @njit(inline="always", cache=True, fastmath=_FM_SUM)
+    def _value_sums4(gTk, j0, j1, e, acc, r4, zero):
+        """acc[r4 + s, 1 + l] += sum_j e[s, j] g_l(j) for the 4 rows s of one block: each value
+        load feeds 4 FMAs; partial sums in the dtype of ``zero``."""
+        e0, e1, e2, e3 = e[0], e[1], e[2], e[3]
+        for l in range(gTk.shape[0]):
+            g = gTk[l, j0:j1]
+            t0 = zero
+            t1 = zero
+            t2 = zero
+            t3 = zero
+            for jj in range(j1 - j0):
+                gj = g[jj]
+                t0 += e0[jj] * gj
+                t1 += e1[jj] * gj
+                t2 += e2[jj] * gj
+                t3 += e3[jj] * gj
+            acc[r4, l + 1] += t0
+            acc[r4 + 1, l + 1] += t1
+            acc[r4 + 2, l + 1] += t2
+            acc[r4 + 3, l + 1] += t3
+
     @njit(parallel=True, cache=True, fastmath=_FM_SUM)
     def _direct_sums(a, bT, logw, gT, floor, zero, rows, cols, n_chunks, shift, acc_out):
         """a (B, n, p) with n a multiple of rows, rows and p multiples of 4, bT (B, p, m),
@@ -233,7 +255,6 @@ if numba is not None:
                     J = j1 - j0
                     lw = logw[k, j0:j1]
                     x0, x1, x2, x3 = buf[0], buf[1], buf[2], buf[3]
-                    e0, e1, e2, e3 = e[0], e[1], e[2], e[3]
                     for r4 in range(0, rows, 4):
                         A = a[k, i0 + r4 : i0 + r4 + 4]
                         # logits <a_i, b_j> + log w_j for 4 rows at once: each b load feeds 4 FMAs
@@ -288,23 +309,7 @@ if numba is not None:
                                 es[jj] = v
                                 t += v
                             acc[r, 0] += t
-                        # value sums, 4 rows at once: each value load feeds 4 FMAs
-                        for l in range(q):
-                            g = gT[k, l, j0:j1]
-                            t0 = zero
-                            t1 = zero
-                            t2 = zero
-                            t3 = zero
-                            for jj in range(J):
-                                gj = g[jj]
-                                t0 += e0[jj] * gj
-                                t1 += e1[jj] * gj
-                                t2 += e2[jj] * gj
-                                t3 += e3[jj] * gj
-                            acc[r4, l + 1] += t0
-                            acc[r4 + 1, l + 1] += t1
-                            acc[r4 + 2, l + 1] += t2
-                            acc[r4 + 3, l + 1] += t3
+                        _value_sums4(gT[k], j0, j1, e, acc, r4, zero)
                 for r in range(rows):
                     # report the shift in the working dtype, and the sums consistent with it
                     c = _round_as(mx[r], zero)
@@ -454,22 +459,7 @@ if numba is not None:
                                 vs[jj] = e
                                 t += e
                             acc[r, 0] += t
-                        for l in range(q):
-                            g = gT[k, l, j0:j1]
-                            t0 = np.float32(0.0)
-                            t1 = np.float32(0.0)
-                            t2 = np.float32(0.0)
-                            t3 = np.float32(0.0)
-                            for jj in range(J):
-                                gj = g[jj]
-                                t0 += v0[jj] * gj
-                                t1 += v1[jj] * gj
-                                t2 += v2[jj] * gj
-                                t3 += v3[jj] * gj
-                            acc[r4, l + 1] += t0
-                            acc[r4 + 1, l + 1] += t1
-                            acc[r4 + 2, l + 1] += t2
-                            acc[r4 + 3, l + 1] += t3
+                        _value_sums4(gT[k], j0, j1, xv, acc, r4, np.float32(0.0))
                     first = False
                 for r in range(rows):
                     # report the row's maximum (as the other routes do), rounded to float32
