@@ -3,9 +3,9 @@ r"""Geometry of the unit sphere :math:`S^{d-1} \subset \mathbb{R}^d`.
 Points are arrays of shape ``(..., n, d)``; the last axis holds coordinates and any
 leading axes are independent systems.  Tangent vectors at ``x`` have the same shape.
 
-Contents: projections, geodesics, exponential map and retraction, random rotations,
-samplers (uniform, von Mises--Fisher, mixtures, a density on the circle) and
-quadrature nodes (trapezoid rule on :math:`S^1`, Gauss--Legendre x trapezoid on
+Contents: projections, geodesics, cost matrices, tangent frames, exponential map and
+retraction, random rotations, samplers (uniform, von Mises--Fisher, mixtures, a density
+on the circle) and quadrature nodes (trapezoid rule on :math:`S^1`, Gauss--Legendre x trapezoid on
 :math:`S^2`).  Every random function takes ``seed``: ``None``, an ``int``, a
 :class:`numpy.random.SeedSequence` or a :class:`numpy.random.Generator`.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
+from scipy import stats
 
 from ._typing import ArrayLike, SeedLike
 from .errors import as_points, check_int, check_nonnegative, short_repr
@@ -23,6 +24,8 @@ __all__ = [
     "normalize",
     "project",
     "geodesic_distance",
+    "cost_matrix",
+    "tangent_frame",
     "exp_map",
     "log_map",
     "retract",
@@ -52,20 +55,116 @@ def as_generator(seed: SeedLike) -> np.random.Generator:
     raise TypeError(f"seed must be None, an int, a SeedSequence or a numpy Generator, got {short_repr(seed)}")
 
 
-def normalize(x: ArrayLike) -> np.ndarray:
-    """Project non-zero vectors radially onto the sphere, ``x / |x|``.
+#: Arrays with at least this many numbers go through the fused numba loops of
+#: :func:`project` and :func:`normalize` (one pass over memory, both cores); smaller ones
+#: through NumPy, whose per-call cost is lower than a parallel region's start-up.
+FUSED_MIN_SIZE = 1 << 15
 
-    Raises ``ValueError`` for a zero vector or a non-finite value.
+try:  # numba is a dependency, but keep the geometry importable without it
+    from numba import njit, prange
+
+    @njit(parallel=True, cache=True, fastmath={"nsz", "contract", "reassoc"})
+    def _project_rows(x, v, out):  # pragma: no cover - compiled
+        R, d = x.shape
+        for i in prange(R):
+            s = 0.0
+            for k in range(d):
+                s += x[i, k] * v[i, k]
+            c = x.dtype.type(s)
+            for k in range(d):
+                out[i, k] = v[i, k] - c * x[i, k]
+
+    @njit(parallel=True, cache=True, fastmath={"nsz", "contract", "reassoc"})
+    def _normalize_rows(x, out, sq):  # pragma: no cover - compiled
+        R, d = x.shape
+        for i in prange(R):
+            s = 0.0
+            for k in range(d):
+                s += np.float64(x[i, k]) * np.float64(x[i, k])
+            sq[i] = s
+            c = x.dtype.type(1.0 / np.sqrt(s)) if s > 0.0 else x.dtype.type(0.0)
+            for k in range(d):
+                out[i, k] = x[i, k] * c
+
+    _HAVE_NUMBA = True
+except Exception:  # pragma: no cover - numba missing or broken
+    _HAVE_NUMBA = False
+
+
+def _fused_ok(*arrays: np.ndarray) -> bool:
+    a = arrays[0]
+    return (_HAVE_NUMBA and a.size >= FUSED_MIN_SIZE and a.ndim >= 1 and a.shape[-1] > 0
+            and a.dtype in (np.float32, np.float64)
+            and all(b.shape == a.shape and b.dtype == a.dtype and b.flags.c_contiguous for b in arrays))
+
+
+def normalize(x: ArrayLike, *, check: bool = True) -> np.ndarray:
+    r"""Project non-zero vectors radially onto the sphere, :math:`x \mapsto x / |x|`.
+
+    Parameters
+    ----------
+    x : array_like, shape (..., n, d)
+        Vectors (float32 stays float32, anything else becomes float64).
+    check : bool
+        Validate the input (default).  Raises ``ValueError`` for a zero vector or a
+        non-finite value, ``TypeError`` for a non-numeric array.  ``check=False`` is the
+        solvers' hot path (a retraction after every step): no validation, a zero vector
+        gives zeros.
+
+    Returns
+    -------
+    ndarray, shape (..., n, d)
+        A new array of unit vectors.
+
+    Notes
+    -----
+    Large C-contiguous float arrays take one fused pass (squared norm, then scaling, per
+    row, in parallel); the squared norms are accumulated in float64 and checked afterwards.
+
+    Examples
+    --------
+    >>> normalize([[3.0, 4.0]])
+    array([[0.6, 0.8]])
     """
-    return as_points(x, "x", normalize=True)
+    arr = np.asarray(x) if isinstance(x, np.ndarray) else None
+    if arr is None or arr.dtype not in (np.float32, np.float64) or arr.ndim < 2 or arr.shape[-1] < 2 or arr.shape[-2] < 1:
+        return as_points(x, "x", normalize=True)  # converts, or raises naming the problem
+    if _fused_ok(arr):
+        out = np.empty_like(arr)
+        sq = np.empty(arr.size // arr.shape[-1])
+        _normalize_rows(arr.reshape(-1, arr.shape[-1]), out.reshape(-1, arr.shape[-1]), sq)
+        if not check or (np.isfinite(sq).all() and (sq > 0).all()):
+            return out
+        return as_points(arr, "x", normalize=True)  # raises (or rescues squares that over/underflowed)
+    sq = np.einsum("...i,...i->...", arr, arr)
+    if not check or (np.isfinite(sq).all() and (sq > 0).all()):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return arr / np.sqrt(sq)[..., None]
+    return as_points(arr, "x", normalize=True)
 
 
 def project(x: np.ndarray, v: np.ndarray) -> np.ndarray:
     r"""Tangent projection :math:`P_x v = v - \langle x, v\rangle x`.
 
-    ``x`` and ``v`` broadcast against each other; no validation (hot path).
+    ``x`` and ``v`` broadcast against each other; no validation (hot path).  Large
+    C-contiguous arrays of one float dtype and shape take one fused parallel pass
+    (about 1 ms for :math:`10^6` float64 numbers on 2 cores, against 4--12 ms for
+    the three-pass NumPy expression); others use ``einsum`` for the inner products.
+
+    Examples
+    --------
+    >>> project(np.array([0.0, 0.0, 1.0]), np.array([1.0, 2.0, 3.0]))
+    array([1., 2., 0.])
     """
-    return v - np.sum(x * v, axis=-1, keepdims=True) * x
+    if isinstance(x, np.ndarray) and isinstance(v, np.ndarray) and _fused_ok(x, v):
+        out = np.empty_like(v)
+        d = x.shape[-1]
+        _project_rows(x.reshape(-1, d), v.reshape(-1, d), out.reshape(-1, d))
+        return out
+    x = np.asarray(x)
+    v = np.asarray(v)
+    out = x * np.einsum("...i,...i->...", x, v)[..., None]
+    return np.subtract(v, out, out=out if out.shape == np.broadcast_shapes(x.shape, v.shape) and out.dtype == np.result_type(x, v) else None)
 
 
 def geodesic_distance(x: ArrayLike, y: ArrayLike) -> np.ndarray:
@@ -77,6 +176,139 @@ def geodesic_distance(x: ArrayLike, y: ArrayLike) -> np.ndarray:
     x = np.asarray(x)
     y = np.asarray(y)
     return 2.0 * np.arctan2(np.linalg.norm(x - y, axis=-1), np.linalg.norm(x + y, axis=-1))
+
+
+#: Ground costs of :func:`cost_matrix`.
+COSTS = ("geodesic", "chordal")
+#: Gram entries above this (or below its negative) are recomputed from :math:`|x - y|`
+#: (or :math:`|x + y|`): there ``arccos`` of the Gram entry has lost half its digits.
+_GRAM_BRANCH = 0.99
+#: Entries of one block of :func:`cost_matrix` (bounds its temporaries, 32 MB in float64).
+_COST_BLOCK = 1 << 22
+
+
+def cost_matrix(x: ArrayLike, y: ArrayLike | None = None, *, cost: str = "geodesic", p: float = 2) -> np.ndarray:
+    r"""Ground cost :math:`C_{ij} = d(x_i, y_j)^p` between two point sets, geodesic or chordal.
+
+    .. math::
+
+        d_{\mathrm{geo}}(x, y) = \arccos\langle x, y\rangle \in [0, \pi], \qquad
+        d_{\mathrm{chord}}(x, y) = |x - y| = \sqrt{2 - 2\langle x, y\rangle}.
+
+    Computed from the Gram matrix :math:`G = x y^\top` (one GEMM per block of rows), except
+    where ``arccos`` (or the square root of :math:`2 - 2G`) loses digits: for
+    :math:`G > 0.99` the distance comes from the chord, :math:`d = 2\arcsin(|x - y|/2)`,
+    and for :math:`G < -0.99` from :math:`d = \pi - 2\arcsin(|x + y|/2)`, both formed from
+    the coordinates.  The result agrees with :func:`geodesic_distance` to about
+    :math:`10^{-15}` (absolute, :math:`p = 1`) for every pair, near and antipodal ones
+    included.  Rows are processed in blocks, so temporaries stay near 32 MB whatever the
+    size; the output itself is :math:`n \times m` float64.
+
+    Parameters
+    ----------
+    x : array_like, shape (n, d)
+        Points on the sphere.
+    y : array_like, shape (m, d), optional
+        Second point set (default ``x``; then the diagonal is exactly 0).
+    cost : {"geodesic", "chordal"}
+        Which distance.
+    p : float
+        Exponent, ``p > 0`` (default 2: the quadratic optimal-transport cost).
+
+    Returns
+    -------
+    ndarray, shape (n, m)
+
+    Examples
+    --------
+    >>> x = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    >>> np.round(cost_matrix(x, p=1) / np.pi, 12)
+    array([[0. , 0.5, 1. ],
+           [0.5, 0. , 0.5],
+           [1. , 0.5, 0. ]])
+    """
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+    if not (isinstance(p, (int, float, np.integer, np.floating)) and not isinstance(p, bool) and np.isfinite(p) and p > 0):
+        raise ValueError(f"p must be a finite number > 0, got {p!r}")
+    same = y is None
+    x = np.asarray(x, dtype=np.float64)
+    y = x if same else np.asarray(y, dtype=np.float64)
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must have shapes (n, d) and (m, d), got {x.shape} and {y.shape}")
+    n, m = x.shape[0], y.shape[0]
+    out = np.empty((n, m))
+    rows = max(1, _COST_BLOCK // max(1, m))
+    for i in range(0, n, rows):
+        xi = x[i:i + rows]
+        G = xi @ y.T
+        np.clip(G, -1.0, 1.0, out=G)
+        near = np.nonzero(G > _GRAM_BRANCH)
+        chord_near = np.linalg.norm(xi[near[0]] - y[near[1]], axis=-1)
+        if cost == "chordal":
+            C = np.sqrt(np.maximum(2.0 - 2.0 * G, 0.0), out=G)
+            C[near] = chord_near
+        else:
+            far = np.nonzero(G < -_GRAM_BRANCH)
+            C = np.arccos(G, out=G)
+            C[near] = 2.0 * np.arcsin(np.minimum(0.5 * chord_near, 1.0))
+            if far[0].size:
+                s = np.linalg.norm(xi[far[0]] + y[far[1]], axis=-1)
+                C[far] = np.pi - 2.0 * np.arcsin(np.minimum(0.5 * s, 1.0))
+        if p == 2:
+            np.multiply(C, C, out=out[i:i + rows])
+        elif p == 1:
+            out[i:i + rows] = C
+        else:
+            np.power(C, p, out=out[i:i + rows])
+    if same:
+        np.fill_diagonal(out, 0.0)
+    return out
+
+
+def tangent_frame(x: ArrayLike) -> np.ndarray:
+    r"""An orthonormal basis of the tangent space :math:`T_x S^{d-1} = x^\perp` at each point.
+
+    Returns ``e`` of shape ``(..., n, d-1, d)`` with :math:`\langle e_a, e_b\rangle = \delta_{ab}`
+    and :math:`\langle e_a, x\rangle = 0`:
+
+    * :math:`d = 2`: :math:`e_1 = (-x_2, x_1)` (counter-clockwise);
+    * :math:`d = 3`: :math:`e_1` the normalized projection of the coordinate axis least
+      aligned with :math:`x`, :math:`e_2 = x \times e_1` (so :math:`(e_1, e_2, x)` is
+      positively oriented);
+    * any :math:`d`: the rows :math:`j \ne k` of the Householder reflection
+      :math:`H = I - 2uu^\top/|u|^2`, :math:`u = x + \mathrm{sign}(x_k) e_k`,
+      :math:`k = \arg\max_j |x_j|` (:math:`H e_k = -\mathrm{sign}(x_k)\, x` and
+      :math:`|u|^2 \ge 2`, so no cancellation); cost :math:`O(d^2)` per point.
+
+    The frame is not continuous in :math:`x` (no continuous frame exists on :math:`S^2`);
+    it is orthonormal to round-off everywhere.
+
+    Examples
+    --------
+    >>> tangent_frame(np.array([[0.0, 0.0, 1.0]]))
+    array([[[1., 0., 0.],
+            [0., 1., 0.]]])
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim < 1 or x.shape[-1] < 2:
+        raise ValueError(f"x must have shape (..., d) with d >= 2, got {x.shape}")
+    d = x.shape[-1]
+    if d == 2:
+        return np.stack([-x[..., 1], x[..., 0]], axis=-1)[..., None, :]
+    if d == 3:
+        axis = np.eye(3)[np.argmin(np.abs(x), axis=-1)]
+        e1 = axis - np.sum(axis * x, -1, keepdims=True) * x
+        e1 /= np.linalg.norm(e1, axis=-1, keepdims=True)
+        return np.stack([e1, np.cross(x, e1)], axis=-2)
+    k = np.argmax(np.abs(x), axis=-1)
+    sign = np.where(np.take_along_axis(x, k[..., None], -1) < 0, -1.0, 1.0)
+    u = x.copy()
+    np.put_along_axis(u, k[..., None], np.take_along_axis(u, k[..., None], -1) + sign, -1)
+    H = np.eye(d) - (2.0 / np.einsum("...i,...i->...", u, u))[..., None, None] * u[..., :, None] * u[..., None, :]
+    keep = np.arange(d)[None, :] != np.reshape(k, (-1, 1))  # (points, d): every row but k
+    Hf = H.reshape(-1, d, d)
+    return Hf[keep].reshape(*x.shape[:-1], d - 1, d)
 
 
 def exp_map(x: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -150,8 +382,15 @@ def _as_direction(mean: ArrayLike, name: str) -> np.ndarray:
 def von_mises_fisher(n: int, mean: ArrayLike, kappa: float, seed: SeedLike = None) -> np.ndarray:
     r"""``n`` samples of the von Mises--Fisher law :math:`\propto e^{\kappa\langle\mu, x\rangle}` on :math:`S^{d-1}`.
 
-    Wood's (1994) rejection sampler for the component along ``mean``; exact for every
-    ``kappa >= 0`` (``kappa = 0`` is uniform).  Shape ``(n, d)``.
+    Drawn by :class:`scipy.stats.vonmises_fisher` (Wood's 1994 rejection sampler for the
+    component along ``mean``) from the generator made of ``seed``, so a seed reproduces
+    the same samples; ``kappa = 0`` is the uniform law (:func:`uniform`).  Shape ``(n, d)``.
+
+    Examples
+    --------
+    >>> x = von_mises_fisher(1000, [0.0, 0.0, 1.0], 50.0, seed=0)
+    >>> x.shape, bool(abs(x[:, 2].mean() - (1 / np.tanh(50.0) - 1 / 50.0)) < 0.01)
+    ((1000, 3), True)
     """
     n = check_int(n, "n")
     mu = _as_direction(mean, "mean")
@@ -160,26 +399,7 @@ def von_mises_fisher(n: int, mean: ArrayLike, kappa: float, seed: SeedLike = Non
     rng = as_generator(seed)
     if kappa == 0:
         return uniform(n, d, rng)
-    # Wood (1994): sample w = <mu, x> by rejection from a Beta-based envelope.
-    b = (d - 1) / (2 * kappa + np.sqrt(4 * kappa**2 + (d - 1) ** 2))
-    x0 = (1 - b) / (1 + b)
-    c = kappa * x0 + (d - 1) * np.log(1 - x0**2)
-    w = np.empty(n)
-    filled = 0
-    while filled < n:
-        m = max(2 * (n - filled), 16)
-        z = rng.beta((d - 1) / 2, (d - 1) / 2, size=m)
-        cand = (1 - (1 + b) * z) / (1 - (1 - b) * z)
-        u = rng.uniform(size=m)
-        ok = kappa * cand + (d - 1) * np.log(1 - x0 * cand) - c >= np.log(u)
-        take = cand[ok][: n - filled]
-        w[filled : filled + take.size] = take
-        filled += take.size
-    # a uniform direction orthogonal to mu
-    v = rng.standard_normal((n, d))
-    v -= (v @ mu)[:, None] * mu
-    v /= np.linalg.norm(v, axis=1, keepdims=True)
-    x = w[:, None] * mu + np.sqrt(np.clip(1 - w**2, 0, None))[:, None] * v
+    x = stats.vonmises_fisher(mu, kappa).rvs(n, random_state=rng).reshape(n, d)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
