@@ -92,10 +92,19 @@ class _CentersMesh:
 
 
 def _kind(result: Any) -> str:
-    """``"particles"``, ``"density"``, ``"lagrangian"``, ``"atoms-density"`` or a TypeError."""
+    """``"particles"``, ``"density"``, ``"lagrangian"``, ``"atoms-density"`` or a TypeError.
+
+    A result's ``kind`` attribute decides when it has one (``"jko"`` is a density on a mesh
+    or on a point cloud); otherwise its attributes do.
+    """
     if isinstance(result, (_Particles, _Densities)):
         return result.kind
-    if hasattr(result, "trajectory") and hasattr(result, "jacobian"):
+    kind = getattr(result, "kind", None)
+    if kind == "jko" or (kind is None and hasattr(result, "free_energy") and hasattr(result, "reference")):
+        return "density" if getattr(result, "mesh", None) is not None else "atoms-density"
+    if kind in ("particles", "lagrangian", "density", "as-particles"):
+        return kind
+    if hasattr(result, "jacobian") and hasattr(result, "density"):
         return "lagrangian"
     if hasattr(result, "values") and getattr(result, "mesh", None) is not None and hasattr(result, "times"):
         return "density"
@@ -107,6 +116,13 @@ def _kind(result: Any) -> str:
             return "particles"
     raise TypeError(f"wflow.plot cannot draw a {type(result).__name__}: expected a result of wflow.simulate, "
                     f"solve_density, solve_lagrangian or solvers.jko.jko")
+
+
+def _density_values(result: Any) -> np.ndarray:
+    """Densities ``(k, M)`` w.r.t. cell areas (or reference volumes on a point cloud)."""
+    if hasattr(result, "values"):
+        return np.asarray(result.values, dtype=float)
+    return np.asarray(result.weights, dtype=float) / np.asarray(result.reference, dtype=float)
 
 
 def _name(result: Any) -> str:
@@ -131,9 +147,13 @@ def _particles(result: Any, system: int = 0) -> _Particles:
     if isinstance(result, _Particles):
         return result
     if kind == "lagrangian":
-        view = _particles(result.trajectory, system)
-        rho = np.stack([np.asarray(result.density(i)[1], dtype=float) for i in range(len(view.times))])
-        view.kind, view.color = "lagrangian", rho
+        nodes = getattr(result, "trajectory", result)
+        view = _particles(_AsParticles(nodes) if nodes is result else nodes, system)
+        if hasattr(result, "rho0") and hasattr(result, "jacobian"):
+            rho = np.asarray(result.rho0, dtype=float) / np.asarray(result.jacobian, dtype=float)
+        else:
+            rho = np.stack([np.asarray(result.density(i)[1], dtype=float) for i in range(len(view.times))])
+        view.kind, view.color = "lagrangian", rho.reshape(view.points.shape[:2])
         return view
     if kind == "atoms-density":
         k = len(result.times)
@@ -141,7 +161,7 @@ def _particles(result: Any, system: int = 0) -> _Particles:
         diag = {"energy": np.asarray(result.energy, float)}
         return _Particles(kind, np.asarray(result.times, float), pts, np.asarray(result.weights, float),
                           diagnostics=diag, config=_config(result))
-    if kind != "particles":
+    if kind not in ("particles", "as-particles"):
         raise TypeError(f"plot_particles draws particles; got a {_name(result)} (a density on a mesh): "
                         f"use wflow.plot.plot_density")
     times = np.asarray(result.times, dtype=float)
@@ -155,8 +175,19 @@ def _particles(result: Any, system: int = 0) -> _Particles:
     w = np.asarray(result.weights, dtype=float).reshape(-1, n)
     w = w[system if w.shape[0] > 1 else 0]
     diag = {key: _pick(v, k, system, key) for key, v in getattr(result, "diagnostics", {}).items()}
-    return _Particles(kind, times, flat[:, system], np.broadcast_to(w, (k, n)),
+    return _Particles("particles", times, flat[:, system], np.broadcast_to(w, (k, n)),
                       diagnostics={key: v for key, v in diag.items() if v is not None}, config=_config(result))
+
+
+@dataclass
+class _AsParticles:
+    """A Lagrangian result seen as its nodes (a particle trajectory)."""
+
+    result: Any
+    kind: str = "as-particles"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.result, name)
 
 
 def _densities(result: Any, system: int = 0, *, caller: str = "plot_density") -> _Densities:
@@ -169,13 +200,13 @@ def _densities(result: Any, system: int = 0, *, caller: str = "plot_density") ->
                 "free_energy": getattr(result, "free_energy", None)}
         k = len(result.times)
         diag = {key: _pick(v, k, 0, key) for key, v in diag.items()}
-        return _Densities(kind, np.asarray(result.times, float), np.asarray(result.values, float),
+        return _Densities(kind, np.asarray(result.times, float), _density_values(result),
                           np.asarray(mesh.centers, float), mesh=mesh,
                           diagnostics={key: v for key, v in diag.items() if v is not None and np.any(np.isfinite(v))},
                           config=_config(result))
     if kind == "atoms-density":
         diag = {"energy": np.asarray(result.energy, float), "free_energy": np.asarray(result.free_energy, float)}
-        return _Densities(kind, np.asarray(result.times, float), np.asarray(result.values, float),
+        return _Densities(kind, np.asarray(result.times, float), _density_values(result),
                           np.asarray(result.points, float), diagnostics=diag, config=_config(result))
     if kind == "lagrangian":
         view = _particles(result, system)
@@ -187,9 +218,13 @@ def _densities(result: Any, system: int = 0, *, caller: str = "plot_density") ->
 def _config(result: Any) -> dict[str, Any]:
     cfg = getattr(result, "config", None)
     out = dict(cfg) if isinstance(cfg, dict) else {}
-    for key in ("tau", "eps", "method", "scheme"):
-        if key not in out and isinstance(getattr(result, key, None), (int, float, str)):
-            out[key] = getattr(result, key)
+    for key in ("tau", "method", "scheme"):
+        try:
+            value = getattr(result, key, None)
+        except (KeyError, TypeError, ValueError):
+            value = None
+        if key not in out and isinstance(value, (int, float, str)):
+            out[key] = value
     out.setdefault("result", _name(result))
     return out
 
@@ -242,8 +277,9 @@ def describe(result: Any) -> str:
     if kind == "particles":
         view = _particles(result)
         parts = [model, f"{view.points.shape[1]} tokens on {_sphere(view.d)}"]
-        if cfg.get("method"):
-            parts[-1] += f", {cfg['method']}"
+        method = cfg.get("method") or cfg.get("solver")
+        if isinstance(method, str) and method not in ("particles", "lagrangian"):
+            parts[-1] += f", {method}"
         if cfg.get("kappa"):
             parts.append(f"κ = {float(cfg['kappa']):g}")
         return " — ".join(p for p in parts if p)
@@ -256,7 +292,7 @@ def describe(result: Any) -> str:
         where = f"{type(mesh).__name__}, {mesh.n_cells} cells on {_sphere(dens.d)}"
     else:
         where = f"{dens.values.shape[1]} points on {_sphere(dens.d)}"
-    if cfg.get("result") == "JKOResult" or "tau" in cfg and cfg.get("tau"):
+    if cfg.get("result") == "JKOResult" or cfg.get("kind") == "jko" or cfg.get("tau"):
         solver = f"JKO, τ = {float(cfg['tau']):g}" if cfg.get("tau") else "JKO"
     else:
         solver = "finite volume"
