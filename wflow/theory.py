@@ -267,10 +267,6 @@ class _Equiangular:
         scale = math.exp(self.beta) if self.convention == "plain" else 1.0
         return scale / n + 0.0 * u
 
-    @property
-    def radial(self) -> bool:
-        return self.scheme in ("pre-ln", "peri-ln", "mix-ln")
-
     def phase(self, t: float) -> str:
         """The scheme in force at time ``t`` (Mix-LN: Post-LN for t <= tau, then Pre-LN)."""
         if self.scheme == "mix-ln":
