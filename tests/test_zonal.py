@@ -1,0 +1,269 @@
+"""Zonal densities in any dimension (wflow.zonal): kernel accuracy, conservation, positivity,
+growth rates against wflow.theory, observed order, agreement with the S^1 and S^2 schemes."""
+import numpy as np
+import pytest
+from scipy import special
+
+from wflow import theory
+from wflow.zonal import (ZonalFV, bessel_ratio, log_cap_volume, log_normalized_bessel, zonal_kernel,
+                         zonal_weight)
+
+
+def _ssprk3(fv, m, t_end, *, cfl=0.5, max_step=np.inf, check=None):
+    """Private SSP-RK3 loop (Shu & Osher 1988) until wflow.solvers.base drives ZonalFV."""
+    t, steps = 0.0, 0
+    dm, lim = fv.rhs(m)
+    while t < t_end:
+        h = min(cfl * lim, max_step, t_end - t)
+        m1 = m + h * dm
+        dm1, l1 = fv.rhs(m1)
+        if h > l1:
+            lim = l1
+            continue
+        m2 = 0.75 * m + 0.25 * (m1 + h * dm1)
+        dm2, l2 = fv.rhs(m2)
+        if h > l2:
+            lim = min(l1, l2)
+            continue
+        m = (m + 2.0 * (m2 + h * dm2)) / 3.0
+        t += h
+        steps += 1
+        if check is not None:
+            check(m)
+        dm, lim = fv.rhs(m)
+    return m, steps
+
+
+def _reference_kernel(z, zp, beta, d, n):
+    """k and K = (1-z^2) k h by Gauss-Jacobi quadrature over the angle between u and u' on S^{d-2}."""
+    al = (d - 4) / 2
+    t, w = special.roots_jacobi(n, al, al)
+    w = w / w.sum()
+    s, sp = np.sqrt(1 - z * z), np.sqrt(1 - zp * zp)
+    a = beta * s * sp
+    e = np.exp(a[:, None] * (t - 1.0))  # e^{a (tau - 1)}: no overflow
+    m0, m1, m1abs = e @ w, (e * t) @ w, (e * np.abs(t)) @ w
+    log_k = beta * z * zp + a + np.log(m0)
+    # <P_x y, e> = s^2 z' - z s s' tau, averaged against e^{beta <x, y>}
+    K = (s * s * zp * m0 - z * s * sp * m1) / m0
+    scale = (s * s * np.abs(zp) * m0 + np.abs(z) * s * sp * m1abs) / m0
+    return log_k, K, scale
+
+
+# -- the kernel -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d", [3, 8, 128, 1024])
+def test_kernel_against_direct_quadrature(d, rng):
+    z = np.concatenate([rng.uniform(-1, 1, 200), [0.0, 0.999999, -0.5, 1.0]])
+    zp = np.concatenate([rng.uniform(-1, 1, 200), [0.3, -0.99999, -0.5, 0.2]])
+    for beta in (0.1, 1.0, 10.0, 100.0):
+        log_k, h = zonal_kernel(z, zp, beta, d)
+        ref_log_k, ref_K, scale = _reference_kernel(z, zp, beta, d, 400 if d < 1000 else 200)
+        K = (1 - z * z) * h  # K / k
+        assert np.max(np.abs(log_k - ref_log_k)) < 1e-12, (d, beta)          # relative error of k
+        rel = np.abs(K - ref_K) / np.where(scale > 0, scale, 1.0)
+        assert np.max(rel) < 1e-12, (d, beta)                                  # relative to |k| * |integrand|
+        big = np.abs(ref_K) > 1e-3 * scale
+        assert np.max(np.abs(K - ref_K)[big] / np.abs(ref_K[big])) < 1e-12, (d, beta)
+
+
+def test_kernel_special_cases():
+    a = np.array([0.0, 1e-9, 0.3, 2.0, 40.0, 700.0])
+    # d = 2: the average over S^0 = {+-1} is cosh, the ratio tanh
+    np.testing.assert_allclose(log_normalized_bessel(-0.5, a), a + np.log1p(np.exp(-2 * a)) - np.log(2), rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(bessel_ratio(-0.5, a), np.tanh(a), rtol=1e-14, atol=1e-300)
+    # d = 3: I_0, I_1 / I_0
+    np.testing.assert_allclose(log_normalized_bessel(0.0, a), np.log(special.i0e(a)) + a, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(bessel_ratio(0.0, a[1:]), special.i1e(a[1:]) / special.i0e(a[1:]), rtol=1e-14)
+    z, zp, beta = 0.3, -0.6, 5.0
+    log_k, h = zonal_kernel(z, zp, beta, 3)
+    s, sp = np.sqrt(1 - z * z), np.sqrt(1 - zp * zp)
+    assert np.isclose(log_k, beta * z * zp + np.log(special.i0(beta * s * sp)), rtol=1e-14)
+    r = special.i1(beta * s * sp) / special.i0(beta * s * sp)
+    assert np.isclose(h, zp - z * sp * r / s, rtol=1e-14)
+
+
+@pytest.mark.parametrize("nu,a", [(0.0, 1000.0), (2.5, 1000.0), (29.5, 300.0), (30.0, 5.0), (62.5, 100.0),
+                                  (510.5, 1000.0), (4998.5, 1000.0), (4998.5, 1e-3)])
+def test_bessel_log_scale_against_mpmath(nu, a):
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 40
+    A = mpmath.mpf(a)
+    ref_log = mpmath.loggamma(nu + 1) + nu * mpmath.log(2 / A) + mpmath.log(mpmath.besseli(nu, A))
+    ref_ratio = mpmath.besseli(nu + 1, A) / mpmath.besseli(nu, A)
+    assert abs(float(log_normalized_bessel(nu, a) - ref_log)) < 1e-15 * max(1.0, a)
+    assert abs(float(bessel_ratio(nu, a) / ref_ratio) - 1) < 1e-14
+
+
+def test_kernel_extreme_parameters_finite():
+    z = np.linspace(-1, 1, 101)
+    for d in (2, 3, 10_000):
+        log_k, h = zonal_kernel(z[:, None], z[None, :], 1000.0, d)
+        assert np.all(np.isfinite(log_k)) and np.all(np.isfinite(h))
+        assert np.max(log_k) <= 1000.0 + 1e-9          # k <= e^beta
+        assert np.isclose(log_k[-1, -1], 1000.0)
+
+
+def test_weight_and_caps():
+    z = np.linspace(-1, 1, 2001)
+    for d in (3, 8, 128):
+        w = zonal_weight(z, d)
+        assert abs(np.trapezoid(w, z) - 1) < 1e-5
+    assert np.isclose(np.exp(log_cap_volume(0.5, 3)), 0.25, rtol=1e-15)   # Archimedes
+    # log caps where they underflow, against the exact small-cap expansion c_d (1-z)^{(d-1)/2} 2^{(d-3)/2}/(d-1)
+    d, z0 = 1024, 1 - 1e-6
+    ref = (np.log(zonal_weight(0.0, d)) + 0.5 * (d - 1) * np.log(1 - z0) + 0.5 * (d - 3) * np.log(2.0)
+           - np.log((d - 1) / 2) - np.log(2.0))
+    assert abs(log_cap_volume(z0, d) - ref) < 1e-3 * abs(ref)
+
+
+# -- the scheme: conservation, positivity ------------------------------------------------------------
+
+@pytest.mark.parametrize("d,attention,sign,kappa", [(3, "SA", 1, None), (8, "USA", 1, None), (128, "SA", 1, None),
+                                                    (8, "SA", -1, 20.0), (2, "USA", 1, 50.0)])
+def test_mass_and_positivity(d, attention, sign, kappa):
+    # USA in the rescaled kernel e^{beta(<x,y>-1)}: the same flow on the time scale e^{beta} t
+    fv = ZonalFV(d, 128, attention=attention, beta=6.0, sign=sign, kappa=kappa,
+                 kernel="rescaled" if attention == "USA" else "plain")
+    m0 = fv.masses_from_function(lambda z: np.exp(4 * z) + 0.1)
+    seen = []
+
+    def check(m):
+        seen.append((abs(m.sum() - 1.0), m.min()))
+
+    m, steps = _ssprk3(fv, m0, 2.0 if attention == "SA" else 20.0, cfl=0.95, check=check)
+    defect = max(s[0] for s in seen)
+    assert defect < 1e-13
+    assert min(s[1] for s in seen) >= 0.0
+    assert steps > 5
+    if sign == 1 and kappa is None:
+        assert m[-4:].sum() > m0[-4:].sum()      # attraction piles mass at the pole
+
+
+def test_dt_max_is_the_positivity_limit():
+    """A forward-Euler step of dt_max keeps masses >= 0 (advection and diffusion together)."""
+    fv = ZonalFV(8, 64, attention="SA", beta=9.0, kappa=5.0)
+    m = fv.masses_from_function(lambda z: np.exp(30 * z))
+    dm, dt_max = fv.rhs(m)
+    assert np.all(m + dt_max * dm >= -1e-18)
+    assert np.isfinite(dt_max) and dt_max > 0
+
+
+def test_zero_flux_at_the_poles_and_symmetry():
+    fv = ZonalFV(8, 64, attention="SA", beta=3.0)
+    assert fv.face_weights[0] == 0 and fv.face_weights[-1] == 0
+    m = fv.masses_from_function(lambda z: 1 + 0.5 * z * z)        # even: stays even
+    dm, _ = fv.rhs(m)
+    np.testing.assert_allclose(dm, -dm[::-1] * -1, atol=1e-15)
+    np.testing.assert_allclose(fv.centers, -fv.centers[::-1], atol=1e-15)
+    assert abs(fv.volumes.sum() - 1) < 1e-14
+    u = fv.uniform()
+    # uniform is stationary up to the quadrature error of the velocity (the potential is constant only exactly)
+    assert np.max(np.abs(fv.rhs(u)[0])) < 1e-7
+
+
+def test_huge_dimension_and_beta():
+    fv = ZonalFV(10_000, 64, attention="SA", beta=1000.0)
+    m = fv.masses_from_function(lambda z: np.exp(20 * z))
+    dm, dt = fv.rhs(m)
+    assert np.all(np.isfinite(dm)) and np.isfinite(dt) and dt > 0
+    assert abs(dm.sum()) < 1e-15
+    fv = ZonalFV(1024, 64, attention="USA", beta=1000.0, kernel="rescaled")
+    dm, dt = fv.rhs(fv.uniform())
+    assert np.all(np.isfinite(dm))
+
+
+# -- linear growth around uniform -------------------------------------------------------------------
+
+def _linear_rate(fv, ell, eps=1e-6):
+    d = fv.d
+    c1 = special.eval_gegenbauer(ell, (d - 2) / 2, 1.0)
+    u = fv.uniform()
+    mode = fv.masses_from_function(lambda z: 1 + 0.5 * special.eval_gegenbauer(ell, (d - 2) / 2, z) / c1,
+                                   normalize=False) - u
+    ddot = (fv.rhs(u + eps * mode)[0] - fv.rhs(u - eps * mode)[0]) / (2 * eps)
+    w = 1.0 / fv.volumes
+    return np.sum(ddot * mode * w) / np.sum(mode * mode * w)    # Rayleigh quotient in L^2(sigma)
+
+
+@pytest.mark.parametrize("attention", ["SA", "USA"])
+@pytest.mark.parametrize("d,beta,ells", [(3, 4.0, (1, 2, 3, 4)), (8, 4.0, (1, 2, 3, 4)), (128, 4.0, (1, 2, 3)),
+                                         (128, 40.0, (1, 2, 3, 4))])
+def test_growth_rates_against_theory(attention, d, beta, ells):
+    fv = ZonalFV(d, 256, attention=attention, beta=beta)
+    for ell in ells:
+        lam = _linear_rate(fv, ell)
+        ref = float(theory.growth_rate(ell, beta, d, attention))
+        assert abs(lam / ref - 1) < 1e-3, (ell, lam, ref)
+
+
+def test_repulsion_and_heat_rates():
+    d, beta, kappa = 8, 2.0, 4.0
+    fv = ZonalFV(d, 256, attention="USA", beta=beta, sign=-1, kappa=kappa)
+    for ell in (1, 2, 3):
+        ref = -float(theory.growth_rate(ell, beta, d, "USA")) - float(theory.heat_decay_rate(ell, d, kappa))
+        assert abs(_linear_rate(fv, ell) / ref - 1) < 1e-3
+
+
+# -- convergence -------------------------------------------------------------------------------------
+
+def test_observed_order():
+    """Smooth non-uniform density before clustering: successive differences on nested angle grids."""
+    sols = {}
+    for M in (32, 64, 128, 256):
+        fv = ZonalFV(8, M, attention="SA", beta=4.0)
+        m0 = fv.masses_from_function(lambda z: np.exp(1.5 * z) * (1 + 0.3 * np.cos(3 * z)))
+        sols[M], _ = _ssprk3(fv, m0, 1.0, max_step=2.0 / M)
+    diff = [np.abs(sols[M] - sols[2 * M].reshape(-1, 2).sum(axis=1)).sum() for M in (32, 64, 128)]
+    orders = np.log2(np.array(diff[:-1]) / np.array(diff[1:]))
+    assert np.all(orders >= 1.8), orders
+
+
+# -- agreement with the circle and S^2 schemes, and with the models -----------------------------------
+
+def _zonal_velocity_reference(z, f, beta, d, attention, n=400):
+    """g(z) = int p k h dz' (SA: / int p k dz') for the sigma-density f, by Gauss-Legendre in the polar
+    angle, where p dz = c_d f sin^{d-2} dphi is smooth for every d."""
+    x, w = np.polynomial.legendre.leggauss(n)
+    phi = 0.5 * np.pi * (x + 1)
+    zp = np.cos(phi)
+    p = zonal_weight(0.0, d) * f(zp) * np.sin(phi) ** (d - 2) * w * (0.5 * np.pi)
+    log_k, h = zonal_kernel(np.asarray(z)[:, None], zp[None, :], beta, d)
+    k = np.exp(log_k)
+    g = (k * h) @ p
+    return g / (k @ p) if attention == "SA" else g
+
+
+@pytest.mark.parametrize("attention", ["SA", "USA"])
+def test_reduction_matches_models_on_s2_and_s1(attention):
+    """<v[mu](x), e> from wflow.models on a product quadrature of a zonal mu equals (1-z^2) g(z)."""
+    from wflow.measure import Atoms
+    from wflow.models import SA, USA
+
+    beta = 3.0
+    f = lambda z: np.exp(1.2 * z) * (1 + 0.4 * z * z)
+    model = (SA if attention == "SA" else USA)(beta=beta)
+    zq = np.array([-0.7, 0.1, 0.55, 0.9])
+    # S^2: Gauss-Legendre in z' x uniform longitudes (spectral), e = (0, 0, 1)
+    zn, wn = np.polynomial.legendre.leggauss(80)
+    lon = 2 * np.pi * np.arange(96) / 96
+    Z, L = np.meshgrid(zn, lon, indexing="ij")
+    S = np.sqrt(1 - Z * Z)
+    pts = np.stack([S * np.cos(L), S * np.sin(L), Z], axis=-1).reshape(-1, 3)
+    wts = (np.repeat(wn * f(zn), lon.size)).astype(float)
+    mu = Atoms(pts, wts / wts.sum())
+    x = np.stack([np.sqrt(1 - zq * zq), 0 * zq, zq], axis=-1)
+    w_model = model.velocity(x, mu, backend="numpy")[:, 2]
+    # the same mu as a sigma-density: int f dsigma = (1/2) int f dz on S^2
+    norm = 0.5 * np.sum(wn * f(zn))
+    g = _zonal_velocity_reference(zq, lambda z: f(z) / norm, beta, 3, attention)
+    np.testing.assert_allclose(w_model, (1 - zq * zq) * g, rtol=1e-11, atol=1e-13)
+    # S^1: angles +-theta (even data), e = (1, 0); p(z) dz = f dtheta / (pi) on [0, pi]
+    th = np.pi * (np.arange(400) + 0.5) / 400
+    pts = np.concatenate([np.stack([np.cos(th), np.sin(th)], -1), np.stack([np.cos(th), -np.sin(th)], -1)])
+    wts = np.concatenate([f(np.cos(th)), f(np.cos(th))])
+    mu = Atoms(pts, wts / wts.sum())
+    x = np.stack([zq, np.sqrt(1 - zq * zq)], axis=-1)
+    w_model = model.velocity(x, mu, backend="numpy")[:, 0]
+    g = _zonal_velocity_reference(zq, lambda z: f(z) / np.mean(f(np.cos(th))), beta, 2, attention, n=400)
+    np.testing.assert_allclose(w_model, (1 - zq * zq) * g, rtol=1e-10, atol=1e-12)
