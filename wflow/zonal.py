@@ -223,8 +223,8 @@ def log_normalized_bessel(nu: float, a: ArrayLike) -> np.ndarray:
     >>> import numpy as np
     >>> bool(np.isclose(log_normalized_bessel(-0.5, 2.0), np.log(np.cosh(2.0))))
     True
-    >>> float(log_normalized_bessel(5000.0, 1000.0))  # doctest: +ELLIPSIS
-    49.6...
+    >>> round(float(log_normalized_bessel(4998.5, 1000.0)), 6)   # S^{9999}: no overflow, no underflow
+    49.758247
     """
     return _bessel_parts(_check_order(nu), _check_argument(a))[0]
 
@@ -484,7 +484,7 @@ class ZonalFV:
     >>> fv = ZonalFV(128, 256, attention="SA", beta=4.0)
     >>> m0 = fv.masses_from_function(lambda z: 1 + 0.1 * z)
     >>> dm, dt_max = fv.rhs(m0)
-    >>> abs(dm.sum()) < 1e-15, dt_max > 0
+    >>> bool(abs(dm.sum()) < 1e-15), bool(dt_max > 0)
     (True, True)
     >>> bool(dm[-1] > 0)   # attraction: the upper cap gains mass
     True
