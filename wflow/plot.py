@@ -3,16 +3,13 @@ r"""Figures and animations of wflow results (matplotlib).
 Every function works on every result kind that makes sense for it, recognised by its
 attributes rather than its class:
 
-==============================  ==========================================================
-result                          drawn as
-==============================  ==========================================================
-particles (:func:`~wflow.simulate`)   points on :math:`S^1` or :math:`S^2` (3-D or map);
-                                      higher dimensions by their first three principal axes
-densities (:func:`~wflow.solve_density`,
-:func:`~wflow.solvers.jko.jko`)       :math:`\theta`--:math:`t` heat map on :math:`S^1`,
-                                      filled Voronoi cells on a Mollweide map on :math:`S^2`
-Lagrangian (:func:`~wflow.solve_lagrangian`)  moving nodes coloured by the transported density
-==============================  ==========================================================
+* particles (:func:`~wflow.solvers.particles.simulate`): points on :math:`S^1` or :math:`S^2` (3-D view
+  or map); higher dimensions by their first three principal axes;
+* densities (:func:`~wflow.solvers.eulerian.solve_density`, :func:`~wflow.solvers.jko.jko` on a mesh or
+  a point cloud): a :math:`\theta`--:math:`t` heat map on :math:`S^1`, filled Voronoi
+  cells on a Mollweide map on :math:`S^2`;
+* Lagrangian nodes (:func:`~wflow.solvers.lagrangian.solve_lagrangian`): moving nodes coloured by the
+  density they carry.
 
 The module is notebook-safe: it never selects a matplotlib backend.  Functions that
 draw one panel take ``ax=`` and return the :class:`~matplotlib.axes.Axes`; functions
