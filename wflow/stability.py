@@ -771,6 +771,36 @@ def _potential_grad(perceptrons: list[Perceptron], x: np.ndarray) -> np.ndarray:
     return sum(2.0 * (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A for p in perceptrons)
 
 
+def _local_max(perceptrons: list[Perceptron], y: np.ndarray, iters: int = 200) -> np.ndarray:
+    """Riemannian ascent of v from ``y``: Armijo gradient steps, Newton steps where the Hessian is negative."""
+    d = y.shape[0]
+    y = y / np.linalg.norm(y)
+    val = float(_potential(perceptrons, y[None])[0])
+    for _ in range(iters):
+        g_amb = _potential_grad(perceptrons, y[None])[0]
+        B = _tangent_basis(y[None])[0]  # (d-1, d)
+        g = B @ g_amb
+        if np.linalg.norm(g) <= 1e-12 * max(1.0, np.linalg.norm(g_amb)):
+            break
+        D2 = sum(2.0 * np.einsum("j,ja,jb->ab", _DSIGMA[p.activation](p.A @ y + p.b) * p.omega, p.A, p.A)
+                 for p in perceptrons)
+        Hr = B @ D2 @ B.T - np.dot(g_amb, y) * np.eye(d - 1)
+        ev = np.linalg.eigvalsh(Hr)
+        step = -np.linalg.solve(Hr, g) if ev[-1] < 0 else g / max(float(np.abs(ev).max()), 1e-12)
+        t, accepted = 1.0, False
+        while t > 1e-10 and not accepted:
+            v = t * (step @ B)
+            cand = y * np.cos(np.linalg.norm(v)) + np.sinc(np.linalg.norm(v) / np.pi) * v
+            cand /= np.linalg.norm(cand)
+            cval = float(_potential(perceptrons, cand[None])[0])
+            accepted = cval > val + 1e-4 * t * float(g @ step)
+            t /= 2
+        if not accepted:
+            break
+        y, val = cand, cval
+    return y
+
+
 @dataclass
 class PotentialMaximum:
     r"""Global maximum of the perceptron potential :math:`v_\omega` on the sphere.
@@ -802,7 +832,7 @@ def potential_maximum(perceptron: Perceptron | list[Perceptron], *, n_grid: int 
     :math:`\max v \le \max_k\max(v_k, v_{k+1}) + C h^2/8`, with :math:`h` the grid step and
     :math:`C \ge |v''|` (:math:`v` is :math:`C^{1,1}` for every activation here).  For
     :math:`d \ge 3`: ``n_starts`` uniform points plus the directions :math:`\pm a_j/|a_j|`;
-    the best ``n_local`` are polished by L-BFGS on :math:`y \mapsto -v(y/|y|)`.
+    the best ``n_local`` are polished by Riemannian gradient and Newton steps (Armijo line search).
 
     Parameters
     ----------
@@ -877,18 +907,7 @@ def potential_maximum(perceptron: Perceptron | list[Perceptron], *, n_grid: int 
         starts = np.concatenate([starts, dirs, -dirs])
         order = np.argsort(-_potential(perceptrons, starts))[: check_int(n_local, "n_local")]
 
-        def fun(y):
-            r = np.linalg.norm(y)
-            z = (y / r)[None]
-            g = _potential_grad(perceptrons, z)[0]
-            g = (g - np.dot(g, z[0]) * z[0]) / r
-            return -float(_potential(perceptrons, z)[0]), -g
-
-        pts = []
-        for i in order:
-            r = optimize.minimize(fun, starts[i], jac=True, method="L-BFGS-B",
-                                  options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 500})
-            pts.append(r.x / np.linalg.norm(r.x))
+        pts = [_local_max(perceptrons, starts[i]) for i in order]
         pts = np.array(pts)
     vals = _potential(perceptrons, pts)
     best = float(vals.max())
