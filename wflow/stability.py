@@ -38,6 +38,7 @@ from ._typing import ArrayLike, SeedLike
 from .errors import NotAGradientFlowError, WflowError, check_int, check_nonnegative, short_repr
 from .measure import Atoms, as_atoms
 from .models import ACTIVATIONS, REWEIGHTED, Model, Perceptron, SA, USA
+from .sphere import as_generator
 
 __all__ = [
     "WassersteinHessian",
@@ -870,7 +871,7 @@ def potential_maximum(perceptron: Perceptron | list[Perceptron], *, n_grid: int 
         raise ValueError(f"the perceptrons act on different dimensions: {sorted(dims)}")
     d = dims.pop()
     tol = check_nonnegative(tol, "tol")
-    rng = np.random.default_rng(seed) if not isinstance(seed, np.random.Generator) else seed
+    rng = as_generator(seed)
     upper = None
     if d == 2:
         m_units = sum(p.A.shape[0] for p in perceptrons)
