@@ -813,6 +813,9 @@ class ZonalFV:
         top = float(rate.max())
         return dm, (1.0 / top if top > 0 else np.inf)
 
+    #: the name ``wflow.solvers.eulerian.FiniteVolume`` gives the same ``(dm/dt, dt_max)`` under the solver contract
+    positivity_rhs = rhs
+
     def _slopes(self, m: np.ndarray) -> np.ndarray:
         r"""Limited slopes of :math:`f` relative to the cell average, shape ``(M,)``.
 
