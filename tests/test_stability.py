@@ -178,6 +178,9 @@ def test_antipodal_pair_minimizes_repulsive_energy(beta):
     assert s3.strictly_stable
     assert np.allclose(s3.hessian.eigenvalues, [-np.exp(-beta)] * 2 + [0.0] * 2, atol=1e-14)
     assert np.allclose(s3.eigenvalues, [-np.exp(-beta)] * 2, atol=1e-14)
+    # no absolute floor in the tolerances: at beta = 30 the eigenvalue -e^{-30} = -9e-14 still counts
+    far = stability(wflow.USA(30.0, V=-np.eye(2)), pair)
+    assert far.strictly_stable and far.max_eigenvalue == pytest.approx(-np.exp(-30.0), rel=1e-12)
     # tearing a half-mass atom apart lowers E_beta: unstable for plans, S_i/m_i = (e^b - e^-b)/2
     sp = stability(model, pair, splitting=True)
     assert not sp.stable and sp.splitting_max == pytest.approx(np.sinh(beta), rel=1e-13)

@@ -347,8 +347,8 @@ def wasserstein_hessian(model: Model, mu: Atoms | ArrayLike) -> WassersteinHessi
     Examples
     --------
     Two antipodal half-masses under repulsive attention (descent of :math:`E_\beta`): the
-    rotation is a zero mode, moving the atoms toward each other costs
-    :math:`-e^{-\beta}` (operator eigenvalue :math:`4\,c_{12}/1`, see :func:`circle_condition`).
+    rotation is a zero mode; moving both atoms the same way brings them closer, at the rate
+    :math:`-e^{-\beta}` (four times the pair weight :math:`c_{12}` of :func:`circle_condition`).
 
     >>> import numpy as np, wflow
     >>> from wflow.stability import wasserstein_hessian
@@ -498,7 +498,8 @@ def stability(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8, tol_ve
         Distinct atoms of positive mass.
     rtol : float
         Eigenvalues within ``rtol * scale`` of 0 count as 0, ``scale`` the largest entry of
-        the Hessian operator (or 1 if larger; the splitting blocks included).
+        the Hessian operator, of the splitting blocks (with ``splitting``) and of the terms
+        that make the velocity (below).
     tol_velocity : float, optional
         Absolute tolerance on the velocity; default ``rtol`` times the size of the terms
         that make it (:math:`\sum_{j\ne i} m_j e^{\beta\langle x_i,x_j\rangle} + |\nabla U(x_i)|`).
@@ -539,7 +540,7 @@ def stability(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8, tol_ve
     for p in perceptrons:
         size += np.linalg.norm((ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A, axis=-1)
     if tol_velocity is None:
-        tol_velocity = rtol * max(float(size.max()), 1.0)
+        tol_velocity = rtol * float(size.max())
     else:
         tol_velocity = check_nonnegative(tol_velocity, "tol_velocity")
     velocity = float(np.linalg.norm(H.gradient, axis=-1).max())
@@ -552,7 +553,7 @@ def stability(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8, tol_ve
             N = q[:, R.shape[1]:M.shape[0]]
             M = N.T @ M @ N
     evals = np.linalg.eigvalsh(M) if M.size else np.zeros(0)
-    scale = max(float(np.abs(H.matrix).max()) if H.matrix.size else 0.0, 1.0)
+    scale = max(float(np.abs(H.matrix).max()) if H.matrix.size else 0.0, float(size.max()))
     split_max = None
     top = float(evals[-1]) if evals.size else -np.inf
     if splitting:
