@@ -161,7 +161,7 @@ def _ambient_derivatives(attention, perceptrons, x: np.ndarray, m: np.ndarray):
     The self-interaction of each atom, constant on the sphere, is left out (it changes
     neither the gradient's tangent part nor the second variation along geodesics, as long as
     gradient and Hessian leave it out together).  Also returns the splitting shift
-    ``sum_s s m_i^2 e^beta`` per atom and the SA normalizer.
+    ``sum_attention s m_i^2 e^beta`` per atom (the self-attraction of the pieces of a split atom).
     """
     k, d = x.shape
     grad = np.zeros((k, d))
