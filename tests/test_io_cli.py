@@ -11,15 +11,15 @@ from wflow.cli import main
 from wflow.errors import WflowError
 
 
-class _StopAfter(io.ZarrWriter):
-    """A writer that interrupts the run after k snapshots (like a killed process)."""
+class _StopAfter(wflow.solvers.base.Tracker):
+    """A tracker that interrupts the run after k snapshots (like a killed process)."""
 
-    def __init__(self, path, k):
-        super().__init__(path)
+    def __init__(self, k):
         self.k = k
+        self.count = 0
 
-    def write(self, snapshot):
-        super().write(snapshot)
+    def save(self, snap):
+        self.count += 1
         if self.count == self.k:
             raise KeyboardInterrupt
 
@@ -33,11 +33,11 @@ def test_resumed_run_equals_uninterrupted(kwargs, tmp_path, rng):
     mu0 = Atoms(sphere.uniform(24, 3, rng, batch=(2,)))
     full = simulate(SA(4.0), mu0, 2.0, **kwargs)
     with pytest.raises(KeyboardInterrupt):
-        simulate(SA(4.0), mu0, 2.0, writer=_StopAfter(tmp_path / "t.zarr", 4), **kwargs)
-    part = io.load(tmp_path / "t.zarr")
+        simulate(SA(4.0), mu0, 2.0, writer=io.ZarrRecorder(tmp_path / "t.zarr"), trackers=[_StopAfter(4)], **kwargs)
+    part = wflow.load(tmp_path / "t.zarr")
     assert len(part.times) == 4
-    resumed = io.resume(tmp_path / "t.zarr")
-    on_disk = io.load(tmp_path / "t.zarr")
+    resumed = wflow.resume(tmp_path / "t.zarr")
+    on_disk = wflow.load(tmp_path / "t.zarr")
     for traj in (resumed, on_disk):
         np.testing.assert_array_equal(traj.times, full.times)
         np.testing.assert_array_equal(traj.points, full.points)
@@ -51,7 +51,7 @@ def test_dataset_round_trip_and_self_description(tmp_path, rng):
     assert ds["points"].dims == ("time", "particle", "coord")
     cfg = json.loads(ds.attrs["config"])
     assert cfg["model"] == {"type": "USA", "beta": 1.0, "V": (-np.eye(3)).tolist()}
-    assert cfg["seed"] == 3 and cfg["method"] == "rk4" and ds.attrs["wflow_version"] == wflow.__version__
+    assert cfg["seed"] is None and cfg["solver"] == "rk4" and ds.attrs["wflow_version"] == wflow.__version__
     wflow.save(traj, tmp_path / "r.zarr")
     back = wflow.load(tmp_path / "r.zarr")
     np.testing.assert_array_equal(back.points, traj.points)
@@ -63,13 +63,13 @@ def test_load_rejects_foreign_files(tmp_path):
     import xarray as xr
 
     xr.Dataset({"a": ("x", np.arange(3))}).to_zarr(tmp_path / "other.zarr", consolidated=False)
-    with pytest.raises(WflowError, match="not a wflow trajectory"):
-        io.load(tmp_path / "other.zarr")
+    with pytest.raises(WflowError, match="not a wflow result store"):
+        wflow.load(tmp_path / "other.zarr")
     (tmp_path / "junk").mkdir()
     with pytest.raises(WflowError, match="cannot read"):
-        io.load(tmp_path / "junk")
+        wflow.load(tmp_path / "junk")
     with pytest.raises(FileNotFoundError):
-        io.load(tmp_path / "missing.zarr")
+        wflow.load(tmp_path / "missing.zarr")
 
 
 def test_cli_default_with_small_overrides(tmp_path, capsys):
@@ -90,21 +90,25 @@ def test_cli_default_with_small_overrides(tmp_path, capsys):
     np.testing.assert_array_equal(wflow.load(tmp_path / "again" / "trajectory.zarr").points, traj.points)
 
 
-def test_cli_resume_completes_interrupted_run(tmp_path, capsys):
+def test_cli_resume_completes_interrupted_run(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     args = ["--set", "init.n=30", "--set", "run.t_end=1", "--set", "run.n_saves=6", "--set", "run.method=rk4",
             "--set", "run.dt=0.05", "--out", str(out), "--no-progress"]
     assert main(["run", *args, "--set", "output.figure=false"]) == 0
     full = wflow.load(out / "trajectory.zarr")
-    # simulate an interruption: keep the first 3 snapshots of a fresh run, then resume
+    # an interruption (Ctrl-C) after the third committed snapshot, then resume
     out2 = tmp_path / "cut"
-    model = SA(9.0)
-    from wflow.config import apply_overrides, build_run, load_config
+    orig = io.ZarrRecorder.save
 
-    cfg = apply_overrides(load_config(None), [a for a in args[1:-3:2]] + ["run.seed=0"])
-    model, mu0, kw = build_run(cfg)
-    with pytest.raises(KeyboardInterrupt):
-        simulate(model, mu0, cfg["run.t_end"], writer=_StopAfter(out2 / "trajectory.zarr", 3), **kw)
+    def save(self, snap):
+        orig(self, snap)
+        if self.count == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(io.ZarrRecorder, "save", save)
+    assert main(["run", *args[:-3], "--out", str(out2), "--no-progress"]) == 130
+    monkeypatch.setattr(io.ZarrRecorder, "save", orig)
+    assert len(wflow.load(out2 / "trajectory.zarr").times) == 3
     assert main(["run", "--resume", "--out", str(out2), "--no-progress"]) == 0
     np.testing.assert_array_equal(wflow.load(out2 / "trajectory.zarr").points, full.points)
 

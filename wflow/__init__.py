@@ -3,12 +3,11 @@
 Tokens are particles on :math:`S^{d-1}`, depth is time, self-attention moves each
 token toward a softmax-weighted average of the others.  wflow solves the finite-N
 particle system and its continuum limit (finite volume, Lagrangian quadrature, JKO
-steps), and measures the Wasserstein distance between them.  See DESIGN.md for the mathematics and README.md for a tour.
+steps), and measures the Wasserstein distance between them.  See the documentation (docs/) for the mathematics and README.md for a tour.
 """
 from ._version import __version__
 from . import sphere, theory
 from .errors import NotAGradientFlowError, SolverError, WflowError
-from .io import load, resume, save
 from .kernels import kernel_sums
 from .density import Density
 from .measure import Atoms
@@ -17,6 +16,8 @@ from .models import SA, USA, Model, Perceptron
 from .solvers.eulerian import DensityTrajectory, solve_density
 from .solvers.lagrangian import LagrangianSolution, solve_lagrangian
 from .solvers.particles import Trajectory, simulate
+from .solvers.runs import load, resume, save
+from .solvers.base import Result, integrate
 from .transport import wasserstein, wasserstein_result
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "wasserstein",
     "wasserstein_result",
     "Trajectory",
+    "Result",
+    "integrate",
     "kernel_sums",
     "load",
     "save",

@@ -15,7 +15,8 @@ import numpy as np
 
 from .errors import short_repr
 
-__all__ = ["KEYS", "default_config", "load_config", "apply_overrides", "validate_config", "to_toml", "build_run"]
+__all__ = ["KEYS", "default_config", "load_config", "apply_overrides", "validate_config", "to_toml", "build_run",
+           "start_run", "Run"]
 
 
 @dataclass(frozen=True)
@@ -260,3 +261,83 @@ def build_run(cfg: dict[str, Any]):
     if cfg["run.method"] == "dopri5":
         kwargs.update(rtol=cfg["run.rtol"], atol=cfg["run.atol"])
     return model, Atoms(x), kwargs
+
+
+class Run:
+    """A configuration turned into objects: ``describe`` for the log line, ``execute`` to run it.
+
+    Built by :func:`start_run`, which validates everything a run needs (model, mesh, backend,
+    initial state) before anything is written.
+    """
+
+    def __init__(self, cfg: dict[str, Any], describe: str, call):
+        self.cfg, self.describe, self._call = cfg, describe, call
+
+    def execute(self, trackers: list, *, progress: bool = True, out: Path | None = None):
+        """Run through the driver with ``trackers`` (a recorder); returns the result (``keep=False``)."""
+        return self._call(list(trackers), progress, out)
+
+
+def _check_backend(name: str) -> None:
+    from .kernels import BACKENDS
+
+    if name != "auto" and name not in BACKENDS:
+        raise ValueError(f"config key run.backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}")
+
+
+def start_run(cfg: dict[str, Any]) -> Run:
+    """The objects of a configuration (model, initial state, solver arguments), validated; nothing is written."""
+    from .density import Density
+
+    _check_backend(cfg["run.backend"])
+    solver = cfg["solver"]
+    model = build_model(cfg)
+    saves = np.linspace(0.0, cfg["run.t_end"], cfg["run.n_saves"])
+    backend = cfg["run.backend"]
+    if solver == "particles":
+        from .solvers.particles import simulate
+
+        _, mu0, kwargs = build_run(cfg)
+
+        def call(trackers, progress, out):
+            return simulate(model, mu0, cfg["run.t_end"], trackers=trackers, progress=progress, keep=False,
+                            throw=False, **kwargs)
+
+        return Run(cfg, f"{model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, method={cfg['run.method']}",
+                   call)
+    if solver == "lagrangian":
+        from .solvers.lagrangian import solve_lagrangian
+
+        def call(trackers, progress, out):
+            return solve_lagrangian(model, initial_density(cfg), cfg["run.t_end"], d=cfg["init.d"],
+                                    nodes=cfg["mesh.resolution"], save_at=saves, rtol=cfg["run.rtol"],
+                                    atol=cfg["run.atol"], backend=backend, progress=progress, trackers=trackers,
+                                    keep=False, throw=False)
+
+        return Run(cfg, f"lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}", call)
+    mesh = build_mesh(cfg)
+    rho = Density.from_function(mesh, initial_density(cfg))
+    kappa = cfg["run.kappa"] or None
+    if solver == "eulerian":
+        from .solvers.eulerian import solve_density
+
+        def call(trackers, progress, out):
+            return solve_density(model, rho, cfg["run.t_end"], save_at=saves, cfl=cfg["mesh.cfl"], kappa=kappa,
+                                 backend=backend, progress=progress, trackers=trackers, keep=False, throw=False)
+
+        return Run(cfg, f"eulerian, {model!r}, {mesh!r}", call)
+    from .solvers.jko import check_gradient_model, jko
+    from .solvers.trackers import StepLog
+
+    check_gradient_model(model, mesh.d)
+    tau = cfg["jko.tau"]
+    n_steps = max(1, int(np.ceil(cfg["run.t_end"] / tau - 1e-9)))
+    save_every = max(1, n_steps // max(1, cfg["run.n_saves"] - 1))
+
+    def call(trackers, progress, out):
+        log = [StepLog(out / "steps.csv")] if out is not None else []
+        return jko(model, rho, tau, n_steps, eps=cfg["jko.eps"] or None, kappa=kappa, method=cfg["jko.method"],
+                   backend=backend, save_every=save_every, progress=progress, trackers=[*trackers, *log],
+                   keep=False, throw=False)
+
+    return Run(cfg, f"jko, {model!r}, {mesh!r}, tau={tau:g}, {n_steps} steps", call)

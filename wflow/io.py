@@ -1,20 +1,24 @@
-"""Results on disk: trajectories as :class:`xarray.Dataset`, written snapshot by snapshot.
+"""Results on disk: one Zarr store per run, written snapshot by snapshot, committed atomically.
 
-A run writes a Zarr store (``trajectory.zarr``) and appends one snapshot along the
-``time`` dimension as soon as it is computed, so an interrupted run keeps every
-snapshot already written and :func:`resume` continues it from the last one.  The store
-is self-describing: its attributes carry the format tag, the wflow version, the full
-run configuration (model, parameters, solver, seed) as JSON.
+A run's store (``trajectory.zarr``, ``density.zarr``, ...) is a Zarr v3 group created when
+the run starts, with every per-snapshot array sized for all the run's save times and
+chunked one snapshot per chunk.  A snapshot is written chunk by chunk and then
+*committed* by atomically replacing a small record, ``wflow_commit.json``, that holds the
+number of committed snapshots (write a temporary file, ``fsync``, ``rename``).  Readers
+and :func:`wflow.resume` use the committed length and ignore anything beyond it, so a
+process that dies at any instant leaves either the whole snapshot or none of it.
+Every chunk carries a CRC32C checksum (Zarr's ``crc32c`` codec), and a chunk missing
+inside the committed length is an error naming the store, the variable and the snapshot,
+never a fill value.
 
-Layout::
+Layout: the variables the problem saves (``points``, ``values``, diagnostics, ...) with a
+leading ``time`` dimension; ``steps``, ``rejected``, ``evaluations`` and ``dt_next`` per
+snapshot; the solver's resume variables (``checkpoint_*``); variables written once
+(``weights``, mesh arrays) without ``time``; attributes ``wflow_format``, ``kind``,
+``solver``, ``wflow_version`` and the configuration as JSON.
 
-    points          (time, [system,] particle, coord)   positions
-    weights         ([system,] particle)                  atom masses
-    energy, order_parameter, n_clusters  (time, [system])  diagnostics
-    steps, rejected, evaluations, dt_next (time)           solver statistics
-    attrs: wflow_format, wflow_version, solver, config (JSON)
-
-Several batch axes are flattened into ``system``; ``config["batch_shape"]`` restores them.
+This module knows nothing about solvers: it stores what the driver hands to its
+recorder (:class:`ZarrRecorder`) and reads it back as plain arrays (:func:`read_store`).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -31,289 +36,271 @@ import numpy as np
 from ._version import __version__
 from .errors import WflowError
 
-__all__ = ["FORMAT", "ZarrWriter", "trajectory_to_dataset", "dataset_to_trajectory", "load", "resume"]
+__all__ = ["FORMAT", "COMMIT", "ZarrRecorder", "result_dataset", "read_store", "write_result", "committed_length"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = "wflow.trajectory/1"
-_STAT_VARS = ("steps", "rejected", "evaluations")
-#: config keys that simulate() writes itself; others (e.g. a lagrangian run's) are carried over on resume
-_SIMULATE_CONFIG = {"model", "method", "dt", "rtol", "atol", "kappa", "seed", "backend", "t0", "t_end",
-                    "save_at", "cluster_threshold", "n", "d", "batch_shape", "wflow_version", "n_tracers"}
-_DIAG_VARS = ("energy", "order_parameter", "n_clusters")
+FORMAT = "wflow.result/2"
+COMMIT = "wflow_commit.json"
+_STATS = ("steps", "rejected", "evaluations")
+_CHECKPOINT = "checkpoint_"
 
 
-def _xr():
-    import xarray as xr
+def _zarr():
+    import zarr
 
-    return xr
-
-
-def _point_dims(batch_shape: tuple[int, ...]) -> tuple[str, ...]:
-    return (("system",) if batch_shape else ()) + ("particle", "coord")
+    return zarr
 
 
-def _snapshot_dataset(snap: dict[str, Any], *, first: bool):
-    xr = _xr()
-    cfg = snap["config"]
-    batch = tuple(cfg["batch_shape"])
-    n, d = cfg["n"], cfg["d"]
-    pts = np.asarray(snap["points"]).reshape(((int(np.prod(batch)),) if batch else ()) + (n, d))
-    sys_dims = ("system",) if batch else ()
-    data = {
-        "points": (("time",) + _point_dims(batch), pts[None]),
-        "dt_next": (("time",), np.array([snap.get("dt_next", np.nan)], dtype=np.float64)),
-    }
-    if snap.get("tracers") is not None:
-        tr = np.asarray(snap["tracers"]).reshape(pts.shape[:-2] + (-1, d))
-        data["tracers"] = (("time",) + sys_dims + ("tracer", "coord"), tr[None])
-    for k in _DIAG_VARS:
-        v = np.asarray(snap["diagnostics"][k]).reshape(pts.shape[:-2])
-        data[k] = (("time",) + sys_dims, v[None])
-    for k in _STAT_VARS:
-        data[k] = (("time",), np.array([snap["stats"][k]], dtype=np.int64))
-    if first:
-        data["weights"] = (sys_dims + ("particle",), np.asarray(snap["weights"]).reshape(pts.shape[:-1]))
-    # attributes go with every append: xarray replaces the store's attributes each time
-    attrs = {"wflow_format": FORMAT, "wflow_version": __version__, "solver": cfg.get("solver", "particles"),
-             "config": json.dumps(cfg)}
-    return xr.Dataset(data, coords={"time": np.array([snap["time"]], dtype=np.float64)}, attrs=attrs)
+def _codecs():
+    zarr = _zarr()
+    return (zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec())
 
 
-def _append(path: Path, ds, *, first: bool) -> None:
-    """Create the store with ``ds`` (first snapshot) or append ``ds`` along ``time``."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=UserWarning)  # zarr v3 consolidated-metadata notes
-        warnings.simplefilter("ignore", category=RuntimeWarning)
-        if first:
-            ds.to_zarr(path, mode="w", consolidated=False)
-        else:
-            ds.to_zarr(path, mode="a", append_dim="time", consolidated=False)
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-class ZarrWriter:
-    """Append snapshots to a Zarr store as they arrive (:class:`~wflow.solvers.particles.SnapshotWriter`).
+def _write_commit(path: Path, length: int) -> None:
+    tmp = path / (COMMIT + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump({"length": int(length)}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path / COMMIT)
+    _fsync_dir(path)
+
+
+def committed_length(path: str | os.PathLike) -> int:
+    """The number of committed snapshots of a store (0 when none was committed)."""
+    p = Path(path) / COMMIT
+    if not p.exists():
+        return 0
+    try:
+        return int(json.loads(p.read_text())["length"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WflowError(f"{p.parent}: unreadable commit record {COMMIT}: {exc}") from None
+
+
+def _attrs(kind: str, solver: str, config: dict[str, Any]) -> dict[str, Any]:
+    return {"wflow_format": FORMAT, "wflow_version": __version__, "kind": kind, "solver": solver,
+            "config": json.dumps(config)}
+
+
+class ZarrRecorder:
+    """The tracker that writes a run to a Zarr store, one atomic commit per snapshot.
 
     Parameters
     ----------
     path : str or Path
         The store (a folder, conventionally ``*.zarr``).
     append : bool
-        Continue an existing store (used by :func:`resume`); otherwise an existing store
-        is an error unless ``overwrite=True``.
+        Continue an existing store (:func:`wflow.resume`): snapshots from the resumed one on
+        are written over the uncommitted tail.
+    overwrite : bool
+        Replace an existing store; otherwise an existing store is an error.
+    attrs : dict, optional
+        Further JSON-serializable attributes of the store (``wflow run`` records its flat
+        configuration as ``run_config``).
     """
 
-    def __init__(self, path: str | os.PathLike, *, append: bool = False, overwrite: bool = False):
+    name = "recorder"
+
+    def __init__(self, path: str | os.PathLike, *, append: bool = False, overwrite: bool = False,
+                 attrs: dict[str, Any] | None = None):
         self.path = Path(path)
-        self._first = not append
+        self.append = append
+        self.extra_attrs = {k: json.dumps(v) for k, v in (attrs or {}).items()}
         if append:
-            if not self.path.exists():
+            if not (self.path / COMMIT).exists() and not self.path.exists():
                 raise FileNotFoundError(f"cannot append: no store at {self.path}")
-        elif self.path.exists():
-            if not overwrite:
-                raise FileExistsError(f"{self.path} exists; pass overwrite=True (CLI: choose another --out or --resume)")
-            shutil.rmtree(self.path)
+        elif self.path.exists() and not overwrite:
+            raise FileExistsError(f"{self.path} exists; pass overwrite=True (CLI: choose another --out, --resume "
+                                  f"or --overwrite)")
+        self.overwrite = overwrite
         self.count = 0
+        self.group = None
+        self._arrays: dict[str, Any] = {}
 
-    def write(self, snapshot: dict[str, Any]) -> None:
-        _append(self.path, _snapshot_dataset(snapshot, first=self._first), first=self._first)
-        self._first = False
+    # -- tracker protocol -----------------------------------------------------------
+    def start(self, run) -> None:
+        zarr = _zarr()
+        self.n_saves = len(run.save_times)
+        self.kind = run.problem.kind
+        self.solver = run.solver.name
+        self.config = run.config
+        self.static = run.static
+        if self.append:
+            self.group = zarr.open_group(self.path, mode="r+")
+            # every chunk is written, even one equal to the fill value (a missing chunk means damage)
+            self._arrays = {name: arr.with_config({"write_empty_chunks": True}) for name, arr in self.group.arrays()}
+            self.group.attrs.update(_attrs(self.kind, self.solver, self.config))
+        else:
+            if self.path.exists():
+                shutil.rmtree(self.path)
+            self.group = None  # created at the first snapshot, when the shapes are known
+
+    def save(self, snap) -> None:
+        if self.group is None:
+            self._create(snap)
+        i = snap.index
+        for name, (dims, value) in self._variables(snap).items():
+            arr = self._arrays.get(name)
+            if arr is None:
+                raise WflowError(f"{self.path}: variable {name!r} is not in the store; it was written by another "
+                                 f"configuration")
+            arr[i] = value
+        _write_commit(self.path, i + 1)
         self.count += 1
-        log.debug("wrote snapshot t=%g to %s", snapshot["time"], self.path)
+        log.debug("committed snapshot %d (t=%g) to %s", i, snap.t, self.path)
+
+    def step(self, t, dt, step) -> None:
+        return None
+
+    def finish(self, result) -> None:
+        return None
+
+    # -- layout -------------------------------------------------------------------------
+    @staticmethod
+    def _variables(snap) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
+        out = {"time": ((), np.float64(snap.t))}
+        out.update({k: (dims, np.asarray(v)) for k, (dims, v) in snap.data.items()})
+        for k in _STATS:
+            out[k] = ((), np.int64(snap.stats[k]))
+        out["dt_next"] = ((), np.float64(snap.control.get("dt_next", np.nan)))
+        out.update({_CHECKPOINT + k: (dims, np.asarray(v)) for k, (dims, v) in snap.checkpoint.items()})
+        return out
+
+    def _create(self, snap) -> None:
+        zarr = _zarr()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        group = zarr.open_group(self.path, mode="w", zarr_format=3,
+                                attributes={**_attrs(self.kind, self.solver, self.config), **self.extra_attrs})
+        codecs = _codecs()
+        for name, (dims, value) in self._variables(snap).items():
+            value = np.asarray(value)
+            fill = np.nan if value.dtype.kind == "f" else 0
+            self._arrays[name] = group.create_array(
+                name, shape=(self.n_saves,) + value.shape, chunks=(1,) + value.shape, dtype=value.dtype,
+                fill_value=fill, compressors=codecs, dimension_names=("time",) + tuple(dims),
+                config={"write_empty_chunks": True})
+        for name, (dims, value) in self.static.items():
+            value = np.asarray(value)
+            arr = group.create_array(name, shape=value.shape, chunks=value.shape or None, dtype=value.dtype,
+                                     compressors=codecs, dimension_names=tuple(dims),
+                                     config={"write_empty_chunks": True})
+            arr[...] = value
+        with warnings.catch_warnings():  # zarr notes that consolidated metadata is not in the v3 spec (yet)
+            warnings.simplefilter("ignore", UserWarning)
+            zarr.consolidate_metadata(self.path)
+        self.group = group
 
 
-def trajectory_to_dataset(traj):
-    """A :class:`~wflow.solvers.particles.Trajectory` as an :class:`xarray.Dataset` (layout in the module docstring)."""
-    xr = _xr()
-    cfg = traj.config
-    batch = tuple(cfg["batch_shape"])
-    k = len(traj.times)
-    nb = (int(np.prod(batch)),) if batch else ()
-    sys_dims = ("system",) if batch else ()
-    data = {
-        "points": (("time",) + _point_dims(batch), traj.points.reshape((k,) + nb + traj.points.shape[-2:])),
-        "weights": (sys_dims + ("particle",), traj.weights.reshape(nb + traj.weights.shape[-1:])),
-        "dt_next": (("time",), np.asarray(traj.dt_next, dtype=np.float64)),
-    }
-    if traj.tracers is not None:
-        data["tracers"] = (("time",) + sys_dims + ("tracer", "coord"),
-                           traj.tracers.reshape((k,) + nb + traj.tracers.shape[-2:]))
-    for name in _DIAG_VARS:
-        data[name] = (("time",) + sys_dims, traj.diagnostics[name].reshape((k,) + nb))
-    for name in _STAT_VARS:
-        data[name] = (("time",), np.asarray(traj.stats[name], dtype=np.int64))
-    attrs = {"wflow_format": FORMAT, "wflow_version": __version__, "solver": cfg.get("solver", "particles"),
-             "config": json.dumps(cfg)}
-    return xr.Dataset(data, coords={"time": traj.times}, attrs=attrs)
+# ------------------------------------------------------------------------------ reading
+def _chunk_path(store: Path, name: str, index: int, ndim: int) -> Path:
+    return store.joinpath(name, "c", str(index), *(["0"] * (ndim - 1)))
 
 
-def dataset_to_trajectory(ds):
-    """Inverse of :func:`trajectory_to_dataset`; rejects datasets it cannot interpret."""
-    from .solvers.particles import Trajectory
+def read_store(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a store's committed snapshots as plain arrays, verifying every chunk.
 
-    fmt = ds.attrs.get("wflow_format")
-    if fmt != FORMAT:
-        raise WflowError(f"not a wflow trajectory (wflow_format={fmt!r}, expected {FORMAT!r})")
-    try:
-        cfg = json.loads(ds.attrs["config"])
-    except (KeyError, json.JSONDecodeError) as exc:
-        raise WflowError(f"wflow trajectory has no readable 'config' attribute: {exc}") from None
-    missing = [v for v in ("points", "weights", *_DIAG_VARS, *_STAT_VARS) if v not in ds.variables]
-    if missing:
-        raise WflowError(f"wflow trajectory is missing variables {missing}")
-    batch = tuple(cfg["batch_shape"])
-    times = np.asarray(ds["time"].values, dtype=np.float64)
-    k = len(times)
-    pts = np.asarray(ds["points"].values).reshape((k,) + batch + (cfg["n"], cfg["d"]))
-    w = np.asarray(ds["weights"].values).reshape(batch + (cfg["n"],))
-    diag = {name: np.asarray(ds[name].values).reshape((k,) + batch) for name in _DIAG_VARS}
-    stats = {name: np.asarray(ds[name].values) for name in _STAT_VARS}
-    dtn = np.asarray(ds["dt_next"].values) if "dt_next" in ds.variables else np.full(k, np.nan)
-    tracers = None
-    if "tracers" in ds.variables:
-        tracers = np.asarray(ds["tracers"].values).reshape((k,) + batch + (-1, cfg["d"]))
-    return Trajectory(times=times, points=pts, weights=w, diagnostics=diag, stats=stats, config=cfg, dt_next=dtn,
-                      tracers=tracers)
+    Returns a dict with ``kind``, ``solver``, ``config``, ``times``, ``data``
+    (``name -> (dims, array)``, leading time axis), ``static``, ``stats`` (incl. ``dt_next``)
+    and ``checkpoint`` (the solver's resume variables, each with a time axis).
 
-
-def _open(path: str | os.PathLike):
-    xr = _xr()
+    Raises
+    ------
+    FileNotFoundError
+        No store at ``path``.
+    WflowError
+        Not a wflow store, no committed snapshot, a missing chunk or a failed checksum inside
+        the committed length (the message names the store, the variable and the snapshot).
+    """
+    zarr = _zarr()
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no wflow result at {p}")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return xr.open_zarr(p, consolidated=False)
-    except Exception as exc:
+        group = zarr.open_group(p, mode="r")
+        attrs = dict(group.attrs)
+    except Exception as exc:  # noqa: BLE001 - any failure of the storage layer is reported with the path
         raise WflowError(f"cannot read {p} as a wflow result (Zarr store): {type(exc).__name__}: {exc}") from None
-
-
-def load(path: str | os.PathLike):
-    """Load a trajectory written by :class:`ZarrWriter` or :func:`save`."""
-    ds = _open(path)
+    if attrs.get("wflow_format") != FORMAT:
+        raise WflowError(f"{p} is not a wflow result store (wflow_format={attrs.get('wflow_format')!r}, "
+                         f"expected {FORMAT!r})")
     try:
-        return dataset_to_trajectory(ds.load())
-    finally:
-        ds.close()
+        config = json.loads(attrs["config"])
+    except (KeyError, json.JSONDecodeError) as exc:
+        raise WflowError(f"{p}: no readable 'config' attribute: {exc}") from None
+    length = committed_length(p)
+    if length == 0:
+        raise WflowError(f"{p} holds no committed snapshot (the run stopped before its first save); start it afresh")
+    out: dict[str, Any] = {"kind": attrs["kind"], "solver": attrs["solver"], "config": config, "data": {},
+                           "static": {}, "stats": {}, "checkpoint": {}, "length": length}
+    for name, arr in group.arrays():
+        dims = tuple(arr.metadata.dimension_names or ())
+        if dims[:1] == ("time",):
+            for i in range(length):
+                if not _chunk_path(p, name, i, arr.ndim).exists():
+                    raise WflowError(f"{p}: variable {name!r} has no data for snapshot {i} (of {length} committed): "
+                                     f"the store is damaged")
+            try:
+                value = arr[:length]
+            except Exception as exc:  # noqa: BLE001 - checksum / decompression failures name the chunk
+                raise WflowError(f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc}): a chunk is "
+                                 f"damaged (checksum or decompression failed)") from None
+            if name == "time":
+                out["times"] = np.asarray(value, dtype=np.float64)
+            elif name in _STATS or name == "dt_next":
+                out["stats"][name] = np.asarray(value)
+            elif name.startswith(_CHECKPOINT):
+                out["checkpoint"][name[len(_CHECKPOINT):]] = (dims[1:], np.asarray(value))
+            else:
+                out["data"][name] = (dims[1:], np.asarray(value))
+        else:
+            try:
+                out["static"][name] = (dims, np.asarray(arr[...]))
+            except Exception as exc:  # noqa: BLE001
+                raise WflowError(f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc})") from None
+    return out
 
 
-def save(traj, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write a whole trajectory to a Zarr store."""
+# ------------------------------------------------------------------------------ datasets
+def result_dataset(result):
+    """A :class:`~wflow.solvers.base.Result` as an :class:`xarray.Dataset` (the store's layout)."""
+    import xarray as xr
+
+    data = {name: (("time",) + tuple(dims), arr) for name, (dims, arr) in result.data.items()}
+    for k, v in result.stats.items():
+        data[k] = (("time",), np.asarray(v))
+    data.update({name: (tuple(dims), arr) for name, (dims, arr) in result.static.items()})
+    return xr.Dataset(data, coords={"time": np.asarray(result.times, dtype=np.float64)},
+                      attrs=_attrs(result.kind, result.solver, result.config))
+
+
+def write_result(result, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Write a whole result to a store (the same layout and commit record as a recorded run)."""
     p = Path(path)
-    if p.exists():
-        if not overwrite:
-            raise FileExistsError(f"{p} exists; pass overwrite=True")
-        shutil.rmtree(p)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=UserWarning)
-        trajectory_to_dataset(traj).to_zarr(p, mode="w", consolidated=False)
+    rec = ZarrRecorder(p, overwrite=overwrite)
+    run = SimpleNamespace(save_times=result.times, problem=SimpleNamespace(kind=result.kind),
+                          solver=SimpleNamespace(name=result.solver), config=result.config, static=result.static)
+    rec.start(run)
+    k = len(result.times)
+    dt_next = result.stats.get("dt_next", np.full(k, np.nan))
+    for i in range(k):
+        if i == k - 1:
+            checkpoint = result.checkpoint
+        else:  # only the last snapshot's solver state is known in memory
+            checkpoint = {n: (d, np.full(np.shape(a), np.nan)) for n, (d, a) in result.checkpoint.items()}
+        rec.save(SimpleNamespace(index=i, t=float(result.times[i]),
+                                 data={n: (d, a[i]) for n, (d, a) in result.data.items()},
+                                 stats={s: int(result.stats[s][i]) for s in _STATS},
+                                 control={"dt_next": float(dt_next[i])}, checkpoint=checkpoint))
     return p
-
-
-def resume(path: str | os.PathLike, *, progress: bool = False, backend: str | None = None):
-    """Continue an interrupted particle run from its last written snapshot.
-
-    The run repeats exactly what the uninterrupted run would have done (see
-    :mod:`wflow.solvers.particles`): same steps, same noise, same step-size control.
-    Returns the whole trajectory (old and new snapshots).
-    """
-    from .models import model_from_dict
-    from .measure import Atoms
-    from .solvers.particles import simulate
-
-    prev = load(path)
-    cfg = prev.config
-    if cfg.get("solver", "particles") not in ("particles", "lagrangian"):
-        raise WflowError(f"resume supports particle and lagrangian runs; {path} holds solver={cfg.get('solver')!r}")
-    all_times = np.asarray(cfg["save_at"], dtype=np.float64)
-    done = len(prev.times)
-    if done >= len(all_times):
-        log.info("%s is complete (%d snapshots)", path, done)
-        return prev
-    if not np.allclose(prev.times, all_times[:done], rtol=0, atol=1e-12 * max(1.0, abs(all_times[-1]))):
-        raise WflowError(f"{path}: saved times do not match the configured save_at; cannot resume")
-    mu = Atoms._trusted(prev.points[-1], prev.weights)
-    stats = {k: int(prev.stats[k][-1]) for k in _STAT_VARS}
-    dtn = float(prev.dt_next[-1]) if np.isfinite(prev.dt_next[-1]) else 0.0
-    return simulate(
-        model_from_dict(cfg["model"]), mu, cfg["t_end"], save_at=all_times, method=cfg["method"],
-        dt=cfg["dt"], rtol=cfg["rtol"], atol=cfg["atol"], kappa=cfg["kappa"], backend=backend or cfg["backend"],
-        t0=cfg["t0"], cluster_threshold=cfg["cluster_threshold"],
-        writer=ZarrWriter(path, append=True), progress=progress,
-        tracers=None if prev.tracers is None else prev.tracers[-1],
-        _config_update={k: v for k, v in cfg.items() if k not in _SIMULATE_CONFIG},
-        _resume={"seed": cfg["seed"], "first_interval": done - 1, "stats": stats, "dt_next": dtn,
-                 "previous": prev},
-    )
-
-
-# ------------------------------------------------------------------------------ densities
-DENSITY_FORMAT = "wflow.density/1"
-
-
-class DensityZarrWriter:
-    """Append saved densities of a continuum run (``values`` on mesh cells) to a Zarr store.
-
-    Layout: ``values (time, cell)`` cell averages (plain surface measure), ``energy
-    (time)``, ``mass (time)``; ``centers (cell, coord)`` and ``areas (cell)`` describe the
-    mesh; attributes ``wflow_format = "wflow.density/1"``, ``config`` (JSON, with the
-    mesh specification that rebuilds the mesh exactly).
-    """
-
-    def __init__(self, path: str | os.PathLike, mesh, config: dict[str, Any], *, append: bool = False,
-                 overwrite: bool = False):
-        self.path = Path(path)
-        self.mesh = mesh
-        self.config = config
-        self._first = not append
-        if not append and self.path.exists():
-            if not overwrite:
-                raise FileExistsError(f"{self.path} exists; pass overwrite=True")
-            shutil.rmtree(self.path)
-        self.count = 0
-
-    def write(self, t: float, values: np.ndarray, energy: float, extra: dict[str, Any] | None = None) -> None:
-        """Append one density; ``extra`` maps further per-snapshot variables (a JKO run's warm start:
-        ``jko_gbar``, ``jko_v`` per cell, ``jko_L`` a scalar) to their values."""
-        xr = _xr()
-        data = {
-            "values": (("time", "cell"), np.asarray(values, dtype=np.float64)[None]),
-            "energy": (("time",), np.array([energy], dtype=np.float64)),
-            "mass": (("time",), np.array([float(np.asarray(values) @ self.mesh.areas)])),
-        }
-        for name, val in (extra or {}).items():
-            val = np.asarray(val, dtype=np.float64)
-            data[name] = ((("time", "cell") if val.ndim else ("time",)), val[None])
-        if self._first:
-            data["centers"] = (("cell", "coord"), self.mesh.centers)
-            data["areas"] = (("cell",), self.mesh.areas)
-        attrs = {"wflow_format": DENSITY_FORMAT, "wflow_version": __version__,
-                 "solver": self.config.get("solver", "eulerian"), "config": json.dumps(self.config)}
-        ds = xr.Dataset(data, coords={"time": np.array([t], dtype=np.float64)}, attrs=attrs)
-        _append(self.path, ds, first=self._first)
-        self._first = False
-        self.count += 1
-
-
-def load_density(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a continuum run written by :class:`DensityZarrWriter`: times, values, energy, mass, centers, areas, config
-    (and a JKO run's warm starts ``jko_gbar``, ``jko_v``, ``jko_L`` where written)."""
-    ds = _open(path)
-    try:
-        if ds.attrs.get("wflow_format") != DENSITY_FORMAT:
-            raise WflowError(f"not a wflow density result (wflow_format={ds.attrs.get('wflow_format')!r}, "
-                             f"expected {DENSITY_FORMAT!r})")
-        try:
-            cfg = json.loads(ds.attrs["config"])
-        except (KeyError, json.JSONDecodeError) as exc:
-            raise WflowError(f"wflow density result has no readable 'config' attribute: {exc}") from None
-        out = {k: np.asarray(ds[k].values) for k in ("values", "energy", "mass", "centers", "areas")}
-        for k in ds.data_vars:  # per-snapshot solver state (a JKO run's warm start)
-            if k.startswith("jko_"):
-                out[k] = np.asarray(ds[k].values)
-        out["times"] = np.asarray(ds["time"].values)
-        out["config"] = cfg
-        return out
-    finally:
-        ds.close()

@@ -51,7 +51,7 @@ from ._typing import ArrayLike
 from .errors import as_points, check_int
 from .sphere import fibonacci_nodes, geodesic_distance, log_map, points_to_angles
 
-__all__ = ["Mesh", "CircleMesh", "SphereMesh", "icosahedral_nodes"]
+__all__ = ["Mesh", "CircleMesh", "SphereMesh", "icosahedral_nodes", "mesh_from_dict"]
 
 
 class Mesh(ABC):
@@ -212,6 +212,10 @@ class CircleMesh(Mesh):
         w = np.tile(0.5 * self.width * ws, self.m)
         cell = np.repeat(np.arange(self.m), order)
         return np.stack([np.cos(theta), np.sin(theta)], axis=-1), w, cell
+
+    def to_dict(self) -> dict:
+        """The specification that rebuilds this mesh exactly (:func:`mesh_from_dict`)."""
+        return {"type": "circle", "m": self.m, "offset": self.offset}
 
     def __repr__(self) -> str:
         return f"CircleMesh(m={self.m}, h={self.width:.4g})"
@@ -440,8 +444,26 @@ class SphereMesh(Mesh):
         w = self._RULE_W[None, :] * det[:, None] / (2 * r**3)
         return (p / r[..., None]).reshape(-1, 3), w.reshape(-1), np.repeat(cell, L.shape[0])
 
+    def to_dict(self) -> dict:
+        """The specification that rebuilds this mesh exactly (:func:`mesh_from_dict`); generators listed
+        for meshes built by :meth:`from_generators`."""
+        if self.resolution is None:
+            return {"type": "sphere", "generators": self.generators.tolist(), "lloyd": 0}
+        return {"type": "sphere", "resolution": self.resolution, "generators": self.kind, "lloyd": self.lloyd}
+
     def __repr__(self) -> str:
         q = self.quality()
         res = f"resolution={self.resolution}, " if self.resolution is not None else ""
         return (f"SphereMesh({res}M={self.n_cells}, generators={self.kind!r}, lloyd={self.lloyd}, "
                 f"h={self.spacing:.4g}, area_ratio={q['area_ratio']:.3f}, min_angle={q['min_angle']:.1f}deg)")
+
+
+def mesh_from_dict(spec: dict) -> Mesh:
+    """The mesh of a specification written by ``Mesh.to_dict()``."""
+    if not isinstance(spec, dict) or spec.get("type") not in ("circle", "sphere"):
+        raise ValueError(f"a mesh specification is a dict with type 'circle' or 'sphere', got {spec!r:.80}")
+    if spec["type"] == "circle":
+        return CircleMesh(spec["m"], offset=spec.get("offset", 0.0))
+    if isinstance(spec.get("generators"), list):
+        return SphereMesh.from_generators(np.asarray(spec["generators"]), lloyd=spec.get("lloyd", 0))
+    return SphereMesh(spec["resolution"], generators=spec.get("generators", "icosahedral"), lloyd=spec.get("lloyd", 3))

@@ -127,6 +127,10 @@ class Model(ABC):
             raise ValueError(f"{self!r} works in dimension d={self.dim}, but the measure has d={mu.d}")
         return x
 
+    def rate_bound(self) -> float:
+        """A rough bound on the Lipschitz constant of the velocity field (sets default fixed steps)."""
+        return 1.0
+
     def check_dimension(self, d: int) -> None:
         """Raise ``ValueError`` if the model cannot act on points of dimension ``d``."""
         if self.dim is not None and d != self.dim:
@@ -185,6 +189,12 @@ class _Attention(Model):
         if self.V is not None and self.V.shape[0] != self.V.shape[1]:
             raise ValueError(f"V must be square (d, d), got shape {self.V.shape}")
         self.dim = next(iter(dims.values())) if dims else None
+
+    def rate_bound(self) -> float:
+        """``|V| (1 + b)``, times ``e^b`` for USA, with ``b = beta |Q| |K|`` (spectral norms)."""
+        norm = lambda M: 1.0 if M is None else float(np.linalg.norm(M, 2))  # noqa: E731
+        b = self.beta * norm(self.Q) * norm(self.K)
+        return norm(self.V) * (1 + b) * (float(np.exp(min(b, 700.0))) if isinstance(self, USA) else 1.0)
 
     def _sums(self, x: np.ndarray, mu: Atoms, backend: str, values: bool = True):
         return kernel_sums(x, mu.points, mu.weights, self.beta, Q=self.Q, K=self.K, V=self.V,
@@ -397,6 +407,10 @@ class Perceptron(Model):
             raise ValueError(f"x must have shape (..., n, {self.dim}), got {x.shape}")
         return project(x, self.raw(x))
 
+    def rate_bound(self) -> float:
+        """``|W| |A|`` (spectral norms; the activations are 1-Lipschitz up to a constant)."""
+        return float(np.linalg.norm(self.W, 2) * np.linalg.norm(self.A, 2))
+
     def potential(self, x: ArrayLike) -> np.ndarray:
         r""":math:`v_\omega(x) = \sum_j \omega_j\varphi(a_j\cdot x + b_j)` (conservative case), shape ``(..., n)``."""
         self._require_gradient()
@@ -442,6 +456,9 @@ class SumModel(Model):
     @property
     def parts(self) -> list[Model]:
         return list(self._parts)
+
+    def rate_bound(self) -> float:
+        return float(sum(p.rate_bound() for p in self._parts))
 
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         x = self._check_query(x, mu)

@@ -32,51 +32,80 @@ Phys.* 17, on an unstructured mesh):
 Positivity.  One forward-Euler step keeps :math:`m_i\ge0` when
 :math:`\Delta t \le \Delta t_{\max} = \min_i |C_i| / \big(2\sum_{e}\ell_e (s_{ie}u_e)^+ + \kappa^{-1}\sum_e \ell_e/\mathrm{dist}_e\big)`
 (outflow bounded by :math:`2\rho_i`, explicit diffusion included: the parabolic restriction
-is part of the same limit).  The adaptive step is ``dt = cfl * dt_max`` evaluated at the
-start of the step, and every Runge--Kutta stage is checked against its own limit: a
+is part of the same limit).  The time stepper (``ssprk3`` of the solver contract) caps every
+step at ``cfl * dt_max`` and checks each Runge--Kutta stage against its own limit: a
 violation rejects the step and retries with the smaller limit.  A fixed ``dt`` must stay
 below ``dt_max``.  Hence densities stay non-negative for every ``cfl <= 1``.
 
-The scheme is second order in space and third order in time (``order = 2``).
+Step control.  Near a uniform state the velocities, and with them the positivity limit's
+restriction, vanish: the step must come from an error estimate.  SSP-RK3 carries an
+embedded Heun solution (same first two stages), and :meth:`FiniteVolume.error_norm` measures
+the difference against the step's own change of mass,
+:math:`\|e\|_1 \le \text{atol} + \text{rtol}\,\|m^{n+1} - m^n\|_1`: an error *per unit of
+change* (Shampine's error per unit step, scaled by the field), so a small perturbation of a
+uniform density is resolved as accurately as a large one.  Defaults ``rtol = 1e-3``,
+``atol = 1e-12`` (masses sum to 1).
+
+The scheme is second order in space (``FiniteVolume.order = 2``) and third order in time.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..density import Density
-from ..errors import SolverError, check_positive, short_repr
+from ..errors import check_positive, short_repr
 from ..measure import Atoms
-from ..mesh import Mesh
+from ..mesh import Mesh, mesh_from_dict
 from ..models import Model
+from .base import Problem, Result, Tracker, get_solver, integrate, register_kind
+from .trackers import Callback, ProgressBar
 
-__all__ = ["FiniteVolume", "DensityTrajectory", "solve_density", "SCHEMES"]
+__all__ = ["FiniteVolume", "DensityTrajectory", "solve_density"]
 
 logger = logging.getLogger(__name__)
 
 
-class FiniteVolume:
-    """One step of the limited MUSCL / SSP-RK3 finite-volume scheme (module docstring).
+class FiniteVolume(Problem):
+    """The limited MUSCL finite-volume discretization of the continuity equation (module docstring).
 
-    The scheme holds the mesh, the model and the diffusion; it knows nothing about saving.
-    ``init(masses)`` returns a state; ``step(state, dt)`` returns the next state or ``None``
-    when a stage violates the positivity limit (then ``state.limit`` holds the smallest one).
+    A :class:`~wflow.solvers.base.Problem` whose state is the vector of cell masses: it gives
+    the semi-discrete right-hand side with its positivity limit, the error norm and what a
+    snapshot saves; a time stepper of the solver contract (``ssprk3`` by default) advances it.
+
+    Parameters
+    ----------
+    mesh : Mesh
+    model : Model or None
+        ``None`` for pure diffusion.
+    kappa : float, optional
+        Inverse diffusivity (``None`` or ``inf``: none).
+    backend : str
+        Kernel-sum backend of ``model.velocity``.
+    limiter : bool
+        Barth--Jespersen limited (``True``) or unlimited (``False``) reconstruction.
+    cfl : float
+        Fraction of the positivity limit that steps may use, in ``(0, 1]``.
+    max_step : float, optional
+        A cap on the step, whatever the limit and the error estimate allow.
     """
 
-    name = "fv-muscl-ssprk3"
-    order = 2
+    kind = "density"
+    order = 2  # spatial order
 
     def __init__(self, mesh: Mesh, model: Model | None, *, kappa: float | None = None, backend: str = "auto",
-                 limiter: bool = True):
+                 limiter: bool = True, cfl: float = 0.4, max_step: float | None = None):
+        super().__init__()
+        self.kappa = kappa
+        self.cfl = cfl
+        self.max_step = max_step
         self.mesh = mesh
         self.model = model
         self.inv_kappa = 0.0 if kappa is None or np.isinf(kappa) else 1.0 / kappa
         self.backend = backend
         self.limiter = limiter
-        self.evaluations = 0
         M = mesh.n_cells
         valid = mesh.cell_edges >= 0
         e = np.where(valid, mesh.cell_edges, 0)
@@ -128,8 +157,19 @@ class FiniteVolume:
         rec = np.maximum(rho[:, None] + delta, 0.0)  # clamping round-off keeps fluxes antisymmetric
         return rec[mesh.cell_left, mesh.edge_slot_left], rec[mesh.cell_right, mesh.edge_slot_right]
 
-    def rhs(self, masses: np.ndarray) -> tuple[np.ndarray, float]:
-        """``(dm/dt, dt_max)``: the semi-discrete right-hand side and the positivity step limit."""
+    def rhs_with_limit(self, t: float, masses: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(dm/dt, cfl * dt_max)``: the semi-discrete right-hand side and the usable positivity step limit."""
+        dm, limit = self.positivity_rhs(masses)
+        limit *= self.cfl
+        if self.max_step is not None:
+            limit = min(limit, self.max_step)
+        return dm, limit
+
+    def rhs(self, t: float, masses: np.ndarray) -> np.ndarray:
+        return self.positivity_rhs(masses)[0]
+
+    def positivity_rhs(self, masses: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(dm/dt, dt_max)``: the semi-discrete right-hand side and the positivity step limit of forward Euler."""
         mesh = self.mesh
         rho = masses / mesh.areas
         u = self.edge_velocity(masses)
@@ -145,45 +185,39 @@ class FiniteVolume:
             limit = float(np.min(np.where(rate > 0, mesh.areas / np.where(rate > 0, rate, 1.0), np.inf)))
         return dm, limit
 
-    # -- contract: init / step ---------------------------------------------------
-    def init(self, masses: np.ndarray) -> "FVState":
-        dm, limit = self.rhs(masses)
-        return FVState(masses, dm, limit)
 
-    def step(self, state: "FVState", dt: float) -> "FVState | None":
-        """One SSP-RK3 step of size ``dt``; ``None`` if a stage needs a smaller step (``state.limit`` updated)."""
-        m0 = state.masses
-        if dt > state.limit:
-            return None
-        m1 = m0 + dt * state.dm
-        dm1, lim1 = self.rhs(m1)
-        if dt > lim1:
-            state.limit = lim1
-            return None
-        m2 = 0.75 * m0 + 0.25 * (m1 + dt * dm1)
-        dm2, lim2 = self.rhs(m2)
-        if dt > lim2:
-            state.limit = min(lim1, lim2)
-            return None
-        # (m0 + 2 x) / 3, not m0/3 + 2x/3: fl(1/3) + fl(2/3) != 1 would drift the mass by ~2e-17 a step
-        m3 = (m0 + 2.0 * (m2 + dt * dm2)) / 3.0
-        return self.init(m3)
+    # -- the contract's remaining pieces --------------------------------------------
+    def error_norm(self, err, y0, y1, rtol, atol) -> float:
+        r""":math:`\|e\|_1 / (\text{atol} + \text{rtol}\,\|m^{n+1} - m^n\|_1)`: error per unit of change (module docstring)."""
+        return float(np.abs(err).sum() / (atol + rtol * np.abs(y1 - y0).sum()))
 
+    def default_tolerances(self) -> tuple[float, float]:
+        return 1e-3, 1e-12
 
-@dataclass
-class FVState:
-    masses: np.ndarray
-    dm: np.ndarray
-    limit: float
+    @property
+    def gradient(self) -> bool:
+        return self.model is not None and self.model.is_gradient
 
+    def energy(self, masses: np.ndarray) -> float:
+        return float(self.model.energy(Atoms._trusted(self.mesh.centers, np.maximum(masses, 0.0)), backend=self.backend))
 
-#: finite-volume schemes by name
-SCHEMES: dict[str, type] = {FiniteVolume.name: FiniteVolume}
+    def snapshot(self, t: float, masses: np.ndarray) -> dict:
+        out = {"values": (("cell",), masses / self.mesh.areas), "mass": ((), np.float64(masses.sum()))}
+        if self.gradient:
+            out["energy"] = ((), np.float64(self.energy(masses)))
+        return out
+
+    def static(self) -> dict:
+        return {"centers": (("cell", "coord"), self.mesh.centers), "areas": (("cell",), self.mesh.areas)}
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "model": None if self.model is None else self.model.to_dict(),
+                "mesh": self.mesh.to_dict(), "kappa": self.kappa, "backend": self.backend, "limiter": self.limiter,
+                "cfl": self.cfl, "max_step": self.max_step}
 
 
-@dataclass
-class DensityTrajectory:
-    """Result of :func:`solve_density`.
+class DensityTrajectory(Result):
+    """Result of :func:`solve_density` (a :class:`~wflow.solvers.base.Result` of kind ``density``).
 
     Attributes
     ----------
@@ -195,46 +229,36 @@ class DensityTrajectory:
         :math:`\\sum_i \\rho_i|C_i|` at the saved times.
     energy : ndarray, shape (n_saves,) or None
         ``model.energy(rho.to_atoms())`` where the model is a gradient flow.
-    stats : dict
-        ``steps``, ``rejected``, ``evaluations`` (velocity evaluations), ``dt_min``, ``dt_max``.
+    stats : dict of ndarray
+        Cumulative ``steps``, ``rejected``, ``evaluations`` (velocity evaluations) and ``dt_next``
+        at each save.
     status : int
-        0: reached ``t_end``; 1: stopped by the callback.
-    message : str
+        0: reached ``t_end``; 1: stopped by the callback; -1: failed.
     """
 
-    times: np.ndarray
-    values: np.ndarray
-    mesh: Mesh
-    mass: np.ndarray
-    energy: np.ndarray | None
-    stats: dict[str, Any] = field(default_factory=dict)
-    status: int = 0
-    message: str = ""
-    scheme: str = FiniteVolume.name
+    _mesh: Mesh | None = None
+
+    @property
+    def mesh(self) -> Mesh:
+        if self._mesh is None:
+            self._mesh = mesh_from_dict(self.config["mesh"])
+        return self._mesh
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.data["values"][1]
+
+    @property
+    def mass(self) -> np.ndarray:
+        return self.data["mass"][1]
+
+    @property
+    def energy(self) -> np.ndarray | None:
+        return self.data["energy"][1] if "energy" in self.data else None
 
     def density(self, i: int = -1) -> Density:
         """The saved density number ``i``."""
         return Density._trusted(self.mesh, self.values[i])
-
-    def __len__(self) -> int:
-        return int(self.times.shape[0])
-
-    def __repr__(self) -> str:
-        return (f"DensityTrajectory(n_saves={len(self)}, t=[{self.times[0]:g}, {self.times[-1]:g}], mesh={self.mesh!r}, "
-                f"steps={self.stats.get('steps')}, status={self.status})")
-
-
-def _check_save_at(save_at: Any, t_end: float) -> np.ndarray:
-    if save_at is None:
-        return np.array([0.0, t_end]) if t_end > 0 else np.array([0.0])
-    s = np.atleast_1d(np.asarray(save_at, dtype=float))
-    if s.ndim != 1 or s.size == 0 or not np.all(np.isfinite(s)):
-        raise ValueError(f"save_at must be a 1-d array of finite times, got {short_repr(save_at)}")
-    if np.any(np.diff(s) <= 0):
-        raise ValueError(f"save_at must be strictly increasing, got {short_repr(s)}")
-    if s[0] < 0 or s[-1] > t_end:
-        raise ValueError(f"save_at must lie in [0, t_end] = [0, {t_end:g}], got [{s[0]:g}, {s[-1]:g}]")
-    return s
 
 
 def solve_density(
@@ -251,6 +275,13 @@ def solve_density(
     backend: str = "auto",
     limiter: bool = True,
     callback: Callable[[float, Density], Any] | None = None,
+    method: str = "ssprk3",
+    rtol: float | None = None,
+    atol: float | None = None,
+    progress: bool = False,
+    trackers: Sequence[Tracker] = (),
+    keep: bool = True,
+    throw: bool = True,
 ) -> DensityTrajectory:
     r"""Evolve a density by :math:`\partial_t\rho + \mathrm{div}_S(\rho v[\rho]) = \kappa^{-1}\Delta_S\rho`.
 
@@ -261,27 +292,37 @@ def solve_density(
     rho0 : Density
         Initial density; its mesh is the mesh of the run.
     t_end : float
-        Final time, ``>= 0``.
+        Final time, ``> 0``.
     save_at : array_like, optional
         Increasing times in ``[0, t_end]`` at which the density is saved (steps land on them
         exactly); default ``[0, t_end]``.
     cfl : float
-        Fraction of the positivity limit ``dt_max`` (module docstring) used by the adaptive
-        step, in ``(0, 1]``.
+        Fraction of the positivity limit ``dt_max`` (module docstring) a step may use, in ``(0, 1]``.
     kappa : float, optional
         Inverse diffusivity; ``None`` or ``inf``: no diffusion.  Diffusion is explicit (two-point
         flux), its parabolic restriction is included in ``dt_max``.
     dt : float, optional
-        Fixed step instead of the adaptive one; must stay ``<= dt_max``.
+        Fixed step instead of the error-controlled one; must stay ``<= dt_max``.
     max_step : float, optional
-        Upper bound on the adaptive step (for accuracy when velocities are small).
+        Upper bound on the step.
     backend : str
         Kernel-sum backend for ``model.velocity``.
     limiter : bool
         Barth--Jespersen limited (``True``) or unlimited (``False``) linear reconstruction;
         positivity is guaranteed only with the limiter.
     callback : callable, optional
-        ``callback(t, rho)`` after every step; a true return value stops the run.
+        ``callback(t, rho)`` after every step; a true return value stops the run (status 1).
+    method : str
+        Time stepper of the solver contract; ``"ssprk3"`` (default, positivity preserving with an
+        embedded error estimate) or any other registered solver.
+    rtol, atol : float, optional
+        Tolerances of the error-per-unit-change control (module docstring); default 1e-3, 1e-12.
+    progress : bool
+        A progress bar.
+    trackers : sequence of Tracker
+        Further trackers (e.g. :class:`wflow.io.ZarrRecorder`).
+    keep, throw : bool
+        See :func:`wflow.solvers.base.integrate`.
 
     Returns
     -------
@@ -294,6 +335,15 @@ def solve_density(
         initial limit, ...
     SolverError
         A fixed ``dt`` exceeds the limit later in the run, or the step underflows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow import SA, CircleMesh, Density, solve_density
+    >>> rho0 = Density.from_function(CircleMesh(64), lambda x: 1 + 0.5 * x[:, 0])
+    >>> r = solve_density(SA(beta=2.0), rho0, 1.0, save_at=[0, 0.5, 1.0])
+    >>> r.values.shape, bool(abs(r.mass - 1).max() < 1e-13)
+    ((3, 64), True)
     """
     if not isinstance(rho0, Density):
         raise TypeError(f"rho0 must be a wflow Density, got {short_repr(rho0)}")
@@ -302,88 +352,54 @@ def solve_density(
         if not isinstance(model, Model):
             raise TypeError(f"model must be a wflow Model or None, got {short_repr(model)}")
         model.check_dimension(mesh.d)
-    if isinstance(t_end, bool) or not isinstance(t_end, (int, float, np.integer, np.floating)) or not np.isfinite(t_end) or t_end < 0:
-        raise ValueError(f"t_end must be a finite number >= 0, got {t_end!r}")
+    if isinstance(t_end, bool) or not isinstance(t_end, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(t_end) or t_end <= 0:
+        raise ValueError(f"t_end must be a finite number > 0, got {t_end!r}")
     t_end = float(t_end)
     cfl = check_positive(cfl, "cfl")
     if cfl > 1:
         raise ValueError(f"cfl must be in (0, 1] (positivity needs dt <= dt_max), got {cfl}")
     if kappa is not None:
         kappa = check_positive(kappa, "kappa", allow_inf=True)
-    if model is None and (kappa is None or np.isinf(kappa)):
+        if np.isinf(kappa):
+            kappa = None
+    if model is None and kappa is None:
         raise ValueError("model=None (pure diffusion) needs a finite kappa")
-    if dt is not None:
-        dt = check_positive(dt, "dt")
     if max_step is not None:
         max_step = check_positive(max_step, "max_step")
-    saves = _check_save_at(save_at, t_end)
-    if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be callable, got {short_repr(callback)}")
+    solver = get_solver(method)
+    problem = FiniteVolume(mesh, model, kappa=kappa, backend=backend, limiter=limiter, cfl=cfl, max_step=max_step)
+    masses = rho0.masses()
+    if dt is not None:
+        dt = check_positive(dt, "dt")
+        limit = problem.positivity_rhs(masses)[1]
+        if dt > limit:
+            raise ValueError(f"dt={dt:g} is above the CFL (positivity) limit dt_max={limit:.6g} of the initial "
+                             f"density; use dt <= {limit:.6g} or dt=None for the adaptive step")
+    trs = list(trackers)
+    if callback is not None:
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {short_repr(callback)}")
+        trs.append(Callback(lambda t, m: callback(t, Density._trusted(mesh, m / mesh.areas)), every_step=True))
+    if progress:
+        trs.append(ProgressBar(f"finite volume ({solver.name})"))
+    r = integrate(problem, solver, masses, 0.0, t_end, save_at=[0.0, t_end] if save_at is None else save_at,
+                  dt=dt, rtol=rtol, atol=atol, adaptive=dt is None and solver.adaptive, max_steps=max_steps,
+                  trackers=trs, keep=keep, throw=throw, result_class=DensityTrajectory)
+    r._mesh = mesh
+    logger.debug("solve_density: %s", r)
+    return r
 
-    scheme = FiniteVolume(mesh, model, kappa=kappa, backend=backend, limiter=limiter)
-    state = scheme.init(rho0.masses())
-    if dt is not None and dt > state.limit:
-        raise ValueError(f"dt={dt:g} is above the CFL (positivity) limit dt_max={state.limit:.6g} of the initial "
-                         f"density; use dt <= {state.limit:.6g} or dt=None for the adaptive step")
-    gradient = model is not None and model.is_gradient
 
-    out_t, out_v, out_e = [], [], []
+def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):
+    from ..models import model_from_dict
 
-    def record(t: float, masses: np.ndarray) -> None:
-        out_t.append(t)
-        out_v.append(masses / mesh.areas)
-        if gradient:
-            out_e.append(float(model.energy(Atoms._trusted(mesh.centers, np.maximum(masses, 0.0)), backend=backend)))
+    mesh = mesh_from_dict(cfg["mesh"])
+    model = None if cfg["model"] is None else model_from_dict(cfg["model"])
+    problem = FiniteVolume(mesh, model, kappa=cfg["kappa"], backend=cfg["backend"], limiter=cfg["limiter"],
+                           cfl=cfg["cfl"], max_step=cfg["max_step"])
+    masses = stored["data"]["values"][1][-1] * mesh.areas
+    return problem, get_solver(cfg["solver"], **cfg["solver_options"]), masses
 
-    t, k = 0.0, 0
-    steps = rejected = 0
-    dts: list[float] = []
-    status, message = 0, "reached t_end"
-    if saves[0] == 0.0:
-        record(0.0, state.masses)
-        k = 1
-    while k < saves.size:
-        target = saves[k]
-        h = dt if dt is not None else cfl * state.limit
-        if max_step is not None:
-            h = min(h, max_step)
-        land = h >= target - t
-        if land:
-            h = target - t
-        new = scheme.step(state, h)
-        if new is None:
-            if dt is not None:
-                raise SolverError(f"the fixed step dt={dt:g} exceeds the CFL (positivity) limit {state.limit:.6g} "
-                                  f"at t={t:.6g}; use a smaller dt or dt=None")
-            rejected += 1
-            if rejected > 100 * (steps + 1):
-                raise SolverError(f"step size rejected {rejected} times at t={t:.6g}")
-            state = FVState(state.masses, state.dm, state.limit)
-            continue
-        steps += 1
-        dts.append(h)
-        state = new
-        t = float(target) if land else t + h
-        if not np.all(np.isfinite(state.masses)):
-            raise SolverError(f"non-finite density at t={t:.6g}; the velocity may have overflowed (USA at large beta)")
-        if steps > max_steps:
-            raise SolverError(f"more than max_steps={max_steps} steps before t={t:.6g}")
-        if land:
-            record(t, state.masses)
-            k += 1
-        if callback is not None and callback(t, Density._trusted(mesh, state.masses / mesh.areas)):
-            status, message = 1, f"stopped by callback at t={t:.6g}"
-            if not land:
-                record(t, state.masses)
-            break
-        if state.limit < 1e-14 * max(t_end, 1.0) and dt is None:
-            raise SolverError(f"step size underflow at t={t:.6g} (dt_max={state.limit:.3g})")
-    logger.debug("solve_density: %d steps, %d rejected, %d evaluations", steps, rejected, scheme.evaluations)
-    values = np.array(out_v)
-    return DensityTrajectory(
-        times=np.array(out_t), values=values, mesh=mesh, mass=values @ mesh.areas,
-        energy=np.array(out_e) if gradient else None,
-        stats={"steps": steps, "rejected": rejected, "evaluations": scheme.evaluations,
-               "dt_min": min(dts) if dts else None, "dt_max": max(dts) if dts else None},
-        status=status, message=message,
-    )
+
+register_kind("density", DensityTrajectory, _rebuild)

@@ -19,18 +19,19 @@ and the recovered density is no longer meaningful; the atoms remain a valid meas
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import check_int, check_positive, short_repr
 from ..measure import Atoms
-from ..models import Model
+from ..models import Model, model_from_dict
 from ..sphere import circle_nodes, exp_map, gauss_sphere_nodes
-from .particles import Trajectory, simulate
+from .base import get_solver, integrate, register_kind
+from .particles import ParticleProblem, Trajectory
+from .trackers import ProgressBar
 
-__all__ = ["solve_lagrangian", "LagrangianSolution", "quadrature_measure"]
+__all__ = ["solve_lagrangian", "LagrangianSolution", "LagrangianProblem", "quadrature_measure"]
 
 
 def quadrature_measure(density: Callable[[np.ndarray], np.ndarray], d: int, nodes: int) -> tuple[Atoms, np.ndarray]:
@@ -75,35 +76,64 @@ def _tangent_frame(x: np.ndarray) -> np.ndarray:
     return np.stack([e1, e2], axis=1)
 
 
-@dataclass
-class LagrangianSolution:
-    """Nodes carried by the flow, with the density recovered along them.
+class LagrangianProblem(ParticleProblem):
+    """Quadrature nodes and their Jacobian tracers moved by the flow (a particle problem of kind ``lagrangian``)."""
+
+    kind = "lagrangian"
+
+    def __init__(self, model: Model, weights: np.ndarray, d: int, rho0: np.ndarray, *, eps: float, nodes: int,
+                 backend: str = "auto"):
+        super().__init__(model, weights, d, backend=backend, diagnostics=("energy",), n_tracers=2 * (d - 1) * len(rho0))
+        self.rho0 = rho0
+        self.eps = eps
+        self.nodes = nodes
+
+    def static(self) -> dict:
+        return {**super().static(), "rho0": (("particle",), self.rho0)}
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "eps": self.eps, "nodes": self.nodes}
+
+
+class LagrangianSolution(Trajectory):
+    """Nodes carried by the flow, with the density recovered along them (kind ``lagrangian``).
 
     Attributes
     ----------
-    trajectory : Trajectory
+    points : ndarray, shape (k, n, d)
         The quadrature atoms at the save times (a valid measure at every time).
     rho0 : ndarray, shape (n,)
         Initial density at the nodes (normalized measure).
     jacobian : ndarray, shape (k, n)
         :math:`J_t` at each node and save time.
+    eps : float
+        Offset of the Jacobian tracers.
     """
 
-    trajectory: Trajectory
-    rho0: np.ndarray
-    jacobian: np.ndarray
-    eps: float
+    @property
+    def trajectory(self) -> "LagrangianSolution":
+        """The nodes as a particle trajectory (this result itself)."""
+        return self
 
     @property
-    def times(self) -> np.ndarray:
-        return self.trajectory.times
+    def rho0(self) -> np.ndarray:
+        return self.static["rho0"][1]
 
-    def atoms(self, i: int = -1) -> Atoms:
-        return self.trajectory.atoms(i)
+    @property
+    def eps(self) -> float:
+        return float(self.config["eps"])
+
+    @property
+    def jacobian(self) -> np.ndarray:
+        k, n, d = self.points.shape
+        T = self.tracers.reshape(k, d - 1, 2, n, d)
+        D = (T[:, :, 0] - T[:, :, 1]) / (2 * self.eps)  # (k, d-1, n, d): images of the frame vectors
+        G = np.einsum("kanj,kbnj->knab", D, D)
+        return np.sqrt(np.linalg.det(G))
 
     def density(self, i: int = -1) -> tuple[np.ndarray, np.ndarray]:
         r"""``(points, rho)``: the density :math:`\rho_0/J_t` at the moved nodes at save index ``i``."""
-        return self.trajectory.points[i], self.rho0 / self.jacobian[i]
+        return self.points[i], self.rho0 / self.jacobian[i]
 
 
 def solve_lagrangian(
@@ -122,6 +152,9 @@ def solve_lagrangian(
     backend: str = "auto",
     progress: bool = False,
     writer: Any = None,
+    trackers: Any = (),
+    keep: bool = True,
+    throw: bool = True,
 ) -> LagrangianSolution:
     r"""Solve :math:`\partial_t\rho + \mathrm{div}_S(\rho\,v[\rho]) = 0` by quadrature nodes moved along characteristics.
 
@@ -137,16 +170,23 @@ def solve_lagrangian(
     nodes : int
         Trapezoid nodes (S^1) or Gauss--Legendre latitudes (S^2, with ``2 nodes`` longitudes).
     method, rtol, atol, dt
-        Passed to :func:`wflow.simulate` (default ``dopri5`` at 1e-10).
+        Solver of the contract (default ``dopri5`` at 1e-10); fixed-step methods take ``dt``.
     eps : float
         Offset of the Jacobian tracers (central differences, error ``O(eps^2)``).
-    writer : SnapshotWriter, optional
-        Receives each snapshot, nodes and tracers (e.g. :class:`wflow.io.ZarrWriter`); the
-        run is then resumable with :func:`wflow.resume`.
+    writer : Tracker, optional
+        A recorder (e.g. :class:`wflow.io.ZarrRecorder`); the run is then resumable with
+        :func:`wflow.resume`.
 
     Returns
     -------
     LagrangianSolution
+
+    Examples
+    --------
+    >>> import wflow
+    >>> sol = wflow.solve_lagrangian(wflow.SA(1.0), lambda x: 1 + 0.1 * x[:, 0], 0.5, nodes=64)
+    >>> bool(abs(sol.jacobian[0] - 1).max() < 1e-6), sol.points.shape
+    (True, (11, 64, 2))
     """
     if not isinstance(model, Model):
         raise TypeError(f"model must be a wflow Model, got {short_repr(model)}")
@@ -155,20 +195,25 @@ def solve_lagrangian(
     mu0, rho0 = quadrature_measure(density0, d, nodes)
     x = mu0.points
     frame = _tangent_frame(x)  # (n, d-1, d)
-    tr = [exp_map(x, s * eps * frame[:, a]) for a in range(d - 1) for s in (1.0, -1.0)]
-    tracers = np.concatenate(tr, axis=0)
-    kw = dict(rtol=rtol, atol=atol) if method == "dopri5" else {}
-    traj = simulate(model, mu0, t_end, save_at=save_at, method=method, dt=dt, backend=backend,
-                    tracers=tracers, progress=progress, writer=writer,
-                    _config_update={"solver": "lagrangian", "nodes": nodes, "eps": eps}, **kw)
-    return _solution(traj, rho0, eps)
+    tracers = np.concatenate([exp_map(x, s * eps * frame[:, a]) for a in range(d - 1) for s in (1.0, -1.0)], axis=0)
+    problem = LagrangianProblem(model, mu0.weights, d, rho0, eps=eps, nodes=nodes, backend=backend)
+    solver = get_solver(method)
+    trs = list(trackers)
+    if writer is not None:
+        trs.insert(0, writer)
+    if progress:
+        trs.append(ProgressBar(f"lagrangian ({solver.name})"))
+    kw = dict(rtol=rtol, atol=atol) if solver.adaptive else {}
+    return integrate(problem, solver, np.concatenate([x, tracers], axis=0), 0.0, t_end, save_at=save_at, dt=dt,
+                     trackers=trs, keep=keep, throw=throw, result_class=LagrangianSolution, **kw)
 
 
-def _solution(traj: Trajectory, rho0: np.ndarray, eps: float) -> LagrangianSolution:
-    """Jacobians from the tracers of a Lagrangian run (also for one loaded from disk)."""
-    k, n, d = traj.points.shape
-    T = traj.tracers.reshape(k, d - 1, 2, n, d)
-    D = (T[:, :, 0] - T[:, :, 1]) / (2 * eps)  # (k, d-1, n, d): images of the frame vectors
-    G = np.einsum("kanj,kbnj->knab", D, D)
-    jac = np.sqrt(np.linalg.det(G))
-    return LagrangianSolution(trajectory=traj, rho0=rho0, jacobian=jac, eps=eps)
+def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):
+    weights = stored["static"]["weights"][1]
+    problem = LagrangianProblem(model_from_dict(cfg["model"]), weights, cfg["d"], stored["static"]["rho0"][1],
+                                eps=cfg["eps"], nodes=cfg["nodes"], backend=cfg["backend"])
+    y = np.concatenate([stored["data"]["points"][1][-1], stored["data"]["tracers"][1][-1]], axis=-2)
+    return problem, get_solver(cfg["solver"], **cfg["solver_options"]), y
+
+
+register_kind("lagrangian", LagrangianSolution, _rebuild)

@@ -1,88 +1,78 @@
-r"""One step of an ODE/SDE on the sphere: the *how* of the particle solver.
+r"""Explicit time steppers of the solver contract (:mod:`wflow.solvers.base`): the *how*.
 
-Every stepper follows one small contract (STYLE.md §2):
+Each stepper takes one step of :math:`\dot y = f(t, y)` for any :class:`~wflow.solvers.base.Problem`
+and hands the result to ``problem.retract`` -- the projection :math:`x \mapsto x/|x|` for
+points on the sphere, the identity in flat space.  A projection method keeps the order of
+the underlying Runge--Kutta method (Hairer, Lubich & Wanner, *Geometric Numerical
+Integration*, §IV.4), and points stay on the sphere to round-off.
 
-* ``order`` -- the (strong, for SDEs) order of accuracy;
-* ``adaptive`` -- whether it gives an error estimate for step-size control;
-* ``stochastic`` -- whether it needs a noise level and a random generator;
-* ``step(f, t, x, dt, ...)`` -- returns a :class:`Step`.
+======================  =====  ===============  =========================================
+name                    order  error estimate   use
+======================  =====  ===============  =========================================
+``euler``               1      --               baseline, published discrete schemes
+``rk4``                 4      --               fixed-step reference
+``dopri5``              5      4 (embedded)     default for particles and Lagrangian nodes
+``euler-maruyama``      1/2    --               noise :math:`\sqrt{2/\kappa}\,dW` (strong order)
+``ssprk3``              3      2 (embedded)     finite volumes: positivity-preserving stages
+======================  =====  ===============  =========================================
 
-Steps are taken in the ambient space :math:`\mathbb{R}^d` for a smooth extension of
-the field off the sphere that leaves the sphere invariant (the particle driver uses
-the zero-homogeneous one, :math:`v(x) = v(x/|x|)`, tangent at :math:`x/|x|`) and then
-projected back, :math:`x \mapsto x/|x|`.  A projection method keeps the order of the underlying
-Runge--Kutta method (Hairer, Lubich & Wanner, *Geometric Numerical Integration*,
-§IV.4), and points stay on the sphere to round-off.
-
-Steppers are looked up by name in :data:`STEPPERS`.
+All are registered in :data:`wflow.solvers.base.SOLVERS`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Step", "Euler", "RK4", "DormandPrince", "EulerMaruyama", "STEPPERS", "project_to_sphere"]
+from .base import Problem, Solver, StepResult, register_solver
 
-VectorField = Callable[[float, np.ndarray], np.ndarray]
+__all__ = ["Euler", "RK4", "DormandPrince", "EulerMaruyama", "SSPRK3", "project_to_sphere"]
 
 
 def project_to_sphere(x: np.ndarray) -> np.ndarray:
-    """Radial projection ``x / |x|`` (the retraction applied after every step)."""
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+    """Radial projection ``x / |x|`` (the retraction applied after every step on the sphere)."""
+    return x / np.sqrt(np.einsum("...i,...i->...", x, x))[..., None]
 
 
-@dataclass
-class Step:
-    """Outcome of one attempted step."""
-
-    x: np.ndarray
-    evaluations: int
-    error: float = 0.0  # scaled error norm (adaptive steppers); <= 1 means accept
-
-
-class Euler:
-    """Explicit Euler with projection (order 1); a baseline."""
+@register_solver
+class Euler(Solver):
+    """Explicit Euler, :math:`y \\mapsto R(y + h f(t, y))` (order 1)."""
 
     name = "euler"
     order = 1
-    adaptive = False
-    stochastic = False
 
-    def step(self, f: VectorField, t: float, x: np.ndarray, dt: float, **_) -> Step:
-        return Step(project_to_sphere(x + dt * f(t, x)), 1)
+    def step(self, problem, t, y, dt, state, **_):
+        return StepResult(problem.retract(y + dt * problem.rhs(t, y))), state
 
 
-class RK4:
-    """Classical fourth-order Runge--Kutta with projection (order 4)."""
+@register_solver
+class RK4(Solver):
+    """Classical fourth-order Runge--Kutta with retraction (order 4)."""
 
     name = "rk4"
     order = 4
-    adaptive = False
-    stochastic = False
 
-    def step(self, f: VectorField, t: float, x: np.ndarray, dt: float, **_) -> Step:
-        k1 = f(t, x)
-        k2 = f(t + dt / 2, x + (dt / 2) * k1)
-        k3 = f(t + dt / 2, x + (dt / 2) * k2)
-        k4 = f(t + dt, x + dt * k3)
-        return Step(project_to_sphere(x + (dt / 6) * (k1 + 2 * k2 + 2 * k3 + k4)), 4)
+    def step(self, problem, t, y, dt, state, **_):
+        f = problem.rhs
+        k1 = f(t, y)
+        k2 = f(t + dt / 2, y + (dt / 2) * k1)
+        k3 = f(t + dt / 2, y + (dt / 2) * k2)
+        k4 = f(t + dt, y + dt * k3)
+        return StepResult(problem.retract(y + (dt / 6) * (k1 + 2 * k2 + 2 * k3 + k4))), state
 
 
-class DormandPrince:
-    """Dormand--Prince 5(4) embedded pair with projection (order 5, error estimate of order 4).
+@register_solver
+class DormandPrince(Solver):
+    """Dormand--Prince 5(4) embedded pair with retraction (order 5, error estimate of order 4).
 
-    The error estimate is the difference of the two solutions before projection,
-    measured as in :func:`scipy.integrate.solve_ivp`:
-    :math:`\\|e_i / (atol + rtol\\max(|x_i|, |\\tilde x_i|))\\|_{\\mathrm{RMS}}`.
+    The error estimate is the difference of the two solutions before retraction, measured by
+    ``problem.error_norm`` (for points: :math:`\\|e_i / (atol + rtol\\max(|x_i|, |\\tilde x_i|))\\|_{\\mathrm{RMS}}`,
+    as :func:`scipy.integrate.solve_ivp`).
     """
 
     name = "dopri5"
     order = 5
     error_order = 4
-    adaptive = True
-    stochastic = False
 
     C = np.array([0, 1 / 5, 3 / 10, 4 / 5, 8 / 9, 1, 1])
     A = [
@@ -97,40 +87,83 @@ class DormandPrince:
     B5 = np.array([35 / 384, 0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0])
     B4 = np.array([5179 / 57600, 0, 7571 / 16695, 393 / 640, -92097 / 339200, 187 / 2100, 1 / 40])
 
-    def step(self, f: VectorField, t: float, x: np.ndarray, dt: float, *, rtol: float, atol: float, **_) -> Step:
+    def step(self, problem, t, y, dt, state, *, rtol=0.0, atol=0.0, **_):
         ks: list[np.ndarray] = []
         for i in range(7):
-            xi = x
+            yi = y
             for a, k in zip(self.A[i], ks):
                 if a != 0:
-                    xi = xi + (dt * a) * k
-            ks.append(f(t + self.C[i] * dt, xi))
-        x5 = x + dt * sum(b * k for b, k in zip(self.B5, ks) if b != 0)
+                    yi = yi + (dt * a) * k
+            ks.append(problem.rhs(t + self.C[i] * dt, yi))
+        y5 = y + dt * sum(b * k for b, k in zip(self.B5, ks) if b != 0)
         err = dt * sum((b5 - b4) * k for b5, b4, k in zip(self.B5, self.B4, ks) if b5 != b4)
-        scale = atol + rtol * np.maximum(np.abs(x), np.abs(x5))
-        enorm = float(np.sqrt(np.mean((err / scale) ** 2)))
-        return Step(project_to_sphere(x5), 7, enorm)
+        enorm = problem.error_norm(err, y, y5, rtol, atol)
+        return StepResult(problem.retract(y5), error=enorm, evaluations=7), state
 
 
-class EulerMaruyama:
-    r"""Euler--Maruyama on the sphere for :math:`dX = v\,dt + \sqrt{2/\kappa}\,P_X\circ dW`.
+@register_solver
+class EulerMaruyama(Solver):
+    r"""Euler--Maruyama, :math:`y \mapsto R(y + h f(t, y) + \xi_h)` with the problem's noise increment :math:`\xi_h`.
 
-    :math:`x \mapsto (x + h\,v(x) + \sqrt{2h/\kappa}\,P_x\xi)/|\cdot|` with
-    :math:`\xi \sim N(0, I_d)`.  The projection supplies the Itô drift
-    :math:`-(d-1)\kappa^{-1}x` of Brownian motion on :math:`S^{d-1}` (whose generator is
-    :math:`\kappa^{-1}\Delta_S`), so the scheme has weak order 1 and strong order 1/2.
+    For particles on the sphere :math:`\xi_h = \sqrt{2h/\kappa}\,P_x\xi`, :math:`\xi \sim N(0, I_d)`,
+    and the projection supplies the Itô drift :math:`-(d-1)\kappa^{-1}x` of Brownian motion on
+    :math:`S^{d-1}` (generator :math:`\kappa^{-1}\Delta_S`): weak order 1, strong order 1/2.
     """
 
     name = "euler-maruyama"
     order = 0.5
-    adaptive = False
     stochastic = True
 
-    def step(self, f: VectorField, t: float, x: np.ndarray, dt: float, *, kappa: float,
-             rng: np.random.Generator, **_) -> Step:
-        xi = rng.standard_normal(x.shape)
-        xi = xi - np.sum(x * xi, axis=-1, keepdims=True) * x
-        return Step(project_to_sphere(x + dt * f(t, x) + np.sqrt(2 * dt / kappa) * xi), 1)
+    def step(self, problem, t, y, dt, state, *, rng=None, **_):
+        return StepResult(problem.retract(y + dt * problem.rhs(t, y) + problem.noise(t, y, dt, rng))), state
 
 
-STEPPERS: dict[str, object] = {s.name: s for s in (Euler(), RK4(), DormandPrince(), EulerMaruyama())}
+@register_solver
+class SSPRK3(Solver):
+    r"""Shu--Osher SSP-RK3 with an embedded second-order (Heun) error estimate and stage stability checks.
+
+    .. math::
+
+        y^{(1)} = y + h f(y),\quad y^{(2)} = \tfrac34 y + \tfrac14\big(y^{(1)} + h f(y^{(1)})\big),\quad
+        y^{+} = \tfrac13 y + \tfrac23\big(y^{(2)} + h f(y^{(2)})\big).
+
+    Each stage is a forward-Euler step, so when every stage step is below the problem's
+    forward-Euler limit (``problem.rhs_with_limit``, e.g. the positivity CFL limit of a
+    finite-volume scheme) the step preserves whatever forward Euler preserves (Gottlieb,
+    Shu & Tadmor 2001).  A stage above its limit makes the step ``ok=False`` and the driver
+    retries with the smaller step.  Heun's method :math:`\tfrac12 y + \tfrac12(y^{(1)} + h f(y^{(1)}))`
+    uses the same two first stages, so the error estimate :math:`y^+ - y_{\mathrm{Heun}}` is free.
+
+    The right-hand side at the new state is computed at the end of the step and reused as
+    the next step's first stage (first same as last).
+    """
+
+    name = "ssprk3"
+    order = 3
+    error_order = 2
+
+    def init(self, problem: Problem, t0: float, y0: np.ndarray) -> Any:
+        return problem.rhs_with_limit(t0, y0)
+
+    def limit(self, problem, t, y, state) -> float:
+        return state[1]
+
+    def step(self, problem, t, y, dt, state, *, rtol=0.0, atol=0.0, **_):
+        f0, lim0 = state
+        if dt > lim0:
+            return StepResult(y, ok=False, limit=lim0), state
+        y1 = y + dt * f0
+        f1, lim1 = problem.rhs_with_limit(t + dt, y1)
+        if dt > lim1:
+            return StepResult(y, ok=False, limit=lim1), state
+        e1 = y1 + dt * f1
+        y2 = 0.75 * y + 0.25 * e1
+        f2, lim2 = problem.rhs_with_limit(t + dt / 2, y2)
+        if dt > lim2:
+            return StepResult(y, ok=False, limit=min(lim1, lim2)), state
+        # (y + 2 x) / 3, not y/3 + 2x/3: fl(1/3) + fl(2/3) != 1 would drift a conserved sum by ~2e-17 a step
+        y3 = problem.retract((y + 2.0 * (y2 + dt * f2)) / 3.0)
+        heun = 0.5 * (y + e1)
+        err = problem.error_norm(y3 - heun, y, y3, rtol, atol) if rtol or atol else None
+        new_state = problem.rhs_with_limit(t + dt, y3)
+        return StepResult(y3, error=err, evaluations=3, limit=new_state[1]), new_state

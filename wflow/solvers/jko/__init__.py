@@ -1,0 +1,13 @@
+r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, solved with optimal transport.
+
+* :mod:`~wflow.solvers.jko.step` -- one step (the algorithm), the :class:`JKO` solver of the
+  contract, :func:`jko` (the front door) and :class:`JKOResult`;
+* :mod:`~wflow.solvers.jko.transport` -- the inner semi-relaxed Sinkhorn / Newton--CG solver;
+* :mod:`~wflow.solvers.jko.stationary` -- stationary states by iterated steps, their atoms.
+"""
+from .stationary import StationaryResult, cluster_atoms, stationary
+from .step import (JKO, JKOProblem, JKOResult, JKOStepper, StepStats, WarmStart, check_gradient_model, cost_matrix,
+                   jko, jko_step)
+
+__all__ = ["jko", "jko_step", "JKO", "JKOProblem", "JKOResult", "JKOStepper", "StepStats", "WarmStart",
+           "stationary", "StationaryResult", "cost_matrix", "cluster_atoms", "check_gradient_model"]

@@ -1,0 +1,119 @@
+"""Trackers of the driver (:func:`wflow.solvers.base.integrate`): progress bars, callbacks, step logs.
+
+A tracker watches a run and never changes it; recorders that write to disk live in
+:mod:`wflow.io` (:class:`~wflow.io.ZarrRecorder`).
+"""
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import short_repr
+from .base import RunInfo, Snapshot, StepResult, Tracker
+
+__all__ = ["ProgressBar", "Callback", "StepLog"]
+
+
+class ProgressBar(Tracker):
+    """A tqdm bar over the time interval, labelled with the solver; never past 100 %, no negative ETA."""
+
+    name = "progress bar"
+
+    def __init__(self, label: str | None = None):
+        self.label = label
+        self.bar = None
+
+    def start(self, run: RunInfo) -> None:
+        from tqdm.auto import tqdm
+
+        self.t0, self.total = run.t0, run.t_end - run.t0
+        start = float(run.save_times[run.resumed_at] - run.t0)
+        self.bar = tqdm(total=self.total, initial=start, unit="t", desc=self.label or run.solver.name,
+                        dynamic_ncols=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| t={n:.4g}/{total:.4g} "
+                                                       "[{elapsed}<{remaining}{postfix}]")
+
+    def step(self, t: float, dt: float, step: StepResult) -> None:
+        new = min(max(t - self.t0, 0.0), self.total)
+        if new > self.bar.n:
+            self.bar.update(new - self.bar.n)
+
+    def finish(self, result) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Callback(Tracker):
+    """``f(t, state)`` at every save time; a true return value stops the run."""
+
+    name = "callback"
+
+    def __init__(self, f: Callable[[float, np.ndarray], Any], *, every_step: bool = False):
+        if not callable(f):
+            raise TypeError(f"callback must be callable, got {short_repr(f)}")
+        self.f = f
+        self.every_step = every_step
+        self._y = None
+
+    def save(self, snap: Snapshot) -> bool:
+        return bool(self.f(snap.t, snap.state)) if not self.every_step else False
+
+    def step(self, t: float, dt: float, step: StepResult) -> bool:
+        return bool(self.f(t, step.y)) if self.every_step else False
+
+
+class StepLog(Tracker):
+    """One CSV row per accepted step: ``step, t, dt, error`` and the solver's per-step ``info``.
+
+    Rows are flushed as they are written; on resume the rows after the resumed snapshot's
+    step are dropped, so the log equals the uninterrupted run's.
+    """
+
+    name = "step log"
+
+    def __init__(self, path: str | os.PathLike, *, append: bool = False):
+        self.path = Path(path)
+        self.append = append
+        self.fh = None
+        self.writer = None
+        self.fields: list[str] | None = None
+        self.step_no = 0
+
+    def start(self, run: RunInfo) -> None:
+        kept: list[dict] = []
+        self.step_no = 0
+        if self.append and self.path.exists() and run.resumed_at > 0:
+            with open(self.path, newline="") as fh:
+                rows = list(csv.DictReader(fh))
+            # steps up to the resumed snapshot are kept; the rest are redone
+            limit = float(run.save_times[run.resumed_at])
+            kept = [r for r in rows if float(r["t"]) <= limit * (1 + 1e-12) + 1e-300]
+            self.step_no = int(kept[-1]["step"]) if kept else 0
+            self.fields = list(rows[0].keys()) if rows else None
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        self.fh = open(tmp, "w", newline="")
+        if kept:
+            self.writer = csv.DictWriter(self.fh, fieldnames=self.fields)
+            self.writer.writeheader()
+            self.writer.writerows(kept)
+        self.fh.flush()
+        os.replace(tmp, self.path)
+
+    def step(self, t: float, dt: float, step: StepResult) -> None:
+        self.step_no += 1
+        row = {"step": self.step_no, "t": repr(float(t)), "dt": repr(float(dt)),
+               "error": "" if step.error is None else repr(float(step.error))}
+        row.update({k: (repr(float(v)) if isinstance(v, float) else v) for k, v in step.info.items()})
+        if self.writer is None:
+            self.fields = list(row)
+            self.writer = csv.DictWriter(self.fh, fieldnames=self.fields, extrasaction="ignore")
+            self.writer.writeheader()
+        self.writer.writerow(row)
+        self.fh.flush()
+
+    def finish(self, result) -> None:
+        if self.fh is not None:
+            self.fh.close()
