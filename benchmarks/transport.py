@@ -157,7 +157,7 @@ def main() -> None:
                      f"4 soft-mins/pass x {passes} passes (measured at 1e3) x the measured soft-min")
 
     # ---- S^2, semi-discrete: N samples against 16 N Fibonacci nodes weighted by the density ----------
-    from wflow.semidiscrete import _Solver
+    from wflow.transport.semidiscrete import _Solver
 
     means, kappas = [[0.0, 0.0, 1.0], [0.9, 0.0, -0.4]], [3.0, 3.0]
 

@@ -156,20 +156,6 @@ def test_warm_start_continues_a_run_exactly(circle, bumpy):
             warm_start=half.warm_start)
 
 
-@pytest.mark.parametrize("d", [2, 3])
-def test_cost_matrix_against_geodesic_distance(d, rng):
-    from wflow.sphere import geodesic_distance
-
-    x = rng.normal(size=(200, d))
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    x = np.concatenate([x, -x[:20], -x[20:40] + 1e-9 * rng.normal(size=(20, d))])  # antipodes, near-antipodes
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    exact = geodesic_distance(x[:, None], x[None]) ** 2
-    assert np.abs(cost_matrix(x) - exact).max() < 1e-13
-    assert np.abs(cost_matrix(x, "chordal") - np.sum((x[:, None] - x[None]) ** 2, axis=-1)).max() < 1e-14
-    assert np.all(np.diag(cost_matrix(x)) == 0)
-
-
 def test_point_cloud_input(rng):
     x = rng.normal(size=(300, 3))
     mu = Atoms(x / np.linalg.norm(x, axis=1, keepdims=True), np.exp(rng.normal(size=300)))

@@ -150,7 +150,7 @@ def clusters(M: int, backend: str, out: pathlib.Path, T: float = 30.0) -> dict:
     res = {"k_star": kstar, "t_linear_end": float(r.times[i_lin]), "dominant_mode_linear_end": dominant_mode(r.values[i_lin]),
            "clusters_linear_end": count(r.values[i_lin]),
            "clusters_final": count(r.values[-1]), "mass_error": float(np.abs(r.mass - 1).max()),
-           "min_density": float(r.values.min()), "steps": r.stats["steps"]}
+           "min_density": float(r.values.min()), "steps": int(r.stats["steps"][-1])}
     fig, ax = plt.subplots(figsize=(7, 4))
     im = ax.pcolormesh(mesh.center_angles, r.times, np.log10(np.maximum(r.values, 1e-12)), shading="auto", cmap="magma")
     ax.axhline(r.times[i_lin], color="c", lw=0.8, ls="--")

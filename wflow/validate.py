@@ -50,7 +50,8 @@ class StudyReport:
 
     @property
     def passed(self) -> bool:
-        return all(e.passed for e in self.expectations)
+        """True when the study stated expectations and all of them held (a study with none fails)."""
+        return bool(self.expectations) and all(e.passed for e in self.expectations)
 
     def expect_slope(self, name: str, slope: float, half: float, target: float, max_half: float = 0.25) -> None:
         """The confidence interval ``slope +- half`` contains ``target`` and is narrower than ``max_half``."""

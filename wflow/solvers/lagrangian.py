@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import check_int, check_positive, short_repr
 from ..measure import Atoms
 from ..models import Model, model_from_dict
-from ..sphere import circle_nodes, exp_map, gauss_sphere_nodes
+from ..sphere import circle_nodes, exp_map, gauss_sphere_nodes, tangent_frame
 from .base import get_solver, integrate, register_kind
 from .particles import ParticleProblem, Trajectory
 from .trackers import ProgressBar
@@ -61,19 +61,6 @@ def quadrature_measure(density: Callable[[np.ndarray], np.ndarray], d: int, node
         raise ValueError("density integrates to 0")
     rho = rho / mass
     return Atoms(x, q * rho), rho
-
-
-def _tangent_frame(x: np.ndarray) -> np.ndarray:
-    """Orthonormal tangent frames, shape (n, d-1, d), for d = 2 or 3."""
-    n, d = x.shape
-    if d == 2:
-        return np.stack([-x[:, 1], x[:, 0]], axis=-1)[:, None, :]
-    # e1 = normalized projection of the coordinate axis least aligned with x
-    axis = np.eye(3)[np.argmin(np.abs(x), axis=1)]
-    e1 = axis - np.sum(axis * x, -1, keepdims=True) * x
-    e1 /= np.linalg.norm(e1, axis=-1, keepdims=True)
-    e2 = np.cross(x, e1)
-    return np.stack([e1, e2], axis=1)
 
 
 class LagrangianProblem(ParticleProblem):
@@ -194,7 +181,7 @@ def solve_lagrangian(
     eps = check_positive(eps, "eps")
     mu0, rho0 = quadrature_measure(density0, d, nodes)
     x = mu0.points
-    frame = _tangent_frame(x)  # (n, d-1, d)
+    frame = tangent_frame(x)  # (n, d-1, d)
     tracers = np.concatenate([exp_map(x, s * eps * frame[:, a]) for a in range(d - 1) for s in (1.0, -1.0)], axis=0)
     problem = LagrangianProblem(model, mu0.weights, d, rho0, eps=eps, nodes=nodes, backend=backend)
     solver = get_solver(method)

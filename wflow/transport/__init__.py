@@ -28,7 +28,7 @@ method         what it computes                        accuracy
 ``semidis-     W_2 between N atoms and a measure of    certified bracket lo <= W_2 <= hi
 crete``        M >> N atoms (a fine quadrature),       (relative width ~1e-4); geodesic
                damped Newton on the semi-dual,         within a factor 1 + c_max^2/24
-               exact c-transform by k-d tree           (:mod:`wflow.semidiscrete`)
+               exact c-transform by k-d tree           (:mod:`wflow.transport.semidiscrete`)
 ``"uniform"``  :math:`W_2` to the uniform law on S^1   exact closed form
 =============  ======================================  =====================================
 
@@ -54,10 +54,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._typing import SeedLike
-from .errors import WflowError, check_int, check_positive, short_repr
-from .measure import Atoms, as_atoms
-from .sphere import as_generator, geodesic_distance, points_to_angles
+from .._typing import SeedLike
+from ..errors import WflowError, check_int, check_positive, short_repr
+from ..measure import Atoms, as_atoms
+from ..sphere import as_generator, cost_matrix, geodesic_distance, points_to_angles
 
 __all__ = [
     "METHODS",
@@ -181,24 +181,10 @@ def _circle(x, a, y, b, p: float) -> float:
     return float(np.asarray(wpp).reshape(-1)[0]) * _TWO_PI**p
 
 
-def _cost_matrix(x: np.ndarray, y: np.ndarray, cost: str, p: float, block: int = 2**22) -> np.ndarray:
-    """Dense ``c(x_i, y_j)^p``, computed from differences (accurate for close points)."""
-    n, m = x.shape[0], y.shape[0]
-    out = np.empty((n, m))
-    rows = max(1, block // max(1, m * x.shape[1]))
-    for i in range(0, n, rows):
-        xi = x[i : i + rows, None, :]
-        if cost == "geodesic":
-            out[i : i + rows] = geodesic_distance(xi, y[None, :, :])
-        else:
-            out[i : i + rows] = np.linalg.norm(xi - y[None, :, :], axis=-1)
-    return out if p == 1 else out**p
-
-
 def _emd(x, a, y, b, p: float, cost: str) -> tuple[float, dict]:
     import ot
 
-    M = _cost_matrix(x, y, cost, p)
+    M = cost_matrix(x, y, cost=cost, p=p)
     n, m = M.shape
     # PITFALLS: the default numItermax=1e5 silently returns a non-optimal plan at n = 5000.
     num_iter_max = max(10**7, 50 * n * m)
@@ -275,7 +261,7 @@ def _keops_formula(cost: str, p: float) -> str:
 
 
 def _keops_softmin(x: np.ndarray, y: np.ndarray, cost: str, p: float) -> Callable:
-    from .kernels.keops_backend import _compile_lock, import_pykeops, keops_cache_dir
+    from ..kernels.keops_backend import _compile_lock, import_pykeops, keops_cache_dir
 
     pykeops = import_pykeops()
     if pykeops is None:
@@ -342,7 +328,7 @@ def _numpy_softmin(x: np.ndarray, y: np.ndarray, cost: str, p: float, block: int
 def _sinkhorn(x, a, y, b, p, cost, reg, scaling, tol, max_iter, backend) -> tuple[float, dict]:
     r"""Debiased Sinkhorn divergence :math:`S_\varepsilon` (GeomLoss's symmetric loop, Feydy et al. 2019)."""
     if backend == "auto":
-        from .kernels.keops_backend import import_pykeops
+        from ..kernels.keops_backend import import_pykeops
 
         backend = "keops" if import_pykeops() is not None else "numpy"
     softmin = (_keops_softmin if backend == "keops" else _numpy_softmin)(x, y, cost, p)
@@ -617,7 +603,7 @@ def wasserstein(
         ``"semidiscrete"``: :math:`W_2` (p = 2) between the smaller measure and a much
         finer one (16 or more atoms per atom of the smaller), e.g. a fine quadrature of a
         continuum: a certified bracket ``lo <= W_2 <= hi`` from the semi-dual
-        (:mod:`wflow.semidiscrete`), returned as its midpoint with ``error_bound`` the
+        (:mod:`wflow.transport.semidiscrete`), returned as its midpoint with ``error_bound`` the
         half-width (about 1e-4 relative); O(M log N) per Newton step, 25--40 steps.
         For ``cost="geodesic"`` the upper end is widened by the factor
         :math:`2\arcsin(c_\max/2)/c_\max` (longest chord used), about :math:`1 + 10^{-4}`

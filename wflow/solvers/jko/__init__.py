@@ -6,8 +6,8 @@ r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, sol
 * :mod:`~wflow.solvers.jko.stationary` -- stationary states by iterated steps, their atoms.
 """
 from .stationary import StationaryResult, cluster_atoms, stationary
-from .step import (JKO, JKOProblem, JKOResult, JKOStepper, StepStats, WarmStart, check_gradient_model, cost_matrix,
-                   jko, jko_step)
+from ...sphere import cost_matrix
+from .step import JKO, JKOProblem, JKOResult, JKOStepper, StepStats, WarmStart, check_gradient_model, jko, jko_step
 
 __all__ = ["jko", "jko_step", "JKO", "JKOProblem", "JKOResult", "JKOStepper", "StepStats", "WarmStart",
            "stationary", "StationaryResult", "cost_matrix", "cluster_atoms", "check_gradient_model"]

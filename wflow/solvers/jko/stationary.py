@@ -11,6 +11,7 @@ from ...errors import check_int, check_positive
 from ...measure import Atoms
 from ...mesh import Mesh
 from ...models import Model
+from ...sphere import tangent_frame
 from .step import JKOStepper, check_eps_scaling, check_gradient_model, default_eps, support
 
 __all__ = ["stationary", "StationaryResult", "cluster_atoms"]
@@ -107,23 +108,13 @@ class StationaryResult:
                 f"steps={self.steps}, converged={self.converged})")
 
 
-def _tangent_basis(x: np.ndarray) -> np.ndarray:
-    """Orthonormal tangent basis at each point, shape ``(k, d-1, d)``."""
-    k, d = x.shape
-    out = np.empty((k, d - 1, d))
-    for i in range(k):
-        q, _ = np.linalg.qr(np.concatenate([x[i:i + 1].T, np.eye(d)], axis=1))
-        out[i] = q[:, 1:d].T
-    return out
-
-
 def _second_order(model: Model | None, atoms: np.ndarray, masses: np.ndarray, backend: str,
                   h: float = 1e-3) -> np.ndarray:
     k, d = atoms.shape
     if model is None:
         return np.zeros((k, d - 1))
     mu = Atoms._trusted(atoms, masses / masses.sum())
-    B = _tangent_basis(atoms)
+    B = tangent_frame(atoms)
     psi0 = model.first_variation(atoms, mu, backend=backend)
     H = np.zeros((k, d - 1, d - 1))
     for p in range(d - 1):

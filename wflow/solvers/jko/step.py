@@ -94,6 +94,7 @@ from ...errors import NotAGradientFlowError, SolverError, check_int, check_posit
 from ...measure import Atoms
 from ...mesh import Mesh, mesh_from_dict
 from ...models import WASSERSTEIN, Model, model_from_dict
+from ...sphere import cost_matrix
 from ..base import Problem, Result, Solver, StepResult, Tracker, integrate, register_kind, register_solver
 from ..trackers import ProgressBar
 from .transport import TINY, SemiRelaxed, blur_variance
@@ -131,36 +132,6 @@ def check_gradient_model(model: Any, d: int) -> None:
         raise NotAGradientFlowError(
             f"the JKO scheme solves Wasserstein-2 gradient flows, but {model!r} ascends its energy in the metric "
             f"reweighted by Z_mu (metric={model.metric!r}); use USA (plain W2) or the particle/Eulerian solvers for SA")
-
-
-def cost_matrix(x: np.ndarray, cost: str = "geodesic") -> np.ndarray:
-    r"""Dense ground cost :math:`C_{ij} = d(x_i, x_j)^2`, shape ``(n, n)``; geodesic or chordal distance.
-
-    From the Gram matrix: chordal :math:`2 - 2\langle x_i, x_j\rangle`, geodesic
-    :math:`\arccos^2\langle x_i, x_j\rangle`, except near antipodes (:math:`\langle x_i, x_j\rangle < -0.99`),
-    where ``arccos`` loses half the digits and :math:`d = \pi - 2\arcsin(|x_i + x_j|/2)` is used.
-    Agrees with :func:`wflow.sphere.geodesic_distance` squared to ~1e-14 (absolute).
-    """
-    if cost not in COSTS:
-        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
-    n = x.shape[0]
-    out = np.empty((n, n))
-    rows = max(1, 2**22 // max(1, n))
-    for i in range(0, n, rows):
-        G = x[i:i + rows] @ x.T
-        np.clip(G, -1.0, 1.0, out=G)
-        if cost == "chordal":
-            Ci = np.maximum(2.0 - 2.0 * G, 0.0)
-        else:
-            Ci = np.arccos(G)
-            far = np.nonzero(G < -0.99)
-            if far[0].size:
-                s = np.linalg.norm(x[i + far[0]] + x[far[1]], axis=-1)
-                Ci[far] = np.pi - 2.0 * np.arcsin(np.minimum(0.5 * s, 1.0))
-            Ci *= Ci
-        out[i:i + rows] = Ci
-    np.fill_diagonal(out, 0.0)
-    return out
 
 
 def support(rho0: Any, reference: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, Mesh | None]:
@@ -283,7 +254,7 @@ class JKOStepper:
         self.kappa_inv = 0.0 if kappa is None or np.isinf(kappa) else 1.0 / kappa
         self.energy = energy if energy is not None else JKOEnergy(model, x, r, backend)
         t0 = time.perf_counter()
-        self.C = cost_matrix(x, cost)
+        self.C = cost_matrix(x, cost=cost)
         self.time_cost = time.perf_counter() - t0
         self.eps_target = eps if method == "sinkhorn" else 0.0
         self.eps_scaling = eps_scaling
