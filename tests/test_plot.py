@@ -61,6 +61,15 @@ def test_import_does_not_touch_the_backend():
     assert matplotlib.get_backend() == before
 
 
+def test_importing_wflow_plot_does_not_import_matplotlib():
+    import subprocess
+    import sys
+
+    code = "import sys, wflow, wflow.plot; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 @pytest.mark.parametrize("name", ["particles_s1", "particles_s2"])
 def test_plot_particles(runs, name):
     r = runs[name]

@@ -544,7 +544,8 @@ def plot_particles(result: Any, index: int = -1, *, ax: Any = None, view: str | 
         if len(p.times) > 1:
             seg = np.stack([np.stack([th[:-1], t[:-1]], -1), np.stack([th[1:], t[1:]], -1)], axis=-2)
             keep = np.abs(th[1:] - th[:-1]) < np.pi              # no line across the seam 2π -> 0
-            lines = LineCollection(seg[keep], colors=color or "C0", linewidths=0.6, alpha=0.5)
+            alpha = float(np.clip(25.0 / th.shape[1], 0.04, 0.5))   # many tokens: fainter lines
+            lines = LineCollection(seg[keep], colors=color or "C0", linewidths=0.6, alpha=alpha)
             ax.add_collection(lines)
         ax.scatter(th[-1], t[-1], s=s, color=color or "C0", zorder=3)
         ax.set(xlim=(0, 2 * np.pi), ylim=(p.times[0], p.times[-1] if p.times[-1] > p.times[0] else p.times[0] + 1),
