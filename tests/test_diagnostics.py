@@ -5,7 +5,7 @@ from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
 from wflow import Atoms, sphere
-from wflow.diagnostics import cluster_labels, count_clusters
+from wflow.diagnostics import batched_cluster_labels, cluster_labels, count_clusters, mass_clusters, pair_fraction
 
 
 def _all_pairs_components(x, threshold):
@@ -34,3 +34,113 @@ def test_count_clusters_batched_and_min_mass(rng):
     mu = Atoms(np.stack([x, x[::-1]]))
     np.testing.assert_array_equal(count_clusters(mu, 0.2), [3, 3])
     np.testing.assert_array_equal(count_clusters(mu, 0.2, min_mass=0.05), [2, 2])
+
+
+def _clustered(rng, batch, n, d, k, spread):
+    """Batches of n points near k random centres each (spread ~ distance to the centre)."""
+    c = sphere.uniform(k, d, rng, batch=batch)
+    pick = rng.integers(0, k, (*batch, n))
+    x = np.take_along_axis(c, pick[..., None], axis=-2) + spread / np.sqrt(d) * rng.standard_normal((*batch, n, d))
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _same_partition(a, b):
+    return len(set(zip(a.tolist(), b.tolist()))) == len(set(a.tolist())) == len(set(b.tolist()))
+
+
+@pytest.mark.parametrize("d", [2, 3, 8, 128])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_batched_cluster_labels_equal_single_system(d, dtype, rng):
+    """Batched components = cluster_labels and all-pairs components, system by system, exactly."""
+    cases = [sphere.uniform(40, d, rng, batch=(30,)),                  # random: percolation-like graphs
+             _clustered(rng, (30,), 64, d, 5, 0.03),                   # clustered
+             _clustered(rng, (30,), 64, d, 3, 0.0)]                    # collapsed (exact duplicates)
+    thresholds = (0.05, 0.1, 0.4, 1.2)
+    for x in cases:
+        x = x.astype(dtype)
+        for threshold in thresholds:
+            k, labels = batched_cluster_labels(x, threshold)
+            assert k.shape == (x.shape[0],) and labels.shape == x.shape[:2]
+            for b in range(x.shape[0]):
+                k_ref, lab_ref = cluster_labels(x[b], threshold)
+                assert k[b] == k_ref == _all_pairs_components(x[b].astype(np.float64), threshold).max() + 1
+                assert _same_partition(labels[b], lab_ref)
+                assert labels[b].max() == k[b] - 1 and labels[b][0] == 0  # numbered 0..k-1 by first appearance
+
+
+def test_batched_cluster_labels_near_threshold_pairs_decided_exactly():
+    """Pairs at the threshold up to Gram rounding are decided from coordinates, as cluster_labels does."""
+    t = 0.1
+    gaps = t + np.array([-1e-15, -1e-13, 1e-13, 1e-15, 0.0])
+    x = np.stack([np.stack([[1.0, 0.0], [np.cos(g), np.sin(g)]]) for g in gaps])
+    k, _ = batched_cluster_labels(x, t)
+    np.testing.assert_array_equal(k, [cluster_labels(xx, t)[0] for xx in x])
+
+
+def test_count_clusters_routes_and_shapes(rng, monkeypatch):
+    import wflow.diagnostics as D
+
+    x = _clustered(rng, (3, 4), 50, 3, 4, 0.05)
+    w = rng.uniform(size=(3, 4, 50))
+    mu = Atoms(x, w / w.sum(-1, keepdims=True))
+    for min_mass in (0.0, 0.1):
+        batched = count_clusters(mu, 0.2, min_mass=min_mass)
+        monkeypatch.setattr(D, "BATCHED_MAX_N", 10)  # force the one-system path
+        looped = count_clusters(mu, 0.2, min_mass=min_mass)
+        monkeypatch.setattr(D, "BATCHED_MAX_N", 512)
+        assert batched.shape == (3, 4)
+        np.testing.assert_array_equal(batched, looped)
+
+
+def test_pair_fraction_against_loop(rng):
+    x = _clustered(rng, (2, 5), 30, 16, 3, 0.02)
+    f = pair_fraction(x, 0.999)
+    ref = np.empty((2, 5))
+    for idx in np.ndindex(2, 5):
+        G = x[idx] @ x[idx].T
+        ref[idx] = (np.sum(G > 0.999) - np.sum(np.diag(G) > 0.999)) / (30 * 29)
+    np.testing.assert_array_equal(f, ref)
+    assert f.dtype == np.float64 and 0 < f.min() and f.max() < 1
+    assert pair_fraction(np.repeat(x[:1, :1, :1], 30, axis=-2))[0, 0] == 1.0
+    assert np.isnan(pair_fraction(x[:, :, :1]).ravel()).all()
+    np.testing.assert_allclose(pair_fraction(x.astype(np.float32)), f, atol=3 / (30 * 29))
+
+
+def test_grid_clusters_on_s2_dense_and_collapsed(rng):
+    """S^2 above BATCHED_MAX_N: the cube grid equals the all-pairs components (collapsed, tiny and huge thresholds)."""
+    centres = sphere.uniform(6, 3, rng)
+    x = np.concatenate([np.repeat(centres, 300, axis=0) + 1e-10 * rng.standard_normal((1800, 3)),
+                        sphere.uniform(700, 3, rng)])
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    for threshold in (1e-4, 0.02, 0.1, 0.3, 2.0, 3.2):
+        k, labels = cluster_labels(x, threshold)
+        ref = _all_pairs_components(x, threshold)
+        assert k == ref.max() + 1 and _same_partition(labels, ref), threshold
+
+
+def test_mass_clusters(rng):
+    from wflow.mesh import CircleMesh
+
+    # S^1 mesh: two bumps of mass, one of them across the periodic seam
+    mesh = CircleMesh(64)
+    w = np.zeros(64)
+    w[[62, 63, 0, 1]] = [0.1, 0.2, 0.15, 0.05]
+    w[[20, 21, 22]] = [0.2, 0.3, 0.1]
+    w[40] = 1e-6  # below threshold * max
+    atoms, masses = mass_clusters(mesh.centers, w, neighbors=mesh.cell_neighbors)
+    np.testing.assert_allclose(masses, [0.6, 0.5])
+    for a, idx in zip(atoms, ([20, 21, 22], [62, 63, 0, 1])):
+        bary = w[idx] @ mesh.centers[idx]
+        np.testing.assert_allclose(a, bary / np.linalg.norm(bary), rtol=1e-14)
+    # -1 padding and the point-cloud path give the same atoms
+    nb = np.where(np.arange(mesh.cell_neighbors.shape[1]) == 0, mesh.cell_neighbors, -1)
+    nb = np.concatenate([nb, np.roll(np.arange(64), -1)[:, None]], axis=1)
+    a2, m2 = mass_clusters(mesh.centers, w, neighbors=nb)
+    a3, m3 = mass_clusters(mesh.centers, w)
+    for a, m in ((a2, m2), (a3, m3)):
+        np.testing.assert_allclose(m, masses, rtol=1e-14)
+        np.testing.assert_allclose(a, atoms, rtol=1e-14)
+    with pytest.raises(ValueError, match="neighbors must be an integer array"):
+        mass_clusters(mesh.centers, w, neighbors=np.zeros((3, 2), dtype=int))
+    with pytest.raises(ValueError, match="weights must be finite"):
+        mass_clusters(mesh.centers, -w)

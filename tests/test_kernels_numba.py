@@ -209,3 +209,46 @@ def test_float32_mixed_shift_moves(rng, case):
     err = _mixed_error(got, ref)
     assert err <= 2e-6, f"{case}: relative error {err:.3g}"
     np.testing.assert_allclose(got.log_scale, ref.log_scale, rtol=1e-6, atol=1e-5)
+
+
+# ---------------------------------------------------------------- the tiny-systems route
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("beta", [0.0, 5.0, 100.0, 1000.0])
+@pytest.mark.parametrize("d,n,m", [(64, 32, 32), (128, 7, 33), (200, 256, 256), (3, 16, 16)])
+def test_small_route_agrees_with_numpy(rng, dtype, beta, d, n, m, monkeypatch):
+    """Batches of tiny systems through batched GEMMs (forced for d = 3, chosen by auto for d >= 48)."""
+    monkeypatch.setattr(numba_backend, "FORCE_ROUTE", "small")
+    x, y, w, mats = _problem(rng, dtype, batch=(5,), n=n, m=m, d=d)
+    got = kernel_sums(x, y, w, beta, backend="numba")
+    _check(got, _reference(x, y, w, beta, mats), dtype)
+    got = kernel_sums(x, y, w, beta, values=False, backend="numba")
+    _check(got, _reference(x, y, w, beta, mats, values=False), dtype, values=False)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_small_route_general_qkv_and_many_chunks(rng, dtype, monkeypatch):
+    from wflow.kernels import small
+
+    monkeypatch.setattr(small, "CHUNK_PAIRS", 64)  # one system per chunk: every worker takes several
+    x, y, w, mats = _problem(rng, dtype, batch=(3, 7), n=9, m=40, d=50, p=60, q=5)
+    got = kernel_sums(x, y, w, 30.0, backend="numba", **mats)
+    assert numba_backend.choose_route(21, 9, 40, 60, dtype) == "small"
+    _check(got, _reference(x, y, w, 30.0, mats), dtype)
+
+
+def test_route_choice():
+    from wflow.kernels.small import SMALL_MAX
+
+    assert numba_backend.choose_route(256, 32, 32, 128, np.float64) == "small"
+    assert numba_backend.choose_route(256, 32, 32, 8, np.float64) == "direct"
+    assert numba_backend.choose_route(1, 1000, 1000, 128, np.float64) == "blas"
+    assert numba_backend.choose_route(1, SMALL_MAX + 1, 10, 128, np.float32) == "blas"
+
+
+def test_bmm_equals_matmul(rng):
+    from wflow.kernels.small import bmm
+
+    a = rng.standard_normal((300, 16, 40))
+    b = rng.standard_normal((300, 40, 24))
+    np.testing.assert_array_equal(bmm(a, b), np.matmul(a, b))
+    np.testing.assert_array_equal(bmm(a, np.swapaxes(a, 1, 2)), np.matmul(a, np.swapaxes(a, 1, 2)))

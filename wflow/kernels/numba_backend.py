@@ -62,7 +62,7 @@ import numpy as np
 
 from . import KernelProblem, KernelSums, exp_floor, register_backend
 
-__all__ = ["NumbaBackend", "TILE_ROWS", "TILE_COLS", "BLAS_MIN_DIM", "BLAS_BLOCK"]
+__all__ = ["NumbaBackend", "choose_route", "TILE_ROWS", "TILE_COLS", "BLAS_MIN_DIM", "BLAS_BLOCK", "SMALL_MIN_DIM"]
 
 #: Rows of one tile of the direct route (one task of the parallel loop).
 TILE_ROWS = 16
@@ -500,6 +500,36 @@ if numba is not None:
             scale[r] = sc
 
 
+#: Force one route of the numba backend ("direct", "blas" or "small"; None: :func:`choose_route`).
+#: For benchmarks and tests.
+FORCE_ROUTE: str | None = None
+
+
+def choose_route(B: int, n: int, m: int, p: int, dtype) -> str:
+    """Which route of the numba backend computes ``B`` systems of ``n`` query rows, ``m`` sources, logit dimension ``p``.
+
+    * ``"small"`` (:mod:`wflow.kernels.small`: batched GEMMs + one exponential pass) when
+      every system is tiny, ``n, m <=`` :data:`~wflow.kernels.small.SMALL_MAX`, and ``p >=``
+      :data:`SMALL_MIN_DIM`: measured 1.5--6x faster than the other two routes there
+      (``benchmarks/small_systems.py``), because the BLAS route's per-block Python tasks and
+      the direct route's loop inner products both cost more than one batched GEMM per chunk;
+    * ``"direct"`` when ``p <`` :data:`BLAS_MIN_DIM`;
+    * ``"blas"`` otherwise.
+    """
+    if FORCE_ROUTE is not None:
+        return FORCE_ROUTE
+    from .small import SMALL_MAX
+
+    if n <= SMALL_MAX and m <= SMALL_MAX and p >= SMALL_MIN_DIM:
+        return "small"
+    return "direct" if p < BLAS_MIN_DIM else "blas"
+
+
+#: Smallest logit dimension for which tiny systems take the "small" route (below it the
+#: direct route's register-tiled loops beat a GEMM of so few columns).
+SMALL_MIN_DIM = BLAS_MIN_DIM
+
+
 class NumbaBackend:
     """Direct kernel sums compiled with numba (see module docstring).
 
@@ -546,11 +576,16 @@ class NumbaBackend:
         floor = exp_floor(dtype)
         zero = dtype.type(0)
         p = a.shape[-1]
-        if p < BLAS_MIN_DIM:
+        route = choose_route(a.shape[0], a.shape[1], b.shape[1], p, dtype)
+        if route == "small":
+            from .small import small_sums
+
+            shift, acc = small_sums(a, b, logw, c, floor, zero)
+        elif route == "direct":
             shift, acc = self._direct(a, b, logw, c, floor, zero)
         else:
             shift, acc = self._blas(a, b, logw, c, floor, zero)
-        if dtype != np.float64 and p >= BLAS_MIN_DIM:  # (the direct route does this in its kernel)
+        if dtype != np.float64 and route != "direct":  # (the direct route does this in its kernel)
             # report the shift in the output dtype and make mass and vector consistent with it
             c32 = shift.astype(dtype)
             acc *= np.exp(shift - c32.astype(np.float64))[..., None]
