@@ -478,8 +478,9 @@ def integrate(
     t0, t_end : float
         The interval, ``t_end > t0``.
     save_at : array_like, optional
-        Save times in ``[t0, t_end]`` (``t0`` is always saved); default 11 equally spaced.
-        With fixed steps each is snapped to the nearest step time (module docstring).
+        Save times in ``[t0, t_end]`` (``t0`` is always saved); default 11 equally spaced
+        (with fixed steps: at most 11 step times spread over the interval).  With fixed steps
+        each is snapped to the nearest step time (module docstring).
     dt : float, optional
         Fixed step, or the first trial step of an adaptive solver (default: Hairer's estimate).
     rtol, atol : float, optional
@@ -558,7 +559,10 @@ def integrate(
     save_steps = None
     if not adaptive:
         grid = _Grid.make(t0, t_end, dt)
-        save_steps = np.array([grid.index(s) for s in saves])
+        if save_at is None:  # the default: (at most) 11 step times spread over the interval
+            save_steps = np.unique(np.round(np.linspace(0, grid.n, 11)).astype(int))
+        else:
+            save_steps = np.array([grid.index(s) for s in saves])
         if np.any(np.diff(save_steps) <= 0):
             i = int(np.flatnonzero(np.diff(save_steps) <= 0)[0])
             raise ValueError(f"save_at has two times ({saves[i]:g}, {saves[i + 1]:g}) within one step dt={dt:g}; "
