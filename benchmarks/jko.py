@@ -16,17 +16,18 @@ from wflow.density import Density
 from wflow.mesh import CircleMesh, SphereMesh
 from wflow.measure import Atoms
 from wflow.models import USA
-from wflow.solvers.jko import _Stepper, _default_eps, _support
+from wflow.solvers.jko import JKOStepper
+from wflow.solvers.jko.step import default_eps, support
 
 
 def run(name, rho0, model, tau, kappa, backend="auto"):
-    x, a, r, _ = _support(rho0, None)
-    eps = _default_eps(x, r)
+    x, a, r, _ = support(rho0, None)
+    eps = default_eps(x, r)
     t0 = time.perf_counter()
     model.first_variation(x, Atoms._trusted(x, a), backend=backend)  # first call: compilation
     t_compile = time.perf_counter() - t0
     t0 = time.perf_counter()
-    st = _Stepper(model, x, r, tau=tau, eps=eps, cost="geodesic", kappa=kappa, method="sinkhorn", debias=True,
+    st = JKOStepper(model, x, r, tau=tau, eps=eps, cost="geodesic", kappa=kappa, method="sinkhorn", debias=True,
                   eps_scaling=None, tol=1e-6, max_iter=200, max_sinkhorn=5000, backend=backend)
     t_setup = time.perf_counter() - t0
     rows = []

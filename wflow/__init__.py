@@ -6,7 +6,7 @@ particle system and its continuum limit (finite volume, Lagrangian quadrature, J
 steps), and measures the Wasserstein distance between them.  See the documentation (docs/) for the mathematics and README.md for a tour.
 """
 from ._version import __version__
-from . import sphere, theory
+from . import io, plot, sphere, theory
 from .errors import NotAGradientFlowError, SolverError, WflowError
 from .kernels import kernel_sums
 from .density import Density
@@ -46,6 +46,8 @@ __all__ = [
     "resume",
     "sphere",
     "theory",
+    "plot",
+    "io",
     "WflowError",
     "SolverError",
     "NotAGradientFlowError",

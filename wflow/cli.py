@@ -179,30 +179,21 @@ def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:
         mass = res.data["mass"][1] if "mass" in res.data else res.weights.sum(axis=1)
         print(f"mass {mass[0]:.15g} -> {mass[-1]:.15g}")
     if cfg["output.figure"]:
-        from .plot import plot_density, plot_trajectory
+        from .plot import plot_trajectory
 
-        path = out / "summary.png"
-        if res.kind in ("particles", "lagrangian"):
-            plot_trajectory(res, path)
-        else:
-            values = res.values
-            centers = res.static["centers"][1] if "centers" in res.static else res.points
-            energy = res.data["energy"][1] if "energy" in res.data else None
-            plot_density(res.times, values, centers, path, energy=energy, title=_title(res, cfg))
-        print(f"figure: {path}")
+        plot_trajectory(res, out / "summary.png")
+        print(f"figure: {out / 'summary.png'}")
+    if cfg.get("output.animation"):
+        from .plot import animate
+
+        animate(res, out / "animation.gif")
+        print(f"animation: {out / 'animation.gif'}")
 
 
 def _is_gradient(config: dict) -> bool:
     from .models import model_from_dict
 
     return model_from_dict(config["model"]).is_gradient
-
-
-def _title(res, cfg: dict) -> str:
-    m = cfg["model.type"] + ("" if cfg["model.value"] == "identity" else " (V = -I)")
-    mesh = f"{res.values.shape[1]} cells"
-    what = "JKO" if res.kind == "jko" else "finite volume"
-    return f"{what}: {m}, beta = {cfg['model.beta']:g}, {mesh} on S^{cfg['init.d'] - 1}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,6 +66,7 @@ KEYS: dict[str, Key] = {
     "run.backend": Key(str, "auto", "kernel-sum backend (auto, numpy, keops, ...)"),
     "run.cluster_threshold": Key(float, 0.1, "geodesic linkage distance for the cluster count"),
     "output.figure": Key(bool, True, "write summary.png"),
+    "output.animation": Key(bool, False, "write animation.gif (one frame per save; particles on S^1/S^2, densities)"),
 }
 
 

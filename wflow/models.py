@@ -1,7 +1,7 @@
 r"""Models: what moves.  A model gives the velocity field :math:`v[\mu](x)` and, when the
 dynamics is a gradient flow, the energy it ascends and its first variation.
 
-Blocks (DESIGN.md §1):
+Blocks (the conventions page of the documentation):
 
 * :class:`SA` -- softmax self-attention ("Post-LN"),
   :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y) / \int e^{\beta\langle Qx, Ky\rangle}\,d\mu(y)\big)`;

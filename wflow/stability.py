@@ -1,6 +1,6 @@
 r"""Second-order stability of atomic critical points, and the supremum of the energy.
 
-For a gradient model (DESIGN.md §1) with energy :math:`F` -- the functional the flow
+For a gradient model with energy :math:`F` -- the functional the flow
 *ascends* (``model.energy``) -- and an atomic measure
 :math:`\mu = \sum_i m_i\delta_{x_i}` on :math:`S^{d-1}`, this module computes
 

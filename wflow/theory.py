@@ -1,4 +1,4 @@
-r"""Analytic results of DESIGN.md §1 that the solvers must reproduce.
+r"""Analytic results that the solvers must reproduce (the conventions page of the documentation).
 
 * Funk--Hecke eigenvalues of :math:`e^{\beta\langle x,y\rangle}` on :math:`S^{d-1}`:
   :math:`c_\ell(\beta) = \Gamma(d/2)(2/\beta)^{d/2-1} I_{\ell+d/2-1}(\beta)`, i.e. the
@@ -103,10 +103,10 @@ def most_unstable_mode(beta: float, d: int, model: str = "SA", ell_max: int = 20
 
 
 # --------------------------------------------------------------------------------------
-# Equiangular reduction (DESIGN.md §1), every normalization scheme
+# Equiangular reduction, every normalization scheme
 # --------------------------------------------------------------------------------------
 
-#: Normalization schemes of DESIGN.md §1, by the names every function here accepts.
+#: Normalization schemes (conventions page), by the names every function here accepts.
 SCHEMES = ("post-ln", "pre-ln", "peri-ln", "mix-ln", "ngpt", "sqrt")
 _SCHEME_ALIASES = {"sqrt-scaling": "sqrt", "post": "post-ln", "pre": "pre-ln", "peri": "peri-ln", "mix": "mix-ln"}
 _MODELS = ("SA", "USA")
@@ -274,7 +274,7 @@ class _Equiangular:
         return self.scheme
 
     def rates(self, t: float, u: np.ndarray, r: np.ndarray, phase: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(u', r')`` with ``u = 1 - rho`` (DESIGN.md §1 table, written in u to keep 1-rho accurate)."""
+        """``(u', r')`` with ``u = 1 - rho`` (the schemes' table, written in u to keep 1-rho accurate)."""
         phase = phase or self.phase(t)
         n = self.n
         # plain floats (the ODE solver's scalar state) go through math: 10x less overhead than numpy scalars
@@ -340,7 +340,7 @@ def equiangular_scheme_rhs(rho, r, beta: float, n: int, model: str = "SA", schem
     r"""Right side :math:`(\rho', r')` of the equiangular reduction for a normalization scheme.
 
     All pairwise cosines of the directions equal :math:`\rho` and all radii equal
-    :math:`r` (DESIGN.md §1).  The attention average of token :math:`i` is
+    :math:`r`.  The attention average of token :math:`i` is
     :math:`A_i = a\theta_i + b\sum_{j\ne i}\theta_j` with, for SA,
 
     .. math::
@@ -509,7 +509,7 @@ def equiangular_scheme_solution(t, beta: float, n: int, model: str = "SA", schem
 
 
 def equiangular_rhs(rho, beta: float, n: int, model: str = "SA") -> np.ndarray:
-    r"""Right side of the equiangular reduction :math:`\rho' = F(\rho)` (Post-LN, DESIGN.md §1).
+    r"""Right side of the equiangular reduction :math:`\rho' = F(\rho)` (Post-LN).
 
     .. math::
 
@@ -819,7 +819,7 @@ def long_context_limit(rho: float, gamma: float, *, scheme: str = "pre-ln", eta:
     :math:`\rho(p+q')^2/(p^2 + (2pq'+q'^2)\rho)`.
 
     * ``'pre-ln'``: the block's output :math:`y_i = A_i` (:math:`p = a`, :math:`q' = 1-a`):
-      1, :math:`4\rho/(1+3\rho)`, :math:`\rho` (DESIGN.md §1);
+      1, :math:`4\rho/(1+3\rho)`, :math:`\rho`;
     * ``'post-ln'``: the layer :math:`y_i = \theta_i + \eta A_i` (normalized afterwards):
       :math:`\rho(1+\eta)^2/(1+(2\eta+\eta^2)\rho)`, the same at :math:`p = 1+\eta/2,\ q' = \eta/2`
       (:math:`16\rho/(9+7\rho)` for :math:`\eta = 1`), and :math:`\rho`.

@@ -461,7 +461,7 @@ class ZonalFV:
     kappa : float, optional
         Inverse diffusivity; ``None`` or ``inf``: no noise.
     kernel : {"plain", "rescaled"}
-        :math:`e^{\beta\langle x,y\rangle}` (DESIGN.md §1) or :math:`e^{\beta(\langle x,y\rangle-1)}`
+        :math:`e^{\beta\langle x,y\rangle}` (the package's convention) or :math:`e^{\beta(\langle x,y\rangle-1)}`
         (a time change of USA, nothing for SA).  USA in the plain kernel needs :math:`\beta \lesssim 700`.
     grid : {"angle", "z"} or array_like
         Cells uniform in the polar angle, uniform in :math:`z`, or the increasing edges
@@ -623,7 +623,7 @@ class ZonalFV:
             excess = float(np.max(self._row_log)) - self._shift
             if excess > 700:
                 raise ValueError(f"USA with the plain kernel at beta={self.beta:g} has velocities ~ e^{excess:.0f}, beyond "
-                                 f"double precision; use kernel='rescaled' (a time change, DESIGN.md §1)")
+                                 f"double precision; use kernel='rescaled' (a time change)")
             with np.errstate(under="ignore"):
                 self._row_scale = np.exp(self._row_log - self._shift)
 
@@ -856,7 +856,7 @@ class ZonalFV:
                     \approx \frac{1}{2\beta}\sum_{i,j} m_i m_j\,k(\bar z_i, \bar z_j),
 
         times :math:`e^{-\beta}` in the rescaled kernel; at :math:`\beta = 0` the limit
-        :math:`\tfrac12(\sum_i m_i\bar z_i)^2` (DESIGN.md §1).  Both SA and USA ascend it.  The
+        :math:`\tfrac12(\sum_i m_i\bar z_i)^2`.  Both SA and USA ascend it.  The
         :math:`M\times M` matrix of :math:`\log k` at the centroids is built on the first call.
         """
         m = np.maximum(np.asarray(masses, dtype=float), 0.0)

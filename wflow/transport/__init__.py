@@ -15,22 +15,22 @@ the mass moves by small angles :math:`\theta`.
 :func:`wasserstein_result` returns a :class:`WassersteinResult` that also says which
 method ran, whether the value is exact and a bound on its error.  Methods:
 
-=============  ======================================  =====================================
-method         what it computes                        accuracy
-=============  ======================================  =====================================
-``circle``     exact :math:`W_p` on :math:`S^1`        exact (POT ``wasserstein_circle``,
-               (geodesic cost), O(N log N)             shift found to 1e-12)
-``emd``        exact LP (POT ``emd2``), any d/cost     exact; O(N^3)-ish, size-limited
-``sinkhorn``   debiased Sinkhorn divergence, log       approximation, bias
-               domain, memory linear in N (KeOps)      :math:`|S_\varepsilon-W_p^p|\le\varepsilon\log N`
-``sliced``     spherical sliced Wasserstein (Bonet     a different distance: a cheap proxy,
-               et al. 2023)                            not a bound in general
-``semidis-     W_2 between N atoms and a measure of    certified bracket lo <= W_2 <= hi
-crete``        M >> N atoms (a fine quadrature),       (relative width ~1e-4); geodesic
-               damped Newton on the semi-dual,         within a factor 1 + c_max^2/24
-               exact c-transform by k-d tree           (:mod:`wflow.transport.semidiscrete`)
-``"uniform"``  :math:`W_2` to the uniform law on S^1   exact closed form
-=============  ======================================  =====================================
+================  ======================================  =====================================
+method            what it computes                        accuracy
+================  ======================================  =====================================
+``circle``        exact :math:`W_p` on :math:`S^1`        exact (POT ``wasserstein_circle``,
+                  (geodesic cost), O(N log N)             shift found to 1e-12)
+``emd``           exact LP (POT ``emd2``), any d/cost     exact; O(N^3)-ish, size-limited
+``sinkhorn``      debiased Sinkhorn divergence, log       approximation, bias
+                  domain, memory linear in N (KeOps)      :math:`|S_\varepsilon-W_p^p|\le\varepsilon\log N`
+``sliced``        spherical sliced Wasserstein (Bonet     a different distance: a cheap proxy,
+                  et al. 2023)                            not a bound in general
+``semidiscrete``  W_2 between N atoms and a measure of    certified bracket lo <= W_2 <= hi
+                  M >> N atoms (a fine quadrature),       (relative width ~1e-4); geodesic
+                  damped Newton on the semi-dual,         within a factor 1 + c_max^2/24
+                  exact c-transform by k-d tree           (:mod:`wflow.transport.semidiscrete`)
+``"uniform"``     :math:`W_2` to the uniform law on S^1   exact closed form
+================  ======================================  =====================================
 
 ``method="auto"`` takes ``circle`` on :math:`S^1` (geodesic cost), ``emd`` while both
 measures have at most ``max_emd`` atoms, else ``sinkhorn``.

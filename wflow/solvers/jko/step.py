@@ -1,6 +1,6 @@
 r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, solved with optimal transport.
 
-For a gradient model (DESIGN.md §1: USA with :math:`Q = K = I`, :math:`V = \pm I`, conservative
+For a gradient model (USA with :math:`Q = K = I`, :math:`V = \pm I`, conservative
 perceptrons, their sums) the mean-field equation with noise,
 :math:`\partial_t\mu + \mathrm{div}_S(\mu\nabla_S\delta F/\delta\mu) = \kappa^{-1}\Delta_S\mu`,
 is the Wasserstein-2 gradient flow of the free energy :math:`\Phi = -F + \kappa^{-1}\int\mu\log\mu`
