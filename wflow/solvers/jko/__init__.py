@@ -3,9 +3,9 @@ r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, sol
 * :mod:`~wflow.solvers.jko.step` -- one step (the algorithm), the :class:`JKO` solver of the
   contract, :func:`jko` (the front door) and :class:`JKOResult`;
 * :mod:`~wflow.solvers.jko.transport` -- the inner semi-relaxed Sinkhorn / Newton--CG solver;
-* :mod:`~wflow.solvers.jko.stationary` -- stationary states by iterated steps, their atoms.
+* :mod:`~wflow.solvers.jko.stationary_states` -- stationary states by iterated steps, their atoms.
 """
-from .stationary import StationaryResult, cluster_atoms, stationary
+from .stationary_states import StationaryResult, cluster_atoms, stationary
 from ...sphere import cost_matrix
 from .step import JKO, JKOProblem, JKOResult, JKOStepper, StepStats, WarmStart, check_gradient_model, jko, jko_step
 
