@@ -89,8 +89,10 @@ def test_general_qkv_agrees_with_numpy(rng, dtype, beta, d, p, q):
     _check(got, _reference(x, y, w, beta, mats), dtype, logit_scale=beta * float(np.max(a @ b.T)))
 
 
+@pytest.mark.parametrize("route", [None, "direct"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_batched_agrees_with_numpy(rng, dtype):
+def test_batched_agrees_with_numpy(rng, dtype, route, monkeypatch):
+    monkeypatch.setattr(numba_backend, "FORCE_ROUTE", route)  # tiny systems: "small" unless forced
     x, y, w, mats = _problem(rng, dtype, batch=(3, 5), n=9, m=13, d=8, q=4)
     got = kernel_sums(x, y, w, 100.0, backend="numba", **mats)
     assert got.log_scale.shape == (3, 5, 9) and got.vector.shape == (3, 5, 9, 4)
@@ -152,7 +154,10 @@ def test_float32_logits_only_where_accurate(rng, monkeypatch):
     xb, yb, _, _ = _problem(rng, np.float32, batch=(64,), n=32, m=32, d=8)
     wb = np.full((64, 32), 1.0 / 32, np.float32)
     assert 2.0**-24 * (10 * 4.0) <= numba_backend.LOWP_LOGIT_ERROR
-    _check(kernel_sums(xb, yb, wb, 4.0, backend="numba"), _reference(xb, yb, wb, 4.0, {}), np.float32)
+    for route in ("direct", "small"):
+        monkeypatch.setattr(numba_backend, "FORCE_ROUTE", route)
+        _check(kernel_sums(xb, yb, wb, 4.0, backend="numba"), _reference(xb, yb, wb, 4.0, {}), np.float32)
+    monkeypatch.setattr(numba_backend, "FORCE_ROUTE", None)
     monkeypatch.setattr(numba_backend, "LOWP_LOGIT_ERROR", 1.0)  # float32 logits whatever their size
     got = kernel_sums(x, y, w, 1000.0, backend="numba")
     ref = _reference(x, y, w, 1000.0, {})
@@ -216,7 +221,7 @@ def test_float32_mixed_shift_moves(rng, case):
 @pytest.mark.parametrize("beta", [0.0, 5.0, 100.0, 1000.0])
 @pytest.mark.parametrize("d,n,m", [(64, 32, 32), (128, 7, 33), (200, 256, 256), (3, 16, 16)])
 def test_small_route_agrees_with_numpy(rng, dtype, beta, d, n, m, monkeypatch):
-    """Batches of tiny systems through batched GEMMs (forced for d = 3, chosen by auto for d >= 48)."""
+    """Batches of tiny systems through batched GEMMs (what auto picks for n, m <= 256)."""
     monkeypatch.setattr(numba_backend, "FORCE_ROUTE", "small")
     x, y, w, mats = _problem(rng, dtype, batch=(5,), n=n, m=m, d=d)
     got = kernel_sums(x, y, w, beta, backend="numba")
@@ -240,7 +245,8 @@ def test_route_choice():
     from wflow.kernels.small import SMALL_MAX
 
     assert numba_backend.choose_route(256, 32, 32, 128, np.float64) == "small"
-    assert numba_backend.choose_route(256, 32, 32, 8, np.float64) == "direct"
+    assert numba_backend.choose_route(256, 32, 32, 8, np.float64) == "small"
+    assert numba_backend.choose_route(1, 300, 32, 8, np.float64) == "direct"
     assert numba_backend.choose_route(1, 1000, 1000, 128, np.float64) == "blas"
     assert numba_backend.choose_route(1, SMALL_MAX + 1, 10, 128, np.float32) == "blas"
 
@@ -252,3 +258,19 @@ def test_bmm_equals_matmul(rng):
     b = rng.standard_normal((300, 40, 24))
     np.testing.assert_array_equal(bmm(a, b), np.matmul(a, b))
     np.testing.assert_array_equal(bmm(a, np.swapaxes(a, 1, 2)), np.matmul(a, np.swapaxes(a, 1, 2)))
+
+
+def test_small_route_float32_logits_when_tol_allows(rng):
+    """float32 input at beta = 5, d = 128: float64 logits by default (1e-5 held), float32 logits with tol=2e-4."""
+    from wflow.kernels import small
+
+    x, y, w, mats = _problem(rng, np.float32, batch=(4,), n=32, m=32, d=128)
+    a = 5.0 * x.astype(np.float64)
+    lw = np.log(w.astype(np.float64), where=w > 0, out=np.full(w.shape, -1e300))
+    assert not small._logits_in_float32(a, y, lw, -80.0)[0]
+    assert small._logits_in_float32(a, y, lw, -80.0, 2e-4)[0]
+    ref = _reference(x, y, w, 5.0, mats)
+    _check(kernel_sums(x, y, w, 5.0, backend="numba"), ref, np.float32)
+    loose = kernel_sums(x, y, w, 5.0, backend="numba", tol=2e-4)
+    err = np.max(np.abs(loose.softmax_average() - ref.softmax_average()))
+    assert err < 2e-4 / 3

@@ -241,8 +241,10 @@ def kernel_sums(
     backend : str
         A name in :data:`BACKENDS` or ``"auto"``.
     tol : float, optional
-        Requested relative accuracy for approximate backends (``"spectral"``); exact
-        backends ignore it.
+        Requested relative accuracy for approximate backends (``"spectral"``).  The numba
+        backend's tiny-systems route (:mod:`wflow.kernels.small`) uses it to allow float32
+        logits for float32 input when their rounding bound is below ``tol / 3``; the other
+        exact routes and backends ignore it.
 
     Returns
     -------
@@ -264,9 +266,11 @@ def kernel_sums(
     w = np.asarray(weights, dtype=dtype)
     if w.shape != y.shape[:-1]:
         raise ValueError(f"weights must have shape {y.shape[:-1]}, got {w.shape}")
-    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+    # one reduction each (no temporary): a NaN or infinite entry makes the sum non-finite; a
+    # non-finite sum of finite entries (overflow) is sorted out by the exact test
+    if not (_all_finite(x) and _all_finite(y)):
         raise ValueError("x and y must be finite, got NaN or infinite coordinates")
-    if not np.isfinite(w).all() or (w < 0).any():
+    if not (np.isfinite(np.sum(w)) and w.size and np.min(w) >= 0) and (not np.isfinite(w).all() or (w < 0).any()):
         bad = w[~(np.isfinite(w) & (w >= 0))].ravel()[0]
         raise ValueError(f"weights must be finite and non-negative, got {float(bad)!r}")
     if w.shape[-1] and not (w.reshape(-1, w.shape[-1]).max(axis=-1) > 0).all():
@@ -293,6 +297,10 @@ def kernel_sums(
     n = x.shape[-2]
     vec = None if out.vector is None else out.vector.reshape(*batch, n, out.vector.shape[-1])
     return KernelSums(out.log_scale.reshape(*batch, n), out.mass.reshape(*batch, n), vec, out.backend)
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    return bool(np.isfinite(np.sum(a))) or bool(np.isfinite(a).all())
 
 
 def _select(backend: str, problem: KernelProblem) -> Backend:

@@ -509,12 +509,17 @@ def choose_route(B: int, n: int, m: int, p: int, dtype) -> str:
     """Which route of the numba backend computes ``B`` systems of ``n`` query rows, ``m`` sources, logit dimension ``p``.
 
     * ``"small"`` (:mod:`wflow.kernels.small`: batched GEMMs + one exponential pass) when
-      every system is tiny, ``n, m <=`` :data:`~wflow.kernels.small.SMALL_MAX`, and ``p >=``
-      :data:`SMALL_MIN_DIM`: measured 1.5--6x faster than the other two routes there
-      (``benchmarks/small_systems.py``), because the BLAS route's per-block Python tasks and
-      the direct route's loop inner products both cost more than one batched GEMM per chunk;
+      every system is tiny, ``n, m <=`` :data:`~wflow.kernels.small.SMALL_MAX` and ``p >=``
+      :data:`SMALL_MIN_DIM`.  Measured side by side (round-robin medians on the shared
+      2-core machine; the route table of ``python -m benchmarks.small_systems``, in
+      ``benchmarks/SMALL.md``): faster than the direct route in most tiny shapes tried
+      (d = 3..1024, B = 1..2048, up to 2.5x), never more than 2x slower, and 1.5--4x faster
+      than the BLAS route, whose per-block Python tasks dominate on tiny systems;
     * ``"direct"`` when ``p <`` :data:`BLAS_MIN_DIM`;
     * ``"blas"`` otherwise.
+
+    The rule is deliberately a size test, not a flop model: at these sizes the fixed costs
+    (thread hand-off, GEMM calls, Python) decide, and they favour the batched GEMMs throughout.
     """
     if FORCE_ROUTE is not None:
         return FORCE_ROUTE
@@ -525,9 +530,9 @@ def choose_route(B: int, n: int, m: int, p: int, dtype) -> str:
     return "direct" if p < BLAS_MIN_DIM else "blas"
 
 
-#: Smallest logit dimension for which tiny systems take the "small" route (below it the
-#: direct route's register-tiled loops beat a GEMM of so few columns).
-SMALL_MIN_DIM = BLAS_MIN_DIM
+#: Smallest logit dimension for which tiny systems take the "small" route (1: all of them;
+#: raise it to send tiny low-dimensional systems to the direct route).
+SMALL_MIN_DIM = 1
 
 
 class NumbaBackend:
@@ -557,10 +562,14 @@ class NumbaBackend:
             raise WflowError(f"the numba backend is unavailable: {_NUMBA_ERROR}; use backend='numpy'")
         dtype = problem.dtype
         f64 = np.float64
+        x, y = problem.x, problem.y
+        p = x.shape[-1] if problem.Q is None else problem.Q.shape[0]
+        route = choose_route(x.shape[0], x.shape[1], y.shape[1], p, dtype)
+        if route == "small":
+            return self._small(problem)
         # logits in float64 even for float32 input: a float32 logit of size beta carries an
         # error beta * 6e-8.  Keys b stay in the input dtype (the kernel's transposed copy
         # upcasts them in the same pass); values c stay in the working dtype.
-        x, y = problem.x, problem.y
         if problem.Q is None:
             a = np.multiply(x, problem.beta, dtype=f64)
         else:
@@ -575,13 +584,7 @@ class NumbaBackend:
         logw = np.maximum(logw, _LOG_ZERO, out=logw)  # log 0 = -inf -> finite stand-in
         floor = exp_floor(dtype)
         zero = dtype.type(0)
-        p = a.shape[-1]
-        route = choose_route(a.shape[0], a.shape[1], b.shape[1], p, dtype)
-        if route == "small":
-            from .small import small_sums
-
-            shift, acc = small_sums(a, b, logw, c, floor, zero)
-        elif route == "direct":
+        if route == "direct":
             shift, acc = self._direct(a, b, logw, c, floor, zero)
         else:
             shift, acc = self._blas(a, b, logw, c, floor, zero)
@@ -593,6 +596,26 @@ class NumbaBackend:
         shift = shift.astype(dtype, copy=False)
         mass = acc[..., 0].astype(dtype)
         vec = acc[..., 1:].astype(dtype) if problem.values else None
+        return KernelSums(shift, mass, vec, self.name)
+
+    def _small(self, problem: KernelProblem) -> KernelSums:
+        """The tiny-systems route (:mod:`wflow.kernels.small`): beta is applied in its exponential
+        pass, so that Q = K = I needs no scaled copy of the points."""
+        from .small import small_sums
+
+        f64 = np.float64
+        x, y = problem.x, problem.y
+        a = x if problem.Q is None else np.matmul(x, problem.Q.T.astype(f64), dtype=f64)
+        b = y if problem.K is None else np.matmul(y, problem.K.T.astype(f64), dtype=f64)
+        with np.errstate(divide="ignore"):
+            logw = np.log(problem.weights, dtype=f64)
+        logw = np.maximum(logw, _LOG_ZERO, out=logw)
+        c = None
+        if problem.values:
+            c = y if problem.V is None else y @ problem.V.T
+        tol = problem.tol if problem.tol is not None and 0.0 < problem.tol < 1.0 else None
+        shift, mass, vec = small_sums(a, b, logw, c, exp_floor(problem.dtype), problem.dtype,
+                                      scale=problem.beta, tol=tol)
         return KernelSums(shift, mass, vec, self.name)
 
     @staticmethod

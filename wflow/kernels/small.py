@@ -21,8 +21,10 @@ against 30 ms).  :func:`bmm` exposes that batched GEMM for other callers (diagno
 float32: the logits are formed in float32 (SGEMM) only when their rounding error is
 provably small, :math:`2^{-24}\big((p+2)\max|a|\max|b| + 2\,\mathrm{span}\log w\big) \le 3\cdot
 10^{-6}` (as the direct route of the numba backend decides); otherwise in float64 (DGEMM on
-upcast operands).  Exponentials and the value GEMM run in float32 either way; row sums are
-accumulated in float64.
+upcast operands).  A caller that asks for less, ``kernel_sums(..., tol=2e-4)``, gets float32
+logits whenever that bound is below ``tol / 3`` (at beta = 5, d = 128 the bound is 4e-5, so
+any tol >= 1.2e-4), which is what PyTorch computes in float32.  Exponentials and the value
+GEMM run in float32 either way; row sums are accumulated in float64.
 """
 from __future__ import annotations
 
@@ -92,22 +94,26 @@ if _nb.numba is not None:
     from numba import njit
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
-    def _softmax_rows(L, lw, E, shift, mass, fl, zero):  # pragma: no cover - compiled
-        """L (C, n, m) logits (float64, or float32 when accurate enough), lw (C, m) log-weights
-        in L's dtype, fl the exponent floor in L's dtype; writes E (C, n, m) = e^(L + lw - c) in
-        the dtype of zero, shift c (C, n) float64 (the exact row maximum) and mass (C, n) float64."""
+    def _softmax_rows(L, scale, lw, E, shift, mass, fl, zero):  # pragma: no cover - compiled
+        """L (C, n, m) inner products (float64, or float32 when accurate enough), scale the factor
+        beta, lw (C, m) log-weights and fl the exponent floor, both in L's dtype; writes
+        E (C, n, m) = e^(scale L + lw - c) in the dtype of zero (E may be L itself), the shift
+        c (C, n) float64 (the exact row maximum) and mass (C, n) in the dtype of zero
+        (accumulated in float64)."""
         C, n, m = L.shape
         for k in range(C):
             lwk = lw[k]
             for i in range(n):
                 Li = L[k, i]
                 Ei = E[k, i]
-                mx = Li[0] + lwk[0]
+                for j in range(m):
+                    Li[j] = Li[j] * scale + lwk[j]
+                mx = Li[0]
                 for j in range(1, m):
-                    mx = max(mx, Li[j] + lwk[j])
+                    mx = max(mx, Li[j])
                 t = 0.0
                 for j in range(m):
-                    v = _nb._exp_as(max(Li[j] + lwk[j] - mx, fl), zero)
+                    v = _nb._exp_as(max(Li[j] - mx, fl), zero)
                     Ei[j] = v
                     t += v
                 shift[k, i] = mx
@@ -116,62 +122,70 @@ else:  # pragma: no cover
     _softmax_rows = None
 
 
-def _logits_in_float32(a: np.ndarray, b: np.ndarray, logw: np.ndarray, floor: float) -> tuple[bool, np.ndarray, np.ndarray]:
-    """Whether float32 logits are accurate enough (module docstring), with log-weights relative to each system's maximum."""
+def _logits_in_float32(a: np.ndarray, b: np.ndarray, logw: np.ndarray, floor: float,
+                       tol: float | None = None, scale: float = 1.0) -> tuple[bool, np.ndarray, np.ndarray]:
+    """Whether float32 logits ``scale <a_i, b_j> + log w_j`` are accurate enough (module docstring),
+    with log-weights relative to each system's maximum.
+
+    The bound on a term's relative error must stay below :data:`LOWP_LOGIT_ERROR`, or below
+    ``tol / 3`` when the caller asked for that looser relative accuracy."""
     lw_max = np.max(logw, axis=1)
     lw_rel = logw - lw_max[:, None]
-    sq = lambda z: float(np.max(np.einsum("...i,...i->...", z, z), initial=0.0))  # noqa: E731
-    size = math.sqrt(sq(a) * sq(b)) * (1.0 + 1e-6)
+    sq = lambda z: float(np.max(np.einsum("...i,...i->...", z, z, dtype=np.float64), initial=0.0))  # noqa: E731
+    size = abs(scale) * math.sqrt(sq(a) * sq(b)) * (1.0 + 1e-6)
     lw_span = float(np.max(-lw_rel[lw_rel > _nb._LOG_ZERO / 2], initial=0.0))
     p = a.shape[-1]
-    ok = 2.0**-24 * ((p + 2) * size + 2.0 * min(lw_span, -floor)) <= _nb.LOWP_LOGIT_ERROR
+    limit = max(_nb.LOWP_LOGIT_ERROR, tol / 3.0) if tol is not None else _nb.LOWP_LOGIT_ERROR
+    ok = 2.0**-24 * ((p + 2) * size + 2.0 * min(lw_span, -floor)) <= limit
     return ok, lw_rel, lw_max
 
 
 def small_sums(a: np.ndarray, b: np.ndarray, logw: np.ndarray, c: np.ndarray | None, floor: float,
-               zero) -> tuple[np.ndarray, np.ndarray]:
-    r"""The tiny-systems route: ``(shift (B, n), acc (B, n, 1 + q))`` as the numba backend's other routes return.
+               dtype, *, scale: float = 1.0, tol: float | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    r"""The tiny-systems route: ``(shift (B, n), mass (B, n), vector (B, n, q) or None)`` in ``dtype``.
 
-    ``a`` (B, n, p) float64 (:math:`\beta Q x`), ``b`` (B, m, p) keys in the input dtype,
-    ``logw`` (B, m) float64 finite, ``c`` (B, m, q) values or None, ``zero`` a scalar of the
-    working dtype.
+    Logits are :math:`\ell_{ij} = \text{scale}\,\langle a_i, b_j\rangle + \log w_j`: ``a``
+    (B, n, p) and ``b`` (B, m, p) in the input dtype or float64 (for :math:`Q x` and :math:`K y`),
+    ``logw`` (B, m) float64 and finite, ``c`` (B, m, q) values or None, ``dtype`` the working
+    (output) dtype, ``tol`` the caller's requested relative accuracy (float32 logits when it
+    allows them).  The shift is the exact row maximum, rounded to ``dtype`` (mass and vector
+    consistent with the rounded shift).
     """
     B, n, p = a.shape
     m = b.shape[1]
-    wdt = type(zero)
+    wdt = np.dtype(dtype).type
+    zero = wdt(0)
     lw_max = None
     ldt = np.float64
     if wdt is np.float32:
-        ok, lw_rel, lw_max = _logits_in_float32(a, b, logw, floor)
+        ok, lw_rel, lw_max = _logits_in_float32(a, b, logw, floor, tol, scale)
         if ok:
             ldt = np.float32
             logw = np.maximum(lw_rel, -3e38)
-    a_l = a.astype(ldt, copy=False)
     bT = np.swapaxes(b, 1, 2)
-    if bT.dtype != ldt:
-        bT = bT.astype(ldt)
     lw_l = np.ascontiguousarray(logw, dtype=ldt)
     fl = ldt(floor)
     cw = None if c is None else c.astype(wdt, copy=False)
     q = 0 if cw is None else cw.shape[-1]
     shift = np.empty((B, n))
-    acc = np.empty((B, n, q + 1))
+    mass = np.empty((B, n), dtype=wdt)
+    vec = np.empty((B, n, q), dtype=wdt) if q else None
     threads = _threads()
     chunks = _chunk_bounds(B, n * m, threads, CHUNK_PAIRS)
 
     def work(t: int) -> None:
         L = np.empty((chunks[0][1] - chunks[0][0], n, m), dtype=ldt)
         E = np.empty(L.shape, dtype=wdt) if wdt is not ldt else None
-        mass = np.empty((L.shape[0], n))
         for b0, b1 in chunks[t::threads]:
             C = b1 - b0
             Lc = L[:C]
-            np.matmul(a_l[b0:b1], bT[b0:b1], out=Lc)
+            # (float32 input with float64 logits: upcast chunk by chunk, in the workers)
+            np.matmul(a[b0:b1].astype(ldt, copy=False), bT[b0:b1].astype(ldt, copy=False), out=Lc)
             Ec = Lc if E is None else E[:C]
-            _softmax_rows(Lc, lw_l[b0:b1], Ec, shift[b0:b1], mass[:C], fl, zero)
-            acc[b0:b1, :, 0] = mass[:C]
+            _softmax_rows(Lc, ldt(scale), lw_l[b0:b1], Ec, shift[b0:b1], mass[b0:b1], fl, zero)
             if q:
-                acc[b0:b1, :, 1:] = np.matmul(Ec, cw[b0:b1])
+                np.matmul(Ec, cw[b0:b1], out=vec[b0:b1])
 
     with _nb._blas_threads(1):
         if threads == 1 or len(chunks) == 1:
@@ -181,4 +195,12 @@ def small_sums(a: np.ndarray, b: np.ndarray, logw: np.ndarray, c: np.ndarray | N
             list(_nb._executor(threads).map(work, range(min(threads, len(chunks)))))
     if lw_max is not None and ldt is np.float32:
         shift += lw_max[:, None]
-    return shift, acc
+    if wdt is not np.float64:
+        # report the shift in the output dtype and make mass and vector consistent with it
+        c32 = shift.astype(wdt)
+        f = np.exp(shift - c32.astype(np.float64)).astype(wdt)
+        mass *= f
+        if vec is not None:
+            vec *= f[..., None]
+        shift = c32
+    return shift, mass, vec

@@ -1,0 +1,248 @@
+"""Many small systems (the GLPR phase-diagram regime): one Euler step, and the save-time diagnostics.
+
+Run ``python -m benchmarks.small_systems`` (about 5 minutes on 2 cores) or
+``python -m benchmarks.small_systems --quick`` (d = 8 and 128, batch 256 only).  Prints
+Markdown tables (copied into ``benchmarks/SMALL.md``).
+
+Workload (issue 13): SA with Q = K = V = I, n = 32 tokens, beta = 5, batch of B independent
+systems, d in {8, 128, 1024}, B in {256, 2048}.  One explicit Euler step of step eta = 0.1:
+
+* "torch" (float64 and float32): a re-implementation of the authors' loop, written here
+  from its description: ``A = softmax(beta x x^T)`` (``bmm``, ``softmax``), then
+  ``x <- normalize(x + eta A x)`` (``bmm``), *not* projected on the tangent space;
+* "numpy": the same in dense NumPy (``matmul``, row max, ``exp``, ``matmul``);
+* "wflow": ``kernel_sums(backend="auto")`` (the numba backend's route in the ``route``
+  column), tangent projection :func:`wflow.sphere.project`, then
+  :func:`wflow.sphere.normalize` (``check=False``) -- wflow's projected Euler step.
+  "wflow tol" passes ``tol=2e-4``, which lets float32 input use float32 logits.
+
+Save-time diagnostics for 256 systems: the fraction of pairs with cosine > 0.999 (torch,
+and :func:`wflow.diagnostics.pair_fraction`) and the cluster count at threshold 0.1
+(:func:`wflow.diagnostics.count_clusters`, batched, against the former loop of
+:func:`wflow.diagnostics.cluster_labels` over systems).
+
+Timing as in ``benchmarks/kernels.py``: every figure is the median of ``--repeat`` calls
+after a warm-up, the implementations of a row timed round-robin, each call after 0.15 s
+idle (OpenBLAS threads spin after a multithreaded GEMM).  The machine is shared: the load
+average is printed with each table, and the numbers are noisy (ratios within a row are
+more reliable than absolute times).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+try:  # before wflow: wflow.kernels sets OMP_WAIT_POLICY=PASSIVE for numba's OpenMP threads, and
+    # torch's own libgomp would read it too if loaded after (its threads then sleep between ops)
+    import torch
+except Exception:  # optional
+    torch = None
+
+from benchmarks.kernels import _interleaved_medians  # noqa: E402
+from wflow import sphere  # noqa: E402
+from wflow.diagnostics import cluster_labels, count_clusters, pair_fraction  # noqa: E402
+from wflow.kernels import kernel_sums  # noqa: E402
+from wflow.kernels import numba_backend  # noqa: E402
+from wflow.measure import Atoms  # noqa: E402
+
+BETA = 5.0
+ETA = 0.1
+N = 32
+
+
+def _load() -> str:
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
+def torch_step(x):
+    """The authors' Euler step, re-implemented: x <- normalize(x + eta softmax(beta x x^T) x)."""
+    A = torch.softmax(BETA * torch.bmm(x, x.transpose(1, 2)), dim=-1)
+    y = x + ETA * torch.bmm(A, x)
+    return y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
+
+
+def numpy_step(x):
+    L = np.matmul(x, np.swapaxes(x, 1, 2))
+    L *= BETA
+    L -= L.max(axis=-1, keepdims=True)
+    np.exp(L, out=L)
+    L /= L.sum(axis=-1, keepdims=True)
+    y = x + ETA * np.matmul(L, x)
+    return y / np.linalg.norm(y, axis=-1, keepdims=True)
+
+
+def wflow_step(x, w, tol=None):
+    s = kernel_sums(x, x, w, BETA, backend="auto", tol=tol)
+    v = sphere.project(x, s.softmax_average())
+    return sphere.normalize(x + x.dtype.type(ETA) * v, check=False)
+
+
+def step_table(dims, batches, repeat):
+    rows = []
+    print(f"<!-- step table: start {_load()} -->", flush=True)
+    for d in dims:
+        for B in batches:
+            for dtype in (np.float64, np.float32):
+                x = sphere.uniform(N, d, 0, batch=(B,)).astype(dtype)
+                w = np.full((B, N), 1.0 / N, dtype=dtype)
+                fns = {}
+                if torch is not None:
+                    tx = torch.from_numpy(x)
+                    fns["torch"] = lambda tx=tx: torch_step(tx)
+                fns["numpy"] = lambda x=x: numpy_step(x)
+                fns["wflow"] = lambda x=x, w=w: wflow_step(x, w)
+                if dtype == np.float32:
+                    fns["wflow tol"] = lambda x=x, w=w: wflow_step(x, w, 2e-4)
+                r = repeat if B * d <= 256 * 1024 else max(3, repeat // 2)
+                t = _interleaved_medians(fns, r)
+                route = numba_backend.choose_route(B, N, N, d, np.dtype(dtype))
+                rows.append((d, B, np.dtype(dtype).name, route, t))
+                cells = " | ".join(f"{k} {1e3 * v:.2f}" for k, v in t.items())
+                print(f"<!-- d={d} B={B} {np.dtype(dtype).name}: {cells} ms -->", flush=True)
+    print(f"<!-- step table: end {_load()} -->", flush=True)
+    return rows
+
+
+def print_step_table(rows):
+    print("\n### One Euler step (ms, median), n = 32, beta = 5, eta = 0.1\n")
+    print("| d | batch | dtype | torch | numpy | wflow (route) | wflow tol=2e-4 | torch / wflow |")
+    print("|---|---|---|---|---|---|---|---|")
+    for d, B, dt, route, t in rows:
+        torch_t = t.get("torch")
+        tol = t.get("wflow tol")
+        ratio = f"{torch_t / t['wflow']:.2f}" if torch_t else "-"
+        print(f"| {d} | {B} | {dt} | {_ms(torch_t)} | {_ms(t['numpy'])} | {_ms(t['wflow'])} ({route}) | "
+              f"{_ms(tol)} | {ratio} |")
+
+
+def _ms(t):
+    return "-" if t is None else f"{1e3 * t:.2f}"
+
+
+def diagnostics_table(dims, repeat):
+    rows = []
+    print(f"<!-- diagnostics table: start {_load()} -->", flush=True)
+    B = 256
+    rng = np.random.default_rng(1)
+    for d in dims:
+        # half-clustered systems: tokens near 4 centres each (a mid-run state)
+        c = sphere.uniform(4, d, rng, batch=(B,))
+        x = np.take_along_axis(c, rng.integers(0, 4, (B, N))[..., None], axis=1)
+        x = x + 0.05 / np.sqrt(d) * rng.standard_normal(x.shape)
+        x /= np.linalg.norm(x, axis=-1, keepdims=True)
+        mu = Atoms(x)
+        fns = {"pair fraction (wflow)": lambda: pair_fraction(x, 0.999),
+               "clusters (wflow, batched)": lambda: count_clusters(mu, 0.1),
+               "clusters (loop of cluster_labels)": lambda: [cluster_labels(xx, 0.1) for xx in x]}
+        if torch is not None:
+            tx = torch.from_numpy(x)
+
+            def torch_pf(tx=tx):
+                G = torch.bmm(tx, tx.transpose(1, 2))
+                eye = torch.eye(N, dtype=torch.bool)
+                return ((G > 0.999) & ~eye).sum(dim=(1, 2)) / (N * (N - 1))
+            fns = {"pair fraction (torch)": torch_pf, **fns}
+        t = _interleaved_medians(fns, repeat)
+        rows.append((d, t))
+        print(f"<!-- d={d}: " + " | ".join(f"{k} {1e3 * v:.2f}" for k, v in t.items()) + " ms -->", flush=True)
+    print(f"<!-- diagnostics table: end {_load()} -->", flush=True)
+    return rows
+
+
+def print_diagnostics_table(rows):
+    print("\n### Save-time diagnostics, 256 systems of 32 tokens (ms, median)\n")
+    names = list(rows[0][1])
+    print("| d | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for d, t in rows:
+        print(f"| {d} | " + " | ".join(_ms(t[k]) for k in names) + " |")
+
+
+ROUTE_SHAPES = [(3, 1, 256), (128, 1, 256), (3, 16, 64), (128, 16, 64), (8, 256, 32), (32, 256, 32),
+                (128, 256, 32), (1024, 256, 32), (128, 2048, 32)]
+
+
+def route_table(repeat, quick=False):
+    """Kernel sums alone through each route of the numba backend, against what choose_route picks."""
+    shapes = [s for s in ROUTE_SHAPES if not quick or (s[0] <= 128 and s[1] <= 256)]
+    rows = []
+    print(f"<!-- route table: start {_load()} -->", flush=True)
+    for d, B, n in shapes:
+        for dtype in (np.float64, np.float32):
+            x = sphere.uniform(n, d, 3, batch=(B,)).astype(dtype)
+            w = np.full((B, n), 1.0 / n, dtype=dtype)
+
+            def forced(route, x=x, w=w):
+                def f():
+                    numba_backend.FORCE_ROUTE = route
+                    try:
+                        return kernel_sums(x, x, w, BETA, backend="numba")
+                    finally:
+                        numba_backend.FORCE_ROUTE = None
+                return f
+            fns = {r: forced(r) for r in ("small", "direct", "blas")}
+            fns["numpy backend"] = lambda x=x, w=w: kernel_sums(x, x, w, BETA, backend="numpy")
+            r = repeat if B * d * n <= 256 * 128 * 32 else max(3, repeat // 2)
+            t = _interleaved_medians(fns, r)
+            pick = numba_backend.choose_route(B, n, n, d, np.dtype(dtype))
+            rows.append((d, B, n, np.dtype(dtype).name, pick, t))
+            print(f"<!-- d={d} B={B} n={n} {np.dtype(dtype).name}: " + " | ".join(f"{k} {1e3 * v:.2f}" for k, v in t.items()) + " ms -->", flush=True)
+    print(f"<!-- route table: end {_load()} -->", flush=True)
+    print("\n### Kernel sums alone by route of the numba backend (ms, median), beta = 5\n")
+    print("| d | batch | n = m | dtype | small | direct | blas | numpy backend | choose_route | fastest route |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for d, B, n, dt, pick, t in rows:
+        best = min(("small", "direct", "blas"), key=t.get)
+        print(f"| {d} | {B} | {n} | {dt} | {_ms(t['small'])} | {_ms(t['direct'])} | {_ms(t['blas'])} | "
+              f"{_ms(t['numpy backend'])} | {pick} | {best} |")
+
+
+def projection_table(repeat):
+    print(f"<!-- projection table: start {_load()} -->", flush=True)
+    rows = []
+    for dtype in (np.float64, np.float32):
+        rng = np.random.default_rng(2)
+        x = sphere.uniform(N, 128, rng, batch=(256,)).astype(dtype)  # 10^6 numbers
+        v = rng.standard_normal(x.shape).astype(dtype)
+        fns = {"project (old: v - sum(x*v) x)": lambda: v - np.sum(x * v, axis=-1, keepdims=True) * x,
+               "sphere.project": lambda: sphere.project(x, v),
+               "normalize (old: x / norm)": lambda: v / np.linalg.norm(v, axis=-1, keepdims=True),
+               "sphere.normalize": lambda: sphere.normalize(v),
+               "sphere.normalize(check=False)": lambda: sphere.normalize(v, check=False)}
+        rows.append((np.dtype(dtype).name, _interleaved_medians(fns, repeat)))
+    print(f"<!-- projection table: end {_load()} -->", flush=True)
+    print("\n### Projection and normalization of 256 x 32 x 128 numbers (ms, median)\n")
+    names = list(rows[0][1])
+    print("| dtype | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for dt, t in rows:
+        print(f"| {dt} | " + " | ".join(_ms(t[k]) for k in names) + " |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="d = 8 and 128, batch 256 only")
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args(argv)
+    dims = (8, 128) if args.quick else (8, 128, 1024)
+    batches = (256,) if args.quick else (256, 2048)
+    print(f"# small systems: python {sys.version.split()[0]}, numpy {np.__version__}, "
+          f"torch {getattr(torch, '__version__', 'not installed')} ({torch.get_num_threads() if torch else 0} threads), "
+          f"{os.cpu_count()} cpus, {_load()}", flush=True)
+    t0 = time.perf_counter()
+    steps = step_table(dims, batches, args.repeat)
+    diags = diagnostics_table(dims, args.repeat)
+    print_step_table(steps)
+    print_diagnostics_table(diags)
+    projection_table(args.repeat)
+    route_table(args.repeat, args.quick)
+    print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
