@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ._version import __version__
-from .errors import WflowError
+from .errors import StoreBusyError, WflowError
 
 __all__ = ["main"]
 
@@ -95,45 +95,99 @@ def _run(args: argparse.Namespace) -> int:
     """``wflow run``: build the configuration's problem, run it through the driver with a recorder.
 
     Every solver takes the same path: one store, one recorder, one resume (:func:`wflow.resume`).
+    Everything is validated before anything is written or deleted; the output folder is locked
+    (one writer) for the whole run.
     """
     from . import io
-    from .config import apply_overrides, load_config, start_run, to_toml
-    from .solvers.runs import resume
+    from .config import apply_overrides, check_resources, load_config, start_run
 
     out = Path(args.out)
-    t_start = time.perf_counter()
     progress = not args.no_progress
     if args.resume:
         if args.config or args.overrides:
             raise ValueError("--resume continues the stored configuration; do not pass a config file or --set")
-        store = _store_of(out)
-        if store is None:
-            raise FileNotFoundError(f"--resume: no interrupted run in {out} (no trajectory.zarr or density.zarr)")
-        cfg = _stored_run_config(store)
-        trackers = []
-        if cfg["solver"] == "jko":
-            from .solvers.trackers import StepLog
-
-            trackers.append(StepLog(out / "steps.csv", append=True))
-        print(f"wflow {__version__}: resuming {store} ({io.committed_length(store)} snapshots committed)", flush=True)
-        result = resume(store, progress=progress, trackers=trackers, keep=False)
-    else:
-        cfg = apply_overrides(load_config(args.config), args.overrides)
-        store = out / STORES[cfg["solver"]]
+        if not out.is_dir():
+            raise FileNotFoundError(f"--resume: no interrupted run in {out}")
+        with _locked(out):
+            return _resume(out, progress)
+    cfg = apply_overrides(load_config(args.config), args.overrides)
+    check_resources(cfg, out)  # memory and disk, before anything is allocated
+    run = start_run(cfg)  # builds everything (and validates it) before anything is written or deleted
+    with _locked(out):
         existing = _store_of(out)
         if existing is not None and not args.overwrite:
             raise FileExistsError(f"{existing} exists; use --resume to continue it, --overwrite to replace it, "
                                   f"or another --out")
-        run = start_run(cfg)  # builds everything (and validates) before anything is written or deleted
-        out.mkdir(parents=True, exist_ok=True)
-        if existing is not None and existing != store:
-            import shutil
+        return _fresh(cfg, run, out, progress, existing)
 
-            shutil.rmtree(existing)
-        (out / "config.toml").write_text(to_toml(cfg))
-        print(f"wflow {__version__}: {run.describe} -> {store}", flush=True)
-        recorder = io.ZarrRecorder(store, overwrite=args.overwrite, attrs={"run_config": cfg})
-        result = run.execute([recorder], progress=progress, out=out)
+
+def _locked(out: Path):
+    """The output folder's lock (created with the folder); one line and exit 2 when it cannot be had."""
+    from . import io
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return io.FolderLock(out / ".wflow.lock", f"output folder {out}").acquire()
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot create or write the folder ({exc.strerror or exc})") from None
+
+
+def _fresh(cfg: dict, run, out: Path, progress: bool, existing: Path | None) -> int:
+    from . import io
+    from .config import to_toml
+
+    t_start = time.perf_counter()
+    store = out / STORES[cfg["solver"]]
+    if existing is not None:
+        import shutil
+
+        shutil.rmtree(existing)
+    for name in ("steps.csv", "summary.png", "animation.gif"):
+        (out / name).unlink(missing_ok=True)
+    (out / "config.toml").write_text(to_toml(cfg))
+    print(f"wflow {__version__}: {run.describe} -> {store}", flush=True)
+    recorder = io.ZarrRecorder(store, overwrite=True, attrs={"run_config": cfg})
+    result = run.execute([recorder], progress=progress, out=out)
+    return _finish(result, store, out, cfg, t_start)
+
+
+def _resume(out: Path, progress: bool) -> int:
+    """Continue the run in ``out`` from its last committed snapshot (or afresh when none was committed)."""
+    from . import io
+    from .config import load_config, start_run
+    from .solvers.runs import resume
+
+    t_start = time.perf_counter()
+    toml = out / "config.toml"
+    store = _store_of(out)
+    committed = io.committed_length(store) if store is not None else 0
+    if committed == 0:
+        if not toml.exists():
+            raise FileNotFoundError(f"--resume: no interrupted run in {out} (no committed snapshot, no config.toml)")
+        cfg = load_config(toml)
+        print(f"wflow {__version__}: no committed snapshot in {out}: starting afresh from {toml}", flush=True)
+        return _fresh(cfg, start_run(cfg), out, progress, store)
+    cfg = _stored_run_config(store)
+    if toml.exists():
+        edited = load_config(toml)
+        diff = sorted(k for k in set(cfg) | set(edited) if cfg.get(k) != edited.get(k))
+        if diff:
+            what = ", ".join(f"{k} (stored {cfg.get(k)!r}, config.toml {edited.get(k)!r})" for k in diff)
+            raise ValueError(f"--resume: {toml} differs from the stored run in {what}; a resumed run continues the "
+                             f"stored configuration: undo the edit, or start a new run (--overwrite or another --out)")
+    trackers = []
+    if cfg["solver"] == "jko":
+        from .solvers.trackers import StepLog
+
+        trackers.append(StepLog(out / "steps.csv", append=True))
+    print(f"wflow {__version__}: resuming {store} ({committed} snapshots committed)", flush=True)
+    result = resume(store, progress=progress, trackers=trackers, keep=False)
+    return _finish(result, store, out, cfg, t_start)
+
+
+def _finish(result, store: Path, out: Path, cfg: dict, t_start: float) -> int:
+    from . import io
+
     if result.status < 0:
         kept = io.committed_length(store)
         print(f"wflow: solver stopped: {result.message} ({kept} snapshots kept in {store})", file=sys.stderr)
@@ -164,13 +218,16 @@ def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:
     steps, evals = int(res.stats["steps"][-1]), int(res.stats["evaluations"][-1])
     print(f"{res.kind}: {store} ({len(res.times)} snapshots, {steps} steps, {evals} evaluations, {elapsed:.1f} s)")
     if res.kind in ("particles", "lagrangian"):
-        e = res.data.get("energy", (None, np.array([np.nan])))[1]
         line = []
-        if np.all(np.isfinite(e)):
-            line.append(f"energy: {float(np.ravel(e[0])[0]):.6g} -> {float(np.ravel(e[-1])[0]):.6g}")
-        else:
-            line.append("energy: absent (" + ("the model is not a gradient flow" if not _is_gradient(res.config)
-                                              else "not representable in floating point at this beta") + ")")
+        first = lambda a, i: float(np.ravel(a[i])[0])  # noqa: E731 - system 0
+        if "energy" not in res.data:
+            line.append("energy: absent (the model is not a gradient flow)")
+        elif np.all(np.isfinite(res.data["energy"][1])):
+            e = res.data["energy"][1]
+            line.append(f"energy: {first(e, 0):.6g} -> {first(e, -1):.6g}")
+        elif "log_energy" in res.data:
+            le = res.data["log_energy"][1]
+            line.append(f"energy: beyond float64 at this beta; log energy: {first(le, 0):.6g} -> {first(le, -1):.6g}")
         if "n_clusters" in res.data:
             c = res.data["n_clusters"][1]
             line.append(f"clusters: {int(np.ravel(c[0])[0])} -> {int(np.ravel(c[-1])[0])}")
@@ -190,12 +247,6 @@ def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:
         print(f"animation: {out / 'animation.gif'}")
 
 
-def _is_gradient(config: dict) -> bool:
-    from .models import model_from_dict
-
-    return model_from_dict(config["model"]).is_gradient
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -209,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "validate":
             return _validate(args)
     except (ValueError, TypeError, FileExistsError, FileNotFoundError) as exc:
+        print(f"wflow: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StoreBusyError as exc:
         print(f"wflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except WflowError as exc:

@@ -6,6 +6,7 @@ wrong types are rejected with the key and the value received.
 """
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 from .errors import short_repr
 
 __all__ = ["KEYS", "default_config", "load_config", "apply_overrides", "validate_config", "to_toml", "build_run",
-           "start_run", "Run"]
+           "start_run", "Run", "check_resources", "estimate_resources"]
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,14 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     for key in ("run.t_end", "run.rtol", "run.atol", "run.cluster_threshold", "init.kappa", "perceptron.scale",
                 "mesh.cfl", "jko.tau"):
         need(np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
+    need(cfg["run.rtol"] >= 1e-15, "run.rtol", ">= 1e-15 (below double-precision rounding nothing can be resolved)")
+    need(cfg["init.kappa"] <= 1e8, "init.kappa", "<= 1e8 (a von Mises-Fisher concentration beyond that is a "
+         "point mass at double precision: use fewer components or init.kind=uniform)")
+    if cfg["model.type"] == "USA":
+        from .models import USA
+
+        need(cfg["model.beta"] <= USA.MAX_LOG_VELOCITY, "model.beta", f"<= {USA.MAX_LOG_VELOCITY:g} for USA (its "
+             f"velocity e^beta moves on the time scale e^-beta, beyond float64 there): use model.type=SA")
     for key, lo in (("init.n", 1), ("init.d", 2), ("run.n_saves", 2), ("init.components", 1), ("perceptron.m", 0)):
         need(cfg[key] >= lo, key, f"an integer >= {lo}")
     for key in ("init.seed", "run.seed", "perceptron.seed"):
@@ -277,6 +286,61 @@ class Run:
     def execute(self, trackers: list, *, progress: bool = True, out: Path | None = None):
         """Run through the driver with ``trackers`` (a recorder); returns the result (``keep=False``)."""
         return self._call(list(trackers), progress, out)
+
+
+def _available_memory() -> float:
+    """Bytes of memory available now (``MemAvailable``), or the physical memory where that is unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _gb(b: float) -> str:
+    return f"{b / 2**30:.3g} GiB"
+
+
+def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
+    """``(memory, disk)`` in bytes a run of this configuration needs, roughly.
+
+    Memory: the state with the solver's stages (about 12 copies for dopri5), the kernel sums'
+    blocks (about 100 MB) and the save times; disk: every saved snapshot of the state.
+    """
+    solver, d, saves = cfg["solver"], cfg["init.d"], cfg["run.n_saves"]
+    if solver == "particles":
+        state = cfg["init.n"] * d * 8.0
+    elif solver == "lagrangian":
+        nodes = cfg["mesh.resolution"] * (1 if d == 2 else 2 * cfg["mesh.resolution"])
+        state = nodes * (1 + 2 * (d - 1)) * d * 8.0
+    else:
+        cells = cfg["mesh.resolution"] if d == 2 else 10 * cfg["mesh.resolution"] ** 2 + 2
+        state = cells * 8.0 * (50 if d == 3 else 4)  # mesh connectivity and geometry arrays
+        if solver == "jko":
+            state += 3 * cells * cells * 8.0  # dense cost matrix and kernel
+    return 12 * state + 1e8 + 32.0 * saves, saves * (state / 12 if solver == "jko" else state) + 1e6
+
+
+def check_resources(cfg: dict[str, Any], out: Path) -> None:
+    """Refuse a run whose estimated memory or disk (:func:`estimate_resources`) exceeds what the machine has."""
+    import shutil
+
+    mem, disk = estimate_resources(cfg)
+    avail = _available_memory()
+    key = "init.n" if cfg["solver"] == "particles" else "mesh.resolution"
+    if mem > 0.8 * avail:
+        raise ValueError(f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} need about "
+                         f"{_gb(mem)} of memory; {_gb(avail)} is available")
+    probe = Path(out)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if disk > free:
+        raise ValueError(f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} write about "
+                         f"{_gb(disk)} of snapshots; {_gb(free)} is free under {probe}")
 
 
 def _check_backend(name: str) -> None:

@@ -16,6 +16,7 @@ __all__ = [
     "WflowError",
     "NotAGradientFlowError",
     "SolverError",
+    "StoreBusyError",
     "as_points",
     "check_positive",
     "check_nonnegative",
@@ -30,6 +31,10 @@ class WflowError(RuntimeError):
 
 class NotAGradientFlowError(WflowError, ValueError):
     """The model has no energy: it is not a gradient flow (the message says why)."""
+
+
+class StoreBusyError(WflowError):
+    """Another process is writing to this output folder or store (it holds the lock)."""
 
 
 class SolverError(WflowError):

@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 
 from ._version import __version__
-from .errors import WflowError
+from .errors import StoreBusyError, WflowError
 
-__all__ = ["FORMAT", "COMMIT", "ZarrRecorder", "result_dataset", "read_store", "write_result", "committed_length"]
+__all__ = ["FORMAT", "COMMIT", "ZarrRecorder", "FolderLock", "result_dataset", "read_store", "write_result",
+           "committed_length"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,54 @@ def _write_commit(path: Path, length: int) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, path / COMMIT)
     _fsync_dir(path)
+
+
+class FolderLock:
+    """An exclusive OS lock (``fcntl.flock``) on a lock file: one writer per store or output folder.
+
+    The lock belongs to the open file, so the operating system releases it when the process
+    dies, however it dies; the file itself (holding the owner's PID) is left in place.  A
+    second holder gets :class:`~wflow.errors.StoreBusyError` naming the path and the PID.
+    """
+
+    def __init__(self, path: str | os.PathLike, what: str | None = None):
+        self.path = Path(path)
+        self.what = what or str(self.path)
+        self.fh = None
+
+    def acquire(self) -> "FolderLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            owner = fh.read().strip() or "another process"
+            fh.close()
+            raise StoreBusyError(f"{self.what} is in use by {owner} (one writer at a time); wait for it to finish or "
+                                 f"choose another output") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"process {os.getpid()}")
+        fh.flush()
+        self.fh = fh
+        return self
+
+    def release(self) -> None:
+        if self.fh is not None:
+            import fcntl
+
+            fcntl.flock(self.fh.fileno(), fcntl.LOCK_UN)
+            self.fh.close()
+            self.fh = None
+
+    def __enter__(self) -> "FolderLock":
+        return self if self.fh is not None else self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def committed_length(path: str | os.PathLike) -> int:
@@ -132,6 +181,7 @@ class ZarrRecorder:
     # -- tracker protocol -----------------------------------------------------------
     def start(self, run) -> None:
         zarr = _zarr()
+        self.lock = FolderLock(self.path.with_name(self.path.name + ".lock"), f"store {self.path}").acquire()
         self.n_saves = len(run.save_times)
         self.kind = run.problem.kind
         self.solver = run.solver.name
@@ -166,6 +216,12 @@ class ZarrRecorder:
 
     def finish(self, result) -> None:
         return None
+
+    def close(self) -> None:
+        """Release the store's lock (the driver calls this whatever ended the run)."""
+        lock = getattr(self, "lock", None)
+        if lock is not None:
+            lock.release()
 
     # -- layout -------------------------------------------------------------------------
     @staticmethod
@@ -292,6 +348,14 @@ def write_result(result, path: str | os.PathLike, *, overwrite: bool = False) ->
     run = SimpleNamespace(save_times=result.times, problem=SimpleNamespace(kind=result.kind),
                           solver=SimpleNamespace(name=result.solver), config=result.config, static=result.static)
     rec.start(run)
+    try:
+        _write_all(rec, result)
+    finally:
+        rec.close()
+    return p
+
+
+def _write_all(rec: ZarrRecorder, result) -> None:
     k = len(result.times)
     dt_next = result.stats.get("dt_next", np.full(k, np.nan))
     for i in range(k):
@@ -303,4 +367,3 @@ def write_result(result, path: str | os.PathLike, *, overwrite: bool = False) ->
                                  data={n: (d, a[i]) for n, (d, a) in result.data.items()},
                                  stats={s: int(result.stats[s][i]) for s in _STATS},
                                  control={"dt_next": float(dt_next[i])}, checkpoint=checkpoint))
-    return p

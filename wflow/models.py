@@ -194,11 +194,22 @@ class _Attention(Model):
         """``|V| (1 + b)``, times ``e^b`` for USA, with ``b = beta |Q| |K|`` (spectral norms)."""
         norm = lambda M: 1.0 if M is None else float(np.linalg.norm(M, 2))  # noqa: E731
         b = self.beta * norm(self.Q) * norm(self.K)
-        return norm(self.V) * (1 + b) * (float(np.exp(min(b, 700.0))) if isinstance(self, USA) else 1.0)
+        if isinstance(self, USA) and b > USA.MAX_LOG_VELOCITY:
+            from .errors import WflowError
+
+            raise WflowError(f"USA at beta={self.beta:g}: velocities of size up to e^{b:.4g} move on the time scale "
+                             f"e^-beta, beyond what float64 can integrate; use SA, a smaller beta, or the rescaled "
+                             f"kernel e^(beta(<x,y>-1)) (a time change t' = e^beta t, wflow.theory.rescaled_time)")
+        return norm(self.V) * (1 + b) * (float(np.exp(b)) if isinstance(self, USA) else 1.0)
 
     def _sums(self, x: np.ndarray, mu: Atoms, backend: str, values: bool = True):
         return kernel_sums(x, mu.points, mu.weights, self.beta, Q=self.Q, K=self.K, V=self.V,
                            values=values, backend=backend)
+
+    @property
+    def sign(self) -> int:
+        """+1 (V = I, attraction), -1 (V = -I, repulsion) when Q = K = I; 0 when not a gradient case."""
+        return self._sign()
 
     def _sign(self) -> int:
         """+1 (V = I), -1 (V = -I) when Q = K = I; 0 when not a gradient case."""
@@ -228,6 +239,25 @@ class _Attention(Model):
             return self._sign() * 0.5 * np.sum(mu.mean() ** 2, axis=-1)
         fv = self._interaction(mu.points, mu, backend)
         return self._sign() * 0.5 * mu.integrate(fv)
+
+    def log_energy(self, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
+        r""":math:`\log E_\beta(\mu)`, :math:`E_\beta = \frac{1}{2\beta}\iint e^{\beta\langle x,y\rangle}d\mu\,d\mu`, finite at any beta.
+
+        ``energy`` is :math:`\pm E_\beta` (the sign of V) and overflows float64 beyond
+        :math:`\beta \approx 709`; its logarithm is formed from the kernel sums' log-scale,
+        :math:`\log E_\beta = \log\sum_i w_i s_i e^{c_i} - \log 2\beta`, and stays finite.
+        At :math:`\beta = 0`: :math:`\log\tfrac12|\int x\,d\mu|^2`.
+        """
+        self._require_gradient()
+        mu = as_atoms(mu, "mu")
+        if self.beta == 0:
+            with np.errstate(divide="ignore"):
+                return np.log(0.5 * np.sum(mu.mean() ** 2, axis=-1))
+        s = kernel_sums(mu.points, mu.points, mu.weights, self.beta, values=False, backend=backend)
+        with np.errstate(divide="ignore"):
+            terms = np.log(mu.weights) + np.log(s.mass) + s.log_scale
+        top = np.max(terms, axis=-1, keepdims=True)
+        return (top[..., 0] + np.log(np.sum(np.exp(terms - top), axis=-1))) - np.log(2 * self.beta)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": type(self).__name__, "beta": self.beta}
@@ -293,9 +323,20 @@ class USA(_Attention):
     sums themselves stay finite: their log-scale is carried separately).
     """
 
+    #: beyond this log-size of the velocity, float64 cannot integrate USA (error norms square it)
+    MAX_LOG_VELOCITY = 300.0
+
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         x = self._check_query(x, mu)
         s = self._sums(x, mu, backend)
+        if s.log_scale.size and float(np.max(s.log_scale)) > self.MAX_LOG_VELOCITY:
+            from .errors import WflowError
+
+            raise WflowError(
+                f"USA at beta={self.beta:g}: the velocity is of size e^{float(np.max(s.log_scale)):.4g} and moves on "
+                f"the time scale e^-beta, beyond what float64 can integrate (e^beta overflows, and its square long "
+                f"before); use SA (the same clusters, normalized speed), a smaller beta, or the rescaled kernel "
+                f"e^(beta(<x,y>-1)), a pure time change t' = e^beta t (wflow.theory.rescaled_time)")
         return project(x, s.total())
 
 

@@ -264,6 +264,7 @@ class Tracker:
     """Watches a run: ``start`` once, ``save`` at each save time, ``step`` after each accepted step, ``finish``.
 
     ``save`` and ``step`` may return True to stop the run (status 1, "stopped by ...").
+    ``close`` is called last whatever ended the run (an exception or an interrupt included).
     A tracker never changes the state.
     """
 
@@ -279,6 +280,9 @@ class Tracker:
         return None
 
     def finish(self, result: "Result") -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -607,137 +611,146 @@ def integrate(
         h = _initial_step(problem, solver, t, y, rtol, atol)
 
     static = problem.static()
-    run = RunInfo(problem, solver, cfg, static, saves, t0, t_end, first)
-    for tr in trackers:
-        tr.start(run)
-
-    times: list[float] = []
-    kept: list[dict[str, Variable]] = []
-    kept_stats: dict[str, list] = {"steps": [], "rejected": [], "evaluations": [], "dt_next": []}
-    step_info: list[dict[str, Any]] = []
-    last_snap: list[Snapshot] = []
-
-    def do_save(index: int, t: float, y: np.ndarray) -> bool:
-        stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
-        snap = Snapshot(index, t, problem.snapshot(t, y), dict(stats),
-                        {"dt_next": float(h) if (adaptive and h is not None) else math.nan},
-                        solver.checkpoint(state), y)
-        if keep or not kept:
-            times.append(t)
-            kept.append(snap.data)
-            for k in ("steps", "rejected", "evaluations"):
-                kept_stats[k].append(stats[k])
-            kept_stats["dt_next"].append(snap.control["dt_next"])
-        else:
-            times[-1] = t
-            kept[-1] = snap.data
-            for k in ("steps", "rejected", "evaluations"):
-                kept_stats[k][-1] = stats[k]
-            kept_stats["dt_next"][-1] = snap.control["dt_next"]
-        last_snap[:] = [snap]
-        stop = False
-        for tr in trackers:
-            stop = bool(tr.save(snap)) or stop
-        return stop
-
-    stats_base_ev = stats["evaluations"]
-    status, message = 0, "reached t_end"
-    stopped_by = None
+    started: list = []
     try:
-        if resume is None:
-            if do_save(0, t, y):
-                stopped_by = "a tracker"
-        k_save = first + 1
-        step_no = stats["steps"]
-        while stopped_by is None and k_save < len(saves):
-            target = float(saves[k_save])
-            # ---- one attempted step
-            if stats["steps"] + stats["rejected"] >= max_steps:
-                raise SolverError(f"max_steps={max_steps} exceeded at t={t:.6g}; raise max_steps or the step size")
-            if adaptive:
-                rest = target - t
-                if rest <= 4 * _EPS * max(abs(target), 1e-300):
-                    # the previous step ended within rounding of the save time: it is the save time
-                    t = target
-                    if do_save(k_save, t, y):
-                        stopped_by = "a tracker"
-                    k_save += 1
-                    continue
-                lim = solver.limit(problem, t, y, state)
-                h_try = min(h, lim)
-                land = h_try >= rest
-                if not land and rest - h_try < 1e-3 * h_try:
-                    # no sliver of a step before the save time: stretch this step, or split the rest in two
-                    if rest <= lim:
-                        land = True
-                    else:
-                        h_try = rest / 2
-                if land:
-                    h_try = rest
-                if t + h_try == t:
-                    raise SolverError(f"step size underflow at t={t:.6g} (dt={h_try:.3g}): the solution changes on a "
-                                      f"time scale below the rounding of t; the problem may be stiff, the tolerances "
-                                      f"too tight (rtol={rtol:g}, atol={atol:g}), or the kernel overflowing")
-            else:
-                land = step_no + 1 >= save_steps[k_save]
-                h_try = grid.step(step_no)
-            rng = None
-            if solver.stochastic:
-                rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(step_no,)))
-            res, new_state = solver.step(problem, t, y, h_try, state, rtol=rtol or 0.0, atol=atol or 0.0, rng=rng)
+        run = RunInfo(problem, solver, cfg, static, saves, t0, t_end, first)
+        for tr in trackers:
+            tr.start(run)
+            started.append(tr)
+
+        times: list[float] = []
+        kept: list[dict[str, Variable]] = []
+        kept_stats: dict[str, list] = {"steps": [], "rejected": [], "evaluations": [], "dt_next": []}
+        step_info: list[dict[str, Any]] = []
+        last_snap: list[Snapshot] = []
+
+        def do_save(index: int, t: float, y: np.ndarray) -> bool:
             stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
-            if not res.ok:
-                stats["rejected"] += 1
-                if not adaptive:
-                    raise SolverError(f"the fixed step dt={h_try:.6g} exceeds the solver's stability limit "
-                                      f"{res.limit:.6g} at t={t:.6g}; use a smaller dt or adaptive steps")
-                h = min(h_try, 0.9 * res.limit)
-                continue
-            if adaptive:
-                err = res.error if res.error is not None and math.isfinite(res.error) else math.inf
-                expo = -1.0 / (solver.error_order + 1)
-                if err > 1.0:
-                    stats["rejected"] += 1
-                    h = h_try * (max(0.2, 0.9 * err**expo) if math.isfinite(err) else 0.2)
-                    continue
-                h = h_try * (5.0 if err == 0 else min(5.0, 0.9 * err**expo))
-            if not _finite(res.y):
-                raise SolverError(f"the state became non-finite in the step from t={t:.6g} with dt={h_try:.3g} "
-                                  f"({solver.name}); snapshots written so far are kept. Reduce dt (or rtol), or "
-                                  f"check the model's parameters (e.g. USA at large beta overflows: use the "
-                                  f"rescaled kernel or SA)")
-            y = res.y
-            state = new_state
-            stats["steps"] += 1
-            step_no += 1
-            t = target if land else (t + h_try if adaptive else grid.time(step_no))
-            if res.info:
-                step_info.append({"step": step_no, "t": t, "dt": h_try, **res.info})
+            snap = Snapshot(index, t, problem.snapshot(t, y), dict(stats),
+                            {"dt_next": float(h) if (adaptive and h is not None) else math.nan},
+                            solver.checkpoint(state), y)
+            if keep or not kept:
+                times.append(t)
+                kept.append(snap.data)
+                for k in ("steps", "rejected", "evaluations"):
+                    kept_stats[k].append(stats[k])
+                kept_stats["dt_next"].append(snap.control["dt_next"])
+            else:
+                times[-1] = t
+                kept[-1] = snap.data
+                for k in ("steps", "rejected", "evaluations"):
+                    kept_stats[k][-1] = stats[k]
+                kept_stats["dt_next"][-1] = snap.control["dt_next"]
+            last_snap[:] = [snap]
+            stop = False
             for tr in trackers:
-                if tr.step(t, h_try, res):
-                    stopped_by = stopped_by or getattr(tr, "name", "a tracker")
-            if res.failure is not None:
+                stop = bool(tr.save(snap)) or stop
+            return stop
+
+        stats_base_ev = stats["evaluations"]
+        status, message = 0, "reached t_end"
+        stopped_by = None
+        try:
+            if resume is None:
+                if do_save(0, t, y):
+                    stopped_by = "a tracker"
+            k_save = first + 1
+            step_no = stats["steps"]
+            while stopped_by is None and k_save < len(saves):
+                target = float(saves[k_save])
+                # ---- one attempted step
+                if stats["steps"] + stats["rejected"] >= max_steps:
+                    raise SolverError(f"max_steps={max_steps} exceeded at t={t:.6g}; raise max_steps or the step size")
+                if adaptive:
+                    rest = target - t
+                    if rest <= 4 * _EPS * max(abs(target), 1e-300):
+                        # the previous step ended within rounding of the save time: it is the save time
+                        t = target
+                        if do_save(k_save, t, y):
+                            stopped_by = "a tracker"
+                        k_save += 1
+                        continue
+                    lim = solver.limit(problem, t, y, state)
+                    h_try = min(h, lim)
+                    land = h_try >= rest
+                    if not land and rest - h_try < 1e-3 * h_try:
+                        # no sliver of a step before the save time: stretch this step, or split the rest in two
+                        if rest <= lim:
+                            land = True
+                        else:
+                            h_try = rest / 2
+                    if land:
+                        h_try = rest
+                    if t + h_try == t:
+                        raise SolverError(f"step size underflow at t={t:.6g} (dt={h_try:.3g}): the solution changes on a "
+                                          f"time scale below the rounding of t; the problem may be stiff, the tolerances "
+                                          f"too tight (rtol={rtol:g}, atol={atol:g}), or the kernel overflowing")
+                else:
+                    land = step_no + 1 >= save_steps[k_save]
+                    h_try = grid.step(step_no)
+                rng = None
+                if solver.stochastic:
+                    rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(step_no,)))
+                res, new_state = solver.step(problem, t, y, h_try, state, rtol=rtol or 0.0, atol=atol or 0.0, rng=rng)
+                stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
+                if not res.ok:
+                    stats["rejected"] += 1
+                    if not adaptive:
+                        raise SolverError(f"the fixed step dt={h_try:.6g} exceeds the solver's stability limit "
+                                          f"{res.limit:.6g} at t={t:.6g}; use a smaller dt or adaptive steps")
+                    h = min(h_try, 0.9 * res.limit)
+                    continue
+                if adaptive:
+                    err = res.error if res.error is not None and math.isfinite(res.error) else math.inf
+                    expo = -1.0 / (solver.error_order + 1)
+                    if err > 1.0:
+                        stats["rejected"] += 1
+                        h = h_try * (max(0.2, 0.9 * err**expo) if math.isfinite(err) else 0.2)
+                        continue
+                    h = h_try * (5.0 if err == 0 else min(5.0, 0.9 * err**expo))
+                if not _finite(res.y):
+                    raise SolverError(f"the state became non-finite in the step from t={t:.6g} with dt={h_try:.3g} "
+                                      f"({solver.name}); snapshots written so far are kept. Reduce dt (or rtol), or "
+                                      f"check the model's parameters (e.g. USA at large beta overflows: use the "
+                                      f"rescaled kernel or SA)")
+                y = res.y
+                state = new_state
+                stats["steps"] += 1
+                step_no += 1
+                t = target if land else (t + h_try if adaptive else grid.time(step_no))
+                if res.info:
+                    step_info.append({"step": step_no, "t": t, "dt": h_try, **res.info})
+                for tr in trackers:
+                    if tr.step(t, h_try, res):
+                        stopped_by = stopped_by or getattr(tr, "name", "a tracker")
+                if res.failure is not None:
+                    if land:
+                        do_save(k_save, t, y)
+                    raise SolverError(f"{res.failure} (step {step_no}, t={t:.6g})")
                 if land:
+                    if do_save(k_save, t, y):
+                        stopped_by = stopped_by or "a tracker"
+                    k_save += 1
+                elif stopped_by is not None:
                     do_save(k_save, t, y)
-                raise SolverError(f"{res.failure} (step {step_no}, t={t:.6g})")
-            if land:
-                if do_save(k_save, t, y):
-                    stopped_by = stopped_by or "a tracker"
-                k_save += 1
-            elif stopped_by is not None:
-                do_save(k_save, t, y)
-        if stopped_by is not None and k_save < len(saves):
-            status, message = 1, f"stopped by {stopped_by} at t={t:.6g}"
-    except SolverError as exc:
-        if throw:
-            raise
-        status, message = -1, str(exc)
-    result = _make_result(result_class, problem, solver, cfg, static, times, kept, kept_stats, status, message,
-                          last_snap, step_info)
-    for tr in trackers:
-        tr.finish(result)
-    log.debug("integrate: %s", result)
-    return result
+            if stopped_by is not None and k_save < len(saves):
+                status, message = 1, f"stopped by {stopped_by} at t={t:.6g}"
+        except SolverError as exc:
+            if throw:
+                raise
+            status, message = -1, str(exc)
+        result = _make_result(result_class, problem, solver, cfg, static, times, kept, kept_stats, status, message,
+                              last_snap, step_info)
+        for tr in trackers:
+            tr.finish(result)
+        log.debug("integrate: %s", result)
+        return result
+    finally:
+        # trackers release what they hold (a recorder's lock) whatever ended the run, an interrupt included
+        for tr in started:
+            close = getattr(tr, "close", None)
+            if close is not None:
+                close()
 
 
 def _make_result(cls, problem, solver, cfg, static, times, kept, kept_stats, status, message, last_snap, step_info):

@@ -27,9 +27,9 @@ __all__ = ["simulate", "Trajectory", "ParticleProblem", "default_dt", "DIAGNOSTI
 
 log = logging.getLogger(__name__)
 
-#: the diagnostics :func:`simulate` saves by default
-DIAGNOSTICS = ("energy", "order_parameter", "n_clusters")
-_KNOWN_DIAGNOSTICS = ("energy", "order_parameter", "n_clusters")
+#: the diagnostics :func:`simulate` saves by default (energies only for gradient models)
+DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
+_KNOWN_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
 
 
 def batch_dims(batch_shape: Sequence[int]) -> tuple[str, ...]:
@@ -60,10 +60,12 @@ class ParticleProblem(Problem):
     backend : str
         Kernel-sum backend.
     diagnostics : sequence of str
-        Saved with each snapshot: ``energy`` (NaN for a model that is not a gradient flow),
-        ``order_parameter`` :math:`|\sum_i w_i x_i|`, ``n_clusters`` (single linkage at
-        ``cluster_threshold``); user functions ``name -> f(mu) -> array (batch)`` in
-        ``extra_diagnostics``.
+        Saved with each snapshot: ``energy`` and ``log_energy`` (gradient models only: not
+        recorded for a model that is not a gradient flow; ``log_energy`` is
+        :math:`\log E_\beta`, finite at any beta, where ``energy`` overflows float64 beyond
+        :math:`\beta \approx 709` and is then NaN), ``order_parameter`` :math:`|\sum_i w_i x_i|`,
+        ``n_clusters`` (single linkage at ``cluster_threshold``); user functions
+        ``name -> f(mu) -> array (batch)`` in ``extra_diagnostics``.
     """
 
     kind = "particles"
@@ -121,24 +123,39 @@ class ParticleProblem(Problem):
 
     def compute_diagnostics(self, mu: Atoms) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
+        gradient = self.model.is_gradient
+        if gradient and ("energy" in self.diagnostics or "log_energy" in self.diagnostics):
+            out.update(self._energies(mu))
         for name in self.diagnostics:
-            if name == "energy":
-                out[name] = self._energy(mu)
-            elif name == "order_parameter":
+            if name == "order_parameter":
                 out[name] = np.asarray(order_parameter(mu), dtype=np.float64)
-            else:
+            elif name == "n_clusters":
                 out[name] = np.asarray(count_clusters(mu, self.cluster_threshold), dtype=np.int64)
         for name, f in self.extra.items():
             out[name] = np.asarray(f(mu))
         return out
 
-    def _energy(self, mu: Atoms) -> np.ndarray:
-        if not self.model.is_gradient:
-            return np.full(mu.batch_shape, np.nan)
-        try:
-            return np.asarray(self.model.energy(mu, backend=self.backend), dtype=np.float64)
-        except WflowError:  # e.g. USA energy beyond float range at very large beta
-            return np.full(mu.batch_shape, np.nan)
+    def _energies(self, mu: Atoms) -> dict[str, np.ndarray]:
+        """``energy`` and ``log_energy`` from one kernel sum where the model has a log-scale energy."""
+        out = {}
+        log_e = getattr(self.model, "log_energy", None)
+        if log_e is not None:
+            le = np.asarray(log_e(mu, backend=self.backend), dtype=np.float64)
+            with np.errstate(over="ignore"):
+                e = self.model.sign * np.exp(le)
+            e = np.where(np.isfinite(e), e, np.nan)  # beyond float64: see log_energy
+        else:
+            try:
+                e = np.asarray(self.model.energy(mu, backend=self.backend), dtype=np.float64)
+            except WflowError:  # e.g. USA energy beyond float range at very large beta
+                e = np.full(mu.batch_shape, np.nan)
+            with np.errstate(divide="ignore"):
+                le = np.log(np.abs(e))
+        if "energy" in self.diagnostics:
+            out["energy"] = e
+        if "log_energy" in self.diagnostics:
+            out["log_energy"] = le
+        return out
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
         out = {"points": (self._batch + ("particle", "coord"), np.array(y[..., :self.n, :], copy=True))}
@@ -168,7 +185,7 @@ class Trajectory(Result):
         Positions at the save times.
     weights : ndarray, shape (..., n)
     diagnostics : dict of ndarray, each shape (k, ...)
-        ``energy`` (NaN where the model is not a gradient flow), ``order_parameter``
+        ``energy`` and ``log_energy`` (gradient models), ``order_parameter``
         :math:`|\\sum_i w_i x_i|`, ``n_clusters`` at ``config["cluster_threshold"]``.
     tracers : ndarray, shape (k, ..., m, d) or None
     stats : dict
@@ -197,8 +214,9 @@ class Trajectory(Result):
         return {k: v for k, (_, v) in self.data.items() if k not in ("points", "tracers")}
 
     @property
-    def energy(self) -> np.ndarray:
-        return self.data["energy"][1]
+    def energy(self) -> np.ndarray | None:
+        """The ascended energy per save; None when not recorded (the model is not a gradient flow)."""
+        return self.data["energy"][1] if "energy" in self.data else None
 
     @property
     def dt_next(self) -> np.ndarray:

@@ -88,9 +88,11 @@ class StepLog(Tracker):
         if self.append and self.path.exists() and run.resumed_at > 0:
             with open(self.path, newline="") as fh:
                 rows = list(csv.DictReader(fh))
-            # steps up to the resumed snapshot are kept; the rest are redone
+            # complete rows of the steps up to the resumed snapshot are kept; the rest (and a row torn by
+            # a kill) are redone
             limit = float(run.save_times[run.resumed_at])
-            kept = [r for r in rows if float(r["t"]) <= limit * (1 + 1e-12) + 1e-300]
+            kept = [r for r in rows if None not in r.values() and None not in r and _float(r["t"]) is not None
+                    and _float(r["t"]) <= limit * (1 + 1e-12) + 1e-300]
             self.step_no = int(kept[-1]["step"]) if kept else 0
             self.fields = list(rows[0].keys()) if rows else None
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
@@ -117,3 +119,10 @@ class StepLog(Tracker):
     def finish(self, result) -> None:
         if self.fh is not None:
             self.fh.close()
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None

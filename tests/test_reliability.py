@@ -1,0 +1,279 @@
+"""Results that survive: a process killed at any file write leaves a store that resumes to the
+uninterrupted run; damaged stores are errors naming the store, the variable and the snapshot;
+one writer per store; bad input refused before anything is written."""
+import contextlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+import zarr
+
+import wflow
+from wflow import SA, USA, CircleMesh, Density, io, sphere
+from wflow.cli import main
+from wflow.errors import StoreBusyError, WflowError
+
+BK = "numpy"
+
+
+class Killed(BaseException):
+    """The process dies here (a BaseException: nothing catches it on the way out)."""
+
+
+@contextlib.contextmanager
+def kill_at(k: int | None):
+    """Count every file write of the storage layer (Zarr chunks and metadata, the commit record) and die
+    at the k-th (1-based); ``k=None`` only counts.  Yields the counter."""
+    counter = {"n": 0, "dead": False}
+    orig_set = zarr.storage.LocalStore.set
+    orig_commit = io._write_commit
+
+    def tick():
+        if counter["dead"]:  # a dead process writes nothing more (Zarr may have writes in flight on its IO thread)
+            raise Killed
+        counter["n"] += 1
+        if k is not None and counter["n"] == k:
+            counter["dead"] = True
+            raise Killed
+
+    async def set_(self, key, value):
+        tick()
+        return await orig_set(self, key, value)
+
+    def commit(path, length):
+        tick()
+        return orig_commit(path, length)
+
+    zarr.storage.LocalStore.set = set_
+    io._write_commit = commit
+    try:
+        yield counter
+    finally:
+        if counter["dead"]:
+            import time
+
+            time.sleep(0.2)  # let writes already in flight on Zarr's IO thread end before the next run
+        zarr.storage.LocalStore.set = orig_set
+        io._write_commit = orig_commit
+
+
+def _kinds():
+    x0 = sphere.uniform(10, 3, np.random.default_rng(3))
+    m = CircleMesh(32)
+    rho0 = Density.from_function(m, lambda x: 1 + 0.6 * x[:, 0] + 0.3 * x[:, 1] ** 2)
+    return {
+        "particles": lambda tr: wflow.simulate(SA(3.0), x0, 0.6, save_at=np.linspace(0, 0.6, 5), method="dopri5",
+                                               rtol=1e-8, backend=BK, trackers=tr),
+        "noise": lambda tr: wflow.simulate(SA(3.0), x0, 0.6, save_at=np.linspace(0, 0.6, 5), kappa=4.0, dt=0.02,
+                                           seed=1, backend=BK, trackers=tr),
+        "lagrangian": lambda tr: wflow.solve_lagrangian(SA(2.0), lambda x: 1 + 0.3 * x[:, 0], 0.6, nodes=16,
+                                                        save_at=np.linspace(0, 0.6, 5), backend=BK, trackers=tr),
+        "density": lambda tr: wflow.solve_density(USA(2.0), rho0, 0.6, save_at=np.linspace(0, 0.6, 5), backend=BK,
+                                                  trackers=tr),
+        "jko": lambda tr: wflow.solvers.jko.jko(USA(2.0), rho0, 0.15, 4, kappa=4.0, backend=BK, trackers=tr),
+    }
+
+
+@pytest.mark.parametrize("kind", ["particles", "noise", "lagrangian", "density", "jko"])
+def test_a_kill_at_every_write_of_a_snapshot_resumes_to_the_uninterrupted_run(kind, tmp_path):
+    """For each file write of the third snapshot's append (every chunk, then the commit record):
+    die there, resume, and get the uninterrupted run: bit for bit (particles, noise, Lagrangian,
+    JKO) or to rounding (finite volume, restarted from values * areas)."""
+    run = _kinds()[kind]
+    full = run([])
+    # how many writes the first two snapshots (store creation included) and the third take
+    with kill_at(None) as c:
+        rec = io.ZarrRecorder(tmp_path / "count.zarr")
+        stops = []
+
+        class Mark(wflow.solvers.base.Tracker):
+            def save(self, snap):
+                stops.append(c["n"])
+
+        run([rec, Mark()])
+    before, after = stops[1], stops[2]
+    assert after - before >= 8  # every variable of the snapshot, then the commit
+    for k in range(before + 1, after + 1):
+        path = tmp_path / f"k{k}.zarr"
+        with pytest.raises(Killed), kill_at(k):
+            run([io.ZarrRecorder(path)])
+        assert io.committed_length(path) == 2, k  # the commit record is the snapshot's last write
+        back = wflow.resume(path)
+        for res in (back, wflow.load(path)):
+            np.testing.assert_array_equal(res.times, full.times)
+            for name, (_, v) in full.data.items():
+                if kind == "density":
+                    np.testing.assert_allclose(res[name], v, rtol=1e-12, atol=1e-15, err_msg=f"{name} k={k}")
+                else:
+                    np.testing.assert_array_equal(res[name], v, err_msg=f"{name} k={k}")
+
+
+def test_a_kill_while_the_store_is_created_restarts_afresh(tmp_path):
+    """`wflow run --resume` after a death at any write before the first commit starts the run afresh and
+    ends equal to the uninterrupted run."""
+    args = ["run", "--set", "init.n=12", "--set", "run.t_end=0.5", "--set", "run.n_saves=3", "--set",
+            "run.backend=numpy", "--set", "output.figure=false", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "full")]) == 0
+    full = wflow.load(tmp_path / "full" / "trajectory.zarr")
+    with kill_at(None) as c:
+        assert main([*args, "--out", str(tmp_path / "count")]) == 0
+    first_commit = None
+    for k in range(1, c["n"] + 1):  # find the first commit: the first k after which one snapshot is kept
+        out = tmp_path / f"k{k}"
+        with pytest.raises(Killed), kill_at(k):
+            main([*args, "--out", str(out)])
+        if io.committed_length(out / "trajectory.zarr"):
+            first_commit = k
+            break
+        assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
+        np.testing.assert_array_equal(wflow.load(out / "trajectory.zarr").points, full.points)
+    assert first_commit is not None and first_commit > 10
+
+
+def _store(tmp_path):
+    x0 = sphere.uniform(30, 3, np.random.default_rng(0))
+    path = tmp_path / "t.zarr"
+    wflow.simulate(SA(2.0), x0, 1.0, dt=0.1, backend=BK, writer=io.ZarrRecorder(path))
+    return path
+
+
+def test_a_missing_chunk_is_an_error_naming_store_variable_and_snapshot(tmp_path):
+    path = _store(tmp_path)
+    (path / "points" / "c" / "4" / "0" / "0").unlink()
+    with pytest.raises(WflowError, match=r"t.zarr: variable 'points' has no data for snapshot 4"):
+        wflow.load(path)
+    # --resume of a finished but damaged store is refused too (never a silent success)
+    with pytest.raises(WflowError, match="snapshot 4"):
+        wflow.resume(path)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_chunk_fails_its_checksum_with_the_path(damage, tmp_path):
+    path = _store(tmp_path)
+    chunk = path / "points" / "c" / "3" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    if damage == "flip":
+        for i in range(8):
+            data[len(data) // 2 + i] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(WflowError, match=r"t.zarr: variable 'points' cannot be read.*damaged"):
+        wflow.load(path)
+
+
+def test_uncommitted_snapshots_are_invisible(tmp_path):
+    """Chunks beyond the commit record (a dying writer's tail) are not read."""
+    path = _store(tmp_path)
+    (path / io.COMMIT).write_text(json.dumps({"length": 4}))
+    res = wflow.load(path)
+    assert len(res.times) == 4 and np.all(np.isfinite(res.points))
+
+
+def test_one_writer_per_store_and_per_output_folder(tmp_path, capsys):
+    path = tmp_path / "t.zarr"
+    with io.FolderLock(path.with_name(path.name + ".lock")):
+        with pytest.raises(StoreBusyError, match=r"t.zarr is in use by process \d+"):
+            wflow.simulate(SA(2.0), sphere.uniform(5, 3, seed=0), 0.2, dt=0.1, writer=io.ZarrRecorder(path))
+    assert not path.exists()
+    out = tmp_path / "run"
+    with io.FolderLock(out / ".wflow.lock"):
+        rc = main(["run", "--set", "init.n=10", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and f"output folder {out} is in use by process" in err
+    assert sorted(p.name for p in out.iterdir()) == [".wflow.lock"]  # nothing written
+    # the lock is released when the run ends, however it ends: the same process can write again
+    wflow.simulate(SA(2.0), sphere.uniform(5, 3, seed=0), 0.2, dt=0.1, writer=io.ZarrRecorder(path))
+    assert len(wflow.load(path).times) == 3
+
+
+def test_resume_refuses_an_edited_config(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["--set", "init.n=12", "--set", "run.t_end=0.5", "--set", "run.n_saves=3", "--set", "output.figure=false",
+            "--no-progress", "--out", str(out)]
+    assert main(["run", *args]) == 0
+    toml = (out / "config.toml").read_text()
+    (out / "config.toml").write_text(toml.replace("beta = 9.0", "beta = 4.0"))
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "model.beta (stored 9.0, config.toml 4.0)" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["init.n=100000000000"], "need about"),
+    (["run.n_saves=1000000000000"], "need about"),
+    (["init.kappa=1e308"], "init.kappa"),
+    (["run.rtol=1e-300"], "run.rtol"),
+    (["model.type=USA", "model.beta=700"], "model.beta"),
+    (["run.backend=foo"], "run.backend"),
+])
+def test_bad_input_leaves_nothing_behind(sets, match, tmp_path, capsys):
+    out = tmp_path / "o"
+    argv = ["run", "--out", str(out), "--no-progress"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1 and err.startswith("wflow: error:")
+    assert not out.exists()
+
+
+def test_overwrite_validates_before_deleting(tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["run", "--set", "init.n=12", "--set", "run.t_end=0.3", "--set", "run.n_saves=2", "--set",
+            "output.figure=false", "--no-progress", "--out", str(out)]
+    assert main(base) == 0
+    before = wflow.load(out / "trajectory.zarr").points
+    assert main([*base, "--overwrite", "--set", "run.backend=foo"]) == 2
+    np.testing.assert_array_equal(wflow.load(out / "trajectory.zarr").points, before)
+    # a folder holding another kind of result is refused without --overwrite
+    capsys.readouterr()
+    assert main([*base, "--set", "solver=eulerian", "--set", "init.d=2", "--set", "mesh.resolution=32"]) == 2
+    assert "trajectory.zarr exists" in capsys.readouterr().err
+
+
+def test_usa_at_large_beta_says_why(tmp_path):
+    x0 = sphere.uniform(8, 3, seed=0)
+    for method in ("rk4", "dopri5"):
+        with pytest.raises(WflowError, match="rescaled kernel"):
+            wflow.simulate(USA(700.0), x0, 1.0, method=method)
+
+
+def test_large_beta_energy_stays_finite_in_log_scale():
+    """SA at beta = 1e3 and 1e4: the energy overflows float64 (NaN, said so) but log_energy is finite
+    and non-decreasing."""
+    x0 = sphere.uniform(40, 3, np.random.default_rng(0))
+    for beta in (1e3, 1e4):
+        traj = wflow.simulate(SA(beta), x0, 0.5, dt=0.05, backend=BK)
+        le = traj.diagnostics["log_energy"]
+        assert np.all(np.isfinite(le)) and np.all(np.diff(le) >= -1e-12 * np.abs(le).max())
+        assert np.all(np.isnan(traj.energy))
+        np.testing.assert_allclose(le[0], beta * 1.0 - np.log(2 * beta) + np.log(np.mean(np.exp(
+            beta * (x0 @ x0.T - 1)).sum(axis=1) / 40)), rtol=1e-12)
+
+
+def test_step_log_drops_a_torn_last_row(tmp_path):
+    from wflow.solvers.trackers import StepLog
+
+    rho0 = Density.from_function(CircleMesh(32), lambda x: 1 + 0.5 * x[:, 0])
+    path = tmp_path / "steps.csv"
+    run = lambda tr: wflow.solvers.jko.jko(USA(2.0), rho0, 0.15, 4, backend=BK, trackers=tr)  # noqa: E731
+    run([io.ZarrRecorder(tmp_path / "j.zarr"), StepLog(path)])
+    full = path.read_text().splitlines()
+    # a store cut back to its third snapshot and a log whose last row was torn by the kill
+    (tmp_path / "j.zarr" / io.COMMIT).write_text(json.dumps({"length": 3}))
+    path.write_text("\n".join(full[:4]) + "\n" + full[4][: len(full[4]) // 2])
+    wflow.resume(tmp_path / "j.zarr", trackers=[StepLog(path, append=True)])
+    untimed = lambda rows: [r.rsplit(",", 2)[0] for r in rows]  # noqa: E731 - the last two columns are timings
+    assert untimed(path.read_text().splitlines()) == untimed(full) and len(full) == 5
+
+
+def test_save_refuses_to_overwrite_and_copies_are_independent(tmp_path):
+    path = _store(tmp_path)
+    res = wflow.load(path)
+    with pytest.raises(FileExistsError):
+        wflow.save(res, path)
+    shutil.copytree(path, tmp_path / "copy.zarr")
+    np.testing.assert_array_equal(wflow.load(tmp_path / "copy.zarr").points, res.points)
