@@ -274,3 +274,20 @@ def test_small_route_float32_logits_when_tol_allows(rng):
     loose = kernel_sums(x, y, w, 5.0, backend="numba", tol=2e-4)
     err = np.max(np.abs(loose.softmax_average() - ref.softmax_average()))
     assert err < 2e-4 / 3
+
+
+@pytest.mark.parametrize("method", ["fused", "gemm"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_small_route_methods_agree_with_numpy(rng, dtype, method, monkeypatch):
+    """Both methods of the tiny-systems route, odd sizes (block tails), zero weights, general Q, K, V."""
+    from wflow.kernels import small
+
+    monkeypatch.setattr(small, "FORCE_METHOD", method)
+    for beta, kw in ((5.0, dict(n=7, m=33, d=5)), (300.0, dict(n=32, m=32, d=40)), (30.0, dict(n=9, m=13, d=6, p=7, q=3))):
+        x, y, w, mats = _problem(rng, dtype, batch=(6,), **kw)
+        if "Q" in mats:
+            mats["Q"] /= 2.0
+        got = kernel_sums(x, y, w, beta, backend="numba", **mats)
+        _check(got, _reference(x, y, w, beta, mats), dtype)
+        got = kernel_sums(x, y, w, beta, values=False, backend="numba", **mats)
+        _check(got, _reference(x, y, w, beta, mats, values=False), dtype, values=False)

@@ -170,3 +170,20 @@ def test_von_mises_fisher_is_scipy_and_reproducible():
     np.testing.assert_allclose(a, b / np.linalg.norm(b, axis=1, keepdims=True), rtol=1e-15)
     np.testing.assert_array_equal(a, sphere.von_mises_fisher(50, [0, 1, 0], 20.0, seed=np.random.default_rng(3)))
     np.testing.assert_allclose(np.linalg.norm(sphere.von_mises_fisher(10, [1, 0], 0.0, seed=0), axis=1), 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(5, 3), (64, 32, 16)])
+def test_project_scaled_and_retract_step(shape, dtype, rng):
+    x = sphere.uniform(shape[-2], shape[-1], rng, batch=shape[:-2]).astype(dtype)
+    v = rng.standard_normal(shape).astype(dtype)
+    s = rng.uniform(0.5, 2.0, shape[:-1]).astype(dtype)
+    tol = 1e-13 if dtype == np.float64 else 3e-6
+    ref = _project_reference(x.astype(np.float64), v.astype(np.float64)) / s[..., None]
+    got = sphere.project(x, v, scale=s)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, ref, atol=tol * 10 * np.sqrt(shape[-1]))
+    y = (x + 0.1 * v).astype(np.float64)
+    got = sphere.retract(x, v, step=0.1)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, y / np.linalg.norm(y, axis=-1, keepdims=True), atol=tol * 10)
