@@ -277,3 +277,27 @@ def test_save_refuses_to_overwrite_and_copies_are_independent(tmp_path):
         wflow.save(res, path)
     shutil.copytree(path, tmp_path / "copy.zarr")
     np.testing.assert_array_equal(wflow.load(tmp_path / "copy.zarr").points, res.points)
+
+
+def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
+    """SIGINT in the middle of a run: exit 130, one line on stderr (no asyncio noise), and --resume finishes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "wflow.cli", "run", "--set", "init.n=300", "--set", "run.t_end=20", "--set",
+            "run.n_saves=200", "--set", "output.figure=false", "--no-progress", "--out", str(out)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while io.committed_length(out / "trajectory.zarr") < 3 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert err == "wflow: interrupted; committed snapshots are kept (continue with wflow run --resume)\n"
+    kept = io.committed_length(out / "trajectory.zarr")
+    assert 3 <= kept < 200
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
+    assert len(wflow.load(out / "trajectory.zarr").times) == 200

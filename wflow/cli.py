@@ -269,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wflow: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
+        # a write in flight on Zarr's IO thread is abandoned (it was not committed): asyncio would report its
+        # pending task at exit; the store is consistent, so the one line below is all there is to say
+        logging.getLogger("asyncio").disabled = True
         print("wflow: interrupted; committed snapshots are kept (continue with wflow run --resume)", file=sys.stderr)
         return 130
     return EXIT_USAGE  # pragma: no cover
