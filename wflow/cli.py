@@ -60,13 +60,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _study_names() -> list[str]:
-    from .validate import STUDIES
+    from .studies.report import STUDIES, _load_all
 
+    _load_all()
     return list(STUDIES)
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .validate import run_studies
+    from .studies import run_studies
 
     out = Path(args.out)
     reports = run_studies(args.studies or None, out, args.quick)

@@ -9,12 +9,10 @@ particle systems converge to the continuum solution at the predicted rates.
 """
 from __future__ import annotations
 
-import csv
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from scipy import special, stats
@@ -23,45 +21,11 @@ from . import sphere
 from .measure import Atoms
 from .models import SA, USA
 from .solvers.particles import simulate
+from .studies.report import STUDIES, Expectation, StudyReport, register, run_studies, write_report
 
-__all__ = ["Expectation", "StudyReport", "STUDIES", "mean_field", "run_studies"]
+__all__ = ["Expectation", "StudyReport", "STUDIES", "mean_field", "run_studies", "write_report", "register"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Expectation:
-    """A stated expectation of a study and whether it held."""
-
-    name: str
-    value: float
-    target: str
-    passed: bool
-
-
-@dataclass
-class StudyReport:
-    name: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    expectations: list[Expectation] = field(default_factory=list)
-    figures: list[Path] = field(default_factory=list)
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        """True when the study stated expectations and all of them held (a study with none fails)."""
-        return bool(self.expectations) and all(e.passed for e in self.expectations)
-
-    def expect_slope(self, name: str, slope: float, half: float, target: float, max_half: float = 0.25) -> None:
-        """The confidence interval ``slope +- half`` contains ``target`` and is narrower than ``max_half``."""
-        ok = bool(np.isfinite(slope) and abs(slope - target) <= half and half <= max_half)
-        self.expectations.append(Expectation(f"{name} ({slope:.3f} ± {half:.3f})", float(slope),
-                                             f"99% CI contains {target:g}, half-width <= {max_half:g}", ok))
-
-    def expect(self, name: str, value: float, lo: float, hi: float) -> None:
-        ok = bool(np.isfinite(value) and lo <= value <= hi)
-        self.expectations.append(Expectation(name, float(value), f"in [{lo:g}, {hi:g}]", ok))
 
 
 # ------------------------------------------------------------------------------ problem
@@ -489,39 +453,6 @@ def jko_study(out: Path, quick: bool = True) -> StudyReport:
     return rep
 
 
-STUDIES: dict[str, Callable[[Path, bool], StudyReport]] = {"mean-field": mean_field, "eulerian": eulerian,
-                                                          "jko": jko_study}
-
-
-def write_report(rep: StudyReport, out: Path) -> Path:
-    """CSV of rows and a Markdown page with the expectations and figures."""
-    out.mkdir(parents=True, exist_ok=True)
-    keys = sorted({k for r in rep.rows for k in r})
-    with open(out / f"{rep.name}.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        for r in rep.rows:
-            w.writerow(r)
-    lines = [f"# {rep.name}", "", f"{'PASSED' if rep.passed else 'FAILED'} in {rep.seconds:.0f} s", "",
-             "| expectation | value | target | result |", "|---|---|---|---|"]
-    for e in rep.expectations:
-        lines.append(f"| {e.name} | {e.value:.4g} | {e.target} | {'ok' if e.passed else 'FAILED'} |")
-    lines += [""] + [f"![{f.stem}]({f.name})" for f in rep.figures] + ["", "## Notes", ""] + [f"- {n}" for n in rep.notes]
-    md = out / f"{rep.name}.md"
-    md.write_text("\n".join(lines) + "\n")
-    return md
-
-
-def run_studies(names: list[str] | None, out: Path, quick: bool) -> list[StudyReport]:
-    """Run the named studies (all when ``None``), writing each report into ``out``."""
-    names = list(STUDIES) if not names else names
-    unknown = [n for n in names if n not in STUDIES]
-    if unknown:
-        raise ValueError(f"unknown validation study {unknown[0]!r}; known: {', '.join(STUDIES)}")
-    out.mkdir(parents=True, exist_ok=True)
-    reports = []
-    for n in names:
-        rep = STUDIES[n](out, quick)
-        write_report(rep, out)
-        reports.append(rep)
-    return reports
+register("mean-field")(mean_field)
+register("eulerian")(eulerian)
+register("jko")(jko_study)
