@@ -25,7 +25,7 @@ and :func:`wflow.diagnostics.pair_fraction`) and the cluster count at threshold 
 Timing as in ``benchmarks/kernels.py``: every figure is the median of ``--repeat`` calls
 after a warm-up, the implementations of a row timed round-robin, each call after 0.15 s
 idle (OpenBLAS threads spin after a multithreaded GEMM).  A timed call of the step table
-runs 10 consecutive steps (as a run does: threads stay awake between steps; PyTorch's two
+runs 10 consecutive steps (2 for the largest batches) (as a run does: threads stay awake between steps; PyTorch's two
 threads took ~60 ms to wake for a single step after the idle time on the shared machine).  The machine is shared: the load
 average is printed with each table, and the numbers are noisy (ratios within a row are
 more reliable than absolute times).
@@ -85,14 +85,21 @@ def wflow_step(x, w, tol=None):
     return sphere.retract(x, sphere.project(x, s.vector, scale=s.mass), step=ETA)
 
 
-#: Consecutive Euler steps per timed call (as in a run: threads stay awake between steps).
+#: Consecutive Euler steps per timed call (as in a run: threads stay awake between steps),
+#: fewer (down to 2) for the largest batches so that a run stays short.
 STEPS = 10
 
 
+def _n_steps(B: int, d: int) -> int:
+    return int(min(STEPS, max(2, STEPS * 256 * 128 // (B * d))))
+
+
 def _steps(step, x0, *args):
+    steps = _n_steps(x0.shape[0], x0.shape[-1])
+
     def run():
         x = x0
-        for _ in range(STEPS):
+        for _ in range(steps):
             x = step(x, *args)
         return x
     return run
@@ -138,7 +145,7 @@ def step_table(dims, batches, repeat):
                 if dtype == np.float32:
                     fns["wflow tol"] = (both, _steps(wflow_step, x, w, 2e-4))
                 r = repeat if B * d <= 256 * 1024 else max(3, repeat // 2)
-                t = {k: v / STEPS for k, v in _round_robin(fns, r).items()}
+                t = {k: v / _n_steps(B, d) for k, v in _round_robin(fns, r).items()}
                 route = numba_backend.choose_route(B, N, N, d, np.dtype(dtype))
                 rows.append((d, B, np.dtype(dtype).name, route, t))
                 cells = " | ".join(f"{k} {1e3 * v:.2f}" for k, v in t.items())
@@ -148,7 +155,8 @@ def step_table(dims, batches, repeat):
 
 
 def print_step_table(rows):
-    print(f"\n### One Euler step (ms per step, median of runs of {STEPS} steps), n = 32, beta = 5, eta = 0.1\n")
+    print(f"\n### One Euler step (ms per step, median of runs of {STEPS} consecutive steps, 2 from B d = 2^18 on), "
+          "n = 32, beta = 5, eta = 0.1\n")
     print("| d | batch | dtype | torch 2 threads | torch 1 thread | numpy | wflow (route) | wflow tol=2e-4 | best torch / wflow |")
     print("|---|---|---|---|---|---|---|---|---|")
     for d, B, dt, route, t in rows:

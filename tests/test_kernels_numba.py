@@ -230,11 +230,14 @@ def test_small_route_agrees_with_numpy(rng, dtype, beta, d, n, m, monkeypatch):
     _check(got, _reference(x, y, w, beta, mats, values=False), dtype, values=False)
 
 
+@pytest.mark.parametrize("method", ["fused", "gemm"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_small_route_general_qkv_and_many_chunks(rng, dtype, monkeypatch):
+def test_small_route_general_qkv_and_many_chunks(rng, dtype, method, monkeypatch):
     from wflow.kernels import small
 
     monkeypatch.setattr(small, "CHUNK_PAIRS", 64)  # one system per chunk: every worker takes several
+    monkeypatch.setattr(small, "SERIAL_MAX_FLOPS", 0)  # on the worker threads however small
+    monkeypatch.setattr(small, "FORCE_METHOD", method)
     x, y, w, mats = _problem(rng, dtype, batch=(3, 7), n=9, m=40, d=50, p=60, q=5)
     got = kernel_sums(x, y, w, 30.0, backend="numba", **mats)
     assert numba_backend.choose_route(21, 9, 40, 60, dtype) == "small"

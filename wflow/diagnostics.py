@@ -241,10 +241,13 @@ def cluster_labels(points: np.ndarray, threshold: float = 0.1) -> tuple[int, np.
       non-empty cubes; two cubes at most two apart along each axis are joined when their
       points' bounding boxes are closer than :math:`r` at their farthest corners, skipped
       when the boxes are :math:`r` apart or the cubes already joined, and otherwise by
-      scanning the points near the other box.  About
-      :math:`O(n\log n)`: 40--70 ms at :math:`n = 10^5` on the 2-core development machine
-      (Delaunay on the convex hull took 0.9--3 s); its worst case is two dense clusters
-      whose boxes overlap within :math:`r` without touching (then a scan of their pairs);
+      scanning the points near the other box.  About :math:`O(n\log n)`: 10--100 ms at
+      :math:`n = 10^5` on the 2-core development machine for uniform, clustered and collapsed
+      points and thresholds from :math:`10^{-3}` to 0.1 (Delaunay on the convex hull, used
+      before, took 0.9--3 s; a spectral velocity evaluation takes about 0.12 s).  The first
+      call compiles it (numba, cached on disk afterwards).  Its worst case is two dense
+      clusters whose boxes come within :math:`r` without any pair doing so (then a scan of
+      their pairs);
     * otherwise all pairs within :math:`r` from a k-d tree (beware of dense clusters: the
       number of pairs grows as :math:`n^2`).
 
@@ -292,7 +295,7 @@ def _grid_components(x: np.ndarray, chord: float) -> tuple[int, np.ndarray]:
 
 
 try:
-    from numba import njit, prange
+    from numba import njit
 
     @njit(cache=True, inline="always")
     def _find(parent, i):  # pragma: no cover - compiled
@@ -301,12 +304,13 @@ try:
             i = parent[i]
         return i
 
-    @njit(cache=True, parallel=True)
+    @njit(cache=True)
     def _union_rows(A, roots):  # pragma: no cover - compiled
-        """Union-find on each system's adjacency A (B, n, n) (systems in parallel); roots (B, n)
-        gets each node's root, the least node of its component (the same as :func:`_min_labels`)."""
+        """Union-find on each system's adjacency A (B, n, n); roots (B, n) gets each node's root,
+        the least node of its component (the same as :func:`_min_labels`).  Serial: O(B n^2)
+        cheap steps, less than waking a second thread costs on a loaded machine."""
         B, n, _ = A.shape
-        for b in prange(B):
+        for b in range(B):
             parent = np.arange(n)
             Ab = A[b]
             for i in range(n):

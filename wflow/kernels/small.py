@@ -13,7 +13,7 @@ i.e. exactly what PyTorch's ``bmm`` + ``softmax`` + ``bmm`` computes, with the s
 Two methods (:func:`choose_method`):
 
 * ``"fused"`` (logit and value dimensions up to :data:`FUSED_MAX_DIM`): one compiled
-  parallel pass per system, everything in L1: register-blocked dot products (4 x 2 blocks)
+  pass per system (worker threads take chunks of systems), everything in L1: register-blocked dot products (4 x 2 blocks)
   for the logits, the row maxima and exponentials, dot products for the values;
 * ``"gemm"``: three steps per chunk of systems, in worker threads (one per core) that each
   take whole chunks: a batched GEMM for the logits, one compiled pass for the row maxima,
@@ -47,6 +47,8 @@ SMALL_MAX = 256
 CHUNK_PAIRS = 1 << 15
 #: Below this many multiply-adds a batched GEMM is not split over threads.
 _SPLIT_MIN_FLOPS = 1 << 20
+#: Kernel sums of fewer multiply-adds (B n m (p + q)) than this run in the calling thread.
+SERIAL_MAX_FLOPS = 1 << 21
 
 
 def _chunk_bounds(B: int, per_system: int, threads: int, target: int) -> list[tuple[int, int]]:
@@ -96,7 +98,7 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
 
 
 if _nb.numba is not None:
-    from numba import njit, prange
+    from numba import njit
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
     def _softmax_rows(L, scale, lw, E, shift, mass, fl, zero):  # pragma: no cover - compiled
@@ -182,9 +184,10 @@ if _nb.numba is not None:
             for j in range(0, m, 2):
                 _dots(A, Bm, L, i, j, ni, min(2, m - j))
 
-    @njit(parallel=True, cache=True, fastmath=_nb._FM_SUM)
-    def _fused_sums(a, b, c, lw, scale, fl, zero, n_tasks, shift, mass, vec):  # pragma: no cover - compiled
-        """Everything for each system in one parallel task (its numbers stay in L1/L2): logits
+    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
+    def _fused_sums(a, b, c, lw, scale, fl, zero, k0, k1, shift, mass, vec):  # pragma: no cover - compiled
+        """Everything for each system k0 <= k < k1, serially and without the GIL (the worker
+        threads take chunks of systems; each system's numbers stay in L1/L2): logits
         L = scale a b^T + lw by register-blocked dots (in the dtype of a and b), row maxima and
         exponentials (E in the dtype of zero, mass accumulated in float64), then the value sums
         vec = E c as dots of E's rows with the columns of c (transposed per system into a buffer).
@@ -192,34 +195,33 @@ if _nb.numba is not None:
         B, n, p = a.shape
         m = b.shape[1]
         q = c.shape[2]
-        for task in prange(n_tasks):
-            L = np.empty((n, m), a.dtype)
-            E = np.empty((n, m), c.dtype)
-            cT = np.empty((q, m), c.dtype)
-            for k in range(task * B // n_tasks, (task + 1) * B // n_tasks):
-                _abt(a[k], b[k], L)
-                lwk = lw[k]
-                for i in range(n):
-                    Li = L[i]
-                    for j in range(m):
-                        Li[j] = Li[j] * scale + lwk[j]
-                    mx = Li[0]
-                    for j in range(1, m):
-                        mx = max(mx, Li[j])
-                    t = 0.0
-                    Ei = E[i]
-                    for j in range(m):
-                        v = _nb._exp_as(max(Li[j] - mx, fl), zero)
-                        Ei[j] = v
-                        t += v
-                    shift[k, i] = mx
-                    mass[k, i] = t
-                if q:
-                    ck = c[k]
-                    for j in range(m):
-                        for l in range(q):
-                            cT[l, j] = ck[j, l]
-                    _abt(E, cT, vec[k])
+        L = np.empty((n, m), a.dtype)
+        E = np.empty((n, m), c.dtype)
+        cT = np.empty((q, m), c.dtype)
+        for k in range(k0, k1):
+            _abt(a[k], b[k], L)
+            lwk = lw[k]
+            for i in range(n):
+                Li = L[i]
+                for j in range(m):
+                    Li[j] = Li[j] * scale + lwk[j]
+                mx = Li[0]
+                for j in range(1, m):
+                    mx = max(mx, Li[j])
+                t = 0.0
+                Ei = E[i]
+                for j in range(m):
+                    v = _nb._exp_as(max(Li[j] - mx, fl), zero)
+                    Ei[j] = v
+                    t += v
+                shift[k, i] = mx
+                mass[k, i] = t
+            if q:
+                ck = c[k]
+                for j in range(m):
+                    for l in range(q):
+                        cT[l, j] = ck[j, l]
+                _abt(E, cT, vec[k])
 
 else:  # pragma: no cover
     _softmax_rows = None
@@ -251,7 +253,7 @@ FUSED_MAX_DIM = 16
 
 
 def choose_method(n: int, m: int, p: int, q: int) -> str:
-    """``"fused"`` (one compiled parallel pass per system: register-blocked dots, exponentials,
+    """``"fused"`` (one compiled pass per system: register-blocked dots, exponentials,
     value dots) for dimensions up to :data:`FUSED_MAX_DIM`, else ``"gemm"`` (batched BLAS GEMMs
     around one exponential pass, in worker threads).
 
@@ -297,14 +299,21 @@ def small_sums(a: np.ndarray, b: np.ndarray, logw: np.ndarray, c: np.ndarray | N
     shift = np.empty((B, n))
     mass = np.empty((B, n), dtype=wdt)
     vec = np.empty((B, n, q), dtype=wdt) if q else None
-    threads = _threads()
+    # small problems run in the calling thread: waking worker threads on a loaded 2-core
+    # machine was measured to cost milliseconds, more than the whole sum
+    threads = _threads() if B * n * m * (p + q) >= SERIAL_MAX_FLOPS else 1
+    chunks = _chunk_bounds(B, n * m, threads, CHUNK_PAIRS)
     if choose_method(n, m, p, q) == "fused":
         c_w = cw if cw is not None else np.empty((B, m, 0), dtype=wdt)
         v_w = vec if vec is not None else np.empty((B, n, 0), dtype=wdt)
-        _fused_sums(a.astype(ldt, copy=False), b.astype(ldt, copy=False), c_w, lw_l, ldt(scale), fl, zero,
-                    min(B, 8 * threads), shift, mass, v_w)
+        a_l, b_l, sc = a.astype(ldt, copy=False), b.astype(ldt, copy=False), ldt(scale)
+
+        def fused(t: int) -> None:
+            for b0, b1 in chunks[t::threads]:
+                _fused_sums(a_l, b_l, c_w, lw_l, sc, fl, zero, b0, b1, shift, mass, v_w)
+
+        _run(fused, threads, len(chunks))
         return _finish(shift, mass, vec, lw_max, ldt, wdt)
-    chunks = _chunk_bounds(B, n * m, threads, CHUNK_PAIRS)
 
     def work(t: int) -> None:
         L = np.empty((chunks[0][1] - chunks[0][0], n, m), dtype=ldt)
@@ -320,12 +329,18 @@ def small_sums(a: np.ndarray, b: np.ndarray, logw: np.ndarray, c: np.ndarray | N
                 np.matmul(Ec, cw[b0:b1], out=vec[b0:b1])
 
     with _nb._blas_threads(1):
-        if threads == 1 or len(chunks) == 1:
-            for t in range(threads if len(chunks) > 1 else 1):
-                work(t)
-        else:
-            list(_nb._executor(threads).map(work, range(min(threads, len(chunks)))))
+        _run(work, threads, len(chunks))
     return _finish(shift, mass, vec, lw_max, ldt, wdt)
+
+
+def _run(work, threads: int, n_chunks: int) -> None:
+    """``work(t)`` for t = 0..threads-1 (worker t takes chunks t, t + threads, ...), in the calling
+    thread when there is one worker or one chunk."""
+    if threads == 1 or n_chunks == 1:
+        for t in range(threads):  # (with one chunk, workers t > 0 have nothing to do)
+            work(t)
+    else:
+        list(_nb._executor(threads).map(work, range(min(threads, n_chunks))))
 
 
 def _finish(shift, mass, vec, lw_max, ldt, wdt):
