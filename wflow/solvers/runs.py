@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import io
 from ..errors import WflowError
-from . import eulerian, jko, lagrangian, particles  # noqa: F401  (each registers its kind)
+from . import eulerian, jko, lagrangian, particles, zonal  # noqa: F401  (each registers its kind)
 from .base import KINDS, Result, ResumeState, Tracker, integrate
 from .trackers import ProgressBar
 
