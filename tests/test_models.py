@@ -155,4 +155,4 @@ def test_model_round_trip(rng):
         x = sphere.uniform(7, 3, rng)
         np.testing.assert_array_equal(m2.velocity(x, Atoms(x)), m.velocity(x, Atoms(x)))
     with pytest.raises(ValueError, match="unknown keys"):
-        model_from_dict({"type": "SA", "beta": 1.0, "gamma": 2})
+        model_from_dict({"type": "SA", "beta": 1.0, "temperature": 2})

@@ -39,12 +39,24 @@ import numpy as np
 from scipy import special
 
 from ._typing import ArrayLike
-from .errors import NotAGradientFlowError, check_nonnegative, short_repr
+from .errors import NotAGradientFlowError, WflowError, check_nonnegative, short_repr
 from .kernels import kernel_sums
 from .measure import Atoms, as_atoms
 from .sphere import project
 
 __all__ = ["Model", "SA", "USA", "Perceptron", "SumModel", "ACTIVATIONS", "model_from_dict"]
+
+#: Kernel conventions: e^{beta<x,y>} and e^{beta(<x,y>-1)}.
+KERNELS = ("plain", "rescaled")
+
+
+def _exp_checked(c: np.ndarray, what: str, beta: float) -> np.ndarray:
+    """``exp(c)``, or an error naming the quantity and the convention that would work."""
+    if c.size and float(np.max(c)) > np.log(np.finfo(np.float64).max) - 1.0:
+        raise WflowError(f"{what} at beta={beta:g} is e^{float(np.max(c)):.4g}, beyond float64: use the rescaled kernel "
+                         f"(kernel='rescaled', a factor e^-beta) or the log-scale (Model.log_energy)")
+    return np.exp(c)
+
 
 #: Metric in which a gradient model ascends its energy.
 WASSERSTEIN = "wasserstein"
@@ -60,10 +72,27 @@ class Model(ABC):
     """
 
     dim: int | None = None
+    #: ``"sphere"``: points on :math:`S^{d-1}`, tangent velocities; ``"free"``: tokens :math:`x = r\theta` in
+    #: :math:`\mathbb{R}^d` (normalization schemes with radii, :mod:`wflow.schemes`)
+    space: str = "sphere"
 
     @abstractmethod
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         r"""Velocity :math:`v[\mu](x)` at query points ``x`` of shape ``(..., n, d)``; tangent at ``x``."""
+
+    # -- time ------------------------------------------------------------------
+    @property
+    def time_dependent(self) -> bool:
+        """True when the model changes with time (layers, schedules, time-dependent speeds)."""
+        return False
+
+    def at(self, t: float) -> "Model":
+        """The model acting at time ``t`` (a time-independent one: itself).  Solvers evaluate ``model.at(t)``."""
+        return self
+
+    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
+        """Times in ``(t0, t_end)`` where the model jumps (layer boundaries); adaptive steps land on them."""
+        return np.empty(0)
 
     # -- gradient structure ----------------------------------------------------
     def gradient_obstruction(self) -> str | None:
@@ -172,7 +201,21 @@ def _identity_sign(M: np.ndarray | None) -> int:
 class _Attention(Model):
     """Shared parts of SA and USA."""
 
-    def __init__(self, beta: float, Q: ArrayLike | None = None, K: ArrayLike | None = None, V: ArrayLike | None = None):
+    def __init__(self, beta: float | None = None, Q: ArrayLike | None = None, K: ArrayLike | None = None,
+                 V: ArrayLike | None = None, *, kernel: str = "plain", gamma: float | None = None):
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS} (e^(beta<x,y>) or e^(beta(<x,y>-1))), got {kernel!r}")
+        self.kernel = kernel
+        if gamma is not None:
+            if beta is not None:
+                raise ValueError(f"give beta or gamma (long context: beta = gamma log n), not both; got beta={beta!r}, "
+                                 f"gamma={gamma!r}")
+            self.gamma = check_nonnegative(gamma, "gamma")
+            beta = 0.0
+        else:
+            self.gamma = None
+            if beta is None:
+                raise TypeError("attention needs beta (or gamma for the long-context scaling beta = gamma log n)")
         self.beta = check_nonnegative(beta, "beta")
         self.Q = _matrix(Q, "Q")
         self.K = _matrix(K, "K")
@@ -190,20 +233,30 @@ class _Attention(Model):
             raise ValueError(f"V must be square (d, d), got shape {self.V.shape}")
         self.dim = next(iter(dims.values())) if dims else None
 
+    def beta_for(self, n: int) -> float:
+        """The inverse temperature acting on ``n`` tokens: ``beta``, or ``gamma log n`` (long context)."""
+        return self.beta if self.gamma is None else self.gamma * float(np.log(max(n, 1)))
+
+    def offset(self, beta: float) -> float:
+        """Log of the kernel's scale: 0 (plain :math:`e^{\beta\langle x,y\rangle}`) or ``beta`` (rescaled)."""
+        return beta if self.kernel == "rescaled" else 0.0
+
     def rate_bound(self) -> float:
-        """``|V| (1 + b)``, times ``e^b`` for USA, with ``b = beta |Q| |K|`` (spectral norms)."""
+        """``|V| (1 + b)``, times ``e^(b - offset)`` for USA, with ``b = beta |Q| |K|`` (spectral norms)."""
         norm = lambda M: 1.0 if M is None else float(np.linalg.norm(M, 2))  # noqa: E731
         b = self.beta * norm(self.Q) * norm(self.K)
-        if isinstance(self, USA) and b > USA.MAX_LOG_VELOCITY:
-            from .errors import WflowError
-
-            raise WflowError(f"USA at beta={self.beta:g}: velocities of size up to e^{b:.4g} move on the time scale "
-                             f"e^-beta, beyond what float64 can integrate; use SA, a smaller beta, or the rescaled "
-                             f"kernel e^(beta(<x,y>-1)) (a time change t' = e^beta t, wflow.theory.rescaled_time)")
-        return norm(self.V) * (1 + b) * (float(np.exp(b)) if isinstance(self, USA) else 1.0)
+        if not isinstance(self, USA):
+            return norm(self.V) * (1 + b)
+        size = b - self.offset(self.beta)
+        if size > USA.MAX_LOG_VELOCITY:
+            raise WflowError(f"USA at beta={self.beta:g}: velocities of size up to e^{size:.4g} move on the time "
+                             f"scale e^-beta, beyond what float64 can integrate; use SA, a smaller beta, or the "
+                             f"rescaled kernel e^(beta(<x,y>-1)) (USA(beta, kernel='rescaled'): a time change "
+                             f"t' = e^beta t, wflow.theory.rescaled_time)")
+        return norm(self.V) * (1 + b) * float(np.exp(size))
 
     def _sums(self, x: np.ndarray, mu: Atoms, backend: str, values: bool = True):
-        return kernel_sums(x, mu.points, mu.weights, self.beta, Q=self.Q, K=self.K, V=self.V,
+        return kernel_sums(x, mu.points, mu.weights, self.beta_for(mu.n), Q=self.Q, K=self.K, V=self.V,
                            values=values, backend=backend)
 
     @property
@@ -225,20 +278,28 @@ class _Attention(Model):
         return None
 
     def _interaction(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
-        r""":math:`\frac1\beta\int e^{\beta\langle x,y\rangle}d\mu(y)` (at beta = 0: :math:`\int\langle x, y\rangle d\mu`)."""
-        if self.beta == 0:
+        r""":math:`\frac1\beta\int e^{\beta(\langle x,y\rangle - o)}d\mu(y)` (:math:`o` the kernel's offset; at beta = 0:
+        :math:`\int\langle x, y\rangle d\mu`)."""
+        beta = self.beta_for(mu.n)
+        if beta == 0:
             return np.einsum("...nd,...d->...n", x, mu.mean())
-        s = kernel_sums(x, mu.points, mu.weights, self.beta, values=False, backend=backend)
-        return s.total_mass() / self.beta
+        s = kernel_sums(x, mu.points, mu.weights, beta, values=False, backend=backend)
+        return s.mass * _exp_checked(s.log_scale - self.offset(beta), "the energy", beta) / beta
 
     def _first_variation(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
         return self._sign() * self._interaction(x, mu, backend)
 
     def _energy(self, mu: Atoms, backend: str) -> np.ndarray:
-        if self.beta == 0:
+        if self.beta_for(mu.n) == 0:
             return self._sign() * 0.5 * np.sum(mu.mean() ** 2, axis=-1)
         fv = self._interaction(mu.points, mu, backend)
         return self._sign() * 0.5 * mu.integrate(fv)
+
+    def average(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
+        r"""The attention output before projection: :math:`A(x) = \int e^{\ell(x,y)}Vy\,d\mu(y) / Z` (SA) or
+        :math:`\int e^{\ell(x,y) - o}Vy\,d\mu(y)` (USA), shape ``(..., n, d)``; the velocity is :math:`P_x A(x)`."""
+        x = self._check_query(x, mu)
+        return self._average(x, mu, backend)
 
     def log_energy(self, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         r""":math:`\log E_\beta(\mu)`, :math:`E_\beta = \frac{1}{2\beta}\iint e^{\beta\langle x,y\rangle}d\mu\,d\mu`, finite at any beta.
@@ -250,21 +311,26 @@ class _Attention(Model):
         """
         self._require_gradient()
         mu = as_atoms(mu, "mu")
-        if self.beta == 0:
+        beta = self.beta_for(mu.n)
+        if beta == 0:
             with np.errstate(divide="ignore"):
                 return np.log(0.5 * np.sum(mu.mean() ** 2, axis=-1))
-        s = kernel_sums(mu.points, mu.points, mu.weights, self.beta, values=False, backend=backend)
+        s = kernel_sums(mu.points, mu.points, mu.weights, beta, values=False, backend=backend)
         with np.errstate(divide="ignore"):
             terms = np.log(mu.weights) + np.log(s.mass) + s.log_scale
         top = np.max(terms, axis=-1, keepdims=True)
-        return (top[..., 0] + np.log(np.sum(np.exp(terms - top), axis=-1))) - np.log(2 * self.beta)
+        return (top[..., 0] + np.log(np.sum(np.exp(terms - top), axis=-1))) - np.log(2 * beta) - self.offset(beta)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": type(self).__name__, "beta": self.beta}
+        if self.gamma is not None:
+            out = {"type": type(self).__name__, "gamma": self.gamma}
         for name in ("Q", "K", "V"):
             M = getattr(self, name)
             if M is not None:
                 out[name] = M.tolist()
+        if self.kernel != "plain":
+            out["kernel"] = self.kernel
         return out
 
     def __repr__(self) -> str:
@@ -273,7 +339,9 @@ class _Attention(Model):
         if self.V is not None and self._sign() != 0:
             extra = "".join(f", {n}=<{getattr(self, n).shape[0]}x{getattr(self, n).shape[1]}>"
                             for n in ("Q", "K") if getattr(self, n) is not None) + (", V=-I" if self._sign() < 0 else ", V=I")
-        return f"{type(self).__name__}(beta={self.beta:g}{extra})"
+        temp = f"gamma={self.gamma:g}" if self.gamma is not None else f"beta={self.beta:g}"
+        kern = ", kernel='rescaled'" if self.kernel == "rescaled" else ""
+        return f"{type(self).__name__}({temp}{extra}{kern})"
 
 
 class SA(_Attention):
@@ -288,27 +356,47 @@ class SA(_Attention):
         Query and key matrices (identity if omitted).
     V : array_like, shape (d, d), optional
         Value matrix (identity if omitted; ``-I`` is repulsive).
+    kernel : {"plain", "rescaled"}
+        :math:`e^{\beta\langle Qx,Ky\rangle}` or :math:`e^{\beta(\langle Qx,Ky\rangle - 1)}` (the perceptron
+        paper's and the metastability papers' convention).  SA's velocity is the same in both;
+        its energy carries the factor :math:`e^{-\beta}` in the rescaled one.
+    gamma : float, optional
+        Long context: :math:`\beta = \gamma\log n` on a measure of ``n`` atoms (instead of ``beta``).
 
     Notes
     -----
     With :math:`Q = K = I`, :math:`V = \pm I` the flow ascends :math:`\pm E_\beta` in the
     metric reweighted by :math:`Z_\mu`: :math:`dF/dt = \int |v|^2 Z_\mu\,d\mu \ge 0`
     (Rigollet 2025, §3).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> x = wflow.sphere.uniform(50, 3, seed=0)
+    >>> mu = wflow.Atoms(x)
+    >>> v_plain = wflow.SA(40.0).velocity(x, mu)
+    >>> v_rescaled = wflow.SA(40.0, kernel="rescaled").velocity(x, mu)
+    >>> bool(np.allclose(v_plain, v_rescaled, rtol=1e-12, atol=1e-14))
+    True
     """
 
     @property
     def metric(self) -> str:
         return REWEIGHTED
 
+    def _average(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
+        return self._sums(x, mu, backend).softmax_average()
+
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         x = self._check_query(x, mu)
-        s = self._sums(x, mu, backend)
-        return project(x, s.softmax_average())
+        return project(x, self._average(x, mu, backend))
 
     def normalizer(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
-        r""":math:`Z_\mu(x) = \int e^{\beta\langle Qx, Ky\rangle}d\mu(y)`, shape ``(..., n)``."""
+        r""":math:`Z_\mu(x) = \int e^{\beta(\langle Qx, Ky\rangle - o)}d\mu(y)` (:math:`o` = 0 or beta), shape ``(..., n)``."""
         x = self._check_query(x, mu)
-        return self._sums(x, mu, backend, values=False).total_mass()
+        s = self._sums(x, mu, backend, values=False)
+        beta = self.beta_for(mu.n)
+        return s.mass * _exp_checked(s.log_scale - self.offset(beta), "the normalizer Z", beta)
 
 
 class USA(_Attention):
@@ -318,26 +406,40 @@ class USA(_Attention):
     Wasserstein-2 gradient ascent of :math:`\pm E_\beta`:
     :math:`v = \nabla_S\,\delta F/\delta\mu`, :math:`dF/dt = \int |v|^2 d\mu`.
 
-    The velocity is of size :math:`e^{\beta}`; in float64 it overflows beyond
-    :math:`\beta \approx 709` and a :class:`~wflow.errors.WflowError` says so (the kernel
-    sums themselves stay finite: their log-scale is carried separately).
+    In the plain kernel the velocity is of size :math:`e^{\beta}` and moves on the time scale
+    :math:`e^{-\beta}`: beyond :math:`\beta \approx 300` float64 cannot integrate it and a
+    :class:`~wflow.errors.WflowError` says so.  The rescaled kernel
+    :math:`e^{\beta(\langle x,y\rangle-1)}` (``kernel="rescaled"``) is the same flow at the time
+    :math:`t' = e^{\beta}t` with velocities of size 1; it runs at any beta (the metastability
+    studies use :math:`\beta = 500\ldots 4000`).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> x = wflow.sphere.uniform(20, 3, seed=0)
+    >>> mu = wflow.Atoms(x)
+    >>> ratio = wflow.USA(5.0).velocity(x, mu) / wflow.USA(5.0, kernel="rescaled").velocity(x, mu)
+    >>> bool(np.allclose(ratio, np.exp(5.0)))
+    True
     """
 
     #: beyond this log-size of the velocity, float64 cannot integrate USA (error norms square it)
     MAX_LOG_VELOCITY = 300.0
 
-    def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
-        x = self._check_query(x, mu)
+    def _average(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
         s = self._sums(x, mu, backend)
-        if s.log_scale.size and float(np.max(s.log_scale)) > self.MAX_LOG_VELOCITY:
-            from .errors import WflowError
-
+        c = s.log_scale - self.offset(self.beta_for(mu.n))
+        if c.size and float(np.max(c)) > self.MAX_LOG_VELOCITY:
             raise WflowError(
-                f"USA at beta={self.beta:g}: the velocity is of size e^{float(np.max(s.log_scale)):.4g} and moves on "
+                f"USA at beta={self.beta:g}: the velocity is of size e^{float(np.max(c)):.4g} and moves on "
                 f"the time scale e^-beta, beyond what float64 can integrate (e^beta overflows, and its square long "
                 f"before); use SA (the same clusters, normalized speed), a smaller beta, or the rescaled kernel "
-                f"e^(beta(<x,y>-1)), a pure time change t' = e^beta t (wflow.theory.rescaled_time)")
-        return project(x, s.total())
+                f"e^(beta(<x,y>-1)) (USA(beta, kernel='rescaled')), a pure time change t' = e^beta t")
+        return s.vector * np.exp(c)[..., None]
+
+    def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
+        x = self._check_query(x, mu)
+        return project(x, self._average(x, mu, backend))
 
 
 # --------------------------------------------------------------------------- perceptron
@@ -491,6 +593,9 @@ class SumModel(Model):
         dims = {p.dim for p in parts if p.dim is not None}
         if len(dims) > 1:
             raise ValueError(f"blocks act on different dimensions: {sorted(dims)}")
+        if any(p.space != "sphere" for p in parts):
+            raise ValueError("blocks of a sum act on the sphere; a scheme with radii (pre-ln, peri-ln, mix-ln) takes its "
+                             "perceptron as Normalized(attention, scheme, perceptron=...)")
         self._parts = list(parts)
         self.dim = dims.pop() if dims else None
 
@@ -500,6 +605,16 @@ class SumModel(Model):
 
     def rate_bound(self) -> float:
         return float(sum(p.rate_bound() for p in self._parts))
+
+    @property
+    def time_dependent(self) -> bool:
+        return any(p.time_dependent for p in self._parts)
+
+    def at(self, t: float) -> Model:
+        return SumModel([p.at(t) for p in self._parts]) if self.time_dependent else self
+
+    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
+        return np.unique(np.concatenate([np.empty(0)] + [p.breakpoints(t0, t_end) for p in self._parts]))
 
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         x = self._check_query(x, mu)
@@ -536,10 +651,12 @@ class SumModel(Model):
 
 
 _KEYS = {
-    "SA": {"type", "beta", "Q", "K", "V"},
-    "USA": {"type", "beta", "Q", "K", "V"},
+    "SA": {"type", "beta", "Q", "K", "V", "kernel", "gamma"},
+    "USA": {"type", "beta", "Q", "K", "V", "kernel", "gamma"},
     "Perceptron": {"type", "W", "A", "b", "activation"},
     "Sum": {"type", "parts"},
+    "Normalized": {"type", "scheme", "attention", "tau", "alpha", "alpha_times", "perceptron"},
+    "Layered": {"type", "period", "t0", "layers"},
 }
 
 
@@ -560,4 +677,8 @@ def model_from_dict(spec: dict[str, Any]) -> Model:
         return USA(**args)
     if kind == "Perceptron":
         return Perceptron(**args)
+    if kind in ("Normalized", "Layered"):
+        from . import schemes
+
+        return getattr(schemes, kind).from_dict(spec)
     return SumModel([model_from_dict(p) for p in spec["parts"]])

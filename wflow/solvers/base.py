@@ -124,6 +124,10 @@ class Problem:
         """``(rtol, atol)`` used by adaptive solvers when none are given."""
         return 1e-6, 1e-9
 
+    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
+        """Times in ``(t0, t_end)`` where the right-hand side jumps (layer boundaries): adaptive steps land on them."""
+        return np.empty(0)
+
 
 # ------------------------------------------------------------------------------ the *how*
 @dataclass
@@ -607,6 +611,7 @@ def integrate(
         state = solver.restore(problem, t, y, resume.checkpoint)
         h = resume.dt_next if adaptive and resume.dt_next > 0 else dt
     ev0 = problem.evaluations
+    breaks = np.sort(np.asarray(problem.breakpoints(t0, t_end), dtype=np.float64).reshape(-1))
     if adaptive and h is None:
         h = _initial_step(problem, solver, t, y, rtol, atol)
 
@@ -662,13 +667,17 @@ def integrate(
                 if stats["steps"] + stats["rejected"] >= max_steps:
                     raise SolverError(f"max_steps={max_steps} exceeded at t={t:.6g}; raise max_steps or the step size")
                 if adaptive:
-                    rest = target - t
-                    if rest <= 4 * _EPS * max(abs(target), 1e-300):
-                        # the previous step ended within rounding of the save time: it is the save time
-                        t = target
-                        if do_save(k_save, t, y):
-                            stopped_by = "a tracker"
-                        k_save += 1
+                    # the next stop: the save time, or a breakpoint of the problem (a layer boundary) before it
+                    j = int(np.searchsorted(breaks, t, side="right"))
+                    stop = float(breaks[j]) if j < breaks.size and breaks[j] < target else target
+                    rest = stop - t
+                    if rest <= 4 * _EPS * max(abs(stop), 1e-300):
+                        # the previous step ended within rounding of the stop: it is the stop
+                        t = stop
+                        if stop == target:
+                            if do_save(k_save, t, y):
+                                stopped_by = "a tracker"
+                            k_save += 1
                         continue
                     lim = solver.limit(problem, t, y, state)
                     h_try = min(h, lim)
@@ -717,7 +726,9 @@ def integrate(
                 state = new_state
                 stats["steps"] += 1
                 step_no += 1
-                t = target if land else (t + h_try if adaptive else grid.time(step_no))
+                at_save = land and (not adaptive or stop == target)
+                t = (stop if adaptive else target) if land else (t + h_try if adaptive else grid.time(step_no))
+                land = at_save
                 if res.info:
                     step_info.append({"step": step_no, "t": t, "dt": h_try, **res.info})
                 for tr in trackers:

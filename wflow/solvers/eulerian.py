@@ -98,6 +98,9 @@ class FiniteVolume(Problem):
     def __init__(self, mesh: Mesh, model: Model | None, *, kappa: float | None = None, backend: str = "auto",
                  limiter: bool = True, cfl: float = 0.4, max_step: float | None = None):
         super().__init__()
+        if model is not None and model.space != "sphere":
+            raise ValueError(f"{model!r} carries radii (tokens in R^d): the finite-volume solver moves densities on the "
+                             f"sphere; use the particle solver (wflow.simulate) for pre-ln, peri-ln and mix-ln")
         self.kappa = kappa
         self.cfl = cfl
         self.max_step = max_step
@@ -127,13 +130,13 @@ class FiniteVolume(Problem):
         self._M = M
 
     # -- pieces -------------------------------------------------------------------
-    def edge_velocity(self, masses: np.ndarray) -> np.ndarray:
-        r"""Normal velocity :math:`u_e = \langle v[\mu_h](x_e), n_e\rangle`, shape ``(E,)``."""
+    def edge_velocity(self, masses: np.ndarray, t: float = 0.0) -> np.ndarray:
+        r"""Normal velocity :math:`u_e = \langle v[\mu_h](x_e), n_e\rangle` of the model acting at time ``t``, shape ``(E,)``."""
         mesh = self.mesh
         if self.model is None:
             return np.zeros(mesh.n_edges)
         mu = Atoms._trusted(mesh.centers, np.maximum(masses, 0.0))
-        v = self.model.velocity(mesh.edge_midpoint, mu, backend=self.backend)
+        v = self.model.at(t).velocity(mesh.edge_midpoint, mu, backend=self.backend)
         self.evaluations += 1
         return np.einsum("ed,ed->e", v, mesh.edge_normal)
 
@@ -159,20 +162,23 @@ class FiniteVolume(Problem):
 
     def rhs_with_limit(self, t: float, masses: np.ndarray) -> tuple[np.ndarray, float]:
         """``(dm/dt, cfl * dt_max)``: the semi-discrete right-hand side and the usable positivity step limit."""
-        dm, limit = self.positivity_rhs(masses)
+        dm, limit = self.positivity_rhs(masses, t)
         limit *= self.cfl
         if self.max_step is not None:
             limit = min(limit, self.max_step)
         return dm, limit
 
     def rhs(self, t: float, masses: np.ndarray) -> np.ndarray:
-        return self.positivity_rhs(masses)[0]
+        return self.positivity_rhs(masses, t)[0]
 
-    def positivity_rhs(self, masses: np.ndarray) -> tuple[np.ndarray, float]:
+    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
+        return np.empty(0) if self.model is None else self.model.breakpoints(t0, t_end)
+
+    def positivity_rhs(self, masses: np.ndarray, t: float = 0.0) -> tuple[np.ndarray, float]:
         """``(dm/dt, dt_max)``: the semi-discrete right-hand side and the positivity step limit of forward Euler."""
         mesh = self.mesh
         rho = masses / mesh.areas
-        u = self.edge_velocity(masses)
+        u = self.edge_velocity(masses, t)
         rho_l, rho_r = self.reconstruct(rho)
         flux = mesh.edge_length * (np.maximum(u, 0.0) * rho_l + np.minimum(u, 0.0) * rho_r)
         if self.inv_kappa:
@@ -198,13 +204,14 @@ class FiniteVolume(Problem):
     def gradient(self) -> bool:
         return self.model is not None and self.model.is_gradient
 
-    def energy(self, masses: np.ndarray) -> float:
-        return float(self.model.energy(Atoms._trusted(self.mesh.centers, np.maximum(masses, 0.0)), backend=self.backend))
+    def energy(self, masses: np.ndarray, t: float = 0.0) -> float:
+        return float(self.model.at(t).energy(Atoms._trusted(self.mesh.centers, np.maximum(masses, 0.0)),
+                                             backend=self.backend))
 
     def snapshot(self, t: float, masses: np.ndarray) -> dict:
         out = {"values": (("cell",), masses / self.mesh.areas), "mass": ((), np.float64(masses.sum()))}
         if self.gradient:
-            out["energy"] = ((), np.float64(self.energy(masses)))
+            out["energy"] = ((), np.float64(self.energy(masses, t)))
         return out
 
     def static(self) -> dict:

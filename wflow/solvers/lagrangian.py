@@ -177,6 +177,9 @@ def solve_lagrangian(
     """
     if not isinstance(model, Model):
         raise TypeError(f"model must be a wflow Model, got {short_repr(model)}")
+    if model.space != "sphere":
+        raise ValueError(f"{model!r} carries radii: the Lagrangian solver moves densities on the sphere; use "
+                         f"wflow.simulate for pre-ln, peri-ln and mix-ln")
     model.check_dimension(d)
     eps = check_positive(eps, "eps")
     mu0, rho0 = quadrature_measure(density0, d, nodes)

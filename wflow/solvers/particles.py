@@ -98,34 +98,50 @@ class ParticleProblem(Problem):
                 raise TypeError(f"extra_diagnostics[{name!r}] must be callable f(mu), got {short_repr(f)}")
         self.n_tracers = int(n_tracers)
         self._batch = batch_dims(weights.shape[:-1])
+        #: free space: tokens x = r theta in R^d (normalization schemes with radii), no projection
+        self.free = model.space == "free"
+
+    def model_at(self, t: float) -> Model:
+        return self.model.at(t) if self.model.time_dependent else self.model
+
+    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
+        return self.model.breakpoints(t0, t_end)
 
     # -- the field ---------------------------------------------------------------
     def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
-        x = project_to_sphere(y)
+        # on the sphere the field is extended off it by zero-homogeneity (module docstring of steppers);
+        # in free space the model sees the tokens with their radii and the measure of their directions
+        theta = project_to_sphere(y)
         self.evaluations += 1
-        return self.model.velocity(x, Atoms._trusted(x[..., :self.n, :], self.weights), backend=self.backend)
+        mu = Atoms._trusted(theta[..., :self.n, :], self.weights)
+        return self.model_at(t).velocity(y if self.free else theta, mu, backend=self.backend)
 
     def retract(self, y: np.ndarray) -> np.ndarray:
-        return project_to_sphere(y)
+        return y if self.free else project_to_sphere(y)
 
     @property
     def stochastic(self) -> bool:
         return self.kappa is not None
 
     def noise(self, t: float, y: np.ndarray, dt: float, rng: np.random.Generator) -> np.ndarray:
+        """Tangent noise on the sphere; isotropic :math:`\sqrt{2/\kappa}\,dW` in free space."""
         xi = rng.standard_normal(y.shape)
-        xi -= np.einsum("...i,...i->...", y, xi)[..., None] * y
+        if not self.free:
+            xi -= np.einsum("...i,...i->...", y, xi)[..., None] * y
         return math.sqrt(2 * dt / self.kappa) * xi
 
     # -- what is saved -----------------------------------------------------------
     def measure(self, y: np.ndarray) -> Atoms:
-        return Atoms._trusted(y[..., :self.n, :], self.weights)
+        """The measure of the directions (the atoms carrying the weights)."""
+        x = y[..., :self.n, :]
+        return Atoms._trusted(project_to_sphere(x) if self.free else x, self.weights)
 
-    def compute_diagnostics(self, mu: Atoms) -> dict[str, np.ndarray]:
+    def compute_diagnostics(self, mu: Atoms, t: float = 0.0) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
-        gradient = self.model.is_gradient
+        model = self.model_at(t)
+        gradient = model.is_gradient
         if gradient and ("energy" in self.diagnostics or "log_energy" in self.diagnostics):
-            out.update(self._energies(mu))
+            out.update(self._energies(model, mu))
         for name in self.diagnostics:
             if name == "order_parameter":
                 out[name] = np.asarray(order_parameter(mu), dtype=np.float64)
@@ -135,18 +151,18 @@ class ParticleProblem(Problem):
             out[name] = np.asarray(f(mu))
         return out
 
-    def _energies(self, mu: Atoms) -> dict[str, np.ndarray]:
+    def _energies(self, model: Model, mu: Atoms) -> dict[str, np.ndarray]:
         """``energy`` and ``log_energy`` from one kernel sum where the model has a log-scale energy."""
         out = {}
-        log_e = getattr(self.model, "log_energy", None)
+        log_e = getattr(model, "log_energy", None)
         if log_e is not None:
             le = np.asarray(log_e(mu, backend=self.backend), dtype=np.float64)
             with np.errstate(over="ignore"):
-                e = self.model.sign * np.exp(le)
+                e = model.sign * np.exp(le)
             e = np.where(np.isfinite(e), e, np.nan)  # beyond float64: see log_energy
         else:
             try:
-                e = np.asarray(self.model.energy(mu, backend=self.backend), dtype=np.float64)
+                e = np.asarray(model.energy(mu, backend=self.backend), dtype=np.float64)
             except WflowError:  # e.g. USA energy beyond float range at very large beta
                 e = np.full(mu.batch_shape, np.nan)
             with np.errstate(divide="ignore"):
@@ -158,10 +174,16 @@ class ParticleProblem(Problem):
         return out
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
-        out = {"points": (self._batch + ("particle", "coord"), np.array(y[..., :self.n, :], copy=True))}
+        dims = self._batch + ("particle", "coord")
+        if self.free:  # the exact state (resume) and the radii; directions are positions / radii
+            out = {"positions": (dims, np.array(y[..., :self.n, :], copy=True)),
+                   "radii": (self._batch + ("particle",), np.sqrt(np.einsum("...i,...i->...", y[..., :self.n, :],
+                                                                            y[..., :self.n, :])))}
+        else:
+            out = {"points": (dims, np.array(y[..., :self.n, :], copy=True))}
         if self.n_tracers:
             out["tracers"] = (self._batch + ("tracer", "coord"), np.array(y[..., self.n:, :], copy=True))
-        for name, v in self.compute_diagnostics(self.measure(y)).items():
+        for name, v in self.compute_diagnostics(self.measure(y), t).items():
             out[name] = (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - len(self._batch))), v)
         return out
 
@@ -172,7 +194,7 @@ class ParticleProblem(Problem):
         return {"kind": self.kind, "model": self.model.to_dict(), "kappa": self.kappa, "backend": self.backend,
                 "n": self.n, "d": self.d, "batch_shape": list(self.weights.shape[:-1]),
                 "n_tracers": self.n_tracers, "diagnostics": list(self.diagnostics),
-                "cluster_threshold": self.cluster_threshold}
+                "cluster_threshold": self.cluster_threshold, "space": self.model.space}
 
 
 class Trajectory(Result):
@@ -199,7 +221,23 @@ class Trajectory(Result):
 
     @property
     def points(self) -> np.ndarray:
-        return self.data["points"][1]
+        """Positions on the sphere (the directions, for a scheme with radii), shape ``(k, ..., n, d)``."""
+        if "points" in self.data:
+            return self.data["points"][1]
+        x = self.data["positions"][1]
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """The tokens :math:`x = r\theta` (free space) or the points (sphere), shape ``(k, ..., n, d)``."""
+        return self.data["positions"][1] if "positions" in self.data else self.data["points"][1]
+
+    @property
+    def radii(self) -> np.ndarray:
+        """Token radii :math:`r_i`, shape ``(k, ..., n)`` (all 1 on the sphere)."""
+        if "radii" in self.data:
+            return self.data["radii"][1]
+        return np.ones(self.points.shape[:-1])
 
     @property
     def weights(self) -> np.ndarray:
@@ -211,7 +249,7 @@ class Trajectory(Result):
 
     @property
     def diagnostics(self) -> dict[str, np.ndarray]:
-        return {k: v for k, (_, v) in self.data.items() if k not in ("points", "tracers")}
+        return {k: v for k, (_, v) in self.data.items() if k not in ("points", "positions", "radii", "tracers")}
 
     @property
     def energy(self) -> np.ndarray | None:
@@ -278,7 +316,9 @@ def simulate(
     model : Model
         Gives the velocity (``SA``, ``USA``, ``Perceptron`` or sums).
     mu0 : Atoms or ndarray, shape (..., n, d)
-        Initial measure; leading axes are independent systems evolved together.
+        Initial measure; leading axes are independent systems evolved together.  For a
+        scheme with radii (``model.space == "free"``, :mod:`wflow.schemes`) an array holds the
+        tokens :math:`x = r\theta` with their radii.
     t_end : float
         Final time (> ``t0``).
     save_at : array_like, optional
@@ -346,6 +386,16 @@ def simulate(
     """
     if not isinstance(model, Model):
         raise TypeError(f"model must be a wflow Model (SA, USA, Perceptron, ...), got {short_repr(model)}")
+    x_free = None
+    if model.space == "free" and not isinstance(mu0, Atoms):
+        # a scheme with radii starts from tokens x = r theta in R^d (uniform weights)
+        x_free = np.asarray(mu0, dtype=np.float64)
+        if x_free.ndim < 2 or x_free.shape[-1] < 2 or not np.all(np.isfinite(x_free)):
+            raise ValueError(f"mu0 must be finite tokens of shape (..., n, d), d >= 2, got {short_repr(mu0)}")
+        r = np.linalg.norm(x_free, axis=-1)
+        if np.any(r <= 0):
+            raise ValueError("mu0: every token of a scheme with radii needs a radius > 0 (a direction)")
+        mu0 = Atoms._trusted(x_free / r[..., None], np.full(x_free.shape[:-1], 1.0 / x_free.shape[-2]))
     mu0 = as_atoms(mu0, "mu0")
     if kappa is not None:
         kappa = check_positive(kappa, "kappa")
@@ -363,7 +413,7 @@ def simulate(
         if isinstance(t_end, (int, float, np.integer, np.floating)) and not isinstance(t_end, bool) \
                 and math.isfinite(float(t_end)) and float(t_end) > t0:
             dt = default_dt(model, method, check_save_at(save_at, t0, float(t_end)))
-    x = mu0.points
+    x = mu0.points if x_free is None else x_free
     n_tr = 0
     if tracers is not None:
         tracers = np.asarray(tracers, dtype=x.dtype)
@@ -398,7 +448,7 @@ def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]) -> tuple[ParticleProbl
     problem = ParticleProblem(model_from_dict(cfg["model"]), weights, cfg["d"], kappa=cfg["kappa"],
                               backend=cfg["backend"], diagnostics=cfg["diagnostics"],
                               cluster_threshold=cfg["cluster_threshold"], n_tracers=cfg["n_tracers"])
-    y = stored["data"]["points"][1][-1]
+    y = stored["data"]["positions" if "positions" in stored["data"] else "points"][1][-1]
     if cfg["n_tracers"]:
         y = np.concatenate([y, stored["data"]["tracers"][1][-1]], axis=-2)
     return problem, get_solver(cfg["solver"], **cfg["solver_options"]), y

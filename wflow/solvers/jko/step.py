@@ -479,7 +479,12 @@ class JKOProblem(Problem):
         self.kappa_inv = 0.0 if self.kappa is None else 1.0 / self.kappa
         self.energy = JKOEnergy(model, x, r, backend)
 
+    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
+        return np.empty(0) if self.model is None else self.model.breakpoints(t0, t_end)
+
     def snapshot(self, t: float, w: np.ndarray) -> dict:
+        if self.model is not None and self.model.time_dependent:
+            self.energy.model = self.model.at(t)
         F = self.energy.F(w)
         return {"weights": (("cell",), np.array(w, copy=True)), "energy": ((), np.float64(F)),
                 "free_energy": ((), np.float64(-F + self.kappa_inv * self.energy.kl(w)))}
@@ -548,6 +553,8 @@ class JKO(Solver):
         return st
 
     def step(self, problem, t, y, dt, state: JKOStepper, **_):
+        if problem.model is not None and problem.model.time_dependent:
+            problem.energy.model = problem.model.at(t + dt)  # an implicit step: the energy at its end
         state.set_tau(dt)
         w, s = state.step(y)
         if not np.all(np.isfinite(w)):
