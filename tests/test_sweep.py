@@ -1,0 +1,303 @@
+"""Sweeps: grid parsing, bad input, the store's layout and atomicity, resume, failures, Dask clusters.
+
+Most tests share one in-process Dask client (threads, no start-up cost); one runs on the
+default LocalCluster, one on a scheduler and two workers started as separate processes on
+127.0.0.1, one of which is killed mid-sweep.  Every process started here is torn down.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wflow.sweep import (COMMIT, SchedulerError, coerce_value, load_sweep_config, open_sweep, parse_grid,
+                         parse_grid_arg, parse_grid_args, parse_values, point_config, sweep)
+
+distributed = pytest.importorskip("distributed")
+
+#: tiny systems on the numpy backend (no KeOps import in workers), fixed Euler steps
+TINY = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler", "run.dt": 0.1,
+        "run.backend": "numpy"}
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client
+
+    c = Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None)
+    yield c
+    c.close()
+
+
+# ------------------------------------------------------------------------------ grids
+def test_parse_values_forms():
+    assert parse_values("linspace(0.1, 9, 90)")[:3] == [0.1, 0.2, 0.3]
+    assert len(parse_values("linspace(0.1, 9, 90)")) == 90
+    assert parse_values("logspace(-1, 1, 3)") == [0.1, 1.0, 10.0]
+    assert parse_values("range(3)") == [0, 1, 2]
+    assert parse_values("range(2, 8, 3)") == [2, 5]
+    assert parse_values("[1, 4, 9]") == [1, 4, 9]
+    assert parse_values("euler") == ["euler"]
+    assert parse_values(4.0) == [4.0]
+    assert parse_values(np.arange(3)) == [0, 1, 2]
+    assert parse_grid({"model.beta": "linspace(1,2,2)", "run.method": ["euler", "rk4"]}) == \
+        {"model.beta": [1.0, 2.0], "run.method": ["euler", "rk4"]}
+    assert parse_grid_arg("model.beta=linspace(0.1,9,90)")[0] == "model.beta"
+    assert parse_grid_args(["init.d=[8,128]", "init.seed=range(4)"]) == {"init.d": [8, 128], "init.seed": [0, 1, 2, 3]}
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("linspace(0, 1)", "linspace"), ("linspace(0, 1, 2.5)", "linspace"), ("range(1.5)", "range"),
+    ("range(0, 4, 0)", "step"), ("[]", "empty"), ("range(0)", "empty"), ("linspace(a, 1, 3)", "not a number"),
+])
+def test_parse_values_bad(bad, match):
+    with pytest.raises(ValueError, match=match):
+        parse_values(bad, "model.beta")
+
+
+def test_parse_grid_args_bad():
+    with pytest.raises(ValueError, match="KEY=VALUES"):
+        parse_grid_arg("model.beta")
+    with pytest.raises(ValueError, match="twice"):
+        parse_grid_args(["model.beta=[1]", "model.beta=[2]"])
+
+
+def test_coerce_value():
+    assert coerce_value("model.beta", 4) == 4.0 and isinstance(coerce_value("model.beta", 4), float)
+    assert coerce_value("init.d", 8.0) == 8
+    for key, value in (("init.d", 8.5), ("init.n", "8"), ("model.beta", "x"), ("run.method", "heun")):
+        with pytest.raises(ValueError, match=key):
+            coerce_value(key, value)
+
+
+# ------------------------------------------------------------------------------ bad input: nothing written
+@pytest.mark.parametrize("grid, match", [
+    ({"model.gamma": [1.0]}, "unknown config key 'model.gamma'"),
+    ({}, "grid is empty"),
+    ({"model.beta": []}, "empty"),
+    ({"init.d": [3, 4.5]}, "init.d takes integers"),
+    ({"model.beta": ["hot"]}, "model.beta"),
+    ({"model.beta": [1.0, -1.0]}, r"grid point model.beta=-1.0: config key model.beta"),
+    ({"model.beta": [1.0, 1.0]}, "repeats"),
+    ({"init.seed": [0, -1]}, "non-negative"),
+])
+def test_bad_grid_writes_nothing(tmp_path, grid, match):
+    out = tmp_path / "s.zarr"
+    with pytest.raises(ValueError, match=match):
+        sweep(TINY, grid, out=out, scheduler="tcp://127.0.0.1:1", progress=False)
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_bad_config_and_observables(tmp_path):
+    with pytest.raises(ValueError, match="config: unknown config key 'model.bta'"):
+        sweep({"model.bta": 1.0}, {"model.beta": [1.0]}, out=tmp_path / "s.zarr")
+    with pytest.raises(ValueError, match="unknown observable 'entropy'"):
+        sweep(TINY, {"model.beta": [1.0]}, out=tmp_path / "s.zarr", observables=["entropy"])
+    with pytest.raises(ValueError, match="particles"):
+        sweep({**TINY, "solver": "eulerian", "init.d": 2, "run.method": "rk4"}, {"model.beta": [1.0]}, out=tmp_path / "s.zarr")
+    assert not list(tmp_path.iterdir())
+
+
+def test_scheduler_that_does_not_answer(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a free port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    with pytest.raises(SchedulerError, match=f"no Dask scheduler answers at {address} within 1 s"):
+        sweep(TINY, {"model.beta": [1.0]}, out=tmp_path / "s.zarr", scheduler=address, timeout=1.0, progress=False)
+    assert time.perf_counter() - t0 < 10
+    assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------ the store
+def test_store_layout_batches_and_point_config(tmp_path, client):
+    import xarray as xr
+
+    import wflow
+    from wflow.config import build_run, default_config
+
+    out = tmp_path / "s.zarr"
+    grid = {"model.beta": [1.0, 4.0], "init.seed": "range(5)", "run.method": ["euler", "rk4"]}
+    ds = sweep(TINY, grid, out=out, scheduler=client, batch_size=2, progress=False)
+    assert dict(ds.sizes) == {"beta": 2, "seed": 5, "run_method": 2, "time": 3}
+    assert ds.attrs["done"] == 20 and (ds.status.values == 0).all()
+    assert ds["beta"].attrs["key"] == "model.beta" and ds["run_method"].attrs["key"] == "run.method"
+    assert json.loads(ds.attrs["base_config"])["init.n"] == 8
+    # 2 betas x 2 methods x ceil(5 / 2) seed batches = 12 tasks, committed
+    assert len(json.loads((out / COMMIT).read_text())["done"]) == 12
+    plain = xr.open_zarr(out)  # an ordinary xarray store
+    np.testing.assert_array_equal(plain.time.values, [0.0, 0.5, 1.0])
+    # a batched point equals the single run with its seed
+    cfg = point_config(ds, beta=4.0, seed=3, run_method="rk4")
+    assert cfg["init.seed"] == 3 and cfg["model.beta"] == 4.0 and cfg["run.method"] == "rk4"
+    full = {**default_config(), **cfg}
+    model, mu0, kw = build_run(full)
+    ref = wflow.simulate(model, mu0, full["run.t_end"], **kw)
+    got = ds.sel(beta=4.0, seed=3, run_method="rk4")
+    np.testing.assert_allclose(got.order_parameter.values, ref.diagnostics["order_parameter"], rtol=1e-12)
+    np.testing.assert_allclose(got.energy.values, ref.energy, rtol=1e-12)
+    np.testing.assert_array_equal(got.n_clusters.values, ref.diagnostics["n_clusters"])
+    np.testing.assert_allclose(ds.save_time.sel(beta=4.0, run_method="rk4").values, ref.times)
+
+
+def test_toml_sweep_table(tmp_path, client):
+    toml = tmp_path / "s.toml"
+    toml.write_text('[init]\nn = 8\nd = 3\n[run]\nt_end = 1.0\nn_saves = 3\nmethod = "euler"\ndt = 0.1\n'
+                    'backend = "numpy"\n[sweep]\n"model.beta" = "linspace(1, 2, 2)"\n[sweep.init]\nseed = [0, 1]\n')
+    cfg, grid = load_sweep_config(toml)
+    assert cfg["init.n"] == 8 and grid == {"model.beta": [1.0, 2.0], "init.seed": [0, 1]}
+    ds = sweep(toml, out=tmp_path / "s.zarr", scheduler=client, progress=False, observables=["pair_fraction"])
+    assert dict(ds.sizes) == {"beta": 2, "seed": 2, "time": 3} and list(ds.data_vars).count("pair_fraction") == 1
+    assert ds.pair_fraction.sel(beta=2.0, seed=1).values[0] == 0.0
+
+
+def test_user_observable_and_failed_point(tmp_path, client):
+    def mean_first(mu):  # a user function of the measure: one number per system
+        if np.any(mu.points[..., 0, 0] > 2):  # never
+            return None
+        return mu.points[..., 0].mean(axis=-1)
+
+    def fragile(mu):
+        if mu.n == 9:
+            raise RuntimeError("nine tokens are unlucky")
+        return np.zeros(mu.batch_shape)
+
+    ds = sweep(TINY, {"init.n": [8, 9, 10]}, out=tmp_path / "s.zarr", scheduler=client, progress=False,
+               observables={"order_parameter": None, "mean_first": mean_first, "fragile": fragile})
+    assert ds.status.values.tolist() == [0, -1, 0]
+    assert "RuntimeError: nine tokens are unlucky" in str(ds.message.sel(n=9).values)
+    assert ds.attrs["failed"] == 1 and ds.attrs["done"] == 3
+    assert np.isfinite(ds.mean_first.sel(n=10).values).all() and (ds.fragile.sel(n=8).values == 0).all()
+
+
+def test_resume_skips_committed_and_reruns_torn_points(tmp_path, client):
+    out = tmp_path / "s.zarr"
+    log = tmp_path / "calls.txt"  # tasks are pickled: count calls in a file
+    log.write_text("")
+
+    def counted(mu):
+        with open(log, "a") as fh:
+            fh.write(f"{mu.n}\n")
+        return np.zeros(mu.batch_shape)
+
+    def calls():
+        return sorted({int(v) for v in log.read_text().split()})
+
+    obs = {"order_parameter": None, "counted": counted}
+    grid = {"init.n": [4, 5, 6, 7]}
+    sweep(TINY, grid, out=out, scheduler=client, progress=False, observables=obs)
+    assert calls() == [4, 5, 6, 7]
+    log.write_text("")
+    sweep(TINY, grid, out=out, scheduler=client, progress=False, observables=obs)
+    assert calls() == []  # every point committed: nothing runs
+    # a sweep killed while writing n=6: chunks written, not committed (and its status chunk torn)
+    rec = json.loads((out / COMMIT).read_text())
+    rec["done"].remove(2)
+    (out / COMMIT).write_text(json.dumps(rec))
+    (out / "status" / "c" / "2").write_bytes(b"\x00\x01")
+    ds = sweep(TINY, grid, out=out, scheduler=client, progress=False, observables=obs)
+    assert calls() == [6]
+    assert (ds.status.values == 0).all()
+    with pytest.raises(FileExistsError, match="resume=True"):
+        sweep(TINY, grid, out=out, scheduler=client, progress=False, observables=obs, resume=False)
+
+
+def test_store_with_another_sweep(tmp_path, client):
+    out = tmp_path / "s.zarr"
+    sweep(TINY, {"model.beta": [1.0]}, out=out, scheduler=client, progress=False, observables=["order_parameter"])
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ValueError, match=f"^{out} holds a different sweep"):
+        sweep(TINY, {"model.beta": [2.0]}, out=out, scheduler=client, progress=False, observables=["order_parameter"])
+    assert sorted(p.name for p in out.iterdir()) == before
+    ds = sweep(TINY, {"model.beta": [2.0]}, out=out, scheduler=client, progress=False, overwrite=True,
+               observables=["order_parameter"])
+    assert ds.beta.values.tolist() == [2.0]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("x")
+    with pytest.raises(ValueError, match="not a wflow sweep store"):
+        sweep(TINY, {"model.beta": [2.0]}, out=tmp_path / "other", scheduler=client, progress=False)
+
+
+# ------------------------------------------------------------------------------ real clusters
+def test_local_cluster_default(tmp_path):
+    """The default scheduler: a LocalCluster of one-thread worker processes (benchmarks/sweep.py times 100 points)."""
+    t0 = time.perf_counter()
+    ds = sweep({**TINY, "run.t_end": 1.0, "run.n_saves": 2}, {"model.beta": "linspace(0.1, 10, 20)"},
+               out=tmp_path / "s.zarr", workers=2, progress=False, observables=["pair_fraction", "order_parameter"])
+    elapsed = time.perf_counter() - t0
+    assert ds.attrs["done"] == 20 and (ds.status.values == 0).all()
+    assert len(set(ds.worker.values.tolist())) == 2  # both worker processes ran points
+    assert elapsed < 60  # benchmarks/sweep.py measures it on a quiet machine (SWEEP.md)
+
+
+def _start(args, **kw):
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, **kw)
+
+
+@pytest.fixture
+def processes():
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:  # every process this test started, by its own handle
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+
+
+def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
+    """A scheduler and two workers as separate processes on 127.0.0.1; one worker is killed mid-sweep."""
+    sfile = tmp_path / "scheduler.json"
+    processes.append(_start(["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+                             "--no-dashboard", "--scheduler-file", str(sfile)]))
+    for _ in range(300):
+        if sfile.exists() and sfile.stat().st_size:
+            break
+        time.sleep(0.1)
+    address = json.loads(sfile.read_text())["address"]
+    assert address.startswith("tcp://127.0.0.1:")
+    for name in ("w0", "w1"):
+        processes.append(_start(["distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
+                                 "--name", name, "--no-dashboard", "--host", "127.0.0.1"]))
+    out = tmp_path / "s.zarr"
+    victim = processes[1]
+
+    def kill_after_first_commit():
+        while victim.poll() is None:
+            try:
+                if len(json.loads((out / COMMIT).read_text())["done"]) >= 1:
+                    victim.send_signal(signal.SIGKILL)
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_after_first_commit, daemon=True)
+    killer.start()
+    cfg = {**TINY, "init.n": 32, "init.d": 16, "run.t_end": 2.0, "run.dt": 0.01, "run.n_saves": 5}
+    ds = sweep(cfg, {"model.beta": "linspace(1, 8, 8)", "init.seed": "range(4)"}, out=out, scheduler=address,
+               batch_size=4, progress=False, observables=["pair_fraction", "order_parameter"])
+    killer.join(timeout=5)
+    assert victim.poll() is not None  # the worker was killed during the sweep
+    assert ds.attrs["done"] == 32 and (ds.status.values == 0).all()
+    assert np.isfinite(ds.pair_fraction.values).all()
+    survivors = {w for w in ds.worker.values.ravel().tolist()}
+    assert len(survivors) >= 1
+
+
+def test_open_sweep_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        open_sweep(tmp_path / "none.zarr")

@@ -1,0 +1,1040 @@
+r"""Parameter sweeps: a configuration and a grid over its keys, run on Dask, recorded in one Zarr store.
+
+A sweep is many driver runs (:func:`wflow.simulate`) scheduled by ``dask.distributed``;
+it adds no time loop of its own.  The grid is a product over configuration keys
+(:data:`wflow.config.KEYS`): ``{"model.beta": linspace(0.1, 9, 90), "init.seed": range(2048)}``.
+Points that differ only in ``init.seed`` run as *one batched call*: their initial
+conditions are stacked into one ``(systems, n, d)`` array (each system is exactly the
+initial condition of the single run with that seed), in batches of at most
+``batch_size`` systems.  Every other combination of values is its own task.
+
+The store
+---------
+One Zarr (format 3) group, readable with ``xarray.open_zarr(out)``, whose dimensions are
+the grid's keys, named by the key's last part (``beta``, ``seed``, ``d``; the full key is
+in each coordinate's ``key`` attribute; a name that is ambiguous or clashes with
+``xarray``'s ``sel`` keywords keeps its section, ``run_method``) and ``time`` (the save
+times).  Variables:
+
+* each observable, ``(*grid, time)``, float64, NaN where not computed;
+* ``status`` (int8: 0 reached ``t_end``, 1 stopped, -1 failed, -2 not run yet),
+  ``message``, ``seconds`` (wall time of the task that ran the point), ``worker``, per point;
+* ``config`` (the flat configuration as JSON, with ``init.seed`` set to the first seed of
+  the point's batch: a point's own configuration is that with its ``seed`` coordinate)
+  and ``save_time`` (the times the solver saved, snapped to its step grid), per
+  combination of the non-seed keys;
+* attributes: ``base_config`` (JSON), ``grid``, ``observables``, ``fingerprint``.
+
+Arrays are pre-sized when the sweep starts and chunked one task per chunk.  The client
+writes a finished task's region (observables, then message and timing, then status)
+and then *commits* it by atomically replacing ``wflow_sweep.json`` (the list of
+finished tasks; write, ``fsync``, rename), like every wflow store: a sweep killed at any
+instant never counts a half-written point as done, and running it again skips every
+committed point.  Chunks carry CRC32C checksums.  One process writes a store at a time
+(an OS lock next to it).
+
+Tasks run on the workers and send their observables back to the client, which is
+the only writer: workers need no shared file system (a cluster on other hosts, on
+Kubernetes, on SLURM through dask-jobqueue), and a worker killed mid-task only costs
+the task, which Dask runs again elsewhere.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import sys
+import time
+import tomllib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ._version import __version__
+from .errors import WflowError, short_repr
+
+__all__ = [
+    "sweep",
+    "parse_grid",
+    "parse_grid_arg",
+    "parse_grid_args",
+    "parse_values",
+    "load_sweep_config",
+    "coerce_value",
+    "open_sweep",
+    "point_config",
+    "SchedulerError",
+    "OBSERVABLES",
+    "DEFAULT_OBSERVABLES",
+    "GLPR_CONFIG",
+    "glpr_grid",
+    "phase_diagram",
+    "plot_phase_diagram",
+]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "wflow.sweep/1"
+COMMIT = "wflow_sweep.json"
+BATCH_KEY = "init.seed"
+#: status codes of a point (``status`` variable)
+OK, STOPPED, FAILED, PENDING = 0, 1, -1, -2
+
+#: observables a sweep can record at every save time, one number per system
+OBSERVABLES: dict[str, str] = {
+    "pair_fraction": "fraction of ordered token pairs with <x_i, x_j> > 0.999 (Geshkovski-Letrouit-Polyanskiy-"
+                     "Rigollet phase diagram)",
+    "energy": "the ascended energy E_beta (gradient models; NaN otherwise)",
+    "log_energy": "log E_beta (finite at any beta; gradient models)",
+    "order_parameter": "|sum_i w_i x_i|",
+    "n_clusters": "single-linkage clusters at run.cluster_threshold",
+}
+DEFAULT_OBSERVABLES = ("pair_fraction", "energy", "order_parameter", "n_clusters")
+_DRIVER_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
+#: dimension names that would clash with the store's variables or with ``Dataset.sel``'s keywords
+_RESERVED = {"time", "status", "message", "seconds", "worker", "config", "save_time", "method", "tolerance", "drop",
+             "indexers"}
+#: bytes of initial state per task when ``batch_size`` is not given
+_BATCH_BYTES = 1 << 26
+#: environment of LocalCluster worker processes: one thread each for numba, BLAS and OpenMP
+WORKER_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+class SchedulerError(ValueError, ConnectionError):
+    """No Dask scheduler answers at the given address (bad input: the message names the address)."""
+
+
+# ------------------------------------------------------------------------------ grids
+_CALL = re.compile(r"^\s*(linspace|logspace|range)\s*\((.*)\)\s*$")
+
+
+def _number(text: str, what: str) -> float | int:
+    try:
+        v = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError):
+        v = None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{what}: {text.strip()!r} is not a number")
+    return v
+
+
+def _tidy(values: np.ndarray) -> list[float]:
+    """Floats rounded to 12 significant digits, so that ``sel(beta=0.2)`` finds linspace's 0.2000000000000000111."""
+    return [float(f"{v:.12g}") for v in values.tolist()]
+
+
+def parse_values(spec: Any, key: str = "value") -> list:
+    """The list of values of one grid axis.
+
+    ``spec`` is a list (or tuple, or 1-d array), a single value, or a string: ``linspace(a, b, n)``
+    (``n`` values from ``a`` to ``b``), ``logspace(a, b, n)`` (``10**a`` to ``10**b``, NumPy's
+    convention), ``range(n)`` / ``range(a, b)`` / ``range(a, b, step)`` (integers), or a TOML
+    value (``[1, 4, 9]``, ``4``, ``"euler"``; a bare word is a string).  Floats made by
+    ``linspace``/``logspace`` are rounded to 12 significant digits.
+
+    Examples
+    --------
+    >>> parse_values("linspace(0.1, 0.5, 5)")
+    [0.1, 0.2, 0.3, 0.4, 0.5]
+    >>> parse_values("range(2, 5)"), parse_values("logspace(0, 2, 3)"), parse_values("[1, 4]")
+    ([2, 3, 4], [1.0, 10.0, 100.0], [1, 4])
+    """
+    what = f"grid {key}"
+    if isinstance(spec, np.ndarray):
+        if spec.ndim != 1:
+            raise ValueError(f"{what} must be a 1-d list of values, got {short_repr(spec)}")
+        spec = spec.tolist()
+    if isinstance(spec, range):
+        spec = list(spec)
+    if isinstance(spec, (list, tuple)):
+        values = [v.item() if isinstance(v, np.generic) else v for v in spec]
+    elif isinstance(spec, str):
+        m = _CALL.match(spec)
+        if m:
+            name, args = m.group(1), [a for a in m.group(2).split(",")]
+            if args == [""]:
+                args = []
+            nums = [_number(a, f"{what}={spec}") for a in args]
+            if name in ("linspace", "logspace"):
+                if len(nums) != 3 or not isinstance(nums[2], int) or nums[2] < 1:
+                    raise ValueError(f"{what}={spec!r}: {name}(a, b, n) needs two numbers and an integer n >= 1")
+                f = np.linspace if name == "linspace" else np.logspace
+                values = _tidy(f(float(nums[0]), float(nums[1]), nums[2]))
+            else:
+                if not 1 <= len(nums) <= 3 or not all(isinstance(v, int) for v in nums):
+                    raise ValueError(f"{what}={spec!r}: range takes 1 to 3 integers (range(n), range(a, b), "
+                                     f"range(a, b, step))")
+                if len(nums) == 3 and nums[2] == 0:
+                    raise ValueError(f"{what}={spec!r}: range step must not be zero")
+                values = list(range(*nums))
+        else:
+            try:
+                v = tomllib.loads(f"v = {spec}")["v"]
+            except tomllib.TOMLDecodeError:
+                v = spec.strip()  # a bare word: a string value
+            values = v if isinstance(v, list) else [v]
+    elif isinstance(spec, (bool, int, float, np.generic)):
+        values = [spec.item() if isinstance(spec, np.generic) else spec]
+    else:
+        raise ValueError(f"{what} must be a list, a value or linspace/logspace/range(...), got {short_repr(spec)}")
+    if not values:
+        raise ValueError(f"{what} is empty ({short_repr(spec)}): give at least one value")
+    return values
+
+
+def parse_grid(spec: Mapping[str, Any]) -> dict[str, list]:
+    """A grid ``key -> list of values`` from ``key -> list | str`` (see :func:`parse_values`); keys are not checked here.
+
+    Examples
+    --------
+    >>> parse_grid({"model.beta": "linspace(1, 3, 3)", "init.seed": "range(2)"})
+    {'model.beta': [1.0, 2.0, 3.0], 'init.seed': [0, 1]}
+    """
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"grid must be a mapping of configuration keys to values, got {short_repr(spec)}")
+    return {str(k): parse_values(v, str(k)) for k, v in spec.items()}
+
+
+def parse_grid_arg(item: str) -> tuple[str, list]:
+    """One ``--grid KEY=VALUES`` argument: ``"model.beta=linspace(0.1,9,90)" -> ("model.beta", [0.1, ...])``.
+
+    Examples
+    --------
+    >>> parse_grid_arg("init.d=[8, 128]")
+    ('init.d', [8, 128])
+    """
+    if not isinstance(item, str) or "=" not in item:
+        raise ValueError(f"--grid expects KEY=VALUES (e.g. model.beta=linspace(0.1,9,90)), got {item!r}")
+    key, raw = (s.strip() for s in item.split("=", 1))
+    if not key:
+        raise ValueError(f"--grid {item!r}: no key before '='")
+    return key, parse_values(raw, key)
+
+
+def parse_grid_args(items: Iterable[str]) -> dict[str, list]:
+    """Several ``--grid`` arguments as one grid; a key given twice is an error."""
+    grid: dict[str, list] = {}
+    for item in items:
+        key, values = parse_grid_arg(item)
+        if key in grid:
+            raise ValueError(f"--grid {key} is given twice")
+        grid[key] = values
+    return grid
+
+
+def coerce_value(key: str, value: Any) -> Any:
+    """A value of configuration key ``key`` with its type checked (ints accepted for floats, integral floats for ints).
+
+    Raises ``ValueError`` naming the key and the value (the sweep's rule for bad grid values).
+    """
+    from .config import KEYS
+
+    spec = KEYS[key]
+    if spec.type is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if spec.type is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if spec.type is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"config key {key} takes integers, got {short_repr(value)}")
+    if spec.type is bool and not isinstance(value, bool):
+        raise ValueError(f"config key {key} takes true or false, got {short_repr(value)}")
+    if not isinstance(value, spec.type):
+        raise ValueError(f"config key {key} takes values of type {spec.type.__name__}, got {short_repr(value)}")
+    if spec.choices is not None and value not in spec.choices:
+        raise ValueError(f"config key {key} must be one of {list(spec.choices)}, got {value!r}")
+    return value
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _known(key: str, where: str) -> None:
+    from .config import KEYS
+
+    if key not in KEYS:
+        raise ValueError(f"{where}: unknown config key {key!r}; known keys: {', '.join(KEYS)}")
+
+
+def _base_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    from .config import default_config, validate_config
+
+    cfg = default_config()
+    for key, value in config.items():
+        _known(key, "config")
+        cfg[key] = coerce_value(key, value)
+    return validate_config(cfg)
+
+
+def load_sweep_config(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, list]]:
+    """A TOML configuration with a ``[sweep]`` table: ``(flat config, grid)``.
+
+    The ``[sweep]`` table holds ``key = [values]`` or ``key = "linspace(a, b, n)"`` (dotted
+    keys, or sub-tables ``[sweep.model]``); the rest is an ordinary ``wflow run`` configuration.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config file not found: {p}")
+    try:
+        table = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {p} is not valid TOML: {exc}") from None
+    spec = table.pop("sweep", {})
+    if not isinstance(spec, dict):
+        raise ValueError(f"config file {p}: [sweep] must be a table of key = values, got {short_repr(spec)}")
+    return _base_config(_flatten(table)), parse_grid(_flatten(spec))
+
+
+# ------------------------------------------------------------------------------ the plan
+@dataclass
+class _Axis:
+    key: str
+    dim: str
+    values: list
+
+
+@dataclass
+class _Plan:
+    """Axes, tasks and the store's layout of a sweep, all checked before anything is written."""
+
+    base: dict[str, Any]
+    axes: list[_Axis]
+    observables: dict[str, Callable | None]
+    batch_size: int
+    n_time: int
+    times: np.ndarray
+    fingerprint: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(a.values) for a in self.axes)
+
+    @property
+    def batch_axis(self) -> int | None:
+        keys = [a.key for a in self.axes]
+        return keys.index(BATCH_KEY) if BATCH_KEY in keys else None
+
+    def task_shape(self) -> tuple[int, ...]:
+        shape = list(self.shape)
+        b = self.batch_axis
+        if b is not None:
+            shape[b] = math.ceil(shape[b] / self.batch_size)
+        return tuple(shape)
+
+    def chunks(self) -> tuple[int, ...]:
+        return tuple(self.batch_size if i == self.batch_axis else 1 for i in range(len(self.axes)))
+
+    def region(self, task: int) -> tuple[slice, ...]:
+        idx = np.unravel_index(task, self.task_shape())
+        out = []
+        for i, k in enumerate(idx):
+            k = int(k)
+            if i == self.batch_axis:
+                out.append(slice(k * self.batch_size, min((k + 1) * self.batch_size, self.shape[i])))
+            else:
+                out.append(slice(k, k + 1))
+        return tuple(out)
+
+    def task_config(self, task: int) -> tuple[dict[str, Any], list[int] | None]:
+        reg = self.region(task)
+        cfg = dict(self.base)
+        seeds = None
+        for i, (ax, sl) in enumerate(zip(self.axes, reg)):
+            if i == self.batch_axis:
+                seeds = [int(s) for s in ax.values[sl]]
+                cfg[ax.key] = seeds[0]
+            else:
+                cfg[ax.key] = ax.values[sl.start]
+        return cfg, seeds
+
+    @property
+    def n_tasks(self) -> int:
+        return int(np.prod(self.task_shape()))
+
+    def points(self, task: int) -> int:
+        return int(np.prod([s.stop - s.start for s in self.region(task)]))
+
+
+def _dims(keys: Sequence[str]) -> list[str]:
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return [k.replace(".", "_") if (last.count(s) > 1 or s in _RESERVED) else s for k, s in zip(keys, last)]
+
+
+def _observables(observables: Any) -> dict[str, Callable | None]:
+    """``name -> None`` (built in) or ``name -> f(mu)`` (user function, one value per system)."""
+    if isinstance(observables, str):
+        observables = (observables,)
+    if isinstance(observables, Mapping):
+        items = list(observables.items())
+    elif isinstance(observables, Iterable):
+        items = [(o, None) for o in observables]
+    else:
+        raise ValueError(f"observables must be names from {list(OBSERVABLES)} or a mapping name -> f(mu), got "
+                         f"{short_repr(observables)}")
+    out: dict[str, Callable | None] = {}
+    for name, f in items:
+        if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED:
+            raise ValueError(f"observable names must be identifiers other than {sorted(_RESERVED)}, got {name!r}")
+        if f is None and name not in OBSERVABLES:
+            raise ValueError(f"unknown observable {name!r}: built in are {list(OBSERVABLES)}; pass a function as "
+                             f"observables={{{name!r}: f}} (f(mu) -> one value per system)")
+        if f is not None and not callable(f):
+            raise ValueError(f"observables[{name!r}] must be callable f(mu) -> one value per system, got "
+                             f"{short_repr(f)}")
+        out[name] = f
+    if not out:
+        raise ValueError("observables is empty: name at least one (e.g. 'pair_fraction')")
+    return out
+
+
+def _plan(config: Any, grid: Any, observables: Any, batch_size: int | None) -> _Plan:
+    from .config import start_run, validate_config
+
+    if isinstance(config, (str, os.PathLike)):
+        base, toml_grid = load_sweep_config(config)
+    elif isinstance(config, Mapping):
+        base, toml_grid = _base_config(config), {}
+    else:
+        raise ValueError(f"config must be a flat configuration dict or a TOML path, got {short_repr(config)}")
+    if grid is None:
+        grid = {}
+    spec = {**toml_grid, **parse_grid(grid)}
+    if not spec:
+        raise ValueError("the grid is empty: give at least one key with values (grid={'model.beta': [1, 4, 9]} or "
+                         "a [sweep] table)")
+    axes: list[_Axis] = []
+    for key, values in spec.items():
+        _known(key, "grid")
+        vals = [coerce_value(key, v) for v in values]
+        if len(set(vals)) != len(vals):
+            raise ValueError(f"grid {key} repeats a value ({short_repr(values)}): coordinates must be distinct")
+        axes.append(_Axis(key, "", vals))
+    for ax, dim in zip(axes, _dims([a.key for a in axes])):
+        ax.dim = dim
+    if base["solver"] != "particles" or any(a.key == "solver" and v != "particles" for a in axes for v in a.values):
+        raise ValueError("sweeps run solver = particles (finite-N systems); other solvers are not supported yet")
+    obs = _observables(observables)
+    keys = [a.key for a in axes]
+    if BATCH_KEY in keys:
+        seeds = axes[keys.index(BATCH_KEY)].values
+        if min(seeds) < 0:
+            raise ValueError(f"grid init.seed must be non-negative integers, got {min(seeds)}")
+        if batch_size is None:
+            n = max([base["init.n"]] + (axes[keys.index("init.n")].values if "init.n" in keys else []))
+            d = max([base["init.d"]] + (axes[keys.index("init.d")].values if "init.d" in keys else []))
+            batch_size = max(1, _BATCH_BYTES // (8 * n * d))
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {short_repr(batch_size)}")
+        batch_size = min(batch_size, len(seeds))
+    else:
+        batch_size = 1
+    plan = _Plan(base, axes, obs, batch_size, 0, np.zeros(0), "")
+    # every task's configuration is valid (the seeds checked above), before anything is written
+    saves = set()
+    for task in range(plan.n_tasks):
+        cfg, _ = plan.task_config(task)
+        try:
+            validate_config(cfg)
+        except (ValueError, TypeError) as exc:
+            where = ", ".join(f"{a.key}={cfg[a.key]!r}" for a in axes if a.key != BATCH_KEY)
+            raise ValueError(f"grid point {where}: {exc}") from None
+        saves.add((cfg["run.t_end"], cfg["run.n_saves"]))
+    start_run(plan.task_config(0)[0])  # builds the first task's model and state: backend and the like
+    plan.n_time = max(n for _, n in saves)
+    plan.times = np.linspace(0.0, *next(iter(saves))) if len(saves) == 1 else np.arange(plan.n_time, dtype=float)
+    plan.fingerprint = _fingerprint(plan)
+    return plan
+
+
+def _fingerprint(plan: _Plan) -> str:
+    obs = {k: (None if f is None else f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}")
+           for k, f in plan.observables.items()}
+    text = json.dumps({"format": FORMAT, "base": plan.base, "grid": {a.key: a.values for a in plan.axes},
+                       "observables": obs, "batch_size": plan.batch_size}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------ one task (on a worker)
+class _Collect:
+    """The tracker of a sweep task: keeps the observables of every save, one value per system (no states)."""
+
+    name = "sweep"
+
+    def __init__(self, names: Sequence[str], systems: int, n_time: int):
+        self.values = {k: np.full((systems, n_time), np.nan) for k in names}
+        self.times = np.full(n_time, np.nan)
+        self.steps = 0
+
+    def start(self, run) -> None:
+        return None
+
+    def save(self, snap) -> None:
+        self.times[snap.index] = snap.t
+        self.steps = int(snap.stats["steps"])
+        for name, out in self.values.items():
+            if name not in snap.data:
+                continue  # e.g. the energy of a model that is not a gradient flow
+            v = np.asarray(snap.data[name][1], dtype=np.float64)
+            if v.shape != out.shape[:1]:
+                raise ValueError(f"observable {name!r} must give one number per system, shape ({out.shape[0]},), "
+                                 f"got shape {v.shape}")
+            out[:, snap.index] = v
+
+    def step(self, t, dt, step) -> None:
+        return None
+
+    def finish(self, result) -> None:
+        return None
+
+
+_CONTROLLER = None
+
+
+def _blas_limit(threads: int):
+    """BLAS and OpenMP limited to ``threads`` inside a ``with`` block (one library scan per process)."""
+    global _CONTROLLER
+    from threadpoolctl import ThreadpoolController
+
+    if _CONTROLLER is None:
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER.limit(limits=threads)
+
+
+def _limit_threads(threads: int) -> None:
+    try:
+        import numba
+
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    except Exception:  # pragma: no cover - numba missing or threads already fixed
+        pass
+
+
+def _worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+    except Exception:  # noqa: BLE001 - not on a Dask worker
+        return f"pid {os.getpid()}"
+
+
+def run_task(task: dict[str, Any]) -> dict[str, Any]:
+    """Run one task of a sweep (on a Dask worker): a batched :func:`wflow.simulate` call, observables only.
+
+    Never raises for a failure of the computation: the result carries ``status`` -1 and the
+    message, so one bad point does not stop the others.
+    """
+    t_start = time.perf_counter()
+    cfg, seeds, names = task["config"], task["seeds"], list(task["observables"])
+    systems = 1 if seeds is None else len(seeds)
+    coll = _Collect(names, systems, task["n_time"])
+    status, message = FAILED, ""
+    _limit_threads(task["threads"])
+    try:
+        with _blas_limit(task["threads"]):
+            from .config import build_run
+            from .diagnostics import pair_fraction
+            from .measure import Atoms
+            from .solvers.particles import simulate
+
+            if seeds is None:
+                model, mu0, kwargs = build_run(cfg)
+                x = mu0.points[None]
+            else:
+                x = None
+                for i, s in enumerate(seeds):
+                    model, mu0, kwargs = build_run({**cfg, BATCH_KEY: s})
+                    if x is None:
+                        x = np.empty((systems,) + mu0.points.shape, dtype=mu0.points.dtype)
+                    x[i] = mu0.points
+            extra = {k: f for k, f in task["observables"].items() if f is not None}
+            if "pair_fraction" in names and extra.get("pair_fraction") is None:
+                extra["pair_fraction"] = lambda mu: pair_fraction(mu.points, 0.999)
+            diagnostics = tuple(k for k in names if k in _DRIVER_DIAGNOSTICS and task["observables"][k] is None)
+            res = simulate(model, Atoms(x), cfg["run.t_end"], diagnostics=diagnostics, extra_diagnostics=extra,
+                           keep=False, throw=False, trackers=[coll], **kwargs)
+            status, message = int(res.status), str(res.message)
+    except Exception as exc:  # noqa: BLE001 - recorded with the point, the sweep goes on
+        message = f"{type(exc).__name__}: {exc}"
+    return {"task": task["task"], "values": coll.values, "times": coll.times, "steps": coll.steps,
+            "status": status, "message": message, "seconds": time.perf_counter() - t_start,
+            "worker": _worker_name()}
+
+
+# ------------------------------------------------------------------------------ the store (on the client)
+def _replace_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _committed(path: Path) -> tuple[str | None, set[int]]:
+    p = path / COMMIT
+    if not p.exists():
+        return None, set()
+    try:
+        rec = json.loads(p.read_text())
+        return rec["fingerprint"], set(int(i) for i in rec["done"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WflowError(f"{path}: unreadable commit record {COMMIT}: {exc}") from None
+
+
+class _Store:
+    """The sweep's Zarr group: created pre-sized, written task by task, each task committed atomically."""
+
+    def __init__(self, path: Path, plan: _Plan):
+        self.path, self.plan = path, plan
+        self.done: set[int] = set()
+        self.arrays: dict[str, Any] = {}
+        self._pool = None
+
+    def open(self, resume: bool, overwrite: bool) -> None:
+        import zarr
+
+        p = self.path
+        if p.exists():
+            attrs = {}
+            try:
+                attrs = dict(zarr.open_group(p, mode="r").attrs)
+            except Exception:  # noqa: BLE001 - not a Zarr group: reported below
+                pass
+            if overwrite:
+                import shutil
+
+                if attrs.get("wflow_format") != FORMAT and any(p.iterdir()):
+                    raise ValueError(f"{p} exists and is not a wflow sweep store; refusing to overwrite it")
+                shutil.rmtree(p)
+            elif attrs.get("wflow_format") != FORMAT:
+                raise ValueError(f"{p} exists and is not a wflow sweep store; choose another out")
+            elif attrs.get("fingerprint") != self.plan.fingerprint:
+                raise ValueError(f"{p} holds a different sweep (other configuration, grid, observables or batch "
+                                 f"size); choose another out, or pass overwrite=True to replace it")
+            elif not resume:
+                raise FileExistsError(f"{p} holds this sweep already; pass resume=True to finish it or "
+                                      f"overwrite=True to start afresh")
+            else:
+                fp, self.done = _committed(p)
+                if fp not in (None, self.plan.fingerprint):
+                    raise ValueError(f"{p}: its commit record belongs to a different sweep; the store is damaged")
+                group = zarr.open_group(p, mode="r+")
+                self.arrays = {k: a.with_config({"write_empty_chunks": True}) for k, a in group.arrays()}
+                return
+        self._create()
+
+    def _create(self) -> None:
+        import zarr
+
+        plan = self.plan
+        codecs = (zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec())
+        attrs = {"wflow_format": FORMAT, "wflow_version": __version__, "fingerprint": plan.fingerprint,
+                 "base_config": json.dumps(plan.base), "grid": json.dumps({a.key: a.values for a in plan.axes}),
+                 "dims": json.dumps({a.key: a.dim for a in plan.axes}), "observables": list(plan.observables),
+                 "batch_key": BATCH_KEY, "batch_size": plan.batch_size,
+                 "status_codes": "0 reached t_end, 1 stopped, -1 failed, -2 not run yet"}
+        group = zarr.open_group(self.path, mode="w", zarr_format=3, attributes=attrs)
+        from .config import KEYS
+
+        def array(name, shape, chunks, dtype, fill, dims, **at):
+            a = group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill,
+                                   compressors=codecs, dimension_names=dims, config={"write_empty_chunks": True},
+                                   attributes=at)
+            self.arrays[name] = a
+            return a
+
+        for ax in plan.axes:
+            vals = np.array(ax.values, dtype=str if isinstance(ax.values[0], str) else None)
+            a = array(ax.dim, (len(vals),), (len(vals),), vals.dtype if vals.dtype.kind != "U" else str,
+                      "" if vals.dtype.kind == "U" else 0, (ax.dim,), key=ax.key, description=KEYS[ax.key].help)
+            a[:] = vals
+        a = array("time", (plan.n_time,), (plan.n_time,), np.float64, np.nan, ("time",),
+                  description="save times (nominal; save_time holds the solver's step times)")
+        a[:] = plan.times
+        dims = tuple(a.dim for a in plan.axes)
+        shape, chunks = plan.shape, plan.chunks()
+        for name, f in plan.observables.items():
+            array(name, shape + (plan.n_time,), chunks + (plan.n_time,), np.float64, np.nan, dims + ("time",),
+                  description=OBSERVABLES.get(name, f"user observable {getattr(f, '__qualname__', name)}"))
+        array("status", shape, chunks, np.int8, PENDING, dims, description=attrs["status_codes"])
+        array("message", shape, chunks, str, "", dims, description="the solver's message, or the error")
+        array("seconds", shape, chunks, np.float64, np.nan, dims, description="wall time of the task (batch) "
+              "that ran the point")
+        array("worker", shape, chunks, str, "", dims, description="the Dask worker that ran the point")
+        task_dims = tuple(a.dim for a in plan.axes if a.key != BATCH_KEY)
+        task_shape = tuple(len(a.values) for a in plan.axes if a.key != BATCH_KEY)
+        ones = tuple(1 for _ in task_dims)
+        array("config", task_shape, ones, str, "", task_dims,
+              description=f"flat configuration (JSON); a point's own has {BATCH_KEY} = its seed coordinate")
+        array("save_time", task_shape + (plan.n_time,), ones + (plan.n_time,), np.float64, np.nan,
+              task_dims + ("time",), description="times the solver saved (snapped to its step grid)")
+        with warnings.catch_warnings():  # consolidated metadata is not in the Zarr v3 spec (yet)
+            warnings.simplefilter("ignore")
+            zarr.consolidate_metadata(self.path)
+        _replace_json(self.path / COMMIT, {"fingerprint": plan.fingerprint, "done": []})
+
+    def write(self, results: Sequence[dict[str, Any]], commit: Sequence[bool]) -> None:
+        """Write finished tasks' regions (in parallel), then their status, then commit them in one record."""
+        plan = self.plan
+        b = plan.batch_axis
+        data, status = [], []
+        for r in results:
+            task = int(r["task"])
+            reg = plan.region(task)
+            shape = tuple(s.stop - s.start for s in reg)
+            for name in plan.observables:  # (systems, n_time): the systems run along the batch axis
+                data.append((name, reg + (slice(None),), r["values"][name].reshape(shape + (plan.n_time,))))
+            task_reg = tuple(s for i, s in enumerate(reg) if i != b)
+            ones = tuple(1 for _ in task_reg)
+            cfg, _ = plan.task_config(task)
+            data += [("config", task_reg, np.full(ones, json.dumps(cfg), dtype=object)),
+                     ("save_time", task_reg + (slice(None),), r["times"].reshape(ones + (plan.n_time,))),
+                     ("message", reg, np.full(shape, r["message"], dtype=object)),
+                     ("seconds", reg, np.full(shape, r["seconds"])),
+                     ("worker", reg, np.full(shape, r["worker"], dtype=object))]
+            status.append(("status", reg, np.full(shape, r["status"], dtype=np.int8)))
+        self._put(data)
+        self._put(status)  # a point is complete once its status is written: after all its data
+        new = [int(r["task"]) for r, c in zip(results, commit) if c]
+        if new:
+            self.done.update(new)
+            _replace_json(self.path / COMMIT, {"fingerprint": plan.fingerprint, "done": sorted(self.done)})
+
+    def _put(self, items: list[tuple[str, tuple, np.ndarray]]) -> None:
+        if len(items) <= 1:
+            for name, sel, value in items:
+                self.arrays[name][sel] = value
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(4, thread_name_prefix="wflow-sweep-write")
+
+        def put(item):
+            name, sel, value = item
+            self.arrays[name][sel] = value
+
+        for f in [self._pool.submit(put, it) for it in items]:
+            f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+# ------------------------------------------------------------------------------ Dask
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _connect(scheduler: Any, workers: int | None, timeout: float):
+    """``(client, cluster_to_close)``: a new LocalCluster, or a client of an existing scheduler."""
+    from distributed import Client, LocalCluster
+
+    if isinstance(scheduler, Client):
+        return scheduler, None, False
+    if scheduler is None:
+        n = _cores() if workers is None else workers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"workers must be an integer >= 1, got {short_repr(workers)}")
+        # the dashboard on a free port (two sweeps on one host do not collide); its page needs bokeh
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                               silence_logs=logging.ERROR, env=dict(WORKER_ENV))
+        return Client(cluster), cluster, True
+    address = getattr(scheduler, "scheduler_address", scheduler)  # a Cluster object (dask-jobqueue, ...)
+    if not isinstance(address, str):
+        raise ValueError(f"scheduler must be None, an address like 'tcp://host:8786', a distributed.Client or a "
+                         f"Dask cluster, got {short_repr(scheduler)}")
+    try:
+        return Client(address, timeout=timeout), None, True
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is reported with the address
+        raise SchedulerError(f"no Dask scheduler answers at {address} within {timeout:g} s ({type(exc).__name__}); "
+                             f"start one (`dask scheduler`, docs: sweeps) or check the address") from None
+
+
+def sweep(
+    config: Mapping[str, Any] | str | os.PathLike,
+    grid: Mapping[str, Any] | None = None,
+    *,
+    out: str | os.PathLike,
+    scheduler: Any = None,
+    workers: int | None = None,
+    observables: Sequence[str] | Mapping[str, Callable | None] = DEFAULT_OBSERVABLES,
+    resume: bool = True,
+    overwrite: bool = False,
+    batch_size: int | None = None,
+    threads_per_task: int = 1,
+    retries: int = 1,
+    progress: bool = True,
+    timeout: float = 10.0,
+):
+    r"""Run a configuration over a grid of its keys on Dask and record the observables in one Zarr store.
+
+    Parameters
+    ----------
+    config : dict or path
+        The base configuration: a flat dict of :data:`wflow.config.KEYS` (missing keys take
+        their defaults), or a TOML file, whose ``[sweep]`` table may hold the grid.
+    grid : dict, optional
+        ``key -> values`` over configuration keys: a list, or ``"linspace(a, b, n)"``,
+        ``"logspace(a, b, n)"``, ``"range(n)"``, ``"range(a, b)"`` (:func:`parse_values`);
+        added to (and overriding) the TOML's ``[sweep]`` table.  Values of ``init.seed`` run
+        as one batched call per ``batch_size`` seeds.
+    out : path
+        The store (a folder, conventionally ``*.zarr``).
+    scheduler : str, distributed.Client or cluster, optional
+        ``None``: a ``LocalCluster`` of ``workers`` processes with one thread each (numba,
+        BLAS and OpenMP limited to one thread, :data:`WORKER_ENV`); ``"tcp://host:port"``: a
+        running scheduler (docs: sweeps); a ``Client`` or a cluster object (dask-jobqueue).
+    workers : int, optional
+        Worker processes of the LocalCluster (default: the usable cores).
+    observables : sequence of str or dict
+        Recorded at every save time, one number per system: names from :data:`OBSERVABLES`
+        and/or ``name -> f(mu)`` (an :class:`~wflow.measure.Atoms` with a batch axis ->
+        array, shape ``(systems,)``).  States are not stored.
+    resume : bool
+        Continue a store of the same sweep, skipping its committed points (default).
+    overwrite : bool
+        Replace an existing sweep store.
+    batch_size : int, optional
+        Seeds per task (default: as many as keep a task's state near 64 MB).
+    threads_per_task : int
+        numba/BLAS threads of a task (1: parallelism comes from workers).
+    retries : int
+        Dask retries of a task whose worker raised (a killed worker's task is always rerun).
+    progress : bool
+        A progress bar over points (and the dashboard's address when there is one).
+    timeout : float
+        Seconds to wait for a scheduler at ``scheduler``.
+
+    Returns
+    -------
+    xarray.Dataset
+        The store, opened lazily (:func:`open_sweep`).
+
+    Raises
+    ------
+    ValueError
+        Before anything is written: an unknown key, an empty grid, a value of the wrong type,
+        an invalid combination (naming the point), a store holding a different sweep, a
+        scheduler that does not answer (:class:`SchedulerError`).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.zarr"
+    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler",
+    ...        "run.dt": 0.1}
+    >>> ds = sweep(cfg, {"model.beta": [1, 4]}, out=out, workers=1, progress=False,
+    ...            observables=["order_parameter"])  # doctest: +SKIP
+    >>> ds.order_parameter.sel(beta=4.0).shape  # doctest: +SKIP
+    (3,)
+    """
+    plan = _plan(config, grid, observables, batch_size)
+    if isinstance(threads_per_task, bool) or not isinstance(threads_per_task, int) or threads_per_task < 1:
+        raise ValueError(f"threads_per_task must be an integer >= 1, got {short_repr(threads_per_task)}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, got {short_repr(retries)}")
+    out = Path(out)
+    from .io import FolderLock
+
+    client, cluster, owned = _connect(scheduler, workers, timeout)  # before anything is written
+    lock = None
+    try:
+        lock = FolderLock(out.with_name(out.name + ".lock"), f"sweep store {out}").acquire()
+        store = _Store(out, plan)
+        store.open(resume, overwrite)
+        todo = [t for t in range(plan.n_tasks) if t not in store.done]
+        _run(client, plan, store, todo, threads_per_task, retries, progress)
+    finally:
+        if owned:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+        if lock is not None:
+            lock.release()
+    return open_sweep(out)
+
+
+def _has_bokeh() -> bool:
+    try:
+        import bokeh  # noqa: F401 - the dashboard's pages need it
+
+        return True
+    except ImportError:
+        return False
+
+
+def _run(client, plan: _Plan, store: _Store, todo: list[int], threads: int, retries: int, progress: bool) -> None:
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    if not todo:
+        log.info("%s: every point is committed", store.path)
+        return
+    total = sum(plan.points(t) for t in todo)
+    if progress and "dashboard" in client.scheduler_info().get("services", {}) and _has_bokeh():
+        print(f"wflow sweep: Dask dashboard at {client.dashboard_link}", file=sys.stderr)
+    obs = plan.observables
+    futures = []
+    for t in todo:
+        cfg, seeds = plan.task_config(t)
+        spec = {"task": t, "config": cfg, "seeds": seeds, "observables": obs, "n_time": plan.n_time,
+                "threads": threads}
+        futures.append(client.submit(run_task, spec, key=f"wflow-sweep-{plan.fingerprint}-{t}", pure=False,
+                                     retries=retries))
+    failed = 0
+    bar = tqdm(total=total, unit="point", desc="sweep", disable=not progress, dynamic_ncols=True)
+    try:
+        for batch in as_completed(futures).batches():
+            finished = [f for f in batch if f.status == "finished"]
+            results = client.gather(finished) if finished else []
+            commit = [True] * len(results)
+            for fut in batch:
+                if fut.status == "finished":
+                    continue
+                # the cluster could not run it (e.g. KilledWorker after repeated deaths): recorded, not committed
+                t = int(str(fut.key).rsplit("-", 1)[1])
+                try:
+                    exc = fut.exception()
+                except BaseException as e:  # noqa: BLE001 - a cancelled future raises
+                    exc = e
+                results.append({"task": t, "values": {k: np.full((plan.points(t), plan.n_time), np.nan) for k in obs},
+                                "times": np.full(plan.n_time, np.nan), "status": FAILED, "steps": 0,
+                                "seconds": math.nan, "worker": "",
+                                "message": f"{type(exc).__name__}: {exc} (not committed: run the sweep again to "
+                                           f"retry)"})
+                commit.append(False)
+            store.write(results, commit)
+            for fut in batch:
+                fut.release()
+            failed += sum(r["status"] < 0 for r in results)
+            bar.update(sum(plan.points(r["task"]) for r in results))
+            if failed:
+                bar.set_postfix_str(f"failed tasks {failed}")
+    finally:
+        bar.close()
+        store.close()
+        for f in futures:
+            if not f.done():
+                f.cancel()
+
+
+# ------------------------------------------------------------------------------ reading
+def open_sweep(path: str | os.PathLike):
+    """The store of a sweep as a lazy :class:`xarray.Dataset` (``ds.sel(beta=4.0)``).
+
+    ``attrs`` count the ``points``, those ``done`` (run, whatever their status), ``ok``
+    (reached ``t_end``) and ``failed``.
+    """
+    import xarray as xr
+    import zarr
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no sweep store at {p}")
+    attrs = dict(zarr.open_group(p, mode="r").attrs)
+    if attrs.get("wflow_format") != FORMAT:
+        raise WflowError(f"{p} is not a wflow sweep store (wflow_format={attrs.get('wflow_format')!r})")
+    ds = xr.open_zarr(p, consolidated=True)
+    status = np.asarray(zarr.open_array(p / "status", mode="r")[...])  # read here, not on a Dask cluster
+    ds.attrs["points"] = int(status.size)
+    ds.attrs["done"] = int(np.count_nonzero(status != PENDING))
+    ds.attrs["ok"] = int(np.count_nonzero(status == OK))
+    ds.attrs["failed"] = int(np.count_nonzero(status == FAILED))
+    return ds
+
+
+def point_config(ds, **coords) -> dict[str, Any]:
+    """The full flat configuration of one point of a sweep: ``point_config(ds, beta=4.0, seed=3)``."""
+    dims = json.loads(ds.attrs["dims"])
+    key_of = {v: k for k, v in dims.items()}
+    unknown = set(coords) - set(key_of)
+    if unknown:
+        raise ValueError(f"point_config: {sorted(unknown)} are not dimensions of this sweep ({sorted(key_of)})")
+    missing = set(key_of) - set(coords)
+    if missing:
+        raise ValueError(f"point_config: give a value for every dimension; missing {sorted(missing)}")
+    task = {k: v for k, v in coords.items() if key_of[k] != BATCH_KEY}
+    cfg = json.loads(str(ds["config"].sel(task).values))
+    for dim, v in coords.items():
+        cfg[key_of[dim]] = v.item() if isinstance(v, np.generic) else v
+    return cfg
+
+
+# ------------------------------------------------------------------------------ the GLPR phase diagram
+#: Geshkovski, Letrouit, Polyanskiy and Rigollet's phase diagram: SA with Q = K = V = I, n = 32 tokens,
+#: explicit Euler with step 0.1 until t = 30, 200 checkpoints (``run.method`` may be swept too)
+GLPR_CONFIG: dict[str, Any] = {"solver": "particles", "model.type": "SA", "model.value": "identity",
+                               "init.kind": "uniform", "init.n": 32, "run.t_end": 30.0, "run.n_saves": 200,
+                               "run.method": "euler", "run.dt": 0.1, "run.backend": "auto", "perceptron.m": 0}
+
+
+def glpr_grid(d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 90)",
+              systems: int = 2048) -> dict[str, list]:
+    """The grid of the phase diagram: dimensions ``d``, inverse temperatures, ``systems`` seeds."""
+    return {"init.d": list(d), "model.beta": parse_values(betas, "model.beta"), "init.seed": list(range(systems))}
+
+
+def phase_diagram(out: str | os.PathLike, *, d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 90)",
+                  systems: int = 2048, config: Mapping[str, Any] | None = None, **kwargs):
+    """Reproduce the GLPR phase diagram (fraction of pairs with cosine > 0.999 over (t, beta)) as a sweep.
+
+    The full diagram (``d`` in {8, 128, 1024}, 90 betas in [0.1, 9], 2048 systems of 32 tokens,
+    300 Euler steps, 200 checkpoints) is one call; ``config`` overrides :data:`GLPR_CONFIG`,
+    ``kwargs`` go to :func:`sweep`.  Plot it with :func:`plot_phase_diagram`.
+    """
+    kwargs.setdefault("observables", ("pair_fraction",))
+    return sweep({**GLPR_CONFIG, **(config or {})}, glpr_grid(d, betas, systems), out=out, **kwargs)
+
+
+def plot_phase_diagram(ds, *, ax=None, path: str | os.PathLike | None = None, observable: str = "pair_fraction"):
+    """Heat maps of ``observable`` averaged over seeds, over (t, beta), one panel per ``d``; returns the figure."""
+    import matplotlib
+
+    if path is not None and ax is None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    da = ds[observable]
+    if "seed" in da.dims:
+        da = da.mean("seed")
+    panels = [("", da)] if "d" not in da.dims else [(f"d = {int(v)}", da.sel(d=v)) for v in da["d"].values]
+    if ax is None:
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False,
+                                 constrained_layout=True)
+        axes = axes[0]
+    else:
+        axes, fig = [ax], ax.figure
+    for a, (title, p) in zip(axes, panels):
+        p = p.transpose("beta", "time")
+        t = ds["save_time"].isel({k: 0 for k in ds["save_time"].dims if k != "time"}).values
+        t = np.where(np.isfinite(t), t, ds["time"].values)
+        im = a.pcolormesh(t, p["beta"].values, p.values, shading="nearest", vmin=0, vmax=1, cmap="viridis")
+        a.set_xlabel("t")
+        a.set_ylabel(r"$\beta$")
+        a.set_title(title)
+    fig.colorbar(im, ax=list(axes), label=f"{observable} (mean over systems)")
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
