@@ -1,4 +1,12 @@
-r"""Stationary states by iterated JKO steps with growing :math:`\tau`, and their atoms."""
+r"""Stationary states by iterated JKO steps with growing :math:`\tau`, and their atoms.
+
+:func:`stationary` steps until the measure stops moving, then reads the atoms off the mass
+(:func:`atom_groups`, through :func:`wflow.diagnostics.mass_clusters`), checks them and says
+what it found: ``converged`` only when the measure stopped moving *and* the first-order
+residual is below the resolution of the support (for an atomic limit: the velocity at the
+atoms too); polishing the atoms off the grid is kept only when it does not move an atom off
+its mass and does not raise the residual (``polished`` and the message say which).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,58 +15,197 @@ from typing import Any
 import numpy as np
 
 from ...density import Density
+from ...diagnostics import mass_clusters
 from ...errors import check_int, check_positive
 from ...measure import Atoms
 from ...mesh import Mesh
 from ...models import Model
 from ...sphere import tangent_frame
-from .step import JKOStepper, check_eps_scaling, check_gradient_model, default_eps, support
+from .step import JKOStepper, check_eps_scaling, check_gradient_model, default_eps, spacing, support
 
-__all__ = ["stationary", "StationaryResult", "cluster_atoms"]
+__all__ = ["stationary", "StationaryResult", "cluster_atoms", "atom_groups", "AtomGroups"]
+
+
+@dataclass
+class AtomGroups:
+    """Groups of mass on a support, found by :func:`atom_groups`.
+
+    Attributes
+    ----------
+    atoms : ndarray, shape (k, d)
+        One point per group: the normalized barycentre of the group's core (its points above
+        the separating threshold).
+    masses : ndarray, shape (k,)
+        All the mass of the support, each point's to its nearest atom; sorted decreasing.
+    spread : ndarray, shape (k,)
+        Root-mean-square geodesic distance of each group's mass to its atom.
+    threshold : float
+        The highest threshold (relative to the largest weight) at which a group was still whole.
+    counts : dict
+        Number of core groups at each threshold of the ladder.
+    """
+
+    atoms: np.ndarray
+    masses: np.ndarray
+    spread: np.ndarray
+    threshold: float
+    counts: dict[float, int]
+
+
+def _neighbor_array(x: np.ndarray, neighbors: np.ndarray | None, radius: float | None) -> np.ndarray:
+    """Mesh neighbours, or the neighbours of a point cloud within ``radius`` (padded with -1)."""
+    if neighbors is not None:
+        nb = np.asarray(neighbors)
+        if nb.ndim != 2 or nb.shape[0] != x.shape[0] or not np.issubdtype(nb.dtype, np.integer):
+            raise ValueError(f"neighbors must be an integer array of shape ({x.shape[0]}, k), got {nb.dtype} {nb.shape}")
+        return nb
+    from scipy.spatial import cKDTree
+
+    n, d = x.shape
+    if radius is None:
+        radius = 2.5 * (2 * np.pi / n if d == 2 else np.sqrt(4 * np.pi / n))
+    radius = check_positive(radius, "radius")
+    lists = cKDTree(x).query_ball_point(x, radius)
+    width = max(len(row) for row in lists)
+    nb = -np.ones((n, width), dtype=np.intp)
+    for i, row in enumerate(lists):
+        nb[i, :len(row)] = row
+    return nb
+
+
+def _components(w: np.ndarray, nb: np.ndarray, t: float) -> list[np.ndarray]:
+    """Members of each component of the points with ``w >= t max(w)`` (single linkage along ``nb``).
+
+    :func:`wflow.diagnostics.mass_clusters` returns each component's normalized barycentre;
+    given the indicator vectors :math:`e_i` as points, the barycentre of a component is supported
+    exactly on its members (their weights are positive), so the one cluster finder of the
+    package also gives the membership.
+    """
+    bary, _ = mass_clusters(np.eye(w.size), w, neighbors=nb, threshold=t)
+    return [np.flatnonzero(b > 0) for b in bary]
+
+
+def atom_groups(points: np.ndarray, weights: np.ndarray, *, neighbors: np.ndarray | None = None,
+                radius: float | None = None, threshold: float = 1e-3, top: float = 0.5,
+                levels: int = 25) -> AtomGroups:
+    r"""The mass groups of a measure on a support, separated wherever a valley separates them.
+
+    A single linkage threshold cannot do this: a thin bridge of mass (a measure that has not
+    finished concentrating, or the blur of two atoms a few cells apart) joins two groups at a
+    low threshold, and a high one drops small atoms.  So the components of the points above a
+    threshold (:func:`wflow.diagnostics.mass_clusters`) are followed up a geometric ladder of
+    ``levels`` thresholds from ``threshold`` to ``top`` (relative to the largest weight): a
+    component that splits into several as the threshold rises is several groups (a valley
+    separates them), one that disappears is a small group of its own.  Each group's atom is the
+    normalized barycentre of its last core (its points above the highest threshold at which it
+    is still one component); every point's mass then goes to its nearest atom, so the masses sum
+    to 1 (tails and bridges included).
+
+    Parameters
+    ----------
+    points : ndarray, shape (n, d)
+    weights : ndarray, shape (n,)
+    neighbors : ndarray of int, shape (n, k), optional
+        Mesh neighbours (``Mesh.cell_neighbors``, padded with the cell itself or -1); without
+        them, a point cloud is linked within ``radius``.
+    radius : float, optional
+        Default 2.5 x the spacing, :math:`2\pi/n` on :math:`S^1` and :math:`\sqrt{4\pi/n}` otherwise.
+    threshold, top : float
+        The ladder's ends, ``0 < threshold <= top < 1``.
+    levels : int
+        Number of thresholds in the ladder.
+
+    Examples
+    --------
+    Two bumps joined by a bridge of 1e-2 of their peaks: one component at the threshold 1e-3,
+    two groups once the threshold rises above the bridge.
+
+    >>> import numpy as np
+    >>> th = np.linspace(0, 2 * np.pi, 64, endpoint=False)
+    >>> x = np.stack([np.cos(th), np.sin(th)], axis=1)
+    >>> w = np.exp(-((th - th[10]) / 0.1) ** 2) + np.exp(-((th - th[20]) / 0.1) ** 2)
+    >>> w[11:20] += 1e-2
+    >>> nb = np.stack([np.roll(np.arange(64), 1), np.roll(np.arange(64), -1)], axis=1)
+    >>> g = atom_groups(x, w / w.sum(), neighbors=nb)
+    >>> np.round(np.arctan2(g.atoms[:, 1], g.atoms[:, 0]) / (th[1]), 3).tolist(), np.round(g.masses, 3).tolist()
+    ([10.0, 20.0], [0.501, 0.499])
+    """
+    x = np.asarray(points, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    if x.ndim != 2 or w.shape != x.shape[:1]:
+        raise ValueError(f"points must have shape (n, d) and weights (n,), got {x.shape} and {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or not w.max(initial=0.0) > 0:
+        raise ValueError("weights must be finite, non-negative and not all zero")
+    threshold = check_positive(threshold, "threshold")
+    top = check_positive(top, "top")
+    levels = check_int(levels, "levels")
+    if not threshold <= top < 1:
+        raise ValueError(f"need 0 < threshold <= top < 1, got threshold={threshold:g}, top={top:g}")
+    ladder = np.geomspace(threshold, top, levels) if top > threshold else np.array([threshold])
+    nb = _neighbor_array(x, neighbors, radius)
+    # work on the points above the lowest threshold only (the rest never joins a component)
+    keep = np.flatnonzero(w >= threshold * w.max())
+    idx = -np.ones(x.shape[0], dtype=np.intp)
+    idx[keep] = np.arange(keep.size)
+    sub = nb[keep]
+    sub = np.where(sub >= 0, idx[np.maximum(sub, 0)], -1)
+    ws = w[keep] / w.max()
+    comps = [_components(ws, sub, float(t)) for t in ladder]
+    counts = {float(t): len(c) for t, c in zip(ladder, comps)}
+    # follow each component up the ladder: split -> several groups, vanish -> a group (its last core)
+    cores: list[np.ndarray] = []
+    level_of = []
+    stack = [(0, c) for c in comps[0]]
+    while stack:
+        i, c = stack.pop()
+        if i + 1 == len(comps):
+            cores.append(c)
+            level_of.append(i)
+            continue
+        inside = set(c.tolist())
+        children = [ch for ch in comps[i + 1] if ch[0] in inside]
+        if not children:
+            cores.append(c)
+            level_of.append(i)
+        else:
+            stack.extend((i + 1, ch) for ch in children)
+    bary = np.stack([ws[c] @ x[keep[c]] for c in cores])
+    atoms = bary / np.linalg.norm(bary, axis=1, keepdims=True)
+    # every point's mass to its nearest atom (largest inner product)
+    cos = np.clip(x @ atoms.T, -1.0, 1.0)
+    owner = np.argmax(cos, axis=1)
+    k = atoms.shape[0]
+    masses = np.bincount(owner, weights=w, minlength=k)
+    dist2 = np.arccos(cos[np.arange(x.shape[0]), owner]) ** 2
+    spread = np.sqrt(np.bincount(owner, weights=w * dist2, minlength=k) / np.maximum(masses, 1e-300))
+    masses = masses / w.sum()
+    order = np.argsort(-masses, kind="stable")
+    split = [float(ladder[i]) for i in level_of]
+    return AtomGroups(atoms[order], masses[order], spread[order], max(split), counts)
 
 
 def cluster_atoms(points: np.ndarray, weights: np.ndarray, *, mesh: Mesh | None = None,
                   threshold: float = 1e-3, radius: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Group the support points carrying mass into atoms.
+    """Atoms and masses of the mass groups of a measure (:func:`atom_groups`).
 
-    Points with ``weight >= threshold * max(weight)`` are linked to their mesh neighbours (or to
-    points within ``radius``, default 2.5 x the spacing, on a point cloud); each connected
-    component becomes one atom at its normalized barycentre with the component's mass.
+    Parameters
+    ----------
+    points : ndarray, shape (n, d)
+    weights : ndarray, shape (n,)
+    mesh : Mesh, optional
+        Links points through ``mesh.cell_neighbors``; otherwise within ``radius``.
+    threshold : float
+        The lowest relative threshold of the ladder of :func:`atom_groups`.
 
     Returns
     -------
     atoms : ndarray, shape (k, d)
     masses : ndarray, shape (k,)
-        Sorted by decreasing mass; they sum to the mass above the threshold.
+        Sorted by decreasing mass; they sum to 1 (every point's mass goes to its nearest atom).
     """
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    w = np.asarray(weights, dtype=float)
-    keep = np.flatnonzero(w >= threshold * w.max())
-    idx = -np.ones(w.size, dtype=np.intp)
-    idx[keep] = np.arange(keep.size)
-    if mesh is not None:
-        nb = mesh.cell_neighbors[keep]
-        rows = np.repeat(np.arange(keep.size), nb.shape[1])
-        cols = idx[nb.reshape(-1)]
-    else:
-        from scipy.spatial import cKDTree
-
-        if radius is None:
-            n, d = points.shape
-            radius = 2.5 * (2 * np.pi / n if d == 2 else np.sqrt(4 * np.pi / n))
-        pairs = cKDTree(points[keep]).query_pairs(radius, output_type="ndarray")
-        rows, cols = pairs[:, 0], pairs[:, 1]
-    ok = cols >= 0
-    G = coo_matrix((np.ones(int(ok.sum())), (rows[ok], cols[ok])), shape=(keep.size, keep.size))
-    k, label = connected_components(G, directed=False)
-    masses = np.bincount(label, weights=w[keep], minlength=k)
-    bary = np.stack([np.bincount(label, weights=w[keep] * points[keep, c], minlength=k)
-                     for c in range(points.shape[1])], axis=1)
-    atoms = bary / np.linalg.norm(bary, axis=1, keepdims=True)
-    order = np.argsort(-masses)
-    return atoms[order], masses[order]
+    g = atom_groups(points, weights, neighbors=None if mesh is None else mesh.cell_neighbors,
+                    radius=radius, threshold=threshold)
+    return g.atoms, g.masses
 
 
 @dataclass
@@ -68,22 +215,40 @@ class StationaryResult:
     Attributes
     ----------
     weights : ndarray, shape (n,)
-        The final measure on the support.
+        The final measure on the support ``points``.
     atoms, masses : ndarray, shapes (k, d), (k,)
-        Its atoms (:func:`cluster_atoms`) and their masses.
+        Its mass groups (:func:`atom_groups`): locations (polished when ``polished``) and masses
+        (summing to 1).
+    spread : ndarray, shape (k,)
+        RMS distance of each group's mass to its atom.
+    atomic : bool
+        Every group is concentrated within ``atom_width`` (default three spacings of the
+        support): the limit is a sum of Diracs, blurred by the grid and the entropic term.
     residual : float
         First-order residual of the atomic measure: :math:`\\max_k|\\nabla_S\\,\\delta F/\\delta\\mu(a_k)|`
         (= the velocity at the atoms), 0 at a critical point.
     residual_support : float
         :math:`\\sum_j\\nu_j|\\nabla_S\\,\\delta F/\\delta\\mu(x_j)|` on the (blurred) support measure.
+    residual_tol : float
+        The tolerance both residuals are held to for ``converged``: by default the velocity
+        error of an atom one spacing :math:`h` off, :math:`h\\max(1, |\\mathrm{Hess}|)`.
+    residual_grid : float or None
+        The atoms' residual before polishing (at the support's resolution, ``O(h |Hess|)``).
+    polished : bool
+        The atoms were moved off the grid to the nearby critical point of the finite-atom flow.
+        Polishing is kept only when every atom stays within ``atom_width`` of its mass group,
+        no two atoms meet and the residual does not rise; otherwise ``message`` says why not.
     hessian : ndarray, shape (k, d-1)
         Eigenvalues of the tangential Hessian of :math:`\\delta F/\\delta\\mu[\\text{atoms}]` at each atom
         (finite differences); all :math:`< 0` for a stable critical point of the ascent flow.
-    residual_grid : float or None
-        The residual of the atoms before polishing (at the support's resolution, ``O(h |Hess|)``).
     potential_gap : float
         :math:`\\max_j \\psi(x_j) - \\min_k \\psi(a_k)` over the support, :math:`\\psi = \\delta F/\\delta\\mu`; :math:`\\le 0`
         (up to the resolution) when no support point would attract mass away from the atoms.
+    stopped : bool
+        The measure stopped moving (``change <= tol``) at ``tau_max``.
+    converged : bool
+        ``stopped``, ``residual_support <= residual_tol`` and, for an atomic limit,
+        ``residual <= residual_tol``.
     """
 
     weights: np.ndarray
@@ -102,10 +267,16 @@ class StationaryResult:
     mesh: Mesh | None = None
     message: str = ""
     residual_grid: float | None = None
+    spread: np.ndarray | None = None
+    atomic: bool = False
+    polished: bool = False
+    stopped: bool = False
+    residual_tol: float = 0.0
+    separation_threshold: float = 0.0
 
     def __repr__(self) -> str:
-        return (f"StationaryResult(atoms={self.atoms.shape[0]}, residual={self.residual:.3g}, "
-                f"steps={self.steps}, converged={self.converged})")
+        return (f"StationaryResult(atoms={self.atoms.shape[0]}, atomic={self.atomic}, residual={self.residual:.3g}, "
+                f"residual_support={self.residual_support:.3g}, steps={self.steps}, converged={self.converged})")
 
 
 def _second_order(model: Model | None, atoms: np.ndarray, masses: np.ndarray, backend: str,
@@ -121,15 +292,65 @@ def _second_order(model: Model | None, atoms: np.ndarray, masses: np.ndarray, ba
         for q in range(p, d - 1):
             vals = []
             for sp, sq in ((1, 1), (1, -1), (-1, 1), (-1, -1)):
-                v = h * (sp * B[:, p] + sq * B[:, q]) / (1.0 if p == q else 1.0)
-                y = np.cos(np.linalg.norm(v, axis=1))[:, None] * atoms + np.sinc(np.linalg.norm(v, axis=1) / np.pi)[:, None] * v
+                v = h * (sp * B[:, p] + sq * B[:, q])
+                nv = np.linalg.norm(v, axis=1)
+                y = np.cos(nv)[:, None] * atoms + np.sinc(nv / np.pi)[:, None] * v
                 vals.append(model.first_variation(y, mu, backend=backend))
             if p == q:
-                # psi(exp(2h e)) etc. -> use the (1,1) and (-1,-1) points at distance 2h
+                # the (1,1) and (-1,-1) points lie at distance 2h along the same direction
                 H[:, p, p] = (vals[0] + vals[3] - 2 * psi0) / (4 * h * h)
             else:
                 H[:, p, q] = H[:, q, p] = (vals[0] - vals[1] - vals[2] + vals[3]) / (4 * h * h)
     return np.linalg.eigvalsh(H)
+
+
+def _max_speed(model: Model, atoms: np.ndarray, masses: np.ndarray, backend: str,
+               which: np.ndarray | None = None) -> float:
+    """Largest speed of the (``which``) atoms in the flow of the atomic measure."""
+    mu = Atoms._trusted(atoms, masses / masses.sum())
+    speed = np.linalg.norm(model.velocity(atoms, mu, backend=backend), axis=-1)
+    return float(np.max(speed if which is None else speed[which], initial=0.0))
+
+
+def _polish(model: Model, atoms: np.ndarray, masses: np.ndarray, backend: str, width: float,
+            free: np.ndarray) -> tuple[np.ndarray, str]:
+    """Damped Newton-like steps of the finite-atom flow (masses fixed, only the ``free`` atoms move);
+    the polished atoms, or the unpolished ones and the reason the polish was refused."""
+    start = atoms
+    res0 = _max_speed(model, atoms, masses, backend, free)
+    mu = Atoms._trusted(atoms, masses / masses.sum())
+    for _ in range(200):
+        v = model.velocity(atoms, mu, backend=backend)
+        if np.max(np.linalg.norm(v[free], axis=-1)) < 1e-12:
+            break
+        curv = np.max(np.abs(_second_order(model, atoms, masses, backend)), axis=1) + 1e-12
+        step = np.where(free[:, None], v / curv[:, None], 0.0)
+        nv = np.linalg.norm(step, axis=-1, keepdims=True)
+        # never step farther than the atom's own mass group in one go
+        step = step * np.minimum(1.0, 0.5 * width / np.maximum(nv, 1e-300))
+        nv = np.minimum(nv, 0.5 * width)
+        atoms = np.cos(nv) * atoms + np.sinc(nv / np.pi) * step
+        atoms /= np.linalg.norm(atoms, axis=-1, keepdims=True)
+        mu = Atoms._trusted(atoms, masses / masses.sum())
+    moved = np.arccos(np.clip(np.sum(atoms * start, axis=-1), -1.0, 1.0))
+    res1 = _max_speed(model, atoms, masses, backend, free)
+    if atoms.shape[0] > 1:
+        gap = np.arccos(np.clip(atoms @ atoms.T, -1.0, 1.0))
+        gap[np.diag_indices(atoms.shape[0])] = np.inf
+        closest = float(gap.min())
+    else:
+        closest = np.inf
+    if not np.all(np.isfinite(atoms)):
+        return start, "polishing produced non-finite atoms: not applied"
+    if moved.max() > width:
+        i = int(np.argmax(moved))
+        return start, (f"polishing would move atom {i} by {moved[i]:.3g} rad, off its mass (more than "
+                       f"{width:.3g}): not applied")
+    if closest <= width:
+        return start, f"polishing would bring two atoms within {closest:.3g} rad of each other: not applied"
+    if not res1 <= res0:
+        return start, f"polishing would raise the residual from {res0:.3g} to {res1:.3g}: not applied"
+    return atoms, ""
 
 
 def stationary(
@@ -148,6 +369,9 @@ def stationary(
     threshold: float = 1e-3,
     step_tol: float = 1e-5,
     polish: bool = True,
+    residual_tol: float | None = None,
+    atom_width: float | None = None,
+    stray_mass: float = 1e-2,
     backend: str = "auto",
     **kwargs: Any,
 ) -> StationaryResult:
@@ -159,14 +383,26 @@ def stationary(
     JKO (every step decreases the free energy), so the limit is a critical point reached by the
     Wasserstein flow, not an arbitrary one.
 
-    Returns the measure, its atoms (:func:`cluster_atoms`), the first-order residual
-    :math:`\max_k|\nabla_S\,\delta F/\delta\mu(a_k)|` of the atomic measure, the tangential
-    Hessian eigenvalues of :math:`\delta F/\delta\mu` at the atoms (second order: all negative at a
-    stable state of the ascent flow) and the potential gap (module :class:`StationaryResult`).
-    With ``polish=True`` the atoms (masses fixed) are then moved off the support's grid to the
-    nearby critical point of the finite-atom flow (damped Newton-like steps), so that
-    ``residual`` measures criticality, not the mesh resolution (``residual_grid`` keeps the
-    unpolished value).  Other keywords go to the JKO stepper (``tol`` there is ``step_tol``).
+    Then it reads the mass groups off the final measure (:func:`atom_groups`: groups separated by
+    a valley are never merged, each group's mass is all the mass nearest to it), and decides:
+
+    * ``atomic``: every group's RMS spread is at most ``atom_width`` (default ``3 h``, ``h`` the
+      spacing of the support), except wider groups of total mass at most ``stray_mass`` (tails
+      still draining: they are kept in ``atoms`` but left out of polishing and of ``residual``);
+    * ``polished`` (``polish=True``, atomic limits only): the atoms, masses fixed, are moved off
+      the grid to the nearby critical point of the finite-atom flow (damped Newton-like steps),
+      so that ``residual`` measures criticality, not the resolution.  The polish is *refused*
+      (atoms left on their mass groups, ``polished=False``, the reason in ``message``) when an
+      atom would move farther than ``atom_width`` or meet another atom, or when the residual
+      would rise;
+    * ``converged``: the measure stopped moving, the support residual
+      :math:`\sum_j\nu_j|\nabla_S\delta F/\delta\mu(x_j)|` is at most ``residual_tol`` and, for an
+      atomic limit, so is the atoms' velocity :math:`\max_k|\nabla_S\delta F/\delta\mu(a_k)|`.
+      ``residual_tol`` defaults to :math:`h\max(1, |\mathrm{Hess}|)`, the velocity error of an
+      atom misplaced by one spacing.  A run that hit ``max_steps``, or stopped on a measure that
+      is not critical, is reported as not converged with the residuals in ``message``.
+
+    Other keywords go to the JKO stepper (``tol`` there is ``step_tol``).
     """
     x, a, r, mesh = support(rho0, kwargs.pop("reference", None))
     check_gradient_model(model, x.shape[1])
@@ -180,16 +416,20 @@ def stationary(
     if kappa is not None:
         kappa = check_positive(kappa, "kappa", allow_inf=True)
     max_steps = check_int(max_steps, "max_steps")
+    h = spacing(x, r)
+    atom_width = 3.0 * h if atom_width is None else check_positive(atom_width, "atom_width")
+    if residual_tol is not None:
+        residual_tol = check_positive(residual_tol, "residual_tol")
     eps = default_eps(x, r) if eps is None else check_positive(eps, "eps")
     st = JKOStepper(model, x, r, tau=tau, eps=eps, cost=cost, kappa=kappa, method=method,
-                  debias=kwargs.pop("debias", True), eps_scaling=check_eps_scaling(kwargs.pop("eps_scaling", None)), tol=step_tol,
-                  max_iter=kwargs.pop("max_iter", 200), max_sinkhorn=kwargs.pop("max_sinkhorn", 5000),
-                  backend=backend)
+                    debias=kwargs.pop("debias", True), eps_scaling=check_eps_scaling(kwargs.pop("eps_scaling", None)),
+                    tol=step_tol, max_iter=kwargs.pop("max_iter", 200), max_sinkhorn=kwargs.pop("max_sinkhorn", 5000),
+                    backend=backend)
     if kwargs:
         raise TypeError(f"stationary() got unexpected keyword arguments {sorted(kwargs)}")
     w = a
     hist: dict[str, list] = {"tau": [], "change": [], "free_energy": [], "residual": []}
-    converged = False
+    stopped = False
     k = 0
     for k in range(1, max_steps + 1):
         st.set_tau(tau)
@@ -202,7 +442,7 @@ def stationary(
         hist["free_energy"].append(-F + st.kappa_inv * st.energy.kl(w))
         hist["residual"].append(s.residual)
         if change <= tol * min(1.0, tau) and tau >= tau_max:
-            converged = True
+            stopped = True
             break
         # grow tau while steps stay cheap; a step that needed many re-linearizations (repulsion:
         # proximal weight) is prox-dominated, so a larger tau would only cost more
@@ -211,49 +451,52 @@ def stationary(
             tau_max = min(tau_max, tau)
         else:
             tau = min(tau_max, growth * tau)
-    atoms, masses = cluster_atoms(x, w, mesh=mesh, threshold=threshold)
-    mu_atoms = Atoms._trusted(atoms, masses / masses.sum())
+    groups = atom_groups(x, w, neighbors=None if mesh is None else mesh.cell_neighbors, threshold=threshold)
+    atoms, masses = groups.atoms, groups.masses
+    # groups wider than an atom carrying at most stray_mass in all are strays (tails still draining)
+    wide = groups.spread > atom_width
+    stray = wide if masses[wide].sum() <= stray_mass else np.zeros_like(wide)
+    atomic = not np.any(wide & ~stray) and masses.size < max(2, x.shape[0] // 4)
+    notes = [f"{int(stray.sum())} stray group(s) of mass {masses[stray].sum():.2g} left out of the atoms' residual"] \
+        if stray.any() else []
     residual_grid = None
-    if model is not None and polish and masses.size < x.shape[0] // 4:
-        # the atoms sit at the support's resolution; move them (masses fixed) by damped Newton-like
-        # ascent steps x <- exp_x(v / |Hess|) of the finite-atom flow to the nearby critical point
-        residual_grid = float(np.max(np.linalg.norm(model.velocity(atoms, mu_atoms, backend=backend), axis=-1)))
-        for _ in range(200):
-            v = model.velocity(atoms, mu_atoms, backend=backend)
-            if np.max(np.linalg.norm(v, axis=-1)) < 1e-12:
-                break
-            curv = np.max(np.abs(_second_order(model, atoms, masses, backend)), axis=1) + 1e-12
-            step = v / curv[:, None]
-            nv = np.linalg.norm(step, axis=-1, keepdims=True)
-            atoms = np.cos(nv) * atoms + np.sinc(nv / np.pi) * step
-            atoms /= np.linalg.norm(atoms, axis=-1, keepdims=True)
-            mu_atoms = Atoms._trusted(atoms, masses / masses.sum())
-        # atoms that met while polishing are one atom
-        keep_a, keep_m = [], []
-        for xa, ma in zip(atoms, masses):
-            for j, xb in enumerate(keep_a):
-                if np.linalg.norm(xa - xb) < 1e-6:
-                    keep_m[j] += ma
-                    break
-            else:
-                keep_a.append(xa)
-                keep_m.append(ma)
-        atoms, masses = np.array(keep_a), np.array(keep_m)
-        mu_atoms = Atoms._trusted(atoms, masses / masses.sum())
+    polished = False
+    if model is not None and atomic:
+        residual_grid = _max_speed(model, atoms, masses, backend, ~stray)
+        if polish:
+            new, why = _polish(model, atoms, masses, backend, atom_width, ~stray)
+            polished = not why
+            if why:
+                notes.append(why)
+            atoms = new
+    mu_atoms = Atoms._trusted(atoms, masses)
+    hess = _second_order(model, atoms, masses, backend)
     if model is None:
         residual, res_support, gap = 0.0, 0.0, 0.0
     else:
-        v_atoms = model.velocity(atoms, mu_atoms, backend=backend)
-        residual = float(np.max(np.linalg.norm(v_atoms, axis=-1)))
+        residual = _max_speed(model, atoms, masses, backend, ~stray if atomic else None)
         v = model.velocity(x, Atoms._trusted(x, w), backend=backend)
         res_support = float(np.dot(w, np.linalg.norm(v, axis=-1)))
         psi_x = model.first_variation(x, mu_atoms, backend=backend)
         psi_a = model.first_variation(atoms, mu_atoms, backend=backend)
         gap = float(psi_x.max() - psi_a.min())
-    hess = _second_order(model, atoms, masses, backend)
-    msg = (f"stopped moving after {k} steps (tau={tau:g})" if converged
-           else f"max_steps={max_steps} reached; last change {hist['change'][-1]:.3g}")
+    if residual_tol is None:
+        residual_tol = h * max(1.0, float(np.max(np.abs(hess), initial=0.0)))
+    converged = stopped and res_support <= residual_tol and (not atomic or residual <= residual_tol)
+    if stopped:
+        msg = f"stopped moving after {k} steps (tau={tau:g})"
+    else:
+        msg = f"max_steps={max_steps} reached; last change {hist['change'][-1]:.3g} (tol {tol * min(1.0, tau):.3g})"
+    if res_support > residual_tol:
+        msg += f"; support residual {res_support:.3g} > residual_tol {residual_tol:.3g}"
+    if atomic and residual > residual_tol:
+        msg += f"; atoms' velocity {residual:.3g} > residual_tol {residual_tol:.3g}"
+    if not atomic:
+        msg += f"; not atomic (widest group spread {float(groups.spread.max()):.3g} > atom_width {atom_width:.3g})"
+    msg = ("converged: " if converged else "NOT converged: ") + msg + "".join(f"; {n}" for n in notes)
     return StationaryResult(weights=w, points=x, atoms=atoms, masses=masses, residual=residual,
                             residual_support=res_support, hessian=hess, potential_gap=gap,
                             energy=st.energy.F(w), steps=k, tau=tau, converged=converged, history=hist, mesh=mesh,
-                            message=msg, residual_grid=residual_grid)
+                            message=msg, residual_grid=residual_grid, spread=groups.spread, atomic=atomic,
+                            polished=polished, stopped=stopped, residual_tol=residual_tol,
+                            separation_threshold=groups.threshold)

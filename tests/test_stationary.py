@@ -1,0 +1,150 @@
+"""Stationary states you can trust (wflow.solvers.jko.stationary_states): atoms read off the mass
+(no merging of separated groups), polishing that never leaves the mass or raises the residual,
+``converged`` only at a critical point, and the same atoms from particles, the Eulerian solver
+and JKO.
+
+The reproduced case of the bug report: repulsive attention ("descent") USA(1, V=-I) plus a
+conservative perceptron of d = 2 units sampled as in the perceptron paper (a_j uniform on S^1,
+omega_j ~ N(0, 1), b = 0), rng = numpy.random.default_rng(13) (atoms) and 29 (a measure still
+concentrating), uniform initial density on CircleMesh(256)."""
+import numpy as np
+import pytest
+
+import wflow
+from wflow.density import Density
+from wflow.mesh import CircleMesh
+from wflow.models import USA, Perceptron
+from wflow.solvers.jko import cluster_atoms, stationary
+from wflow.solvers.jko.stationary_states import atom_groups
+
+BK = "numpy"
+
+
+def angles(a):
+    return np.mod(np.arctan2(a[:, 1], a[:, 0]), 2 * np.pi)
+
+
+def circ(a, b):
+    d = np.abs(np.mod(a, 2 * np.pi) - np.mod(b, 2 * np.pi))
+    return np.minimum(d, 2 * np.pi - d)
+
+
+def paper_model(seed, activation, beta=1.0):
+    rng = np.random.default_rng(seed)
+    A = wflow.sphere.uniform(2, 2, seed=rng)
+    omega = rng.standard_normal(2)
+    return USA(beta, V=-np.eye(2)) + Perceptron.conservative(A, omega, activation=activation)
+
+
+@pytest.fixture(scope="module")
+def mesh256():
+    return CircleMesh(256)
+
+
+@pytest.fixture(scope="module")
+def uniform256(mesh256):
+    return Density.from_function(mesh256, lambda x: np.ones(len(x)))
+
+
+def test_groups_joined_by_a_bridge_are_not_merged():
+    # the reported failure in miniature: two groups (near 0.21 and 1.04 rad) joined by a thin
+    # bridge of mass above 1e-3 of the peak were merged into one atom at their barycentre
+    # (0.62 rad here) by the single-threshold cluster_atoms of before
+    mesh = CircleMesh(256)
+    th = mesh.center_angles
+    w = 0.6 * np.exp(-((th - 0.21) / 0.03) ** 2) + 0.4 * np.exp(-((th - 1.04) / 0.03) ** 2)
+    w[(th > 0.21) & (th < 1.04)] += 3e-3
+    w /= w.sum()
+    atoms, masses = cluster_atoms(mesh.centers, w, mesh=mesh)
+    assert atoms.shape[0] == 2
+    assert np.all(circ(np.sort(angles(atoms)), [0.21, 1.04]) < mesh.spacing)
+    assert masses.sum() == pytest.approx(1.0)
+    assert np.abs(masses - [0.6 + 0.5 * (1 - 0.6 - 0.4) / 1, 0.4]).max() < 0.02  # bridge mass split at the middle
+
+
+def test_polishing_never_leaves_the_mass_nor_raises_the_residual(mesh256, uniform256):
+    # ReLU descent, beta = 1, seed 13: the old polish moved the atoms (0.75 -> 0.004 rad, ...)
+    # away from the mass, raised the residual from 0.0036 to 0.675 and still said converged=True
+    s = stationary(paper_model(13, "relu"), uniform256, backend=BK)
+    h = mesh256.spacing
+    th = mesh256.center_angles
+    assert s.atoms.shape[0] == 4
+    for a in angles(s.atoms):  # every atom sits on its mass: the weight within 2h of it is large
+        near = circ(th, a) <= 2 * h
+        assert s.weights[near].sum() > 0.1
+    assert s.residual <= s.residual_grid + 1e-15
+    assert s.atomic
+    if not s.polished:
+        assert "not applied" in s.message
+    assert s.converged == (s.stopped and s.residual <= s.residual_tol and s.residual_support <= s.residual_tol)
+    assert s.converged and s.residual <= s.residual_tol
+    assert np.abs(np.sort(s.masses) - np.sort([0.5, 0.18, 0.165, 0.155])).max() < 0.01
+
+
+def test_unfinished_gelu_descent_says_so(uniform256):
+    # stopped at 80 steps the measure is still concentrating: the old code reported one atom of
+    # mass 1 at argmax v (the ascent answer, after polishing a single Dirac)
+    s = stationary(paper_model(13, "gelu"), uniform256, max_steps=80, backend=BK)
+    assert not s.converged and "NOT converged" in s.message and "max_steps" in s.message
+    assert s.atoms.shape[0] >= 4 and s.masses.max() < 0.6
+    assert not s.polished
+
+
+def test_converged_means_critical(uniform256):
+    for act in ("relu", "gelu"):
+        s = stationary(paper_model(29, act), uniform256, max_steps=60, backend=BK)
+        if s.converged:
+            assert s.residual_support <= s.residual_tol
+            if s.atomic:
+                assert s.residual <= s.residual_tol
+        else:
+            assert "NOT converged" in s.message
+
+
+def test_atom_groups_bad_input():
+    x = np.eye(2)
+    with pytest.raises(ValueError, match="weights"):
+        atom_groups(x, np.array([-1.0, 1.0]))
+    with pytest.raises(ValueError, match="shape"):
+        atom_groups(x, np.ones(3))
+    with pytest.raises(ValueError, match="threshold"):
+        atom_groups(x, np.ones(2), threshold=0.9, top=0.5)
+    with pytest.raises(ValueError, match="neighbors"):
+        atom_groups(x, np.ones(2), neighbors=np.ones((3, 2), dtype=int))
+
+
+# --------------------------------------------------------------------------- three ways
+def _match(ref_atoms, ref_masses, atoms, masses, h, min_mass=0.05):
+    """Largest location and mass differences of the reference atoms (mass >= min_mass) to their nearest found atom."""
+    dl, dm = 0.0, 0.0
+    for a, m in zip(angles(ref_atoms), ref_masses):
+        if m < min_mass:
+            continue
+        d = circ(angles(atoms), a)
+        j = int(np.argmin(d))
+        dl, dm = max(dl, float(d[j])), max(dm, abs(float(masses[j]) - m))
+    return dl, dm
+
+
+def test_three_ways_agree():
+    # ReLU descent: JKO/stationary, a long particle run and the Eulerian solver give the same atoms
+    # within one mesh spacing in location and 1e-2 in mass (small sizes, about 20 s).  The GELU case
+    # has a heavy group made of two bumps 0.42 rad apart that a 128-cell mesh and t = 60 do not
+    # resolve yet: it is compared at full resolution in the perceptron study.
+    n, N = 128, 256
+    mesh = CircleMesh(n)
+    h = mesh.spacing
+    model = paper_model(13, "relu")
+    rho0 = Density.from_function(mesh, lambda x: np.ones(len(x)))
+    s = stationary(model, rho0, max_steps=1000, backend=BK)
+    assert s.converged and s.atomic, s.message
+    th = 2 * np.pi * (np.arange(N) + 0.5) / N
+    x0 = np.stack([np.cos(th), np.sin(th)], axis=1)
+    traj = wflow.simulate(model, wflow.Atoms(x0), 150.0, save_at=[0.0, 150.0], method="euler", dt=0.1,
+                          diagnostics=())
+    gp = atom_groups(traj.points[-1], np.full(N, 1.0 / N), radius=2 * h)
+    dens = wflow.solve_density(model, rho0, 60.0, save_at=[0.0, 60.0])
+    ge = atom_groups(mesh.centers, dens.density(-1).masses(), neighbors=mesh.cell_neighbors)
+    for g in (gp, ge):
+        dl, dm = _match(s.atoms, s.masses, g.atoms, g.masses, h)
+        assert dl <= h and dm <= 1e-2, (dl, dm)
