@@ -452,3 +452,25 @@ def test_relu_kink_warns():
     p = wflow.Perceptron.conservative([[1.0, 0.0]], [1.0])
     with pytest.warns(RuntimeWarning, match="kink"):
         wasserstein_hessian(p, wflow.Atoms([[0.0, 1.0]]))
+
+
+def test_anticoncentration_bound():
+    from wflow.stability import ANTICONCENTRATION_LIMIT, anticoncentration_bound
+
+    A = np.array([[1.0, 0.0], [0.6, 0.8]])
+    omega = np.array([0.5, -2.0])
+    c = 2 * (0.5 + 2.0)
+    for beta in (0.01, 1.0, 5.0, 50.0):
+        full = (2 * np.exp(beta - 1.5) + c) / (2 * np.exp(beta - 1.5) + 0.375 * np.exp(beta - 0.125))
+        assert anticoncentration_bound(beta, omega, A) == pytest.approx(full, rel=1e-12)
+    assert ANTICONCENTRATION_LIMIT == pytest.approx(0.57420, abs=5e-5)
+    b = anticoncentration_bound(np.array([1.0, 10.0, 1e4]), omega, A)
+    assert b.shape == (3,) and np.all(np.diff(b) < 0) and b[-1] == pytest.approx(ANTICONCENTRATION_LIMIT, rel=1e-12)
+    with pytest.raises(ValueError, match="omega contains non-finite"):
+        anticoncentration_bound(1.0, [np.nan, 1.0], A)
+    with pytest.raises(ValueError, match="A must have shape"):
+        anticoncentration_bound(1.0, [1.0], A)
+    with pytest.raises(ValueError, match="beta"):
+        anticoncentration_bound(-1.0, omega, A)
+    with pytest.raises(ValueError, match="A contains non-finite"):
+        anticoncentration_bound(1.0, omega, [[np.inf, 0.0], [0.0, 1.0]])
