@@ -22,7 +22,7 @@ __all__ = ["Expectation", "StudyReport", "STUDIES", "register", "write_report", 
 STUDIES: dict[str, Callable[[Path, bool], "StudyReport"]] = {}
 
 #: modules whose import registers further studies (``wflow.validate`` holds mean-field, eulerian, jko)
-STUDY_MODULES = ("wflow.validate",)
+STUDY_MODULES = ("wflow.validate", "wflow.studies.zonal", "wflow.studies.perceptron")
 
 
 def register(name: str):
