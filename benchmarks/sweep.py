@@ -52,6 +52,22 @@ def overhead(folder: Path) -> list[dict]:
     from wflow.sweep import sweep
 
     rows = []
+    # where the fixed cost goes: starting the cluster, then importing wflow (and, for backend auto, pykeops with
+    # torch, to ask whether there is a GPU) in the worker processes
+    load0 = _load()
+    t0 = time.perf_counter()
+    cluster, client = _cluster(2)
+    t1 = time.perf_counter()
+    client.run(lambda: __import__("wflow.sweep") and None)
+    t2 = time.perf_counter()
+    client.run(lambda: __import__("wflow.kernels.keops_backend", fromlist=["x"]).import_pykeops() and None)
+    t3 = time.perf_counter()
+    client.close()
+    cluster.close()
+    for what, v in (("LocalCluster start, 2 workers", t1 - t0), ("import wflow in the workers", t2 - t1),
+                    ("import pykeops (torch) in the workers (backend auto)", t3 - t2)):
+        rows.append({"what": what, "workers": 2, "wall_s": round(v, 2), "load_before": load0, "load_after": _load()})
+        print(rows[-1], flush=True)
     for backend in ("auto", "numpy"):
         load0 = _load()
         t0 = time.perf_counter()
@@ -103,7 +119,9 @@ def efficiency(folder: Path, workers: list[int], betas: int, systems: int) -> li
         base = base or wall * w
         rows.append({"what": f"d=128 slice: {betas} betas x {systems} systems (tasks of 256)", "workers": w,
                      "wall_s": round(wall, 2), "efficiency": round(base / (w * wall), 3), "ok": ds.attrs["ok"],
-                     "task_median_s": round(float(np.nanmedian(ds.seconds.values)), 3), "load_before": load0,
+                     "task_median_s": round(float(np.nanmedian(ds.seconds.values)), 3),
+                     "task_cpu_median_s": round(float(np.nanmedian(ds.cpu_seconds.values)), 3),
+                     "busy": round(float(np.sum(np.unique(ds.seconds.values)) / (w * wall)), 3), "load_before": load0,
                      "load_after": _load()})
         print(rows[-1], flush=True)
     return rows

@@ -18,7 +18,8 @@ times).  Variables:
 
 * each observable, ``(*grid, time)``, float64, NaN where not computed;
 * ``status`` (int8: 0 reached ``t_end``, 1 stopped, -1 failed, -2 not run yet),
-  ``message``, ``seconds`` (wall time of the task that ran the point), ``worker``, per point;
+  ``message``, ``seconds`` and ``cpu_seconds`` (wall and CPU time of the task that ran the
+  point), ``worker``, per point;
 * ``config`` (the flat configuration as JSON, with ``init.seed`` set to the first seed of
   the point's batch: a point's own configuration is that with its ``seed`` coordinate)
   and ``save_time`` (the times the solver saved, snapped to its step grid), per
@@ -50,6 +51,7 @@ import re
 import sys
 import time
 import tomllib
+import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,8 +101,8 @@ OBSERVABLES: dict[str, str] = {
 DEFAULT_OBSERVABLES = ("pair_fraction", "energy", "order_parameter", "n_clusters")
 _DRIVER_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
 #: dimension names that would clash with the store's variables or with ``Dataset.sel``'s keywords
-_RESERVED = {"time", "status", "message", "seconds", "worker", "config", "save_time", "method", "tolerance", "drop",
-             "indexers"}
+_RESERVED = {"time", "status", "message", "seconds", "cpu_seconds", "worker", "config", "save_time", "method",
+             "tolerance", "drop", "indexers"}
 #: bytes of initial state per task when ``batch_size`` is not given
 _BATCH_BYTES = 1 << 26
 #: environment of LocalCluster worker processes: one thread each for numba, BLAS and OpenMP
@@ -190,7 +192,7 @@ def parse_values(spec: Any, key: str = "value") -> list:
 
 
 def parse_grid(spec: Mapping[str, Any]) -> dict[str, list]:
-    """A grid ``key -> list of values`` from ``key -> list | str`` (see :func:`parse_values`); keys are not checked here.
+    """A grid ``key -> list of values`` from ``key -> list | str`` (:func:`parse_values`; :func:`sweep` checks keys).
 
     Examples
     --------
@@ -427,6 +429,9 @@ def _plan(config: Any, grid: Any, observables: Any, batch_size: int | None) -> _
     if base["solver"] != "particles" or any(a.key == "solver" and v != "particles" for a in axes for v in a.values):
         raise ValueError("sweeps run solver = particles (finite-N systems); other solvers are not supported yet")
     obs = _observables(observables)
+    clash = sorted(set(obs) & {a.dim for a in axes})
+    if clash:
+        raise ValueError(f"observables {clash} have the names of grid dimensions; rename them")
     keys = [a.key for a in axes]
     if BATCH_KEY in keys:
         seeds = axes[keys.index(BATCH_KEY)].values
@@ -537,7 +542,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     Never raises for a failure of the computation: the result carries ``status`` -1 and the
     message, so one bad point does not stop the others.
     """
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.process_time()
     cfg, seeds, names = task["config"], task["seeds"], list(task["observables"])
     systems = 1 if seeds is None else len(seeds)
     coll = _Collect(names, systems, task["n_time"])
@@ -571,7 +576,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         message = f"{type(exc).__name__}: {exc}"
     return {"task": task["task"], "values": coll.values, "times": coll.times, "steps": coll.steps,
             "status": status, "message": message, "seconds": time.perf_counter() - t_start,
-            "worker": _worker_name()}
+            "cpu_seconds": time.process_time() - c_start, "worker": _worker_name()}
 
 
 # ------------------------------------------------------------------------------ the store (on the client)
@@ -679,6 +684,8 @@ class _Store:
         array("message", shape, chunks, str, "", dims, description="the solver's message, or the error")
         array("seconds", shape, chunks, np.float64, np.nan, dims, description="wall time of the task (batch) "
               "that ran the point")
+        array("cpu_seconds", shape, chunks, np.float64, np.nan, dims, description="CPU time of the worker process "
+              "during the task (wall time well above it: the cores were shared)")
         array("worker", shape, chunks, str, "", dims, description="the Dask worker that ran the point")
         task_dims = tuple(a.dim for a in plan.axes if a.key != BATCH_KEY)
         task_shape = tuple(len(a.values) for a in plan.axes if a.key != BATCH_KEY)
@@ -710,6 +717,7 @@ class _Store:
                      ("save_time", task_reg + (slice(None),), r["times"].reshape(ones + (plan.n_time,))),
                      ("message", reg, np.full(shape, r["message"], dtype=object)),
                      ("seconds", reg, np.full(shape, r["seconds"])),
+                     ("cpu_seconds", reg, np.full(shape, r["cpu_seconds"])),
                      ("worker", reg, np.full(shape, r["worker"], dtype=object))]
             status.append(("status", reg, np.full(shape, r["status"], dtype=np.int8)))
         self._put(data)
@@ -921,7 +929,7 @@ def _run(client, plan: _Plan, store: _Store, todo: list[int], threads: int, retr
                     exc = e
                 results.append({"task": t, "values": {k: np.full((plan.points(t), plan.n_time), np.nan) for k in obs},
                                 "times": np.full(plan.n_time, np.nan), "status": FAILED, "steps": 0,
-                                "seconds": math.nan, "worker": "",
+                                "seconds": math.nan, "cpu_seconds": math.nan, "worker": "",
                                 "message": f"{type(exc).__name__}: {exc} (not committed: run the sweep again to "
                                            f"retry)"})
                 commit.append(False)
@@ -1038,3 +1046,13 @@ def plot_phase_diagram(ds, *, ax=None, path: str | os.PathLike | None = None, ob
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
+
+
+class _CallableModule(types.ModuleType):
+    """``wflow.sweep(...)`` calls :func:`sweep` while ``wflow.sweep.parse_grid`` and the rest stay reachable."""
+
+    def __call__(self, *args, **kwargs):
+        return sweep(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
