@@ -103,7 +103,8 @@ def test_bad_config_and_observables(tmp_path):
     with pytest.raises(ValueError, match="unknown observable 'entropy'"):
         sweep(TINY, {"model.beta": [1.0]}, out=tmp_path / "s.zarr", observables=["entropy"])
     with pytest.raises(ValueError, match="particles"):
-        sweep({**TINY, "solver": "eulerian", "init.d": 2, "run.method": "rk4"}, {"model.beta": [1.0]}, out=tmp_path / "s.zarr")
+        sweep({**TINY, "solver": "eulerian", "init.d": 2, "run.method": "rk4"}, {"model.beta": [1.0]},
+              out=tmp_path / "s.zarr")
     assert not list(tmp_path.iterdir())
 
 
@@ -272,6 +273,11 @@ def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
     for name in ("w0", "w1"):
         processes.append(_start(["distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
                                  "--name", name, "--no-dashboard", "--host", "127.0.0.1"]))
+    from distributed import Client
+
+    with Client(address, timeout=30) as c:  # the workers' addresses, by name
+        c.wait_for_workers(2, timeout=60)
+        addr = {w["name"]: a for a, w in c.scheduler_info()["workers"].items()}
     out = tmp_path / "s.zarr"
     victim = processes[1]
 
@@ -294,10 +300,28 @@ def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
     assert victim.poll() is not None  # the worker was killed during the sweep
     assert ds.attrs["done"] == 32 and (ds.status.values == 0).all()
     assert np.isfinite(ds.pair_fraction.values).all()
-    survivors = {w for w in ds.worker.values.ravel().tolist()}
-    assert len(survivors) >= 1
+    ran = ds.worker.values.ravel().tolist()
+    assert set(ran) <= {addr["w0"], addr["w1"]}
+    assert ran.count(addr["w1"]) > 0 and ran.count(addr["w0"]) < 32  # w0 died; its task ran again on w1
 
 
 def test_open_sweep_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         open_sweep(tmp_path / "none.zarr")
+
+
+def test_phase_diagram_small(tmp_path, client):
+    """The GLPR entry point on a tiny grid: SA, Euler 0.1, pair fraction only; the heat map is written."""
+    from wflow.sweep import GLPR_CONFIG, phase_diagram
+
+    fig = tmp_path / "phase.png"
+    ds = phase_diagram(tmp_path / "p.zarr", d=[4, 8], betas="linspace(1, 9, 3)", systems=6, scheduler=client,
+                       progress=False, figure=fig, config={"run.t_end": 3.0, "run.n_saves": 4, "run.backend": "numpy"})
+    assert dict(ds.sizes) == {"d": 2, "beta": 3, "seed": 6, "time": 4} and list(ds.data_vars).count("pair_fraction")
+    cfg = point_config(ds, d=8, beta=9.0, seed=5)
+    assert {k: cfg[k] for k in ("model.type", "run.method", "run.dt", "init.n")} == \
+        {k: GLPR_CONFIG[k] for k in ("model.type", "run.method", "run.dt", "init.n")}
+    np.testing.assert_allclose(ds.save_time.sel(d=8, beta=1.0).values, [0.0, 1.0, 2.0, 3.0])
+    pf = ds.pair_fraction.values
+    assert (pf[..., 0] == 0).all() and (0 <= pf).all() and (pf <= 1).all()
+    assert fig.stat().st_size > 10_000

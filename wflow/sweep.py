@@ -105,7 +105,7 @@ _RESERVED = {"time", "status", "message", "seconds", "cpu_seconds", "worker", "c
              "tolerance", "drop", "indexers"}
 #: bytes of initial state per task when ``batch_size`` is not given
 _BATCH_BYTES = 1 << 26
-#: environment of LocalCluster worker processes: one thread each for numba, BLAS and OpenMP
+#: environment of LocalCluster worker processes: one thread each for numba, BLAS and OpenMP (``threads_per_task``)
 WORKER_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -755,7 +755,7 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _connect(scheduler: Any, workers: int | None, timeout: float):
+def _connect(scheduler: Any, workers: int | None, timeout: float, threads: int = 1):
     """``(client, cluster_to_close)``: a new LocalCluster, or a client of an existing scheduler."""
     from distributed import Client, LocalCluster
 
@@ -767,7 +767,7 @@ def _connect(scheduler: Any, workers: int | None, timeout: float):
             raise ValueError(f"workers must be an integer >= 1, got {short_repr(workers)}")
         # the dashboard on a free port (two sweeps on one host do not collide); its page needs bokeh
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                               silence_logs=logging.ERROR, env=dict(WORKER_ENV))
+                               silence_logs=logging.ERROR, env={k: str(threads) for k in WORKER_ENV})
         return Client(cluster), cluster, True
     address = getattr(scheduler, "scheduler_address", scheduler)  # a Cluster object (dask-jobqueue, ...)
     if not isinstance(address, str):
@@ -866,7 +866,7 @@ def sweep(
     out = Path(out)
     from .io import FolderLock
 
-    client, cluster, owned = _connect(scheduler, workers, timeout)  # before anything is written
+    client, cluster, owned = _connect(scheduler, workers, timeout, threads_per_task)  # before anything is written
     lock = None
     try:
         lock = FolderLock(out.with_name(out.name + ".lock"), f"sweep store {out}").acquire()
@@ -1005,33 +1005,41 @@ def glpr_grid(d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 
 
 
 def phase_diagram(out: str | os.PathLike, *, d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 90)",
-                  systems: int = 2048, config: Mapping[str, Any] | None = None, **kwargs):
+                  systems: int = 2048, config: Mapping[str, Any] | None = None,
+                  figure: str | os.PathLike | None = None, **kwargs):
     """Reproduce the GLPR phase diagram (fraction of pairs with cosine > 0.999 over (t, beta)) as a sweep.
 
     The full diagram (``d`` in {8, 128, 1024}, 90 betas in [0.1, 9], 2048 systems of 32 tokens,
     300 Euler steps, 200 checkpoints) is one call; ``config`` overrides :data:`GLPR_CONFIG`,
-    ``kwargs`` go to :func:`sweep`.  Plot it with :func:`plot_phase_diagram`.
+    ``kwargs`` go to :func:`sweep` (``scheduler``, ``workers``, ...).  With ``figure`` the heat
+    maps (:func:`plot_phase_diagram`) are written there.  Returns the store as a Dataset.
+
+    Geshkovski, Letrouit, Polyanskiy & Rigollet, *A mathematical perspective on Transformers* (2023/2024).
     """
     kwargs.setdefault("observables", ("pair_fraction",))
-    return sweep({**GLPR_CONFIG, **(config or {})}, glpr_grid(d, betas, systems), out=out, **kwargs)
+    ds = sweep({**GLPR_CONFIG, **(config or {})}, glpr_grid(d, betas, systems), out=out, **kwargs)
+    if figure is not None:
+        plot_phase_diagram(ds, path=figure)
+    return ds
 
 
 def plot_phase_diagram(ds, *, ax=None, path: str | os.PathLike | None = None, observable: str = "pair_fraction"):
     """Heat maps of ``observable`` averaged over seeds, over (t, beta), one panel per ``d``; returns the figure."""
-    import matplotlib
-
-    if path is not None and ax is None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     da = ds[observable]
     if "seed" in da.dims:
         da = da.mean("seed")
     panels = [("", da)] if "d" not in da.dims else [(f"d = {int(v)}", da.sel(d=v)) for v in da["d"].values]
     if ax is None:
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False,
-                                 constrained_layout=True)
-        axes = axes[0]
+        size = dict(figsize=(4.2 * len(panels), 3.6), layout="constrained")
+        if path is None:  # a pyplot figure (shown by notebooks and galleries)
+            import matplotlib.pyplot as plt
+
+            fig = plt.figure(**size)
+        else:  # written to a file: no pyplot, no backend
+            from matplotlib.figure import Figure
+
+            fig = Figure(**size)
+        axes = fig.subplots(1, len(panels), squeeze=False)[0]
     else:
         axes, fig = [ax], ax.figure
     for a, (title, p) in zip(axes, panels):
