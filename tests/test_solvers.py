@@ -29,7 +29,7 @@ def _deterministic_order(name):
     problem, x0 = _particle_problem()
     ref = integrate(problem, "dopri5", x0, 0.0, 1.0, save_at=[0, 1], rtol=1e-13, atol=1e-14).data["points"][1][-1]
     hs = {"euler": [0.05, 0.025, 0.0125], "rk4": [0.2, 0.1, 0.05], "dopri5": [0.5, 0.25, 0.125],
-          "ssprk3": [0.1, 0.05, 0.025]}[name]
+          "ssprk3": [0.1, 0.05, 0.025], "ros2": [0.05, 0.025, 0.0125]}[name]
     errs = [np.abs(integrate(problem, name, x0, 0.0, 1.0, save_at=[0, 1], dt=h, adaptive=False)
                    .data["points"][1][-1] - ref).max() for h in hs]
     return _slope(hs, errs)
@@ -272,3 +272,22 @@ def test_the_worked_example_of_the_docs_runs(capsys):
         assert np.abs(r.values[-1] - ref.values[-1]).max() < 2e-3 * np.abs(ref.values[-1]).max()
     finally:
         SOLVERS.pop("euler-richardson", None)
+
+
+def test_ros2_takes_long_steps_through_a_stiff_collapse():
+    """USA (rescaled kernel) at beta = 500 on S^1: two tokens merge at t ~ 1 and then collapse at rate ~beta
+    while the next merge is ~1e5 away.  The L-stable Rosenbrock solver reaches t = 1e6 (the second merge)
+    in a few thousand steps; dopri5 is held to steps ~1/beta (stiffness) and spends 20x more."""
+    beta = 500.0
+    th = 0.5 * np.array([0, 0.5, 2, 4, 7]) * np.log(beta) / np.sqrt(beta)
+    x0 = np.stack([np.cos(th), np.sin(th)], -1)
+    model = USA(beta, kernel="rescaled")
+    saves = np.concatenate([[0.0], np.logspace(-2, 6, 9)])
+    r = wflow.simulate(model, x0, 1e6, save_at=saves, method="ros2", rtol=1e-6, atol=1e-9, backend=BK,
+                       diagnostics=("energy",))
+    ang = np.sort(np.arctan2(r.points[-1, :, 1], r.points[-1, :, 0]))
+    assert np.ptp(ang[:3]) < 1e-6 and np.all(np.diff(ang[2:]) > 0.2)  # three merged, two apart
+    assert np.all(np.diff(r.energy) >= -1e-12 * r.energy.max()) and r.stats["steps"][-1] < 8000
+    d = wflow.simulate(model, x0, 1e6, save_at=saves, method="dopri5", rtol=1e-6, atol=1e-9, backend=BK,
+                       diagnostics=(), max_steps=8000, throw=False)
+    assert d.status == -1 and "max_steps" in d.message

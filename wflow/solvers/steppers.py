@@ -20,13 +20,14 @@ All are registered in :data:`wflow.solvers.base.SOLVERS`.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
 from .base import Problem, Solver, StepResult, register_solver
 
-__all__ = ["Euler", "RK4", "DormandPrince", "EulerMaruyama", "SSPRK3", "project_to_sphere"]
+__all__ = ["Euler", "RK4", "DormandPrince", "EulerMaruyama", "SSPRK3", "ROS2", "project_to_sphere"]
 
 
 def project_to_sphere(x: np.ndarray) -> np.ndarray:
@@ -167,3 +168,55 @@ class SSPRK3(Solver):
         err = problem.error_norm(y3 - heun, y, y3, rtol, atol) if rtol or atol else None
         new_state = problem.rhs_with_limit(t + dt, y3)
         return StepResult(y3, error=err, evaluations=3, limit=new_state[1]), new_state
+
+
+@register_solver
+class ROS2(Solver):
+    r"""Two-stage L-stable Rosenbrock method (Verwer, Spee, Blom & Hundsdorfer 1999), order 2, for stiff flows.
+
+    .. math::
+
+        (I - \gamma hJ)k_1 = f(y),\quad (I - \gamma hJ)k_2 = f(y + hk_1) - 2k_1,\quad
+        y^+ = R\big(y + \tfrac32 hk_1 + \tfrac12 hk_2\big),\qquad \gamma = 1 + 1/\sqrt2,
+
+    with the embedded first-order solution :math:`y + hk_1` for error control and :math:`J`
+    the Jacobian of :math:`f` by forward differences (``m`` right-hand sides for ``m``
+    unknowns, so meant for small systems).  Where merged clusters collapse at rates
+    :math:`\sim\beta` while the next merge is :math:`e^{c\beta}` away (the metastable staircase
+    of USA at large beta), explicit methods are held to steps :math:`\sim 1/\beta` forever; this
+    one takes steps as long as the accuracy allows.
+    """
+
+    name = "ros2"
+    order = 2
+    error_order = 1
+    GAMMA = 1.0 + 1.0 / np.sqrt(2.0)
+
+    def jacobian(self, problem: Problem, t: float, y: np.ndarray, f0: np.ndarray) -> np.ndarray:
+        flat = y.reshape(-1)
+        m = flat.size
+        J = np.empty((m, m))
+        scale = np.sqrt(np.finfo(np.float64).eps)
+        for j in range(m):
+            e = scale * max(1.0, abs(flat[j]))
+            yj = flat.copy()
+            yj[j] += e
+            J[:, j] = (problem.rhs(t, yj.reshape(y.shape)).reshape(-1) - f0.reshape(-1)) / e
+        return J
+
+    def step(self, problem, t, y, dt, state, *, rtol=0.0, atol=0.0, **_):
+        import scipy.linalg as sla
+
+        f0 = problem.rhs(t, y)
+        J = self.jacobian(problem, t, y, f0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", sla.LinAlgWarning)
+            lu = sla.lu_factor(np.eye(J.shape[0]) - self.GAMMA * dt * J)
+        k1 = sla.lu_solve(lu, f0.reshape(-1)).reshape(y.shape)
+        if not np.all(np.isfinite(k1)):  # I - gamma h J singular (an unstable mode at this h): a smaller step
+            return StepResult(y, error=np.inf), state
+        f1 = problem.rhs(t + dt, y + dt * k1)
+        k2 = sla.lu_solve(lu, (f1 - 2 * k1).reshape(-1)).reshape(y.shape)
+        y2 = y + 1.5 * dt * k1 + 0.5 * dt * k2
+        err = problem.error_norm(0.5 * dt * (k1 + k2), y, y2, rtol, atol) if rtol or atol else None
+        return StepResult(problem.retract(y2), error=err, evaluations=2 + y.size), state
