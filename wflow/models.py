@@ -238,7 +238,7 @@ class _Attention(Model):
         return self.beta if self.gamma is None else self.gamma * float(np.log(max(n, 1)))
 
     def offset(self, beta: float) -> float:
-        """Log of the kernel's scale: 0 (plain :math:`e^{\beta\langle x,y\rangle}`) or ``beta`` (rescaled)."""
+        r"""Log of the kernel's scale: 0 (plain :math:`e^{\beta\langle x,y\rangle}`) or ``beta`` (rescaled)."""
         return beta if self.kernel == "rescaled" else 0.0
 
     def rate_bound(self) -> float:

@@ -405,11 +405,13 @@ class TimeDependent(Model):
 
 def layer_map(model: Normalized, x: ArrayLike, *, eta: float = 1.0, weights: ArrayLike | None = None,
               backend: str = "auto") -> np.ndarray:
-    r"""One discrete layer :math:`x \mapsto x + \eta\,U(\theta)` of a residual block (Pre-LN), or its normalized
-    output :math:`(x + \eta P_\theta U)/|\cdot|` (Post-LN), on tokens ``x`` of shape ``(..., n, d)``.
+    r"""One discrete layer on tokens ``x`` of shape ``(..., n, d)``: :math:`x \mapsto x + \eta\,U(\theta)` (a Pre-LN
+    residual block) or :math:`\theta \mapsto (\theta + \eta U(\theta))/|\cdot|` (Post-LN: the block's output added
+    to the stream, then normalized).
 
-    With the long-context scaling ``SA(gamma=...)`` and equiangular inputs this is the map whose
-    output cosine :func:`wflow.theory.long_context_cosine` gives in closed form.
+    With the long-context scaling ``SA(gamma=...)`` and equiangular inputs, the cosines of
+    :math:`U(\theta_i)` and of the Post-LN output are those of
+    :func:`wflow.theory.long_context_cosine` (``scheme="pre-ln"`` and ``"post-ln"``) at finite n.
     """
     if not isinstance(model, Normalized) or model.scheme not in ("pre-ln", "post-ln"):
         raise TypeError(f"layer_map takes a Normalized model with scheme 'pre-ln' or 'post-ln', got {short_repr(model)}")
@@ -420,5 +422,5 @@ def layer_map(model: Normalized, x: ArrayLike, *, eta: float = 1.0, weights: Arr
     u = model.update(theta, mu, backend)
     if model.scheme == "pre-ln":
         return x + eta * u
-    y = theta + eta * project(theta, u)
+    y = theta + eta * u
     return y / _norm(y)[..., None]

@@ -124,7 +124,7 @@ class ParticleProblem(Problem):
         return self.kappa is not None
 
     def noise(self, t: float, y: np.ndarray, dt: float, rng: np.random.Generator) -> np.ndarray:
-        """Tangent noise on the sphere; isotropic :math:`\sqrt{2/\kappa}\,dW` in free space."""
+        r"""Tangent noise on the sphere; isotropic :math:`\sqrt{2/\kappa}\,dW` in free space."""
         xi = rng.standard_normal(y.shape)
         if not self.free:
             xi -= np.einsum("...i,...i->...", y, xi)[..., None] * y

@@ -1,0 +1,179 @@
+"""Normalization schemes, layer-dependent parameters and large beta (wflow.schemes, kernel conventions)."""
+import numpy as np
+import pytest
+
+import wflow
+from wflow import SA, USA, sphere, theory
+from wflow.errors import WflowError
+from wflow.schemes import Layered, Normalized, TimeDependent, layer_map
+
+BK = "numpy"
+OPTS = {"mix-ln": {"tau": 0.5}, "ngpt": {"alpha": 0.7}}
+
+
+@pytest.mark.parametrize("attention", ["SA", "USA"])
+@pytest.mark.parametrize("scheme", ["post-ln", "pre-ln", "peri-ln", "mix-ln", "ngpt", "sqrt"])
+def test_equiangular_tokens_follow_the_reduced_ode(scheme, attention):
+    """n = 6 equiangular tokens (radius 1.3 for the schemes with radii) against wflow.theory's coupled ODE
+    for (rho, r): agreement 1e-8 in the cosine and the radius, and the tokens stay equiangular."""
+    n, beta, rho0, r0 = 6, 1.0, 0.1, 1.3
+    free = scheme in ("pre-ln", "peri-ln", "mix-ln")
+    x0 = theory.equiangular_configuration(n, rho0) * (r0 if free else 1.0)
+    att = SA(beta) if attention == "SA" else USA(beta)
+    m = Normalized(att, scheme, **OPTS.get(scheme, {}))
+    traj = wflow.simulate(m, x0, 2.0, save_at=np.linspace(0, 2, 5), method="dopri5", rtol=1e-12, atol=1e-14,
+                          backend=BK)
+    P = traj.points
+    off = np.einsum("tid,tjd->tij", P, P)[:, ~np.eye(n, dtype=bool)]
+    ref = theory.equiangular_scheme_solution(traj.times, beta, n, attention, scheme, rho0=rho0,
+                                             r0=r0 if free else 1.0, **OPTS.get(scheme, {}))
+    assert np.ptp(off, axis=1).max() < 1e-12
+    np.testing.assert_allclose(off.mean(axis=1), ref.rho, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(traj.radii.mean(axis=-1), ref.r if free else 1.0, rtol=0, atol=1e-8)
+    if free:  # the stored tokens are r * theta
+        np.testing.assert_allclose(traj.positions, traj.radii[..., None] * traj.points, rtol=0, atol=1e-14)
+    assert traj.energy is not None and np.all(np.diff(traj.energy) >= -1e-12)  # a Lyapunov function
+
+
+def test_pre_ln_is_the_free_ode_x_dot_equals_attention():
+    """Pre-LN tokens follow x' = A(theta) with no projection: radii grow, and one explicit Euler step is
+    x + dt * U exactly."""
+    x0 = 1.7 * sphere.uniform(7, 3, seed=2)
+    m = Normalized(SA(2.0), "pre-ln")
+    one = wflow.simulate(m, x0, 0.01, method="euler", dt=0.01, save_at=[0, 0.01], backend=BK)
+    theta = x0 / np.linalg.norm(x0, axis=-1, keepdims=True)
+    u = SA(2.0).average(theta, wflow.Atoms(theta), backend=BK)
+    np.testing.assert_allclose(one.positions[-1], x0 + 0.01 * u, rtol=0, atol=1e-15)
+    long = wflow.simulate(m, x0, 5.0, method="dopri5", backend=BK)
+    assert np.all(long.radii[-1] > long.radii[0])
+
+
+def test_sqrt_scaling_is_post_ln_at_the_transformed_time():
+    """theta' = P A / sqrt(t+1): the SA run at s(t) = 2 (sqrt(t+1) - 1)."""
+    x0 = sphere.uniform(12, 3, seed=3)
+    t = np.array([0.0, 1.0, 3.0])
+    a = wflow.simulate(Normalized(SA(3.0), "sqrt"), x0, 3.0, save_at=t, method="dopri5", rtol=1e-11, atol=1e-13,
+                       backend=BK)
+    s = 2 * (np.sqrt(t + 1) - 1)
+    b = wflow.simulate(SA(3.0), x0, s[-1], save_at=s, method="dopri5", rtol=1e-11, atol=1e-13, backend=BK)
+    np.testing.assert_allclose(a.points, b.points, rtol=0, atol=1e-8)
+
+
+def test_rescaled_and_plain_kernels_agree_after_the_time_change():
+    """USA in e^(beta(<x,y>-1)) at time e^beta t is USA in e^(beta<x,y>) at t; energies differ by e^-beta."""
+    beta = 4.0
+    x0 = sphere.uniform(10, 3, seed=4)
+    t = np.array([0.0, 0.02, 0.05])
+    plain = wflow.simulate(USA(beta), x0, t[-1], save_at=t, method="dopri5", rtol=1e-11, atol=1e-13, backend=BK)
+    tr = theory.rescaled_time(t, beta)
+    resc = wflow.simulate(USA(beta, kernel="rescaled"), x0, tr[-1], save_at=tr, method="dopri5", rtol=1e-11,
+                          atol=1e-13, backend=BK)
+    np.testing.assert_allclose(resc.points, plain.points, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(resc.energy, plain.energy * np.exp(-beta), rtol=1e-10)
+    # SA: the same velocity in both conventions
+    mu = wflow.Atoms(x0)
+    np.testing.assert_allclose(SA(30.0, kernel="rescaled").velocity(x0, mu), SA(30.0).velocity(x0, mu), atol=1e-14)
+
+
+@pytest.mark.parametrize("beta,kernel", [(30.0, "plain"), (700.0, "rescaled"), (1e4, "rescaled")])
+def test_usa_at_large_beta_finishes_with_dopri5(beta, kernel):
+    """The step-size floor is relative (t + h == t), never absolute: USA at beta = 30 (plain: time scale
+    e^-30 ~ 1e-13) and at 700 and 1e4 in the rescaled kernel run to the end without NaN."""
+    x0 = sphere.uniform(8, 3, seed=5)
+    t_end = np.exp(-beta) if kernel == "plain" else 1.0
+    r = wflow.simulate(USA(beta, kernel=kernel), x0, t_end, method="dopri5", backend=BK)
+    assert r.status == 0 and np.all(np.isfinite(r.points)) and np.all(np.isfinite(r.diagnostics["log_energy"]))
+
+
+def test_ngpt_step_as_values_on_a_grid_and_as_a_function():
+    x0 = sphere.uniform(6, 3, seed=6)
+    grid = Normalized(SA(1.0), "ngpt", alpha=[0.5, 1.5], alpha_times=[0.0, 2.0])
+    fn = Normalized(SA(1.0), "ngpt", alpha=lambda t: 0.5 + 0.5 * min(t, 2.0))
+    a = wflow.simulate(grid, x0, 2.0, method="dopri5", rtol=1e-10, atol=1e-12, backend=BK)
+    b = wflow.simulate(fn, x0, 2.0, method="dopri5", rtol=1e-10, atol=1e-12, backend=BK)
+    np.testing.assert_allclose(a.points, b.points, atol=1e-8)
+    with pytest.raises(ValueError, match="function"):
+        wflow.models.model_from_dict(fn.to_dict())
+
+
+def test_layered_parameters_switch_at_layer_boundaries(tmp_path):
+    """Two layers: the run equals running layer 1 to t = 1 then layer 2 from there; adaptive steps land on
+    the boundary; the store resumes (the layers serialize)."""
+    x0 = sphere.uniform(9, 3, seed=7)
+    l1, l2 = SA(1.0), SA(5.0, V=-np.eye(3))
+    m = Layered([l1, l2], period=1.0)
+    full = wflow.simulate(m, x0, 2.0, save_at=[0, 1, 2], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK)
+    a = wflow.simulate(l1, x0, 1.0, save_at=[0, 1], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK)
+    b = wflow.simulate(l2, a.points[-1], 1.0, save_at=[0, 1], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK)
+    np.testing.assert_allclose(full.points[-1], b.points[-1], atol=1e-8)
+    path = tmp_path / "l.zarr"
+
+    class Stop(wflow.solvers.base.Tracker):
+        n = 0
+
+        def save(self, snap):
+            Stop.n += 1
+            if Stop.n == 2:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        wflow.simulate(m, x0, 2.0, save_at=[0, 1, 2], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK,
+                       writer=wflow.io.ZarrRecorder(path), trackers=[Stop()])
+    np.testing.assert_array_equal(wflow.resume(path).points, full.points)
+    rnd = Layered.random(3, 3, beta=2.0, seed=0)
+    assert len({id(layer) for layer in rnd.layers}) == 3 and rnd.at(2.5) is rnd.layers[2]
+
+
+def test_time_dependent_models_and_schemes_on_the_continuum_solvers():
+    """nGPT and sqrt-scaling are fields on the sphere: the finite-volume solver runs them (mass kept)."""
+    rho0 = wflow.Density.from_function(wflow.CircleMesh(64), lambda x: 1 + 0.5 * x[:, 0])
+    for m in (Normalized(SA(2.0), "ngpt", alpha=0.5), Normalized(SA(2.0), "sqrt")):
+        r = wflow.solve_density(m, rho0, 1.0, backend=BK)
+        assert abs(r.mass[-1] - 1) < 1e-13 and r.values.min() >= 0
+    with pytest.raises(ValueError, match="carries radii"):
+        wflow.solve_density(Normalized(SA(2.0), "pre-ln"), rho0, 1.0)
+    sq = TimeDependent(lambda t: SA(1.0 + t))
+    assert wflow.simulate(sq, sphere.uniform(5, 3, seed=0), 1.0, dt=0.1, backend=BK).status == 0
+
+
+def test_long_context_scaling_and_one_layer_map():
+    """beta = gamma log n on n equiangular tokens: the cosines of the attention outputs and of one Post-LN
+    layer equal the closed forms of wflow.theory at finite n, below, at and above gamma_c = 1/(1-rho)."""
+    n, rho = 64, 0.5
+    x = theory.equiangular_configuration(n, rho)
+    off = ~np.eye(n, dtype=bool)
+
+    def cosines(y):
+        u = y / np.linalg.norm(y, axis=-1, keepdims=True)
+        c = (u @ u.T)[off]
+        assert np.ptp(c) < 1e-12
+        return c.mean()
+
+    for gamma in (1.0, 2.0, 3.0):
+        att = SA(gamma=gamma)
+        a = att.average(x, wflow.Atoms(x), backend=BK)
+        np.testing.assert_allclose(cosines(a), theory.long_context_cosine(rho, gamma, n, scheme="pre-ln"), rtol=1e-10)
+        post = layer_map(Normalized(att, "post-ln"), x, backend=BK)
+        np.testing.assert_allclose(cosines(post), theory.long_context_cosine(rho, gamma, n, scheme="post-ln"),
+                                   rtol=1e-10)
+    pre = layer_map(Normalized(SA(gamma=2.0), "pre-ln"), 2.0 * x, backend=BK)
+    np.testing.assert_allclose(pre, 2.0 * x + SA(gamma=2.0).average(x, wflow.Atoms(x), backend=BK), atol=1e-15)
+    assert SA(gamma=2.0).beta_for(100) == pytest.approx(2 * np.log(100))
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: Normalized(SA(1.0), "mix-ln"), ValueError, "tau"),
+    (lambda: Normalized(SA(1.0), "mix-ln", tau=-1.0), ValueError, "tau"),
+    (lambda: Normalized(SA(1.0), "ngpt", alpha=-0.5), ValueError, "alpha"),
+    (lambda: Normalized(SA(1.0), "ngpt", alpha=[1.0, np.nan], alpha_times=[0, 1]), ValueError, "alpha"),
+    (lambda: Normalized(SA(1.0), "layer-norm"), ValueError, "scheme"),
+    (lambda: Layered([SA(1.0, Q=np.eye(3)), SA(1.0, Q=np.eye(4))]), ValueError, "dimensions"),
+    (lambda: Layered([], period=1.0), TypeError, "layers"),
+    (lambda: Layered([SA(1.0)], period=0.0), ValueError, "period"),
+    (lambda: SA(1.0, kernel="log"), ValueError, "kernel"),
+    (lambda: SA(1.0, gamma=2.0), ValueError, "not both"),
+    (lambda: USA(1e4).rate_bound(), WflowError, "rescaled"),
+])
+def test_bad_input_names_it(make, exc, match):
+    with pytest.raises(exc, match=match):
+        make()
