@@ -102,3 +102,24 @@ def test_jko_run_resumes_from_its_warm_start(kappa, tmp_path, monkeypatch):
     steps = (cut / "steps.csv").read_text().splitlines()
     assert [int(line.split(",")[0]) for line in steps[1:]] == list(range(1, 9))
     assert steps[-1].split(",")[4:6] == (tmp_path / "full" / "steps.csv").read_text().splitlines()[-1].split(",")[4:6]
+
+
+def test_zonal_scheme_and_layered_runs_from_the_cli(tmp_path):
+    """solver=zonal in d = 128, a Pre-LN scheme, random layers in the rescaled kernel: each runs, resumes
+    through the one path, and writes its figure."""
+    runs = {
+        "zonal": ["--set", "solver=zonal", "--set", "init.d=128", "--set", "model.beta=4", "--set",
+                  "mesh.resolution=128", "--set", "run.t_end=1"],
+        "pre-ln": ["--set", "model.scheme=pre-ln", "--set", "init.n=30", "--set", "run.t_end=1"],
+        "layers": ["--set", "model.layers=2", "--set", "model.kernel=rescaled", "--set", "model.type=USA", "--set",
+                   "model.beta=50", "--set", "init.n=20", "--set", "init.d=2", "--set", "run.t_end=2"],
+    }
+    for name, args in runs.items():
+        out = tmp_path / name
+        assert main(["run", *args, "--set", "run.n_saves=3", "--no-progress", "--out", str(out)]) == 0, name
+        assert (out / "summary.png").stat().st_size > 5_000
+        res = wflow.load(next(out.glob("*.zarr")))
+        assert len(res.times) == 3
+    assert wflow.load(tmp_path / "pre-ln" / "trajectory.zarr").radii.shape == (3, 30)
+    assert main(["run", "--set", "model.scheme=pre-ln", "--set", "solver=eulerian", "--set", "init.d=2",
+                 "--out", str(tmp_path / "bad")]) == 2

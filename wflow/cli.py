@@ -82,7 +82,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 STORES = {"particles": "trajectory.zarr", "lagrangian": "trajectory.zarr", "eulerian": "density.zarr",
-          "jko": "density.zarr"}
+          "jko": "density.zarr", "zonal": "density.zarr"}
 
 
 def _store_of(out: Path) -> Path | None:

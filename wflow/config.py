@@ -29,9 +29,10 @@ class Key:
 
 
 KEYS: dict[str, Key] = {
-    "solver": Key(str, "particles", "particles (finite-N system), eulerian (finite volume on a mesh) or "
-                  "lagrangian (quadrature nodes along characteristics), or jko (implicit Wasserstein steps with POT; "
-                  "USA with V = +-I and conservative perceptrons)", ("particles", "eulerian", "lagrangian", "jko")),
+    "solver": Key(str, "particles", "particles (finite-N system), eulerian (finite volume on a mesh), "
+                  "lagrangian (quadrature nodes along characteristics), jko (implicit Wasserstein steps with POT; "
+                  "USA with V = +-I and conservative perceptrons), or zonal (densities of <x, e> in any dimension "
+                  "init.d; Q = K = V = +-I)", ("particles", "eulerian", "lagrangian", "jko", "zonal")),
     "mesh.resolution": Key(int, 512, "eulerian: cells on S^1 (d=2), or icosahedral refinement on S^2 (d=3, "
                            "about 10 r^2 cells); lagrangian: trapezoid nodes on S^1 or Gauss latitudes on S^2"),
     "mesh.cfl": Key(float, 0.4, "eulerian: fraction of the positivity (CFL) step limit"),
@@ -42,6 +43,18 @@ KEYS: dict[str, Key] = {
     "model.beta": Key(float, 9.0, "inverse temperature beta >= 0"),
     "model.value": Key(str, "identity", "value matrix V: identity (attraction) or minus-identity (repulsion)",
                        ("identity", "minus-identity")),
+    "model.kernel": Key(str, "plain", "kernel convention: e^(beta<x,y>) or e^(beta(<x,y>-1)) (rescaled: USA at "
+                        "large beta, a time change t' = e^beta t)", ("plain", "rescaled")),
+    "model.gamma": Key(float, 0.0, "long context: beta = gamma log n on n tokens (0: model.beta)"),
+    "model.scheme": Key(str, "post-ln", "normalization scheme (pre-ln, peri-ln, mix-ln carry radii: particles only)",
+                        ("post-ln", "pre-ln", "peri-ln", "mix-ln", "ngpt", "sqrt")),
+    "model.tau": Key(float, 1.0, "mix-ln: the switch time from Post-LN to Pre-LN"),
+    "model.alpha": Key(float, 1.0, "ngpt: the step alpha"),
+    "model.layers": Key(int, 0, "layer-dependent weights: this many layers of random Q, K, V (N(0, 1/d) entries, "
+                        "seed perceptron.seed), one per model.period (0: Q = K = I)"),
+    "model.period": Key(float, 1.0, "depth of one layer (model.layers or model.weights)"),
+    "model.weights": Key(str, "", "layer-dependent weights from an .npz file: arrays Q, K, V of shape (L, d, d) "
+                         "(and beta of shape (L,)), one layer per model.period"),
     "perceptron.m": Key(int, 0, "hidden width m of a perceptron block added to the model (0: no perceptron)"),
     "perceptron.activation": Key(str, "relu", "perceptron activation", ("relu", "gelu", "tanh", "identity")),
     "perceptron.conservative": Key(bool, True, "W = A^T diag(omega) (a gradient flow) instead of a general W"),
@@ -54,6 +67,8 @@ KEYS: dict[str, Key] = {
     "init.seed": Key(int, 0, "seed of the initial tokens"),
     "init.components": Key(int, 3, "vmf-mixture: number of components (random mean directions)"),
     "init.kappa": Key(float, 10.0, "vmf-mixture: concentration of each component"),
+    "init.zonal": Key(str, "exp", "zonal: initial density of z = <x, e>: exp (e^(init.kappa z)) or hemisphere "
+                      "(uniform on z > 0)", ("exp", "hemisphere")),
     "init.perturbation": Key(float, 0.01, "eulerian/lagrangian with init.kind=uniform: the density is "
                              "(1-p) + p * (vMF-mixture density), p = init.perturbation"),
     "run.t_end": Key(float, 30.0, "final time (depth)"),
@@ -146,8 +161,16 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if not cond:
             raise ValueError(f"config key {key} must be {what}, got {cfg[key]!r}")
 
-    for key in ("model.beta", "run.dt", "run.kappa", "jko.eps"):
+    for key in ("model.beta", "run.dt", "run.kappa", "jko.eps", "model.gamma", "model.tau"):
         need(np.isfinite(cfg[key]) and cfg[key] >= 0, key, "a finite number >= 0")
+    for key in ("model.alpha", "model.period"):
+        need(np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
+    need(cfg["model.layers"] >= 0, "model.layers", "an integer >= 0")
+    if cfg["model.weights"]:
+        need(Path(cfg["model.weights"]).is_file(), "model.weights", "an existing .npz file")
+    if cfg["model.scheme"] in ("pre-ln", "peri-ln", "mix-ln"):
+        need(cfg["solver"] == "particles", "model.scheme",
+             f"post-ln, ngpt or sqrt for solver {cfg['solver']!r} ({cfg['model.scheme']} carries radii: particles only)")
     for key in ("run.t_end", "run.rtol", "run.atol", "run.cluster_threshold", "init.kappa", "perceptron.scale",
                 "mesh.cfl", "jko.tau"):
         need(np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
@@ -166,8 +189,15 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     need(0 <= cfg["init.perturbation"] <= 1, "init.perturbation", "a number in [0, 1]")
     need(cfg["mesh.resolution"] >= 4, "mesh.resolution", "an integer >= 4")
     need(cfg["mesh.cfl"] <= 1, "mesh.cfl", "in (0, 1]")
-    if cfg["solver"] != "particles":
+    if cfg["solver"] == "zonal":
+        for key, default in (("model.scheme", "post-ln"), ("model.layers", 0), ("model.weights", ""),
+                             ("perceptron.m", 0), ("model.gamma", 0.0)):
+            need(cfg[key] == default, key, f"left at {default!r} for the zonal solver (Q = K = V = +-I attention)")
+    elif cfg["solver"] != "particles":
         need(cfg["init.d"] in (2, 3), "init.d", f"2 or 3 for solver {cfg['solver']!r} (S^1 or S^2)")
+        if cfg["solver"] == "jko":
+            need(cfg["model.scheme"] == "post-ln", "model.scheme", "post-ln for the jko solver (a Wasserstein "
+                 "gradient flow)")
         if cfg["solver"] in ("eulerian", "jko"):
             need(cfg["run.method"] in ("dopri5", "rk4"), "run.method",
                  f"left at its default for the {cfg['solver']} solver (it has its own time stepping)")
@@ -226,24 +256,56 @@ def build_mesh(cfg: dict[str, Any]):
 
 
 def build_model(cfg: dict[str, Any]):
-    """The model of a config (attention block, plus a perceptron when perceptron.m > 0)."""
+    """The model of a config: attention (kernel convention, long context), a perceptron when perceptron.m > 0,
+    layer-dependent weights (model.layers, model.weights) and a normalization scheme (model.scheme)."""
     from .models import SA, USA, Perceptron
 
     d = cfg["init.d"]
+    att_cls = SA if cfg["model.type"] == "SA" else USA
     V = None if cfg["model.value"] == "identity" else -np.eye(d)
-    model = (SA if cfg["model.type"] == "SA" else USA)(cfg["model.beta"], V=V)
+    temp = {"gamma": cfg["model.gamma"]} if cfg["model.gamma"] > 0 else {"beta": cfg["model.beta"]}
     m = cfg["perceptron.m"]
+    perceptron = None
     if m > 0:
         rng = np.random.default_rng(cfg["perceptron.seed"])
         s = cfg["perceptron.scale"]
         A = rng.normal(0, s / np.sqrt(m), (m, d))
         b = rng.normal(0, s / np.sqrt(m), m)
         if cfg["perceptron.conservative"]:
-            p = Perceptron.conservative(A, rng.normal(0, s, m), b, cfg["perceptron.activation"])
+            perceptron = Perceptron.conservative(A, rng.normal(0, s, m), b, cfg["perceptron.activation"])
         else:
-            p = Perceptron(rng.normal(0, s / np.sqrt(m), (d, m)), A, b, cfg["perceptron.activation"])
-        model = model + p
-    return model
+            perceptron = Perceptron(rng.normal(0, s / np.sqrt(m), (d, m)), A, b, cfg["perceptron.activation"])
+    attentions = [att_cls(V=V, kernel=cfg["model.kernel"], **temp)]
+    if cfg["model.weights"]:
+        with np.load(cfg["model.weights"]) as f:
+            Qs, Ks, Vs = (np.asarray(f[k], dtype=float) for k in ("Q", "K", "V"))
+            betas = np.asarray(f["beta"], dtype=float) if "beta" in f else np.full(len(Qs), cfg["model.beta"])
+        if not (Qs.ndim == Ks.ndim == Vs.ndim == 3 and Qs.shape[0] == Ks.shape[0] == Vs.shape[0] == len(betas)
+                and Vs.shape[1:] == (d, d) and Qs.shape[2] == d and Ks.shape[2] == d):
+            raise ValueError(f"config key model.weights: {cfg['model.weights']} must hold Q, K of shape (L, p, d) and "
+                             f"V of shape (L, d, d) with d = init.d = {d} (and beta of shape (L,)); got Q {Qs.shape}, "
+                             f"K {Ks.shape}, V {Vs.shape}")
+        attentions = [att_cls(b, Q=q, K=k, V=v, kernel=cfg["model.kernel"]) for q, k, v, b in zip(Qs, Ks, Vs, betas)]
+    elif cfg["model.layers"] > 0:
+        from .schemes import Layered
+
+        lay = Layered.random(d, cfg["model.layers"], beta=cfg["model.beta"], period=cfg["model.period"],
+                             attention=cfg["model.type"], seed=cfg["perceptron.seed"], kernel=cfg["model.kernel"])
+        attentions = lay.layers
+    scheme = cfg["model.scheme"]
+    if scheme != "post-ln" or (perceptron is not None and cfg["model.kernel"] == "rescaled"):
+        from .schemes import Normalized
+
+        kw = {"tau": cfg["model.tau"]} if scheme == "mix-ln" else ({"alpha": cfg["model.alpha"]} if scheme == "ngpt"
+                                                                   else {})
+        models = [Normalized(a, scheme, perceptron=perceptron, **kw) for a in attentions]
+    else:
+        models = [a if perceptron is None else a + perceptron for a in attentions]
+    if len(models) == 1:
+        return models[0]
+    from .schemes import Layered
+
+    return Layered(models, period=cfg["model.period"])
 
 
 def build_run(cfg: dict[str, Any]):
@@ -313,6 +375,8 @@ def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
     solver, d, saves = cfg["solver"], cfg["init.d"], cfg["run.n_saves"]
     if solver == "particles":
         state = cfg["init.n"] * d * 8.0
+    elif solver == "zonal":
+        state = cfg["mesh.resolution"] * 8.0 * 64  # bands, their geometry and the kernel's panel factors
     elif solver == "lagrangian":
         nodes = cfg["mesh.resolution"] * (1 if d == 2 else 2 * cfg["mesh.resolution"])
         state = nodes * (1 + 2 * (d - 1)) * d * 8.0
@@ -380,9 +444,21 @@ def start_run(cfg: dict[str, Any]) -> Run:
                                     keep=False, throw=False)
 
         return Run(cfg, f"lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}", call)
+    kappa = cfg["run.kappa"] or None
+    if solver == "zonal":
+        from .solvers.zonal import solve_zonal
+
+        kap = cfg["init.kappa"]
+        f0 = (lambda z: np.exp(kap * (z - 1.0))) if cfg["init.zonal"] == "exp" else (lambda z: (z > 0).astype(float))
+
+        def call(trackers, progress, out):
+            return solve_zonal(model, f0, cfg["run.t_end"], d=cfg["init.d"], n_cells=cfg["mesh.resolution"],
+                               save_at=saves, kappa=kappa, kernel=cfg["model.kernel"], progress=progress,
+                               trackers=trackers, keep=False, throw=False)
+
+        return Run(cfg, f"zonal, {model!r}, d={cfg['init.d']}, {cfg['mesh.resolution']} bands in z", call)
     mesh = build_mesh(cfg)
     rho = Density.from_function(mesh, initial_density(cfg))
-    kappa = cfg["run.kappa"] or None
     if solver == "eulerian":
         from .solvers.eulerian import solve_density
 

@@ -36,6 +36,7 @@ __all__ = [
     "plot_energy",
     "plot_diagnostics",
     "plot_trajectory",
+    "plot_zonal",
     "animate",
 ]
 
@@ -891,6 +892,13 @@ def plot_trajectory(result: Any, path: str | Path | None = None, *, fig: Any = N
     >>> fig.get_suptitle()
     'SA, β = 4 — 32 tokens on S², rk4'
     """
+    if getattr(result, "kind", None) == "zonal":
+        fig = plot_zonal(result, n_snapshots=n_snapshots).figure
+        if title is not None:
+            fig.suptitle(title)
+        if path is not None:
+            _save(fig, path, dpi)
+        return fig
     kind = _kind(result)
     times, diag, cfg = _diagnostics(result, system)
     names = [n for n in ("energy", "free_energy", "order_parameter", "n_clusters", "max_density")
@@ -1064,3 +1072,30 @@ def _mp4_writer(fps: int):
         if shutil.which(matplotlib.rcParams["animation.ffmpeg_path"]) is None:
             raise RuntimeError("writing MP4 needs ffmpeg: pip install imageio-ffmpeg, or write a .gif") from None
     return animation.FFMpegWriter(fps=fps, codec="h264", extra_args=["-pix_fmt", "yuv420p"])
+
+
+def plot_zonal(result: Any, *, ax: Any = None, n_snapshots: int = 5):
+    r"""The law of :math:`z = \langle x, e\rangle` of a zonal run (:func:`wflow.solvers.zonal.solve_zonal`) at
+    ``n_snapshots`` saved times, on a log scale (the density of the law, bands' masses over their widths).
+
+    Returns the Axes.
+    """
+    if getattr(result, "kind", None) != "zonal":
+        raise TypeError(f"plot_zonal draws zonal runs (wflow.solvers.zonal.solve_zonal); got a {_name(result)}: use "
+                        f"wflow.plot.plot_trajectory or plot_density")
+    ax = _axes(ax, figsize=(6, 4))
+    k = len(result.times)
+    z = 0.5 * (result.edges[1:] + result.edges[:-1])
+    top = 0.0
+    for i in _snapshots(k, n_snapshots):
+        p = result.law_density(i)
+        top = max(top, float(np.max(p)))
+        ax.plot(z, p, label=f"t = {result.times[i]:.3g}")
+    ax.set_yscale("log")
+    ax.set_ylim(top * 1e-8, top * 3)  # eight decades: the tails of high dimensions reach 1e-300
+    ax.set_xlabel("z = <x, e>")
+    ax.set_ylabel("density of the law of z")
+    d = result.config.get("d", "?")
+    ax.set_title(f"zonal density on S^{int(d) - 1 if isinstance(d, (int, float)) else d}")
+    ax.legend(fontsize=7)
+    return ax

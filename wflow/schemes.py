@@ -310,7 +310,7 @@ class Layered(Model):
 
     @classmethod
     def random(cls, d: int, n_layers: int, *, beta: float = 1.0, period: float = 1.0, attention: str = "SA",
-               scale: float = 1.0, seed: Any = None) -> "Layered":
+               scale: float = 1.0, seed: Any = None, kernel: str = "plain") -> "Layered":
         """Random weights redrawn every ``period``: Q, K, V with i.i.d. :math:`N(0, \\text{scale}^2/d)` entries."""
         from .sphere import as_generator
 
@@ -319,8 +319,8 @@ class Layered(Model):
         if attention not in ("SA", "USA"):
             raise ValueError(f"attention must be 'SA' or 'USA', got {attention!r}")
         s = check_positive(scale, "scale") / np.sqrt(d)
-        return cls([cls_(beta, Q=rng.normal(0, s, (d, d)), K=rng.normal(0, s, (d, d)), V=rng.normal(0, s, (d, d)))
-                    for _ in range(n_layers)], period=period)
+        return cls([cls_(beta, Q=rng.normal(0, s, (d, d)), K=rng.normal(0, s, (d, d)), V=rng.normal(0, s, (d, d)),
+                         kernel=kernel) for _ in range(n_layers)], period=period)
 
     def index(self, t: float) -> int:
         return int(np.clip(np.floor((t - self.t0) / self.period + 1e-12), 0, len(self.layers) - 1))
