@@ -301,3 +301,19 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
     assert 3 <= kept < 200
     assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
     assert len(wflow.load(out / "trajectory.zarr").times) == 200
+
+
+def test_kernel_sums_bad_input_and_huge_beta():
+    x = sphere.uniform(10, 3, seed=0)
+    w = np.full(10, 0.1)
+    with pytest.raises(ValueError, match="at least one point"):
+        wflow.kernel_sums(x[:0], x, w, 1.0)
+    with pytest.raises(ValueError, match="at least one point"):
+        wflow.kernel_sums(x, x[:0], w[:0], 1.0)
+    with pytest.raises(TypeError, match="beta must be a real number, got '2'"):
+        wflow.kernel_sums(x, x, w, "2")
+    # beta = 1e10 with backend auto: the spectral series is not attempted (it allocated 74.5 GiB), the direct
+    # sums take it, and SA runs with a finite log-energy
+    for beta in (1e10, 1e20):
+        r = wflow.simulate(SA(beta), x, 0.1, dt=0.05)
+        assert r.status == 0 and np.all(np.isfinite(r.points)) and np.all(np.isfinite(r.diagnostics["log_energy"]))

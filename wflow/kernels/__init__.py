@@ -258,6 +258,11 @@ def kernel_sums(
         dtype = np.dtype(np.float64)
     if x.ndim < 2 or y.ndim < 2:
         raise ValueError(f"x and y must have shape (..., n, d), got shapes {x.shape} and {y.shape}")
+    if x.shape[-2] == 0 or y.shape[-2] == 0:
+        raise ValueError(f"x (queries) and y (keys) must hold at least one point each, got shapes {x.shape} and "
+                         f"{y.shape}")
+    if isinstance(beta, (bool, str, bytes)) or not isinstance(beta, (int, float, np.integer, np.floating)):
+        raise TypeError(f"beta must be a real number, got {short_repr(beta)}")
     d = x.shape[-1]
     if y.shape[-1] != d:
         raise ValueError(f"x and y must have the same dimension d, got x.shape={x.shape}, y.shape={y.shape}")

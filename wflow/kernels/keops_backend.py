@@ -78,7 +78,7 @@ def _gpu_available(pykeops) -> bool:
 
 
 @contextlib.contextmanager
-def _compile_lock(folder: Path):
+def compile_lock(folder: Path):
     try:
         import fcntl
     except ImportError:  # not on POSIX: no lock
@@ -151,7 +151,7 @@ class KeopsBackend:
                     out = F.reduction("Max_SumShiftExpWeight", other=gj, axis=1)
                 else:
                     sink = io.StringIO()
-                    with _compile_lock(keops_cache_dir()), contextlib.redirect_stdout(sink):
+                    with compile_lock(keops_cache_dir()), contextlib.redirect_stdout(sink):
                         out = F.reduction("Max_SumShiftExpWeight", other=gj, axis=1)
                     self._compiled.add(key)
             except Exception as exc:

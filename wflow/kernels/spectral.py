@@ -161,6 +161,10 @@ def _miller_extra(z_max: float) -> int:
 
 
 # --------------------------------------------------------------------------- plan
+#: beyond this |beta| the spectral series (degree ~ beta) is not attempted
+MAX_BETA = 1e5
+
+
 @dataclass(frozen=True)
 class SpectralPlan:
     r"""Truncation chosen a priori for one problem.
@@ -367,6 +371,9 @@ class SpectralBackend:
         d = problem.x.shape[-1]
         if d not in (2, 3):
             return f"it works on S^1 (d=2) and S^2 (d=3) only, got points of dimension d={d}"
+        if abs(problem.beta) > MAX_BETA:
+            return (f"|beta| = {abs(problem.beta):g} is beyond its range (the series needs a degree ~beta; at most "
+                    f"{MAX_BETA:g}): use the numba or numpy backend")
         if not problem.is_rotation_invariant():
             return "it needs a rotation-invariant kernel: Q = K = identity and V a multiple of the identity (or None)"
         if problem.tol is not None and not (np.isfinite(problem.tol) and 0.0 < problem.tol < 1.0):

@@ -261,7 +261,7 @@ def _keops_formula(cost: str, p: float) -> str:
 
 
 def _keops_softmin(x: np.ndarray, y: np.ndarray, cost: str, p: float) -> Callable:
-    from ..kernels.keops_backend import _compile_lock, import_pykeops, keops_cache_dir
+    from ..kernels.keops_backend import compile_lock, import_pykeops, keops_cache_dir
 
     pykeops = import_pykeops()
     if pykeops is None:
@@ -282,7 +282,7 @@ def _keops_softmin(x: np.ndarray, y: np.ndarray, cost: str, p: float) -> Callabl
             out = routine(*args)
         else:  # first call compiles (10-25 s): hold the lock, silence KeOps' chatter
             try:
-                with _compile_lock(keops_cache_dir()), contextlib.redirect_stdout(io.StringIO()):
+                with compile_lock(keops_cache_dir()), contextlib.redirect_stdout(io.StringIO()):
                     out = routine(*args)
             except Exception as exc:
                 raise WflowError(
