@@ -81,7 +81,7 @@ def test_coerce_value():
 
 # ------------------------------------------------------------------------------ bad input: nothing written
 @pytest.mark.parametrize("grid, match", [
-    ({"model.gamma": [1.0]}, "unknown config key 'model.gamma'"),
+    ({"model.no_such_key": [1.0]}, "unknown config key 'model.no_such_key'"),
     ({}, "grid is empty"),
     ({"model.beta": []}, "empty"),
     ({"init.d": [3, 4.5]}, "init.d takes integers"),
@@ -93,7 +93,7 @@ def test_coerce_value():
 def test_bad_grid_writes_nothing(tmp_path, grid, match):
     out = tmp_path / "s.zarr"
     with pytest.raises(ValueError, match=match):
-        sweep(TINY, grid, out=out, scheduler="tcp://127.0.0.1:1", progress=False)
+        sweep(TINY, grid, out=out, scheduler="tcp://127.0.0.1:1", timeout=0.5, progress=False)
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
