@@ -13,16 +13,12 @@ direction :math:`\theta_i \in S^{d-1}`.  The block's update is computed from the
 (the perceptron term only when the layer has one), and every scheme moves the directions by
 :math:`\theta_i' = P_{\theta_i}U_i / s_i(t)` and the radii by its own law:
 
-=================  ======================  ==========================  =====================
-scheme             speed divisor s_i(t)    :math:`r_i'`                space of the state
-=================  ======================  ==========================  =====================
-``post-ln``        1                       0                           sphere
-``pre-ln``         :math:`r_i`             :math:`\langle\theta_i, U_i\rangle`        free: :math:`x' = U`
-``mix-ln`` (τ)     1, then :math:`r_i`     0, then :math:`\langle\theta_i, U_i\rangle`  free
-``peri-ln``        :math:`r_i|U_i|`        :math:`\langle\theta_i, U_i\rangle/|U_i|`  free: :math:`x' = U/|U|`
-``ngpt`` (α(t))    :math:`|U_i|/\alpha(t)`  0                           sphere
-``sqrt``           :math:`\sqrt{t+1}`      0                           sphere
-=================  ======================  ==========================  =====================
+* ``post-ln``: :math:`s = 1`, :math:`r' = 0` (on the sphere);
+* ``pre-ln``: :math:`s = r_i`, :math:`r' = \langle\theta_i, U_i\rangle` (free space: :math:`x' = U`);
+* ``mix-ln`` (switch time τ): Post-LN until τ, then Pre-LN (free space);
+* ``peri-ln``: :math:`s = r_i|U_i|`, :math:`r' = \langle\theta_i, U_i\rangle/|U_i|` (free space: :math:`x' = U/|U|`);
+* ``ngpt`` (step α(t)): :math:`s = |U_i|/\alpha(t)`, :math:`r' = 0` (on the sphere);
+* ``sqrt``: :math:`s = \sqrt{t+1}`, :math:`r' = 0` (on the sphere).
 
 Post-LN, nGPT and √-scaling never look at radii: they are velocity fields on the sphere
 (√-scaling a time change of Post-LN, nGPT the field :math:`\alpha(t)P_\theta U/|U|`), so the
