@@ -219,8 +219,9 @@ def test_store_with_another_sweep(tmp_path, client):
     out = tmp_path / "s.zarr"
     sweep(TINY, {"model.beta": [1.0]}, out=out, scheduler=client, progress=False, observables=["order_parameter"])
     before = sorted(p.name for p in out.iterdir())
-    with pytest.raises(ValueError, match=f"^{out} holds a different sweep"):
-        sweep(TINY, {"model.beta": [2.0]}, out=out, scheduler=client, progress=False, observables=["order_parameter"])
+    with pytest.raises(ValueError, match=f"^{out} holds a different sweep"):  # found before connecting to a cluster
+        sweep(TINY, {"model.beta": [2.0]}, out=out, scheduler="tcp://127.0.0.1:1", timeout=0.5, progress=False,
+              observables=["order_parameter"])
     assert sorted(p.name for p in out.iterdir()) == before
     ds = sweep(TINY, {"model.beta": [2.0]}, out=out, scheduler=client, progress=False, overwrite=True,
                observables=["order_parameter"])

@@ -614,37 +614,49 @@ class _Store:
         self.arrays: dict[str, Any] = {}
         self._pool = None
 
-    def open(self, resume: bool, overwrite: bool) -> None:
+    def check(self, resume: bool, overwrite: bool) -> str:
+        """What opening the store will do (``"create"``, ``"replace"`` or ``"resume"``); errors change nothing."""
         import zarr
 
         p = self.path
-        if p.exists():
-            attrs = {}
-            try:
-                attrs = dict(zarr.open_group(p, mode="r").attrs)
-            except Exception:  # noqa: BLE001 - not a Zarr group: reported below
-                pass
-            if overwrite:
-                import shutil
+        if not p.exists():
+            return "create"
+        attrs = {}
+        try:
+            attrs = dict(zarr.open_group(p, mode="r").attrs)
+        except Exception:  # noqa: BLE001 - not a Zarr group: reported below
+            pass
+        ours = attrs.get("wflow_format") == FORMAT
+        if overwrite:
+            if not ours and not (p.is_dir() and not any(p.iterdir())):  # only an empty folder or our own store
+                raise ValueError(f"{p} exists and is not a wflow sweep store; refusing to overwrite it")
+            return "replace"
+        if not ours:
+            raise ValueError(f"{p} exists and is not a wflow sweep store; choose another out")
+        if attrs.get("fingerprint") != self.plan.fingerprint:
+            raise ValueError(f"{p} holds a different sweep (other configuration, grid, observables or batch size); "
+                             f"choose another out, or pass overwrite=True to replace it")
+        if not resume:
+            raise FileExistsError(f"{p} holds this sweep already; pass resume=True to finish it or overwrite=True "
+                                  f"to start afresh")
+        fp, _ = _committed(p)
+        if fp not in (None, self.plan.fingerprint):
+            raise ValueError(f"{p}: its commit record belongs to a different sweep; the store is damaged")
+        return "resume"
 
-                if attrs.get("wflow_format") != FORMAT and any(p.iterdir()):
-                    raise ValueError(f"{p} exists and is not a wflow sweep store; refusing to overwrite it")
-                shutil.rmtree(p)
-            elif attrs.get("wflow_format") != FORMAT:
-                raise ValueError(f"{p} exists and is not a wflow sweep store; choose another out")
-            elif attrs.get("fingerprint") != self.plan.fingerprint:
-                raise ValueError(f"{p} holds a different sweep (other configuration, grid, observables or batch "
-                                 f"size); choose another out, or pass overwrite=True to replace it")
-            elif not resume:
-                raise FileExistsError(f"{p} holds this sweep already; pass resume=True to finish it or "
-                                      f"overwrite=True to start afresh")
-            else:
-                fp, self.done = _committed(p)
-                if fp not in (None, self.plan.fingerprint):
-                    raise ValueError(f"{p}: its commit record belongs to a different sweep; the store is damaged")
-                group = zarr.open_group(p, mode="r+")
-                self.arrays = {k: a.with_config({"write_empty_chunks": True}) for k, a in group.arrays()}
-                return
+    def open(self, resume: bool, overwrite: bool) -> None:
+        import zarr
+
+        what = self.check(resume, overwrite)
+        if what == "resume":
+            _, self.done = _committed(self.path)
+            group = zarr.open_group(self.path, mode="r+")
+            self.arrays = {k: a.with_config({"write_empty_chunks": True}) for k, a in group.arrays()}
+            return
+        if what == "replace":
+            import shutil
+
+            shutil.rmtree(self.path)
         self._create()
 
     def _create(self) -> None:
@@ -866,6 +878,7 @@ def sweep(
     out = Path(out)
     from .io import FolderLock
 
+    _Store(out, plan).check(resume, overwrite)  # a store of another sweep: before any cluster starts
     client, cluster, owned = _connect(scheduler, workers, timeout, threads_per_task)  # before anything is written
     lock = None
     try:
