@@ -177,3 +177,30 @@ def test_long_context_scaling_and_one_layer_map():
 def test_bad_input_names_it(make, exc, match):
     with pytest.raises(exc, match=match):
         make()
+
+
+def test_angles_on_the_circle_resolve_forces_below_rounding():
+    """coordinates='angles' (Kuramoto form) equals the Cartesian run where both resolve the dynamics, its
+    exact Jacobian matches differences, and it passes a merge that Cartesian coordinates cannot see: USA
+    (rescaled) at beta = 500, GKPR's five tokens, the fourth merge at t ~ 1e17 (attraction e^-40)."""
+    x0 = sphere.uniform(7, 2, seed=8)
+    a = wflow.simulate(SA(3.0), x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, coordinates="angles")
+    c = wflow.simulate(SA(3.0), x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, backend=BK)
+    np.testing.assert_allclose(a.points, c.points, atol=1e-8)
+    np.testing.assert_allclose(a.energy, c.energy, rtol=1e-10)
+    from wflow.solvers.particles import CircleAngleProblem
+    from wflow.solvers.steppers import ROS2
+
+    th = np.random.default_rng(0).uniform(0, 1, 6)
+    for m in (SA(3.0), USA(3.0, kernel="rescaled"), USA(2.0, V=-np.eye(2))):
+        p = CircleAngleProblem(m, np.full(6, 1 / 6), diagnostics=())
+        np.testing.assert_allclose(p.jacobian(0.0, th), ROS2().jacobian(p, 0.0, th, p.rhs(0.0, th)), atol=1e-6)
+    beta = 500.0
+    theta = 0.5 * np.array([0, 0.5, 2, 4, 7]) * np.log(beta) / np.sqrt(beta)
+    x0 = np.stack([np.cos(theta), np.sin(theta)], -1)
+    r = wflow.simulate(USA(beta, kernel="rescaled"), x0, 1e18, method="ros2", rtol=1e-6, atol=1e-10,
+                       save_at=np.concatenate([[0], np.logspace(-3, 18, 60)]), coordinates="angles")
+    ang = r.data["angles"][1]
+    clusters = (np.diff(np.sort(ang, axis=1), axis=1) > 1e-6).sum(axis=1) + 1
+    assert list(np.unique(clusters)[::-1]) == [5, 4, 3, 2] and clusters[-1] == 2
+    assert np.all(np.diff(r.energy) >= -1e-12 * r.energy.max())  # the staircase never steps down

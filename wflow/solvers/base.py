@@ -653,6 +653,7 @@ def integrate(
             return stop
 
         stats_base_ev = stats["evaluations"]
+        tc = 0.0  # the low part of the time: the run is at t + tc
         status, message = 0, "reached t_end"
         stopped_by = None
         try:
@@ -670,10 +671,10 @@ def integrate(
                     # the next stop: the save time, or a breakpoint of the problem (a layer boundary) before it
                     j = int(np.searchsorted(breaks, t, side="right"))
                     stop = float(breaks[j]) if j < breaks.size and breaks[j] < target else target
-                    rest = stop - t
+                    rest = (stop - t) - tc
                     if rest <= 4 * _EPS * max(abs(stop), 1e-300):
                         # the previous step ended within rounding of the stop: it is the stop
-                        t = stop
+                        t, tc = stop, 0.0
                         if stop == target:
                             if do_save(k_save, t, y):
                                 stopped_by = "a tracker"
@@ -690,10 +691,11 @@ def integrate(
                             h_try = rest / 2
                     if land:
                         h_try = rest
-                    if t + h_try == t:
+                    if not h_try > 1e-30 * abs(t):
                         raise SolverError(f"step size underflow at t={t:.6g} (dt={h_try:.3g}): the solution changes on a "
-                                          f"time scale below the rounding of t; the problem may be stiff, the tolerances "
-                                          f"too tight (rtol={rtol:g}, atol={atol:g}), or the kernel overflowing")
+                                          f"time scale 1e-30 of the time itself; the problem may be stiff, the "
+                                          f"tolerances too tight (rtol={rtol:g}, atol={atol:g}), or the kernel "
+                                          f"overflowing")
                 else:
                     land = step_no + 1 >= save_steps[k_save]
                     h_try = grid.step(step_no)
@@ -727,7 +729,18 @@ def integrate(
                 stats["steps"] += 1
                 step_no += 1
                 at_save = land and (not adaptive or stop == target)
-                t = (stop if adaptive else target) if land else (t + h_try if adaptive else grid.time(step_no))
+                if land:
+                    t, tc = (stop if adaptive else target), 0.0
+                elif adaptive:
+                    # compensated time (t + tc): a fast event late in a long run (a merge at t ~ 1e17 lasting
+                    # O(1)) advances time by steps below the rounding of t
+                    s_ = t + h_try
+                    b_ = s_ - t
+                    tc += (t - (s_ - b_)) + (h_try - b_)
+                    t = s_ + tc
+                    tc -= t - s_
+                else:
+                    t = grid.time(step_no)
                 land = at_save
                 if res.info:
                     step_info.append({"step": step_no, "t": t, "dt": h_try, **res.info})

@@ -180,8 +180,9 @@ class ROS2(Solver):
         y^+ = R\big(y + \tfrac32 hk_1 + \tfrac12 hk_2\big),\qquad \gamma = 1 + 1/\sqrt2,
 
     with the embedded first-order solution :math:`y + hk_1` for error control and :math:`J`
-    the Jacobian of :math:`f` by forward differences (``m`` right-hand sides for ``m``
-    unknowns, so meant for small systems).  Where merged clusters collapse at rates
+    the problem's exact Jacobian where it has one (``problem.jacobian(t, y)``, e.g. particles on
+    :math:`S^1` in angles) or the Jacobian of :math:`f` by forward differences (``m`` right-hand
+    sides for ``m`` unknowns, so meant for small systems).  Where merged clusters collapse at rates
     :math:`\sim\beta` while the next merge is :math:`e^{c\beta}` away (the metastable staircase
     of USA at large beta), explicit methods are held to steps :math:`\sim 1/\beta` forever; this
     one takes steps as long as the accuracy allows.
@@ -208,7 +209,10 @@ class ROS2(Solver):
         import scipy.linalg as sla
 
         f0 = problem.rhs(t, y)
-        J = self.jacobian(problem, t, y, f0)
+        exact = getattr(problem, "jacobian", None)
+        J = exact(t, y) if exact is not None else None
+        if J is None:
+            J = self.jacobian(problem, t, y, f0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", sla.LinAlgWarning)
             lu = sla.lu_factor(np.eye(J.shape[0]) - self.GAMMA * dt * J)
