@@ -6,7 +6,7 @@ particle system and its continuum limit (finite volume, Lagrangian quadrature, J
 steps), and measures the Wasserstein distance between them.  See the documentation (docs/) for the mathematics and README.md for a tour.
 """
 from ._version import __version__
-from . import io, plot, sphere, theory
+from . import io, plot, schemes, sphere, theory
 from .errors import NotAGradientFlowError, SolverError, WflowError
 from .kernels import kernel_sums
 from .density import Density
@@ -16,6 +16,7 @@ from .models import SA, USA, Model, Perceptron
 from .solvers.eulerian import DensityTrajectory, solve_density
 from .solvers.lagrangian import LagrangianSolution, solve_lagrangian
 from .solvers.particles import Trajectory, simulate
+from .solvers.zonal import ZonalTrajectory, solve_zonal
 from .solvers.runs import load, resume, save
 from .solvers.base import Result, integrate
 from .transport import wasserstein, wasserstein_result
@@ -34,6 +35,9 @@ __all__ = [
     "solve_density",
     "DensityTrajectory",
     "solve_lagrangian",
+    "solve_zonal",
+    "ZonalTrajectory",
+    "schemes",
     "LagrangianSolution",
     "wasserstein",
     "wasserstein_result",

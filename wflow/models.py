@@ -574,6 +574,8 @@ class Perceptron(Model):
         omega = np.asarray(omega, dtype=float)
         if omega.shape != (A.shape[0],):
             raise ValueError(f"omega must have shape ({A.shape[0]},) to match A, got {omega.shape}")
+        if not np.all(np.isfinite(omega)):
+            raise ValueError(f"omega contains non-finite values: {short_repr(omega)}")
         return cls(A.T * omega, A, b, activation)
 
     def _conservative_weights(self) -> np.ndarray | None:
