@@ -55,6 +55,12 @@ def test_parse_values_forms():
     assert parse_grid_args(["init.d=[8,128]", "init.seed=range(4)"]) == {"init.d": [8, 128], "init.seed": [0, 1, 2, 3]}
 
 
+def test_module_is_callable():
+    import wflow.sweep as module
+
+    assert callable(module) and module.parse_grid is parse_grid  # wflow.sweep(...) is sweep(...)
+
+
 @pytest.mark.parametrize("bad, match", [
     ("linspace(0, 1)", "linspace"), ("linspace(0, 1, 2.5)", "linspace"), ("range(1.5)", "range"),
     ("range(0, 4, 0)", "step"), ("[]", "empty"), ("range(0)", "empty"), ("linspace(a, 1, 3)", "not a number"),
