@@ -172,3 +172,21 @@ def test_validate_report_and_exit_status(tmp_path, monkeypatch, capsys):
     text = (tmp_path / "fake.md").read_text()
     assert "FAILED" in text and "| slope | -0.2 |" in text and (tmp_path / "fake.csv").read_text().startswith("N,err")
     assert "FAIL slope" in capsys.readouterr().out
+
+
+def test_cli_sweep_runs_a_grid_into_one_store_and_continues(tmp_path, capsys):
+    """wflow sweep: a grid of beta x seeds on a LocalCluster, one store with the grid as coordinates; running
+    it again finds every point done; a key that does not exist is one line and exit 2, nothing written."""
+    import xarray as xr
+
+    out = tmp_path / "sw.zarr"
+    argv = ["sweep", "--set", "init.n=8", "--set", "run.t_end=1", "--set", "run.n_saves=3", "--grid",
+            "model.beta=[1,4]", "--grid", "init.seed=range(3)", "--workers", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    assert "6 of 6 points reached t_end" in capsys.readouterr().out
+    ds = xr.open_zarr(out)
+    assert ds["pair_fraction"].sel(beta=4.0).shape[:1] == (3,) and int((ds["status"] == 0).sum()) == 6
+    assert main(argv) == 0
+    assert main(["sweep", "--grid", "model.nope=[1]", "--out", str(tmp_path / "bad.zarr")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("wflow: error:") and "model.nope" in err[-1] and not (tmp_path / "bad.zarr").exists()

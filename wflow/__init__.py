@@ -6,7 +6,7 @@ particle system and its continuum limit (finite volume, Lagrangian quadrature, J
 steps), and measures the Wasserstein distance between them.  See the documentation (docs/) for the mathematics and README.md for a tour.
 """
 from ._version import __version__
-from . import io, plot, schemes, sphere, theory
+from . import io, plot, schemes, sphere, sweep, theory
 from .errors import NotAGradientFlowError, SolverError, WflowError
 from .kernels import kernel_sums
 from .density import Density
@@ -38,6 +38,7 @@ __all__ = [
     "solve_zonal",
     "ZonalTrajectory",
     "schemes",
+    "sweep",
     "LagrangianSolution",
     "wasserstein",
     "wasserstein_result",

@@ -50,6 +50,27 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     r.add_argument("--overwrite", action="store_true", help="replace an existing result in --out")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    w = sub.add_parser("sweep", help="run a configuration over a grid of its keys on Dask, into one Zarr store",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_keys_help(),
+                       description="Run a configuration (TOML, with an optional [sweep] table) over a grid of "
+                                   "configuration keys on dask.distributed; every point's observables go to one "
+                                   "Zarr store with the grid keys as coordinates. Running it again continues.")
+    w.add_argument("config", nargs="?", help="TOML file with configuration keys and an optional [sweep] table")
+    w.add_argument("--grid", action="append", default=[], metavar="KEY=VALUES",
+                   help="a grid axis: a list [1,4,9], linspace(a,b,n), logspace(a,b,n), range(n) or range(a,b), "
+                        "e.g. --grid 'model.beta=linspace(0.1,9,90)' --grid 'init.seed=range(2048)' (repeatable)")
+    w.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of the base configuration (repeatable)")
+    w.add_argument("--out", default="sweep.zarr", help="the sweep's store (default: sweep.zarr)")
+    w.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="a running Dask scheduler, e.g. tcp://host:8786 (default: a LocalCluster on this machine)")
+    w.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default: the cores)")
+    w.add_argument("--observable", dest="observables", action="append", default=None, metavar="NAME",
+                   help="recorded at every save: pair_fraction, energy, log_energy, order_parameter, n_clusters "
+                        "(repeatable; default: pair_fraction, energy, order_parameter, n_clusters)")
+    w.add_argument("--batch-size", type=int, default=None, help="seeds per task (default: ~64 MB of state per task)")
+    w.add_argument("--overwrite", action="store_true", help="replace a store that holds another sweep")
+    w.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = sub.add_parser("validate", help="run validation studies and write a report folder",
                        description="Run validation studies (all, or those named), write Markdown, CSV and PNG "
                                    "into --out, print a summary, exit 1 if an expectation fails.")
@@ -248,6 +269,26 @@ def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:
         print(f"animation: {out / 'animation.gif'}")
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    """``wflow sweep``: a configuration over a grid, on Dask, into one store (docs: sweeps)."""
+    from .config import apply_overrides, default_config
+    from .sweep import DEFAULT_OBSERVABLES, load_sweep_config, parse_grid_args, sweep
+
+    if not args.verbose:  # dask.distributed logs every worker's start and stop at INFO
+        for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core",
+                     "distributed.http.proxy", "distributed.diskutils"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    cfg, grid = load_sweep_config(args.config) if args.config else (default_config(), {})
+    cfg = apply_overrides(cfg, args.overrides)
+    grid.update(parse_grid_args(args.grid))
+    ds = sweep(cfg, grid, out=args.out, scheduler=args.scheduler, workers=args.workers,
+               observables=args.observables or DEFAULT_OBSERVABLES, batch_size=args.batch_size,
+               overwrite=args.overwrite, progress=not args.no_progress)
+    print(f"sweep: {args.out}: {ds.attrs['ok']} of {ds.attrs['points']} points reached t_end, "
+          f"{ds.attrs['failed']} failed")
+    return EXIT_FAILED if ds.attrs["failed"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -260,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "validate":
             return _validate(args)
+        if args.command == "sweep":
+            return _sweep(args)
     except (ValueError, TypeError, FileExistsError, FileNotFoundError) as exc:
         print(f"wflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -273,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         # a write in flight on Zarr's IO thread is abandoned (it was not committed): asyncio would report its
         # pending task at exit; the store is consistent, so the one line below is all there is to say
         logging.getLogger("asyncio").disabled = True
-        print("wflow: interrupted; committed snapshots are kept (continue with wflow run --resume)", file=sys.stderr)
+        again = "run it again" if args.command == "sweep" else "continue with wflow run --resume"
+        print(f"wflow: interrupted; committed snapshots are kept ({again})", file=sys.stderr)
         return 130
     return EXIT_USAGE  # pragma: no cover
 
