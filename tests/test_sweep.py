@@ -90,7 +90,7 @@ def test_coerce_value():
     ({"model.no_such_key": [1.0]}, "unknown config key 'model.no_such_key'"),
     ({}, "grid is empty"),
     ({"model.beta": []}, "empty"),
-    ({"init.d": [3, 4.5]}, "init.d takes integers"),
+    ({"init.d": [3, 4.5]}, "init.d must be an integer"),
     ({"model.beta": ["hot"]}, "model.beta"),
     ({"model.beta": [1.0, -1.0]}, r"grid point model.beta=-1.0: config key model.beta"),
     ({"model.beta": [1.0, 1.0]}, "repeats"),

@@ -122,20 +122,34 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
+def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A TOML table with sections as flat ``section.key`` keys."""
+    return _flatten(table, prefix)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The table of a TOML file; one-line errors for a missing file or invalid TOML."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config file not found: {p}")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {p} is not valid TOML: {exc}") from None
+
+
+def coerce(key: str, value: Any) -> Any:
+    """``value`` as configuration key ``key`` takes it (unknown keys, wrong types and choices are errors)."""
+    _check_key(key)
+    return _coerce(key, value)
+
+
 def load_config(path: str | Path | None) -> dict[str, Any]:
     """Defaults updated by a TOML file (if given); validated."""
     cfg = default_config()
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"config file not found: {p}")
-        try:
-            table = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"config file {p} is not valid TOML: {exc}") from None
-        for key, value in _flatten(table).items():
-            _check_key(key)
-            cfg[key] = _coerce(key, value)
+        for key, value in _flatten(read_toml(path)).items():
+            cfg[key] = coerce(key, value)
     return validate_config(cfg)
 
 

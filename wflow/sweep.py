@@ -60,6 +60,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ._version import __version__
+from .config import flatten
 from .errors import WflowError, short_repr
 
 __all__ = [
@@ -236,32 +237,14 @@ def coerce_value(key: str, value: Any) -> Any:
 
     Raises ``ValueError`` naming the key and the value (the sweep's rule for bad grid values).
     """
-    from .config import KEYS
+    from .config import KEYS, coerce
 
-    spec = KEYS[key]
-    if spec.type is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if spec.type is int and isinstance(value, float) and value.is_integer():
+    if key in KEYS and KEYS[key].type is int and isinstance(value, float) and value.is_integer():
         value = int(value)
-    if spec.type is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"config key {key} takes integers, got {short_repr(value)}")
-    if spec.type is bool and not isinstance(value, bool):
-        raise ValueError(f"config key {key} takes true or false, got {short_repr(value)}")
-    if not isinstance(value, spec.type):
-        raise ValueError(f"config key {key} takes values of type {spec.type.__name__}, got {short_repr(value)}")
-    if spec.choices is not None and value not in spec.choices:
-        raise ValueError(f"config key {key} must be one of {list(spec.choices)}, got {value!r}")
-    return value
-
-
-def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in table.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+    try:
+        return coerce(key, value)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _known(key: str, where: str) -> None:
@@ -287,17 +270,14 @@ def load_sweep_config(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str
     The ``[sweep]`` table holds ``key = [values]`` or ``key = "linspace(a, b, n)"`` (dotted
     keys, or sub-tables ``[sweep.model]``); the rest is an ordinary ``wflow run`` configuration.
     """
+    from .config import read_toml
+
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"config file not found: {p}")
-    try:
-        table = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {p} is not valid TOML: {exc}") from None
+    table = read_toml(p)
     spec = table.pop("sweep", {})
     if not isinstance(spec, dict):
         raise ValueError(f"config file {p}: [sweep] must be a table of key = values, got {short_repr(spec)}")
-    return _base_config(_flatten(table)), parse_grid(_flatten(spec))
+    return _base_config(flatten(table)), parse_grid(flatten(spec))
 
 
 # ------------------------------------------------------------------------------ the plan
