@@ -320,3 +320,10 @@ def test_kernel_sums_bad_input_and_huge_beta():
     for beta in (1e10, 1e20):
         r = wflow.simulate(SA(beta), x, 0.1, dt=0.05)
         assert r.status == 0 and np.all(np.isfinite(r.points)) and np.all(np.isfinite(r.diagnostics["log_energy"]))
+
+
+def test_tracers_must_be_finite_points_on_the_sphere():
+    x0 = sphere.uniform(6, 3, seed=0)
+    for bad in (np.full((2, 3), np.nan), 2.0 * sphere.uniform(2, 3, seed=1)):
+        with pytest.raises(ValueError, match="tracers must be finite points on the unit sphere"):
+            wflow.simulate(SA(1.0), x0, 0.1, dt=0.05, tracers=bad)
