@@ -31,7 +31,11 @@ def _keys_help() -> str:
         lines.append(f"  {key:<26} {spec.type.__name__:<5} default {spec.default!r}{choices}")
         lines.append(f"  {'':<26} {spec.help}")
     lines += ["", "The default runs SA on S^2 with 2000 uniform tokens at beta = 9 until t = 30:",
-              "metastable clusters that later merge."]
+              "metastable clusters that later merge.",
+              "",
+              "Every solver runs through one contract (docs/solvers.md): a problem (what moves), a solver",
+              "from wflow.solvers.SOLVERS (euler, rk4, dopri5, euler-maruyama, ssprk3, ros2, jko: how one",
+              "step is taken) and one driver (when: saves, step control, failures, recorder, --resume)."]
     return "\n".join(lines)
 
 
