@@ -1,7 +1,7 @@
 """The solver contract against the code it replaced: the same workloads, side by side, in one run.
 
 Run ``python -m benchmarks.contract --old PATH`` with ``PATH`` a checkout of the commit before the
-contract (``git worktree add /tmp/wflow_old e877c76``).  Each workload runs in a fresh process
+contract (``git worktree add ../wflow_old e877c76``).  Each workload runs in a fresh process
 (imports and compilation warmed up first, then timed), old and new alternating, ``--repeat``
 times; the table gives medians and the ratio new / old.  The machine is shared: read ratios
 near 1 as "no change beyond noise" only when the repeats agree.

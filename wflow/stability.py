@@ -99,7 +99,8 @@ def _blocks(model: Any) -> tuple[list[tuple[int, float]], list[Perceptron]]:
             attention.append((sign, part.beta))
         elif isinstance(part, Perceptron):
             if part.activation not in _DSIGMA:
-                raise NotImplementedError(f"no second derivative known for activation {part.activation!r}")
+                raise ValueError(f"the stability tools need the second derivative of the activation; none is known "
+                                 f"for activation={part.activation!r}")
             perceptrons.append(part)
         else:
             raise TypeError(f"the stability tools know SA, USA and Perceptron blocks, got {part!r}")
