@@ -327,3 +327,17 @@ def test_tracers_must_be_finite_points_on_the_sphere():
     for bad in (np.full((2, 3), np.nan), 2.0 * sphere.uniform(2, 3, seed=1)):
         with pytest.raises(ValueError, match="tracers must be finite points on the unit sphere"):
             wflow.simulate(SA(1.0), x0, 0.1, dt=0.05, tracers=bad)
+
+
+def test_stores_open_with_xarray_without_warnings_and_describe_their_variables(tmp_path):
+    import warnings
+
+    import xarray as xr
+
+    path = _store(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # consolidated metadata: no warning from xarray or zarr
+        ds = xr.open_zarr(path)
+    assert ds["points"].attrs["long_name"] == "token positions on the unit sphere"
+    assert ds["time"].attrs["standard_name"] == "time" and ds.attrs["kind"] == "particles"
+    assert wflow.load(path).to_dataset()["energy"].attrs["long_name"] == "energy the flow ascends"

@@ -58,6 +58,33 @@ def _codecs():
     return (zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec())
 
 
+#: CF-style attributes of the variables wflow writes (``long_name``, ``units``; times are depth, dimensionless)
+VARIABLE_ATTRS: dict[str, dict[str, str]] = {
+    "time": {"long_name": "time (depth)", "units": "1", "standard_name": "time"},
+    "points": {"long_name": "token positions on the unit sphere", "units": "1"},
+    "positions": {"long_name": "tokens x = r theta in R^d", "units": "1"},
+    "radii": {"long_name": "token radii r", "units": "1"},
+    "angles": {"long_name": "token angles on the circle", "units": "radian"},
+    "tracers": {"long_name": "passive tracers carried by the flow", "units": "1"},
+    "weights": {"long_name": "atom masses (sum 1 per system)", "units": "1"},
+    "energy": {"long_name": "energy the flow ascends", "units": "1"},
+    "log_energy": {"long_name": "log of the interaction energy E_beta", "units": "1"},
+    "free_energy": {"long_name": "free energy -F + KL/kappa (JKO)", "units": "1"},
+    "order_parameter": {"long_name": "order parameter |sum_i w_i x_i|", "units": "1"},
+    "n_clusters": {"long_name": "number of clusters (single linkage)", "units": "1"},
+    "values": {"long_name": "density: cell averages w.r.t. the surface measure", "units": "1"},
+    "masses": {"long_name": "cell masses", "units": "1"},
+    "mass": {"long_name": "total mass", "units": "1"},
+    "centers": {"long_name": "cell centres on the sphere", "units": "1"},
+    "areas": {"long_name": "cell areas (plain surface measure)", "units": "1"},
+    "reference": {"long_name": "reference volumes of the entropy", "units": "1"},
+    "steps": {"long_name": "accepted steps so far", "units": "1"},
+    "rejected": {"long_name": "rejected steps so far", "units": "1"},
+    "evaluations": {"long_name": "right-hand-side evaluations so far", "units": "1"},
+    "dt_next": {"long_name": "next step of the adaptive controller", "units": "1"},
+}
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -246,12 +273,12 @@ class ZarrRecorder:
             self._arrays[name] = group.create_array(
                 name, shape=(self.n_saves,) + value.shape, chunks=(1,) + value.shape, dtype=value.dtype,
                 fill_value=fill, compressors=codecs, dimension_names=("time",) + tuple(dims),
-                config={"write_empty_chunks": True})
+                config={"write_empty_chunks": True}, attributes=VARIABLE_ATTRS.get(name, {}))
         for name, (dims, value) in self.static.items():
             value = np.asarray(value)
             arr = group.create_array(name, shape=value.shape, chunks=value.shape or None, dtype=value.dtype,
                                      compressors=codecs, dimension_names=tuple(dims),
-                                     config={"write_empty_chunks": True})
+                                     config={"write_empty_chunks": True}, attributes=VARIABLE_ATTRS.get(name, {}))
             arr[...] = value
         with warnings.catch_warnings():  # zarr notes that consolidated metadata is not in the v3 spec (yet)
             warnings.simplefilter("ignore", UserWarning)
@@ -337,7 +364,8 @@ def result_dataset(result):
     for k, v in result.stats.items():
         data[k] = (("time",), np.asarray(v))
     data.update({name: (tuple(dims), arr) for name, (dims, arr) in result.static.items()})
-    return xr.Dataset(data, coords={"time": np.asarray(result.times, dtype=np.float64)},
+    data = {k: (*v, VARIABLE_ATTRS.get(k, {})) for k, v in data.items()}
+    return xr.Dataset(data, coords={"time": ("time", np.asarray(result.times, dtype=np.float64), VARIABLE_ATTRS["time"])},
                       attrs=_attrs(result.kind, result.solver, result.config))
 
 
