@@ -22,6 +22,7 @@ points of a measure on a mesh or a point cloud into atoms (JKO's stationary stat
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from scipy.sparse import coo_matrix
@@ -499,6 +500,18 @@ def count_clusters(mu: Atoms, threshold: float = 0.1, *, min_mass: float = 0.0) 
     return out.reshape(mu.batch_shape)
 
 
+def check_points_weights(points: Any, weights: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, w)`` as float64 after checking one system of points ``(n, d)`` with finite, non-negative weights ``(n,)``
+    that are not all zero (the input of every cluster finder with masses)."""
+    x = np.asarray(points, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    if x.ndim != 2 or w.shape != x.shape[:1]:
+        raise ValueError(f"points must have shape (n, d) and weights (n,), got {x.shape} and {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or not w.max(initial=0.0) > 0:
+        raise ValueError("weights must be finite, non-negative and not all zero")
+    return x, w
+
+
 def mass_clusters(points, weights, *, neighbors=None, radius: float | None = None,
                   threshold: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
     r"""Group the points of a measure that carry mass into atoms.
@@ -543,12 +556,7 @@ def mass_clusters(points, weights, *, neighbors=None, radius: float | None = Non
     >>> masses.tolist(), np.round(atoms, 3).tolist()
     ([0.5, 0.5], [[0.952, 0.305], [-0.924, -0.383]])
     """
-    x = np.asarray(points, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    if x.ndim != 2 or w.shape != x.shape[:1]:
-        raise ValueError(f"points must have shape (n, d) and weights (n,), got {x.shape} and {w.shape}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0) or not w.max(initial=0.0) > 0:
-        raise ValueError("weights must be finite, non-negative and not all zero")
+    x, w = check_points_weights(points, weights)
     n, d = x.shape
     keep = np.flatnonzero(w >= threshold * w.max())
     idx = -np.ones(n, dtype=np.intp)

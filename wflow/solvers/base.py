@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 
@@ -162,7 +163,7 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class Solver:
+class Solver(ABC):
     """One step of a time discretization (the *how*); stateless apart from its options.
 
     Subclasses set ``name``, ``order`` (and ``error_order`` when they estimate their
@@ -184,9 +185,10 @@ class Solver:
         """Per-run state; ``None`` by default."""
         return None
 
+    @abstractmethod
     def step(self, problem: Problem, t: float, y: np.ndarray, dt: float, state: Any, *, rtol: float = 0.0,
              atol: float = 0.0, rng: np.random.Generator | None = None) -> tuple[StepResult, Any]:
-        raise NotImplementedError  # abstract
+        """One step of size ``dt`` from ``(t, y)``: ``(StepResult, new state)``."""
 
     def limit(self, problem: Problem, t: float, y: np.ndarray, state: Any) -> float:
         """The largest stable step at ``(t, y)``; ``inf`` when the solver has no stability limit."""

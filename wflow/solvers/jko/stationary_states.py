@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...density import Density
-from ...diagnostics import mass_clusters
+from ...diagnostics import check_points_weights, mass_clusters
 from ...errors import check_int, check_positive
 from ...measure import Atoms
 from ...mesh import Mesh
@@ -130,12 +130,7 @@ def atom_groups(points: np.ndarray, weights: np.ndarray, *, neighbors: np.ndarra
     >>> np.round(np.arctan2(g.atoms[:, 1], g.atoms[:, 0]) / (th[1]), 3).tolist(), np.round(g.masses, 3).tolist()
     ([10.0, 20.0], [0.501, 0.499])
     """
-    x = np.asarray(points, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    if x.ndim != 2 or w.shape != x.shape[:1]:
-        raise ValueError(f"points must have shape (n, d) and weights (n,), got {x.shape} and {w.shape}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0) or not w.max(initial=0.0) > 0:
-        raise ValueError("weights must be finite, non-negative and not all zero")
+    x, w = check_points_weights(points, weights)
     threshold = check_positive(threshold, "threshold")
     top = check_positive(top, "top")
     levels = check_int(levels, "levels")
