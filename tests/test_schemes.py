@@ -204,3 +204,69 @@ def test_angles_on_the_circle_resolve_forces_below_rounding():
     clusters = (np.diff(np.sort(ang, axis=1), axis=1) > 1e-6).sum(axis=1) + 1
     assert list(np.unique(clusters)[::-1]) == [5, 4, 3, 2] and clusters[-1] == 2
     assert np.all(np.diff(r.energy) >= -1e-12 * r.energy.max())  # the staircase never steps down
+
+
+def test_gap_coordinates_agree_with_angles_and_have_the_exact_jacobian():
+    """coordinates='gaps' (CircleGapProblem): the run equals the angle run in the caller's order, the velocity
+    is T^-1 of the angle velocity, and the Jacobian T^-1 J T matches finite differences (SA, USA, V = -I)."""
+    x0 = sphere.uniform(7, 2, seed=8)
+    for m in (SA(3.0), USA(2.0, kernel="rescaled")):
+        a = wflow.simulate(m, x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, coordinates="angles")
+        g = wflow.simulate(m, x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, coordinates="gaps")
+        np.testing.assert_allclose(g.points, a.points, atol=1e-9)
+        np.testing.assert_allclose(g.energy, a.energy, rtol=1e-10)
+        np.testing.assert_array_equal(g.weights, a.weights)
+    from wflow.solvers.particles import CircleAngleProblem, CircleGapProblem
+    from wflow.solvers.steppers import ROS2
+
+    rng = np.random.default_rng(0)
+    th = rng.uniform(0, 2 * np.pi, 6)
+    w = rng.uniform(0.5, 1.5, 6)
+    w /= w.sum()
+    order, y = CircleGapProblem.from_angles(th)
+    assert np.all(y[1:] >= 0) and np.sum(y[1:]) < 2 * np.pi
+    np.testing.assert_allclose(np.mod(y[0] + np.concatenate([[0], np.cumsum(y[1:])]) - th[order] + 1, 2 * np.pi),
+                               1, atol=1e-14)
+    for m in (SA(3.0), USA(3.0, kernel="rescaled"), USA(2.0, V=-np.eye(2))):
+        p = CircleGapProblem(m, w, order, diagnostics=())
+        f = CircleAngleProblem(m, w[order], diagnostics=()).rhs(0.0, p.angles(y))
+        np.testing.assert_allclose(p.rhs(0.0, y), np.concatenate([f[:1], np.diff(f)]), atol=1e-15)
+        np.testing.assert_allclose(p.jacobian(0.0, y), ROS2().jacobian(p, 0.0, y, p.rhs(0.0, y)), atol=1e-6)
+
+
+def _two_cluster_time(beta, delta0, delta1):
+    """log of the time two point clusters (total mass 1, USA rescaled) take from gap delta0 to delta1:
+    t = int_{delta1}^{delta0} e^{2 beta sin^2(u/2)} / sin u du (delta' = -e^{-2 beta sin^2(delta/2)} sin delta)."""
+    from scipy.integrate import quad
+
+    f0 = 2 * beta * np.sin(delta0 / 2) ** 2
+    val, _ = quad(lambda u: np.exp(2 * beta * np.sin(u / 2) ** 2 - f0) / np.sin(u), delta1, delta0,
+                  epsabs=0, epsrel=1e-12, limit=200)
+    return f0 + np.log(val)
+
+
+def test_the_gkpr_staircase_at_beta_4000_completes_every_merge():
+    """USA (rescaled) at beta = 4000, GKPR's five tokens, gap coordinates and ros2: the four merges 5 -> 4 -> 3
+    -> 2 -> 1 (the last at t ~ 1e78, in steps below the rounding of t), the energy never decreases and ends at
+    1/(2 beta); and the last merge's timing against the exact two-cluster integral: two clusters of masses
+    3/5, 2/5 at gap 0.3 reach gap 0.15 at t = 1.1e75 (log t = 172.80): the run crosses within 2e-5 of log t."""
+    beta = 4000.0
+    theta = 0.5 * np.array([0, 0.5, 2, 4, 7]) * np.log(beta) / np.sqrt(beta)
+    x0 = np.stack([np.cos(theta), np.sin(theta)], -1)
+    r = wflow.simulate(USA(beta, kernel="rescaled"), x0, 1e90, method="ros2", rtol=1e-4, atol=1e-10,
+                       save_at=np.concatenate([[0], np.logspace(-3, 90, 94)]), coordinates="gaps")
+    gaps = r.data["gaps"][1][:, 1:]
+    clusters = (np.abs(gaps) > 1e-6).sum(axis=1) + 1
+    assert list(np.unique(clusters)[::-1]) == [5, 4, 3, 2, 1] and np.all(np.diff(clusters) <= 0)
+    le = r.diagnostics["log_energy"]
+    assert np.all(np.diff(le) >= -1e-12)
+    assert abs(le[-1] + np.log(2 * beta)) < 1e-12
+    # the last merge alone: exact time from the two-cluster ODE
+    delta0 = 0.3
+    x0 = sphere.angles_to_points(np.array([0, 0, 0, delta0, delta0]))
+    logT = _two_cluster_time(beta, delta0, delta0 / 2)
+    ts = np.exp(logT + np.array([-2e-5, 2e-5]) * logT)
+    two = wflow.simulate(USA(beta, kernel="rescaled"), x0, ts[-1], method="ros2", rtol=1e-4, atol=1e-12,
+                         save_at=np.concatenate([[0], ts]), coordinates="gaps")
+    g = two.data["gaps"][1][:, 3]
+    assert g[1] > delta0 / 2 > g[2], (logT, g)

@@ -135,6 +135,7 @@ def _runs(tmp_path):
     """For each kind: a function that runs it with extra trackers into a store."""
     rng = np.random.default_rng(3)
     x0 = sphere.uniform(12, 3, rng)
+    c0 = sphere.uniform(6, 2, rng)
     m = CircleMesh(48)
     rho0 = Density.from_function(m, lambda x: 1 + 0.6 * x[:, 0] + 0.3 * x[:, 1] ** 2)
     return {
@@ -142,6 +143,9 @@ def _runs(tmp_path):
                                                       trackers=tr),
         "particles-noise": lambda tr: wflow.simulate(SA(3.0), x0, 1.5, kappa=4.0, dt=0.01, seed=2, backend=BK,
                                                      trackers=tr),
+        "particles-gaps": lambda tr: wflow.simulate(USA(30.0, kernel="rescaled"), c0, 1e3, method="ros2",
+                                                    rtol=1e-4, coordinates="gaps", trackers=tr,
+                                                    save_at=np.geomspace(1e-3, 1e3, 8)),
         "lagrangian": lambda tr: wflow.solve_lagrangian(SA(2.0), lambda x: 1 + 0.3 * x[:, 0], 1.0, nodes=32,
                                                         backend=BK, trackers=tr),
         "density": lambda tr: wflow.solve_density(USA(2.0), rho0, 1.0, save_at=np.linspace(0, 1, 6), kappa=5.0,
@@ -151,7 +155,8 @@ def _runs(tmp_path):
     }
 
 
-@pytest.mark.parametrize("kind", ["particles-dopri5", "particles-noise", "lagrangian", "density", "jko"])
+@pytest.mark.parametrize("kind", ["particles-dopri5", "particles-noise", "particles-gaps", "lagrangian", "density",
+                                  "jko"])
 def test_resume_repeats_the_uninterrupted_run(kind, tmp_path):
     """Interrupted after the third committed snapshot, wflow.resume finishes bit for bit equal to the
     uninterrupted run (the density from masses = values * areas: to rounding)."""

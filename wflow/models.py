@@ -313,8 +313,13 @@ class _Attention(Model):
         if why is not None:
             raise ValueError(f"angular_velocity needs Q = K = I and V = +-I: {why}")
         theta = np.asarray(theta, dtype=np.float64)
-        D = theta[..., None, :] - theta[..., :, None]
-        beta = self.beta_for(theta.shape[-1])
+        return self.angular_velocity_from_differences(theta[..., None, :] - theta[..., :, None], weights)
+
+    def angular_velocity_from_differences(self, D: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        r""":meth:`angular_velocity` from the matrix of angle differences :math:`D_{ij} = \theta_j - \theta_i`,
+        shape ``(..., n, n)``: for callers that hold differences more accurately than the angles (gap
+        coordinates, :class:`wflow.solvers.particles.CircleGapProblem`)."""
+        beta = self.beta_for(D.shape[-1])
         logk = -2.0 * beta * np.sin(0.5 * D) ** 2
         k = np.exp(logk) * weights[..., None, :]
         num = np.sum(k * np.sin(D), axis=-1)
@@ -331,8 +336,11 @@ class _Attention(Model):
         (one system).  Its rows sum to zero exactly (the diagonal is minus the off-diagonal sum: rotations are
         an exact zero mode), so implicit steps of any length leave the rotation mode alone."""
         theta = np.asarray(theta, dtype=np.float64)
-        D = theta[None, :] - theta[:, None]
-        beta = self.beta_for(theta.shape[-1])
+        return self.angular_jacobian_from_differences(theta[None, :] - theta[:, None], weights)
+
+    def angular_jacobian_from_differences(self, D: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        r""":meth:`angular_jacobian` from the angle differences :math:`D_{ij} = \theta_j - \theta_i`, shape ``(n, n)``."""
+        beta = self.beta_for(D.shape[-1])
         k = np.exp(-2.0 * beta * np.sin(0.5 * D) ** 2) * weights[None, :]
         sD, cD = np.sin(D), np.cos(D)
         dN = k * (cD - beta * sD * sD)          # d/dtheta_j of the numerator's term j

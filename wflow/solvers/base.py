@@ -129,6 +129,13 @@ class Problem:
         """Times in ``(t0, t_end)`` where the right-hand side jumps (layer boundaries): adaptive steps land on them."""
         return np.empty(0)
 
+    @property
+    def autonomous(self) -> bool:
+        """True when the right-hand side does not depend on t.  Adaptive steps of such a problem may be far
+        below the rounding of t (the time is compensated): a merge lasting O(1) at t ~ 1e30 is resolved, and a
+        stall is detected by consecutive rejections instead of the floor ``1e-30 |t|``."""
+        return False
+
 
 # ------------------------------------------------------------------------------ the *how*
 @dataclass
@@ -406,6 +413,8 @@ def _check_tolerance(value: Any, name: str) -> float:
 
 
 _EPS = float(np.finfo(np.float64).eps)
+#: consecutive rejected steps after which an autonomous problem's run stops with "step size underflow"
+MAX_REJECTIONS = 60
 
 
 def _finite(y: np.ndarray) -> bool:
@@ -656,6 +665,8 @@ def integrate(
 
         stats_base_ev = stats["evaluations"]
         tc = 0.0  # the low part of the time: the run is at t + tc
+        autonomous = bool(problem.autonomous)
+        rejected_in_row = 0
         status, message = 0, "reached t_end"
         stopped_by = None
         try:
@@ -693,11 +704,12 @@ def integrate(
                             h_try = rest / 2
                     if land:
                         h_try = rest
-                    if not h_try > 1e-30 * abs(t):
-                        raise SolverError(f"step size underflow at t={t:.6g} (dt={h_try:.3g}): the solution changes on a "
-                                          f"time scale 1e-30 of the time itself; the problem may be stiff, the "
-                                          f"tolerances too tight (rtol={rtol:g}, atol={atol:g}), or the kernel "
-                                          f"overflowing")
+                    if not h_try > (0.0 if autonomous else 1e-30 * abs(t)) or rejected_in_row >= MAX_REJECTIONS:
+                        scale = (f"{MAX_REJECTIONS} steps rejected in a row" if autonomous else
+                                 "the solution changes on a time scale 1e-30 of the time itself")
+                        raise SolverError(f"step size underflow at t={t:.6g} (dt={h_try:.3g}): {scale}; the problem "
+                                          f"may be stiff, the tolerances too tight (rtol={rtol:g}, atol={atol:g}), "
+                                          f"or the kernel overflowing")
                 else:
                     land = step_no + 1 >= save_steps[k_save]
                     h_try = grid.step(step_no)
@@ -718,9 +730,11 @@ def integrate(
                     expo = -1.0 / (solver.error_order + 1)
                     if err > 1.0:
                         stats["rejected"] += 1
+                        rejected_in_row += 1
                         h = h_try * (max(0.2, 0.9 * err**expo) if math.isfinite(err) else 0.2)
                         continue
                     h = h_try * (5.0 if err == 0 else min(5.0, 0.9 * err**expo))
+                    rejected_in_row = 0
                 if not _finite(res.y):
                     raise SolverError(f"the state became non-finite in the step from t={t:.6g} with dt={h_try:.3g} "
                                       f"({solver.name}); snapshots written so far are kept. Reduce dt (or rtol), or "

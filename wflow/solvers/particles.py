@@ -23,7 +23,7 @@ from .base import Problem, Result, Tracker, check_save_at, get_solver, integrate
 from .steppers import project_to_sphere
 from .trackers import Callback, ProgressBar
 
-__all__ = ["simulate", "Trajectory", "ParticleProblem", "CircleAngleProblem", "default_dt", "DIAGNOSTICS"]
+__all__ = ["simulate", "Trajectory", "ParticleProblem", "CircleAngleProblem", "CircleGapProblem", "default_dt", "DIAGNOSTICS"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,10 @@ class ParticleProblem(Problem):
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
         return self.model.breakpoints(t0, t_end)
 
+    @property
+    def autonomous(self) -> bool:
+        return not self.model.time_dependent
+
     # -- the field ---------------------------------------------------------------
     def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
         # on the sphere the field is extended off it by zero-homogeneity (module docstring of steppers);
@@ -115,6 +119,16 @@ class ParticleProblem(Problem):
         self.evaluations += 1
         mu = Atoms._trusted(theta[..., :self.n, :], self.weights)
         return self.model_at(t).velocity(y if self.free else theta, mu, backend=self.backend)
+
+    def average(self, t: float, y: np.ndarray) -> np.ndarray:
+        r"""The attention output before projection, ``model.average`` (tokens on the sphere): what the
+        published discrete scheme :math:`x \leftarrow (x + \eta A x)/|x + \eta A x|` adds."""
+        if self.free or not hasattr(self.model_at(t), "average"):
+            raise TypeError(f"{self.model!r} has no attention average on the sphere")
+        theta = project_to_sphere(y)
+        self.evaluations += 1
+        mu = Atoms._trusted(theta[..., :self.n, :], self.weights)
+        return self.model_at(t).average(theta, mu, backend=self.backend)
 
     def retract(self, y: np.ndarray) -> np.ndarray:
         return y if self.free else project_to_sphere(y)
@@ -242,7 +256,7 @@ class CircleAngleProblem(ParticleProblem):
         return out
 
     def _energies(self, model: Model, mu: Atoms) -> dict[str, np.ndarray]:
-        """Energies from the angle differences (accurate when tokens have merged): :math:`E = \frac1{2\beta}
+        r"""Energies from the angle differences (accurate when tokens have merged): :math:`E = \frac1{2\beta}
         \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`."""
         th = np.arctan2(mu.points[..., 1], mu.points[..., 0])
         beta = model.beta_for(mu.n)
@@ -265,6 +279,100 @@ class CircleAngleProblem(ParticleProblem):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "coordinates": "angles"}
+
+
+class CircleGapProblem(CircleAngleProblem):
+    r"""Particles on :math:`S^1` in gap coordinates: the state is :math:`y = (\theta_0, g_1, \dots, g_{n-1})`,
+    :math:`\theta_i = \theta_0 + g_1 + \dots + g_i`, with the tokens sorted along the circle and the cut
+    placed in the largest initial gap.
+
+    Angle differences are formed as sums of gaps, :math:`\theta_j - \theta_i = g_{i+1} + \dots + g_j`, so a
+    gap of 1e-200 between merged tokens keeps its relative accuracy (in angles it is lost below
+    :math:`\epsilon|\theta|`).  The Jacobian :math:`T^{-1}J_\theta T` (``T`` the cumulative sum) is formed from
+    one-sided partial sums of :math:`J_\theta`'s off-diagonal entries: rotations are not a mode of the gaps,
+    and the slow inter-cluster eigenvalues (:math:`e^{-\beta\delta^2/2}`, far below rounding of the
+    :math:`O(1)` intra-cluster entries) are not swamped.  This is what lets the implicit ``ros2`` take steps
+    of length :math:`t \sim 10^{30}` through every merge of a metastable staircase; in angles the
+    rounding of the zero mode stops it near :math:`t \sim 1/\epsilon`.  Saved: ``gaps`` (the state, in
+    sorted order), ``angles`` and ``points`` in the caller's order.
+    """
+
+    def __init__(self, model: Model, weights: np.ndarray, order: np.ndarray, **kw: Any):
+        super().__init__(model, np.take_along_axis(weights, order, axis=-1), **kw)
+        self.order = order
+        self.inverse = np.argsort(order, axis=-1)
+        self.user_weights = weights
+
+    @staticmethod
+    def from_angles(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(order, y)``: the sorting permutation and the gap state of angles ``theta`` of shape ``(..., n)``."""
+        theta = np.mod(theta, 2 * np.pi)
+        order = np.argsort(theta, axis=-1, kind="stable")
+        th = np.take_along_axis(theta, order, axis=-1)
+        wrap = 2 * np.pi - (th[..., -1] - th[..., 0])
+        gaps = np.diff(th, axis=-1)
+        # start after the largest gap (the wrap-around one included): merges across the cut lose accuracy
+        allg = np.concatenate([gaps, wrap[..., None]], axis=-1)
+        start = (np.argmax(allg, axis=-1) + 1) % th.shape[-1]
+        n = th.shape[-1]
+        roll = (np.arange(n) + start[..., None]) % n
+        order = np.take_along_axis(order, roll, axis=-1)
+        th = np.take_along_axis(th, roll, axis=-1)
+        gaps = np.mod(np.diff(th, axis=-1), 2 * np.pi)
+        return order, np.concatenate([th[..., :1], gaps], axis=-1)
+
+    def differences(self, y: np.ndarray) -> np.ndarray:
+        r""":math:`D_{ij} = \theta_j - \theta_i` as sums of gaps, shape ``(..., n, n)``."""
+        n = y.shape[-1]
+        D = np.zeros(y.shape + (n,))
+        for i in range(n - 1):
+            D[..., i, i + 1:] = np.cumsum(y[..., i + 1:], axis=-1)
+        return D - np.swapaxes(D, -1, -2)
+
+    def angles(self, y: np.ndarray) -> np.ndarray:
+        """Angles in the sorted order, shape ``(..., n)``."""
+        return y[..., :1] + np.concatenate([np.zeros(y.shape[:-1] + (1,)), np.cumsum(y[..., 1:], axis=-1)], axis=-1)
+
+    def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
+        self.evaluations += 1
+        f = self.model_at(t).angular_velocity_from_differences(self.differences(y), self.weights)
+        return np.concatenate([f[..., :1], np.diff(f, axis=-1)], axis=-1)
+
+    def jacobian(self, t: float, y: np.ndarray) -> np.ndarray | None:
+        """:math:`T^{-1}J_\theta T` by one-sided partial sums (no cancellation of the O(1) entries)."""
+        if y.ndim != 1:
+            return None
+        J = self.model_at(t).angular_jacobian_from_differences(self.differences(y), self.weights)
+        np.fill_diagonal(J, 0.0)
+        n = y.size
+        right = np.cumsum(J[:, ::-1], axis=1)[:, ::-1]                  # sum_{j >= m} J_ij
+        left = np.concatenate([np.zeros((n, 1)), np.cumsum(J, axis=1)[:, :-1]], axis=1)  # sum_{j < m} J_ij
+        below = np.arange(n)[:, None] < np.arange(n)[None, :]          # i < m
+        JT = np.where(below, right, -left)
+        JT[:, 0] = 0.0                                                  # rotations: exactly no force
+        return np.concatenate([JT[:1], np.diff(JT, axis=0)], axis=0)
+
+    def noise(self, t: float, y: np.ndarray, dt: float, rng: np.random.Generator) -> np.ndarray:
+        xi = math.sqrt(2 * dt / self.kappa) * rng.standard_normal(y.shape)
+        return np.concatenate([xi[..., :1], np.diff(xi, axis=-1)], axis=-1)
+
+    def measure(self, y: np.ndarray) -> Atoms:
+        th = np.take_along_axis(self.angles(y), self.inverse, axis=-1)
+        return Atoms._trusted(np.stack([np.cos(th), np.sin(th)], axis=-1), self.user_weights)
+
+    def snapshot(self, t: float, y: np.ndarray) -> dict:
+        out = super().snapshot(t, y)
+        mu = self.measure(y)
+        out["angles"] = (self._batch + ("particle",), np.arctan2(mu.points[..., 1], mu.points[..., 0]))
+        out["gaps"] = (self._batch + ("particle",), np.array(y, copy=True))
+        return out
+
+    def static(self) -> dict:
+        return {"weights": (self._batch + ("particle",), self.user_weights),
+                "order": (self._batch + ("particle",), self.order)}
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "coordinates": "gaps"}
 
 
 class Trajectory(Result):
@@ -434,10 +542,12 @@ def simulate(
     throw : bool
         Raise :class:`~wflow.errors.SolverError` on failure (default) or return a result with
         ``status = -1``.
-    coordinates : {"cartesian", "angles"}
+    coordinates : {"cartesian", "angles", "gaps"}
         ``"angles"``: on :math:`S^1`, integrate the angles in the Kuramoto form
-        (:class:`CircleAngleProblem`; attention with Q = K = I, V = ±I): exact for merged tokens,
-        the choice for metastable staircases at large beta.
+        (:class:`CircleAngleProblem`; attention with Q = K = I, V = ±I): exact for merged tokens.
+        ``"gaps"``: the same flow in the gaps between sorted tokens (:class:`CircleGapProblem`):
+        with ``method="ros2"`` the choice for metastable staircases at large beta, where steps grow
+        to :math:`t\sim10^{30}` between merges.
 
     Returns
     -------
@@ -498,15 +608,19 @@ def simulate(
             raise ValueError("tracers must be finite points on the unit sphere (norms within 1e-6 of 1)")
         n_tr = tracers.shape[-2]
         x = np.concatenate([x, tracers], axis=-2)
-    if coordinates not in ("cartesian", "angles"):
-        raise ValueError(f"coordinates must be 'cartesian' or 'angles', got {coordinates!r}")
-    if coordinates == "angles":
+    if coordinates not in ("cartesian", "angles", "gaps"):
+        raise ValueError(f"coordinates must be 'cartesian', 'angles' or 'gaps', got {coordinates!r}")
+    if coordinates != "cartesian":
         if mu0.d != 2 or model.space != "sphere":
-            raise ValueError(f"coordinates='angles' is for the circle S^1 (d = 2), got d = {mu0.d}")
-        problem = CircleAngleProblem(model, mu0.weights, kappa=kappa, backend=backend, diagnostics=diagnostics,
-                                     cluster_threshold=cluster_threshold, extra_diagnostics=extra_diagnostics,
-                                     n_tracers=n_tr)
+            raise ValueError(f"coordinates={coordinates!r} is for the circle S^1 (d = 2), got d = {mu0.d}")
         x = np.arctan2(mu0.points[..., 1], mu0.points[..., 0])
+        kw = dict(kappa=kappa, backend=backend, diagnostics=diagnostics, cluster_threshold=cluster_threshold,
+                  extra_diagnostics=extra_diagnostics, n_tracers=n_tr)
+        if coordinates == "angles":
+            problem = CircleAngleProblem(model, mu0.weights, **kw)
+        else:
+            order, x = CircleGapProblem.from_angles(x)
+            problem = CircleGapProblem(model, mu0.weights, order, **kw)
     else:
         problem = ParticleProblem(model, mu0.weights, mu0.d, kappa=kappa, backend=backend, diagnostics=diagnostics,
                                   cluster_threshold=cluster_threshold, extra_diagnostics=extra_diagnostics,
@@ -530,6 +644,11 @@ def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]) -> tuple[ParticleProbl
     from ..models import model_from_dict
 
     weights = stored["static"]["weights"][1]
+    if cfg.get("coordinates") == "gaps":
+        problem = CircleGapProblem(model_from_dict(cfg["model"]), weights, stored["static"]["order"][1],
+                                   kappa=cfg["kappa"], backend=cfg["backend"], diagnostics=cfg["diagnostics"],
+                                   cluster_threshold=cfg["cluster_threshold"])
+        return problem, get_solver(cfg["solver"], **cfg["solver_options"]), stored["data"]["gaps"][1][-1]
     if cfg.get("coordinates") == "angles":
         problem = CircleAngleProblem(model_from_dict(cfg["model"]), weights, kappa=cfg["kappa"],
                                      backend=cfg["backend"], diagnostics=cfg["diagnostics"],
