@@ -174,6 +174,47 @@ def test_validate_report_and_exit_status(tmp_path, monkeypatch, capsys):
     assert "FAIL slope" in capsys.readouterr().out
 
 
+def test_a_group_runs_its_studies_and_an_interrupted_study_keeps_its_finished_parts(tmp_path, monkeypatch, capsys):
+    """`wflow validate GROUP` runs every study of the group; a study interrupted after two of its three parts
+    recomputes only the third when run again (wflow.studies.parts.Parts), and a quick part is not reused by
+    the full mode."""
+    from wflow.studies import report
+    from wflow.studies.parts import Parts
+
+    calls = []
+
+    def part_study(out, quick):
+        parts = Parts(out, "parted", quick)
+        rep = report.StudyReport("parted")
+        for beta in (1.0, 2.0, 3.0):
+            def compute(beta=beta):
+                if beta == 3.0 and not calls.count("ok-to-finish"):
+                    raise KeyboardInterrupt
+                calls.append(beta)
+                return {"value": np.arange(3) * beta, "rate": beta / 2}
+            got = parts.get({"beta": beta}, compute)
+            rep.rows.append({"beta": beta, "rate": got["rate"]})
+        rep.expect("parts", len(rep.rows), 3, 3)
+        return rep
+
+    def other(out, quick):
+        rep = report.StudyReport("other")
+        rep.expect("one", 1.0, 1, 1)
+        return rep
+
+    monkeypatch.setitem(report.STUDIES, "parted", part_study)
+    monkeypatch.setitem(report.STUDIES, "other", other)
+    monkeypatch.setitem(report.GROUPS, "grp", ["parted", "other"])
+    assert main(["validate", "grp", "--quick", "--out", str(tmp_path)]) == 130    # Ctrl-C: one line
+    assert calls == [1.0, 2.0] and "interrupted" in capsys.readouterr().err
+    calls.append("ok-to-finish")
+    assert main(["validate", "grp", "--quick", "--out", str(tmp_path)]) == 0
+    assert calls == [1.0, 2.0, "ok-to-finish", 3.0]          # only the unfinished part ran again
+    assert (tmp_path / "parted.md").exists() and (tmp_path / "other.md").exists()
+    assert main(["validate", "parted", "--out", str(tmp_path)]) == 0   # full mode: its own parts
+    assert calls[-3:] == [1.0, 2.0, 3.0]
+
+
 def test_cli_sweep_runs_a_grid_into_one_store_and_continues(tmp_path, capsys):
     """wflow sweep: a grid of beta x seeds on a LocalCluster, one store with the grid as coordinates; running
     it again finds every point done; a key that does not exist is one line and exit 2, nothing written."""

@@ -85,10 +85,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _study_names() -> list[str]:
-    from .studies.report import STUDIES, _load_all
+    from .studies.report import GROUPS, STUDIES, _load_all
 
     _load_all()
-    return list(STUDIES)
+    return list(STUDIES) + [f"{g} (= {' '.join(names)})" for g, names in GROUPS.items()]
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -320,8 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         # a write in flight on Zarr's IO thread is abandoned (it was not committed): asyncio would report its
         # pending task at exit; the store is consistent, so the one line below is all there is to say
         logging.getLogger("asyncio").disabled = True
-        again = "run it again" if args.command == "sweep" else "continue with wflow run --resume"
-        print(f"wflow: interrupted; committed snapshots are kept ({again})", file=sys.stderr)
+        if args.command == "validate":
+            print("wflow: interrupted; finished parts of the studies are kept (run the same command again)",
+                  file=sys.stderr)
+        else:
+            again = "run it again" if args.command == "sweep" else "continue with wflow run --resume"
+            print(f"wflow: interrupted; committed snapshots are kept ({again})", file=sys.stderr)
         return 130
     return EXIT_USAGE  # pragma: no cover
 

@@ -16,19 +16,24 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Expectation", "StudyReport", "STUDIES", "register", "write_report", "run_studies", "STUDY_MODULES"]
+__all__ = ["Expectation", "StudyReport", "STUDIES", "register", "write_report", "run_studies", "STUDY_MODULES", "GROUPS"]
 
 #: every study, by name (filled by :func:`register`)
 STUDIES: dict[str, Callable[[Path, bool], "StudyReport"]] = {}
 
 #: modules whose import registers further studies (``wflow.validate`` holds mean-field, eulerian, jko)
-STUDY_MODULES = ("wflow.validate", "wflow.studies.zonal", "wflow.studies.perceptron")
+STUDY_MODULES = ("wflow.validate", "wflow.studies.zonal", "wflow.studies.perceptron", "wflow.studies.staircase")
+
+#: names that stand for several studies (``wflow validate papers``), filled by :func:`register`'s ``group``
+GROUPS: dict[str, list[str]] = {}
 
 
-def register(name: str):
-    """Decorator: list a study under ``name`` (the name ``wflow validate`` takes)."""
+def register(name: str, group: str | None = None):
+    """Decorator: list a study under ``name`` (the name ``wflow validate`` takes), and in ``group`` if given."""
     def deco(fn: Callable[[Path, bool], "StudyReport"]):
         STUDIES[name] = fn
+        if group is not None and name not in GROUPS.setdefault(group, []):
+            GROUPS[group].append(name)
         return fn
     return deco
 
@@ -98,9 +103,10 @@ def run_studies(names: list[str] | None, out: Path, quick: bool) -> list[StudyRe
     """Run the named studies (all when ``None``), writing each report into ``out``."""
     _load_all()
     names = list(STUDIES) if not names else names
-    unknown = [n for n in names if n not in STUDIES]
+    unknown = [n for n in names if n not in STUDIES and n not in GROUPS]
     if unknown:
-        raise ValueError(f"unknown validation study {unknown[0]!r}; known: {', '.join(STUDIES)}")
+        raise ValueError(f"unknown validation study {unknown[0]!r}; known: {', '.join(list(STUDIES) + list(GROUPS))}")
+    names = list(dict.fromkeys(m for n in names for m in GROUPS.get(n, [n])))
     out.mkdir(parents=True, exist_ok=True)
     reports = []
     for n in names:
