@@ -1,0 +1,423 @@
+r"""Metastable clusters: the linear phase selects the number of clusters (``metastable``).
+
+Bruno, Pasqualotto and Agazzi, *Emergence of meta-stable clustering in mean-field transformer models*
+(ICLR 2025, arXiv:2410.23228), linear phase (their Theorem 4.3 and Figure 4); Rigollet, *The mean-field
+dynamics of transformers* (2025), the section on the linear instability of the uniform state.  Around
+the uniform measure on :math:`S^1` a Fourier mode :math:`k` of the density grows at the rate
+
+.. math::
+
+    \lambda_k = \frac{k^2 I_k(\beta)}{\beta\, I_0(\beta)} \quad\text{(SA)}, \qquad
+    \lambda_k = \frac{k^2 I_k(\beta)}{\beta} \quad\text{(USA)}
+
+(:func:`wflow.theory.growth_rate`); both have the same maximiser :math:`k^* = \arg\max_k k^2 I_k(\beta)`,
+the number of clusters the linear phase leaves behind, at the angles of the maxima of
+:math:`\cos(k^*\theta + \arg\hat c_{k^*}(0))`, :math:`\hat c_k = \int e^{-ik\theta}\,d\mu_0`.  On
+:math:`S^2` the degree :math:`\ell^*` of largest
+:math:`\lambda_\ell = \ell(\ell+1) c_\ell(\beta)/(\beta c_0(\beta))` should dominate the spectrum.
+
+The study runs SA (:math:`Q = K = V = I`; its linearisation is USA's up to the constant time change
+:math:`I_0(\beta)`) and measures, at the *end of the linear phase* -- the first save time at which the
+largest Fourier coefficient reaches :data:`AMPLITUDE` (density modulation :math:`\pm 50\,\%`):
+
+* the dominant Fourier mode :math:`k_{\rm dom} = \arg\max_k |\hat c_k|` and the number of density peaks
+  (:func:`count_peaks` of a wrapped-Gaussian smoothing, :func:`smoothed_density`);
+* the angle error of the peaks against :func:`predicted_angles` from the initial phase of mode
+  :math:`k^*`;
+* finite volume (:func:`wflow.solve_density`): uniform plus :math:`\varepsilon\sum_{k\le 24}\cos(k\theta - \phi_k)`,
+  equal amplitudes, random phases, so the selected mode is the dynamics' choice;
+* particles (:func:`wflow.simulate`): :math:`N` i.i.d. uniform tokens, the paper's initialisation: the
+  perturbation is the sampling noise, :math:`|\hat c_k(0)|^2` independent exponentials of mean
+  :math:`1/N`.  Which mode wins is then random when rates nearly tie; the linear theory gives the
+  probability :func:`selection_probability` that :math:`k^*` wins by the time :math:`t` (tending to 1
+  as :math:`N \to \infty`, since the linear phase lasts :math:`\sim \log N / 2\lambda_{k^*}`);
+* on :math:`S^2`: particles, the degree spectrum :func:`degree_spectrum` by Legendre sums.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import integrate, special
+from scipy.signal import find_peaks
+
+from ..density import Density
+from ..mesh import CircleMesh
+from ..models import SA
+from ..solvers.eulerian import solve_density
+from ..solvers.particles import simulate
+from ..sphere import uniform
+from ..theory import growth_rate, most_unstable_mode
+from .parts import Parts
+from .report import StudyReport, register
+
+__all__ = ["metastable", "fourier_coefficients", "smoothed_density", "count_peaks", "predicted_angles",
+           "angle_error", "degree_spectrum", "selection_probability", "resolved_modes", "PLANS"]
+
+#: largest Fourier coefficient |c_k| that ends the linear phase (density 1 + 2|c| cos: +-50 %)
+AMPLITUDE = 0.25
+#: Fourier modes examined on S^1; degrees on S^2
+K_MAX = 12
+L_MAX = 12
+#: finite-volume initial amplitude per mode and number of perturbed modes
+FV_EPS = 1e-3
+FV_MODES = 24
+#: save interval (the end of the linear phase is located to this), RK4 step of the particles
+DT_SAVE = 0.2
+DT = 0.2
+#: last time searched for the end of the linear phase
+T_MAX = 30.0
+#: width (rad) of the wrapped-Gaussian smoothing that counts peaks; peak prominence / mean density
+SIGMA = 0.1
+PROMINENCE = 0.25
+
+PLANS: dict[str, dict[str, Any]] = {
+    "quick": {"betas": (2.0, 5.0, 10.0), "n": 5000, "seeds": 2, "fv_cells": 256,
+              "s2_betas": (5.0,), "s2_n": 1500, "s2_seeds": 1},
+    "full": {"betas": (1.0, 2.0, 5.0, 7.0, 10.0, 20.0), "n": 20_000, "seeds": 5, "fv_cells": 512,
+             "s2_betas": (2.0, 5.0, 10.0), "s2_n": 3000, "s2_seeds": 2},
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# measurements
+# ----------------------------------------------------------------------------------------------------
+
+def fourier_coefficients(theta, k_max: int = K_MAX, weights=None) -> np.ndarray:
+    r""":math:`\hat c_k = \sum_i w_i e^{-ik\theta_i}` for :math:`k = 1..k_{\max}` (uniform weights by default).
+
+    A density :math:`\frac{1}{2\pi}(1 + 2\sum_k |\hat c_k|\cos(k\theta + \arg\hat c_k))` has these
+    coefficients; a single atom has :math:`|\hat c_k| = 1`.
+    """
+    theta = np.asarray(theta, dtype=float).ravel()
+    w = np.full(theta.size, 1.0 / theta.size) if weights is None else np.asarray(weights, float).ravel() / np.sum(weights)
+    k = np.arange(1, k_max + 1)
+    return np.exp(-1j * np.outer(k, theta)) @ w
+
+
+def smoothed_density(theta, m: int = 256, sigma: float = SIGMA, weights=None) -> np.ndarray:
+    r"""Density on the grid :math:`2\pi(j + \frac12)/m - \pi` of the angles smoothed by a wrapped Gaussian.
+
+    Histogram on ``m`` bins, then each Fourier mode multiplied by :math:`e^{-k^2\sigma^2/2}`; the
+    result integrates to 1 (shape ``(m,)``, values in 1/rad).  With cell masses of a finite-volume
+    density as ``weights`` at the cell centres it smooths that density the same way.
+    """
+    theta = np.mod(np.asarray(theta, dtype=float).ravel() + np.pi, 2 * np.pi) - np.pi
+    h, _ = np.histogram(theta, bins=m, range=(-np.pi, np.pi), weights=weights)
+    g = np.fft.rfft(h / np.sum(h))
+    k = np.arange(g.size)
+    s = np.fft.irfft(g * np.exp(-0.5 * (k * sigma) ** 2), m)
+    return s * m / (2 * np.pi)
+
+
+def grid_angles(m: int) -> np.ndarray:
+    """The angles of :func:`smoothed_density`'s grid."""
+    return 2 * np.pi * (np.arange(m) + 0.5) / m - np.pi
+
+
+def count_peaks(values, prominence: float = PROMINENCE) -> tuple[int, np.ndarray]:
+    """Local maxima of a periodic density above its mean with prominence ``>= prominence * mean``.
+
+    Returns the count and the peaks' indices into ``values``.
+    """
+    v = np.asarray(values, dtype=float).ravel()
+    m = v.size
+    mean = v.mean()
+    tiled = np.concatenate([v, v, v])
+    pk, _ = find_peaks(tiled, prominence=prominence * mean)
+    pk = pk[(pk >= m) & (pk < 2 * m) & (tiled[pk] > mean)] - m
+    return int(pk.size), pk
+
+
+def predicted_angles(c_k: complex, k: int) -> np.ndarray:
+    r"""Maxima of :math:`\operatorname{Re}(\hat c_k e^{ik\theta})`: :math:`\theta_j = (-\arg\hat c_k + 2\pi j)/k`, in :math:`[-\pi, \pi)`."""
+    a = (-np.angle(c_k) + 2 * np.pi * np.arange(k)) / k
+    return np.mod(a + np.pi, 2 * np.pi) - np.pi
+
+
+def angle_error(observed, predicted) -> float:
+    """Largest circular distance (rad) from an observed angle to the nearest predicted one."""
+    o = np.asarray(observed, float).ravel()[:, None]
+    p = np.asarray(predicted, float).ravel()[None, :]
+    if o.size == 0 or p.size == 0:
+        return float("nan")
+    dist = np.abs(np.angle(np.exp(1j * (o - p))))
+    return float(dist.min(axis=1).max())
+
+
+def degree_spectrum(points, ell_max: int = L_MAX, chunk: int = 2048) -> np.ndarray:
+    r"""Degree spectrum of an empirical measure on :math:`S^{d-1}`: :math:`A_\ell = \frac{1}{N^2}\sum_{ij} P_\ell(\langle x_i, x_j\rangle)` (d = 3).
+
+    :math:`A_\ell = \frac{4\pi}{2\ell+1}\sum_m |\hat\mu_{\ell m}|^2`, the mean power per component of
+    degree :math:`\ell` (addition theorem): 1 for a point mass, :math:`1/N` in expectation for
+    i.i.d. uniform points (every degree alike, so the degree that grows is the dynamics' choice).
+    Legendre polynomials by the three-term recurrence, ``chunk`` rows of the Gram matrix at a time.
+    Shape ``(ell_max + 1,)``.
+    """
+    x = np.asarray(points, dtype=float).reshape(-1, np.shape(points)[-1])
+    n = x.shape[0]
+    out = np.zeros(ell_max + 1)
+    for s in range(0, n, chunk):
+        t = np.clip(x[s:s + chunk] @ x.T, -1.0, 1.0)
+        p0, p1 = np.ones_like(t), t
+        out[0] += p0.sum()
+        if ell_max >= 1:
+            out[1] += p1.sum()
+        for ell in range(1, ell_max):
+            p0, p1 = p1, ((2 * ell + 1) * t * p1 - ell * p0) / (ell + 1)
+            out[ell + 1] += p1.sum()
+    return out / n**2
+
+
+def resolved_modes(rates, t: float, ratio: float = 0.5) -> list[int]:
+    r"""Modes :math:`k` (1-based) whose linear amplitude at ``t`` from equal initial amplitudes is at least ``ratio`` of the leader's.
+
+    :math:`e^{-(\lambda_{k^*} - \lambda_k)t} \ge` ``ratio``: the modes a linear phase of length ``t`` cannot
+    separate from :math:`k^*`; ``[k*]`` alone when it can.
+    """
+    lam = np.asarray(rates, dtype=float)
+    return [int(k) + 1 for k in np.flatnonzero(np.exp(-(lam.max() - lam) * t) >= ratio)]
+
+
+def selection_probability(rates, t: float, winner: int | None = None) -> float:
+    r"""Probability that mode ``winner`` (index into ``rates``; default the fastest) dominates at time ``t``.
+
+    Linear theory with i.i.d. complex Gaussian initial coefficients (the sampling noise of i.i.d.
+    uniform tokens): :math:`X_k = |\hat c_k(0)|^2 e^{2\lambda_k t}` are independent exponentials of
+    means :math:`w_k \propto e^{2\lambda_k t}`, and
+    :math:`P(X_* > X_k\ \forall k) = \int_0^\infty e^{-x}\prod_{k\ne *}(1 - e^{-x w_*/w_k})\,dx`.
+    """
+    lam = np.asarray(rates, dtype=float)
+    i = int(np.argmax(lam)) if winner is None else int(winner)
+    r = np.exp(-2 * (lam[i] - np.delete(lam, i)) * t)  # w_k / w_*
+
+    def f(x: float) -> float:
+        return float(np.exp(-x) * np.prod(-np.expm1(-x / r)))
+
+    return float(integrate.quad(f, 0.0, np.inf, limit=200)[0])
+
+
+# ----------------------------------------------------------------------------------------------------
+# runs (one part each)
+# ----------------------------------------------------------------------------------------------------
+
+def _angles(points: np.ndarray) -> np.ndarray:
+    return np.arctan2(points[..., 1], points[..., 0]).ravel()
+
+
+def _circle_summary(theta_lin, weights, c0, t_lin, series, times, beta) -> dict[str, Any]:
+    k_star = most_unstable_mode(beta, 2, "SA")
+    c = fourier_coefficients(theta_lin, K_MAX, weights)
+    dens = smoothed_density(theta_lin, weights=weights)
+    n_peaks, idx = count_peaks(dens)
+    peaks = grid_angles(dens.size)[idx]
+    err = angle_error(peaks, predicted_angles(c0[k_star - 1], k_star)) if n_peaks == k_star else float("nan")
+    return {"t_lin": float(t_lin), "k_dom": int(np.argmax(np.abs(c)) + 1), "n_peaks": n_peaks,
+            "angle_error": err, "peaks": peaks, "density": dens, "c0": c0, "c_lin": c,
+            "series": np.asarray(series), "times": np.asarray(times)}
+
+
+def run_particles(beta: float, n: int, seed: int) -> dict[str, Any]:
+    """SA particles from ``n`` i.i.d. uniform tokens on S^1 until the end of the linear phase."""
+    x0 = uniform(n, 2, seed=np.random.default_rng([int(round(10 * beta)), seed, 15]))
+    c0 = fourier_coefficients(_angles(x0))
+    series, times = [], []
+
+    def stop(t, mu):
+        c = np.abs(fourier_coefficients(_angles(mu.points)))
+        series.append(c)
+        times.append(t)
+        return c.max() >= AMPLITUDE
+
+    tr = simulate(SA(beta), x0, T_MAX, dt=DT, save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE), backend="spectral",
+                  diagnostics=(), callback=stop, keep=False)
+    return _circle_summary(_angles(tr.points[-1]), None, c0, tr.times[-1], series, times, beta)
+
+
+def _fv_initial(seed: int):
+    phases = np.random.default_rng([seed, 16]).uniform(0, 2 * np.pi, FV_MODES)
+    k = np.arange(1, FV_MODES + 1)[:, None]
+
+    def f(x):
+        th = np.arctan2(x[:, 1], x[:, 0])[None]
+        return 1.0 + 2 * FV_EPS * np.cos(k * th - phases[:, None]).sum(0)
+
+    # c_k = eps e^{-i phi_k} for the density (1 + 2 eps sum cos(k theta - phi_k)) / 2 pi
+    return f, FV_EPS * np.exp(-1j * phases[:K_MAX])
+
+
+def run_fv(beta: float, cells: int, seed: int) -> dict[str, Any]:
+    """Finite volume (SA) from uniform + equal-amplitude random-phase modes until the end of the linear phase."""
+    mesh = CircleMesh(cells)
+    f, c0 = _fv_initial(seed)
+    rho0 = Density.from_function(mesh, f)
+    th = mesh.center_angles
+    series, times = [], []
+
+    def stop(t, rho):
+        c = np.abs(fourier_coefficients(th, K_MAX, rho.masses()))
+        series.append(c)
+        times.append(t)
+        return c.max() >= AMPLITUDE
+
+    sol = solve_density(SA(beta), rho0, T_MAX, save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE), backend="spectral",
+                        callback=stop, keep=False)
+    return _circle_summary(th, sol.values[-1] * mesh.areas, c0, sol.times[-1], series, times, beta)
+
+
+def run_sphere(beta: float, n: int, seed: int) -> dict[str, Any]:
+    """SA particles from ``n`` i.i.d. uniform tokens on S^2 until the largest A_l (l >= 1) reaches AMPLITUDE^2."""
+    x0 = uniform(n, 3, seed=np.random.default_rng([int(round(10 * beta)), seed, 17]))
+    spectra, times = [], []
+
+    def stop(t, mu):
+        a = degree_spectrum(mu.points)
+        spectra.append(a)
+        times.append(t)
+        return a[1:].max() >= AMPLITUDE**2
+
+    tr = simulate(SA(beta), x0, T_MAX, dt=DT, save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE), diagnostics=(),
+                  backend="spectral", callback=stop, keep=False)
+    a = np.asarray(spectra)
+    return {"t_lin": float(tr.times[-1]), "l_dom": int(np.argmax(a[-1, 1:]) + 1), "spectrum0": a[0],
+            "spectrum": a[-1], "series": a, "times": np.asarray(times)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# the study
+# ----------------------------------------------------------------------------------------------------
+
+@register("metastable", group="papers")
+def metastable(out: Path, quick: bool = True) -> StudyReport:
+    """Number of clusters at the end of the linear phase against k* = argmax k^2 I_k(beta) (module docstring)."""
+    start = time.perf_counter()
+    rep = StudyReport("metastable")
+    plan = PLANS["quick" if quick else "full"]
+    parts = Parts(out, "metastable", quick)
+    ks = np.arange(1, K_MAX + 1)
+    results: dict[tuple, dict[str, Any]] = {}
+    expected_matches, matches, n_runs, errors = 0.0, 0, 0, []
+    for beta in plan["betas"]:
+        k_star = most_unstable_mode(beta, 2, "SA")
+        lam = growth_rate(ks, beta, 2, "SA")
+        t0 = time.perf_counter()
+        fv = parts.get({"solver": "fv", "beta": beta, "cells": plan["fv_cells"], "seed": 0, "eps": FV_EPS,
+                        "amplitude": AMPLITUDE, "sigma": SIGMA, "prominence": PROMINENCE}, lambda: run_fv(beta, plan["fv_cells"], 0))
+        t_fv = time.perf_counter() - t0
+        results[("fv", beta, 0)] = fv
+        rep.rows.append(_row("fv", beta, 0, plan["fv_cells"], k_star, fv, lam))
+        near = resolved_modes(lam, fv["t_lin"])
+        rep.expect(f"beta={beta:g} finite volume: dominant mode {fv['k_dom']} in the modes the linear phase cannot "
+                   f"separate from k*={k_star}, {near} (1 = yes)", float(fv["k_dom"] in near), 1, 1)
+        rep.expect(f"beta={beta:g} finite volume: {fv['n_peaks']} density peaks in {near} (1 = yes)",
+                   float(fv["n_peaks"] in near), 1, 1)
+        if fv["k_dom"] == k_star and np.isfinite(fv["angle_error"]):
+            errors.append(fv["angle_error"] * k_star / np.pi)
+        t0 = time.perf_counter()
+        agree, probs = [], []
+        for seed in range(plan["seeds"]):
+            p = parts.get({"solver": "particles", "beta": beta, "n": plan["n"], "seed": seed, "dt": DT,
+                           "amplitude": AMPLITUDE, "sigma": SIGMA, "prominence": PROMINENCE},
+                          lambda: run_particles(beta, plan["n"], seed))
+            results[("particles", beta, seed)] = p
+            rep.rows.append(_row("particles", beta, seed, plan["n"], k_star, p, lam))
+            prob = selection_probability(lam, p["t_lin"])
+            probs.append(prob)
+            agree.append(p["k_dom"] == k_star)
+            if p["k_dom"] == k_star and np.isfinite(p["angle_error"]):
+                errors.append(p["angle_error"] * k_star / np.pi)
+        t_p = time.perf_counter() - t0
+        expected_matches += sum(probs)
+        matches += sum(agree)
+        n_runs += len(agree)
+        peaks = [results[("particles", beta, s)]["n_peaks"] for s in range(plan["seeds"])]
+        rep.notes.append(f"beta={beta:g}: k*={k_star} (rates {', '.join(f'{x:.3f}' for x in lam[:8])}); FV t_lin="
+                         f"{fv['t_lin']:.1f}, mode {fv['k_dom']}, {fv['n_peaks']} peaks ({t_fv:.1f} s); particles "
+                         f"N={plan['n']}: dominant modes {[results[('particles', beta, s)]['k_dom'] for s in range(plan['seeds'])]}, "
+                         f"peaks {peaks}, linear-theory P(k* wins) {np.mean(probs):.2f} ({t_p:.1f} s)")
+    # particles: the number of seeds selecting k* against the linear theory's expected number (binomial 2 sigma)
+    sd = np.sqrt(max(sum(r["p_kstar"] * (1 - r["p_kstar"]) for r in rep.rows if r["solver"] == "particles"), 0.25))
+    rep.expect(f"particles: runs selecting k* ({matches}/{n_runs}) - linear-theory expectation "
+               f"({expected_matches:.1f}), in units of its binomial sd ({sd:.2f})",
+               (matches - expected_matches) / sd, -2.0, 2.0)
+    rep.expect(f"angle error of the peaks vs the initial phase of mode k*, in units of half the spacing pi/k* "
+               f"(max over the {len(errors)} runs with k* peaks and dominant mode k*; median "
+               f"{np.median(errors) if errors else float('nan'):.2f})", max(errors) if errors else float("nan"), 0.0, 0.5)
+    for beta in plan["s2_betas"]:
+        l_star = most_unstable_mode(beta, 3, "SA")
+        for seed in range(plan["s2_seeds"]):
+            t0 = time.perf_counter()
+            s = parts.get({"solver": "particles-s2", "beta": beta, "n": plan["s2_n"], "seed": seed, "dt": DT,
+                           "amplitude": AMPLITUDE}, lambda: run_sphere(beta, plan["s2_n"], seed))
+            results[("s2", beta, seed)] = s
+            rep.rows.append({"solver": "particles-s2", "beta": beta, "seed": seed, "size": plan["s2_n"],
+                             "k_star": l_star, "t_lin": s["t_lin"], "k_dom": s["l_dom"],
+                             "rate_kdom": float(growth_rate(s["l_dom"], beta, 3, "SA")),
+                             "rate_kstar": float(growth_rate(l_star, beta, 3, "SA"))})
+            rep.expect(f"S^2 beta={beta:g} seed {seed}: dominant degree - l* ({l_star})", s["l_dom"] - l_star, 0, 0)
+            rep.notes.append(f"S^2 beta={beta:g} seed {seed}: t_lin={s['t_lin']:.1f}, A_l = "
+                             f"{', '.join(f'{x:.3f}' for x in s['spectrum'][1:9])} ({time.perf_counter() - t0:.1f} s)")
+    rep.notes.append(parts.note())
+    rep.figures.append(_figure(results, plan, out))
+    rep.seconds = time.perf_counter() - start
+    return rep
+
+
+def _row(solver, beta, seed, size, k_star, r, lam) -> dict[str, Any]:
+    return {"solver": solver, "beta": beta, "seed": seed, "size": size, "k_star": k_star, "t_lin": r["t_lin"],
+            "k_dom": r["k_dom"], "n_peaks": r["n_peaks"], "angle_error": r["angle_error"],
+            "rate_kdom": float(lam[r["k_dom"] - 1]), "rate_kstar": float(lam[k_star - 1]),
+            "p_kstar": selection_probability(lam, r["t_lin"]) if solver == "particles" else float("nan"),
+            "c_kstar_0": float(abs(r["c0"][k_star - 1])), "c_kstar_lin": float(abs(r["c_lin"][k_star - 1]))}
+
+
+def _figure(results, plan, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    betas = plan["betas"]
+    fig, axes = plt.subplots(2, len(betas), figsize=(3.2 * len(betas), 6.2), squeeze=False)
+    ks = np.arange(1, K_MAX + 1)
+    for j, beta in enumerate(betas):
+        k_star = most_unstable_mode(beta, 2, "SA")
+        ax = axes[0, j]
+        fv = results[("fv", beta, 0)]
+        th = grid_angles(fv["density"].size)
+        ax.plot(th, fv["density"], "k-", lw=1.2, label=f"finite volume, t={fv['t_lin']:.1f}")
+        p = results[("particles", beta, 0)]
+        ax.plot(th, p["density"], "-", color="C1", lw=1, label=f"particles N={plan['n']}, t={p['t_lin']:.1f}")
+        for a in predicted_angles(fv["c0"][k_star - 1], k_star):
+            ax.axvline(a, color="k", ls=":", lw=0.8)
+        for a in predicted_angles(p["c0"][k_star - 1], k_star):
+            ax.axvline(a, color="C1", ls=":", lw=0.8)
+        ax.set_title(f"β={beta:g}: k*={k_star}")
+        ax.set_xlabel("angle θ (rad)")
+        ax.legend(fontsize=6, loc="upper right")
+        ax = axes[1, j]
+        lam = growth_rate(ks, beta, 2, "SA")
+        ax.plot(ks, lam, "o-", color="0.5", ms=3, label="λ_k = k² I_k(β)/(β I_0(β))")
+        counts = [results[("particles", beta, s)]["n_peaks"] for s in range(plan["seeds"])]
+        vals, num = np.unique(counts, return_counts=True)
+        ax2 = ax.twinx()
+        ax2.bar(vals, num, width=0.4, color="C1", alpha=0.5, label="particle runs with k peaks")
+        ax2.bar([fv["n_peaks"] + 0.3], [1], width=0.2, color="k", alpha=0.7, label="finite volume peaks")
+        ax2.set_ylim(0, plan["seeds"] + 1)
+        ax.axvline(k_star, color="C3", ls="--", lw=0.8)
+        ax.set_xlabel("mode k")
+        ax.set_xlim(0.5, K_MAX + 0.5)
+        if j == 0:
+            ax.set_ylabel("growth rate λ_k (1/time)")
+            ax.legend(fontsize=6, loc="upper left")
+        if j == len(betas) - 1:
+            ax2.set_ylabel("runs")
+            ax2.legend(fontsize=6, loc="upper right")
+    axes[0, 0].set_ylabel("density at end of linear phase (1/rad)")
+    fig.tight_layout()
+    path = Path(out) / "metastable.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
