@@ -1,0 +1,351 @@
+r"""The GLPR phase diagram of clustering, and how much of it is the discretization (``phase-diagram``).
+
+Geshkovski, Letrouit, Polyanskiy & Rigollet, *A mathematical perspective on Transformers* (GLPR,
+2023/2025; the phase-diagram figure, also in Rigollet's 2025 survey) run SA with :math:`Q = K = V = I`
+on :math:`n = 32` tokens drawn i.i.d. uniformly on :math:`S^{d-1}`, :math:`d \in \{8, 128, 1024\}`,
+for a batch of independent systems, and draw over :math:`(t, \beta)`, :math:`t \in [0, 30]` with 200
+checkpoints, the fraction of ordered pairs :math:`i \ne j` with :math:`\langle x_i, x_j\rangle > 0.999`
+(:func:`wflow.diagnostics.pair_fraction`).  Their scheme is
+:math:`x \leftarrow (x + \eta A x)/|x + \eta A x|`, :math:`\eta = 0.1`, with :math:`A x` the softmax
+average itself (wflow's ``method="euler-average"``); overlaid is the equiangular curve
+:math:`t^*(\beta, n)`, the time at which the equiangular ODE from :math:`\rho = 0` reaches
+:math:`\rho = 0.999` (:func:`wflow.theory.equiangular_time`).  GLPR bound the deviation of the
+empirical dynamics from the equiangular one by :math:`\min\{2c(\beta)^{nt}\sqrt{\log d/d}, Ce^{-\lambda t}\}`:
+the 0.5-level of the heat map should approach :math:`t^*(\beta)` as :math:`d` grows.
+
+This study runs, on the *same* initial conditions (one seed per dimension and chunk of systems):
+
+============  ==================  =====  ===================================================
+scheme        ``method``          step   role
+============  ==================  =====  ===================================================
+original      ``euler-average``   0.1    the published figure, reproduced exactly
+projected     ``euler``           0.1    wflow's projected Euler, :math:`x + \eta P_x A x`
+dopri5        ``dopri5``          rtol   the ODE itself (error-controlled, rtol 1e-6)
+original-fine ``euler-average``   0.01   both Euler variants at a 10x smaller step
+projected-fine ``euler``          0.01
+============  ==================  =====  ===================================================
+
+The original scheme moves a token by :math:`1/(1 + \eta\langle x, Ax\rangle)` of the projected step
+(:class:`wflow.solvers.steppers.EulerAverage`): its diagram is a time-dilated picture of the ODE's.
+Reported per :math:`(d, \beta)`: the time :math:`t_{1/2}` at which the mean pair fraction first
+reaches 0.5 (linear interpolation between checkpoints, the checkpoint spacing :math:`30/199` kept
+beyond :math:`t = 30` where :math:`t^*` is later), its gap to :math:`t^*`, the delay of the
+original scheme behind the projected one in checkpoints, and the largest distance of each curve
+from the dopri5 curve.  Every :math:`(d, \beta, \text{scheme}, \text{chunk})` is one part of
+:class:`~wflow.studies.parts.Parts`: an interrupted full run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..diagnostics import pair_fraction
+from ..models import SA
+from ..solvers.particles import simulate
+from ..theory import equiangular_time
+from .parts import Parts
+from .report import StudyReport, register
+
+__all__ = ["phase_diagram_study", "SCHEMES", "QUICK", "FULL", "checkpoints", "t_end_for", "initial_points",
+           "pair_fraction_curves", "crossing_time", "density_curve", "plot_heat"]
+
+#: tokens, the published horizon and number of checkpoints, the pair threshold
+N_TOKENS = 32
+T_PUBLISHED = 30.0
+N_CHECKPOINTS = 200
+SPACING = T_PUBLISHED / (N_CHECKPOINTS - 1)
+THRESHOLD = 0.999
+#: the latest time any part runs to (t* at beta = 9 is 179: beyond it the crossing is reported as missing)
+T_MAX = 120.0
+
+#: scheme -> simulate keywords
+SCHEMES: dict[str, dict[str, Any]] = {
+    "original": {"method": "euler-average", "dt": 0.1},
+    "projected": {"method": "euler", "dt": 0.1},
+    "dopri5": {"method": "dopri5", "rtol": 1e-6, "atol": 1e-9},
+    "original-fine": {"method": "euler-average", "dt": 0.01},
+    "projected-fine": {"method": "euler", "dt": 0.01},
+}
+
+#: the plans: dimensions; the heat map's betas (original scheme); the betas where every scheme runs; the
+#: dimensions where the eta = 0.01 schemes run (the step's effect does not depend on d; in d = 1024 they alone
+#: would take ~40 CPU hours here); systems; systems per batched call (one part each)
+QUICK: dict[str, Any] = {"dims": (8, 128), "heat_betas": (1.0, 2.0, 3.0, 4.0, 5.0, 6.0),
+                         "compare_betas": (1.0, 3.0, 5.0), "fine_dims": (8,), "systems": 24, "chunk": 256}
+FULL: dict[str, Any] = {"dims": (8, 128, 1024), "heat_betas": tuple(round(float(b), 6) for b in np.linspace(0.1, 9, 90)),
+                        "compare_betas": (1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0), "fine_dims": (8, 128),
+                        "systems": 2048, "chunk": 256}
+
+
+def t_end_for(beta: float, scheme: str = "original", n: int = N_TOKENS) -> float:
+    """The horizon of a part, on the checkpoint grid: for the heat map (``original``) the published 30, or
+    2 t* (at most :data:`T_MAX`) when that is later; the other schemes stop at 3 t* if that is earlier (only
+    the crossing of 0.5 is read from them, and in d = 8 it comes as late as ~1.9 t*)."""
+    ts = float(equiangular_time(beta, n, THRESHOLD))
+    t = max(T_PUBLISHED, min(2.0 * ts, T_MAX))
+    if scheme != "original":
+        t = min(t, 3.0 * ts)
+    return math.ceil(t / SPACING - 1e-9) * SPACING
+
+
+def checkpoints(t_end: float) -> np.ndarray:
+    """The published checkpoints ``linspace(0, 30, 200)``, continued with the same spacing up to ``t_end``."""
+    return np.arange(int(round(t_end / SPACING)) + 1) * SPACING
+
+
+def initial_points(d: int, chunk: int, size: int, n: int = N_TOKENS) -> np.ndarray:
+    """``size`` systems of ``n`` i.i.d. uniform points on :math:`S^{d-1}`, shape ``(size, n, d)``; the same
+    for every beta and scheme (seeded by ``(d, chunk)``)."""
+    g = np.random.default_rng([15, d, chunk]).standard_normal((size, n, d))
+    return g / np.linalg.norm(g, axis=-1, keepdims=True)
+
+
+def pair_fraction_curves(x0: np.ndarray, beta: float, scheme: str, t_end: float,
+                         save_at: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Run ``scheme`` (:data:`SCHEMES`) from ``x0`` (shape ``(B, n, d)``) for SA(beta) and return
+    ``(times, fractions)``: the save times reached (fixed steps snap them to the step grid) and the pair
+    fraction of every system at each, shape ``(T, B)``."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {list(SCHEMES)}, got {scheme!r}")
+    save_at = checkpoints(t_end) if save_at is None else np.asarray(save_at, dtype=float)
+    times, fractions = [], []
+
+    def record(t, mu):
+        times.append(float(t))
+        fractions.append(pair_fraction(mu.points, THRESHOLD))
+
+    simulate(SA(beta), x0, float(save_at[-1]), save_at=save_at, diagnostics=(), callback=record, keep=False,
+             **SCHEMES[scheme])
+    return np.array(times), np.array(fractions)
+
+
+def crossing_time(times: np.ndarray, curve: np.ndarray, level: float = 0.5) -> float:
+    """First time ``curve`` reaches ``level``, linear between the two checkpoints around it; NaN if never."""
+    curve = np.asarray(curve, dtype=float)
+    above = np.flatnonzero(curve >= level)
+    if above.size == 0:
+        return math.nan
+    k = int(above[0])
+    if k == 0:
+        return float(times[0])
+    c0, c1 = curve[k - 1], curve[k]
+    return float(times[k - 1] + (level - c0) / (c1 - c0) * (times[k] - times[k - 1]))
+
+
+def density_curve(parts: Parts, d: int, beta: float, scheme: str, systems: int, chunk: int = 256) -> dict[str, Any]:
+    """Mean and standard error over ``systems`` of the pair fraction at the checkpoints of ``t_end_for(beta, scheme)``,
+    one part per chunk of systems; returns ``times``, ``mean``, ``sem``, ``seconds`` (computing, 0 if reused)."""
+    t_end = t_end_for(beta, scheme)
+    total, total2, count, seconds, times = 0.0, 0.0, 0, 0.0, None
+    for c in range(math.ceil(systems / chunk)):
+        size = min(chunk, systems - c * chunk)
+
+        def compute(c=c, size=size):
+            start = time.perf_counter()
+            t, f = pair_fraction_curves(initial_points(d, c, size), beta, scheme, t_end)
+            return {"times": t, "sum": f.sum(axis=1), "sum2": (f * f).sum(axis=1), "count": size,
+                    "seconds": time.perf_counter() - start}
+
+        key = {"d": d, "beta": float(beta), "scheme": scheme, **SCHEMES[scheme], "chunk": c, "size": size,
+               "t_end": round(t_end, 9), "n": N_TOKENS}
+        before = parts.computed
+        p = parts.get(key, compute)
+        times = p["times"]
+        total, total2, count = total + p["sum"], total2 + p["sum2"], count + int(p["count"])
+        seconds += float(p["seconds"]) if parts.computed > before else 0.0
+    mean = total / count
+    var = np.maximum(total2 / count - mean**2, 0.0)
+    return {"times": times, "mean": mean, "sem": np.sqrt(var / max(count - 1, 1)), "seconds": seconds}
+
+
+def _distance(a: dict, b: dict) -> float:
+    """Largest difference of two mean curves on the common checkpoints (nearest-time matching)."""
+    m = min(len(a["mean"]), len(b["mean"]))
+    return float(np.max(np.abs(a["mean"][:m] - b["mean"][:m])))
+
+
+@register("phase-diagram", group="papers")
+def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
+    """The GLPR phase diagram, three schemes beside the published one, and its gap to t*(beta) (module docstring)."""
+    start = time.perf_counter()
+    rep = StudyReport("phase-diagram")
+    plan = QUICK if quick else FULL
+    parts = Parts(out, "phase-diagram", quick)
+    heat: dict[tuple[int, float], dict] = {}
+    curves: dict[tuple[int, float, str], dict] = {}
+    seconds: dict[str, float] = {}
+    for d in plan["dims"]:
+        for beta in sorted(set(plan["heat_betas"]) | set(plan["compare_betas"])):
+            names = ["original"]
+            if beta in plan["compare_betas"]:
+                names += ["projected", "dopri5"]
+                if d in plan["fine_dims"]:
+                    names += ["original-fine", "projected-fine"]
+            for s in names:
+                c = density_curve(parts, d, beta, s, plan["systems"], plan["chunk"])
+                curves[(d, beta, s)] = c
+                seconds[f"d={d} {s}"] = seconds.get(f"d={d} {s}", 0.0) + c["seconds"]
+            heat[(d, beta)] = curves[(d, beta, "original")]
+
+    # -- t*: the event root against the solution of the ODE and a quadrature of 1/F
+    from ..theory import equiangular_rhs, equiangular_solution
+    from scipy.integrate import quad
+
+    betas = sorted(set(plan["heat_betas"]) | set(plan["compare_betas"]))
+    tstar = {b: float(equiangular_time(b, N_TOKENS, THRESHOLD)) for b in betas}
+    root_err = max(abs(float(equiangular_solution(0.0, [tstar[b]], b, N_TOKENS)[0]) - THRESHOLD) for b in betas)
+    quad_err = max(abs(quad(lambda r, b=b: 1.0 / float(equiangular_rhs(r, b, N_TOKENS)), 0.0, THRESHOLD,
+                            epsabs=1e-12, epsrel=1e-12, limit=200)[0] - tstar[b]) for b in betas)
+    rep.expect("t*: |rho(t*) - 0.999| on the ODE solution (max over beta)", root_err, 0.0, 1e-9)
+    rep.expect("t*: |t* - quadrature of 1/F| (max over beta)", quad_err, 0.0, 1e-6)
+
+    # -- rows: crossing times, gaps, delays, distances
+    for (d, beta, s), c in curves.items():
+        t_half = crossing_time(c["times"], c["mean"])
+        ref = curves.get((d, beta, "dopri5"))
+        proj = curves.get((d, beta, "projected"))
+        row = {"d": d, "beta": beta, "scheme": s, **{k: v for k, v in SCHEMES[s].items() if k != "atol"},
+               "systems": plan["systems"], "t_half": t_half, "t_star": tstar[beta], "gap": t_half - tstar[beta],
+               "gap_checkpoints": (t_half - tstar[beta]) / SPACING, "t_end": float(c["times"][-1]),
+               "max_sem": float(np.max(c["sem"]))}
+        if ref is not None:
+            row["distance_to_dopri5"] = _distance(c, ref)
+        if proj is not None and s == "original":
+            row["delay_vs_projected_checkpoints"] = (t_half - crossing_time(proj["times"], proj["mean"])) / SPACING
+        rep.rows.append(row)
+    rows = {(r["d"], r["beta"], r["scheme"]): r for r in rep.rows}
+    cb = plan["compare_betas"]
+
+    # -- how much of the published diagram is the discretization (crossing times, in checkpoints)
+    pairs = [(d, b) for d in plan["dims"] for b in cb]
+
+    def shift(d, b, s, r):
+        return (rows[(d, b, s)]["t_half"] - rows[(d, b, r)]["t_half"]) / SPACING
+
+    delays = [shift(d, b, "original", "projected") for d, b in pairs]
+    rel = [shift(d, b, "original", "projected") * SPACING / rows[(d, b, "projected")]["t_half"] for d, b in pairs]
+    rep.expect("eta=0.1: original crosses 0.5 later than projected (min delay over d, beta, in checkpoints)",
+               float(np.min(delays)), 1.0, math.inf)
+    # the original moves tokens by 1/(1 + eta<x,Ax>) >= 1/(1 + eta) of the projected step: a time dilation of at
+    # most eta = 0.1 (10 % allowed on top for the O(eta^2) terms and the sampling of 0.5-crossings)
+    rep.expect("eta=0.1: relative delay (t_orig - t_proj)/t_proj, max over d, beta (dilation <= eta)",
+               float(np.max(rel)), 0.0, 0.11)
+    rep.expect("eta=0.1: projected Euler's crossing vs the ODE's (dopri5), max |shift| in checkpoints",
+               float(np.max([abs(shift(d, b, "projected", "dopri5")) for d, b in pairs])), 0.0, 1.5)
+    rep.expect("eta=0.1: original's crossing vs the ODE's (dopri5), min shift in checkpoints",
+               float(np.min([shift(d, b, "original", "dopri5") for d, b in pairs])), 1.0, math.inf)
+    fine = [(d, b) for d in plan["fine_dims"] for b in cb]
+    if fine:
+        agree = max(abs(rows[(d, b, "original-fine")]["t_half"] - rows[(d, b, "projected-fine")]["t_half"])
+                    for d, b in fine) / SPACING
+        to_ode = max(abs(rows[(d, b, "projected-fine")]["t_half"] - rows[(d, b, "dopri5")]["t_half"])
+                     for d, b in fine) / SPACING
+        rep.expect("eta=0.01: |t_half original - t_half projected| in checkpoints (max)", agree, 0.0, 1.0)
+        rep.expect("eta=0.01: |t_half projected - t_half dopri5| in checkpoints (max)", to_ode, 0.0, 1.0)
+
+    # -- the gap to the equiangular curve shrinks with d (the ODE's diagram: dopri5)
+    d0, d1 = min(plan["dims"]), max(plan["dims"])
+    g0 = np.nanmean([abs(rows[(d0, b, "dopri5")]["gap"]) for b in cb])
+    g1 = np.nanmean([abs(rows[(d1, b, "dopri5")]["gap"]) for b in cb])
+    rep.expect(f"dopri5: mean |t_half - t*| over beta at d={d1} / at d={d0} (gap shrinks with d)", g1 / g0, 0.0, 1.0)
+    low = [b for b in cb if b <= 4.0]
+    rep.expect(f"dopri5, d={d1}: max |t_half - t*| over beta <= 4, in checkpoints", max(
+        abs(rows[(d1, b, "dopri5")]["gap_checkpoints"]) for b in low), 0.0, 2.0)
+
+    for d in plan["dims"]:
+        rep.notes.append(f"d={d}: t_half vs t* (original | projected | dopri5): " + "; ".join(
+            f"beta={b:g}: " + " | ".join(f"{rows[(d, b, s)]['t_half']:.2f}" for s in ("original", "projected", "dopri5"))
+            + f" vs {tstar[b]:.2f}" for b in cb))
+    for d in plan["dims"]:
+        rep.notes.append(f"d={d}: largest |mean fraction - dopri5's| over the checkpoints (original | projected): " +
+                         "; ".join(f"beta={b:g}: {rows[(d, b, 'original')]['distance_to_dopri5']:.3f} | "
+                                   f"{rows[(d, b, 'projected')]['distance_to_dopri5']:.3f}" for b in cb))
+    rep.notes.append("compute seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
+    rep.notes.append(parts.note())
+    rep.figures += _figures(out, plan, heat, curves, tstar, rows)
+    rep.seconds = time.perf_counter() - start
+    return rep
+
+
+def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    paths = []
+    dims = plan["dims"]
+    hb = sorted(plan["heat_betas"])
+    fig, axes = plt.subplots(1, len(dims), figsize=(4.2 * len(dims), 3.8), sharey=True, squeeze=False)
+    for ax, d in zip(axes[0], dims):
+        m = len(checkpoints(T_PUBLISHED))
+        z = np.array([heat[(d, b)]["mean"][:m] for b in hb])
+        t = heat[(d, hb[0])]["times"][:m]
+        im = plot_heat(ax, t, np.array(hb), z)
+        bs = np.linspace(min(hb), max(hb), 200)
+        ax.plot(np.minimum(equiangular_time(bs, N_TOKENS, THRESHOLD), 1e3), bs, "w-", lw=1.5, label="$t^*(\\beta)$")
+        th = [crossing_time(heat[(d, b)]["times"], heat[(d, b)]["mean"]) for b in hb]
+        ax.plot(th, hb, "o", color="tab:red", ms=3, label="0.5 level")
+        ax.set_xlim(0, T_PUBLISHED)
+        ax.set_title(f"d = {d}, original scheme ($\\eta$ = 0.1)")
+        ax.set_xlabel("t (time = depth)")
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("$\\beta$")
+    fig.colorbar(im, ax=axes[0].tolist(), label="fraction of pairs with $\\langle x_i, x_j\\rangle > 0.999$")
+    p = Path(out) / "phase_diagram_heat.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    cb = plan["compare_betas"]
+    d = plan["fine_dims"][0] if plan["fine_dims"] else dims[0]
+    fig, axes = plt.subplots(1, len(cb), figsize=(4.0 * len(cb), 3.4), squeeze=False)
+    for ax, b in zip(axes[0], cb):
+        for s, style in (("original", "-"), ("projected", "--"), ("dopri5", "k:"), ("original-fine", "-"),
+                         ("projected-fine", "--")):
+            if (d, b, s) in curves:
+                c = curves[(d, b, s)]
+                ax.plot(c["times"], c["mean"], style, lw=1.2, label=s)
+        ax.axvline(tstar[b], color="grey", lw=0.8)
+        ax.set_xlim(0, min(curves[(d, b, "dopri5")]["times"][-1], 2.2 * tstar[b] + 2))
+        ax.set_title(f"d = {d}, $\\beta$ = {b:g} (grey: $t^*$)")
+        ax.set_xlabel("t (time = depth)")
+    axes[0][0].set_ylabel("mean fraction of pairs > 0.999")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    p = Path(out) / "phase_diagram_schemes.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for dd in dims:
+        for s, mk in (("original", "o-"), ("dopri5", "s--")):
+            g = [rows[(dd, b, s)]["gap"] for b in cb]
+            ax.plot(cb, g, mk, ms=4, label=f"d={dd} {s}")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("$\\beta$")
+    ax.set_ylabel("$t_{1/2} - t^*(\\beta)$ (time units)")
+    ax.set_title("gap of the 0.5 level to the equiangular curve")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = Path(out) / "phase_diagram_gap.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def plot_heat(ax, t: np.ndarray, betas: np.ndarray, z: np.ndarray):
+    """Draw the heat map ``z`` (shape ``(len(betas), len(t))``) over (t, beta) with cell edges halfway between values."""
+    def edges(v):
+        v = np.asarray(v, dtype=float)
+        if v.size == 1:
+            return np.array([v[0] - 0.5, v[0] + 0.5])
+        mid = 0.5 * (v[1:] + v[:-1])
+        return np.concatenate([[v[0] - (mid[0] - v[0])], mid, [v[-1] + (v[-1] - mid[-1])]])
+    return ax.pcolormesh(edges(t), edges(betas), z, vmin=0.0, vmax=1.0, cmap="viridis", shading="flat")
