@@ -64,13 +64,13 @@ ax.legend(loc="lower right", fontsize=8)
 # average :math:`A x` itself (``method="euler-average"``), not its tangent part: it moves a token by
 # :math:`1/(1 + \eta\langle x, Ax\rangle)` of wflow's projected Euler step, so at
 # :math:`\eta = 0.1` its collapse comes later than the ODE's (here solved by ``dopri5``), while
-# projected Euler at the same step stays close to it.  32 systems in :math:`d = 8`, :math:`\beta = 4`.
+# projected Euler at the same step stays close to it.  16 systems in :math:`d = 8`, :math:`\beta = 4`.
 import matplotlib.pyplot as plt
 
-x0 = initial_points(8, 0, 32)
+x0 = initial_points(8, 0, 16)
 fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
 for scheme, style in (("original", "-"), ("projected", "--"), ("dopri5", "k:")):
-    t, f = pair_fraction_curves(x0, 4.0, scheme, 15.0)
+    t, f = pair_fraction_curves(x0, 4.0, scheme, 12.0)
     ax.plot(t, f.mean(axis=1), style, label=f"{scheme}: 0.5 at t = {crossing_time(t, f.mean(axis=1)):.2f}")
 ax.axvline(equiangular_time(4.0, 32), color="grey", lw=0.8, label=r"$t^*(4)$")
 ax.set_xlabel("t (time = depth)")
