@@ -281,9 +281,9 @@ def _figure(out: Path, curves) -> Path:
         ax.set_ylim(1e-14, 4)
         ax.axhspan(*FIT_WINDOW, color="0.9", zorder=0)
         dmin = min(dd for (kk, _, dd, _) in curves if kk == kind)
-        ax.set_xlabel("λ t (time in units of the linearized decay time 1/λ; dimensionless)")
+        ax.set_xlabel("λ t (time in units of 1/λ, dimensionless)")
         ax.set_ylabel("max_i d(x_i, mean) (rad)" if kind == "uniform" else "diameter max_ij d(x_i, x_j) (rad)")
-        ax.set_title(f"{kind} start, d={dmin}: dotted = e^(-λt), shaded = fit window", fontsize=9)
+        ax.set_title(f"{kind} start, d={dmin}: dotted = e^(-λt) (on the curves), shaded = fit window", fontsize=9)
         ax.legend(fontsize=7)
     path = Path(out) / "dichotomy.png"
     fig.savefig(path, dpi=110)
