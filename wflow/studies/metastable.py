@@ -340,8 +340,8 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
     # particles: the number of seeds selecting k* against the linear theory's expected number (binomial 2 sigma)
     sd = np.sqrt(max(sum(r["p_kstar"] * (1 - r["p_kstar"]) for r in rep.rows if r["solver"] == "particles"), 0.25))
     rep.expect(f"particles: runs selecting k* ({matches}/{n_runs}) - linear-theory expectation "
-               f"({expected_matches:.1f}), in units of its binomial sd ({sd:.2f})",
-               (matches - expected_matches) / sd, -2.0, 2.0)
+               f"({expected_matches:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",
+               (matches - expected_matches) / sd, -2.0, np.inf)
     rep.expect(f"angle error of the peaks vs the initial phase of mode k*, in units of half the spacing pi/k* "
                f"(max over the {len(errors)} runs with k* peaks and dominant mode k*; median "
                f"{np.median(errors) if errors else float('nan'):.2f})", max(errors) if errors else float("nan"), 0.0, 0.5)
