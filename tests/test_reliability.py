@@ -341,3 +341,28 @@ def test_stores_open_with_xarray_without_warnings_and_describe_their_variables(t
     assert ds["points"].attrs["long_name"] == "token positions on the unit sphere"
     assert ds["time"].attrs["standard_name"] == "time" and ds.attrs["kind"] == "particles"
     assert wflow.load(path).to_dataset()["energy"].attrs["long_name"] == "energy the flow ascends"
+    # every dimension has a coordinate, the configuration is also attributes, and reading skips the indices
+    np.testing.assert_array_equal(ds["particle"].values, np.arange(ds.sizes["particle"]))
+    assert set(ds.coords) >= {"time", "particle", "coord"}
+    cfg = json.loads(ds.attrs["config"])
+    assert ds.attrs["config.model.type"] == cfg["model"]["type"] and ds.attrs["config.t_end"] == cfg["t_end"]
+    np.testing.assert_array_equal(ds.sel(particle=2)["points"].values, wflow.load(path).points[:, 2])
+    assert "particle" not in wflow.load(path).static and set(wflow.load(path).to_dataset().coords) >= {"particle"}
+
+
+def test_density_stores_hold_the_mesh_as_arrays(tmp_path):
+    """A density store can be re-plotted without wflow: centres, areas, and each edge's two cells."""
+    import xarray as xr
+
+    m = wflow.SphereMesh(2)
+    rho = wflow.Density.from_function(m, lambda x: 1 + 0.5 * x[:, 2])
+    res = wflow.solve_density(SA(2.0), rho, 0.1, save_at=[0, 0.1])
+    ds = xr.open_zarr(wflow.save(res, tmp_path / "d.zarr"))
+    pairs = ds["cell_pairs"].values
+    assert pairs.shape == (m.n_edges, 2) and np.all(pairs[:, 0] != pairs[:, 1])
+    # every cell's neighbours from the pairs are the mesh's, and the masses sum to one with the stored areas
+    nb = {i: set() for i in range(m.n_cells)}
+    for a, b in pairs:
+        nb[a].add(b), nb[b].add(a)
+    assert all(nb[i] == set(m.cell_neighbors[i][m.cell_edges[i] >= 0]) for i in range(m.n_cells))
+    assert abs(float((ds["values"][-1] * ds["areas"]).sum()) - 1) < 1e-12

@@ -28,7 +28,7 @@ def _particle_problem():
 def _deterministic_order(name):
     problem, x0 = _particle_problem()
     ref = integrate(problem, "dopri5", x0, 0.0, 1.0, save_at=[0, 1], rtol=1e-13, atol=1e-14).data["points"][1][-1]
-    hs = {"euler": [0.05, 0.025, 0.0125], "rk4": [0.2, 0.1, 0.05], "dopri5": [0.5, 0.25, 0.125],
+    hs = {"euler": [0.05, 0.025, 0.0125], "euler-average": [0.05, 0.025, 0.0125], "rk4": [0.2, 0.1, 0.05], "dopri5": [0.5, 0.25, 0.125],
           "ssprk3": [0.1, 0.05, 0.025], "ros2": [0.05, 0.025, 0.0125]}[name]
     errs = [np.abs(integrate(problem, name, x0, 0.0, 1.0, save_at=[0, 1], dt=h, adaptive=False)
                    .data["points"][1][-1] - ref).max() for h in hs]

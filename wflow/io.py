@@ -78,6 +78,10 @@ VARIABLE_ATTRS: dict[str, dict[str, str]] = {
     "centers": {"long_name": "cell centres on the sphere", "units": "1"},
     "areas": {"long_name": "cell areas (plain surface measure)", "units": "1"},
     "reference": {"long_name": "reference volumes of the entropy", "units": "1"},
+    "cell_pairs": {"long_name": "the two cells each mesh edge separates (neighbours)", "units": "1"},
+    "edge_length": {"long_name": "length of each mesh edge (1 on the circle)", "units": "1"},
+    "gaps": {"long_name": "state in gap coordinates (theta_0, gaps between sorted tokens)", "units": "radian"},
+    "order": {"long_name": "token index at each sorted position", "units": "1"},
     "steps": {"long_name": "accepted steps so far", "units": "1"},
     "rejected": {"long_name": "rejected steps so far", "units": "1"},
     "evaluations": {"long_name": "right-hand-side evaluations so far", "units": "1"},
@@ -165,9 +169,40 @@ def committed_length(path: str | os.PathLike) -> int:
         raise WflowError(f"{p.parent}: unreadable commit record {COMMIT}: {exc}") from None
 
 
+def _flat_config(config: Any, prefix: str = "config") -> dict[str, Any]:
+    """The configuration as attributes ``config.model.beta = 2.0``: every scalar (and short list of scalars)
+    under its dotted path, so tools that do not parse JSON can filter stores; ``config`` (JSON) stays the
+    exact record."""
+    out: dict[str, Any] = {}
+    if isinstance(config, dict):
+        for k, v in config.items():
+            out.update(_flat_config(v, f"{prefix}.{k}"))
+    elif isinstance(config, (bool, int, float, str)) and not isinstance(config, np.generic):
+        if not (isinstance(config, float) and not np.isfinite(config)):
+            out[prefix] = config
+    elif isinstance(config, (list, tuple)) and 0 < len(config) <= 16 and all(
+            isinstance(v, (bool, int, float, str)) for v in config):
+        if all(np.isfinite(v) for v in config if isinstance(v, float)):
+            out[prefix] = list(config)
+    return out
+
+
 def _attrs(kind: str, solver: str, config: dict[str, Any]) -> dict[str, Any]:
     return {"wflow_format": FORMAT, "wflow_version": __version__, "kind": kind, "solver": solver,
-            "config": json.dumps(config)}
+            "config": json.dumps(config), **_flat_config(config)}
+
+
+#: the attribute that marks the index coordinates wflow adds for dimensions without one
+COORDINATE_ROLE = "wflow_role"
+
+
+def _index_coordinates(dims: set[str]) -> dict[str, tuple[np.ndarray, dict[str, str]]]:
+    """``dim -> (values, attributes)``: an integer index for every dimension but time."""
+    names = {"particle": "token index", "coord": "Cartesian coordinate index (0: x, 1: y, 2: z, ...)",
+             "cell": "cell index of the mesh", "edge": "edge index of the mesh", "side": "0: left cell, 1: right cell",
+             "tracer": "tracer index", "system": "index of the independent system", "face": "face index (zonal bands)"}
+    return {d: (None, {"long_name": names.get(d, f"index along {d}"), "units": "1", COORDINATE_ROLE: "index"})
+            for d in sorted(dims) if d != "time"}
 
 
 class ZarrRecorder:
@@ -274,12 +309,22 @@ class ZarrRecorder:
                 name, shape=(self.n_saves,) + value.shape, chunks=(1,) + value.shape, dtype=value.dtype,
                 fill_value=fill, compressors=codecs, dimension_names=("time",) + tuple(dims),
                 config={"write_empty_chunks": True}, attributes=VARIABLE_ATTRS.get(name, {}))
+        sizes: dict[str, int] = {}
         for name, (dims, value) in self.static.items():
             value = np.asarray(value)
+            sizes.update(zip(dims, value.shape))
             arr = group.create_array(name, shape=value.shape, chunks=value.shape or None, dtype=value.dtype,
                                      compressors=codecs, dimension_names=tuple(dims),
                                      config={"write_empty_chunks": True}, attributes=VARIABLE_ATTRS.get(name, {}))
             arr[...] = value
+        for name, (dims, value) in self._variables(snap).items():
+            sizes.update(zip(dims, np.shape(value)))
+        # every dimension gets a coordinate (xarray: ds.sel(particle=3)); marked so that reading skips them
+        for dim, (_, attrs) in _index_coordinates(set(sizes) - set(self._arrays) - set(self.static)).items():
+            arr = group.create_array(dim, shape=(sizes[dim],), chunks=(max(sizes[dim], 1),), dtype=np.int64,
+                                     compressors=codecs, dimension_names=(dim,), attributes=attrs,
+                                     config={"write_empty_chunks": True})
+            arr[...] = np.arange(sizes[dim])
         with warnings.catch_warnings():  # zarr notes that consolidated metadata is not in the v3 spec (yet)
             warnings.simplefilter("ignore", UserWarning)
             zarr.consolidate_metadata(self.path)
@@ -347,6 +392,8 @@ def read_store(path: str | os.PathLike) -> dict[str, Any]:
                 out["checkpoint"][name[len(_CHECKPOINT):]] = (dims[1:], np.asarray(value))
             else:
                 out["data"][name] = (dims[1:], np.asarray(value))
+        elif arr.attrs.get(COORDINATE_ROLE) == "index":
+            continue
         else:
             try:
                 out["static"][name] = (dims, np.asarray(arr[...]))
@@ -365,8 +412,11 @@ def result_dataset(result):
         data[k] = (("time",), np.asarray(v))
     data.update({name: (tuple(dims), arr) for name, (dims, arr) in result.static.items()})
     data = {k: (*v, VARIABLE_ATTRS.get(k, {})) for k, v in data.items()}
-    return xr.Dataset(data, coords={"time": ("time", np.asarray(result.times, dtype=np.float64), VARIABLE_ATTRS["time"])},
-                      attrs=_attrs(result.kind, result.solver, result.config))
+    sizes = {d: n for dims, arr, _ in data.values() for d, n in zip(dims, np.shape(arr))}
+    coords = {"time": ("time", np.asarray(result.times, dtype=np.float64), VARIABLE_ATTRS["time"])}
+    for dim, (_, attrs) in _index_coordinates(set(sizes) - set(data)).items():
+        coords[dim] = (dim, np.arange(sizes[dim]), attrs)
+    return xr.Dataset(data, coords=coords, attrs=_attrs(result.kind, result.solver, result.config))
 
 
 def write_result(result, path: str | os.PathLike, *, overwrite: bool = False) -> Path:

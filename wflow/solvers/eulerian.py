@@ -215,7 +215,10 @@ class FiniteVolume(Problem):
         return out
 
     def static(self) -> dict:
-        return {"centers": (("cell", "coord"), self.mesh.centers), "areas": (("cell",), self.mesh.areas)}
+        m = self.mesh
+        return {"centers": (("cell", "coord"), m.centers), "areas": (("cell",), m.areas),
+                "cell_pairs": (("edge", "side"), np.stack([m.cell_left, m.cell_right], axis=1)),
+                "edge_length": (("edge",), m.edge_length)}
 
     def config(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": None if self.model is None else self.model.to_dict(),
