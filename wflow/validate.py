@@ -401,7 +401,10 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
       99 % CI against :math:`\sqrt{\log N/N}` (:func:`_s2_semidiscrete_w2`);
     * from a deterministic start (trapezoid nodes with weights :math:`\rho_0/N`) the
       :math:`W_2` error falls like :math:`N^{-1}` (the atoms' spacing) while smooth
-      moments are exact to spectral accuracy.
+      moments are exact to spectral accuracy;
+    * on :math:`S^1`, SA and USA at :math:`\beta \in \{1, 5\}`: :math:`W_2(\mu_N(t), \mu(t))` as a
+      function of :math:`t` against Dobrushin's :math:`e^{Lt}W_2(\mu_N(0), \mu(0))`, with the fitted
+      growth rates (:func:`_chaos_in_time`; resumable parts in ``out/parts/mean-field``).
     """
     from .transport import wasserstein
 

@@ -16,7 +16,7 @@ Riemannian one, the tangent projection of the Euclidean gradient:
 *Blurring* mean shift moves the data themselves (Cheng 1995, §4): :math:`\dot x_i = v_{MS}[\mu_N](x_i)`
 with :math:`\mu_N` the current cloud.  This is the SA particle system (Q = K = V = I) with every
 velocity multiplied by β, hence the same trajectories at the time :math:`\beta t`:
-:math:`x^{MS}(t) = x^{SA}(\beta t)` (Rigollet 2025, the survey's remark connecting SA to mean shift).
+:math:`x^{MS}(t) = x^{SA}(\beta t)` (SA as in Rigollet 2025, *The Mean-Field Dynamics of Transformers*).
 
 The field here is computed independently of wflow's kernel code: softmax weights by
 :func:`scipy.special.softmax` (a log-sum-exp shift) over :math:`\beta\langle x, x_j\rangle + \log w_j`.
