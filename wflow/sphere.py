@@ -43,7 +43,17 @@ __all__ = [
 
 
 def as_generator(seed: SeedLike) -> np.random.Generator:
-    """Return a :class:`numpy.random.Generator` from a seed-like argument."""
+    """Return a :class:`numpy.random.Generator` from a seed-like argument.
+
+    Examples
+    --------
+    >>> from wflow.sphere import as_generator
+    >>> rng = as_generator(0)
+    >>> type(rng).__name__
+    'Generator'
+    >>> as_generator(rng) is rng
+    True
+    """
     if isinstance(seed, np.random.Generator):
         return seed
     if seed is None or isinstance(seed, (np.random.SeedSequence,)):
@@ -212,6 +222,15 @@ def geodesic_distance(x: ArrayLike, y: ArrayLike) -> np.ndarray:
 
     Computed as :math:`2\,\mathrm{atan2}(|x-y|, |x+y|)`, accurate to round-off for
     nearby and antipodal points alike (``arccos`` loses half the digits near 0).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import geodesic_distance
+    >>> round(float(geodesic_distance([1.0, 0.0, 0.0], [0.0, 1.0, 0.0])), 6)  # pi / 2
+    1.570796
+    >>> round(float(geodesic_distance([1.0, 0.0], [-1.0, 0.0])), 6)  # antipodal: pi
+    3.141593
     """
     x = np.asarray(x)
     y = np.asarray(y)
@@ -352,7 +371,16 @@ def tangent_frame(x: ArrayLike) -> np.ndarray:
 
 
 def exp_map(x: np.ndarray, v: np.ndarray) -> np.ndarray:
-    r"""Riemannian exponential :math:`\exp_x(v) = \cos|v|\,x + \sin|v|\,v/|v|` for tangent ``v``."""
+    r"""Riemannian exponential :math:`\exp_x(v) = \cos|v|\,x + \sin|v|\,v/|v|` for tangent ``v``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import exp_map
+    >>> x, v = np.array([1.0, 0.0, 0.0]), np.array([0.0, np.pi / 2, 0.0])
+    >>> np.allclose(exp_map(x, v), [0.0, 1.0, 0.0])  # a quarter great circle
+    True
+    """
     nv = np.linalg.norm(v, axis=-1, keepdims=True)
     # sin(t)/t is analytic; np.sinc(t/pi) = sin(t)/t handles t = 0 exactly.
     return np.cos(nv) * x + np.sinc(nv / np.pi) * v
@@ -363,6 +391,15 @@ def log_map(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     Undefined for antipodal points (returns a vector of length ``pi`` in an arbitrary
     direction only up to round-off; avoid).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import exp_map, log_map
+    >>> x, y = np.array([1.0, 0.0, 0.0]), np.array([0.0, 0.0, 1.0])
+    >>> v = log_map(x, y)
+    >>> round(float(np.linalg.norm(v)), 6), np.allclose(exp_map(x, v), y)
+    (1.570796, True)
     """
     u = project(x, y)
     nu = np.linalg.norm(u, axis=-1, keepdims=True)
@@ -394,13 +431,30 @@ def retract(x: np.ndarray, v: np.ndarray, *, step: float = 1.0) -> np.ndarray:
 
 
 def angles_to_points(theta: ArrayLike) -> np.ndarray:
-    """Angles on the circle to points ``(cos theta, sin theta)``, shape ``theta.shape + (2,)``."""
+    """Angles on the circle to points ``(cos theta, sin theta)``, shape ``theta.shape + (2,)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import angles_to_points
+    >>> np.round(angles_to_points([0.0, np.pi / 2]), 6)
+    array([[1., 0.],
+           [0., 1.]])
+    """
     theta = np.asarray(theta, dtype=float)
     return np.stack([np.cos(theta), np.sin(theta)], axis=-1)
 
 
 def points_to_angles(x: ArrayLike) -> np.ndarray:
-    """Points on :math:`S^1` to angles in ``[0, 2 pi)``."""
+    """Points on :math:`S^1` to angles in ``[0, 2 pi)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import points_to_angles
+    >>> np.round(points_to_angles([[1.0, 0.0], [0.0, -1.0]]), 6)  # 0 and 3 pi / 2
+    array([0.      , 4.712389])
+    """
     x = np.asarray(x)
     if x.shape[-1] != 2:
         raise ValueError(f"x must be points on the circle (last axis 2), got shape {x.shape}")
@@ -408,7 +462,16 @@ def points_to_angles(x: ArrayLike) -> np.ndarray:
 
 
 def random_rotation(d: int, seed: SeedLike = None) -> np.ndarray:
-    """A Haar-random rotation matrix in SO(d) (QR of a Gaussian matrix, sign-corrected)."""
+    """A Haar-random rotation matrix in SO(d) (QR of a Gaussian matrix, sign-corrected).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import random_rotation
+    >>> Q = random_rotation(3, seed=0)
+    >>> np.allclose(Q @ Q.T, np.eye(3)), round(float(np.linalg.det(Q)), 6)
+    (True, 1.0)
+    """
     d = check_int(d, "d", minimum=1)
     rng = as_generator(seed)
     q, r = np.linalg.qr(rng.standard_normal((d, d)))
@@ -419,7 +482,16 @@ def random_rotation(d: int, seed: SeedLike = None) -> np.ndarray:
 
 
 def uniform(n: int, d: int, seed: SeedLike = None, *, batch: Sequence[int] = ()) -> np.ndarray:
-    """``n`` i.i.d. points uniform on :math:`S^{d-1}`, shape ``(*batch, n, d)``."""
+    """``n`` i.i.d. points uniform on :math:`S^{d-1}`, shape ``(*batch, n, d)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import uniform
+    >>> x = uniform(100, 3, seed=0, batch=(2,))
+    >>> x.shape, np.allclose(np.linalg.norm(x, axis=-1), 1.0)
+    ((2, 100, 3), True)
+    """
     n = check_int(n, "n")
     d = check_int(d, "d", minimum=2)
     rng = as_generator(seed)
@@ -469,6 +541,14 @@ def vmf_mixture(
 
     ``means`` has shape ``(k, d)``, ``kappas`` shape ``(k,)``, ``mix_weights`` (default
     equal) shape ``(k,)`` and is normalized.  Component counts are multinomial.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import vmf_mixture
+    >>> x = vmf_mixture(200, means=[[0.0, 0.0, 1.0]], kappas=[50.0], seed=0)
+    >>> x.shape, bool(np.mean(x[:, 2]) > 0.9)  # concentrated near the north pole
+    ((200, 3), True)
     """
     n = check_int(n, "n")
     means = np.atleast_2d(np.asarray(means, dtype=float))
@@ -503,6 +583,14 @@ def sample_circle_density(
     uniform grid :math:`\theta_k = 2\pi k/M`; it need not be normalized.  Sampling is
     by inversion of the CDF of the piecewise-linear interpolant on ``resolution`` (or
     ``M``) cells, exact for that interpolant.  Shape ``(n, 2)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import sample_circle_density
+    >>> x = sample_circle_density(lambda theta: 1 + np.cos(theta), 1000, seed=0)
+    >>> x.shape, bool(np.mean(x[:, 0]) > 0.4)  # E[cos theta] = 1/2 for this law
+    ((1000, 2), True)
     """
     n = check_int(n, "n")
     rng = as_generator(seed)
@@ -539,6 +627,14 @@ def circle_nodes(m: int, *, offset: float = 0.0) -> tuple[np.ndarray, np.ndarray
 
     Spectrally accurate for smooth periodic integrands (normalized measure).
     Returns ``(points (m, 2), weights (m,))``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import circle_nodes
+    >>> pts, w = circle_nodes(8)
+    >>> pts.shape, round(float(w.sum()), 12), round(float(w @ pts[:, 0] ** 2), 12)  # mean of cos^2 = 1/2
+    ((8, 2), 1.0, 0.5)
     """
     m = check_int(m, "m")
     theta = offset + 2 * np.pi * np.arange(m) / m
@@ -551,6 +647,14 @@ def gauss_sphere_nodes(n_lat: int, n_lon: int | None = None) -> tuple[np.ndarray
     Exact for spherical harmonics of degree ``<= min(2 n_lat - 1, n_lon - 1)``.  Weights
     are for the normalized surface measure (sum to 1).  Returns ``(points (N, 3),
     weights (N,))`` with ``N = n_lat * n_lon`` (``n_lon`` defaults to ``2 n_lat``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import gauss_sphere_nodes
+    >>> pts, w = gauss_sphere_nodes(4)
+    >>> pts.shape, round(float(w.sum()), 12), round(float(w @ pts[:, 2] ** 2), 12)  # mean of z^2 = 1/3
+    ((32, 3), 1.0, 0.333333333333)
     """
     n_lat = check_int(n_lat, "n_lat")
     n_lon = 2 * n_lat if n_lon is None else check_int(n_lon, "n_lon")
@@ -564,7 +668,16 @@ def gauss_sphere_nodes(n_lat: int, n_lon: int | None = None) -> tuple[np.ndarray
 
 
 def fibonacci_nodes(n: int) -> np.ndarray:
-    """``n`` quasi-uniform points on :math:`S^2` on the Fibonacci (golden-angle) spiral, shape ``(n, 3)``."""
+    """``n`` quasi-uniform points on :math:`S^2` on the Fibonacci (golden-angle) spiral, shape ``(n, 3)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.sphere import fibonacci_nodes
+    >>> x = fibonacci_nodes(500)
+    >>> x.shape, np.allclose(np.linalg.norm(x, axis=1), 1.0), bool(abs(x.mean(axis=0)).max() < 0.01)
+    ((500, 3), True, True)
+    """
     n = check_int(n, "n")
     k = np.arange(n) + 0.5
     z = 1 - 2 * k / n
