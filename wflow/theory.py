@@ -61,6 +61,16 @@ def funk_hecke(ell, beta: float, d: int) -> np.ndarray:
 
     At :math:`\beta = 0` this is the limit (1 for :math:`\ell = 0`, else 0).  On the circle
     (:math:`d = 2`) it is :math:`I_\ell(\beta)`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from scipy.special import iv
+    >>> from wflow.theory import funk_hecke
+    >>> bool(np.allclose(funk_hecke([0, 1, 2], 2.0, 2), iv([0, 1, 2], 2.0)))  # circle: I_l(beta)
+    True
+    >>> funk_hecke([0, 1], 0.0, 3).tolist()  # the beta = 0 limit
+    [1.0, 0.0]
     """
     d = check_int(d, "d", minimum=2)
     beta = check_nonnegative(beta, "beta")
@@ -81,6 +91,16 @@ def growth_rate(ell, beta: float, d: int, model: str = "USA") -> np.ndarray:
     On the circle: USA :math:`k^2 I_k(\beta)/\beta`, SA :math:`k^2 I_k(\beta)/(\beta I_0(\beta))`.
     For V = -I the rates change sign.  At :math:`\beta = 0` the limit :math:`\ell(\ell+d-2)c'_\ell(0)`
     is used (nonzero for :math:`\ell = 1` only: rate :math:`(d-1)/d`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from scipy.special import iv
+    >>> from wflow.theory import growth_rate
+    >>> bool(np.isclose(growth_rate(2, 4.0, 2, "USA"), 2**2 * iv(2, 4.0) / 4.0))  # k^2 I_k(beta) / beta
+    True
+    >>> round(float(growth_rate(1, 0.0, 3)), 6)  # beta = 0: (d - 1) / d
+    0.666667
     """
     if model not in ("SA", "USA"):
         raise ValueError(f"model must be 'SA' or 'USA', got {model!r}")
@@ -97,7 +117,14 @@ def growth_rate(ell, beta: float, d: int, model: str = "USA") -> np.ndarray:
 
 
 def most_unstable_mode(beta: float, d: int, model: str = "SA", ell_max: int = 200) -> int:
-    """The degree of largest growth rate (ties to the smaller degree)."""
+    """The degree of largest growth rate (ties to the smaller degree).
+
+    Examples
+    --------
+    >>> from wflow.theory import most_unstable_mode
+    >>> most_unstable_mode(1.0, 3), most_unstable_mode(9.0, 3)
+    (1, 4)
+    """
     ells = np.arange(1, ell_max + 1)
     return int(ells[np.argmax(growth_rate(ells, beta, d, model))])
 
@@ -427,6 +454,14 @@ class EquiangularSolution:
     scheme, model : str
     nfev : int
         Right-hand-side evaluations.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.theory import equiangular_scheme_solution
+    >>> sol = equiangular_scheme_solution([0.0, 5.0], 1.0, 4, "SA", "pre-ln", rho0=0.2)
+    >>> sol.t.tolist(), sol.gap.round(6).tolist(), bool(np.allclose(sol.gap, 1 - sol.rho))
+    ([0.0, 5.0], [0.8, 0.042381], True)
     """
 
     t: np.ndarray
@@ -551,6 +586,14 @@ def equiangular_configuration(n: int, rho: float) -> np.ndarray:
 
     :math:`x_i = a e_i + b\mathbf{1}` with :math:`a^2 + 2ab + nb^2 = 1`, :math:`2ab + nb^2 = \rho`;
     needs :math:`-1/(n-1) < \rho < 1`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.theory import equiangular_configuration
+    >>> x = equiangular_configuration(4, 0.3)
+    >>> x.shape, bool(np.allclose(x @ x.T, 0.7 * np.eye(4) + 0.3))  # unit norms, cosines 0.3
+    ((4, 4), True)
     """
     n = check_int(n, "n", minimum=2)
     if not -1.0 / (n - 1) < rho < 1:
@@ -562,7 +605,16 @@ def equiangular_configuration(n: int, rho: float) -> np.ndarray:
 
 
 def kuramoto_velocity(theta, beta: float) -> np.ndarray:
-    r"""USA on the circle in angles: :math:`\theta_i' = -\frac1n\sum_j e^{\beta\cos(\theta_i-\theta_j)}\sin(\theta_i-\theta_j)`."""
+    r"""USA on the circle in angles: :math:`\theta_i' = -\frac1n\sum_j e^{\beta\cos(\theta_i-\theta_j)}\sin(\theta_i-\theta_j)`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.theory import kuramoto_velocity
+    >>> v = kuramoto_velocity(np.array([0.0, 0.5, 2.0]), 1.0)
+    >>> v.round(6).tolist(), round(float(v.sum()), 12)  # odd coupling: the mean angle is at rest
+    ([0.584271, -0.027482, -0.556789], 0.0)
+    """
     theta = np.asarray(theta, dtype=float)
     diff = theta[:, None] - theta[None, :]
     return -np.mean(np.exp(beta * np.cos(diff)) * np.sin(diff), axis=1)
@@ -591,6 +643,13 @@ class EquiangularLaw:
         :math:`C` for the given initial condition (``inf`` if it overflows).
     formula : str
         The law in words, e.g. ``'1-rho ~ C exp(-2 t)'``.
+
+    Examples
+    --------
+    >>> from wflow.theory import equiangular_asymptotics
+    >>> law = equiangular_asymptotics(1.0, 8, "SA", "post-ln", rho0=0.0)
+    >>> law.law, law.rate, law.formula
+    ('exponential', 2.0, '1-rho ~ C exp(-2 t)')
     """
 
     scheme: str
@@ -1002,6 +1061,13 @@ def plain_energy(energy_rescaled, beta: float):
 
 
 def heat_decay_rate(ell, d: int, kappa: float) -> np.ndarray:
-    r"""Decay rate of degree-:math:`\ell` harmonics under :math:`\kappa^{-1}\Delta_S`: :math:`\ell(\ell+d-2)/\kappa`."""
+    r"""Decay rate of degree-:math:`\ell` harmonics under :math:`\kappa^{-1}\Delta_S`: :math:`\ell(\ell+d-2)/\kappa`.
+
+    Examples
+    --------
+    >>> from wflow.theory import heat_decay_rate
+    >>> heat_decay_rate([0, 1, 2], 3, 2.0).tolist()  # l (l + 1) / kappa on S^2
+    [0.0, 1.0, 3.0]
+    """
     ell = np.asarray(ell, dtype=float)
     return ell * (ell + d - 2) / check_positive(kappa, "kappa")
