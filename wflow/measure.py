@@ -145,7 +145,18 @@ def _as_weights(weights: ArrayLike, shape: tuple[int, ...], dtype: np.dtype) -> 
 
 
 def as_atoms(mu: Any, name: str = "mu") -> Atoms:
-    """Accept an :class:`Atoms` or an array of points (uniform weights)."""
+    """Accept an :class:`Atoms` or an array of points (uniform weights).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.measure import as_atoms
+    >>> as_atoms(np.eye(3)).weights.round(6)  # points get uniform weights
+    array([0.333333, 0.333333, 0.333333])
+    >>> mu = wflow.Atoms(np.eye(2))
+    >>> as_atoms(mu) is mu
+    True
+    """
     if isinstance(mu, Atoms):
         return mu
     if isinstance(mu, np.ndarray) or isinstance(mu, (list, tuple)):

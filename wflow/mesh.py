@@ -55,7 +55,16 @@ __all__ = ["Mesh", "CircleMesh", "SphereMesh", "icosahedral_nodes", "mesh_from_d
 
 
 class Mesh(ABC):
-    """Common interface of :class:`CircleMesh` and :class:`SphereMesh` (see module docstring)."""
+    """Common interface of :class:`CircleMesh` and :class:`SphereMesh` (see module docstring).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.mesh import Mesh, CircleMesh
+    >>> mesh = CircleMesh(8)
+    >>> isinstance(mesh, Mesh), mesh.n_cells, round(mesh.total_area, 6)  # 2 pi
+    (True, 8, 6.283185)
+    """
 
     d: int
     centers: np.ndarray
@@ -169,6 +178,16 @@ class CircleMesh(Mesh):
         Number of cells, ``>= 3``.
     offset : float
         :math:`\theta_0`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.mesh import CircleMesh
+    >>> mesh = CircleMesh(8)
+    >>> mesh.n_cells, mesh.n_edges, round(mesh.spacing, 6)  # h = 2 pi / 8
+    (8, 8, 0.785398)
+    >>> mesh.locate([[1.0, 0.0], [0.0, 1.0]])  # angles 0 and pi / 2
+    array([0, 2])
     """
 
     def __init__(self, m: int, *, offset: float = 0.0):
@@ -237,7 +256,17 @@ def _icosahedron() -> tuple[np.ndarray, np.ndarray]:
 
 def icosahedral_nodes(n: int) -> np.ndarray:
     r"""The ``10 n^2 + 2`` vertices of the icosahedron with every face cut into :math:`n^2`
-    triangles, projected radially onto :math:`S^2` (class-I geodesic grid), shape ``(N, 3)``."""
+    triangles, projected radially onto :math:`S^2` (class-I geodesic grid), shape ``(N, 3)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.mesh import icosahedral_nodes
+    >>> icosahedral_nodes(1).shape, icosahedral_nodes(2).shape  # 10 n^2 + 2
+    ((12, 3), (42, 3))
+    >>> bool(np.allclose(np.linalg.norm(icosahedral_nodes(2), axis=1), 1.0))
+    True
+    """
     n = check_int(n, "n")
     v, faces = _icosahedron()
     seen: dict[tuple, int] = {}
@@ -310,6 +339,14 @@ class SphereMesh(Mesh):
     cell averages of a density are second-order accurate point values; the two-point
     diffusive flux uses the generators (the Voronoi edge is their perpendicular bisector).
     Use :meth:`from_generators` for any other generator set.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.mesh import SphereMesh
+    >>> mesh = SphereMesh(2)
+    >>> mesh.n_cells, round(float(mesh.areas.sum()), 6)  # 10 n^2 + 2 cells covering 4 pi
+    (42, 12.566371)
     """
 
     def __init__(self, resolution: int = 8, *, generators: str = "icosahedral", lloyd: int = 3):
@@ -459,7 +496,17 @@ class SphereMesh(Mesh):
 
 
 def mesh_from_dict(spec: dict) -> Mesh:
-    """The mesh of a specification written by ``Mesh.to_dict()``."""
+    """The mesh of a specification written by ``Mesh.to_dict()``.
+
+    Examples
+    --------
+    >>> from wflow.mesh import CircleMesh, mesh_from_dict
+    >>> spec = CircleMesh(16).to_dict()
+    >>> spec
+    {'type': 'circle', 'm': 16, 'offset': 0.0}
+    >>> mesh_from_dict(spec).n_cells
+    16
+    """
     if not isinstance(spec, dict) or spec.get("type") not in ("circle", "sphere"):
         raise ValueError(f"a mesh specification is a dict with type 'circle' or 'sphere', got {spec!r:.80}")
     if spec["type"] == "circle":

@@ -69,6 +69,13 @@ class Model(ABC):
     Subclasses implement :meth:`velocity` and, for gradient flows, :meth:`energy` and
     :meth:`first_variation`.  :attr:`dim` is the ambient dimension ``d`` the model's
     matrices fix, or ``None`` if it works in any dimension.
+
+    Examples
+    --------
+    >>> import wflow
+    >>> from wflow.models import Model
+    >>> isinstance(wflow.SA(1.0), Model), wflow.USA(1.0).is_gradient, wflow.SA(1.0).metric
+    (True, True, 'sa-reweighted')
     """
 
     dim: int | None = None
@@ -546,6 +553,19 @@ class Perceptron(Model):
     :math:`v_\omega(x) = \sum_j\omega_j\varphi(a_j\cdot x + b_j)`, :math:`\varphi' = 2\sigma`
     (ReLU: :math:`\varphi(s) = s_+^2`), and the energy is :math:`\tfrac12\int v_\omega\,d\mu`
     (Álvarez-López, Geshkovski & Ruiz-Balet, 2026).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> rng = np.random.default_rng(0)
+    >>> A = rng.standard_normal((4, 3))
+    >>> block = wflow.Perceptron(A.T * np.array([1.0, -1.0, 0.5, 2.0]), A)  # W = A^T diag(omega)
+    >>> block.is_gradient, wflow.Perceptron(rng.standard_normal((3, 4)), A).is_gradient
+    (True, False)
+    >>> x = wflow.sphere.uniform(5, 3, seed=0)
+    >>> v = block.velocity(x, wflow.Atoms(x))
+    >>> v.shape, bool(np.allclose((v * x).sum(axis=-1), 0.0))  # tangent to the sphere
+    ((5, 3), True)
     """
 
     def __init__(self, W: ArrayLike, A: ArrayLike, b: ArrayLike | None = None, activation: str = "relu"):
@@ -646,6 +666,21 @@ class SumModel(Model):
 
     It is a gradient flow when every block is one in the plain Wasserstein metric
     (USA with V = +-I, conservative perceptrons), or when it has a single block.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> rng = np.random.default_rng(0)
+    >>> A = rng.standard_normal((4, 3))
+    >>> usa, block = wflow.USA(1.0), wflow.Perceptron(A.T, A)
+    >>> model = usa + block  # a SumModel
+    >>> type(model).__name__, len(model.parts), model.is_gradient
+    ('SumModel', 2, True)
+    >>> x = wflow.sphere.uniform(5, 3, seed=0)
+    >>> mu = wflow.Atoms(x)
+    >>> v = model.velocity(x, mu, backend="numpy")
+    >>> bool(np.allclose(v, usa.velocity(x, mu, backend="numpy") + block.velocity(x, mu)))
+    True
     """
 
     def __init__(self, parts: list[Model]):
@@ -722,7 +757,18 @@ _KEYS = {
 
 
 def model_from_dict(spec: dict[str, Any]) -> Model:
-    """Inverse of :meth:`Model.to_dict`; rejects unknown types and keys."""
+    """Inverse of :meth:`Model.to_dict`; rejects unknown types and keys.
+
+    Examples
+    --------
+    >>> import wflow
+    >>> from wflow.models import model_from_dict
+    >>> spec = wflow.SA(2.0).to_dict()
+    >>> spec
+    {'type': 'SA', 'beta': 2.0}
+    >>> model_from_dict(spec)
+    SA(beta=2)
+    """
     if not isinstance(spec, dict):
         raise TypeError(f"a model description must be a dict, got {short_repr(spec)}")
     kind = spec.get("type")

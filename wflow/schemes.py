@@ -367,7 +367,16 @@ class Layered(Model):
 
 
 class TimeDependent(Model):
-    """Any model that is a function of time: ``fn(t) -> Model`` (not resumable from a store: functions do not serialize)."""
+    """Any model that is a function of time: ``fn(t) -> Model`` (not resumable from a store: functions do not serialize).
+
+    Examples
+    --------
+    >>> import wflow
+    >>> from wflow.schemes import TimeDependent
+    >>> model = TimeDependent(lambda t: wflow.SA(1.0 + t))  # beta grows with depth
+    >>> model.time_dependent, model.at(1.0)
+    (True, SA(beta=2))
+    """
 
     def __init__(self, fn: Callable[[float], Model], *, space: str = "sphere", dim: int | None = None):
         if not callable(fn):
@@ -408,6 +417,15 @@ def layer_map(model: Normalized, x: ArrayLike, *, eta: float = 1.0, weights: Arr
     With the long-context scaling ``SA(gamma=...)`` and equiangular inputs, the cosines of
     :math:`U(\theta_i)` and of the Post-LN output are those of
     :func:`wflow.theory.long_context_cosine` (``scheme="pre-ln"`` and ``"post-ln"``) at finite n.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.schemes import Normalized, layer_map
+    >>> x = wflow.sphere.uniform(5, 3, seed=0)
+    >>> y = layer_map(Normalized(wflow.SA(1.0), "post-ln"), x, backend="numpy")
+    >>> y.shape, bool(np.allclose(np.linalg.norm(y, axis=-1), 1.0))  # Post-LN lands on the sphere
+    ((5, 3), True)
     """
     if not isinstance(model, Normalized) or model.scheme not in ("pre-ln", "post-ln"):
         raise TypeError(f"layer_map takes a Normalized model with scheme 'pre-ln' or 'post-ln', got {short_repr(model)}")
