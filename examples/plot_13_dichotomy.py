@@ -16,7 +16,7 @@ import numpy as np
 import wflow
 from wflow.studies.dichotomy import deviation_from_mean, diameter, hemisphere_start, linearized_rate
 
-n, d, seeds = 16, 3, 24
+n, d, seeds = 16, 3, 16
 rng = np.random.default_rng(0)
 fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
 starts = {"uniform": wflow.sphere.uniform(n, d, rng, batch=(seeds,)),
