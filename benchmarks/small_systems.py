@@ -17,6 +17,19 @@ systems, d in {8, 128, 1024}, B in {256, 2048}.  One explicit Euler step of step
   and ``sphere.retract(x, v, step=eta)`` (one pass) -- wflow's projected Euler step.
   "wflow tol" passes ``tol=2e-4``, which lets float32 input use float32 logits.
 
+The whole workload (``--e2e``): 300 steps to t = 30 and the pair fraction (cosine > 0.999)
+at 200 save times, side by side, medians of 3 round-robin runs: "torch" (the loop above with
+``torch.bmm`` for the pair fraction, at its faster thread count measured first on 10 steps);
+"wflow.simulate" (``method="euler", dt=0.1, backend="auto"``, the pair fraction as the only
+diagnostic, ``keep=False`` with a tracker keeping the pair fractions: ``keep=True`` would also
+stack 200 copies of the points, 1.7 GB at d = 128); and two PROTOTYPES of a proposed wiring in
+``wflow/solvers/particles.py`` run through the same driver (``integrate``): "fused step", a
+``ParticleProblem.euler_step`` calling :func:`wflow.kernels.small.sa_euler_step`, and "span
+coordinates", the same in the coordinates of an orthonormal basis of the initial tokens' span
+(:func:`wflow.kernels.small.span_coordinates`: n = 32 numbers per token instead of d).  Before
+timing, the final points of both prototypes are checked against wflow.simulate's.  At d = 1024
+a tenth of the workload (30 steps, 20 saves) is timed.
+
 Save-time diagnostics for 256 systems: the fraction of pairs with cosine > 0.999 (torch,
 and :func:`wflow.diagnostics.pair_fraction`) and the cluster count at threshold 0.1
 (:func:`wflow.diagnostics.count_clusters`, batched, against the former loop of
@@ -51,7 +64,11 @@ from wflow import sphere  # noqa: E402
 from wflow.diagnostics import cluster_labels, count_clusters, pair_fraction  # noqa: E402
 from wflow.kernels import kernel_sums  # noqa: E402
 from wflow.kernels import numba_backend  # noqa: E402
+from wflow.kernels.small import sa_euler_step, span_coordinates  # noqa: E402
 from wflow.measure import Atoms  # noqa: E402
+from wflow.models import SA  # noqa: E402
+from wflow.solvers.base import Tracker, integrate  # noqa: E402
+from wflow.solvers.particles import ParticleProblem, Trajectory, simulate  # noqa: E402
 
 BETA = 5.0
 ETA = 0.1
@@ -270,11 +287,159 @@ def projection_table(repeat):
         print(f"| {dt} | " + " | ".join(_ms(t[k]) for k in names) + " |")
 
 
+class _Record(Tracker):
+    """Keeps the pair fraction of each save (the run itself keeps only its last snapshot)."""
+
+    def __init__(self):
+        self.values = []
+
+    def save(self, snap):
+        self.values.append(snap.data["pair_fraction"][1])
+
+
+def _pf(mu):
+    return pair_fraction(mu.points, 0.999)
+
+
+class _FusedSA(ParticleProblem):
+    """PROTOTYPE of the proposed ``ParticleProblem.euler_step``: SA with Q = K = V = I, no noise or
+    tracers -> :func:`wflow.kernels.small.sa_euler_step` (one compiled pass per system)."""
+
+    def euler_step(self, t, y, dt):
+        self.evaluations += 1
+        return sa_euler_step(y, self.weights, self.model.beta_for(self.n), dt)
+
+
+class _SpanSA(_FusedSA):
+    """PROTOTYPE of the proposed span coordinates: the state is y = x U^T (n coordinates in an
+    orthonormal basis U of the initial tokens' span, :func:`wflow.kernels.small.span_coordinates`);
+    inner products, hence the pair fraction, are those of x."""
+
+
+def e2e_torch(x0, steps, save_steps):
+    """The authors' loop: ``steps`` Euler steps, the pair fraction at ``save_steps`` (step 0 included)."""
+    x = x0
+    eye = torch.eye(x0.shape[1], dtype=torch.bool)
+    out = []
+
+    def pf(x):
+        G = torch.bmm(x, x.transpose(1, 2))
+        return ((G > 0.999) & ~eye).sum(dim=(1, 2)) / (N * (N - 1))
+    save = set(int(k) for k in save_steps)
+    if 0 in save:
+        out.append(pf(x))
+    for k in range(1, steps + 1):
+        x = torch_step(x)
+        if k in save:
+            out.append(pf(x))
+    return x, torch.stack(out)
+
+
+def e2e_wflow(x0, t_end, save_at, problem_class=None):
+    """``wflow.simulate(..., method="euler", dt=0.1, pair fraction only, backend="auto")`` (keep=False, the
+    pair fractions recorded by a tracker), or the same run through ``integrate`` with a prototype problem."""
+    rec = _Record()
+    model = SA(BETA)
+    kw = dict(diagnostics=(), extra_diagnostics={"pair_fraction": _pf})
+    if problem_class is None:
+        tr = simulate(model, Atoms(x0), t_end, method="euler", dt=ETA, save_at=save_at, backend="auto", keep=False,
+                      trackers=[rec], **kw)
+        return tr.points[-1], np.array(rec.values)
+    w = np.full(x0.shape[:-1], 1.0 / x0.shape[-2])
+    basis = None
+    y0 = x0
+    if problem_class is _SpanSA:
+        y0, basis = span_coordinates(x0)
+        y0 = y0.astype(x0.dtype)
+    problem = problem_class(model, w, y0.shape[-1], backend="auto", **kw)
+    tr = integrate(problem, "euler", y0, 0.0, t_end, save_at=save_at, dt=ETA, keep=False, trackers=[rec],
+                   result_class=Trajectory)
+    y = tr.points[-1]
+    return (y if basis is None else y @ basis), np.array(rec.values)
+
+
+#: the issue's workload: 300 steps of 0.1 to t = 30, 200 saves
+E2E_T, E2E_SAVES = 30.0, 200
+
+
+def e2e_table(dims, repeat, short_dims=(1024,), B=256):
+    """The whole workload side by side (round-robin medians): torch (its faster thread count, picked
+    on 10 steps first), wflow.simulate today, and the two prototypes of the proposed wiring."""
+    rows = []
+    print(f"<!-- e2e table: start {_load()} -->", flush=True)
+    for d in dims:
+        frac = 10 if d in short_dims else 1  # d = 1024: a tenth of the workload (30 steps, 20 saves)
+        t_end, n_saves = E2E_T / frac, E2E_SAVES // frac
+        save_at = np.linspace(0.0, t_end, n_saves)
+        steps = int(round(t_end / ETA))
+        save_steps = np.round(save_at / ETA).astype(int)
+        for dtype in (np.float64, np.float32):
+            x0 = sphere.uniform(N, d, 0, batch=(B,)).astype(dtype)
+            fns = {}
+            if torch is not None:
+                tx = torch.from_numpy(x0)
+                probe = _round_robin({k: (_threads(k), _steps(torch_step, tx)) for k in (1, os.cpu_count() or 1)}, 3)
+                nt = min(probe, key=probe.get)
+                fns["torch"] = (_threads(nt), lambda tx=tx: e2e_torch(tx, steps, save_steps))
+            fns["wflow.simulate"] = (_threads(1), lambda x0=x0: e2e_wflow(x0, t_end, save_at))
+            fns["fused step (proposed)"] = (_threads(1), lambda x0=x0: e2e_wflow(x0, t_end, save_at, _FusedSA))
+            fns["span coordinates (proposed)"] = (_threads(1), lambda x0=x0: e2e_wflow(x0, t_end, save_at, _SpanSA))
+            # the same answer: final points and pair fractions against wflow.simulate's
+            ref, ref_pf = e2e_wflow(x0, t_end, save_at)
+            for k in ("fused step (proposed)", "span coordinates (proposed)"):
+                y, pf = fns[k][1]()
+                err = float(np.max(np.abs(y - ref)))
+                assert err < (1e-9 if dtype == np.float64 else 1e-3), (k, err)
+                assert pf.shape == ref_pf.shape
+            t = _round_robin_once(fns, repeat)
+            rows.append((d, B, np.dtype(dtype).name, steps, n_saves, nt if torch is not None else None, t))
+            print(f"<!-- e2e d={d} B={B} {np.dtype(dtype).name} ({steps} steps, {n_saves} saves, torch {nt} threads): "
+                  + " | ".join(f"{k} {v:.2f}" for k, v in t.items()) + f" s; {_load()} -->", flush=True)
+    print(f"<!-- e2e table: end {_load()} -->", flush=True)
+    print("\n### The whole workload: Euler 0.1, pair fraction at each save (s, median of "
+          f"{repeat} round-robin runs), n = 32, beta = 5, batch {B}\n")
+    print("| d | dtype | steps / saves | torch (threads) | wflow.simulate | torch / wflow.simulate | "
+          "fused step (proposed) | torch / fused | span coordinates (proposed) | torch / span |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for d, B_, dt, steps, n_saves, nt, t in rows:
+        tt = t.get("torch")
+
+        def ratio(k):
+            return f"{tt / t[k]:.2f}" if tt else "-"
+        print(f"| {d} | {dt} | {steps} / {n_saves} | {tt:.2f} ({nt}) | {t['wflow.simulate']:.2f} | {ratio('wflow.simulate')} | "
+              f"{t['fused step (proposed)']:.2f} | {ratio('fused step (proposed)')} | "
+              f"{t['span coordinates (proposed)']:.2f} | {ratio('span coordinates (proposed)')} |")
+    return rows
+
+
+def _round_robin_once(fns: dict, repeat: int) -> dict:
+    """Round-robin medians of whole runs (no warm-up run: each run is seconds long; the step
+    kernels were compiled by the correctness check before)."""
+    times = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, (setup, f) in fns.items():
+            setup()
+            time.sleep(SETTLE_S)
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="d = 8 and 128, batch 256 only")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--e2e", action="store_true", help="only the whole workload (d = 8, 128 and a tenth of it at "
+                    "d = 1024; with --quick d = 8, 128), medians of 3")
     args = ap.parse_args(argv)
+    if args.e2e:
+        print(f"# small systems, whole workload: python {sys.version.split()[0]}, numpy {np.__version__}, torch "
+              f"{getattr(torch, '__version__', 'not installed')}, {os.cpu_count()} cpus, {_load()}", flush=True)
+        t0 = time.perf_counter()
+        e2e_table((8, 128) if args.quick else (8, 128, 1024), 3)
+        print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
+        return 0
     dims = (8, 128) if args.quick else (8, 128, 1024)
     batches = (256,) if args.quick else (256, 2048)
     print(f"# small systems: python {sys.version.split()[0]}, numpy {np.__version__}, "

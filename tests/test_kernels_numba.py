@@ -294,3 +294,67 @@ def test_small_route_methods_agree_with_numpy(rng, dtype, method, monkeypatch):
         _check(got, _reference(x, y, w, beta, mats), dtype)
         got = kernel_sums(x, y, w, beta, values=False, backend="numba", **mats)
         _check(got, _reference(x, y, w, beta, mats, values=False), dtype, values=False)
+
+
+def _dense_sa_euler(x, w, beta, dt):
+    """The projected SA Euler step in dense float64 NumPy (the reference of the fused step)."""
+    x = np.asarray(x, dtype=np.float64)
+    th = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        L = beta * th @ np.swapaxes(th, -1, -2) + np.log(np.asarray(w, dtype=np.float64))[..., None, :]
+    E = np.exp(L - L.max(axis=-1, keepdims=True))
+    A = (E @ th) / E.sum(axis=-1)[..., None]
+    y = x + dt * (A - np.sum(A * th, axis=-1, keepdims=True) * th)
+    return y / np.linalg.norm(y, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("d, n, batch", [(2, 1, (3,)), (3, 7, (5,)), (8, 32, (4, 3)), (33, 5, (6,)), (128, 32, (9,))])
+@pytest.mark.parametrize("threads", [False, True])
+def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, monkeypatch):
+    from wflow.kernels import small
+
+    if threads:  # one system per chunk, on the worker threads however small
+        monkeypatch.setattr(small, "CHUNK_PAIRS", 1)
+        monkeypatch.setattr(small, "SERIAL_MAX_FLOPS", 0)
+    x = _sphere(rng, (*batch, n, d), dtype)
+    w = rng.random((*batch, n))
+    w[..., ::4] = 0.0  # zero weights: log 0 stands in as the floor
+    w[..., 1 % n] += 0.1
+    for beta in (0.0, 5.0, 200.0):
+        y = small.sa_euler_step(x, w, beta, 0.1)
+        assert y.dtype == dtype and y.shape == x.shape
+        ref = _dense_sa_euler(x, w, beta, 0.1)
+        np.testing.assert_allclose(y, ref, rtol=0, atol=1e-14 if dtype == np.float64 else 3e-7)
+    out = x.copy()  # in place
+    assert small.sa_euler_step(out, w, 5.0, 0.1, out=out) is out
+    np.testing.assert_allclose(out, _dense_sa_euler(x, w, 5.0, 0.1), atol=1e-14 if dtype == np.float64 else 3e-7)
+
+
+def test_sa_euler_step_in_span_coordinates(rng):
+    """d > n: the step in the coordinates of an orthonormal basis of the span is the same step."""
+    from wflow.kernels.small import sa_euler_step, span_coordinates
+
+    x = _sphere(rng, (4, 16, 100), np.float64)
+    w = np.full((4, 16), 1 / 16)
+    y, basis = span_coordinates(x)
+    assert y.shape == (4, 16, 16) and basis.shape == (4, 16, 100)
+    np.testing.assert_allclose(y @ basis, x, atol=1e-15)
+    np.testing.assert_allclose(basis @ np.swapaxes(basis, 1, 2), np.broadcast_to(np.eye(16), (4, 16, 16)), atol=1e-15)
+    z, zs = x.copy(), y.copy()
+    for _ in range(50):
+        z = _dense_sa_euler(z, w, 5.0, 0.1)
+        sa_euler_step(zs, w, 5.0, 0.1, out=zs)
+    np.testing.assert_allclose(zs @ basis, z, atol=1e-13)
+    x3 = _sphere(rng, (2, 16, 3), np.float64)
+    y3, b3 = span_coordinates(x3)  # d <= n: the points themselves
+    assert y3 is x3 and b3 is None
+
+
+def test_sa_euler_step_rejects_bad_input():
+    from wflow.kernels.small import SMALL_MAX, sa_euler_step
+
+    with pytest.raises(ValueError, match="weights must have shape"):
+        sa_euler_step(np.ones((2, 3, 4)), np.ones((2, 4)), 1.0, 0.1)
+    with pytest.raises(ValueError, match="n <= "):
+        sa_euler_step(np.ones((SMALL_MAX + 1, 3)), np.ones(SMALL_MAX + 1), 1.0, 0.1)

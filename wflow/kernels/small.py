@@ -39,7 +39,7 @@ import numpy as np
 
 from . import numba_backend as _nb
 
-__all__ = ["bmm", "small_sums", "choose_method", "SMALL_MAX", "CHUNK_PAIRS", "FUSED_MAX_DIM"]
+__all__ = ["bmm", "small_sums", "sa_euler_step", "span_coordinates", "choose_method", "SMALL_MAX", "CHUNK_PAIRS", "FUSED_MAX_DIM"]
 
 #: Largest n and m (per system) of the tiny-systems route.
 SMALL_MAX = 256
@@ -223,9 +223,82 @@ if _nb.numba is not None:
                         cT[l, j] = ck[j, l]
                 _abt(E, cT, vec[k])
 
+
+    @njit(cache=True, fastmath=_nb._FM_SUM)
+    def _gram(T, G):  # pragma: no cover - compiled
+        """G = T T^T for small row-major T (n, r): the blocks on and above the diagonal by
+        register-blocked dots, the rest mirrored (exactly symmetric)."""
+        n = T.shape[0]
+        for i in range(0, n, 4):
+            ni = min(4, n - i)
+            for j in range(i, n, 2):
+                _dots(T, T, G, i, j, ni, min(2, n - j))
+        for i in range(n):
+            for j in range((i // 4) * 4):
+                G[i, j] = G[j, i]
+
+    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
+    def _sa_euler(x, lw, beta, dt, floor, k0, k1, out):  # pragma: no cover - compiled
+        """One projected Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
+        without the GIL, everything in float64 and in L1/L2 (see :func:`sa_euler_step`): the
+        directions theta = x/|x|, the Gram matrix by register-blocked dots, the row maxima and
+        exponentials, the averages A = E theta / s by dots with theta's columns, then
+        out = (x + dt P_theta A) / |x + dt P_theta A| in out's dtype."""
+        B, n, r = x.shape
+        T = np.empty((n, r))
+        TT = np.empty((r, n))
+        G = np.empty((n, n))
+        A = np.empty((n, r))
+        for k in range(k0, k1):
+            xk = x[k]
+            for i in range(n):
+                s = 0.0
+                for l in range(r):
+                    v = np.float64(xk[i, l])
+                    s += v * v
+                inv = 1.0 / np.sqrt(s)
+                for l in range(r):
+                    T[i, l] = np.float64(xk[i, l]) * inv
+            for i in range(n):
+                for l in range(r):
+                    TT[l, i] = T[i, l]
+            _gram(T, G)
+            lwk = lw[k]
+            for i in range(n):
+                Gi = G[i]
+                for j in range(n):
+                    Gi[j] = Gi[j] * beta + lwk[j]
+                mx = Gi[0]
+                for j in range(1, n):
+                    mx = max(mx, Gi[j])
+                t = 0.0
+                for j in range(n):
+                    e = _nb._exp64(max(Gi[j] - mx, floor))
+                    Gi[j] = e
+                    t += e
+                inv = 1.0 / t
+                for j in range(n):
+                    Gi[j] *= inv
+            _abt(G, TT, A)
+            for i in range(n):
+                Ai = A[i]
+                Ti = T[i]
+                xa = 0.0
+                for l in range(r):
+                    xa += Ti[l] * Ai[l]
+                s = 0.0
+                for l in range(r):
+                    y = np.float64(xk[i, l]) + dt * (Ai[l] - xa * Ti[l])
+                    Ai[l] = y
+                    s += y * y
+                inv = 1.0 / np.sqrt(s)
+                for l in range(r):
+                    out[k, i, l] = Ai[l] * inv
+
 else:  # pragma: no cover
     _softmax_rows = None
     _fused_sums = None
+    _sa_euler = None
 
 
 def _logits_in_float32(a: np.ndarray, b: np.ndarray, logw: np.ndarray, floor: float,
@@ -355,3 +428,109 @@ def _finish(shift, mass, vec, lw_max, ldt, wdt):
             vec *= f[..., None]
         shift = c32
     return shift, mass, vec
+
+
+def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
+                  out: np.ndarray | None = None) -> np.ndarray:
+    r"""One projected explicit Euler step of SA with :math:`Q = K = V = I`, fused, for a batch of tiny systems.
+
+    .. math::
+
+        \theta_i = \frac{x_i}{|x_i|}, \qquad
+        A_i = \frac{\sum_j w_j e^{\beta\langle\theta_i, \theta_j\rangle}\,\theta_j}{\sum_j w_j e^{\beta\langle\theta_i, \theta_j\rangle}},
+        \qquad
+        x_i \leftarrow \frac{x_i + h\,(A_i - \langle\theta_i, A_i\rangle\theta_i)}{|x_i + h\,(A_i - \langle\theta_i, A_i\rangle\theta_i)|}
+
+    -- what :class:`wflow.solvers.steppers.Euler` computes through the particle problem's
+    ``rhs`` (velocity at :math:`\theta`, the SA average projected on the tangent plane) and
+    ``retract``, but in one compiled pass per system (worker threads take chunks of systems)
+    with no array of the batch's size in between: the Gram matrix by register-blocked dots,
+    the softmax with the exact row maximum as shift, the averages, the projection and the
+    retraction, all in float64 (float32 input: float64 logits and sums, float32 output).
+
+    Parameters
+    ----------
+    x : ndarray, shape (..., n, r)
+        Points (on the sphere up to rounding); leading axes are independent systems,
+        ``n <=`` :data:`SMALL_MAX`.  ``r`` may be the dimension ``d`` or the number of
+        coordinates in an orthonormal basis of the points' span (:func:`span_coordinates`):
+        the step commutes with orthogonal maps.
+    weights : ndarray, shape (..., n)
+        Non-negative token weights.
+    beta : float
+    dt : float
+        The step :math:`h`.
+    out : ndarray, shape (..., n, r), optional
+        Where to write the new points (may be ``x`` itself).
+
+    Returns
+    -------
+    ndarray, shape (..., n, r)
+        The new points, in ``x``'s dtype (float32 or float64).
+
+    Examples
+    --------
+    >>> from wflow import sphere
+    >>> x = sphere.uniform(8, 3, seed=0, batch=(2,))
+    >>> y = sa_euler_step(x, np.full((2, 8), 1 / 8), 5.0, 0.1)
+    >>> bool(np.allclose(np.linalg.norm(y, axis=-1), 1.0))
+    True
+    """
+    if _sa_euler is None:
+        from ..errors import WflowError
+
+        raise WflowError(f"sa_euler_step needs numba: {_nb._NUMBA_ERROR}")
+    x = np.asarray(x)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    if x.ndim < 2 or x.shape[-2] == 0 or x.shape[-2] > SMALL_MAX:
+        raise ValueError(f"x must have shape (..., n, r) with 1 <= n <= {SMALL_MAX}, got shape {x.shape}")
+    batch, (n, r) = x.shape[:-2], x.shape[-2:]
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != x.shape[:-1]:
+        raise ValueError(f"weights must have shape {x.shape[:-1]}, got {w.shape}")
+    xf = np.ascontiguousarray(x).reshape(-1, n, r)
+    with np.errstate(divide="ignore"):
+        lw = np.maximum(np.log(w.reshape(-1, n)), _nb._LOG_ZERO)
+    if out is None:
+        out = np.empty(x.shape, dtype=x.dtype)
+    of = out.reshape(-1, n, r)  # (a view: out must be contiguous)
+    B = xf.shape[0]
+    threads = _threads() if B * n * n * 2 * r >= SERIAL_MAX_FLOPS else 1
+    chunks = _chunk_bounds(B, n * n, threads, CHUNK_PAIRS)
+    fl, be, h = _nb.exp_floor(np.dtype(np.float64)), float(beta), float(dt)
+
+    def work(t: int) -> None:
+        for b0, b1 in chunks[t::threads]:
+            _sa_euler(xf, lw, be, h, fl, b0, b1, of)
+
+    _run(work, threads, len(chunks))
+    return out
+
+
+def span_coordinates(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    r"""Coordinates of points in an orthonormal basis of their span: ``x = y @ basis``.
+
+    With :math:`Q = K = V = I` every token of SA/USA moves in the span of the initial tokens
+    (:math:`\dot x_i` is a combination of the :math:`x_j`), and the flow commutes with
+    orthogonal maps: ``n`` tokens in dimension ``d > n`` evolve exactly as their ``n``
+    coordinates :math:`y = x U^\top` in an orthonormal basis :math:`U` of that span (a
+    thin QR factorization :math:`x^\top = U^\top R`, :math:`y = R^\top`), at ``n / d`` of the
+    cost.  Inner products, hence every pair or cluster diagnostic, are the same in ``y``
+    (to rounding).
+
+    Parameters
+    ----------
+    x : ndarray, shape (..., n, d)
+
+    Returns
+    -------
+    y : ndarray, shape (..., n, n), or ``x`` itself when ``d <= n``
+    basis : ndarray, shape (..., n, d), orthonormal rows, or None when ``d <= n``
+    """
+    x = np.asarray(x)
+    n, d = x.shape[-2:]
+    if d <= n:
+        return x, None
+    q, rr = np.linalg.qr(np.swapaxes(x, -1, -2))  # x^T = q rr, q (..., d, n) orthonormal columns
+    return np.ascontiguousarray(np.swapaxes(rr, -1, -2)), np.ascontiguousarray(np.swapaxes(q, -1, -2))

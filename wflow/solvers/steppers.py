@@ -38,12 +38,23 @@ def project_to_sphere(x: np.ndarray) -> np.ndarray:
 
 @register_solver
 class Euler(Solver):
-    """Explicit Euler, :math:`y \\mapsto R(y + h f(t, y))` (order 1)."""
+    """Explicit Euler, :math:`y \\mapsto R(y + h f(t, y))` (order 1).
+
+    A problem may offer the whole step fused, ``problem.euler_step(t, y, dt)`` returning the
+    new state or ``None`` when it cannot (e.g. SA with :math:`Q = K = V = I` on many tiny
+    systems: :func:`wflow.kernels.small.sa_euler_step`, one compiled pass per system); the
+    step is then taken by it, else as :math:`R(y + h f(t, y))`.
+    """
 
     name = "euler"
     order = 1
 
     def step(self, problem, t, y, dt, state, **_):
+        fused = getattr(problem, "euler_step", None)
+        if fused is not None:
+            y_new = fused(t, y, dt)
+            if y_new is not None:
+                return StepResult(y_new), state
         return StepResult(problem.retract(y + dt * problem.rhs(t, y))), state
 
 
