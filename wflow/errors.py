@@ -26,11 +26,31 @@ __all__ = [
 
 
 class WflowError(RuntimeError):
-    """Base class for errors raised while wflow computes."""
+    """Base class for errors raised while wflow computes.
+
+    Examples
+    --------
+    >>> from wflow.errors import WflowError, SolverError, NotAGradientFlowError
+    >>> issubclass(SolverError, WflowError), issubclass(NotAGradientFlowError, WflowError)
+    (True, True)
+    """
 
 
 class NotAGradientFlowError(WflowError, ValueError):
-    """The model has no energy: it is not a gradient flow (the message says why)."""
+    """The model has no energy: it is not a gradient flow (the message says why).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.errors import NotAGradientFlowError
+    >>> try:
+    ...     (wflow.SA(1.0) + wflow.USA(1.0)).energy(wflow.Atoms(np.eye(3)))
+    ... except NotAGradientFlowError:
+    ...     print("no energy")
+    no energy
+    >>> issubclass(NotAGradientFlowError, ValueError)
+    True
+    """
 
 
 class StoreBusyError(WflowError):
@@ -38,7 +58,14 @@ class StoreBusyError(WflowError):
 
 
 class SolverError(WflowError):
-    """A solver could not continue (non-finite state, step size underflow, ...)."""
+    """A solver could not continue (non-finite state, step size underflow, ...).
+
+    Examples
+    --------
+    >>> from wflow.errors import SolverError, WflowError
+    >>> issubclass(SolverError, WflowError), issubclass(SolverError, RuntimeError)
+    (True, True)
+    """
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

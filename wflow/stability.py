@@ -234,6 +234,16 @@ class WassersteinHessian:
     gradient : ndarray, shape (k, d)
         The Wasserstein gradient :math:`\nabla_S\,\delta F/\delta\mu(x_i)` (USA's velocity;
         SA's velocity is this divided by :math:`Z_\mu`).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.stability import wasserstein_hessian
+    >>> H = wasserstein_hessian(wflow.USA(1.0, V=-np.eye(2)), wflow.Atoms([[1.0, 0.0], [-1.0, 0.0]]))
+    >>> H.form.shape, H.basis.shape, H.masses.tolist()  # K = k (d - 1) = 2
+    ((2, 2), (2, 1, 2), [0.5, 0.5])
+    >>> bool(np.allclose(H.gradient, 0.0))  # antipodal atoms are a critical point
+    True
     """
 
     points: np.ndarray
@@ -443,6 +453,16 @@ class Stability:
         The full Hessian.
     message : str
         What decided the verdict.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.stability import stability
+    >>> s = stability(wflow.USA(1.0, V=-np.eye(2)), wflow.Atoms([[1.0, 0.0], [-1.0, 0.0]]))
+    >>> s.strictly_stable, s.modulo_rotations, round(s.max_eigenvalue, 6)  # -exp(-1)
+    (True, True, -0.367879)
+    >>> s.message
+    'strictly stable: largest eigenvalue -0.367879 < 0'
     """
 
     critical: bool
@@ -643,6 +663,15 @@ class CircleCondition:
         Connected components of the graph :math:`\{c_{ij} < 0\}`.
     modulo_rotations : bool
     message : str
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.stability import circle_condition
+    >>> three = wflow.Atoms(wflow.sphere.angles_to_points(2 * np.pi * np.arange(3) / 3))
+    >>> c = circle_condition(wflow.USA(1.0, V=-np.eye(2)), three)
+    >>> c.holds, c.strict, c.components, c.pair_weights.shape
+    (True, True, [[0, 1, 2]], (3, 3))
     """
 
     pair_weights: np.ndarray
@@ -820,6 +849,14 @@ class PotentialMaximum:
         On :math:`S^1`, a certified bound :math:`\max v_\omega \le` ``upper_bound`` from the
         grid and a bound on :math:`|v_\omega''|`; ``None`` for :math:`d \ge 3` (multi-start
         search, not certified).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.stability import potential_maximum
+    >>> r = potential_maximum(wflow.Perceptron.conservative([[0.0, 1.0]], [2.0]))
+    >>> round(r.value, 12), bool(r.value <= r.upper_bound), r.maximizers.shape  # 2 |a|^2 on S^1
+    (2.0, True, (1, 2))
     """
 
     value: float
@@ -942,6 +979,14 @@ class EnergySupremum:
     maximizers : ndarray, shape (n, d) or None
         Points :math:`x` with :math:`F(\delta_x) = \sup F`; ``None`` means every Dirac (no
         perceptron).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.stability import energy_supremum
+    >>> s = energy_supremum(wflow.USA(2.0))  # no perceptron: every Dirac, e^beta / (2 beta)
+    >>> bool(np.isclose(s.value, np.exp(2.0) / 4)), s.potential, s.maximizers
+    (True, None, None)
     """
 
     value: float

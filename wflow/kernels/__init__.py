@@ -51,7 +51,15 @@ __all__ = [
 
 
 def exp_floor(dtype: np.dtype) -> float:
-    """Lowest exponent kept before ``exp``: clamping there avoids subnormal numbers."""
+    """Lowest exponent kept before ``exp``: clamping there avoids subnormal numbers.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.kernels import exp_floor
+    >>> exp_floor(np.float64), exp_floor(np.float32)
+    (-700.0, -80.0)
+    """
     return -80.0 if np.dtype(dtype) == np.float32 else -700.0
 
 
@@ -69,6 +77,17 @@ class KernelSums:
         :math:`\sum_j w_j e^{\ell_{ij} - c_i} V y_j` (``None`` when values were not asked for).
     backend : str
         Name of the backend that computed them.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.kernels import kernel_sums
+    >>> x = wflow.sphere.uniform(4, 3, seed=0)
+    >>> s = kernel_sums(x, x, np.full(4, 0.25), 2.0, backend="numpy")
+    >>> s.backend, s.log_scale.shape, s.mass.shape, s.vector.shape
+    ('numpy', (4,), (4,), (4, 3))
+    >>> bool(np.allclose(np.exp(s.log_scale) * s.mass, np.exp(2.0 * x @ x.T).mean(axis=1)))  # the true sums
+    True
     """
 
     log_scale: np.ndarray
@@ -112,6 +131,18 @@ class KernelProblem:
 
     ``x`` is ``(B, n, d)``, ``y`` is ``(B, m, d)``, ``weights`` is ``(B, m)``; ``Q``, ``K``
     are ``(p, d)`` or ``None`` (identity) and ``V`` is ``(q, d)`` or ``None`` (identity).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.kernels import BACKENDS, KernelProblem
+    >>> x = wflow.sphere.uniform(5, 3, seed=0, batch=(2,))
+    >>> problem = KernelProblem(x=x, y=x, weights=np.full((2, 5), 0.2), beta=1.0, Q=None, K=None, V=None,
+    ...                         values=False)
+    >>> problem.pairs, problem.is_rotation_invariant()  # B n m
+    (50, True)
+    >>> BACKENDS["numpy"](problem).mass.shape
+    (2, 5)
     """
 
     x: np.ndarray
@@ -162,6 +193,13 @@ class Backend(Protocol):
     A backend may also define ``accepts_auto(problem)``, asked instead of ``accepts``
     when ``backend="auto"`` (e.g. KeOps takes every problem but is chosen
     automatically only on a GPU).
+
+    Examples
+    --------
+    >>> from wflow.kernels import BACKENDS, Backend
+    >>> numpy_backend = BACKENDS["numpy"]
+    >>> numpy_backend.name, numpy_backend.available()
+    ('numpy', True)
     """
 
     name: str
@@ -179,7 +217,27 @@ AUTO_ORDER: list[str] = []
 
 
 def register_backend(backend: Backend, *, auto_priority: int | None = None) -> Backend:
-    """Add a backend to :data:`BACKENDS` (and to :data:`AUTO_ORDER` at ``auto_priority``)."""
+    """Add a backend to :data:`BACKENDS` (and to :data:`AUTO_ORDER` at ``auto_priority``).
+
+    Examples
+    --------
+    >>> import dataclasses
+    >>> import numpy as np, wflow
+    >>> from wflow.kernels import BACKENDS, kernel_sums, register_backend
+    >>> class Plain:  # a toy backend: NumPy's sums under another name
+    ...     name = "plain"
+    ...     def available(self):
+    ...         return True
+    ...     def accepts(self, problem):
+    ...         return True
+    ...     def __call__(self, problem):
+    ...         return dataclasses.replace(BACKENDS["numpy"](problem), backend=self.name)
+    >>> _ = register_backend(Plain())  # not in AUTO_ORDER: used only when named
+    >>> x = wflow.sphere.uniform(4, 3, seed=0)
+    >>> kernel_sums(x, x, np.full(4, 0.25), 1.0, backend="plain").backend
+    'plain'
+    >>> del BACKENDS["plain"]
+    """
     BACKENDS[backend.name] = backend
     if auto_priority is not None:
         if backend.name in AUTO_ORDER:
@@ -189,7 +247,18 @@ def register_backend(backend: Backend, *, auto_priority: int | None = None) -> B
 
 
 def available_backends() -> list[str]:
-    """Names of the backends usable on this machine."""
+    """Names of the backends usable on this machine.
+
+    Examples
+    --------
+    >>> from wflow.kernels import BACKENDS, available_backends
+    >>> "numpy" in BACKENDS, "keops" in BACKENDS  # registered, usable or not
+    (True, True)
+    >>> "numpy" in available_backends()  # doctest: +SKIP
+    True
+
+    Not run as a doctest: asking KeOps whether it imports takes seconds.
+    """
     return [name for name, b in BACKENDS.items() if b.available()]
 
 
