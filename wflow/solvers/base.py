@@ -77,6 +77,17 @@ class Problem:
     kind : str
         The result kind (``"particles"``, ``"lagrangian"``, ``"density"``, ``"jko"``, ...):
         how snapshots are stored and which result class is returned.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, integrate
+    >>> class Decay(Problem):  # y' = -y, a plain ODE in R^1
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.01)
+    >>> res.kind, round(float(res["state"][-1, 0]), 6), round(float(np.exp(-1.0)), 6)
+    ('ode', 0.367879, 0.367879)
     """
 
     kind: ClassVar[str] = "ode"
@@ -159,6 +170,18 @@ class StepResult:
         optimality residual stayed above tolerance): the driver stops with a failure status.
     info : dict
         Per-step statistics the solver wants recorded (e.g. a JKO step's residual).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, get_solver
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> rk4 = get_solver("rk4")
+    >>> step, _ = rk4.step(Decay(), 0.0, np.array([1.0]), 0.1, rk4.init(Decay(), 0.0, np.array([1.0])))
+    >>> step.ok, step.error, round(float(step.y[0]), 6)  # exp(-0.1) = 0.904837
+    (True, None, 0.904837)
     """
 
     y: np.ndarray
@@ -176,6 +199,13 @@ class Solver(ABC):
     Subclasses set ``name``, ``order`` (and ``error_order`` when they estimate their
     error) and implement :meth:`step`.  Per-run state (cached derivatives, transport
     potentials) lives in the object returned by :meth:`init` and passed back to :meth:`step`.
+
+    Examples
+    --------
+    >>> from wflow.solvers.base import Solver, get_solver
+    >>> rk4, dopri5 = get_solver("rk4"), get_solver("dopri5")
+    >>> isinstance(rk4, Solver), rk4.order, rk4.adaptive, dopri5.adaptive
+    (True, 4, False, True)
     """
 
     name: ClassVar[str] = ""
@@ -223,7 +253,27 @@ SOLVERS: dict[str, type[Solver]] = {}
 
 
 def register_solver(cls: type[Solver]) -> type[Solver]:
-    """Class decorator: list a solver in :data:`SOLVERS` under its ``name``."""
+    """Class decorator: list a solver in :data:`SOLVERS` under its ``name``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import SOLVERS, Problem, Solver, StepResult, integrate, register_solver
+    >>> @register_solver
+    ... class Heun(Solver):  # explicit trapezoid rule, order 2
+    ...     name, order = "toy-heun", 2
+    ...     def step(self, problem, t, y, dt, state, *, rtol=0.0, atol=0.0, rng=None):
+    ...         k1 = problem.rhs(t, y)
+    ...         k2 = problem.rhs(t + dt, y + dt * k1)
+    ...         return StepResult(y + dt / 2 * (k1 + k2), evaluations=2), state
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> res = integrate(Decay(), "toy-heun", np.array([1.0]), 0.0, 1.0, dt=0.01)
+    >>> res.solver, bool(abs(res["state"][-1, 0] - np.exp(-1.0)) < 1e-5)
+    ('toy-heun', True)
+    >>> del SOLVERS["toy-heun"]
+    """
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a name to be registered")
     SOLVERS[cls.name] = cls
@@ -231,7 +281,14 @@ def register_solver(cls: type[Solver]) -> type[Solver]:
 
 
 def get_solver(name: Any, **options: Any) -> Solver:
-    """The solver registered as ``name``, built with ``options``."""
+    """The solver registered as ``name``, built with ``options``.
+
+    Examples
+    --------
+    >>> from wflow.solvers.base import SOLVERS, get_solver
+    >>> get_solver("rk4").order, "dopri5" in SOLVERS
+    (4, True)
+    """
     if isinstance(name, Solver):
         return name
     if not isinstance(name, str) or name not in SOLVERS:
@@ -248,6 +305,21 @@ class Snapshot:
     cumulative solver statistics, ``control`` the step-size controller's state
     (``dt_next``), ``checkpoint`` the solver's resume variables and ``state`` the raw
     state array (not a copy: trackers must not modify it).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, Tracker, integrate
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> class Last(Tracker):  # keeps the last snapshot it was shown
+    ...     def save(self, snap):
+    ...         self.snap = snap
+    >>> last = Last()
+    >>> _ = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, trackers=[last])
+    >>> last.snap.index, last.snap.t, last.snap.stats["steps"], sorted(last.snap.data)
+    (10, 1.0, 10, ['state'])
     """
 
     index: int
@@ -279,6 +351,21 @@ class Tracker:
     ``save`` and ``step`` may return True to stop the run (status 1, "stopped by ...").
     ``close`` is called last whatever ended the run (an exception or an interrupt included).
     A tracker never changes the state.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, Tracker, integrate
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> class StopAtHalf(Tracker):
+    ...     name = "stop-at-half"
+    ...     def save(self, snap):
+    ...         return snap.t >= 0.5  # True stops the run
+    >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, trackers=[StopAtHalf()])
+    >>> res.status, float(res.times[-1]), len(res)
+    (1, 0.5, 6)
     """
 
     name = "tracker"
@@ -326,6 +413,19 @@ class Result:
     order : float
     checkpoint : dict
         The solver's resume variables at the last save.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, integrate
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, save_at=[0.5, 1.0])
+    >>> res.times.tolist(), res["state"].shape, res.success, res.stats["steps"].tolist()
+    ([0.0, 0.5, 1.0], (3, 1), True, [0, 5, 10])
+    >>> res
+    Result(ode, 3 snapshots, t=0..1, solver=rk4, steps=10, status=0: reached t_end)
     """
 
     kind: str
@@ -371,7 +471,16 @@ class Result:
 
 # ------------------------------------------------------------------------------ checks
 def check_save_at(save_at: Any, t0: float, t_end: float, default: int = 11) -> np.ndarray:
-    """Validated save times in ``[t0, t_end]``, strictly increasing, always starting at ``t0``."""
+    """Validated save times in ``[t0, t_end]``, strictly increasing, always starting at ``t0``.
+
+    Examples
+    --------
+    >>> from wflow.solvers.base import check_save_at
+    >>> check_save_at([0.5, 1.0], 0.0, 1.0).tolist()  # t0 is always saved
+    [0.0, 0.5, 1.0]
+    >>> check_save_at(None, 0.0, 1.0, default=3).tolist()
+    [0.0, 0.5, 1.0]
+    """
     if save_at is None:
         return np.linspace(t0, t_end, default) if t_end > t0 else np.array([t0])
     try:
@@ -394,7 +503,15 @@ def check_save_at(save_at: Any, t0: float, t_end: float, default: int = 11) -> n
 
 
 def seed_entropy(seed: Any) -> int:
-    """A non-negative integer seed from ``None`` (fresh entropy), an int or a Generator."""
+    """A non-negative integer seed from ``None`` (fresh entropy), an int or a Generator.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import seed_entropy
+    >>> seed_entropy(7), isinstance(seed_entropy(np.random.default_rng(0)), int)
+    (7, True)
+    """
     if seed is None:
         return int(np.random.SeedSequence().entropy % (2**63))
     if isinstance(seed, np.random.Generator):
@@ -425,7 +542,22 @@ def _finite(y: np.ndarray) -> bool:
 # ------------------------------------------------------------------------------ the *when*
 @dataclass
 class ResumeState:
-    """Where a resumed run starts: the index of the last saved snapshot, its state and the counters."""
+    """Where a resumed run starts: the index of the last saved snapshot, its state and the counters.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, ResumeState, integrate
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> full = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1)
+    >>> state = ResumeState(index=5, t=0.5, y=full["state"][5], dt_next=0.1,
+    ...                     stats={"steps": 5, "rejected": 0, "evaluations": 0})
+    >>> rest = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, resume=state)
+    >>> round(float(rest.times[0]), 12), bool((rest["state"][-1] == full["state"][-1]).all())  # bit for bit
+    (0.6, True)
+    """
 
     index: int
     t: float
@@ -536,6 +668,17 @@ def integrate(
     SolverError
         With ``throw=True``: non-finite state, step size underflow, ``max_steps`` exceeded or
         a step that missed its own tolerance.  Snapshots already given to trackers are kept.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, integrate
+    >>> class Decay(Problem):  # y' = -y
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> res = integrate(Decay(), "dopri5", np.array([1.0]), 0.0, 1.0, rtol=1e-10, atol=1e-12)
+    >>> res.status, len(res), bool(abs(res["state"][-1, 0] - np.exp(-1.0)) < 1e-9)
+    (0, 11, True)
     """
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a wflow Problem, got {short_repr(problem)}")

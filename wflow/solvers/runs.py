@@ -54,7 +54,16 @@ def load(path: str | os.PathLike) -> Result:
 
 
 def save(result: Result, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write a result of any kind to a Zarr store that :func:`load` reads back exactly."""
+    """Write a result of any kind to a Zarr store that :func:`load` reads back exactly.
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
+    >>> path = wflow.save(traj, pathlib.Path(tempfile.mkdtemp()) / "t.zarr")
+    >>> path.name, bool((wflow.load(path).points == traj.points).all())
+    ('t.zarr', True)
+    """
     if not isinstance(result, Result):
         raise TypeError(f"save expects a wflow result (Trajectory, DensityTrajectory, ...), got {type(result).__name__}")
     return io.write_result(result, path, overwrite=overwrite)
@@ -81,6 +90,20 @@ def resume(path: str | os.PathLike, *, progress: bool = False, backend: str | No
         Further trackers for the continuation.
     keep : bool
         Hold the continued snapshots in memory.
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> from wflow.io import ZarrRecorder
+    >>> x0, path = wflow.sphere.uniform(8, 3, seed=0), pathlib.Path(tempfile.mkdtemp()) / "t.zarr"
+    >>> cut = wflow.simulate(wflow.SA(2.0), x0, 1.0, dt=0.1, backend="numpy", writer=ZarrRecorder(path),
+    ...                      callback=lambda t, mu: t >= 0.4)  # stops after the save at t = 0.4
+    >>> cut.status, len(cut)
+    (1, 5)
+    >>> back = wflow.resume(path)
+    >>> full = wflow.simulate(wflow.SA(2.0), x0, 1.0, dt=0.1, backend="numpy")
+    >>> len(back), bool((back.points == full.points).all())  # as if never interrupted
+    (11, True)
     """
     stored = io.read_store(path)
     cfg = dict(stored["config"])
