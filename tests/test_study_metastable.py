@@ -109,3 +109,46 @@ def test_finite_volume_selects_k_star_and_parts_reuse(tmp_path):
     growth = np.log(a["c_lin"][1] / a["c0"][1]).real / a["t_lin"]
     assert growth == pytest.approx(growth_rate(2, 2.0, 2, "SA"), rel=0.1)
     assert a["angle_error"] < 0.1
+
+
+def test_selection_probability_gamma_shapes():
+    """shape = 1 is the exponential case; shapes (2l+1)/2 (chi^2_{2l+1} powers on S^2) against Monte Carlo."""
+    lam = growth_rate(np.arange(1, 9), 5.0, 3, "SA")
+    assert M.selection_probability(lam, 3.0, shape=1.0) == pytest.approx(M.selection_probability(lam, 3.0), rel=1e-7)
+    ells = np.arange(1, 9)
+    a = (2 * ells + 1) / 2
+    rng = np.random.default_rng(2)
+    x = rng.gamma(a, 1 / a, size=(200_000, 8)) * np.exp(2 * lam * 4.0)
+    for winner in (1, 2):  # l = 2 and l* = 3
+        mc = np.mean(np.argmax(x, axis=1) == winner)
+        assert M.selection_probability(lam, 4.0, winner=winner, shape=a) == pytest.approx(mc, abs=0.005)
+
+
+def test_competitor_ratio():
+    c = np.array([0.1, -0.5j, 0.2, 0.3 + 0.4j])
+    assert M.competitor_ratio(c, 2) == pytest.approx(1.0)
+    assert M.competitor_ratio(c, 4) == pytest.approx(1.0)
+    assert M.competitor_ratio(c[:3], 2) == pytest.approx(0.4)
+
+
+def test_linear_prediction_and_fit_growth_exact_exponentials():
+    """A_l(t) = A_l(0) e^{2 lambda_l t}: the fit returns 2 lambda_l over the saves with max A <= FIT_MAX."""
+    lam = growth_rate(np.arange(1, 7), 10.0, 3, "SA")
+    a0 = np.r_[1.0, np.linspace(1, 2, 6) * 1e-4]
+    t = np.arange(0, 8.0, 0.2)
+    series = np.array([np.r_[1.0, M.linear_prediction(a0, lam, s)] for s in t])
+    np.testing.assert_allclose(series[:, 1:] / a0[1:], np.exp(2 * np.outer(t, lam)), rtol=1e-12)
+    np.testing.assert_allclose(M.fit_growth(series, t)[1:], 2 * lam, rtol=1e-9)
+    assert M.fit_growth(series, t)[0] == pytest.approx(0.0, abs=1e-12)
+    assert np.all(np.isnan(M.fit_growth(series[:2], t[:2])))
+
+
+@pytest.mark.parametrize("beta, l_star", [(2.0, 2), (5.0, 3), (10.0, 4)])
+def test_sphere_rates_against_spherical_bessel(beta, l_star):
+    """On S^2, K * Y_l = i_l(beta) Y_l (Funk-Hecke, modified spherical Bessel), Laplacian -l(l+1): SA rate l(l+1) i_l / (beta i_0)."""
+    from scipy.special import spherical_in
+
+    ells = np.arange(1, 11)
+    np.testing.assert_allclose(growth_rate(ells, beta, 3, "SA"),
+                               ells * (ells + 1) * spherical_in(ells, beta) / (beta * spherical_in(0, beta)), rtol=1e-12)
+    assert most_unstable_mode(beta, 3, "SA") == l_star

@@ -31,7 +31,24 @@ largest Fourier coefficient reaches :data:`AMPLITUDE` (density modulation :math:
   :math:`1/N`.  Which mode wins is then random when rates nearly tie; the linear theory gives the
   probability :func:`selection_probability` that :math:`k^*` wins by the time :math:`t` (tending to 1
   as :math:`N \to \infty`, since the linear phase lasts :math:`\sim \log N / 2\lambda_{k^*}`);
-* on :math:`S^2`: particles, the degree spectrum :func:`degree_spectrum` by Legendre sums.
+* the angle error is checked on the runs where the linear phase has separated :math:`k^*`: every
+  other mode below :data:`SEPARATION` times :math:`|\hat c_{k^*}|` at the end of the linear phase
+  (:func:`competitor_ratio`).  One competitor of relative amplitude :math:`r` moves the maxima of
+  :math:`\cos k\theta + r\cos(j\theta + \phi)` by at most 0.32 half-spacings :math:`\pi/k` at
+  :math:`r = 1/2` (worst phase, :math:`|j - k| \le 2`), 0.52 at :math:`r = 0.9`: with a near tie the
+  prediction from the phase of mode :math:`k^*` alone does not hold, whatever the solver;
+* on :math:`S^2`: particles, the degree spectrum :func:`degree_spectrum` by Legendre sums
+  (:math:`A_\ell` is the power per component, :math:`1/N` in expectation for every degree at
+  :math:`t = 0`).  The initial :math:`N A_\ell` is a :math:`\chi^2_{2\ell+1}/(2\ell+1)` variable: at
+  :math:`N = 3000` it ranges over a factor 2--3 between neighbouring degrees, while the rate gaps
+  (:math:`2(\lambda_{\ell^*} - \lambda_{\ell^*\pm1}) \approx 0.09`--0.14) over a linear phase of
+  length :math:`t \approx 4` give a factor 1.4--1.7.  So which degree dominates is random
+  (:func:`selection_probability` with ``shape`` :math:`(2\ell+1)/2`: :math:`P(\ell^*) \approx 0.7`),
+  and the checks are (i) the measured growth rate of :math:`A_{\ell^*}` over the linear phase
+  (:func:`fit_growth`) against :math:`2\lambda_{\ell^*}`, (ii) the dominant degree against the linear
+  prediction from the measured initial spectrum, :math:`A_\ell(0)e^{2\lambda_\ell t}`
+  (:func:`linear_prediction`), and in the full mode (iii) the number of runs selecting
+  :math:`\ell^*` against :func:`selection_probability`.
 """
 from __future__ import annotations
 
@@ -54,7 +71,8 @@ from .parts import Parts
 from .report import StudyReport, register
 
 __all__ = ["metastable", "fourier_coefficients", "smoothed_density", "count_peaks", "predicted_angles",
-           "angle_error", "degree_spectrum", "selection_probability", "resolved_modes", "PLANS"]
+           "angle_error", "degree_spectrum", "selection_probability", "resolved_modes", "competitor_ratio",
+           "linear_prediction", "fit_growth", "PLANS"]
 
 #: largest Fourier coefficient |c_k| that ends the linear phase (density 1 + 2|c| cos: +-50 %)
 AMPLITUDE = 0.25
@@ -72,6 +90,12 @@ T_MAX = 30.0
 #: width (rad) of the wrapped-Gaussian smoothing that counts peaks; peak prominence / mean density
 SIGMA = 0.1
 PROMINENCE = 0.25
+#: a mode (degree) at least this fraction of the leader's amplitude (power) is not separated from it
+SEPARATION = 0.5
+#: the growth of the degree spectrum is fitted while max_l A_l <= FIT_MAX (rms density modulation of
+#: degree l*: sqrt((2l+1) FIT_MAX) ~ 0.25); measured A_l* / (2 lambda_l*) within FIT_TOL
+FIT_MAX = 0.01
+FIT_TOL = 0.1
 
 PLANS: dict[str, dict[str, Any]] = {
     "quick": {"betas": (2.0, 5.0, 10.0), "n": 5000, "seeds": 2, "fv_cells": 256,
@@ -181,22 +205,63 @@ def resolved_modes(rates, t: float, ratio: float = 0.5) -> list[int]:
     return [int(k) + 1 for k in np.flatnonzero(np.exp(-(lam.max() - lam) * t) >= ratio)]
 
 
-def selection_probability(rates, t: float, winner: int | None = None) -> float:
+def selection_probability(rates, t: float, winner: int | None = None, shape=None) -> float:
     r"""Probability that mode ``winner`` (index into ``rates``; default the fastest) dominates at time ``t``.
 
-    Linear theory with i.i.d. complex Gaussian initial coefficients (the sampling noise of i.i.d.
-    uniform tokens): :math:`X_k = |\hat c_k(0)|^2 e^{2\lambda_k t}` are independent exponentials of
-    means :math:`w_k \propto e^{2\lambda_k t}`, and
-    :math:`P(X_* > X_k\ \forall k) = \int_0^\infty e^{-x}\prod_{k\ne *}(1 - e^{-x w_*/w_k})\,dx`.
+    Linear theory with i.i.d. Gaussian initial coefficients (the sampling noise of i.i.d. uniform
+    tokens): the powers :math:`X_k = |\hat c_k(0)|^2 e^{2\lambda_k t}` are independent Gamma variables
+    of shapes :math:`a_k` and means :math:`w_k \propto e^{2\lambda_k t}`, and
+    :math:`P(X_* > X_k\ \forall k) = \int_0^\infty g_{a_*}(x)\prod_{k\ne *}P(a_k, a_k x w_*/w_k)\,dx`
+    (:math:`g_a` the Gamma density of shape :math:`a` and mean 1, :math:`P` the regularised incomplete
+    gamma function).  ``shape=None``: :math:`a_k = 1` (exponentials, a complex Fourier coefficient on
+    :math:`S^1`), where the integrand is :math:`e^{-x}\prod_{k\ne *}(1 - e^{-x w_*/w_k})`; on
+    :math:`S^2` the per-component power :math:`A_\ell` of degree :math:`\ell` has
+    :math:`a_\ell = (2\ell+1)/2`.
     """
     lam = np.asarray(rates, dtype=float)
     i = int(np.argmax(lam)) if winner is None else int(winner)
     r = np.exp(-2 * (lam[i] - np.delete(lam, i)) * t)  # w_k / w_*
+    if shape is None:
+        def f(x: float) -> float:
+            return float(np.exp(-x) * np.prod(-np.expm1(-x / r)))
+    else:
+        a = np.broadcast_to(np.asarray(shape, dtype=float), lam.shape)
+        a_i, a_o = a[i], np.delete(a, i)
 
-    def f(x: float) -> float:
-        return float(np.exp(-x) * np.prod(-np.expm1(-x / r)))
+        def f(x: float) -> float:
+            if x <= 0:
+                return 0.0
+            log_g = a_i * np.log(a_i) + (a_i - 1) * np.log(x) - a_i * x - special.gammaln(a_i)
+            return float(np.exp(log_g) * np.prod(special.gammainc(a_o, a_o * x / r)))
 
     return float(integrate.quad(f, 0.0, np.inf, limit=200)[0])
+
+
+def competitor_ratio(c, k: int) -> float:
+    r"""Largest :math:`|\hat c_j| / |\hat c_k|` over the modes :math:`j \ne k` (1-based ``k``; ``c`` from :func:`fourier_coefficients`)."""
+    a = np.abs(np.asarray(c)).ravel()
+    return float(np.delete(a, k - 1).max() / a[k - 1])
+
+
+def linear_prediction(spectrum0, rates, t: float) -> np.ndarray:
+    r"""The linear theory's degree spectrum at ``t``: :math:`A_\ell(0)\,e^{2\lambda_\ell t}`, :math:`\ell = 1..`len(rates)."""
+    lam = np.asarray(rates, dtype=float)
+    return np.asarray(spectrum0, dtype=float)[1:lam.size + 1] * np.exp(2 * lam * t)
+
+
+def fit_growth(series, times, max_power: float = FIT_MAX) -> np.ndarray:
+    r"""Least-squares slopes of :math:`\log A_\ell(t)` (``series`` of :func:`degree_spectrum`, shape ``(T, L+1)``) over the saves with :math:`\max_{\ell\ge1}A_\ell \le` ``max_power``.
+
+    In the linear theory :math:`A_\ell(t) = A_\ell(0)e^{2\lambda_\ell t}` exactly, whatever the initial
+    coefficients, so the slope of degree :math:`\ell` is :math:`2\lambda_\ell`.  Entry 0 (the mass) is 0;
+    NaN when fewer than 3 saves qualify.
+    """
+    a = np.asarray(series, dtype=float)
+    t = np.asarray(times, dtype=float)
+    m = a[:, 1:].max(axis=1) <= max_power
+    if m.sum() < 3:
+        return np.full(a.shape[1], np.nan)
+    return np.polyfit(t[m], np.log(a[m]), 1)[0]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -298,7 +363,7 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
     parts = Parts(out, "metastable", quick)
     ks = np.arange(1, K_MAX + 1)
     results: dict[tuple, dict[str, Any]] = {}
-    expected_matches, matches, n_runs, errors = 0.0, 0, 0, []
+    expected_matches, matches, n_runs, errors, errors_all = 0.0, 0, 0, [], []
     for beta in plan["betas"]:
         k_star = most_unstable_mode(beta, 2, "SA")
         lam = growth_rate(ks, beta, 2, "SA")
@@ -313,8 +378,7 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
                    f"separate from k*={k_star}, {near} (1 = yes)", float(fv["k_dom"] in near), 1, 1)
         rep.expect(f"beta={beta:g} finite volume: {fv['n_peaks']} density peaks in {near} (1 = yes)",
                    float(fv["n_peaks"] in near), 1, 1)
-        if fv["k_dom"] == k_star and np.isfinite(fv["angle_error"]):
-            errors.append(fv["angle_error"] * k_star / np.pi)
+        _collect_error(fv, k_star, errors, errors_all)
         t0 = time.perf_counter()
         agree, probs = [], []
         for seed in range(plan["seeds"]):
@@ -326,8 +390,7 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
             prob = selection_probability(lam, p["t_lin"])
             probs.append(prob)
             agree.append(p["k_dom"] == k_star)
-            if p["k_dom"] == k_star and np.isfinite(p["angle_error"]):
-                errors.append(p["angle_error"] * k_star / np.pi)
+            _collect_error(p, k_star, errors, errors_all)
         t_p = time.perf_counter() - t0
         expected_matches += sum(probs)
         matches += sum(agree)
@@ -342,27 +405,64 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
     rep.expect(f"particles: runs selecting k* ({matches}/{n_runs}) - linear-theory expectation "
                f"({expected_matches:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",
                (matches - expected_matches) / sd, -2.0, np.inf)
+    # the phase of mode k* predicts the peaks where the linear phase has separated k* (module docstring)
     rep.expect(f"angle error of the peaks vs the initial phase of mode k*, in units of half the spacing pi/k* "
-               f"(max over the {len(errors)} runs with k* peaks and dominant mode k*; median "
-               f"{np.median(errors) if errors else float('nan'):.2f})", max(errors) if errors else float("nan"), 0.0, 0.5)
+               f"(max over the {len(errors)} runs with k* peaks, dominant mode k* and every other mode below "
+               f"{SEPARATION:g} |c_k*|; median {np.median(errors) if errors else float('nan'):.2f})",
+               max(errors) if errors else float("nan"), 0.0, 0.5)
+    if errors_all:
+        rep.notes.append(f"angle error / (pi/k*) over all {len(errors_all)} runs with k* peaks and dominant mode k*, "
+                         f"separated or not: median {np.median(errors_all):.2f}, max {max(errors_all):.2f}")
+    s2_matches, s2_expected, s2_var = 0, 0.0, 0.0
+    ells = np.arange(1, L_MAX + 1)
     for beta in plan["s2_betas"]:
         l_star = most_unstable_mode(beta, 3, "SA")
+        lam3 = growth_rate(ells, beta, 3, "SA")
         for seed in range(plan["s2_seeds"]):
             t0 = time.perf_counter()
             s = parts.get({"solver": "particles-s2", "beta": beta, "n": plan["s2_n"], "seed": seed, "dt": DT,
                            "amplitude": AMPLITUDE}, lambda: run_sphere(beta, plan["s2_n"], seed))
             results[("s2", beta, seed)] = s
+            slope = fit_growth(s["series"], s["times"])[l_star]
+            pred = linear_prediction(s["spectrum0"], lam3, s["t_lin"])
+            pred_set = [int(x) for x in ells[pred >= SEPARATION * pred.max()]]
+            prob = selection_probability(lam3, s["t_lin"], shape=(2 * ells + 1) / 2)
+            s2_matches += int(s["l_dom"] == l_star)
+            s2_expected += prob
+            s2_var += prob * (1 - prob)
             rep.rows.append({"solver": "particles-s2", "beta": beta, "seed": seed, "size": plan["s2_n"],
                              "k_star": l_star, "t_lin": s["t_lin"], "k_dom": s["l_dom"],
-                             "rate_kdom": float(growth_rate(s["l_dom"], beta, 3, "SA")),
-                             "rate_kstar": float(growth_rate(l_star, beta, 3, "SA"))})
-            rep.expect(f"S^2 beta={beta:g} seed {seed}: dominant degree - l* ({l_star})", s["l_dom"] - l_star, 0, 0)
-            rep.notes.append(f"S^2 beta={beta:g} seed {seed}: t_lin={s['t_lin']:.1f}, A_l = "
+                             "rate_kdom": float(lam3[s["l_dom"] - 1]), "rate_kstar": float(lam3[l_star - 1]),
+                             "p_kstar": prob, "slope_kstar": float(slope), "k_pred": int(np.argmax(pred) + 1)})
+            rep.expect(f"S^2 beta={beta:g} seed {seed}: growth of A_l* (l*={l_star}) over the linear phase "
+                       f"(max A_l <= {FIT_MAX:g}) / 2 lambda_l*", slope / (2 * lam3[l_star - 1]), 1 - FIT_TOL, 1 + FIT_TOL)
+            rep.expect(f"S^2 beta={beta:g} seed {seed}: dominant degree {s['l_dom']} among the degrees the linear theory "
+                       f"from the measured initial spectrum does not separate at t_lin, {pred_set} (1 = yes)",
+                       float(s["l_dom"] in pred_set), 1, 1)
+            rep.notes.append(f"S^2 beta={beta:g} seed {seed}: l*={l_star}, dominant {s['l_dom']}, predicted from "
+                             f"N A_l(0) = {', '.join(f'{x:.2f}' for x in s['spectrum0'][1:7] * plan['s2_n'])}: "
+                             f"{int(np.argmax(pred) + 1)}; P(l* wins) {prob:.2f}; t_lin={s['t_lin']:.1f}, A_l = "
                              f"{', '.join(f'{x:.3f}' for x in s['spectrum'][1:9])} ({time.perf_counter() - t0:.1f} s)")
+    if not quick:
+        # like the circle: l* at least as often as the linear theory with chi^2_{2l+1} initial powers expects
+        sd = np.sqrt(max(s2_var, 0.25))
+        n_s2 = len(plan["s2_betas"]) * plan["s2_seeds"]
+        rep.expect(f"S^2 particles: runs selecting l* ({s2_matches}/{n_s2}) - linear-theory expectation "
+                   f"({s2_expected:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",
+                   (s2_matches - s2_expected) / sd, -2.0, np.inf)
     rep.notes.append(parts.note())
     rep.figures.append(_figure(results, plan, out))
     rep.seconds = time.perf_counter() - start
     return rep
+
+
+def _collect_error(r, k_star, errors, errors_all) -> None:
+    """Angle error in units of pi/k* of a run with dominant mode and peak count k*: to ``errors`` too if k* is separated."""
+    if r["k_dom"] == k_star and np.isfinite(r["angle_error"]):
+        e = float(r["angle_error"]) * k_star / np.pi
+        errors_all.append(e)
+        if competitor_ratio(r["c_lin"], k_star) <= SEPARATION:
+            errors.append(e)
 
 
 def _row(solver, beta, seed, size, k_star, r, lam) -> dict[str, Any]:
@@ -370,7 +470,8 @@ def _row(solver, beta, seed, size, k_star, r, lam) -> dict[str, Any]:
             "k_dom": r["k_dom"], "n_peaks": r["n_peaks"], "angle_error": r["angle_error"],
             "rate_kdom": float(lam[r["k_dom"] - 1]), "rate_kstar": float(lam[k_star - 1]),
             "p_kstar": selection_probability(lam, r["t_lin"]) if solver == "particles" else float("nan"),
-            "c_kstar_0": float(abs(r["c0"][k_star - 1])), "c_kstar_lin": float(abs(r["c_lin"][k_star - 1]))}
+            "c_kstar_0": float(abs(r["c0"][k_star - 1])), "c_kstar_lin": float(abs(r["c_lin"][k_star - 1])),
+            "competitor_ratio": competitor_ratio(r["c_lin"], k_star)}
 
 
 def _figure(results, plan, out: Path) -> Path:
