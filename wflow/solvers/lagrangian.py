@@ -41,6 +41,14 @@ def quadrature_measure(density: Callable[[np.ndarray], np.ndarray], d: int, node
     latitudes on :math:`S^2` (with ``2 nodes`` longitudes).  Returns the atoms
     (weights normalized) and the density values at the nodes, normalized so that
     :math:`\sum_k w_k\rho_0(x_k) = 1`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.lagrangian import quadrature_measure
+    >>> mu, rho = quadrature_measure(lambda x: 1 + 0.5 * x[:, 0], 2, 16)
+    >>> mu.points.shape, round(float(mu.weights.sum()), 12), round(float(rho[0]), 6)  # rho(1, 0) = 1.5
+    ((16, 2), 1.0, 1.5)
     """
     if not callable(density):
         raise TypeError(f"density must be a callable of points (n, d) -> values (n,), got {short_repr(density)}")
@@ -64,7 +72,17 @@ def quadrature_measure(density: Callable[[np.ndarray], np.ndarray], d: int, node
 
 
 class LagrangianProblem(ParticleProblem):
-    """Quadrature nodes and their Jacobian tracers moved by the flow (a particle problem of kind ``lagrangian``)."""
+    """Quadrature nodes and their Jacobian tracers moved by the flow (a particle problem of kind ``lagrangian``).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.solvers.lagrangian import LagrangianProblem, quadrature_measure
+    >>> mu, rho = quadrature_measure(lambda x: 1 + 0.5 * x[:, 0], 2, 16)
+    >>> problem = LagrangianProblem(wflow.USA(1.0), mu.weights, 2, rho, eps=1e-4, nodes=16, backend="numpy")
+    >>> problem.kind, problem.n_tracers  # two tracers per node and tangent direction
+    ('lagrangian', 32)
+    """
 
     kind = "lagrangian"
 
@@ -95,6 +113,16 @@ class LagrangianSolution(Trajectory):
         :math:`J_t` at each node and save time.
     eps : float
         Offset of the Jacobian tracers.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> sol = wflow.solve_lagrangian(wflow.USA(1.0), lambda x: 1 + 0.1 * x[:, 0], 0.5, nodes=16, backend="numpy")
+    >>> sol.points.shape, sol.jacobian.shape, sol.rho0.shape
+    ((11, 16, 2), (11, 16), (16,))
+    >>> x, rho = sol.density(-1)  # rho0 / J_t at the moved nodes
+    >>> x.shape, bool(np.allclose(rho, sol.rho0 / sol.jacobian[-1]))
+    ((16, 2), True)
     """
 
     @property

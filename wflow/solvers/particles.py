@@ -66,6 +66,18 @@ class ParticleProblem(Problem):
         :math:`\beta \approx 709` and is then NaN), ``order_parameter`` :math:`|\sum_i w_i x_i|`,
         ``n_clusters`` (single linkage at ``cluster_threshold``); user functions
         ``name -> f(mu) -> array (batch)`` in ``extra_diagnostics``.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.solvers.particles import ParticleProblem
+    >>> x = wflow.sphere.uniform(6, 3, seed=0)
+    >>> problem = ParticleProblem(wflow.USA(1.0), np.full(6, 1 / 6), 3, backend="numpy")
+    >>> v = problem.rhs(0.0, x)
+    >>> v.shape, bool(np.allclose(v, wflow.USA(1.0).velocity(x, wflow.Atoms(x), backend="numpy")))
+    ((6, 3), True)
+    >>> sorted(problem.snapshot(0.0, x))
+    ['energy', 'log_energy', 'n_clusters', 'order_parameter', 'points']
     """
 
     kind = "particles"
@@ -219,6 +231,20 @@ class CircleAngleProblem(ParticleProblem):
     zero and forces far below rounding are resolved: the choice for metastable dynamics at large
     beta, where Cartesian coordinates drown the slow inter-cluster forces (:math:`e^{-40}`) in the
     rounding noise of tokens that have merged.  Saved: ``angles`` (the state) and ``points``.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.solvers.particles import CircleAngleProblem
+    >>> from wflow.theory import kuramoto_velocity
+    >>> theta = np.array([0.0, 0.5, 2.0])
+    >>> problem = CircleAngleProblem(wflow.USA(1.0), np.full(3, 1 / 3), backend="numpy")
+    >>> bool(np.allclose(problem.rhs(0.0, theta), kuramoto_velocity(theta, 1.0)))
+    True
+    >>> traj = wflow.simulate(wflow.USA(1.0), wflow.sphere.angles_to_points(theta), 1.0, dt=0.1,
+    ...                       coordinates="angles", backend="numpy")
+    >>> traj.config["coordinates"], traj["angles"].shape
+    ('angles', (11, 3))
     """
 
     def __init__(self, model: Model, weights: np.ndarray, **kw: Any):
@@ -295,6 +321,20 @@ class CircleGapProblem(CircleAngleProblem):
     of length :math:`t \sim 10^{30}` through every merge of a metastable staircase; in angles the
     rounding of the zero mode stops it near :math:`t \sim 1/\epsilon`.  Saved: ``gaps`` (the state, in
     sorted order), ``angles`` and ``points`` in the caller's order.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.solvers.particles import CircleGapProblem
+    >>> from wflow.theory import kuramoto_velocity
+    >>> theta = np.array([0.0, 0.5, 2.0])
+    >>> order, y = CircleGapProblem.from_angles(theta)  # the cut is in the largest gap, 2 pi - 2
+    >>> order.tolist(), y.tolist()
+    ([0, 1, 2], [0.0, 0.5, 1.5])
+    >>> problem = CircleGapProblem(wflow.USA(1.0), np.full(3, 1 / 3), order, backend="numpy")
+    >>> v = kuramoto_velocity(theta, 1.0)
+    >>> bool(np.allclose(problem.rhs(0.0, y), [v[0], v[1] - v[0], v[2] - v[1]]))  # gaps move by differences
+    True
     """
 
     def __init__(self, model: Model, weights: np.ndarray, order: np.ndarray, **kw: Any):
@@ -395,6 +435,17 @@ class Trajectory(Result):
         backend, save times, wflow version.
     status, message : int, str
         0 and ``"reached t_end"`` on success; see :class:`~wflow.solvers.base.Result`.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> traj = wflow.simulate(wflow.USA(2.0), wflow.sphere.uniform(16, 3, seed=0), 1.0, dt=0.1, backend="numpy")
+    >>> traj.points.shape, traj.weights.shape, traj.tracers
+    ((11, 16, 3), (16,), None)
+    >>> sorted(traj.diagnostics)
+    ['energy', 'log_energy', 'n_clusters', 'order_parameter']
+    >>> bool(np.all(np.diff(traj.diagnostics["energy"]) > 0))  # USA ascends its energy
+    True
     """
 
     @property
@@ -452,6 +503,15 @@ def default_dt(model: Model, method: str | None = None, save_at: Any = None) -> 
     """A default fixed step: ``0.5 / (1 + L)`` with ``L = model.rate_bound()``, shortened to divide equal save intervals.
 
     The bound is crude; pass ``dt`` explicitly for accuracy studies.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.solvers.particles import default_dt
+    >>> round(default_dt(wflow.SA(4.0)), 6)  # 0.5 / (1 + L), L = rate_bound() = 5
+    0.083333
+    >>> default_dt(wflow.SA(4.0), save_at=np.linspace(0.0, 1.0, 11))  # two steps per save interval
+    0.05
     """
     dt = 0.5 / (1.0 + model.rate_bound())
     if save_at is not None:
