@@ -62,7 +62,7 @@ DT = 0.05
 SAVE_EVERY = 0.25  # the fit window spans log(1e6)/lambda: ~55 saves at rate 1
 #: final time T (divided by :func:`run_scale` for USA)
 QUICK = {"n": 16, "seeds": 48, "dims": (3, 8), "betas": (0.5, 1.0), "hemi_betas": (1.0, 4.0), "T": 30.0}
-FULL = {"n": 32, "seeds": 512, "dims": (3, 8), "betas": (0.5, 1.0), "hemi_betas": (1.0, 4.0), "T": 60.0}
+FULL = {"n": 32, "seeds": 256, "dims": (3, 8), "betas": (0.5, 1.0), "hemi_betas": (1.0, 4.0), "T": 45.0}
 #: least fraction of seeds synchronized by T (measured in quick mode: 1.0 from uniform starts at beta <= 1
 #: and from the hemisphere at beta = 1; from the hemisphere at beta = 4 a few seeds sit near two clusters
 #: for a long time -- metastability -- and collapse later: 0.92..0.96 by T, 47/48 by t = 40 in d = 8)
