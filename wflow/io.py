@@ -116,6 +116,20 @@ class FolderLock:
     The lock belongs to the open file, so the operating system releases it when the process
     dies, however it dies; the file itself (holding the owner's PID) is left in place.  A
     second holder gets :class:`~wflow.errors.StoreBusyError` naming the path and the PID.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from wflow.errors import StoreBusyError
+    >>> from wflow.io import FolderLock
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.lock"
+    >>> with FolderLock(path, "demo folder"):
+    ...     try:
+    ...         FolderLock(path, "demo folder").acquire()  # a second writer
+    ...     except StoreBusyError:
+    ...         print("busy")
+    busy
+    >>> FolderLock(path).acquire().release()  # free again once the first one is released
     """
 
     def __init__(self, path: str | os.PathLike, what: str | None = None):
@@ -159,7 +173,18 @@ class FolderLock:
 
 
 def committed_length(path: str | os.PathLike) -> int:
-    """The number of committed snapshots of a store (0 when none was committed)."""
+    """The number of committed snapshots of a store (0 when none was committed).
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> from wflow.io import committed_length
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = wflow.save(traj, folder / "t.zarr")
+    >>> committed_length(folder / "t.zarr"), committed_length(folder / "missing.zarr")
+    (6, 0)
+    """
     p = Path(path) / COMMIT
     if not p.exists():
         return 0
@@ -220,6 +245,16 @@ class ZarrRecorder:
     attrs : dict, optional
         Further JSON-serializable attributes of the store (``wflow run`` records its flat
         configuration as ``run_config``).
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> from wflow.io import ZarrRecorder, committed_length
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "t.zarr"
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy",
+    ...                       writer=ZarrRecorder(path))
+    >>> committed_length(path), bool((wflow.load(path).points == traj.points).all())
+    (6, True)
     """
 
     name = "recorder"
@@ -350,6 +385,15 @@ def read_store(path: str | os.PathLike) -> dict[str, Any]:
     WflowError
         Not a wflow store, no committed snapshot, a missing chunk or a failed checksum inside
         the committed length (the message names the store, the variable and the snapshot).
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> from wflow.io import read_store
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
+    >>> stored = read_store(wflow.save(traj, pathlib.Path(tempfile.mkdtemp()) / "t.zarr"))
+    >>> stored["kind"], stored["length"], stored["data"]["points"][1].shape
+    ('particles', 6, (6, 8, 3))
     """
     zarr = _zarr()
     p = Path(path)
@@ -404,7 +448,17 @@ def read_store(path: str | os.PathLike) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ datasets
 def result_dataset(result):
-    """A :class:`~wflow.solvers.base.Result` as an :class:`xarray.Dataset` (the store's layout)."""
+    """A :class:`~wflow.solvers.base.Result` as an :class:`xarray.Dataset` (the store's layout).
+
+    Examples
+    --------
+    >>> import wflow
+    >>> from wflow.io import result_dataset
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
+    >>> ds = result_dataset(traj)
+    >>> ds.points.dims, ds.points.shape, ds.attrs["kind"]
+    (('time', 'particle', 'coord'), (6, 8, 3), 'particles')
+    """
     import xarray as xr
 
     data = {name: (("time",) + tuple(dims), arr) for name, (dims, arr) in result.data.items()}
@@ -420,7 +474,18 @@ def result_dataset(result):
 
 
 def write_result(result, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write a whole result to a store (the same layout and commit record as a recorded run)."""
+    """Write a whole result to a store (the same layout and commit record as a recorded run).
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> from wflow.io import write_result
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
+    >>> path = write_result(traj, pathlib.Path(tempfile.mkdtemp()) / "t.zarr")
+    >>> back = wflow.load(path)
+    >>> type(back).__name__, bool((back.points == traj.points).all())
+    ('Trajectory', True)
+    """
     p = Path(path)
     rec = ZarrRecorder(p, overwrite=overwrite)
     run = SimpleNamespace(save_times=result.times, problem=SimpleNamespace(kind=result.kind),

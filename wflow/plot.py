@@ -828,6 +828,15 @@ def plot_diagnostics(result: Any, *, fig: Any = None, system: int = 0, title: st
     Returns
     -------
     matplotlib.figure.Figure
+
+    Examples
+    --------
+    >>> import matplotlib; matplotlib.use("Agg")
+    >>> import wflow
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
+    >>> fig = wflow.plot.plot_diagnostics(traj)
+    >>> len(fig.axes), fig.axes[0].get_ylabel()  # energy, order parameter, clusters
+    (3, 'energy E (ascended)')
     """
     times, diag, cfg = _diagnostics(result, system)
     names = [n for n in ("energy", "free_energy", "order_parameter", "n_clusters", "mass", "max_density")
@@ -1079,6 +1088,15 @@ def plot_zonal(result: Any, *, ax: Any = None, n_snapshots: int = 5):
     ``n_snapshots`` saved times, on a log scale (the density of the law, bands' masses over their widths).
 
     Returns the Axes.
+
+    Examples
+    --------
+    >>> import matplotlib; matplotlib.use("Agg")
+    >>> import numpy as np, wflow
+    >>> r = wflow.solve_zonal(wflow.SA(beta=2.0), lambda z: np.exp(z), 1.0, d=3, n_cells=16, save_at=[0.0, 0.5, 1.0])
+    >>> ax = wflow.plot.plot_zonal(r)
+    >>> ax.get_xlabel(), ax.get_yscale(), len(ax.lines)  # one curve per saved time
+    ('z = <x, e>', 'log', 3)
     """
     if getattr(result, "kind", None) != "zonal":
         raise TypeError(f"plot_zonal draws zonal runs (wflow.solvers.zonal.solve_zonal); got a {_name(result)}: use "

@@ -111,7 +111,14 @@ WORKER_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_TH
 
 
 class SchedulerError(ValueError, ConnectionError):
-    """No Dask scheduler answers at the given address (bad input: the message names the address)."""
+    """No Dask scheduler answers at the given address (bad input: the message names the address).
+
+    Examples
+    --------
+    >>> from wflow.sweep import SchedulerError
+    >>> issubclass(SchedulerError, ValueError), issubclass(SchedulerError, ConnectionError)
+    (True, True)
+    """
 
 
 # ------------------------------------------------------------------------------ grids
@@ -222,7 +229,14 @@ def parse_grid_arg(item: str) -> tuple[str, list]:
 
 
 def parse_grid_args(items: Iterable[str]) -> dict[str, list]:
-    """Several ``--grid`` arguments as one grid; a key given twice is an error."""
+    """Several ``--grid`` arguments as one grid; a key given twice is an error.
+
+    Examples
+    --------
+    >>> from wflow.sweep import parse_grid_args
+    >>> parse_grid_args(["model.beta=linspace(1, 2, 3)", "init.seed=range(2)"])
+    {'model.beta': [1.0, 1.5, 2.0], 'init.seed': [0, 1]}
+    """
     grid: dict[str, list] = {}
     for item in items:
         key, values = parse_grid_arg(item)
@@ -236,6 +250,17 @@ def coerce_value(key: str, value: Any) -> Any:
     """A value of configuration key ``key`` with its type checked (ints accepted for floats, integral floats for ints).
 
     Raises ``ValueError`` naming the key and the value (the sweep's rule for bad grid values).
+
+    Examples
+    --------
+    >>> from wflow.sweep import coerce_value
+    >>> coerce_value("model.beta", 4), coerce_value("init.n", 8.0)  # int -> float, integral float -> int
+    (4.0, 8)
+    >>> try:
+    ...     coerce_value("init.n", 8.5)
+    ... except ValueError as exc:
+    ...     print(exc)
+    config key init.n must be an integer, got 8.5
     """
     from .config import KEYS, coerce
 
@@ -269,6 +294,23 @@ def load_sweep_config(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str
 
     The ``[sweep]`` table holds ``key = [values]`` or ``key = "linspace(a, b, n)"`` (dotted
     keys, or sub-tables ``[sweep.model]``); the rest is an ordinary ``wflow run`` configuration.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from wflow.sweep import load_sweep_config
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "sweep.toml"
+    >>> _ = path.write_text('''
+    ... [model]
+    ... beta = 2.0
+    ...
+    ... [sweep]
+    ... "init.seed" = "range(3)"
+    ... model.beta = [1.0, 4.0]
+    ... ''')
+    >>> config, grid = load_sweep_config(path)
+    >>> config["model.beta"], grid
+    (2.0, {'init.seed': [0, 1, 2], 'model.beta': [1.0, 4.0]})
     """
     from .config import read_toml
 
@@ -947,6 +989,20 @@ def open_sweep(path: str | os.PathLike):
 
     ``attrs`` count the ``points``, those ``done`` (run, whatever their status), ``ok``
     (reached ``t_end``) and ``failed``.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> import wflow
+    >>> from wflow.sweep import open_sweep
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.zarr"
+    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler", "run.dt": 0.1}
+    >>> _ = wflow.sweep(cfg, {"model.beta": [1, 4]}, out=out, workers=1, progress=False)  # doctest: +SKIP
+    >>> ds = open_sweep(out)  # doctest: +SKIP
+    >>> ds.attrs["points"], ds.attrs["ok"], ds.order_parameter.sel(beta=4.0).shape  # doctest: +SKIP
+    (2, 2, (3,))
+
+    Not run as a doctest: a sweep starts a Dask cluster (seconds).
     """
     import xarray as xr
     import zarr
@@ -967,7 +1023,22 @@ def open_sweep(path: str | os.PathLike):
 
 
 def point_config(ds, **coords) -> dict[str, Any]:
-    """The full flat configuration of one point of a sweep: ``point_config(ds, beta=4.0, seed=3)``."""
+    """The full flat configuration of one point of a sweep: ``point_config(ds, beta=4.0, seed=3)``.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> import wflow
+    >>> from wflow.sweep import point_config
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.zarr"
+    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler", "run.dt": 0.1}
+    >>> ds = wflow.sweep(cfg, {"model.beta": [1, 4]}, out=out, workers=1, progress=False)  # doctest: +SKIP
+    >>> c = point_config(ds, beta=4.0)  # doctest: +SKIP
+    >>> c["model.beta"], c["init.n"]  # doctest: +SKIP
+    (4.0, 8)
+
+    Not run as a doctest: a sweep starts a Dask cluster (seconds).
+    """
     dims = json.loads(ds.attrs["dims"])
     key_of = {v: k for k, v in dims.items()}
     unknown = set(coords) - set(key_of)
@@ -993,7 +1064,16 @@ GLPR_CONFIG: dict[str, Any] = {"solver": "particles", "model.type": "SA", "model
 
 def glpr_grid(d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 90)",
               systems: int = 2048) -> dict[str, list]:
-    """The grid of the phase diagram: dimensions ``d``, inverse temperatures, ``systems`` seeds."""
+    """The grid of the phase diagram: dimensions ``d``, inverse temperatures, ``systems`` seeds.
+
+    Examples
+    --------
+    >>> from wflow.sweep import glpr_grid
+    >>> glpr_grid(d=(8,), betas="linspace(1, 2, 3)", systems=2)
+    {'init.d': [8], 'model.beta': [1.0, 1.5, 2.0], 'init.seed': [0, 1]}
+    >>> [len(v) for v in glpr_grid().values()]  # the full diagram: 3 x 90 x 2048 systems
+    [3, 90, 2048]
+    """
     return {"init.d": list(d), "model.beta": parse_values(betas, "model.beta"), "init.seed": list(range(systems))}
 
 
@@ -1008,6 +1088,18 @@ def phase_diagram(out: str | os.PathLike, *, d: Sequence[int] = (8, 128, 1024), 
     maps (:func:`plot_phase_diagram`) are written there.  Returns the store as a Dataset.
 
     Geshkovski, Letrouit, Polyanskiy & Rigollet, *A mathematical perspective on Transformers* (2023/2024).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from wflow.sweep import phase_diagram
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "glpr.zarr"
+    >>> ds = phase_diagram(out, d=(3,), betas=[1.0, 4.0], systems=2, workers=1, progress=False,
+    ...                    config={"init.n": 8, "run.t_end": 1.0, "run.n_saves": 3})  # doctest: +SKIP
+    >>> ds.pair_fraction.dims, ds.pair_fraction.shape  # doctest: +SKIP
+    (('d', 'beta', 'seed', 'time'), (1, 2, 2, 3))
+
+    Not run as a doctest: a sweep starts a Dask cluster (seconds).
     """
     kwargs.setdefault("observables", ("pair_fraction",))
     ds = sweep({**GLPR_CONFIG, **(config or {})}, glpr_grid(d, betas, systems), out=out, **kwargs)
@@ -1017,7 +1109,21 @@ def phase_diagram(out: str | os.PathLike, *, d: Sequence[int] = (8, 128, 1024), 
 
 
 def plot_phase_diagram(ds, *, ax=None, path: str | os.PathLike | None = None, observable: str = "pair_fraction"):
-    """Heat maps of ``observable`` averaged over seeds, over (t, beta), one panel per ``d``; returns the figure."""
+    """Heat maps of ``observable`` averaged over seeds, over (t, beta), one panel per ``d``; returns the figure.
+
+    Examples
+    --------
+    >>> import matplotlib; matplotlib.use("Agg")
+    >>> import numpy as np, xarray as xr
+    >>> from wflow.sweep import plot_phase_diagram
+    >>> ds = xr.Dataset(  # the layout of a sweep store, made by hand: 2 betas, 4 seeds, 3 save times
+    ...     {"pair_fraction": (("beta", "seed", "time"), np.random.default_rng(0).random((2, 4, 3))),
+    ...      "save_time": (("time",), [0.0, 0.5, 1.0])},
+    ...     coords={"beta": [1.0, 4.0], "time": [0, 1, 2]})
+    >>> fig = plot_phase_diagram(ds)
+    >>> len(fig.axes), fig.axes[0].get_xlabel()  # one panel and its colour bar
+    (2, 't')
+    """
     da = ds[observable]
     if "seed" in da.dims:
         da = da.mean("seed")
