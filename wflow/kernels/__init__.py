@@ -319,6 +319,20 @@ def kernel_sums(
     -------
     KernelSums
         ``log_scale`` and ``mass`` of shape ``(..., n)``, ``vector`` of shape ``(..., n, q)``.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.kernels import kernel_sums
+    >>> x = wflow.sphere.uniform(5, 3, seed=0)
+    >>> w = np.full(5, 0.2)
+    >>> s = kernel_sums(x, x, w, 3.0, backend="numpy")
+    >>> G = np.exp(3.0 * x @ x.T)  # the dense kernel e^{beta <x_i, x_j>}
+    >>> scale = np.exp(s.log_scale)
+    >>> bool(np.allclose(scale * s.mass, G @ w)), bool(np.allclose(scale[:, None] * s.vector, (G * w) @ x))
+    (True, True)
+    >>> kernel_sums(x, x, w, 0.0, values=False, backend="numpy").vector is None  # beta = 0: plain averages
+    True
     """
     x = np.asarray(x)
     y = np.asarray(y)
