@@ -54,7 +54,14 @@ class NotAGradientFlowError(WflowError, ValueError):
 
 
 class StoreBusyError(WflowError):
-    """Another process is writing to this output folder or store (it holds the lock)."""
+    """Another process is writing to this output folder or store (it holds the lock).
+
+    Examples
+    --------
+    >>> from wflow.errors import StoreBusyError, WflowError
+    >>> issubclass(StoreBusyError, WflowError)  # raised by wflow.io.FolderLock
+    True
+    """
 
 
 class SolverError(WflowError):
@@ -69,7 +76,17 @@ class SolverError(WflowError):
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
-    """``repr`` of a value, shortened for error messages (arrays by shape and dtype)."""
+    """``repr`` of a value, shortened for error messages (arrays by shape and dtype).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.errors import short_repr
+    >>> short_repr(np.zeros((100, 3))), short_repr(np.array([1.0, 2.0]))
+    ('array(shape=(100, 3), dtype=float64)', 'array([1., 2.], dtype=float64)')
+    >>> len(short_repr("x" * 1000))
+    80
+    """
     if isinstance(value, np.ndarray):
         if value.size <= 6:
             text = np.array2string(value, precision=4, separator=", ")
@@ -85,6 +102,17 @@ def as_points(x: Any, name: str = "x", *, normalize: bool = False, atol: float =
     Returns a floating array (float32 kept, everything else float64).  With
     ``normalize=True`` the points are projected onto the sphere; otherwise their norms
     must be within ``atol`` of one.
+
+    Examples
+    --------
+    >>> from wflow.errors import as_points
+    >>> as_points([[3.0, 4.0]], normalize=True)
+    array([[0.6, 0.8]])
+    >>> try:
+    ...     as_points([[3.0, 4.0]], "mu0")
+    ... except ValueError as exc:
+    ...     print(exc)
+    mu0 must lie on the unit sphere; point (0,) has norm 5 (use wflow.sphere.normalize first)
     """
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array of points of shape (..., n, d), got {short_repr(x)}")
@@ -127,7 +155,19 @@ def _is_real_number(value: Any) -> bool:
 
 
 def check_positive(value: Any, name: str, *, allow_inf: bool = False) -> float:
-    """Return ``float(value)`` after checking it is a finite real number > 0."""
+    """Return ``float(value)`` after checking it is a finite real number > 0.
+
+    Examples
+    --------
+    >>> from wflow.errors import check_positive
+    >>> check_positive(2, "tau")
+    2.0
+    >>> try:
+    ...     check_positive(0, "tau")
+    ... except ValueError as exc:
+    ...     print(exc)
+    tau must be a finite number > 0, got 0
+    """
     if not _is_real_number(value):
         raise TypeError(f"{name} must be a real number, got {short_repr(value)}")
     v = float(value)
@@ -137,7 +177,19 @@ def check_positive(value: Any, name: str, *, allow_inf: bool = False) -> float:
 
 
 def check_nonnegative(value: Any, name: str) -> float:
-    """Return ``float(value)`` after checking it is a finite real number >= 0."""
+    """Return ``float(value)`` after checking it is a finite real number >= 0.
+
+    Examples
+    --------
+    >>> from wflow.errors import check_nonnegative
+    >>> check_nonnegative(0, "kappa")
+    0.0
+    >>> try:
+    ...     check_nonnegative(-1, "kappa")
+    ... except ValueError as exc:
+    ...     print(exc)
+    kappa must be a finite number >= 0, got -1
+    """
     if not _is_real_number(value):
         raise TypeError(f"{name} must be a real number, got {short_repr(value)}")
     v = float(value)
@@ -147,7 +199,19 @@ def check_nonnegative(value: Any, name: str) -> float:
 
 
 def check_int(value: Any, name: str, *, minimum: int = 1) -> int:
-    """Return ``int(value)`` after checking it is an integer >= ``minimum``."""
+    """Return ``int(value)`` after checking it is an integer >= ``minimum``.
+
+    Examples
+    --------
+    >>> from wflow.errors import check_int
+    >>> check_int(3, "n", minimum=1)
+    3
+    >>> try:
+    ...     check_int(2.5, "n")
+    ... except TypeError as exc:
+    ...     print(exc)
+    n must be an integer, got 2.5
+    """
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
         raise TypeError(f"{name} must be an integer, got {short_repr(value)}")
     v = int(value)

@@ -19,7 +19,21 @@ __all__ = ["ProgressBar", "Callback", "StepLog"]
 
 
 class ProgressBar(Tracker):
-    """A tqdm bar over the time interval, labelled with the solver; never past 100 %, no negative ETA."""
+    """A tqdm bar over the time interval, labelled with the solver; never past 100 %, no negative ETA.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, integrate
+    >>> from wflow.solvers.trackers import ProgressBar
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> bar = ProgressBar("decay")
+    >>> _ = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, trackers=[bar])  # drawn on stderr
+    >>> bar.label, round(bar.bar.n, 6)  # the bar ends at t_end
+    ('decay', 1.0)
+    """
 
     name = "progress bar"
 
@@ -47,7 +61,21 @@ class ProgressBar(Tracker):
 
 
 class Callback(Tracker):
-    """``f(t, state)`` at every save time; a true return value stops the run."""
+    """``f(t, state)`` at every save time; a true return value stops the run.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, integrate
+    >>> from wflow.solvers.trackers import Callback
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> stop = Callback(lambda t, y: y[0] < 0.5)  # stop once y has halved (at a save time)
+    >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 2.0, dt=0.1, trackers=[stop])
+    >>> res.status, round(float(res.times[-1]), 6)  # exp(-0.8) < 0.5 < exp(-0.6)
+    (1, 0.8)
+    """
 
     name = "callback"
 
@@ -70,6 +98,21 @@ class StepLog(Tracker):
 
     Rows are flushed as they are written; on resume the rows after the resumed snapshot's
     step are dropped, so the log equals the uninterrupted run's.
+
+    Examples
+    --------
+    >>> import csv, tempfile, pathlib
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, integrate
+    >>> from wflow.solvers.trackers import StepLog
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "steps.csv"
+    >>> _ = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.25, trackers=[StepLog(path)])
+    >>> rows = list(csv.DictReader(open(path)))
+    >>> len(rows), rows[-1]["step"], float(rows[-1]["t"]), float(rows[-1]["dt"])
+    (4, '4', 1.0, 0.25)
     """
 
     name = "step log"
