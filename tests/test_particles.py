@@ -155,3 +155,23 @@ def test_dimension_mismatch_is_reported(rng):
         simulate(SA(1.0, V=np.eye(3)), Atoms(sphere.uniform(4, 2, rng)), 1.0)
     with pytest.raises(TypeError, match="model"):
         simulate("SA", Atoms(sphere.uniform(4, 2, rng)), 1.0)
+
+
+def test_euler_on_many_small_sa_systems_takes_the_fused_step(monkeypatch):
+    """SA with Q = K = V = I, backend auto: Euler takes ParticleProblem.euler_step (one compiled pass per
+    system) and equals the unfused step (backend numpy) to rounding; a general V falls back."""
+    import wflow
+    import wflow.kernels.small as small
+
+    calls = []
+    fused = small.sa_euler_step
+    monkeypatch.setattr(small, "sa_euler_step", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    x0 = np.stack([wflow.sphere.uniform(16, 5, seed=s) for s in range(6)])
+    kw = dict(method="euler", dt=0.1, save_at=np.linspace(0, 3, 7), diagnostics=("order_parameter",))
+    a = wflow.simulate(wflow.SA(4.0), x0, 3.0, backend="auto", **kw)
+    assert len(calls) == 30
+    b = wflow.simulate(wflow.SA(4.0), x0, 3.0, backend="numpy", **kw)
+    assert len(calls) == 30
+    np.testing.assert_allclose(a.points, b.points, atol=1e-12)
+    wflow.simulate(wflow.SA(4.0, V=-np.eye(5)), x0, 3.0, backend="auto", **kw)
+    assert len(calls) == 30

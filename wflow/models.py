@@ -302,6 +302,10 @@ class _Attention(Model):
         fv = self._interaction(mu.points, mu, backend)
         return self._sign() * 0.5 * mu.integrate(fv)
 
+    def plain_attention(self) -> bool:
+        """True when :math:`Q = K = V = I` (each omitted or the identity): the fused small-system paths apply."""
+        return all(_identity_sign(M) == 1 for M in (self.Q, self.K, self.V))
+
     def angular_velocity(self, theta: np.ndarray, weights: np.ndarray) -> np.ndarray:
         r"""The velocity on :math:`S^1` in angles (the Kuramoto form), for :math:`Q = K = I`, :math:`V = \pm I`:
 
