@@ -24,7 +24,7 @@ from .base import Problem, Result, Tracker, check_save_at, get_solver, integrate
 from .steppers import project_to_sphere
 from .trackers import Callback, ProgressBar
 
-__all__ = ["simulate", "Trajectory", "ParticleProblem", "CircleAngleProblem", "CircleGapProblem", "default_dt", "DIAGNOSTICS"]
+__all__ = ["simulate", "Trajectory", "ParticleProblem", "CircleAngleProblem", "CircleGapProblem", "SpanProblem", "default_dt", "DIAGNOSTICS"]
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,8 @@ class ParticleProblem(Problem):
         x = y[..., :self.n, :]
         return Atoms._trusted(project_to_sphere(x) if self.free else x, self.weights)
 
-    def compute_diagnostics(self, mu: Atoms, t: float = 0.0) -> dict[str, np.ndarray]:
+    def compute_diagnostics(self, mu: Atoms, t: float = 0.0, mu_extra: Atoms | None = None) -> dict[str, np.ndarray]:
+        """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``)."""
         out: dict[str, np.ndarray] = {}
         model = self.model_at(t)
         gradient = model.is_gradient
@@ -194,7 +195,7 @@ class ParticleProblem(Problem):
             elif name == "n_clusters":
                 out[name] = np.asarray(count_clusters(mu, self.cluster_threshold), dtype=np.int64)
         for name, f in self.extra.items():
-            out[name] = np.asarray(f(mu))
+            out[name] = np.asarray(f(mu if mu_extra is None else mu_extra))
         return out
 
     def _energies(self, model: Model, mu: Atoms) -> dict[str, np.ndarray]:
@@ -241,6 +242,54 @@ class ParticleProblem(Problem):
                 "n": self.n, "d": self.d, "batch_shape": list(self.weights.shape[:-1]),
                 "n_tracers": self.n_tracers, "diagnostics": list(self.diagnostics),
                 "cluster_threshold": self.cluster_threshold, "space": self.model.space}
+
+
+class SpanProblem(ParticleProblem):
+    r"""SA/USA with :math:`Q = K = V = I` in the span of the initial tokens: the state is ``y`` of shape
+    ``(..., n, n)``, the tokens :math:`x = yU` for an orthonormal basis ``U`` (``(..., n, d)``) of the span of
+    the initial tokens (:func:`wflow.kernels.small.span_coordinates`).
+
+    Exact, not an approximation: every velocity :math:`\dot x_i` is a combination of the :math:`x_j`, so
+    tokens never leave the span, and the flow commutes with orthogonal maps, so the coordinates evolve by
+    the same model in dimension ``n``.  For ``n`` tokens in dimension ``d > n`` a step costs
+    :math:`n^3` instead of :math:`n^2 d` per system (4x less at n = 32, d = 128; 32x at d = 1024).
+    Built-in diagnostics (energies, order parameter, clusters) depend only on inner products and are
+    computed from ``y``; user diagnostics (``extra_diagnostics``) and the saved ``points`` see
+    :math:`x = yU`.  Saved: ``points`` ``(..., n, d)`` and ``span`` (the state, for resume).
+    """
+
+    def __init__(self, model: Model, weights: np.ndarray, basis: np.ndarray, **kw: Any):
+        if kw.get("n_tracers") or model.space != "sphere" or not (hasattr(model, "plain_attention")
+                                                                  and model.plain_attention()):
+            raise ValueError(f"coordinates='span' needs SA or USA with Q = K = V = I on the sphere and no tracers, "
+                             f"got {model!r}")
+        super().__init__(model, weights, basis.shape[-2], **kw)
+        self.basis = basis
+        self.d_full = basis.shape[-1]
+
+    def full(self, y: np.ndarray) -> np.ndarray:
+        """The tokens :math:`x = yU`, shape ``(..., n, d)``."""
+        return np.matmul(y, self.basis)
+
+    def measure(self, y: np.ndarray) -> Atoms:
+        """The measure of the tokens :math:`x = yU` (in dimension d)."""
+        return Atoms._trusted(self.full(y), self.weights)
+
+    def snapshot(self, t: float, y: np.ndarray) -> dict:
+        mu_y = Atoms._trusted(y, self.weights)
+        x = self.full(y)
+        out = {"points": (self._batch + ("particle", "coord"), x),
+               "span": (self._batch + ("particle", "span_coord"), np.array(y, copy=True))}
+        mu_x = Atoms._trusted(x, self.weights) if self.extra else None
+        for name, v in self.compute_diagnostics(mu_y, t, mu_x).items():
+            out[name] = (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - len(self._batch))), v)
+        return out
+
+    def static(self) -> dict:
+        return {**super().static(), "span_basis": (self._batch + ("span_coord", "coord"), self.basis)}
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "d": self.d_full, "coordinates": "span"}
 
 
 class CircleAngleProblem(ParticleProblem):
@@ -622,12 +671,14 @@ def simulate(
     throw : bool
         Raise :class:`~wflow.errors.SolverError` on failure (default) or return a result with
         ``status = -1``.
-    coordinates : {"cartesian", "angles", "gaps"}
+    coordinates : {"cartesian", "angles", "gaps", "span"}
         ``"angles"``: on :math:`S^1`, integrate the angles in the Kuramoto form
         (:class:`CircleAngleProblem`; attention with Q = K = I, V = ±I): exact for merged tokens.
         ``"gaps"``: the same flow in the gaps between sorted tokens (:class:`CircleGapProblem`):
         with ``method="ros2"`` the choice for metastable staircases at large beta, where steps grow
-        to :math:`t\sim10^{30}` between merges.
+        to :math:`t\sim10^{30}` between merges.  ``"span"``: SA/USA with Q = K = V = I for n tokens in
+        d > n dimensions, integrated exactly in the n coordinates of the initial tokens' span
+        (:class:`SpanProblem`): the cost of a step no longer grows with d (many small systems).
 
     Returns
     -------
@@ -688,9 +739,22 @@ def simulate(
             raise ValueError("tracers must be finite points on the unit sphere (norms within 1e-6 of 1)")
         n_tr = tracers.shape[-2]
         x = np.concatenate([x, tracers], axis=-2)
-    if coordinates not in ("cartesian", "angles", "gaps"):
-        raise ValueError(f"coordinates must be 'cartesian', 'angles' or 'gaps', got {coordinates!r}")
-    if coordinates != "cartesian":
+    if coordinates not in ("cartesian", "angles", "gaps", "span"):
+        raise ValueError(f"coordinates must be 'cartesian', 'angles', 'gaps' or 'span', got {coordinates!r}")
+    span_basis = None
+    if coordinates == "span":
+        from ..kernels.small import span_coordinates
+
+        y_span, span_basis = span_coordinates(x)
+        if span_basis is None:  # d <= n: the tokens' own coordinates already
+            coordinates = "cartesian"
+        else:
+            x = np.ascontiguousarray(y_span)
+    if coordinates == "span":
+        problem = SpanProblem(model, mu0.weights, span_basis, kappa=kappa, backend=backend, diagnostics=diagnostics,
+                              cluster_threshold=cluster_threshold, extra_diagnostics=extra_diagnostics,
+                              n_tracers=n_tr)
+    elif coordinates != "cartesian":
         if mu0.d != 2 or model.space != "sphere":
             raise ValueError(f"coordinates={coordinates!r} is for the circle S^1 (d = 2), got d = {mu0.d}")
         x = np.arctan2(mu0.points[..., 1], mu0.points[..., 0])
@@ -701,7 +765,7 @@ def simulate(
         else:
             order, x = CircleGapProblem.from_angles(x)
             problem = CircleGapProblem(model, mu0.weights, order, **kw)
-    else:
+    if coordinates == "cartesian":
         problem = ParticleProblem(model, mu0.weights, mu0.d, kappa=kappa, backend=backend, diagnostics=diagnostics,
                                   cluster_threshold=cluster_threshold, extra_diagnostics=extra_diagnostics,
                                   n_tracers=n_tr)
@@ -724,6 +788,11 @@ def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]) -> tuple[ParticleProbl
     from ..models import model_from_dict
 
     weights = stored["static"]["weights"][1]
+    if cfg.get("coordinates") == "span":
+        problem = SpanProblem(model_from_dict(cfg["model"]), weights, stored["static"]["span_basis"][1],
+                              kappa=cfg["kappa"], backend=cfg["backend"], diagnostics=cfg["diagnostics"],
+                              cluster_threshold=cfg["cluster_threshold"])
+        return problem, get_solver(cfg["solver"], **cfg["solver_options"]), stored["data"]["span"][1][-1]
     if cfg.get("coordinates") == "gaps":
         problem = CircleGapProblem(model_from_dict(cfg["model"]), weights, stored["static"]["order"][1],
                                    kappa=cfg["kappa"], backend=cfg["backend"], diagnostics=cfg["diagnostics"],
