@@ -22,12 +22,11 @@ at 200 save times, side by side, medians of 3 round-robin runs: "torch" (the loo
 ``torch.bmm`` for the pair fraction, at its faster thread count measured first on 10 steps);
 "wflow.simulate" (``method="euler", dt=0.1, backend="auto"``, the pair fraction as the only
 diagnostic, ``keep=False`` with a tracker keeping the pair fractions: ``keep=True`` would also
-stack 200 copies of the points, 1.7 GB at d = 128); and two PROTOTYPES of a proposed wiring in
-``wflow/solvers/particles.py`` run through the same driver (``integrate``): "fused step", a
-``ParticleProblem.euler_step`` calling :func:`wflow.kernels.small.sa_euler_step`, and "span
-coordinates", the same in the coordinates of an orthonormal basis of the initial tokens' span
-(:func:`wflow.kernels.small.span_coordinates`: n = 32 numbers per token instead of d).  Before
-timing, the final points of both prototypes are checked against wflow.simulate's.  At d = 1024
+stack 200 copies of the points, 1.7 GB at d = 128), which takes the fused small-system step
+(``ParticleProblem.euler_step`` -> :func:`wflow.kernels.small.sa_euler_step`); and the same with
+``coordinates="span"`` (:class:`wflow.solvers.particles.SpanProblem`: the n = 32 coordinates of
+the tokens in an orthonormal basis of the initial span instead of d).  Before timing, the final
+points of the span run are checked against the plain run's.  At d = 1024
 a tenth of the workload (30 steps, 20 saves) is timed.
 
 Save-time diagnostics for 256 systems: the fraction of pairs with cosine > 0.999 (torch,
@@ -64,11 +63,10 @@ from wflow import sphere  # noqa: E402
 from wflow.diagnostics import cluster_labels, count_clusters, pair_fraction  # noqa: E402
 from wflow.kernels import kernel_sums  # noqa: E402
 from wflow.kernels import numba_backend  # noqa: E402
-from wflow.kernels.small import sa_euler_step, span_coordinates  # noqa: E402
 from wflow.measure import Atoms  # noqa: E402
 from wflow.models import SA  # noqa: E402
-from wflow.solvers.base import Tracker, integrate  # noqa: E402
-from wflow.solvers.particles import ParticleProblem, Trajectory, simulate  # noqa: E402
+from wflow.solvers.base import Tracker  # noqa: E402
+from wflow.solvers.particles import simulate  # noqa: E402
 
 BETA = 5.0
 ETA = 0.1
@@ -301,21 +299,6 @@ def _pf(mu):
     return pair_fraction(mu.points, 0.999)
 
 
-class _FusedSA(ParticleProblem):
-    """PROTOTYPE of the proposed ``ParticleProblem.euler_step``: SA with Q = K = V = I, no noise or
-    tracers -> :func:`wflow.kernels.small.sa_euler_step` (one compiled pass per system)."""
-
-    def euler_step(self, t, y, dt):
-        self.evaluations += 1
-        return sa_euler_step(y, self.weights, self.model.beta_for(self.n), dt)
-
-
-class _SpanSA(_FusedSA):
-    """PROTOTYPE of the proposed span coordinates: the state is y = x U^T (n coordinates in an
-    orthonormal basis U of the initial tokens' span, :func:`wflow.kernels.small.span_coordinates`);
-    inner products, hence the pair fraction, are those of x."""
-
-
 def e2e_torch(x0, steps, save_steps):
     """The authors' loop: ``steps`` Euler steps, the pair fraction at ``save_steps`` (step 0 included)."""
     x = x0
@@ -335,27 +318,14 @@ def e2e_torch(x0, steps, save_steps):
     return x, torch.stack(out)
 
 
-def e2e_wflow(x0, t_end, save_at, problem_class=None):
-    """``wflow.simulate(..., method="euler", dt=0.1, pair fraction only, backend="auto")`` (keep=False, the
-    pair fractions recorded by a tracker), or the same run through ``integrate`` with a prototype problem."""
+def e2e_wflow(x0, t_end, save_at, coordinates="cartesian"):
+    """``wflow.simulate(..., method="euler", dt=0.1, diagnostics=("pair_fraction",), backend="auto")``
+    (keep=False, the pair fractions recorded by a tracker); Euler takes the fused small-system step
+    (``ParticleProblem.euler_step``), and ``coordinates="span"`` integrates in the initial span."""
     rec = _Record()
-    model = SA(BETA)
-    kw = dict(diagnostics=(), extra_diagnostics={"pair_fraction": _pf})
-    if problem_class is None:
-        tr = simulate(model, Atoms(x0), t_end, method="euler", dt=ETA, save_at=save_at, backend="auto", keep=False,
-                      trackers=[rec], **kw)
-        return tr.points[-1], np.array(rec.values)
-    w = np.full(x0.shape[:-1], 1.0 / x0.shape[-2])
-    basis = None
-    y0 = x0
-    if problem_class is _SpanSA:
-        y0, basis = span_coordinates(x0)
-        y0 = y0.astype(x0.dtype)
-    problem = problem_class(model, w, y0.shape[-1], backend="auto", **kw)
-    tr = integrate(problem, "euler", y0, 0.0, t_end, save_at=save_at, dt=ETA, keep=False, trackers=[rec],
-                   result_class=Trajectory)
-    y = tr.points[-1]
-    return (y if basis is None else y @ basis), np.array(rec.values)
+    tr = simulate(SA(BETA), Atoms(x0), t_end, method="euler", dt=ETA, save_at=save_at, backend="auto", keep=False,
+                  trackers=[rec], diagnostics=("pair_fraction",), coordinates=coordinates)
+    return tr.points[-1], np.array(rec.values)
 
 
 #: the issue's workload: 300 steps of 0.1 to t = 30, 200 saves
@@ -382,15 +352,13 @@ def e2e_table(dims, repeat, short_dims=(1024,), B=256):
                 nt = min(probe, key=probe.get)
                 fns["torch"] = (_threads(nt), lambda tx=tx: e2e_torch(tx, steps, save_steps))
             fns["wflow.simulate"] = (_threads(1), lambda x0=x0: e2e_wflow(x0, t_end, save_at))
-            fns["fused step (proposed)"] = (_threads(1), lambda x0=x0: e2e_wflow(x0, t_end, save_at, _FusedSA))
-            fns["span coordinates (proposed)"] = (_threads(1), lambda x0=x0: e2e_wflow(x0, t_end, save_at, _SpanSA))
-            # the same answer: final points and pair fractions against wflow.simulate's
+            fns["simulate span"] = (_threads(1), lambda x0=x0: e2e_wflow(x0, t_end, save_at, "span"))
+            # the same answer: final points and pair fractions of the span run against the plain one's
             ref, ref_pf = e2e_wflow(x0, t_end, save_at)
-            for k in ("fused step (proposed)", "span coordinates (proposed)"):
-                y, pf = fns[k][1]()
-                err = float(np.max(np.abs(y - ref)))
-                assert err < (1e-9 if dtype == np.float64 else 1e-3), (k, err)
-                assert pf.shape == ref_pf.shape
+            y, pf = fns["simulate span"][1]()
+            err = float(np.max(np.abs(y - ref)))
+            assert err < (1e-9 if dtype == np.float64 else 1e-3), ("span", err)
+            assert pf.shape == ref_pf.shape
             t = _round_robin_once(fns, repeat)
             rows.append((d, B, np.dtype(dtype).name, steps, n_saves, nt if torch is not None else None, t))
             print(f"<!-- e2e d={d} B={B} {np.dtype(dtype).name} ({steps} steps, {n_saves} saves, torch {nt} threads): "
@@ -398,17 +366,16 @@ def e2e_table(dims, repeat, short_dims=(1024,), B=256):
     print(f"<!-- e2e table: end {_load()} -->", flush=True)
     print("\n### The whole workload: Euler 0.1, pair fraction at each save (s, median of "
           f"{repeat} round-robin runs), n = 32, beta = 5, batch {B}\n")
-    print("| d | dtype | steps / saves | torch (threads) | wflow.simulate | torch / wflow.simulate | "
-          "fused step (proposed) | torch / fused | span coordinates (proposed) | torch / span |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| d | dtype | steps / saves | torch (threads) | wflow.simulate (fused step) | torch / wflow | "
+          "simulate coordinates='span' | torch / span |")
+    print("|---|---|---|---|---|---|---|---|")
     for d, B_, dt, steps, n_saves, nt, t in rows:
         tt = t.get("torch")
 
         def ratio(k):
             return f"{tt / t[k]:.2f}" if tt else "-"
-        print(f"| {d} | {dt} | {steps} / {n_saves} | {tt:.2f} ({nt}) | {t['wflow.simulate']:.2f} | {ratio('wflow.simulate')} | "
-              f"{t['fused step (proposed)']:.2f} | {ratio('fused step (proposed)')} | "
-              f"{t['span coordinates (proposed)']:.2f} | {ratio('span coordinates (proposed)')} |")
+        print(f"| {d} | {dt} | {steps} / {n_saves} | {tt:.2f} ({nt}) | {t['wflow.simulate']:.2f} | "
+              f"{ratio('wflow.simulate')} | {t['simulate span']:.2f} | {ratio('simulate span')} |")
     return rows
 
 

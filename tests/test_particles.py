@@ -183,15 +183,19 @@ def test_span_coordinates_equal_the_full_run_and_resume(tmp_path):
     import wflow
 
     x0 = np.stack([sphere.uniform(6, 40, seed=s) for s in range(3)])
-    pf = {"pair_fraction": lambda mu: (np.einsum("...id,...jd->...ij", mu.points, mu.points) > 0.9).mean(axis=(-1, -2))}
-    kw = dict(method="rk4", dt=0.05, save_at=np.linspace(0, 4, 5), extra_diagnostics=pf, backend="numpy")
+    pf = {"close_pairs": lambda mu: (np.einsum("...id,...jd->...ij", mu.points, mu.points) > 0.9).mean(axis=(-1, -2))}
+    kw = dict(method="rk4", dt=0.05, save_at=np.linspace(0, 4, 5), extra_diagnostics=pf, backend="numpy",
+              diagnostics=("energy", "order_parameter", "n_clusters", "pair_fraction"))
     full = wflow.simulate(SA(3.0), x0, 4.0, **kw)
     span = wflow.simulate(SA(3.0), x0, 4.0, coordinates="span", **kw)
     assert span.data["span"][1].shape == (5, 3, 6, 6) and span.points.shape == full.points.shape
     np.testing.assert_allclose(span.points, full.points, atol=1e-12)
-    for name in ("energy", "order_parameter", "pair_fraction"):
+    for name in ("energy", "order_parameter", "close_pairs", "pair_fraction"):
         np.testing.assert_allclose(span.diagnostics[name], full.diagnostics[name], rtol=1e-12, atol=1e-14)
     np.testing.assert_array_equal(span.diagnostics["n_clusters"], full.diagnostics["n_clusters"])
+    from wflow.diagnostics import pair_fraction
+
+    np.testing.assert_array_equal(span.diagnostics["pair_fraction"], pair_fraction(span.points, 0.999))
     path = wflow.save(span, tmp_path / "s.zarr")
     back = wflow.load(path)
     np.testing.assert_array_equal(back.points, span.points)

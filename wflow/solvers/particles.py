@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..diagnostics import count_clusters, order_parameter
+from ..diagnostics import count_clusters, order_parameter, pair_fraction
 from ..kernels import small as _small
 from ..errors import WflowError, check_positive, short_repr
 from ..measure import Atoms, as_atoms
@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 #: the diagnostics :func:`simulate` saves by default (energies only for gradient models)
 DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
-_KNOWN_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
+#: every diagnostic :func:`simulate` knows: ``pair_fraction`` is the GLPR phase diagram's observable, the
+#: fraction of token pairs with inner product above 0.999 (:func:`wflow.diagnostics.pair_fraction`)
+_KNOWN_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters", "pair_fraction")
 
 
 def batch_dims(batch_shape: Sequence[int]) -> tuple[str, ...]:
@@ -194,6 +196,8 @@ class ParticleProblem(Problem):
                 out[name] = np.asarray(order_parameter(mu), dtype=np.float64)
             elif name == "n_clusters":
                 out[name] = np.asarray(count_clusters(mu, self.cluster_threshold), dtype=np.int64)
+            elif name == "pair_fraction":
+                out[name] = np.asarray(pair_fraction(mu.points, 0.999), dtype=np.float64)
         for name, f in self.extra.items():
             out[name] = np.asarray(f(mu if mu_extra is None else mu_extra))
         return out
