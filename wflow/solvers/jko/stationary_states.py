@@ -20,7 +20,7 @@ from ...errors import check_int, check_positive
 from ...measure import Atoms
 from ...mesh import Mesh
 from ...models import Model
-from ...sphere import tangent_frame
+from ...sphere import exp_map, tangent_frame
 from .step import JKOStepper, check_eps_scaling, check_gradient_model, default_eps, spacing, support
 
 __all__ = ["stationary", "StationaryResult", "cluster_atoms", "atom_groups", "AtomGroups"]
@@ -332,24 +332,57 @@ def _max_speed(model: Model, atoms: np.ndarray, masses: np.ndarray, backend: str
 
 def _polish(model: Model, atoms: np.ndarray, masses: np.ndarray, backend: str, width: float,
             free: np.ndarray) -> tuple[np.ndarray, str]:
-    """Damped Newton-like steps of the finite-atom flow (masses fixed, only the ``free`` atoms move);
-    the polished atoms, or the unpolished ones and the reason the polish was refused."""
+    r"""Newton steps on the finite-atom flow (masses fixed, only the ``free`` atoms move); the
+    polished atoms, or the unpolished ones and the reason the polish was refused.
+
+    The unknowns are the tangent coordinates :math:`c` of the free atoms in the frame at the
+    current atoms, the equations their velocities :math:`g(c) = B^\top v(a)`.  The Jacobian is
+    the *whole* one, by forward differences: moving one atom changes the field at every other
+    atom by :math:`O(m)`, while an atom's own curvature (the Hessian of
+    :math:`\delta F/\delta\mu` at fixed :math:`\mu`) can be far smaller where repulsion and the
+    perceptron nearly cancel, so a per-atom step :math:`v/|\mathrm{Hess}|` overshoots and cycles.
+    Each step is cut to half ``width`` per atom and halved until :math:`|g|` decreases.
+    """
     start = atoms
     res0 = _max_speed(model, atoms, masses, backend, free)
-    mu = Atoms._trusted(atoms, masses / masses.sum())
-    for _ in range(200):
-        v = model.velocity(atoms, mu, backend=backend)
-        if np.max(np.linalg.norm(v[free], axis=-1)) < 1e-12:
+    idx = np.flatnonzero(free)
+    k, d = idx.size, atoms.shape[1]
+    weights = masses / masses.sum()
+
+    def exp(a: np.ndarray, u: np.ndarray) -> np.ndarray:
+        y = exp_map(a, u)
+        return y / np.linalg.norm(y, axis=-1, keepdims=True)
+
+    def tangent(a: np.ndarray, frame: np.ndarray) -> np.ndarray:
+        v = model.velocity(a, Atoms._trusted(a, weights), backend=backend)
+        return np.einsum("kpd,kd->kp", frame, v[idx]).ravel()
+
+    delta = 1e-6
+    for _ in range(50):
+        B = tangent_frame(atoms)[idx]  # (k, d-1, d)
+        g = tangent(atoms, B)
+        gn = np.linalg.norm(g)
+        if not np.all(np.isfinite(g)) or np.max(np.abs(g), initial=0.0) < 1e-13:
             break
-        curv = np.max(np.abs(_second_order(model, atoms, masses, backend)), axis=1) + 1e-12
-        step = np.where(free[:, None], v / curv[:, None], 0.0)
-        nv = np.linalg.norm(step, axis=-1, keepdims=True)
-        # never step farther than the atom's own mass group in one go
-        step = step * np.minimum(1.0, 0.5 * width / np.maximum(nv, 1e-300))
-        nv = np.minimum(nv, 0.5 * width)
-        atoms = np.cos(nv) * atoms + np.sinc(nv / np.pi) * step
-        atoms /= np.linalg.norm(atoms, axis=-1, keepdims=True)
-        mu = Atoms._trusted(atoms, masses / masses.sum())
+        J = np.empty((g.size, g.size))
+        for col in range(g.size):
+            i, p = divmod(col, d - 1)
+            u = np.zeros_like(atoms)
+            u[idx[i]] = delta * B[i, p]
+            J[:, col] = (tangent(exp(atoms, u), B) - g) / delta
+        c = np.linalg.lstsq(J, -g, rcond=None)[0].reshape(k, d - 1)
+        u = np.zeros_like(atoms)
+        u[idx] = np.einsum("kp,kpd->kd", c, B)
+        nu = np.linalg.norm(u, axis=-1, keepdims=True)
+        u = u * np.minimum(1.0, 0.5 * width / np.maximum(nu, 1e-300))
+        for _ in range(30):  # backtrack until the residual decreases
+            trial = exp(atoms, u)
+            if np.linalg.norm(tangent(trial, tangent_frame(trial)[idx])) < gn:
+                break
+            u = 0.5 * u
+        else:
+            break
+        atoms = trial
     moved = np.arccos(np.clip(np.sum(atoms * start, axis=-1), -1.0, 1.0))
     res1 = _max_speed(model, atoms, masses, backend, free)
     if atoms.shape[0] > 1:
