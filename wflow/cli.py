@@ -294,6 +294,16 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``wflow`` command: ``run``, ``sweep``, ``validate``; returns the exit status.
+
+    0 on success, 1 when a validation expectation failed, 2 for bad input (one line on stderr,
+    nothing written), 130 when interrupted.
+
+    Examples
+    --------
+    >>> main(["validate", "no-such-study"])
+    2
+    """
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")

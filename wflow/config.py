@@ -87,7 +87,14 @@ KEYS: dict[str, Key] = {
 
 
 def default_config() -> dict[str, Any]:
-    """The embedded default: SA on S^2, 2000 uniform tokens, beta = 9, t_end = 30."""
+    """The embedded default: SA on S^2, 2000 uniform tokens, beta = 9, t_end = 30.
+
+    Examples
+    --------
+    >>> cfg = default_config()
+    >>> cfg["solver"], cfg["model.beta"], cfg["init.n"], cfg["init.d"]
+    ('particles', 9.0, 2000, 3)
+    """
     return {k: v.default for k, v in KEYS.items()}
 
 
@@ -145,7 +152,16 @@ def coerce(key: str, value: Any) -> Any:
 
 
 def load_config(path: str | Path | None) -> dict[str, Any]:
-    """Defaults updated by a TOML file (if given); validated."""
+    """Defaults updated by a TOML file (if given); validated.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.toml"
+    >>> _ = path.write_text("[model]\\nbeta = 4.0\\n")
+    >>> load_config(path)["model.beta"], load_config(None)["model.beta"]
+    (4.0, 9.0)
+    """
     cfg = default_config()
     if path is not None:
         for key, value in _flatten(read_toml(path)).items():
@@ -154,7 +170,18 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
 
 
 def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key=value`` strings (values in TOML syntax; bare words are strings)."""
+    """Apply ``key=value`` strings (values in TOML syntax; bare words are strings).
+
+    Examples
+    --------
+    >>> cfg = apply_overrides(default_config(), ["model.beta=4", "init.n=100"])
+    >>> cfg["model.beta"], cfg["init.n"]
+    (4.0, 100)
+    >>> apply_overrides(cfg, ["model.beta=-1"])
+    Traceback (most recent call last):
+    ...
+    ValueError: config key model.beta must be a finite number >= 0, got -1.0
+    """
     cfg = dict(cfg)
     for item in overrides:
         if "=" not in item:
@@ -170,7 +197,13 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Range checks that do not depend on types alone."""
+    """Range checks that do not depend on types alone.
+
+    Examples
+    --------
+    >>> validate_config(default_config())["run.t_end"]
+    30.0
+    """
     def need(cond: bool, key: str, what: str) -> None:
         if not cond:
             raise ValueError(f"config key {key} must be {what}, got {cfg[key]!r}")
@@ -224,7 +257,16 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_toml(cfg: dict[str, Any]) -> str:
-    """Write a flat config back as TOML with sections."""
+    """Write a flat config back as TOML with sections.
+
+    Examples
+    --------
+    >>> print("\\n".join(to_toml(default_config()).splitlines()[:4]))
+    solver = "particles"
+    <BLANKLINE>
+    [mesh]
+    resolution = 512
+    """
     lines: list[str] = []
     sections: dict[str, list[str]] = {}
     for key, value in cfg.items():
@@ -323,7 +365,14 @@ def build_model(cfg: dict[str, Any]):
 
 
 def build_run(cfg: dict[str, Any]):
-    """Model, initial measure and keyword arguments of :func:`wflow.simulate` for a config."""
+    """Model, initial measure and keyword arguments of :func:`wflow.simulate` for a config.
+
+    Examples
+    --------
+    >>> model, mu0, kwargs = build_run(apply_overrides(default_config(), ["init.n=10"]))
+    >>> model, mu0.n, kwargs["method"]
+    (SA(beta=9), 10, 'dopri5')
+    """
     from . import sphere
     from .measure import Atoms
 
@@ -354,6 +403,13 @@ class Run:
 
     Built by :func:`start_run`, which validates everything a run needs (model, mesh, backend,
     initial state) before anything is written.
+
+    Examples
+    --------
+    >>> run = start_run(apply_overrides(default_config(), ["init.n=8", "run.t_end=0.5"]))
+    >>> res = run.execute([], progress=False)
+    >>> res.status, res.points.shape[-2:]
+    (0, (8, 3))
     """
 
     def __init__(self, cfg: dict[str, Any], describe: str, call):
@@ -385,6 +441,12 @@ def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
 
     Memory: the state with the solver's stages (about 12 copies for dopri5), the kernel sums'
     blocks (about 100 MB) and the save times; disk: every saved snapshot of the state.
+
+    Examples
+    --------
+    >>> mem, disk = estimate_resources(default_config())   # 2000 tokens on S^2, 31 saves
+    >>> round(mem / 1e6), round(disk / 1e6, 2)
+    (101, 2.49)
     """
     solver, d, saves = cfg["solver"], cfg["init.d"], cfg["run.n_saves"]
     if solver == "particles":
@@ -403,7 +465,17 @@ def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
 
 
 def check_resources(cfg: dict[str, Any], out: Path) -> None:
-    """Refuse a run whose estimated memory or disk (:func:`estimate_resources`) exceeds what the machine has."""
+    """Refuse a run whose estimated memory or disk (:func:`estimate_resources`) exceeds what the machine has.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> check_resources(default_config(), tempfile.mkdtemp())   # 2000 tokens: fine
+    >>> check_resources(apply_overrides(default_config(), ["init.n=10000000000"]), tempfile.mkdtemp())
+    Traceback (most recent call last):
+    ...
+    ValueError: config keys init.n = 10000000000, ...
+    """
     import shutil
 
     mem, disk = estimate_resources(cfg)
@@ -429,7 +501,14 @@ def _check_backend(name: str) -> None:
 
 
 def start_run(cfg: dict[str, Any]) -> Run:
-    """The objects of a configuration (model, initial state, solver arguments), validated; nothing is written."""
+    """The objects of a configuration (model, initial state, solver arguments), validated; nothing is written.
+
+    Examples
+    --------
+    >>> run = start_run(apply_overrides(default_config(), ["init.n=10"]))
+    >>> run.describe
+    'SA(beta=9), n=10, d=3, t_end=30, method=dopri5'
+    """
     from .density import Density
 
     _check_backend(cfg["run.backend"])
