@@ -113,10 +113,11 @@ def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -
         ax.plot([0, 1], [1, 1], "k--", lw=1)
         ax.plot([1, gammas[-1]], [rho, rho], "k--", lw=1, label="limit n -> inf")
         ax.plot([1], [4 * rho / (1 + 3 * rho)], "ko", ms=5)
-        ax.set(xlabel="gamma / gamma_c (gamma_c = 1/(1-rho), beta = gamma log n)",
+        ax.set(xlabel="gamma / gamma_c (dimensionless)",
                ylabel="output cosine (dimensionless)", title=f"rho = {rho:g}")
     axes[0].legend(fontsize=7)
-    fig.suptitle("one Pre-LN attention layer on n equiangular tokens: the transition sharpens with n", fontsize=9)
+    fig.suptitle("one Pre-LN attention layer, beta = gamma log n, on n equiangular tokens of cosine rho; "
+                 "gamma_c = 1/(1-rho): the transition sharpens with n", fontsize=9)
     paths.append(out / "long_context_transition.png")
     fig.savefig(paths[-1], dpi=90)
     plt.close(fig)

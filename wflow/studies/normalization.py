@@ -222,9 +222,7 @@ def _figures(out: Path, eq: dict, rnd: dict, laws: dict, beta_r: float, n_r: int
                       label=scheme if s == 0 else None)
             ax.loglog(p["t"][1:], p["gap_ode"][0] - p["gap_ode"][1:], "--", color=f"C{k}", lw=1)
     ax.set(xlabel="t (depth)", ylabel="decrease of 1 - mean cosine since t = 0 (dimensionless)",
-           title=f"n = {n_r} random tokens in d = {d}, beta = sqrt(d) = {beta_r:.1f}: solid tokens, "
-                 "dashed equiangular ODE from the same mean cosine")
-    ax.title.set_fontsize(8)
+           title=f"n = {n_r} random tokens, d = {d}, beta = sqrt(d): solid tokens, dashed ODE")
     ax.legend(fontsize=7)
     paths.append(out / "normalization_random.png")
     fig.savefig(paths[-1], dpi=90)
