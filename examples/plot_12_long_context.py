@@ -1,6 +1,6 @@
 """
 Long context: the phase transition of one attention layer at beta = gamma log n
-==============================================================================
+===============================================================================
 
 n equiangular tokens of cosine rho pass through one Pre-LN softmax attention layer with
 beta = gamma log n.  Every token sees itself with weight e^beta and the n - 1 others with
