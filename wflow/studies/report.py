@@ -24,7 +24,8 @@ STUDIES: dict[str, Callable[[Path, bool], "StudyReport"]] = {}
 #: modules whose import registers further studies (``wflow.validate`` holds mean-field, eulerian, jko)
 STUDY_MODULES = ("wflow.validate", "wflow.studies.zonal", "wflow.studies.perceptron", "wflow.studies.staircase",
                  "wflow.studies.phase_diagram", "wflow.studies.metastable",
-                 "wflow.studies.dichotomy", "wflow.studies.mean_shift")
+                 "wflow.studies.dichotomy", "wflow.studies.mean_shift", "wflow.studies.normalization",
+                 "wflow.studies.long_context")
 
 #: names that stand for several studies (``wflow validate papers``), filled by :func:`register`'s ``group``
 GROUPS: dict[str, list[str]] = {}
