@@ -258,8 +258,9 @@ class SpanProblem(ParticleProblem):
     the same model in dimension ``n``.  For ``n`` tokens in dimension ``d > n`` a step costs
     :math:`n^3` instead of :math:`n^2 d` per system (4x less at n = 32, d = 128; 32x at d = 1024).
     Built-in diagnostics (energies, order parameter, clusters) depend only on inner products and are
-    computed from ``y``; user diagnostics (``extra_diagnostics``) and the saved ``points`` see
-    :math:`x = yU`.  Saved: ``points`` ``(..., n, d)`` and ``span`` (the state, for resume).
+    computed from ``y``; user diagnostics (``extra_diagnostics``) see :math:`x = yU`.  Saved: ``span``
+    ``(..., n, n)`` (the state) and, once, ``span_basis`` ``(..., n, d)``: ``n/d`` of the points' size;
+    :attr:`Trajectory.points` forms :math:`x = yU` when asked (``span @ span_basis`` in a store).
     """
 
     def __init__(self, model: Model, weights: np.ndarray, basis: np.ndarray, **kw: Any):
@@ -281,10 +282,8 @@ class SpanProblem(ParticleProblem):
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
         mu_y = Atoms._trusted(y, self.weights)
-        x = self.full(y)
-        out = {"points": (self._batch + ("particle", "coord"), x),
-               "span": (self._batch + ("particle", "span_coord"), np.array(y, copy=True))}
-        mu_x = Atoms._trusted(x, self.weights) if self.extra else None
+        out = {"span": (self._batch + ("particle", "span_coord"), np.array(y, copy=True))}
+        mu_x = Atoms._trusted(self.full(y), self.weights) if self.extra else None
         for name, v in self.compute_diagnostics(mu_y, t, mu_x).items():
             out[name] = (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - len(self._batch))), v)
         return out
@@ -526,13 +525,15 @@ class Trajectory(Result):
         """Positions on the sphere (the directions, for a scheme with radii), shape ``(k, ..., n, d)``."""
         if "points" in self.data:
             return self.data["points"][1]
+        if "span" in self.data:  # coordinates="span": x = y U, U the stored basis of the initial span
+            return np.matmul(self.data["span"][1], self.static["span_basis"][1])
         x = self.data["positions"][1]
         return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
     @property
     def positions(self) -> np.ndarray:
         """The tokens :math:`x = r\theta` (free space) or the points (sphere), shape ``(k, ..., n, d)``."""
-        return self.data["positions"][1] if "positions" in self.data else self.data["points"][1]
+        return self.data["positions"][1] if "positions" in self.data else self.points
 
     @property
     def radii(self) -> np.ndarray:
