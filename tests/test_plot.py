@@ -235,3 +235,16 @@ def test_batched_systems(tmp_path):
     wp.plot_trajectory(traj, tmp_path / "b.png", system=2)
     with pytest.raises(ValueError, match="system must be in"):
         wp.plot_particles(traj, system=3)
+
+
+def test_plot_zonal_draws_the_law_and_names_the_right_function_for_other_kinds(runs):
+    import wflow
+
+    r = wflow.solve_zonal(wflow.SA(beta=2.0), lambda z: np.exp(z), 1.0, d=8, n_cells=32, save_at=[0.0, 0.5, 1.0])
+    ax = wflow.plot.plot_zonal(r, n_snapshots=2)
+    assert ax.get_xlabel() and ax.get_ylabel() and ax.get_yscale() == "log" and len(ax.lines) == 2
+    z = 0.5 * (r.edges[1:] + r.edges[:-1])
+    np.testing.assert_allclose(ax.lines[-1].get_ydata(), r.law_density(2))
+    np.testing.assert_allclose(ax.lines[-1].get_xdata(), z)
+    with pytest.raises(TypeError, match="plot_zonal draws zonal runs"):
+        wflow.plot.plot_zonal(next(iter(runs.values())))
