@@ -40,6 +40,18 @@ class Parts:
         The study's name.
     quick : bool
         The mode; part of every key.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> out = pathlib.Path(tempfile.mkdtemp())
+    >>> Parts(out, "demo", quick=True).get({"beta": 2.0}, lambda: {"rate": 1.5})["rate"]
+    1.5
+    >>> again = Parts(out, "demo", quick=True)           # a later run: the part is on disk
+    >>> again.get({"beta": 2.0}, lambda: {"rate": -1.0})["rate"], again.note().split(" (")[0]
+    (1.5, 'parts: 0 computed, 1 reused from an earlier run')
+    >>> Parts(out, "demo", quick=False).get({"beta": 2.0}, lambda: {"rate": 2.5})["rate"]  # full mode: its own
+    2.5
     """
 
     def __init__(self, out: Path, study: str, quick: bool):

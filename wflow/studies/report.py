@@ -32,7 +32,19 @@ GROUPS: dict[str, list[str]] = {}
 
 
 def register(name: str, group: str | None = None):
-    """Decorator: list a study under ``name`` (the name ``wflow validate`` takes), and in ``group`` if given."""
+    """Decorator: list a study under ``name`` (the name ``wflow validate`` takes), and in ``group`` if given.
+
+    Examples
+    --------
+    >>> @register("demo-study", group="demo-group")
+    ... def demo(out, quick):
+    ...     rep = StudyReport("demo-study")
+    ...     rep.expect("one", 1.0, 0.5, 1.5)
+    ...     return rep
+    >>> STUDIES["demo-study"] is demo, GROUPS["demo-group"]
+    (True, ['demo-study'])
+    >>> del STUDIES["demo-study"], GROUPS["demo-group"]
+    """
     def deco(fn: Callable[[Path, bool], "StudyReport"]):
         STUDIES[name] = fn
         if group is not None and name not in GROUPS.setdefault(group, []):
@@ -48,7 +60,13 @@ def _load_all() -> None:
 
 @dataclass
 class Expectation:
-    """A stated expectation of a study and whether it held."""
+    """A stated expectation of a study and whether it held.
+
+    Examples
+    --------
+    >>> Expectation("slope", -0.51, "in [-0.6, -0.4]", True).passed
+    True
+    """
 
     name: str
     value: float
@@ -58,6 +76,19 @@ class Expectation:
 
 @dataclass
 class StudyReport:
+    """What a study returns: its CSV rows, its expectations (each passes or fails), figures and notes.
+
+    Examples
+    --------
+    >>> rep = StudyReport("demo")
+    >>> rep.expect("growth rate / theory", 1.0004, 0.99, 1.01)
+    >>> rep.expect_slope("W2 against N", -0.52, 0.04, -0.5)
+    >>> rep.passed, [e.passed for e in rep.expectations]
+    (True, [True, True])
+    >>> StudyReport("no expectations").passed   # a study that states nothing fails
+    False
+    """
+
     name: str
     rows: list[dict[str, Any]] = field(default_factory=list)
     expectations: list[Expectation] = field(default_factory=list)
@@ -84,7 +115,17 @@ class StudyReport:
 
 
 def write_report(rep: StudyReport, out: Path) -> Path:
-    """CSV of rows and a Markdown page with the expectations and figures."""
+    """CSV of rows and a Markdown page with the expectations and figures.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> rep = StudyReport("demo", rows=[{"N": 100, "W2": 0.1}])
+    >>> rep.expect("slope", -0.2, -0.6, -0.4)
+    >>> md = write_report(rep, pathlib.Path(tempfile.mkdtemp()))
+    >>> md.read_text().splitlines()[2], (md.parent / "demo.csv").read_text().splitlines()[0]
+    ('FAILED in 0 s', 'N,W2')
+    """
     out.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in rep.rows for k in r})
     with open(out / f"{rep.name}.csv", "w", newline="") as fh:
@@ -103,7 +144,21 @@ def write_report(rep: StudyReport, out: Path) -> Path:
 
 
 def run_studies(names: list[str] | None, out: Path, quick: bool) -> list[StudyReport]:
-    """Run the named studies (all when ``None``), writing each report into ``out``."""
+    """Run the named studies (all when ``None``), writing each report into ``out``.
+
+    Names may be groups (``"papers"``); an unknown name is a ``ValueError`` listing the known ones.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> out = pathlib.Path(tempfile.mkdtemp())
+    >>> [r.name for r in run_studies(["mean-shift"], out, quick=True)]  # doctest: +SKIP
+    ['mean-shift']
+    >>> run_studies(["no-such-study"], out, quick=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown validation study 'no-such-study'; known: ...
+    """
     _load_all()
     names = list(STUDIES) if not names else names
     unknown = [n for n in names if n not in STUDIES and n not in GROUPS]
