@@ -57,6 +57,14 @@ def direct_cosines(n: int, rho: float, gamma: float, *, backend: str = "numpy") 
     The tokens are :func:`wflow.theory.equiangular_configuration` (:math:`\mathbb{R}^n`), the outputs
     :math:`A_i` = ``SA(gamma=gamma).average`` (:math:`\beta = \gamma\log n`).  Returns the mean cosine of
     a few output pairs and their spread (0 by symmetry, up to rounding).
+
+    Examples
+    --------
+    >>> cos, spread = direct_cosines(20, 0.5, 1.0)
+    >>> round(cos, 10), spread < 1e-12
+    (0.9795645248, True)
+    >>> bool(np.isclose(cos, theory.long_context_cosine(0.5, 1.0, 20)))
+    True
     """
     x = theory.equiangular_configuration(n, rho)
     A = SA(gamma=gamma).average(x, Atoms(x), backend=backend)
@@ -67,7 +75,16 @@ def direct_cosines(n: int, rho: float, gamma: float, *, backend: str = "numpy") 
 
 
 def deviation_away(rho: float, n: float, gammas: np.ndarray, delta: float = DELTA) -> float:
-    r"""Largest :math:`|\cos_n(\gamma) - \lim|` over the ``gammas`` with :math:`|\gamma-\gamma_c|\ge\delta\gamma_c`."""
+    r"""Largest :math:`|\cos_n(\gamma) - \lim|` over the ``gammas`` with :math:`|\gamma-\gamma_c|\ge\delta\gamma_c`.
+
+    Examples
+    --------
+    >>> gammas = np.linspace(0.0, 6.0, 61)
+    >>> round(deviation_away(0.5, 1e4, gammas), 6)
+    0.047516
+    >>> deviation_away(0.5, 1e6, gammas) < deviation_away(0.5, 1e4, gammas)
+    True
+    """
     gc = 1.0 / (1.0 - rho)
     g = np.asarray(gammas, dtype=float)
     g = g[np.abs(g - gc) >= delta * gc]
@@ -78,7 +95,16 @@ def deviation_away(rho: float, n: float, gammas: np.ndarray, delta: float = DELT
 
 
 def critical_slope(rho: float, n: float, h: float = 1e-5) -> float:
-    r""":math:`\partial_\gamma\cos` at :math:`\gamma_c`, by a central difference of the closed form."""
+    r""":math:`\partial_\gamma\cos` at :math:`\gamma_c`, by a central difference of the closed form.
+
+    Examples
+    --------
+    At :math:`\rho = 1/2` the slope is close to :math:`-4\rho(1-\rho)^2/(1+3\rho)^2\,\log n`:
+
+    >>> slope = critical_slope(0.5, 1e6)
+    >>> round(slope, 4), bool(np.isclose(slope, -0.08 * np.log(1e6), rtol=1e-5))
+    (-1.1052, True)
+    """
     gc = 1.0 / (1.0 - rho)
     return float((theory.long_context_cosine(rho, gc + h, n) - theory.long_context_cosine(rho, gc - h, n)) / (2 * h))
 
