@@ -99,6 +99,20 @@ class MeanShift(Model):
 
     :func:`mean_shift_field` with the measure's atoms; :func:`wflow.simulate` runs it like any model.
     Not a registered model (no ``model_from_dict``): a study tool.
+
+    Examples
+    --------
+    Its velocity is :math:`\beta` times the SA velocity:
+
+    >>> from wflow.models import SA
+    >>> from wflow.sphere import uniform
+    >>> x = uniform(5, 3, np.random.default_rng(0))
+    >>> ms = MeanShift(2.0)
+    >>> ms
+    MeanShift(beta=2)
+    >>> v = ms.velocity(x, Atoms(x), backend="numpy")
+    >>> bool(np.allclose(v, 2.0 * SA(2.0).velocity(x, Atoms(x), backend="numpy")))
+    True
     """
 
     def __init__(self, beta: float):
@@ -167,7 +181,16 @@ def run_gap(beta: float, x0: np.ndarray, t_end: float, n_saves: int = 5) -> dict
 
 @register("mean-shift", group="papers")
 def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
-    """Mean-shift field = beta x SA field (to 1e-12) and mean-shift runs = SA runs at time beta t (module docstring)."""
+    """Mean-shift field = beta x SA field (to 1e-12) and mean-shift runs = SA runs at time beta t (module docstring).
+
+    Examples
+    --------
+    The study runs many adaptive dopri5 integrations (too slow for a doctest), so it is not run here:
+
+    >>> rep = study_mean_shift("out/mean-shift", quick=True)  # doctest: +SKIP
+    >>> rep.name  # doctest: +SKIP
+    'mean-shift'
+    """
     start = time.perf_counter()
     rep = StudyReport("mean-shift")
     parts = Parts(out, "mean-shift", quick)
