@@ -84,7 +84,13 @@ FULL: dict[str, Any] = {"dims": (8, 128, 1024), "heat_betas": tuple(round(float(
 def t_end_for(beta: float, scheme: str = "original", n: int = N_TOKENS) -> float:
     """The horizon of a part, on the checkpoint grid: for the heat map (``original``) the published 30, or
     2 t* (at most :data:`T_MAX`) when that is later; the other schemes stop at 3 t* if that is earlier (only
-    the crossing of 0.5 is read from them, and in d = 8 it comes as late as ~1.9 t*)."""
+    the crossing of 0.5 is read from them, and in d = 8 it comes as late as ~1.9 t*).
+
+    Examples
+    --------
+    >>> round(t_end_for(1.0), 6), round(t_end_for(5.0, "dopri5"), 6)
+    (30.0, 28.643216)
+    """
     ts = float(equiangular_time(beta, n, THRESHOLD))
     t = max(T_PUBLISHED, min(2.0 * ts, T_MAX))
     if scheme != "original":
@@ -93,13 +99,27 @@ def t_end_for(beta: float, scheme: str = "original", n: int = N_TOKENS) -> float
 
 
 def checkpoints(t_end: float) -> np.ndarray:
-    """The published checkpoints ``linspace(0, 30, 200)``, continued with the same spacing up to ``t_end``."""
+    """The published checkpoints ``linspace(0, 30, 200)``, continued with the same spacing up to ``t_end``.
+
+    Examples
+    --------
+    >>> c = checkpoints(30.0)
+    >>> c.shape, round(float(c[1]), 6), round(float(c[-1]), 9)
+    ((200,), 0.150754, 30.0)
+    """
     return np.arange(int(round(t_end / SPACING)) + 1) * SPACING
 
 
 def initial_points(d: int, chunk: int, size: int, n: int = N_TOKENS) -> np.ndarray:
     """``size`` systems of ``n`` i.i.d. uniform points on :math:`S^{d-1}`, shape ``(size, n, d)``; the same
-    for every beta and scheme (seeded by ``(d, chunk)``)."""
+    for every beta and scheme (seeded by ``(d, chunk)``).
+
+    Examples
+    --------
+    >>> x = initial_points(3, 0, 2, n=4)
+    >>> x.shape, bool(np.allclose(np.linalg.norm(x, axis=-1), 1.0)), bool(np.array_equal(x, initial_points(3, 0, 2, n=4)))
+    ((2, 4, 3), True, True)
+    """
     g = np.random.default_rng([15, d, chunk]).standard_normal((size, n, d))
     return g / np.linalg.norm(g, axis=-1, keepdims=True)
 
@@ -108,7 +128,17 @@ def pair_fraction_curves(x0: np.ndarray, beta: float, scheme: str, t_end: float,
                          save_at: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Run ``scheme`` (:data:`SCHEMES`) from ``x0`` (shape ``(B, n, d)``) for SA(beta) and return
     ``(times, fractions)``: the save times reached (fixed steps snap them to the step grid) and the pair
-    fraction of every system at each, shape ``(T, B)``."""
+    fraction of every system at each, shape ``(T, B)``.
+
+    Examples
+    --------
+    Four tokens at one point: every pair is closer than the threshold from the start.
+
+    >>> x0 = np.tile([[1.0, 0.0, 0.0]], (1, 4, 1))
+    >>> t, f = pair_fraction_curves(x0, 1.0, "original", 0.2, save_at=[0.0, 0.1, 0.2])
+    >>> t, f.ravel()
+    (array([0. , 0.1, 0.2]), array([1., 1., 1.]))
+    """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {list(SCHEMES)}, got {scheme!r}")
     save_at = checkpoints(t_end) if save_at is None else np.asarray(save_at, dtype=float)
@@ -133,7 +163,15 @@ class _Fractions(Tracker):
 
 
 def crossing_time(times: np.ndarray, curve: np.ndarray, level: float = 0.5) -> float:
-    """First time ``curve`` reaches ``level``, linear between the two checkpoints around it; NaN if never."""
+    """First time ``curve`` reaches ``level``, linear between the two checkpoints around it; NaN if never.
+
+    Examples
+    --------
+    >>> crossing_time(np.array([0.0, 1.0, 2.0]), np.array([0.0, 0.4, 0.8]))
+    1.25
+    >>> crossing_time(np.array([0.0, 1.0]), np.array([0.0, 0.1]))
+    nan
+    """
     curve = np.asarray(curve, dtype=float)
     above = np.flatnonzero(curve >= level)
     if above.size == 0:
@@ -147,7 +185,18 @@ def crossing_time(times: np.ndarray, curve: np.ndarray, level: float = 0.5) -> f
 
 def density_curve(parts: Parts, d: int, beta: float, scheme: str, systems: int, chunk: int = 256) -> dict[str, Any]:
     """Mean and standard error over ``systems`` of the pair fraction at the checkpoints of ``t_end_for(beta, scheme)``,
-    one part per chunk of systems; returns ``times``, ``mean``, ``sem``, ``seconds`` (computing, 0 if reused)."""
+    one part per chunk of systems; returns ``times``, ``mean``, ``sem``, ``seconds`` (computing, 0 if reused).
+
+    Examples
+    --------
+    Even two systems of 32 tokens take seconds (300 Euler steps to t = 30), so the example is not run:
+
+    >>> import pathlib, tempfile  # doctest: +SKIP
+    >>> parts = Parts(pathlib.Path(tempfile.mkdtemp()), "pd", quick=True)  # doctest: +SKIP
+    >>> c = density_curve(parts, 3, 1.0, "original", 2)  # doctest: +SKIP
+    >>> c["times"].shape, float(c["mean"][0]), float(c["mean"][-1])  # doctest: +SKIP
+    ((200,), 0.0, 1.0)
+    """
     t_end = t_end_for(beta, scheme)
     total, total2, count, seconds, times = 0.0, 0.0, 0, 0.0, None
     for c in range(math.ceil(systems / chunk)):
@@ -179,7 +228,17 @@ def _distance(a: dict, b: dict) -> float:
 
 @register("phase-diagram", group="papers")
 def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
-    """The GLPR phase diagram, three schemes beside the published one, and its gap to t*(beta) (module docstring)."""
+    """The GLPR phase diagram, three schemes beside the published one, and its gap to t*(beta) (module docstring).
+
+    Examples
+    --------
+    Even the quick plan runs 24 systems for many (d, beta, scheme) parts (too slow for a doctest), so it is
+    not run here:
+
+    >>> rep = phase_diagram_study("out/phase-diagram", quick=True)  # doctest: +SKIP
+    >>> rep.name  # doctest: +SKIP
+    'phase-diagram'
+    """
     start = time.perf_counter()
     rep = StudyReport("phase-diagram")
     plan = QUICK if quick else FULL
@@ -353,7 +412,19 @@ def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
 
 
 def plot_heat(ax, t: np.ndarray, betas: np.ndarray, z: np.ndarray):
-    """Draw the heat map ``z`` (shape ``(len(betas), len(t))``) over (t, beta) with cell edges halfway between values."""
+    """Draw the heat map ``z`` (shape ``(len(betas), len(t))``) over (t, beta) with cell edges halfway between values.
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> matplotlib.use("Agg")
+    >>> import matplotlib.pyplot as plt
+    >>> fig, ax = plt.subplots()
+    >>> mesh = plot_heat(ax, np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0]), np.zeros((2, 3)))
+    >>> type(mesh).__name__, mesh.get_array().shape
+    ('QuadMesh', (2, 3))
+    >>> plt.close(fig)
+    """
     def edges(v):
         v = np.asarray(v, dtype=float)
         if v.size == 1:
