@@ -114,6 +114,13 @@ def fourier_coefficients(theta, k_max: int = K_MAX, weights=None) -> np.ndarray:
 
     A density :math:`\frac{1}{2\pi}(1 + 2\sum_k |\hat c_k|\cos(k\theta + \arg\hat c_k))` has these
     coefficients; a single atom has :math:`|\hat c_k| = 1`.
+
+    Examples
+    --------
+    Two antipodal atoms keep the even modes only:
+
+    >>> np.round(np.abs(fourier_coefficients([0.0, np.pi], k_max=4)), 6)
+    array([0., 1., 0., 1.])
     """
     theta = np.asarray(theta, dtype=float).ravel()
     w = np.full(theta.size, 1.0 / theta.size) if weights is None else np.asarray(weights, float).ravel() / np.sum(weights)
@@ -127,6 +134,12 @@ def smoothed_density(theta, m: int = 256, sigma: float = SIGMA, weights=None) ->
     Histogram on ``m`` bins, then each Fourier mode multiplied by :math:`e^{-k^2\sigma^2/2}`; the
     result integrates to 1 (shape ``(m,)``, values in 1/rad).  With cell masses of a finite-volume
     density as ``weights`` at the cell centres it smooths that density the same way.
+
+    Examples
+    --------
+    >>> rho = smoothed_density(np.zeros(10), m=64)
+    >>> rho.shape, round(float(rho.sum() * 2 * np.pi / 64), 6)
+    ((64,), 1.0)
     """
     theta = np.mod(np.asarray(theta, dtype=float).ravel() + np.pi, 2 * np.pi) - np.pi
     h, _ = np.histogram(theta, bins=m, range=(-np.pi, np.pi), weights=weights)
@@ -145,6 +158,12 @@ def count_peaks(values, prominence: float = PROMINENCE) -> tuple[int, np.ndarray
     """Local maxima of a periodic density above its mean with prominence ``>= prominence * mean``.
 
     Returns the count and the peaks' indices into ``values``.
+
+    Examples
+    --------
+    >>> theta = grid_angles(64)
+    >>> count_peaks(1.0 + 0.5 * np.cos(3 * theta))[0]
+    3
     """
     v = np.asarray(values, dtype=float).ravel()
     m = v.size
@@ -156,13 +175,25 @@ def count_peaks(values, prominence: float = PROMINENCE) -> tuple[int, np.ndarray
 
 
 def predicted_angles(c_k: complex, k: int) -> np.ndarray:
-    r"""Maxima of :math:`\operatorname{Re}(\hat c_k e^{ik\theta})`: :math:`\theta_j = (-\arg\hat c_k + 2\pi j)/k`, in :math:`[-\pi, \pi)`."""
+    r"""Maxima of :math:`\operatorname{Re}(\hat c_k e^{ik\theta})`: :math:`\theta_j = (-\arg\hat c_k + 2\pi j)/k`, in :math:`[-\pi, \pi)`.
+
+    Examples
+    --------
+    >>> np.round(predicted_angles(1.0, 2), 6)
+    array([ 0.      , -3.141593])
+    """
     a = (-np.angle(c_k) + 2 * np.pi * np.arange(k)) / k
     return np.mod(a + np.pi, 2 * np.pi) - np.pi
 
 
 def angle_error(observed, predicted) -> float:
-    """Largest circular distance (rad) from an observed angle to the nearest predicted one."""
+    """Largest circular distance (rad) from an observed angle to the nearest predicted one.
+
+    Examples
+    --------
+    >>> round(angle_error([0.1, 3.0], [0.0, np.pi]), 6)  # pi - 3
+    0.141593
+    """
     o = np.asarray(observed, float).ravel()[:, None]
     p = np.asarray(predicted, float).ravel()[None, :]
     if o.size == 0 or p.size == 0:
@@ -179,6 +210,15 @@ def degree_spectrum(points, ell_max: int = L_MAX, chunk: int = 2048) -> np.ndarr
     i.i.d. uniform points (every degree alike, so the degree that grows is the dynamics' choice).
     Legendre polynomials by the three-term recurrence, ``chunk`` rows of the Gram matrix at a time.
     Shape ``(ell_max + 1,)``.
+
+    Examples
+    --------
+    A point mass has power 1 in every degree; two antipodal atoms keep the even degrees:
+
+    >>> degree_spectrum(np.array([[0.0, 0.0, 1.0]] * 3), ell_max=3)
+    array([1., 1., 1., 1.])
+    >>> np.round(degree_spectrum(np.array([[0.0, 0.0, 1.0], [0.0, 0.0, -1.0]]), ell_max=3), 6) + 0.0
+    array([1., 0., 1., 0.])
     """
     x = np.asarray(points, dtype=float).reshape(-1, np.shape(points)[-1])
     n = x.shape[0]
@@ -200,6 +240,11 @@ def resolved_modes(rates, t: float, ratio: float = 0.5) -> list[int]:
 
     :math:`e^{-(\lambda_{k^*} - \lambda_k)t} \ge` ``ratio``: the modes a linear phase of length ``t`` cannot
     separate from :math:`k^*`; ``[k*]`` alone when it can.
+
+    Examples
+    --------
+    >>> resolved_modes([0.5, 1.0, 0.9], 10.0), resolved_modes([0.5, 1.0, 0.99], 10.0)
+    ([2], [2, 3])
     """
     lam = np.asarray(rates, dtype=float)
     return [int(k) + 1 for k in np.flatnonzero(np.exp(-(lam.max() - lam) * t) >= ratio)]
@@ -217,6 +262,13 @@ def selection_probability(rates, t: float, winner: int | None = None, shape=None
     :math:`S^1`), where the integrand is :math:`e^{-x}\prod_{k\ne *}(1 - e^{-x w_*/w_k})`; on
     :math:`S^2` the per-component power :math:`A_\ell` of degree :math:`\ell` has
     :math:`a_\ell = (2\ell+1)/2`.
+
+    Examples
+    --------
+    Two tied modes win half the time each; a rate gap of 1 over ``t = 2`` gives :math:`1/(1+e^{-4})`:
+
+    >>> round(selection_probability([1.0, 1.0], 1.0), 6), round(selection_probability([1.0, 0.0], 2.0), 6)
+    (0.5, 0.982014)
     """
     lam = np.asarray(rates, dtype=float)
     i = int(np.argmax(lam)) if winner is None else int(winner)
@@ -238,13 +290,25 @@ def selection_probability(rates, t: float, winner: int | None = None, shape=None
 
 
 def competitor_ratio(c, k: int) -> float:
-    r"""Largest :math:`|\hat c_j| / |\hat c_k|` over the modes :math:`j \ne k` (1-based ``k``; ``c`` from :func:`fourier_coefficients`)."""
+    r"""Largest :math:`|\hat c_j| / |\hat c_k|` over the modes :math:`j \ne k` (1-based ``k``; ``c`` from :func:`fourier_coefficients`).
+
+    Examples
+    --------
+    >>> competitor_ratio(np.array([0.1, 0.4, 0.2]), 2)
+    0.5
+    """
     a = np.abs(np.asarray(c)).ravel()
     return float(np.delete(a, k - 1).max() / a[k - 1])
 
 
 def linear_prediction(spectrum0, rates, t: float) -> np.ndarray:
-    r"""The linear theory's degree spectrum at ``t``: :math:`A_\ell(0)\,e^{2\lambda_\ell t}`, :math:`\ell = 1..`len(rates)."""
+    r"""The linear theory's degree spectrum at ``t``: :math:`A_\ell(0)\,e^{2\lambda_\ell t}`, :math:`\ell = 1..`len(rates).
+
+    Examples
+    --------
+    >>> np.round(linear_prediction(np.array([1.0, 0.1, 0.1]), [0.0, 0.5], 2.0), 6)
+    array([0.1     , 0.738906])
+    """
     lam = np.asarray(rates, dtype=float)
     return np.asarray(spectrum0, dtype=float)[1:lam.size + 1] * np.exp(2 * lam * t)
 
@@ -255,6 +319,13 @@ def fit_growth(series, times, max_power: float = FIT_MAX) -> np.ndarray:
     In the linear theory :math:`A_\ell(t) = A_\ell(0)e^{2\lambda_\ell t}` exactly, whatever the initial
     coefficients, so the slope of degree :math:`\ell` is :math:`2\lambda_\ell`.  Entry 0 (the mass) is 0;
     NaN when fewer than 3 saves qualify.
+
+    Examples
+    --------
+    >>> t = np.linspace(0.0, 2.0, 5)
+    >>> series = np.stack([np.ones(5), 1e-4 * np.exp(1.0 * t), 1e-4 * np.exp(2.0 * t)], axis=1)
+    >>> np.round(fit_growth(series, t), 6) + 0.0
+    array([0., 1., 2.])
     """
     a = np.asarray(series, dtype=float)
     t = np.asarray(times, dtype=float)
@@ -356,7 +427,17 @@ def run_sphere(beta: float, n: int, seed: int) -> dict[str, Any]:
 
 @register("metastable", group="papers")
 def metastable(out: Path, quick: bool = True) -> StudyReport:
-    """Number of clusters at the end of the linear phase against k* = argmax k^2 I_k(beta) (module docstring)."""
+    """Number of clusters at the end of the linear phase against k* = argmax k^2 I_k(beta) (module docstring).
+
+    Examples
+    --------
+    Even the quick plan runs 5000-token particle systems and finite-volume solves (too slow for a
+    doctest), so it is not run here:
+
+    >>> rep = metastable("out/metastable", quick=True)  # doctest: +SKIP
+    >>> rep.name  # doctest: +SKIP
+    'metastable'
+    """
     start = time.perf_counter()
     rep = StudyReport("metastable")
     plan = PLANS["quick" if quick else "full"]
