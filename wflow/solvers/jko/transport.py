@@ -24,6 +24,15 @@ class SemiRelaxed:
 
     Plan :math:`\pi_{ij} = a_i u_i K_{ij} v_j`, :math:`K_{ij} = r_j e^{(\bar f_i + \bar g_j - C_{ij})/\varepsilon}`
     truncated; potentials :math:`f = \bar f + \varepsilon\log u`, :math:`g = \bar g + \varepsilon\log v`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow import CircleMesh
+    >>> th = CircleMesh(32).center_angles
+    >>> st = SemiRelaxed(np.angle(np.exp(1j * (th[:, None] - th[None, :]))) ** 2, np.full(32, 1 / 32))
+    >>> st.n, st.builds, np.allclose(st.u, 1)   # scalings start at one; kernels are built on demand
+    (32, 0, True)
     """
 
     def __init__(self, C: np.ndarray, r: np.ndarray):
