@@ -32,7 +32,16 @@ __all__ = ["Euler", "EulerAverage", "RK4", "DormandPrince", "EulerMaruyama", "SS
 
 
 def project_to_sphere(x: np.ndarray) -> np.ndarray:
-    """Radial projection ``x / |x|`` (the retraction applied after every step on the sphere)."""
+    """Radial projection ``x / |x|`` (the retraction applied after every step on the sphere).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.steppers import project_to_sphere
+    >>> project_to_sphere(np.array([[3.0, 4.0], [0.0, -2.0]]))
+    array([[ 0.6,  0.8],
+           [ 0. , -1. ]])
+    """
     return x / np.sqrt(np.einsum("...i,...i->...", x, x))[..., None]
 
 
@@ -44,6 +53,17 @@ class Euler(Solver):
     new state or ``None`` when it cannot (e.g. SA with :math:`Q = K = V = I` on many tiny
     systems: :func:`wflow.kernels.small.sa_euler_step`, one compiled pass per system); the
     step is then taken by it, else as :math:`R(y + h f(t, y))`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem
+    >>> class Decay(Problem):  # y' = -y
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> y, _ = Euler().step(Decay(), 0.0, np.array([1.0]), 0.1, None)
+    >>> round(float(y.y[0]), 6), round(float(np.exp(-0.1)), 6)  # 1 - h against exp(-h)
+    (0.9, 0.904837)
     """
 
     name = "euler"
@@ -70,6 +90,17 @@ class EulerAverage(Solver):
     of the projected step (up to 10 % less at :math:`h = 0.1` once tokens have gathered).  Geshkovski,
     Letrouit, Polyanskiy & Rigollet, *A mathematical perspective on Transformers* (phase-diagram code).
     Needs a problem with an ``average`` (particles of an attention model on the sphere).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem
+    >>> class Pull(Problem):  # a toy attention average: every point pulled towards e_2
+    ...     def average(self, t, y):
+    ...         return np.array([0.0, 1.0])
+    >>> step, _ = EulerAverage().step(Pull(), 0.0, np.array([1.0, 0.0]), 0.1, None)
+    >>> np.allclose(step.y, np.array([1.0, 0.1]) / np.hypot(1.0, 0.1)), round(float(np.linalg.norm(step.y)), 12)
+    (True, 1.0)
     """
 
     name = "euler-average"
@@ -85,7 +116,19 @@ class EulerAverage(Solver):
 
 @register_solver
 class RK4(Solver):
-    """Classical fourth-order Runge--Kutta with retraction (order 4)."""
+    """Classical fourth-order Runge--Kutta with retraction (order 4).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem
+    >>> class Decay(Problem):  # y' = -y
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> step, _ = RK4().step(Decay(), 0.0, np.array([1.0]), 0.1, None)
+    >>> round(float(step.y[0]), 6), round(float(np.exp(-0.1)), 6)
+    (0.904837, 0.904837)
+    """
 
     name = "rk4"
     order = 4
@@ -106,6 +149,17 @@ class DormandPrince(Solver):
     The error estimate is the difference of the two solutions before retraction, measured by
     ``problem.error_norm`` (for points: :math:`\\|e_i / (atol + rtol\\max(|x_i|, |\\tilde x_i|))\\|_{\\mathrm{RMS}}`,
     as :func:`scipy.integrate.solve_ivp`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem
+    >>> class Decay(Problem):  # y' = -y
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> step, _ = DormandPrince().step(Decay(), 0.0, np.array([1.0]), 0.1, None)
+    >>> round(float(step.y[0]), 8), round(float(np.exp(-0.1)), 8), step.evaluations
+    (0.90483742, 0.90483742, 7)
     """
 
     name = "dopri5"
@@ -146,6 +200,20 @@ class EulerMaruyama(Solver):
     For particles on the sphere :math:`\xi_h = \sqrt{2h/\kappa}\,P_x\xi`, :math:`\xi \sim N(0, I_d)`,
     and the projection supplies the Itô drift :math:`-(d-1)\kappa^{-1}x` of Brownian motion on
     :math:`S^{d-1}` (generator :math:`\kappa^{-1}\Delta_S`): weak order 1, strong order 1/2.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem
+    >>> class Decay(Problem):  # y' = -y
+    ...     def rhs(self, t, y):
+    ...         return -y
+    ...     def noise(self, t, y, dt, rng):  # additive noise sqrt(h) xi
+    ...         return np.sqrt(dt) * rng.standard_normal(y.shape)
+    >>> step, _ = EulerMaruyama().step(Decay(), 0.0, np.array([1.0]), 0.1, None, rng=np.random.default_rng(0))
+    >>> xi = np.random.default_rng(0).standard_normal(1)
+    >>> np.allclose(step.y, 0.9 + np.sqrt(0.1) * xi)
+    True
     """
 
     name = "euler-maruyama"
@@ -174,6 +242,19 @@ class SSPRK3(Solver):
 
     The right-hand side at the new state is computed at the end of the step and reused as
     the next step's first stage (first same as last).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem
+    >>> class Decay(Problem):  # y' = -y
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> ssp = SSPRK3()
+    >>> y0 = np.array([1.0])
+    >>> step, _ = ssp.step(Decay(), 0.0, y0, 0.1, ssp.init(Decay(), 0.0, y0))
+    >>> step.ok, round(float(step.y[0]), 6), round(float(np.exp(-0.1)), 6)
+    (True, 0.904833, 0.904837)
     """
 
     name = "ssprk3"
@@ -223,6 +304,17 @@ class ROS2(Solver):
     :math:`\sim\beta` while the next merge is :math:`e^{c\beta}` away (the metastable staircase
     of USA at large beta), explicit methods are held to steps :math:`\sim 1/\beta` forever; this
     one takes steps as long as the accuracy allows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem
+    >>> class Decay(Problem):  # y' = -y
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> step, _ = ROS2().step(Decay(), 0.0, np.array([1.0]), 0.1, None)  # Jacobian by differences
+    >>> round(float(step.y[0]), 4), round(float(np.exp(-0.1)), 4)
+    (0.9058, 0.9048)
     """
 
     name = "ros2"
