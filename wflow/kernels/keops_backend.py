@@ -32,7 +32,17 @@ _IMPORT_ERROR: str | None = None
 
 
 def keops_cache_dir() -> Path:
-    """Folder holding KeOps' compiled formulas for wflow."""
+    """Folder holding KeOps' compiled formulas for wflow.
+
+    Examples
+    --------
+    >>> import os
+    >>> from pathlib import Path
+    >>> from wflow.kernels.keops_backend import keops_cache_dir
+    >>> folder = keops_cache_dir()  # $WFLOW_KEOPS_CACHE, else <cache>/wflow/keops-<pykeops version>
+    >>> isinstance(folder, Path), folder.name.startswith("keops-") or "WFLOW_KEOPS_CACHE" in os.environ
+    (True, True)
+    """
     root = os.environ.get("WFLOW_KEOPS_CACHE")
     if root:
         return Path(root)
@@ -47,7 +57,18 @@ def keops_cache_dir() -> Path:
 
 
 def import_pykeops():
-    """Import pykeops quietly with wflow's cache folder; ``None`` if it cannot be imported."""
+    """Import pykeops quietly with wflow's cache folder; ``None`` if it cannot be imported.
+
+    Examples
+    --------
+    Importing pykeops may be slow (or fail) on a machine without a working KeOps install,
+    so the example is not run:
+
+    >>> from wflow.kernels.keops_backend import import_pykeops  # doctest: +SKIP
+    >>> pykeops = import_pykeops()  # doctest: +SKIP
+    >>> pykeops is None or hasattr(pykeops, "get_build_folder")  # doctest: +SKIP
+    True
+    """
     global _PYKEOPS, _IMPORT_ERROR
     if _PYKEOPS is not None or _IMPORT_ERROR is not None:
         return _PYKEOPS
@@ -98,6 +119,18 @@ class KeopsBackend:
 
     ``"auto"`` picks it only when a GPU is present and the problem has at least
     ``min_pairs_auto`` pairs; on a CPU the dense and fast CPU backends are faster.
+
+    Examples
+    --------
+    ``available()`` and a kernel sum import pykeops (and the first sum compiles a formula,
+    which takes minutes), so the example is not run:
+
+    >>> import numpy as np, wflow  # doctest: +SKIP
+    >>> from wflow.kernels import kernel_sums  # doctest: +SKIP
+    >>> x = wflow.sphere.uniform(4, 3, seed=0)  # doctest: +SKIP
+    >>> s = kernel_sums(x, x, np.full(4, 0.25), 2.0, backend="keops")  # doctest: +SKIP
+    >>> bool(np.allclose(np.exp(s.log_scale) * s.mass, np.exp(2.0 * x @ x.T).mean(axis=1)))  # doctest: +SKIP
+    True
     """
 
     name = "keops"
