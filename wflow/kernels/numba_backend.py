@@ -520,6 +520,15 @@ def choose_route(B: int, n: int, m: int, p: int, dtype) -> str:
 
     The rule is deliberately a size test, not a flop model: at these sizes the fixed costs
     (thread hand-off, GEMM calls, Python) decide, and they favour the batched GEMMs throughout.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.kernels.numba_backend import choose_route
+    >>> choose_route(1, 4, 4, 3, np.float64)  # a tiny system: batched GEMMs
+    'small'
+    >>> choose_route(1, 10**5, 10**5, 3, np.float64)  # large, low logit dimension
+    'direct'
     """
     if FORCE_ROUTE is not None:
         return FORCE_ROUTE
@@ -541,6 +550,22 @@ class NumbaBackend:
     Takes every problem (general Q, K, V, any batch, float32 and float64).  ``"auto"``
     picks it ahead of ``"numpy"`` whenever numba imports; KeOps stays ahead of it
     but is auto-selected only on a GPU.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.kernels import BACKENDS, KernelProblem
+    >>> x = wflow.sphere.uniform(5, 3, seed=0)[None]
+    >>> problem = KernelProblem(x=x, y=x, weights=np.full((1, 5), 0.2), beta=1.0, Q=None, K=None, V=None,
+    ...                         values=True)
+    >>> numba_backend = BACKENDS["numba"]
+    >>> if numba_backend.available():  # compare with the numpy reference
+    ...     ours, ref = numba_backend(problem), BACKENDS["numpy"](problem)
+    ...     same = np.allclose(np.exp(ours.log_scale) * ours.mass, np.exp(ref.log_scale) * ref.mass)
+    ... else:
+    ...     same = True
+    >>> same
+    True
     """
 
     name = "numba"
