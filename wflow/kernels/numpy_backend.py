@@ -26,6 +26,20 @@ class NumpyBackend:
     The shift is the exact row maximum of :math:`\\ell_{ij} + \\log w_j`; when the
     columns do not fit in one block it is found in a first pass of inner products
     only (cheap beside the exponentials).
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.kernels import KernelProblem
+    >>> from wflow.kernels.numpy_backend import NumpyBackend
+    >>> x = wflow.sphere.uniform(5, 3, seed=0)[None]  # one system of 5 points on S^2
+    >>> problem = KernelProblem(x=x, y=x, weights=np.full((1, 5), 0.2), beta=1.0, Q=None, K=None, V=None,
+    ...                         values=False)
+    >>> s = NumpyBackend()(problem)
+    >>> s.backend, s.mass.shape, s.vector is None
+    ('numpy', (1, 5), True)
+    >>> bool(np.allclose(np.exp(s.log_scale) * s.mass, np.exp(x[0] @ x[0].T).mean(axis=1)))
+    True
     """
 
     name = "numpy"
