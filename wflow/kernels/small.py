@@ -333,7 +333,16 @@ def choose_method(n: int, m: int, p: int, q: int) -> str:
     Measured side by side (round-robin medians, shared 2-core machine, n = 32, beta = 5): the
     fused pass is 1.4--2x faster at d = 3 and 8, even at d = 32, and 15--70 % slower from
     d = 128 on, where OpenBLAS's GEMMs beat the compiled dots (also tried: the logits alone by
-    the compiled dots inside the GEMM method, no faster)."""
+    the compiled dots inside the GEMM method, no faster).
+
+    Examples
+    --------
+    >>> from wflow.kernels import small
+    >>> small.choose_method(32, 32, 64, 64)  # beyond FUSED_MAX_DIM: BLAS GEMMs
+    'gemm'
+    >>> small.choose_method(32, 32, 3, 3) == ("gemm" if small._fused_sums is None else "fused")
+    True
+    """
     if FORCE_METHOD is not None:
         return FORCE_METHOD
     if _fused_sums is None:
@@ -352,6 +361,20 @@ def small_sums(a: np.ndarray, b: np.ndarray, logw: np.ndarray, c: np.ndarray | N
     (output) dtype, ``tol`` the caller's requested relative accuracy (float32 logits when it
     allows them).  The shift is the exact row maximum, rounded to ``dtype`` (mass and vector
     consistent with the rounded shift).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.kernels import exp_floor
+    >>> from wflow.kernels.small import small_sums
+    >>> rng = np.random.default_rng(0)
+    >>> a, b = rng.standard_normal((2, 3, 2)), rng.standard_normal((2, 4, 2))  # 2 systems, n = 3, m = 4
+    >>> logw = np.log(np.full((2, 4), 0.25))
+    >>> shift, mass, vector = small_sums(a, b, logw, b, exp_floor(np.float64), np.float64)
+    >>> shift.shape, mass.shape, vector.shape
+    ((2, 3), (2, 3), (2, 3, 2))
+    >>> bool(np.allclose(np.exp(shift) * mass, np.exp(a @ b.swapaxes(1, 2)).mean(axis=-1)))
+    True
     """
     B, n, p = a.shape
     m = b.shape[1]
@@ -527,6 +550,17 @@ def span_coordinates(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     -------
     y : ndarray, shape (..., n, n), or ``x`` itself when ``d <= n``
     basis : ndarray, shape (..., n, d), orthonormal rows, or None when ``d <= n``
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.kernels.small import span_coordinates
+    >>> x = wflow.sphere.uniform(3, 10, seed=0)  # 3 tokens in dimension 10
+    >>> y, basis = span_coordinates(x)
+    >>> y.shape, basis.shape, bool(np.allclose(y @ basis, x)), bool(np.allclose(basis @ basis.T, np.eye(3)))
+    ((3, 3), (3, 10), True, True)
+    >>> span_coordinates(wflow.sphere.uniform(5, 3, seed=0))[1] is None  # d <= n: nothing to gain
+    True
     """
     x = np.asarray(x)
     n, d = x.shape[-2:]
