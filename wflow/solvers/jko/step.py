@@ -147,7 +147,18 @@ def check_gradient_model(model: Any, d: int) -> None:
 
 
 def support(rho0: Any, reference: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, Mesh | None]:
-    """``(points, masses, reference volumes, mesh)`` from a Density or single Atoms."""
+    """``(points, masses, reference volumes, mesh)`` from a Density or single Atoms.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow import CircleMesh, Density
+    >>> from wflow.solvers.jko.step import support
+    >>> mesh = CircleMesh(32)
+    >>> x, a, r, m = support(Density.from_function(mesh, lambda x: 1 + 0.5 * x[:, 0]), None)
+    >>> x.shape, round(float(a.sum()), 12), bool(np.allclose(r, 2 * np.pi / 32)), m is mesh
+    ((32, 2), 1.0, True, True)
+    """
     if isinstance(rho0, Density):
         mesh = rho0.mesh
         x, a, r = mesh.centers.astype(np.float64), rho0.masses().astype(np.float64), mesh.areas.astype(np.float64)
@@ -494,6 +505,18 @@ class JKOStepper:
 
 
 def check_eps_scaling(eps_scaling: Any) -> float | None:
+    """``eps_scaling`` checked: ``None`` (no epsilon scaling) or a factor in (0, 1).
+
+    Examples
+    --------
+    >>> from wflow.solvers.jko.step import check_eps_scaling
+    >>> check_eps_scaling(None), check_eps_scaling(0.5)
+    (None, 0.5)
+    >>> check_eps_scaling(2)
+    Traceback (most recent call last):
+        ...
+    ValueError: eps_scaling must be None or in (0, 1), got 2.0
+    """
     if eps_scaling is None:
         return None
     eps_scaling = check_positive(eps_scaling, "eps_scaling")
@@ -503,7 +526,17 @@ def check_eps_scaling(eps_scaling: Any) -> float | None:
 
 
 def default_eps(x: np.ndarray, r: np.ndarray) -> float:
-    """The default regularization ``2 h^2``, ``h`` the spacing of the support."""
+    """The default regularization ``2 h^2``, ``h`` the spacing of the support.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow import CircleMesh
+    >>> from wflow.solvers.jko.step import default_eps
+    >>> mesh = CircleMesh(32)  # on the circle h is the mean arc length 2 pi / 32
+    >>> round(default_eps(mesh.centers, mesh.areas), 6), round(2 * (2 * np.pi / 32) ** 2, 6)
+    (0.077106, 0.077106)
+    """
     return 2.0 * spacing(x, r) ** 2
 
 
