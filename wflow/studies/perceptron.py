@@ -41,12 +41,26 @@ BETAS = (0.01, 0.05, 0.1, 0.5, 1.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0, 35.0, 50.0)
 
 
 def cluster_threshold(beta: float, d: int) -> float:
-    r"""The paper's cluster threshold :math:`\min(1/(2\sqrt\beta), \pi/(2d))`."""
+    r"""The paper's cluster threshold :math:`\min(1/(2\sqrt\beta), \pi/(2d))`.
+
+    Examples
+    --------
+    >>> cluster_threshold(1.0, 2), round(cluster_threshold(100.0, 2), 4), round(cluster_threshold(1.0, 8), 4)
+    (0.5, 0.05, 0.1963)
+    """
     return float(min(1.0 / (2.0 * np.sqrt(beta)), np.pi / (2 * d)))
 
 
 def paper_perceptron(d: int, scale: float, seed: int, activation: str, units: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The paper's sampling: ``units`` (default d) rows a_j uniform on the sphere, omega_j ~ N(0, scale^2)."""
+    """The paper's sampling: ``units`` (default d) rows a_j uniform on the sphere, omega_j ~ N(0, scale^2).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> A, omega = paper_perceptron(4, 2.0, seed=0, activation="gelu")
+    >>> A.shape, omega.shape, bool(np.allclose(np.linalg.norm(A, axis=1), 1))
+    ((4, 4), (4,), True)
+    """
     rng = np.random.default_rng(seed)
     m = d if units is None else units
     A = uniform(m, d, seed=rng)
