@@ -405,6 +405,16 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
     * on :math:`S^1`, SA and USA at :math:`\beta \in \{1, 5\}`: :math:`W_2(\mu_N(t), \mu(t))` as a
       function of :math:`t` against Dobrushin's :math:`e^{Lt}W_2(\mu_N(0), \mu(0))`, with the fitted
       growth rates (:func:`_chaos_in_time`; resumable parts in ``out/parts/mean-field``).
+
+    Examples
+    --------
+    The quick mode takes 3-6 minutes on two cores (``wflow validate mean-field --quick``), so it is
+    not run here:
+
+    >>> import pathlib, tempfile
+    >>> rep = mean_field(pathlib.Path(tempfile.mkdtemp()), quick=True)  # doctest: +SKIP
+    >>> rep.passed  # doctest: +SKIP
+    True
     """
     from .transport import wasserstein
 

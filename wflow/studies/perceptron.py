@@ -75,6 +75,14 @@ def paper_model(beta: float, sign: int, d: int, *, attention: str = "USA", A: np
     USA: the paper's field :math:`e^{-\beta}\,\mathrm{USA}_{\rm wflow} + u_\omega` is
     :math:`e^{-\beta}(\mathrm{USA}_{\rm wflow} + u_{e^\beta\omega})`, a time change ``c = e^-beta``
     (the perceptron's output weights times :math:`e^\beta`).  SA: unchanged, ``c = 1``.
+
+    Examples
+    --------
+    >>> model, c = paper_model(2.0, -1, 2)     # descent (repulsion), USA
+    >>> model, round(c, 6)
+    (USA(beta=2, V=-I), 0.135335)
+    >>> paper_model(2.0, 1, 2, attention="SA")
+    (SA(beta=2), 1.0)
     """
     V = None if sign > 0 else -np.eye(d)
     if attention == "USA":
@@ -94,6 +102,17 @@ class SettleStop:
     """``callback(t, mu)`` of :func:`wflow.simulate`: true once every system has settled (module docstring).
 
     Times are wflow's; ``factor`` converts them to the paper's (``s = t / factor``).
+
+    Examples
+    --------
+    Two systems already collapsed to one point each settle at the third save (same cluster count
+    three times, zero drift):
+
+    >>> import numpy as np, wflow
+    >>> x = np.stack([np.tile([[1.0, 0.0]], (5, 1)), np.tile([[0.0, 1.0]], (5, 1))])
+    >>> stop = SettleStop(threshold=0.1, factor=1.0)
+    >>> [stop(t, wflow.Atoms(x)) for t in (0.0, 1.0, 2.0)], stop.settled_at
+    ([False, False, True], 2.0)
     """
 
     def __init__(self, threshold: float, factor: float, drift_tol: float = 1e-4, stable_saves: int = 3):
@@ -150,7 +169,16 @@ def _clusters(x: np.ndarray, threshold: float) -> list[tuple[np.ndarray, np.ndar
 def run_paper(beta: float, sign: int, *, d: int, N: int, seeds: int, attention: str = "USA",
               A: np.ndarray | None = None, omega: np.ndarray | None = None, activation: str = "gelu",
               t_max: float = 200.0, dt: float = 0.1, save_every: float = 1.0, seed0: int = 0) -> dict[str, Any]:
-    """``seeds`` particle systems (a batch) of the paper's model, run until settled or ``t_max`` (paper time)."""
+    """``seeds`` particle systems (a batch) of the paper's model, run until settled or ``t_max`` (paper time).
+
+    Examples
+    --------
+    Two systems of 16 tokens on the circle, ascent: about 4 s, so not run here.
+
+    >>> r = run_paper(1.0, 1, d=2, N=16, seeds=2, t_max=50.0)  # doctest: +SKIP
+    >>> sorted(r)  # doctest: +SKIP
+    ['clusters', 'settled', 't_stop', 'threshold', 'x']
+    """
     model, c = paper_model(beta, sign, d, attention=attention, A=A, omega=omega, activation=activation)
     thr = cluster_threshold(beta, d)
     x0 = np.stack([uniform(N, d, seed=seed0 + s) for s in range(seeds)])
