@@ -234,9 +234,14 @@ class ParticleProblem(Problem):
             out = {"points": (dims, np.array(y[..., :self.n, :], copy=True))}
         if self.n_tracers:
             out["tracers"] = (self._batch + ("tracer", "coord"), np.array(y[..., self.n:, :], copy=True))
-        for name, v in self.compute_diagnostics(self.measure(y), t).items():
-            out[name] = (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - len(self._batch))), v)
+        out.update(self.diagnostic_variables(self.measure(y), t))
         return out
+
+    def diagnostic_variables(self, mu: Atoms, t: float, mu_extra: Atoms | None = None) -> dict:
+        """:meth:`compute_diagnostics` as saved variables: ``name -> (dims, value)``, the batch axes first."""
+        nb = len(self._batch)
+        return {name: (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - nb)), v)
+                for name, v in self.compute_diagnostics(mu, t, mu_extra).items()}
 
     def static(self) -> dict:
         return {"weights": (self._batch + ("particle",), self.weights)}
@@ -296,8 +301,7 @@ class SpanProblem(ParticleProblem):
         mu_y = Atoms._trusted(y, self.weights)
         out = {"span": (self._batch + ("particle", "span_coord"), np.array(y, copy=True))}
         mu_x = Atoms._trusted(self.full(y), self.weights) if self.extra else None
-        for name, v in self.compute_diagnostics(mu_y, t, mu_x).items():
-            out[name] = (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - len(self._batch))), v)
+        out.update(self.diagnostic_variables(mu_y, t, mu_x))
         return out
 
     def static(self) -> dict:
@@ -361,8 +365,7 @@ class CircleAngleProblem(ParticleProblem):
         mu = self.measure(y)
         out = {"angles": (self._batch + ("particle",), np.array(y, copy=True)),
                "points": (self._batch + ("particle", "coord"), mu.points)}
-        for name, v in self.compute_diagnostics(mu, t).items():
-            out[name] = (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - len(self._batch))), v)
+        out.update(self.diagnostic_variables(mu, t))
         return out
 
     def _energies(self, model: Model, mu: Atoms) -> dict[str, np.ndarray]:
@@ -485,10 +488,11 @@ class CircleGapProblem(CircleAngleProblem):
         return Atoms._trusted(np.stack([np.cos(th), np.sin(th)], axis=-1), self.user_weights)
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
-        out = super().snapshot(t, y)
         mu = self.measure(y)
-        out["angles"] = (self._batch + ("particle",), np.arctan2(mu.points[..., 1], mu.points[..., 0]))
-        out["gaps"] = (self._batch + ("particle",), np.array(y, copy=True))
+        out = {"gaps": (self._batch + ("particle",), np.array(y, copy=True)),
+               "angles": (self._batch + ("particle",), np.arctan2(mu.points[..., 1], mu.points[..., 0])),
+               "points": (self._batch + ("particle", "coord"), mu.points)}
+        out.update(self.diagnostic_variables(mu, t))
         return out
 
     def static(self) -> dict:
@@ -758,34 +762,26 @@ def simulate(
         x = np.concatenate([x, tracers], axis=-2)
     if coordinates not in ("cartesian", "angles", "gaps", "span"):
         raise ValueError(f"coordinates must be 'cartesian', 'angles', 'gaps' or 'span', got {coordinates!r}")
-    span_basis = None
+    kw = dict(kappa=kappa, backend=backend, diagnostics=diagnostics, cluster_threshold=cluster_threshold,
+              extra_diagnostics=extra_diagnostics, n_tracers=n_tr)
+    problem = None
     if coordinates == "span":
         from ..kernels.small import span_coordinates
 
-        y_span, span_basis = span_coordinates(x)
-        if span_basis is None:  # d <= n: the tokens' own coordinates already
-            coordinates = "cartesian"
-        else:
-            x = np.ascontiguousarray(y_span)
-    if coordinates == "span":
-        problem = SpanProblem(model, mu0.weights, span_basis, kappa=kappa, backend=backend, diagnostics=diagnostics,
-                              cluster_threshold=cluster_threshold, extra_diagnostics=extra_diagnostics,
-                              n_tracers=n_tr)
-    elif coordinates != "cartesian":
+        y_span, basis = span_coordinates(x)
+        if basis is not None:  # else d <= n: the tokens' own coordinates already
+            problem, x = SpanProblem(model, mu0.weights, basis, **kw), np.ascontiguousarray(y_span)
+    elif coordinates in ("angles", "gaps"):
         if mu0.d != 2 or model.space != "sphere":
             raise ValueError(f"coordinates={coordinates!r} is for the circle S^1 (d = 2), got d = {mu0.d}")
         x = np.arctan2(mu0.points[..., 1], mu0.points[..., 0])
-        kw = dict(kappa=kappa, backend=backend, diagnostics=diagnostics, cluster_threshold=cluster_threshold,
-                  extra_diagnostics=extra_diagnostics, n_tracers=n_tr)
         if coordinates == "angles":
             problem = CircleAngleProblem(model, mu0.weights, **kw)
         else:
             order, x = CircleGapProblem.from_angles(x)
             problem = CircleGapProblem(model, mu0.weights, order, **kw)
-    if coordinates == "cartesian":
-        problem = ParticleProblem(model, mu0.weights, mu0.d, kappa=kappa, backend=backend, diagnostics=diagnostics,
-                                  cluster_threshold=cluster_threshold, extra_diagnostics=extra_diagnostics,
-                                  n_tracers=n_tr)
+    if problem is None:
+        problem = ParticleProblem(model, mu0.weights, mu0.d, **kw)
     trs = list(trackers)
     if writer is not None:
         if not all(callable(getattr(writer, m, None)) for m in ("start", "save", "step", "finish")):
