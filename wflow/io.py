@@ -225,12 +225,12 @@ def _attrs(kind: str, solver: str, config: dict[str, Any]) -> dict[str, Any]:
 COORDINATE_ROLE = "wflow_role"
 
 
-def _index_coordinates(dims: set[str]) -> dict[str, tuple[np.ndarray, dict[str, str]]]:
-    """``dim -> (values, attributes)``: an integer index for every dimension but time."""
+def _index_coordinates(dims: set[str]) -> dict[str, dict[str, str]]:
+    """``dim -> attributes`` of the integer index coordinate (0, 1, ...) of every dimension but time."""
     names = {"particle": "token index", "coord": "Cartesian coordinate index (0: x, 1: y, 2: z, ...)",
              "cell": "cell index of the mesh", "edge": "edge index of the mesh", "side": "0: left cell, 1: right cell",
              "tracer": "tracer index", "system": "index of the independent system", "face": "face index (zonal bands)"}
-    return {d: (None, {"long_name": names.get(d, f"index along {d}"), "units": "1", COORDINATE_ROLE: "index"})
+    return {d: {"long_name": names.get(d, f"index along {d}"), "units": "1", COORDINATE_ROLE: "index"}
             for d in sorted(dims) if d != "time"}
 
 
@@ -359,7 +359,7 @@ class ZarrRecorder:
         for name, (dims, value) in self._variables(snap).items():
             sizes.update(zip(dims, np.shape(value)))
         # every dimension gets a coordinate (xarray: ds.sel(particle=3)); marked so that reading skips them
-        for dim, (_, attrs) in _index_coordinates(set(sizes) - set(self._arrays) - set(self.static)).items():
+        for dim, attrs in _index_coordinates(set(sizes) - set(self._arrays) - set(self.static)).items():
             arr = group.create_array(dim, shape=(sizes[dim],), chunks=(max(sizes[dim], 1),), dtype=np.int64,
                                      compressors=codecs, dimension_names=(dim,), attributes=attrs,
                                      config={"write_empty_chunks": True})
@@ -472,7 +472,7 @@ def result_dataset(result):
     data = {k: (*v, VARIABLE_ATTRS.get(k, {})) for k, v in data.items()}
     sizes = {d: n for dims, arr, _ in data.values() for d, n in zip(dims, np.shape(arr))}
     coords = {"time": ("time", np.asarray(result.times, dtype=np.float64), VARIABLE_ATTRS["time"])}
-    for dim, (_, attrs) in _index_coordinates(set(sizes) - set(data)).items():
+    for dim, attrs in _index_coordinates(set(sizes) - set(data)).items():
         coords[dim] = (dim, np.arange(sizes[dim]), attrs)
     return xr.Dataset(data, coords=coords, attrs=_attrs(result.kind, result.solver, result.config))
 
