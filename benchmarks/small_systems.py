@@ -65,7 +65,7 @@ from wflow.kernels import kernel_sums  # noqa: E402
 from wflow.kernels import numba_backend  # noqa: E402
 from wflow.measure import Atoms  # noqa: E402
 from wflow.models import SA  # noqa: E402
-from wflow.solvers.base import Tracker  # noqa: E402
+from wflow.solvers.trackers import Record  # noqa: E402
 from wflow.solvers.particles import simulate  # noqa: E402
 
 BETA = 5.0
@@ -285,20 +285,6 @@ def projection_table(repeat):
         print(f"| {dt} | " + " | ".join(_ms(t[k]) for k in names) + " |")
 
 
-class _Record(Tracker):
-    """Keeps the pair fraction of each save (the run itself keeps only its last snapshot)."""
-
-    def __init__(self):
-        self.values = []
-
-    def save(self, snap):
-        self.values.append(snap.data["pair_fraction"][1])
-
-
-def _pf(mu):
-    return pair_fraction(mu.points, 0.999)
-
-
 def e2e_torch(x0, steps, save_steps):
     """The authors' loop: ``steps`` Euler steps, the pair fraction at ``save_steps`` (step 0 included)."""
     x = x0
@@ -322,10 +308,10 @@ def e2e_wflow(x0, t_end, save_at, coordinates="cartesian"):
     """``wflow.simulate(..., method="euler", dt=0.1, diagnostics=("pair_fraction",), backend="auto")``
     (keep=False, the pair fractions recorded by a tracker); Euler takes the fused small-system step
     (``ParticleProblem.euler_step``), and ``coordinates="span"`` integrates in the initial span."""
-    rec = _Record()
+    rec = Record("pair_fraction")
     tr = simulate(SA(BETA), Atoms(x0), t_end, method="euler", dt=ETA, save_at=save_at, backend="auto", keep=False,
                   trackers=[rec], diagnostics=("pair_fraction",), coordinates=coordinates)
-    return tr.points[-1], np.array(rec.values)
+    return tr.points[-1], np.array(rec.values["pair_fraction"])
 
 
 #: the issue's workload: 300 steps of 0.1 to t = 30, 200 saves

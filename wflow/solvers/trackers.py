@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import short_repr
 from .base import RunInfo, Snapshot, StepResult, Tracker
 
-__all__ = ["ProgressBar", "Callback", "StepLog"]
+__all__ = ["ProgressBar", "Callback", "Record", "StepLog"]
 
 
 class ProgressBar(Tracker):
@@ -91,6 +91,39 @@ class Callback(Tracker):
 
     def step(self, t: float, dt: float, step: StepResult) -> bool:
         return bool(self.f(t, step.y)) if self.every_step else False
+
+
+class Record(Tracker):
+    """Keeps the named variables of every snapshot (``times``, ``values[name]``), for runs with ``keep=False``
+    that hold only their last snapshot: a diagnostic's history without every state's.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, integrate
+    >>> from wflow.solvers.trackers import Record
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> rec = Record("state")
+    >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, save_at=[0.0, 0.5, 1.0],
+    ...                 keep=False, trackers=[rec])
+    >>> len(res.times), rec.times, np.round(np.ravel(rec.values["state"]), 5).tolist()  # e^-t
+    (1, [0.0, 0.5, 1.0], [1.0, 0.60653, 0.36788])
+    """
+
+    name = "record"
+
+    def __init__(self, *names: str):
+        if not names or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"Record needs the names of snapshot variables, got {names!r}")
+        self.times: list[float] = []
+        self.values: dict[str, list[np.ndarray]] = {n: [] for n in names}
+
+    def save(self, snap: Snapshot) -> None:
+        self.times.append(float(snap.t))
+        for n, v in self.values.items():
+            v.append(np.array(snap.data[n][1], copy=True))
 
 
 class StepLog(Tracker):

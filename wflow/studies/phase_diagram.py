@@ -44,8 +44,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..models import SA
-from ..solvers.base import Tracker
 from ..solvers.particles import simulate
+from ..solvers.trackers import Record
 from ..theory import equiangular_time
 from .parts import Parts
 from .report import StudyReport, register
@@ -142,24 +142,12 @@ def pair_fraction_curves(x0: np.ndarray, beta: float, scheme: str, t_end: float,
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {list(SCHEMES)}, got {scheme!r}")
     save_at = checkpoints(t_end) if save_at is None else np.asarray(save_at, dtype=float)
-    record = _Fractions()
+    record = Record("pair_fraction")
     # span coordinates: n = 32 numbers per token whatever d (exact for SA with Q = K = V = I; the pair
     # fraction is computed from them), so d = 1024 costs what d = 32 does
     simulate(SA(beta), x0, float(save_at[-1]), save_at=save_at, diagnostics=("pair_fraction",), trackers=[record],
              keep=False, coordinates="span", **SCHEMES[scheme])
-    return np.array(record.times), np.array(record.fractions)
-
-
-class _Fractions(Tracker):
-    """Keeps the pair fraction of every save (the run keeps only its last snapshot)."""
-
-    def __init__(self):
-        self.times: list[float] = []
-        self.fractions: list[np.ndarray] = []
-
-    def save(self, snap):
-        self.times.append(float(snap.t))
-        self.fractions.append(np.asarray(snap.data["pair_fraction"][1]))
+    return np.array(record.times), np.array(record.values["pair_fraction"])
 
 
 def crossing_time(times: np.ndarray, curve: np.ndarray, level: float = 0.5) -> float:
