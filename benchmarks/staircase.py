@@ -26,13 +26,10 @@ import numpy as np
 import wflow
 from wflow import USA
 from wflow.solvers.base import Tracker
+from wflow.studies.staircase import initial_angles
 
 T_END = 1e90
 BUDGET = 120.0
-
-
-def initial_angles(beta: float) -> np.ndarray:
-    return 0.5 * np.array([0, 0.5, 2, 4, 7]) * np.log(beta) / np.sqrt(beta)
 
 
 def merges(times: np.ndarray, angles: np.ndarray) -> list[str]:
