@@ -296,15 +296,16 @@ def test_small_route_methods_agree_with_numpy(rng, dtype, method, monkeypatch):
         _check(got, _reference(x, y, w, beta, mats, values=False), dtype, values=False)
 
 
-def _dense_sa_euler(x, w, beta, dt):
-    """The projected SA Euler step in dense float64 NumPy (the reference of the fused step)."""
+def _dense_sa_euler(x, w, beta, dt, projected=True):
+    """The projected SA Euler step (or GLPR's unprojected one) in dense float64 NumPy (the reference of the
+    fused step)."""
     x = np.asarray(x, dtype=np.float64)
     th = x / np.linalg.norm(x, axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         L = beta * th @ np.swapaxes(th, -1, -2) + np.log(np.asarray(w, dtype=np.float64))[..., None, :]
     E = np.exp(L - L.max(axis=-1, keepdims=True))
     A = (E @ th) / E.sum(axis=-1)[..., None]
-    y = x + dt * (A - np.sum(A * th, axis=-1, keepdims=True) * th)
+    y = x + dt * (A - projected * np.sum(A * th, axis=-1, keepdims=True) * th)
     return y / np.linalg.norm(y, axis=-1, keepdims=True)
 
 
@@ -326,6 +327,11 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, monke
         assert y.dtype == dtype and y.shape == x.shape
         ref = _dense_sa_euler(x, w, beta, 0.1)
         np.testing.assert_allclose(y, ref, rtol=0, atol=1e-14 if dtype == np.float64 else 3e-7)
+        z = small.sa_euler_step(x, w, beta, 0.1, projected=False)  # GLPR's scheme
+        np.testing.assert_allclose(z, _dense_sa_euler(x, w, beta, 0.1, projected=False), rtol=0,
+                                   atol=1e-14 if dtype == np.float64 else 3e-7)
+        if n > 1 and beta > 0:
+            assert np.abs(z - y).max() > 1e-6
     out = x.copy()  # in place
     assert small.sa_euler_step(out, w, 5.0, 0.1, out=out) is out
     np.testing.assert_allclose(out, _dense_sa_euler(x, w, 5.0, 0.1), atol=1e-14 if dtype == np.float64 else 3e-7)

@@ -17,9 +17,9 @@ from wflow.theory import equiangular_rhs, equiangular_solution, equiangular_time
 BK = "numpy"
 
 
-def _problem(beta=1.5, n=8, d=3, batch=()):
+def _problem(beta=1.5, n=8, d=3, batch=(), backend=BK):
     x0 = sphere.uniform(n, d, np.random.default_rng(1), batch=batch)
-    return ParticleProblem(SA(beta), np.full((*batch, n), 1 / n), d, backend=BK, diagnostics=()), x0
+    return ParticleProblem(SA(beta), np.full((*batch, n), 1 / n), d, backend=backend, diagnostics=()), x0
 
 
 def _softmax_average(x, beta):
@@ -29,12 +29,21 @@ def _softmax_average(x, beta):
     return (w / w.sum(axis=-1, keepdims=True)) @ x
 
 
-def test_euler_average_is_projected_euler_with_a_shorter_step_per_token():
+@pytest.mark.parametrize("backend", [BK, "numba"])
+def test_euler_average_is_projected_euler_with_a_shorter_step_per_token(backend, monkeypatch):
     """x + h A x = (1 + h<x,Ax>)(x + h' P_x A x), h' = h/(1 + h<x,Ax>): one step of 'euler-average' equals
-    projected Euler with the step h' token by token, and the published normalize(x + h A x)."""
-    problem, x0 = _problem(batch=(2,))
+    projected Euler with the step h' token by token, and the published normalize(x + h A x); with the numba
+    backend the step is the fused kernel (``euler_step(..., projected=False)``, checked to be taken)."""
+    problem, x0 = _problem(batch=(2,), backend=backend)
+    fused = []
+    if backend == "numba":
+        from wflow.kernels import small
+
+        real = small.sa_euler_step
+        monkeypatch.setattr(small, "sa_euler_step", lambda *a, **k: fused.append(k) or real(*a, **k))
     h = 0.1
     step, _ = SOLVERS["euler-average"]().step(problem, 0.0, x0, h, None)
+    assert fused == ([{"projected": False}] if backend == "numba" else [])
     A = _softmax_average(x0, 1.5)
     direct = x0 + h * A
     direct /= np.linalg.norm(direct, axis=-1, keepdims=True)

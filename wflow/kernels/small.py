@@ -238,12 +238,13 @@ if _nb.numba is not None:
                 G[i, j] = G[j, i]
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
-    def _sa_euler(x, lw, beta, dt, floor, k0, k1, out):  # pragma: no cover - compiled
-        """One projected Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
+    def _sa_euler(x, lw, beta, dt, floor, proj, k0, k1, out):  # pragma: no cover - compiled
+        """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
         without the GIL, everything in float64 and in L1/L2 (see :func:`sa_euler_step`): the
         directions theta = x/|x|, the Gram matrix by register-blocked dots, the row maxima and
         exponentials, the averages A = E theta / s by dots with theta's columns, then
-        out = (x + dt P_theta A) / |x + dt P_theta A| in out's dtype."""
+        out = (x + dt P A) / |x + dt P A| in out's dtype, with P the tangent projection at theta
+        when proj is 1.0 and the identity when proj is 0.0 (GLPR's scheme)."""
         B, n, r = x.shape
         T = np.empty((n, r))
         TT = np.empty((r, n))
@@ -286,6 +287,7 @@ if _nb.numba is not None:
                 xa = 0.0
                 for l in range(r):
                     xa += Ti[l] * Ai[l]
+                xa *= proj
                 s = 0.0
                 for l in range(r):
                     y = np.float64(xk[i, l]) + dt * (Ai[l] - xa * Ti[l])
@@ -454,8 +456,8 @@ def _finish(shift, mass, vec, lw_max, ldt, wdt):
 
 
 def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
-                  out: np.ndarray | None = None) -> np.ndarray:
-    r"""One projected explicit Euler step of SA with :math:`Q = K = V = I`, fused, for a batch of tiny systems.
+                  out: np.ndarray | None = None, projected: bool = True) -> np.ndarray:
+    r"""One explicit Euler step of SA with :math:`Q = K = V = I`, fused, for a batch of tiny systems.
 
     .. math::
 
@@ -470,6 +472,9 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     with no array of the batch's size in between: the Gram matrix by register-blocked dots,
     the softmax with the exact row maximum as shift, the averages, the projection and the
     retraction, all in float64 (float32 input: float64 logits and sums, float32 output).
+    With ``projected=False`` the average is not projected on the tangent plane:
+    :math:`x_i \leftarrow (x_i + hA_i)/|x_i + hA_i|`, the published scheme of the GLPR phase
+    diagram (what :class:`wflow.solvers.steppers.EulerAverage` computes).
 
     Parameters
     ----------
@@ -485,6 +490,8 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
         The step :math:`h`.
     out : ndarray, shape (..., n, r), optional
         Where to write the new points (may be ``x`` itself).
+    projected : bool
+        Project the average on the tangent plane (projected Euler, the default) or not (GLPR's scheme).
 
     Returns
     -------
@@ -498,6 +505,9 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     >>> y = sa_euler_step(x, np.full((2, 8), 1 / 8), 5.0, 0.1)
     >>> bool(np.allclose(np.linalg.norm(y, axis=-1), 1.0))
     True
+    >>> z = sa_euler_step(x, np.full((2, 8), 1 / 8), 5.0, 0.1, projected=False)  # GLPR's scheme
+    >>> bool(np.allclose(np.linalg.norm(z, axis=-1), 1.0)), bool(np.abs(z - y).max() < 1e-2)
+    (True, True)
     """
     if _sa_euler is None:
         from ..errors import WflowError
@@ -522,10 +532,11 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     threads = _threads() if B * n * n * 2 * r >= SERIAL_MAX_FLOPS else 1
     chunks = _chunk_bounds(B, n * n, threads, CHUNK_PAIRS)
     fl, be, h = _nb.exp_floor(np.dtype(np.float64)), float(beta), float(dt)
+    proj = 1.0 if projected else 0.0
 
     def work(t: int) -> None:
         for b0, b1 in chunks[t::threads]:
-            _sa_euler(xf, lw, be, h, fl, b0, b1, of)
+            _sa_euler(xf, lw, be, h, fl, proj, b0, b1, of)
 
     _run(work, threads, len(chunks))
     return out

@@ -135,13 +135,15 @@ class ParticleProblem(Problem):
         mu = Atoms._trusted(theta[..., :self.n, :], self.weights)
         return self.model_at(t).velocity(y if self.free else theta, mu, backend=self.backend)
 
-    def euler_step(self, t: float, y: np.ndarray, dt: float) -> np.ndarray | None:
-        r"""The whole projected Euler step fused (:func:`wflow.kernels.small.sa_euler_step`), or ``None``.
+    def euler_step(self, t: float, y: np.ndarray, dt: float, projected: bool = True) -> np.ndarray | None:
+        r"""The whole Euler step fused (:func:`wflow.kernels.small.sa_euler_step`), or ``None``: projected
+        Euler, or with ``projected=False`` GLPR's scheme (``method="euler-average"``).
 
         Offered for SA with :math:`Q = K = V = I` on the sphere without noise or tracers, systems of at
         most :data:`~wflow.kernels.small.SMALL_MAX` tokens and the ``auto`` or ``numba`` backend: one
         compiled pass per system (Gram matrix, softmax, average, projection, retraction) instead of
-        eight passes over the batch; equal to ``retract(y + dt * rhs(t, y))`` to rounding (tested to 1e-14).
+        eight passes over the batch; equal to ``retract(y + dt * rhs(t, y))`` (or to
+        ``retract(y + dt * average(t, y))``) to rounding (tested to 1e-14).
         """
         if (self.free or self.n_tracers or self.kappa is not None or self.backend not in ("auto", "numba")
                 or self.n > _small.SMALL_MAX or y.dtype not in (np.float32, np.float64)):
@@ -152,7 +154,7 @@ class ParticleProblem(Problem):
         if type(model) is not SA or not model.plain_attention():
             return None
         self.evaluations += 1
-        return _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt)
+        return _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected)
 
     def average(self, t: float, y: np.ndarray) -> np.ndarray:
         r"""The attention output before projection, ``model.average`` (tokens on the sphere): what the

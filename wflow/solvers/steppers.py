@@ -87,7 +87,9 @@ class EulerAverage(Solver):
     in ``euler``.  Since :math:`x + hAx = (1 + h\langle x, Ax\rangle)\,(x + h' P_x A x)` with
     :math:`h' = h / (1 + h\langle x, Ax\rangle)`, one step is projected Euler with the per-token step
     :math:`h'`: consistent with the same ODE, but it moves a token by :math:`1/(1 + h\langle x, Ax\rangle)`
-    of the projected step (up to 10 % less at :math:`h = 0.1` once tokens have gathered).  Geshkovski,
+    of the projected step (up to 10 % less at :math:`h = 0.1` once tokens have gathered).  A problem's
+    fused ``euler_step(t, y, dt, projected=False)`` takes the step when it offers one (SA with
+    :math:`Q = K = V = I` on many tiny systems).  Geshkovski,
     Letrouit, Polyanskiy & Rigollet, *A mathematical perspective on Transformers* (phase-diagram code).
     Needs a problem with an ``average`` (particles of an attention model on the sphere).
 
@@ -111,6 +113,11 @@ class EulerAverage(Solver):
         if average is None:
             raise TypeError(f"method 'euler-average' needs a problem with an attention average "
                             f"(particles of SA/USA on the sphere), got {type(problem).__name__}")
+        fused = getattr(problem, "euler_step", None)
+        if fused is not None:
+            y_new = fused(t, y, dt, projected=False)
+            if y_new is not None:
+                return StepResult(y_new), state
         return StepResult(project_to_sphere(y + dt * average(t, y))), state
 
 
