@@ -208,6 +208,9 @@ def test_resume_refuses_an_edited_config(tmp_path, capsys):
     (["run.rtol=1e-300"], "run.rtol"),
     (["model.type=USA", "model.beta=700"], "model.beta"),
     (["run.backend=foo"], "run.backend"),
+    (["run.coordinates=polar"], "run.coordinates"),
+    (["solver=eulerian", "run.coordinates=span"], "run.coordinates"),
+    (["solver=eulerian", "run.method=euler-average"], "run.method"),
 ])
 def test_bad_input_leaves_nothing_behind(sets, match, tmp_path, capsys):
     out = tmp_path / "o"

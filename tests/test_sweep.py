@@ -323,12 +323,26 @@ def test_phase_diagram_small(tmp_path, client):
 
     fig = tmp_path / "phase.png"
     ds = phase_diagram(tmp_path / "p.zarr", d=[4, 8], betas="linspace(1, 9, 3)", systems=6, scheduler=client,
-                       progress=False, figure=fig, config={"run.t_end": 3.0, "run.n_saves": 4, "run.backend": "numpy"})
+                       progress=False, figure=fig, config={"run.t_end": 6.0, "run.n_saves": 4})
     assert dict(ds.sizes) == {"d": 2, "beta": 3, "seed": 6, "time": 4} and list(ds.data_vars).count("pair_fraction")
-    cfg = point_config(ds, d=8, beta=9.0, seed=5)
+    cfg = point_config(ds, d=8, beta=1.0, seed=5)
     assert {k: cfg[k] for k in ("model.type", "run.method", "run.dt", "init.n")} == \
         {k: GLPR_CONFIG[k] for k in ("model.type", "run.method", "run.dt", "init.n")}
-    np.testing.assert_allclose(ds.save_time.sel(d=8, beta=1.0).values, [0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_allclose(ds.save_time.sel(d=8, beta=1.0).values, [0.0, 2.0, 4.0, 6.0])
     pf = ds.pair_fraction.values
     assert (pf[..., 0] == 0).all() and (0 <= pf).all() and (pf <= 1).all()
     assert fig.stat().st_size > 10_000
+    # the point against an independent run: Cartesian coordinates, GLPR's step unfused (numpy backend), the
+    # fraction counted from the final points (the sweep ran in span coordinates with the fused step)
+    assert (cfg["run.method"], cfg["run.coordinates"]) == ("euler-average", "span")
+    from wflow import simulate
+    from wflow.config import build_run
+
+    model, mu0, kw = build_run(cfg)
+    res = simulate(model, mu0, cfg["run.t_end"], **{**kw, "coordinates": "cartesian", "backend": "numpy"},
+                   diagnostics=())
+    x = res.points[-1]
+    G = x @ x.T
+    n = cfg["init.n"]
+    direct = ((G > 0.999).sum() - (np.diag(G) > 0.999).sum()) / (n * (n - 1))
+    assert ds.pair_fraction.sel(d=8, beta=1.0, seed=5).values[-1] == direct > 0

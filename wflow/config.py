@@ -73,13 +73,18 @@ KEYS: dict[str, Key] = {
                              "(1-p) + p * (vMF-mixture density), p = init.perturbation"),
     "run.t_end": Key(float, 30.0, "final time (depth)"),
     "run.n_saves": Key(int, 31, "number of snapshots saved, equally spaced in [0, t_end]"),
-    "run.method": Key(str, "dopri5", "time stepper", ("dopri5", "rk4", "euler", "euler-maruyama")),
+    "run.method": Key(str, "dopri5", "time stepper (euler-average: GLPR's unprojected phase-diagram scheme; ros2: "
+                      "L-stable Rosenbrock, particles with coordinates angles or gaps)",
+                      ("dopri5", "rk4", "euler", "euler-average", "euler-maruyama", "ros2")),
     "run.dt": Key(float, 0.0, "fixed step (rk4, euler, euler-maruyama) or first trial step (dopri5); 0: default"),
     "run.rtol": Key(float, 1e-6, "dopri5 relative tolerance"),
     "run.atol": Key(float, 1e-9, "dopri5 absolute tolerance"),
     "run.kappa": Key(float, 0.0, "noise: diffusion kappa^{-1} Laplacian (needs method euler-maruyama); 0: none"),
     "run.seed": Key(int, 0, "seed of the noise"),
     "run.backend": Key(str, "auto", "kernel-sum backend (auto, numpy, keops, ...)"),
+    "run.coordinates": Key(str, "cartesian", "particles: the state's coordinates (span: the n coordinates of the "
+                           "initial tokens' span, exact for SA/USA with Q = K = V = I, d > n; angles, gaps: S^1)",
+                           ("cartesian", "span", "angles", "gaps")),
     "run.cluster_threshold": Key(float, 0.1, "geodesic linkage distance for the cluster count"),
     "output.figure": Key(bool, True, "write summary.png"),
     "output.animation": Key(bool, False, "write animation.gif (one frame per save; particles on S^1/S^2, densities)"),
@@ -250,6 +255,11 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
                  f"left at its default for the {cfg['solver']} solver (it has its own time stepping)")
         if cfg["run.kappa"] > 0 and cfg["solver"] == "lagrangian":
             raise ValueError("config key run.kappa must be 0 for the lagrangian solver (characteristics carry no noise)")
+    if cfg["solver"] != "particles":
+        need(cfg["run.coordinates"] == "cartesian", "run.coordinates", f"left at 'cartesian' for the "
+             f"{cfg['solver']} solver (other coordinates are for particles)")
+        need(cfg["run.method"] not in ("euler-average", "ros2"), "run.method",
+             f"one of dopri5, rk4, euler, euler-maruyama for the {cfg['solver']} solver")
     if cfg["solver"] == "particles" and (cfg["run.kappa"] > 0) != (cfg["run.method"] == "euler-maruyama"):
         raise ValueError(f"run.kappa = {cfg['run.kappa']!r} and run.method = {cfg['run.method']!r} do not fit: "
                          f"noise (kappa > 0) goes with method euler-maruyama and only with it")
@@ -392,6 +402,7 @@ def build_run(cfg: dict[str, Any]):
         seed=cfg["run.seed"],
         backend=cfg["run.backend"],
         cluster_threshold=cfg["run.cluster_threshold"],
+        coordinates=cfg["run.coordinates"],
     )
     if cfg["run.method"] == "dopri5":
         kwargs.update(rtol=cfg["run.rtol"], atol=cfg["run.atol"])

@@ -100,7 +100,7 @@ OBSERVABLES: dict[str, str] = {
     "n_clusters": "single-linkage clusters at run.cluster_threshold",
 }
 DEFAULT_OBSERVABLES = ("pair_fraction", "energy", "order_parameter", "n_clusters")
-_DRIVER_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
+_DRIVER_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters", "pair_fraction")
 #: dimension names that would clash with the store's variables or with ``Dataset.sel``'s keywords
 _RESERVED = {"time", "status", "message", "seconds", "cpu_seconds", "worker", "config", "save_time", "method",
              "tolerance", "drop", "indexers"}
@@ -573,7 +573,6 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     try:
         with _blas_limit(task["threads"]):
             from .config import build_run
-            from .diagnostics import pair_fraction
             from .measure import Atoms
             from .solvers.particles import simulate
 
@@ -588,8 +587,6 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
                         x = np.empty((systems,) + mu0.points.shape, dtype=mu0.points.dtype)
                     x[i] = mu0.points
             extra = {k: f for k, f in task["observables"].items() if f is not None}
-            if "pair_fraction" in names and extra.get("pair_fraction") is None:
-                extra["pair_fraction"] = lambda mu: pair_fraction(mu.points, 0.999)
             diagnostics = tuple(k for k in names if k in _DRIVER_DIAGNOSTICS and task["observables"][k] is None)
             res = simulate(model, Atoms(x), cfg["run.t_end"], diagnostics=diagnostics, extra_diagnostics=extra,
                            keep=False, throw=False, trackers=[coll], **kwargs)
@@ -1056,10 +1053,12 @@ def point_config(ds, **coords) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ the GLPR phase diagram
 #: Geshkovski, Letrouit, Polyanskiy and Rigollet's phase diagram: SA with Q = K = V = I, n = 32 tokens,
-#: explicit Euler with step 0.1 until t = 30, 200 checkpoints (``run.method`` may be swept too)
+#: their scheme x <- (x + 0.1 A x)/|x + 0.1 A x| (``euler-average``) until t = 30, 200 checkpoints, in the
+#: coordinates of the initial span (exact; ``run.method`` and ``run.coordinates`` may be swept too)
 GLPR_CONFIG: dict[str, Any] = {"solver": "particles", "model.type": "SA", "model.value": "identity",
                                "init.kind": "uniform", "init.n": 32, "run.t_end": 30.0, "run.n_saves": 200,
-                               "run.method": "euler", "run.dt": 0.1, "run.backend": "auto", "perceptron.m": 0}
+                               "run.method": "euler-average", "run.dt": 0.1, "run.backend": "auto",
+                               "run.coordinates": "span", "perceptron.m": 0}
 
 
 def glpr_grid(d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 90)",

@@ -15,6 +15,8 @@ name                    order  error estimate   use
 ``dopri5``              5      4 (embedded)     default for particles and Lagrangian nodes
 ``euler-maruyama``      1/2    --               noise :math:`\sqrt{2/\kappa}\,dW` (strong order)
 ``ssprk3``              3      2 (embedded)     finite volumes: positivity-preserving stages
+``ros2``                2      1 (embedded)     stiff flows (exact or finite-difference Jacobian)
+``remap``               3      2 (embedded)     1-D conservation laws: characteristics + remap
 ======================  =====  ===============  =========================================
 
 All are registered in :data:`wflow.solvers.base.SOLVERS`.
@@ -28,7 +30,8 @@ import numpy as np
 
 from .base import Problem, Solver, StepResult, register_solver
 
-__all__ = ["Euler", "EulerAverage", "RK4", "DormandPrince", "EulerMaruyama", "SSPRK3", "ROS2", "project_to_sphere"]
+__all__ = ["Euler", "EulerAverage", "RK4", "DormandPrince", "EulerMaruyama", "SSPRK3", "ROS2", "Remap",
+           "project_to_sphere"]
 
 
 def project_to_sphere(x: np.ndarray) -> np.ndarray:
@@ -360,3 +363,43 @@ class ROS2(Solver):
         y2 = y + 1.5 * dt * k1 + 0.5 * dt * k2
         err = problem.error_norm(0.5 * dt * (k1 + k2), y, y2, rtol, atol) if rtol or atol else None
         return StepResult(problem.retract(y2), error=err, evaluations=2 + y.size), state
+
+
+@register_solver
+class Remap(Solver):
+    r"""Characteristics and conservative remap for one-dimensional conservation laws (order 3 in time, error order 2).
+
+    The problem takes the step itself, ``problem.remap_step(t, y, dt)`` returning the new state and a
+    lower-order one (the error estimate), or ``None`` when the step is too long for its characteristics
+    (they would cross); the driver then halves the step.  For a 1-D continuity equation the mass between
+    two characteristics is conserved, so the new mass of a cell is the old mass between the feet of its
+    faces: positive and conservative for any step with ordered feet, with no positivity (CFL) limit.
+    :class:`wflow.solvers.zonal.ZonalProblem` offers it (``solve_zonal(..., method="remap")``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem
+    >>> class Still(Problem):  # nothing moves: the step returns the state
+    ...     def remap_step(self, t, y, dt):
+    ...         return y.copy(), y.copy()
+    >>> step, _ = Remap().step(Still(), 0.0, np.array([0.25, 0.75]), 10.0, None, rtol=1e-3, atol=1e-12)
+    >>> step.ok, step.y.tolist(), step.error
+    (True, [0.25, 0.75], 0.0)
+    """
+
+    name = "remap"
+    order = 3
+    error_order = 2
+
+    def step(self, problem, t, y, dt, state, *, rtol=0.0, atol=0.0, **_):
+        remap_step = getattr(problem, "remap_step", None)
+        if remap_step is None:
+            raise TypeError(f"method 'remap' needs a problem with a remap step (a 1-D conservation law such as the "
+                            f"zonal solver's), got {type(problem).__name__}")
+        out = remap_step(t, y, dt)
+        if out is None:
+            return StepResult(y, ok=False, limit=0.5 * dt), state
+        y_new, y_low = out
+        err = problem.error_norm(y_new - y_low, y, y_new, rtol, atol) if rtol or atol else None
+        return StepResult(y_new, error=err, evaluations=3), state
