@@ -1,8 +1,13 @@
 """Zonal solver: kernel build, right-hand side and full solves to t = 30 (SA, beta = 9), factorized against
-dense, and the particle run of the same quality in d = 128.
+dense, the two time steppers side by side (``remap``: characteristics and remap, no positivity limit;
+``ssprk3``: finite-volume stages below the positivity limit), and the particle run of the same quality
+in d = 128.
 
-    python benchmarks/zonal.py            # the table of benchmarks/ZONAL.md (several minutes on 2 cores)
-    python benchmarks/zonal.py --quick    # 1024 bands only, shorter particle runs
+    python benchmarks/zonal.py            # the tables of benchmarks/ZONAL.md (~15 minutes on 2 cores)
+    python benchmarks/zonal.py --quick    # 1024 bands only (ssprk3 included), shorter particle runs
+
+Quality of a full solve: the energy at t = 30 against that of the collapsed state, e^beta / (2 beta)
+(the solution has gathered at the pole by then; a scheme that smears the cluster over bands falls short).
 
 Particles "of the same quality": the W2 error of the z-marginal of N particles (measured at t = 1 for
 N = 250..2000, fitted as C N^-1/2) equals the zonal solver's discretization error (W2 between the zonal
@@ -44,8 +49,8 @@ def law_w2(a, b, n=1 << 16):
 def main(quick: bool) -> None:
     print(f"load average before: {os.getloadavg()}")
     sizes = (1024,) if quick else (1024, 4096)
-    print("| d | bands | kernel | build s | memory MB | rhs ms | solve to t=30 s | steps | rejected | mass defect |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| d | bands | kernel | build s | memory MB | rhs ms |")
+    print("|---|---|---|---|---|---|")
     for d in (8, 128):
         for M in sizes:
             for method in ("auto", "dense"):
@@ -55,13 +60,26 @@ def main(quick: bool) -> None:
                 tb, fv = timed(lambda: ZonalFV(d, M, attention="SA", beta=BETA, kernel_method=method))
                 m = fv.masses_from_function(f0)
                 tr, _ = timed(lambda: fv.rhs(m), 50)
-                if method == "dense":
-                    print(f"| {d} | {M} | dense | {tb:.2f} | {fv._rows.nbytes / 2**20:.0f} | {tr * 1e3:.2f} | - | - | - | - |")
-                    continue
-                ts, r = timed(lambda: solve_zonal(wflow.SA(BETA), f0, T_END, d=d, n_cells=M, save_at=[0, 1, T_END]))
-                print(f"| {d} | {M} | {fv._rows.method} P={fv._rows.panels} r={fv._rows.points} | {tb:.2f} | "
-                      f"{fv._rows.nbytes / 2**20:.1f} | {tr * 1e3:.2f} | {ts:.1f} | {r.stats['steps'][-1]} | "
-                      f"{r.stats['rejected'][-1]} | {abs(r.mass - 1).max():.1e} |", flush=True)
+                name = "dense" if method == "dense" else f"{fv._rows.method} P={fv._rows.panels} r={fv._rows.points}"
+                print(f"| {d} | {M} | {name} | {tb:.2f} | {fv._rows.nbytes / 2**20:.1f} | {tr * 1e3:.2f} |", flush=True)
+    print(f"load average: {os.getloadavg()}")
+    print()
+    collapsed = np.exp(BETA) / (2 * BETA)
+    print(f"Full solves to t = {T_END:g} (rtol 1e-3, the default), SA beta = {BETA:g}, f0 = e^(2z):")
+    print()
+    print("| d | bands | method | solve s | steps | rejected | velocity evaluations | mass defect | "
+          "1 - E(30) / E(collapsed) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for d in (8, 128):
+        for M in sizes:
+            for method in ("remap", "ssprk3"):
+                if method == "ssprk3" and M > 1024:
+                    continue  # ~4x the steps of 1024 bands: ~12 min here
+                ts, r = timed(lambda: solve_zonal(wflow.SA(BETA), f0, T_END, d=d, n_cells=M, save_at=[0, 1, T_END],
+                                                  method=method))
+                print(f"| {d} | {M} | {method} | {ts:.1f} | {r.stats['steps'][-1]} | {r.stats['rejected'][-1]} | "
+                      f"{r.stats['evaluations'][-1]} | {abs(r.mass - 1).max():.1e} | "
+                      f"{1 - r.energy[-1] / collapsed:.1e} |", flush=True)
     print(f"load average: {os.getloadavg()}")
 
     # particles of the same quality, d = 128, at t = 1
@@ -83,7 +101,7 @@ def main(quick: bool) -> None:
     n_eq = (C / err) ** 2
     t_eq = rows[-1][1] * (n_eq / rows[-1][0]) ** 2
     print()
-    print(f"d = {d}, SA beta = {BETA:g}, t = {t1:g}: zonal ({M} bands uniform in z, rtol 1e-6) {tz:.1f} s, "
+    print(f"d = {d}, SA beta = {BETA:g}, t = {t1:g}: zonal ({M} bands uniform in z, remap, rtol 1e-6) {tz:.1f} s, "
           f"discretization error W2 <= {err:.2e}")
     print("| N | particles s (RK4, dt 0.05) | W2 of z-marginal |")
     print("|---|---|---|")
