@@ -156,6 +156,13 @@ def test_validate_rejects_unknown_study(tmp_path, capsys):
     assert "no-such-study" in err and "mean-field" in err
 
 
+def test_validate_rejects_zero_workers_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main(["validate", "mean-shift", "--quick", "--workers", "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--workers must be an integer >= 1, got 0" in err and err.count("\n") == 1 and not out.exists()
+
+
 def test_validate_report_and_exit_status(tmp_path, monkeypatch, capsys):
     """A failed expectation makes `wflow validate` exit 1 and is marked in the Markdown report."""
     from wflow import validate

@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("studies", nargs="*", help="studies to run (default: all): " + ", ".join(_study_names()))
     v.add_argument("--quick", action="store_true", help="a few minutes (what CI runs)")
     v.add_argument("--out", default="wflow-validation", help="report folder (default: wflow-validation)")
+    v.add_argument("--workers", type=int, default=1,
+                   help="Dask worker processes for studies split into parts (phase-diagram, perceptron; "
+                        "default 1: in order, in this process)")
     return p
 
 
@@ -95,7 +98,9 @@ def _validate(args: argparse.Namespace) -> int:
     from .studies import run_studies
 
     out = Path(args.out)
-    reports = run_studies(args.studies or None, out, args.quick)
+    if args.workers < 1:
+        raise ValueError(f"--workers must be an integer >= 1, got {args.workers}")
+    reports = run_studies(args.studies or None, out, args.quick, workers=args.workers)
     width = max(len(e.name) for r in reports for e in r.expectations) if reports else 20
     failed = 0
     for rep in reports:

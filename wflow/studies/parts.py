@@ -1,7 +1,9 @@
 """Finished parts of a study survive an interruption: :class:`Parts` stores each part's arrays once computed.
 
 A long study (``wflow validate papers`` without ``--quick``) is a list of parts -- one beta, one dimension,
-one seed batch.  ``parts.get(key, compute)`` returns the stored result of ``key`` if an earlier run finished
+one seed batch.  :meth:`Parts.prefetch` computes the missing ones of a list on Dask worker processes (a
+``LocalCluster``: ``wflow validate --workers N``), each part stored by the worker that computed it, so the
+study then finds them all on disk and an interruption loses only the parts in flight.  ``parts.get(key, compute)`` returns the stored result of ``key`` if an earlier run finished
 it, and otherwise calls ``compute()`` and stores what it returns (a dict of arrays and numbers) in
 ``<out>/parts/<study>/<name>.npz``, written to a temporary file and renamed (atomic on POSIX), so a part is
 either complete on disk or absent.  The key records the mode and every parameter of the part: a quick run
@@ -18,15 +20,52 @@ never hands its parts to a full one, and a part whose parameters changed is reco
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["Parts"]
+__all__ = ["Parts", "workers"]
+
+#: worker processes for :meth:`Parts.prefetch` (set by :func:`workers`; 1: compute in order, in this process)
+_WORKERS = 1
+
+
+@contextlib.contextmanager
+def workers(n: int) -> Iterator[None]:
+    """Within the block, :meth:`Parts.prefetch` computes missing parts on ``n`` Dask worker processes.
+
+    Examples
+    --------
+    >>> from wflow.studies import parts
+    >>> with parts.workers(2):
+    ...     parts._WORKERS
+    2
+    >>> parts._WORKERS
+    1
+    """
+    global _WORKERS
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {n!r}")
+    before, _WORKERS = _WORKERS, n
+    try:
+        yield
+    finally:
+        _WORKERS = before
+
+
+def _compute_part(out: str, study: str, quick: bool, key: dict[str, Any], fn: Callable, args: tuple) -> float:
+    """On a worker: compute and store one part (unless another run stored it meanwhile); returns the seconds."""
+    import time
+
+    start = time.perf_counter()
+    Parts(Path(out), study, quick).get(key, lambda: fn(*args))
+    return time.perf_counter() - start
 
 
 class Parts:
@@ -55,6 +94,7 @@ class Parts:
     """
 
     def __init__(self, out: Path, study: str, quick: bool):
+        self.out, self.study = Path(out), study
         self.folder = Path(out) / "parts" / study
         self.quick = bool(quick)
         self.reused = 0
@@ -87,6 +127,54 @@ class Parts:
         os.replace(tmp, path)
         self.computed += 1
         return {k: (np.asarray(v).item() if np.ndim(v) == 0 else np.asarray(v)) for k, v in value.items()}
+
+    def has(self, key: dict[str, Any]) -> bool:
+        """Whether part ``key`` is stored (by this run or an earlier one)."""
+        name, text = self._name(key)
+        path = self.folder / f"{name}.npz"
+        if not path.exists():
+            return False
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return str(z["__key__"]) == text
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def prefetch(self, jobs: Sequence[tuple[dict[str, Any], Callable, tuple]]) -> int:
+        """Compute the missing parts among ``jobs`` on Dask worker processes; returns how many it computed.
+
+        ``jobs`` are ``(key, function, args)`` with ``function(*args)`` the part's dict (a module-level
+        function: the workers import it).  With one worker (the default outside :func:`workers`) or fewer
+        than two missing parts nothing is started: :meth:`get` computes them in order.  A part that
+        fails raises here, after the others have finished and been stored; a worker that dies has its
+        part retried (twice) by Dask.
+        """
+        missing = [(k, f, a) for k, f, a in jobs if not self.has(k)]
+        if _WORKERS <= 1 or len(missing) < 2:
+            return 0
+        from distributed import as_completed
+
+        from ..sweep import _connect
+
+        client, cluster, _ = _connect(None, min(_WORKERS, len(missing)), timeout=30.0)
+        log = logging.getLogger(__name__)
+        errors = []
+        try:
+            futures = [client.submit(_compute_part, str(self.out), self.study, self.quick, k, f, a, pure=False,
+                                     retries=2) for k, f, a in missing]
+            for fut in as_completed(futures):
+                try:
+                    fut.result()
+                except Exception as exc:  # noqa: BLE001 - the other parts go on; the first error is raised
+                    errors.append(exc)
+            log.info("%s: %d parts computed on %d workers", self.study, len(missing) - len(errors), _WORKERS)
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+        if errors:
+            raise errors[0]
+        return len(missing)
 
     def note(self) -> str:
         """A line for the report: how many parts were reused from an earlier (interrupted) run."""

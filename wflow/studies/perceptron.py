@@ -32,9 +32,10 @@ from ..models import SA, USA, Model, Perceptron
 from ..solvers.particles import simulate
 from ..sphere import uniform
 from ..stability import ANTICONCENTRATION_LIMIT, anticoncentration_bound
+from .parts import Parts
 from .report import StudyReport, register
 
-__all__ = ["paper_model", "paper_perceptron", "cluster_threshold", "SettleStop", "run_paper", "BETAS"]
+__all__ = ["paper_model", "paper_perceptron", "cluster_threshold", "SettleStop", "run_paper", "paper_part", "BETAS"]
 
 #: the paper's beta grid
 BETAS = (0.01, 0.05, 0.1, 0.5, 1.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0, 35.0, 50.0)
@@ -191,6 +192,88 @@ def run_paper(beta: float, sign: int, *, d: int, N: int, seeds: int, attention: 
             "t_stop": stop.settled_at if stop.settled_at is not None else t_max}
 
 
+def paper_part(beta: float, sign: int, d: int, N: int, seeds: int, attention: str, A: np.ndarray | None,
+               omega: np.ndarray | None, activation: str, t_max: float) -> dict[str, Any]:
+    """:func:`run_paper` as a part of the study (:class:`~wflow.studies.parts.Parts`): the final points, whether
+    every system settled, and the stopping time (the clusters are recomputed from the points).
+
+    Examples
+    --------
+    >>> p = paper_part(1.0, 1, 2, 16, 2, "USA", None, None, "gelu", 50.0)  # doctest: +SKIP
+    >>> sorted(p), p["x"].shape  # doctest: +SKIP
+    (['seconds', 'settled', 't_stop', 'x'], (2, 16, 2))
+    """
+    start = time.perf_counter()
+    r = run_paper(beta, sign, d=d, N=N, seeds=seeds, attention=attention, A=A, omega=omega, activation=activation,
+                  t_max=t_max)
+    return {"x": r["x"], "settled": r["settled"], "t_stop": r["t_stop"], "seconds": time.perf_counter() - start}
+
+
+def _digest(a: np.ndarray | None) -> str | None:
+    import hashlib
+
+    return None if a is None else hashlib.sha1(np.ascontiguousarray(a, dtype=np.float64).tobytes()).hexdigest()[:16]
+
+
+class _Runs:
+    """The study's runs through its parts: ``runs(beta, sign, d=..., ...)`` is :func:`run_paper`'s result, read
+    from a stored part when an earlier (or parallel, :meth:`prefetch`) run computed it."""
+
+    def __init__(self, parts: Parts):
+        self.parts = parts
+        self.seconds = 0.0
+
+    @staticmethod
+    def _args(beta, sign, *, d, N, seeds, attention="USA", A=None, omega=None, activation="gelu", t_max=200.0):
+        return (float(beta), int(sign), int(d), int(N), int(seeds), attention, A, omega, activation, float(t_max))
+
+    @staticmethod
+    def _key(args) -> dict[str, Any]:
+        beta, sign, d, N, seeds, attention, A, omega, activation, t_max = args
+        return {"beta": beta, "sign": sign, "d": d, "N": N, "seeds": seeds, "attention": attention,
+                "A": _digest(A), "omega": _digest(omega), "activation": activation, "t_max": t_max, "dt": 0.1}
+
+    def prefetch(self, calls: list[tuple[tuple, dict]]) -> None:
+        jobs = [(self._key(a), paper_part, a) for a in (self._args(*c, **kw) for c, kw in calls)]
+        jobs.sort(key=lambda j: -(j[2][3] ** 2) * j[2][4])  # the largest systems first
+        self.parts.prefetch(jobs)
+
+    def __call__(self, beta, sign, **kw) -> dict[str, Any]:
+        args = self._args(beta, sign, **kw)
+        p = self.parts.get(self._key(args), lambda: paper_part(*args))
+        self.seconds += float(p["seconds"])
+        thr = cluster_threshold(args[0], args[2])
+        return {"x": p["x"], "clusters": _clusters(p["x"], thr), "threshold": thr, "settled": bool(p["settled"]),
+                "t_stop": float(p["t_stop"])}
+
+
+def _plan(quick: bool) -> dict[str, Any]:
+    """The study's parameters and every run it makes, as ``((beta, sign), keywords)`` (for :meth:`_Runs.prefetch`)."""
+    betas = (0.1, 1.0, 5.0, 25.0) if quick else BETAS
+    plan = {"betas": betas, "seeds": 4 if quick else 10, "N": 128 if quick else 512,
+            "t_max": 100.0 if quick else 1000.0, "betas_few": (1.0, 25.0) if quick else BETAS,
+            "dims": (2, 5) if quick else (2, 4, 5, 7, 10), "N4": 200 if quick else 1000,
+            "A2": paper_perceptron(2, 1.0, seed=1, activation="relu"),
+            "A3": paper_perceptron(3, 1.0, seed=3, activation="gelu"),
+            "a1": (np.array([[0.0, 0.0, 1.0]]), np.array([1.0]))}
+    plan["A4"] = {d: paper_perceptron(d, 1.0, seed=2, activation="gelu") for d in plan["dims"]}
+    N, seeds, t_max = plan["N"], plan["seeds"], plan["t_max"]
+    calls = [((b, s), dict(d=2, N=N, seeds=seeds, t_max=t_max)) for s in (1, -1) for b in betas]
+    A2, om2 = plan["A2"]
+    calls += [((b, s), dict(d=2, N=N, seeds=seeds, A=A2, omega=om2, activation=act, t_max=t_max))
+              for act in ("relu", "gelu") for s in (1, -1) for b in plan["betas_few"]]
+    calls += [((b, -1), dict(d=d, N=plan["N4"], seeds=1, A=plan["A4"][d][0], omega=plan["A4"][d][1],
+                             activation="gelu", t_max=t_max)) for d in plan["dims"] for b in betas]
+    A3, om3 = plan["A3"]
+    calls += [((b, s), dict(d=3, N=N, seeds=2, attention=att, A=A3 if p else None, omega=om3 if p else None,
+                            t_max=t_max))
+              for att in ("USA", "SA") for s in (1, -1) for p in (False, True) for b in plan["betas_few"]]
+    calls += [((5.0, -1), dict(d=3, N=4 * N, seeds=1, A=plan["a1"][0], omega=plan["a1"][1], activation="gelu",
+                               t_max=t_max))]
+    plan["calls"] = calls
+    return plan
+
+
 def _angle(p: np.ndarray) -> np.ndarray:
     return np.mod(np.arctan2(p[..., 1], p[..., 0]), 2 * np.pi)
 
@@ -229,15 +312,14 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rep = StudyReport("perceptron")
-    betas = (0.1, 1.0, 5.0, 25.0) if quick else BETAS
-    seeds = 4 if quick else 10
-    N = 128 if quick else 512
-    t_max = 100.0 if quick else 1000.0
-    betas_few = (1.0, 25.0) if quick else BETAS
+    plan = _plan(quick)
+    betas, seeds, N, t_max, betas_few = plan["betas"], plan["seeds"], plan["N"], plan["t_max"], plan["betas_few"]
+    parts = Parts(out, "perceptron", quick)
+    run_paper = _Runs(parts)  # every run of the study is a stored part (an interrupted run resumes)
+    run_paper.prefetch(plan["calls"])
     rep.notes.append(f"{'quick' if quick else 'full'} mode: betas {list(betas)}, {seeds} particle seeds, N = {N}, "
                      f"t_max = {t_max:g} (paper time), Euler dt = 0.1; USA runs use wflow's plain kernel with the "
                      f"perceptron's omega times e^beta for wflow time e^-beta s (the rescaled kernel's time change)")
-    scale = 1.0
 
     # E1: pure attention on S^1
     e1 = {}
@@ -265,7 +347,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
     rep.notes.append(f"E1 ascent at beta >= 25: {[float(m) for m in meta]} clusters on average at the stop (metastable clusters before one atom)")
 
     # E2/E3: ReLU and GELU perceptrons on S^1, 'seeds' particle seeds at fixed weights
-    A2, om2 = paper_perceptron(2, scale, seed=1, activation="relu")
+    A2, om2 = plan["A2"]
     spread_ok = []
     locs_fig: dict[str, list] = {}
     for act in ("relu", "gelu"):
@@ -287,14 +369,13 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
                float(np.mean(spread_ok)), 0.75, 1.0)
 
     # E4: anti-concentration, descent + GELU
-    dims = (2, 5) if quick else (2, 4, 5, 7, 10)
-    N4 = 200 if quick else 1000
+    dims, N4 = plan["dims"], plan["N4"]
     e4: dict[int, list] = {}
     below = []
     for d in dims:
-        A4, om4 = paper_perceptron(d, scale, seed=2, activation="gelu")
+        A4, om4 = plan["A4"][d]
         for beta in betas:
-            r = run_paper(beta, -1, d=d, N=N4, seeds=1 if not quick else 1, A=A4, omega=om4, activation="gelu",
+            r = run_paper(beta, -1, d=d, N=N4, seeds=1, A=A4, omega=om4, activation="gelu",
                           t_max=t_max)
             masses = r["clusters"][0][1]
             bound = anticoncentration_bound(beta, om4, A4)
@@ -309,7 +390,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
                float(max(below)) if below else np.nan, -1.0, 0.0)
 
     # E5: S^2, USA/SA, ascent/descent, with and without the perceptron
-    A3, om3 = paper_perceptron(3, scale, seed=3, activation="gelu")
+    A3, om3 = plan["A3"]
     e5: dict[str, list] = {}
     for attention in ("USA", "SA"):
         for sign in (1, -1):
@@ -330,8 +411,8 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
     rep.expect("corollary: heavy clusters / (1 + sqrt(beta)), largest over E2, E3, E5", float(max(ratios)), 0.0, 4.0)
 
     # C9: one active neuron, descent: the limit is invariant under rotations about a_1
-    a1 = np.array([[0.0, 0.0, 1.0]])
-    r = run_paper(5.0, -1, d=3, N=4 * N, seeds=1, A=a1, omega=np.array([1.0]), activation="gelu", t_max=t_max)
+    a1, w1 = plan["a1"]
+    r = run_paper(5.0, -1, d=3, N=4 * N, seeds=1, A=a1, omega=w1, activation="gelu", t_max=t_max)
     x = r["x"][0]
     # a measure invariant under rotations about a_1 = e_3 has a zero horizontal first moment and an
     # isotropic horizontal second moment: the defect is |E x_h| + (lambda_max - lambda_min)(E x_h x_h^T)
@@ -382,5 +463,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
 
     for name, draw in (("e1", e1fig), ("e2e3", e23fig), ("e4", e4fig), ("e5", e5fig)):
         rep.figures.append(_figure(out, name, draw))
+    rep.notes.append(f"compute seconds of the {len(plan['calls'])} runs (whenever and wherever computed): "
+                     f"{run_paper.seconds:.0f}; {parts.note()}")
     rep.seconds = time.perf_counter() - t0
     return rep

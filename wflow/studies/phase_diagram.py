@@ -51,7 +51,7 @@ from .parts import Parts
 from .report import StudyReport, register
 
 __all__ = ["phase_diagram_study", "SCHEMES", "QUICK", "FULL", "checkpoints", "t_end_for", "initial_points",
-           "pair_fraction_curves", "crossing_time", "density_curve", "plot_heat"]
+           "pair_fraction_curves", "crossing_time", "density_curve", "curve_part", "plot_heat"]
 
 #: tokens, the published horizon and number of checkpoints, the pair threshold
 N_TOKENS = 32
@@ -171,9 +171,35 @@ def crossing_time(times: np.ndarray, curve: np.ndarray, level: float = 0.5) -> f
     return float(times[k - 1] + (level - c0) / (c1 - c0) * (times[k] - times[k - 1]))
 
 
+def _part_key(d: int, beta: float, scheme: str, chunk: int, size: int) -> dict[str, Any]:
+    return {"d": d, "beta": float(beta), "scheme": scheme, **SCHEMES[scheme], "chunk": chunk, "size": size,
+            "t_end": round(t_end_for(beta, scheme), 9), "n": N_TOKENS}
+
+
+def curve_part(d: int, beta: float, scheme: str, chunk: int, size: int) -> dict[str, Any]:
+    """One part: ``size`` systems (chunk ``chunk`` of dimension ``d``) run by ``scheme`` to ``t_end_for(beta, scheme)``;
+    the sums and sums of squares of their pair fractions at the checkpoints, and the compute seconds.
+
+    Examples
+    --------
+    >>> p = curve_part(3, 1.0, "original", 0, 2)  # doctest: +SKIP
+    >>> p["times"].shape, p["count"]  # doctest: +SKIP
+    ((200,), 2)
+    """
+    start = time.perf_counter()
+    t, f = pair_fraction_curves(initial_points(d, chunk, size), beta, scheme, t_end_for(beta, scheme))
+    return {"times": t, "sum": f.sum(axis=1), "sum2": (f * f).sum(axis=1), "count": size,
+            "seconds": time.perf_counter() - start}
+
+
+def _chunks(systems: int, chunk: int) -> list[tuple[int, int]]:
+    return [(c, min(chunk, systems - c * chunk)) for c in range(math.ceil(systems / chunk))]
+
+
 def density_curve(parts: Parts, d: int, beta: float, scheme: str, systems: int, chunk: int = 256) -> dict[str, Any]:
     """Mean and standard error over ``systems`` of the pair fraction at the checkpoints of ``t_end_for(beta, scheme)``,
-    one part per chunk of systems; returns ``times``, ``mean``, ``sem``, ``seconds`` (computing, 0 if reused).
+    one part per chunk of systems (:func:`curve_part`); returns ``times``, ``mean``, ``sem``, ``seconds`` (the
+    parts' compute seconds, whenever and wherever they were computed).
 
     Examples
     --------
@@ -185,27 +211,29 @@ def density_curve(parts: Parts, d: int, beta: float, scheme: str, systems: int, 
     >>> c["times"].shape, float(c["mean"][0]), float(c["mean"][-1])  # doctest: +SKIP
     ((200,), 0.0, 1.0)
     """
-    t_end = t_end_for(beta, scheme)
     total, total2, count, seconds, times = 0.0, 0.0, 0, 0.0, None
-    for c in range(math.ceil(systems / chunk)):
-        size = min(chunk, systems - c * chunk)
-
-        def compute(c=c, size=size):
-            start = time.perf_counter()
-            t, f = pair_fraction_curves(initial_points(d, c, size), beta, scheme, t_end)
-            return {"times": t, "sum": f.sum(axis=1), "sum2": (f * f).sum(axis=1), "count": size,
-                    "seconds": time.perf_counter() - start}
-
-        key = {"d": d, "beta": float(beta), "scheme": scheme, **SCHEMES[scheme], "chunk": c, "size": size,
-               "t_end": round(t_end, 9), "n": N_TOKENS}
-        before = parts.computed
-        p = parts.get(key, compute)
+    for c, size in _chunks(systems, chunk):
+        p = parts.get(_part_key(d, beta, scheme, c, size), lambda c=c, size=size: curve_part(d, beta, scheme, c, size))
         times = p["times"]
         total, total2, count = total + p["sum"], total2 + p["sum2"], count + int(p["count"])
-        seconds += float(p["seconds"]) if parts.computed > before else 0.0
+        seconds += float(p["seconds"])
     mean = total / count
     var = np.maximum(total2 / count - mean**2, 0.0)
     return {"times": times, "mean": mean, "sem": np.sqrt(var / max(count - 1, 1)), "seconds": seconds}
+
+
+def _plan_curves(plan: dict[str, Any]) -> list[tuple[int, float, str]]:
+    """Every (d, beta, scheme) curve of a plan, in the order the study reads them."""
+    out = []
+    for d in plan["dims"]:
+        for beta in sorted(set(plan["heat_betas"]) | set(plan["compare_betas"])):
+            names = ["original"]
+            if beta in plan["compare_betas"]:
+                names += ["projected", "dopri5"]
+                if d in plan["fine_dims"]:
+                    names += ["original-fine", "projected-fine"]
+            out += [(d, beta, s) for s in names]
+    return out
 
 
 def _distance(a: dict, b: dict) -> float:
@@ -234,18 +262,19 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     heat: dict[tuple[int, float], dict] = {}
     curves: dict[tuple[int, float, str], dict] = {}
     seconds: dict[str, float] = {}
-    for d in plan["dims"]:
-        for beta in sorted(set(plan["heat_betas"]) | set(plan["compare_betas"])):
-            names = ["original"]
-            if beta in plan["compare_betas"]:
-                names += ["projected", "dopri5"]
-                if d in plan["fine_dims"]:
-                    names += ["original-fine", "projected-fine"]
-            for s in names:
-                c = density_curve(parts, d, beta, s, plan["systems"], plan["chunk"])
-                curves[(d, beta, s)] = c
-                seconds[f"d={d} {s}"] = seconds.get(f"d={d} {s}", 0.0) + c["seconds"]
-            heat[(d, beta)] = curves[(d, beta, "original")]
+    todo = _plan_curves(plan)
+    # the costliest parts first (long horizons, small steps, dopri5), so the workers finish together
+    jobs = [(_part_key(d, b, s, c, size), curve_part, (d, b, s, c, size))
+            for d, b, s in todo for c, size in _chunks(plan["systems"], plan["chunk"])]
+    weight = {"original": 1, "projected": 1, "dopri5": 6, "original-fine": 10, "projected-fine": 10}
+    jobs.sort(key=lambda j: -weight[j[2][2]] * t_end_for(j[2][1], j[2][2]))
+    parts.prefetch(jobs)
+    for d, beta, s in todo:
+        c = density_curve(parts, d, beta, s, plan["systems"], plan["chunk"])
+        curves[(d, beta, s)] = c
+        seconds[f"d={d} {s}"] = seconds.get(f"d={d} {s}", 0.0) + c["seconds"]
+        if s == "original":
+            heat[(d, beta)] = c
 
     # -- t*: the event root against the solution of the ODE and a quadrature of 1/F
     from ..theory import equiangular_rhs, equiangular_solution
@@ -323,7 +352,8 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
         rep.notes.append(f"d={d}: largest |mean fraction - dopri5's| over the checkpoints (original | projected): " +
                          "; ".join(f"beta={b:g}: {rows[(d, b, 'original')]['distance_to_dopri5']:.3f} | "
                                    f"{rows[(d, b, 'projected')]['distance_to_dopri5']:.3f}" for b in cb))
-    rep.notes.append("compute seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
+    rep.notes.append("compute seconds of the parts (whenever and wherever computed): " +
+                     ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()) + f"; total {sum(seconds.values()):.0f}")
     rep.notes.append(parts.note())
     rep.figures += _figures(out, plan, heat, curves, tstar, rows)
     rep.seconds = time.perf_counter() - start

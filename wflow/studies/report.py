@@ -143,10 +143,12 @@ def write_report(rep: StudyReport, out: Path) -> Path:
     return md
 
 
-def run_studies(names: list[str] | None, out: Path, quick: bool) -> list[StudyReport]:
+def run_studies(names: list[str] | None, out: Path, quick: bool, workers: int = 1) -> list[StudyReport]:
     """Run the named studies (all when ``None``), writing each report into ``out``.
 
     Names may be groups (``"papers"``); an unknown name is a ``ValueError`` listing the known ones.
+    ``workers > 1``: studies split into parts compute them on that many Dask worker processes
+    (:meth:`wflow.studies.parts.Parts.prefetch`).
 
     Examples
     --------
@@ -165,10 +167,13 @@ def run_studies(names: list[str] | None, out: Path, quick: bool) -> list[StudyRe
     if unknown:
         raise ValueError(f"unknown validation study {unknown[0]!r}; known: {', '.join(list(STUDIES) + list(GROUPS))}")
     names = list(dict.fromkeys(m for n in names for m in GROUPS.get(n, [n])))
-    out.mkdir(parents=True, exist_ok=True)
-    reports = []
-    for n in names:
-        rep = STUDIES[n](out, quick)
-        write_report(rep, out)
-        reports.append(rep)
+    from .parts import workers as _workers
+
+    with _workers(workers):
+        out.mkdir(parents=True, exist_ok=True)
+        reports = []
+        for n in names:
+            rep = STUDIES[n](out, quick)
+            write_report(rep, out)
+            reports.append(rep)
     return reports
