@@ -385,12 +385,19 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--e2e", action="store_true", help="only the whole workload (d = 8, 128 and a tenth of it at "
                     "d = 1024; with --quick d = 8, 128), medians of 3")
+    ap.add_argument("--dims", type=int, nargs="+", help="--e2e: these dimensions, each the whole workload "
+                    "(e.g. --dims 8 1024 --batch 2048 --e2e-repeat 1: the issue's large-batch rows)")
+    ap.add_argument("--batch", type=int, default=256, help="--e2e: systems per run (default 256)")
+    ap.add_argument("--e2e-repeat", type=int, default=3, help="--e2e: round-robin runs per row (default 3)")
     args = ap.parse_args(argv)
     if args.e2e:
         print(f"# small systems, whole workload: python {sys.version.split()[0]}, numpy {np.__version__}, torch "
               f"{getattr(torch, '__version__', 'not installed')}, {os.cpu_count()} cpus, {_load()}", flush=True)
         t0 = time.perf_counter()
-        e2e_table((8, 128) if args.quick else (8, 128, 1024), 3)
+        if args.dims:
+            e2e_table(tuple(args.dims), args.e2e_repeat, short_dims=(), B=args.batch)
+        else:
+            e2e_table((8, 128) if args.quick else (8, 128, 1024), args.e2e_repeat, B=args.batch)
         print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
         return 0
     dims = (8, 128) if args.quick else (8, 128, 1024)

@@ -312,7 +312,10 @@ def _dense_sa_euler(x, w, beta, dt, projected=True):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("d, n, batch", [(2, 1, (3,)), (3, 7, (5,)), (8, 32, (4, 3)), (33, 5, (6,)), (128, 32, (9,))])
 @pytest.mark.parametrize("threads", [False, True])
-def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, monkeypatch):
+@pytest.mark.parametrize("weights", ["zeros", "positive", "e^-650"])
+def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weights, monkeypatch):
+    """Against dense NumPy, for weights with zeros and spanning e^650 (each row shifted by its maximum) and
+    positive within a factor of 11 (one shift, beta + the largest log-weight, for the whole system)."""
     from wflow.kernels import small
 
     if threads:  # one system per chunk, on the worker threads however small
@@ -320,7 +323,10 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, monke
         monkeypatch.setattr(small, "SERIAL_MAX_FLOPS", 0)
     x = _sphere(rng, (*batch, n, d), dtype)
     w = rng.random((*batch, n))
-    w[..., ::4] = 0.0  # zero weights: log 0 stands in as the floor
+    if weights == "zeros":
+        w[..., ::4] = 0.0  # zero weights: log 0 stands in as the floor
+    elif weights == "e^-650":
+        w[..., ::3] = np.exp(-650.0)
     w[..., 1 % n] += 0.1
     for beta in (0.0, 5.0, 200.0):
         y = small.sa_euler_step(x, w, beta, 0.1)
@@ -330,7 +336,7 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, monke
         z = small.sa_euler_step(x, w, beta, 0.1, projected=False)  # GLPR's scheme
         np.testing.assert_allclose(z, _dense_sa_euler(x, w, beta, 0.1, projected=False), rtol=0,
                                    atol=1e-14 if dtype == np.float64 else 3e-7)
-        if n > 1 and beta > 0:
+        if n > 1 and beta == 5.0:
             assert np.abs(z - y).max() > 1e-6
     out = x.copy()  # in place
     assert small.sa_euler_step(out, w, 5.0, 0.1, out=out) is out

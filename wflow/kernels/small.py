@@ -97,6 +97,10 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     return out
 
 
+#: the fused SA step shifts every logit by beta + max log-weight when the log-weights of a system span at
+#: most this much (uniform weights: 0), else by each row's maximum (zero weights, weights beyond e^600 apart)
+_FIXED_SHIFT_SPREAD = 600.0
+
 if _nb.numba is not None:
     from numba import njit
 
@@ -241,8 +245,9 @@ if _nb.numba is not None:
     def _sa_euler(x, lw, beta, dt, floor, proj, k0, k1, out):  # pragma: no cover - compiled
         """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
         without the GIL, everything in float64 and in L1/L2 (see :func:`sa_euler_step`): the
-        directions theta = x/|x|, the Gram matrix by register-blocked dots, the row maxima and
-        exponentials, the averages A = E theta / s by dots with theta's columns, then
+        directions theta = x/|x|, the Gram matrix by register-blocked dots, the exponentials (shifted by
+        beta + max log-weight, or by the row maxima when the log-weights span more than
+        _FIXED_SHIFT_SPREAD), the averages A = E theta / s by dots with theta's columns, then
         out = (x + dt P A) / |x + dt P A| in out's dtype, with P the tangent projection at theta
         when proj is 1.0 and the identity when proj is 0.0 (GLPR's scheme)."""
         B, n, r = x.shape
@@ -250,6 +255,7 @@ if _nb.numba is not None:
         TT = np.empty((r, n))
         G = np.empty((n, n))
         A = np.empty((n, r))
+        inv_s = np.empty(n)
         for k in range(k0, k1):
             xk = x[k]
             for i in range(n):
@@ -265,27 +271,46 @@ if _nb.numba is not None:
                     TT[l, i] = T[i, l]
             _gram(T, G)
             lwk = lw[k]
-            for i in range(n):
-                Gi = G[i]
-                for j in range(n):
-                    Gi[j] = Gi[j] * beta + lwk[j]
-                mx = Gi[0]
-                for j in range(1, n):
-                    mx = max(mx, Gi[j])
-                t = 0.0
-                for j in range(n):
-                    e = _nb._exp64(max(Gi[j] - mx, floor))
-                    Gi[j] = e
-                    t += e
-                inv = 1.0 / t
-                for j in range(n):
-                    Gi[j] *= inv
+            hi = lwk[0]
+            lo = lwk[0]
+            for j in range(1, n):
+                hi = max(hi, lwk[j])
+                lo = min(lo, lwk[j])
+            if hi - lo <= _FIXED_SHIFT_SPREAD:
+                # one shift for every row, beta + max log-weight >= every logit (<theta_i, theta_j> <= 1):
+                # the diagonal term e^(lw_i - hi) >= e^-600 keeps every row sum normal, so no row maximum
+                # is needed and the normalization folds into the average below
+                c = beta + hi
+                for i in range(n):
+                    Gi = G[i]
+                    t = 0.0
+                    for j in range(n):
+                        e = _nb._exp64(max(beta * Gi[j] + lwk[j] - c, floor))
+                        Gi[j] = e
+                        t += e
+                    inv_s[i] = 1.0 / t
+            else:
+                for i in range(n):
+                    Gi = G[i]
+                    for j in range(n):
+                        Gi[j] = Gi[j] * beta + lwk[j]
+                    mx = Gi[0]
+                    for j in range(1, n):
+                        mx = max(mx, Gi[j])
+                    t = 0.0
+                    for j in range(n):
+                        e = _nb._exp64(max(Gi[j] - mx, floor))
+                        Gi[j] = e
+                        t += e
+                    inv_s[i] = 1.0 / t
             _abt(G, TT, A)
             for i in range(n):
                 Ai = A[i]
                 Ti = T[i]
+                w = inv_s[i]
                 xa = 0.0
                 for l in range(r):
+                    Ai[l] *= w
                     xa += Ti[l] * Ai[l]
                 xa *= proj
                 s = 0.0
@@ -470,7 +495,8 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     ``rhs`` (velocity at :math:`\theta`, the SA average projected on the tangent plane) and
     ``retract``, but in one compiled pass per system (worker threads take chunks of systems)
     with no array of the batch's size in between: the Gram matrix by register-blocked dots,
-    the softmax with the exact row maximum as shift, the averages, the projection and the
+    the softmax (shifted by :math:`\beta` + the largest log-weight, a bound of every logit, or by each
+    row's maximum when the weights span more than :math:`e^{600}`), the averages, the projection and the
     retraction, all in float64 (float32 input: float64 logits and sums, float32 output).
     With ``projected=False`` the average is not projected on the tangent plane:
     :math:`x_i \leftarrow (x_i + hA_i)/|x_i + hA_i|`, the published scheme of the GLPR phase
