@@ -104,6 +104,14 @@ def test_pair_fraction_against_loop(rng):
     assert pair_fraction(np.repeat(x[:1, :1, :1], 30, axis=-2))[0, 0] == 1.0
     assert np.isnan(pair_fraction(x[:, :, :1]).ravel()).all()
     np.testing.assert_allclose(pair_fraction(x.astype(np.float32)), f, atol=3 / (30 * 29))
+    # above SMALL_MAX tokens: the batched-GEMM route, against the same loop
+    from wflow.kernels.small import SMALL_MAX
+
+    big = _clustered(rng, (2,), SMALL_MAX + 4, 8, 3, 0.02)
+    G = big @ np.swapaxes(big, -1, -2)
+    n = big.shape[-2]
+    ref = [(np.sum(g > 0.999) - np.sum(np.diag(g) > 0.999)) / (n * (n - 1)) for g in G]
+    np.testing.assert_array_equal(pair_fraction(big, 0.999), ref)
 
 
 def test_grid_clusters_on_s2_dense_and_collapsed(rng):

@@ -30,6 +30,7 @@ from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
 from .errors import WflowError, check_positive
+from .kernels import small as _small
 from .kernels.small import bmm
 from .measure import Atoms
 
@@ -91,8 +92,10 @@ def pair_fraction(points, cos_threshold: float = 0.999) -> np.ndarray:
         f = \frac{1}{n(n-1)} \#\{(i, j) : i \ne j,\ \langle x_i, x_j\rangle > c\}
 
     the observable of the phase diagram of Geshkovski, Letrouit, Polyanskiy and Rigollet
-    (2024) (:math:`c = 0.999`): 1 once the tokens have collapsed to one point.  One batched
-    GEMM per chunk of systems, in the points' dtype; no loop over systems.
+    (2024) (:math:`c = 0.999`): 1 once the tokens have collapsed to one point.  Systems of at most
+    :data:`~wflow.kernels.small.SMALL_MAX` tokens: one compiled pass per system
+    (:func:`wflow.kernels.small.pair_counts`, inner products in float64); larger ones: one batched
+    GEMM per chunk of systems, in the points' dtype; no loop over systems in Python.
 
     Parameters
     ----------
@@ -118,6 +121,10 @@ def pair_fraction(points, cos_threshold: float = 0.999) -> np.ndarray:
         raise ValueError(f"cos_threshold must be finite, got {cos_threshold!r}")
     batch, (n, d) = x.shape[:-2], x.shape[-2:]
     xf = x.reshape(-1, n, d)
+    if n <= _small.SMALL_MAX and _small._pair_counts is not None:
+        # tiny systems: one compiled pass per system (float64 Gram blocks), worker threads over systems
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (_small.pair_counts(xf, c) / (n * (n - 1))).reshape(batch) if n > 1 else np.full(batch, np.nan)
     count = np.empty(xf.shape[0])
     for s in _chunks(xf.shape[0], n):
         xs = xf[s]

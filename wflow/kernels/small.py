@@ -39,7 +39,8 @@ import numpy as np
 
 from . import numba_backend as _nb
 
-__all__ = ["bmm", "small_sums", "sa_euler_step", "span_coordinates", "choose_method", "SMALL_MAX", "CHUNK_PAIRS", "FUSED_MAX_DIM"]
+__all__ = ["bmm", "small_sums", "sa_euler_step", "pair_counts", "span_coordinates", "choose_method", "SMALL_MAX",
+           "CHUNK_PAIRS", "FUSED_MAX_DIM"]
 
 #: Largest n and m (per system) of the tiny-systems route.
 SMALL_MAX = 256
@@ -322,9 +323,32 @@ if _nb.numba is not None:
                 for l in range(r):
                     out[k, i, l] = Ai[l] * inv
 
+    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
+    def _pair_counts(x, c, k0, k1, out):  # pragma: no cover - compiled
+        """out[k] = #{(i, j): i != j, <x_i, x_j> > c} for k0 <= k < k1 (the Gram matrix's blocks on and
+        above the diagonal in float64, by register-blocked dots; ordered pairs = 2 x unordered)."""
+        B, n, r = x.shape
+        T = np.empty((n, r))
+        G = np.empty((n, n))
+        for k in range(k0, k1):
+            for i in range(n):
+                for l in range(r):
+                    T[i, l] = np.float64(x[k, i, l])
+            for i in range(0, n, 4):
+                ni = min(4, n - i)
+                for j in range(i, n, 2):
+                    _dots(T, T, G, i, j, ni, min(2, n - j))
+            cnt = 0
+            for i in range(n):
+                Gi = G[i]
+                for j in range(i + 1, n):
+                    cnt += Gi[j] > c
+            out[k] = 2 * cnt
+
 else:  # pragma: no cover
     _softmax_rows = None
     _fused_sums = None
+    _pair_counts = None
     _sa_euler = None
 
 
@@ -566,6 +590,57 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
 
     _run(work, threads, len(chunks))
     return out
+
+
+def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
+    r"""Ordered pairs :math:`i \ne j` with :math:`\langle x_i, x_j\rangle > c`, per system, for batches of tiny systems.
+
+    One compiled pass per system (the Gram matrix's upper blocks in float64, then the count), worker
+    threads over chunks of systems; :func:`wflow.diagnostics.pair_fraction` takes it for
+    ``n <=`` :data:`SMALL_MAX` when numba is present.
+
+    Parameters
+    ----------
+    x : ndarray, shape (..., n, r)
+        Points (float32 or float64); leading axes are independent systems.
+    c : float
+        The threshold.
+
+    Returns
+    -------
+    ndarray, shape (...)
+        int64 counts.
+
+    Examples
+    --------
+    >>> x = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    >>> int(pair_counts(x, 0.999))  # (0, 1) and (1, 0)
+    2
+    """
+    if _pair_counts is None:
+        from ..errors import WflowError
+
+        raise WflowError(f"pair_counts needs numba: {_nb._NUMBA_ERROR}")
+    x = np.asarray(x)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    if x.ndim < 2 or x.shape[-2] > SMALL_MAX:
+        raise ValueError(f"x must have shape (..., n, r) with n <= {SMALL_MAX}, got shape {x.shape}")
+    batch, (n, r) = x.shape[:-2], x.shape[-2:]
+    xf = np.ascontiguousarray(x).reshape(-1, n, r)
+    B = xf.shape[0]
+    out = np.zeros(B, dtype=np.int64)
+    threads = _threads() if B * n * n * r >= SERIAL_MAX_FLOPS else 1
+    chunks = _chunk_bounds(B, n * n, threads, CHUNK_PAIRS)
+    cf = float(c)
+
+    def work(t: int) -> None:
+        for b0, b1 in chunks[t::threads]:
+            _pair_counts(xf, cf, b0, b1, out)
+
+    if B and n:
+        _run(work, threads, len(chunks))
+    return out.reshape(batch)
 
 
 def span_coordinates(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
