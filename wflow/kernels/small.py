@@ -105,6 +105,23 @@ _FIXED_SHIFT_SPREAD = 600.0
 if _nb.numba is not None:
     from numba import njit
 
+    @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
+    def _softmax_row(Li, Ei, scale, lwk, fl, zero):  # pragma: no cover - compiled
+        """Li <- scale Li + lwk; Ei = e^(Li - max Li) (exponents clamped at fl, in the dtype of zero; Ei may
+        be Li); returns (the row maximum, the row sum accumulated in float64)."""
+        m = Li.shape[0]
+        for j in range(m):
+            Li[j] = Li[j] * scale + lwk[j]
+        mx = Li[0]
+        for j in range(1, m):
+            mx = max(mx, Li[j])
+        t = 0.0
+        for j in range(m):
+            v = _nb._exp_as(max(Li[j] - mx, fl), zero)
+            Ei[j] = v
+            t += v
+        return mx, t
+
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
     def _softmax_rows(L, scale, lw, E, shift, mass, fl, zero):  # pragma: no cover - compiled
         """L (C, n, m) inner products (float64, or float32 when accurate enough), scale the factor
@@ -114,22 +131,8 @@ if _nb.numba is not None:
         (accumulated in float64)."""
         C, n, m = L.shape
         for k in range(C):
-            lwk = lw[k]
             for i in range(n):
-                Li = L[k, i]
-                Ei = E[k, i]
-                for j in range(m):
-                    Li[j] = Li[j] * scale + lwk[j]
-                mx = Li[0]
-                for j in range(1, m):
-                    mx = max(mx, Li[j])
-                t = 0.0
-                for j in range(m):
-                    v = _nb._exp_as(max(Li[j] - mx, fl), zero)
-                    Ei[j] = v
-                    t += v
-                shift[k, i] = mx
-                mass[k, i] = t
+                shift[k, i], mass[k, i] = _softmax_row(L[k, i], E[k, i], scale, lw[k], fl, zero)
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _dots(A, Bm, L, i, j, ni, nj):  # pragma: no cover - compiled
@@ -205,22 +208,8 @@ if _nb.numba is not None:
         cT = np.empty((q, m), c.dtype)
         for k in range(k0, k1):
             _abt(a[k], b[k], L)
-            lwk = lw[k]
             for i in range(n):
-                Li = L[i]
-                for j in range(m):
-                    Li[j] = Li[j] * scale + lwk[j]
-                mx = Li[0]
-                for j in range(1, m):
-                    mx = max(mx, Li[j])
-                t = 0.0
-                Ei = E[i]
-                for j in range(m):
-                    v = _nb._exp_as(max(Li[j] - mx, fl), zero)
-                    Ei[j] = v
-                    t += v
-                shift[k, i] = mx
-                mass[k, i] = t
+                shift[k, i], mass[k, i] = _softmax_row(L[i], E[i], scale, lw[k], fl, zero)
             if q:
                 ck = c[k]
                 for j in range(m):
@@ -292,18 +281,7 @@ if _nb.numba is not None:
                     inv_s[i] = 1.0 / t
             else:
                 for i in range(n):
-                    Gi = G[i]
-                    for j in range(n):
-                        Gi[j] = Gi[j] * beta + lwk[j]
-                    mx = Gi[0]
-                    for j in range(1, n):
-                        mx = max(mx, Gi[j])
-                    t = 0.0
-                    for j in range(n):
-                        e = _nb._exp64(max(Gi[j] - mx, floor))
-                        Gi[j] = e
-                        t += e
-                    inv_s[i] = 1.0 / t
+                    inv_s[i] = 1.0 / _softmax_row(G[i], G[i], beta, lwk, floor, 0.0)[1]
             _abt(G, TT, A)
             for i in range(n):
                 Ai = A[i]
