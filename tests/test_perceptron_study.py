@@ -40,3 +40,24 @@ def test_settle_stop_stops_a_settled_run():
     r = P.run_paper(1.0, 1, d=2, N=32, seeds=2, t_max=200.0)
     assert r["settled"] and r["t_stop"] < 200.0
     assert all(len(c[1]) == 1 for c in r["clusters"])  # attraction at beta = 1: one atom
+
+
+def test_every_run_is_a_part_and_is_reused(tmp_path):
+    """The plan lists each run of the study once (41 in quick mode, 248 in full); a run through the study's
+    parts equals run_paper and a second request reads it back without running."""
+    from wflow.studies.parts import Parts
+
+    quick, full = P._plan(True), P._plan(False)
+    for plan, count in ((quick, 41), (full, 248)):
+        keys = {str(P._Runs._key(P._Runs._args(*c, **kw))) for c, kw in plan["calls"]}
+        assert len(plan["calls"]) == count == len(keys)
+    parts = Parts(tmp_path, "perceptron", quick=True)
+    runs = P._Runs(parts)
+    a = runs(1.0, 1, d=2, N=8, seeds=2, t_max=5.0)
+    b = runs(1.0, 1, d=2, N=8, seeds=2, t_max=5.0)
+    direct = P.run_paper(1.0, 1, d=2, N=8, seeds=2, t_max=5.0)
+    assert parts.computed == 1 and parts.reused == 1
+    np.testing.assert_array_equal(a["x"], direct["x"])
+    np.testing.assert_array_equal(b["x"], direct["x"])
+    assert (a["settled"], a["t_stop"], a["threshold"]) == (direct["settled"], direct["t_stop"], direct["threshold"])
+    assert [len(c[1]) for c in a["clusters"]] == [len(c[1]) for c in direct["clusters"]]

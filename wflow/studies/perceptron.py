@@ -315,8 +315,8 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
     plan = _plan(quick)
     betas, seeds, N, t_max, betas_few = plan["betas"], plan["seeds"], plan["N"], plan["t_max"], plan["betas_few"]
     parts = Parts(out, "perceptron", quick)
-    run_paper = _Runs(parts)  # every run of the study is a stored part (an interrupted run resumes)
-    run_paper.prefetch(plan["calls"])
+    runs = _Runs(parts)  # run_paper through stored parts: an interrupted study resumes
+    runs.prefetch(plan["calls"])
     rep.notes.append(f"{'quick' if quick else 'full'} mode: betas {list(betas)}, {seeds} particle seeds, N = {N}, "
                      f"t_max = {t_max:g} (paper time), Euler dt = 0.1; USA runs use wflow's plain kernel with the "
                      f"perceptron's omega times e^beta for wflow time e^-beta s (the rescaled kernel's time change)")
@@ -325,7 +325,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
     e1 = {}
     for sign in (1, -1):
         for beta in betas:
-            r = run_paper(beta, sign, d=2, N=N, seeds=seeds, t_max=t_max)
+            r = runs(beta, sign, d=2, N=N, seeds=seeds, t_max=t_max)
             x = r["x"]
             k = [len(cl[1]) for cl in r["clusters"]]
             order = float(np.max(np.linalg.norm(x.mean(axis=1), axis=-1)))
@@ -353,7 +353,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
     for act in ("relu", "gelu"):
         for sign in (1, -1):
             for beta in betas_few:
-                r = run_paper(beta, sign, d=2, N=N, seeds=seeds, A=A2, omega=om2, activation=act, t_max=t_max)
+                r = runs(beta, sign, d=2, N=N, seeds=seeds, A=A2, omega=om2, activation=act, t_max=t_max)
                 cl = r["clusters"]
                 k = [len(c[1]) for c in cl]
                 sp = _location_spread(cl, min_mass=0.05)
@@ -375,7 +375,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
     for d in dims:
         A4, om4 = plan["A4"][d]
         for beta in betas:
-            r = run_paper(beta, -1, d=d, N=N4, seeds=1, A=A4, omega=om4, activation="gelu",
+            r = runs(beta, -1, d=d, N=N4, seeds=1, A=A4, omega=om4, activation="gelu",
                           t_max=t_max)
             masses = r["clusters"][0][1]
             bound = anticoncentration_bound(beta, om4, A4)
@@ -397,7 +397,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
             for with_p in (False, True):
                 tag = f"{attention} {'ascent' if sign > 0 else 'descent'}{' + GELU' if with_p else ''}"
                 for beta in betas_few:
-                    r = run_paper(beta, sign, d=3, N=N, seeds=2, attention=attention, A=A3 if with_p else None,
+                    r = runs(beta, sign, d=3, N=N, seeds=2, attention=attention, A=A3 if with_p else None,
                                   omega=om3 if with_p else None, t_max=t_max)
                     heavy = [int(np.sum(c[1] >= 0.05)) for c in r["clusters"]]
                     e5.setdefault(tag, []).append((beta, float(np.mean(heavy))))
@@ -412,7 +412,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
 
     # C9: one active neuron, descent: the limit is invariant under rotations about a_1
     a1, w1 = plan["a1"]
-    r = run_paper(5.0, -1, d=3, N=4 * N, seeds=1, A=a1, omega=w1, activation="gelu", t_max=t_max)
+    r = runs(5.0, -1, d=3, N=4 * N, seeds=1, A=a1, omega=w1, activation="gelu", t_max=t_max)
     x = r["x"][0]
     # a measure invariant under rotations about a_1 = e_3 has a zero horizontal first moment and an
     # isotropic horizontal second moment: the defect is |E x_h| + (lambda_max - lambda_min)(E x_h x_h^T)
@@ -464,6 +464,6 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
     for name, draw in (("e1", e1fig), ("e2e3", e23fig), ("e4", e4fig), ("e5", e5fig)):
         rep.figures.append(_figure(out, name, draw))
     rep.notes.append(f"compute seconds of the {len(plan['calls'])} runs (whenever and wherever computed): "
-                     f"{run_paper.seconds:.0f}; {parts.note()}")
+                     f"{runs.seconds:.0f}; {parts.note()}")
     rep.seconds = time.perf_counter() - t0
     return rep
