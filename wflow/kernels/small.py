@@ -546,7 +546,7 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
         x = x.astype(np.float64)
     if x.ndim < 2 or x.shape[-2] == 0 or x.shape[-2] > SMALL_MAX:
         raise ValueError(f"x must have shape (..., n, r) with 1 <= n <= {SMALL_MAX}, got shape {x.shape}")
-    batch, (n, r) = x.shape[:-2], x.shape[-2:]
+    n, r = x.shape[-2:]
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != x.shape[:-1]:
         raise ValueError(f"weights must have shape {x.shape[:-1]}, got {w.shape}")

@@ -166,7 +166,7 @@ class ZonalFV:
         return cls(d, n_cells, attention=type(model).__name__, beta=model.beta, sign=sign, **kwargs)
 
     def _geometry(self) -> None:
-        d, z, M = self.d, self.edges, self.n_cells
+        d, z = self.d, self.edges
         self.log_volumes = _log_band_volumes(z, d)
         with np.errstate(divide="ignore"):
             self.log_face_weights = _log_cd(d) + 0.5 * (d - 1) * np.log((1.0 - z) * (1.0 + z))
