@@ -290,18 +290,20 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
     import time
 
     out = tmp_path / "run"
-    # rk4 at a fixed small step: slow enough (~1000 steps) that the signal lands mid-run however loaded the
-    # machine is; the test resumes the same run afterwards
-    argv = [sys.executable, "-m", "wflow.cli", "run", "--set", "init.n=100", "--set", "run.t_end=20", "--set",
+    # rk4 at a fixed small step: slow enough (1000 steps of 300 tokens, seconds on an idle machine) that the
+    # signal lands mid-run however fast the machine is; the test resumes the same run afterwards
+    argv = [sys.executable, "-m", "wflow.cli", "run", "--set", "init.n=300", "--set", "run.t_end=20", "--set",
             "run.n_saves=200", "--set", "run.method=rk4", "--set", "run.dt=0.02", "--set", "run.backend=numpy",
             "--set", "output.figure=false", "--no-progress", "--out", str(out)]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while io.committed_length(out / "trajectory.zarr") < 3 and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.05)
+    running, seen = p.poll() is None, io.committed_length(out / "trajectory.zarr")
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
-    assert p.returncode == 130, err
+    assert running, f"the run ended before the signal (exit {p.returncode}, {seen} snapshots committed): {err}"
+    assert p.returncode == 130, (seen, err)
     assert err == "wflow: interrupted; committed snapshots are kept (continue with wflow run --resume)\n"
     kept = io.committed_length(out / "trajectory.zarr")
     assert 3 <= kept < 200
