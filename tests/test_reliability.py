@@ -295,7 +295,10 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
     argv = [sys.executable, "-m", "wflow.cli", "run", "--set", "init.n=300", "--set", "run.t_end=20", "--set",
             "run.n_saves=200", "--set", "run.method=rk4", "--set", "run.dt=0.02", "--set", "run.backend=numpy",
             "--set", "output.figure=false", "--no-progress", "--out", str(out)]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT back to its default in the child: a test run started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler (the run would finish)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while io.committed_length(out / "trajectory.zarr") < 3 and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.05)
