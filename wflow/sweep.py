@@ -1053,7 +1053,7 @@ def point_config(ds, **coords) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ the GLPR phase diagram
 #: Geshkovski, Letrouit, Polyanskiy and Rigollet's phase diagram: SA with Q = K = V = I, n = 32 tokens,
-#: their scheme x <- (x + 0.1 A x)/|x + 0.1 A x| (``euler-average``) until t = 30, 200 checkpoints, in the
+#: their scheme ``x <- (x + 0.1 A x) / norm(x + 0.1 A x)`` (``euler-average``) until t = 30, 200 checkpoints, in the
 #: coordinates of the initial span (exact; ``run.method`` and ``run.coordinates`` may be swept too)
 GLPR_CONFIG: dict[str, Any] = {"solver": "particles", "model.type": "SA", "model.value": "identity",
                                "init.kind": "uniform", "init.n": 32, "run.t_end": 30.0, "run.n_saves": 200,
