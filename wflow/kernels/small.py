@@ -303,8 +303,8 @@ if _nb.numba is not None:
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
     def _pair_counts(x, c, k0, k1, out):  # pragma: no cover - compiled
-        """out[k] = #{(i, j): i != j, <x_i, x_j> > c} for k0 <= k < k1 (the Gram matrix's blocks on and
-        above the diagonal in float64, by register-blocked dots; ordered pairs = 2 x unordered)."""
+        """out[k] = #{(i, j): i != j, <x_i, x_j> > c} for k0 <= k < k1 (the Gram matrix in float64 by
+        :func:`_gram`; ordered pairs = 2 x unordered)."""
         B, n, r = x.shape
         T = np.empty((n, r))
         G = np.empty((n, n))
@@ -312,10 +312,7 @@ if _nb.numba is not None:
             for i in range(n):
                 for l in range(r):
                     T[i, l] = np.float64(x[k, i, l])
-            for i in range(0, n, 4):
-                ni = min(4, n - i)
-                for j in range(i, n, 2):
-                    _dots(T, T, G, i, j, ni, min(2, n - j))
+            _gram(T, G)
             cnt = 0
             for i in range(n):
                 Gi = G[i]

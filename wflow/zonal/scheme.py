@@ -435,25 +435,7 @@ class ZonalFV:
         """
         with np.errstate(divide="ignore"):
             logf = np.log(m) - self.log_volumes
-        full = m > 0
-        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-            # (ratios beyond e^300 are capped: the limiter bounds the face values by 2 fbar anyway)
-            up = np.exp(np.minimum(logf[1:] - logf[:-1], 300.0))       # fbar_{i+1}/fbar_i, i = 0..M-2
-            down = np.exp(np.minimum(logf[:-1] - logf[1:], 300.0))     # fbar_{i-1}/fbar_i, i = 1..M-1
-        up = np.where(full[:-1], up, 1.0)
-        down = np.where(full[1:], down, 1.0)
-        dzc = self._dz_centers
-        dplus = np.zeros(self.n_cells)
-        dminus = np.zeros(self.n_cells)
-        dplus[:-1] = (up - 1.0) / dzc
-        dminus[1:] = (1.0 - down) / dzc
-        slope = np.empty(self.n_cells)
-        central = (up[1:] - down[:-1]) / (dzc[1:] + dzc[:-1])
-        a, b = 2.0 * dminus[1:-1], 2.0 * dplus[1:-1]
-        same = (a > 0) & (b > 0) & (central > 0) | (a < 0) & (b < 0) & (central < 0)
-        mag = np.minimum(np.minimum(np.abs(a), np.abs(b)), np.abs(central))
-        slope[1:-1] = np.where(same, np.sign(central) * mag, 0.0)
-        slope[0], slope[-1] = dplus[0], dminus[-1]
+        slope = _mc_log_slopes(logf, m > 0, self._dz_centers)
         return np.clip(slope, -1.0 / self._reach, 1.0 / self._reach)
 
     # -- characteristics and remap: steps beyond the positivity limit ---------------------------------
@@ -467,17 +449,18 @@ class ZonalFV:
         u[1:-1] = self._sin_faces * self.face_velocity(np.maximum(np.asarray(masses, dtype=float), 0.0))
         return u
 
-    def departure(self, u: np.ndarray, dt: float) -> np.ndarray:
-        r"""Departure points :math:`\theta^*_f` of the faces after a step ``dt`` in the frozen field ``u``.
+    def departure(self, u: np.ndarray, dt: float, u_mid: np.ndarray | None = None) -> np.ndarray:
+        r"""Departure points :math:`\theta^*_f` of the faces after a step ``dt`` ending in the field ``u``.
 
         The characteristic through each face traced back by the midpoint rule,
-        :math:`\theta^* = \theta - \Delta t\,u(\theta - \tfrac{\Delta t}{2}u(\theta))`, with :math:`u`
-        linear between faces (second order); the poles are fixed points (:math:`u = 0`).  The result is
-        increasing when characteristics do not cross within the step (:meth:`remap` needs it).
+        :math:`\theta^* = \theta - \Delta t\,u_{1/2}(\theta - \tfrac{\Delta t}{2}u(\theta))`, with ``u_mid``
+        the field at the middle of the step (default ``u``: a frozen field) and both linear between faces
+        (second order); the poles are fixed points (:math:`u = 0`).  The result is increasing when
+        characteristics do not cross within the step (:meth:`remap` needs it).
         """
         th = self.theta_edges
         mid = np.clip(th - 0.5 * dt * u, 0.0, math.pi)
-        dep = np.clip(th - dt * np.interp(mid, th, u), 0.0, math.pi)
+        dep = np.clip(th - dt * np.interp(mid, th, u if u_mid is None else u_mid), 0.0, math.pi)
         dep[0], dep[-1] = 0.0, math.pi
         return dep
 
@@ -486,28 +469,10 @@ class ZonalFV:
         scaled by the cell width: the density :math:`\bar q_j(1 + s_j(\xi - \tfrac12))`, :math:`\xi \in [0, 1]`
         across cell ``j``, :math:`|s_j| \le 2` (non-negative).  MC limiter of the neighbour ratios (in log scale).
         """
-        th = self.theta_edges
-        w = np.diff(th)
+        w = np.diff(self.theta_edges)
         with np.errstate(divide="ignore"):
             logq = np.log(m) - np.log(w)
-        full = m > 0
-        hc = 0.5 * (w[1:] + w[:-1])                                   # distance of cell centres across a face
-        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-            up = np.exp(np.minimum(logq[1:] - logq[:-1], 300.0))     # q_{j+1}/q_j
-            down = np.exp(np.minimum(logq[:-1] - logq[1:], 300.0))   # q_{j-1}/q_j
-        up = np.where(full[:-1], up, 1.0)
-        down = np.where(full[1:], down, 1.0)
-        dplus = np.zeros(m.size)
-        dminus = np.zeros(m.size)
-        dplus[:-1] = (up - 1.0) / hc
-        dminus[1:] = (1.0 - down) / hc
-        central = (up[1:] - down[:-1]) / (hc[1:] + hc[:-1])
-        a, b = 2.0 * dminus[1:-1], 2.0 * dplus[1:-1]
-        same = (a > 0) & (b > 0) & (central > 0) | (a < 0) & (b < 0) & (central < 0)
-        mag = np.minimum(np.minimum(np.abs(a), np.abs(b)), np.abs(central))
-        slope = np.zeros(m.size)
-        slope[1:-1] = np.where(same, np.sign(central) * mag, 0.0)
-        slope[0], slope[-1] = dplus[0], dminus[-1]
+        slope = _mc_log_slopes(logq, m > 0, 0.5 * (w[1:] + w[:-1]))   # centres' distances across the faces
         return np.clip(slope * w, -2.0, 2.0)
 
     def remap(self, masses: np.ndarray, departure: np.ndarray) -> np.ndarray:
@@ -520,11 +485,21 @@ class ZonalFV:
         the nearer pole (prefix or suffix sums), so masses far below 1 in the tails keep their relative
         accuracy.
         """
+        return self._remap(self.reconstruction(masses), departure)
+
+    def reconstruction(self, masses: np.ndarray) -> tuple[np.ndarray, ...]:
+        """What :meth:`remap` needs of the old masses, formed once for several departure sets: the
+        masses (negative round-off as zero), the slopes in theta, the prefix and suffix sums."""
         m = np.maximum(np.asarray(masses, dtype=float), 0.0)
+        P = np.concatenate([[0.0], np.cumsum(m)])               # P[k] = sum_{l < k} m_l
+        S = np.concatenate([np.cumsum(m[::-1])[::-1], [0.0]])   # S[k] = sum_{l >= k} m_l
+        return m, self._theta_slopes(m), P, S
+
+    def _remap(self, rec: tuple[np.ndarray, ...], departure: np.ndarray) -> np.ndarray:
+        m, s, P, S = rec
         M = m.size
         th = self.theta_edges
         w = np.diff(th)
-        s = self._theta_slopes(m)
         j = np.clip(np.searchsorted(th, departure, side="right") - 1, 0, M - 1)
         xi = np.clip((departure - th[j]) / w[j], 0.0, 1.0)
         a, b = j[:-1], j[1:]
@@ -533,8 +508,6 @@ class ZonalFV:
         # the part of band a above theta*_i, of band b below theta*_{i+1}: (1-xi)(1 + s xi/2), xi(1 - s(1-xi)/2)
         above = m[a] * (1.0 - xa) * (1.0 + 0.5 * sa * xa)
         below = m[b] * xb * (1.0 - 0.5 * sb * (1.0 - xb))
-        P = np.concatenate([[0.0], np.cumsum(m)])               # P[k] = sum_{l < k} m_l
-        S = np.concatenate([np.cumsum(m[::-1])[::-1], [0.0]])   # S[k] = sum_{l >= k} m_l
         lo = np.minimum(a + 1, b)
         between = np.where(P[lo] <= 0.5, P[b] - P[lo], S[lo] - S[b])
         inside = m[a] * (xb - xa) * (1.0 + sa * (0.5 * (xa + xb) - 0.5))
@@ -587,6 +560,35 @@ class ZonalFV:
         noise = "" if not self.inv_kappa else f", kappa={self.kappa:g}"
         return (f"ZonalFV(d={self.d}, n_cells={self.n_cells}, attention={self.attention!r}, beta={self.beta:g}, "
                 f"sign={self.sign}{noise}, kernel={self.kernel!r})")
+
+
+def _mc_log_slopes(logf: np.ndarray, full: np.ndarray, h: np.ndarray) -> np.ndarray:
+    r"""Slopes of a cell-average density relative to its value, :math:`\hat s_i = f'/\bar f_i`, shape ``(M,)``.
+
+    ``logf`` the log cell averages (``-inf`` where ``full`` is False: empty cells), ``h`` the distances of
+    neighbouring cells' reference points across the ``M - 1`` interior faces.  The neighbour ratios
+    :math:`\bar f_{i\pm1}/\bar f_i` are formed in log scale (capped at :math:`e^{300}`: the callers bound
+    the reconstruction anyway), the slope is the MC limiter of the one-sided and central differences,
+    one-sided in the two end cells; not yet clipped.
+    """
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        up = np.exp(np.minimum(logf[1:] - logf[:-1], 300.0))       # fbar_{i+1}/fbar_i, i = 0..M-2
+        down = np.exp(np.minimum(logf[:-1] - logf[1:], 300.0))     # fbar_{i-1}/fbar_i, i = 1..M-1
+    up = np.where(full[:-1], up, 1.0)
+    down = np.where(full[1:], down, 1.0)
+    M = logf.size
+    dplus = np.zeros(M)
+    dminus = np.zeros(M)
+    dplus[:-1] = (up - 1.0) / h
+    dminus[1:] = (1.0 - down) / h
+    central = (up[1:] - down[:-1]) / (h[1:] + h[:-1])
+    a, b = 2.0 * dminus[1:-1], 2.0 * dplus[1:-1]
+    same = (a > 0) & (b > 0) & (central > 0) | (a < 0) & (b < 0) & (central < 0)
+    mag = np.minimum(np.minimum(np.abs(a), np.abs(b)), np.abs(central))
+    slope = np.empty(M)
+    slope[1:-1] = np.where(same, np.sign(central) * mag, 0.0)
+    slope[0], slope[-1] = dplus[0], dminus[-1]
+    return slope
 
 
 def _edges(grid, M: int) -> np.ndarray:
