@@ -365,6 +365,78 @@ class _Attention(Model):
         np.fill_diagonal(J, -J.sum(axis=1))
         return self.sign * J
 
+    def sphere_jacobian(self, theta: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        r"""The exact Jacobian of the attention average and of the velocity of tokens on the sphere, for
+        :math:`Q = K = I`, :math:`V = \pm I`, one system: ``(dA, dv)``, each of shape ``(n, n, d, d)`` with
+        ``dA[i, k]`` :math:`= \partial A_i/\partial\theta_k` and ``dv[i, k]`` :math:`= \partial v_i/\partial\theta_k`,
+        :math:`v_i = P_{\theta_i}A_i`, as functions of the tokens :math:`\theta \in (\mathbb{R}^d)^n` (the
+        kernel :math:`e^{\beta\langle\theta_i,\theta_j\rangle}` and the projection as written; a caller
+        whose field is extended off the sphere by zero-homogeneity multiplies by :math:`P_{\theta_k}` on
+        the right).
+
+        With :math:`p_{ij}` the attention weights (SA: softmax of :math:`\beta\langle\theta_i,\theta_j\rangle +
+        \log w_j`; USA: :math:`w_j e^{\beta\langle\theta_i,\theta_j\rangle - o}`, not normalized) and
+        :math:`C_i = \sum_j p_{ij}\theta_j\theta_j^\top`:
+
+        .. math::
+
+            \frac{\partial A_i}{\partial\theta_k} = \pm\Big(p_{ik}\big[I + \beta(\theta_k - \bar A_i)\theta_i^\top\big]
+            + \delta_{ik}\,\beta\big(C_i - \bar A_i\bar A_i^\top\big)\Big), \qquad
+            \frac{\partial v_i}{\partial\theta_k} = P_{\theta_i}\frac{\partial A_i}{\partial\theta_k}
+            - \delta_{ik}\big(\langle\theta_i, A_i\rangle I + \theta_i A_i^\top\big),
+
+        with :math:`\bar A_i = \sum_j p_{ij}\theta_j` for SA (the derivative of the normalization) and
+        :math:`\bar A_i = 0` for USA.  A dense Jacobian of :math:`n d` unknowns: meant for the stiff
+        steps (``method="ros2"``) of small systems, e.g. tokens in span coordinates
+        (``coordinates="span"``).
+
+        Examples
+        --------
+        >>> import numpy as np, wflow
+        >>> theta = wflow.sphere.uniform(4, 3, seed=0)
+        >>> w = np.full(4, 0.25)
+        >>> dA, dv = wflow.SA(2.0).sphere_jacobian(theta, w)
+        >>> dv.shape
+        (4, 4, 3, 3)
+        >>> v = lambda th: wflow.SA(2.0).velocity(th, wflow.Atoms(th, w), backend="numpy")
+        >>> e = np.zeros((4, 3)); e[1, 2] = 1e-6                      # a centred difference along theta_1[2]
+        >>> fd = (v(theta + e) - v(theta - e)) / 2e-6
+        >>> bool(np.allclose(fd, dv[:, 1, :, 2], atol=1e-8))
+        True
+        """
+        if any(_identity_sign(M) != 1 for M in (self.Q, self.K)) or _identity_sign(self.V) not in (1, -1):
+            raise ValueError(f"sphere_jacobian needs Q = K = I and V = +-I, got {self!r}")
+        theta = np.asarray(theta, dtype=np.float64)
+        w = np.asarray(weights, dtype=np.float64)
+        if theta.ndim != 2 or w.shape != theta.shape[:1]:
+            raise ValueError(f"theta must have shape (n, d) and weights (n,), got {theta.shape} and {w.shape}")
+        n, d = theta.shape
+        beta = self.beta_for(n)
+        with np.errstate(divide="ignore"):
+            L = beta * (theta @ theta.T) + np.log(w)[None, :]
+        if isinstance(self, SA):
+            L -= L.max(axis=1, keepdims=True)
+            p = np.exp(L)
+            p /= p.sum(axis=1, keepdims=True)
+            Abar = p @ theta
+        else:
+            p = np.exp(L - self.offset(beta))
+            Abar = np.zeros_like(theta)
+        A = p @ theta
+        eye = np.eye(d)
+        # p_ik [I + beta (theta_k - Abar_i) theta_i^T], then the diagonal blocks' beta (C_i - Abar_i Abar_i^T)
+        dA = p[:, :, None, None] * (eye + beta * (theta[None, :, :, None] - Abar[:, None, :, None])
+                                    * theta[:, None, None, :])
+        idx = np.arange(n)
+        C = np.matmul(theta.T[None, :, :] * p[:, None, :], theta)  # C_i = sum_j p_ij theta_j theta_j^T
+        dA[idx, idx] += beta * (C - Abar[:, :, None] * Abar[:, None, :])
+        dA *= self.sign
+        A *= self.sign
+        P = eye - theta[:, :, None] * theta[:, None, :]
+        dv = np.matmul(P[:, None], dA)
+        dv[idx, idx] -= np.einsum("ij,ij->i", theta, A)[:, None, None] * eye + theta[:, :, None] * A[:, None, :]
+        return dA, dv
+
     def average(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         r"""The attention output before projection: :math:`A(x) = \int e^{\ell(x,y)}Vy\,d\mu(y) / Z` (SA) or
         :math:`\int e^{\ell(x,y) - o}Vy\,d\mu(y)` (USA), shape ``(..., n, d)``; the velocity is :math:`P_x A(x)`."""

@@ -191,6 +191,48 @@ class Normalized(Model):
             return r[..., None] * project(theta, u)
         return u
 
+    def plain_attention(self) -> bool:
+        """True for the sphere schemes (Post-LN, nGPT, sqrt-scaling) of attention with :math:`Q = K = V = I`
+        and no perceptron: fields that commute with rotations and keep tokens in the span of the initial
+        ones (``coordinates="span"`` applies)."""
+        return (self.space == "sphere" and self.perceptron is None and hasattr(self.attention, "plain_attention")
+                and self.attention.plain_attention())
+
+    def sphere_jacobian(self, theta: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        r"""``(dU, dv)``: the exact Jacobians (shape ``(n, n, d, d)``) of the update and of the scheme's velocity
+        on the sphere, for the sphere schemes of attention with :math:`Q = K = I`, :math:`V = \pm I` and no
+        perceptron (:meth:`wflow.models.SA.sphere_jacobian`): Post-LN's is the attention's, sqrt-scaling's
+        divided by :math:`\sqrt{t+1}`, nGPT's :math:`v_i = \alpha P_{\theta_i}A_i/|A_i|` has
+        :math:`\partial v_i = \alpha\big(\partial(P_{\theta_i}A_i) - P_{\theta_i}A_i\,\hat A_i^\top\partial A_i\big)/|A_i|`.
+        Other schemes and perceptrons: ``ValueError``.
+
+        Examples
+        --------
+        >>> import numpy as np, wflow
+        >>> from wflow.schemes import Normalized
+        >>> theta, w = wflow.sphere.uniform(3, 3, seed=0), np.full(3, 1 / 3)
+        >>> m = Normalized(wflow.SA(1.0), "ngpt", alpha=0.5)
+        >>> v = lambda th: m.velocity(th, wflow.Atoms(th, w), backend="numpy")
+        >>> e = np.zeros((3, 3)); e[0, 1] = 1e-6
+        >>> bool(np.allclose((v(theta + e) - v(theta - e)) / 2e-6, m.sphere_jacobian(theta, w)[1][:, 0, :, 1], atol=1e-8))
+        True
+        """
+        if self.space != "sphere" or self.perceptron is not None or not hasattr(self.attention, "sphere_jacobian"):
+            raise ValueError(f"sphere_jacobian covers the sphere schemes of attention without a perceptron, got {self!r}")
+        dA, dv = self.attention.sphere_jacobian(theta, weights)
+        if self.scheme == "sqrt":
+            return dA, dv / np.sqrt(self.t + 1.0)
+        if self.scheme == "ngpt":
+            theta = np.asarray(theta, dtype=np.float64)
+            A = self.attention.average(theta, Atoms._trusted(theta, np.asarray(weights, dtype=np.float64)),
+                                       backend="numpy")
+            a = _norm(A)
+            v = project(theta, A) / a[:, None]  # P A / |A|
+            dv = (dv - v[:, None, :, None] * np.matmul((A / a[:, None])[:, None, None, :], dA)) \
+                / a[:, None, None, None]
+            return dA, self.alpha_at(self.t) * dv
+        return dA, dv
+
     # -- energy (a Lyapunov function of the directions) ----------------------------
     def gradient_obstruction(self) -> str | None:
         why = self.attention.gradient_obstruction()

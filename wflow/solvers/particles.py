@@ -156,6 +156,31 @@ class ParticleProblem(Problem):
         self.evaluations += 1
         return _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected)
 
+    def jacobian(self, t: float, y: np.ndarray) -> np.ndarray | None:
+        r"""The exact Jacobian of :meth:`rhs` for one system on the sphere whose model offers one
+        (``model.sphere_jacobian``: SA/USA with :math:`Q = K = I`, :math:`V = \pm I`, and the sphere schemes of
+        :class:`~wflow.schemes.Normalized`), shape ``(n r, n r)``; else ``None`` (implicit solvers then
+        difference the field).  The field is extended off the sphere by zero-homogeneity,
+        :math:`v(y) = v(y/|y|)`, hence the factor :math:`P_{\theta_k}/|y_k|` on the right of each block.
+
+        The matrix is dense, :math:`(nr)^2` numbers: for ``method="ros2"`` on small systems, such as
+        tokens in span coordinates (``coordinates="span"``, r = n).
+        """
+        model = self.model_at(t)
+        if (y.ndim != 2 or self.free or self.n_tracers or self.kappa is not None
+                or not hasattr(model, "sphere_jacobian")):
+            return None
+        try:
+            _, dv = model.sphere_jacobian(project_to_sphere(y), self.weights)
+        except ValueError:  # Q, K, V not of the form the exact Jacobian covers
+            return None
+        r = np.linalg.norm(y, axis=-1)
+        theta = y / r[:, None]
+        P = (np.eye(y.shape[-1]) - theta[:, :, None] * theta[:, None, :]) / r[:, None, None]
+        J = np.matmul(dv, P[None])  # (i, k, l, q) @ P_k: the chain rule through theta = y / |y|
+        n, d = y.shape
+        return J.transpose(0, 2, 1, 3).reshape(n * d, n * d)
+
     def average(self, t: float, y: np.ndarray) -> np.ndarray:
         r"""The attention output before projection, ``model.average`` (tokens on the sphere): what the
         published discrete scheme :math:`x \leftarrow (x + \eta A x)/|x + \eta A x|` adds."""
