@@ -44,3 +44,38 @@ def test_equiangular_part_post_ln_matches_theory(tmp_path):
     assert np.max(np.abs(p["gap"] - p["gap_ode"])) < 1e-8
     law = theory.equiangular_asymptotics(1.0, 4, "SA", "post-ln", rho0=0.0)
     assert nm.fit_rate(p["t"], p["gap"], law.law)[0] == pytest.approx(2.0, rel=2e-3)
+
+
+@pytest.mark.parametrize("scheme", ["post-ln", "sqrt"])
+def test_collapse_part_follows_the_staircase_to_one_point(scheme):
+    """Random tokens through every merge to one point (BDF with the exact Jacobian in span coordinates): the
+    cluster count falls one merge at a time from n to 1, the merge times equal those of an independent
+    explicit run (wflow.simulate, dopri5 in the full dimension, no Jacobian), and the late rate is the
+    theory's (2 in t for Post-LN, 4 in sqrt(t + 1) for sqrt-scaling)."""
+    from wflow import SA, simulate
+    from wflow.schemes import Normalized
+    from wflow.sphere import uniform
+    from wflow.studies.normalization import _fit, _law, collapse_part
+
+    n, d, beta = 8, 16, 4.0
+    p = collapse_part(scheme, n, d, beta, 0)
+    assert p["collapsed"] and p["clusters"][0] == n and p["clusters"][-1] == 1
+    assert np.all(np.diff(p["clusters"]) <= 0)
+    rate = _fit(p["t_fit"], p["gap_fit"], scheme, _law(beta, n, scheme, p["rho0"]))
+    assert abs(rate / (2.0 if scheme == "post-ln" else 4.0) - 1) < 1e-3
+    assert p["radius_drift"] < 1e-6
+    # the first merges against an explicit run on the same grid
+    t = p["t"][p["t"] <= p["merge_times"][min(2, len(p["merge_times"]) - 1)] * 1.2]
+    ref = simulate(Normalized(SA(beta), scheme), uniform(n, d, seed=0), float(t[-1]), save_at=t, method="dopri5",
+                   rtol=1e-10, atol=1e-12, backend="numpy", diagnostics=())
+    x = np.asarray(ref.points)
+    i, j = np.triu_indices(n, 1)
+    gaps = 0.5 * np.sum((x[:, i] - x[:, j]) ** 2, axis=-1)
+    np.testing.assert_allclose(gaps.mean(axis=-1), p["gap"][:t.size], rtol=1e-5)
+
+
+def test_collapse_part_rejects_radius_schemes():
+    from wflow.studies.normalization import collapse_part
+
+    with pytest.raises(ValueError, match="scheme must be one of"):
+        collapse_part("pre-ln", 4, 8, 1.0, 0)
