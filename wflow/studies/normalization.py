@@ -239,7 +239,7 @@ def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: fl
     Examples
     --------
     >>> p = collapse_part("post-ln", 6, 16, 4.0, 0)
-    >>> bool(p["collapsed"]), p["clusters"][0], p["clusters"][-1]
+    >>> bool(p["collapsed"]), int(p["clusters"][0]), int(p["clusters"][-1])
     (True, 6, 1)
     """
     from scipy.integrate import solve_ivp
