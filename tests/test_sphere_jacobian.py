@@ -90,3 +90,20 @@ def test_ros2_with_the_exact_jacobian_equals_the_differenced_one():
                         atol=1e-12)
     assert np.abs(exact.y - fd.y).max() < 1e-7
     assert exact.evaluations == 2 and fd.evaluations == 2 + x.size
+
+
+@pytest.mark.parametrize("scheme, kw", [("ngpt", {"alpha": 0.5}), ("sqrt", {})])
+def test_sphere_schemes_run_in_span_coordinates(scheme, kw):
+    """The sphere schemes of plain attention keep tokens in their initial span: the span run equals the
+    full-dimensional one; schemes with radii and perceptrons are refused."""
+    x0 = wflow.sphere.uniform(6, 20, seed=4)
+    model = Normalized(wflow.SA(3.0), scheme, **kw)
+    opts = dict(method="rk4", dt=0.05, save_at=[0.0, 1.0, 2.0], backend="numpy", diagnostics=())
+    span = wflow.simulate(model, x0, 2.0, coordinates="span", **opts)
+    full = wflow.simulate(model, x0, 2.0, **opts)
+    assert np.abs(np.asarray(span.points) - np.asarray(full.points)).max() < 1e-12
+    assert np.abs(np.asarray(full.points)[-1] - x0).max() > 1e-2
+    for bad in (Normalized(wflow.SA(3.0), "pre-ln"),
+                Normalized(wflow.SA(3.0), "post-ln", perceptron=wflow.Perceptron(np.ones((20, 2)), np.ones((2, 20))))):
+        with pytest.raises(ValueError, match="coordinates='span'"):
+            wflow.simulate(bad, x0, 1.0, coordinates="span", **opts)
