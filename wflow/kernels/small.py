@@ -39,7 +39,7 @@ import numpy as np
 
 from . import numba_backend as _nb
 
-__all__ = ["bmm", "small_sums", "sa_euler_step", "pair_counts", "span_coordinates", "choose_method", "SMALL_MAX",
+__all__ = ["bmm", "small_sums", "sa_euler_step", "step_log_weights", "pair_counts", "span_coordinates", "choose_method", "SMALL_MAX",
            "CHUNK_PAIRS", "FUSED_MAX_DIM"]
 
 #: Largest n and m (per system) of the tiny-systems route.
@@ -480,7 +480,8 @@ def _finish(shift, mass, vec, lw_max, ldt, wdt):
 
 
 def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
-                  out: np.ndarray | None = None, projected: bool = True) -> np.ndarray:
+                  out: np.ndarray | None = None, projected: bool = True,
+                  log_weights: np.ndarray | None = None) -> np.ndarray:
     r"""One explicit Euler step of SA with :math:`Q = K = V = I`, fused, for a batch of tiny systems.
 
     .. math::
@@ -517,6 +518,9 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
         Where to write the new points (may be ``x`` itself).
     projected : bool
         Project the average on the tangent plane (projected Euler, the default) or not (GLPR's scheme).
+    log_weights : ndarray, shape (..., n), optional
+        ``max(log(weights), -1e300)`` as float64 when the caller keeps it between steps (a run's weights do
+        not change); formed here otherwise.
 
     Returns
     -------
@@ -548,8 +552,9 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     if w.shape != x.shape[:-1]:
         raise ValueError(f"weights must have shape {x.shape[:-1]}, got {w.shape}")
     xf = np.ascontiguousarray(x).reshape(-1, n, r)
-    with np.errstate(divide="ignore"):
-        lw = np.maximum(np.log(w.reshape(-1, n)), _nb._LOG_ZERO)
+    if log_weights is None:
+        log_weights = step_log_weights(w)
+    lw = np.asarray(log_weights, dtype=np.float64).reshape(-1, n)
     if out is None:
         out = np.empty(x.shape, dtype=x.dtype)
     of = out.reshape(-1, n, r)  # (a view: out must be contiguous)
@@ -565,6 +570,18 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
 
     _run(work, threads, len(chunks))
     return out
+
+
+def step_log_weights(weights: np.ndarray) -> np.ndarray:
+    """The log-weights :func:`sa_euler_step` takes: ``max(log w, -1e300)`` in float64 (zero weights finite).
+
+    Examples
+    --------
+    >>> step_log_weights(np.array([1.0, 0.0])).tolist()
+    [0.0, -1e+300]
+    """
+    with np.errstate(divide="ignore"):
+        return np.maximum(np.log(np.asarray(weights, dtype=np.float64)), _nb._LOG_ZERO)
 
 
 def pair_counts(x: np.ndarray, c: float) -> np.ndarray:

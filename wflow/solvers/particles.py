@@ -154,7 +154,10 @@ class ParticleProblem(Problem):
         if type(model) is not SA or not model.plain_attention():
             return None
         self.evaluations += 1
-        return _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected)
+        if getattr(self, "_step_log_weights", None) is None:  # the weights of a run do not change
+            self._step_log_weights = _small.step_log_weights(self.weights)
+        return _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
+                                    log_weights=self._step_log_weights)
 
     def jacobian(self, t: float, y: np.ndarray) -> np.ndarray | None:
         r"""The exact Jacobian of :meth:`rhs` for one system on the sphere whose model offers one
