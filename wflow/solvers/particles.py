@@ -9,6 +9,7 @@ driver, :func:`wflow.solvers.base.integrate`.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any, Callable, Sequence
@@ -154,10 +155,13 @@ class ParticleProblem(Problem):
         if type(model) is not SA or not model.plain_attention():
             return None
         self.evaluations += 1
-        if getattr(self, "_step_log_weights", None) is None:  # the weights of a run do not change
-            self._step_log_weights = _small.step_log_weights(self.weights)
         return _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
                                     log_weights=self._step_log_weights)
+
+    @functools.cached_property
+    def _step_log_weights(self) -> np.ndarray:
+        """The fused step's log-weights, formed once (the weights of a run do not change)."""
+        return _small.step_log_weights(self.weights)
 
     def jacobian(self, t: float, y: np.ndarray) -> np.ndarray | None:
         r"""The exact Jacobian of :meth:`rhs` for one system on the sphere whose model offers one
@@ -173,13 +177,12 @@ class ParticleProblem(Problem):
         if (y.ndim != 2 or self.free or self.n_tracers or self.kappa is not None
                 or not hasattr(model, "sphere_jacobian")):
             return None
+        theta = project_to_sphere(y)
         try:
-            _, dv = model.sphere_jacobian(project_to_sphere(y), self.weights)
+            _, dv = model.sphere_jacobian(theta, self.weights)
         except ValueError:  # Q, K, V not of the form the exact Jacobian covers
             return None
-        r = np.linalg.norm(y, axis=-1)
-        theta = y / r[:, None]
-        P = (np.eye(y.shape[-1]) - theta[:, :, None] * theta[:, None, :]) / r[:, None, None]
+        P = (np.eye(y.shape[-1]) - theta[:, :, None] * theta[:, None, :]) / np.linalg.norm(y, axis=-1)[:, None, None]
         J = np.matmul(dv, P[None])  # (i, k, l, q) @ P_k: the chain rule through theta = y / |y|
         n, d = y.shape
         return J.transpose(0, 2, 1, 3).reshape(n * d, n * d)

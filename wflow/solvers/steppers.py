@@ -357,15 +357,13 @@ class ROS2(Solver):
             J = self.jacobian(problem, t, y, f0)
         # one BLAS thread for small factorizations: on a shared 2-core machine two threads factored a
         # 1024 x 1024 matrix in 340-400 ms against 100-140 ms for one
-        small = J.shape[0] <= 2048
-        with warnings.catch_warnings(), _blas_threads(1) if small else contextlib.nullcontext():
+        with warnings.catch_warnings(), _blas_threads(1) if J.shape[0] <= 2048 else contextlib.nullcontext():
             warnings.simplefilter("ignore", sla.LinAlgWarning)
             lu = sla.lu_factor(np.eye(J.shape[0]) - self.GAMMA * dt * J)
             k1 = sla.lu_solve(lu, f0.reshape(-1)).reshape(y.shape)
-        if not np.all(np.isfinite(k1)):  # I - gamma h J singular (an unstable mode at this h): a smaller step
-            return StepResult(y, error=np.inf), state
-        f1 = problem.rhs(t + dt, y + dt * k1)
-        with _blas_threads(1) if small else contextlib.nullcontext():
+            if not np.all(np.isfinite(k1)):  # I - gamma h J singular (an unstable mode at this h): a smaller step
+                return StepResult(y, error=np.inf), state
+            f1 = problem.rhs(t + dt, y + dt * k1)
             k2 = sla.lu_solve(lu, (f1 - 2 * k1).reshape(-1)).reshape(y.shape)
         y2 = y + 1.5 * dt * k1 + 0.5 * dt * k2
         err = problem.error_norm(0.5 * dt * (k1 + k2), y, y2, rtol, atol) if rtol or atol else None

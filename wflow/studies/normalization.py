@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from .. import theory
+from ..diagnostics import batched_cluster_labels
 from ..models import SA
 from ..schemes import SCHEMES, Normalized
 from ..solvers.particles import simulate
@@ -58,7 +59,7 @@ from .parts import Parts
 from .report import StudyReport, register
 
 __all__ = ["fit_rate", "pair_gaps", "equiangular_part", "random_part", "collapse_part", "SCHEME_OPTIONS",
-           "CLOCKS", "SPHERE_SCHEMES", "COLLAPSED_GAP"]
+           "CLOCKS", "SPHERE_SCHEMES", "COLLAPSED_GAP", "COLLAPSE_TOL", "MERGED_ANGLE"]
 
 #: the schemes' extra parameters (Mix-LN switch time, nGPT step)
 SCHEME_OPTIONS: dict[str, dict[str, float]] = {"mix-ln": {"tau": 2.0}, "ngpt": {"alpha": 0.5}}
@@ -123,10 +124,15 @@ def pair_gaps(points: np.ndarray) -> np.ndarray:
     >>> np.round(pair_gaps(np.array([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]])), 6)
     array([1.333333])
     """
+    return _pair_gaps_each(points).mean(axis=-1)
+
+
+def _pair_gaps_each(points: np.ndarray) -> np.ndarray:
+    r""":math:`1-\langle\theta_i,\theta_j\rangle` of every pair :math:`i<j` (difference form), shape ``(..., n(n-1)/2)``."""
     x = np.asarray(points, dtype=float)
     x = x / np.linalg.norm(x, axis=-1, keepdims=True)
     i, j = np.triu_indices(x.shape[-2], 1)
-    return 0.5 * np.sum((x[..., i, :] - x[..., j, :]) ** 2, axis=-1).mean(axis=-1)
+    return 0.5 * np.sum((x[..., i, :] - x[..., j, :]) ** 2, axis=-1)
 
 
 # --------------------------------------------------------------------------------------
@@ -208,6 +214,10 @@ def random_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: floa
 SPHERE_SCHEMES = ("post-ln", "ngpt", "sqrt")
 #: the collapse is declared when every pair's 1 - <theta_i, theta_j> is below this
 COLLAPSED_GAP = 1e-11
+#: BDF's tolerances for the collapse
+COLLAPSE_TOL = {"rtol": 1e-8, "atol": 1e-12}
+#: tokens closer than this (geodesic, radians: 1 - cos = 1e-3) count as one cluster along the staircase
+MERGED_ANGLE = float(np.arccos(1.0 - 1e-3))
 
 
 def _clock_span(scheme: str, t_stop: float, units: float) -> np.ndarray:
@@ -220,7 +230,7 @@ def _clock_span(scheme: str, t_stop: float, units: float) -> np.ndarray:
 
 
 def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: float = 1e20,
-                  rtol: float = 1e-8, atol: float = 1e-12) -> dict[str, Any]:
+                  rtol: float = COLLAPSE_TOL["rtol"], atol: float = COLLAPSE_TOL["atol"]) -> dict[str, Any]:
     r"""``n`` uniform tokens in ``d`` dimensions followed through the whole metastable staircase to one point.
 
     The tokens evolve in the coordinates of their initial span (exact for attention with
@@ -231,7 +241,8 @@ def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: fl
     BDF takes steps as long as the slow drift allows.  The run stops when every pair's gap
     :math:`1-\langle\theta_i,\theta_j\rangle` is below :data:`COLLAPSED_GAP` (or at ``t_end``).
 
-    Returns the mean pair gap and the number of clusters (pairs closer than ``1 - cos = 1e-3`` joined)
+    Returns the mean pair gap and the number of clusters (:func:`~wflow.diagnostics.batched_cluster_labels`
+    at :data:`MERGED_ANGLE`, i.e. pairs closer than ``1 - cos = 1e-3`` joined)
     at log-spaced times, the merge times (each drop of the cluster count), the mean gap on a dense grid
     over the last 40 units of the scheme's clock (for the late rate), the time the mean cosine crosses
     1/2, and the largest drift of the radii (the field keeps them: it is BDF's error).
@@ -257,14 +268,9 @@ def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: fl
     model = Normalized(SA(beta), scheme, **SCHEME_OPTIONS.get(scheme, {}))
     prob = SpanProblem(model, np.full(n, 1.0 / n), basis, backend="numpy")
     r = y0.shape[-1]
-    i, j = np.triu_indices(n, 1)
-
-    def gaps(Y: np.ndarray) -> np.ndarray:
-        th = Y / np.linalg.norm(Y, axis=-1, keepdims=True)
-        return 0.5 * np.sum((th[..., i, :] - th[..., j, :]) ** 2, axis=-1)
 
     def collapsed(t, y):
-        return float(np.log(gaps(y.reshape(n, r)).max() / COLLAPSED_GAP))
+        return float(np.log(_pair_gaps_each(y.reshape(n, r)).max() / COLLAPSED_GAP))
 
     collapsed.terminal = True
     collapsed.direction = -1
@@ -280,19 +286,11 @@ def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: fl
     t_log = np.concatenate([[0.0], np.logspace(-1, np.log10(t_stop), 300)])
     t_log[-1] = t_stop
     Y = sol.sol(t_log).T.reshape(-1, n, r)
-    g = gaps(Y)
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    def count(gk: np.ndarray) -> int:
-        near = gk < 1e-3
-        edges = csr_matrix((np.ones(int(near.sum())), (i[near], j[near])), shape=(n, n))
-        return int(connected_components(edges, directed=False)[0])
-
-    clusters = np.array([count(gk) for gk in g])
+    g = _pair_gaps_each(Y)
+    clusters = batched_cluster_labels(Y / np.linalg.norm(Y, axis=-1, keepdims=True), MERGED_ANGLE)[0]
     drops = np.nonzero(np.diff(clusters) < 0)[0] + 1
     t_fit = _clock_span(scheme, t_stop, 40.0)
-    g_fit = gaps(sol.sol(t_fit).T.reshape(-1, n, r)).mean(axis=-1)
+    g_fit = pair_gaps(sol.sol(t_fit).T.reshape(-1, n, r))
     rho = 1.0 - g.mean(axis=-1)
     half = np.nonzero(rho >= 0.5)[0]
     radii = np.linalg.norm(sol.y.T.reshape(-1, n, r), axis=-1)
@@ -466,13 +464,13 @@ def study_normalization(out: Path, quick: bool) -> StudyReport:
     col, half_ode = {}, {}
     for scheme in SPHERE_SCHEMES:
         p = parts.get({"start": "collapse", "scheme": scheme, "n": n_r, "d": d_c, "beta": beta_c, "seed": 0,
-                       "rtol": 1e-8, "atol": 1e-12, **SCHEME_OPTIONS.get(scheme, {})},
-                      lambda: collapse_part(scheme, n_r, d_c, beta_c, 0))
+                       **COLLAPSE_TOL, **SCHEME_OPTIONS.get(scheme, {})},
+                      lambda: collapse_part(scheme, n_r, d_c, beta_c, 0, **COLLAPSE_TOL))
         col[scheme] = p
         law = _law(beta_c, n_r, scheme, p["rho0"])
         rate = _fit(p["t_fit"], p["gap_fit"], scheme, law) if p["collapsed"] else np.nan
-        half_ode[scheme] = t_half_ode = float(theory.equiangular_time(beta_c, n_r, 0.5, p["rho0"], "SA", scheme, t_max=1e30,
-                                                   **SCHEME_OPTIONS.get(scheme, {})))
+        half_ode[scheme] = t_half_ode = float(theory.equiangular_time(
+            beta_c, n_r, 0.5, p["rho0"], "SA", scheme, t_max=1e30, **SCHEME_OPTIONS.get(scheme, {})))
         rep.rows.append({"start": "collapse", "scheme": scheme, "n": n_r, "d": d_c, "beta": beta_c, "seed": 0,
                          "rho0": p["rho0"], "t_end": p["t_stop"], "collapsed": p["collapsed"],
                          "first_merge": float(p["merge_times"][0]) if len(p["merge_times"]) else np.nan,
@@ -486,7 +484,8 @@ def study_normalization(out: Path, quick: bool) -> StudyReport:
         rep.expect(f"collapse from a random start, {scheme}: largest drift of a radius (the field keeps radii; "
                    "BDF's error)", p["radius_drift"], 0.0, 1e-5)
     rep.notes.append(f"collapse from random starts (n = {n_r}, d = {d_c}, beta = sqrt(d), seed 0; span coordinates, "
-                     "SciPy BDF with the exact Jacobian, rtol 1e-8, atol 1e-12): " + "; ".join(
+                     f"SciPy BDF with the exact Jacobian, rtol {COLLAPSE_TOL['rtol']:g}, atol {COLLAPSE_TOL['atol']:g}): "
+                     + "; ".join(
                          f"{k}: {len(p['merge_times'])} merges from t = {p['merge_times'][0]:.3g} to "
                          f"{p['merge_times'][-1]:.3g}, mean cosine 1/2 at t = {p['t_half']:.3g} "
                          f"(equiangular ODE from the same mean cosine: {half_ode[k]:.3g}), {p['steps']} steps, "
