@@ -74,6 +74,23 @@ def test_collapse_part_follows_the_staircase_to_one_point(scheme):
     np.testing.assert_allclose(gaps.mean(axis=-1), p["gap"][:t.size], rtol=1e-5)
 
 
+def test_sqrt_collapse_in_its_own_clock_equals_the_run_in_t():
+    """sqrt-scaling is integrated in tau = 2(sqrt(t+1) - 1), where it is Post-LN; integrated in t instead
+    (the field divided by sqrt(t+1)) it gives the same staircase and collapse time up to BDF's error,
+    and the tau run is Post-LN's own run with its times mapped."""
+    from wflow.studies.normalization import _sqrt_clock, collapse_part
+
+    n, d, beta = 8, 16, 4.0
+    tau = collapse_part("sqrt", n, d, beta, 0)
+    direct = collapse_part("sqrt", n, d, beta, 0, own_clock=False)
+    post = collapse_part("post-ln", n, d, beta, 0)
+    assert tau["collapsed"] and direct["collapsed"]
+    assert tau["t_stop"] == pytest.approx(direct["t_stop"], rel=1e-4)
+    assert len(tau["merge_times"]) == len(direct["merge_times"])
+    assert tau["t_half"] == pytest.approx(direct["t_half"], rel=1e-4)
+    assert _sqrt_clock(tau["t_stop"]) == pytest.approx(post["t_stop"], rel=1e-12)
+
+
 def test_collapse_part_rejects_radius_schemes():
     from wflow.studies.normalization import collapse_part
 

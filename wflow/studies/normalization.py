@@ -229,8 +229,19 @@ def _clock_span(scheme: str, t_stop: float, units: float) -> np.ndarray:
     return np.linspace(max(0.0, t_stop - units / speed), t_stop, 401)
 
 
+def _sqrt_clock(t):
+    r"""The clock in which √-scaling is autonomous: :math:`\tau = 2(\sqrt{t+1}-1)`, so :math:`d\theta/d\tau = P_\theta A`."""
+    return 2.0 * (np.sqrt(1.0 + np.asarray(t, dtype=float)) - 1.0)
+
+
+def _sqrt_time(tau):
+    """Inverse of :func:`_sqrt_clock`."""
+    return (1.0 + 0.5 * np.asarray(tau, dtype=float)) ** 2 - 1.0
+
+
 def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: float = 1e20,
-                  rtol: float = COLLAPSE_TOL["rtol"], atol: float = COLLAPSE_TOL["atol"]) -> dict[str, Any]:
+                  rtol: float = COLLAPSE_TOL["rtol"], atol: float = COLLAPSE_TOL["atol"],
+                  own_clock: bool = True) -> dict[str, Any]:
     r"""``n`` uniform tokens in ``d`` dimensions followed through the whole metastable staircase to one point.
 
     The tokens evolve in the coordinates of their initial span (exact for attention with
@@ -240,6 +251,14 @@ def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: fl
     beside inter-cluster forces of size :math:`ne^{-\beta}` make every explicit method crawl, while
     BDF takes steps as long as the slow drift allows.  The run stops when every pair's gap
     :math:`1-\langle\theta_i,\theta_j\rangle` is below :data:`COLLAPSED_GAP` (or at ``t_end``).
+
+    √-scaling is a pure time change of Post-LN: with :math:`\tau = 2(\sqrt{t+1}-1)` its field is
+    :math:`d\theta/d\tau = P_\theta A`, autonomous.  With ``own_clock=True`` (the default) it is
+    integrated in :math:`\tau` and every time is mapped back, exactly; ``own_clock=False`` integrates
+    :math:`P_\theta A/\sqrt{t+1}` in :math:`t` (the same trajectory up to BDF's error, but at
+    :math:`t \sim 10^{15}`, where d = 512 collapses, BDF's steps in :math:`t` are far costlier: that run
+    had not finished after 60 CPU-minutes, against 5 minutes in :math:`\tau`).  The other schemes are
+    autonomous already and ignore the flag.
 
     Returns the mean pair gap and the number of clusters (:func:`~wflow.diagnostics.batched_cluster_labels`
     at :data:`MERGED_ANGLE`, i.e. pairs closer than ``1 - cos = 1e-3`` joined)
@@ -265,7 +284,12 @@ def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: fl
     y0, basis = span_coordinates(x0)
     if basis is None:
         basis = np.eye(d)
-    model = Normalized(SA(beta), scheme, **SCHEME_OPTIONS.get(scheme, {}))
+    if scheme == "sqrt" and own_clock:
+        model = Normalized(SA(beta), "post-ln")
+        clock, time_of = _sqrt_clock, _sqrt_time
+    else:
+        model = Normalized(SA(beta), scheme, **SCHEME_OPTIONS.get(scheme, {}))
+        clock = time_of = np.asarray
     prob = SpanProblem(model, np.full(n, 1.0 / n), basis, backend="numpy")
     r = y0.shape[-1]
 
@@ -276,21 +300,24 @@ def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: fl
     collapsed.direction = -1
     t0 = time.perf_counter()
     with _blas_threads(1):
-        sol = solve_ivp(lambda t, y: prob.rhs(t, y.reshape(n, r)).reshape(-1), (0.0, t_end), y0.reshape(-1),
+        sol = solve_ivp(lambda t, y: prob.rhs(t, y.reshape(n, r)).reshape(-1), (0.0, float(clock(t_end))),
+                        y0.reshape(-1),
                         method="BDF", jac=lambda t, y: prob.jacobian(t, y.reshape(n, r)), rtol=rtol, atol=atol,
                         dense_output=True, events=collapsed)
     seconds = time.perf_counter() - t0
     if sol.status < 0:
         raise RuntimeError(f"BDF failed for {scheme}: {sol.message}")
-    t_stop = float(sol.t[-1])
+    t_stop = float(time_of(sol.t[-1]))
     t_log = np.concatenate([[0.0], np.logspace(-1, np.log10(t_stop), 300)])
     t_log[-1] = t_stop
-    Y = sol.sol(t_log).T.reshape(-1, n, r)
+    tau_log = clock(t_log)
+    tau_log[-1] = sol.t[-1]
+    Y = sol.sol(tau_log).T.reshape(-1, n, r)
     g = _pair_gaps_each(Y)
     clusters = batched_cluster_labels(Y / np.linalg.norm(Y, axis=-1, keepdims=True), MERGED_ANGLE)[0]
     drops = np.nonzero(np.diff(clusters) < 0)[0] + 1
     t_fit = _clock_span(scheme, t_stop, 40.0)
-    g_fit = pair_gaps(sol.sol(t_fit).T.reshape(-1, n, r))
+    g_fit = pair_gaps(sol.sol(np.minimum(clock(t_fit), sol.t[-1])).T.reshape(-1, n, r))
     rho = 1.0 - g.mean(axis=-1)
     half = np.nonzero(rho >= 0.5)[0]
     radii = np.linalg.norm(sol.y.T.reshape(-1, n, r), axis=-1)
@@ -464,7 +491,7 @@ def study_normalization(out: Path, quick: bool) -> StudyReport:
     col, half_ode = {}, {}
     for scheme in SPHERE_SCHEMES:
         p = parts.get({"start": "collapse", "scheme": scheme, "n": n_r, "d": d_c, "beta": beta_c, "seed": 0,
-                       **COLLAPSE_TOL, **SCHEME_OPTIONS.get(scheme, {})},
+                       "clock": "tau" if scheme == "sqrt" else "t", **COLLAPSE_TOL, **SCHEME_OPTIONS.get(scheme, {})},
                       lambda: collapse_part(scheme, n_r, d_c, beta_c, 0, **COLLAPSE_TOL))
         col[scheme] = p
         law = _law(beta_c, n_r, scheme, p["rho0"])
