@@ -164,3 +164,28 @@ def test_parts_are_computed_on_worker_processes_then_reused(tmp_path):
     with pytest.raises(ValueError, match="workers must be an integer >= 1, got 0"):
         with parts_mod.workers(0):
             pass
+
+
+def test_scheme_comparison_reads_the_first_chunks_on_the_same_starts(tmp_path, monkeypatch):
+    """The heat map runs every system, the scheme comparison only the first ``compare_systems`` (every scheme,
+    the published one included, on the same starts): the published row's t_half is the crossing of the
+    first chunk's curve, its t_half_heat that of all chunks, and no other scheme runs beyond the first chunk."""
+    tiny = {"dims": (3,), "heat_betas": (1.0, 2.0), "compare_betas": (1.0,), "fine_dims": (), "systems": 4,
+            "compare_systems": 2, "chunk": 2}
+    monkeypatch.setattr(pd, "QUICK", tiny)
+    monkeypatch.setattr(pd, "t_end_for", lambda beta, scheme="original", n=32: 60 * pd.SPACING)
+    rep = pd.phase_diagram_study(tmp_path, quick=True)
+    rows = {(r["beta"], r["scheme"]): r for r in rep.rows}
+    parts = Parts(tmp_path, "phase-diagram", quick=True)
+    first = pd.density_curve(parts, 3, 1.0, "original", 2, 2)
+    every = pd.density_curve(parts, 3, 1.0, "original", 4, 2)
+    assert parts.computed == 0
+    assert not np.array_equal(first["mean"], every["mean"])
+    row = rows[(1.0, "original")]
+    assert row["systems"] == 2 and row["heat_systems"] == 4
+    assert row["t_half"] == pd.crossing_time(first["times"], first["mean"])
+    assert row["t_half_heat"] == pd.crossing_time(every["times"], every["mean"])
+    assert rows[(1.0, "dopri5")]["systems"] == rows[(1.0, "projected")]["systems"] == 2
+    assert rows[(2.0, "original")]["systems"] == 4
+    for s in ("projected", "dopri5"):
+        assert parts.has(pd._part_key(3, 1.0, s, 0, 2)) and not parts.has(pd._part_key(3, 1.0, s, 1, 2))

@@ -73,12 +73,14 @@ SCHEMES: dict[str, dict[str, Any]] = {
 
 #: the plans: dimensions; the heat map's betas (original scheme); the betas where every scheme runs; the
 #: dimensions where the eta = 0.01 schemes run (the step's effect does not depend on d; in d = 1024 they alone
-#: would take ~40 CPU hours here); systems; systems per batched call (one part each)
+#: would take ~40 CPU hours here); systems of the heat map; systems of the scheme comparison (the first
+#: chunks: every scheme on the same starts, the published one included); systems per batched call (one part each)
 QUICK: dict[str, Any] = {"dims": (8, 128), "heat_betas": (1.0, 2.0, 3.0, 4.0, 5.0, 6.0),
-                         "compare_betas": (1.0, 3.0, 5.0), "fine_dims": (8,), "systems": 24, "chunk": 256}
+                         "compare_betas": (1.0, 3.0, 5.0), "fine_dims": (8,), "systems": 24, "compare_systems": 24,
+                         "chunk": 256}
 FULL: dict[str, Any] = {"dims": (8, 128, 1024), "heat_betas": tuple(round(float(b), 6) for b in np.linspace(0.1, 9, 90)),
                         "compare_betas": (1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0), "fine_dims": (8, 128),
-                        "systems": 2048, "chunk": 256}
+                        "systems": 2048, "compare_systems": 512, "chunk": 256}
 
 
 def t_end_for(beta: float, scheme: str = "original", n: int = N_TOKENS) -> float:
@@ -264,17 +266,26 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     seconds: dict[str, float] = {}
     todo = _plan_curves(plan)
     # the costliest parts first (long horizons, small steps, dopri5), so the workers finish together
+    def systems(beta, scheme):
+        heat_curve = scheme == "original" and beta in plan["heat_betas"]
+        return plan["systems"] if heat_curve else plan["compare_systems"]
+
     jobs = [(_part_key(d, b, s, c, size), curve_part, (d, b, s, c, size))
-            for d, b, s in todo for c, size in _chunks(plan["systems"], plan["chunk"])]
+            for d, b, s in todo for c, size in _chunks(systems(b, s), plan["chunk"])]
     weight = {"original": 1, "projected": 1, "dopri5": 6, "original-fine": 10, "projected-fine": 10}
     jobs.sort(key=lambda j: -weight[j[2][2]] * t_end_for(j[2][1], j[2][2]))
     parts.prefetch(jobs)
     for d, beta, s in todo:
-        c = density_curve(parts, d, beta, s, plan["systems"], plan["chunk"])
-        curves[(d, beta, s)] = c
+        c = density_curve(parts, d, beta, s, systems(beta, s), plan["chunk"])
         seconds[f"d={d} {s}"] = seconds.get(f"d={d} {s}", 0.0) + c["seconds"]
-        if s == "original":
+        if s == "original" and beta in plan["heat_betas"]:
             heat[(d, beta)] = c
+        if s == "original" and beta in plan["compare_betas"] and systems(beta, s) != plan["compare_systems"]:
+            # the comparison reads every scheme on the same starts: the published curve of the first chunks
+            # (already computed: the heat map's first parts)
+            c = dict(density_curve(parts, d, beta, s, plan["compare_systems"], plan["chunk"]), seconds=0.0)
+        c["systems"] = plan["compare_systems"] if beta in plan["compare_betas"] else systems(beta, s)
+        curves[(d, beta, s)] = c
 
     # -- t*: the event root against the solution of the ODE and a quadrature of 1/F
     from ..theory import equiangular_rhs, equiangular_solution
@@ -294,13 +305,16 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
         ref = curves.get((d, beta, "dopri5"))
         proj = curves.get((d, beta, "projected"))
         row = {"d": d, "beta": beta, "scheme": s, **{k: v for k, v in SCHEMES[s].items() if k != "atol"},
-               "systems": plan["systems"], "t_half": t_half, "t_star": tstar[beta], "gap": t_half - tstar[beta],
+               "systems": c["systems"], "t_half": t_half, "t_star": tstar[beta], "gap": t_half - tstar[beta],
                "gap_checkpoints": (t_half - tstar[beta]) / SPACING, "t_end": float(c["times"][-1]),
                "max_sem": float(np.max(c["sem"]))}
         if ref is not None:
             row["distance_to_dopri5"] = _distance(c, ref)
         if proj is not None and s == "original":
             row["delay_vs_projected_checkpoints"] = (t_half - crossing_time(proj["times"], proj["mean"])) / SPACING
+        if s == "original" and (d, beta) in heat:
+            row["heat_systems"] = plan["systems"]
+            row["t_half_heat"] = crossing_time(heat[(d, beta)]["times"], heat[(d, beta)]["mean"])
         rep.rows.append(row)
     rows = {(r["d"], r["beta"], r["scheme"]): r for r in rep.rows}
     cb = plan["compare_betas"]
