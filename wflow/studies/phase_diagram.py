@@ -265,11 +265,11 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     curves: dict[tuple[int, float, str], dict] = {}
     seconds: dict[str, float] = {}
     todo = _plan_curves(plan)
-    # the costliest parts first (long horizons, small steps, dopri5), so the workers finish together
     def systems(beta, scheme):
         heat_curve = scheme == "original" and beta in plan["heat_betas"]
         return plan["systems"] if heat_curve else plan["compare_systems"]
 
+    # the costliest parts first (long horizons, small steps, dopri5), so the workers finish together
     jobs = [(_part_key(d, b, s, c, size), curve_part, (d, b, s, c, size))
             for d, b, s in todo for c, size in _chunks(systems(b, s), plan["chunk"])]
     weight = {"original": 1, "projected": 1, "dopri5": 6, "original-fine": 10, "projected-fine": 10}
