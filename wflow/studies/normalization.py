@@ -289,7 +289,7 @@ def collapse_part(scheme: str, n: int, d: int, beta: float, seed: int, t_end: fl
         clock, time_of = _sqrt_clock, _sqrt_time
     else:
         model = Normalized(SA(beta), scheme, **SCHEME_OPTIONS.get(scheme, {}))
-        clock = time_of = np.asarray
+        clock = time_of = np.array  # a copy: the end point below is set on the clock's array
     prob = SpanProblem(model, np.full(n, 1.0 / n), basis, backend="numpy")
     r = y0.shape[-1]
 

@@ -200,8 +200,8 @@ def _chunks(systems: int, chunk: int) -> list[tuple[int, int]]:
 
 def density_curve(parts: Parts, d: int, beta: float, scheme: str, systems: int, chunk: int = 256) -> dict[str, Any]:
     """Mean and standard error over ``systems`` of the pair fraction at the checkpoints of ``t_end_for(beta, scheme)``,
-    one part per chunk of systems (:func:`curve_part`); returns ``times``, ``mean``, ``sem``, ``seconds`` (the
-    parts' compute seconds, whenever and wherever they were computed).
+    one part per chunk of systems (:func:`curve_part`); returns ``times``, ``mean``, ``sem``, ``systems`` and
+    ``seconds`` (the parts' compute seconds, whenever and wherever they were computed).
 
     Examples
     --------
@@ -221,7 +221,8 @@ def density_curve(parts: Parts, d: int, beta: float, scheme: str, systems: int, 
         seconds += float(p["seconds"])
     mean = total / count
     var = np.maximum(total2 / count - mean**2, 0.0)
-    return {"times": times, "mean": mean, "sem": np.sqrt(var / max(count - 1, 1)), "seconds": seconds}
+    return {"times": times, "mean": mean, "sem": np.sqrt(var / max(count - 1, 1)), "seconds": seconds,
+            "systems": count}
 
 
 def _plan_curves(plan: dict[str, Any]) -> list[tuple[int, float, str]]:
@@ -284,7 +285,6 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
             # the comparison reads every scheme on the same starts: the published curve of the first chunks
             # (already computed: the heat map's first parts)
             c = dict(density_curve(parts, d, beta, s, plan["compare_systems"], plan["chunk"]), seconds=0.0)
-        c["systems"] = plan["compare_systems"] if beta in plan["compare_betas"] else systems(beta, s)
         curves[(d, beta, s)] = c
 
     # -- t*: the event root against the solution of the ODE and a quadrature of 1/F
@@ -320,9 +320,11 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     cb = plan["compare_betas"]
 
     # -- how much of the published diagram is the discretization (crossing times, in checkpoints)
-    # (d, beta) where every scheme's mean curve crosses 0.5 within its horizon (d = 8 at large beta lags past it)
-    pairs = [(d, b) for d in plan["dims"] for b in cb
-             if all(np.isfinite(rows[(d, b, s)]["t_half"]) for s in ("original", "projected", "dopri5"))]
+    def crosses(d, b, *schemes):
+        """Every scheme's mean curve crosses 0.5 within its horizon (d = 8 at large beta lags past it)."""
+        return all(np.isfinite(rows[(d, b, s)]["t_half"]) for s in schemes)
+
+    pairs = [(d, b) for d in plan["dims"] for b in cb if crosses(d, b, "original", "projected", "dopri5")]
     missing = [(d, b) for d in plan["dims"] for b in cb if (d, b) not in pairs]
     if missing:
         rep.notes.append("no 0.5-crossing within the horizon (left out of the eta = 0.1 scheme comparison): " +
@@ -343,8 +345,8 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
                float(np.max([abs(shift(d, b, "projected", "dopri5")) for d, b in pairs])), 0.0, 1.5)
     rep.expect("eta=0.1: original's crossing vs the ODE's (dopri5), min shift in checkpoints",
                float(np.min([shift(d, b, "original", "dopri5") for d, b in pairs])), 1.0, math.inf)
-    fine = [(d, b) for d in plan["fine_dims"] for b in cb if (d, b) in pairs and all(
-        np.isfinite(rows[(d, b, s)]["t_half"]) for s in ("original-fine", "projected-fine"))]
+    fine = [(d, b) for d in plan["fine_dims"] for b in cb
+            if (d, b) in pairs and crosses(d, b, "original-fine", "projected-fine")]
     if fine:
         agree = max(abs(rows[(d, b, "original-fine")]["t_half"] / rows[(d, b, "projected-fine")]["t_half"] - 1)
                     for d, b in fine)
@@ -358,7 +360,7 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
 
     # -- the gap to the equiangular curve shrinks with d (the ODE's diagram: dopri5)
     d0, d1 = min(plan["dims"]), max(plan["dims"])
-    both = [b for b in cb if np.isfinite(rows[(d0, b, "dopri5")]["gap"]) and np.isfinite(rows[(d1, b, "dopri5")]["gap"])]
+    both = [b for b in cb if crosses(d0, b, "dopri5") and crosses(d1, b, "dopri5")]
     g0 = np.mean([abs(rows[(d0, b, "dopri5")]["gap"]) for b in both]) if both else np.nan
     g1 = np.mean([abs(rows[(d1, b, "dopri5")]["gap"]) for b in both]) if both else np.nan
     rep.expect(f"dopri5: mean |t_half - t*| over beta at d={d1} / at d={d0} (gap shrinks with d)", g1 / g0, 0.0, 1.0)
