@@ -370,3 +370,25 @@ def test_sa_euler_step_rejects_bad_input():
         sa_euler_step(np.ones((2, 3, 4)), np.ones((2, 4)), 1.0, 0.1)
     with pytest.raises(ValueError, match="n <= "):
         sa_euler_step(np.ones((SMALL_MAX + 1, 3)), np.ones(SMALL_MAX + 1), 1.0, 0.1)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n, r", [(1, 3), (2, 8), (7, 3), (32, 8), (33, 17), (64, 64)])
+def test_pair_counts_against_numpy(rng, dtype, n, r):
+    """Ordered pairs above a threshold, per system, against the dense float64 Gram matrix, at thresholds
+    half-way between neighbouring inner products (so no count depends on the last bit); odd n and r take the
+    edge rows and columns of the compiled product."""
+    from wflow.kernels import small
+
+    x = _sphere(rng, (3, 2, n, r), dtype)
+    x[..., n // 2:, :] = x[..., :1, :] + 0.01 * x[..., n // 2:, :]  # half the tokens near the first one
+    x64 = x.astype(np.float64)
+    G = x64 @ np.swapaxes(x64, -1, -2)
+    off = ~np.eye(n, dtype=bool)
+    vals = np.unique(G[..., off])
+    gaps = np.diff(vals) > 1e-9
+    cuts = (0.5 * (vals[:-1] + vals[1:]))[gaps] if vals.size > 1 else np.array([])
+    for c in [-2.0, *cuts[:: max(1, cuts.size // 7)]]:
+        ref = ((G > c) & off).sum(axis=(-1, -2))
+        np.testing.assert_array_equal(small.pair_counts(x, c), ref)
+    assert small.pair_counts(x, -2.0).shape == (3, 2) and int(small.pair_counts(x, -2.0)[0, 0]) == n * (n - 1)

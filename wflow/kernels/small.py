@@ -13,8 +13,9 @@ i.e. exactly what PyTorch's ``bmm`` + ``softmax`` + ``bmm`` computes, with the s
 Two methods (:func:`choose_method`):
 
 * ``"fused"`` (logit and value dimensions up to :data:`FUSED_MAX_DIM`): one compiled
-  pass per system (worker threads take chunks of systems), everything in L1: register-blocked dot products (4 x 2 blocks)
-  for the logits, the row maxima and exponentials, dot products for the values;
+  pass per system (worker threads take chunks of systems), everything in L1: the logits by
+  small matrix products whose inner loops run along contiguous rows (``_mm``), the row
+  maxima and exponentials, the values by the same products;
 * ``"gemm"``: three steps per chunk of systems, in worker threads (one per core) that each
   take whole chunks: a batched GEMM for the logits, one compiled pass for the row maxima,
   the exponentials (:func:`~wflow.kernels.numba_backend._exp64`/``_exp32``: polynomial,
@@ -134,110 +135,71 @@ if _nb.numba is not None:
             for i in range(n):
                 shift[k, i], mass[k, i] = _softmax_row(L[k, i], E[k, i], scale, lw[k], fl, zero)
 
-    @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
-    def _dots(A, Bm, L, i, j, ni, nj):  # pragma: no cover - compiled
-        """L[i:i+ni, j:j+nj] = A[i:i+ni] . Bm[j:j+nj]^T for a block of up to 4 x 2 rows (dots along
-        the contiguous last axis: each load of B feeds 4 FMAs, 8 accumulators in registers)."""
-        p = A.shape[1]
-        if ni == 4 and nj == 2:
-            a0 = A[i]
-            a1 = A[i + 1]
-            a2 = A[i + 2]
-            a3 = A[i + 3]
-            b0 = Bm[j]
-            b1 = Bm[j + 1]
-            z = L.dtype.type(0)
-            s00 = z
-            s01 = z
-            s10 = z
-            s11 = z
-            s20 = z
-            s21 = z
-            s30 = z
-            s31 = z
-            for l in range(p):
-                x0 = b0[l]
-                x1 = b1[l]
-                s00 += a0[l] * x0
-                s01 += a0[l] * x1
-                s10 += a1[l] * x0
-                s11 += a1[l] * x1
-                s20 += a2[l] * x0
-                s21 += a2[l] * x1
-                s30 += a3[l] * x0
-                s31 += a3[l] * x1
-            L[i, j] = s00
-            L[i, j + 1] = s01
-            L[i + 1, j] = s10
-            L[i + 1, j + 1] = s11
-            L[i + 2, j] = s20
-            L[i + 2, j + 1] = s21
-            L[i + 3, j] = s30
-            L[i + 3, j + 1] = s31
-        else:
-            for r in range(i, i + ni):
-                for c in range(j, j + nj):
-                    t = L.dtype.type(0)
-                    for l in range(p):
-                        t += A[r, l] * Bm[c, l]
-                    L[r, c] = t
-
     @njit(cache=True, fastmath=_nb._FM_SUM)
-    def _abt(A, Bm, L):  # pragma: no cover - compiled
-        """L = A Bm^T for small row-major A (n, p), Bm (m, p)."""
-        n = A.shape[0]
-        m = Bm.shape[0]
-        for i in range(0, n, 4):
-            ni = min(4, n - i)
-            for j in range(0, m, 2):
-                _dots(A, Bm, L, i, j, ni, min(2, m - j))
+    def _mm(A, Bt, C):  # pragma: no cover - compiled
+        """C = A Bt for small row-major A (n, K), Bt (K, m), two rows of C at a time: for each l,
+        C[i] += A[i, l] Bt[l] and C[i + 1] += A[i + 1, l] Bt[l], loops over the contiguous rows that
+        the compiler vectorizes (each load of Bt feeds two FMAs), sums in the order l = 0, 1, ...
+        (so T T^T comes out exactly symmetric).  Unsigned row indices: no negative-index wraparound
+        in the address arithmetic.  Measured 2.3x (Gram matrices, n = 32, r = 8) and 1.6x (the whole
+        SA step) faster than 4 x 2 register-blocked dot products on one AVX-512 core."""
+        n, K = A.shape
+        m = Bt.shape[1]
+        n2 = n - n % 2
+        z = C.dtype.type(0)
+        for i0 in range(0, n2, 2):
+            i = np.uint64(i0)
+            i1 = i + np.uint64(1)
+            for j in range(m):
+                C[i, j] = z
+                C[i1, j] = z
+            for l0 in range(K):
+                l = np.uint64(l0)
+                t = A[i, l]
+                u = A[i1, l]
+                for j0 in range(m):
+                    j = np.uint64(j0)
+                    y = Bt[l, j]
+                    C[i, j] += t * y
+                    C[i1, j] += u * y
+        for i in range(n2, n):
+            for j in range(m):
+                C[i, j] = z
+            for l in range(K):
+                t = A[i, l]
+                for j in range(m):
+                    C[i, j] += t * Bt[l, j]
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
     def _fused_sums(a, b, c, lw, scale, fl, zero, k0, k1, shift, mass, vec):  # pragma: no cover - compiled
         """Everything for each system k0 <= k < k1, serially and without the GIL (the worker
         threads take chunks of systems; each system's numbers stay in L1/L2): logits
-        L = scale a b^T + lw by register-blocked dots (in the dtype of a and b), row maxima and
-        exponentials (E in the dtype of zero, mass accumulated in float64), then the value sums
-        vec = E c as dots of E's rows with the columns of c (transposed per system into a buffer).
-        c may have q = 0 columns (no values)."""
+        L = scale a b^T + lw by :func:`_mm` (in the dtype of a and b; b transposed per system into a
+        buffer), row maxima and exponentials (E in the dtype of zero, mass accumulated in float64),
+        then the value sums vec = E c by :func:`_mm`.  c may have q = 0 columns (no values)."""
         B, n, p = a.shape
         m = b.shape[1]
         q = c.shape[2]
         L = np.empty((n, m), a.dtype)
         E = np.empty((n, m), c.dtype)
-        cT = np.empty((q, m), c.dtype)
+        bT = np.empty((p, m), b.dtype)
         for k in range(k0, k1):
-            _abt(a[k], b[k], L)
+            for j in range(m):
+                for l in range(p):
+                    bT[l, j] = b[k, j, l]
+            _mm(a[k], bT, L)
             for i in range(n):
                 shift[k, i], mass[k, i] = _softmax_row(L[i], E[i], scale, lw[k], fl, zero)
             if q:
-                ck = c[k]
-                for j in range(m):
-                    for l in range(q):
-                        cT[l, j] = ck[j, l]
-                _abt(E, cT, vec[k])
-
-
-    @njit(cache=True, fastmath=_nb._FM_SUM)
-    def _gram(T, G):  # pragma: no cover - compiled
-        """G = T T^T for small row-major T (n, r): the blocks on and above the diagonal by
-        register-blocked dots, the rest mirrored (exactly symmetric)."""
-        n = T.shape[0]
-        for i in range(0, n, 4):
-            ni = min(4, n - i)
-            for j in range(i, n, 2):
-                _dots(T, T, G, i, j, ni, min(2, n - j))
-        for i in range(n):
-            for j in range((i // 4) * 4):
-                G[i, j] = G[j, i]
+                _mm(E, c[k], vec[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
     def _sa_euler(x, lw, beta, dt, floor, proj, k0, k1, out):  # pragma: no cover - compiled
         """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
         without the GIL, everything in float64 and in L1/L2 (see :func:`sa_euler_step`): the
-        directions theta = x/|x|, the Gram matrix by register-blocked dots, the exponentials (shifted by
+        directions theta = x/|x|, the Gram matrix by :func:`_mm`, the exponentials (shifted by
         beta + max log-weight, or by the row maxima when the log-weights span more than
-        _FIXED_SHIFT_SPREAD), the averages A = E theta / s by dots with theta's columns, then
+        _FIXED_SHIFT_SPREAD), the averages A = E theta / s by :func:`_mm`, then
         out = (x + dt P A) / |x + dt P A| in out's dtype, with P the tangent projection at theta
         when proj is 1.0 and the identity when proj is 0.0 (GLPR's scheme)."""
         B, n, r = x.shape
@@ -255,11 +217,10 @@ if _nb.numba is not None:
                     s += v * v
                 inv = 1.0 / np.sqrt(s)
                 for l in range(r):
-                    T[i, l] = np.float64(xk[i, l]) * inv
-            for i in range(n):
-                for l in range(r):
-                    TT[l, i] = T[i, l]
-            _gram(T, G)
+                    v = np.float64(xk[i, l]) * inv
+                    T[i, l] = v
+                    TT[l, i] = v
+            _mm(T, TT, G)
             lwk = lw[k]
             hi = lwk[0]
             lo = lwk[0]
@@ -282,7 +243,7 @@ if _nb.numba is not None:
             else:
                 for i in range(n):
                     inv_s[i] = 1.0 / _softmax_row(G[i], G[i], beta, lwk, floor, 0.0)[1]
-            _abt(G, TT, A)
+            _mm(G, T, A)
             for i in range(n):
                 Ai = A[i]
                 Ti = T[i]
@@ -304,20 +265,22 @@ if _nb.numba is not None:
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
     def _pair_counts(x, c, k0, k1, out):  # pragma: no cover - compiled
         """out[k] = #{(i, j): i != j, <x_i, x_j> > c} for k0 <= k < k1 (the Gram matrix in float64 by
-        :func:`_gram`; ordered pairs = 2 x unordered)."""
+        :func:`_mm`, the pairs above its diagonal counted; ordered pairs = 2 x unordered)."""
         B, n, r = x.shape
         T = np.empty((n, r))
+        TT = np.empty((r, n))
         G = np.empty((n, n))
         for k in range(k0, k1):
             for i in range(n):
                 for l in range(r):
-                    T[i, l] = np.float64(x[k, i, l])
-            _gram(T, G)
+                    v = np.float64(x[k, i, l])
+                    T[i, l] = v
+                    TT[l, i] = v
+            _mm(T, TT, G)
             cnt = 0
             for i in range(n):
-                Gi = G[i]
                 for j in range(i + 1, n):
-                    cnt += Gi[j] > c
+                    cnt += G[i, j] > c
             out[k] = 2 * cnt
 
 else:  # pragma: no cover
@@ -352,8 +315,8 @@ FUSED_MAX_DIM = 16
 
 
 def choose_method(n: int, m: int, p: int, q: int) -> str:
-    """``"fused"`` (one compiled pass per system: register-blocked dots, exponentials,
-    value dots) for dimensions up to :data:`FUSED_MAX_DIM`, else ``"gemm"`` (batched BLAS GEMMs
+    """``"fused"`` (one compiled pass per system: small matrix products, exponentials,
+    value products) for dimensions up to :data:`FUSED_MAX_DIM`, else ``"gemm"`` (batched BLAS GEMMs
     around one exponential pass, in worker threads).
 
     Measured side by side (round-robin medians, shared 2-core machine, n = 32, beta = 5): the
@@ -494,7 +457,7 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     -- what :class:`wflow.solvers.steppers.Euler` computes through the particle problem's
     ``rhs`` (velocity at :math:`\theta`, the SA average projected on the tangent plane) and
     ``retract``, but in one compiled pass per system (worker threads take chunks of systems)
-    with no array of the batch's size in between: the Gram matrix by register-blocked dots,
+    with no array of the batch's size in between: the Gram matrix by a compiled small product,
     the softmax (shifted by :math:`\beta` + the largest log-weight, a bound of every logit, or by each
     row's maximum when the weights span more than :math:`e^{600}`), the averages, the projection and the
     retraction, all in float64 (float32 input: float64 logits and sums, float32 output).
