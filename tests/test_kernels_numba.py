@@ -392,3 +392,29 @@ def test_pair_counts_against_numpy(rng, dtype, n, r):
         ref = ((G > c) & off).sum(axis=(-1, -2))
         np.testing.assert_array_equal(small.pair_counts(x, c), ref)
     assert small.pair_counts(x, -2.0).shape == (3, 2) and int(small.pair_counts(x, -2.0)[0, 0]) == n * (n - 1)
+
+
+@pytest.mark.parametrize("d, beta, projected", [(8, 5.0, True), (3, 5.0, False), (8, -5.0, True)])
+def test_sa_euler_step_float32_path(rng, d, beta, projected):
+    """float32 input whose logits' rounding is provably below 3e-6 per term (|beta| (d + 2) 2^-24 with equal
+    weights: 3.0e-6 at beta = 5, d = 8) runs in float32 (directions, Gram matrix, exponentials, averages):
+    within 1e-7 of dense float64 (the output's own rounding is 3e-8; the bound allows 0.1 x 2 x 3e-6 more),
+    and not the float64 path's numbers."""
+    from wflow.kernels import small
+
+    x = _sphere(rng, (64, 32, d), np.float32)
+    w = np.full((64, 32), 1 / 32)
+    y = small.sa_euler_step(x, w, beta, 0.1, projected=projected)
+    ref = _dense_sa_euler(x, w, beta, 0.1, projected=projected)
+    assert y.dtype == np.float32
+    err = np.abs(y - ref).max()
+    assert err < 1e-7, err
+    y64 = small.sa_euler_step(x.astype(np.float64), w, beta, 0.1, projected=projected).astype(np.float32)
+    assert np.any(y != y64)  # the float32 path ran
+    # zero weights (log-weights clamped at -3e38, a span beyond 60): each row shifted by its maximum, same accuracy
+    w2 = w.copy()
+    w2[:, ::5] = 0.0
+    assert small._float32_logits_bound(d, abs(beta), small.step_log_weights(w2), -80.0)[0]
+    y2 = small.sa_euler_step(x, w2, beta, 0.1, projected=projected)
+    assert np.abs(y2 - _dense_sa_euler(x, w2, beta, 0.1, projected=projected)).max() < 1e-7
+    assert np.any(y2 != small.sa_euler_step(x.astype(np.float64), w2, beta, 0.1, projected=projected).astype(np.float32))
