@@ -310,7 +310,8 @@ def _dense_sa_euler(x, w, beta, dt, projected=True):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("d, n, batch", [(2, 1, (3,)), (3, 7, (5,)), (8, 32, (4, 3)), (33, 5, (6,)), (128, 32, (9,))])
+@pytest.mark.parametrize("d, n, batch", [(2, 1, (3,)), (3, 7, (5,)), (8, 32, (4, 3)), (13, 9, (4,)), (33, 5, (6,)),
+                                         (128, 32, (9,))])
 @pytest.mark.parametrize("threads", [False, True])
 @pytest.mark.parametrize("weights", ["zeros", "positive", "e^-650"])
 def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weights, monkeypatch):
@@ -373,7 +374,7 @@ def test_sa_euler_step_rejects_bad_input():
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("n, r", [(1, 3), (2, 8), (7, 3), (32, 8), (33, 17), (64, 64)])
+@pytest.mark.parametrize("n, r", [(1, 3), (2, 8), (7, 3), (32, 8), (5, 12), (33, 17), (64, 64)])
 def test_pair_counts_against_numpy(rng, dtype, n, r):
     """Ordered pairs above a threshold, per system, against the dense float64 Gram matrix, at thresholds
     half-way between neighbouring inner products (so no count depends on the last bit); odd n and r take the
