@@ -318,7 +318,7 @@ def e2e_wflow(x0, t_end, save_at, coordinates="cartesian"):
 E2E_T, E2E_SAVES = 30.0, 200
 
 
-def e2e_table(dims, repeat, short_dims=(1024,), B=256):
+def e2e_table(dims, repeat, short_dims=(1024,), B=256, dtypes=(np.float64, np.float32)):
     """The whole workload side by side (round-robin medians): torch (its faster thread count, picked
     on 10 steps first), wflow.simulate today, and the two prototypes of the proposed wiring."""
     rows = []
@@ -329,7 +329,7 @@ def e2e_table(dims, repeat, short_dims=(1024,), B=256):
         save_at = np.linspace(0.0, t_end, n_saves)
         steps = int(round(t_end / ETA))
         save_steps = np.round(save_at / ETA).astype(int)
-        for dtype in (np.float64, np.float32):
+        for dtype in dtypes:
             x0 = sphere.uniform(N, d, 0, batch=(B,)).astype(dtype)
             fns = {}
             if torch is not None:
@@ -389,15 +389,18 @@ def main(argv=None) -> int:
                     "(e.g. --dims 8 1024 --batch 2048 --e2e-repeat 1: the issue's large-batch rows)")
     ap.add_argument("--batch", type=int, default=256, help="--e2e: systems per run (default 256)")
     ap.add_argument("--e2e-repeat", type=int, default=3, help="--e2e: round-robin runs per row (default 3)")
+    ap.add_argument("--dtypes", nargs="+", choices=("float64", "float32"), default=("float64", "float32"),
+                    help="--e2e: these dtypes only (default both)")
     args = ap.parse_args(argv)
     if args.e2e:
+        dtypes = tuple(np.dtype(t).type for t in args.dtypes)
         print(f"# small systems, whole workload: python {sys.version.split()[0]}, numpy {np.__version__}, torch "
               f"{getattr(torch, '__version__', 'not installed')}, {os.cpu_count()} cpus, {_load()}", flush=True)
         t0 = time.perf_counter()
         if args.dims:
-            e2e_table(tuple(args.dims), args.e2e_repeat, short_dims=(), B=args.batch)
+            e2e_table(tuple(args.dims), args.e2e_repeat, short_dims=(), B=args.batch, dtypes=dtypes)
         else:
-            e2e_table((8, 128) if args.quick else (8, 128, 1024), args.e2e_repeat, B=args.batch)
+            e2e_table((8, 128) if args.quick else (8, 128, 1024), args.e2e_repeat, B=args.batch, dtypes=dtypes)
         print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
         return 0
     dims = (8, 128) if args.quick else (8, 128, 1024)
