@@ -395,13 +395,22 @@ def test_pair_counts_against_numpy(rng, dtype, n, r):
     assert small.pair_counts(x, -2.0).shape == (3, 2) and int(small.pair_counts(x, -2.0)[0, 0]) == n * (n - 1)
 
 
-@pytest.mark.parametrize("d, beta, projected", [(8, 5.0, True), (3, 5.0, False), (8, -5.0, True)])
+@pytest.mark.parametrize("d, beta, projected", [(8, 4.15, True), (3, 7.08, False), (8, -4.15, True), (12, 3.1, True),
+                                               (24, 1.77, False)])
 def test_sa_euler_step_float32_path(rng, d, beta, projected):
-    """float32 input whose logits' rounding is provably below 3e-6 per term (|beta| (d + 2) 2^-24 with equal
-    weights: 3.0e-6 at beta = 5, d = 8) runs in float32 (directions, Gram matrix, exponentials, averages):
-    within 1e-7 of dense float64 (the output's own rounding is 3e-8; the bound allows 0.1 x 2 x 3e-6 more),
-    and not the float64 path's numbers."""
+    """float32 input whose logits' rounding is provably below 3e-6 per term (|beta| (d + 4) 2^-24 with equal
+    weights: 2.97e-6 at beta = 4.15, d = 8) runs in float32 (directions, Gram matrix -- blocked and padded
+    at d = 12, the small product at d = 24 --, exponentials, averages): within 1e-7 of dense float64 (the
+    output's own rounding is 3e-8; the bound allows 0.1 x 2 x 3e-6 more), and not the float64 path's
+    numbers; just beyond the bound the float64 path runs."""
     from wflow.kernels import small
+
+    x = _sphere(rng, (64, 32, d), np.float32)
+    w = np.full((64, 32), 1 / 32)
+    beyond = beta * 1.02  # each beta is 0.985-0.99 of its bound: (d + 4) |beta| 2^-24 above 3e-6 here
+    np.testing.assert_array_equal(small.sa_euler_step(x, w, beyond, 0.1, projected=projected),
+                                  small.sa_euler_step(x.astype(np.float64), w, beyond, 0.1,
+                                                      projected=projected).astype(np.float32))
 
     x = _sphere(rng, (64, 32, d), np.float32)
     w = np.full((64, 32), 1 / 32)
@@ -419,3 +428,25 @@ def test_sa_euler_step_float32_path(rng, d, beta, projected):
     y2 = small.sa_euler_step(x, w2, beta, 0.1, projected=projected)
     assert np.abs(y2 - _dense_sa_euler(x, w2, beta, 0.1, projected=projected)).max() < 1e-7
     assert np.any(y2 != small.sa_euler_step(x.astype(np.float64), w2, beta, 0.1, projected=projected).astype(np.float32))
+
+
+def test_float32_logits_rule_against_numpy(rng):
+    """The compiled float32 rule (relative log-weights, maxima, span of the nonzero weights) equals its
+    NumPy statement, with zero weights (log 0 stands in as -1e300) and log-weights near +-1e38."""
+    from wflow.kernels import small
+
+    w = rng.random((7, 9))
+    w[:, ::4] = 0.0
+    w[3] = 0.0  # a system of zero weights only
+    for lw in (small.step_log_weights(w), rng.uniform(-1e38, 1e38, (5, 3)), np.zeros((2, 1))):
+        top = np.max(lw, axis=1)
+        rel = lw - top[:, None]
+        span = float(np.max(-rel[rel > -5e299], initial=0.0))
+        for p, size in ((8, 4.0), (3, 1e-3)):
+            limit = 2.0**-24 * ((p + 2) * size + 2.0 * min(span, 80.0)) <= 3e-6
+            ok, lw32, mx = small._float32_logits_bound(p, size, lw, -80.0)
+            assert ok == limit
+            np.testing.assert_array_equal(mx, top)
+            np.testing.assert_array_equal(lw32, np.maximum(rel, -3e38).astype(np.float32))
+    assert not small._float32_logits_bound(8, 4.0, small.step_log_weights([[1.0, np.exp(-30.0)]]), -80.0)[0]
+    assert small._float32_logits_bound(8, 4.0, small.step_log_weights([[1.0, np.exp(-3.0)]]), -80.0)[0]

@@ -573,14 +573,16 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     ``retract``, but in one compiled pass per system (worker threads take chunks of systems)
     with no array of the batch's size in between: the Gram matrix by a compiled small product,
     the softmax (shifted by :math:`\beta` + the largest log-weight, a bound of every logit, or by each
-    row's maximum when the weights span more than :math:`e^{600}`), the averages, the projection and the
+    row's maximum when the weights span more than :math:`e^{600}`, :math:`e^{60}` in float32), the averages, the projection and the
     retraction, in float64.  float32 input: the directions, logits, exponentials and averages in
     float32 when the logits' rounding is provably small,
-    :math:`2^{-24}\big((r+2)|\beta| + 2\,\mathrm{span}\log w\big) \le 3\cdot 10^{-6}` (the rule
-    of the kernel sums; :math:`|\theta| = 1` bounds every logit by :math:`|\beta|`), with row sums,
-    projection and retraction in float64 and a float32 result; float64 logits otherwise.  Measured
-    against the float64 step at :math:`\beta = 5`, :math:`r = 8`: 4.5e-8, of which the result's own
-    rounding is 3e-8.
+    :math:`2^{-24}\big((r+4)|\beta| + 2\,\mathrm{span}\log w\big) \le 3\cdot 10^{-6}` (the rule
+    of the kernel sums, :math:`|\theta| = 1` bounding every logit by :math:`|\beta|`, with
+    :math:`2|\beta|` more for the directions' rounding to float32; as there, the shift's subtraction
+    adds at most :math:`2^{-24}(\mathrm{span}\log w + \log n)` to the sums' relative error), with row
+    sums, projection and retraction in float64 and a float32 result; float64 logits otherwise.
+    Measured against the float64 step at :math:`\beta = 4.15`, :math:`r = 8`, :math:`h = 0.1`: 3.6e-8, of
+    which the result's own rounding is 3.0e-8.
     With ``projected=False`` the average is not projected on the tangent plane:
     :math:`x_i \leftarrow (x_i + hA_i)/|x_i + hA_i|`, the published scheme of the GLPR phase
     diagram (what :class:`wflow.solvers.steppers.EulerAverage` computes).
@@ -649,9 +651,10 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     fl, spread = _nb.exp_floor(np.dtype(np.float64)), _FIXED_SHIFT_SPREAD
     if x.dtype == np.float32:
         # float32 directions, logits, exponentials and averages when the logits' rounding is provably
-        # small (the rule of the kernel sums: |theta| = 1, so every logit is at most |beta| in size)
+        # small: the rule of the kernel sums for dimension r + 2 (|theta| = 1, so every logit is at most
+        # |beta| in size; the directions, formed in float64, are rounded to float32: 2 |beta| 2^-24 more)
         fl32 = _nb.exp_floor(np.dtype(np.float32))
-        ok, lw_rel, _ = _float32_logits_bound(r, abs(be) * (1.0 + 1e-6), lw, fl32)
+        ok, lw_rel, _ = _float32_logits_bound(r + 2, abs(be) * (1.0 + 1e-6), lw, fl32)
         if ok:
             lw = lw_rel
             fl, spread = fl32, _FIXED_SHIFT_SPREAD_32
