@@ -450,3 +450,31 @@ def test_float32_logits_rule_against_numpy(rng):
             np.testing.assert_array_equal(lw32, np.maximum(rel, -3e38).astype(np.float32))
     assert not small._float32_logits_bound(8, 4.0, small.step_log_weights([[1.0, np.exp(-30.0)]]), -80.0)[0]
     assert small._float32_logits_bound(8, 4.0, small.step_log_weights([[1.0, np.exp(-3.0)]]), -80.0)[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("d, n", [(17, 32), (33, 9), (64, 5)])
+def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
+    """Beyond SA_STEP_FUSED_MAX_DIM the step and the pair counts take batched GEMMs per chunk of systems:
+    the same numbers as the one-pass route (to rounding: the products are summed in another order), with
+    zero weights (each row shifted by its maximum) and without, both schemes, float32 logits at small beta."""
+    from wflow.kernels import small
+
+    x = _sphere(rng, (7, n, d), dtype)
+    w = rng.random((7, n))
+    w[::2, ::3] = 0.0
+    monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
+    for beta, projected in ((5.0, True), (-3.0, False), (0.05, True)):
+        gemm = small.sa_euler_step(x, w, beta, 0.1, projected=projected)
+        with monkeypatch.context() as m:
+            m.setattr(small, "SA_STEP_FUSED_MAX_DIM", 10**6)
+            fused = small.sa_euler_step(x, w, beta, 0.1, projected=projected)
+        np.testing.assert_allclose(gemm, fused, rtol=0, atol=2e-15 if dtype == np.float64 else 1e-7)
+        np.testing.assert_allclose(gemm, _dense_sa_euler(x, w, beta, 0.1, projected=projected), rtol=0,
+                                   atol=2e-15 if dtype == np.float64 else 1.5e-7)
+    G = x.astype(np.float64) @ np.swapaxes(x.astype(np.float64), -1, -2)
+    off = ~np.eye(n, dtype=bool)
+    vals = np.unique(G[:, off])
+    cuts = (0.5 * (vals[:-1] + vals[1:]))[np.diff(vals) > 1e-9]  # between neighbouring inner products
+    for c in [-2.0, *cuts[:: max(1, cuts.size // 5)]]:
+        np.testing.assert_array_equal(small.pair_counts(x, c), ((G > c) & off).sum(axis=(1, 2)))
