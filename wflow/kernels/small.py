@@ -388,19 +388,23 @@ if _nb.numba is not None:
     def _count_above(G, c, out):  # pragma: no cover - compiled
         """out[k] = #{(i, j): i != j, G[k, i, j] > c} (ordered pairs; GEMM route of :func:`pair_counts`)."""
         for k in range(G.shape[0]):
-            cnt = 0
-            for i in range(G.shape[1]):
-                Gi = G[k, i]
-                for j in range(G.shape[2]):
-                    cnt += Gi[j] > c
-                cnt -= Gi[i] > c
-            out[k] = cnt
+            out[k] = _count_off_diagonal(G[k], c)
+
+    @njit(cache=True, inline="always")
+    def _count_off_diagonal(G, c):  # pragma: no cover - compiled
+        """#{(i, j): i != j, G[i, j] > c} for a square G: whole rows (vectorized) less the diagonal."""
+        cnt = 0
+        for i in range(G.shape[0]):
+            Gi = G[i]
+            for j in range(G.shape[1]):
+                cnt += Gi[j] > c
+            cnt -= Gi[i] > c
+        return cnt
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
     def _pair_counts(x, c, k0, k1, out):  # pragma: no cover - compiled
         """out[k] = #{(i, j): i != j, <x_i, x_j> > c} for k0 <= k < k1 (the Gram matrix in float64 by
-        :func:`_gram_blocked` or :func:`_mm`, as in :func:`_sa_euler`, the pairs above its diagonal
-        counted; ordered pairs = 2 x unordered)."""
+        :func:`_gram_blocked` or :func:`_mm`, as in :func:`_sa_euler`, then :func:`_count_off_diagonal`)."""
         B, n, r = x.shape
         blocked = 4 < r <= _BLOCKED_MAX_R
         rp = -(-r // _GRAM_BLOCK) * _GRAM_BLOCK if blocked else r
@@ -417,11 +421,7 @@ if _nb.numba is not None:
                 _gram_blocked(T, TT, G)
             else:
                 _mm(T, TT, G)
-            cnt = 0
-            for i in range(n):
-                for j in range(i + 1, n):
-                    cnt += G[i, j] > c
-            out[k] = 2 * cnt
+            out[k] = _count_off_diagonal(G, c)
 
     @njit(cache=True, nogil=True)
     def _relative_log_weights(lw, lo, out, top):  # pragma: no cover - compiled
