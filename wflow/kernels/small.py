@@ -102,7 +102,8 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
 #: coordinates per block of :func:`_gram_blocked` (a compile-time constant: the block's sum is unrolled)
 _GRAM_BLOCK = 8
 #: the fused SA step and the pair counts use the blocked Gram matrix and the dot-product averages for
-#: dimensions 4 < r <= this (and the dot-product averages for r <= 4); :func:`_mm` beyond (measured equal at r = 32)
+#: dimensions 4 < r <= this (and the dot-product averages for r <= 4); :func:`_mm` beyond (measured equal at r = 32),
+#: which :func:`sa_euler_step` and :func:`pair_counts` take only when :data:`SA_STEP_FUSED_MAX_DIM` is raised
 _BLOCKED_MAX_R = 16
 
 
