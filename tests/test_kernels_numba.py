@@ -472,6 +472,10 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
         np.testing.assert_allclose(gemm, fused, rtol=0, atol=2e-15 if dtype == np.float64 else 1e-7)
         np.testing.assert_allclose(gemm, _dense_sa_euler(x, w, beta, 0.1, projected=projected), rtol=0,
                                    atol=2e-15 if dtype == np.float64 else 1.5e-7)
+    for route in (16, 10**6):  # no systems: empty results on either route
+        monkeypatch.setattr(small, "SA_STEP_FUSED_MAX_DIM", route)
+        assert small.sa_euler_step(x[:0], w[:0], 1.0, 0.1).shape == (0, n, d)
+        assert small.pair_counts(x[:0], 0.5).shape == (0,)
     G = x.astype(np.float64) @ np.swapaxes(x.astype(np.float64), -1, -2)
     off = ~np.eye(n, dtype=bool)
     vals = np.unique(G[:, off])

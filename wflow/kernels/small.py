@@ -722,6 +722,8 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
             lw = lw_rel
             fl, spread = fl32, _FIXED_SHIFT_SPREAD_32
 
+    if B == 0:
+        return out
     if r <= SA_STEP_FUSED_MAX_DIM:
         def work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
