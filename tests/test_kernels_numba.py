@@ -453,11 +453,12 @@ def test_float32_logits_rule_against_numpy(rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("d, n", [(17, 32), (33, 9), (64, 5)])
+@pytest.mark.parametrize("d, n", [(13, 32), (17, 32), (33, 9), (64, 5)])
 def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
-    """Beyond SA_STEP_FUSED_MAX_DIM the step and the pair counts take batched GEMMs per chunk of systems:
-    the same numbers as the one-pass route (to rounding: the products are summed in another order), with
-    zero weights (each row shifted by its maximum) and without, both schemes, float32 logits at small beta."""
+    """Beyond SA_STEP_FUSED_MAX_DIM (PAIR_COUNTS_FUSED_MAX_DIM) the step (the pair counts) take batched GEMMs
+    per chunk of systems: the same numbers as the one-pass route (to rounding: the products are summed in
+    another order), with zero weights (each row shifted by its maximum) and without, both schemes, float32
+    logits at small beta; exact pair counts on both routes."""
     from wflow.kernels import small
 
     x = _sphere(rng, (7, n, d), dtype)
@@ -472,13 +473,16 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
         np.testing.assert_allclose(gemm, fused, rtol=0, atol=2e-15 if dtype == np.float64 else 1e-7)
         np.testing.assert_allclose(gemm, _dense_sa_euler(x, w, beta, 0.1, projected=projected), rtol=0,
                                    atol=2e-15 if dtype == np.float64 else 1.5e-7)
-    for route in (16, 10**6):  # no systems: empty results on either route
+    for route in (0, 10**6):  # no systems: empty results on either route
         monkeypatch.setattr(small, "SA_STEP_FUSED_MAX_DIM", route)
+        monkeypatch.setattr(small, "PAIR_COUNTS_FUSED_MAX_DIM", route)
         assert small.sa_euler_step(x[:0], w[:0], 1.0, 0.1).shape == (0, n, d)
         assert small.pair_counts(x[:0], 0.5).shape == (0,)
     G = x.astype(np.float64) @ np.swapaxes(x.astype(np.float64), -1, -2)
     off = ~np.eye(n, dtype=bool)
     vals = np.unique(G[:, off])
     cuts = (0.5 * (vals[:-1] + vals[1:]))[np.diff(vals) > 1e-9]  # between neighbouring inner products
-    for c in [-2.0, *cuts[:: max(1, cuts.size // 5)]]:
-        np.testing.assert_array_equal(small.pair_counts(x, c), ((G > c) & off).sum(axis=(1, 2)))
+    for route in (0, 10**6):  # the GEMM route, the one-pass route
+        monkeypatch.setattr(small, "PAIR_COUNTS_FUSED_MAX_DIM", route)
+        for c in [-2.0, *cuts[:: max(1, cuts.size // 5)]]:
+            np.testing.assert_array_equal(small.pair_counts(x, c), ((G > c) & off).sum(axis=(1, 2)))

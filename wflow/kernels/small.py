@@ -41,7 +41,8 @@ import numpy as np
 from . import numba_backend as _nb
 
 __all__ = ["bmm", "small_sums", "sa_euler_step", "step_log_weights", "pair_counts", "span_coordinates", "choose_method", "SMALL_MAX",
-           "CHUNK_PAIRS", "FUSED_MAX_DIM", "SA_STEP_FUSED_MAX_DIM"]
+           "CHUNK_PAIRS", "FUSED_MAX_DIM", "SA_STEP_FUSED_MAX_DIM",
+           "PAIR_COUNTS_FUSED_MAX_DIM"]
 
 #: Largest n and m (per system) of the tiny-systems route.
 SMALL_MAX = 256
@@ -103,7 +104,8 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
 _GRAM_BLOCK = 8
 #: the fused SA step and the pair counts use the blocked Gram matrix and the dot-product averages for
 #: dimensions 4 < r <= this (and the dot-product averages for r <= 4); :func:`_mm` beyond (measured equal at r = 32),
-#: which :func:`sa_euler_step` and :func:`pair_counts` take only when :data:`SA_STEP_FUSED_MAX_DIM` is raised
+#: which :func:`pair_counts` takes up to :data:`PAIR_COUNTS_FUSED_MAX_DIM` and :func:`sa_euler_step` only when
+#: :data:`SA_STEP_FUSED_MAX_DIM` is raised
 _BLOCKED_MAX_R = 16
 
 
@@ -483,10 +485,13 @@ def _float32_logits_bound(p: int, size: float, logw: np.ndarray, floor: float,
 FORCE_METHOD: str | None = None
 #: Largest logit or value dimension for the fused method (beyond it BLAS GEMMs are faster).
 FUSED_MAX_DIM = 16
-#: Largest dimension r for which :func:`sa_euler_step` and :func:`pair_counts` form each system's
-#: products in one compiled pass; beyond it batched GEMMs per chunk of systems (measured at n = r = 32,
-#: one core: 2.6x faster products than the compiled small product)
-SA_STEP_FUSED_MAX_DIM = _BLOCKED_MAX_R
+#: Largest dimension r for which :func:`sa_euler_step` forms each system's products in one compiled pass;
+#: beyond it batched GEMMs per chunk of systems.  Measured at n = 32 (two threads, 256 and 2048 systems,
+#: round-robin medians): the one pass 0.80-0.92x of the GEMM route's time at r = 8, 1.0-1.25x at r = 9...16.
+SA_STEP_FUSED_MAX_DIM = 8
+#: The same for :func:`pair_counts` (one product per system instead of two): the one pass 0.66-0.88x of the
+#: GEMM route's time at r = 16...20, 0.95-1.02x at r = 24, 1.01-1.19x at r = 28...32, 1.3x at r = 48.
+PAIR_COUNTS_FUSED_MAX_DIM = 24
 
 
 def choose_method(n: int, m: int, p: int, q: int) -> str:
@@ -637,7 +642,8 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     row's maximum when the weights span more than :math:`e^{600}`, :math:`e^{60}` in float32), the
     averages, the projection and the retraction, in float64.  For ``r >`` :data:`SA_STEP_FUSED_MAX_DIM`
     the Gram matrices and the averages of each chunk of systems are batched GEMMs instead (BLAS on one
-    thread in each worker; 1.2-1.4x faster steps at r = 24...128, n = 32), the rest compiled passes.  float32 input: the directions, logits, exponentials and averages in
+    thread in each worker; 1.0-1.25x faster steps at r = 9...16, 1.2-1.4x at r = 24...128, n = 32), the
+    rest compiled passes.  float32 input: the directions, logits, exponentials and averages in
     float32 when the logits' rounding is provably small,
     :math:`2^{-24}\big((r+4)|\beta| + 2\,\mathrm{span}\log w\big) \le 3\cdot 10^{-6}` (the rule
     of the kernel sums, :math:`|\theta| = 1` bounding every logit by :math:`|\beta|`, with
@@ -771,8 +777,8 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
     r"""Ordered pairs :math:`i \ne j` with :math:`\langle x_i, x_j\rangle > c`, per system, for batches of tiny systems.
 
     One compiled pass per system (the Gram matrix in float64, then the count above its diagonal), or
-    for ``r >`` :data:`SA_STEP_FUSED_MAX_DIM` a batched GEMM per chunk of systems and a compiled count
-    (1.1-1.7x faster at r = 24...128, n = 32), worker threads over chunks of systems; :func:`wflow.diagnostics.pair_fraction` takes it for
+    for ``r >`` :data:`PAIR_COUNTS_FUSED_MAX_DIM` a batched GEMM per chunk of systems and a compiled count
+    (1.2-1.7x faster at r = 32...128, n = 32), worker threads over chunks of systems; :func:`wflow.diagnostics.pair_fraction` takes it for
     ``n <=`` :data:`SMALL_MAX` when numba is present.
 
     Parameters
@@ -822,7 +828,7 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
             _count_above(G[:b1 - b0], cf, out[b0:b1])
 
     if B and n:
-        if r <= SA_STEP_FUSED_MAX_DIM:
+        if r <= PAIR_COUNTS_FUSED_MAX_DIM:
             _run(work, threads, len(chunks))
         else:
             with _nb._blas_threads(1):
