@@ -29,6 +29,11 @@ the tokens in an orthonormal basis of the initial span instead of d).  Before ti
 points of the span run are checked against the plain run's.  At d = 1024
 a tenth of the workload (30 steps, 20 saves) is timed.
 
+The fused routes (``--fused-routes``): the fused SA step and the pair counts through each of
+their two routes -- one compiled pass per system, or batched GEMMs per chunk of systems -- at
+dimensions around the switch (``wflow.kernels.small.SA_STEP_FUSED_MAX_DIM`` and
+``PAIR_COUNTS_FUSED_MAX_DIM``), with the route wflow chooses and the faster one.
+
 Save-time diagnostics for 256 systems: the fraction of pairs with cosine > 0.999 (torch,
 and :func:`wflow.diagnostics.pair_fraction`) and the cluster count at threshold 0.1
 (:func:`wflow.diagnostics.count_clusters`, batched, against the former loop of
@@ -263,6 +268,54 @@ def route_table(repeat, quick=False):
               f"{_ms(t['numpy backend'])} | {pick} | {best} |")
 
 
+def fused_route_table(repeat):
+    """The fused SA step and the pair counts through each of their two routes (one compiled pass per
+    system, or batched GEMMs per chunk of systems), against the dimension where each switches
+    (``SA_STEP_FUSED_MAX_DIM``, ``PAIR_COUNTS_FUSED_MAX_DIM``): n = 32, float64, each timed call 5
+    consecutive calls (threads stay awake, as in a run)."""
+    from wflow.kernels import small
+
+    def routed(name, limit, f):
+        def g():
+            old = getattr(small, name)
+            setattr(small, name, limit)
+            try:
+                for _ in range(5):
+                    f()
+            finally:
+                setattr(small, name, old)
+        return g
+    rows = []
+    print(f"<!-- fused route table: start {_load()} -->", flush=True)
+    cases = [("step", "SA_STEP_FUSED_MAX_DIM", r) for r in (8, 9, 12, 16, 24, 32)]
+    cases += [("pair counts", "PAIR_COUNTS_FUSED_MAX_DIM", r) for r in (16, 20, 24, 28, 32, 48)]
+    for B in (256, 2048):
+        for what, name, r in cases:
+            x = sphere.uniform(N, r, 0, batch=(B,))
+            w = np.full((B, N), 1.0 / N)
+            lw = small.step_log_weights(w)
+            out = np.empty_like(x)
+            if what == "step":
+                def f(x=x, w=w, lw=lw, out=out):
+                    small.sa_euler_step(x, w, BETA, ETA, out=out, log_weights=lw)
+            else:
+                def f(x=x):
+                    small.pair_counts(x, 0.999)
+            t = _interleaved_medians({"one pass": routed(name, 10**6, f), "GEMM": routed(name, 0, f)}, repeat)
+            chosen = "one pass" if r <= getattr(small, name) else "GEMM"
+            rows.append((what, B, r, t, chosen))
+            print(f"<!-- {what} B={B} r={r}: " + " | ".join(f"{k} {1e3 * v / 5:.2f}" for k, v in t.items())
+                  + " ms -->", flush=True)
+    print(f"<!-- fused route table: end {_load()} -->", flush=True)
+    print("\n### The fused step and the pair counts by route (ms per call, median), n = 32, float64\n")
+    print("| what | batch | r | one pass | GEMM | chosen | fastest |")
+    print("|---|---|---|---|---|---|---|")
+    for what, B, r, t, chosen in rows:
+        print(f"| {what} | {B} | {r} | {_ms(t['one pass'] / 5)} | {_ms(t['GEMM'] / 5)} | {chosen} | "
+              f"{min(t, key=t.get)} |")
+    return rows
+
+
 def projection_table(repeat):
     print(f"<!-- projection table: start {_load()} -->", flush=True)
     rows = []
@@ -391,7 +444,13 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e-repeat", type=int, default=3, help="--e2e: round-robin runs per row (default 3)")
     ap.add_argument("--dtypes", nargs="+", choices=("float64", "float32"), default=("float64", "float32"),
                     help="--e2e: these dtypes only (default both)")
+    ap.add_argument("--fused-routes", action="store_true", help="only the fused step's and the pair counts' "
+                    "two routes against the dimension where they switch (~2 minutes)")
     args = ap.parse_args(argv)
+    if args.fused_routes:
+        print(f"# small systems, fused routes: numpy {np.__version__}, {os.cpu_count()} cpus, {_load()}", flush=True)
+        fused_route_table(args.repeat)
+        return 0
     if args.e2e:
         dtypes = tuple(np.dtype(t).type for t in args.dtypes)
         print(f"# small systems, whole workload: python {sys.version.split()[0]}, numpy {np.__version__}, torch "
@@ -415,6 +474,7 @@ def main(argv=None) -> int:
     print_diagnostics_table(diags)
     projection_table(args.repeat)
     route_table(args.repeat, args.quick)
+    fused_route_table(args.repeat)
     print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
     return 0
 
