@@ -946,12 +946,23 @@ def _run(client, plan: _Plan, store: _Store, todo: list[int], threads: int, retr
     failed = 0
     bar = tqdm(total=total, unit="point", desc="sweep", disable=not progress, dynamic_ncols=True)
     try:
-        for batch in as_completed(futures).batches():
-            finished = [f for f in batch if f.status == "finished"]
+        done_iter = as_completed(futures)
+        for batch in done_iter.batches():
+            # a future whose worker died after it finished is back to pending (Dask recomputes its lost
+            # result): wait for it again instead of recording it as failed
+            states = [(f, f.status) for f in batch]  # read once: a status can change while we look
+            for f, st in states:
+                if st in ("pending", "lost"):
+                    done_iter.add(f)
+            states = [(f, st) for f, st in states if st not in ("pending", "lost")]
+            batch = [f for f, _ in states]
+            if not batch:
+                continue
+            finished = [f for f, st in states if st == "finished"]
             results = client.gather(finished) if finished else []
             commit = [True] * len(results)
-            for fut in batch:
-                if fut.status == "finished":
+            for fut, st in states:
+                if st == "finished":
                     continue
                 # the cluster could not run it (e.g. KilledWorker after repeated deaths): recorded, not committed
                 t = int(str(fut.key).rsplit("-", 1)[1])
