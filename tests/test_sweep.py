@@ -305,7 +305,8 @@ def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
                batch_size=4, progress=False, observables=["pair_fraction", "order_parameter"])
     killer.join(timeout=5)
     assert victim.poll() is not None  # the worker was killed during the sweep
-    assert ds.attrs["done"] == 32 and (ds.status.values == 0).all()
+    messages = sorted({str(m) for m in np.asarray(ds.message.values).ravel() if str(m)})
+    assert ds.attrs["done"] == 32 and (ds.status.values == 0).all(), messages  # (the messages say why not)
     assert np.isfinite(ds.pair_fraction.values).all()
     ran = ds.worker.values.ravel().tolist()
     assert set(ran) <= {addr["w0"], addr["w1"]}
