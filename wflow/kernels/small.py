@@ -39,6 +39,7 @@ import math
 import numpy as np
 
 from . import numba_backend as _nb
+from .numba_backend import _float32_logits_bound
 
 __all__ = ["bmm", "small_sums", "sa_euler_step", "step_log_weights", "pair_counts", "span_coordinates", "choose_method", "SMALL_MAX",
            "CHUNK_PAIRS", "FUSED_MAX_DIM", "SA_STEP_FUSED_MAX_DIM",
@@ -387,12 +388,6 @@ if _nb.numba is not None:
         for k in range(T.shape[0]):
             _sa_move(x[k0 + k], T[k], A[k], inv_s[k], dt, proj, y, out[k0 + k])
 
-    @njit(cache=True, nogil=True)
-    def _count_above(G, c, out):  # pragma: no cover - compiled
-        """out[k] = #{(i, j): i != j, G[k, i, j] > c} (ordered pairs; GEMM route of :func:`pair_counts`)."""
-        for k in range(G.shape[0]):
-            out[k] = _count_off_diagonal(G[k], c)
-
     @njit(cache=True, inline="always")
     def _count_off_diagonal(G, c):  # pragma: no cover - compiled
         """#{(i, j): i != j, G[i, j] > c} for a square G: whole rows (vectorized) less the diagonal."""
@@ -403,6 +398,12 @@ if _nb.numba is not None:
                 cnt += Gi[j] > c
             cnt -= Gi[i] > c
         return cnt
+
+    @njit(cache=True, nogil=True)
+    def _count_above(G, c, out):  # pragma: no cover - compiled
+        """out[k] = #{(i, j): i != j, G[k, i, j] > c} (ordered pairs; GEMM route of :func:`pair_counts`)."""
+        for k in range(G.shape[0]):
+            out[k] = _count_off_diagonal(G[k], c)
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
     def _pair_counts(x, c, k0, k1, out):  # pragma: no cover - compiled
@@ -426,27 +427,6 @@ if _nb.numba is not None:
                 _mm(T, TT, G)
             out[k] = _count_off_diagonal(G, c)
 
-    @njit(cache=True, nogil=True)
-    def _relative_log_weights(lw, lo, out, top):  # pragma: no cover - compiled
-        """out[k] = max(lw[k] - max lw[k], -3e38) in out's dtype and top[k] = max lw[k], in one pass;
-        returns the largest span max lw[k] - lw[k, j] over the log-weights whose relative value is
-        above lo (zero weights left out)."""
-        B, m = lw.shape
-        span = 0.0
-        if m == 0:
-            return span
-        for k in range(B):
-            mx = lw[k, 0]
-            for j in range(1, m):
-                mx = max(mx, lw[k, j])
-            top[k] = mx
-            for j in range(m):
-                v = lw[k, j] - mx
-                if v > lo:
-                    span = max(span, -v)
-                out[k, j] = max(v, -3e38)
-        return span
-
 else:  # pragma: no cover
     _softmax_rows = None
     _fused_sums = None
@@ -465,20 +445,6 @@ def _logits_in_float32(a: np.ndarray, b: np.ndarray, logw: np.ndarray, floor: fl
     sq = lambda z: float(np.max(np.einsum("...i,...i->...", z, z, dtype=np.float64), initial=0.0))  # noqa: E731
     size = abs(scale) * math.sqrt(sq(a) * sq(b)) * (1.0 + 1e-6)
     return _float32_logits_bound(a.shape[-1], size, logw, floor, tol)
-
-
-def _float32_logits_bound(p: int, size: float, logw: np.ndarray, floor: float,
-                          tol: float | None = None) -> tuple[bool, np.ndarray, np.ndarray]:
-    """The rule of :func:`_logits_in_float32` for logits of dimension ``p`` bounded by ``size``:
-    ``(ok, log-weights relative to each system's maximum as float32, at least -3e38, the maxima)``
-    (one compiled pass: a fifth of the float32 run's time in NumPy at n = 32, r = 8)."""
-    logw = np.ascontiguousarray(logw, dtype=np.float64)
-    lw_rel = np.empty(logw.shape, np.float32)
-    lw_max = np.empty(logw.shape[0])
-    lw_span = float(_relative_log_weights(logw, _nb._LOG_ZERO / 2, lw_rel, lw_max))
-    limit = max(_nb.LOWP_LOGIT_ERROR, tol / 3.0) if tol is not None else _nb.LOWP_LOGIT_ERROR
-    ok = 2.0**-24 * ((p + 2) * size + 2.0 * min(lw_span, -floor)) <= limit
-    return ok, lw_rel, lw_max
 
 
 #: Force the method of :func:`small_sums` ("fused" or "gemm"; None: :func:`choose_method`).
@@ -776,10 +742,10 @@ def step_log_weights(weights: np.ndarray) -> np.ndarray:
 def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
     r"""Ordered pairs :math:`i \ne j` with :math:`\langle x_i, x_j\rangle > c`, per system, for batches of tiny systems.
 
-    One compiled pass per system (the Gram matrix in float64, then the count above its diagonal), or
-    for ``r >`` :data:`PAIR_COUNTS_FUSED_MAX_DIM` a batched GEMM per chunk of systems and a compiled count
-    (1.2-1.7x faster at r = 32...128, n = 32), worker threads over chunks of systems; :func:`wflow.diagnostics.pair_fraction` takes it for
-    ``n <=`` :data:`SMALL_MAX` when numba is present.
+    One compiled pass per system (the Gram matrix in float64, then the count off its diagonal), or for
+    ``r >`` :data:`PAIR_COUNTS_FUSED_MAX_DIM` a batched GEMM per chunk of systems and a compiled count
+    (1.2-1.7x faster at r = 32...128, n = 32), worker threads over chunks of systems;
+    :func:`wflow.diagnostics.pair_fraction` takes it for ``n <=`` :data:`SMALL_MAX` when numba is present.
 
     Parameters
     ----------
