@@ -67,7 +67,10 @@ def test_euler_average_has_order_one():
                    .data["points"][1][-1] - ref).max() for h in hs]
     slope = np.polyfit(np.log(hs), np.log(errs), 1)[0]
     assert SOLVERS["euler-average"].order == 1 and abs(slope - 1) < 0.1, slope
-    assert 1.8 < errs[0] / errs[1] < 2.2 and 1.8 < errs[1] / errs[2] < 2.2
+    # e(h) = C h + D h^2 + O(h^3): each halving ratio is 2 - (D / C) h + O(h^2), below 2 here (measured
+    # 1.963, 1.981), and its distance from 2 halves with h (measured 1.97)
+    r = [errs[0] / errs[1], errs[1] / errs[2]]
+    assert all(1.95 < q < 2.0 for q in r) and 1.8 < (2 - r[0]) / (2 - r[1]) < 2.2, r
 
 
 def test_euler_average_needs_an_average():
