@@ -364,6 +364,40 @@ def test_sa_euler_step_in_span_coordinates(rng):
     assert y3 is x3 and b3 is None
 
 
+@pytest.mark.parametrize("n, r", [(32, 3), (32, 8), (17, 13), (32, 40)])
+def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
+    """count_pairs_above: the ordered pairs i != j of the input above the cosine, counted on the Gram matrix
+    the step forms (one-pass and GEMM routes, one shift per system and row maxima), equal to the dense count
+    at thresholds between neighbouring inner products; the step itself unchanged bit for bit; float32
+    points counted by pair_counts."""
+    from wflow.kernels import small
+
+    x = _sphere(rng, (6, n, r), np.float64)
+    x[:, n // 2:] = x[:, : n - n // 2] + 0.02 * rng.standard_normal((6, n - n // 2, r))  # close pairs
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    w = rng.random((6, n))
+    w[1, 2] = 0.0  # system 1: each row shifted by its maximum
+    G = x @ np.swapaxes(x, -1, -2)
+    off = ~np.eye(n, dtype=bool)
+    vals = np.unique(G[:, off])
+    cuts = (0.5 * (vals[:-1] + vals[1:]))[np.diff(vals) > 1e-9]
+    monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
+    for route in (0, 10**6):  # the GEMM route, the one-pass route
+        monkeypatch.setattr(small, "SA_STEP_FUSED_MAX_DIM", route)
+        plain = small.sa_euler_step(x, w, 5.0, 0.1)
+        for c in [-2.0, 0.999, *cuts[:: max(1, cuts.size // 6)]]:
+            y, counts = small.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=c)
+            np.testing.assert_array_equal(y, plain)
+            np.testing.assert_array_equal(counts, ((G > c) & off).sum(axis=(1, 2)))
+        assert small.sa_euler_step(x[:0], w[:0], 5.0, 0.1, count_pairs_above=0.5)[1].shape == (0,)
+    x32 = x.astype(np.float32)
+    y32, c32 = small.sa_euler_step(x32, w, 2.0, 0.1, count_pairs_above=0.999)
+    np.testing.assert_array_equal(y32, small.sa_euler_step(x32, w, 2.0, 0.1))
+    np.testing.assert_array_equal(c32, small.pair_counts(x32, 0.999))
+    with pytest.raises(ValueError, match="count_pairs_above must be a finite cosine, got nan"):
+        small.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=float("nan"))
+
+
 def test_sa_euler_step_rejects_bad_input():
     from wflow.kernels.small import SMALL_MAX, sa_euler_step
 

@@ -177,6 +177,35 @@ def test_euler_on_many_small_sa_systems_takes_the_fused_step(monkeypatch):
     assert len(calls) == 30
 
 
+@pytest.mark.parametrize("method", ["euler", "euler-average"])
+@pytest.mark.parametrize("coordinates", ["cartesian", "span"])
+def test_fused_euler_counts_saved_pairs_on_the_next_step(monkeypatch, method, coordinates):
+    """pair_fraction in a run of fused Euler steps: each save after the first is counted on the Gram matrices
+    of the step from it, taken ahead (ParticleProblem._pair_fraction_ahead), so pair_counts runs once; the
+    saved fractions equal pair_fraction of the saved points, the points equal those of a run without the
+    diagnostic bit for bit, one evaluation per step; a last step shorter than dt (t_end = 7.95) is taken
+    afresh."""
+    import wflow
+    import wflow.kernels.small as small
+    from wflow.diagnostics import pair_fraction
+
+    calls = []
+    counts = small.pair_counts
+    monkeypatch.setattr(small, "pair_counts", lambda *a, **k: calls.append(1) or counts(*a, **k))
+    x0 = np.stack([wflow.sphere.uniform(12, 20, seed=s) for s in range(5)])
+    for t_end, saves in ((8.0, np.linspace(0, 8, 17)), (7.95, [0.0, 6.0, 7.9, 7.95])):
+        kw = dict(method=method, dt=0.1, save_at=saves, backend="auto", coordinates=coordinates)
+        calls.clear()
+        a = wflow.simulate(SA(3.0), x0, t_end, diagnostics=("pair_fraction",), **kw)
+        assert len(calls) == 1  # the first save's
+        b = wflow.simulate(SA(3.0), x0, t_end, diagnostics=(), **kw)
+        np.testing.assert_array_equal(a.points, b.points)
+        pf = pair_fraction(a.points, 0.999)
+        np.testing.assert_array_equal(a.diagnostics["pair_fraction"], pf)
+        assert pf[0].max() == 0.0 and pf[-1].min() == 1.0 and ((0 < pf) & (pf < 1)).any()  # tokens merge
+        np.testing.assert_array_equal(a.stats["evaluations"], a.stats["steps"])
+
+
 def test_span_coordinates_equal_the_full_run_and_resume(tmp_path):
     """coordinates='span' (n tokens in d > n): the same trajectory as the full-dimensional run to 1e-12,
     the same built-in and user diagnostics, and a resumed run equal to the uninterrupted one."""

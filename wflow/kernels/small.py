@@ -261,6 +261,17 @@ if _nb.numba is not None:
             if q:
                 _mm(E, c[k], vec[k])
 
+    @njit(cache=True, inline="always")
+    def _count_off_diagonal(G, c):  # pragma: no cover - compiled
+        """#{(i, j): i != j, G[i, j] > c} for a square G: whole rows (vectorized) less the diagonal."""
+        cnt = 0
+        for i in range(G.shape[0]):
+            Gi = G[i]
+            for j in range(G.shape[1]):
+                cnt += Gi[j] > c
+            cnt -= Gi[i] > c
+        return cnt
+
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_directions(xk, T):  # pragma: no cover - compiled
         """T[:, :r] = the rows of xk (n, r) over their norms (formed in float64), in T's dtype."""
@@ -275,11 +286,13 @@ if _nb.numba is not None:
                 T[i, l] = np.float64(xk[i, l]) * inv
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
-    def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s):  # pragma: no cover - compiled
+    def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s, c):  # pragma: no cover - compiled
         """G (n, n) inner products of directions -> the exponentials e^(bw G_ij + lw_j - shift) in place,
         inv_s = 1 / row sums (float64): one shift bw + max lw for the system when the log-weights span
-        at most ``spread``, else each row's maximum."""
+        at most ``spread``, else each row's maximum.  Returns #{(i, j): i != j, G_ij > c} counted on
+        the way (the pair count of :func:`sa_euler_step`; c = inf when not wanted)."""
         n = G.shape[0]
+        cnt = 0
         hi = lwk[0]
         lo = lwk[0]
         for j in range(1, n):
@@ -289,18 +302,23 @@ if _nb.numba is not None:
             # one shift for every row, beta + max log-weight >= every logit (<theta_i, theta_j> <= 1):
             # the diagonal term e^(lw_i - hi) >= e^-spread keeps every row sum normal, so no row maximum
             # is needed and the normalization folds into the average
-            c = bw + hi
+            sh = bw + hi
             for i in range(n):
                 Gi = G[i]
+                cnt -= Gi[i] > c
                 t = 0.0
                 for j in range(n):
-                    e = _nb._exp_as(max(bw * Gi[j] + lwk[j] - c, fw), zero)
+                    g = Gi[j]
+                    cnt += g > c
+                    e = _nb._exp_as(max(bw * g + lwk[j] - sh, fw), zero)
                     Gi[j] = e
                     t += e
                 inv_s[i] = 1.0 / t
         else:
+            cnt = _count_off_diagonal(G, c)
             for i in range(n):
                 inv_s[i] = 1.0 / _softmax_row(G[i], G[i], bw, lwk, fw, zero)[1]
+        return cnt
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_move(xk, T, A, inv_s, dt, proj, y, outk):  # pragma: no cover - compiled
@@ -325,7 +343,7 @@ if _nb.numba is not None:
                 outk[i, l] = y[l] * inv
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
-    def _sa_euler(x, lw, beta, dt, floor, spread, proj, k0, k1, out):  # pragma: no cover - compiled
+    def _sa_euler(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts):  # pragma: no cover - compiled
         """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
         without the GIL, in L1/L2 (see :func:`sa_euler_step`): the directions theta = x/|x| (norms in
         float64), the Gram matrix (:func:`_gram_blocked` for 4 < r <= 16, else :func:`_mm`), the
@@ -334,7 +352,9 @@ if _nb.numba is not None:
         in out's dtype, with P the tangent projection at theta when proj is 1.0 and the identity when
         proj is 0.0 (GLPR's scheme).  The directions, the Gram matrix, the exponentials and the
         averages are in the dtype of lw (float64, or float32 when the caller has checked that float32
-        logits are accurate enough); row sums in float64."""
+        logits are accurate enough); row sums in float64.  counts[k] (when counts is not empty) = the
+        ordered pairs i != j of the input's directions with <theta_i, theta_j> > c, from the same Gram
+        matrix."""
         B, n, r = x.shape
         wdt = lw.dtype
         zero = wdt.type(0)
@@ -358,7 +378,9 @@ if _nb.numba is not None:
                 _gram_blocked(T, TT, G)
             else:
                 _mm(T, TT, G)
-            _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s)
+            cnt = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c)
+            if counts.shape[0]:
+                counts[k] = cnt
             if r <= _BLOCKED_MAX_R:
                 _avg_dots(G, TT, r, A)
             else:
@@ -372,14 +394,17 @@ if _nb.numba is not None:
             _sa_directions(x[k0 + k], T[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
-    def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s):  # pragma: no cover - compiled
-        """:func:`_sa_exps` for each Gram matrix G[k] of the systems k0 + k (GEMM route)."""
+    def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, counts):  # pragma: no cover - compiled
+        """:func:`_sa_exps` for each Gram matrix G[k] of the systems k0 + k (GEMM route); their pair counts
+        in counts[k0 + k] when counts is not empty."""
         wdt = G.dtype
         zero = wdt.type(0)
         bw = wdt.type(beta)
         fw = wdt.type(floor)
         for k in range(G.shape[0]):
-            _sa_exps(G[k], lw[k0 + k], bw, fw, spread, zero, inv_s[k])
+            cnt = _sa_exps(G[k], lw[k0 + k], bw, fw, spread, zero, inv_s[k], c)
+            if counts.shape[0]:
+                counts[k0 + k] = cnt
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
     def _sa_move_chunk(x, T, A, inv_s, dt, proj, k0, out):  # pragma: no cover - compiled
@@ -387,17 +412,6 @@ if _nb.numba is not None:
         y = np.empty(x.shape[2])
         for k in range(T.shape[0]):
             _sa_move(x[k0 + k], T[k], A[k], inv_s[k], dt, proj, y, out[k0 + k])
-
-    @njit(cache=True, inline="always")
-    def _count_off_diagonal(G, c):  # pragma: no cover - compiled
-        """#{(i, j): i != j, G[i, j] > c} for a square G: whole rows (vectorized) less the diagonal."""
-        cnt = 0
-        for i in range(G.shape[0]):
-            Gi = G[i]
-            for j in range(G.shape[1]):
-                cnt += Gi[j] > c
-            cnt -= Gi[i] > c
-        return cnt
 
     @njit(cache=True, nogil=True)
     def _count_above(G, c, out):  # pragma: no cover - compiled
@@ -590,7 +604,8 @@ def _finish(shift, mass, vec, lw_max, ldt, wdt):
 
 def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
                   out: np.ndarray | None = None, projected: bool = True,
-                  log_weights: np.ndarray | None = None) -> np.ndarray:
+                  log_weights: np.ndarray | None = None,
+                  count_pairs_above: float | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     r"""One explicit Euler step of SA with :math:`Q = K = V = I`, fused, for a batch of tiny systems.
 
     .. math::
@@ -641,11 +656,19 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     log_weights : ndarray, shape (..., n), optional
         ``max(log(weights), -1e300)`` as float64 when the caller keeps it between steps (a run's weights do
         not change); formed here otherwise.
+    count_pairs_above : float, optional
+        Also count, per system, the ordered pairs :math:`i \ne j` of the *input* with
+        :math:`\langle\theta_i, \theta_j\rangle` above this cosine (what :func:`pair_counts` counts, the
+        phase diagram's observable), from the Gram matrix the step forms anyway: a compare per entry
+        instead of a second pass.  The directions of float64 points are the points to rounding (the step
+        keeps them on the sphere), so the count is :func:`pair_counts`' but for a pair within
+        :math:`10^{-15}` of the threshold; float32 points are counted by :func:`pair_counts` itself.
 
     Returns
     -------
     ndarray, shape (..., n, r)
-        The new points, in ``x``'s dtype (float32 or float64).
+        The new points, in ``x``'s dtype (float32 or float64); with ``count_pairs_above``, the pair
+        ``(points, counts)``, counts int64 of shape ``(...)``.
 
     Examples
     --------
@@ -694,18 +717,35 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
             lw = lw_rel
             fl, spread = fl32, _FIXED_SHIFT_SPREAD_32
 
+    count = count_pairs_above is not None
+    c = math.inf
+    if count:
+        c = float(count_pairs_above)
+        if not math.isfinite(c):
+            raise ValueError(f"count_pairs_above must be a finite cosine, got {count_pairs_above!r}")
+        if x.dtype != np.float64:  # float32 points: pair_counts' float64 products of the points themselves
+            return sa_euler_step(x, weights, beta, dt, out=out, projected=projected,
+                                 log_weights=log_weights), pair_counts(x, c)
+    counts = np.zeros(B if count else 0, dtype=np.int64)
     if B == 0:
-        return out
-    if r <= SA_STEP_FUSED_MAX_DIM:
+        pass
+    elif r <= SA_STEP_FUSED_MAX_DIM:
         def work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
-                _sa_euler(xf, lw, be, h, fl, spread, proj, b0, b1, of)
+                _sa_euler(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, counts)
 
         _run(work, threads, len(chunks))
-        return out
+    else:
+        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, counts)
+    return (out, counts.reshape(x.shape[:-2])) if count else out
 
-    # larger r: the Gram matrices and the averages of a chunk of systems by batched GEMMs (BLAS on one
-    # thread inside each worker), the directions, exponentials and the move in compiled passes
+
+def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, counts) -> None:
+    """The GEMM route of :func:`sa_euler_step` (``r >`` :data:`SA_STEP_FUSED_MAX_DIM`)."""
+
+    # the Gram matrices and the averages of a chunk of systems by batched GEMMs (BLAS on one thread
+    # inside each worker), the directions, exponentials and the move in compiled passes
+    n, r = xf.shape[1:]
     size = chunks[0][1] - chunks[0][0]
 
     def gemm_work(t: int) -> None:
@@ -718,13 +758,12 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
             Tc, Gc, Ac, ic = T[:C], G[:C], A[:C], inv_s[:C]
             _sa_directions_chunk(xf, b0, Tc)
             np.matmul(Tc, Tc.swapaxes(1, 2), out=Gc)
-            _sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic)
+            _sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic, c, counts)
             np.matmul(Gc, Tc, out=Ac)
             _sa_move_chunk(xf, Tc, Ac, ic, h, proj, b0, of)
 
     with _nb._blas_threads(1):
         _run(gemm_work, threads, len(chunks))
-    return out
 
 
 def step_log_weights(weights: np.ndarray) -> np.ndarray:

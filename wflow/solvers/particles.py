@@ -34,6 +34,8 @@ DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
 #: every diagnostic :func:`simulate` knows: ``pair_fraction`` is the GLPR phase diagram's observable, the
 #: fraction of token pairs with inner product above 0.999 (:func:`wflow.diagnostics.pair_fraction`)
 _KNOWN_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters", "pair_fraction")
+#: the cosine of ``pair_fraction``
+PAIR_COSINE = 0.999
 
 
 def batch_dims(batch_shape: Sequence[int]) -> tuple[str, ...]:
@@ -116,6 +118,10 @@ class ParticleProblem(Problem):
         self._batch = batch_dims(weights.shape[:-1])
         #: free space: tokens x = r theta in R^d (normalization schemes with radii), no projection
         self.free = model.space == "free"
+        #: (dt, projected) of the last fused Euler step, and the step from a saved state taken ahead
+        #: (:meth:`_pair_fraction_ahead`): (y, t, dt, projected, the new state)
+        self._last_fused: tuple[float, bool] | None = None
+        self._ahead: tuple | None = None
 
     def model_at(self, t: float) -> Model:
         return self.model.at(t) if self.model.time_dependent else self.model
@@ -144,19 +150,54 @@ class ParticleProblem(Problem):
         most :data:`~wflow.kernels.small.SMALL_MAX` tokens and the ``auto`` or ``numba`` backend: one
         compiled pass per system (Gram matrix, softmax, average, projection, retraction) instead of
         eight passes over the batch; equal to ``retract(y + dt * rhs(t, y))`` (or to
-        ``retract(y + dt * average(t, y))``) to rounding (tested to 1e-14).
+        ``retract(y + dt * average(t, y))``) to rounding (tested to 1e-14).  When the step from ``y``
+        was taken ahead to count the pairs of a saved state (:meth:`_pair_fraction_ahead`), it is that
+        step, bit for bit.
         """
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is y and ahead[1:4] == (t, dt, projected):
+            self.evaluations += 1
+            return ahead[4]
+        model = self._fused_model(t, y)
+        if model is None:
+            return None
+        self._last_fused = (dt, projected)
+        self.evaluations += 1
+        return _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
+                                    log_weights=self._step_log_weights)
+
+    def _fused_model(self, t: float, y: np.ndarray):
+        """The model at ``t`` when :meth:`euler_step` can fuse the step from ``y`` (SA with Q = K = V = I on
+        the sphere, no noise or tracers, tiny systems, the numba kernels), else ``None``."""
         if (self.free or self.n_tracers or self.kappa is not None or self.backend not in ("auto", "numba")
                 or self.n > _small.SMALL_MAX or y.dtype not in (np.float32, np.float64)):
             return None
         model = self.model_at(t)
         from ..models import SA
 
-        if type(model) is not SA or not model.plain_attention():
+        return model if type(model) is SA and model.plain_attention() else None
+
+    def _pair_fraction_ahead(self, t: float, y: np.ndarray) -> np.ndarray | None:
+        r"""``pair_fraction`` of a saved state ``y`` counted on the Gram matrices of the step from it, or ``None``.
+
+        In a run of fused Euler steps (:meth:`euler_step`) the save-time pair count is a second Gram matrix
+        per system, as costly as a third of a step (n = 32, r = 32).  Instead the step from ``y`` is taken
+        now, with the last step's size and scheme, counting the pairs as it forms the inner products
+        (:func:`wflow.kernels.small.sa_euler_step` with ``count_pairs_above``); :meth:`euler_step` returns
+        it when the driver asks for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step
+        afresh otherwise (after the last save: one step wasted).  float64 states only (float32 points are
+        counted on their own float64 products, :func:`wflow.diagnostics.pair_fraction`).
+        """
+        if self._last_fused is None or y.dtype != np.float64 or self.n < 2:
             return None
-        self.evaluations += 1
-        return _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
-                                    log_weights=self._step_log_weights)
+        model = self._fused_model(t, y)
+        if model is None:
+            return None
+        dt, projected = self._last_fused
+        y_next, counts = _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
+                                              log_weights=self._step_log_weights, count_pairs_above=PAIR_COSINE)
+        self._ahead = (y, t, dt, projected, y_next)
+        return counts / (self.n * (self.n - 1))
 
     @functools.cached_property
     def _step_log_weights(self) -> np.ndarray:
@@ -217,8 +258,10 @@ class ParticleProblem(Problem):
         x = y[..., :self.n, :]
         return Atoms._trusted(project_to_sphere(x) if self.free else x, self.weights)
 
-    def compute_diagnostics(self, mu: Atoms, t: float = 0.0, mu_extra: Atoms | None = None) -> dict[str, np.ndarray]:
-        """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``)."""
+    def compute_diagnostics(self, mu: Atoms, t: float = 0.0, mu_extra: Atoms | None = None,
+                            known_pair_fraction: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``); ``known_pair_fraction``:
+        the pair fraction of ``mu`` when the caller has it (:meth:`_pair_fraction_ahead`)."""
         out: dict[str, np.ndarray] = {}
         model = self.model_at(t)
         gradient = model.is_gradient
@@ -230,7 +273,8 @@ class ParticleProblem(Problem):
             elif name == "n_clusters":
                 out[name] = np.asarray(count_clusters(mu, self.cluster_threshold), dtype=np.int64)
             elif name == "pair_fraction":
-                out[name] = np.asarray(pair_fraction(mu.points, 0.999), dtype=np.float64)
+                out[name] = np.asarray(pair_fraction(mu.points, PAIR_COSINE) if known_pair_fraction is None
+                                       else known_pair_fraction, dtype=np.float64)
         for name, f in self.extra.items():
             out[name] = np.asarray(f(mu if mu_extra is None else mu_extra))
         return out
@@ -267,14 +311,18 @@ class ParticleProblem(Problem):
             out = {"points": (dims, np.array(y[..., :self.n, :], copy=True))}
         if self.n_tracers:
             out["tracers"] = (self._batch + ("tracer", "coord"), np.array(y[..., self.n:, :], copy=True))
-        out.update(self.diagnostic_variables(self.measure(y), t))
+        out.update(self.diagnostic_variables(self.measure(y), t, known_pair_fraction=self._pair_fraction_at_save(t, y)))
         return out
 
-    def diagnostic_variables(self, mu: Atoms, t: float, mu_extra: Atoms | None = None) -> dict:
+    def _pair_fraction_at_save(self, t: float, y: np.ndarray) -> np.ndarray | None:
+        return self._pair_fraction_ahead(t, y) if "pair_fraction" in self.diagnostics else None
+
+    def diagnostic_variables(self, mu: Atoms, t: float, mu_extra: Atoms | None = None,
+                             known_pair_fraction: np.ndarray | None = None) -> dict:
         """:meth:`compute_diagnostics` as saved variables: ``name -> (dims, value)``, the batch axes first."""
         nb = len(self._batch)
         return {name: (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - nb)), v)
-                for name, v in self.compute_diagnostics(mu, t, mu_extra).items()}
+                for name, v in self.compute_diagnostics(mu, t, mu_extra, known_pair_fraction).items()}
 
     def static(self) -> dict:
         return {"weights": (self._batch + ("particle",), self.weights)}
@@ -334,7 +382,7 @@ class SpanProblem(ParticleProblem):
         mu_y = Atoms._trusted(y, self.weights)
         out = {"span": (self._batch + ("particle", "span_coord"), np.array(y, copy=True))}
         mu_x = Atoms._trusted(self.full(y), self.weights) if self.extra else None
-        out.update(self.diagnostic_variables(mu_y, t, mu_x))
+        out.update(self.diagnostic_variables(mu_y, t, mu_x, self._pair_fraction_at_save(t, y)))
         return out
 
     def static(self) -> dict:
