@@ -398,6 +398,23 @@ def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
         small.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=float("nan"))
 
 
+@pytest.mark.parametrize("beta", [-400.0, -1000.0, 1000.0])
+def test_sa_euler_step_at_large_beta_of_either_sign(rng, beta, monkeypatch):
+    """The fixed shift is |beta| + max log-weight (a bound of every logit); for beta < 0 the diagonal term
+    e^(-2|beta|) would leave the row sums below range, and each row is shifted by its maximum instead
+    (the shift beta + max log-weight overflowed at beta = -400 and divided by zero at -1000).  Both
+    routes against the dense step."""
+    from wflow.kernels import small
+
+    for d in (8, 40):
+        x = _sphere(rng, (3, 32, d), np.float64)
+        w = rng.random((3, 32))
+        for route in (0, 10**6):
+            monkeypatch.setattr(small, "SA_STEP_FUSED_MAX_DIM", route)
+            y = small.sa_euler_step(x, w, beta, 0.1)
+            np.testing.assert_allclose(y, _dense_sa_euler(x, w, beta, 0.1), rtol=0, atol=3e-15)
+
+
 def test_sa_euler_step_rejects_bad_input():
     from wflow.kernels.small import SMALL_MAX, sa_euler_step
 

@@ -288,8 +288,8 @@ if _nb.numba is not None:
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s, c):  # pragma: no cover - compiled
         """G (n, n) inner products of directions -> the exponentials e^(bw G_ij + lw_j - shift) in place,
-        inv_s = 1 / row sums (float64): one shift bw + max lw for the system when the log-weights span
-        at most ``spread``, else each row's maximum.  Returns #{(i, j): i != j, G_ij > c} counted on
+        inv_s = 1 / row sums (float64): one shift |bw| + max lw for the system when the log-weights span
+        at most ``spread`` (less 2|bw| when bw < 0), else each row's maximum.  Returns #{(i, j): i != j, G_ij > c} counted on
         the way (the pair count of :func:`sa_euler_step`; c = inf when not wanted)."""
         n = G.shape[0]
         cnt = 0
@@ -298,11 +298,11 @@ if _nb.numba is not None:
         for j in range(1, n):
             hi = max(hi, lwk[j])
             lo = min(lo, lwk[j])
-        if hi - lo <= spread:
-            # one shift for every row, beta + max log-weight >= every logit (<theta_i, theta_j> <= 1):
-            # the diagonal term e^(lw_i - hi) >= e^-spread keeps every row sum normal, so no row maximum
-            # is needed and the normalization folds into the average
-            sh = bw + hi
+        if hi - lo + max(-2.0 * bw, 0.0) <= spread:
+            # one shift for every row, |beta| + max log-weight >= every logit (|<theta_i, theta_j>| <= 1):
+            # the diagonal term e^(beta + lw_i - |beta| - hi) >= e^-spread keeps every row sum normal, so
+            # no row maximum is needed and the normalization folds into the average
+            sh = abs(bw) + hi
             for i in range(n):
                 Gi = G[i]
                 cnt -= Gi[i] > c
@@ -619,8 +619,9 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     ``rhs`` (velocity at :math:`\theta`, the SA average projected on the tangent plane) and
     ``retract``, but in one compiled pass per system (worker threads take chunks of systems)
     with no array of the batch's size in between: the Gram matrix by a compiled small product,
-    the softmax (shifted by :math:`\beta` + the largest log-weight, a bound of every logit, or by each
-    row's maximum when the weights span more than :math:`e^{600}`, :math:`e^{60}` in float32), the
+    the softmax (shifted by :math:`|\beta|` + the largest log-weight, a bound of every logit, or by each
+    row's maximum when the weights span more than :math:`e^{600}`, :math:`e^{60}` in float32, less
+    :math:`e^{2|\beta|}` for :math:`\beta < 0`), the
     averages, the projection and the retraction, in float64.  For ``r >`` :data:`SA_STEP_FUSED_MAX_DIM`
     the Gram matrices and the averages of each chunk of systems are batched GEMMs instead (BLAS on one
     thread in each worker; 1.0-1.25x faster steps at r = 9...16, 1.2-1.4x at r = 24...128, n = 32), the
