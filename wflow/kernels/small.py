@@ -289,8 +289,9 @@ if _nb.numba is not None:
     def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s, c):  # pragma: no cover - compiled
         """G (n, n) inner products of directions -> the exponentials e^(bw G_ij + lw_j - shift) in place,
         inv_s = 1 / row sums (float64): one shift |bw| + max lw for the system when the log-weights span
-        at most ``spread`` (less 2|bw| when bw < 0), else each row's maximum.  Returns #{(i, j): i != j, G_ij > c} counted on
-        the way (the pair count of :func:`sa_euler_step`; c = inf when not wanted)."""
+        at most ``spread`` (less 2|bw| when bw < 0), else each row's maximum.  Returns
+        #{(i, j): i != j, G_ij > c} counted on the way (the pair count of :func:`sa_euler_step`; c = inf
+        when not wanted)."""
         n = G.shape[0]
         cnt = 0
         hi = lwk[0]
