@@ -394,6 +394,12 @@ def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
     y32, c32 = small.sa_euler_step(x32, w, 2.0, 0.1, count_pairs_above=0.999)
     np.testing.assert_array_equal(y32, small.sa_euler_step(x32, w, 2.0, 0.1))
     np.testing.assert_array_equal(c32, small.pair_counts(x32, 0.999))
+    cq = float(np.quantile(G[:, off], 0.95))  # a threshold some pairs pass
+    for xs in (x.copy(), x32.copy()):  # in place (out=x): the input's pairs, not the output's
+        ref = small.pair_counts(xs, cq)
+        _, cs = small.sa_euler_step(xs, w, 50.0, 0.5, out=xs, count_pairs_above=cq)
+        np.testing.assert_array_equal(cs, ref)
+        assert not np.array_equal(small.pair_counts(xs, cq), ref)  # the step changed the pairs
     with pytest.raises(ValueError, match="count_pairs_above must be a finite cosine, got nan"):
         small.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=float("nan"))
 

@@ -206,6 +206,33 @@ def test_fused_euler_counts_saved_pairs_on_the_next_step(monkeypatch, method, co
         np.testing.assert_array_equal(a.stats["evaluations"], a.stats["steps"])
 
 
+def test_saved_state_is_read_only_for_callbacks_and_fused_euler_elsewhere():
+    """A callback sees the state read-only (the run continues from it: with the step from a saved state
+    taken ahead, an edit would have been silently ignored); SA with method="euler" on S^1 in angles or gaps
+    takes the unfused step (the fused one needs points: it raised before); one token in span coordinates
+    has no pairs: pair_fraction NaN."""
+    import wflow
+
+    x0 = np.stack([wflow.sphere.uniform(12, 6, seed=s) for s in range(3)])
+
+    def edit(t, mu):
+        mu.points[..., 0, :] = mu.points[..., 1, :]
+
+    with pytest.raises(ValueError, match="read-only"):
+        wflow.simulate(SA(3.0), x0, 1.0, method="euler", dt=0.1, save_at=[0.0, 0.5, 1.0], callback=edit,
+                       diagnostics=("pair_fraction",))
+    th = np.linspace(0.0, 2.0, 7)
+    for coordinates in ("angles", "gaps"):
+        kw = dict(method="euler", dt=0.1, coordinates=coordinates, diagnostics=("pair_fraction",))
+        a = wflow.simulate(SA(1.0), sphere.angles_to_points(th), 1.0, backend="auto", **kw)
+        b = wflow.simulate(SA(1.0), sphere.angles_to_points(th), 1.0, backend="numpy", **kw)
+        np.testing.assert_allclose(a.points, b.points, rtol=0, atol=1e-15)
+        assert np.abs(a.points - sphere.angles_to_points(th)).max() > 0.05  # it moved
+    one = wflow.simulate(SA(1.0), x0[:, :1], 1.0, method="euler", dt=0.1, coordinates="span",
+                         diagnostics=("pair_fraction",))
+    assert one.diagnostics["pair_fraction"].shape == (11, 3) and np.isnan(one.diagnostics["pair_fraction"]).all()
+
+
 def test_span_coordinates_equal_the_full_run_and_resume(tmp_path):
     """coordinates='span' (n tokens in d > n): the same trajectory as the full-dimensional run to 1e-12,
     the same built-in and user diagnostics, and a resumed run equal to the uninterrupted one."""

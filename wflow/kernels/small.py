@@ -110,10 +110,11 @@ _GRAM_BLOCK = 8
 _BLOCKED_MAX_R = 16
 
 
-#: the fused SA step shifts every logit by beta + max log-weight when the log-weights of a system span at
-#: most this much (uniform weights: 0), else by each row's maximum (zero weights, weights beyond e^600 apart)
+#: the fused SA step shifts every logit by |beta| + max log-weight when the log-weights of a system span at
+#: most this much, less 2|beta| for beta < 0 (uniform weights, beta >= 0: 0), else by each row's maximum
+#: (zero weights, weights beyond e^600 apart): the diagonal term e^(beta - |beta| + lw_i - max lw) stays normal
 _FIXED_SHIFT_SPREAD = 600.0
-#: the same in float32 (exponent floor -80: the diagonal term e^(lw_i - max lw) stays normal)
+#: the same in float32 (exponent floor -80)
 _FIXED_SHIFT_SPREAD_32 = 60.0
 
 if _nb.numba is not None:
@@ -290,7 +291,7 @@ if _nb.numba is not None:
         """G (n, n) inner products of directions -> the exponentials e^(bw G_ij + lw_j - shift) in place,
         inv_s = 1 / row sums (float64): one shift |bw| + max lw for the system when the log-weights span
         at most ``spread`` (less 2|bw| when bw < 0), else each row's maximum.  Returns
-        #{(i, j): i != j, G_ij > c} counted on the way (the pair count of :func:`sa_euler_step`; c = inf
+        #{(i, j): i != j, G_ij > c} counted on the way (the pair count of :func:`sa_euler_step`; c = 2
         when not wanted)."""
         n = G.shape[0]
         cnt = 0
@@ -621,8 +622,8 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     ``retract``, but in one compiled pass per system (worker threads take chunks of systems)
     with no array of the batch's size in between: the Gram matrix by a compiled small product,
     the softmax (shifted by :math:`|\beta|` + the largest log-weight, a bound of every logit, or by each
-    row's maximum when the weights span more than :math:`e^{600}`, :math:`e^{60}` in float32, less
-    :math:`e^{2|\beta|}` for :math:`\beta < 0`), the
+    row's maximum when the log-weights span more than :math:`600 - 2\max(-\beta, 0)`, 60 in place of 600
+    in float32), the
     averages, the projection and the retraction, in float64.  For ``r >`` :data:`SA_STEP_FUSED_MAX_DIM`
     the Gram matrices and the averages of each chunk of systems are batched GEMMs instead (BLAS on one
     thread in each worker; 1.0-1.25x faster steps at r = 9...16, 1.2-1.4x at r = 24...128, n = 32), the
@@ -660,11 +661,12 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
         not change); formed here otherwise.
     count_pairs_above : float, optional
         Also count, per system, the ordered pairs :math:`i \ne j` of the *input* with
-        :math:`\langle\theta_i, \theta_j\rangle` above this cosine (what :func:`pair_counts` counts, the
-        phase diagram's observable), from the Gram matrix the step forms anyway: a compare per entry
-        instead of a second pass.  The directions of float64 points are the points to rounding (the step
-        keeps them on the sphere), so the count is :func:`pair_counts`' but for a pair within
-        :math:`10^{-15}` of the threshold; float32 points are counted by :func:`pair_counts` itself.
+        :math:`\langle\theta_i, \theta_j\rangle` above this cosine (the phase diagram's observable),
+        from the Gram matrix of the directions the step forms anyway: a compare per entry instead of a
+        second pass.  For float64 points on the sphere (to rounding) that is :func:`pair_counts`' count
+        of :math:`\langle x_i, x_j\rangle > c` but for a pair within :math:`10^{-15}` of the threshold;
+        float32 points are counted by :func:`pair_counts` itself (before the step, so ``out`` may be
+        ``x``).
 
     Returns
     -------
@@ -720,14 +722,15 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
             fl, spread = fl32, _FIXED_SHIFT_SPREAD_32
 
     count = count_pairs_above is not None
-    c = math.inf
+    c = 2.0  # not counting: above every cosine (a finite stand-in: the kernels assume no infinities)
     if count:
         c = float(count_pairs_above)
         if not math.isfinite(c):
             raise ValueError(f"count_pairs_above must be a finite cosine, got {count_pairs_above!r}")
-        if x.dtype != np.float64:  # float32 points: pair_counts' float64 products of the points themselves
+        if x.dtype != np.float64:  # float32 points: pair_counts' float64 products, before out is written
+            counts = pair_counts(x, c)
             return sa_euler_step(x, weights, beta, dt, out=out, projected=projected,
-                                 log_weights=log_weights), pair_counts(x, c)
+                                 log_weights=log_weights), counts
     counts = np.zeros(B if count else 0, dtype=np.int64)
     if B == 0:
         pass

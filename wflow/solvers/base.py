@@ -304,7 +304,8 @@ class Snapshot:
     ``data`` holds the problem's variables (state and diagnostics), ``stats`` the
     cumulative solver statistics, ``control`` the step-size controller's state
     (``dt_next``), ``checkpoint`` the solver's resume variables and ``state`` the raw
-    state array (not a copy: trackers must not modify it).
+    state array (not a copy: a read-only view of the state the run continues from, so a tracker
+    or callback that tries to change it gets an error instead of silently changing the run).
 
     Examples
     --------
@@ -532,6 +533,14 @@ def _check_tolerance(value: Any, name: str) -> float:
 _EPS = float(np.finfo(np.float64).eps)
 #: consecutive rejected steps after which an autonomous problem's run stops with "step size underflow"
 MAX_REJECTIONS = 60
+
+
+def _read_only(y: Any) -> Any:
+    """A read-only view of an array state (what trackers are shown), other states as they are."""
+    if isinstance(y, np.ndarray):
+        y = y.view()
+        y.flags.writeable = False
+    return y
 
 
 def _finite(y: np.ndarray) -> bool:
@@ -787,7 +796,7 @@ def integrate(
             stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
             snap = Snapshot(index, t, problem.snapshot(t, y), dict(stats),
                             {"dt_next": float(h) if (adaptive and h is not None) else math.nan},
-                            solver.checkpoint(state), y)
+                            solver.checkpoint(state), _read_only(y))
             if keep or not kept:
                 times.append(t)
                 kept.append(snap.data)

@@ -87,6 +87,8 @@ class ParticleProblem(Problem):
     """
 
     kind = "particles"
+    #: whether the state is the tokens themselves (or their span coordinates), which the fused step takes
+    _fusable = True
 
     def __init__(self, model: Model, weights: np.ndarray, d: int, *, kappa: float | None = None,
                  backend: str = "auto", diagnostics: Sequence[str] = DIAGNOSTICS, cluster_threshold: float = 0.1,
@@ -139,6 +141,7 @@ class ParticleProblem(Problem):
         # in free space the model sees the tokens with their radii and the measure of their directions
         theta = project_to_sphere(y)
         self.evaluations += 1
+        self._last_fused = None  # the solver does not take fused steps: no step from a save is taken ahead
         mu = Atoms._trusted(theta[..., :self.n, :], self.weights)
         return self.model_at(t).velocity(y if self.free else theta, mu, backend=self.backend)
 
@@ -169,8 +172,9 @@ class ParticleProblem(Problem):
     def _fused_model(self, t: float, y: np.ndarray):
         """The model at ``t`` when :meth:`euler_step` can fuse the step from ``y`` (SA with Q = K = V = I on
         the sphere, no noise or tracers, tiny systems, the numba kernels), else ``None``."""
-        if (self.free or self.n_tracers or self.kappa is not None or self.backend not in ("auto", "numba")
-                or self.n > _small.SMALL_MAX or y.dtype not in (np.float32, np.float64)):
+        if (not self._fusable or self.free or self.n_tracers or self.kappa is not None
+                or self.backend not in ("auto", "numba") or self.n > _small.SMALL_MAX
+                or y.dtype not in (np.float32, np.float64)):
             return None
         model = self.model_at(t)
         from ..models import SA
@@ -235,6 +239,7 @@ class ParticleProblem(Problem):
             raise TypeError(f"{self.model!r} has no attention average on the sphere")
         theta = project_to_sphere(y)
         self.evaluations += 1
+        self._last_fused = None
         mu = Atoms._trusted(theta[..., :self.n, :], self.weights)
         return self.model_at(t).average(theta, mu, backend=self.backend)
 
@@ -315,7 +320,11 @@ class ParticleProblem(Problem):
         return out
 
     def _pair_fraction_at_save(self, t: float, y: np.ndarray) -> np.ndarray | None:
-        return self._pair_fraction_ahead(t, y) if "pair_fraction" in self.diagnostics else None
+        if "pair_fraction" not in self.diagnostics:
+            return None
+        if self.n < 2:  # no pairs (and span coordinates of one token have one coordinate)
+            return np.full(self.weights.shape[:-1], np.nan)
+        return self._pair_fraction_ahead(t, y)
 
     def diagnostic_variables(self, mu: Atoms, t: float, mu_extra: Atoms | None = None,
                              known_pair_fraction: np.ndarray | None = None) -> dict:
@@ -415,6 +424,8 @@ class CircleAngleProblem(ParticleProblem):
     >>> traj.config["coordinates"], traj["angles"].shape
     ('angles', (11, 3))
     """
+
+    _fusable = False  # angles, not points
 
     def __init__(self, model: Model, weights: np.ndarray, **kw: Any):
         super().__init__(model, weights, 2, **kw)
@@ -756,7 +767,8 @@ def simulate(
     progress : bool
         Show a progress bar.
     callback : callable, optional
-        ``callback(t, mu)`` after each save; a true return value stops the run (status 1).
+        ``callback(t, mu)`` after each save; a true return value stops the run (status 1).  ``mu``'s
+        points are a read-only view of the state the run continues from.
     tracers : ndarray, shape (..., m, d), optional
         Passive points carried by the flow of :math:`\mu_N` without mass of their own
         (e.g. to measure the flow map's Jacobian); returned in ``Trajectory.tracers``.

@@ -61,7 +61,8 @@ class ProgressBar(Tracker):
 
 
 class Callback(Tracker):
-    """``f(t, state)`` at every save time; a true return value stops the run.
+    """``f(t, state)`` at every save time; a true return value stops the run.  ``state`` is a read-only
+    view of the state the run continues from (:class:`~wflow.solvers.base.Snapshot`).
 
     Examples
     --------
