@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
