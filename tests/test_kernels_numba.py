@@ -296,6 +296,19 @@ def test_small_route_methods_agree_with_numpy(rng, dtype, method, monkeypatch):
         _check(got, _reference(x, y, w, beta, mats, values=False), dtype, values=False)
 
 
+#: the fused SA step's routes: BLAS products inside the compiled pass (the default), numba's own products in one
+#: pass, batched NumPy GEMMs per chunk of systems
+_STEP_ROUTES = {"blas": (True, 0), "one pass": (False, 10**6), "gemm": (False, 0)}
+
+
+def _step_route(monkeypatch, route):
+    from wflow.kernels import small
+
+    blas, limit = _STEP_ROUTES[route]
+    monkeypatch.setattr(small, "SA_STEP_BLAS", blas)
+    monkeypatch.setattr(small, "SA_STEP_FUSED_MAX_DIM", limit)
+
+
 def _dense_sa_euler(x, w, beta, dt, projected=True):
     """The projected SA Euler step (or GLPR's unprojected one) in dense float64 NumPy (the reference of the
     fused step)."""
@@ -382,8 +395,8 @@ def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
     vals = np.unique(G[:, off])
     cuts = (0.5 * (vals[:-1] + vals[1:]))[np.diff(vals) > 1e-9]
     monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
-    for route in (0, 10**6):  # the GEMM route, the one-pass route
-        monkeypatch.setattr(small, "SA_STEP_FUSED_MAX_DIM", route)
+    for route in _STEP_ROUTES:
+        _step_route(monkeypatch, route)
         plain = small.sa_euler_step(x, w, 5.0, 0.1)
         for c in [-2.0, 0.999, *cuts[:: max(1, cuts.size // 6)]]:
             y, counts = small.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=c)
@@ -415,8 +428,8 @@ def test_sa_euler_step_at_large_beta_of_either_sign(rng, beta, monkeypatch):
     for d in (8, 40):
         x = _sphere(rng, (3, 32, d), np.float64)
         w = rng.random((3, 32))
-        for route in (0, 10**6):
-            monkeypatch.setattr(small, "SA_STEP_FUSED_MAX_DIM", route)
+        for route in _STEP_ROUTES:
+            _step_route(monkeypatch, route)
             y = small.sa_euler_step(x, w, beta, 0.1)
             np.testing.assert_allclose(y, _dense_sa_euler(x, w, beta, 0.1), rtol=0, atol=3e-15)
 
@@ -512,10 +525,11 @@ def test_float32_logits_rule_against_numpy(rng):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("d, n", [(13, 32), (17, 32), (33, 9), (64, 5)])
 def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
-    """Beyond SA_STEP_FUSED_MAX_DIM (PAIR_COUNTS_FUSED_MAX_DIM) the step (the pair counts) take batched GEMMs
-    per chunk of systems: the same numbers as the one-pass route (to rounding: the products are summed in
-    another order), with zero weights (each row shifted by its maximum) and without, both schemes, float32
-    logits at small beta; exact pair counts on both routes."""
+    """The step's three routes (BLAS products in the compiled pass, numba's own products in one pass, batched
+    GEMMs per chunk of systems) give the same numbers (to rounding: the products are summed in other
+    orders), with zero weights (each row shifted by its maximum) and without, both schemes, float32
+    logits at small beta; beyond PAIR_COUNTS_FUSED_MAX_DIM the pair counts take batched GEMMs: exact counts
+    on both of their routes."""
     from wflow.kernels import small
 
     x = _sphere(rng, (7, n, d), dtype)
@@ -523,16 +537,18 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
     w[::2, ::3] = 0.0
     monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
     for beta, projected in ((5.0, True), (-3.0, False), (0.05, True)):
-        gemm = small.sa_euler_step(x, w, beta, 0.1, projected=projected)
-        with monkeypatch.context() as m:
-            m.setattr(small, "SA_STEP_FUSED_MAX_DIM", 10**6)
-            fused = small.sa_euler_step(x, w, beta, 0.1, projected=projected)
-        np.testing.assert_allclose(gemm, fused, rtol=0, atol=2e-15 if dtype == np.float64 else 1e-7)
-        np.testing.assert_allclose(gemm, _dense_sa_euler(x, w, beta, 0.1, projected=projected), rtol=0,
+        steps = {}
+        for route in _STEP_ROUTES:
+            with monkeypatch.context() as m:
+                _step_route(m, route)
+                steps[route] = small.sa_euler_step(x, w, beta, 0.1, projected=projected)
+        for route in ("one pass", "gemm"):
+            np.testing.assert_allclose(steps["blas"], steps[route], rtol=0, atol=2e-15 if dtype == np.float64 else 1e-7)
+        np.testing.assert_allclose(steps["blas"], _dense_sa_euler(x, w, beta, 0.1, projected=projected), rtol=0,
                                    atol=2e-15 if dtype == np.float64 else 1.5e-7)
-    for route in (0, 10**6):  # no systems: empty results on either route
-        monkeypatch.setattr(small, "SA_STEP_FUSED_MAX_DIM", route)
-        monkeypatch.setattr(small, "PAIR_COUNTS_FUSED_MAX_DIM", route)
+    for route, limit in zip(_STEP_ROUTES, (0, 10**6, 0)):  # no systems: empty results on every route
+        _step_route(monkeypatch, route)
+        monkeypatch.setattr(small, "PAIR_COUNTS_FUSED_MAX_DIM", limit)
         assert small.sa_euler_step(x[:0], w[:0], 1.0, 0.1).shape == (0, n, d)
         assert small.pair_counts(x[:0], 0.5).shape == (0,)
     G = x.astype(np.float64) @ np.swapaxes(x.astype(np.float64), -1, -2)
