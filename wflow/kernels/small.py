@@ -701,14 +701,14 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     -- what :class:`wflow.solvers.steppers.Euler` computes through the particle problem's
     ``rhs`` (velocity at :math:`\theta`, the SA average projected on the tangent plane) and
     ``retract``, but in one compiled pass per system (worker threads take chunks of systems)
-    with no array of the batch's size in between: the Gram matrix by a compiled small product,
-    the softmax (shifted by :math:`|\beta|` + the largest log-weight, a bound of every logit, or by each
-    row's maximum when the log-weights span more than :math:`600 - 2\max(-\beta, 0)`, 60 in place of 600
-    in float32), the
-    averages, the projection and the retraction, in float64.  For ``r >`` :data:`SA_STEP_FUSED_MAX_DIM`
-    the Gram matrices and the averages of each chunk of systems are batched GEMMs instead (BLAS on one
-    thread in each worker; 1.0-1.25x faster steps at r = 9...16, 1.2-1.4x at r = 24...128, n = 32), the
-    rest compiled passes.  float32 input: the directions, logits, exponentials and averages in
+    with no array of the batch's size in between: the Gram matrix and the averages by BLAS's gemm
+    called from the compiled pass (OpenBLAS's small-matrix kernels; :data:`SA_STEP_BLAS`), the
+    softmax (shifted by :math:`|\beta|` + the largest log-weight, a bound of every logit, or by each
+    row's maximum when the log-weights span more than :math:`600 - 2\max(-\beta, 0)`, 60 in place of
+    600 in float32), the projection and the retraction, in float64 (1.2-1.5x faster steps than
+    numba's own products or batched NumPy GEMMs, the two earlier routes, which ``SA_STEP_BLAS =
+    False`` selects: products in the pass up to :data:`SA_STEP_FUSED_MAX_DIM`, batched GEMMs per
+    chunk of systems beyond).  float32 input: the directions, logits, exponentials and averages in
     float32 when the logits' rounding is provably small,
     :math:`2^{-24}\big((r+4)|\beta| + 2\,\mathrm{span}\log w\big) \le 3\cdot 10^{-6}` (the rule
     of the kernel sums, :math:`|\theta| = 1` bounding every logit by :math:`|\beta|`, with
