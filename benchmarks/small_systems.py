@@ -30,9 +30,10 @@ points of the span run are checked against the plain run's.  At d = 1024
 a tenth of the workload (30 steps, 20 saves) is timed.
 
 The fused routes (``--fused-routes``): the fused SA step and the pair counts through each of
-their two routes -- one compiled pass per system, or batched GEMMs per chunk of systems -- at
-dimensions around the switch (``wflow.kernels.small.SA_STEP_FUSED_MAX_DIM`` and
-``PAIR_COUNTS_FUSED_MAX_DIM``), with the route wflow chooses and the faster one.
+their routes -- one compiled pass per system with numba's own products, or batched GEMMs per chunk
+of systems, and for the step the default, BLAS's GEMM from inside the compiled pass -- at
+dimensions around the switch of the first two (``wflow.kernels.small.SA_STEP_FUSED_MAX_DIM`` and
+``PAIR_COUNTS_FUSED_MAX_DIM``), with the route wflow chooses and the fastest.
 
 Save-time diagnostics for 256 systems: the fraction of pairs with cosine > 0.999 (torch,
 and :func:`wflow.diagnostics.pair_fraction`) and the cluster count at threshold 0.1
@@ -269,21 +270,24 @@ def route_table(repeat, quick=False):
 
 
 def fused_route_table(repeat):
-    """The fused SA step and the pair counts through each of their two routes (one compiled pass per
-    system, or batched GEMMs per chunk of systems), against the dimension where each switches
-    (``SA_STEP_FUSED_MAX_DIM``, ``PAIR_COUNTS_FUSED_MAX_DIM``): n = 32, float64, each timed call 5
-    consecutive calls (threads stay awake, as in a run)."""
+    """The fused SA step and the pair counts through each of their routes (one compiled pass per
+    system with numba's own products, or batched GEMMs per chunk of systems; for the step also the
+    default, BLAS's GEMM called from the compiled pass, ``SA_STEP_BLAS``), against the dimension where
+    the first two switch (``SA_STEP_FUSED_MAX_DIM``, ``PAIR_COUNTS_FUSED_MAX_DIM``): n = 32, float64,
+    each timed call 5 consecutive calls (threads stay awake, as in a run)."""
     from wflow.kernels import small
 
-    def routed(name, limit, f):
+    def routed(name, limit, f, blas=False):
         def g():
-            old = getattr(small, name)
+            old = getattr(small, name), small.SA_STEP_BLAS
             setattr(small, name, limit)
+            small.SA_STEP_BLAS = blas
             try:
                 for _ in range(5):
                     f()
             finally:
-                setattr(small, name, old)
+                setattr(small, name, old[0])
+                small.SA_STEP_BLAS = old[1]
         return g
     rows = []
     print(f"<!-- fused route table: start {_load()} -->", flush=True)
@@ -301,17 +305,22 @@ def fused_route_table(repeat):
             else:
                 def f(x=x):
                     small.pair_counts(x, 0.999)
-            t = _interleaved_medians({"one pass": routed(name, 10**6, f), "GEMM": routed(name, 0, f)}, repeat)
-            chosen = "one pass" if r <= getattr(small, name) else "GEMM"
+            fns = {"one pass": routed(name, 10**6, f), "GEMM": routed(name, 0, f)}
+            if what == "step":
+                fns["BLAS pass"] = routed(name, 0, f, blas=True)
+            t = _interleaved_medians(fns, repeat)
+            chosen = ("BLAS pass" if what == "step" and small.SA_STEP_BLAS else
+                      "one pass" if r <= getattr(small, name) else "GEMM")
             rows.append((what, B, r, t, chosen))
             print(f"<!-- {what} B={B} r={r}: " + " | ".join(f"{k} {1e3 * v / 5:.2f}" for k, v in t.items())
                   + " ms -->", flush=True)
     print(f"<!-- fused route table: end {_load()} -->", flush=True)
     print("\n### The fused step and the pair counts by route (ms per call, median), n = 32, float64\n")
-    print("| what | batch | r | one pass | GEMM | chosen | fastest |")
-    print("|---|---|---|---|---|---|---|")
+    print("| what | batch | r | one pass | GEMM | BLAS pass | chosen | fastest |")
+    print("|---|---|---|---|---|---|---|---|")
     for what, B, r, t, chosen in rows:
-        print(f"| {what} | {B} | {r} | {_ms(t['one pass'] / 5)} | {_ms(t['GEMM'] / 5)} | {chosen} | "
+        blas = _ms(t["BLAS pass"] / 5) if "BLAS pass" in t else "-"
+        print(f"| {what} | {B} | {r} | {_ms(t['one pass'] / 5)} | {_ms(t['GEMM'] / 5)} | {blas} | {chosen} | "
               f"{min(t, key=t.get)} |")
     return rows
 
