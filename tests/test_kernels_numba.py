@@ -441,6 +441,8 @@ def test_sa_euler_step_rejects_bad_input():
         sa_euler_step(np.ones((2, 3, 4)), np.ones((2, 4)), 1.0, 0.1)
     with pytest.raises(ValueError, match="n <= "):
         sa_euler_step(np.ones((SMALL_MAX + 1, 3)), np.ones(SMALL_MAX + 1), 1.0, 0.1)
+    with pytest.raises(ValueError, match=r"r >= 1, got shape \(2, 3, 0\)"):
+        sa_euler_step(np.ones((2, 3, 0)), np.ones((2, 3)), 1.0, 0.1)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

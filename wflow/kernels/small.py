@@ -773,8 +773,8 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
-    if x.ndim < 2 or x.shape[-2] == 0 or x.shape[-2] > SMALL_MAX:
-        raise ValueError(f"x must have shape (..., n, r) with 1 <= n <= {SMALL_MAX}, got shape {x.shape}")
+    if x.ndim < 2 or x.shape[-2] == 0 or x.shape[-2] > SMALL_MAX or x.shape[-1] == 0:
+        raise ValueError(f"x must have shape (..., n, r) with 1 <= n <= {SMALL_MAX} and r >= 1, got shape {x.shape}")
     n, r = x.shape[-2:]
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != x.shape[:-1]:
