@@ -548,8 +548,8 @@ FUSED_MAX_DIM = 16
 #: r = 8 0.61 against 0.92 ms (one pass), r = 16 1.29 against 1.78 ms, r = 32 2.01 against 2.51 ms,
 #: r = 64 3.25 against 4.20 ms (GEMM route); 2048 systems r = 2 3.7 against 4.3 ms, r = 8 5.3 against 7.8 ms.
 SA_STEP_BLAS = True
-#: Largest dimension r for which :func:`sa_euler_step` forms each system's products in one compiled pass;
-#: beyond it batched GEMMs per chunk of systems.  Measured at n = 32 (two threads, 256 and 2048 systems,
+#: With :data:`SA_STEP_BLAS` off, the largest dimension r for which :func:`sa_euler_step` forms each system's
+#: products in numba's own loops in one compiled pass; beyond it batched GEMMs per chunk of systems.  Measured at n = 32 (two threads, 256 and 2048 systems,
 #: round-robin medians): the one pass 0.80-0.92x of the GEMM route's time at r = 8, 1.0-1.25x at r = 9...16.
 SA_STEP_FUSED_MAX_DIM = 8
 #: The same for :func:`pair_counts` (one product per system instead of two): the one pass 0.66-0.88x of the
@@ -803,16 +803,17 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
             fl, spread = fl32, _FIXED_SHIFT_SPREAD_32
 
     count = count_pairs_above is not None
-    c = 2.0  # not counting: above every cosine (a finite stand-in: the kernels assume no infinities)
+    c = 2.0  # the kernels' threshold when they do not count: above every cosine (finite: no infinities there)
+    counts = kcounts = np.zeros(0, dtype=np.int64)  # kcounts: what the kernels count into (nothing if empty)
     if count:
-        c = float(count_pairs_above)
-        if not math.isfinite(c):
+        cp = float(count_pairs_above)
+        if not math.isfinite(cp):
             raise ValueError(f"count_pairs_above must be a finite cosine, got {count_pairs_above!r}")
-        if x.dtype != np.float64:  # float32 points: pair_counts' float64 products, before out is written
-            counts = pair_counts(x, c)
-            return sa_euler_step(x, weights, beta, dt, out=out, projected=projected,
-                                 log_weights=log_weights), counts
-    counts = np.zeros(B if count else 0, dtype=np.int64)
+        if x.dtype == np.float64:
+            c = cp
+            counts = kcounts = np.zeros(B, dtype=np.int64)
+        else:  # float32 points: pair_counts' float64 products, before out is written
+            counts = pair_counts(xf, cp)
     if B == 0:
         pass
     elif SA_STEP_BLAS:
@@ -820,18 +821,18 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
 
         def blas_work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
-                _sa_euler_blas(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, counts, fn)
+                _sa_euler_blas(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, fn)
 
         with _nb._blas_threads(1):
             _run(blas_work, threads, len(chunks))
     elif r <= SA_STEP_FUSED_MAX_DIM:
         def work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
-                _sa_euler(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, counts)
+                _sa_euler(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts)
 
         _run(work, threads, len(chunks))
     else:
-        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, counts)
+        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, kcounts)
     return (out, counts.reshape(x.shape[:-2])) if count else out
 
 

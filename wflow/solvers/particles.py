@@ -189,10 +189,11 @@ class ParticleProblem(Problem):
         now, with the last step's size and scheme, counting the pairs as it forms the inner products
         (:func:`wflow.kernels.small.sa_euler_step` with ``count_pairs_above``); :meth:`euler_step` returns
         it when the driver asks for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step
-        afresh otherwise (after the last save: one step wasted).  float64 states only (float32 points are
-        counted on their own float64 products, :func:`wflow.diagnostics.pair_fraction`).
+        afresh otherwise (after the last save: one step wasted).  float64 states of at least two tokens
+        only (:meth:`_pair_fraction_at_save` answers one token; float32 points are counted on their own
+        float64 products, :func:`wflow.diagnostics.pair_fraction`).
         """
-        if self._last_fused is None or y.dtype != np.float64 or self.n < 2:
+        if self._last_fused is None or y.dtype != np.float64:
             return None
         model = self._fused_model(t, y)
         if model is None:
