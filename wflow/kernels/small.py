@@ -765,6 +765,9 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     >>> z = sa_euler_step(x, np.full((2, 8), 1 / 8), 5.0, 0.1, projected=False)  # GLPR's scheme
     >>> bool(np.allclose(np.linalg.norm(z, axis=-1), 1.0)), bool(np.abs(z - y).max() < 1e-2)
     (True, True)
+    >>> y2, counts = sa_euler_step(x, np.full((2, 8), 1 / 8), 5.0, 0.1, count_pairs_above=0.5)  # the input's pairs
+    >>> bool((y2 == y).all()), bool((counts == pair_counts(x, 0.5)).all())
+    (True, True)
     """
     if _sa_euler is None:
         from ..errors import WflowError
