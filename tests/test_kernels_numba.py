@@ -434,6 +434,33 @@ def test_sa_euler_step_at_large_beta_of_either_sign(rng, beta, monkeypatch):
             np.testing.assert_allclose(y, _dense_sa_euler(x, w, beta, 0.1), rtol=0, atol=3e-15)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_sa_euler_step_knows_whether_its_output_is_finite(monkeypatch, dtype):
+    """The fused step's finiteness flag (what lets the driver skip its scan of the state) agrees with a scan
+    of the output on every route: finite steps, a system with a NaN coordinate, and a token stepped onto
+    the origin (GLPR's unprojected step with h = 1, its only weighted neighbour antipodal: x + h A x = 0)."""
+    from wflow.kernels import small
+
+    from wflow import sphere
+
+    x = sphere.uniform(8, 3, seed=4, batch=(5,)).astype(dtype)
+    w = np.full((5, 8), 1 / 8)
+    bad = x.copy()
+    bad[3, 2, 1] = np.nan
+    e = np.array([1.0, 0.0, 0.0])
+    pair = np.stack([e, -e]).astype(dtype)[None]
+    for route in _STEP_ROUTES:
+        _step_route(monkeypatch, route)
+        y, counts, finite = small._sa_euler_step(x, w, 5.0, 0.1)
+        assert finite and counts is None and np.isfinite(y).all()
+        y, _, finite = small._sa_euler_step(bad, w, 5.0, 0.1)
+        assert not finite and not np.isfinite(y[3]).all() and np.isfinite(y[[0, 1, 2, 4]]).all()
+        y, _, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)
+        assert not finite and not np.isfinite(y[0, 0]).all()
+        y, _, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)  # projected: no move
+        assert finite and np.array_equal(y, pair)
+
+
 def test_sa_euler_step_rejects_bad_input():
     from wflow.kernels.small import SMALL_MAX, sa_euler_step
 

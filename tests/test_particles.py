@@ -164,8 +164,8 @@ def test_euler_on_many_small_sa_systems_takes_the_fused_step(monkeypatch):
     import wflow.kernels.small as small
 
     calls = []
-    fused = small.sa_euler_step
-    monkeypatch.setattr(small, "sa_euler_step", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    fused = small._sa_euler_step
+    monkeypatch.setattr(small, "_sa_euler_step", lambda *a, **k: calls.append(1) or fused(*a, **k))
     x0 = np.stack([wflow.sphere.uniform(16, 5, seed=s) for s in range(6)])
     kw = dict(method="euler", dt=0.1, save_at=np.linspace(0, 3, 7), diagnostics=("order_parameter",))
     a = wflow.simulate(wflow.SA(4.0), x0, 3.0, backend="auto", **kw)
@@ -175,6 +175,31 @@ def test_euler_on_many_small_sa_systems_takes_the_fused_step(monkeypatch):
     np.testing.assert_allclose(a.points, b.points, atol=1e-12)
     wflow.simulate(wflow.SA(4.0, V=-np.eye(5)), x0, 3.0, backend="auto", **kw)
     assert len(calls) == 30
+
+
+def test_fused_steps_skip_the_state_scan_only_when_they_saw_a_finite_state(monkeypatch):
+    """A fused step tells the driver its output is finite (no scan of the state); a step that puts a token on
+    the origin (GLPR's scheme, h = 1, the token's only weighted neighbour antipodal) is reported as the
+    driver's non-finite-state error, and the points saved before are the fused steps' outputs, unchanged by
+    the steps after them (the snapshots hold read-only views of them, not copies)."""
+    import wflow
+    import wflow.solvers.base as base
+
+    scans = []
+    finite = base._finite
+    monkeypatch.setattr(base, "_finite", lambda y: scans.append(1) or finite(y))
+    x0 = np.stack([sphere.uniform(16, 5, seed=s) for s in range(6)])
+    kw = dict(method="euler", dt=0.1, save_at=np.linspace(0, 2, 5))
+    a = wflow.simulate(wflow.SA(4.0), x0, 2.0, backend="auto", **kw)
+    assert scans == []
+    b = wflow.simulate(wflow.SA(4.0), x0, 2.0, backend="numpy", **kw)
+    assert len(scans) == 20
+    np.testing.assert_allclose(a.points, b.points, rtol=0, atol=1e-12)
+    e = np.array([1.0, 0.0, 0.0])
+    x = np.stack([np.stack([e, -e]), sphere.uniform(2, 3, seed=1)])
+    with pytest.raises(SolverError, match="non-finite in the step from t=0 "):
+        wflow.simulate(wflow.SA(0.0), Atoms(x, np.array([[0.0, 1.0]] * 2)), 2.0, method="euler-average", dt=1.0,
+                       backend="auto")
 
 
 @pytest.mark.parametrize("method", ["euler", "euler-average"])

@@ -39,8 +39,8 @@ def test_euler_average_is_projected_euler_with_a_shorter_step_per_token(backend,
     if backend == "numba":
         from wflow.kernels import small
 
-        real = small.sa_euler_step
-        monkeypatch.setattr(small, "sa_euler_step", lambda *a, **k: fused.append(k) or real(*a, **k))
+        real = small._sa_euler_step
+        monkeypatch.setattr(small, "_sa_euler_step", lambda *a, **k: fused.append(k) or real(*a, **k))
     h = 0.1
     step, _ = SOLVERS["euler-average"]().step(problem, 0.0, x0, h, None)
     assert [k["projected"] for k in fused] == ([False] if backend == "numba" else [])

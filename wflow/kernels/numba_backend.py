@@ -137,6 +137,29 @@ if numba is not None:
 
         return _types.float32(_types.float32), codegen
 
+    #: the LLVM function attribute that lets the loop vectorizer use 512-bit registers: LLVM's default
+    #: for AVX-512 cores is 256 (the "prefer-256-bit" tuning), under which the exponential loops of the
+    #: fused SA step run 4 float64 lanes instead of 8 (0.56 against 1.07 ns per e^x, one core, 1024
+    #: exponentials in L1; no effect on cores without AVX-512)
+    _WIDE_VECTORS = '"prefer-vector-width"="512"'
+
+    @intrinsic
+    def _prefer_wide_vectors(typingctx):
+        """Called first in a compiled function: its loops may be vectorized 512 bits wide (see
+        :data:`_WIDE_VECTORS`); the calling function is marked (functions LLVM inlines into it follow
+        it), the numbers unchanged to rounding (reductions may split into more partial sums).  A no-op
+        when llvmlite refuses the attribute."""
+
+        def codegen(context, builder, signature, args):
+            attrs = builder.function.attributes
+            try:  # llvmlite checks attributes against a list of keywords: add the string one past it
+                set.add(attrs, _WIDE_VECTORS)
+            except Exception:  # pragma: no cover - a different llvmlite
+                pass
+            return context.get_dummy_value()
+
+        return _types.void(), codegen
+
     @njit(cache=True, fastmath=_FM_EXP)
     def _exp64(x):
         """e^x for float64 x in [-708, 0.3]: relative error about 2e-15."""

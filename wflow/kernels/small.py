@@ -364,8 +364,12 @@ if _nb.numba is not None:
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_move(xk, T, A, inv_s, dt, proj, y, outk):  # pragma: no cover - compiled
         """outk = (xk + dt P (A / s)) / |xk + dt P (A / s)| in float64, with P the tangent projection at the
-        directions T when proj is 1.0 and the identity when it is 0.0; y a float64 buffer of r numbers."""
+        directions T when proj is 1.0 and the identity when it is 0.0; y a float64 buffer of r numbers.
+        Returns the sum over rows of |y|^2 + 1/|y| (y the stepped row before normalization): finite
+        exactly when every row of outk is (a row |y| = 0, infinite or NaN makes it infinite or NaN), so
+        that the caller need not scan the output for non-finite numbers."""
         n, r = xk.shape
+        health = 0.0
         for i in range(n):
             w = inv_s[i]
             xa = 0.0
@@ -380,11 +384,13 @@ if _nb.numba is not None:
                 y[l] = v
                 s += v * v
             inv = 1.0 / np.sqrt(s)
+            health += s + inv
             for l in range(r):
                 outk[i, l] = y[l] * inv
+        return health
 
-    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
-    def _sa_euler(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts):  # pragma: no cover - compiled
+    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
+    def _sa_euler(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts, health):  # pragma: no cover
         """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
         without the GIL, in L1/L2 (see :func:`sa_euler_step`): the directions theta = x/|x| (norms in
         float64), the Gram matrix (:func:`_gram_blocked` for 4 < r <= 16, else :func:`_mm`), the
@@ -395,7 +401,7 @@ if _nb.numba is not None:
         averages are in the dtype of lw (float64, or float32 when the caller has checked that float32
         logits are accurate enough); row sums in float64.  counts[k] (when counts is not empty) = the
         ordered pairs i != j of the input's directions with <theta_i, theta_j> > c, from the same Gram
-        matrix."""
+        matrix; health[k] finite exactly when out[k] is (:func:`_sa_move`)."""
         B, n, r = x.shape
         wdt = lw.dtype
         zero = wdt.type(0)
@@ -426,17 +432,19 @@ if _nb.numba is not None:
                 _avg_dots(G, TT, r, A)
             else:
                 _mm(G, T, A)
-            _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
+            health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
-    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
-    def _sa_euler_blas(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts, fn):  # pragma: no cover
+    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
+    def _sa_euler_blas(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts, health, fn):  # pragma: no cover
         """:func:`_sa_euler` with the two products of each system by BLAS (``fn`` the address of dgemm, or
         sgemm for float32 logits): the row-major directions T (n, r) are T^T in BLAS's column-major terms,
         so G = T T^T is gemm('T', 'N', n, n, r) of T with itself (exactly symmetric: the same products in the
         same order for G_ij and G_ji) and the averages A = E T, row-major (n, r), are
         A^T = T^T E^T = gemm('N', 'N', r, n, n) of T and E.  OpenBLAS's small-matrix kernels do these
         products 1.3-1.5x faster than :func:`_gram_blocked` / :func:`_avg_dots` (r = 8) or batched NumPy
-        matmuls (r = 16...64), n = 32, one AVX-512 core."""
+        matmuls (r = 16...64), n = 32, one AVX-512 core.  Its loops are vectorized 512 bits wide where the
+        core has AVX-512 (:func:`~wflow.kernels.numba_backend._prefer_wide_vectors`)."""
+        _nb._prefer_wide_vectors()
         B, n, r = x.shape
         wdt = lw.dtype
         zero = wdt.type(0)
@@ -462,15 +470,15 @@ if _nb.numba is not None:
             if counts.shape[0]:
                 counts[k] = cnt
             _gemm(fn, 0, 0, r, n, n, T, r, G, n, A, r, ints, chars, scal)
-            _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
+            health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
-    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
+    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
     def _sa_directions_chunk(x, k0, T):  # pragma: no cover - compiled
         """T[k] = the directions of the system k0 + k, for the GEMM route of :func:`sa_euler_step`."""
         for k in range(T.shape[0]):
             _sa_directions(x[k0 + k], T[k])
 
-    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
+    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
     def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, counts):  # pragma: no cover - compiled
         """:func:`_sa_exps` for each Gram matrix G[k] of the systems k0 + k (GEMM route); their pair counts
         in counts[k0 + k] when counts is not empty."""
@@ -483,12 +491,12 @@ if _nb.numba is not None:
             if counts.shape[0]:
                 counts[k0 + k] = cnt
 
-    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
-    def _sa_move_chunk(x, T, A, inv_s, dt, proj, k0, out):  # pragma: no cover - compiled
+    @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
+    def _sa_move_chunk(x, T, A, inv_s, dt, proj, k0, out, health):  # pragma: no cover - compiled
         """:func:`_sa_move` for the systems k0 + k (GEMM route)."""
         y = np.empty(x.shape[2])
         for k in range(T.shape[0]):
-            _sa_move(x[k0 + k], T[k], A[k], inv_s[k], dt, proj, y, out[k0 + k])
+            health[k0 + k] = _sa_move(x[k0 + k], T[k], A[k], inv_s[k], dt, proj, y, out[k0 + k])
 
     @njit(cache=True, nogil=True)
     def _count_above(G, c, out):  # pragma: no cover - compiled
@@ -769,6 +777,14 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     >>> bool((y2 == y).all()), bool((counts == pair_counts(x, 0.5)).all())
     (True, True)
     """
+    out, counts, _ = _sa_euler_step(x, weights, beta, dt, out, projected, log_weights, count_pairs_above)
+    return out if counts is None else (out, counts)
+
+
+def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=None,
+                   count_pairs_above=None) -> tuple[np.ndarray, np.ndarray | None, bool]:
+    """:func:`sa_euler_step` as ``(points, counts or None, finite)``: ``finite`` says whether every new point
+    is finite, known from the compiled pass's row norms (no scan of the output)."""
     if _sa_euler is None:
         from ..errors import WflowError
 
@@ -817,6 +833,7 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
             counts = kcounts = np.zeros(B, dtype=np.int64)
         else:  # float32 points: pair_counts' float64 products, before out is written
             counts = pair_counts(xf, cp)
+    health = np.zeros(B)
     if B == 0:
         pass
     elif SA_STEP_BLAS:
@@ -824,22 +841,23 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
 
         def blas_work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
-                _sa_euler_blas(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, fn)
+                _sa_euler_blas(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, health, fn)
 
         with _nb._blas_threads(1):
             _run(blas_work, threads, len(chunks))
     elif r <= SA_STEP_FUSED_MAX_DIM:
         def work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
-                _sa_euler(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts)
+                _sa_euler(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, health)
 
         _run(work, threads, len(chunks))
     else:
-        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, kcounts)
-    return (out, counts.reshape(x.shape[:-2])) if count else out
+        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, kcounts, health)
+    finite = bool(np.isfinite(health).all())
+    return out, (counts.reshape(x.shape[:-2]) if count else None), finite
 
 
-def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, counts) -> None:
+def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, counts, health) -> None:
     """The GEMM route of :func:`sa_euler_step` (``r >`` :data:`SA_STEP_FUSED_MAX_DIM`)."""
 
     # the Gram matrices and the averages of a chunk of systems by batched GEMMs (BLAS on one thread
@@ -859,7 +877,7 @@ def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, count
             np.matmul(Tc, Tc.swapaxes(1, 2), out=Gc)
             _sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic, c, counts)
             np.matmul(Gc, Tc, out=Ac)
-            _sa_move_chunk(xf, Tc, Ac, ic, h, proj, b0, of)
+            _sa_move_chunk(xf, Tc, Ac, ic, h, proj, b0, of, health)
 
     with _nb._blas_threads(1):
         _run(gemm_work, threads, len(chunks))

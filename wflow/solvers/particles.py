@@ -21,7 +21,7 @@ from ..kernels import small as _small
 from ..errors import WflowError, check_positive, short_repr
 from ..measure import Atoms, as_atoms
 from ..models import Model
-from .base import Problem, Result, Tracker, check_save_at, get_solver, integrate, register_kind
+from .base import Problem, Result, Tracker, _read_only, check_save_at, get_solver, integrate, register_kind
 from .steppers import project_to_sphere
 from .trackers import Callback, ProgressBar
 
@@ -121,9 +121,13 @@ class ParticleProblem(Problem):
         #: free space: tokens x = r theta in R^d (normalization schemes with radii), no projection
         self.free = model.space == "free"
         #: (dt, projected) of the last fused Euler step, and the step from a saved state taken ahead
-        #: (:meth:`_pair_fraction_ahead`): (y, t, dt, projected, the new state)
+        #: (:meth:`_pair_fraction_ahead`): (y, t, dt, projected, the new state, whether it is finite)
         self._last_fused: tuple[float, bool] | None = None
         self._ahead: tuple | None = None
+        #: the last state a fused step returned (a new array nothing else holds or writes: a snapshot
+        #: takes a read-only view of it, not a copy), and whether the step found it finite
+        self._fused_out: np.ndarray | None = None
+        self._fused_out_finite = False
 
     def model_at(self, t: float) -> Model:
         return self.model.at(t) if self.model.time_dependent else self.model
@@ -160,14 +164,22 @@ class ParticleProblem(Problem):
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] is y and ahead[1:4] == (t, dt, projected):
             self.evaluations += 1
+            self._fused_out, self._fused_out_finite = ahead[4:6]
             return ahead[4]
         model = self._fused_model(t, y)
         if model is None:
             return None
         self._last_fused = (dt, projected)
         self.evaluations += 1
-        return _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
-                                    log_weights=self._step_log_weights)
+        y_next, _, finite = _small._sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
+                                                  log_weights=self._step_log_weights)
+        self._fused_out, self._fused_out_finite = y_next, finite
+        return y_next
+
+    def known_finite(self, y: np.ndarray) -> bool:
+        """Whether ``y`` is the state the last fused step returned and that step found it finite (its
+        compiled pass sees every row's norm), so that the driver need not scan it."""
+        return y is self._fused_out and self._fused_out_finite
 
     def _fused_model(self, t: float, y: np.ndarray):
         """The model at ``t`` when :meth:`euler_step` can fuse the step from ``y`` (SA with Q = K = V = I on
@@ -199,9 +211,10 @@ class ParticleProblem(Problem):
         if model is None:
             return None
         dt, projected = self._last_fused
-        y_next, counts = _small.sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
-                                              log_weights=self._step_log_weights, count_pairs_above=PAIR_COSINE)
-        self._ahead = (y, t, dt, projected, y_next)
+        y_next, counts, finite = _small._sa_euler_step(y, self.weights, model.beta_for(self.n), dt,
+                                                       projected=projected, log_weights=self._step_log_weights,
+                                                       count_pairs_above=PAIR_COSINE)
+        self._ahead = (y, t, dt, projected, y_next, finite)
         return counts / (self.n * (self.n - 1))
 
     @functools.cached_property
@@ -313,6 +326,8 @@ class ParticleProblem(Problem):
             out = {"positions": (dims, np.array(y[..., :self.n, :], copy=True)),
                    "radii": (self._batch + ("particle",), np.sqrt(np.einsum("...i,...i->...", y[..., :self.n, :],
                                                                             y[..., :self.n, :])))}
+        elif y is self._fused_out:  # a fused step's output: no one writes it, a read-only view will do
+            out = {"points": (dims, _read_only(y))}
         else:
             out = {"points": (dims, np.array(y[..., :self.n, :], copy=True))}
         if self.n_tracers:
