@@ -108,9 +108,12 @@ def test_bad_config_and_observables(tmp_path):
         sweep({"model.bta": 1.0}, {"model.beta": [1.0]}, out=tmp_path / "s.zarr")
     with pytest.raises(ValueError, match="unknown observable 'entropy'"):
         sweep(TINY, {"model.beta": [1.0]}, out=tmp_path / "s.zarr", observables=["entropy"])
-    with pytest.raises(ValueError, match="particles"):
-        sweep({**TINY, "solver": "eulerian", "init.d": 2, "run.method": "rk4"}, {"model.beta": [1.0]},
-              out=tmp_path / "s.zarr")
+    with pytest.raises(ValueError, match="grid solver: a sweep runs one solver"):
+        sweep(TINY, {"solver": ["particles", "eulerian"]}, out=tmp_path / "s.zarr")
+    with pytest.raises(ValueError, match=r"unknown observable 'pair_fraction': built in for solver = eulerian are "
+                                         r"\['mass', 'energy'\]"):
+        sweep({"solver": "eulerian", "init.d": 2}, {"model.beta": [1.0]}, out=tmp_path / "s.zarr",
+              observables=["pair_fraction"])
     assert not list(tmp_path.iterdir())
 
 
@@ -187,6 +190,50 @@ def test_user_observable_and_failed_point(tmp_path, client):
     assert "RuntimeError: nine tokens are unlucky" in str(ds.message.sel(n=9).values)
     assert ds.attrs["failed"] == 1 and ds.attrs["done"] == 3
     assert np.isfinite(ds.mean_first.sel(n=10).values).all() and (ds.fragile.sel(n=8).values == 0).all()
+
+
+#: small runs of the continuum solvers (a sweep runs each point as one run of the solver)
+CONTINUUM = {
+    "eulerian": {"init.d": 2, "mesh.resolution": 48, "run.t_end": 0.4, "run.n_saves": 3},
+    "zonal": {"init.d": 8, "mesh.resolution": 48, "run.t_end": 0.4, "run.n_saves": 3},
+    "lagrangian": {"init.d": 2, "mesh.resolution": 16, "run.t_end": 0.4, "run.n_saves": 3},
+    "jko": {"model.type": "USA", "init.d": 2, "mesh.resolution": 48, "jko.tau": 0.1, "run.t_end": 0.3,
+            "run.n_saves": 4},
+}
+
+
+@pytest.mark.parametrize("solver", list(CONTINUUM))
+def test_continuum_solvers_sweep(tmp_path, client, solver):
+    """Every solver kind sweeps: each point is one run of the solver, its snapshots' scalars (all of them by
+    default) and user functions of the snapshot stored per save; every stored number equals that of the
+    single run with the point's configuration (``wflow run``'s path), and the finite-volume mass stays 1."""
+    from wflow.config import default_config, start_run
+    from wflow.solvers.trackers import Record
+    from wflow.sweep import KIND_OBSERVABLES
+
+    cfg = {**default_config(), "solver": solver, **CONTINUUM[solver]}
+    out = tmp_path / "s.zarr"
+    ds = sweep(cfg, {"model.beta": [1.0, 3.0], "init.seed": [0, 1]}, out=out, scheduler=client, progress=False)
+    assert list(ds.attrs["observables"]) == list(KIND_OBSERVABLES[solver])
+    assert (ds.status.values == 0).all() and ds.attrs["done"] == 4
+    assert len(json.loads((out / COMMIT).read_text())["done"]) == 4  # continuum seeds are not batched
+    cfg_p = point_config(ds, beta=3.0, seed=1)
+    assert cfg_p["solver"] == solver and cfg_p["model.beta"] == 3.0 and cfg_p["init.seed"] == 1
+    names = KIND_OBSERVABLES[solver] + (("values",) if solver == "eulerian" else ())
+    rec = Record(*names)
+    start_run({**default_config(), **cfg_p}).execute([rec], progress=False)
+    assert ds.sizes["time"] == len(rec.times) and len(rec.times) >= 3
+    np.testing.assert_allclose(ds.save_time.sel(beta=3.0, seed=1).values, rec.times, rtol=1e-12)
+    for name in KIND_OBSERVABLES[solver]:
+        np.testing.assert_allclose(ds[name].sel(beta=3.0, seed=1).values, rec.values[name], rtol=1e-12)
+    assert np.isfinite(ds.energy.values).all()
+    if "mass" in KIND_OBSERVABLES[solver]:
+        np.testing.assert_allclose(ds.mass.values, 1.0, rtol=0, atol=1e-12)
+    if solver == "eulerian":  # a user function of the snapshot: the largest cell density
+        ds2 = sweep(cfg, {"model.beta": [3.0], "init.seed": [1]}, out=tmp_path / "u.zarr", scheduler=client,
+                    progress=False, observables={"energy": None, "peak": lambda snap: snap.data["values"][1].max()})
+        np.testing.assert_allclose(ds2.peak.values.ravel(), np.max(rec.values["values"], axis=1), rtol=1e-12)
+        np.testing.assert_array_equal(ds2.energy.values.ravel(), ds.energy.sel(beta=3.0, seed=1).values)
 
 
 def test_resume_skips_committed_and_reruns_torn_points(tmp_path, client):

@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default: the cores)")
     w.add_argument("--observable", dest="observables", action="append", default=None, metavar="NAME",
                    help="recorded at every save: pair_fraction, energy, log_energy, order_parameter, n_clusters "
-                        "(repeatable; default: pair_fraction, energy, order_parameter, n_clusters)")
+                        "(repeatable; default: pair_fraction, energy, order_parameter, n_clusters); for the "
+                        "continuum solvers the scalars they save (eulerian: mass, energy; lagrangian: energy; "
+                        "zonal: mass, mean_z, energy; jko: energy, free_energy; default: all of them)")
     w.add_argument("--batch-size", type=int, default=None, help="seeds per task (default: ~64 MB of state per task)")
     w.add_argument("--overwrite", action="store_true", help="replace a store that holds another sweep")
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -281,7 +283,7 @@ def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:
 def _sweep(args: argparse.Namespace) -> int:
     """``wflow sweep``: a configuration over a grid, on Dask, into one store (docs: sweeps)."""
     from .config import apply_overrides, default_config
-    from .sweep import DEFAULT_OBSERVABLES, load_sweep_config, parse_grid_args, sweep
+    from .sweep import load_sweep_config, parse_grid_args, sweep
 
     if not args.verbose:  # dask.distributed logs every worker's start and stop at INFO
         for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core",
@@ -291,7 +293,7 @@ def _sweep(args: argparse.Namespace) -> int:
     cfg = apply_overrides(cfg, args.overrides)
     grid.update(parse_grid_args(args.grid))
     ds = sweep(cfg, grid, out=args.out, scheduler=args.scheduler, workers=args.workers,
-               observables=args.observables or DEFAULT_OBSERVABLES, batch_size=args.batch_size,
+               observables=args.observables, batch_size=args.batch_size,
                overwrite=args.overwrite, progress=not args.no_progress)
     print(f"sweep: {args.out}: {ds.attrs['ok']} of {ds.attrs['points']} points reached t_end, "
           f"{ds.attrs['failed']} failed")

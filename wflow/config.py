@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import short_repr
 
-__all__ = ["KEYS", "default_config", "load_config", "apply_overrides", "validate_config", "to_toml", "build_run",
+__all__ = ["KEYS", "default_config", "load_config", "apply_overrides", "validate_config", "to_toml", "build_run", "save_times",
            "start_run", "Run", "check_resources", "estimate_resources"]
 
 
@@ -511,6 +511,31 @@ def _check_backend(name: str) -> None:
         raise ValueError(f"config key run.backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}")
 
 
+def _jko_schedule(cfg: dict[str, Any]) -> tuple[float, int, int]:
+    """``(tau, n_steps, save_every)`` of a JKO configuration: steps of ``jko.tau`` to ``run.t_end``, about
+    ``run.n_saves`` of them saved."""
+    tau = cfg["jko.tau"]
+    n_steps = max(1, int(np.ceil(cfg["run.t_end"] / tau - 1e-9)))
+    return tau, n_steps, max(1, n_steps // max(1, cfg["run.n_saves"] - 1))
+
+
+def save_times(cfg: dict[str, Any]) -> np.ndarray:
+    """The times a configuration's run saves at: ``run.n_saves`` from 0 to ``run.t_end``, or for ``solver = jko``
+    every ``save_every``-th step of ``jko.tau`` and the last one.
+
+    Examples
+    --------
+    >>> save_times(apply_overrides(default_config(), ["run.t_end=1", "run.n_saves=3"]))
+    array([0. , 0.5, 1. ])
+    >>> save_times(apply_overrides(default_config(), ["solver=jko", "jko.tau=0.3", "run.t_end=1", "run.n_saves=3"]))
+    array([0. , 0.6, 1.2])
+    """
+    if cfg["solver"] == "jko":
+        tau, n_steps, every = _jko_schedule(cfg)
+        return tau * np.array(sorted(set(range(0, n_steps + 1, every)) | {n_steps}), dtype=float)
+    return np.linspace(0.0, cfg["run.t_end"], cfg["run.n_saves"])
+
+
 def start_run(cfg: dict[str, Any]) -> Run:
     """The objects of a configuration (model, initial state, solver arguments), validated; nothing is written.
 
@@ -575,9 +600,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
     from .solvers.trackers import StepLog
 
     check_gradient_model(model, mesh.d)
-    tau = cfg["jko.tau"]
-    n_steps = max(1, int(np.ceil(cfg["run.t_end"] / tau - 1e-9)))
-    save_every = max(1, n_steps // max(1, cfg["run.n_saves"] - 1))
+    tau, n_steps, save_every = _jko_schedule(cfg)
 
     def call(trackers, progress, out):
         log = [StepLog(out / "steps.csv")] if out is not None else []

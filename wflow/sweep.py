@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ._version import __version__
-from .config import flatten
+from .config import flatten, save_times
 from .errors import WflowError, short_repr
 
 __all__ = [
@@ -76,6 +76,7 @@ __all__ = [
     "SchedulerError",
     "OBSERVABLES",
     "DEFAULT_OBSERVABLES",
+    "KIND_OBSERVABLES",
     "GLPR_CONFIG",
     "glpr_grid",
     "phase_diagram",
@@ -100,6 +101,14 @@ OBSERVABLES: dict[str, str] = {
     "n_clusters": "single-linkage clusters at run.cluster_threshold",
 }
 DEFAULT_OBSERVABLES = ("pair_fraction", "energy", "order_parameter", "n_clusters")
+#: the observables of the continuum solvers: the scalars their snapshots hold (NaN where a run has none, e.g.
+#: the energy of a model that is not a gradient flow); all of them by default
+KIND_OBSERVABLES: dict[str, tuple[str, ...]] = {
+    "lagrangian": ("energy",),
+    "eulerian": ("mass", "energy"),
+    "zonal": ("mass", "mean_z", "energy"),
+    "jko": ("energy", "free_energy"),
+}
 _DRIVER_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters", "pair_fraction")
 #: dimension names that would clash with the store's variables or with ``Dataset.sel``'s keywords
 _RESERVED = {"time", "status", "message", "seconds", "cpu_seconds", "worker", "config", "save_time", "method",
@@ -348,8 +357,9 @@ class _Plan:
 
     @property
     def batch_axis(self) -> int | None:
+        """The seed axis of a particle sweep (its seeds run as one batched call per ``batch_size``), else None."""
         keys = [a.key for a in self.axes]
-        return keys.index(BATCH_KEY) if BATCH_KEY in keys else None
+        return keys.index(BATCH_KEY) if BATCH_KEY in keys and self.base["solver"] == "particles" else None
 
     def task_shape(self) -> tuple[int, ...]:
         shape = list(self.shape)
@@ -397,8 +407,14 @@ def _dims(keys: Sequence[str]) -> list[str]:
     return [k.replace(".", "_") if (last.count(s) > 1 or s in _RESERVED) else s for k, s in zip(keys, last)]
 
 
-def _observables(observables: Any) -> dict[str, Callable | None]:
-    """``name -> None`` (built in) or ``name -> f(mu)`` (user function, one value per system)."""
+def _observables(observables: Any, solver: str = "particles") -> dict[str, Callable | None]:
+    """``name -> None`` (built in) or ``name -> f(mu)`` (user function, one value per system; ``f(snapshot)``,
+    one value, for the continuum solvers)."""
+    particles = solver == "particles"
+    builtin = list(OBSERVABLES) if particles else list(KIND_OBSERVABLES[solver])
+    arg = "f(mu) -> one value per system" if particles else "f(snapshot) -> one value"
+    if observables is None:
+        observables = DEFAULT_OBSERVABLES if particles else KIND_OBSERVABLES[solver]
     if isinstance(observables, str):
         observables = (observables,)
     if isinstance(observables, Mapping):
@@ -406,18 +422,17 @@ def _observables(observables: Any) -> dict[str, Callable | None]:
     elif isinstance(observables, Iterable):
         items = [(o, None) for o in observables]
     else:
-        raise ValueError(f"observables must be names from {list(OBSERVABLES)} or a mapping name -> f(mu), got "
+        raise ValueError(f"observables must be names from {builtin} or a mapping name -> {arg.split(' ->')[0]}, got "
                          f"{short_repr(observables)}")
     out: dict[str, Callable | None] = {}
     for name, f in items:
         if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED:
             raise ValueError(f"observable names must be identifiers other than {sorted(_RESERVED)}, got {name!r}")
-        if f is None and name not in OBSERVABLES:
-            raise ValueError(f"unknown observable {name!r}: built in are {list(OBSERVABLES)}; pass a function as "
-                             f"observables={{{name!r}: f}} (f(mu) -> one value per system)")
+        if f is None and name not in builtin:
+            raise ValueError(f"unknown observable {name!r}: built in for solver = {solver} are {builtin}; pass a "
+                             f"function as observables={{{name!r}: f}} ({arg})")
         if f is not None and not callable(f):
-            raise ValueError(f"observables[{name!r}] must be callable f(mu) -> one value per system, got "
-                             f"{short_repr(f)}")
+            raise ValueError(f"observables[{name!r}] must be callable {arg}, got {short_repr(f)}")
         out[name] = f
     if not out:
         raise ValueError("observables is empty: name at least one (e.g. 'pair_fraction')")
@@ -448,14 +463,16 @@ def _plan(config: Any, grid: Any, observables: Any, batch_size: int | None) -> _
         axes.append(_Axis(key, "", vals))
     for ax, dim in zip(axes, _dims([a.key for a in axes])):
         ax.dim = dim
-    if base["solver"] != "particles" or any(a.key == "solver" and v != "particles" for a in axes for v in a.values):
-        raise ValueError("sweeps run solver = particles (finite-N systems); other solvers are not supported yet")
-    obs = _observables(observables)
+    if "solver" in [a.key for a in axes]:
+        raise ValueError("grid solver: a sweep runs one solver (its observables and store differ between solvers); "
+                         "run one sweep per solver")
+    solver = base["solver"]
+    obs = _observables(observables, solver)
     clash = sorted(set(obs) & {a.dim for a in axes})
     if clash:
         raise ValueError(f"observables {clash} have the names of grid dimensions; rename them")
     keys = [a.key for a in axes]
-    if BATCH_KEY in keys:
+    if BATCH_KEY in keys and solver == "particles":
         seeds = axes[keys.index(BATCH_KEY)].values
         if min(seeds) < 0:
             raise ValueError(f"grid init.seed must be non-negative integers, got {min(seeds)}")
@@ -478,10 +495,10 @@ def _plan(config: Any, grid: Any, observables: Any, batch_size: int | None) -> _
         except (ValueError, TypeError) as exc:
             where = ", ".join(f"{a.key}={cfg[a.key]!r}" for a in axes if a.key != BATCH_KEY)
             raise ValueError(f"grid point {where}: {exc}") from None
-        saves.add((cfg["run.t_end"], cfg["run.n_saves"]))
+        saves.add(tuple(save_times(cfg)))
     start_run(plan.task_config(0)[0])  # builds the first task's model and state: backend and the like
-    plan.n_time = max(n for _, n in saves)
-    plan.times = np.linspace(0.0, *next(iter(saves))) if len(saves) == 1 else np.arange(plan.n_time, dtype=float)
+    plan.n_time = max(len(t) for t in saves)
+    plan.times = np.array(next(iter(saves))) if len(saves) == 1 else np.arange(plan.n_time, dtype=float)
     plan.fingerprint = _fingerprint(plan)
     return plan
 
@@ -496,14 +513,19 @@ def _fingerprint(plan: _Plan) -> str:
 
 # ------------------------------------------------------------------------------ one task (on a worker)
 class _Collect:
-    """The tracker of a sweep task: keeps the observables of every save, one value per system (no states)."""
+    """The tracker of a sweep task: keeps the observables of every save, one value per system (no states).
+
+    ``functions``: user observables computed here from the snapshot (continuum solvers; a particle
+    run's user functions are the driver's ``extra_diagnostics``)."""
 
     name = "sweep"
 
-    def __init__(self, names: Sequence[str], systems: int, n_time: int):
+    def __init__(self, names: Sequence[str], systems: int, n_time: int,
+                 functions: Mapping[str, Callable] | None = None):
         self.values = {k: np.full((systems, n_time), np.nan) for k in names}
         self.times = np.full(n_time, np.nan)
         self.steps = 0
+        self.functions = dict(functions or {})
 
     def start(self, run) -> None:
         return None
@@ -512,9 +534,12 @@ class _Collect:
         self.times[snap.index] = snap.t
         self.steps = int(snap.stats["steps"])
         for name, out in self.values.items():
-            if name not in snap.data:
+            if name in self.functions:
+                v = np.asarray(self.functions[name](snap), dtype=np.float64).reshape(-1)
+            elif name not in snap.data:
                 continue  # e.g. the energy of a model that is not a gradient flow
-            v = np.asarray(snap.data[name][1], dtype=np.float64)
+            else:
+                v = np.asarray(snap.data[name][1], dtype=np.float64).reshape(-1)  # a continuum run's scalars: (1,)
             if v.shape != out.shape[:1]:
                 raise ValueError(f"observable {name!r} must give one number per system, shape ({out.shape[0]},), "
                                  f"got shape {v.shape}")
@@ -567,11 +592,18 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     t_start, c_start = time.perf_counter(), time.process_time()
     cfg, seeds, names = task["config"], task["seeds"], list(task["observables"])
     systems = 1 if seeds is None else len(seeds)
-    coll = _Collect(names, systems, task["n_time"])
+    particles = cfg["solver"] == "particles"
+    coll = _Collect(names, systems, task["n_time"],
+                    None if particles else {k: f for k, f in task["observables"].items() if f is not None})
     status, message = FAILED, ""
     _limit_threads(task["threads"])
     try:
         with _blas_limit(task["threads"]):
+            if not particles:  # a continuum solver: one run, its snapshots' scalars
+                from .config import start_run
+
+                res = start_run(cfg).execute([coll], progress=False)
+                return _task_result(task, coll, int(res.status), str(res.message), t_start, c_start)
             from .config import build_run
             from .measure import Atoms
             from .solvers.particles import simulate
@@ -593,6 +625,10 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             status, message = int(res.status), str(res.message)
     except Exception as exc:  # noqa: BLE001 - recorded with the point, the sweep goes on
         message = f"{type(exc).__name__}: {exc}"
+    return _task_result(task, coll, status, message, t_start, c_start)
+
+
+def _task_result(task, coll: _Collect, status: int, message: str, t_start: float, c_start: float) -> dict[str, Any]:
     return {"task": task["task"], "values": coll.values, "times": coll.times, "steps": coll.steps,
             "status": status, "message": message, "seconds": time.perf_counter() - t_start,
             "cpu_seconds": time.process_time() - c_start, "worker": _worker_name()}
@@ -654,10 +690,10 @@ class _Store:
             raise ValueError(f"{p} exists and is not a wflow sweep store; choose another out")
         if attrs.get("fingerprint") != self.plan.fingerprint:
             raise ValueError(f"{p} holds a different sweep (other configuration, grid, observables or batch size); "
-                             f"choose another out, or pass overwrite=True to replace it")
+                             f"choose another out, or pass overwrite=True (--overwrite) to replace it")
         if not resume:
             raise FileExistsError(f"{p} holds this sweep already; pass resume=True to finish it or overwrite=True "
-                                  f"to start afresh")
+                                  f"(--overwrite) to start afresh")
         fp, _ = _committed(p)
         if fp not in (None, self.plan.fingerprint):
             raise ValueError(f"{p}: its commit record belongs to a different sweep; the store is damaged")
@@ -708,9 +744,14 @@ class _Store:
         a[:] = plan.times
         dims = tuple(a.dim for a in plan.axes)
         shape, chunks = plan.shape, plan.chunks()
+        solver = plan.base["solver"]
         for name, f in plan.observables.items():
+            if f is not None:
+                desc = f"user observable {getattr(f, '__qualname__', name)}"
+            else:
+                desc = OBSERVABLES[name] if solver == "particles" else f"the {solver} run's {name} at each save"
             array(name, shape + (plan.n_time,), chunks + (plan.n_time,), np.float64, np.nan, dims + ("time",),
-                  description=OBSERVABLES.get(name, f"user observable {getattr(f, '__qualname__', name)}"))
+                  description=desc)
         array("status", shape, chunks, np.int8, PENDING, dims, description=attrs["status_codes"])
         array("message", shape, chunks, str, "", dims, description="the solver's message, or the error")
         array("seconds", shape, chunks, np.float64, np.nan, dims, description="wall time of the task (batch) "
@@ -718,8 +759,8 @@ class _Store:
         array("cpu_seconds", shape, chunks, np.float64, np.nan, dims, description="CPU time of the worker process "
               "during the task (wall time well above it: the cores were shared)")
         array("worker", shape, chunks, str, "", dims, description="the Dask worker that ran the point")
-        task_dims = tuple(a.dim for a in plan.axes if a.key != BATCH_KEY)
-        task_shape = tuple(len(a.values) for a in plan.axes if a.key != BATCH_KEY)
+        task_dims = tuple(a.dim for i, a in enumerate(plan.axes) if i != plan.batch_axis)
+        task_shape = tuple(len(a.values) for i, a in enumerate(plan.axes) if i != plan.batch_axis)
         ones = tuple(1 for _ in task_dims)
         array("config", task_shape, ones, str, "", task_dims,
               description=f"flat configuration (JSON); a point's own has {BATCH_KEY} = its seed coordinate")
@@ -818,7 +859,7 @@ def sweep(
     out: str | os.PathLike,
     scheduler: Any = None,
     workers: int | None = None,
-    observables: Sequence[str] | Mapping[str, Callable | None] = DEFAULT_OBSERVABLES,
+    observables: Sequence[str] | Mapping[str, Callable | None] | None = None,
     resume: bool = True,
     overwrite: bool = False,
     batch_size: int | None = None,
@@ -847,10 +888,16 @@ def sweep(
         running scheduler (docs: sweeps); a ``Client`` or a cluster object (dask-jobqueue).
     workers : int, optional
         Worker processes of the LocalCluster (default: the usable cores).
-    observables : sequence of str or dict
+    observables : sequence of str or dict, optional
         Recorded at every save time, one number per system: names from :data:`OBSERVABLES`
         and/or ``name -> f(mu)`` (an :class:`~wflow.measure.Atoms` with a batch axis ->
-        array, shape ``(systems,)``).  States are not stored.
+        array, shape ``(systems,)``); default :data:`DEFAULT_OBSERVABLES`.  For the continuum
+        solvers (``solver`` = ``eulerian``, ``lagrangian``, ``zonal``, ``jko``: one run per point)
+        the names of :data:`KIND_OBSERVABLES` (the scalars their snapshots hold; all of them by
+        default) and/or ``name -> f(snapshot)`` (the save's
+        :class:`~wflow.solvers.base.Snapshot`: ``snapshot.data[name] = (dims, array)``, e.g. the
+        cell densities ``snapshot.data["values"][1]`` of ``eulerian``) -> one number.  States are
+        not stored.
     resume : bool
         Continue a store of the same sweep, skipping its committed points (default).
     overwrite : bool
@@ -1055,7 +1102,7 @@ def point_config(ds, **coords) -> dict[str, Any]:
     missing = set(key_of) - set(coords)
     if missing:
         raise ValueError(f"point_config: give a value for every dimension; missing {sorted(missing)}")
-    task = {k: v for k, v in coords.items() if key_of[k] != BATCH_KEY}
+    task = {k: v for k, v in coords.items() if k in ds["config"].dims}  # (a batched seed axis is not one)
     cfg = json.loads(str(ds["config"].sel(task).values))
     for dim, v in coords.items():
         cfg[key_of[dim]] = v.item() if isinstance(v, np.generic) else v
