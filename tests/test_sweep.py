@@ -236,6 +236,36 @@ def test_continuum_solvers_sweep(tmp_path, client, solver):
         np.testing.assert_array_equal(ds2.energy.values.ravel(), ds.energy.sel(beta=3.0, seed=1).values)
 
 
+def test_a_failing_system_fails_alone_in_its_batch(tmp_path, client, monkeypatch):
+    """One seed's system reaches a non-finite state (GLPR's step x + h A x at beta = 0, h = 3 puts a token with
+    two antipodal neighbours on the origin): its batch is run again in halves, so that only that point is
+    recorded as failed, with the driver's message, and the other points of the batch hold their own runs'
+    numbers."""
+    import wflow.config
+    from wflow.measure import Atoms
+
+    real = wflow.config.build_run
+
+    def build_run(cfg):
+        model, mu0, kwargs = real(cfg)
+        if cfg["init.seed"] == 3:
+            e = np.array([1.0, 0.0, 0.0])
+            mu0 = Atoms(np.stack([e, -e, -e]))
+        return model, mu0, kwargs
+
+    monkeypatch.setattr(wflow.config, "build_run", build_run)
+    cfg = {**TINY, "init.n": 3, "model.beta": 0.0, "run.method": "euler-average", "run.dt": 3.0, "run.t_end": 6.0}
+    ds = sweep(cfg, {"init.seed": "range(6)"}, out=tmp_path / "s.zarr", scheduler=client, batch_size=6,
+               progress=False, observables=["order_parameter"])
+    assert ds.status.values.tolist() == [0, 0, 0, -1, 0, 0]
+    assert "non-finite" in str(ds.message.sel(seed=3).values) and "t_end" in str(ds.message.sel(seed=0).values)
+    for seed in (0, 5):
+        model, mu0, kw = real({**wflow.config.default_config(), **point_config(ds, seed=seed)})
+        ref = wflow.simulate(model, mu0, cfg["run.t_end"], diagnostics=("order_parameter",), **kw)
+        np.testing.assert_allclose(ds.order_parameter.sel(seed=seed).values, ref.diagnostics["order_parameter"],
+                                   rtol=1e-12)
+
+
 def test_resume_skips_committed_and_reruns_torn_points(tmp_path, client):
     out = tmp_path / "s.zarr"
     log = tmp_path / "calls.txt"  # tasks are pickled: count calls in a file

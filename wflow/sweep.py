@@ -604,28 +604,54 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 
                 res = start_run(cfg).execute([coll], progress=False)
                 return _task_result(task, coll, int(res.status), str(res.message), t_start, c_start)
-            from .config import build_run
-            from .measure import Atoms
-            from .solvers.particles import simulate
-
-            if seeds is None:
-                model, mu0, kwargs = build_run(cfg)
-                x = mu0.points[None]
-            else:
-                x = None
-                for i, s in enumerate(seeds):
-                    model, mu0, kwargs = build_run({**cfg, BATCH_KEY: s})
-                    if x is None:
-                        x = np.empty((systems,) + mu0.points.shape, dtype=mu0.points.dtype)
-                    x[i] = mu0.points
-            extra = {k: f for k, f in task["observables"].items() if f is not None}
-            diagnostics = tuple(k for k in names if k in _DRIVER_DIAGNOSTICS and task["observables"][k] is None)
-            res = simulate(model, Atoms(x), cfg["run.t_end"], diagnostics=diagnostics, extra_diagnostics=extra,
-                           keep=False, throw=False, trackers=[coll], **kwargs)
-            status, message = int(res.status), str(res.message)
+            status, message, coll = _run_particles(cfg, seeds, task["observables"], task["n_time"])
     except Exception as exc:  # noqa: BLE001 - recorded with the point, the sweep goes on
         message = f"{type(exc).__name__}: {exc}"
     return _task_result(task, coll, status, message, t_start, c_start)
+
+
+def _run_particles(cfg: dict[str, Any], seeds: list[int] | None, observables: Mapping[str, Callable | None],
+                   n_time: int) -> tuple[Any, Any, _Collect]:
+    """One batched :func:`wflow.simulate` call over ``seeds`` (``None``: the configuration's own), observables
+    only: ``(status, message, collected)``.  When the batched run fails (a non-finite state, a step-size
+    underflow, ``max_steps``: one system can end the run of all), its seeds are run again in two halves,
+    down to single seeds, so that only the systems that fail are recorded as failed; status and message
+    are then arrays, one entry per system."""
+    from .config import build_run
+    from .measure import Atoms
+    from .solvers.particles import simulate
+
+    names = list(observables)
+    systems = 1 if seeds is None else len(seeds)
+    coll = _Collect(names, systems, n_time)
+    if seeds is None:
+        model, mu0, kwargs = build_run(cfg)
+        x = mu0.points[None]
+    else:
+        x = None
+        for i, s in enumerate(seeds):
+            model, mu0, kwargs = build_run({**cfg, BATCH_KEY: s})
+            if x is None:
+                x = np.empty((systems,) + mu0.points.shape, dtype=mu0.points.dtype)
+            x[i] = mu0.points
+    extra = {k: f for k, f in observables.items() if f is not None}
+    diagnostics = tuple(k for k in names if k in _DRIVER_DIAGNOSTICS and observables[k] is None)
+    res = simulate(model, Atoms(x), cfg["run.t_end"], diagnostics=diagnostics, extra_diagnostics=extra,
+                   keep=False, throw=False, trackers=[coll], **kwargs)
+    status, message = int(res.status), str(res.message)
+    if status != FAILED or systems == 1:
+        return status, message, coll
+    half = systems // 2
+    parts = [_run_particles(cfg, seeds[:half], observables, n_time), _run_particles(cfg, seeds[half:], observables,
+                                                                                    n_time)]
+    out = _Collect(names, systems, n_time)
+    out.values = {k: np.concatenate([c.values[k] for _, _, c in parts]) for k in names}
+    out.times = np.where(np.isnan(parts[0][2].times), parts[1][2].times, parts[0][2].times)
+    out.steps = max(c.steps for _, _, c in parts)
+    status = np.concatenate([np.broadcast_to(st, (len(c.values[names[0]]),)) for st, _, c in parts])
+    message = np.concatenate([np.broadcast_to(np.array(m, dtype=object), (len(c.values[names[0]]),))
+                              for _, m, c in parts])
+    return status, message, out
 
 
 def _task_result(task, coll: _Collect, status: int, message: str, t_start: float, c_start: float) -> dict[str, Any]:
@@ -635,6 +661,13 @@ def _task_result(task, coll: _Collect, status: int, message: str, t_start: float
 
 
 # ------------------------------------------------------------------------------ the store (on the client)
+def _per_point(value: Any, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A task's status or message over its region: one value for all its points, or one per system (a
+    batch run again in parts, :func:`_run_particles`), laid along the region's seed axis."""
+    v = np.asarray(value, dtype=dtype)
+    return np.full(shape, v, dtype=dtype) if v.ndim == 0 else v.reshape(shape)
+
+
 def _replace_json(path: Path, obj: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as fh:
@@ -787,11 +820,11 @@ class _Store:
             cfg, _ = plan.task_config(task)
             data += [("config", task_reg, np.full(ones, json.dumps(cfg), dtype=object)),
                      ("save_time", task_reg + (slice(None),), r["times"].reshape(ones + (plan.n_time,))),
-                     ("message", reg, np.full(shape, r["message"], dtype=object)),
+                     ("message", reg, _per_point(r["message"], shape, object)),
                      ("seconds", reg, np.full(shape, r["seconds"])),
                      ("cpu_seconds", reg, np.full(shape, r["cpu_seconds"])),
                      ("worker", reg, np.full(shape, r["worker"], dtype=object))]
-            status.append(("status", reg, np.full(shape, r["status"], dtype=np.int8)))
+            status.append(("status", reg, _per_point(r["status"], shape, np.int8)))
         self._put(data)
         self._put(status)  # a point is complete once its status is written: after all its data
         new = [int(r["task"]) for r, c in zip(results, commit) if c]
@@ -1026,7 +1059,7 @@ def _run(client, plan: _Plan, store: _Store, todo: list[int], threads: int, retr
             store.write(results, commit)
             for fut in batch:
                 fut.release()
-            failed += sum(r["status"] < 0 for r in results)
+            failed += sum(bool(np.any(np.asarray(r["status"]) < 0)) for r in results)
             bar.update(sum(plan.points(r["task"]) for r in results))
             if failed:
                 bar.set_postfix_str(f"failed tasks {failed}")

@@ -46,8 +46,12 @@ def project_to_sphere(x: np.ndarray) -> np.ndarray:
     >>> project_to_sphere(np.array([[3.0, 4.0], [0.0, -2.0]]))
     array([[ 0.6,  0.8],
            [ 0. , -1. ]])
+
+    A point at the origin has no direction: it becomes NaN, silently (the driver reports the
+    non-finite state after the step).
     """
-    return x / np.sqrt(np.einsum("...i,...i->...", x, x))[..., None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return x / np.sqrt(np.einsum("...i,...i->...", x, x))[..., None]
 
 
 @register_solver
