@@ -867,7 +867,8 @@ def _connect(scheduler: Any, workers: int | None, timeout: float, threads: int =
     if isinstance(scheduler, Client):
         return scheduler, None, False
     if scheduler is None:
-        n = _cores() if workers is None else workers
+        # by default as many workers as the cores hold tasks of `threads` threads each: no oversubscription
+        n = max(1, _cores() // threads) if workers is None else workers
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"workers must be an integer >= 1, got {short_repr(workers)}")
         # the dashboard on a free port (two sweeps on one host do not collide); its page needs bokeh
@@ -920,7 +921,7 @@ def sweep(
         BLAS and OpenMP limited to one thread, :data:`WORKER_ENV`); ``"tcp://host:port"``: a
         running scheduler (docs: sweeps); a ``Client`` or a cluster object (dask-jobqueue).
     workers : int, optional
-        Worker processes of the LocalCluster (default: the usable cores).
+        Worker processes of the LocalCluster (default: the usable cores over ``threads_per_task``).
     observables : sequence of str or dict, optional
         Recorded at every save time, one number per system: names from :data:`OBSERVABLES`
         and/or ``name -> f(mu)`` (an :class:`~wflow.measure.Atoms` with a batch axis ->
