@@ -83,9 +83,9 @@ def _load() -> str:
     return "load average %.2f %.2f %.2f" % os.getloadavg()
 
 
-def torch_step(x):
+def torch_step(x, beta=None):
     """The authors' Euler step, re-implemented: x <- normalize(x + eta softmax(beta x x^T) x)."""
-    A = torch.softmax(BETA * torch.bmm(x, x.transpose(1, 2)), dim=-1)
+    A = torch.softmax((BETA if beta is None else beta) * torch.bmm(x, x.transpose(1, 2)), dim=-1)
     y = x + ETA * torch.bmm(A, x)
     return y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
 
@@ -347,7 +347,7 @@ def projection_table(repeat):
         print(f"| {dt} | " + " | ".join(_ms(t[k]) for k in names) + " |")
 
 
-def e2e_torch(x0, steps, save_steps):
+def e2e_torch(x0, steps, save_steps, beta=BETA):
     """The authors' loop: ``steps`` Euler steps, the pair fraction at ``save_steps`` (step 0 included)."""
     x = x0
     eye = torch.eye(x0.shape[1], dtype=torch.bool)
@@ -360,29 +360,36 @@ def e2e_torch(x0, steps, save_steps):
     if 0 in save:
         out.append(pf(x))
     for k in range(1, steps + 1):
-        x = torch_step(x)
+        x = torch_step(x, beta)
         if k in save:
             out.append(pf(x))
     return x, torch.stack(out)
 
 
-def e2e_wflow(x0, t_end, save_at, coordinates="cartesian"):
+def e2e_wflow(x0, t_end, save_at, coordinates="cartesian", beta=BETA, diagnostics=("pair_fraction",)):
     """``wflow.simulate(..., method="euler", dt=0.1, diagnostics=("pair_fraction",), backend="auto")``
-    (keep=False, the pair fractions recorded by a tracker); Euler takes the fused small-system step
-    (``ParticleProblem.euler_step``), and ``coordinates="span"`` integrates in the initial span."""
-    rec = Record("pair_fraction")
-    tr = simulate(SA(BETA), Atoms(x0), t_end, method="euler", dt=ETA, save_at=save_at, backend="auto", keep=False,
-                  trackers=[rec], diagnostics=("pair_fraction",), coordinates=coordinates)
+    (keep=False, the pair fractions recorded by a tracker, with the other ``diagnostics``); Euler takes
+    the fused small-system step (``ParticleProblem.euler_step``), and ``coordinates="span"`` integrates
+    in the initial span."""
+    rec = Record(*diagnostics)
+    tr = simulate(SA(beta), Atoms(x0), t_end, method="euler", dt=ETA, save_at=save_at, backend="auto", keep=False,
+                  trackers=[rec], diagnostics=diagnostics, coordinates=coordinates)
     return tr.points[-1], np.array(rec.values["pair_fraction"])
+
+
+#: ``--diagnostics default``: what a sweep records by default (``wflow.sweep.DEFAULT_OBSERVABLES``)
+SWEEP_DIAGNOSTICS = ("pair_fraction", "energy", "order_parameter", "n_clusters")
 
 
 #: the issue's workload: 300 steps of 0.1 to t = 30, 200 saves
 E2E_T, E2E_SAVES = 30.0, 200
 
 
-def e2e_table(dims, repeat, short_dims=(1024,), B=256, dtypes=(np.float64, np.float32)):
+def e2e_table(dims, repeat, short_dims=(1024,), B=256, dtypes=(np.float64, np.float32), betas=(BETA,),
+              diagnostics=("pair_fraction",)):
     """The whole workload side by side (round-robin medians): torch (its faster thread count, picked
-    on 10 steps first), wflow.simulate today, and the two prototypes of the proposed wiring."""
+    on 10 steps first), wflow.simulate, and wflow.simulate in span coordinates; each timed call runs the
+    workload once per value of ``betas``, wflow with ``diagnostics`` at every save."""
     rows = []
     print(f"<!-- e2e table: start {_load()} -->", flush=True)
     for d in dims:
@@ -398,22 +405,26 @@ def e2e_table(dims, repeat, short_dims=(1024,), B=256, dtypes=(np.float64, np.fl
                 tx = torch.from_numpy(x0)
                 probe = _round_robin({k: (_threads(k), _steps(torch_step, tx)) for k in (1, os.cpu_count() or 1)}, 3)
                 nt = min(probe, key=probe.get)
-                fns["torch"] = (_threads(nt), lambda tx=tx: e2e_torch(tx, steps, save_steps))
-            fns["wflow.simulate"] = (_threads(1), lambda x0=x0: e2e_wflow(x0, t_end, save_at))
-            fns["simulate span"] = (_threads(1), lambda x0=x0: e2e_wflow(x0, t_end, save_at, "span"))
+                fns["torch"] = (_threads(nt), lambda tx=tx: [e2e_torch(tx, steps, save_steps, b) for b in betas])
+            fns["wflow.simulate"] = (_threads(1), lambda x0=x0: [e2e_wflow(x0, t_end, save_at, "cartesian", b,
+                                                                           diagnostics) for b in betas])
+            fns["simulate span"] = (_threads(1), lambda x0=x0: [e2e_wflow(x0, t_end, save_at, "span", b, diagnostics)
+                                                                for b in betas])
             # the same answer: final points and pair fractions of the span run against the plain one's
-            ref, ref_pf = e2e_wflow(x0, t_end, save_at)
-            y, pf = fns["simulate span"][1]()
+            ref, ref_pf = e2e_wflow(x0, t_end, save_at, "cartesian", betas[0], diagnostics)
+            y, pf = fns["simulate span"][1]()[0]
             err = float(np.max(np.abs(y - ref)))
             assert err < (1e-9 if dtype == np.float64 else 1e-3), ("span", err)
             assert pf.shape == ref_pf.shape
             t = _round_robin_once(fns, repeat)
             rows.append((d, B, np.dtype(dtype).name, steps, n_saves, nt if torch is not None else None, t))
-            print(f"<!-- e2e d={d} B={B} {np.dtype(dtype).name} ({steps} steps, {n_saves} saves, torch {nt} threads): "
+            print(f"<!-- e2e d={d} B={B} {np.dtype(dtype).name} ({steps} steps, {n_saves} saves, {len(betas)} beta, "
+                  f"{len(diagnostics)} diagnostics, torch {nt} threads): "
                   + " | ".join(f"{k} {v:.2f}" for k, v in t.items()) + f" s; {_load()} -->", flush=True)
     print(f"<!-- e2e table: end {_load()} -->", flush=True)
-    print("\n### The whole workload: Euler 0.1, pair fraction at each save (s, median of "
-          f"{repeat} round-robin runs), n = 32, beta = 5, batch {B}\n")
+    what = "pair fraction" if tuple(diagnostics) == ("pair_fraction",) else ", ".join(diagnostics)
+    print(f"\n### The whole workload: Euler 0.1, {what} at each save (s, median of "
+          f"{repeat} round-robin runs), n = 32, beta = {', '.join(f'{b:g}' for b in betas)}, batch {B}\n")
     print("| d | dtype | steps / saves | torch (threads) | wflow.simulate (fused step) | torch / wflow | "
           "simulate coordinates='span' | torch / span |")
     print("|---|---|---|---|---|---|---|---|")
@@ -453,6 +464,11 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e-repeat", type=int, default=3, help="--e2e: round-robin runs per row (default 3)")
     ap.add_argument("--dtypes", nargs="+", choices=("float64", "float32"), default=("float64", "float32"),
                     help="--e2e: these dtypes only (default both)")
+    ap.add_argument("--betas", type=float, nargs="+", default=[BETA], help="--e2e: the workload once per beta in "
+                    "each timed run (the issue's workload: five values; default 5)")
+    ap.add_argument("--diagnostics", choices=("pair_fraction", "default"), default="pair_fraction",
+                    help="--e2e: what wflow records at each save: the pair fraction (as the authors' loop) or a "
+                         "sweep's default observables (pair fraction, energy, order parameter, cluster count)")
     ap.add_argument("--fused-routes", action="store_true", help="only the fused step's and the pair counts' "
                     "two routes against the dimension where they switch (~2 minutes)")
     args = ap.parse_args(argv)
@@ -465,10 +481,12 @@ def main(argv=None) -> int:
         print(f"# small systems, whole workload: python {sys.version.split()[0]}, numpy {np.__version__}, torch "
               f"{getattr(torch, '__version__', 'not installed')}, {os.cpu_count()} cpus, {_load()}", flush=True)
         t0 = time.perf_counter()
+        diags = SWEEP_DIAGNOSTICS if args.diagnostics == "default" else ("pair_fraction",)
+        kw = dict(B=args.batch, dtypes=dtypes, betas=tuple(args.betas), diagnostics=diags)
         if args.dims:
-            e2e_table(tuple(args.dims), args.e2e_repeat, short_dims=(), B=args.batch, dtypes=dtypes)
+            e2e_table(tuple(args.dims), args.e2e_repeat, short_dims=(), **kw)
         else:
-            e2e_table((8, 128) if args.quick else (8, 128, 1024), args.e2e_repeat, B=args.batch, dtypes=dtypes)
+            e2e_table((8, 128) if args.quick else (8, 128, 1024), args.e2e_repeat, **kw)
         print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
         return 0
     dims = (8, 128) if args.quick else (8, 128, 1024)
