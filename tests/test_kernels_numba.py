@@ -451,13 +451,13 @@ def test_sa_euler_step_knows_whether_its_output_is_finite(monkeypatch, dtype):
     pair = np.stack([e, -e]).astype(dtype)[None]
     for route in _STEP_ROUTES:
         _step_route(monkeypatch, route)
-        y, counts, finite = small._sa_euler_step(x, w, 5.0, 0.1)
+        y, counts, finite, _ = small._sa_euler_step(x, w, 5.0, 0.1)
         assert finite and counts is None and np.isfinite(y).all()
-        y, _, finite = small._sa_euler_step(bad, w, 5.0, 0.1)
+        y, _, finite, _ = small._sa_euler_step(bad, w, 5.0, 0.1)
         assert not finite and not np.isfinite(y[3]).all() and np.isfinite(y[[0, 1, 2, 4]]).all()
-        y, _, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)
+        y, _, finite, _ = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)
         assert not finite and not np.isfinite(y[0, 0]).all()
-        y, _, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)  # projected: no move
+        y, _, finite, _ = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)  # projected: no move
         assert finite and np.array_equal(y, pair)
 
 

@@ -206,7 +206,7 @@ def test_fused_steps_skip_the_state_scan_only_when_they_saw_a_finite_state(monke
 @pytest.mark.parametrize("coordinates", ["cartesian", "span"])
 def test_fused_euler_counts_saved_pairs_on_the_next_step(monkeypatch, method, coordinates):
     """pair_fraction in a run of fused Euler steps: each save after the first is counted on the Gram matrices
-    of the step from it, taken ahead (ParticleProblem._pair_fraction_ahead), so pair_counts runs once; the
+    of the step from it, taken ahead (ParticleProblem._step_ahead), so pair_counts runs once; the
     saved fractions equal pair_fraction of the saved points, the points equal those of a run without the
     diagnostic bit for bit, one evaluation per step; a last step shorter than dt (t_end = 7.95) is taken
     afresh."""
@@ -229,6 +229,36 @@ def test_fused_euler_counts_saved_pairs_on_the_next_step(monkeypatch, method, co
         np.testing.assert_array_equal(a.diagnostics["pair_fraction"], pf)
         assert pf[0].max() == 0.0 and pf[-1].min() == 1.0 and ((0 < pf) & (pf < 1)).any()  # tokens merge
         np.testing.assert_array_equal(a.stats["evaluations"], a.stats["steps"])
+
+
+@pytest.mark.parametrize("coordinates", ["cartesian", "span"])
+@pytest.mark.parametrize("zero_weights", [False, True])
+def test_fused_euler_energy_from_the_next_steps_row_sums(monkeypatch, coordinates, zero_weights):
+    """energy and log_energy in a run of fused Euler steps: each save after the first is summed from the row
+    sums of the step from it (ParticleProblem._step_ahead; SA.log_energy runs once, at the first save), and
+    equals SA.log_energy of the saved points (numpy backend) to rounding, with one shift per system (equal
+    weights) and with each row shifted by its maximum (zero weights); the points are those of a run without
+    diagnostics, bit for bit."""
+    import wflow
+    from wflow.models import SA as SAModel
+
+    calls = []
+    log_energy = SAModel.log_energy
+    monkeypatch.setattr(SAModel, "log_energy", lambda self, *a, **k: calls.append(1) or log_energy(self, *a, **k))
+    x0 = np.stack([wflow.sphere.uniform(12, 20, seed=s) for s in range(5)])
+    w = np.full((5, 12), 1 / 12)
+    if zero_weights:
+        w[:, ::5] = 0.0
+        w /= w.sum(axis=-1, keepdims=True)
+    kw = dict(method="euler", dt=0.1, save_at=np.linspace(0, 4, 9), backend="auto", coordinates=coordinates)
+    a = wflow.simulate(SA(3.0), Atoms(x0, w), 4.0, diagnostics=("energy", "log_energy"), **kw)
+    assert len(calls) == 1  # the first save's
+    b = wflow.simulate(SA(3.0), Atoms(x0, w), 4.0, diagnostics=(), **kw)
+    np.testing.assert_array_equal(a.points, b.points)
+    ref = np.array([log_energy(SA(3.0), Atoms(p, w), backend="numpy") for p in a.points])
+    np.testing.assert_allclose(a.diagnostics["log_energy"], ref, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(a.energy, np.exp(ref), rtol=1e-14)
+    assert (np.diff(a.energy, axis=0) > 0).all()  # SA ascends its energy
 
 
 def test_saved_state_is_read_only_for_callbacks_and_fused_euler_elsewhere():

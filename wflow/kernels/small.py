@@ -333,14 +333,16 @@ if _nb.numba is not None:
                 T[i, l] = np.float64(xk[i, l]) * inv
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
-    def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s, c):  # pragma: no cover - compiled
+    def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s, c, want_e):  # pragma: no cover - compiled
         """G (n, n) inner products of directions -> the exponentials e^(bw G_ij + lw_j - shift) in place,
         inv_s = 1 / row sums (float64): one shift |bw| + max lw for the system when the log-weights span
-        at most ``spread`` (less 2|bw| when bw < 0), else each row's maximum.  Returns
+        at most ``spread`` (less 2|bw| when bw < 0), else each row's maximum.  Returns ``(count, lse)``:
         #{(i, j): i != j, G_ij > c} counted on the way (the pair count of :func:`sa_euler_step`; c = 2
-        when not wanted)."""
+        when not wanted) and, when ``want_e``, log sum_i w_i sum_j w_j e^(bw G_ij) from the row sums and
+        their shifts (the energy's double sum, :meth:`wflow.models.SA.log_energy`; 0.0 otherwise)."""
         n = G.shape[0]
         cnt = 0
+        lse = 0.0
         hi = lwk[0]
         lo = lwk[0]
         for j in range(1, n):
@@ -362,11 +364,28 @@ if _nb.numba is not None:
                     Gi[j] = e
                     t += e
                 inv_s[i] = 1.0 / t
+            if want_e:  # sum_i w_i e^sh t_i = e^(sh + hi) sum_i e^(lw_i - hi) t_i, each e^(lw_i - hi) >= e^-spread
+                acc = 0.0
+                for i in range(n):
+                    acc += np.exp(np.float64(lwk[i] - hi)) / inv_s[i]
+                lse = np.float64(sh) + np.float64(hi) + np.log(acc)
         else:
             cnt = _count_off_diagonal(G, c)
+            top = -1e308  # the running log-sum-exp of lw_i + m_i + log t_i (m_i the row's shift)
+            acc = 0.0
             for i in range(n):
-                inv_s[i] = 1.0 / _softmax_row(G[i], G[i], bw, lwk, fw, zero)[1]
-        return cnt
+                mx, t = _softmax_row(G[i], G[i], bw, lwk, fw, zero)
+                inv_s[i] = 1.0 / t
+                if want_e:
+                    a = np.float64(lwk[i]) + np.float64(mx) + np.log(t)
+                    if a > top:
+                        acc = acc * np.exp(top - a) + 1.0
+                        top = a
+                    else:
+                        acc += np.exp(a - top)
+            if want_e:
+                lse = top + np.log(acc)
+        return cnt, lse
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_move(xk, T, A, inv_s, dt, proj, y, outk):  # pragma: no cover - compiled
@@ -449,7 +468,7 @@ if _nb.numba is not None:
         return health
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_euler(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts, health):  # pragma: no cover
+    def _sa_euler(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts, health, lses):  # pragma: no cover
         """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
         without the GIL, in L1/L2 (see :func:`sa_euler_step`): the directions theta = x/|x| (norms in
         float64), the Gram matrix (:func:`_gram_blocked` for 4 < r <= 16, else :func:`_mm`), the
@@ -460,12 +479,14 @@ if _nb.numba is not None:
         averages are in the dtype of lw (float64, or float32 when the caller has checked that float32
         logits are accurate enough); row sums in float64.  counts[k] (when counts is not empty) = the
         ordered pairs i != j of the input's directions with <theta_i, theta_j> > c, from the same Gram
-        matrix; health[k] finite exactly when out[k] is (:func:`_sa_move`)."""
+        matrix; health[k] finite exactly when out[k] is (:func:`_sa_move`); lses[k] (when lses is not empty)
+        log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>) of the input (:func:`_sa_exps`)."""
         B, n, r = x.shape
         wdt = lw.dtype
         zero = wdt.type(0)
         bw = wdt.type(beta)
         fw = wdt.type(floor)
+        want_e = lses.shape[0] > 0
         blocked = 4 < r <= _BLOCKED_MAX_R
         rp = -(-r // _GRAM_BLOCK) * _GRAM_BLOCK if blocked else r
         T = np.zeros((n, rp), wdt)  # (zero padding beyond r)
@@ -484,9 +505,11 @@ if _nb.numba is not None:
                 _gram_blocked(T, TT, G)
             else:
                 _mm(T, TT, G)
-            cnt = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c)
+            cnt, lse = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c, want_e)
             if counts.shape[0]:
                 counts[k] = cnt
+            if want_e:
+                lses[k] = lse
             if r <= _BLOCKED_MAX_R:
                 _avg_dots(G, TT, r, A)
             else:
@@ -494,7 +517,8 @@ if _nb.numba is not None:
             health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_euler_blas(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts, health, fn):  # pragma: no cover
+    def _sa_euler_blas(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts, health, lses,
+                       fn):  # pragma: no cover - compiled
         """:func:`_sa_euler` with the two products of each system by BLAS (``fn`` the address of dgemm, or
         sgemm for float32 logits): the row-major directions T (n, r) are T^T in BLAS's column-major terms,
         so G = T T^T is gemm('T', 'N', n, n, r) of T with itself (exactly symmetric: the same products in the
@@ -510,6 +534,7 @@ if _nb.numba is not None:
         zero = wdt.type(0)
         bw = wdt.type(beta)
         fw = wdt.type(floor)
+        want_e = lses.shape[0] > 0
         G = np.empty((n, n), wdt)
         inv_s = np.empty(n)
         ints = np.empty(6, np.int32)
@@ -532,9 +557,11 @@ if _nb.numba is not None:
             for k in range(k0, k1):
                 _sa_directions_t(x[k], X, TT, nrm)
                 _gemm(fn, 0, 1, n, n, r, TT, n, TT, n, G, n, ints, chars, scal)
-                cnt = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c)
+                cnt, lse = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c, want_e)
                 if counts.shape[0]:
                     counts[k] = cnt
+                if want_e:
+                    lses[k] = lse
                 _gemm(fn, 1, 0, n, r, n, G, n, TT, n, AT, n, ints, chars, scal)
                 health[k] = _sa_move_t(X, TT, AT, inv_s, dt, proj, Y, nrm, xa, out[k])
             return
@@ -545,9 +572,11 @@ if _nb.numba is not None:
             xk = x[k]
             _sa_directions(xk, T)
             _gemm(fn, 1, 0, n, n, r, T, r, T, r, G, n, ints, chars, scal)
-            cnt = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c)
+            cnt, lse = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c, want_e)
             if counts.shape[0]:
                 counts[k] = cnt
+            if want_e:
+                lses[k] = lse
             _gemm(fn, 0, 0, r, n, n, T, r, G, n, A, r, ints, chars, scal)
             health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
@@ -558,17 +587,20 @@ if _nb.numba is not None:
             _sa_directions(x[k0 + k], T[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, counts):  # pragma: no cover - compiled
+    def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, counts, lses):  # pragma: no cover - compiled
         """:func:`_sa_exps` for each Gram matrix G[k] of the systems k0 + k (GEMM route); their pair counts
-        in counts[k0 + k] when counts is not empty."""
+        in counts[k0 + k] when counts is not empty, their energy sums in lses[k0 + k] when lses is not."""
+        want_e = lses.shape[0] > 0
         wdt = G.dtype
         zero = wdt.type(0)
         bw = wdt.type(beta)
         fw = wdt.type(floor)
         for k in range(G.shape[0]):
-            cnt = _sa_exps(G[k], lw[k0 + k], bw, fw, spread, zero, inv_s[k], c)
+            cnt, lse = _sa_exps(G[k], lw[k0 + k], bw, fw, spread, zero, inv_s[k], c, want_e)
             if counts.shape[0]:
                 counts[k0 + k] = cnt
+            if want_e:
+                lses[k0 + k] = lse
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
     def _sa_move_chunk(x, T, A, inv_s, dt, proj, k0, out, health):  # pragma: no cover - compiled
@@ -856,14 +888,16 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
     >>> bool((y2 == y).all()), bool((counts == pair_counts(x, 0.5)).all())
     (True, True)
     """
-    out, counts, _ = _sa_euler_step(x, weights, beta, dt, out, projected, log_weights, count_pairs_above)
+    out, counts, _, _ = _sa_euler_step(x, weights, beta, dt, out, projected, log_weights, count_pairs_above)
     return out if counts is None else (out, counts)
 
 
-def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=None,
-                   count_pairs_above=None) -> tuple[np.ndarray, np.ndarray | None, bool]:
-    """:func:`sa_euler_step` as ``(points, counts or None, finite)``: ``finite`` says whether every new point
-    is finite, known from the compiled pass's row norms (no scan of the output)."""
+def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=None, count_pairs_above=None,
+                   energy_sums=False) -> tuple[np.ndarray, np.ndarray | None, bool, np.ndarray | None]:
+    """:func:`sa_euler_step` as ``(points, counts or None, finite, energy sums or None)``: ``finite`` says
+    whether every new point is finite, known from the compiled pass's row norms (no scan of the output);
+    with ``energy_sums`` (float64 points only), per system log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>)
+    of the input, from the step's row sums (:meth:`wflow.models.SA.log_energy` less log 2 beta)."""
     if _sa_euler is None:
         from ..errors import WflowError
 
@@ -913,6 +947,9 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
         else:  # float32 points: pair_counts' float64 products, before out is written
             counts = pair_counts(xf, cp)
     health = np.zeros(B)
+    if energy_sums and x.dtype != np.float64:
+        raise ValueError(f"energy_sums needs float64 points, got {x.dtype}")
+    lses = np.zeros(B if energy_sums else 0)
     if B == 0:
         pass
     elif SA_STEP_BLAS:
@@ -920,23 +957,24 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
 
         def blas_work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
-                _sa_euler_blas(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, health, fn)
+                _sa_euler_blas(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, health, lses, fn)
 
         with _nb._blas_threads(1):
             _run(blas_work, threads, len(chunks))
     elif r <= SA_STEP_FUSED_MAX_DIM:
         def work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
-                _sa_euler(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, health)
+                _sa_euler(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, health, lses)
 
         _run(work, threads, len(chunks))
     else:
-        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, kcounts, health)
+        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, kcounts, health, lses)
     finite = bool(np.isfinite(health).all())
-    return out, (counts.reshape(x.shape[:-2]) if count else None), finite
+    return (out, (counts.reshape(x.shape[:-2]) if count else None), finite,
+            lses.reshape(x.shape[:-2]) if energy_sums else None)
 
 
-def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, counts, health) -> None:
+def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, counts, health, lses) -> None:
     """The GEMM route of :func:`sa_euler_step` (``r >`` :data:`SA_STEP_FUSED_MAX_DIM`)."""
 
     # the Gram matrices and the averages of a chunk of systems by batched GEMMs (BLAS on one thread
@@ -954,7 +992,7 @@ def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, count
             Tc, Gc, Ac, ic = T[:C], G[:C], A[:C], inv_s[:C]
             _sa_directions_chunk(xf, b0, Tc)
             np.matmul(Tc, Tc.swapaxes(1, 2), out=Gc)
-            _sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic, c, counts)
+            _sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic, c, counts, lses)
             np.matmul(Gc, Tc, out=Ac)
             _sa_move_chunk(xf, Tc, Ac, ic, h, proj, b0, of, health)
 

@@ -121,7 +121,7 @@ class ParticleProblem(Problem):
         #: free space: tokens x = r theta in R^d (normalization schemes with radii), no projection
         self.free = model.space == "free"
         #: (dt, projected) of the last fused Euler step, and the step from a saved state taken ahead
-        #: (:meth:`_pair_fraction_ahead`): (y, t, dt, projected, the new state, whether it is finite)
+        #: (:meth:`_step_ahead`): (y, t, dt, projected, the new state, whether it is finite)
         self._last_fused: tuple[float, bool] | None = None
         self._ahead: tuple | None = None
         #: the last state a fused step returned (a new array nothing else holds or writes: a snapshot
@@ -158,7 +158,7 @@ class ParticleProblem(Problem):
         compiled pass per system (Gram matrix, softmax, average, projection, retraction) instead of
         eight passes over the batch; equal to ``retract(y + dt * rhs(t, y))`` (or to
         ``retract(y + dt * average(t, y))``) to rounding (tested to 1e-14).  When the step from ``y``
-        was taken ahead to count the pairs of a saved state (:meth:`_pair_fraction_ahead`), it is that
+        was taken ahead for the diagnostics of a saved state (:meth:`_step_ahead`), it is that
         step, bit for bit.
         """
         ahead, self._ahead = self._ahead, None
@@ -171,7 +171,7 @@ class ParticleProblem(Problem):
             return None
         self._last_fused = (dt, projected)
         self.evaluations += 1
-        y_next, _, finite = _small._sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
+        y_next, _, finite, _ = _small._sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
                                                   log_weights=self._step_log_weights)
         self._fused_out, self._fused_out_finite = y_next, finite
         return y_next
@@ -193,29 +193,39 @@ class ParticleProblem(Problem):
 
         return model if type(model) is SA and model.plain_attention() else None
 
-    def _pair_fraction_ahead(self, t: float, y: np.ndarray) -> np.ndarray | None:
-        r"""``pair_fraction`` of a saved state ``y`` counted on the Gram matrices of the step from it, or ``None``.
+    def _step_ahead(self, t: float, y: np.ndarray, pairs: bool, energy: bool) -> dict[str, np.ndarray]:
+        r"""What a saved state ``y`` needs (``pair_fraction``, ``energy_sums``) read off the step from it.
 
-        In a run of fused Euler steps (:meth:`euler_step`) the save-time pair count is a second Gram matrix
-        per system, as costly as a third of a step (n = 32, r = 32).  Instead the step from ``y`` is taken
-        now, with the last step's size and scheme, counting the pairs as it forms the inner products
-        (:func:`wflow.kernels.small.sa_euler_step` with ``count_pairs_above``); :meth:`euler_step` returns
-        it when the driver asks for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step
-        afresh otherwise (after the last save: one step wasted).  float64 states of at least two tokens
-        only (:meth:`_pair_fraction_at_save` answers one token; float32 points are counted on their own
-        float64 products, :func:`wflow.diagnostics.pair_fraction`).
+        In a run of fused Euler steps (:meth:`euler_step`) the save-time pair count and energy are each a
+        second Gram matrix per system, each as costly as a third of a step (n = 32, r = 32).  Instead the
+        step from ``y`` is taken now, with the last step's size and scheme, counting the pairs as it forms
+        the inner products and summing the energy's double sum from its row sums
+        (:func:`wflow.kernels.small._sa_euler_step` with ``count_pairs_above`` and ``energy_sums``);
+        :meth:`euler_step` returns it when the driver asks for that same step (same ``y``, ``t``, ``dt``
+        and scheme), and takes the step afresh otherwise (after the last save: one step wasted).  float64
+        states only, the energy at beta != 0 (float32 points are counted on their own float64 products,
+        :func:`wflow.diagnostics.pair_fraction`); ``{}`` when the step is not fused.
         """
         if self._last_fused is None or y.dtype != np.float64:
-            return None
+            return {}
         model = self._fused_model(t, y)
         if model is None:
-            return None
+            return {}
+        beta = model.beta_for(self.n)
+        energy = energy and model.is_gradient and beta != 0
+        if not (pairs or energy):
+            return {}
         dt, projected = self._last_fused
-        y_next, counts, finite = _small._sa_euler_step(y, self.weights, model.beta_for(self.n), dt,
-                                                       projected=projected, log_weights=self._step_log_weights,
-                                                       count_pairs_above=PAIR_COSINE)
+        y_next, counts, finite, lse = _small._sa_euler_step(
+            y, self.weights, beta, dt, projected=projected, log_weights=self._step_log_weights,
+            count_pairs_above=PAIR_COSINE if pairs else None, energy_sums=energy)
         self._ahead = (y, t, dt, projected, y_next, finite)
-        return counts / (self.n * (self.n - 1))
+        out = {}
+        if pairs:
+            out["pair_fraction"] = counts / (self.n * (self.n - 1))
+        if energy:
+            out["energy_sums"] = lse
+        return out
 
     @functools.cached_property
     def _step_log_weights(self) -> np.ndarray:
@@ -278,32 +288,39 @@ class ParticleProblem(Problem):
         return Atoms._trusted(project_to_sphere(x) if self.free else x, self.weights)
 
     def compute_diagnostics(self, mu: Atoms, t: float = 0.0, mu_extra: Atoms | None = None,
-                            known_pair_fraction: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``); ``known_pair_fraction``:
-        the pair fraction of ``mu`` when the caller has it (:meth:`_pair_fraction_ahead`)."""
+                            known: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``); ``known``: what the
+        caller has of ``mu`` already, ``pair_fraction`` and ``energy_sums`` (:meth:`_step_ahead`)."""
+        known = known or {}
         out: dict[str, np.ndarray] = {}
         model = self.model_at(t)
         gradient = model.is_gradient
         if gradient and ("energy" in self.diagnostics or "log_energy" in self.diagnostics):
-            out.update(self._energies(model, mu))
+            out.update(self._energies(model, mu, known.get("energy_sums")))
         for name in self.diagnostics:
             if name == "order_parameter":
                 out[name] = np.asarray(order_parameter(mu), dtype=np.float64)
             elif name == "n_clusters":
                 out[name] = np.asarray(count_clusters(mu, self.cluster_threshold), dtype=np.int64)
             elif name == "pair_fraction":
-                out[name] = np.asarray(pair_fraction(mu.points, PAIR_COSINE) if known_pair_fraction is None
-                                       else known_pair_fraction, dtype=np.float64)
+                out[name] = np.asarray(known["pair_fraction"] if "pair_fraction" in known
+                                       else pair_fraction(mu.points, PAIR_COSINE), dtype=np.float64)
         for name, f in self.extra.items():
             out[name] = np.asarray(f(mu if mu_extra is None else mu_extra))
         return out
 
-    def _energies(self, model: Model, mu: Atoms) -> dict[str, np.ndarray]:
-        """``energy`` and ``log_energy`` from one kernel sum where the model has a log-scale energy."""
+    def _energies(self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """``energy`` and ``log_energy`` from one kernel sum where the model has a log-scale energy, or from the
+        double sums ``log sum_i w_i sum_j w_j e^(beta <x_i, x_j>)`` of a fused step (:meth:`_step_ahead`)."""
         out = {}
         log_e = getattr(model, "log_energy", None)
-        if log_e is not None:
+        le = None
+        if energy_sums is not None:  # SA.log_energy's formula on the step's sums
+            beta = model.beta_for(self.n)
+            le = np.asarray(energy_sums, dtype=np.float64) - math.log(2 * beta) - model.offset(beta)
+        elif log_e is not None:
             le = np.asarray(log_e(mu, backend=self.backend), dtype=np.float64)
+        if le is not None:
             with np.errstate(over="ignore"):
                 e = model.sign * np.exp(le)
             e = np.where(np.isfinite(e), e, np.nan)  # beyond float64: see log_energy
@@ -332,22 +349,27 @@ class ParticleProblem(Problem):
             out = {"points": (dims, np.array(y[..., :self.n, :], copy=True))}
         if self.n_tracers:
             out["tracers"] = (self._batch + ("tracer", "coord"), np.array(y[..., self.n:, :], copy=True))
-        out.update(self.diagnostic_variables(self.measure(y), t, known_pair_fraction=self._pair_fraction_at_save(t, y)))
+        out.update(self.diagnostic_variables(self.measure(y), t, known=self._known_at_save(t, y)))
         return out
 
-    def _pair_fraction_at_save(self, t: float, y: np.ndarray) -> np.ndarray | None:
-        if "pair_fraction" not in self.diagnostics:
-            return None
-        if self.n < 2:  # no pairs (and span coordinates of one token have one coordinate)
-            return np.full(self.weights.shape[:-1], np.nan)
-        return self._pair_fraction_ahead(t, y)
+    def _known_at_save(self, t: float, y: np.ndarray) -> dict[str, np.ndarray]:
+        """The diagnostics of a saved state known without a pass of their own (:meth:`_step_ahead`)."""
+        pairs = "pair_fraction" in self.diagnostics
+        energy = "energy" in self.diagnostics or "log_energy" in self.diagnostics
+        known = {}
+        if pairs and self.n < 2:  # no pairs (and span coordinates of one token have one coordinate)
+            known["pair_fraction"] = np.full(self.weights.shape[:-1], np.nan)
+            pairs = False
+        if pairs or energy:
+            known.update(self._step_ahead(t, y, pairs, energy))
+        return known
 
     def diagnostic_variables(self, mu: Atoms, t: float, mu_extra: Atoms | None = None,
-                             known_pair_fraction: np.ndarray | None = None) -> dict:
+                             known: dict[str, np.ndarray] | None = None) -> dict:
         """:meth:`compute_diagnostics` as saved variables: ``name -> (dims, value)``, the batch axes first."""
         nb = len(self._batch)
         return {name: (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - nb)), v)
-                for name, v in self.compute_diagnostics(mu, t, mu_extra, known_pair_fraction).items()}
+                for name, v in self.compute_diagnostics(mu, t, mu_extra, known).items()}
 
     def static(self) -> dict:
         return {"weights": (self._batch + ("particle",), self.weights)}
@@ -407,7 +429,7 @@ class SpanProblem(ParticleProblem):
         mu_y = Atoms._trusted(y, self.weights)
         out = {"span": (self._batch + ("particle", "span_coord"), np.array(y, copy=True))}
         mu_x = Atoms._trusted(self.full(y), self.weights) if self.extra else None
-        out.update(self.diagnostic_variables(mu_y, t, mu_x, self._pair_fraction_at_save(t, y)))
+        out.update(self.diagnostic_variables(mu_y, t, mu_x, self._known_at_save(t, y)))
         return out
 
     def static(self) -> dict:
@@ -476,7 +498,7 @@ class CircleAngleProblem(ParticleProblem):
         out.update(self.diagnostic_variables(mu, t))
         return out
 
-    def _energies(self, model: Model, mu: Atoms) -> dict[str, np.ndarray]:
+    def _energies(self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None) -> dict[str, np.ndarray]:
         r"""Energies from the angle differences (accurate when tokens have merged): :math:`E = \frac1{2\beta}
         \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`."""
         th = np.arctan2(mu.points[..., 1], mu.points[..., 0])
