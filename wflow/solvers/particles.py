@@ -427,7 +427,8 @@ class SpanProblem(ParticleProblem):
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
         mu_y = Atoms._trusted(y, self.weights)
-        out = {"span": (self._batch + ("particle", "span_coord"), np.array(y, copy=True))}
+        out = {"span": (self._batch + ("particle", "span_coord"),
+                        _read_only(y) if y is self._fused_out else np.array(y, copy=True))}
         mu_x = Atoms._trusted(self.full(y), self.weights) if self.extra else None
         out.update(self.diagnostic_variables(mu_y, t, mu_x, self._known_at_save(t, y)))
         return out
