@@ -380,16 +380,21 @@ def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
         addr = {w["name"]: a for a, w in c.scheduler_info()["workers"].items()}
     out = tmp_path / "s.zarr"
     victim = processes[1]
+    in_flight = []  # the tasks w0 was running when it was killed
 
     def kill_after_first_commit():
-        while victim.poll() is None:
-            try:
-                if len(json.loads((out / COMMIT).read_text())["done"]) >= 1:
+        with Client(address, timeout=30, set_as_default=False) as watch:
+            while victim.poll() is None:
+                try:
+                    done = len(json.loads((out / COMMIT).read_text())["done"])
+                except (OSError, ValueError):
+                    done = 0
+                busy = [str(k) for k in watch.processing().get(addr["w0"], ())] if done >= 1 else []
+                if busy:
+                    in_flight.extend(busy)
                     victim.send_signal(signal.SIGKILL)
                     return
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.02)
+                time.sleep(0.02)
 
     killer = threading.Thread(target=kill_after_first_commit, daemon=True)
     killer.start()
@@ -397,13 +402,18 @@ def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
     ds = sweep(cfg, {"model.beta": "linspace(1, 8, 8)", "init.seed": "range(4)"}, out=out, scheduler=address,
                batch_size=4, progress=False, observables=["pair_fraction", "order_parameter"])
     killer.join(timeout=5)
-    assert victim.poll() is not None  # the worker was killed during the sweep
+    assert victim.poll() is not None and in_flight  # the worker was killed during the sweep, running a task
     messages = sorted({str(m) for m in np.asarray(ds.message.values).ravel() if str(m)})
     assert ds.attrs["done"] == 32 and (ds.status.values == 0).all(), messages  # (the messages say why not)
     assert np.isfinite(ds.pair_fraction.values).all()
     ran = ds.worker.values.ravel().tolist()
     assert set(ran) <= {addr["w0"], addr["w1"]}
     assert ran.count(addr["w1"]) > 0 and ran.count(addr["w0"]) < 32  # w0 died; its task ran again on w1
+    plan = [json.loads(ds.attrs["grid"])[k] for k in ("model.beta", "init.seed")]
+    # a task w0 was running when killed was run again, on w1 (one task per beta: a seed batch of 4; w0 may
+    # have delivered one of the tasks it held in the moment before the kill, hence "any")
+    rerun = [set(ds.worker.sel(beta=plan[0][int(k.rsplit("-", 1)[1])]).values.tolist()) for k in in_flight]
+    assert any(w == {addr["w1"]} for w in rerun), (in_flight, rerun)
 
 
 def test_open_sweep_errors(tmp_path):
