@@ -388,6 +388,16 @@ if _nb.numba is not None:
         return cnt, lse
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
+    def _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses):  # pragma: no cover - compiled
+        """:func:`_sa_exps` for system k: its pair count into counts[k] and its energy sum into lses[k] when
+        those arrays are not empty."""
+        cnt, lse = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c, lses.shape[0] > 0)
+        if counts.shape[0]:
+            counts[k] = cnt
+        if lses.shape[0]:
+            lses[k] = lse
+
+    @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_move(xk, T, A, inv_s, dt, proj, y, outk):  # pragma: no cover - compiled
         """outk = (xk + dt P (A / s)) / |xk + dt P (A / s)| in float64, with P the tangent projection at the
         directions T when proj is 1.0 and the identity when it is 0.0; y a float64 buffer of r numbers.
@@ -486,7 +496,6 @@ if _nb.numba is not None:
         zero = wdt.type(0)
         bw = wdt.type(beta)
         fw = wdt.type(floor)
-        want_e = lses.shape[0] > 0
         blocked = 4 < r <= _BLOCKED_MAX_R
         rp = -(-r // _GRAM_BLOCK) * _GRAM_BLOCK if blocked else r
         T = np.zeros((n, rp), wdt)  # (zero padding beyond r)
@@ -505,11 +514,7 @@ if _nb.numba is not None:
                 _gram_blocked(T, TT, G)
             else:
                 _mm(T, TT, G)
-            cnt, lse = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c, want_e)
-            if counts.shape[0]:
-                counts[k] = cnt
-            if want_e:
-                lses[k] = lse
+            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses)
             if r <= _BLOCKED_MAX_R:
                 _avg_dots(G, TT, r, A)
             else:
@@ -534,7 +539,6 @@ if _nb.numba is not None:
         zero = wdt.type(0)
         bw = wdt.type(beta)
         fw = wdt.type(floor)
-        want_e = lses.shape[0] > 0
         G = np.empty((n, n), wdt)
         inv_s = np.empty(n)
         ints = np.empty(6, np.int32)
@@ -557,11 +561,7 @@ if _nb.numba is not None:
             for k in range(k0, k1):
                 _sa_directions_t(x[k], X, TT, nrm)
                 _gemm(fn, 0, 1, n, n, r, TT, n, TT, n, G, n, ints, chars, scal)
-                cnt, lse = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c, want_e)
-                if counts.shape[0]:
-                    counts[k] = cnt
-                if want_e:
-                    lses[k] = lse
+                _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses)
                 _gemm(fn, 1, 0, n, r, n, G, n, TT, n, AT, n, ints, chars, scal)
                 health[k] = _sa_move_t(X, TT, AT, inv_s, dt, proj, Y, nrm, xa, out[k])
             return
@@ -572,11 +572,7 @@ if _nb.numba is not None:
             xk = x[k]
             _sa_directions(xk, T)
             _gemm(fn, 1, 0, n, n, r, T, r, T, r, G, n, ints, chars, scal)
-            cnt, lse = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c, want_e)
-            if counts.shape[0]:
-                counts[k] = cnt
-            if want_e:
-                lses[k] = lse
+            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses)
             _gemm(fn, 0, 0, r, n, n, T, r, G, n, A, r, ints, chars, scal)
             health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
@@ -590,17 +586,12 @@ if _nb.numba is not None:
     def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, counts, lses):  # pragma: no cover - compiled
         """:func:`_sa_exps` for each Gram matrix G[k] of the systems k0 + k (GEMM route); their pair counts
         in counts[k0 + k] when counts is not empty, their energy sums in lses[k0 + k] when lses is not."""
-        want_e = lses.shape[0] > 0
         wdt = G.dtype
         zero = wdt.type(0)
         bw = wdt.type(beta)
         fw = wdt.type(floor)
         for k in range(G.shape[0]):
-            cnt, lse = _sa_exps(G[k], lw[k0 + k], bw, fw, spread, zero, inv_s[k], c, want_e)
-            if counts.shape[0]:
-                counts[k0 + k] = cnt
-            if want_e:
-                lses[k0 + k] = lse
+            _sa_exps_at(G[k], lw, k0 + k, bw, fw, spread, zero, inv_s[k], c, counts, lses)
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
     def _sa_move_chunk(x, T, A, inv_s, dt, proj, k0, out, health):  # pragma: no cover - compiled
