@@ -154,6 +154,22 @@ def test_mass_clusters(rng):
         mass_clusters(mesh.centers, -w)
 
 
+def test_batched_clusters_decide_ties_as_cluster_labels_on_the_circle(rng):
+    """Pairs of points on S^1 at the linking distance to rounding (the angle between them exactly the
+    threshold): the batched pass and cluster_labels link the same pairs (|x_i - x_j| < chord, the norm of
+    the difference in float64)."""
+    from wflow.diagnostics import batched_cluster_labels, cluster_labels
+
+    threshold = 0.1
+    a = rng.uniform(0, 2 * np.pi, 4000)
+    x = np.stack([np.stack([np.cos(a), np.sin(a)], -1), np.stack([np.cos(a + threshold), np.sin(a + threshold)], -1)],
+                 axis=1)
+    k, _ = batched_cluster_labels(x, threshold)
+    ref = np.array([cluster_labels(p, threshold)[0] for p in x])
+    assert 0 < np.count_nonzero(ref == 1) < len(x)  # ties both ways
+    np.testing.assert_array_equal(k, ref)
+
+
 def test_min_label_propagation_equals_union_find(rng):
     """The NumPy fallback (the adjacency from one GEMM, min-label propagation with pointer jumping) finds the
     same roots as the compiled pass (distances from the coordinates, union-find)."""
@@ -165,6 +181,6 @@ def test_min_label_propagation_equals_union_find(rng):
     for threshold in (0.2, 0.5, 1.0):
         chord = 2 * np.sin(threshold / 2)
         roots = np.empty(x.shape[:2], dtype=np.int64)
-        D._cluster_roots(x, chord * chord, 0, len(x), roots)
+        D._cluster_roots(x, chord, 0, len(x), roots)
         np.testing.assert_array_equal(D._min_labels(D._adjacency(x, chord)), roots)
         assert (roots == np.arange(x.shape[1])).sum() > len(x)  # (some systems have several clusters)

@@ -261,6 +261,28 @@ def test_fused_euler_energy_from_the_next_steps_row_sums(monkeypatch, coordinate
     assert (np.diff(a.energy, axis=0) > 0).all()  # SA ascends its energy
 
 
+@pytest.mark.parametrize("coordinates", ["cartesian", "span"])
+def test_diagnostics_see_the_saved_state_read_only(coordinates):
+    """A saved state may be the fused step's output itself (no copy): a user diagnostic that writes into the
+    measure it is handed raises instead of changing the saved points (span runs hand it the full
+    coordinates, a new array: writing there changes nothing saved)."""
+    import wflow
+
+    def scribble(mu):
+        mu.points[..., 0, 0] = 7.0
+        return np.zeros(mu.batch_shape)
+
+    x0 = np.stack([wflow.sphere.uniform(8, 12, seed=s) for s in range(3)])
+    kw = dict(method="euler", dt=0.1, save_at=[0.0, 0.5, 1.0], backend="auto", coordinates=coordinates)
+    if coordinates == "cartesian":
+        with pytest.raises(ValueError, match="read-only"):
+            wflow.simulate(SA(2.0), x0, 1.0, extra_diagnostics={"scribble": scribble}, **kw)
+    else:
+        a = wflow.simulate(SA(2.0), x0, 1.0, extra_diagnostics={"scribble": scribble}, **kw)
+        b = wflow.simulate(SA(2.0), x0, 1.0, **kw)
+        np.testing.assert_array_equal(a.points, b.points)
+
+
 def test_saved_state_is_read_only_for_callbacks_and_fused_euler_elsewhere():
     """A callback sees the state read-only (the run continues from it: with the step from a saved state
     taken ahead, an edit would have been silently ignored); SA with method="euler" on S^1 in angles or gaps

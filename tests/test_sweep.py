@@ -264,6 +264,16 @@ def test_a_failing_system_fails_alone_in_its_batch(tmp_path, client, monkeypatch
         ref = wflow.simulate(model, mu0, cfg["run.t_end"], diagnostics=("order_parameter",), **kw)
         np.testing.assert_allclose(ds.order_parameter.sel(seed=seed).values, ref.diagnostics["order_parameter"],
                                    rtol=1e-12)
+    # every system fails: the batch and its two halves run, no further splitting (a widespread failure)
+    import wflow.solvers.particles as P
+
+    calls = []
+    simulate = P.simulate
+    monkeypatch.setattr(P, "simulate", lambda *a, **k: calls.append(len(a[1].points)) or simulate(*a, **k))
+    monkeypatch.setattr(wflow.config, "build_run", lambda c: build_run({**c, "init.seed": 3}))
+    ds = sweep(cfg, {"init.seed": "range(8)"}, out=tmp_path / "all.zarr", scheduler=client, batch_size=8,
+               progress=False, observables=["order_parameter"])
+    assert ds.status.values.tolist() == [-1] * 8 and calls == [8, 4, 4]
 
 
 def test_resume_skips_committed_and_reruns_torn_points(tmp_path, client):

@@ -252,7 +252,7 @@ def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
 
         def work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
-                _cluster_roots(xc, chord * chord, b0, b1, roots)
+                _cluster_roots(xc, chord, b0, b1, roots)
 
         _small._run(work, threads, len(chunks))
     else:  # pragma: no cover - without numba: one GEMM per chunk of systems, min-label propagation
@@ -339,16 +339,21 @@ try:
             i = parent[i]
         return i
 
-    @njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "contract"})
-    def _cluster_roots(x, r2, k0, k1, roots):  # pragma: no cover - compiled
+    @njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz"})
+    def _cluster_roots(x, chord, k0, k1, roots):  # pragma: no cover - compiled
         """roots[b, i] = the least point of i's cluster, for the systems k0 <= b < k1 of x (B, n, d): points
-        i < j linked when |x_i - x_j|^2 < r2, the squared distance summed over the coordinates in order, in
-        float64 (no Gram matrix: no cancellation for close points, no (B, n, n) arrays), the components by
+        i < j linked when |x_i - x_j| < chord, the squared distance summed over the coordinates in order, in
+        float64 without fused multiply-adds (as NumPy's norm of the difference: a pair within rounding of
+        the threshold is decided by the square root, as :func:`cluster_labels` decides it on the circle;
+        no Gram matrix, so no cancellation for close points, no (B, n, n) arrays), the components by
         union-find keeping the lesser root (the roots of :func:`_min_labels`).  The distances from point i
         are formed for all j > i at once (the coordinates transposed: vectors along j), about 1 us per
         system at n = 32, d = 8."""
         _prefer_wide_vectors()
         B, n, d = x.shape
+        r2 = chord * chord
+        lo = r2 * (1.0 - 1e-14)  # below: linked; from lo to hi: by the square root; above: not
+        hi = r2 * (1.0 + 1e-14)
         parent = np.empty(n, np.int64)
         XT = np.empty((d, n))
         dist = np.empty(n)
@@ -373,7 +378,8 @@ try:
                         dist[j] += t * t
                 ri = _find(parent, i)  # i's root, kept current as i's component merges
                 for j in range(i + 1, n):
-                    if dist[j] < r2:
+                    dj = dist[j]
+                    if dj < lo or (dj < hi and np.sqrt(dj) < chord):
                         rj = _find(parent, j)
                         if ri < rj:
                             parent[rj] = ri

@@ -613,10 +613,42 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 def _run_particles(cfg: dict[str, Any], seeds: list[int] | None, observables: Mapping[str, Callable | None],
                    n_time: int) -> tuple[Any, Any, _Collect]:
     """One batched :func:`wflow.simulate` call over ``seeds`` (``None``: the configuration's own), observables
-    only: ``(status, message, collected)``.  When the batched run fails (a non-finite state, a step-size
-    underflow, ``max_steps``: one system can end the run of all), its seeds are run again in two halves,
-    down to single seeds, so that only the systems that fail are recorded as failed; status and message
-    are then arrays, one entry per system."""
+    only: ``(status, message, collected)``; a failed batch is split (:func:`_split_failed`)."""
+    status, message, coll = _simulate_batch(cfg, seeds, observables, n_time)
+    if status != FAILED or seeds is None or len(seeds) == 1:
+        return status, message, coll
+    return _split_failed(cfg, seeds, observables, n_time)
+
+
+def _split_failed(cfg: dict[str, Any], seeds: list[int], observables: Mapping[str, Callable | None],
+                  n_time: int) -> tuple[Any, Any, _Collect]:
+    """Seeds whose batched run failed (a non-finite state, a step-size underflow, ``max_steps``: one system
+    can end the run of all), run again in two halves.  When one half fails and the other does not, the
+    failing half is split again, and so on down to single seeds: a rare failing system fails alone, for
+    about twice the batch's work more.  When both halves fail, both are recorded as failed (a failure
+    common to many systems; splitting on would cost log2(systems) times the batch).  Status and message
+    are arrays, one entry per system."""
+    half = len(seeds) // 2
+    parts = [_simulate_batch(cfg, seeds[:half], observables, n_time),
+             _simulate_batch(cfg, seeds[half:], observables, n_time)]
+    failed = [p[0] == FAILED for p in parts]
+    for k, part in enumerate((seeds[:half], seeds[half:])):
+        if failed[k] and not failed[1 - k] and len(part) > 1:
+            parts[k] = _split_failed(cfg, part, observables, n_time)
+    names = list(observables)
+    out = _Collect(names, len(seeds), n_time)
+    out.values = {k: np.concatenate([c.values[k] for _, _, c in parts]) for k in names}
+    out.times = np.where(np.isnan(parts[0][2].times), parts[1][2].times, parts[0][2].times)
+    out.steps = max(c.steps for _, _, c in parts)
+    sizes = (half, len(seeds) - half)
+    status = np.concatenate([np.broadcast_to(st, (m,)) for (st, _, _), m in zip(parts, sizes)])
+    message = np.concatenate([np.broadcast_to(np.array(msg, dtype=object), (m,)) for (_, msg, _), m in zip(parts, sizes)])
+    return status, message, out
+
+
+def _simulate_batch(cfg: dict[str, Any], seeds: list[int] | None, observables: Mapping[str, Callable | None],
+                    n_time: int) -> tuple[int, str, _Collect]:
+    """The systems of ``seeds`` stacked into one :func:`wflow.simulate` call (keep=False, the observables only)."""
     from .config import build_run
     from .measure import Atoms
     from .solvers.particles import simulate
@@ -638,20 +670,7 @@ def _run_particles(cfg: dict[str, Any], seeds: list[int] | None, observables: Ma
     diagnostics = tuple(k for k in names if k in _DRIVER_DIAGNOSTICS and observables[k] is None)
     res = simulate(model, Atoms(x), cfg["run.t_end"], diagnostics=diagnostics, extra_diagnostics=extra,
                    keep=False, throw=False, trackers=[coll], **kwargs)
-    status, message = int(res.status), str(res.message)
-    if status != FAILED or systems == 1:
-        return status, message, coll
-    half = systems // 2
-    parts = [_run_particles(cfg, seeds[:half], observables, n_time), _run_particles(cfg, seeds[half:], observables,
-                                                                                    n_time)]
-    out = _Collect(names, systems, n_time)
-    out.values = {k: np.concatenate([c.values[k] for _, _, c in parts]) for k in names}
-    out.times = np.where(np.isnan(parts[0][2].times), parts[1][2].times, parts[0][2].times)
-    out.steps = max(c.steps for _, _, c in parts)
-    status = np.concatenate([np.broadcast_to(st, (len(c.values[names[0]]),)) for st, _, c in parts])
-    message = np.concatenate([np.broadcast_to(np.array(m, dtype=object), (len(c.values[names[0]]),))
-                              for _, m, c in parts])
-    return status, message, out
+    return int(res.status), str(res.message), coll
 
 
 def _task_result(task, coll: _Collect, status: int, message: str, t_start: float, c_start: float) -> dict[str, Any]:

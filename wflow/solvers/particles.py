@@ -349,7 +349,8 @@ class ParticleProblem(Problem):
             out = {"points": (dims, np.array(y[..., :self.n, :], copy=True))}
         if self.n_tracers:
             out["tracers"] = (self._batch + ("tracer", "coord"), np.array(y[..., self.n:, :], copy=True))
-        out.update(self.diagnostic_variables(self.measure(y), t, known=self._known_at_save(t, y)))
+        # the diagnostics (the user's among them) see the state read-only: it may be the saved points themselves
+        out.update(self.diagnostic_variables(self.measure(_read_only(y)), t, known=self._known_at_save(t, y)))
         return out
 
     def _known_at_save(self, t: float, y: np.ndarray) -> dict[str, np.ndarray]:
@@ -426,7 +427,7 @@ class SpanProblem(ParticleProblem):
         return Atoms._trusted(self.full(y), self.weights)
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
-        mu_y = Atoms._trusted(y, self.weights)
+        mu_y = Atoms._trusted(_read_only(y), self.weights)
         out = {"span": (self._batch + ("particle", "span_coord"),
                         _read_only(y) if y is self._fused_out else np.array(y, copy=True))}
         mu_x = Atoms._trusted(self.full(y), self.weights) if self.extra else None
