@@ -552,11 +552,10 @@ def count_clusters(mu: Atoms, threshold: float = 0.1, *, min_mass: float = 0.0) 
         if min_mass <= 0:  # the roots suffice: one per cluster
             roots = _batched_roots(pts, threshold)
             return (roots == np.arange(mu.n)).sum(axis=-1).astype(np.int64).reshape(mu.batch_shape)
-        k, labels = batched_cluster_labels(pts, threshold)
-        if min_mass > 0:
-            B, n = labels.shape
-            masses = np.bincount((labels + n * np.arange(B)[:, None]).ravel(), weights=w.ravel(), minlength=B * n)
-            k = np.count_nonzero(masses.reshape(B, n) > min_mass, axis=-1)
+        _, labels = batched_cluster_labels(pts, threshold)  # clusters with mass: the labels are needed
+        B, n = labels.shape
+        masses = np.bincount((labels + n * np.arange(B)[:, None]).ravel(), weights=w.ravel(), minlength=B * n)
+        k = np.count_nonzero(masses.reshape(B, n) > min_mass, axis=-1)
         return k.astype(np.int64).reshape(mu.batch_shape)
     out = np.empty(pts.shape[0], dtype=np.int64)
     for b in range(pts.shape[0]):
