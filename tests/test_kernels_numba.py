@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from wflow import Atoms
 from wflow.kernels import AUTO_ORDER, BACKENDS, kernel_sums
 
 numba_backend = pytest.importorskip("wflow.kernels.numba_backend")
@@ -417,6 +418,60 @@ def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
         small.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=float("nan"))
 
 
+def _near_threshold_pairs(rng, B, n, r, t):
+    """B systems of n points in R^r: pairs (2k, 2k + 1) at geodesic distance t (1 + eps), eps within 5e-11 of 0,
+    in random planes (the cluster decisions Gram rounding cannot make), rows scaled off the sphere by up to
+    1e-10 (what the decision's bound must allow for)."""
+    x = np.empty((B, n, r))
+    eps = np.array([0.0, 1e-16, -1e-16, 4e-16, -4e-16, 1e-15, -1e-15, 1e-14, -1e-14, 1e-13, -1e-13, 5e-11, -5e-11])
+    for b in range(B):
+        for k in range(0, n - 1, 2):
+            q, _ = np.linalg.qr(rng.standard_normal((r, 2)))
+            g = t * (1 + rng.choice(eps))
+            x[b, k] = q[:, 0]
+            x[b, k + 1] = np.cos(g) * q[:, 0] + np.sin(g) * q[:, 1]
+        if n % 2:
+            x[b, -1] = x[b, 0]
+    return x * (1 + 1e-10 * rng.uniform(-1, 1, (B, n, 1)))
+
+
+@pytest.mark.parametrize("n, r", [(32, 3), (32, 8), (17, 13), (32, 40)])
+def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, r, monkeypatch):
+    """cluster_threshold: count_clusters' count of the input, exactly, read off the Gram matrix the step
+    forms (pairs within rounding of the threshold decided from the coordinates), on every route, for
+    clustered points and for pairs at the threshold to 5e-11 (rows off the sphere by 1e-10); means: Atoms.mean to rounding; the step
+    itself unchanged bit for bit; the input's, not the output's, in place; float64 points only."""
+    from wflow.diagnostics import count_clusters
+    from wflow.kernels import small
+
+    t = 0.1
+    c = _sphere(rng, (40, 4, r), np.float64)
+    x = np.take_along_axis(c, rng.integers(0, 4, (40, n, 1)), axis=1) + 0.04 * rng.standard_normal((40, n, r)) / r**0.5
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    x = np.concatenate([x, _near_threshold_pairs(rng, 40, n, r, t)])
+    w = rng.random(x.shape[:2])
+    w /= w.sum(axis=-1, keepdims=True)
+    monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
+    for route in _STEP_ROUTES:
+        _step_route(monkeypatch, route)
+        plain = small.sa_euler_step(x, w, 5.0, 0.1)
+        for th in (0.03, t, 0.5):
+            st = small._sa_euler_step(x, w, 5.0, 0.1, cluster_threshold=th, means=True)
+            np.testing.assert_array_equal(st.points, plain)
+            ref = count_clusters(Atoms(x, w), th)
+            np.testing.assert_array_equal(st.n_clusters, ref)
+            if th == t:  # the pairs at the threshold: some linked, some not
+                assert len(np.unique(ref[40:])) > 2
+            np.testing.assert_allclose(st.means, Atoms(x, w).mean(), rtol=0, atol=1e-15)
+    xs = x.copy()
+    st = small._sa_euler_step(xs, w, 50.0, 0.5, out=xs, cluster_threshold=t)
+    np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x, w), t))
+    assert not np.array_equal(count_clusters(Atoms(xs, w), t), st.n_clusters)  # the step changed the clusters
+    for kw in ({"cluster_threshold": 0.1}, {"means": True}):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))} needs float64 points, got float32"):
+            small._sa_euler_step(x.astype(np.float32), w, 5.0, 0.1, **kw)
+
+
 @pytest.mark.parametrize("beta", [-400.0, -1000.0, 1000.0])
 def test_sa_euler_step_at_large_beta_of_either_sign(rng, beta, monkeypatch):
     """The fixed shift is |beta| + max log-weight (a bound of every logit); for beta < 0 the diagonal term
@@ -451,13 +506,13 @@ def test_sa_euler_step_knows_whether_its_output_is_finite(monkeypatch, dtype):
     pair = np.stack([e, -e]).astype(dtype)[None]
     for route in _STEP_ROUTES:
         _step_route(monkeypatch, route)
-        y, counts, finite, _ = small._sa_euler_step(x, w, 5.0, 0.1)
+        y, finite, counts = small._sa_euler_step(x, w, 5.0, 0.1)[:3]
         assert finite and counts is None and np.isfinite(y).all()
-        y, _, finite, _ = small._sa_euler_step(bad, w, 5.0, 0.1)
+        y, finite = small._sa_euler_step(bad, w, 5.0, 0.1)[:2]
         assert not finite and not np.isfinite(y[3]).all() and np.isfinite(y[[0, 1, 2, 4]]).all()
-        y, _, finite, _ = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)
+        y, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)[:2]
         assert not finite and not np.isfinite(y[0, 0]).all()
-        y, _, finite, _ = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)  # projected: no move
+        y, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)[:2]  # projected: no move
         assert finite and np.array_equal(y, pair)
 
 

@@ -237,12 +237,16 @@ def batched_cluster_labels(points, threshold: float = 0.1) -> tuple[np.ndarray, 
     return k.reshape(batch).astype(np.int64), labels.reshape(*batch, n)
 
 
+def _chord(threshold: float) -> float:
+    """The chordal distance ``2 sin(threshold / 2)`` of a geodesic ``threshold`` (checked positive; capped at pi)."""
+    return 2 * math.sin(min(check_positive(threshold, "threshold"), math.pi) / 2)
+
+
 def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
     """The root (least point) of each point's cluster, ``(B, n)`` for the checked points ``x`` (..., n, d)."""
-    threshold = check_positive(threshold, "threshold")
+    chord = _chord(threshold)
     n, d = x.shape[-2:]
     xf = x.reshape(-1, n, d)
-    chord = 2 * math.sin(min(threshold, math.pi) / 2)
     roots = np.empty(xf.shape[:2], dtype=np.int64)
     if _cluster_roots is not None:  # the distances from the coordinates, one compiled pass per system
         B = xf.shape[0]

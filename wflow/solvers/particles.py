@@ -171,10 +171,10 @@ class ParticleProblem(Problem):
             return None
         self._last_fused = (dt, projected)
         self.evaluations += 1
-        y_next, _, finite, _ = _small._sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
-                                                  log_weights=self._step_log_weights)
-        self._fused_out, self._fused_out_finite = y_next, finite
-        return y_next
+        st = _small._sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
+                                   log_weights=self._step_log_weights)
+        self._fused_out, self._fused_out_finite = st.points, st.finite
+        return st.points
 
     def known_finite(self, y: np.ndarray) -> bool:
         """Whether ``y`` is the state the last fused step returned and that step found it finite (its
@@ -193,18 +193,21 @@ class ParticleProblem(Problem):
 
         return model if type(model) is SA and model.plain_attention() else None
 
-    def _step_ahead(self, t: float, y: np.ndarray, pairs: bool, energy: bool) -> dict[str, np.ndarray]:
-        r"""What a saved state ``y`` needs (``pair_fraction``, ``energy_sums``) read off the step from it.
+    def _step_ahead(self, t: float, y: np.ndarray, want: set[str]) -> dict[str, np.ndarray]:
+        r"""What a saved state ``y`` needs of the diagnostics ``want`` (``pair_fraction``, ``energy``,
+        ``n_clusters``, ``order_parameter``) read off the step from it.
 
-        In a run of fused Euler steps (:meth:`euler_step`) the save-time pair count and energy are each a
-        second Gram matrix per system, each as costly as a third of a step (n = 32, r = 32).  Instead the
-        step from ``y`` is taken now, with the last step's size and scheme, counting the pairs as it forms
-        the inner products and summing the energy's double sum from its row sums
-        (:func:`wflow.kernels.small._sa_euler_step` with ``count_pairs_above`` and ``energy_sums``);
-        :meth:`euler_step` returns it when the driver asks for that same step (same ``y``, ``t``, ``dt``
-        and scheme), and takes the step afresh otherwise (after the last save: one step wasted).  float64
-        states only, the energy at beta != 0 (float32 points are counted on their own float64 products,
-        :func:`wflow.diagnostics.pair_fraction`); ``{}`` when the step is not fused.
+        In a run of fused Euler steps (:meth:`euler_step`) the save-time pair count, energy and cluster
+        count each need a second Gram matrix per system (or the distances), each as costly as a third of
+        a step (n = 32, r = 32).  Instead the step from ``y`` is taken now, with the last step's size and
+        scheme, counting the pairs and the clusters on the inner products it forms, summing the
+        energy's double sum from its row sums and the barycentre from the points it reads
+        (:func:`wflow.kernels.small._sa_euler_step`); :meth:`euler_step` returns it when the driver asks
+        for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step afresh otherwise
+        (after the last save: one step wasted).  float64 states only, the energy at beta != 0 (float32
+        points are counted on their own float64 products, :func:`wflow.diagnostics.pair_fraction`);
+        ``{}`` when the step is not fused.  Returns ``pair_fraction``, ``energy_sums``, ``n_clusters``,
+        ``means`` for those asked.
         """
         if self._last_fused is None or y.dtype != np.float64:
             return {}
@@ -212,19 +215,27 @@ class ParticleProblem(Problem):
         if model is None:
             return {}
         beta = model.beta_for(self.n)
-        energy = energy and model.is_gradient and beta != 0
-        if not (pairs or energy):
+        pairs = "pair_fraction" in want
+        energy = "energy" in want and model.is_gradient and beta != 0
+        clusters = "n_clusters" in want
+        means = "order_parameter" in want
+        if not (pairs or energy or clusters or means):
             return {}
         dt, projected = self._last_fused
-        y_next, counts, finite, lse = _small._sa_euler_step(
+        st = _small._sa_euler_step(
             y, self.weights, beta, dt, projected=projected, log_weights=self._step_log_weights,
-            count_pairs_above=PAIR_COSINE if pairs else None, energy_sums=energy)
-        self._ahead = (y, t, dt, projected, y_next, finite)
+            count_pairs_above=PAIR_COSINE if pairs else None, energy_sums=energy,
+            cluster_threshold=self.cluster_threshold if clusters else None, means=means)
+        self._ahead = (y, t, dt, projected, st.points, st.finite)
         out = {}
         if pairs:
-            out["pair_fraction"] = counts / (self.n * (self.n - 1))
+            out["pair_fraction"] = st.counts / (self.n * (self.n - 1))
         if energy:
-            out["energy_sums"] = lse
+            out["energy_sums"] = st.energy_sums
+        if clusters:
+            out["n_clusters"] = st.n_clusters
+        if means:
+            out["means"] = st.means
         return out
 
     @functools.cached_property
@@ -290,7 +301,8 @@ class ParticleProblem(Problem):
     def compute_diagnostics(self, mu: Atoms, t: float = 0.0, mu_extra: Atoms | None = None,
                             known: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``); ``known``: what the
-        caller has of ``mu`` already, ``pair_fraction`` and ``energy_sums`` (:meth:`_step_ahead`)."""
+        caller has of ``mu`` already (:meth:`_step_ahead`: ``pair_fraction``, ``energy_sums``, ``n_clusters``,
+        ``means``)."""
         known = known or {}
         out: dict[str, np.ndarray] = {}
         model = self.model_at(t)
@@ -299,9 +311,11 @@ class ParticleProblem(Problem):
             out.update(self._energies(model, mu, known.get("energy_sums")))
         for name in self.diagnostics:
             if name == "order_parameter":
-                out[name] = np.asarray(order_parameter(mu), dtype=np.float64)
+                out[name] = np.asarray(np.linalg.norm(known["means"], axis=-1) if "means" in known
+                                       else order_parameter(mu), dtype=np.float64)
             elif name == "n_clusters":
-                out[name] = np.asarray(count_clusters(mu, self.cluster_threshold), dtype=np.int64)
+                out[name] = np.asarray(known["n_clusters"] if "n_clusters" in known
+                                       else count_clusters(mu, self.cluster_threshold), dtype=np.int64)
             elif name == "pair_fraction":
                 out[name] = np.asarray(known["pair_fraction"] if "pair_fraction" in known
                                        else pair_fraction(mu.points, PAIR_COSINE), dtype=np.float64)
@@ -355,14 +369,12 @@ class ParticleProblem(Problem):
 
     def _known_at_save(self, t: float, y: np.ndarray) -> dict[str, np.ndarray]:
         """The diagnostics of a saved state known without a pass of their own (:meth:`_step_ahead`)."""
-        pairs = "pair_fraction" in self.diagnostics
-        energy = "energy" in self.diagnostics or "log_energy" in self.diagnostics
+        want = {"energy" if name == "log_energy" else name for name in self.diagnostics}
         known = {}
-        if pairs and self.n < 2:  # no pairs (and span coordinates of one token have one coordinate)
+        if "pair_fraction" in want and self.n < 2:  # no pairs (and span coordinates of one token have one coordinate)
             known["pair_fraction"] = np.full(self.weights.shape[:-1], np.nan)
-            pairs = False
-        if pairs or energy:
-            known.update(self._step_ahead(t, y, pairs, energy))
+            want.discard("pair_fraction")
+        known.update(self._step_ahead(t, y, want))
         return known
 
     def diagnostic_variables(self, mu: Atoms, t: float, mu_extra: Atoms | None = None,
