@@ -269,6 +269,105 @@ def route_table(repeat, quick=False):
               f"{_ms(t['numpy backend'])} | {pick} | {best} |")
 
 
+#: shapes (d, B, n = m) on which ``--costs`` fits the cost model (disjoint from ROUTE_SHAPES, on which it is checked)
+COST_FIT_SHAPES = [(d, B, n) for d in (2, 6, 24, 64, 256) for B, n in ((1, 200), (1, 48), (8, 96), (64, 24), (128, 48))]
+#: and the shapes on which it is checked: the route table's, and some between the fitted ones
+COST_CHECK_SHAPES = ROUTE_SHAPES + [(48, 1, 40), (20, 100, 20), (12, 32, 128), (40, 4, 200), (16, 512, 16)]
+
+
+def _forced(route, x, w):
+    """kernel_sums of (x, x, w) by one route of the numba backend (``fused`` and ``gemm``: the small route's
+    methods)."""
+    from wflow.kernels import small
+
+    def f():
+        numba_backend.FORCE_ROUTE = "small" if route in ("fused", "gemm") else route
+        small.FORCE_METHOD = route if route in ("fused", "gemm") else None
+        try:
+            return kernel_sums(x, x, w, BETA, backend="numba")
+        finally:
+            numba_backend.FORCE_ROUTE = None
+            small.FORCE_METHOD = None
+    return f
+
+
+def _route_times(shapes, repeat):
+    """``{(d, B, n, dtype): {route: seconds}}``: means of ``repeat`` round-robin timings, each timing
+    enough consecutive calls for 5 ms (at least one), 20 ms apart.  Means, not medians: a route that
+    hands work to sleeping threads pays, now and then, milliseconds for a thread to be scheduled on
+    this shared machine (the direct route's times of one shape are 0.15 or 7 ms), and the mean is what
+    a run pays."""
+    from wflow.kernels import cost
+
+    out = {}
+    for d, B, n in shapes:
+        for dtype in (np.float64, np.float32):
+            x = sphere.uniform(n, d, 3, batch=(B,)).astype(dtype)
+            w = np.full((B, n), 1.0 / n, dtype=dtype)
+            fns = {r: _forced(r, x, w) for r in cost.ROUTES}
+            reps = {}
+            for r, f in fns.items():
+                f()
+                t0 = time.perf_counter()
+                f()
+                reps[r] = max(1, min(50, int(0.005 / max(time.perf_counter() - t0, 1e-7))))
+            times = {r: [] for r in fns}
+            for _ in range(repeat):
+                for r, f in fns.items():
+                    time.sleep(0.02)
+                    t0 = time.perf_counter()
+                    for _ in range(reps[r]):
+                        f()
+                    times[r].append((time.perf_counter() - t0) / reps[r])
+            out[(d, B, n, np.dtype(dtype).name)] = {r: statistics.fmean(v) for r, v in times.items()}
+            print(f"<!-- d={d} B={B} n={n} {np.dtype(dtype).name}: "
+                  + " | ".join(f"{r} {1e3 * v:.3f}" for r, v in out[(d, B, n, np.dtype(dtype).name)].items())
+                  + " ms -->", flush=True)
+    return out
+
+
+def cost_table(repeat):
+    """Fit the cost model of ``wflow.kernels.cost`` on COST_FIT_SHAPES, then check it on COST_CHECK_SHAPES:
+    measured and predicted times of the four routes, the model's pick, the fastest route and how much
+    slower the pick is; also what the shipped coefficients (``cost.COSTS``) pick."""
+    from wflow.kernels import cost
+
+    print(f"<!-- cost table: start {_load()} -->", flush=True)
+    fit_times = _route_times(COST_FIT_SHAPES, repeat)
+    samples = [(r, dt, B, n, n, d, d, t) for (d, B, n, dt), row in fit_times.items() for r, t in row.items()]
+    fitted = cost.fit(samples)
+    print("\n### Fitted coefficients (c0 s, c1 s per system, c2 s per pair, c3 s per multiply-add)\n")
+    print("```\nCOSTS = {")
+    for key in sorted(fitted):
+        print(f"    {key!r}: ({', '.join(f'{v:.3e}' for v in fitted[key])}),")
+    print("}\n```")
+    err = [abs(cost.predict(r, B, n, n, d, d, dt, fitted) / t - 1) for r, dt, B, n, _, d, _, t in samples]
+    print(f"\nOn the {len(samples)} fitted timings: relative error median {np.median(err):.2f}, "
+          f"90th percentile {np.quantile(err, 0.9):.2f}")
+    check = _route_times(COST_CHECK_SHAPES, repeat)
+    print(f"<!-- cost table: end {_load()} -->", flush=True)
+    print("\n### Checked on other shapes (ms, mean): measured / predicted by the fitted model\n")
+    print("| d | batch | n = m | dtype | " + " | ".join(cost.ROUTES) + " | fastest | model picks (x fastest) "
+          "| shipped COSTS (x) | size rule (x) |")
+    print("|---|---|---|---|" + "---|" * len(cost.ROUTES) + "---|---|---|---|")
+    regrets = {"model": [], "shipped": [], "rule": []}
+    for (d, B, n, dt), row in check.items():
+        best = min(row, key=row.get)
+        picks = {"model": cost.cheapest(B, n, n, d, d, dt, costs=fitted), "shipped": cost.cheapest(B, n, n, d, d, dt),
+                 "rule": "fused" if d <= 16 else "gemm"}  # the rule cost.py replaced (FUSED_MAX_DIM = 16)
+        for k, r in picks.items():
+            regrets[k].append(row[r] / row[best])
+        cells = " | ".join(f"{1e3 * row[r]:.2f} / {1e3 * cost.predict(r, B, n, n, d, d, dt, fitted):.2f}"
+                           for r in cost.ROUTES)
+        print(f"| {d} | {B} | {n} | {dt} | {cells} | {best} | "
+              + " | ".join(f"{r} ({row[r] / row[best]:.2f})" for r in picks.values()) + " |")
+    for k, v in regrets.items():
+        v = np.array(v)
+        print(f"\n{k}: the fastest route in {int(np.sum(v == 1.0))} of {len(v)} shapes, within 10 % of it in "
+              f"{int(np.sum(v <= 1.1))}; worst {v.max():.2f}x the fastest, geometric mean {np.exp(np.log(v).mean()):.3f}x.")
+    return fitted, check
+
+
 def fused_route_table(repeat):
     """The fused SA step and the pair counts through each of their routes (one compiled pass per
     system with numba's own products, or batched GEMMs per chunk of systems; for the step also the
@@ -469,9 +568,17 @@ def main(argv=None) -> int:
     ap.add_argument("--diagnostics", choices=("pair_fraction", "default"), default="pair_fraction",
                     help="--e2e: what wflow records at each save: the pair fraction (as the authors' loop) or a "
                          "sweep's default observables (pair fraction, energy, order parameter, cluster count)")
+    ap.add_argument("--costs", action="store_true", help="only the cost model of wflow.kernels.cost: fit it on "
+                    "one grid of shapes, check it on another (~5 minutes)")
     ap.add_argument("--fused-routes", action="store_true", help="only the fused step's and the pair counts' "
                     "two routes against the dimension where they switch (~2 minutes)")
     args = ap.parse_args(argv)
+    if args.costs:
+        print(f"# small systems, cost model: numpy {np.__version__}, {os.cpu_count()} cpus, {_load()}", flush=True)
+        t0 = time.perf_counter()
+        cost_table(args.repeat)
+        print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
+        return 0
     if args.fused_routes:
         print(f"# small systems, fused routes: numpy {np.__version__}, {os.cpu_count()} cpus, {_load()}", flush=True)
         fused_route_table(args.repeat)

@@ -564,37 +564,37 @@ def _float32_logits_bound(p: int, size: float, logw: np.ndarray, floor: float,
     return ok, lw_rel, lw_max
 
 
-def choose_route(B: int, n: int, m: int, p: int, dtype) -> str:
-    """Which route of the numba backend computes ``B`` systems of ``n`` query rows, ``m`` sources, logit dimension ``p``.
+def choose_route(B: int, n: int, m: int, p: int, dtype, q: int | None = None) -> str:
+    """Which route of the numba backend computes ``B`` systems of ``n`` query rows, ``m`` sources, logit
+    dimension ``p`` and value dimension ``q`` (default ``p``; 0 without values).
 
-    * ``"small"`` (:mod:`wflow.kernels.small`: batched GEMMs + one exponential pass) when
-      every system is tiny, ``n, m <=`` :data:`~wflow.kernels.small.SMALL_MAX` and ``p >=``
-      :data:`SMALL_MIN_DIM`.  Measured side by side (round-robin medians on the shared
-      2-core machine; the route table of ``python -m benchmarks.small_systems``, in
-      ``benchmarks/SMALL.md``): faster than the direct route in most tiny shapes tried
-      (d = 3..1024, B = 1..2048, up to 2.5x), never more than 2x slower, and 1.5--4x faster
-      than the BLAS route, whose per-block Python tasks dominate on tiny systems;
-    * ``"direct"`` when ``p <`` :data:`BLAS_MIN_DIM`;
-    * ``"blas"`` otherwise.
-
-    The rule is deliberately a size test, not a flop model: at these sizes the fixed costs
-    (thread hand-off, GEMM calls, Python) decide, and they favour the batched GEMMs throughout.
+    * Tiny systems, ``n, m <=`` :data:`~wflow.kernels.small.SMALL_MAX` and ``p >=``
+      :data:`SMALL_MIN_DIM`: the route with the least time predicted by the cost model of
+      :mod:`wflow.kernels.cost` (fitted to measured times of the four routes on this machine, and
+      checked on other shapes: ``python -m benchmarks.small_systems --costs``), ``"small"`` when
+      that is one of the tiny-systems route's two methods (:func:`wflow.kernels.small.choose_method`
+      then picks the same one);
+    * otherwise ``"direct"`` when ``p <`` :data:`BLAS_MIN_DIM`, else ``"blas"``.
 
     Examples
     --------
     >>> import numpy as np
     >>> from wflow.kernels.numba_backend import choose_route
-    >>> choose_route(1, 4, 4, 3, np.float64)  # a tiny system: batched GEMMs
+    >>> choose_route(1, 4, 4, 3, np.float64)  # a tiny system: the compiled pass of the small route
     'small'
     >>> choose_route(1, 10**5, 10**5, 3, np.float64)  # large, low logit dimension
     'direct'
     """
     if FORCE_ROUTE is not None:
         return FORCE_ROUTE
-    from .small import SMALL_MAX
+    from .small import SMALL_MAX, _fused_sums
 
     if n <= SMALL_MAX and m <= SMALL_MAX and p >= SMALL_MIN_DIM:
-        return "small"
+        from . import cost
+
+        routes = cost.ROUTES if _fused_sums is not None else tuple(r for r in cost.ROUTES if r != "fused")
+        route = cost.cheapest(B, n, m, p, p if q is None else q, dtype, routes)
+        return "small" if route in ("fused", "gemm") else route
     return "direct" if p < BLAS_MIN_DIM else "blas"
 
 
@@ -648,7 +648,8 @@ class NumbaBackend:
         f64 = np.float64
         x, y = problem.x, problem.y
         p = x.shape[-1] if problem.Q is None else problem.Q.shape[0]
-        route = choose_route(x.shape[0], x.shape[1], y.shape[1], p, dtype)
+        q = (y.shape[-1] if problem.V is None else problem.V.shape[0]) if problem.values else 0
+        route = choose_route(x.shape[0], x.shape[1], y.shape[1], p, dtype, q)
         if route == "small":
             return self._small(problem)
         # logits in float64 even for float32 input: a float32 logit of size beta carries an

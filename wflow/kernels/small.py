@@ -12,7 +12,7 @@ For each system :math:`b` of a batch, with :math:`a = \beta Q x`, :math:`b = K y
 i.e. exactly what PyTorch's ``bmm`` + ``softmax`` + ``bmm`` computes, with the shift kept.
 Two methods (:func:`choose_method`):
 
-* ``"fused"`` (logit and value dimensions up to :data:`FUSED_MAX_DIM`): one compiled
+* ``"fused"`` (low logit and value dimensions): one compiled
   pass per system (worker threads take chunks of systems), everything in L1: the logits by
   small matrix products whose inner loops run along contiguous rows (``_mm``), the row
   maxima and exponentials, the values by the same products;
@@ -43,7 +43,7 @@ from . import numba_backend as _nb
 from .numba_backend import _float32_logits_bound
 
 __all__ = ["bmm", "small_sums", "sa_euler_step", "step_log_weights", "pair_counts", "span_coordinates", "choose_method", "SMALL_MAX",
-           "CHUNK_PAIRS", "FUSED_MAX_DIM", "SA_STEP_FUSED_MAX_DIM",
+           "CHUNK_PAIRS", "SA_STEP_FUSED_MAX_DIM",
            "PAIR_COUNTS_FUSED_MAX_DIM"]
 
 #: Largest n and m (per system) of the tiny-systems route.
@@ -815,8 +815,6 @@ def _logits_in_float32(a: np.ndarray, b: np.ndarray, logw: np.ndarray, floor: fl
 
 #: Force the method of :func:`small_sums` ("fused" or "gemm"; None: :func:`choose_method`).
 FORCE_METHOD: str | None = None
-#: Largest logit or value dimension for the fused method (beyond it BLAS GEMMs are faster).
-FUSED_MAX_DIM = 16
 #: :func:`sa_euler_step` takes each system's two products by BLAS from inside one compiled pass
 #: (:func:`_sa_euler_blas`); ``False`` selects the two routes below, numba's own products or batched NumPy
 #: GEMMs (kept to check against).  At n = 32, one thread, round-robin medians of 15: 256 systems
@@ -832,29 +830,36 @@ SA_STEP_FUSED_MAX_DIM = 8
 PAIR_COUNTS_FUSED_MAX_DIM = 24
 
 
-def choose_method(n: int, m: int, p: int, q: int) -> str:
-    """``"fused"`` (one compiled pass per system: small matrix products, exponentials,
-    value products) for dimensions up to :data:`FUSED_MAX_DIM`, else ``"gemm"`` (batched BLAS GEMMs
-    around one exponential pass, in worker threads).
+def choose_method(n: int, m: int, p: int, q: int, B: int = 1, dtype=np.float64) -> str:
+    """``"fused"`` (one compiled pass per system: small matrix products, exponentials, value
+    products) or ``"gemm"`` (batched BLAS GEMMs around one exponential pass, in worker threads) for
+    ``B`` systems of ``n`` x ``m`` pairs, logit dimension ``p`` and value dimension ``q`` in ``dtype``:
+    the one with the least time predicted by the cost model of :mod:`wflow.kernels.cost`.
 
-    Measured side by side (round-robin medians, shared 2-core machine, n = 32, beta = 5): the
-    fused pass is 1.4--2x faster at d = 3 and 8, even at d = 32, and 15--70 % slower from
-    d = 128 on, where OpenBLAS's GEMMs beat the compiled dots (also tried: the logits alone by
-    the compiled dots inside the GEMM method, no faster).
+    Measured side by side (``python -m benchmarks.small_systems --costs``): the fused pass is the
+    faster at low dimension (1.4--2x at d = 3 and 8, n = 32), the GEMMs from d = 32--64 on (OpenBLAS
+    beats the compiled dots), with the crossing depending on the batch and the sizes too (at
+    d = 48, one system of 40 tokens, the fused pass is 1.4x faster); the model, fitted on one grid
+    of shapes, picks the faster of the two in 23 of 28 other shapes, within 10 % in 24, at worst
+    1.35x slower -- as often as the dimension rule it replaced (fused up to d = 16), whose worst
+    pick was 1.41x slower (``benchmarks/SMALL.md``; the machine's noise is 10--25 %): no better on
+    average, but it prices the batch and the sizes too and is refitted per machine.
 
     Examples
     --------
     >>> from wflow.kernels import small
-    >>> small.choose_method(32, 32, 64, 64)  # beyond FUSED_MAX_DIM: BLAS GEMMs
+    >>> small.choose_method(32, 32, 128, 128, B=256)  # high dimension: BLAS GEMMs
     'gemm'
-    >>> small.choose_method(32, 32, 3, 3) == ("gemm" if small._fused_sums is None else "fused")
+    >>> small.choose_method(32, 32, 3, 3, B=256) == ("gemm" if small._fused_sums is None else "fused")
     True
     """
     if FORCE_METHOD is not None:
         return FORCE_METHOD
     if _fused_sums is None:
         return "gemm"
-    return "fused" if max(p, q) <= FUSED_MAX_DIM else "gemm"
+    from . import cost
+
+    return cost.cheapest(B, n, m, p, q, dtype, ("fused", "gemm"))
 
 
 def small_sums(a: np.ndarray, b: np.ndarray, logw: np.ndarray, c: np.ndarray | None, floor: float,
@@ -906,7 +911,7 @@ def small_sums(a: np.ndarray, b: np.ndarray, logw: np.ndarray, c: np.ndarray | N
     # machine was measured to cost milliseconds, more than the whole sum
     threads = _threads() if B * n * m * (p + q) >= SERIAL_MAX_FLOPS else 1
     chunks = _chunk_bounds(B, n * m, threads, CHUNK_PAIRS)
-    if choose_method(n, m, p, q) == "fused":
+    if choose_method(n, m, p, q, B, np.dtype(dtype)) == "fused":
         c_w = cw if cw is not None else np.empty((B, m, 0), dtype=wdt)
         v_w = vec if vec is not None else np.empty((B, n, 0), dtype=wdt)
         a_l, b_l, sc = a.astype(ldt, copy=False), b.astype(ldt, copy=False), ldt(scale)

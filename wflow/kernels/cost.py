@@ -1,0 +1,130 @@
+r"""A cost model of the numba backend's routes for batches of tiny systems, from which ``auto`` picks.
+
+Kernel sums of ``B`` systems of ``n`` query rows and ``m`` sources, logit dimension ``p`` and
+value dimension ``q`` (:func:`wflow.kernels.kernel_sums`) can take four routes of the numba
+backend when the systems are tiny (``n, m <=`` :data:`~wflow.kernels.small.SMALL_MAX`):
+
+* ``"fused"`` and ``"gemm"``, the two methods of :mod:`wflow.kernels.small` (one compiled pass
+  per system; batched GEMMs around one exponential pass);
+* ``"direct"`` and ``"blas"``, the routes built for large systems (tiled compiled sums; blocked
+  GEMMs in Python tasks).
+
+The time of each is modelled as
+
+.. math::
+
+    t = c_0 + c_1 B + c_2\, B n m + c_3\, B n m (p + q)
+
+-- a fixed cost per call (argument checks, thread hand-off), a cost per system (GEMM calls,
+Python tasks), per pair (the exponential and its sums) and per multiply-add of the two
+products -- with non-negative coefficients for each route and input dtype, fitted to measured
+times by :func:`fit` (least squares on the relative error) and stored in :data:`COSTS`.  The
+coefficients shipped are those of the development machine (2 vCPUs of an AVX-512 Xeon,
+OpenBLAS): ``python -m benchmarks.small_systems --costs`` measures the four routes on a grid
+of shapes, prints the fitted coefficients (to paste here on another machine) and checks the
+model on other shapes, printing how often its pick is the fastest route and how much slower
+it is when not (``benchmarks/SMALL.md``).
+
+Examples
+--------
+>>> import numpy as np
+>>> from wflow.kernels import cost
+>>> t = {r: cost.predict(r, 256, 32, 32, 8, 8, np.float64) for r in cost.ROUTES}
+>>> cost.cheapest(256, 32, 32, 8, 8, np.float64) == min(t, key=t.get)
+True
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+__all__ = ["ROUTES", "COSTS", "features", "predict", "cheapest", "fit"]
+
+#: The routes the model prices.
+ROUTES = ("fused", "gemm", "direct", "blas")
+
+#: Coefficients ``(c0, c1, c2, c3)`` in seconds of the model above, per ``(route, dtype name)``
+#: (fitted by ``python -m benchmarks.small_systems --costs`` on the development machine).
+COSTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
+    ("fused", "float64"): (5.270e-05, 7.600e-07, 3.724e-09, 1.495e-10),
+    ("gemm", "float64"): (9.822e-05, 1.601e-06, 5.421e-09, 7.003e-11),
+    ("direct", "float64"): (5.257e-04, 2.544e-06, 4.873e-09, 1.782e-10),
+    ("blas", "float64"): (1.160e-04, 3.310e-05, 4.079e-09, 1.365e-10),
+    ("fused", "float32"): (9.146e-05, 1.333e-06, 3.370e-09, 1.716e-10),
+    ("gemm", "float32"): (1.367e-04, 2.585e-06, 5.052e-09, 8.325e-11),
+    ("direct", "float32"): (9.283e-04, 1.913e-05, 0.000e+00, 2.382e-10),
+    ("blas", "float32"): (1.276e-04, 4.116e-05, 2.229e-09, 1.269e-10),
+}
+
+
+def _dtype_name(dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in ("float32", "float64"):
+        raise ValueError(f"dtype must be float32 or float64, got {name}")
+    return name
+
+
+def features(B: int, n: int, m: int, p: int, q: int) -> np.ndarray:
+    """The model's four terms ``(1, B, B n m, B n m (p + q))`` as float64.
+
+    Examples
+    --------
+    >>> features(2, 3, 4, 5, 1).tolist()
+    [1.0, 2.0, 24.0, 144.0]
+    """
+    for name, v in (("B", B), ("n", n), ("m", m), ("p", p), ("q", q)):
+        if int(v) != v or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    pairs = float(B) * n * m
+    return np.array([1.0, float(B), pairs, pairs * (p + q)])
+
+
+def predict(route: str, B: int, n: int, m: int, p: int, q: int, dtype, costs=None) -> float:
+    """Predicted seconds of one kernel sum by ``route`` (one of :data:`ROUTES`) for input ``dtype``."""
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    c = (COSTS if costs is None else costs)[(route, _dtype_name(dtype))]
+    return float(features(B, n, m, p, q) @ np.asarray(c, dtype=np.float64))
+
+
+def cheapest(B: int, n: int, m: int, p: int, q: int, dtype, routes: Iterable[str] = ROUTES, costs=None) -> str:
+    """The route of ``routes`` with the least predicted time (the first of equals, in the order given)."""
+    routes = tuple(routes)
+    if not routes:
+        raise ValueError("routes must name at least one route")
+    t = [predict(r, B, n, m, p, q, dtype, costs) for r in routes]
+    return routes[int(np.argmin(t))]
+
+
+def fit(samples: Iterable[tuple]) -> dict[tuple[str, str], tuple[float, float, float, float]]:
+    """Coefficients of the model from measured times: ``samples`` of ``(route, dtype, B, n, m, p, q,
+    seconds)``; for each ``(route, dtype)`` the non-negative coefficients minimizing the sum of squared
+    *relative* errors (so that microsecond calls count as much as second-long ones), by
+    :func:`scipy.optimize.nnls`.
+
+    Examples
+    --------
+    >>> true = (1e-4, 2e-6, 3e-9, 1e-10)
+    >>> shapes = [(B, n, p) for B in (1, 16, 256) for n in (32, 64, 256) for p in (3, 8, 128)]
+    >>> samples = [("fused", "float64", B, n, n, p, p, float(features(B, n, n, p, p) @ true)) for B, n, p in shapes]
+    >>> got = fit(samples)[("fused", "float64")]
+    >>> bool(np.allclose(got, true, rtol=1e-8))
+    True
+    """
+    from scipy.optimize import nnls
+
+    rows: dict[tuple[str, str], list] = {}
+    for route, dtype, B, n, m, p, q, seconds in samples:
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if not (np.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"a measured time must be finite and positive, got {seconds!r} for {route} B={B} n={n}")
+        rows.setdefault((route, _dtype_name(dtype)), []).append(features(B, n, m, p, q) / seconds)
+    out = {}
+    for key, A in rows.items():
+        A = np.array(A)
+        scale = np.maximum(A.max(axis=0), 1e-300)  # columns of comparable size for the solver
+        c, _ = nnls(A / scale, np.ones(len(A)))
+        out[key] = tuple(float(v) for v in c / scale)
+    return out
