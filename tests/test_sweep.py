@@ -460,3 +460,44 @@ def test_phase_diagram_small(tmp_path, client):
     n = cfg["init.n"]
     direct = ((G > 0.999).sum() - (np.diag(G) > 0.999).sum()) / (n * (n - 1))
     assert ds.pair_fraction.sel(d=8, beta=1.0, seed=5).values[-1] == direct > 0
+
+
+_COMPILES_IN_WORKER = '''
+import json
+import os
+import sys
+
+os.environ["NUMBA_NUM_THREADS"] = "2"  # this process's numba (and each spawned worker's, which imports this module
+import numba  # noqa: E402            # as __mp_main__ before the nanny applies WORKER_ENV) starts with 2 threads
+import numpy as np  # noqa: E402
+
+from wflow.sweep import sweep  # noqa: E402
+
+
+def compiled_in_worker(mu):
+    """Compiled afresh in the worker (no cache): numba re-reads its configuration as it compiles."""
+    total = numba.njit(lambda x: x.sum())
+    return np.array([total(p) for p in mu.points.reshape(-1, mu.n * mu.d)])
+
+
+if __name__ == "__main__":
+    ds = sweep({"init.n": 8, "init.d": 3, "run.t_end": 0.5, "run.n_saves": 2, "run.method": "euler", "run.dt": 0.1,
+                "run.backend": "numpy"}, {"model.beta": [1.0, 2.0]}, out=sys.argv[1], workers=1, progress=False,
+               observables={"total": compiled_in_worker})
+    print(json.dumps({"status": ds.status.values.ravel().tolist(),
+                      "messages": sorted(set(ds.message.values.ravel().tolist()))}))
+'''
+
+
+def test_local_cluster_workers_compile_after_numba_was_imported(tmp_path):
+    """A LocalCluster worker imports the client's main module before its environment (NUMBA_NUM_THREADS=1)
+    is set: its numba read another thread count at import, and any compilation in the worker (numba re-reads
+    its configuration) raised "Cannot set NUMBA_NUM_THREADS to a different value once the threads have been
+    launched" -- every task of a CLI sweep with a cold numba cache failed so.  The points now run."""
+    script = tmp_path / "run_sweep.py"
+    script.write_text(_COMPILES_IN_WORKER)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "s.zarr")], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["status"] == [0, 0], got["messages"]

@@ -566,12 +566,21 @@ def _blas_limit(threads: int):
 
 
 def _limit_threads(threads: int) -> None:
+    """numba's threads limited to ``threads`` in this process (a worker).
+
+    A LocalCluster worker process imports the client's main module (the ``wflow`` CLI: numba among
+    its imports) before the nanny sets its environment (:data:`WORKER_ENV`), so numba may have read
+    another ``NUMBA_NUM_THREADS`` than the one now set; numba re-reads its configuration whenever it
+    compiles, and once its threads run, a changed count there is an error ("Cannot set
+    NUMBA_NUM_THREADS to a different value once the threads have been launched": every task of a
+    sweep with a cold compilation cache failed so).  The environment is made to agree with the count
+    numba started with, and the threads used are limited by ``numba.set_num_threads``."""
     try:
         import numba
-
-        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    except Exception:  # pragma: no cover - numba missing or threads already fixed
-        pass
+    except ImportError:  # pragma: no cover - numba missing
+        return
+    os.environ["NUMBA_NUM_THREADS"] = str(numba.config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
 
 
 def _worker_name() -> str:
