@@ -435,14 +435,17 @@ def _near_threshold_pairs(rng, B, n, r, t):
     return x * (1 + 1e-10 * rng.uniform(-1, 1, (B, n, 1)))
 
 
-@pytest.mark.parametrize("n, r", [(32, 3), (32, 8), (17, 13), (32, 40)])
+@pytest.mark.parametrize("n, r", [(32, 3), (32, 8), (17, 13), (32, 40), (100, 5), (256, 8)])
 def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, r, monkeypatch):
     """cluster_threshold: count_clusters' count of the input, exactly, read off the Gram matrix the step
     forms (pairs within rounding of the threshold decided from the coordinates), on every route, for
-    clustered points and for pairs at the threshold to 5e-11 (rows off the sphere by 1e-10); means: Atoms.mean to rounding; the step
-    itself unchanged bit for bit; the input's, not the output's, in place; float64 points only."""
-    from wflow.diagnostics import count_clusters
+    clustered points and for pairs at the threshold to 5e-11 (rows off the sphere by 1e-10), up to n = 256 (bit
+    masks of several words, the last one partial at n = 100); means: Atoms.mean to rounding; the step itself
+    unchanged bit for bit; the input's, not the output's, in place; float64 points only."""
+    from wflow.diagnostics import BATCHED_MAX_N, count_clusters
     from wflow.kernels import small
+
+    assert small.SMALL_MAX <= BATCHED_MAX_N  # count_clusters takes _cluster_roots, whose decisions the step copies
 
     t = 0.1
     c = _sphere(rng, (40, 4, r), np.float64)
@@ -462,11 +465,12 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
             np.testing.assert_array_equal(st.n_clusters, ref)
             if th == t:  # the pairs at the threshold: some linked, some not
                 assert len(np.unique(ref[40:])) > 2
-            np.testing.assert_allclose(st.means, Atoms(x, w).mean(), rtol=0, atol=1e-15)
-    xs = x.copy()
-    st = small._sa_euler_step(xs, w, 50.0, 0.5, out=xs, cluster_threshold=t)
-    np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x, w), t))
-    assert not np.array_equal(count_clusters(Atoms(xs, w), t), st.n_clusters)  # the step changed the clusters
+            # (two sums of n terms of total size <= sum w = 1, in different orders: n u apart at most)
+            np.testing.assert_allclose(st.means, Atoms(x, w).mean(), rtol=0, atol=n * 1.2e-16)
+        xs = x.copy()
+        st = small._sa_euler_step(xs, w, 50.0, 0.5, out=xs, cluster_threshold=t)
+        np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x, w), t))
+        assert not np.array_equal(count_clusters(Atoms(xs, w), t), st.n_clusters)  # the step changed the clusters
     for kw in ({"cluster_threshold": 0.1}, {"means": True}):
         with pytest.raises(ValueError, match=f"{next(iter(kw))} needs float64 points, got float32"):
             small._sa_euler_step(x.astype(np.float32), w, 5.0, 0.1, **kw)

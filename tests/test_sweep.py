@@ -480,11 +480,16 @@ def compiled_in_worker(mu):
     return np.array([total(p) for p in mu.points.reshape(-1, mu.n * mu.d)])
 
 
+def pool_size(mu):
+    """The size of the worker's numba thread pool."""
+    return np.full(mu.batch_shape, numba.config.NUMBA_NUM_THREADS)
+
+
 if __name__ == "__main__":
     ds = sweep({"init.n": 8, "init.d": 3, "run.t_end": 0.5, "run.n_saves": 2, "run.method": "euler", "run.dt": 0.1,
                 "run.backend": "numpy"}, {"model.beta": [1.0, 2.0]}, out=sys.argv[1], workers=1, progress=False,
-               observables={"total": compiled_in_worker})
-    print(json.dumps({"status": ds.status.values.ravel().tolist(),
+               observables={"total": compiled_in_worker, "pool": pool_size})
+    print(json.dumps({"status": ds.status.values.ravel().tolist(), "pool": ds.pool.values[..., -1].ravel().tolist(),
                       "messages": sorted(set(ds.message.values.ravel().tolist()))}))
 '''
 
@@ -493,7 +498,8 @@ def test_local_cluster_workers_compile_after_numba_was_imported(tmp_path):
     """A LocalCluster worker imports the client's main module before its environment (NUMBA_NUM_THREADS=1)
     is set: its numba read another thread count at import, and any compilation in the worker (numba re-reads
     its configuration) raised "Cannot set NUMBA_NUM_THREADS to a different value once the threads have been
-    launched" -- every task of a CLI sweep with a cold numba cache failed so.  The points now run."""
+    launched" -- every task of a CLI sweep with a cold numba cache failed so.  The points now run, and the
+    worker's numba pool has the one thread WORKER_ENV asks for (not the count the main module's import read)."""
     script = tmp_path / "run_sweep.py"
     script.write_text(_COMPILES_IN_WORKER)
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "s.zarr")], cwd=tmp_path, capture_output=True,
@@ -501,3 +507,4 @@ def test_local_cluster_workers_compile_after_numba_was_imported(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["status"] == [0, 0], got["messages"]
+    assert got["pool"] == [1, 1]

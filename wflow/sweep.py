@@ -570,16 +570,25 @@ def _limit_threads(threads: int) -> None:
 
     A LocalCluster worker process imports the client's main module (the ``wflow`` CLI: numba among
     its imports) before the nanny sets its environment (:data:`WORKER_ENV`), so numba may have read
-    another ``NUMBA_NUM_THREADS`` than the one now set; numba re-reads its configuration whenever it
-    compiles, and once its threads run, a changed count there is an error ("Cannot set
+    another ``NUMBA_NUM_THREADS`` than the one now set.  numba re-reads its configuration whenever it
+    compiles, and once its threads run a changed count there is an error ("Cannot set
     NUMBA_NUM_THREADS to a different value once the threads have been launched": every task of a
-    sweep with a cold compilation cache failed so).  The environment is made to agree with the count
-    numba started with, and the threads used are limited by ``numba.set_num_threads``."""
+    sweep with a cold compilation cache failed so).  So: before numba's threads start, its
+    configuration is re-read (the pool gets the worker's count, not the machine's); after, the
+    environment is made to agree with the count it started with.  ``numba.set_num_threads`` then
+    limits the threads a task uses."""
+    import numba
+
     try:
-        import numba
-    except ImportError:  # pragma: no cover - numba missing
-        return
-    os.environ["NUMBA_NUM_THREADS"] = str(numba.config.NUMBA_NUM_THREADS)
+        from numba.np.ufunc import parallel
+
+        started = getattr(parallel, "_is_initialized", True)  # (unknown: assume started, the safe side)
+    except ImportError:  # pragma: no cover - a numba without that module
+        started = True
+    if not started:
+        numba.config.reload_config()
+    elif os.environ.get("NUMBA_NUM_THREADS") != str(numba.config.NUMBA_NUM_THREADS):
+        os.environ["NUMBA_NUM_THREADS"] = str(numba.config.NUMBA_NUM_THREADS)
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
 
 
@@ -605,8 +614,11 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     coll = _Collect(names, systems, task["n_time"],
                     None if particles else {k: f for k, f in task["observables"].items() if f is not None})
     status, message = FAILED, ""
-    _limit_threads(task["threads"])
     try:
+        try:
+            _limit_threads(task["threads"])
+        except ImportError:  # pragma: no cover - numba missing: the NumPy paths
+            pass
         with _blas_limit(task["threads"]):
             if not particles:  # a continuum solver: one run, its snapshots' scalars
                 from .config import start_run

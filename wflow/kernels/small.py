@@ -839,11 +839,11 @@ def choose_method(n: int, m: int, p: int, q: int, B: int = 1, dtype=np.float64) 
     Measured side by side (``python -m benchmarks.small_systems --costs``): the fused pass is the
     faster at low dimension (1.4--2x at d = 3 and 8, n = 32), the GEMMs from d = 32--64 on (OpenBLAS
     beats the compiled dots), with the crossing depending on the batch and the sizes too (at
-    d = 48, one system of 40 tokens, the fused pass is 1.4x faster); the model, fitted on one grid
-    of shapes, picks the faster of the two in 23 of 28 other shapes, within 10 % in 24, at worst
-    1.35x slower -- as often as the dimension rule it replaced (fused up to d = 16), whose worst
-    pick was 1.41x slower (``benchmarks/SMALL.md``; the machine's noise is 10--25 %): no better on
-    average, but it prices the batch and the sizes too and is refitted per machine.
+    d = 48, one system of 40 tokens, the fused pass is 1.3--1.4x faster).  Between these two methods
+    the model, fitted on one grid of shapes, picks the faster in 23 of 28 other shapes (within 10 %
+    in 24), as does the dimension rule it replaced (fused up to d = 16): no better on average, but it
+    prices the batch and the sizes too, and ``python -m benchmarks.small_systems --costs`` prints
+    coefficients for another machine, to paste into :data:`wflow.kernels.cost.COSTS`.
 
     Examples
     --------
@@ -1071,7 +1071,8 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
     Gram matrix and row sums the step forms anyway: with ``energy_sums``, per system
     log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>) (:meth:`wflow.models.SA.log_energy` less log 2 beta);
     with ``cluster_threshold`` (radians), :func:`wflow.diagnostics.count_clusters`' count, exactly
-    (:func:`_gram_clusters`); with ``means``, sum_i w_i x_i (:meth:`wflow.Atoms.mean`, to rounding)."""
+    (:func:`_gram_clusters`; count_clusters clusters systems of up to BATCHED_MAX_N = 512 >= SMALL_MAX
+    points by :func:`wflow.diagnostics._cluster_roots`, whose decisions it reproduces); with ``means``, sum_i w_i x_i (:meth:`wflow.Atoms.mean`, to rounding)."""
     if _sa_euler is None:
         from ..errors import WflowError
 
@@ -1165,7 +1166,8 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
 
 
 def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, counts, health, lses, stats) -> None:
-    """The GEMM route of :func:`sa_euler_step` (``r >`` :data:`SA_STEP_FUSED_MAX_DIM`)."""
+    """The GEMM route of :func:`sa_euler_step` (``r >`` :data:`SA_STEP_FUSED_MAX_DIM`); ``stats`` = (cl, nclust,
+    w, means), the arguments of :func:`_sa_stats_at` (what a save asks of the input)."""
 
     # the Gram matrices and the averages of a chunk of systems by batched GEMMs (BLAS on one thread
     # inside each worker), the directions, exponentials and the move in compiled passes

@@ -206,8 +206,9 @@ class ParticleProblem(Problem):
         for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step afresh otherwise
         (after the last save: one step wasted).  float64 states only, the energy at beta != 0 (float32
         points are counted on their own float64 products, :func:`wflow.diagnostics.pair_fraction`);
-        ``{}`` when the step is not fused.  Returns ``pair_fraction``, ``energy_sums``, ``n_clusters``,
-        ``means`` for those asked.
+        ``{}`` when the step is not fused, or when only the order parameter is asked (the step from the
+        last save is not used: a step would cost more than the barycentre).  Returns ``pair_fraction``,
+        ``energy_sums``, ``n_clusters``, ``means`` for those asked.
         """
         if self._last_fused is None or y.dtype != np.float64:
             return {}
@@ -218,9 +219,9 @@ class ParticleProblem(Problem):
         pairs = "pair_fraction" in want
         energy = "energy" in want and model.is_gradient and beta != 0
         clusters = "n_clusters" in want
-        means = "order_parameter" in want
-        if not (pairs or energy or clusters or means):
+        if not (pairs or energy or clusters):  # (the barycentre alone costs less than a step taken in vain)
             return {}
+        means = "order_parameter" in want
         dt, projected = self._last_fused
         st = _small._sa_euler_step(
             y, self.weights, beta, dt, projected=projected, log_weights=self._step_log_weights,
