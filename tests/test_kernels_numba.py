@@ -471,9 +471,17 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
         st = small._sa_euler_step(xs, w, 50.0, 0.5, out=xs, cluster_threshold=t)
         np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x, w), t))
         assert not np.array_equal(count_clusters(Atoms(xs, w), t), st.n_clusters)  # the step changed the clusters
-    for kw in ({"cluster_threshold": 0.1}, {"means": True}):
-        with pytest.raises(ValueError, match=f"{next(iter(kw))} needs float64 points, got float32"):
-            small._sa_euler_step(x.astype(np.float32), w, 5.0, 0.1, **kw)
+    # float32 points: read off the step when the float32 rule keeps its logits in float64 (beta = 50), the same
+    # count as count_clusters' of the float32 points; with float32 logits (beta = 0.01) an error, or None
+    x32 = x.astype(np.float32)
+    st = small._sa_euler_step(x32, w, 50.0, 0.1, cluster_threshold=t, means=True)
+    np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x32, w), t))
+    np.testing.assert_allclose(st.means, Atoms(x32.astype(np.float64), w).mean(), rtol=0, atol=n * 1.2e-16)
+    for kw in ({"cluster_threshold": 0.1}, {"means": True}, {"energy_sums": True}):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))} needs a float64 Gram matrix: .* got float32 logits"):
+            small._sa_euler_step(x32, w, 0.01, 0.1, **kw)
+    st = small._sa_euler_step(x32, w, 0.01, 0.1, cluster_threshold=t, means=True, energy_sums=True, strict=False)
+    assert st.n_clusters is None and st.means is None and st.energy_sums is None
 
 
 @pytest.mark.parametrize("beta", [-400.0, -1000.0, 1000.0])

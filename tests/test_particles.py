@@ -294,6 +294,40 @@ def test_fused_euler_clusters_and_order_parameter_from_the_next_step(monkeypatch
                                    rtol=1e-14)
 
 
+def test_fused_euler_float32_reads_the_observables_off_float64_logits(monkeypatch):
+    """float32 states whose step forms float64 logits (beta = 3, d = 20: the float32 rule's bound is 4.3e-6 >
+    3e-6): the cluster count, order parameter and energy of each save after the first are read off the step
+    (count_clusters, order_parameter and log_energy run once), the count exactly count_clusters' of the
+    float32 points, the others within float32 rounding of the separate computations; at beta = 0.5 (float32
+    logits) each save computes them on its own, with the same results."""
+    import wflow
+    import wflow.solvers.particles as P
+    from wflow.diagnostics import count_clusters, order_parameter
+    from wflow.models import SA as SAModel
+
+    calls = []
+    for name, f in (("count_clusters", count_clusters), ("order_parameter", order_parameter)):
+        monkeypatch.setattr(P, name, lambda *a, f=f, **k: calls.append(1) or f(*a, **k))
+    log_energy = SAModel.log_energy
+    monkeypatch.setattr(SAModel, "log_energy", lambda self, *a, **k: calls.append(1) or log_energy(self, *a, **k))
+    x0 = np.stack([wflow.sphere.uniform(12, 20, seed=s) for s in range(5)]).astype(np.float32)
+    w = np.full((5, 12), 1 / 12)
+    kw = dict(method="euler", dt=0.1, save_at=np.linspace(0, 8, 17), backend="auto", cluster_threshold=0.3,
+              diagnostics=("n_clusters", "order_parameter", "energy", "log_energy"))
+    for beta, n_calls in ((3.0, 3), (0.5, 3 * 17)):
+        calls.clear()
+        a = wflow.simulate(SA(beta), Atoms(x0, w), 8.0, **kw)
+        assert a.points.dtype == np.float32 and len(calls) == n_calls
+        mus = [Atoms(p, w) for p in a.points]
+        np.testing.assert_array_equal(a.diagnostics["n_clusters"], [count_clusters(mu, 0.3) for mu in mus])
+        np.testing.assert_allclose(a.diagnostics["order_parameter"], [order_parameter(mu) for mu in mus], rtol=2e-6)
+        ref = np.array([log_energy(SA(beta), mu, backend="numpy") for mu in mus])
+        np.testing.assert_allclose(a.diagnostics["log_energy"], ref, rtol=0, atol=2e-6 * beta)
+        if beta == 3.0:
+            k = a.diagnostics["n_clusters"]
+            assert k[0].min() == 12 and k[-1].max() < 12  # tokens merge
+
+
 @pytest.mark.parametrize("coordinates", ["cartesian", "span"])
 def test_diagnostics_see_the_saved_state_read_only(coordinates):
     """A saved state may be the fused step's output itself (no copy): a user diagnostic that writes into the

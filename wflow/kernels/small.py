@@ -1065,10 +1065,12 @@ class _Step(NamedTuple):
 
 
 def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=None, count_pairs_above=None,
-                   energy_sums=False, cluster_threshold=None, means=False) -> _Step:
+                   energy_sums=False, cluster_threshold=None, means=False, strict=True) -> _Step:
     """:func:`sa_euler_step` as a :class:`_Step`: ``finite`` says whether every new point is finite, known
-    from the compiled pass's row norms (no scan of the output).  Of the input, float64 points only, from the
-    Gram matrix and row sums the step forms anyway: with ``energy_sums``, per system
+    from the compiled pass's row norms (no scan of the output).  Of the input, from the Gram matrix and row
+    sums the step forms anyway, when they are float64 (float64 points, and float32 points whose logits the
+    float32 rule keeps in float64, as at beta = 5 for r >= 7; otherwise a ValueError, or with ``strict=False``
+    None for each): with ``energy_sums``, per system
     log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>) (:meth:`wflow.models.SA.log_energy` less log 2 beta);
     with ``cluster_threshold`` (radians), :func:`wflow.diagnostics.count_clusters`' count, exactly
     (:func:`_gram_clusters`; count_clusters clusters systems of up to BATCHED_MAX_N = 512 >= SMALL_MAX
@@ -1122,10 +1124,13 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
         else:  # float32 points: pair_counts' float64 products, before out is written
             counts = pair_counts(xf, cp)
     health = np.zeros(B)
-    for name, asked in (("energy_sums", energy_sums), ("cluster_threshold", cluster_threshold is not None),
-                        ("means", means)):
-        if asked and x.dtype != np.float64:
-            raise ValueError(f"{name} needs float64 points, got {x.dtype}")
+    if lw.dtype != np.float64:  # float32 logits: the Gram matrix is float32, too coarse for these
+        for name, asked in (("energy_sums", energy_sums), ("cluster_threshold", cluster_threshold is not None),
+                            ("means", means)):
+            if asked and strict:
+                raise ValueError(f"{name} needs a float64 Gram matrix: float64 points, or float32 points whose "
+                                 f"logits the float32 rule keeps in float64; got float32 logits (beta={be:g}, r={r})")
+        energy_sums, cluster_threshold, means = False, None, False
     lses = np.zeros(B if energy_sums else 0)
     cl = np.zeros(4)
     nclust = np.zeros(0, dtype=np.int64)

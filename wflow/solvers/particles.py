@@ -204,13 +204,16 @@ class ParticleProblem(Problem):
         energy's double sum from its row sums and the barycentre from the points it reads
         (:func:`wflow.kernels.small._sa_euler_step`); :meth:`euler_step` returns it when the driver asks
         for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step afresh otherwise
-        (after the last save: one step wasted).  float64 states only, the energy at beta != 0 (float32
-        points are counted on their own float64 products, :func:`wflow.diagnostics.pair_fraction`);
+        (after the last save: one step wasted).  The energy at beta != 0; for float32 states the pairs are
+        counted on their own float64 products (:func:`wflow.diagnostics.pair_fraction`) and the rest read
+        off the step only when its logits are float64 (the float32 rule of
+        :func:`wflow.kernels.small.sa_euler_step`: at beta = 5 from r = 7 on; they are then the float64
+        numbers of the float32 points);
         ``{}`` when the step is not fused, or when only the order parameter is asked (the step from the
         last save is not used: a step would cost more than the barycentre).  Returns ``pair_fraction``,
         ``energy_sums``, ``n_clusters``, ``means`` for those asked.
         """
-        if self._last_fused is None or y.dtype != np.float64:
+        if self._last_fused is None:
             return {}
         model = self._fused_model(t, y)
         if model is None:
@@ -226,17 +229,14 @@ class ParticleProblem(Problem):
         st = _small._sa_euler_step(
             y, self.weights, beta, dt, projected=projected, log_weights=self._step_log_weights,
             count_pairs_above=PAIR_COSINE if pairs else None, energy_sums=energy,
-            cluster_threshold=self.cluster_threshold if clusters else None, means=means)
+            cluster_threshold=self.cluster_threshold if clusters else None, means=means, strict=False)
         self._ahead = (y, t, dt, projected, st.points, st.finite)
         out = {}
         if pairs:
             out["pair_fraction"] = st.counts / (self.n * (self.n - 1))
-        if energy:
-            out["energy_sums"] = st.energy_sums
-        if clusters:
-            out["n_clusters"] = st.n_clusters
-        if means:
-            out["means"] = st.means
+        for key, value in (("energy_sums", st.energy_sums), ("n_clusters", st.n_clusters), ("means", st.means)):
+            if value is not None:  # (None: float32 logits, too coarse; the save computes it on its own)
+                out[key] = value
         return out
 
     @functools.cached_property
