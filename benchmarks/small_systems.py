@@ -243,16 +243,7 @@ def route_table(repeat, quick=False):
         for dtype in (np.float64, np.float32):
             x = sphere.uniform(n, d, 3, batch=(B,)).astype(dtype)
             w = np.full((B, n), 1.0 / n, dtype=dtype)
-
-            def forced(route, x=x, w=w):
-                def f():
-                    numba_backend.FORCE_ROUTE = route
-                    try:
-                        return kernel_sums(x, x, w, BETA, backend="numba")
-                    finally:
-                        numba_backend.FORCE_ROUTE = None
-                return f
-            fns = {r: forced(r) for r in ("small", "direct", "blas")}
+            fns = {r: _forced(r, x, w) for r in ("small", "direct", "blas")}
             fns["numpy backend"] = lambda x=x, w=w: kernel_sums(x, x, w, BETA, backend="numpy")
             r = repeat if B * d * n <= 256 * 128 * 32 else max(3, repeat // 2)
             t = _interleaved_medians(fns, r)
@@ -277,7 +268,7 @@ COST_CHECK_SHAPES = ROUTE_SHAPES + [(48, 1, 40), (20, 100, 20), (12, 32, 128), (
 
 def _forced(route, x, w):
     """kernel_sums of (x, x, w) by one route of the numba backend (``fused`` and ``gemm``: the small route's
-    methods)."""
+    methods; ``small``: that route, its method chosen as usual)."""
     from wflow.kernels import small
 
     def f():

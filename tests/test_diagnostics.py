@@ -179,8 +179,8 @@ def test_min_label_propagation_equals_union_find(rng):
         pytest.skip("numba unavailable")
     x = np.concatenate([sphere.uniform(48, 3, rng, batch=(20,)), _clustered(rng, (20,), 48, 3, 4, 0.05)])
     for threshold in (0.2, 0.5, 1.0):
-        chord = 2 * np.sin(threshold / 2)
+        chord, lo, hi = D._link(threshold)
         roots = np.empty(x.shape[:2], dtype=np.int64)
-        D._cluster_roots(x, chord, 0, len(x), roots)
+        D._cluster_roots(x, chord, lo, hi, 0, len(x), roots)
         np.testing.assert_array_equal(D._min_labels(D._adjacency(x, chord)), roots)
         assert (roots == np.arange(x.shape[1])).sum() > len(x)  # (some systems have several clusters)

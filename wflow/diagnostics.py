@@ -237,14 +237,24 @@ def batched_cluster_labels(points, threshold: float = 0.1) -> tuple[np.ndarray, 
     return k.reshape(batch).astype(np.int64), labels.reshape(*batch, n)
 
 
-def _chord(threshold: float) -> float:
-    """The chordal distance ``2 sin(threshold / 2)`` of a geodesic ``threshold`` (checked positive; capped at pi)."""
-    return 2 * math.sin(min(check_positive(threshold, "threshold"), math.pi) / 2)
+#: relative width, about the squared chord, of the band where a pair's squared distance is not trusted to
+#: decide the link and the square root does (:func:`_link`)
+_LINK_BAND = 1e-14
+
+
+def _link(threshold: float) -> tuple[float, float, float]:
+    """``(chord, lo, hi)`` of a geodesic ``threshold`` (checked positive; capped at pi): the chordal distance
+    ``2 sin(threshold / 2)`` and the bounds of the band around its square (``chord^2 (1 -+``
+    :data:`_LINK_BAND` ``)``) of :func:`wflow.kernels.small._linked`, the link rule of every batched cluster
+    count (:func:`_cluster_roots`, and the fused step's, :func:`wflow.kernels.small._gram_clusters`)."""
+    chord = 2 * math.sin(min(check_positive(threshold, "threshold"), math.pi) / 2)
+    r2 = chord * chord
+    return chord, r2 * (1.0 - _LINK_BAND), r2 * (1.0 + _LINK_BAND)
 
 
 def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
     """The root (least point) of each point's cluster, ``(B, n)`` for the checked points ``x`` (..., n, d)."""
-    chord = _chord(threshold)
+    chord, lo, hi = _link(threshold)
     n, d = x.shape[-2:]
     xf = x.reshape(-1, n, d)
     roots = np.empty(xf.shape[:2], dtype=np.int64)
@@ -256,7 +266,7 @@ def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
 
         def work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
-                _cluster_roots(xc, chord, b0, b1, roots)
+                _cluster_roots(xc, chord, lo, hi, b0, b1, roots)
 
         _small._run(work, threads, len(chunks))
     else:  # pragma: no cover - without numba: one GEMM per chunk of systems, min-label propagation
@@ -335,6 +345,7 @@ try:
     from numba import njit
 
     from .kernels.numba_backend import _prefer_wide_vectors
+    from .kernels.small import _linked
 
     @njit(cache=True, inline="always")
     def _find(parent, i):  # pragma: no cover - compiled
@@ -344,20 +355,18 @@ try:
         return i
 
     @njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz"})
-    def _cluster_roots(x, chord, k0, k1, roots):  # pragma: no cover - compiled
+    def _cluster_roots(x, chord, lo, hi, k0, k1, roots):  # pragma: no cover - compiled
         """roots[b, i] = the least point of i's cluster, for the systems k0 <= b < k1 of x (B, n, d): points
         i < j linked when |x_i - x_j| < chord, the squared distance summed over the coordinates in order, in
         float64 without fused multiply-adds (as NumPy's norm of the difference: a pair within rounding of
-        the threshold is decided by the square root, as :func:`cluster_labels` decides it on the circle;
+        the threshold, between lo and hi of :func:`_link`, is decided by the square root
+        (:func:`wflow.kernels.small._linked`), as :func:`cluster_labels` decides it on the circle;
         no Gram matrix, so no cancellation for close points, no (B, n, n) arrays), the components by
         union-find keeping the lesser root (the roots of :func:`_min_labels`).  The distances from point i
         are formed for all j > i at once (the coordinates transposed: vectors along j), about 1 us per
         system at n = 32, d = 8."""
         _prefer_wide_vectors()
         B, n, d = x.shape
-        r2 = chord * chord
-        lo = r2 * (1.0 - 1e-14)  # below: linked; from lo to hi: by the square root; above: not
-        hi = r2 * (1.0 + 1e-14)
         parent = np.empty(n, np.int64)
         XT = np.empty((d, n))
         dist = np.empty(n)
@@ -383,7 +392,7 @@ try:
                 ri = _find(parent, i)  # i's root, kept current as i's component merges
                 for j in range(i + 1, n):
                     dj = dist[j]
-                    if dj < lo or (dj < hi and np.sqrt(dj) < chord):
+                    if _linked(dj, chord, lo, hi):
                         rj = _find(parent, j)
                         if ri < rj:
                             parent[rj] = ri

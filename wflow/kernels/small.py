@@ -426,6 +426,12 @@ if _nb.numba is not None:
         W = (n + 63) // 64
         return np.empty((n, W), np.uint64), np.empty(W, np.uint64), np.empty(n, np.int64)
 
+    @njit(cache=True, inline="always")
+    def _linked(d2, chord, lo, hi):  # pragma: no cover - compiled
+        """Whether a pair at squared distance d2 is linked, |x_i - x_j| < chord: below lo, yes; from lo to hi
+        (:func:`wflow.diagnostics._link`: within rounding of chord^2), as the square root says; above, no."""
+        return d2 < lo or (d2 < hi and np.sqrt(d2) < chord)
+
     @njit(cache=True, fastmath={"nnan", "ninf", "nsz"})
     def _dist2(xk, i, j):  # pragma: no cover - compiled
         """|x_i - x_j|^2 of the rows of xk, summed over the coordinates in order, in float64 without fused
@@ -441,7 +447,7 @@ if _nb.numba is not None:
     def _gram_clusters(G, xk, cl, adj, U, stack):  # pragma: no cover - compiled
         """The number of single-linkage clusters of the points xk (n, r) -- i and j linked when
         |x_i - x_j| < chord -- read off the Gram matrix G (n, n, float64) of their directions, with
-        cl = (chord, 1 - chord^2 / 2, chord^2 (1 - 1e-14), chord^2 (1 + 1e-14)); buffers adj (n, W) and U
+        cl = (chord, 1 - chord^2 / 2, lo, hi) (lo, hi of :func:`wflow.diagnostics._link`); buffers adj (n, W) and U
         (W) uint64, W = ceil(n / 64), stack (n) int64.  Exactly :func:`wflow.diagnostics.count_clusters`'
         count: a pair is decided by G_ij when 2 - 2 G_ij is further from chord^2 than a bound e of
         |2 - 2 G_ij - d_ij| (d_ij the squared distance _cluster_roots forms: the rounding of G, of the
@@ -486,10 +492,9 @@ if _nb.numba is not None:
                 for j in range(n):
                     g = G[i, j]
                     if i != j and dn <= g <= up:
-                        dj = _dist2(xk, i, j)
                         bi = one << np.uint64(i & 63)
                         bj = one << np.uint64(j & 63)
-                        if dj < lo or (dj < hi and np.sqrt(dj) < chord):
+                        if _linked(_dist2(xk, i, j), chord, lo, hi):
                             adj[i, j >> 6] |= bj
                             adj[j, i >> 6] |= bi
                         else:
@@ -1074,7 +1079,8 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
     log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>) (:meth:`wflow.models.SA.log_energy` less log 2 beta);
     with ``cluster_threshold`` (radians), :func:`wflow.diagnostics.count_clusters`' count, exactly
     (:func:`_gram_clusters`; count_clusters clusters systems of up to BATCHED_MAX_N = 512 >= SMALL_MAX
-    points by :func:`wflow.diagnostics._cluster_roots`, whose decisions it reproduces); with ``means``, sum_i w_i x_i (:meth:`wflow.Atoms.mean`, to rounding)."""
+    points by :func:`wflow.diagnostics._cluster_roots`, whose decisions it reproduces); with ``means``,
+    sum_i w_i x_i (:meth:`wflow.Atoms.mean`, to rounding)."""
     if _sa_euler is None:
         from ..errors import WflowError
 
@@ -1135,10 +1141,10 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
     cl = np.zeros(4)
     nclust = np.zeros(0, dtype=np.int64)
     if cluster_threshold is not None:
-        from ..diagnostics import _chord
+        from ..diagnostics import _link
 
-        chord = _chord(cluster_threshold)
-        cl[:] = chord, 1.0 - 0.5 * chord * chord, chord * chord * (1.0 - 1e-14), chord * chord * (1.0 + 1e-14)
+        chord, lo, hi = _link(cluster_threshold)
+        cl[:] = chord, 1.0 - 0.5 * chord * chord, lo, hi
         nclust = np.zeros(B, dtype=np.int64)
     wm = w.reshape(-1, n) if means else np.zeros((0, n))
     mf = np.zeros((B if means else 0, r))
