@@ -327,10 +327,11 @@ def _dense_sa_euler(x, w, beta, dt, projected=True):
 @pytest.mark.parametrize("d, n, batch", [(2, 1, (3,)), (3, 7, (5,)), (8, 32, (4, 3)), (13, 9, (4,)), (33, 5, (6,)),
                                          (128, 32, (9,))])
 @pytest.mark.parametrize("threads", [False, True])
-@pytest.mark.parametrize("weights", ["zeros", "positive", "e^-650"])
+@pytest.mark.parametrize("weights", ["zeros", "positive", "e^-650", "equal"])
 def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weights, monkeypatch):
-    """Against dense NumPy, for weights with zeros and spanning e^650 (each row shifted by its maximum) and
-    positive within a factor of 11 (one shift, beta + the largest log-weight, for the whole system)."""
+    """Against dense NumPy, for weights with zeros and spanning e^650 (each row shifted by its maximum),
+    positive within a factor of 11 (one shift, beta + the largest log-weight, for the whole system) and equal
+    (symmetric exponentials, whose transpose the BLAS route multiplies by)."""
     from wflow.kernels import small
 
     if threads:  # one system per chunk, on the worker threads however small
@@ -342,7 +343,10 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weigh
         w[..., ::4] = 0.0  # zero weights: log 0 stands in as the floor
     elif weights == "e^-650":
         w[..., ::3] = np.exp(-650.0)
-    w[..., 1 % n] += 0.1
+    if weights == "equal":
+        w[:] = 1.0 / n
+    else:
+        w[..., 1 % n] += 0.1
     for beta in (0.0, 5.0, 200.0):
         y = small.sa_euler_step(x, w, beta, 0.1)
         assert y.dtype == dtype and y.shape == x.shape
