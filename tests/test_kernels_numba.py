@@ -255,6 +255,38 @@ def test_route_choice():
     assert numba_backend.choose_route(1, SMALL_MAX + 1, 10, 128, np.float32) == "blas"
 
 
+def test_parallel_runs_every_share_and_raises_after_all_have_finished():
+    """numba_backend._parallel: share 0 in the calling thread, the others on the pool; an error in any share
+    is raised only once every share has finished (none left writing into the caller's arrays)."""
+    import threading
+    import time
+
+    from wflow.kernels.numba_backend import _parallel
+
+    seen = {}
+
+    def work(t):
+        seen[t] = threading.current_thread() is threading.main_thread()
+
+    _parallel(work, 3)
+    assert seen == {0: True, 1: False, 2: False}
+    _parallel(work, 0)  # nothing to do
+
+    done = []
+
+    def failing(t, bad):
+        if t == bad:
+            raise RuntimeError(f"share {t}")
+        time.sleep(0.05)
+        done.append(t)
+
+    for bad in (0, 1):
+        done.clear()
+        with pytest.raises(RuntimeError, match=f"share {bad}"):
+            _parallel(lambda t: failing(t, bad), 3)
+        assert sorted(done) == sorted({0, 1, 2} - {bad})
+
+
 def test_bmm_equals_matmul(rng):
     from wflow.kernels.small import bmm
 

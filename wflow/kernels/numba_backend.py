@@ -812,10 +812,7 @@ class NumbaBackend:
                 parts[t] = (mx, mass, vec)
 
         with _blas_threads(1):  # parallel over tasks, not inside each (small) GEMM
-            if threads == 1 or len(tasks) == 1:
-                work(0)
-            else:
-                list(_executor(threads).map(work, range(min(threads, len(tasks)))))
+            _parallel(work, min(threads, len(tasks)))
         shift = np.empty((B, n))
         acc = np.zeros((B, n, q + 1))
         for r, (k, i0, i1) in enumerate(row_blocks):
@@ -845,6 +842,26 @@ def _executor(threads: int):
         _EXECUTOR = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wflow-blas")
         _EXECUTOR_SIZE = threads
     return _EXECUTOR
+
+
+def _parallel(work, workers: int) -> None:
+    """``work(t)`` for t = 0..workers-1 at once: t = 0 in the calling thread, the others on :func:`_executor`'s
+    pool (a step of 2048 tiny systems takes 1-2 ms; handing every share to the pool and waiting for it
+    costs a thread wake-up more per call).  Returns when every share has finished; raises the first
+    error, the caller's own first."""
+    if workers <= 1:
+        if workers == 1:
+            work(0)
+        return
+    from concurrent.futures import wait
+
+    futures = [_executor(workers).submit(work, t) for t in range(1, workers)]
+    try:
+        work(0)
+    finally:
+        wait(futures)
+    for f in futures:
+        f.result()
 
 
 def _blas_threads(n: int):

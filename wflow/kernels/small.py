@@ -98,7 +98,7 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
             np.matmul(a[b0:b1], b[b0:b1], out=out[b0:b1])
 
     with _nb._blas_threads(1):
-        list(_nb._executor(threads).map(work, range(min(threads, len(chunks)))))
+        _nb._parallel(work, min(threads, len(chunks)))
     return out
 
 
@@ -960,7 +960,7 @@ def _run(work, threads: int, n_chunks: int) -> None:
         for t in range(threads):  # (with one chunk, workers t > 0 have nothing to do)
             work(t)
     else:
-        list(_nb._executor(threads).map(work, range(min(threads, n_chunks))))
+        _nb._parallel(work, min(threads, n_chunks))
 
 
 def _finish(shift, mass, vec, lw_max, ldt, wdt):
