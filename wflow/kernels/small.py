@@ -323,16 +323,27 @@ if _nb.numba is not None:
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_directions(xk, T):  # pragma: no cover - compiled
-        """T[:, :r] = the rows of xk (n, r) over their norms (formed in float64), in T's dtype."""
+        """T[:, :r] = the rows of xk (n, r) over their norms (formed in float64), in T's dtype; returns
+        :func:`_off_sphere` of the squared norms."""
         n, r = xk.shape
+        dl = 0.0
         for i in range(n):
             s = 0.0
             for l in range(r):
                 v = np.float64(xk[i, l])
                 s += v * v
+            dl = max(dl, _off_sphere(s, r))
             inv = 1.0 / np.sqrt(s)
             for l in range(r):
                 T[i, l] = np.float64(xk[i, l]) * inv
+        return dl
+
+    @njit(cache=True, inline="always")
+    def _off_sphere(s, r):  # pragma: no cover - compiled
+        """A bound of ||x| - 1| <= ||x|^2 - 1| from s, |x|^2 summed in float64 over the r coordinates (in any
+        order): |s - 1| plus the sum's rounding.  Its maximum over the rows is the delta of
+        :func:`_gram_clusters`."""
+        return abs(s - 1.0) + (r + 2) * 1.2e-16 * s
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s, c, want_e):  # pragma: no cover - compiled
@@ -448,27 +459,21 @@ if _nb.numba is not None:
         return s
 
     @njit(cache=True, fastmath=_nb._FM_SUM)
-    def _gram_clusters(G, xk, cl, adj, U, stack):  # pragma: no cover - compiled
+    def _gram_clusters(G, xk, dl, cl, adj, U, stack):  # pragma: no cover - compiled
         """The number of single-linkage clusters of the points xk (n, r) -- i and j linked when
         |x_i - x_j| < chord -- read off the Gram matrix G (n, n, float64) of their directions, with
-        cl = (chord, 1 - chord^2 / 2, lo, hi) (lo, hi of :func:`wflow.diagnostics._link`); buffers adj (n, W) and U
+        cl = (chord, 1 - chord^2 / 2, lo, hi) (lo, hi of :func:`wflow.diagnostics._link`) and dl >= max_i ||x_i| - 1|
+        (the maximum of :func:`_off_sphere` over the rows, which the directions return); buffers adj (n, W) and U
         (W) uint64, W = ceil(n / 64), stack (n) int64.  Exactly :func:`wflow.diagnostics.count_clusters`'
         count: a pair is decided by G_ij when 2 - 2 G_ij is further from chord^2 than a bound e of
         |2 - 2 G_ij - d_ij| (d_ij the squared distance _cluster_roots forms: the rounding of G, of the
-        directions and of d_ij, and delta = max_i ||x_i| - 1|, for |x_i - x_j|^2 = (1 + delta_i)(1 + delta_j)
+        directions and of d_ij, and delta = dl, for |x_i - x_j|^2 = (1 + delta_i)(1 + delta_j)
         (2 - 2 <theta_i, theta_j>) + (delta_i - delta_j)^2), and otherwise by d_ij itself, as _cluster_roots
         decides it (:func:`_dist2`).  The links of each point are a bit mask (a compare per entry of G, no
         branch), the components a search over the masks, each point taken once: about 0.5 us per system
         at n = 32 (a union-find over the pairs: 1-1.6 us)."""
         n, r = xk.shape
         chord, cth, lo, hi = cl[0], cl[1], cl[2], cl[3]
-        dl = 0.0  # a bound of max_i ||x_i| - 1| <= max_i ||x_i|^2 - 1|, with the sum's rounding
-        for i in range(n):
-            s = 0.0
-            for a in range(r):
-                v = np.float64(xk[i, a])
-                s += v * v
-            dl = max(dl, abs(s - 1.0) + (r + 2) * 1.2e-16 * s)
         e = 0.5 * ((16.0 * r + 64.0) * 1.2e-16 + 16.0 * dl * (1.0 + dl) + 1e-13)  # (in units of G: half of e)
         up = cth + e
         dn = cth - e
@@ -534,12 +539,13 @@ if _nb.numba is not None:
         return count
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
-    def _sa_stats_at(G, x, k, cl, bufs, nclust, w, means):  # pragma: no cover - compiled
+    def _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means):  # pragma: no cover - compiled
         """What a save of system k's input needs from its Gram matrix G before the step overwrites it:
-        nclust[k] its cluster count (:func:`_gram_clusters`) when nclust is not empty, means[k] = sum_i
-        w[k, i] x[k, i] (the order parameter's barycentre) when means is not empty."""
+        nclust[k] its cluster count (:func:`_gram_clusters`, dl what the directions returned) when nclust is
+        not empty, means[k] = sum_i w[k, i] x[k, i] (the order parameter's barycentre) when means is not
+        empty."""
         if nclust.shape[0]:
-            nclust[k] = _gram_clusters(G, x[k], cl, bufs[0], bufs[1], bufs[2])
+            nclust[k] = _gram_clusters(G, x[k], dl, cl, bufs[0], bufs[1], bufs[2])
         if means.shape[0]:
             xk = x[k]
             mk = means[k]
@@ -593,7 +599,8 @@ if _nb.numba is not None:
     def _sa_directions_t(xk, X, TT, nrm):  # pragma: no cover - compiled
         """The transposed layout of :func:`_sa_euler_blas` (r <= :data:`SA_STEP_TRANSPOSED_MAX_DIM`): X (r, n)
         = xk^T in float64, TT (r, n) the directions x_i / |x_i| as columns, nrm (n) a float64 buffer.  The
-        norms and the scaling run across the n tokens (vectors of tokens, not of r < 16 coordinates)."""
+        norms and the scaling run across the n tokens (vectors of tokens, not of r < 16 coordinates).  Returns
+        :func:`_off_sphere` of the squared norms, as :func:`_sa_directions` does."""
         n, r = xk.shape
         for i in range(n):
             for l in range(r):
@@ -603,11 +610,14 @@ if _nb.numba is not None:
         for l in range(r):
             for i in range(n):
                 nrm[i] += X[l, i] * X[l, i]
+        dl = 0.0
         for i in range(n):
+            dl = max(dl, _off_sphere(nrm[i], r))
             nrm[i] = 1.0 / np.sqrt(nrm[i])
         for l in range(r):
             for i in range(n):
                 TT[l, i] = X[l, i] * nrm[i]
+        return dl
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_move_t(X, TT, AT, inv_s, dt, proj, Y, nrm, xa, outk):  # pragma: no cover - compiled
@@ -673,7 +683,7 @@ if _nb.numba is not None:
         bufs = _cluster_buffers(n)
         for k in range(k0, k1):
             xk = x[k]
-            _sa_directions(xk, T)
+            dl = _sa_directions(xk, T)
             for i in range(n):
                 for l in range(r):
                     TT[l, i] = T[i, l]
@@ -681,7 +691,7 @@ if _nb.numba is not None:
                 _gram_blocked(T, TT, G)
             else:
                 _mm(T, TT, G)
-            _sa_stats_at(G, x, k, cl, bufs, nclust, w, means)
+            _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
             _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses)
             if r <= _BLOCKED_MAX_R:
                 _avg_dots(G, TT, r, A)
@@ -728,9 +738,9 @@ if _nb.numba is not None:
             nrm = np.empty(n)
             xa = np.empty(n)
             for k in range(k0, k1):
-                _sa_directions_t(x[k], X, TT, nrm)
+                dl = _sa_directions_t(x[k], X, TT, nrm)
                 _gemm(fn, 0, 1, n, n, r, TT, n, TT, n, G, n, ints, chars, scal)
-                _sa_stats_at(G, x, k, cl, bufs, nclust, w, means)
+                _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
                 sym = _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses)
                 # A = E T; when E is symmetric (G is: see above) E^T T, gemm('N', 'N'), which OpenBLAS does
                 # 1.7x faster than its 'T', 'N' for n = 32, r = 8
@@ -742,32 +752,34 @@ if _nb.numba is not None:
         y = np.empty(r)
         for k in range(k0, k1):
             xk = x[k]
-            _sa_directions(xk, T)
+            dl = _sa_directions(xk, T)
             _gemm(fn, 1, 0, n, n, r, T, r, T, r, G, n, ints, chars, scal)
-            _sa_stats_at(G, x, k, cl, bufs, nclust, w, means)
+            _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
             _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses)
             _gemm(fn, 0, 0, r, n, n, T, r, G, n, A, r, ints, chars, scal)
             health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_directions_chunk(x, k0, T):  # pragma: no cover - compiled
-        """T[k] = the directions of the system k0 + k, for the GEMM route of :func:`sa_euler_step`."""
+    def _sa_directions_chunk(x, k0, T, dls):  # pragma: no cover - compiled
+        """T[k] = the directions of the system k0 + k and dls[k] what :func:`_sa_directions` returns of it, for
+        the GEMM route of :func:`sa_euler_step`."""
         for k in range(T.shape[0]):
-            _sa_directions(x[k0 + k], T[k])
+            dls[k] = _sa_directions(x[k0 + k], T[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, counts, lses, x, cl, nclust, w,
+    def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, counts, lses, x, dls, cl, nclust, w,
                        means):  # pragma: no cover - compiled
         """:func:`_sa_exps` for each Gram matrix G[k] of the systems k0 + k (GEMM route); their pair counts
         in counts[k0 + k] when counts is not empty, their energy sums in lses[k0 + k] when lses is not, their
-        inputs' cluster counts and barycentres (:func:`_sa_stats_at`) when nclust and means are not."""
+        inputs' cluster counts and barycentres (:func:`_sa_stats_at`, dls from :func:`_sa_directions_chunk`)
+        when nclust and means are not."""
         wdt = G.dtype
         zero = wdt.type(0)
         bw = wdt.type(beta)
         fw = wdt.type(floor)
         bufs = _cluster_buffers(G.shape[1])
         for k in range(G.shape[0]):
-            _sa_stats_at(G[k], x, k0 + k, cl, bufs, nclust, w, means)
+            _sa_stats_at(G[k], x, k0 + k, dls[k], cl, bufs, nclust, w, means)
             _sa_exps_at(G[k], lw, k0 + k, bw, fw, spread, zero, inv_s[k], c, counts, lses)
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
@@ -1200,12 +1212,13 @@ def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, count
         G = np.empty((size, n, n), lw.dtype)
         A = np.empty((size, n, r), lw.dtype)
         inv_s = np.empty((size, n))
+        dls = np.empty(size)
         for b0, b1 in chunks[t::threads]:
             C = b1 - b0
             Tc, Gc, Ac, ic = T[:C], G[:C], A[:C], inv_s[:C]
-            _sa_directions_chunk(xf, b0, Tc)
+            _sa_directions_chunk(xf, b0, Tc, dls)
             np.matmul(Tc, Tc.swapaxes(1, 2), out=Gc)
-            _sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic, c, counts, lses, xf, *stats)
+            _sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic, c, counts, lses, xf, dls, *stats)
             np.matmul(Gc, Tc, out=Ac)
             _sa_move_chunk(xf, Tc, Ac, ic, h, proj, b0, of, health)
 
