@@ -286,6 +286,23 @@ def test_parallel_runs_every_share_and_raises_after_all_have_finished():
             _parallel(lambda t: failing(t, bad), 3)
         assert sorted(done) == sorted({0, 1, 2} - {bad})
 
+    def both_fail(t):
+        time.sleep(0.05 * (t == 0))  # the pool's share fails first
+        raise RuntimeError(f"share {t}")
+
+    with pytest.raises(RuntimeError, match="share 0"):  # the caller's own error
+        _parallel(both_fail, 2)
+
+
+def test_executor_grows_and_is_not_rebuilt_for_fewer_workers():
+    """numba_backend._executor: callers ask for as many workers as they have shares; the pool only grows."""
+    from wflow.kernels import numba_backend as nb
+
+    pool = nb._executor(3)
+    assert nb._executor(2) is pool and nb._executor(3) is pool and nb._executor(1) is pool
+    bigger = nb._executor(nb._EXECUTOR_SIZE + 1)
+    assert bigger is not pool and nb._executor(2) is bigger
+
 
 def test_bmm_equals_matmul(rng):
     from wflow.kernels.small import bmm
@@ -379,7 +396,7 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weigh
         w[:] = 1.0 / n
     else:
         w[..., 1 % n] += 0.1
-    for beta in (0.0, 5.0, 200.0):
+    for beta in (0.0, 2.0, 5.0, 200.0, -400.0):  # (beta = 2: float32 logits where r allows; -400: row maxima)
         y = small.sa_euler_step(x, w, beta, 0.1)
         assert y.dtype == dtype and y.shape == x.shape
         ref = _dense_sa_euler(x, w, beta, 0.1)

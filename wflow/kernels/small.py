@@ -1186,7 +1186,10 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
                 b0, b1 = shares[t]
                 _sa_euler(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, health, lses, cl, nclust, wm, mf)
 
-        with _nb._blas_threads(1):
+        if SA_STEP_BLAS:  # (BLAS inside the compiled pass: one thread each)
+            with _nb._blas_threads(1):
+                _run(work, len(shares), len(shares))
+        else:
             _run(work, len(shares), len(shares))
     else:
         _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, kcounts, health, lses,
