@@ -294,6 +294,18 @@ def test_parallel_runs_every_share_and_raises_after_all_have_finished():
         _parallel(both_fail, 2)
 
 
+@pytest.mark.parametrize("B, workers", [(0, 2), (1, 2), (5, 4), (7, 3), (3, 8), (2048, 2), (2049, 2)])
+def test_shares_cover_every_system_once(B, workers):
+    """small._shares: contiguous, disjoint shares covering 0..B-1, at most ``workers`` of them, the largest
+    ceil(B / workers) systems."""
+    from wflow.kernels.small import _shares
+
+    sh = _shares(B, workers)
+    assert [k for b0, b1 in sh for k in range(b0, b1)] == list(range(B))
+    assert len(sh) <= workers and all(b1 > b0 for b0, b1 in sh)
+    assert max((b1 - b0 for b0, b1 in sh), default=0) == -(-B // workers)
+
+
 def test_executor_grows_and_is_not_rebuilt_for_fewer_workers():
     """numba_backend._executor: callers ask for as many workers as they have shares; the pool only grows."""
     from wflow.kernels import numba_backend as nb

@@ -62,6 +62,14 @@ def _chunk_bounds(B: int, per_system: int, threads: int, target: int) -> list[tu
     return [(b0, min(B, b0 + size)) for b0 in range(0, B, size)]
 
 
+def _shares(B: int, workers: int) -> list[tuple[int, int]]:
+    """At most ``workers`` contiguous shares of B systems, of equal size but the last: for compiled passes
+    that loop over the systems themselves, one call per worker (one call per chunk of 32 systems cost 3 %
+    of a step at 2048 systems)."""
+    per = -(-B // max(1, workers)) if B else 1
+    return [(b0, min(B, b0 + per)) for b0 in range(0, B, per)]
+
+
 def _threads() -> int:
     if _nb.numba is not None:
         return max(1, _nb.numba.get_num_threads())
@@ -1170,10 +1178,7 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
     if B == 0:
         pass
     elif SA_STEP_BLAS or r <= SA_STEP_FUSED_MAX_DIM:
-        # the compiled pass loops over the systems itself: one call per worker, on a contiguous share of
-        # the systems (equal work each), not one per chunk (64 calls per step for 2048 systems cost 3 %)
-        per = -(-B // min(threads, len(chunks)))
-        shares = [(b0, min(B, b0 + per)) for b0 in range(0, B, per)]
+        shares = _shares(B, min(threads, len(chunks)))
         if SA_STEP_BLAS:
             fn = _GEMM[lw.dtype]
 
@@ -1284,9 +1289,10 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
     chunks = _chunk_bounds(B, n * n, threads, CHUNK_PAIRS)
     cf = float(c)
 
+    shares = _shares(B, min(threads, len(chunks)))
+
     def work(t: int) -> None:
-        for b0, b1 in chunks[t::threads]:
-            _pair_counts(xf, cf, b0, b1, out)
+        _pair_counts(xf, cf, *shares[t], out)
 
     def gemm_work(t: int) -> None:  # larger r: the Gram matrices of a chunk by a batched GEMM
         G = np.empty((chunks[0][1] - chunks[0][0], n, n))
@@ -1297,7 +1303,7 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
 
     if B and n:
         if r <= PAIR_COUNTS_FUSED_MAX_DIM:
-            _run(work, threads, len(chunks))
+            _run(work, len(shares), len(shares))
         else:
             with _nb._blas_threads(1):
                 _run(gemm_work, threads, len(chunks))
