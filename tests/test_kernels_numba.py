@@ -443,6 +443,43 @@ def test_sa_euler_step_in_span_coordinates(rng):
     assert y3 is x3 and b3 is None
 
 
+@pytest.mark.parametrize("route", list(_STEP_ROUTES))
+@pytest.mark.parametrize("r", [8, 20])
+def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(rng, route, r, monkeypatch):
+    """float32 points whose step forms float64 logits (beta = 5, r >= 7): the pairs are counted on the step's
+    Gram matrix of their directions, except in systems with a pair within _pair_band (about 2e-7 here) of the
+    threshold, which pair_counts counts from the input after the step; the counts equal pair_counts'
+    exactly, at thresholds equal to a pair's own float64 product (where the two inner products disagree),
+    in place too; the other systems are not counted twice."""
+    from wflow.kernels import small
+
+    _step_route(monkeypatch, route)
+    x = _sphere(rng, (40, 32, r), np.float64)
+    x[:, 16:] = x[:, :16] + 0.03 * rng.standard_normal((40, 16, r))  # pairs near cosine 0.999
+    x32 = (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+    w = np.full((40, 32), 1 / 32)
+    x64 = x32.astype(np.float64)
+    P = x64 @ np.swapaxes(x64, 1, 2)  # pair_counts' products (exact products; the sums to rounding)
+    th = x64 / np.linalg.norm(x64, axis=-1, keepdims=True)
+    G = th @ np.swapaxes(th, 1, 2)  # the step's
+    off = ~np.eye(32, dtype=bool)
+    gap = np.where(off, G - P, 0.0)
+    k, i, j = np.unravel_index(np.argmax(np.where(np.abs(P - 0.999) < 2e-3, np.abs(gap), 0.0)), gap.shape)
+    assert abs(gap[k, i, j]) > 1e-9  # the directions and the points disagree beyond rounding on this pair
+    calls = []
+    real = small.pair_counts
+    monkeypatch.setattr(small, "pair_counts", lambda xs, c: calls.append(xs.shape[0]) or real(xs, c))
+    for c in (0.999, float(P[k, i, j]), float(np.nextafter(P[k, i, j], -1.0))):
+        ref = real(x32, c)
+        calls.clear()
+        y, counts = small.sa_euler_step(x32, w, 5.0, 0.1, count_pairs_above=c)
+        np.testing.assert_array_equal(counts, ref)
+        np.testing.assert_array_equal(y, small.sa_euler_step(x32, w, 5.0, 0.1))
+        assert all(b < 40 for b in calls) and (c == 0.999 or calls)  # near systems only; the pair's at least
+        xs = x32.copy()  # in place: the input's pairs, counted before the step overwrites them
+        np.testing.assert_array_equal(small.sa_euler_step(xs, w, 5.0, 0.1, out=xs, count_pairs_above=c)[1], ref)
+
+
 @pytest.mark.parametrize("n, r", [(32, 3), (32, 8), (17, 13), (32, 40)])
 def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
     """count_pairs_above: the ordered pairs i != j of the input above the cosine, counted on the Gram matrix

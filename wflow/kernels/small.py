@@ -353,6 +353,27 @@ if _nb.numba is not None:
         :func:`_gram_clusters`."""
         return abs(s - 1.0) + (r + 2) * 1.2e-16 * s
 
+    @njit(cache=True, inline="always")
+    def _pair_band(dl, r):  # pragma: no cover - compiled
+        """For float32 points x (n, r): a bound of |P_ij - G_ij|, P_ij the float64 inner product
+        :func:`pair_counts` forms of the points (exact products, summed in any order) and G_ij the step's
+        of their directions (formed in float64), dl the maximum of :func:`_off_sphere` over the rows
+        (delta >= ||x_i| - 1|): |<x_i, x_j>| |1 - |x_i||x_j|| <= 2 delta + delta^2, plus the rounding of
+        the directions and of both sums, (3r + 5) u (1 + delta)^2 with u = 2^-53, plus a margin."""
+        return 2.0 * dl + dl * dl + (4.0 * r + 8.0) * 1.2e-16 * (1.0 + dl) * (1.0 + dl) + 1e-15
+
+    @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
+    def _near_pairs(G, c, eb):  # pragma: no cover - compiled
+        """Whether some G_ij, i != j, lies within eb of c."""
+        n = G.shape[0]
+        m = 0
+        for i in range(n):
+            Gi = G[i]
+            for j in range(n):
+                m += abs(Gi[j] - c) <= eb
+            m -= abs(Gi[i] - c) <= eb
+        return m > 0
+
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s, c, want_e):  # pragma: no cover - compiled
         """G (n, n) inner products of directions -> the exponentials e^(bw G_ij + lw_j - shift) in place,
@@ -565,12 +586,17 @@ if _nb.numba is not None:
                     mk[a] += wi * np.float64(xk[i, a])
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
-    def _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses):  # pragma: no cover - compiled
+    def _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, eb, counts, lses):  # pragma: no cover - compiled
         """:func:`_sa_exps` for system k: its pair count into counts[k] and its energy sum into lses[k] when
-        those arrays are not empty; returns whether the exponentials are symmetric when G is."""
+        those arrays are not empty; returns whether the exponentials are symmetric when G is.  With eb > 0
+        (float32 points, :func:`_pair_band`), counts[k] = -1 instead when some pair i != j has |G_ij - c| <= eb:
+        one the count on G might decide otherwise than :func:`pair_counts` does."""
+        near = False
+        if eb > 0.0 and counts.shape[0]:
+            near = _near_pairs(G, c, eb)
         cnt, lse, sym = _sa_exps(G, lw[k], bw, fw, spread, zero, inv_s, c, lses.shape[0] > 0)
         if counts.shape[0]:
-            counts[k] = cnt
+            counts[k] = -1 if near else cnt
         if lses.shape[0]:
             lses[k] = lse
         return sym
@@ -660,7 +686,7 @@ if _nb.numba is not None:
         return health
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_euler(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts, health, lses, cl, nclust, w,
+    def _sa_euler(x, lw, beta, dt, floor, spread, proj, c, pb, k0, k1, out, counts, health, lses, cl, nclust, w,
                   means):  # pragma: no cover - compiled
         """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
         without the GIL, in L1/L2 (see :func:`sa_euler_step`): the directions theta = x/|x| (norms in
@@ -700,7 +726,7 @@ if _nb.numba is not None:
             else:
                 _mm(T, TT, G)
             _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses)
+            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, pb * _pair_band(dl, r), counts, lses)
             if r <= _BLOCKED_MAX_R:
                 _avg_dots(G, TT, r, A)
             else:
@@ -708,7 +734,7 @@ if _nb.numba is not None:
             health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_euler_blas(x, lw, beta, dt, floor, spread, proj, c, k0, k1, out, counts, health, lses, cl, nclust, w,
+    def _sa_euler_blas(x, lw, beta, dt, floor, spread, proj, c, pb, k0, k1, out, counts, health, lses, cl, nclust, w,
                        means, fn):  # pragma: no cover - compiled
         """:func:`_sa_euler` with the two products of each system by BLAS (``fn`` the address of dgemm, or
         sgemm for float32 logits): the row-major directions T (n, r) are T^T in BLAS's column-major terms,
@@ -749,7 +775,7 @@ if _nb.numba is not None:
                 dl = _sa_directions_t(x[k], X, TT, nrm)
                 _gemm(fn, 0, 1, n, n, r, TT, n, TT, n, G, n, ints, chars, scal)
                 _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-                sym = _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses)
+                sym = _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, pb * _pair_band(dl, r), counts, lses)
                 # A = E T; when E is symmetric (G is: see above) E^T T, gemm('N', 'N'), which OpenBLAS does
                 # 1.7x faster than its 'T', 'N' for n = 32, r = 8
                 _gemm(fn, 0 if sym else 1, 0, n, r, n, G, n, TT, n, AT, n, ints, chars, scal)
@@ -763,7 +789,7 @@ if _nb.numba is not None:
             dl = _sa_directions(xk, T)
             _gemm(fn, 1, 0, n, n, r, T, r, T, r, G, n, ints, chars, scal)
             _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, counts, lses)
+            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, pb * _pair_band(dl, r), counts, lses)
             _gemm(fn, 0, 0, r, n, n, T, r, G, n, A, r, ints, chars, scal)
             health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
@@ -775,7 +801,7 @@ if _nb.numba is not None:
             dls[k] = _sa_directions(x[k0 + k], T[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, counts, lses, x, dls, cl, nclust, w,
+    def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, pb, counts, lses, x, dls, cl, nclust, w,
                        means):  # pragma: no cover - compiled
         """:func:`_sa_exps` for each Gram matrix G[k] of the systems k0 + k (GEMM route); their pair counts
         in counts[k0 + k] when counts is not empty, their energy sums in lses[k0 + k] when lses is not, their
@@ -788,7 +814,8 @@ if _nb.numba is not None:
         bufs = _cluster_buffers(G.shape[1])
         for k in range(G.shape[0]):
             _sa_stats_at(G[k], x, k0 + k, dls[k], cl, bufs, nclust, w, means)
-            _sa_exps_at(G[k], lw, k0 + k, bw, fw, spread, zero, inv_s[k], c, counts, lses)
+            _sa_exps_at(G[k], lw, k0 + k, bw, fw, spread, zero, inv_s[k], c, pb * _pair_band(dls[k], x.shape[2]),
+                        counts, lses)
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
     def _sa_move_chunk(x, T, A, inv_s, dt, proj, k0, out, health):  # pragma: no cover - compiled
@@ -1057,9 +1084,12 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
         :math:`\langle\theta_i, \theta_j\rangle` above this cosine (the phase diagram's observable),
         from the Gram matrix of the directions the step forms anyway: a compare per entry instead of a
         second pass.  For float64 points on the sphere (to rounding) that is :func:`pair_counts`' count
-        of :math:`\langle x_i, x_j\rangle > c` but for a pair within :math:`10^{-15}` of the threshold;
-        float32 points are counted by :func:`pair_counts` itself (before the step, so ``out`` may be
-        ``x``).
+        of :math:`\langle x_i, x_j\rangle > c` but for a pair within :math:`10^{-15}` of the threshold.
+        float32 points get :func:`pair_counts`' count exactly: when their logits are float64 it is read
+        off the step's float64 Gram matrix but in the systems with a pair within a proven bound of the
+        threshold (about 2e-7: the points lie off the sphere by float32 rounding), which
+        :func:`pair_counts` counts after the step; otherwise, and in place, :func:`pair_counts` counts
+        them all before the step (so ``out`` may be ``x``).
 
     Returns
     -------
@@ -1147,6 +1177,7 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
     count = count_pairs_above is not None
     c = 2.0  # the kernels' threshold when they do not count: above every cosine (finite: no infinities there)
     counts = kcounts = np.zeros(0, dtype=np.int64)  # kcounts: what the kernels count into (nothing if empty)
+    pb = 0.0  # 1.0: the kernels flag the systems with a pair near c (float32 points, see below)
     if count:
         cp = float(count_pairs_above)
         if not math.isfinite(cp):
@@ -1154,7 +1185,13 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
         if x.dtype == np.float64:
             c = cp
             counts = kcounts = np.zeros(B, dtype=np.int64)
-        else:  # float32 points: pair_counts' float64 products, before out is written
+        elif lw.dtype == np.float64 and not np.may_share_memory(out, xf):
+            # float32 points, float64 Gram matrix of their directions: pair_counts' count (float64 products of
+            # the points) wherever no pair lies within _pair_band of c; the rare systems with one are counted
+            # by pair_counts after the step, from the input (not overwritten: out is elsewhere)
+            c, pb = cp, 1.0
+            counts = kcounts = np.zeros(B, dtype=np.int64)
+        else:  # float32 logits (a float32 Gram matrix), or in place: pair_counts' products, before out is written
             counts = pair_counts(xf, cp)
     health = np.zeros(B)
     if lw.dtype != np.float64:  # float32 logits: the Gram matrix is float32, too coarse for these
@@ -1184,12 +1221,13 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
 
             def work(t: int) -> None:
                 b0, b1 = shares[t]
-                _sa_euler_blas(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, health, lses, cl, nclust,
+                _sa_euler_blas(xf, lw, be, h, fl, spread, proj, c, pb, b0, b1, of, kcounts, health, lses, cl, nclust,
                                wm, mf, fn)
         else:
             def work(t: int) -> None:
                 b0, b1 = shares[t]
-                _sa_euler(xf, lw, be, h, fl, spread, proj, c, b0, b1, of, kcounts, health, lses, cl, nclust, wm, mf)
+                _sa_euler(xf, lw, be, h, fl, spread, proj, c, pb, b0, b1, of, kcounts, health, lses, cl, nclust, wm,
+                          mf)
 
         if SA_STEP_BLAS:  # (BLAS inside the compiled pass: one thread each)
             with _nb._blas_threads(1):
@@ -1197,8 +1235,12 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
         else:
             _run(work, len(shares), len(shares))
     else:
-        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, kcounts, health, lses,
+        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, pb, chunks, threads, of, kcounts, health, lses,
                       (cl, nclust, wm, mf))
+    if pb:
+        near = counts < 0
+        if near.any():
+            counts[near] = pair_counts(xf[near], cp)
     batch = x.shape[:-2]
     return _Step(out, bool(np.isfinite(health).all()), counts.reshape(batch) if count else None,
                  lses.reshape(batch) if energy_sums else None,
@@ -1206,7 +1248,7 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
                  mf.reshape(batch + (r,)) if means else None)
 
 
-def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, counts, health, lses, stats) -> None:
+def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, pb, chunks, threads, of, counts, health, lses, stats) -> None:
     """The GEMM route of :func:`sa_euler_step` (``r >`` :data:`SA_STEP_FUSED_MAX_DIM`); ``stats`` = (cl, nclust,
     w, means), the arguments of :func:`_sa_stats_at` (what a save asks of the input)."""
 
@@ -1226,7 +1268,7 @@ def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, chunks, threads, of, count
             Tc, Gc, Ac, ic = T[:C], G[:C], A[:C], inv_s[:C]
             _sa_directions_chunk(xf, b0, Tc, dls)
             np.matmul(Tc, Tc.swapaxes(1, 2), out=Gc)
-            _sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic, c, counts, lses, xf, dls, *stats)
+            _sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic, c, pb, counts, lses, xf, dls, *stats)
             np.matmul(Gc, Tc, out=Ac)
             _sa_move_chunk(xf, Tc, Ac, ic, h, proj, b0, of, health)
 

@@ -204,11 +204,11 @@ class ParticleProblem(Problem):
         energy's double sum from its row sums and the barycentre from the points it reads
         (:func:`wflow.kernels.small._sa_euler_step`); :meth:`euler_step` returns it when the driver asks
         for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step afresh otherwise
-        (after the last save: one step wasted).  The energy at beta != 0; for float32 states the pairs are
-        counted on their own float64 products (:func:`wflow.diagnostics.pair_fraction`) and the rest read
-        off the step only when its logits are float64 (the float32 rule of
+        (after the last save: one step wasted).  The energy at beta != 0; for float32 states everything is
+        read off the step only when its logits are float64 (the float32 rule of
         :func:`wflow.kernels.small.sa_euler_step`: at beta = 5 from r = 7 on; they are then the float64
-        numbers of the float32 points);
+        numbers of the float32 points, and the pairs are :func:`wflow.diagnostics.pair_fraction`'s
+        exactly), else the pairs are counted on their own float64 products;
         ``{}`` when the step is not fused, or when only the order parameter is asked (the step from the
         last save is not used: a step would cost more than the barycentre).  Returns ``pair_fraction``,
         ``energy_sums``, ``n_clusters``, ``means`` for those asked.
