@@ -444,19 +444,24 @@ def test_sa_euler_step_in_span_coordinates(rng):
 
 
 @pytest.mark.parametrize("route", list(_STEP_ROUTES))
-@pytest.mark.parametrize("r", [8, 20])
-def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(rng, route, r, monkeypatch):
+@pytest.mark.parametrize("r, rounding", [(8, "nearest"), (20, "nearest"), (40, "nearest"), (8, "outward")])
+def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(rng, route, r, rounding, monkeypatch):
     """float32 points whose step forms float64 logits (beta = 5, r >= 7): the pairs are counted on the step's
-    Gram matrix of their directions, except in systems with a pair within _pair_band (about 2e-7 here) of the
+    Gram matrix of their directions, except in systems with a pair within _pair_band (about 1e-7 here) of the
     threshold, which pair_counts counts from the input after the step; the counts equal pair_counts'
     exactly, at thresholds equal to a pair's own float64 product (where the two inner products disagree),
-    in place too; the other systems are not counted twice."""
+    for float32 points rounded to nearest and outward (the furthest off the sphere), r > 24 (pair_counts'
+    GEMM route), systems with a zero row, in place too; only the systems near the threshold are counted
+    twice."""
     from wflow.kernels import small
 
     _step_route(monkeypatch, route)
     x = _sphere(rng, (40, 32, r), np.float64)
-    x[:, 16:] = x[:, :16] + 0.03 * rng.standard_normal((40, 16, r))  # pairs near cosine 0.999
-    x32 = (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+    x[:, 16:] = x[:, :16] + 0.03 * np.sqrt(8 / r) * rng.standard_normal((40, 16, r))  # pairs near cosine 0.999
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    x32 = x.astype(np.float32)
+    if rounding == "outward":  # each coordinate rounded away from zero: |x| > 1 by up to r 2^-24
+        x32 = np.where(np.abs(x32.astype(np.float64)) < np.abs(x), np.nextafter(x32, np.sign(x32) * 2), x32)
     w = np.full((40, 32), 1 / 32)
     x64 = x32.astype(np.float64)
     P = x64 @ np.swapaxes(x64, 1, 2)  # pair_counts' products (exact products; the sums to rounding)
@@ -475,9 +480,16 @@ def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(rng, route,
         y, counts = small.sa_euler_step(x32, w, 5.0, 0.1, count_pairs_above=c)
         np.testing.assert_array_equal(counts, ref)
         np.testing.assert_array_equal(y, small.sa_euler_step(x32, w, 5.0, 0.1))
-        assert all(b < 40 for b in calls) and (c == 0.999 or calls)  # near systems only; the pair's at least
+        assert sum(calls) <= 4 and (c == 0.999 or calls)  # a few near systems, the pair's among them
         xs = x32.copy()  # in place: the input's pairs, counted before the step overwrites them
         np.testing.assert_array_equal(small.sa_euler_step(xs, w, 5.0, 0.1, out=xs, count_pairs_above=c)[1], ref)
+    xz = x32.copy()
+    xz[3, 5] = 0.0  # a zero row: a non-finite step for system 3, its pairs counted from its points
+    for c in (-0.5, 0.999):
+        calls.clear()
+        counts = small.sa_euler_step(xz, w, 5.0, 0.1, count_pairs_above=c)[1]
+        np.testing.assert_array_equal(counts, real(xz, c))
+        assert sum(calls) <= 4
 
 
 @pytest.mark.parametrize("n, r", [(32, 3), (32, 8), (17, 13), (32, 40)])

@@ -357,10 +357,12 @@ if _nb.numba is not None:
     def _pair_band(dl, r):  # pragma: no cover - compiled
         """For float32 points x (n, r): a bound of |P_ij - G_ij|, P_ij the float64 inner product
         :func:`pair_counts` forms of the points (exact products, summed in any order) and G_ij the step's
-        of their directions (formed in float64), dl the maximum of :func:`_off_sphere` over the rows
-        (delta >= ||x_i| - 1|): |<x_i, x_j>| |1 - |x_i||x_j|| <= 2 delta + delta^2, plus the rounding of
-        the directions and of both sums, (3r + 5) u (1 + delta)^2 with u = 2^-53, plus a margin."""
-        return 2.0 * dl + dl * dl + (4.0 * r + 8.0) * 1.2e-16 * (1.0 + dl) * (1.0 + dl) + 1e-15
+        of their directions theta (formed in float64), dl the maximum of :func:`_off_sphere` over the rows
+        (>= ||x_i|^2 - 1|): exactly, P - G = <theta_i, theta_j> (|x_i||x_j| - 1), and |ab - 1| <=
+        max(|a^2 - 1|, |b^2 - 1|) for a, b >= 0, so at most dl; plus the rounding of the directions and of
+        both sums, under (3r + 4) u (1 + dl)^2 with u = 2^-53, plus a margin.  Valid at any norm (far from
+        the sphere every pair is near: the system is counted by pair_counts)."""
+        return dl + (4.0 * r + 8.0) * 1.2e-16 * (1.0 + dl) * (1.0 + dl) + 1e-15
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _near_pairs(G, c, eb):  # pragma: no cover - compiled
@@ -1087,7 +1089,7 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
         of :math:`\langle x_i, x_j\rangle > c` but for a pair within :math:`10^{-15}` of the threshold.
         float32 points get :func:`pair_counts`' count exactly: when their logits are float64 it is read
         off the step's float64 Gram matrix but in the systems with a pair within a proven bound of the
-        threshold (about 2e-7: the points lie off the sphere by float32 rounding), which
+        threshold (about 1e-7: the points lie off the sphere by float32 rounding), which
         :func:`pair_counts` counts after the step; otherwise, and in place, :func:`pair_counts` counts
         them all before the step (so ``out`` may be ``x``).
 
@@ -1187,8 +1189,9 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
             counts = kcounts = np.zeros(B, dtype=np.int64)
         elif lw.dtype == np.float64 and not np.may_share_memory(out, xf):
             # float32 points, float64 Gram matrix of their directions: pair_counts' count (float64 products of
-            # the points) wherever no pair lies within _pair_band of c; the rare systems with one are counted
-            # by pair_counts after the step, from the input (not overwritten: out is elsewhere)
+            # the points) wherever no pair lies within _pair_band of c; the systems with one (about 1e-3 of
+            # them at a save near c = 0.999) are counted by pair_counts after the step, from the input (not
+            # overwritten: out is elsewhere)
             c, pb = cp, 1.0
             counts = kcounts = np.zeros(B, dtype=np.int64)
         else:  # float32 logits (a float32 Gram matrix), or in place: pair_counts' products, before out is written
@@ -1237,12 +1240,16 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
     else:
         _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, pb, chunks, threads, of, kcounts, health, lses,
                       (cl, nclust, wm, mf))
+    finite = np.isfinite(health)
+    all_finite = bool(finite.all())
     if pb:
         near = counts < 0
+        if not all_finite:  # systems with zero, infinite or NaN rows: no decision from their Gram matrix (the
+            near |= ~finite  # kernels' fast-math compares promise nothing about NaN)
         if near.any():
             counts[near] = pair_counts(xf[near], cp)
     batch = x.shape[:-2]
-    return _Step(out, bool(np.isfinite(health).all()), counts.reshape(batch) if count else None,
+    return _Step(out, all_finite, counts.reshape(batch) if count else None,
                  lses.reshape(batch) if energy_sums else None,
                  nclust.reshape(batch) if cluster_threshold is not None else None,
                  mf.reshape(batch + (r,)) if means else None)
