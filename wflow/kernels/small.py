@@ -34,6 +34,7 @@ GEMM run in float32 either way; row sums are accumulated in float64.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -354,14 +355,17 @@ if _nb.numba is not None:
         return abs(s - 1.0) + (r + 2) * 1.2e-16 * s
 
     @njit(cache=True, inline="always")
-    def _pair_band(dl, r):  # pragma: no cover - compiled
-        """For float32 points x (n, r): a bound of |P_ij - G_ij|, P_ij the float64 inner product
+    def _pair_band(pb, dl, r):  # pragma: no cover - compiled
+        """0.0 when pb is 0.0 (no band: dl is not used, and may be infinite or NaN), else, for float32 points
+        x (n, r), a bound of |P_ij - G_ij|, P_ij the float64 inner product
         :func:`pair_counts` forms of the points (exact products, summed in any order) and G_ij the step's
         of their directions theta (formed in float64), dl the maximum of :func:`_off_sphere` over the rows
         (>= ||x_i|^2 - 1|): exactly, P - G = <theta_i, theta_j> (|x_i||x_j| - 1), and |ab - 1| <=
         max(|a^2 - 1|, |b^2 - 1|) for a, b >= 0, so at most dl; plus the rounding of the directions and of
         both sums, under (3r + 4) u (1 + dl)^2 with u = 2^-53, plus a margin.  Valid at any norm (far from
         the sphere every pair is near: the system is counted by pair_counts)."""
+        if pb == 0.0:
+            return 0.0
         return dl + (4.0 * r + 8.0) * 1.2e-16 * (1.0 + dl) * (1.0 + dl) + 1e-15
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
@@ -728,7 +732,7 @@ if _nb.numba is not None:
             else:
                 _mm(T, TT, G)
             _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, pb * _pair_band(dl, r), counts, lses)
+            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses)
             if r <= _BLOCKED_MAX_R:
                 _avg_dots(G, TT, r, A)
             else:
@@ -777,7 +781,7 @@ if _nb.numba is not None:
                 dl = _sa_directions_t(x[k], X, TT, nrm)
                 _gemm(fn, 0, 1, n, n, r, TT, n, TT, n, G, n, ints, chars, scal)
                 _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-                sym = _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, pb * _pair_band(dl, r), counts, lses)
+                sym = _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses)
                 # A = E T; when E is symmetric (G is: see above) E^T T, gemm('N', 'N'), which OpenBLAS does
                 # 1.7x faster than its 'T', 'N' for n = 32, r = 8
                 _gemm(fn, 0 if sym else 1, 0, n, r, n, G, n, TT, n, AT, n, ints, chars, scal)
@@ -791,7 +795,7 @@ if _nb.numba is not None:
             dl = _sa_directions(xk, T)
             _gemm(fn, 1, 0, n, n, r, T, r, T, r, G, n, ints, chars, scal)
             _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, pb * _pair_band(dl, r), counts, lses)
+            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses)
             _gemm(fn, 0, 0, r, n, n, T, r, G, n, A, r, ints, chars, scal)
             health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
@@ -816,7 +820,7 @@ if _nb.numba is not None:
         bufs = _cluster_buffers(G.shape[1])
         for k in range(G.shape[0]):
             _sa_stats_at(G[k], x, k0 + k, dls[k], cl, bufs, nclust, w, means)
-            _sa_exps_at(G[k], lw, k0 + k, bw, fw, spread, zero, inv_s[k], c, pb * _pair_band(dls[k], x.shape[2]),
+            _sa_exps_at(G[k], lw, k0 + k, bw, fw, spread, zero, inv_s[k], c, _pair_band(pb, dls[k], x.shape[2]),
                         counts, lses)
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
@@ -1219,24 +1223,16 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
         pass
     elif SA_STEP_BLAS or r <= SA_STEP_FUSED_MAX_DIM:
         shares = _shares(B, min(threads, len(chunks)))
-        if SA_STEP_BLAS:
-            fn = _GEMM[lw.dtype]
+        # BLAS inside the compiled pass (dgemm or sgemm at the address passed last), one thread each; or
+        # numba's own products
+        kernel, blas = (_sa_euler_blas, (_GEMM[lw.dtype],)) if SA_STEP_BLAS else (_sa_euler, ())
 
-            def work(t: int) -> None:
-                b0, b1 = shares[t]
-                _sa_euler_blas(xf, lw, be, h, fl, spread, proj, c, pb, b0, b1, of, kcounts, health, lses, cl, nclust,
-                               wm, mf, fn)
-        else:
-            def work(t: int) -> None:
-                b0, b1 = shares[t]
-                _sa_euler(xf, lw, be, h, fl, spread, proj, c, pb, b0, b1, of, kcounts, health, lses, cl, nclust, wm,
-                          mf)
+        def work(t: int) -> None:
+            kernel(xf, lw, be, h, fl, spread, proj, c, pb, *shares[t], of, kcounts, health, lses, cl, nclust, wm, mf,
+                   *blas)
 
-        if SA_STEP_BLAS:  # (BLAS inside the compiled pass: one thread each)
-            with _nb._blas_threads(1):
-                _run(work, len(shares), len(shares))
-        else:
-            _run(work, len(shares), len(shares))
+        with _nb._blas_threads(1) if blas else contextlib.nullcontext():
+            _nb._parallel(work, len(shares))
     else:
         _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, pb, chunks, threads, of, kcounts, health, lses,
                       (cl, nclust, wm, mf))
@@ -1340,7 +1336,7 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
 
     shares = _shares(B, min(threads, len(chunks)))
 
-    def work(t: int) -> None:
+    def work(t: int) -> None:  # the compiled pass loops over its share's systems
         _pair_counts(xf, cf, *shares[t], out)
 
     def gemm_work(t: int) -> None:  # larger r: the Gram matrices of a chunk by a batched GEMM
@@ -1352,7 +1348,7 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
 
     if B and n:
         if r <= PAIR_COUNTS_FUSED_MAX_DIM:
-            _run(work, len(shares), len(shares))
+            _nb._parallel(work, len(shares))
         else:
             with _nb._blas_threads(1):
                 _run(gemm_work, threads, len(chunks))
