@@ -18,6 +18,7 @@ public front doors, identical calls in both trees):
 * one SSP-RK3 finite-volume step on a 4096-cell circle and a 10242-cell sphere (SA beta = 4);
 * ``jko``: three steps on a 2048-cell circle, USA(2), kappa = 4.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -100,20 +101,28 @@ print(json.dumps({"seconds": min(times), "steps": 1}))
 def run_once(tree: str, body: str) -> dict:
     code = COMMON + textwrap.dedent(body).replace("STEP", FV_STEP)
     env = dict(os.environ, PYTHONPATH=tree)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tree)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tree
+    )
     if out.returncode != 0:
         raise RuntimeError(f"workload failed in {tree}:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--old", required=True, help="checkout of the code before the contract")
-    p.add_argument("--new", default=str(Path(__file__).resolve().parents[1]), help="this checkout (default)")
+    p.add_argument(
+        "--new", default=str(Path(__file__).resolve().parents[1]), help="this checkout (default)"
+    )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--only", default="", help="run the workloads whose name contains this")
     args = p.parse_args(argv)
-    print(f"python -m benchmarks.contract --old {args.old} --repeat {args.repeat}  (load {os.getloadavg()[0]:.1f})")
+    print(
+        f"python -m benchmarks.contract --old {args.old} --repeat {args.repeat}  (load {os.getloadavg()[0]:.1f})"
+    )
     print("| workload | old (s) | new (s) | new / old | steps old, new | repeats new/old |")
     print("|---|---|---|---|---|---|")
     for name, body in WORKLOADS.items():
@@ -129,8 +138,10 @@ def main(argv=None) -> None:
         mo, mn = float(np.median(res["old"])), float(np.median(res["new"]))
         each = ", ".join(f"{n / o:.2f}" for n, o in zip(res["new"], res["old"]))
         unit = " per step" if "per step" in name else ""
-        print(f"| {name} | {mo:.3g}{unit} | {mn:.3g}{unit} | {mn / mo:.2f} | {steps['old']}, {steps['new']} | {each} |",
-              flush=True)
+        print(
+            f"| {name} | {mo:.3g}{unit} | {mn:.3g}{unit} | {mn / mo:.2f} | {steps['old']}, {steps['new']} | {each} |",
+            flush=True,
+        )
     print(f"(load at the end {os.getloadavg()[0]:.1f})")
 
 

@@ -4,6 +4,7 @@ Run ``python -m benchmarks.eulerian [--repeat R] [--sphere-resolution N] [--circ
 prints a Markdown table: mesh, cells, edges, backend, seconds per step, seconds per velocity
 evaluation, and the share of the step spent outside the kernel sums.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,9 @@ def time_step(mesh, model, backend: str, repeat: int) -> tuple[float, float, str
     rho0 = Density.from_function(mesh, lambda x: 1.0 + 0.5 * x[:, 0] + 0.3 * x[:, 1] ** 2)
     fv = FiniteVolume(mesh, model, backend=backend)
     state = fv.init(rho0.masses())  # warm-up (imports, caches)
-    used = kernel_sums(mesh.edge_midpoint, mesh.centers, rho0.masses(), model.beta, backend=backend).backend
+    used = kernel_sums(
+        mesh.edge_midpoint, mesh.centers, rho0.masses(), model.beta, backend=backend
+    ).backend
     best = np.inf
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -47,20 +50,28 @@ def main(argv=None) -> None:
     p.add_argument("--backends", default="auto,spectral,numpy")
     args = p.parse_args(argv)
     meshes = [("S^1", CircleMesh(args.circle_cells)), ("S^2", SphereMesh(args.sphere_resolution))]
-    print(f"python -m benchmarks.eulerian  (SA beta={args.beta}, best of {args.repeat}; "
-          f"{platform.processor() or platform.machine()}, numpy {np.__version__})\n")
-    print("| mesh | cells M | edges E | backend | used | s / step | s / velocity eval | non-kernel share |")
+    print(
+        f"python -m benchmarks.eulerian  (SA beta={args.beta}, best of {args.repeat}; "
+        f"{platform.processor() or platform.machine()}, numpy {np.__version__})\n"
+    )
+    print(
+        "| mesh | cells M | edges E | backend | used | s / step | s / velocity eval | non-kernel share |"
+    )
     print("|---|---:|---:|---|---|---:|---:|---:|")
     for name, mesh in meshes:
         for backend in args.backends.split(","):
             try:
                 step, ev, used = time_step(mesh, SA(beta=args.beta), backend, args.repeat)
             except ValueError as exc:  # backend missing on this machine or not taking this problem
-                print(f"| {name} | {mesh.n_cells} | {mesh.n_edges} | {backend} | - | - | - | ({exc}) |")
+                print(
+                    f"| {name} | {mesh.n_cells} | {mesh.n_edges} | {backend} | - | - | - | ({exc}) |"
+                )
                 continue
             share = max(0.0, 1 - 3 * ev / step)
-            print(f"| {name} | {mesh.n_cells} | {mesh.n_edges} | {backend} | {used} | {step:.4g} | {ev:.4g} | {share:.0%} |",
-                  flush=True)
+            print(
+                f"| {name} | {mesh.n_cells} | {mesh.n_edges} | {backend} | {used} | {step:.4g} | {ev:.4g} | {share:.0%} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ Every figure is the median of ``--repeat`` runs after one warm-up; the implement
 of one row are timed round-robin, so that load from other jobs on the shared machine
 hits them alike (their ratios are more reliable than the absolute rates).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,12 +103,14 @@ def exp_rate(dtype, repeat: int) -> tuple[float, str]:
     def rate(f, n=x.size):
         def many():
             f()
+
         return n / _best_time(many, repeat)
 
     def calls_of(f):
         def g():
             for _ in range(calls):
                 f()
+
         return g
 
     rates = {"numpy": rate(calls_of(lambda: np.exp(x, out=out)), calls * x.size)}
@@ -122,7 +125,9 @@ def exp_rate(dtype, repeat: int) -> tuple[float, str]:
         acc = np.zeros_like(chunks)
         passes = 2000
         f(chunks, acc, dtype.type(-80.0), 1)  # compile
-        rates["wflow numba"] = rate(lambda: f(chunks, acc, dtype.type(-80.0), passes), passes * chunks.size)
+        rates["wflow numba"] = rate(
+            lambda: f(chunks, acc, dtype.type(-80.0), passes), passes * chunks.size
+        )
         if not np.isfinite(acc).all():
             raise RuntimeError("numba exp loop produced non-finite values")
     best = max(rates, key=rates.get)
@@ -256,31 +261,54 @@ def kernel_table(dims, sizes, dtypes, betas, repeat, keops, target_pairs):
                 x = y[:n_rows].copy()
                 w = np.full(N, 1.0 / N, dt)
                 for beta in betas:
-                    rows.append((d, N, n_rows, dt.name, beta, pair_rates(names, x, y, w, beta, repeat)))
-                    print(f"  measured d={d} N={N} {dt.name} beta={beta:g}", file=sys.stderr, flush=True)
+                    rows.append(
+                        (d, N, n_rows, dt.name, beta, pair_rates(names, x, y, w, beta, repeat))
+                    )
+                    print(
+                        f"  measured d={d} N={N} {dt.name} beta={beta:g}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     after = _limits(dtypes, repeat)
-    limits = {k: (max(before[k][0], after[k][0]), *max(before[k][1:], after[k][1:])) for k in before}
-    print("\n### Machine limits (before and after the rows, for reference; each row's own limit is timed beside it)\n")
-    print("| dtype | GEMM GFLOP/s (before / after) | exp/s (before / after, best by) | in the rows: GEMM GFLOP/s, exp/s (median, min-max) |")
+    limits = {
+        k: (max(before[k][0], after[k][0]), *max(before[k][1:], after[k][1:])) for k in before
+    }
+    print(
+        "\n### Machine limits (before and after the rows, for reference; each row's own limit is timed beside it)\n"
+    )
+    print(
+        "| dtype | GEMM GFLOP/s (before / after) | exp/s (before / after, best by) | in the rows: GEMM GFLOP/s, exp/s (median, min-max) |"
+    )
     print("|---|---|---|---|")
     for k, (g, e, who) in limits.items():
         gs = [r["gemm flop/s"] for *_, dtn, _, r in rows if dtn == k]
         es = [r["exp/s"] for *_, dtn, _, r in rows if dtn == k]
-        print(f"| {k} | {before[k][0] / 1e9:.1f} / {after[k][0] / 1e9:.1f} | "
-              f"{before[k][1]:.3g} / {after[k][1]:.3g} ({who}) | {statistics.median(gs) / 1e9:.1f} "
-              f"({min(gs) / 1e9:.0f}-{max(gs) / 1e9:.0f}), {statistics.median(es):.3g} "
-              f"({min(es):.2g}-{max(es):.2g}) |")
+        print(
+            f"| {k} | {before[k][0] / 1e9:.1f} / {after[k][0] / 1e9:.1f} | "
+            f"{before[k][1]:.3g} / {after[k][1]:.3g} ({who}) | {statistics.median(gs) / 1e9:.1f} "
+            f"({min(gs) / 1e9:.0f}-{max(gs) / 1e9:.0f}), {statistics.median(es):.3g} "
+            f"({min(es):.2g}-{max(es):.2g}) |"
+        )
     print("\n### SA / USA kernel sums, pairs per second (median)\n")
-    print("`limit` = 1 / (1/exp rate + 2(2d+1)/GEMM rate) with both rates timed in the row's own round-robin.\n")
-    head = "| d | N | rows | dtype | beta | " + " | ".join(names) + " | limit | numba/dense numpy | numba/keops | numba/torch | numba/limit |"
+    print(
+        "`limit` = 1 / (1/exp rate + 2(2d+1)/GEMM rate) with both rates timed in the row's own round-robin.\n"
+    )
+    head = (
+        "| d | N | rows | dtype | beta | "
+        + " | ".join(names)
+        + " | limit | numba/dense numpy | numba/keops | numba/torch | numba/limit |"
+    )
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for d, N, n_rows, dtn, beta, r in rows:
         ratio = lambda a, b: f"{r[a] / r[b]:.1f}" if a in r and b in r else "-"  # noqa: E731
         cells = " | ".join(f"{r[n]:.3g}" for n in names)
-        print(f"| {d} | {N} | {n_rows} | {dtn} | {beta:g} | {cells} | {r['limit']:.3g} | "
-              f"{ratio('numba', 'dense numpy')} | {ratio('numba', 'keops')} | {ratio('numba', 'torch')} | "
-              f"{r['numba'] / r['limit']:.2f} |", flush=True)
+        print(
+            f"| {d} | {N} | {n_rows} | {dtn} | {beta:g} | {cells} | {r['limit']:.3g} | "
+            f"{ratio('numba', 'dense numpy')} | {ratio('numba', 'keops')} | {ratio('numba', 'torch')} | "
+            f"{r['numba'] / r['limit']:.2f} |",
+            flush=True,
+        )
 
 
 # ---------------------------------------------------------------- batched small systems
@@ -316,7 +344,9 @@ def rk4_step(v, x, h, normalize):
 
 def batched_table(repeat, B=2048, n=32, d=8, beta=4.0, h=0.1):
     print(f"\n### Batched small systems: {B} systems x {n} tokens, d = {d}, SA, beta = {beta:g}\n")
-    print("| dtype | implementation | one kernel sum (ms) | one RK4 step, 4 evaluations (ms) | pairs/s |")
+    print(
+        "| dtype | implementation | one kernel sum (ms) | one RK4 step, 4 evaluations (ms) | pairs/s |"
+    )
     print("|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     for dt in (np.float32, np.float64):
@@ -329,31 +359,66 @@ def batched_table(repeat, B=2048, n=32, d=8, beta=4.0, h=0.1):
         }
         if torch is not None:
             tnrm = lambda z: z / torch.linalg.norm(z, dim=-1, keepdim=True)  # noqa: E731
-            cases["torch (bmm + softmax)"] = (lambda z: velocity_torch(z, beta), torch.from_numpy(x), tnrm)
-        one = _interleaved_medians({k: (lambda v=v, x0=x0: v(x0)) for k, (v, x0, _) in cases.items()}, repeat)
-        step = _interleaved_medians({k: (lambda v=v, x0=x0, nrm=nrm: rk4_step(v, x0, h, nrm))
-                                     for k, (v, x0, nrm) in cases.items()}, repeat)
+            cases["torch (bmm + softmax)"] = (
+                lambda z: velocity_torch(z, beta),
+                torch.from_numpy(x),
+                tnrm,
+            )
+        one = _interleaved_medians(
+            {k: (lambda v=v, x0=x0: v(x0)) for k, (v, x0, _) in cases.items()}, repeat
+        )
+        step = _interleaved_medians(
+            {
+                k: (lambda v=v, x0=x0, nrm=nrm: rk4_step(v, x0, h, nrm))
+                for k, (v, x0, nrm) in cases.items()
+            },
+            repeat,
+        )
         for name in cases:
             t1, t4 = one[name], step[name]
-            print(f"| {np.dtype(dt).name} | {name} | {t1 * 1e3:.2f} | {t4 * 1e3:.2f} | {B * n * n / t1:.3g} |", flush=True)
+            print(
+                f"| {np.dtype(dt).name} | {name} | {t1 * 1e3:.2f} | {t4 * 1e3:.2f} | {B * n * n / t1:.3g} |",
+                flush=True,
+            )
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="d in {3, 64}, N = 10^4, beta = 100 only")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per figure (median)")
-    ap.add_argument("--no-keops", action="store_true", help="skip KeOps (it compiles 10-25 s per d and dtype)")
+    ap.add_argument(
+        "--no-keops", action="store_true", help="skip KeOps (it compiles 10-25 s per d and dtype)"
+    )
     args = ap.parse_args(argv)
     repeat = args.repeat or 5
     t0 = time.perf_counter()
-    print(f"python -m benchmarks.kernels {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
-    print(f"numpy {np.__version__}, torch {getattr(torch, '__version__', 'absent')}, "
-          f"backends available: {[n for n, b in BACKENDS.items() if b.available()]}")
+    print(
+        f"python -m benchmarks.kernels {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip()
+    )
+    print(
+        f"numpy {np.__version__}, torch {getattr(torch, '__version__', 'absent')}, "
+        f"backends available: {[n for n, b in BACKENDS.items() if b.available()]}"
+    )
     if args.quick:
-        kernel_table([3, 64], [10_000], [np.float32, np.float64], [100.0], repeat, not args.no_keops, 2 * 10**7)
+        kernel_table(
+            [3, 64],
+            [10_000],
+            [np.float32, np.float64],
+            [100.0],
+            repeat,
+            not args.no_keops,
+            2 * 10**7,
+        )
     else:
-        kernel_table([2, 3, 16, 64], [1_000, 10_000, 100_000], [np.float32, np.float64], [1.0, 100.0],
-                     repeat, not args.no_keops, 10**7)
+        kernel_table(
+            [2, 3, 16, 64],
+            [1_000, 10_000, 100_000],
+            [np.float32, np.float64],
+            [1.0, 100.0],
+            repeat,
+            not args.no_keops,
+            10**7,
+        )
     batched_table(repeat)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
 

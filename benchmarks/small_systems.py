@@ -48,6 +48,7 @@ threads took ~60 ms to wake for a single step after the idle time on the shared 
 average is printed with each table, and the numbers are noisy (ratios within a row are
 more reliable than absolute times).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,12 +68,14 @@ except Exception:  # optional
 from benchmarks.kernels import SETTLE_S, _interleaved_medians  # noqa: E402
 from wflow import sphere  # noqa: E402
 from wflow.diagnostics import cluster_labels, count_clusters, pair_fraction  # noqa: E402
-from wflow.kernels import kernel_sums  # noqa: E402
-from wflow.kernels import numba_backend  # noqa: E402
+from wflow.kernels import (
+    kernel_sums,  # noqa: E402
+    numba_backend,  # noqa: E402
+)
 from wflow.measure import Atoms  # noqa: E402
 from wflow.models import SA  # noqa: E402
-from wflow.solvers.trackers import Record  # noqa: E402
 from wflow.solvers.particles import simulate  # noqa: E402
+from wflow.solvers.trackers import Record  # noqa: E402
 
 BETA = 5.0
 ETA = 0.1
@@ -80,7 +83,7 @@ N = 32
 
 
 def _load() -> str:
-    return "load average %.2f %.2f %.2f" % os.getloadavg()
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def torch_step(x, beta=None):
@@ -123,6 +126,7 @@ def _steps(step, x0, *args):
         for _ in range(steps):
             x = step(x, *args)
         return x
+
     return run
 
 
@@ -176,15 +180,21 @@ def step_table(dims, batches, repeat):
 
 
 def print_step_table(rows):
-    print(f"\n### One Euler step (ms per step, median of runs of {STEPS} consecutive steps, 2 from B d = 2^18 on), "
-          "n = 32, beta = 5, eta = 0.1\n")
-    print("| d | batch | dtype | torch 2 threads | torch 1 thread | numpy | wflow (route) | wflow tol=2e-4 | best torch / wflow |")
+    print(
+        f"\n### One Euler step (ms per step, median of runs of {STEPS} consecutive steps, 2 from B d = 2^18 on), "
+        "n = 32, beta = 5, eta = 0.1\n"
+    )
+    print(
+        "| d | batch | dtype | torch 2 threads | torch 1 thread | numpy | wflow (route) | wflow tol=2e-4 | best torch / wflow |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for d, B, dt, route, t in rows:
         best = min((t[k] for k in ("torch", "torch 1 thread") if k in t), default=None)
         ratio = f"{best / t['wflow']:.2f}" if best else "-"
-        print(f"| {d} | {B} | {dt} | {_ms(t.get('torch'))} | {_ms(t.get('torch 1 thread'))} | {_ms(t['numpy'])} | "
-              f"{_ms(t['wflow'])} ({route}) | {_ms(t.get('wflow tol'))} | {ratio} |")
+        print(
+            f"| {d} | {B} | {dt} | {_ms(t.get('torch'))} | {_ms(t.get('torch 1 thread'))} | {_ms(t['numpy'])} | "
+            f"{_ms(t['wflow'])} ({route}) | {_ms(t.get('wflow tol'))} | {ratio} |"
+        )
 
 
 def _ms(t):
@@ -203,9 +213,11 @@ def diagnostics_table(dims, repeat):
         x = x + 0.05 / np.sqrt(d) * rng.standard_normal(x.shape)
         x /= np.linalg.norm(x, axis=-1, keepdims=True)
         mu = Atoms(x)
-        fns = {"pair fraction (wflow)": lambda: pair_fraction(x, 0.999),
-               "clusters (wflow, batched)": lambda: count_clusters(mu, 0.1),
-               "clusters (loop of cluster_labels)": lambda: [cluster_labels(xx, 0.1) for xx in x]}
+        fns = {
+            "pair fraction (wflow)": lambda: pair_fraction(x, 0.999),
+            "clusters (wflow, batched)": lambda: count_clusters(mu, 0.1),
+            "clusters (loop of cluster_labels)": lambda: [cluster_labels(xx, 0.1) for xx in x],
+        }
         if torch is not None:
             tx = torch.from_numpy(x)
 
@@ -213,10 +225,14 @@ def diagnostics_table(dims, repeat):
                 G = torch.bmm(tx, tx.transpose(1, 2))
                 eye = torch.eye(N, dtype=torch.bool)
                 return ((G > 0.999) & ~eye).sum(dim=(1, 2)) / (N * (N - 1))
+
             fns = {"pair fraction (torch)": torch_pf, **fns}
         t = _interleaved_medians(fns, repeat)
         rows.append((d, t))
-        print(f"<!-- d={d}: " + " | ".join(f"{k} {1e3 * v:.2f}" for k, v in t.items()) + " ms -->", flush=True)
+        print(
+            f"<!-- d={d}: " + " | ".join(f"{k} {1e3 * v:.2f}" for k, v in t.items()) + " ms -->",
+            flush=True,
+        )
     print(f"<!-- diagnostics table: end {_load()} -->", flush=True)
     return rows
 
@@ -230,8 +246,17 @@ def print_diagnostics_table(rows):
         print(f"| {d} | " + " | ".join(_ms(t[k]) for k in names) + " |")
 
 
-ROUTE_SHAPES = [(3, 1, 256), (128, 1, 256), (3, 16, 64), (128, 16, 64), (8, 256, 32), (32, 256, 32),
-                (128, 256, 32), (1024, 256, 32), (128, 2048, 32)]
+ROUTE_SHAPES = [
+    (3, 1, 256),
+    (128, 1, 256),
+    (3, 16, 64),
+    (128, 16, 64),
+    (8, 256, 32),
+    (32, 256, 32),
+    (128, 256, 32),
+    (1024, 256, 32),
+    (128, 2048, 32),
+]
 
 
 def route_table(repeat, quick=False):
@@ -249,21 +274,40 @@ def route_table(repeat, quick=False):
             t = _interleaved_medians(fns, r)
             pick = numba_backend.choose_route(B, n, n, d, np.dtype(dtype))
             rows.append((d, B, n, np.dtype(dtype).name, pick, t))
-            print(f"<!-- d={d} B={B} n={n} {np.dtype(dtype).name}: " + " | ".join(f"{k} {1e3 * v:.2f}" for k, v in t.items()) + " ms -->", flush=True)
+            print(
+                f"<!-- d={d} B={B} n={n} {np.dtype(dtype).name}: "
+                + " | ".join(f"{k} {1e3 * v:.2f}" for k, v in t.items())
+                + " ms -->",
+                flush=True,
+            )
     print(f"<!-- route table: end {_load()} -->", flush=True)
     print("\n### Kernel sums alone by route of the numba backend (ms, median), beta = 5\n")
-    print("| d | batch | n = m | dtype | small | direct | blas | numpy backend | choose_route | fastest route |")
+    print(
+        "| d | batch | n = m | dtype | small | direct | blas | numpy backend | choose_route | fastest route |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for d, B, n, dt, pick, t in rows:
         best = min(("small", "direct", "blas"), key=t.get)
-        print(f"| {d} | {B} | {n} | {dt} | {_ms(t['small'])} | {_ms(t['direct'])} | {_ms(t['blas'])} | "
-              f"{_ms(t['numpy backend'])} | {pick} | {best} |")
+        print(
+            f"| {d} | {B} | {n} | {dt} | {_ms(t['small'])} | {_ms(t['direct'])} | {_ms(t['blas'])} | "
+            f"{_ms(t['numpy backend'])} | {pick} | {best} |"
+        )
 
 
 #: shapes (d, B, n = m) on which ``--costs`` fits the cost model (disjoint from ROUTE_SHAPES, on which it is checked)
-COST_FIT_SHAPES = [(d, B, n) for d in (2, 6, 24, 64, 256) for B, n in ((1, 200), (1, 48), (8, 96), (64, 24), (128, 48))]
+COST_FIT_SHAPES = [
+    (d, B, n)
+    for d in (2, 6, 24, 64, 256)
+    for B, n in ((1, 200), (1, 48), (8, 96), (64, 24), (128, 48))
+]
 #: and the shapes on which it is checked: the route table's, and some between the fitted ones
-COST_CHECK_SHAPES = ROUTE_SHAPES + [(48, 1, 40), (20, 100, 20), (12, 32, 128), (40, 4, 200), (16, 512, 16)]
+COST_CHECK_SHAPES = ROUTE_SHAPES + [
+    (48, 1, 40),
+    (20, 100, 20),
+    (12, 32, 128),
+    (40, 4, 200),
+    (16, 512, 16),
+]
 
 
 def _forced(route, x, w):
@@ -279,6 +323,7 @@ def _forced(route, x, w):
         finally:
             numba_backend.FORCE_ROUTE = None
             small.FORCE_METHOD = None
+
     return f
 
 
@@ -310,10 +355,17 @@ def _route_times(shapes, repeat):
                     for _ in range(reps[r]):
                         f()
                     times[r].append((time.perf_counter() - t0) / reps[r])
-            out[(d, B, n, np.dtype(dtype).name)] = {r: statistics.fmean(v) for r, v in times.items()}
-            print(f"<!-- d={d} B={B} n={n} {np.dtype(dtype).name}: "
-                  + " | ".join(f"{r} {1e3 * v:.3f}" for r, v in out[(d, B, n, np.dtype(dtype).name)].items())
-                  + " ms -->", flush=True)
+            out[(d, B, n, np.dtype(dtype).name)] = {
+                r: statistics.fmean(v) for r, v in times.items()
+            }
+            print(
+                f"<!-- d={d} B={B} n={n} {np.dtype(dtype).name}: "
+                + " | ".join(
+                    f"{r} {1e3 * v:.3f}" for r, v in out[(d, B, n, np.dtype(dtype).name)].items()
+                )
+                + " ms -->",
+                flush=True,
+            )
     return out
 
 
@@ -325,37 +377,62 @@ def cost_table(repeat):
 
     print(f"<!-- cost table: start {_load()} -->", flush=True)
     fit_times = _route_times(COST_FIT_SHAPES, repeat)
-    samples = [(r, dt, B, n, n, d, d, t) for (d, B, n, dt), row in fit_times.items() for r, t in row.items()]
+    samples = [
+        (r, dt, B, n, n, d, d, t)
+        for (d, B, n, dt), row in fit_times.items()
+        for r, t in row.items()
+    ]
     fitted = cost.fit(samples)
-    print("\n### Fitted coefficients (c0 s, c1 s per system, c2 s per pair, c3 s per multiply-add)\n")
+    print(
+        "\n### Fitted coefficients (c0 s, c1 s per system, c2 s per pair, c3 s per multiply-add)\n"
+    )
     print("```\nCOSTS = {")
     for key in sorted(fitted):
         print(f"    {key!r}: ({', '.join(f'{v:.3e}' for v in fitted[key])}),")
     print("}\n```")
-    err = [abs(cost.predict(r, B, n, n, d, d, dt, fitted) / t - 1) for r, dt, B, n, _, d, _, t in samples]
-    print(f"\nOn the {len(samples)} fitted timings: relative error median {np.median(err):.2f}, "
-          f"90th percentile {np.quantile(err, 0.9):.2f}")
+    err = [
+        abs(cost.predict(r, B, n, n, d, d, dt, fitted) / t - 1)
+        for r, dt, B, n, _, d, _, t in samples
+    ]
+    print(
+        f"\nOn the {len(samples)} fitted timings: relative error median {np.median(err):.2f}, "
+        f"90th percentile {np.quantile(err, 0.9):.2f}"
+    )
     check = _route_times(COST_CHECK_SHAPES, repeat)
     print(f"<!-- cost table: end {_load()} -->", flush=True)
     print("\n### Checked on other shapes (ms, mean): measured / predicted by the fitted model\n")
-    print("| d | batch | n = m | dtype | " + " | ".join(cost.ROUTES) + " | fastest | model picks (x fastest) "
-          "| shipped COSTS (x) | size rule (x) |")
+    print(
+        "| d | batch | n = m | dtype | "
+        + " | ".join(cost.ROUTES)
+        + " | fastest | model picks (x fastest) "
+        "| shipped COSTS (x) | size rule (x) |"
+    )
     print("|---|---|---|---|" + "---|" * len(cost.ROUTES) + "---|---|---|---|")
     regrets = {"model": [], "shipped": [], "rule": []}
     for (d, B, n, dt), row in check.items():
         best = min(row, key=row.get)
-        picks = {"model": cost.cheapest(B, n, n, d, d, dt, costs=fitted), "shipped": cost.cheapest(B, n, n, d, d, dt),
-                 "rule": "fused" if d <= 16 else "gemm"}  # the rule cost.py replaced (FUSED_MAX_DIM = 16)
+        picks = {
+            "model": cost.cheapest(B, n, n, d, d, dt, costs=fitted),
+            "shipped": cost.cheapest(B, n, n, d, d, dt),
+            "rule": "fused" if d <= 16 else "gemm",
+        }  # the rule cost.py replaced (FUSED_MAX_DIM = 16)
         for k, r in picks.items():
             regrets[k].append(row[r] / row[best])
-        cells = " | ".join(f"{1e3 * row[r]:.2f} / {1e3 * cost.predict(r, B, n, n, d, d, dt, fitted):.2f}"
-                           for r in cost.ROUTES)
-        print(f"| {d} | {B} | {n} | {dt} | {cells} | {best} | "
-              + " | ".join(f"{r} ({row[r] / row[best]:.2f})" for r in picks.values()) + " |")
+        cells = " | ".join(
+            f"{1e3 * row[r]:.2f} / {1e3 * cost.predict(r, B, n, n, d, d, dt, fitted):.2f}"
+            for r in cost.ROUTES
+        )
+        print(
+            f"| {d} | {B} | {n} | {dt} | {cells} | {best} | "
+            + " | ".join(f"{r} ({row[r] / row[best]:.2f})" for r in picks.values())
+            + " |"
+        )
     for k, v in regrets.items():
         v = np.array(v)
-        print(f"\n{k}: the fastest route in {int(np.sum(v == 1.0))} of {len(v)} shapes, within 10 % of it in "
-              f"{int(np.sum(v <= 1.1))}; worst {v.max():.2f}x the fastest, geometric mean {np.exp(np.log(v).mean()):.3f}x.")
+        print(
+            f"\n{k}: the fastest route in {int(np.sum(v == 1.0))} of {len(v)} shapes, within 10 % of it in "
+            f"{int(np.sum(v <= 1.1))}; worst {v.max():.2f}x the fastest, geometric mean {np.exp(np.log(v).mean()):.3f}x."
+        )
     return fitted, check
 
 
@@ -378,7 +455,9 @@ def fused_route_table(repeat):
             finally:
                 setattr(small, name, old[0])
                 small.SA_STEP_BLAS = old[1]
+
         return g
+
     rows = []
     print(f"<!-- fused route table: start {_load()} -->", flush=True)
     cases = [("step", "SA_STEP_FUSED_MAX_DIM", r) for r in (8, 9, 12, 16, 24, 32)]
@@ -390,28 +469,44 @@ def fused_route_table(repeat):
             lw = small.step_log_weights(w)
             out = np.empty_like(x)
             if what == "step":
+
                 def f(x=x, w=w, lw=lw, out=out):
                     small.sa_euler_step(x, w, BETA, ETA, out=out, log_weights=lw)
             else:
+
                 def f(x=x):
                     small.pair_counts(x, 0.999)
+
             fns = {"one pass": routed(name, 10**6, f), "GEMM": routed(name, 0, f)}
             if what == "step":
                 fns["BLAS pass"] = routed(name, 0, f, blas=True)
             t = _interleaved_medians(fns, repeat)
-            chosen = ("BLAS pass" if what == "step" and small.SA_STEP_BLAS else
-                      "one pass" if r <= getattr(small, name) else "GEMM")
+            chosen = (
+                "BLAS pass"
+                if what == "step" and small.SA_STEP_BLAS
+                else "one pass"
+                if r <= getattr(small, name)
+                else "GEMM"
+            )
             rows.append((what, B, r, t, chosen))
-            print(f"<!-- {what} B={B} r={r}: " + " | ".join(f"{k} {1e3 * v / 5:.2f}" for k, v in t.items())
-                  + " ms -->", flush=True)
+            print(
+                f"<!-- {what} B={B} r={r}: "
+                + " | ".join(f"{k} {1e3 * v / 5:.2f}" for k, v in t.items())
+                + " ms -->",
+                flush=True,
+            )
     print(f"<!-- fused route table: end {_load()} -->", flush=True)
-    print("\n### The fused step and the pair counts by route (ms per call, median), n = 32, float64\n")
+    print(
+        "\n### The fused step and the pair counts by route (ms per call, median), n = 32, float64\n"
+    )
     print("| what | batch | r | one pass | GEMM | BLAS pass | chosen | fastest |")
     print("|---|---|---|---|---|---|---|---|")
     for what, B, r, t, chosen in rows:
         blas = _ms(t["BLAS pass"] / 5) if "BLAS pass" in t else "-"
-        print(f"| {what} | {B} | {r} | {_ms(t['one pass'] / 5)} | {_ms(t['GEMM'] / 5)} | {blas} | {chosen} | "
-              f"{min(t, key=t.get)} |")
+        print(
+            f"| {what} | {B} | {r} | {_ms(t['one pass'] / 5)} | {_ms(t['GEMM'] / 5)} | {blas} | {chosen} | "
+            f"{min(t, key=t.get)} |"
+        )
     return rows
 
 
@@ -422,11 +517,13 @@ def projection_table(repeat):
         rng = np.random.default_rng(2)
         x = sphere.uniform(N, 128, rng, batch=(256,)).astype(dtype)  # 10^6 numbers
         v = rng.standard_normal(x.shape).astype(dtype)
-        fns = {"project (old: v - sum(x*v) x)": lambda: v - np.sum(x * v, axis=-1, keepdims=True) * x,
-               "sphere.project": lambda: sphere.project(x, v),
-               "normalize (old: x / norm)": lambda: v / np.linalg.norm(v, axis=-1, keepdims=True),
-               "sphere.normalize": lambda: sphere.normalize(v),
-               "sphere.normalize(check=False)": lambda: sphere.normalize(v, check=False)}
+        fns = {
+            "project (old: v - sum(x*v) x)": lambda: v - np.sum(x * v, axis=-1, keepdims=True) * x,
+            "sphere.project": lambda: sphere.project(x, v),
+            "normalize (old: x / norm)": lambda: v / np.linalg.norm(v, axis=-1, keepdims=True),
+            "sphere.normalize": lambda: sphere.normalize(v),
+            "sphere.normalize(check=False)": lambda: sphere.normalize(v, check=False),
+        }
         rows.append((np.dtype(dtype).name, _interleaved_medians(fns, repeat)))
     print(f"<!-- projection table: end {_load()} -->", flush=True)
     print("\n### Projection and normalization of 256 x 32 x 128 numbers (ms, median)\n")
@@ -446,6 +543,7 @@ def e2e_torch(x0, steps, save_steps, beta=BETA):
     def pf(x):
         G = torch.bmm(x, x.transpose(1, 2))
         return ((G > 0.999) & ~eye).sum(dim=(1, 2)) / (N * (N - 1))
+
     save = set(int(k) for k in save_steps)
     if 0 in save:
         out.append(pf(x))
@@ -456,14 +554,27 @@ def e2e_torch(x0, steps, save_steps, beta=BETA):
     return x, torch.stack(out)
 
 
-def e2e_wflow(x0, t_end, save_at, coordinates="cartesian", beta=BETA, diagnostics=("pair_fraction",)):
+def e2e_wflow(
+    x0, t_end, save_at, coordinates="cartesian", beta=BETA, diagnostics=("pair_fraction",)
+):
     """``wflow.simulate(..., method="euler", dt=0.1, diagnostics=("pair_fraction",), backend="auto")``
     (keep=False, the pair fractions recorded by a tracker, with the other ``diagnostics``); Euler takes
     the fused small-system step (``ParticleProblem.euler_step``), and ``coordinates="span"`` integrates
     in the initial span."""
     rec = Record(*diagnostics)
-    tr = simulate(SA(beta), Atoms(x0), t_end, method="euler", dt=ETA, save_at=save_at, backend="auto", keep=False,
-                  trackers=[rec], diagnostics=diagnostics, coordinates=coordinates)
+    tr = simulate(
+        SA(beta),
+        Atoms(x0),
+        t_end,
+        method="euler",
+        dt=ETA,
+        save_at=save_at,
+        backend="auto",
+        keep=False,
+        trackers=[rec],
+        diagnostics=diagnostics,
+        coordinates=coordinates,
+    )
     return tr.points[-1], np.array(rec.values["pair_fraction"])
 
 
@@ -475,15 +586,24 @@ SWEEP_DIAGNOSTICS = ("pair_fraction", "energy", "order_parameter", "n_clusters")
 E2E_T, E2E_SAVES = 30.0, 200
 
 
-def e2e_table(dims, repeat, short_dims=(1024,), B=256, dtypes=(np.float64, np.float32), betas=(BETA,),
-              diagnostics=("pair_fraction",)):
+def e2e_table(
+    dims,
+    repeat,
+    short_dims=(1024,),
+    B=256,
+    dtypes=(np.float64, np.float32),
+    betas=(BETA,),
+    diagnostics=("pair_fraction",),
+):
     """The whole workload side by side (round-robin medians): torch (its faster thread count, picked
     on 10 steps first), wflow.simulate, and wflow.simulate in span coordinates; each timed call runs the
     workload once per value of ``betas``, wflow with ``diagnostics`` at every save."""
     rows = []
     print(f"<!-- e2e table: start {_load()} -->", flush=True)
     for d in dims:
-        frac = 10 if d in short_dims else 1  # d = 1024: a tenth of the workload (30 steps, 20 saves)
+        frac = (
+            10 if d in short_dims else 1
+        )  # d = 1024: a tenth of the workload (30 steps, 20 saves)
         t_end, n_saves = E2E_T / frac, E2E_SAVES // frac
         save_at = np.linspace(0.0, t_end, n_saves)
         steps = int(round(t_end / ETA))
@@ -493,13 +613,26 @@ def e2e_table(dims, repeat, short_dims=(1024,), B=256, dtypes=(np.float64, np.fl
             fns = {}
             if torch is not None:
                 tx = torch.from_numpy(x0)
-                probe = _round_robin({k: (_threads(k), _steps(torch_step, tx)) for k in (1, os.cpu_count() or 1)}, 3)
+                probe = _round_robin(
+                    {k: (_threads(k), _steps(torch_step, tx)) for k in (1, os.cpu_count() or 1)}, 3
+                )
                 nt = min(probe, key=probe.get)
-                fns["torch"] = (_threads(nt), lambda tx=tx: [e2e_torch(tx, steps, save_steps, b) for b in betas])
-            fns["wflow.simulate"] = (_threads(1), lambda x0=x0: [e2e_wflow(x0, t_end, save_at, "cartesian", b,
-                                                                           diagnostics) for b in betas])
-            fns["simulate span"] = (_threads(1), lambda x0=x0: [e2e_wflow(x0, t_end, save_at, "span", b, diagnostics)
-                                                                for b in betas])
+                fns["torch"] = (
+                    _threads(nt),
+                    lambda tx=tx: [e2e_torch(tx, steps, save_steps, b) for b in betas],
+                )
+            fns["wflow.simulate"] = (
+                _threads(1),
+                lambda x0=x0: [
+                    e2e_wflow(x0, t_end, save_at, "cartesian", b, diagnostics) for b in betas
+                ],
+            )
+            fns["simulate span"] = (
+                _threads(1),
+                lambda x0=x0: [
+                    e2e_wflow(x0, t_end, save_at, "span", b, diagnostics) for b in betas
+                ],
+            )
             # the same answer: final points and pair fractions of the span run against the plain one's
             ref, ref_pf = e2e_wflow(x0, t_end, save_at, "cartesian", betas[0], diagnostics)
             y, pf = fns["simulate span"][1]()[0]
@@ -507,24 +640,37 @@ def e2e_table(dims, repeat, short_dims=(1024,), B=256, dtypes=(np.float64, np.fl
             assert err < (1e-9 if dtype == np.float64 else 1e-3), ("span", err)
             assert pf.shape == ref_pf.shape
             t = _round_robin_once(fns, repeat)
-            rows.append((d, B, np.dtype(dtype).name, steps, n_saves, nt if torch is not None else None, t))
-            print(f"<!-- e2e d={d} B={B} {np.dtype(dtype).name} ({steps} steps, {n_saves} saves, {len(betas)} beta, "
-                  f"{len(diagnostics)} diagnostics, torch {nt} threads): "
-                  + " | ".join(f"{k} {v:.2f}" for k, v in t.items()) + f" s; {_load()} -->", flush=True)
+            rows.append(
+                (d, B, np.dtype(dtype).name, steps, n_saves, nt if torch is not None else None, t)
+            )
+            print(
+                f"<!-- e2e d={d} B={B} {np.dtype(dtype).name} ({steps} steps, {n_saves} saves, {len(betas)} beta, "
+                f"{len(diagnostics)} diagnostics, torch {nt} threads): "
+                + " | ".join(f"{k} {v:.2f}" for k, v in t.items())
+                + f" s; {_load()} -->",
+                flush=True,
+            )
     print(f"<!-- e2e table: end {_load()} -->", flush=True)
     what = "pair fraction" if tuple(diagnostics) == ("pair_fraction",) else ", ".join(diagnostics)
-    print(f"\n### The whole workload: Euler 0.1, {what} at each save (s, median of "
-          f"{repeat} round-robin runs), n = 32, beta = {', '.join(f'{b:g}' for b in betas)}, batch {B}\n")
-    print("| d | dtype | steps / saves | torch (threads) | wflow.simulate (fused step) | torch / wflow | "
-          "simulate coordinates='span' | torch / span |")
+    print(
+        f"\n### The whole workload: Euler 0.1, {what} at each save (s, median of "
+        f"{repeat} round-robin runs), n = 32, beta = {', '.join(f'{b:g}' for b in betas)}, batch {B}\n"
+    )
+    print(
+        "| d | dtype | steps / saves | torch (threads) | wflow.simulate (fused step) | torch / wflow | "
+        "simulate coordinates='span' | torch / span |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for d, B_, dt, steps, n_saves, nt, t in rows:
         tt = t.get("torch")
 
         def ratio(k):
             return f"{tt / t[k]:.2f}" if tt else "-"
-        print(f"| {d} | {dt} | {steps} / {n_saves} | {tt:.2f} ({nt}) | {t['wflow.simulate']:.2f} | "
-              f"{ratio('wflow.simulate')} | {t['simulate span']:.2f} | {ratio('simulate span')} |")
+
+        print(
+            f"| {d} | {dt} | {steps} / {n_saves} | {tt:.2f} ({nt}) | {t['wflow.simulate']:.2f} | "
+            f"{ratio('wflow.simulate')} | {t['simulate span']:.2f} | {ratio('simulate span')} |"
+        )
     return rows
 
 
@@ -546,38 +692,81 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="d = 8 and 128, batch 256 only")
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--e2e", action="store_true", help="only the whole workload (d = 8, 128 and a tenth of it at "
-                    "d = 1024; with --quick d = 8, 128), medians of 3")
-    ap.add_argument("--dims", type=int, nargs="+", help="--e2e: these dimensions, each the whole workload "
-                    "(e.g. --dims 8 1024 --batch 2048 --e2e-repeat 1: the issue's large-batch rows)")
+    ap.add_argument(
+        "--e2e",
+        action="store_true",
+        help="only the whole workload (d = 8, 128 and a tenth of it at "
+        "d = 1024; with --quick d = 8, 128), medians of 3",
+    )
+    ap.add_argument(
+        "--dims",
+        type=int,
+        nargs="+",
+        help="--e2e: these dimensions, each the whole workload "
+        "(e.g. --dims 8 1024 --batch 2048 --e2e-repeat 1: the issue's large-batch rows)",
+    )
     ap.add_argument("--batch", type=int, default=256, help="--e2e: systems per run (default 256)")
-    ap.add_argument("--e2e-repeat", type=int, default=3, help="--e2e: round-robin runs per row (default 3)")
-    ap.add_argument("--dtypes", nargs="+", choices=("float64", "float32"), default=("float64", "float32"),
-                    help="--e2e: these dtypes only (default both)")
-    ap.add_argument("--betas", type=float, nargs="+", default=[BETA], help="--e2e: the workload once per beta in "
-                    "each timed run (the issue's workload: five values; default 5)")
-    ap.add_argument("--diagnostics", choices=("pair_fraction", "default"), default="pair_fraction",
-                    help="--e2e: what wflow records at each save: the pair fraction (as the authors' loop) or a "
-                         "sweep's default observables (pair fraction, energy, order parameter, cluster count)")
-    ap.add_argument("--costs", action="store_true", help="only the cost model of wflow.kernels.cost: fit it on "
-                    "one grid of shapes, check it on another (~5 minutes)")
-    ap.add_argument("--fused-routes", action="store_true", help="only the fused step's and the pair counts' "
-                    "two routes against the dimension where they switch (~2 minutes)")
+    ap.add_argument(
+        "--e2e-repeat", type=int, default=3, help="--e2e: round-robin runs per row (default 3)"
+    )
+    ap.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=("float64", "float32"),
+        default=("float64", "float32"),
+        help="--e2e: these dtypes only (default both)",
+    )
+    ap.add_argument(
+        "--betas",
+        type=float,
+        nargs="+",
+        default=[BETA],
+        help="--e2e: the workload once per beta in "
+        "each timed run (the issue's workload: five values; default 5)",
+    )
+    ap.add_argument(
+        "--diagnostics",
+        choices=("pair_fraction", "default"),
+        default="pair_fraction",
+        help="--e2e: what wflow records at each save: the pair fraction (as the authors' loop) or a "
+        "sweep's default observables (pair fraction, energy, order parameter, cluster count)",
+    )
+    ap.add_argument(
+        "--costs",
+        action="store_true",
+        help="only the cost model of wflow.kernels.cost: fit it on "
+        "one grid of shapes, check it on another (~5 minutes)",
+    )
+    ap.add_argument(
+        "--fused-routes",
+        action="store_true",
+        help="only the fused step's and the pair counts' "
+        "two routes against the dimension where they switch (~2 minutes)",
+    )
     args = ap.parse_args(argv)
     if args.costs:
-        print(f"# small systems, cost model: numpy {np.__version__}, {os.cpu_count()} cpus, {_load()}", flush=True)
+        print(
+            f"# small systems, cost model: numpy {np.__version__}, {os.cpu_count()} cpus, {_load()}",
+            flush=True,
+        )
         t0 = time.perf_counter()
         cost_table(args.repeat)
         print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
         return 0
     if args.fused_routes:
-        print(f"# small systems, fused routes: numpy {np.__version__}, {os.cpu_count()} cpus, {_load()}", flush=True)
+        print(
+            f"# small systems, fused routes: numpy {np.__version__}, {os.cpu_count()} cpus, {_load()}",
+            flush=True,
+        )
         fused_route_table(args.repeat)
         return 0
     if args.e2e:
         dtypes = tuple(np.dtype(t).type for t in args.dtypes)
-        print(f"# small systems, whole workload: python {sys.version.split()[0]}, numpy {np.__version__}, torch "
-              f"{getattr(torch, '__version__', 'not installed')}, {os.cpu_count()} cpus, {_load()}", flush=True)
+        print(
+            f"# small systems, whole workload: python {sys.version.split()[0]}, numpy {np.__version__}, torch "
+            f"{getattr(torch, '__version__', 'not installed')}, {os.cpu_count()} cpus, {_load()}",
+            flush=True,
+        )
         t0 = time.perf_counter()
         diags = SWEEP_DIAGNOSTICS if args.diagnostics == "default" else ("pair_fraction",)
         kw = dict(B=args.batch, dtypes=dtypes, betas=tuple(args.betas), diagnostics=diags)
@@ -589,9 +778,12 @@ def main(argv=None) -> int:
         return 0
     dims = (8, 128) if args.quick else (8, 128, 1024)
     batches = (256,) if args.quick else (256, 2048)
-    print(f"# small systems: python {sys.version.split()[0]}, numpy {np.__version__}, "
-          f"torch {getattr(torch, '__version__', 'not installed')} ({torch.get_num_threads() if torch else 0} threads), "
-          f"{os.cpu_count()} cpus, {_load()}", flush=True)
+    print(
+        f"# small systems: python {sys.version.split()[0]}, numpy {np.__version__}, "
+        f"torch {getattr(torch, '__version__', 'not installed')} ({torch.get_num_threads() if torch else 0} threads), "
+        f"{os.cpu_count()} cpus, {_load()}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     steps = step_table(dims, batches, args.repeat)
     diags = diagnostics_table(dims, args.repeat)

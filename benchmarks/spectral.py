@@ -8,6 +8,7 @@ that subset: mass and vector in units of the spectral scale e^{c_i} (what the a-
 bound bounds), and the softmax average (SA).  Times are medians of ``--repeat`` runs;
 the machine is shared, so they are noisy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,9 @@ def run(sizes, repeat: int, tol: float) -> list[dict]:
             x = rng.normal(size=(N, d))
             x /= np.linalg.norm(x, axis=1, keepdims=True)
             w = np.full(N, 1.0 / N)
-            t_sp, sp = _median_time(lambda: kernel_sums(x, x, w, beta, backend="spectral", tol=tol), repeat)
+            t_sp, sp = _median_time(
+                lambda: kernel_sums(x, x, w, beta, backend="spectral", tol=tol), repeat
+            )
             sub = x[:SUBSET]
             t_ref, ref = _median_time(lambda: kernel_sums(sub, x, w, beta, backend="numpy"), 1)
             t_direct = t_ref * N / sub.shape[0]
@@ -53,8 +56,20 @@ def run(sizes, repeat: int, tol: float) -> list[dict]:
             sa_sp = sp.vector[:SUBSET] / sp.mass[:SUBSET, None]
             e_sa = np.abs(sa_sp - ref.softmax_average()).max()
             plan = backend.plan(_problem(x, w, beta, tol))
-            rows.append(dict(d=d, beta=beta, N=N, degree=plan.degree, bound=plan.bound, t_spectral=t_sp,
-                             t_direct=t_direct, e_mass=e_mass, e_vec=e_vec, e_sa=e_sa))
+            rows.append(
+                dict(
+                    d=d,
+                    beta=beta,
+                    N=N,
+                    degree=plan.degree,
+                    bound=plan.bound,
+                    t_spectral=t_sp,
+                    t_direct=t_direct,
+                    e_mass=e_mass,
+                    e_vec=e_vec,
+                    e_sa=e_sa,
+                )
+            )
             print(_fmt(rows[-1]), flush=True)
     return rows
 
@@ -62,18 +77,32 @@ def run(sizes, repeat: int, tol: float) -> list[dict]:
 def _problem(x, w, beta, tol):
     from wflow.kernels import KernelProblem
 
-    return KernelProblem(x=x[None], y=x[None], weights=w[None], beta=beta, Q=None, K=None, V=None, values=True, tol=tol)
+    return KernelProblem(
+        x=x[None],
+        y=x[None],
+        weights=w[None],
+        beta=beta,
+        Q=None,
+        K=None,
+        V=None,
+        values=True,
+        tol=tol,
+    )
 
 
-HEADER = ("| sphere | beta | N | degree | a-priori bound | spectral (s) | direct numpy (s, est.) | speed-up "
-          "| max err mass | max err vector | max err SA |\n|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| sphere | beta | N | degree | a-priori bound | spectral (s) | direct numpy (s, est.) | speed-up "
+    "| max err mass | max err vector | max err SA |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def _fmt(r: dict) -> str:
     s = "S^1" if r["d"] == 2 else "S^2"
-    return (f"| {s} | {r['beta']:g} | {r['N']:.0e} | {r['degree']} | {r['bound']:.1e} | {r['t_spectral']:.3f} "
-            f"| {r['t_direct']:.3g} | {r['t_direct'] / r['t_spectral']:.3g}x | {r['e_mass']:.1e} "
-            f"| {r['e_vec']:.1e} | {r['e_sa']:.1e} |")
+    return (
+        f"| {s} | {r['beta']:g} | {r['N']:.0e} | {r['degree']} | {r['bound']:.1e} | {r['t_spectral']:.3f} "
+        f"| {r['t_direct']:.3g} | {r['t_direct'] / r['t_spectral']:.3g}x | {r['e_mass']:.1e} "
+        f"| {r['e_vec']:.1e} | {r['e_sa']:.1e} |"
+    )
 
 
 def main(argv=None) -> None:
@@ -83,8 +112,10 @@ def main(argv=None) -> None:
     p.add_argument("--tol", type=float, default=1e-12)
     args = p.parse_args(argv)
     sizes = [10**4, 10**5] if args.quick else [10**4, 10**5, 10**6]
-    print(f"# spectral kernel sums, tol={args.tol:g}, engine={BACKENDS['spectral'].engine}, "
-          f"{platform.processor() or platform.machine()}; direct reference on {SUBSET} query rows, time scaled to N")
+    print(
+        f"# spectral kernel sums, tol={args.tol:g}, engine={BACKENDS['spectral'].engine}, "
+        f"{platform.processor() or platform.machine()}; direct reference on {SUBSET} query rows, time scaled to N"
+    )
     print(HEADER)
     run(sizes, args.repeat, args.tol)
 

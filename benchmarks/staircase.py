@@ -15,6 +15,7 @@ Initial angles 0.5 [0, 0.5, 2, 4, 7] log(beta)/sqrt(beta) (Geshkovski, Koubbi, P
 Reported: wall time, accepted steps, the times of the merges (a gap between neighbours below 1e-6) and
 the time reached.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,14 +52,26 @@ class Budget(Tracker):
         return time.perf_counter() - self.t0 > BUDGET
 
 
-def run_wflow(beta: float, coordinates: str, rtol: float) -> tuple[float, int, list[str], float, str]:
+def run_wflow(
+    beta: float, coordinates: str, rtol: float
+) -> tuple[float, int, list[str], float, str]:
     th = initial_angles(beta)
     x0 = np.stack([np.cos(th), np.sin(th)], -1)
     save = np.concatenate([[0], np.logspace(-3, 90, 187)])
     t = time.perf_counter()
-    r = wflow.simulate(USA(beta, kernel="rescaled"), x0, T_END, method="ros2", rtol=rtol, atol=1e-10,
-                       save_at=save, coordinates=coordinates, throw=False, diagnostics=("log_energy",),
-                       trackers=[Budget()])
+    r = wflow.simulate(
+        USA(beta, kernel="rescaled"),
+        x0,
+        T_END,
+        method="ros2",
+        rtol=rtol,
+        atol=1e-10,
+        save_at=save,
+        coordinates=coordinates,
+        throw=False,
+        diagnostics=("log_energy",),
+        trackers=[Budget()],
+    )
     wall = time.perf_counter() - t
     ang = r.data["angles"][1]
     return wall, int(r.stats["steps"][-1]), merges(r.times, ang), float(r.times[-1]), r.message
@@ -71,8 +84,15 @@ def run_scipy(beta: float, method: str) -> tuple[float, int, list[str], float, s
     w = np.full(5, 0.2)
     save = list(np.logspace(-3, 90, 187))
     cls = {"Radau": Radau, "BDF": BDF}[method]
-    solver = cls(lambda t, y: model.angular_velocity(y, w), 0.0, initial_angles(beta), T_END, rtol=1e-6,
-                 atol=1e-10, jac=lambda t, y: model.angular_jacobian(y, w))
+    solver = cls(
+        lambda t, y: model.angular_velocity(y, w),
+        0.0,
+        initial_angles(beta),
+        T_END,
+        rtol=1e-6,
+        atol=1e-10,
+        jac=lambda t, y: model.angular_jacobian(y, w),
+    )
     t0 = time.perf_counter()
     times, states, steps, msg = [0.0], [initial_angles(beta)], 0, "reached t_end"
     while solver.status == "running":
@@ -95,15 +115,22 @@ def main(quick: bool) -> None:
     print(f"load average before: {os.getloadavg()}")
     print("| beta | solver | wall s | steps | merge times | t reached | message |")
     print("|---|---|---|---|---|---|---|")
-    for beta in ((4000.0,) if quick else (500.0, 1000.0, 2000.0, 4000.0)):
-        rows = [(f"wflow gaps ros2 rtol {rtol:g}", lambda rtol=rtol: run_wflow(beta, "gaps", rtol))
-                for rtol in (1e-4, 1e-6)]
+    for beta in (4000.0,) if quick else (500.0, 1000.0, 2000.0, 4000.0):
+        rows = [
+            (f"wflow gaps ros2 rtol {rtol:g}", lambda rtol=rtol: run_wflow(beta, "gaps", rtol))
+            for rtol in (1e-4, 1e-6)
+        ]
         rows.append(("wflow angles ros2 rtol 1e-06", lambda: run_wflow(beta, "angles", 1e-6)))
-        rows += [(f"scipy {m} (angles, exact J) rtol 1e-06", lambda m=m: run_scipy(beta, m)) for m in ("Radau", "BDF")]
+        rows += [
+            (f"scipy {m} (angles, exact J) rtol 1e-06", lambda m=m: run_scipy(beta, m))
+            for m in ("Radau", "BDF")
+        ]
         for name, fn in rows:
             wall, steps, mt, reached, msg = fn()
-            print(f"| {beta:g} | {name} | {wall:.1f} | {steps} | {', '.join(mt)} | {reached:.3g} | {msg[:60]} |",
-                  flush=True)
+            print(
+                f"| {beta:g} | {name} | {wall:.1f} | {steps} | {', '.join(mt)} | {reached:.3g} | {msg[:60]} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

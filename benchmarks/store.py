@@ -11,6 +11,7 @@ snapshot of:
 * ``old writer`` (with ``--old``, a checkout before the contract): xarray ``to_zarr`` appends, one
   per snapshot, as wflow wrote stores before (no atomicity, no checksums), timed in that checkout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,11 +33,20 @@ def _snapshots(n: int, k: int):
     x = rng.normal(size=(n, 3))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     for i in range(k):
-        yield SimpleNamespace(index=i, t=0.1 * i, data={
-            "points": (("particle", "coord"), x + 1e-3 * i), "energy": ((), np.float64(1.0 + i)),
-            "log_energy": ((), np.float64(0.1 * i)), "order_parameter": ((), np.float64(0.5)),
-            "n_clusters": ((), np.int64(3))}, stats={"steps": i, "rejected": 0, "evaluations": 7 * i},
-            control={"dt_next": 0.01}, checkpoint={})
+        yield SimpleNamespace(
+            index=i,
+            t=0.1 * i,
+            data={
+                "points": (("particle", "coord"), x + 1e-3 * i),
+                "energy": ((), np.float64(1.0 + i)),
+                "log_energy": ((), np.float64(0.1 * i)),
+                "order_parameter": ((), np.float64(0.5)),
+                "n_clusters": ((), np.int64(3)),
+            },
+            stats={"steps": i, "rejected": 0, "evaluations": 7 * i},
+            control={"dt_next": 0.01},
+            checkpoint={},
+        )
 
 
 def time_recorder(n: int, k: int, plain: bool) -> float:
@@ -51,9 +61,15 @@ def time_recorder(n: int, k: int, plain: bool) -> float:
         io._write_commit = lambda path, length: None
     try:
         rec = io.ZarrRecorder(folder / "t.zarr")
-        rec.start(SimpleNamespace(save_times=np.arange(k), problem=SimpleNamespace(kind="particles"),
-                                  solver=SimpleNamespace(name="rk4"), config={"n": n},
-                                  static={"weights": (("particle",), np.full(n, 1 / n))}))
+        rec.start(
+            SimpleNamespace(
+                save_times=np.arange(k),
+                problem=SimpleNamespace(kind="particles"),
+                solver=SimpleNamespace(name="rk4"),
+                config={"n": n},
+                static={"weights": (("particle",), np.full(n, 1 / n))},
+            )
+        )
         times = []
         for snap in _snapshots(n, k):
             t0 = time.perf_counter()
@@ -88,22 +104,35 @@ print(json.dumps(float(np.median(times[1:]))))
 
 
 def time_old(tree: str, n: int, k: int) -> float:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(OLD.format(n=n, k=k))], capture_output=True,
-                         text=True, env=dict(os.environ, PYTHONPATH=tree), cwd=tree)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(OLD.format(n=n, k=k))],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=tree),
+        cwd=tree,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-1500:])
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--old", default=None, help="checkout of the code before the contract (its ZarrWriter)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--old", default=None, help="checkout of the code before the contract (its ZarrWriter)"
+    )
     p.add_argument("--snapshots", type=int, default=20)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
-    print(f"python -m benchmarks.store{' --old ' + args.old if args.old else ''}  (load {os.getloadavg()[0]:.1f}; "
-          f"medians over {args.snapshots - 1} snapshots, then over {args.repeat} rounds)")
-    print("| N | recorder (ms) | no commit, no crc (ms) | overhead | old writer (ms) | recorder / old |")
+    print(
+        f"python -m benchmarks.store{' --old ' + args.old if args.old else ''}  (load {os.getloadavg()[0]:.1f}; "
+        f"medians over {args.snapshots - 1} snapshots, then over {args.repeat} rounds)"
+    )
+    print(
+        "| N | recorder (ms) | no commit, no crc (ms) | overhead | old writer (ms) | recorder / old |"
+    )
     print("|---|---|---|---|---|---|")
     for n in (10_000, 100_000):
         rec, plain, old = [], [], []
@@ -114,8 +143,11 @@ def main(argv=None) -> None:
                 old.append(time_old(args.old, n, args.snapshots))
         r, q = np.median(rec), np.median(plain)
         o = np.median(old) if old else np.nan
-        print(f"| {n:.0e} | {1e3 * r:.2f} | {1e3 * q:.2f} | {100 * (r - q) / r:+.0f} % | {1e3 * o:.2f} | "
-              f"{r / o:.2f} |", flush=True)
+        print(
+            f"| {n:.0e} | {1e3 * r:.2f} | {1e3 * q:.2f} | {100 * (r - q) / r:+.0f} % | {1e3 * o:.2f} | "
+            f"{r / o:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ before and after, because the machine is shared.
   seeds) on the largest worker count, its seconds per task of 256 systems for each d, and the
   full diagram (90 betas x 2048 systems) extrapolated from them (labelled as such).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
-TINY = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 2, "run.method": "euler", "run.dt": 0.1}
+TINY = {
+    "init.n": 8,
+    "init.d": 3,
+    "run.t_end": 1.0,
+    "run.n_saves": 2,
+    "run.method": "euler",
+    "run.dt": 0.1,
+}
 
 
 def _load() -> str:
@@ -43,8 +51,14 @@ def _cluster(workers: int):
 
     from wflow.sweep import WORKER_ENV
 
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           silence_logs=logging.ERROR, env=dict(WORKER_ENV))
+    cluster = LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=":0",
+        silence_logs=logging.ERROR,
+        env=dict(WORKER_ENV),
+    )
     return cluster, Client(cluster)
 
 
@@ -60,24 +74,51 @@ def overhead(folder: Path) -> list[dict]:
     t1 = time.perf_counter()
     client.run(lambda: __import__("wflow.sweep") and None)
     t2 = time.perf_counter()
-    client.run(lambda: __import__("wflow.kernels.keops_backend", fromlist=["x"]).import_pykeops() and None)
+    client.run(
+        lambda: __import__("wflow.kernels.keops_backend", fromlist=["x"]).import_pykeops() and None
+    )
     t3 = time.perf_counter()
     client.close()
     cluster.close()
-    for what, v in (("LocalCluster start, 2 workers", t1 - t0), ("import wflow in the workers", t2 - t1),
-                    ("import pykeops (torch) in the workers (backend auto)", t3 - t2)):
-        rows.append({"what": what, "workers": 2, "wall_s": round(v, 2), "load_before": load0, "load_after": _load()})
+    for what, v in (
+        ("LocalCluster start, 2 workers", t1 - t0),
+        ("import wflow in the workers", t2 - t1),
+        ("import pykeops (torch) in the workers (backend auto)", t3 - t2),
+    ):
+        rows.append(
+            {
+                "what": what,
+                "workers": 2,
+                "wall_s": round(v, 2),
+                "load_before": load0,
+                "load_after": _load(),
+            }
+        )
         print(rows[-1], flush=True)
     for backend in ("auto", "numpy"):
         load0 = _load()
         t0 = time.perf_counter()
-        ds = sweep({**TINY, "run.backend": backend}, {"model.beta": "linspace(0.1, 10, 100)"},
-                   out=folder / f"tiny-{backend}.zarr", workers=2, progress=False, overwrite=True,
-                   observables=["pair_fraction", "order_parameter"])
+        ds = sweep(
+            {**TINY, "run.backend": backend},
+            {"model.beta": "linspace(0.1, 10, 100)"},
+            out=folder / f"tiny-{backend}.zarr",
+            workers=2,
+            progress=False,
+            overwrite=True,
+            observables=["pair_fraction", "order_parameter"],
+        )
         wall = time.perf_counter() - t0
-        rows.append({"what": f"100 tiny points, backend {backend}", "workers": 2, "wall_s": round(wall, 2),
-                     "ok": ds.attrs["ok"], "task_median_s": round(float(np.nanmedian(ds.seconds.values)), 4),
-                     "load_before": load0, "load_after": _load()})
+        rows.append(
+            {
+                "what": f"100 tiny points, backend {backend}",
+                "workers": 2,
+                "wall_s": round(wall, 2),
+                "ok": ds.attrs["ok"],
+                "task_median_s": round(float(np.nanmedian(ds.seconds.values)), 4),
+                "load_before": load0,
+                "load_after": _load(),
+            }
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -93,12 +134,31 @@ def _timed_sweep(client, cfg, grid, out: Path, batch: int) -> tuple[float, objec
 
     # warm-up: every worker imports wflow and compiles/loads its kernels on short runs of the same shapes
     nw = len(client.scheduler_info()["workers"])
-    warm = {k: (list(range(nw)) if k == "init.seed" else (v if k == "init.d" else v[:1])) for k, v in grid.items()}
-    sweep({**cfg, "run.t_end": 0.3, "run.n_saves": 2}, warm, out=out.with_name(out.name + "-warm"), scheduler=client,
-          progress=False, overwrite=True, batch_size=1, observables=["pair_fraction"])
+    warm = {
+        k: (list(range(nw)) if k == "init.seed" else (v if k == "init.d" else v[:1]))
+        for k, v in grid.items()
+    }
+    sweep(
+        {**cfg, "run.t_end": 0.3, "run.n_saves": 2},
+        warm,
+        out=out.with_name(out.name + "-warm"),
+        scheduler=client,
+        progress=False,
+        overwrite=True,
+        batch_size=1,
+        observables=["pair_fraction"],
+    )
     t0 = time.perf_counter()
-    ds = sweep(cfg, grid, out=out, scheduler=client, progress=False, overwrite=True, batch_size=batch,
-               observables=["pair_fraction"])
+    ds = sweep(
+        cfg,
+        grid,
+        out=out,
+        scheduler=client,
+        progress=False,
+        overwrite=True,
+        batch_size=batch,
+        observables=["pair_fraction"],
+    )
     return time.perf_counter() - t0, ds
 
 
@@ -106,7 +166,10 @@ def efficiency(folder: Path, workers: list[int], betas: int, systems: int) -> li
     from wflow.sweep import parse_values
 
     cfg = {**_slice_config(), "init.d": 128}
-    grid = {"model.beta": parse_values(f"linspace(0.1, 9, {betas})"), "init.seed": list(range(systems))}
+    grid = {
+        "model.beta": parse_values(f"linspace(0.1, 9, {betas})"),
+        "init.seed": list(range(systems)),
+    }
     rows, base = [], None
     for w in workers:
         cluster, client = _cluster(w)
@@ -117,12 +180,20 @@ def efficiency(folder: Path, workers: list[int], betas: int, systems: int) -> li
             client.close()
             cluster.close()
         base = base or wall * w
-        rows.append({"what": f"d=128 slice: {betas} betas x {systems} systems (tasks of 256)", "workers": w,
-                     "wall_s": round(wall, 2), "efficiency": round(base / (w * wall), 3), "ok": ds.attrs["ok"],
-                     "task_median_s": round(float(np.nanmedian(ds.seconds.values)), 3),
-                     "task_cpu_median_s": round(float(np.nanmedian(ds.cpu_seconds.values)), 3),
-                     "busy": round(float(np.sum(np.unique(ds.seconds.values)) / (w * wall)), 3), "load_before": load0,
-                     "load_after": _load()})
+        rows.append(
+            {
+                "what": f"d=128 slice: {betas} betas x {systems} systems (tasks of 256)",
+                "workers": w,
+                "wall_s": round(wall, 2),
+                "efficiency": round(base / (w * wall), 3),
+                "ok": ds.attrs["ok"],
+                "task_median_s": round(float(np.nanmedian(ds.seconds.values)), 3),
+                "task_cpu_median_s": round(float(np.nanmedian(ds.cpu_seconds.values)), 3),
+                "busy": round(float(np.sum(np.unique(ds.seconds.values)) / (w * wall)), 3),
+                "load_before": load0,
+                "load_after": _load(),
+            }
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -141,21 +212,45 @@ def glpr(folder: Path, workers: int, betas: int, systems: int) -> list[dict]:
     finally:
         client.close()
         cluster.close()
-    rows = [{"what": f"GLPR reduced: d in (8, 128, 1024) x {betas} betas x {systems} systems", "workers": workers,
-             "wall_s": round(wall, 2), "ok": ds.attrs["ok"], "load_before": load0, "load_after": _load()}]
+    rows = [
+        {
+            "what": f"GLPR reduced: d in (8, 128, 1024) x {betas} betas x {systems} systems",
+            "workers": workers,
+            "wall_s": round(wall, 2),
+            "ok": ds.attrs["ok"],
+            "load_before": load0,
+            "load_after": _load(),
+        }
+    ]
     # one task = 256 systems of one (d, beta): the full diagram has 90 x 2048 / 256 = 720 tasks per d
     total = cpu = 0.0
     for d in (8, 128, 1024):
-        per_task = float(np.nanmedian(ds.seconds.sel(d=d).values))  # a task's wall time, on one worker
-        per_cpu = float(np.nanmedian(ds.cpu_seconds.sel(d=d).values))  # its CPU time (what a quiet core needs)
+        per_task = float(
+            np.nanmedian(ds.seconds.sel(d=d).values)
+        )  # a task's wall time, on one worker
+        per_cpu = float(
+            np.nanmedian(ds.cpu_seconds.sel(d=d).values)
+        )  # its CPU time (what a quiet core needs)
         total += 720 * per_task
         cpu += 720 * per_cpu
-        rows.append({"what": f"d={d}: per task of 256 systems (median): wall s, CPU s",
-                     "value": [round(per_task, 2), round(per_cpu, 2)]})
-    rows.append({"what": "full diagram, extrapolated: task-seconds (3 x 720 tasks) wall as measured, CPU",
-                 "value": [round(total), round(cpu)]})
-    rows.append({"what": f"full diagram, extrapolated: wall on {workers} workers (wall as measured, quiet cores)",
-                 "value": [round(total / workers), round(cpu / workers)]})
+        rows.append(
+            {
+                "what": f"d={d}: per task of 256 systems (median): wall s, CPU s",
+                "value": [round(per_task, 2), round(per_cpu, 2)],
+            }
+        )
+    rows.append(
+        {
+            "what": "full diagram, extrapolated: task-seconds (3 x 720 tasks) wall as measured, CPU",
+            "value": [round(total), round(cpu)],
+        }
+    )
+    rows.append(
+        {
+            "what": f"full diagram, extrapolated: wall on {workers} workers (wall as measured, quiet cores)",
+            "value": [round(total / workers), round(cpu / workers)],
+        }
+    )
     for r in rows:
         print(r, flush=True)
     return rows

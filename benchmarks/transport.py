@@ -16,6 +16,7 @@ size (one soft-min reduction, one projection batch, one k-d tree query) and mult
 by the unit count measured at a smaller N.  Those rows say "(extrapolated)" in the time
 column and are estimates, not measurements; every other time is measured.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,11 @@ def _load() -> str:
 
 def main() -> None:
     t_start = time.perf_counter()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"load average (1/5/15 min) at start: {_load()}", flush=True)
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"load average (1/5/15 min) at start: {_load()}",
+        flush=True,
+    )
     rng = np.random.default_rng(0)
     rows: list[tuple[str, str, str, str, str, str]] = []
 
@@ -61,11 +65,22 @@ def main() -> None:
             rows.append((sphere, method, f"{n:.0e}", "skipped", "", note))
             return
         err = "" if ref is None else f"{abs(res.value - ref):.1e}"
-        rows.append((sphere, method, f"{n:.0e}", f"{dt:.3g}", f"{res.value:.6f}", (err + " " + note).strip()))
+        rows.append(
+            (
+                sphere,
+                method,
+                f"{n:.0e}",
+                f"{dt:.3g}",
+                f"{res.value:.6f}",
+                (err + " " + note).strip(),
+            )
+        )
         print(rows[-1], flush=True)
 
     def estimate(sphere, method, n, seconds, note):
-        rows.append((sphere, method, f"{n:.0e}", f"~{seconds:.3g} (extrapolated)", "", "not run: " + note))
+        rows.append(
+            (sphere, method, f"{n:.0e}", f"~{seconds:.3g} (extrapolated)", "", "not run: " + note)
+        )
         print(rows[-1], flush=True)
 
     def one_softmin(d, n, rows_measured):
@@ -90,9 +105,13 @@ def main() -> None:
             emd_t["S1"] = dte
             add("S1", "circle", n, exact, dt, emd.value, "(vs EMD)")
             add("S1", "emd", n, emd, dte, ref, "(vs circle)")
-            sk, dts = _timed(lambda: wasserstein_result(mu, nu, 2, method="sinkhorn", reg=1e-2, backend="numpy"))
+            sk, dts = _timed(
+                lambda: wasserstein_result(mu, nu, 2, method="sinkhorn", reg=1e-2, backend="numpy")
+            )
             s1_passes = sk.info["n_iter"]
-            add("S1", "sinkhorn eps=1e-2 numpy", n, sk, dts, ref, f"(vs circle; {s1_passes} passes)")
+            add(
+                "S1", "sinkhorn eps=1e-2 numpy", n, sk, dts, ref, f"(vs circle; {s1_passes} passes)"
+            )
         else:
             add("S1", "circle", n, exact, dt, None, "(exact)")
         un, dtu = _timed(lambda: wasserstein_result(mu, "uniform", 2))
@@ -111,17 +130,53 @@ def main() -> None:
             add("S2", "emd", n, emd, dte, None, "(exact)")
         if n == 10**3:
             for backend in ("numpy", "keops"):
-                sk, dts = _timed(lambda: wasserstein_result(mu, nu, 2, method="sinkhorn", reg=1e-2, backend=backend))
-                add("S2", f"sinkhorn eps=1e-2 {backend}", n, sk, dts, ref, f"(vs EMD; {sk.info['n_iter']} passes)")
+                sk, dts = _timed(
+                    lambda: wasserstein_result(
+                        mu, nu, 2, method="sinkhorn", reg=1e-2, backend=backend
+                    )
+                )
+                add(
+                    "S2",
+                    f"sinkhorn eps=1e-2 {backend}",
+                    n,
+                    sk,
+                    dts,
+                    ref,
+                    f"(vs EMD; {sk.info['n_iter']} passes)",
+                )
                 s2_passes = sk.info["n_iter"]
-            sk, dts = _timed(lambda: wasserstein_result(mu, nu, 2, method="sinkhorn", reg=1e-3, backend="numpy"))
-            add("S2", "sinkhorn eps=1e-3 numpy", n, sk, dts, ref, f"(vs EMD; {sk.info['n_iter']} passes)")
+            sk, dts = _timed(
+                lambda: wasserstein_result(mu, nu, 2, method="sinkhorn", reg=1e-3, backend="numpy")
+            )
+            add(
+                "S2",
+                "sinkhorn eps=1e-3 numpy",
+                n,
+                sk,
+                dts,
+                ref,
+                f"(vs EMD; {sk.info['n_iter']} passes)",
+            )
         if n == 10**3:
-            sl, dtl = _timed(lambda: wasserstein_result(mu, nu, 2, method="sliced", n_projections=50, seed=0))
+            sl, dtl = _timed(
+                lambda: wasserstein_result(mu, nu, 2, method="sliced", n_projections=50, seed=0)
+            )
             sliced_t[n] = dtl
-            add("S2", "sliced (50 proj.)", n, sl, dtl, ref, "(vs EMD: a different distance)" if ref else "(proxy)")
-        elif n == 10**5:  # 5 projections measured, x 10 (the cost is linear in the projection count)
-            sl, dtl = _timed(lambda: wasserstein_result(mu, nu, 2, method="sliced", n_projections=5, seed=0))
+            add(
+                "S2",
+                "sliced (50 proj.)",
+                n,
+                sl,
+                dtl,
+                ref,
+                "(vs EMD: a different distance)" if ref else "(proxy)",
+            )
+        elif (
+            n == 10**5
+        ):  # 5 projections measured, x 10 (the cost is linear in the projection count)
+            sl, dtl = _timed(
+                lambda: wasserstein_result(mu, nu, 2, method="sliced", n_projections=5, seed=0)
+            )
             add("S2", "sliced (5 proj.)", n, sl, dtl, None, "(proxy; measured)")
             estimate("S2", "sliced (50 proj.)", n, 10 * dtl, "10 x the measured 5-projection run")
 
@@ -131,14 +186,26 @@ def main() -> None:
     emd, dte = _timed(lambda: wasserstein_result(mu, nu, 2, method="emd", allow_large=True))
     emd_t[10**4] = dte
     add("S2", "emd (allow_large)", 10**4, emd, dte, None, "(exact; 0.8 GB cost matrix)")
-    sl, dtl = _timed(lambda: wasserstein_result(mu, nu, 2, method="sliced", n_projections=50, seed=0))
+    sl, dtl = _timed(
+        lambda: wasserstein_result(mu, nu, 2, method="sliced", n_projections=50, seed=0)
+    )
     add("S2", "sliced (50 proj.)", 10**4, sl, dtl, emd.value, "(vs EMD: a different distance)")
     alpha = float(np.log(emd_t[10**4] / emd_t[3000]) / np.log(10**4 / 3000))
-    estimate("S2", "emd", 10**5, emd_t[10**4] * 10**alpha,
-             f"time ~ N^{alpha:.2f} fitted on the measured 3e3 and 1e4 runs; 80 GB cost matrix "
-             "(more than this machine's 23 GB)")
-    estimate("S1", "emd", 10**4, emd_t["S1"] * (emd_t[10**4] / emd_t[10**3]),
-             "S1 1e3 time x the measured S2 ratio 1e4/1e3; the circle method is exact and faster")
+    estimate(
+        "S2",
+        "emd",
+        10**5,
+        emd_t[10**4] * 10**alpha,
+        f"time ~ N^{alpha:.2f} fitted on the measured 3e3 and 1e4 runs; 80 GB cost matrix "
+        "(more than this machine's 23 GB)",
+    )
+    estimate(
+        "S1",
+        "emd",
+        10**4,
+        emd_t["S1"] * (emd_t[10**4] / emd_t[10**3]),
+        "S1 1e3 time x the measured S2 ratio 1e4/1e3; the circle method is exact and faster",
+    )
 
     # Sinkhorn beyond 1e3: one soft-min reduction measured at each size (a row block of it at
     # 1e5, scaled to all rows), x 4 reductions per pass x the pass count measured at 1e3.
@@ -147,14 +214,35 @@ def main() -> None:
         for n, rows_measured in ((10**4, 10**4), (10**5, 10**3)):
             t1 = one_softmin(d, n, rows_measured)
             if rows_measured == n:
-                rows.append((name, "sinkhorn numpy: one soft-min", f"{n:.0e}", f"{t1:.3g}", "",
-                             f"measured: {n * n:.0e} pairs"))
+                rows.append(
+                    (
+                        name,
+                        "sinkhorn numpy: one soft-min",
+                        f"{n:.0e}",
+                        f"{t1:.3g}",
+                        "",
+                        f"measured: {n * n:.0e} pairs",
+                    )
+                )
             else:
-                rows.append((name, "sinkhorn numpy: one soft-min", f"{n:.0e}", f"~{t1:.3g} (scaled)", "",
-                             f"{rows_measured} of its {n} rows measured ({t1 * rows_measured / n:.3g} s), x {n // rows_measured}"))
+                rows.append(
+                    (
+                        name,
+                        "sinkhorn numpy: one soft-min",
+                        f"{n:.0e}",
+                        f"~{t1:.3g} (scaled)",
+                        "",
+                        f"{rows_measured} of its {n} rows measured ({t1 * rows_measured / n:.3g} s), x {n // rows_measured}",
+                    )
+                )
             print(rows[-1], flush=True)
-            estimate(name, "sinkhorn eps=1e-2 numpy", n, 4 * passes * t1,
-                     f"4 soft-mins/pass x {passes} passes (measured at 1e3) x the measured soft-min")
+            estimate(
+                name,
+                "sinkhorn eps=1e-2 numpy",
+                n,
+                4 * passes * t1,
+                f"4 soft-mins/pass x {passes} passes (measured at 1e3) x the measured soft-min",
+            )
 
     # ---- S^2, semi-discrete: N samples against 16 N Fibonacci nodes weighted by the density ----------
     from wflow.transport.semidiscrete import _Solver
@@ -177,30 +265,61 @@ def main() -> None:
         x = Atoms(vmf_mixture(n, means, kappas, seed=rng))
         z = fibonacci_nodes(16 * n)
         fine = Atoms(z, dens(z))
-        res, dt = _timed(lambda: wasserstein_result(x, fine, 2, method="semidiscrete", cost="chordal"))
+        res, dt = _timed(
+            lambda: wasserstein_result(x, fine, 2, method="semidiscrete", cost="chordal")
+        )
         sd[n] = (dt, res.info["queries"], res.info["newton_steps"])
         rel = (res.info["upper"] - res.info["lower"]) / res.info["lower"]
-        note = (f"bracket [{res.info['lower']:.6f}, {res.info['upper']:.6f}] (rel. width {rel:.1e}): "
-                f"error <= {0.5 * (res.info['upper'] - res.info['lower']):.1e}; {res.info['newton_steps']} "
-                f"Newton steps, {res.info['queries']} k-d queries")
+        note = (
+            f"bracket [{res.info['lower']:.6f}, {res.info['upper']:.6f}] (rel. width {rel:.1e}): "
+            f"error <= {0.5 * (res.info['upper'] - res.info['lower']):.1e}; {res.info['newton_steps']} "
+            f"Newton steps, {res.info['queries']} k-d queries"
+        )
         ref = None
         if n == 10**3:  # exact LP on the same pair (16000 x 1000 costs)
-            emd, dte = _timed(lambda: wasserstein_result(x, fine, 2, method="emd", cost="chordal", allow_large=True))
+            emd, dte = _timed(
+                lambda: wasserstein_result(
+                    x, fine, 2, method="emd", cost="chordal", allow_large=True
+                )
+            )
             ref = emd.value
-            add("S2 semi-discrete pair", "emd (chordal)", n, emd, dte, None, "(exact; M = 16 N fine atoms)")
+            add(
+                "S2 semi-discrete pair",
+                "emd (chordal)",
+                n,
+                emd,
+                dte,
+                None,
+                "(exact; M = 16 N fine atoms)",
+            )
             note = "(vs EMD) " + note
         add("S2 semi-discrete pair", "semidiscrete (chordal)", n, res, dt, ref, note)
     q4, q5 = one_query(10**4), one_query(10**5)
-    rows.append(("S2 semi-discrete pair", "semidiscrete: one k-d query", "1e+05", f"{q5:.3g}", "",
-                 f"measured: N = 1e5 lifted atoms, M = 1.6e6 queries, k = 5 (1e4: {q4:.3g} s)"))
+    rows.append(
+        (
+            "S2 semi-discrete pair",
+            "semidiscrete: one k-d query",
+            "1e+05",
+            f"{q5:.3g}",
+            "",
+            f"measured: N = 1e5 lifted atoms, M = 1.6e6 queries, k = 5 (1e4: {q4:.3g} s)",
+        )
+    )
     print(rows[-1], flush=True)
     dt4, nq4, _ = sd[10**4]
-    estimate("S2 semi-discrete pair", "semidiscrete (chordal)", 10**5, dt4 * q5 / q4,
-             f"the 1e4 solve ({dt4:.3g} s, {nq4} queries) x the measured query-time ratio 1e5/1e4 "
-             f"({q5 / q4:.3g}); assumes the same query count (it grew {sd[10**4][1] / sd[10**3][1]:.2g}x from 1e3 to 1e4)")
+    estimate(
+        "S2 semi-discrete pair",
+        "semidiscrete (chordal)",
+        10**5,
+        dt4 * q5 / q4,
+        f"the 1e4 solve ({dt4:.3g} s, {nq4} queries) x the measured query-time ratio 1e5/1e4 "
+        f"({q5 / q4:.3g}); assumes the same query count (it grew {sd[10**4][1] / sd[10**3][1]:.2g}x from 1e3 to 1e4)",
+    )
 
     print()
-    print(f"total {time.perf_counter() - t_start:.0f} s; load average (1/5/15 min) at end: {_load()}")
+    print(
+        f"total {time.perf_counter() - t_start:.0f} s; load average (1/5/15 min) at end: {_load()}"
+    )
     print()
     print("| sphere | method | N | time (s) | W_2 (rad) | abs. error vs exact |")
     print("|---|---|---|---|---|---|")

@@ -14,6 +14,7 @@ N = 250..2000, fitted as C N^-1/2) equals the zonal solver's discretization erro
 solutions on M and M/2 bands at t = 1, an upper bound of the M-band error) at N = (C / err)^2; the
 time of that particle run is extrapolated from the measured ones as N^2 (dense kernel sums).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,7 +44,14 @@ def timed(fn, repeat=1):
 
 def law_w2(a, b, n=1 << 16):
     s = (np.arange(n) + 0.5) / n
-    return float(np.sqrt(np.mean((law_quantile(a.edges, a.masses[-1], s) - law_quantile(b.edges, b.masses[-1], s)) ** 2)))
+    return float(
+        np.sqrt(
+            np.mean(
+                (law_quantile(a.edges, a.masses[-1], s) - law_quantile(b.edges, b.masses[-1], s))
+                ** 2
+            )
+        )
+    )
 
 
 def main(quick: bool) -> None:
@@ -57,29 +65,54 @@ def main(quick: bool) -> None:
                 if method == "dense" and M > 1024:
                     # dense at 4096 bands: 512 MB and 12-49 s to build (measured before the factorization)
                     continue
-                tb, fv = timed(lambda: ZonalFV(d, M, attention="SA", beta=BETA, kernel_method=method))
+                tb, fv = timed(
+                    lambda: ZonalFV(d, M, attention="SA", beta=BETA, kernel_method=method)
+                )
                 m = fv.masses_from_function(f0)
                 tr, _ = timed(lambda: fv.rhs(m), 50)
-                name = "dense" if method == "dense" else f"{fv._rows.method} P={fv._rows.panels} r={fv._rows.points}"
-                print(f"| {d} | {M} | {name} | {tb:.2f} | {fv._rows.nbytes / 2**20:.1f} | {tr * 1e3:.2f} |", flush=True)
+                name = (
+                    "dense"
+                    if method == "dense"
+                    else f"{fv._rows.method} P={fv._rows.panels} r={fv._rows.points}"
+                )
+                print(
+                    f"| {d} | {M} | {name} | {tb:.2f} | {fv._rows.nbytes / 2**20:.1f} | {tr * 1e3:.2f} |",
+                    flush=True,
+                )
     print(f"load average: {os.getloadavg()}")
     print()
     collapsed = np.exp(BETA) / (2 * BETA)
-    print(f"Full solves to t = {T_END:g} (rtol 1e-3, the default), SA beta = {BETA:g}, f0 = e^(2z):")
+    print(
+        f"Full solves to t = {T_END:g} (rtol 1e-3, the default), SA beta = {BETA:g}, f0 = e^(2z):"
+    )
     print()
-    print("| d | bands | method | solve s | steps | rejected | velocity evaluations | mass defect | "
-          "1 - E(30) / E(collapsed) |")
+    print(
+        "| d | bands | method | solve s | steps | rejected | velocity evaluations | mass defect | "
+        "1 - E(30) / E(collapsed) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for d in (8, 128):
         for M in sizes:
             for method in ("remap", "ssprk3"):
                 if method == "ssprk3" and M > 1024:
                     continue  # ~4x the steps of 1024 bands: ~12 min here
-                ts, r = timed(lambda: solve_zonal(wflow.SA(BETA), f0, T_END, d=d, n_cells=M, save_at=[0, 1, T_END],
-                                                  method=method))
-                print(f"| {d} | {M} | {method} | {ts:.1f} | {r.stats['steps'][-1]} | {r.stats['rejected'][-1]} | "
-                      f"{r.stats['evaluations'][-1]} | {abs(r.mass - 1).max():.1e} | "
-                      f"{1 - r.energy[-1] / collapsed:.1e} |", flush=True)
+                ts, r = timed(
+                    lambda: solve_zonal(
+                        wflow.SA(BETA),
+                        f0,
+                        T_END,
+                        d=d,
+                        n_cells=M,
+                        save_at=[0, 1, T_END],
+                        method=method,
+                    )
+                )
+                print(
+                    f"| {d} | {M} | {method} | {ts:.1f} | {r.stats['steps'][-1]} | {r.stats['rejected'][-1]} | "
+                    f"{r.stats['evaluations'][-1]} | {abs(r.mass - 1).max():.1e} | "
+                    f"{1 - r.energy[-1] / collapsed:.1e} |",
+                    flush=True,
+                )
     print(f"load average: {os.getloadavg()}")
 
     # particles of the same quality, d = 128, at t = 1
@@ -101,13 +134,17 @@ def main(quick: bool) -> None:
     n_eq = (C / err) ** 2
     t_eq = rows[-1][1] * (n_eq / rows[-1][0]) ** 2
     print()
-    print(f"d = {d}, SA beta = {BETA:g}, t = {t1:g}: zonal ({M} bands uniform in z, remap, rtol 1e-6) {tz:.1f} s, "
-          f"discretization error W2 <= {err:.2e}")
+    print(
+        f"d = {d}, SA beta = {BETA:g}, t = {t1:g}: zonal ({M} bands uniform in z, remap, rtol 1e-6) {tz:.1f} s, "
+        f"discretization error W2 <= {err:.2e}"
+    )
     print("| N | particles s (RK4, dt 0.05) | W2 of z-marginal |")
     print("|---|---|---|")
     for n, tp, e in rows:
         print(f"| {n} | {tp:.2f} | {e:.2e} |")
-    print(f"W2 ~ {C:.3f} N^-1/2: the same quality needs N ~ {n_eq:.1e} particles, ~{t_eq:.1e} s by N^2 scaling")
+    print(
+        f"W2 ~ {C:.3f} N^-1/2: the same quality needs N ~ {n_eq:.1e} particles, ~{t_eq:.1e} s by N^2 scaling"
+    )
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -1,4 +1,5 @@
 """Sphinx configuration of the wflow documentation (build: ``make -C docs html``)."""
+
 from __future__ import annotations
 
 import os
@@ -7,7 +8,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))          # document the checkout the docs live in
+sys.path.insert(0, str(ROOT))  # document the checkout the docs live in
 sys.path.insert(0, str(HERE / "_ext"))
 os.environ.setdefault("MPLBACKEND", "Agg")  # the gallery scripts run headless
 
@@ -26,14 +27,22 @@ extensions = [
     "sphinx.ext.mathjax",
     "numpydoc",
     "sphinx_gallery.gen_gallery",
-    "wflow_docs",                   # docs/_ext/wflow_docs.py: the configuration-key table
+    "wflow_docs",  # docs/_ext/wflow_docs.py: the configuration-key table
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 templates_path = ["_templates"]
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "auto_examples/*.ipynb", "auto_examples/*.py",
-                    "auto_examples/*.zip", "auto_examples/*.json", "auto_examples/*.md5"]
+exclude_patterns = [
+    "_build",
+    "Thumbs.db",
+    ".DS_Store",
+    "auto_examples/*.ipynb",
+    "auto_examples/*.py",
+    "auto_examples/*.zip",
+    "auto_examples/*.json",
+    "auto_examples/*.md5",
+]
 
 # -- Markdown (MyST) ----------------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
@@ -42,7 +51,7 @@ myst_heading_anchors = 3
 # -- API reference ------------------------------------------------------------------
 autosummary_generate = True
 autosummary_imported_members = False
-autodoc_typehints = "none"                 # types live in the numpydoc parameter lists
+autodoc_typehints = "none"  # types live in the numpydoc parameter lists
 autodoc_default_options = {"members": True, "member-order": "bysource"}
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False

@@ -17,7 +17,7 @@ import numpy as np
 import wflow
 import wflow.plot as wp
 
-x0 = wflow.sphere.uniform(64, 2, seed=1)            # 64 points on S^1, shape (64, 2)
+x0 = wflow.sphere.uniform(64, 2, seed=1)  # 64 points on S^1, shape (64, 2)
 model = wflow.SA(beta=9.0)
 traj = wflow.simulate(model, x0, t_end=30.0, save_at=np.linspace(0, 30, 61))
 print(traj)

@@ -16,7 +16,9 @@ import numpy as np
 import wflow
 import wflow.plot as wp
 
-x0 = wflow.sphere.von_mises_fisher(400, [0.0, 0.0, 1.0], kappa=2.0, seed=0)   # a cap around the north pole
+x0 = wflow.sphere.von_mises_fisher(
+    400, [0.0, 0.0, 1.0], kappa=2.0, seed=0
+)  # a cap around the north pole
 saves = np.linspace(0, 8, 17)
 attract = wflow.simulate(wflow.SA(beta=6.0), x0, t_end=8.0, save_at=saves)
 repel = wflow.simulate(wflow.USA(beta=1.0, V=-np.eye(3)), x0, t_end=8.0, save_at=saves)

@@ -28,7 +28,9 @@ def rho0(x):
 
 model = wflow.SA(beta=4.0)
 saves = np.linspace(0, 6, 25)
-density = wflow.solve_density(model, wflow.Density.from_function(wflow.CircleMesh(512), rho0), 6.0, save_at=saves)
+density = wflow.solve_density(
+    model, wflow.Density.from_function(wflow.CircleMesh(512), rho0), 6.0, save_at=saves
+)
 x0 = wflow.sphere.sample_circle_density(f0, 2000, seed=0)
 particles = wflow.simulate(model, x0, 6.0, save_at=saves)
 

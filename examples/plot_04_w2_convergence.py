@@ -27,7 +27,9 @@ def rho0(x):
 model = wflow.SA(beta=3.0)
 t_end = 2.0
 mesh = wflow.CircleMesh(1024)
-ref = wflow.solve_density(model, wflow.Density.from_function(mesh, rho0), t_end, save_at=[0.0, t_end])
+ref = wflow.solve_density(
+    model, wflow.Density.from_function(mesh, rho0), t_end, save_at=[0.0, t_end]
+)
 
 sizes = np.array([16, 32, 64, 128, 256, 512, 1024])
 seeds = range(6)
@@ -45,9 +47,16 @@ fig, ax = plt.subplots(figsize=(5.5, 4), layout="constrained")
 for k, t in enumerate((0.0, t_end)):
     mean = w2[k].mean(axis=1)
     slope = np.polyfit(np.log(sizes), np.log(mean), 1)[0]
-    ax.errorbar(sizes, mean, yerr=w2[k].std(axis=1), marker="o", capsize=3, label=f"t = {t:g}: slope {slope:.2f}")
+    ax.errorbar(
+        sizes,
+        mean,
+        yerr=w2[k].std(axis=1),
+        marker="o",
+        capsize=3,
+        label=f"t = {t:g}: slope {slope:.2f}",
+    )
 c = w2[0, 0].mean() * np.sqrt(sizes[0])
-ax.plot(sizes, c * sizes ** -0.5, "k--", lw=0.8, label="∝ N^(-1/2)")
+ax.plot(sizes, c * sizes**-0.5, "k--", lw=0.8, label="∝ N^(-1/2)")
 ax.set(xscale="log", yscale="log", xlabel="tokens N", ylabel="W₂(μ_N(t), ρ(t))")
 ax.legend()
 plt.show()

@@ -27,7 +27,9 @@ print(res)
 # %%
 # Profiles and free energy: the bump grows, then stops moving.
 fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-wp.plot_density(res, [0, 4, 8, 16, 40], view="profile", norm="linear", ax=axes[0], title="ρ(θ) at k τ")
+wp.plot_density(
+    res, [0, 4, 8, 16, 40], view="profile", norm="linear", ax=axes[0], title="ρ(θ) at k τ"
+)
 wp.plot_energy(res, which="free_energy", ax=axes[1], title="free energy")
 
 # %%
@@ -36,11 +38,19 @@ wp.plot_energy(res, which="free_energy", ax=axes[1], title="free energy")
 # :func:`~wflow.solvers.jko.stationary` takes JKO steps with a growing step until the
 # measure stops moving, then polishes the atoms.
 phi = 0.2 + 2 * np.pi * np.arange(3) / 3
-A = 3.0 * np.stack([np.cos(phi), np.sin(phi)], axis=1)            # three neurons in the plane
-model = wflow.USA(beta=0.1) + wflow.Perceptron.conservative(A, omega=np.full(3, 5.0), b=np.full(3, -0.9))
+A = 3.0 * np.stack([np.cos(phi), np.sin(phi)], axis=1)  # three neurons in the plane
+model = wflow.USA(beta=0.1) + wflow.Perceptron.conservative(
+    A, omega=np.full(3, 5.0), b=np.full(3, -0.9)
+)
 st = stationary(model, rho0)
 angles = np.degrees(np.arctan2(st.atoms[:, 1], st.atoms[:, 0]))
-print("atoms at", np.round(angles, 2), "degrees, masses", np.round(st.masses, 3), f"residual {st.residual:.1e}")
+print(
+    "atoms at",
+    np.round(angles, 2),
+    "degrees, masses",
+    np.round(st.masses, 3),
+    f"residual {st.residual:.1e}",
+)
 
 fig, ax = plt.subplots(figsize=(5, 4), layout="constrained")
 ax.stem(np.mod(np.radians(angles), 2 * np.pi), st.masses, basefmt=" ")

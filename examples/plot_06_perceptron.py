@@ -17,8 +17,8 @@ import numpy as np
 import wflow
 import wflow.plot as wp
 
-phi = np.array([0.3, 1.9, 3.4, 5.0])                             # neuron directions
-A = 2.0 * np.stack([np.cos(phi), np.sin(phi)], axis=1)           # (m, d) = (4, 2)
+phi = np.array([0.3, 1.9, 3.4, 5.0])  # neuron directions
+A = 2.0 * np.stack([np.cos(phi), np.sin(phi)], axis=1)  # (m, d) = (4, 2)
 perceptron = wflow.Perceptron.conservative(A, omega=np.full(4, 1.5), b=np.full(4, -0.5))
 x0 = wflow.sphere.uniform(200, 2, seed=3)
 saves = np.linspace(0, 15, 31)

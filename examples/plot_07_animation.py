@@ -22,10 +22,12 @@ import wflow
 import wflow.plot as wp
 
 out = Path(tempfile.mkdtemp())
-traj = wflow.simulate(wflow.SA(beta=9.0), wflow.sphere.uniform(300, 3, seed=0), 12.0, save_at=np.linspace(0, 12, 25))
+traj = wflow.simulate(
+    wflow.SA(beta=9.0), wflow.sphere.uniform(300, 3, seed=0), 12.0, save_at=np.linspace(0, 12, 25)
+)
 gif = wp.animate(traj, out / "tokens.gif", fps=6)
 
-mesh = wflow.SphereMesh(8)                                        # 642 cells
+mesh = wflow.SphereMesh(8)  # 642 cells
 rho0 = wflow.Density.from_function(mesh, lambda x: 1 + 0.2 * x[:, 2] + 0.1 * x[:, 0] * x[:, 1])
 res = wflow.solve_density(wflow.SA(beta=6.0), rho0, 4.0, save_at=np.linspace(0, 4, 9))
 gif2 = wp.animate(res, out / "density.gif", fps=4)

@@ -71,7 +71,10 @@ for i, ax in enumerate(axes):
     ax.set_xlabel("z = <x, e>")
 axes[0].set_ylabel("law of z")
 axes[0].legend(fontsize=8)
-fig.suptitle(f"SA, beta = {beta:g}, on $S^{{{d - 1}}}$: the upper hemisphere collapses to the pole", fontsize=10)
+fig.suptitle(
+    f"SA, beta = {beta:g}, on $S^{{{d - 1}}}$: the upper hemisphere collapses to the pole",
+    fontsize=10,
+)
 fig.tight_layout()
 if os.environ.get("WFLOW_STATIC"):
     static = Path(__file__).resolve().parents[1] / "docs" / "_static"

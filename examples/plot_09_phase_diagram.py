@@ -28,9 +28,18 @@ from distributed import Client
 from wflow.sweep import phase_diagram, plot_phase_diagram
 
 out = Path(tempfile.mkdtemp()) / "phase.zarr"
-with Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None, silence_logs="error") as client:
-    ds = phase_diagram(out, d=[8], betas="linspace(0.5, 9, 12)", systems=48, scheduler=client, progress=False,
-                       config={"run.n_saves": 61})
+with Client(
+    processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None, silence_logs="error"
+) as client:
+    ds = phase_diagram(
+        out,
+        d=[8],
+        betas="linspace(0.5, 9, 12)",
+        systems=48,
+        scheduler=client,
+        progress=False,
+        config={"run.n_saves": 61},
+    )
 print(f"{ds.attrs['ok']} of {ds.attrs['points']} points reached t = 30")
 print(ds.pair_fraction.sel(d=8, beta=0.5).mean("seed").values[[0, 10, 60]])  # t = 0, 5, 30
 
@@ -55,7 +64,9 @@ mean = ds.pair_fraction.sel(d=8).mean("seed").transpose("beta", "time").values
 t_save = ds["time"].values
 b_fine = np.linspace(betas.min(), betas.max(), 200)
 ax.plot(np.minimum(equiangular_time(b_fine, 32), 40.0), b_fine, "w-", lw=1.5, label=r"$t^*(\beta)$")
-ax.plot([crossing_time(t_save, m) for m in mean], betas, "o", color="tab:red", ms=3, label="0.5 level")
+ax.plot(
+    [crossing_time(t_save, m) for m in mean], betas, "o", color="tab:red", ms=3, label="0.5 level"
+)
 ax.set_xlim(0, 30)
 ax.legend(loc="lower right", fontsize=8)
 
@@ -71,7 +82,12 @@ x0 = initial_points(8, 0, 16)
 fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
 for scheme, style in (("original", "-"), ("projected", "--"), ("dopri5", "k:")):
     t, f = pair_fraction_curves(x0, 4.0, scheme, 12.0)
-    ax.plot(t, f.mean(axis=1), style, label=f"{scheme}: 0.5 at t = {crossing_time(t, f.mean(axis=1)):.2f}")
+    ax.plot(
+        t,
+        f.mean(axis=1),
+        style,
+        label=f"{scheme}: 0.5 at t = {crossing_time(t, f.mean(axis=1)):.2f}",
+    )
 ax.axvline(equiangular_time(4.0, 32), color="grey", lw=0.8, label=r"$t^*(4)$")
 ax.set_xlabel("t (time = depth)")
 ax.set_ylabel("mean fraction of pairs > 0.999")

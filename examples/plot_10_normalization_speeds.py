@@ -8,6 +8,7 @@ square-root scaling like e^{-4 sqrt(t+1)}, Pre-LN and Peri-LN like t^{-2}.  Dots
 (wflow.simulate, the schemes with radii integrated in R^d); lines: the reduced ODE for the
 common cosine rho and radius r (wflow.theory.equiangular_scheme_solution).
 """
+
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -22,12 +23,21 @@ opts = {"mix-ln": {"tau": 2.0}, "ngpt": {"alpha": 0.5}}
 fig, ax = plt.subplots(figsize=(6.5, 4.5))
 for scheme in ("post-ln", "pre-ln", "peri-ln", "mix-ln", "ngpt", "sqrt"):
     kw = opts.get(scheme, {})
-    traj = wflow.simulate(Normalized(wflow.SA(beta), scheme, **kw), x0, t[-1], save_at=t, method="dopri5",
-                          rtol=1e-10, atol=1e-13, backend="numpy", diagnostics=())
+    traj = wflow.simulate(
+        Normalized(wflow.SA(beta), scheme, **kw),
+        x0,
+        t[-1],
+        save_at=t,
+        method="dopri5",
+        rtol=1e-10,
+        atol=1e-13,
+        backend="numpy",
+        diagnostics=(),
+    )
     P = traj.points
     rho = np.einsum("tid,tjd->tij", P, P)[:, 0, 1]
     ref = theory.equiangular_scheme_solution(t, beta, n, "SA", scheme, rho0=rho0, **kw)
-    line, = ax.loglog(t[1:], ref.gap[1:], label=scheme)
+    (line,) = ax.loglog(t[1:], ref.gap[1:], label=scheme)
     ax.loglog(traj.times[1:], 1 - rho[1:], "o", ms=3, color=line.get_color())
 ax.set_xlabel("t (depth)")
 ax.set_ylabel("1 - rho (cosine gap)")

@@ -11,6 +11,7 @@ uniform plus equal-amplitude modes with random phases) and 5000 particles drawn 
 Bottom: the growth rates, k* marked.  The study ``wflow validate metastable`` runs the same at
 more beta, more particles and more seeds.
 """
+
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -26,8 +27,15 @@ for j, beta in enumerate(betas):
     p = M.run_particles(beta, 5000, 0)
     th = M.grid_angles(fv["density"].size)
     ax = axes[0, j]
-    ax.plot(th, fv["density"], "k-", label=f"finite volume: {fv['n_peaks']} peaks at t={fv['t_lin']:.1f}")
-    ax.plot(th, p["density"], color="C1", label=f"particles: {p['n_peaks']} peaks at t={p['t_lin']:.1f}")
+    ax.plot(
+        th,
+        fv["density"],
+        "k-",
+        label=f"finite volume: {fv['n_peaks']} peaks at t={fv['t_lin']:.1f}",
+    )
+    ax.plot(
+        th, p["density"], color="C1", label=f"particles: {p['n_peaks']} peaks at t={p['t_lin']:.1f}"
+    )
     for a in M.predicted_angles(fv["c0"][k_star - 1], k_star):
         ax.axvline(a, color="k", ls=":", lw=0.8)
     for a in M.predicted_angles(p["c0"][k_star - 1], k_star):

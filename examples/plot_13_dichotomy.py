@@ -10,6 +10,7 @@ state: deviations from the mean direction decay like :math:`e^{-\\lambda t}` wit
 collapse exponentially, even at :math:`\\beta = 4`, where a few starts linger near two clusters first.
 ``wflow validate dichotomy`` measures the same with many seeds (docs: papers/dichotomy).
 """
+
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -19,8 +20,10 @@ from wflow.studies.dichotomy import deviation_from_mean, diameter, hemisphere_st
 n, d, seeds = 16, 3, 16
 rng = np.random.default_rng(0)
 fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-starts = {"uniform": wflow.sphere.uniform(n, d, rng, batch=(seeds,)),
-          "hemisphere": hemisphere_start(n, d, seeds, rng)}
+starts = {
+    "uniform": wflow.sphere.uniform(n, d, rng, batch=(seeds,)),
+    "hemisphere": hemisphere_start(n, d, seeds, rng),
+}
 for ax, (kind, x0) in zip(axes, starts.items()):
     for name, beta in (("SA", 1.0), ("USA", 1.0), ("SA", 4.0)):
         if kind == "uniform" and beta > 1:
@@ -28,12 +31,22 @@ for ax, (kind, x0) in zip(axes, starts.items()):
         lam = linearized_rate(name, beta)
         T = 30.0 / max(1.0, lam / 2)
         model = {"SA": wflow.SA, "USA": wflow.USA}[name](beta)
-        tr = wflow.simulate(model, x0, T, save_at=np.linspace(0, T, 121), dt=0.05 / max(1.0, lam / 2),
-                            diagnostics=())
-        series = deviation_from_mean(tr.points) if kind == "uniform" else np.stack([diameter(x) for x in tr.points])
+        tr = wflow.simulate(
+            model,
+            x0,
+            T,
+            save_at=np.linspace(0, T, 121),
+            dt=0.05 / max(1.0, lam / 2),
+            diagnostics=(),
+        )
+        series = (
+            deviation_from_mean(tr.points)
+            if kind == "uniform"
+            else np.stack([diameter(x) for x in tr.points])
+        )
         t = np.asarray(tr.times)
         med = np.median(series, axis=1)
-        line, = ax.semilogy(t, med, label=f"{name}, β={beta:g}: median of {seeds} starts")
+        (line,) = ax.semilogy(t, med, label=f"{name}, β={beta:g}: median of {seeds} starts")
         ax.semilogy(t, series, color=line.get_color(), alpha=0.08, lw=0.7)
         i = int(np.argmax(med < 1e-3))
         ax.semilogy(t[i:], med[i] * np.exp(-lam * (t[i:] - t[i])), "k:", lw=1)

@@ -9,6 +9,7 @@ configuration of clusters at rest (energy sum m_a^2 / (2 beta)), each merge is f
 plateau lasts exponentially longer than the last -- at beta = 4000 the last merge comes at t ~ 1e78.
 ``coordinates="gaps"`` with the Rosenbrock solver ``ros2`` steps through all of it in seconds.
 """
+
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -19,9 +20,17 @@ fig, ax = plt.subplots(figsize=(6.5, 4.0))
 for beta in (500.0, 4000.0):
     th = initial_angles(beta)
     x0 = np.stack([np.cos(th), np.sin(th)], -1)
-    traj = wflow.simulate(wflow.USA(beta, kernel="rescaled"), x0, 1e90, method="ros2", rtol=1e-4, atol=1e-10,
-                          save_at=np.concatenate([[0], np.logspace(-3, 90, 280)]), coordinates="gaps",
-                          diagnostics=("log_energy",))
+    traj = wflow.simulate(
+        wflow.USA(beta, kernel="rescaled"),
+        x0,
+        1e90,
+        method="ros2",
+        rtol=1e-4,
+        atol=1e-10,
+        save_at=np.concatenate([[0], np.logspace(-3, 90, 280)]),
+        coordinates="gaps",
+        diagnostics=("log_energy",),
+    )
     e = 2 * beta * np.exp(traj.diagnostics["log_energy"])
     ax.plot(np.log10(traj.times[1:]), e[1:], label=rf"$\beta = {beta:g}$")
 for level, masses in ((7 / 25, "2,1,1,1"), (11 / 25, "3,1,1"), (13 / 25, "3,2"), (1.0, "5")):

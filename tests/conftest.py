@@ -21,5 +21,12 @@ def keops_ready():
         for values in (True, False):
             from wflow.kernels import kernel_sums
 
-            kernel_sums(x.astype(dtype), x.astype(dtype), np.ones(3, dtype) / 3, 1.0, values=values, backend="keops")
+            kernel_sums(
+                x.astype(dtype),
+                x.astype(dtype),
+                np.ones(3, dtype) / 3,
+                1.0,
+                values=values,
+                backend="keops",
+            )
     return True

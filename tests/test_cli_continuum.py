@@ -5,8 +5,17 @@ import wflow
 from wflow import io
 from wflow.cli import main
 
-BASE = ["--set", "init.d=2", "--set", "mesh.resolution=64", "--set", "run.t_end=2", "--set", "run.n_saves=5",
-        "--no-progress"]
+BASE = [
+    "--set",
+    "init.d=2",
+    "--set",
+    "mesh.resolution=64",
+    "--set",
+    "run.t_end=2",
+    "--set",
+    "run.n_saves=5",
+    "--no-progress",
+]
 
 
 def _interrupt(monkeypatch, args, cut, store, k=3):
@@ -40,7 +49,9 @@ def test_eulerian_run_writes_densities_and_resumes(tmp_path, monkeypatch):
     assert np.all(np.diff(ref.energy) >= -1e-12 * ref.energy.max())
     assert (full / "summary.png").stat().st_size > 10_000
     # interrupt after the third snapshot, then resume
-    back = _interrupt_and_resume(monkeypatch, ["run", "--set", "solver=eulerian", *BASE], tmp_path / "cut")
+    back = _interrupt_and_resume(
+        monkeypatch, ["run", "--set", "solver=eulerian", *BASE], tmp_path / "cut"
+    )
     np.testing.assert_array_equal(back.times, ref.times)
     # restarting from cell averages (values * areas) instead of masses costs only round-off
     np.testing.assert_allclose(back.values, ref.values, rtol=1e-12, atol=1e-14)
@@ -53,25 +64,49 @@ def test_lagrangian_run_is_written_incrementally_and_resumes(tmp_path, monkeypat
     assert traj.points.shape == (5, 64, 2) and traj.kind == "lagrangian"
     assert traj.tracers.shape == (5, 128, 2)  # two Jacobian tracers per node on S^1
     assert np.all(np.diff(traj.energy) >= -1e-12 * traj.energy.max())
-    back = _interrupt(monkeypatch, ["run", "--set", "solver=lagrangian", *BASE], tmp_path / "cut",
-                      "trajectory.zarr", k=2)
+    back = _interrupt(
+        monkeypatch,
+        ["run", "--set", "solver=lagrangian", *BASE],
+        tmp_path / "cut",
+        "trajectory.zarr",
+        k=2,
+    )
     assert back.kind == "lagrangian"
     np.testing.assert_array_equal(back.points, traj.points)
     np.testing.assert_array_equal(back.tracers, traj.tracers)
 
 
-@pytest.mark.parametrize("extra,match", [(["--set", "init.d=4"], "init.d"),
-                                         (["--set", "run.method=euler"], "run.method"),
-                                         (["--set", "mesh.resolution=2"], "mesh.resolution")])
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--set", "init.d=4"], "init.d"),
+        (["--set", "run.method=euler"], "run.method"),
+        (["--set", "mesh.resolution=2"], "mesh.resolution"),
+    ],
+)
 def test_continuum_bad_config(extra, match, tmp_path, capsys):
-    assert main(["run", "--set", "solver=eulerian", *BASE, *extra, "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(["run", "--set", "solver=eulerian", *BASE, *extra, "--out", str(tmp_path / "o")]) == 2
+    )
     assert match in capsys.readouterr().err
 
 
 def test_jko_run_writes_densities_and_step_statistics(tmp_path, capsys):
     out = tmp_path / "jko"
-    args = ["run", "--set", "solver=jko", "--set", "model.type=USA", "--set", "model.beta=2", *BASE,
-            "--set", "jko.tau=0.25", "--out", str(out)]
+    args = [
+        "run",
+        "--set",
+        "solver=jko",
+        "--set",
+        "model.type=USA",
+        "--set",
+        "model.beta=2",
+        *BASE,
+        "--set",
+        "jko.tau=0.25",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     res = wflow.load(out / "density.zarr")
     assert res.values.shape == (5, 64)
@@ -87,8 +122,22 @@ def test_jko_run_writes_densities_and_step_statistics(tmp_path, capsys):
 
 @pytest.mark.parametrize("kappa", ["0", "4"])
 def test_jko_run_resumes_from_its_warm_start(kappa, tmp_path, monkeypatch):
-    args = ["run", "--set", "solver=jko", "--set", "model.type=USA", "--set", "model.beta=2", *BASE,
-            "--set", "jko.tau=0.25", "--set", f"run.kappa={kappa}", "--set", "output.figure=false"]
+    args = [
+        "run",
+        "--set",
+        "solver=jko",
+        "--set",
+        "model.type=USA",
+        "--set",
+        "model.beta=2",
+        *BASE,
+        "--set",
+        "jko.tau=0.25",
+        "--set",
+        f"run.kappa={kappa}",
+        "--set",
+        "output.figure=false",
+    ]
     assert main([*args, "--out", str(tmp_path / "full")]) == 0
     ref = wflow.load(tmp_path / "full" / "density.zarr")
     ck = io.read_store(tmp_path / "full" / "density.zarr")["checkpoint"]
@@ -101,25 +150,68 @@ def test_jko_run_resumes_from_its_warm_start(kappa, tmp_path, monkeypatch):
     np.testing.assert_array_equal(back.weights, ref.weights)
     steps = (cut / "steps.csv").read_text().splitlines()
     assert [int(line.split(",")[0]) for line in steps[1:]] == list(range(1, 9))
-    assert steps[-1].split(",")[4:6] == (tmp_path / "full" / "steps.csv").read_text().splitlines()[-1].split(",")[4:6]
+    assert (
+        steps[-1].split(",")[4:6]
+        == (tmp_path / "full" / "steps.csv").read_text().splitlines()[-1].split(",")[4:6]
+    )
 
 
 def test_zonal_scheme_and_layered_runs_from_the_cli(tmp_path):
     """solver=zonal in d = 128, a Pre-LN scheme, random layers in the rescaled kernel: each runs, resumes
     through the one path, and writes its figure."""
     runs = {
-        "zonal": ["--set", "solver=zonal", "--set", "init.d=128", "--set", "model.beta=4", "--set",
-                  "mesh.resolution=128", "--set", "run.t_end=1"],
+        "zonal": [
+            "--set",
+            "solver=zonal",
+            "--set",
+            "init.d=128",
+            "--set",
+            "model.beta=4",
+            "--set",
+            "mesh.resolution=128",
+            "--set",
+            "run.t_end=1",
+        ],
         "pre-ln": ["--set", "model.scheme=pre-ln", "--set", "init.n=30", "--set", "run.t_end=1"],
-        "layers": ["--set", "model.layers=2", "--set", "model.kernel=rescaled", "--set", "model.type=USA", "--set",
-                   "model.beta=50", "--set", "init.n=20", "--set", "init.d=2", "--set", "run.t_end=2"],
+        "layers": [
+            "--set",
+            "model.layers=2",
+            "--set",
+            "model.kernel=rescaled",
+            "--set",
+            "model.type=USA",
+            "--set",
+            "model.beta=50",
+            "--set",
+            "init.n=20",
+            "--set",
+            "init.d=2",
+            "--set",
+            "run.t_end=2",
+        ],
     }
     for name, args in runs.items():
         out = tmp_path / name
-        assert main(["run", *args, "--set", "run.n_saves=3", "--no-progress", "--out", str(out)]) == 0, name
+        assert (
+            main(["run", *args, "--set", "run.n_saves=3", "--no-progress", "--out", str(out)]) == 0
+        ), name
         assert (out / "summary.png").stat().st_size > 5_000
         res = wflow.load(next(out.glob("*.zarr")))
         assert len(res.times) == 3
     assert wflow.load(tmp_path / "pre-ln" / "trajectory.zarr").radii.shape == (3, 30)
-    assert main(["run", "--set", "model.scheme=pre-ln", "--set", "solver=eulerian", "--set", "init.d=2",
-                 "--out", str(tmp_path / "bad")]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--set",
+                "model.scheme=pre-ln",
+                "--set",
+                "solver=eulerian",
+                "--set",
+                "init.d=2",
+                "--out",
+                str(tmp_path / "bad"),
+            ]
+        )
+        == 2
+    )

@@ -1,4 +1,5 @@
 """The two continuum solvers agree: finite volume against Lagrangian quadrature."""
+
 import numpy as np
 
 from wflow import SA, CircleMesh, Density, solve_density, solve_lagrangian
@@ -15,7 +16,9 @@ def test_finite_volume_converges_to_lagrangian_at_second_order():
     ref = lag.atoms(-1)
     theta_ref = np.arctan2(ref.points[:, 1], ref.points[:, 0])
     ks = np.arange(1, 4)
-    m_ref = np.exp(1j * ks[:, None] * theta_ref[None]) @ ref.weights  # Fourier moments, spectrally accurate
+    m_ref = (
+        np.exp(1j * ks[:, None] * theta_ref[None]) @ ref.weights
+    )  # Fourier moments, spectrally accurate
     gaps = []
     Ms = [32, 64, 128]
     for M in Ms:

@@ -1,4 +1,5 @@
 """Densities on meshes: mass convention, validation, quadrature, samples, atoms."""
+
 import warnings
 
 import numpy as np
@@ -35,7 +36,9 @@ def test_from_function_sphere_moments(sphere):
     # 1 + z: mass 4 pi, first moment int z (1 + z) dA = 4 pi / 3
     rho = Density.from_function(sphere, lambda x: 1 + x[:, 2])
     assert abs(rho.mass() - 1) < 1e-14
-    assert abs(rho.integrate(sphere.centers[:, 2]) - 1 / 3) < 0.05 * sphere.spacing**2  # midpoint rule, O(h^2)
+    assert (
+        abs(rho.integrate(sphere.centers[:, 2]) - 1 / 3) < 0.05 * sphere.spacing**2
+    )  # midpoint rule, O(h^2)
 
 
 def test_validation():
@@ -78,7 +81,11 @@ def test_histogram_counts_exact_masses():
     x = np.stack([np.cos(theta), np.sin(theta)], axis=1)
     rho = Density.from_samples(m, x, weights=[1, 1, 1, 1])
     masses = rho.values * m.areas
-    assert masses[0] == pytest.approx(0.5) and masses[4] == pytest.approx(0.25) and masses[9] == pytest.approx(0.25)
+    assert (
+        masses[0] == pytest.approx(0.5)
+        and masses[4] == pytest.approx(0.25)
+        and masses[9] == pytest.approx(0.25)
+    )
 
 
 def test_kde_approaches_vmf(sphere):

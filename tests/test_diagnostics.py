@@ -5,7 +5,13 @@ from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
 from wflow import Atoms, sphere
-from wflow.diagnostics import batched_cluster_labels, cluster_labels, count_clusters, mass_clusters, pair_fraction
+from wflow.diagnostics import (
+    batched_cluster_labels,
+    cluster_labels,
+    count_clusters,
+    mass_clusters,
+    pair_fraction,
+)
 
 
 def _all_pairs_components(x, threshold):
@@ -30,7 +36,9 @@ def test_fast_single_linkage_equals_all_pairs(d, rng):
 
 def test_count_clusters_batched_and_min_mass(rng):
     c = sphere.uniform(3, 3, rng)
-    x = np.concatenate([sphere.von_mises_fisher(n, c[i], 1e4, rng) for i, n in enumerate((50, 30, 2))])
+    x = np.concatenate(
+        [sphere.von_mises_fisher(n, c[i], 1e4, rng) for i, n in enumerate((50, 30, 2))]
+    )
     mu = Atoms(np.stack([x, x[::-1]]))
     np.testing.assert_array_equal(count_clusters(mu, 0.2), [3, 3])
     np.testing.assert_array_equal(count_clusters(mu, 0.2, min_mass=0.05), [2, 2])
@@ -40,7 +48,9 @@ def _clustered(rng, batch, n, d, k, spread):
     """Batches of n points near k random centres each (spread ~ distance to the centre)."""
     c = sphere.uniform(k, d, rng, batch=batch)
     pick = rng.integers(0, k, (*batch, n))
-    x = np.take_along_axis(c, pick[..., None], axis=-2) + spread / np.sqrt(d) * rng.standard_normal((*batch, n, d))
+    x = np.take_along_axis(c, pick[..., None], axis=-2) + spread / np.sqrt(d) * rng.standard_normal(
+        (*batch, n, d)
+    )
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
@@ -52,9 +62,11 @@ def _same_partition(a, b):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_batched_cluster_labels_equal_single_system(d, dtype, rng):
     """Batched components = cluster_labels and all-pairs components, system by system, exactly."""
-    cases = [sphere.uniform(40, d, rng, batch=(30,)),                  # random: percolation-like graphs
-             _clustered(rng, (30,), 64, d, 5, 0.03),                   # clustered
-             _clustered(rng, (30,), 64, d, 3, 0.0)]                    # collapsed (exact duplicates)
+    cases = [
+        sphere.uniform(40, d, rng, batch=(30,)),  # random: percolation-like graphs
+        _clustered(rng, (30,), 64, d, 5, 0.03),  # clustered
+        _clustered(rng, (30,), 64, d, 3, 0.0),
+    ]  # collapsed (exact duplicates)
     thresholds = (0.05, 0.1, 0.4, 1.2)
     for x in cases:
         x = x.astype(dtype)
@@ -63,9 +75,15 @@ def test_batched_cluster_labels_equal_single_system(d, dtype, rng):
             assert k.shape == (x.shape[0],) and labels.shape == x.shape[:2]
             for b in range(x.shape[0]):
                 k_ref, lab_ref = cluster_labels(x[b], threshold)
-                assert k[b] == k_ref == _all_pairs_components(x[b].astype(np.float64), threshold).max() + 1
+                assert (
+                    k[b]
+                    == k_ref
+                    == _all_pairs_components(x[b].astype(np.float64), threshold).max() + 1
+                )
                 assert _same_partition(labels[b], lab_ref)
-                assert labels[b].max() == k[b] - 1 and labels[b][0] == 0  # numbered 0..k-1 by first appearance
+                assert (
+                    labels[b].max() == k[b] - 1 and labels[b][0] == 0
+                )  # numbered 0..k-1 by first appearance
 
 
 def test_batched_cluster_labels_near_threshold_pairs_decided_exactly():
@@ -117,8 +135,12 @@ def test_pair_fraction_against_loop(rng):
 def test_grid_clusters_on_s2_dense_and_collapsed(rng):
     """S^2 above BATCHED_MAX_N: the cube grid equals the all-pairs components (collapsed, tiny and huge thresholds)."""
     centres = sphere.uniform(6, 3, rng)
-    x = np.concatenate([np.repeat(centres, 300, axis=0) + 1e-10 * rng.standard_normal((1800, 3)),
-                        sphere.uniform(700, 3, rng)])
+    x = np.concatenate(
+        [
+            np.repeat(centres, 300, axis=0) + 1e-10 * rng.standard_normal((1800, 3)),
+            sphere.uniform(700, 3, rng),
+        ]
+    )
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     for threshold in (1e-4, 0.02, 0.1, 0.3, 2.0, 3.2):
         k, labels = cluster_labels(x, threshold)
@@ -162,8 +184,13 @@ def test_batched_clusters_decide_ties_as_cluster_labels_on_the_circle(rng):
 
     threshold = 0.1
     a = rng.uniform(0, 2 * np.pi, 4000)
-    x = np.stack([np.stack([np.cos(a), np.sin(a)], -1), np.stack([np.cos(a + threshold), np.sin(a + threshold)], -1)],
-                 axis=1)
+    x = np.stack(
+        [
+            np.stack([np.cos(a), np.sin(a)], -1),
+            np.stack([np.cos(a + threshold), np.sin(a + threshold)], -1),
+        ],
+        axis=1,
+    )
     k, _ = batched_cluster_labels(x, threshold)
     ref = np.array([cluster_labels(p, threshold)[0] for p in x])
     assert 0 < np.count_nonzero(ref == 1) < len(x)  # ties both ways
@@ -177,10 +204,14 @@ def test_min_label_propagation_equals_union_find(rng):
 
     if D._cluster_roots is None:
         pytest.skip("numba unavailable")
-    x = np.concatenate([sphere.uniform(48, 3, rng, batch=(20,)), _clustered(rng, (20,), 48, 3, 4, 0.05)])
+    x = np.concatenate(
+        [sphere.uniform(48, 3, rng, batch=(20,)), _clustered(rng, (20,), 48, 3, 4, 0.05)]
+    )
     for threshold in (0.2, 0.5, 1.0):
         chord, lo, hi = D._link(threshold)
         roots = np.empty(x.shape[:2], dtype=np.int64)
         D._cluster_roots(x, chord, lo, hi, 0, len(x), roots)
         np.testing.assert_array_equal(D._min_labels(D._adjacency(x, chord)), roots)
-        assert (roots == np.arange(x.shape[1])).sum() > len(x)  # (some systems have several clusters)
+        assert (roots == np.arange(x.shape[1])).sum() > len(
+            x
+        )  # (some systems have several clusters)

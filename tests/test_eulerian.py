@@ -1,4 +1,5 @@
 """Eulerian finite-volume solver: conservation, positivity, energy, linear theory, order, heat equation."""
+
 import numpy as np
 import pytest
 from scipy.special import eval_legendre, iv
@@ -29,8 +30,14 @@ def test_mass_and_positivity_through_clustering():
     v = np.where(np.abs(m.center_angles - 2.0) < 1.2, rng.uniform(0.5, 1.5, m.m), 0.0)
     rho0 = Density(m, v, normalize=True)
     seen = []
-    r = solve_density(SA(beta=9.0), rho0, 6.0, save_at=np.linspace(0, 6, 13), backend=BK,
-                      callback=lambda t, rho: seen.append(rho.values.min()) and False)
+    r = solve_density(
+        SA(beta=9.0),
+        rho0,
+        6.0,
+        save_at=np.linspace(0, 6, 13),
+        backend=BK,
+        callback=lambda t, rho: seen.append(rho.values.min()) and False,
+    )
     assert np.abs(r.mass - 1).max() < 1e-13
     assert r.values.min() >= 0 and min(seen) >= 0
     assert r.values[-1].max() > 5 * r.values[0].max()  # it did concentrate
@@ -74,9 +81,16 @@ def test_growth_rates_circle(kind, beta):
 def test_order_of_convergence_circle():
     """Smooth problem before clustering: successive-refinement order >= 1.8."""
     f = lambda x: np.exp(x[:, 0]) + 0.5 * np.exp(1.5 * x[:, 1])  # noqa: E731
-    sols = {M: solve_density(SA(beta=2.0), Density.from_function(CircleMesh(M), f), 1.0, backend=BK).values[-1]
-            for M in (32, 64, 128, 256)}
-    diffs = [np.sum(np.abs(sols[2 * M].reshape(-1, 2).mean(axis=1) - sols[M])) * 2 * np.pi / M for M in (32, 64, 128)]
+    sols = {
+        M: solve_density(
+            SA(beta=2.0), Density.from_function(CircleMesh(M), f), 1.0, backend=BK
+        ).values[-1]
+        for M in (32, 64, 128, 256)
+    }
+    diffs = [
+        np.sum(np.abs(sols[2 * M].reshape(-1, 2).mean(axis=1) - sols[M])) * 2 * np.pi / M
+        for M in (32, 64, 128)
+    ]
     orders = np.log2(np.array(diffs[:-1]) / diffs[1:])
     assert np.all(orders >= 1.8), orders
 
@@ -123,11 +137,16 @@ def test_heat_with_model_beta_zero():
 def test_repulsive_and_perceptron_run(sphere):
     rho0 = Density.from_function(sphere, lambda x: np.exp(2 * x[:, 2]))
     A = np.random.default_rng(0).standard_normal((4, 3))
-    for model in (SA(beta=2.0, V=-np.eye(3)), USA(beta=1.0) + Perceptron.conservative(A, np.ones(4))):
+    for model in (
+        SA(beta=2.0, V=-np.eye(3)),
+        USA(beta=1.0) + Perceptron.conservative(A, np.ones(4)),
+    ):
         r = solve_density(model, rho0, 0.5, backend=BK)
         assert np.abs(r.mass - 1).max() < 1e-13 and r.values.min() >= 0
     # repulsion spreads mass out
-    r = solve_density(USA(beta=1.0, V=-np.eye(3)), rho0, 1.0, save_at=np.linspace(0, 1, 6), backend=BK)
+    r = solve_density(
+        USA(beta=1.0, V=-np.eye(3)), rho0, 1.0, save_at=np.linspace(0, 1, 6), backend=BK
+    )
     assert r.values[-1].max() < r.values[0].max()
     assert np.all(np.diff(r.energy) >= -1e-14)
 

@@ -33,7 +33,14 @@ def test_resumed_run_equals_uninterrupted(kwargs, tmp_path, rng):
     mu0 = Atoms(sphere.uniform(24, 3, rng, batch=(2,)))
     full = simulate(SA(4.0), mu0, 2.0, **kwargs)
     with pytest.raises(KeyboardInterrupt):
-        simulate(SA(4.0), mu0, 2.0, writer=io.ZarrRecorder(tmp_path / "t.zarr"), trackers=[_StopAfter(4)], **kwargs)
+        simulate(
+            SA(4.0),
+            mu0,
+            2.0,
+            writer=io.ZarrRecorder(tmp_path / "t.zarr"),
+            trackers=[_StopAfter(4)],
+            **kwargs,
+        )
     part = wflow.load(tmp_path / "t.zarr")
     assert len(part.times) == 4
     resumed = wflow.resume(tmp_path / "t.zarr")
@@ -46,12 +53,22 @@ def test_resumed_run_equals_uninterrupted(kwargs, tmp_path, rng):
 
 
 def test_dataset_round_trip_and_self_description(tmp_path, rng):
-    traj = simulate(USA(1.0, V=-np.eye(3)), Atoms(sphere.uniform(10, 3, rng), rng.uniform(size=10)), 1.0, dt=0.1, seed=3)
+    traj = simulate(
+        USA(1.0, V=-np.eye(3)),
+        Atoms(sphere.uniform(10, 3, rng), rng.uniform(size=10)),
+        1.0,
+        dt=0.1,
+        seed=3,
+    )
     ds = traj.to_dataset()
     assert ds["points"].dims == ("time", "particle", "coord")
     cfg = json.loads(ds.attrs["config"])
     assert cfg["model"] == {"type": "USA", "beta": 1.0, "V": (-np.eye(3)).tolist()}
-    assert cfg["seed"] is None and cfg["solver"] == "rk4" and ds.attrs["wflow_version"] == wflow.__version__
+    assert (
+        cfg["seed"] is None
+        and cfg["solver"] == "rk4"
+        and ds.attrs["wflow_version"] == wflow.__version__
+    )
     wflow.save(traj, tmp_path / "r.zarr")
     back = wflow.load(tmp_path / "r.zarr")
     np.testing.assert_array_equal(back.points, traj.points)
@@ -74,8 +91,20 @@ def test_load_rejects_foreign_files(tmp_path):
 
 def test_cli_default_with_small_overrides(tmp_path, capsys):
     out = tmp_path / "run"
-    rc = main(["run", "--set", "init.n=60", "--set", "run.t_end=2", "--set", "run.n_saves=5", "--out", str(out),
-               "--no-progress"])
+    rc = main(
+        [
+            "run",
+            "--set",
+            "init.n=60",
+            "--set",
+            "run.t_end=2",
+            "--set",
+            "run.n_saves=5",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert str(out / "trajectory.zarr") in text and str(out / "summary.png") in text
@@ -87,13 +116,28 @@ def test_cli_default_with_small_overrides(tmp_path, capsys):
     # the written config reproduces the run
     rc = main(["run", str(out / "config.toml"), "--out", str(tmp_path / "again"), "--no-progress"])
     assert rc == 0
-    np.testing.assert_array_equal(wflow.load(tmp_path / "again" / "trajectory.zarr").points, traj.points)
+    np.testing.assert_array_equal(
+        wflow.load(tmp_path / "again" / "trajectory.zarr").points, traj.points
+    )
 
 
 def test_cli_resume_completes_interrupted_run(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    args = ["--set", "init.n=30", "--set", "run.t_end=1", "--set", "run.n_saves=6", "--set", "run.method=rk4",
-            "--set", "run.dt=0.05", "--out", str(out), "--no-progress"]
+    args = [
+        "--set",
+        "init.n=30",
+        "--set",
+        "run.t_end=1",
+        "--set",
+        "run.n_saves=6",
+        "--set",
+        "run.method=rk4",
+        "--set",
+        "run.dt=0.05",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(["run", *args, "--set", "output.figure=false"]) == 0
     full = wflow.load(out / "trajectory.zarr")
     # an interruption (Ctrl-C) after the third committed snapshot, then resume
@@ -142,9 +186,13 @@ def test_cli_rejects_unknown_toml_keys(tmp_path, capsys):
 
 
 def test_console_script_version_and_help():
-    r = subprocess.run([sys.executable, "-m", "wflow.cli", "--version"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "wflow.cli", "--version"], capture_output=True, text=True
+    )
     assert r.returncode == 0 and r.stdout.strip() == f"wflow {wflow.__version__}"
-    r = subprocess.run([sys.executable, "-m", "wflow.cli", "run", "--help"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "wflow.cli", "run", "--help"], capture_output=True, text=True
+    )
     from wflow.config import KEYS
 
     assert r.returncode == 0 and all(k in r.stdout for k in KEYS)
@@ -160,7 +208,11 @@ def test_validate_rejects_zero_workers_before_anything_is_written(tmp_path, caps
     out = tmp_path / "v"
     assert main(["validate", "mean-shift", "--quick", "--workers", "0", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "--workers must be an integer >= 1, got 0" in err and err.count("\n") == 1 and not out.exists()
+    assert (
+        "--workers must be an integer >= 1, got 0" in err
+        and err.count("\n") == 1
+        and not out.exists()
+    )
 
 
 def test_validate_report_and_exit_status(tmp_path, monkeypatch, capsys):
@@ -177,11 +229,17 @@ def test_validate_report_and_exit_status(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(validate.STUDIES, "fake", fake)
     assert main(["validate", "fake", "--out", str(tmp_path)]) == 1
     text = (tmp_path / "fake.md").read_text()
-    assert "FAILED" in text and "| slope | -0.2 |" in text and (tmp_path / "fake.csv").read_text().startswith("N,err")
+    assert (
+        "FAILED" in text
+        and "| slope | -0.2 |" in text
+        and (tmp_path / "fake.csv").read_text().startswith("N,err")
+    )
     assert "FAIL slope" in capsys.readouterr().out
 
 
-def test_a_group_runs_its_studies_and_an_interrupted_study_keeps_its_finished_parts(tmp_path, monkeypatch, capsys):
+def test_a_group_runs_its_studies_and_an_interrupted_study_keeps_its_finished_parts(
+    tmp_path, monkeypatch, capsys
+):
     """`wflow validate GROUP` runs every study of the group; a study interrupted after two of its three parts
     recomputes only the third when run again (wflow.studies.parts.Parts), and a quick part is not reused by
     the full mode."""
@@ -194,11 +252,13 @@ def test_a_group_runs_its_studies_and_an_interrupted_study_keeps_its_finished_pa
         parts = Parts(out, "parted", quick)
         rep = report.StudyReport("parted")
         for beta in (1.0, 2.0, 3.0):
+
             def compute(beta=beta):
                 if beta == 3.0 and not calls.count("ok-to-finish"):
                     raise KeyboardInterrupt
                 calls.append(beta)
                 return {"value": np.arange(3) * beta, "rate": beta / 2}
+
             got = parts.get({"beta": beta}, compute)
             rep.rows.append({"beta": beta, "rate": got["rate"]})
         rep.expect("parts", len(rep.rows), 3, 3)
@@ -212,13 +272,13 @@ def test_a_group_runs_its_studies_and_an_interrupted_study_keeps_its_finished_pa
     monkeypatch.setitem(report.STUDIES, "parted", part_study)
     monkeypatch.setitem(report.STUDIES, "other", other)
     monkeypatch.setitem(report.GROUPS, "grp", ["parted", "other"])
-    assert main(["validate", "grp", "--quick", "--out", str(tmp_path)]) == 130    # Ctrl-C: one line
+    assert main(["validate", "grp", "--quick", "--out", str(tmp_path)]) == 130  # Ctrl-C: one line
     assert calls == [1.0, 2.0] and "interrupted" in capsys.readouterr().err
     calls.append("ok-to-finish")
     assert main(["validate", "grp", "--quick", "--out", str(tmp_path)]) == 0
-    assert calls == [1.0, 2.0, "ok-to-finish", 3.0]          # only the unfinished part ran again
+    assert calls == [1.0, 2.0, "ok-to-finish", 3.0]  # only the unfinished part ran again
     assert (tmp_path / "parted.md").exists() and (tmp_path / "other.md").exists()
-    assert main(["validate", "parted", "--out", str(tmp_path)]) == 0   # full mode: its own parts
+    assert main(["validate", "parted", "--out", str(tmp_path)]) == 0  # full mode: its own parts
     assert calls[-3:] == [1.0, 2.0, 3.0]
 
 
@@ -228,13 +288,35 @@ def test_cli_sweep_runs_a_grid_into_one_store_and_continues(tmp_path, capsys):
     import xarray as xr
 
     out = tmp_path / "sw.zarr"
-    argv = ["sweep", "--set", "init.n=8", "--set", "run.t_end=1", "--set", "run.n_saves=3", "--grid",
-            "model.beta=[1,4]", "--grid", "init.seed=range(3)", "--workers", "1", "--out", str(out), "--no-progress"]
+    argv = [
+        "sweep",
+        "--set",
+        "init.n=8",
+        "--set",
+        "run.t_end=1",
+        "--set",
+        "run.n_saves=3",
+        "--grid",
+        "model.beta=[1,4]",
+        "--grid",
+        "init.seed=range(3)",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     assert "6 of 6 points reached t_end" in capsys.readouterr().out
     ds = xr.open_zarr(out)
-    assert ds["pair_fraction"].sel(beta=4.0).shape[:1] == (3,) and int((ds["status"] == 0).sum()) == 6
+    assert (
+        ds["pair_fraction"].sel(beta=4.0).shape[:1] == (3,) and int((ds["status"] == 0).sum()) == 6
+    )
     assert main(argv) == 0
     assert main(["sweep", "--grid", "model.nope=[1]", "--out", str(tmp_path / "bad.zarr")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("wflow: error:") and "model.nope" in err[-1] and not (tmp_path / "bad.zarr").exists()
+    assert (
+        err[-1].startswith("wflow: error:")
+        and "model.nope" in err[-1]
+        and not (tmp_path / "bad.zarr").exists()
+    )

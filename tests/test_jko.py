@@ -1,5 +1,6 @@
 """JKO scheme (wflow.solvers.jko): conservation, descent, heat equation, convergence to the
 Eulerian solver, large steps, errors, the OT solve against POT, stationary states."""
+
 import numpy as np
 import pytest
 
@@ -27,7 +28,9 @@ def circle():
 
 @pytest.fixture(scope="module")
 def bumpy(circle):
-    return Density.from_function(circle, lambda x: np.exp(np.cos(theta(x) - 0.3)) + 0.5 * np.exp(2 * x[:, 0]))
+    return Density.from_function(
+        circle, lambda x: np.exp(np.cos(theta(x) - 0.3)) + 0.5 * np.exp(2 * x[:, 0])
+    )
 
 
 def mode(weights, mesh, k):
@@ -60,7 +63,9 @@ def test_heat_equation_circle(circle):
         lam, t = k * k / kappa, n * tau
         exact = np.exp(-lam * t)
         assert abs(ratio / exact - 1) < lam**2 * tau * t  # first-order bound, factor 2 margin
-        assert abs(ratio / (1 + lam * tau) ** (-n) - 1) < 5e-3  # and it is implicit Euler up to O(eps)
+        assert (
+            abs(ratio / (1 + lam * tau) ** (-n) - 1) < 5e-3
+        )  # and it is implicit Euler up to O(eps)
 
 
 def test_heat_equation_sphere():
@@ -71,15 +76,24 @@ def test_heat_equation_sphere():
     z = mesh.centers[:, 2]
     ratio = (r.weights[-1] @ z) / (r.weights[0] @ z)
     lam, t = 2 / kappa, n * tau  # l(l+1) with l = 1
-    assert abs(ratio / np.exp(-lam * t) - 1) < lam**2 * tau * t + 0.02  # + O(h^2) of the 162-cell mesh
+    assert (
+        abs(ratio / np.exp(-lam * t) - 1) < lam**2 * tau * t + 0.02
+    )  # + O(h^2) of the 162-cell mesh
 
 
 def test_converges_to_eulerian_first_order(circle, bumpy):
     T, kappa = 0.4, 4.0
     ref = solve_density(USA(2.0), bumpy, T, kappa=kappa, backend=BK).density().masses()
     taus = np.array([0.1, 0.05, 0.025])
-    errs = np.array([np.abs(jko(USA(2.0), bumpy, tau, int(round(T / tau)), kappa=kappa, backend=BK).weights[-1] - ref).sum()
-                     for tau in taus])
+    errs = np.array(
+        [
+            np.abs(
+                jko(USA(2.0), bumpy, tau, int(round(T / tau)), kappa=kappa, backend=BK).weights[-1]
+                - ref
+            ).sum()
+            for tau in taus
+        ]
+    )
     order = np.polyfit(np.log(taus), np.log(errs), 1)[0]
     assert 0.75 < order < 1.3, (errs, order)
     assert errs[-1] < 5e-3
@@ -87,7 +101,9 @@ def test_converges_to_eulerian_first_order(circle, bumpy):
 
 def test_large_tau_is_stable():
     m = CircleMesh(64)
-    bumpy = Density.from_function(m, lambda x: np.exp(np.cos(theta(x) - 0.3)) + 0.5 * np.exp(2 * x[:, 0]))
+    bumpy = Density.from_function(
+        m, lambda x: np.exp(np.cos(theta(x) - 0.3)) + 0.5 * np.exp(2 * x[:, 0])
+    )
     for model, kappa in ((None, 1.0), (USA(2.0), None), (USA(1.0), 2.0)):
         r = jko(model, bumpy, 2.0, 3, kappa=kappa, backend=BK, tol=1e-5)
         assert np.all(np.isfinite(r.weights)) and np.abs(r.weights.sum(axis=1) - 1).max() < 1e-13
@@ -103,7 +119,9 @@ def test_noise_with_eps_much_smaller_than_entropy_weight_converges(bumpy):
     iterations above tol, in 5 s); the Newton-CG inner solve reaches tol in well under a second,
     and its step agrees with a 1e-10 solve to the tolerance's order."""
     m = CircleMesh(256)
-    rho0 = Density.from_function(m, lambda x: np.exp(np.cos(theta(x) - 0.3)) + 0.5 * np.exp(2 * x[:, 0]))
+    rho0 = Density.from_function(
+        m, lambda x: np.exp(np.cos(theta(x) - 0.3)) + 0.5 * np.exp(2 * x[:, 0])
+    )
     r = jko(USA(2.0), rho0, 0.5, 2, kappa=1.0, backend=BK)
     assert all(r.stat("converged")) and r.stat("residual").max() <= 1e-6
     assert r.stat("iterations").max() <= 20 and r.stat("sinkhorn").max() <= 2000
@@ -132,7 +150,9 @@ def test_newton_inner_solve_matches_scaling_iterations():
         assert np.dot(nu, np.abs(ot.g + V + lam * np.log(nu / r))) < 1e-12
         out.append((it, ot.g, nu))
     assert out[0][0] < out[1][0] / 4
-    assert np.abs(out[0][1] - out[1][1]).max() < 1e-12 and np.abs(out[0][2] - out[1][2]).sum() < 1e-12
+    assert (
+        np.abs(out[0][1] - out[1][1]).max() < 1e-12 and np.abs(out[0][2] - out[1][2]).sum() < 1e-12
+    )
 
 
 def test_warm_start_continues_a_run_exactly(circle, bumpy):
@@ -152,8 +172,13 @@ def test_warm_start_continues_a_run_exactly(circle, bumpy):
     with pytest.raises(ValueError, match="eps"):
         jko(USA(2.0), bumpy, 0.05, 1, eps=1e-3, warm_start=half.warm_start)
     with pytest.raises(ValueError, match="shape"):
-        jko(USA(2.0), Density.from_function(CircleMesh(32), lambda x: 1 + 0 * x[:, 0]), 0.05, 1,
-            warm_start=half.warm_start)
+        jko(
+            USA(2.0),
+            Density.from_function(CircleMesh(32), lambda x: 1 + 0 * x[:, 0]),
+            0.05,
+            1,
+            warm_start=half.warm_start,
+        )
 
 
 def test_point_cloud_input(rng):
@@ -170,8 +195,22 @@ def test_plan_matches_pot_sinkhorn(circle, bumpy):
     m = CircleMesh(48)
     rho0 = Density.from_function(m, lambda x: np.exp(np.cos(theta(x))))
     x, a, r, _ = support(rho0, None)
-    st = JKOStepper(USA(2.0), x, r, tau=0.1, eps=0.05, cost="geodesic", kappa=2.0, method="sinkhorn", debias=True,
-                  eps_scaling=0.5, tol=1e-9, max_iter=200, max_sinkhorn=10000, backend=BK)
+    st = JKOStepper(
+        USA(2.0),
+        x,
+        r,
+        tau=0.1,
+        eps=0.05,
+        cost="geodesic",
+        kappa=2.0,
+        method="sinkhorn",
+        debias=True,
+        eps_scaling=0.5,
+        tol=1e-9,
+        max_iter=200,
+        max_sinkhorn=10000,
+        backend=BK,
+    )
     nu, s = st.step(a)
     ours = a[:, None] * r[None, :] * np.exp((st.ot.f[:, None] + st.ot.g[None, :] - st.C) / 0.05)
     pot = ot.sinkhorn(a, nu, st.C, 0.05, method="sinkhorn_log", numItermax=20000, stopThr=1e-12)
@@ -194,13 +233,16 @@ def test_emd_method_agrees_with_sinkhorn():
     assert np.abs(e.weights[-1] - s.weights[-1]).sum() < 0.03
 
 
-@pytest.mark.parametrize("model, match", [
-    (SA(2.0), "reweighted"),
-    (USA(2.0, V=np.diag([1.0, 2.0])), "V = I"),
-    (USA(2.0, Q=np.diag([1.0, 2.0])), "Q = K = I"),
-    (Perceptron(np.arange(6.0).reshape(2, 3), np.ones((3, 2))), "conservative"),
-    (USA(1.0) + SA(1.0), "reweighted"),
-])
+@pytest.mark.parametrize(
+    "model, match",
+    [
+        (SA(2.0), "reweighted"),
+        (USA(2.0, V=np.diag([1.0, 2.0])), "V = I"),
+        (USA(2.0, Q=np.diag([1.0, 2.0])), "Q = K = I"),
+        (Perceptron(np.arange(6.0).reshape(2, 3), np.ones((3, 2))), "conservative"),
+        (USA(1.0) + SA(1.0), "reweighted"),
+    ],
+)
 def test_non_gradient_models_raise(model, match, bumpy):
     with pytest.raises(NotAGradientFlowError, match=match):
         jko(model, bumpy, 0.1, 1)
@@ -239,7 +281,9 @@ def test_stationary_repulsion_uniform(circle, bumpy):
 def test_stationary_perceptron_atoms_do_not_depend_on_initial_density(activation, circle, bumpy):
     ang = np.array([0, 2 * np.pi / 3, 4 * np.pi / 3]) + 0.2
     A = 3 * np.stack([np.cos(ang), np.sin(ang)], 1)
-    model = USA(0.1) + Perceptron.conservative(A, 5 * np.ones(3), b=-0.9 * np.ones(3), activation=activation)
+    model = USA(0.1) + Perceptron.conservative(
+        A, 5 * np.ones(3), b=-0.9 * np.ones(3), activation=activation
+    )
     other = Density.from_function(circle, lambda x: 1 + 0.9 * np.sin(3 * theta(x) + 1))
     found = []
     for rho0 in (bumpy, other):

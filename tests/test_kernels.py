@@ -2,8 +2,7 @@ import numpy as np
 import pytest
 
 from wflow import sphere
-from wflow.kernels import BACKENDS, kernel_sums
-from wflow.kernels import numpy_backend
+from wflow.kernels import BACKENDS, kernel_sums, numpy_backend
 
 
 def naive(x, y, w, beta, Q=None, K=None, V=None):
@@ -37,7 +36,9 @@ def test_blocked_equals_unblocked_and_finite(beta, rng, monkeypatch):
         assert np.all(np.isfinite(s.log_scale)) and np.all(np.isfinite(s.vector))
         assert np.all(s.mass >= 1.0 - 1e-12)  # the largest term is exactly 1 after the shift
     np.testing.assert_allclose(blocked.log_scale, full.log_scale, rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(blocked.softmax_average(), full.softmax_average(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(
+        blocked.softmax_average(), full.softmax_average(), rtol=1e-13, atol=1e-15
+    )
 
 
 def test_shift_is_exact_row_maximum(rng):
@@ -51,7 +52,9 @@ def test_float32_matches_float64(rng):
     x = sphere.uniform(200, 3, rng)
     w = np.full(200, 1 / 200)
     s64 = kernel_sums(x, x, w, 100.0, backend="numpy")
-    s32 = kernel_sums(x.astype(np.float32), x.astype(np.float32), w.astype(np.float32), 100.0, backend="numpy")
+    s32 = kernel_sums(
+        x.astype(np.float32), x.astype(np.float32), w.astype(np.float32), 100.0, backend="numpy"
+    )
     assert s32.vector.dtype == np.float32
     np.testing.assert_allclose(s32.softmax_average(), s64.softmax_average(), rtol=2e-4, atol=2e-5)
 

@@ -5,6 +5,7 @@ is the numpy backend run in float64 on the same float32 numbers: the numba backe
 forms its logits in float64, whereas a float32 logit of size beta = 1000 is itself
 uncertain by 6e-5, so the numpy backend's own float32 result is only that close.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,8 +43,15 @@ def _problem(rng, dtype, batch=(), n=37, m=300, d=3, p=None, q=None, zeros=True)
 
 def _reference(x, y, w, beta, mats, values=True):
     up = {k: v.astype(np.float64) for k, v in mats.items()}
-    return kernel_sums(x.astype(np.float64), y.astype(np.float64), w.astype(np.float64), beta,
-                       values=values, backend="numpy", **up)
+    return kernel_sums(
+        x.astype(np.float64),
+        y.astype(np.float64),
+        w.astype(np.float64),
+        beta,
+        values=values,
+        backend="numpy",
+        **up,
+    )
 
 
 def _check(got, ref, dtype, values=True, logit_scale=1000.0):
@@ -149,17 +157,27 @@ def test_float32_logits_only_where_accurate(rng, monkeypatch):
     x, y, _, _ = _problem(rng, np.float32, n=64, m=700, d=3)
     w = np.full(700, 1.0 / 700, np.float32)
     for beta in (0.5, 1.0, 2.0):
-        assert 2.0**-24 * (6 * beta + 0.0) <= numba_backend.LOWP_LOGIT_ERROR  # this case takes the float32 path
-        _check(kernel_sums(x, y, w, beta, backend="numba"), _reference(x, y, w, beta, {}), np.float32)
+        assert (
+            2.0**-24 * (6 * beta + 0.0) <= numba_backend.LOWP_LOGIT_ERROR
+        )  # this case takes the float32 path
+        _check(
+            kernel_sums(x, y, w, beta, backend="numba"), _reference(x, y, w, beta, {}), np.float32
+        )
     # the batched workload of the benchmarks: 8-dimensional tokens, beta = 4
     xb, yb, _, _ = _problem(rng, np.float32, batch=(64,), n=32, m=32, d=8)
     wb = np.full((64, 32), 1.0 / 32, np.float32)
     assert 2.0**-24 * (10 * 4.0) <= numba_backend.LOWP_LOGIT_ERROR
     for route in ("direct", "small"):
         monkeypatch.setattr(numba_backend, "FORCE_ROUTE", route)
-        _check(kernel_sums(xb, yb, wb, 4.0, backend="numba"), _reference(xb, yb, wb, 4.0, {}), np.float32)
+        _check(
+            kernel_sums(xb, yb, wb, 4.0, backend="numba"),
+            _reference(xb, yb, wb, 4.0, {}),
+            np.float32,
+        )
     monkeypatch.setattr(numba_backend, "FORCE_ROUTE", None)
-    monkeypatch.setattr(numba_backend, "LOWP_LOGIT_ERROR", 1.0)  # float32 logits whatever their size
+    monkeypatch.setattr(
+        numba_backend, "LOWP_LOGIT_ERROR", 1.0
+    )  # float32 logits whatever their size
     got = kernel_sums(x, y, w, 1000.0, backend="numba")
     ref = _reference(x, y, w, 1000.0, {})
     mass = got.mass.astype(np.float64) * np.exp(got.log_scale.astype(np.float64) - ref.log_scale)
@@ -194,7 +212,9 @@ def test_float32_mixed_shift_moves(rng, case):
     w /= w.sum()
     if case == "rising":
         x = _sphere(rng, (9, 3), np.float64)
-        y = y[np.argsort(y @ x[0])]  # row 0's largest logits come last: its shift rises block by block
+        y = y[
+            np.argsort(y @ x[0])
+        ]  # row 0's largest logits come last: its shift rises block by block
         beta = 300.0
     else:
         y[:, 0] = np.abs(y[:, 0]) + 0.5  # sources around +e1, queries around -e1
@@ -236,7 +256,9 @@ def test_small_route_agrees_with_numpy(rng, dtype, beta, d, n, m, monkeypatch):
 def test_small_route_general_qkv_and_many_chunks(rng, dtype, method, monkeypatch):
     from wflow.kernels import small
 
-    monkeypatch.setattr(small, "CHUNK_PAIRS", 64)  # one system per chunk: every worker takes several
+    monkeypatch.setattr(
+        small, "CHUNK_PAIRS", 64
+    )  # one system per chunk: every worker takes several
     monkeypatch.setattr(small, "SERIAL_MAX_FLOPS", 0)  # on the worker threads however small
     monkeypatch.setattr(small, "FORCE_METHOD", method)
     x, y, w, mats = _problem(rng, dtype, batch=(3, 7), n=9, m=40, d=50, p=60, q=5)
@@ -294,7 +316,9 @@ def test_parallel_runs_every_share_and_raises_after_all_have_finished():
         _parallel(both_fail, 2)
 
 
-@pytest.mark.parametrize("B, workers", [(0, 2), (1, 2), (5, 4), (7, 3), (3, 8), (2048, 2), (2049, 2)])
+@pytest.mark.parametrize(
+    "B, workers", [(0, 2), (1, 2), (5, 4), (7, 3), (3, 8), (2048, 2), (2049, 2)]
+)
 def test_shares_cover_every_system_once(B, workers):
     """small._shares: contiguous, disjoint shares covering 0..B-1, at most ``workers`` of them, the largest
     ceil(B / workers) systems."""
@@ -348,7 +372,11 @@ def test_small_route_methods_agree_with_numpy(rng, dtype, method, monkeypatch):
     from wflow.kernels import small
 
     monkeypatch.setattr(small, "FORCE_METHOD", method)
-    for beta, kw in ((5.0, dict(n=7, m=33, d=5)), (300.0, dict(n=32, m=32, d=40)), (30.0, dict(n=9, m=13, d=6, p=7, q=3))):
+    for beta, kw in (
+        (5.0, dict(n=7, m=33, d=5)),
+        (300.0, dict(n=32, m=32, d=40)),
+        (30.0, dict(n=9, m=13, d=6, p=7, q=3)),
+    ):
         x, y, w, mats = _problem(rng, dtype, batch=(6,), **kw)
         if "Q" in mats:
             mats["Q"] /= 2.0
@@ -377,7 +405,10 @@ def _dense_sa_euler(x, w, beta, dt, projected=True):
     x = np.asarray(x, dtype=np.float64)
     th = x / np.linalg.norm(x, axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
-        L = beta * th @ np.swapaxes(th, -1, -2) + np.log(np.asarray(w, dtype=np.float64))[..., None, :]
+        L = (
+            beta * th @ np.swapaxes(th, -1, -2)
+            + np.log(np.asarray(w, dtype=np.float64))[..., None, :]
+        )
     E = np.exp(L - L.max(axis=-1, keepdims=True))
     A = (E @ th) / E.sum(axis=-1)[..., None]
     y = x + dt * (A - projected * np.sum(A * th, axis=-1, keepdims=True) * th)
@@ -385,8 +416,10 @@ def _dense_sa_euler(x, w, beta, dt, projected=True):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("d, n, batch", [(2, 1, (3,)), (3, 7, (5,)), (8, 32, (4, 3)), (13, 9, (4,)), (33, 5, (6,)),
-                                         (128, 32, (9,))])
+@pytest.mark.parametrize(
+    "d, n, batch",
+    [(2, 1, (3,)), (3, 7, (5,)), (8, 32, (4, 3)), (13, 9, (4,)), (33, 5, (6,)), (128, 32, (9,))],
+)
 @pytest.mark.parametrize("threads", [False, True])
 @pytest.mark.parametrize("weights", ["zeros", "positive", "e^-650", "equal"])
 def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weights, monkeypatch):
@@ -408,19 +441,31 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weigh
         w[:] = 1.0 / n
     else:
         w[..., 1 % n] += 0.1
-    for beta in (0.0, 2.0, 5.0, 200.0, -400.0):  # (beta = 2: float32 logits where r allows; -400: row maxima)
+    for beta in (
+        0.0,
+        2.0,
+        5.0,
+        200.0,
+        -400.0,
+    ):  # (beta = 2: float32 logits where r allows; -400: row maxima)
         y = small.sa_euler_step(x, w, beta, 0.1)
         assert y.dtype == dtype and y.shape == x.shape
         ref = _dense_sa_euler(x, w, beta, 0.1)
         np.testing.assert_allclose(y, ref, rtol=0, atol=1e-14 if dtype == np.float64 else 3e-7)
         z = small.sa_euler_step(x, w, beta, 0.1, projected=False)  # GLPR's scheme
-        np.testing.assert_allclose(z, _dense_sa_euler(x, w, beta, 0.1, projected=False), rtol=0,
-                                   atol=1e-14 if dtype == np.float64 else 3e-7)
+        np.testing.assert_allclose(
+            z,
+            _dense_sa_euler(x, w, beta, 0.1, projected=False),
+            rtol=0,
+            atol=1e-14 if dtype == np.float64 else 3e-7,
+        )
         if n > 1 and beta == 5.0:
             assert np.abs(z - y).max() > 1e-6
     out = x.copy()  # in place
     assert small.sa_euler_step(out, w, 5.0, 0.1, out=out) is out
-    np.testing.assert_allclose(out, _dense_sa_euler(x, w, 5.0, 0.1), atol=1e-14 if dtype == np.float64 else 3e-7)
+    np.testing.assert_allclose(
+        out, _dense_sa_euler(x, w, 5.0, 0.1), atol=1e-14 if dtype == np.float64 else 3e-7
+    )
 
 
 def test_sa_euler_step_in_span_coordinates(rng):
@@ -432,7 +477,9 @@ def test_sa_euler_step_in_span_coordinates(rng):
     y, basis = span_coordinates(x)
     assert y.shape == (4, 16, 16) and basis.shape == (4, 16, 100)
     np.testing.assert_allclose(y @ basis, x, atol=1e-15)
-    np.testing.assert_allclose(basis @ np.swapaxes(basis, 1, 2), np.broadcast_to(np.eye(16), (4, 16, 16)), atol=1e-15)
+    np.testing.assert_allclose(
+        basis @ np.swapaxes(basis, 1, 2), np.broadcast_to(np.eye(16), (4, 16, 16)), atol=1e-15
+    )
     z, zs = x.copy(), y.copy()
     for _ in range(50):
         z = _dense_sa_euler(z, w, 5.0, 0.1)
@@ -444,8 +491,12 @@ def test_sa_euler_step_in_span_coordinates(rng):
 
 
 @pytest.mark.parametrize("route", list(_STEP_ROUTES))
-@pytest.mark.parametrize("r, rounding", [(8, "nearest"), (20, "nearest"), (40, "nearest"), (8, "outward")])
-def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(rng, route, r, rounding, monkeypatch):
+@pytest.mark.parametrize(
+    "r, rounding", [(8, "nearest"), (20, "nearest"), (40, "nearest"), (8, "outward")]
+)
+def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(
+    rng, route, r, rounding, monkeypatch
+):
     """float32 points whose step forms float64 logits (beta = 5, r >= 7): the pairs are counted on the step's
     Gram matrix of their directions, except in systems with a pair within _pair_band (about 1e-7 here) of the
     threshold, which pair_counts counts from the input after the step; the counts equal pair_counts'
@@ -457,11 +508,15 @@ def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(rng, route,
 
     _step_route(monkeypatch, route)
     x = _sphere(rng, (40, 32, r), np.float64)
-    x[:, 16:] = x[:, :16] + 0.03 * np.sqrt(8 / r) * rng.standard_normal((40, 16, r))  # pairs near cosine 0.999
+    x[:, 16:] = x[:, :16] + 0.03 * np.sqrt(8 / r) * rng.standard_normal(
+        (40, 16, r)
+    )  # pairs near cosine 0.999
     x /= np.linalg.norm(x, axis=-1, keepdims=True)
     x32 = x.astype(np.float32)
     if rounding == "outward":  # each coordinate rounded away from zero: |x| > 1 by up to r 2^-24
-        x32 = np.where(np.abs(x32.astype(np.float64)) < np.abs(x), np.nextafter(x32, np.sign(x32) * 2), x32)
+        x32 = np.where(
+            np.abs(x32.astype(np.float64)) < np.abs(x), np.nextafter(x32, np.sign(x32) * 2), x32
+        )
     w = np.full((40, 32), 1 / 32)
     x64 = x32.astype(np.float64)
     P = x64 @ np.swapaxes(x64, 1, 2)  # pair_counts' products (exact products; the sums to rounding)
@@ -469,20 +524,30 @@ def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(rng, route,
     G = th @ np.swapaxes(th, 1, 2)  # the step's
     off = ~np.eye(32, dtype=bool)
     gap = np.where(off, G - P, 0.0)
-    k, i, j = np.unravel_index(np.argmax(np.where(np.abs(P - 0.999) < 2e-3, np.abs(gap), 0.0)), gap.shape)
-    assert abs(gap[k, i, j]) > 1e-9  # the directions and the points disagree beyond rounding on this pair
+    k, i, j = np.unravel_index(
+        np.argmax(np.where(np.abs(P - 0.999) < 2e-3, np.abs(gap), 0.0)), gap.shape
+    )
+    assert (
+        abs(gap[k, i, j]) > 1e-9
+    )  # the directions and the points disagree beyond rounding on this pair
     calls = []
     real = small.pair_counts
-    monkeypatch.setattr(small, "pair_counts", lambda xs, c: calls.append(xs.shape[0]) or real(xs, c))
+    monkeypatch.setattr(
+        small, "pair_counts", lambda xs, c: calls.append(xs.shape[0]) or real(xs, c)
+    )
     for c in (0.999, float(P[k, i, j]), float(np.nextafter(P[k, i, j], -1.0))):
         ref = real(x32, c)
         calls.clear()
         y, counts = small.sa_euler_step(x32, w, 5.0, 0.1, count_pairs_above=c)
         np.testing.assert_array_equal(counts, ref)
         np.testing.assert_array_equal(y, small.sa_euler_step(x32, w, 5.0, 0.1))
-        assert sum(calls) <= 4 and (c == 0.999 or calls)  # a few near systems, the pair's among them
+        assert sum(calls) <= 4 and (
+            c == 0.999 or calls
+        )  # a few near systems, the pair's among them
         xs = x32.copy()  # in place: the input's pairs, counted before the step overwrites them
-        np.testing.assert_array_equal(small.sa_euler_step(xs, w, 5.0, 0.1, out=xs, count_pairs_above=c)[1], ref)
+        np.testing.assert_array_equal(
+            small.sa_euler_step(xs, w, 5.0, 0.1, out=xs, count_pairs_above=c)[1], ref
+        )
     xz = x32.copy()
     xz[3, 5] = 0.0  # a zero row: a non-finite step for system 3, its pairs counted from its points
     for c in (-0.5, 0.999):
@@ -501,7 +566,9 @@ def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
     from wflow.kernels import small
 
     x = _sphere(rng, (6, n, r), np.float64)
-    x[:, n // 2:] = x[:, : n - n // 2] + 0.02 * rng.standard_normal((6, n - n // 2, r))  # close pairs
+    x[:, n // 2 :] = x[:, : n - n // 2] + 0.02 * rng.standard_normal(
+        (6, n - n // 2, r)
+    )  # close pairs
     x /= np.linalg.norm(x, axis=-1, keepdims=True)
     w = rng.random((6, n))
     w[1, 2] = 0.0  # system 1: each row shifted by its maximum
@@ -537,7 +604,23 @@ def _near_threshold_pairs(rng, B, n, r, t):
     in random planes (the cluster decisions Gram rounding cannot make), rows scaled off the sphere by up to
     1e-10 (what the decision's bound must allow for)."""
     x = np.empty((B, n, r))
-    eps = np.array([0.0, 1e-16, -1e-16, 4e-16, -4e-16, 1e-15, -1e-15, 1e-14, -1e-14, 1e-13, -1e-13, 5e-11, -5e-11])
+    eps = np.array(
+        [
+            0.0,
+            1e-16,
+            -1e-16,
+            4e-16,
+            -4e-16,
+            1e-15,
+            -1e-15,
+            1e-14,
+            -1e-14,
+            1e-13,
+            -1e-13,
+            5e-11,
+            -5e-11,
+        ]
+    )
     for b in range(B):
         for k in range(0, n - 1, 2):
             q, _ = np.linalg.qr(rng.standard_normal((r, 2)))
@@ -559,11 +642,16 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
     from wflow.diagnostics import BATCHED_MAX_N, count_clusters
     from wflow.kernels import small
 
-    assert small.SMALL_MAX <= BATCHED_MAX_N  # count_clusters takes _cluster_roots, whose decisions the step copies
+    assert (
+        small.SMALL_MAX <= BATCHED_MAX_N
+    )  # count_clusters takes _cluster_roots, whose decisions the step copies
 
     t = 0.1
     c = _sphere(rng, (40, 4, r), np.float64)
-    x = np.take_along_axis(c, rng.integers(0, 4, (40, n, 1)), axis=1) + 0.04 * rng.standard_normal((40, n, r)) / r**0.5
+    x = (
+        np.take_along_axis(c, rng.integers(0, 4, (40, n, 1)), axis=1)
+        + 0.04 * rng.standard_normal((40, n, r)) / r**0.5
+    )
     x /= np.linalg.norm(x, axis=-1, keepdims=True)
     x = np.concatenate([x, _near_threshold_pairs(rng, 40, n, r, t)])
     w = rng.random(x.shape[:2])
@@ -584,17 +672,25 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
         xs = x.copy()
         st = small._sa_euler_step(xs, w, 50.0, 0.5, out=xs, cluster_threshold=t)
         np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x, w), t))
-        assert not np.array_equal(count_clusters(Atoms(xs, w), t), st.n_clusters)  # the step changed the clusters
+        assert not np.array_equal(
+            count_clusters(Atoms(xs, w), t), st.n_clusters
+        )  # the step changed the clusters
     # float32 points: read off the step when the float32 rule keeps its logits in float64 (beta = 50), the same
     # count as count_clusters' of the float32 points; with float32 logits (beta = 0.01) an error, or None
     x32 = x.astype(np.float32)
     st = small._sa_euler_step(x32, w, 50.0, 0.1, cluster_threshold=t, means=True)
     np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x32, w), t))
-    np.testing.assert_allclose(st.means, Atoms(x32.astype(np.float64), w).mean(), rtol=0, atol=n * 1.2e-16)
+    np.testing.assert_allclose(
+        st.means, Atoms(x32.astype(np.float64), w).mean(), rtol=0, atol=n * 1.2e-16
+    )
     for kw in ({"cluster_threshold": 0.1}, {"means": True}, {"energy_sums": True}):
-        with pytest.raises(ValueError, match=f"{next(iter(kw))} needs a float64 Gram matrix: .* got float32 logits"):
+        with pytest.raises(
+            ValueError, match=f"{next(iter(kw))} needs a float64 Gram matrix: .* got float32 logits"
+        ):
             small._sa_euler_step(x32, w, 0.01, 0.1, **kw)
-    st = small._sa_euler_step(x32, w, 0.01, 0.1, cluster_threshold=t, means=True, energy_sums=True, strict=False)
+    st = small._sa_euler_step(
+        x32, w, 0.01, 0.1, cluster_threshold=t, means=True, energy_sums=True, strict=False
+    )
     assert st.n_clusters is None and st.means is None and st.energy_sums is None
 
 
@@ -620,9 +716,8 @@ def test_sa_euler_step_knows_whether_its_output_is_finite(monkeypatch, dtype):
     """The fused step's finiteness flag (what lets the driver skip its scan of the state) agrees with a scan
     of the output on every route: finite steps, a system with a NaN coordinate, and a token stepped onto
     the origin (GLPR's unprojected step with h = 1, its only weighted neighbour antipodal: x + h A x = 0)."""
-    from wflow.kernels import small
-
     from wflow import sphere
+    from wflow.kernels import small
 
     x = sphere.uniform(8, 3, seed=4, batch=(5,)).astype(dtype)
     w = np.full((5, 8), 1 / 8)
@@ -636,9 +731,13 @@ def test_sa_euler_step_knows_whether_its_output_is_finite(monkeypatch, dtype):
         assert finite and counts is None and np.isfinite(y).all()
         y, finite = small._sa_euler_step(bad, w, 5.0, 0.1)[:2]
         assert not finite and not np.isfinite(y[3]).all() and np.isfinite(y[[0, 1, 2, 4]]).all()
-        y, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)[:2]
+        y, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)[
+            :2
+        ]
         assert not finite and not np.isfinite(y[0, 0]).all()
-        y, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)[:2]  # projected: no move
+        y, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)[
+            :2
+        ]  # projected: no move
         assert finite and np.array_equal(y, pair)
 
 
@@ -662,7 +761,9 @@ def test_pair_counts_against_numpy(rng, dtype, n, r):
     from wflow.kernels import small
 
     x = _sphere(rng, (3, 2, n, r), dtype)
-    x[..., n // 2:, :] = x[..., :1, :] + 0.01 * x[..., n // 2:, :]  # half the tokens near the first one
+    x[..., n // 2 :, :] = (
+        x[..., :1, :] + 0.01 * x[..., n // 2 :, :]
+    )  # half the tokens near the first one
     x64 = x.astype(np.float64)
     G = x64 @ np.swapaxes(x64, -1, -2)
     off = ~np.eye(n, dtype=bool)
@@ -672,11 +773,15 @@ def test_pair_counts_against_numpy(rng, dtype, n, r):
     for c in [-2.0, *cuts[:: max(1, cuts.size // 7)]]:
         ref = ((G > c) & off).sum(axis=(-1, -2))
         np.testing.assert_array_equal(small.pair_counts(x, c), ref)
-    assert small.pair_counts(x, -2.0).shape == (3, 2) and int(small.pair_counts(x, -2.0)[0, 0]) == n * (n - 1)
+    assert small.pair_counts(x, -2.0).shape == (3, 2) and int(
+        small.pair_counts(x, -2.0)[0, 0]
+    ) == n * (n - 1)
 
 
-@pytest.mark.parametrize("d, beta, projected", [(8, 4.15, True), (3, 7.08, False), (8, -4.15, True), (12, 3.1, True),
-                                               (24, 1.77, False)])
+@pytest.mark.parametrize(
+    "d, beta, projected",
+    [(8, 4.15, True), (3, 7.08, False), (8, -4.15, True), (12, 3.1, True), (24, 1.77, False)],
+)
 def test_sa_euler_step_float32_path(rng, d, beta, projected):
     """float32 input whose logits' rounding is provably below 3e-6 per term (|beta| (d + 4) 2^-24 with equal
     weights: 2.97e-6 at beta = 4.15, d = 8) runs in float32 (directions, Gram matrix -- blocked and padded
@@ -687,10 +792,15 @@ def test_sa_euler_step_float32_path(rng, d, beta, projected):
 
     x = _sphere(rng, (64, 32, d), np.float32)
     w = np.full((64, 32), 1 / 32)
-    beyond = beta * 1.02  # each beta is 0.985-0.99 of its bound: (d + 4) |beta| 2^-24 above 3e-6 here
-    np.testing.assert_array_equal(small.sa_euler_step(x, w, beyond, 0.1, projected=projected),
-                                  small.sa_euler_step(x.astype(np.float64), w, beyond, 0.1,
-                                                      projected=projected).astype(np.float32))
+    beyond = (
+        beta * 1.02
+    )  # each beta is 0.985-0.99 of its bound: (d + 4) |beta| 2^-24 above 3e-6 here
+    np.testing.assert_array_equal(
+        small.sa_euler_step(x, w, beyond, 0.1, projected=projected),
+        small.sa_euler_step(x.astype(np.float64), w, beyond, 0.1, projected=projected).astype(
+            np.float32
+        ),
+    )
 
     x = _sphere(rng, (64, 32, d), np.float32)
     w = np.full((64, 32), 1 / 32)
@@ -699,7 +809,9 @@ def test_sa_euler_step_float32_path(rng, d, beta, projected):
     assert y.dtype == np.float32
     err = np.abs(y - ref).max()
     assert err < 1e-7, err
-    y64 = small.sa_euler_step(x.astype(np.float64), w, beta, 0.1, projected=projected).astype(np.float32)
+    y64 = small.sa_euler_step(x.astype(np.float64), w, beta, 0.1, projected=projected).astype(
+        np.float32
+    )
     assert np.any(y != y64)  # the float32 path ran
     # zero weights (log-weights clamped at -3e38, a span beyond 60): each row shifted by its maximum, same accuracy
     w2 = w.copy()
@@ -707,7 +819,12 @@ def test_sa_euler_step_float32_path(rng, d, beta, projected):
     assert small._float32_logits_bound(d, abs(beta), small.step_log_weights(w2), -80.0)[0]
     y2 = small.sa_euler_step(x, w2, beta, 0.1, projected=projected)
     assert np.abs(y2 - _dense_sa_euler(x, w2, beta, 0.1, projected=projected)).max() < 1e-7
-    assert np.any(y2 != small.sa_euler_step(x.astype(np.float64), w2, beta, 0.1, projected=projected).astype(np.float32))
+    assert np.any(
+        y2
+        != small.sa_euler_step(x.astype(np.float64), w2, beta, 0.1, projected=projected).astype(
+            np.float32
+        )
+    )
 
 
 def test_float32_logits_rule_against_numpy(rng):
@@ -728,8 +845,12 @@ def test_float32_logits_rule_against_numpy(rng):
             assert ok == limit
             np.testing.assert_array_equal(mx, top)
             np.testing.assert_array_equal(lw32, np.maximum(rel, -3e38).astype(np.float32))
-    assert not small._float32_logits_bound(8, 4.0, small.step_log_weights([[1.0, np.exp(-30.0)]]), -80.0)[0]
-    assert small._float32_logits_bound(8, 4.0, small.step_log_weights([[1.0, np.exp(-3.0)]]), -80.0)[0]
+    assert not small._float32_logits_bound(
+        8, 4.0, small.step_log_weights([[1.0, np.exp(-30.0)]]), -80.0
+    )[0]
+    assert small._float32_logits_bound(
+        8, 4.0, small.step_log_weights([[1.0, np.exp(-3.0)]]), -80.0
+    )[0]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -753,10 +874,18 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
                 _step_route(m, route)
                 steps[route] = small.sa_euler_step(x, w, beta, 0.1, projected=projected)
         for route in ("one pass", "gemm"):
-            np.testing.assert_allclose(steps["blas"], steps[route], rtol=0, atol=2e-15 if dtype == np.float64 else 1e-7)
-        np.testing.assert_allclose(steps["blas"], _dense_sa_euler(x, w, beta, 0.1, projected=projected), rtol=0,
-                                   atol=2e-15 if dtype == np.float64 else 1.5e-7)
-    for route, limit in zip(_STEP_ROUTES, (0, 10**6, 0)):  # no systems: empty results on every route
+            np.testing.assert_allclose(
+                steps["blas"], steps[route], rtol=0, atol=2e-15 if dtype == np.float64 else 1e-7
+            )
+        np.testing.assert_allclose(
+            steps["blas"],
+            _dense_sa_euler(x, w, beta, 0.1, projected=projected),
+            rtol=0,
+            atol=2e-15 if dtype == np.float64 else 1.5e-7,
+        )
+    for route, limit in zip(
+        _STEP_ROUTES, (0, 10**6, 0)
+    ):  # no systems: empty results on every route
         _step_route(monkeypatch, route)
         monkeypatch.setattr(small, "PAIR_COUNTS_FUSED_MAX_DIM", limit)
         assert small.sa_euler_step(x[:0], w[:0], 1.0, 0.1).shape == (0, n, d)
@@ -764,7 +893,9 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
     G = x.astype(np.float64) @ np.swapaxes(x.astype(np.float64), -1, -2)
     off = ~np.eye(n, dtype=bool)
     vals = np.unique(G[:, off])
-    cuts = (0.5 * (vals[:-1] + vals[1:]))[np.diff(vals) > 1e-9]  # between neighbouring inner products
+    cuts = (0.5 * (vals[:-1] + vals[1:]))[
+        np.diff(vals) > 1e-9
+    ]  # between neighbouring inner products
     for route in (0, 10**6):  # the GEMM route, the one-pass route
         monkeypatch.setattr(small, "PAIR_COUNTS_FUSED_MAX_DIM", route)
         for c in [-2.0, *cuts[:: max(1, cuts.size // 5)]]:

@@ -1,4 +1,5 @@
 """Meshes: areas, orientation, closure (divergence theorem), location, quadrature."""
+
 import numpy as np
 import pytest
 
@@ -18,7 +19,9 @@ def test_circle_geometry():
     assert np.allclose(np.sum(m.edge_normal * m.edge_midpoint, axis=1), 0, atol=1e-15)
     step = m.centers[m.cell_right] - m.centers[m.cell_left]
     assert np.all(np.sum(step * m.edge_normal, axis=1) > 0)
-    x = np.array([[np.cos(0.3 + 1e-9), np.sin(0.3 + 1e-9)], [np.cos(0.3 - 1e-9), np.sin(0.3 - 1e-9)]])
+    x = np.array(
+        [[np.cos(0.3 + 1e-9), np.sin(0.3 + 1e-9)], [np.cos(0.3 - 1e-9), np.sin(0.3 - 1e-9)]]
+    )
     assert m.locate(x).tolist() == [0, 36]
 
 
@@ -55,7 +58,9 @@ def test_sphere_cells_close_divergence_theorem(sphere):
     lhs = np.zeros((M, 3))
     for sgn, cells in ((1.0, sphere.cell_left), (-1.0, sphere.cell_right)):
         for k in range(3):
-            lhs[:, k] += sgn * np.bincount(cells, weights=sphere.edge_length * sphere.edge_normal[:, k], minlength=M)
+            lhs[:, k] += sgn * np.bincount(
+                cells, weights=sphere.edge_length * sphere.edge_normal[:, k], minlength=M
+            )
     x, w, cell = sphere.quadrature()
     rhs = np.stack([np.bincount(cell, weights=w * x[:, k], minlength=M) for k in range(3)], axis=1)
     # the left side is exact; the right side carries the h^6 error of the degree-5 quadrature
@@ -92,7 +97,9 @@ def test_padded_connectivity_consistent(sphere):
         e = m.cell_edges[i, s]
         left = m.cell_edge_sign[i, s] > 0
         assert np.array_equal(np.where(left, m.cell_left[e], m.cell_right[e]), i)
-        assert np.array_equal(np.where(left, m.cell_right[e], m.cell_left[e]), m.cell_neighbors[i, s])
+        assert np.array_equal(
+            np.where(left, m.cell_right[e], m.cell_left[e]), m.cell_neighbors[i, s]
+        )
         assert np.array_equal(m.cell_edges[m.cell_left, m.edge_slot_left], np.arange(m.n_edges))
         assert np.array_equal(m.cell_edges[m.cell_right, m.edge_slot_right], np.arange(m.n_edges))
 

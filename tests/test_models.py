@@ -39,7 +39,9 @@ def test_equivariance_with_conjugated_matrices(rng):
     W, A, b = rng.standard_normal((d, 4)), rng.standard_normal((4, d)), rng.standard_normal(4)
     m = SA(1.5, Q=Q, K=K, V=V) + Perceptron(W, A, b, "gelu")
     mr = SA(1.5, Q=Q @ R.T, K=K @ R.T, V=R @ V @ R.T) + Perceptron(R @ W, A @ R.T, b, "gelu")
-    np.testing.assert_allclose(mr.velocity(x @ R.T, mu.rotate(R)), m.velocity(x, mu) @ R.T, atol=1e-13)
+    np.testing.assert_allclose(
+        mr.velocity(x @ R.T, mu.rotate(R)), m.velocity(x, mu) @ R.T, atol=1e-13
+    )
 
 
 def test_velocity_is_tangent(rng):
@@ -62,7 +64,9 @@ def test_velocity_is_riemannian_gradient_usa_plus_perceptron(rng):
     w /= w.sum()
     A = rng.standard_normal((6, d))
     for act in ("relu", "gelu", "tanh"):
-        model = USA(2.0) + Perceptron.conservative(A, rng.standard_normal(6), rng.standard_normal(6), act)
+        model = USA(2.0) + Perceptron.conservative(
+            A, rng.standard_normal(6), rng.standard_normal(6), act
+        )
         v = model.velocity(x, Atoms(x, w))
         h = 1e-5
         for i in (0, 5, 11):
@@ -95,7 +99,9 @@ def test_usa_on_circle_is_kuramoto(beta, rng):
     x = sphere.angles_to_points(theta)
     v = USA(beta).velocity(x, Atoms(x))
     tangent = np.stack([-np.sin(theta), np.cos(theta)], -1)
-    np.testing.assert_allclose(np.sum(v * tangent, -1), theory.kuramoto_velocity(theta, beta), atol=1e-13)
+    np.testing.assert_allclose(
+        np.sum(v * tangent, -1), theory.kuramoto_velocity(theta, beta), atol=1e-13
+    )
 
 
 def test_energy_values_and_sign_convention(rng):

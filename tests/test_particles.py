@@ -15,11 +15,15 @@ def test_equiangular_reduction(kind, beta, n):
     x0 = equiangular_configuration(n, rho0)
     model = SA(beta) if kind == "SA" else USA(beta)
     t = np.linspace(0, 1.0, 6)
-    traj = simulate(model, Atoms(x0), t[-1], save_at=t, dt=2e-3 if kind == "SA" else 2e-4 * 9 / max(beta, 1))
+    traj = simulate(
+        model, Atoms(x0), t[-1], save_at=t, dt=2e-3 if kind == "SA" else 2e-4 * 9 / max(beta, 1)
+    )
     G = np.einsum("tid,tjd->tij", traj.points, traj.points)
     off = G[:, ~np.eye(n, dtype=bool)]
     assert np.ptp(off, axis=1).max() < 1e-12  # stays equiangular
-    ref = theory.equiangular_solution(rho0, traj.times, beta, n, kind)  # saves snapped to the step grid
+    ref = theory.equiangular_solution(
+        rho0, traj.times, beta, n, kind
+    )  # saves snapped to the step grid
     np.testing.assert_allclose(off.mean(axis=1), ref, rtol=0, atol=1e-9)
 
 
@@ -35,11 +39,18 @@ def test_energy_non_decreasing(model, d, rng):
 
 
 def test_rk4_order_four(rng):
-    model = SA(2.0) + Perceptron(rng.standard_normal((3, 4)), rng.standard_normal((4, 3)), activation="tanh")
+    model = SA(2.0) + Perceptron(
+        rng.standard_normal((3, 4)), rng.standard_normal((4, 3)), activation="tanh"
+    )
     mu0 = Atoms(sphere.uniform(20, 3, rng))
-    ref = simulate(model, mu0, 1.0, save_at=[0, 1.0], method="dopri5", rtol=1e-13, atol=1e-14).points[-1]
+    ref = simulate(
+        model, mu0, 1.0, save_at=[0, 1.0], method="dopri5", rtol=1e-13, atol=1e-14
+    ).points[-1]
     dts = np.array([0.2, 0.1, 0.05, 0.025])
-    errs = [np.abs(simulate(model, mu0, 1.0, save_at=[0, 1.0], dt=h).points[-1] - ref).max() for h in dts]
+    errs = [
+        np.abs(simulate(model, mu0, 1.0, save_at=[0, 1.0], dt=h).points[-1] - ref).max()
+        for h in dts
+    ]
     slope = np.polyfit(np.log(dts), np.log(errs), 1)[0]
     assert 3.8 < slope < 4.3, (slope, errs)
 
@@ -47,8 +58,12 @@ def test_rk4_order_four(rng):
 def test_euler_order_one(rng):
     mu0 = Atoms(sphere.uniform(15, 3, rng))
     ref = simulate(SA(1.0), mu0, 1.0, save_at=[0, 1.0], dt=0.01).points[-1]
-    errs = [np.abs(simulate(SA(1.0), mu0, 1.0, save_at=[0, 1.0], dt=h, method="euler").points[-1] - ref).max()
-            for h in (0.02, 0.01, 0.005)]
+    errs = [
+        np.abs(
+            simulate(SA(1.0), mu0, 1.0, save_at=[0, 1.0], dt=h, method="euler").points[-1] - ref
+        ).max()
+        for h in (0.02, 0.01, 0.005)
+    ]
     slope = np.polyfit(np.log([0.02, 0.01, 0.005]), np.log(errs), 1)[0]
     assert 0.9 < slope < 1.1
 
@@ -91,7 +106,9 @@ def test_pure_diffusion_decay_rate(rng):
     """
     n, kappa, t = 20_000, 4.0, 1.0
     x0 = np.tile([0.0, 0.0, 1.0], (n, 1, 1))
-    traj = simulate(USA(0.0, V=np.zeros((3, 3))), Atoms(x0), t, save_at=[0, t], kappa=kappa, dt=0.01, seed=1)
+    traj = simulate(
+        USA(0.0, V=np.zeros((3, 3))), Atoms(x0), t, save_at=[0, t], kappa=kappa, dt=0.01, seed=1
+    )
     m = traj.points[-1, :, 0, 2].mean()
     # Brownian motion on S^2 with generator Delta/kappa: E[z] = exp(-2 t / kappa); weak error O(dt)
     assert abs(m - np.exp(-2 * t / kappa)) < 4 / np.sqrt(n) + 0.01 * 2 / kappa
@@ -167,7 +184,9 @@ def test_euler_on_many_small_sa_systems_takes_the_fused_step(monkeypatch):
     fused = small._sa_euler_step
     monkeypatch.setattr(small, "_sa_euler_step", lambda *a, **k: calls.append(1) or fused(*a, **k))
     x0 = np.stack([wflow.sphere.uniform(16, 5, seed=s) for s in range(6)])
-    kw = dict(method="euler", dt=0.1, save_at=np.linspace(0, 3, 7), diagnostics=("order_parameter",))
+    kw = dict(
+        method="euler", dt=0.1, save_at=np.linspace(0, 3, 7), diagnostics=("order_parameter",)
+    )
     a = wflow.simulate(wflow.SA(4.0), x0, 3.0, backend="auto", **kw)
     assert len(calls) == 30  # (the order parameter alone is not worth a step taken ahead)
     b = wflow.simulate(wflow.SA(4.0), x0, 3.0, backend="numpy", **kw)
@@ -198,8 +217,14 @@ def test_fused_steps_skip_the_state_scan_only_when_they_saw_a_finite_state(monke
     e = np.array([1.0, 0.0, 0.0])
     x = np.stack([np.stack([e, -e]), sphere.uniform(2, 3, seed=1)])
     with pytest.raises(SolverError, match="non-finite in the step from t=0 "):
-        wflow.simulate(wflow.SA(0.0), Atoms(x, np.array([[0.0, 1.0]] * 2)), 2.0, method="euler-average", dt=1.0,
-                       backend="auto")
+        wflow.simulate(
+            wflow.SA(0.0),
+            Atoms(x, np.array([[0.0, 1.0]] * 2)),
+            2.0,
+            method="euler-average",
+            dt=1.0,
+            backend="auto",
+        )
 
 
 @pytest.mark.parametrize("method", ["euler", "euler-average"])
@@ -227,7 +252,9 @@ def test_fused_euler_counts_saved_pairs_on_the_next_step(monkeypatch, method, co
         np.testing.assert_array_equal(a.points, b.points)
         pf = pair_fraction(a.points, 0.999)
         np.testing.assert_array_equal(a.diagnostics["pair_fraction"], pf)
-        assert pf[0].max() == 0.0 and pf[-1].min() == 1.0 and ((0 < pf) & (pf < 1)).any()  # tokens merge
+        assert (
+            pf[0].max() == 0.0 and pf[-1].min() == 1.0 and ((0 < pf) & (pf < 1)).any()
+        )  # tokens merge
         np.testing.assert_array_equal(a.stats["evaluations"], a.stats["steps"])
 
 
@@ -244,7 +271,9 @@ def test_fused_euler_energy_from_the_next_steps_row_sums(monkeypatch, coordinate
 
     calls = []
     log_energy = SAModel.log_energy
-    monkeypatch.setattr(SAModel, "log_energy", lambda self, *a, **k: calls.append(1) or log_energy(self, *a, **k))
+    monkeypatch.setattr(
+        SAModel, "log_energy", lambda self, *a, **k: calls.append(1) or log_energy(self, *a, **k)
+    )
     x0 = np.stack([wflow.sphere.uniform(12, 20, seed=s) for s in range(5)])
     w = np.full((5, 12), 1 / 12)
     if weights == "zeros":
@@ -252,7 +281,13 @@ def test_fused_euler_energy_from_the_next_steps_row_sums(monkeypatch, coordinate
     elif weights == "unequal":
         w = w * (1.0 + 2.0 * np.random.default_rng(4).random((5, 12)))
     w /= w.sum(axis=-1, keepdims=True)
-    kw = dict(method="euler", dt=0.1, save_at=np.linspace(0, 4, 9), backend="auto", coordinates=coordinates)
+    kw = dict(
+        method="euler",
+        dt=0.1,
+        save_at=np.linspace(0, 4, 9),
+        backend="auto",
+        coordinates=coordinates,
+    )
     a = wflow.simulate(SA(3.0), Atoms(x0, w), 4.0, diagnostics=("energy", "log_energy"), **kw)
     assert len(calls) == 1  # the first save's
     b = wflow.simulate(SA(3.0), Atoms(x0, w), 4.0, diagnostics=(), **kw)
@@ -265,7 +300,9 @@ def test_fused_euler_energy_from_the_next_steps_row_sums(monkeypatch, coordinate
 
 @pytest.mark.parametrize("method", ["euler", "euler-average"])
 @pytest.mark.parametrize("coordinates", ["cartesian", "span"])
-def test_fused_euler_clusters_and_order_parameter_from_the_next_step(monkeypatch, method, coordinates):
+def test_fused_euler_clusters_and_order_parameter_from_the_next_step(
+    monkeypatch, method, coordinates
+):
     """n_clusters and order_parameter in a run of fused Euler steps: each save after the first is read off the
     step from it (its Gram matrix and the points it reads; count_clusters and order_parameter run once, at
     the first save), equal to count_clusters of the saved state exactly and to order_parameter to rounding
@@ -280,20 +317,35 @@ def test_fused_euler_clusters_and_order_parameter_from_the_next_step(monkeypatch
     x0 = np.stack([wflow.sphere.uniform(12, 20, seed=s) for s in range(5)])
     w = np.random.default_rng(3).random((5, 12))
     w /= w.sum(axis=-1, keepdims=True)
-    kw = dict(method=method, dt=0.1, save_at=np.linspace(0, 8, 17), backend="auto", coordinates=coordinates)
+    kw = dict(
+        method=method,
+        dt=0.1,
+        save_at=np.linspace(0, 8, 17),
+        backend="auto",
+        coordinates=coordinates,
+    )
     b = wflow.simulate(SA(3.0), Atoms(x0, w), 8.0, diagnostics=(), **kw)
     for threshold in (0.05, 0.3):
         calls.clear()
-        a = wflow.simulate(SA(3.0), Atoms(x0, w), 8.0, diagnostics=("n_clusters", "order_parameter"),
-                           cluster_threshold=threshold, **kw)
+        a = wflow.simulate(
+            SA(3.0),
+            Atoms(x0, w),
+            8.0,
+            diagnostics=("n_clusters", "order_parameter"),
+            cluster_threshold=threshold,
+            **kw,
+        )
         assert len(calls) == 2  # the first save's
         np.testing.assert_array_equal(a.points, b.points)
         k = a.diagnostics["n_clusters"]
-        state = a.data["span"][1] if coordinates == "span" else a.points  # (the span run's state: y, x = y U)
+        state = (
+            a.data["span"][1] if coordinates == "span" else a.points
+        )  # (the span run's state: y, x = y U)
         np.testing.assert_array_equal(k, count_clusters(Atoms(state, w), threshold))
         assert k[0].min() == 12 and k[-1].max() < 12 and len(np.unique(k)) > 3  # tokens merge
-        np.testing.assert_allclose(a.diagnostics["order_parameter"], order_parameter(Atoms(a.points, w)),
-                                   rtol=1e-14)
+        np.testing.assert_allclose(
+            a.diagnostics["order_parameter"], order_parameter(Atoms(a.points, w)), rtol=1e-14
+        )
 
 
 def test_fused_euler_float32_reads_the_observables_off_float64_logits(monkeypatch):
@@ -311,18 +363,30 @@ def test_fused_euler_float32_reads_the_observables_off_float64_logits(monkeypatc
     for name, f in (("count_clusters", count_clusters), ("order_parameter", order_parameter)):
         monkeypatch.setattr(P, name, lambda *a, f=f, **k: calls.append(1) or f(*a, **k))
     log_energy = SAModel.log_energy
-    monkeypatch.setattr(SAModel, "log_energy", lambda self, *a, **k: calls.append(1) or log_energy(self, *a, **k))
+    monkeypatch.setattr(
+        SAModel, "log_energy", lambda self, *a, **k: calls.append(1) or log_energy(self, *a, **k)
+    )
     x0 = np.stack([wflow.sphere.uniform(12, 20, seed=s) for s in range(5)]).astype(np.float32)
     w = np.full((5, 12), 1 / 12)
-    kw = dict(method="euler", dt=0.1, save_at=np.linspace(0, 8, 17), backend="auto", cluster_threshold=0.3,
-              diagnostics=("n_clusters", "order_parameter", "energy", "log_energy"))
+    kw = dict(
+        method="euler",
+        dt=0.1,
+        save_at=np.linspace(0, 8, 17),
+        backend="auto",
+        cluster_threshold=0.3,
+        diagnostics=("n_clusters", "order_parameter", "energy", "log_energy"),
+    )
     for beta, n_calls in ((3.0, 3), (0.5, 3 * 17)):
         calls.clear()
         a = wflow.simulate(SA(beta), Atoms(x0, w), 8.0, **kw)
         assert a.points.dtype == np.float32 and len(calls) == n_calls
         mus = [Atoms(p, w) for p in a.points]
-        np.testing.assert_array_equal(a.diagnostics["n_clusters"], [count_clusters(mu, 0.3) for mu in mus])
-        np.testing.assert_allclose(a.diagnostics["order_parameter"], [order_parameter(mu) for mu in mus], rtol=2e-6)
+        np.testing.assert_array_equal(
+            a.diagnostics["n_clusters"], [count_clusters(mu, 0.3) for mu in mus]
+        )
+        np.testing.assert_allclose(
+            a.diagnostics["order_parameter"], [order_parameter(mu) for mu in mus], rtol=2e-6
+        )
         ref = np.array([log_energy(SA(beta), mu, backend="numpy") for mu in mus])
         np.testing.assert_allclose(a.diagnostics["log_energy"], ref, rtol=0, atol=2e-6 * beta)
         if beta == 3.0:
@@ -342,7 +406,9 @@ def test_diagnostics_see_the_saved_state_read_only(coordinates):
         return np.zeros(mu.batch_shape)
 
     x0 = np.stack([wflow.sphere.uniform(8, 12, seed=s) for s in range(3)])
-    kw = dict(method="euler", dt=0.1, save_at=[0.0, 0.5, 1.0], backend="auto", coordinates=coordinates)
+    kw = dict(
+        method="euler", dt=0.1, save_at=[0.0, 0.5, 1.0], backend="auto", coordinates=coordinates
+    )
     if coordinates == "cartesian":
         with pytest.raises(ValueError, match="read-only"):
             wflow.simulate(SA(2.0), x0, 1.0, extra_diagnostics={"scribble": scribble}, **kw)
@@ -365,8 +431,16 @@ def test_saved_state_is_read_only_for_callbacks_and_fused_euler_elsewhere():
         mu.points[..., 0, :] = mu.points[..., 1, :]
 
     with pytest.raises(ValueError, match="read-only"):
-        wflow.simulate(SA(3.0), x0, 1.0, method="euler", dt=0.1, save_at=[0.0, 0.5, 1.0], callback=edit,
-                       diagnostics=("pair_fraction",))
+        wflow.simulate(
+            SA(3.0),
+            x0,
+            1.0,
+            method="euler",
+            dt=0.1,
+            save_at=[0.0, 0.5, 1.0],
+            callback=edit,
+            diagnostics=("pair_fraction",),
+        )
     th = np.linspace(0.0, 2.0, 7)
     for coordinates in ("angles", "gaps"):
         kw = dict(method="euler", dt=0.1, coordinates=coordinates, diagnostics=("pair_fraction",))
@@ -374,9 +448,19 @@ def test_saved_state_is_read_only_for_callbacks_and_fused_euler_elsewhere():
         b = wflow.simulate(SA(1.0), sphere.angles_to_points(th), 1.0, backend="numpy", **kw)
         np.testing.assert_allclose(a.points, b.points, rtol=0, atol=1e-15)
         assert np.abs(a.points - sphere.angles_to_points(th)).max() > 0.05  # it moved
-    one = wflow.simulate(SA(1.0), x0[:, :1], 1.0, method="euler", dt=0.1, coordinates="span",
-                         diagnostics=("pair_fraction",))
-    assert one.diagnostics["pair_fraction"].shape == (11, 3) and np.isnan(one.diagnostics["pair_fraction"]).all()
+    one = wflow.simulate(
+        SA(1.0),
+        x0[:, :1],
+        1.0,
+        method="euler",
+        dt=0.1,
+        coordinates="span",
+        diagnostics=("pair_fraction",),
+    )
+    assert (
+        one.diagnostics["pair_fraction"].shape == (11, 3)
+        and np.isnan(one.diagnostics["pair_fraction"]).all()
+    )
 
 
 def test_span_coordinates_equal_the_full_run_and_resume(tmp_path):
@@ -385,19 +469,33 @@ def test_span_coordinates_equal_the_full_run_and_resume(tmp_path):
     import wflow
 
     x0 = np.stack([sphere.uniform(6, 40, seed=s) for s in range(3)])
-    pf = {"close_pairs": lambda mu: (np.einsum("...id,...jd->...ij", mu.points, mu.points) > 0.9).mean(axis=(-1, -2))}
-    kw = dict(method="rk4", dt=0.05, save_at=np.linspace(0, 4, 5), extra_diagnostics=pf, backend="numpy",
-              diagnostics=("energy", "order_parameter", "n_clusters", "pair_fraction"))
+    pf = {
+        "close_pairs": lambda mu: (
+            np.einsum("...id,...jd->...ij", mu.points, mu.points) > 0.9
+        ).mean(axis=(-1, -2))
+    }
+    kw = dict(
+        method="rk4",
+        dt=0.05,
+        save_at=np.linspace(0, 4, 5),
+        extra_diagnostics=pf,
+        backend="numpy",
+        diagnostics=("energy", "order_parameter", "n_clusters", "pair_fraction"),
+    )
     full = wflow.simulate(SA(3.0), x0, 4.0, **kw)
     span = wflow.simulate(SA(3.0), x0, 4.0, coordinates="span", **kw)
     assert span.data["span"][1].shape == (5, 3, 6, 6) and span.points.shape == full.points.shape
     np.testing.assert_allclose(span.points, full.points, atol=1e-12)
     for name in ("energy", "order_parameter", "close_pairs", "pair_fraction"):
-        np.testing.assert_allclose(span.diagnostics[name], full.diagnostics[name], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(
+            span.diagnostics[name], full.diagnostics[name], rtol=1e-12, atol=1e-14
+        )
     np.testing.assert_array_equal(span.diagnostics["n_clusters"], full.diagnostics["n_clusters"])
     from wflow.diagnostics import pair_fraction
 
-    np.testing.assert_array_equal(span.diagnostics["pair_fraction"], pair_fraction(span.points, 0.999))
+    np.testing.assert_array_equal(
+        span.diagnostics["pair_fraction"], pair_fraction(span.points, 0.999)
+    )
     path = wflow.save(span, tmp_path / "s.zarr")
     back = wflow.load(path)
     np.testing.assert_array_equal(back.points, span.points)

@@ -1,5 +1,6 @@
 """The perceptron study's conventions (wflow.studies.perceptron): the rescaled-kernel conversion,
 the stopping callback, the sampling and the registry."""
+
 import numpy as np
 import pytest
 
@@ -59,5 +60,9 @@ def test_every_run_is_a_part_and_is_reused(tmp_path):
     assert parts.computed == 1 and parts.reused == 1
     np.testing.assert_array_equal(a["x"], direct["x"])
     np.testing.assert_array_equal(b["x"], direct["x"])
-    assert (a["settled"], a["t_stop"], a["threshold"]) == (direct["settled"], direct["t_stop"], direct["threshold"])
+    assert (a["settled"], a["t_stop"], a["threshold"]) == (
+        direct["settled"],
+        direct["t_stop"],
+        direct["threshold"],
+    )
     assert [len(c[1]) for c in a["clusters"]] == [len(c[1]) for c in direct["clusters"]]

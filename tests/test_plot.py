@@ -1,4 +1,5 @@
 """wflow.plot: one figure test per plotting function, on tiny runs of every result kind."""
+
 import matplotlib
 
 matplotlib.use("Agg")  # the test selects the backend; wflow.plot never does
@@ -23,21 +24,40 @@ def runs():
     """One small result of each kind (about 1 s in all with the numpy backend)."""
     saves = np.linspace(0.0, 2.0, 5)
     out = {
-        "particles_s1": wflow.simulate(wflow.SA(beta=4.0), wflow.sphere.uniform(24, 2, seed=0), 2.0, save_at=saves,
-                                       backend="numpy"),
-        "particles_s2": wflow.simulate(wflow.SA(beta=4.0), wflow.sphere.uniform(24, 3, seed=0), 2.0, save_at=saves,
-                                       backend="numpy"),
+        "particles_s1": wflow.simulate(
+            wflow.SA(beta=4.0),
+            wflow.sphere.uniform(24, 2, seed=0),
+            2.0,
+            save_at=saves,
+            backend="numpy",
+        ),
+        "particles_s2": wflow.simulate(
+            wflow.SA(beta=4.0),
+            wflow.sphere.uniform(24, 3, seed=0),
+            2.0,
+            save_at=saves,
+            backend="numpy",
+        ),
     }
     rho1 = wflow.Density.from_function(wflow.CircleMesh(48), lambda x: 1 + 0.2 * x[:, 0])
     rho2 = wflow.Density.from_function(wflow.SphereMesh(3), lambda x: 1 + 0.3 * x[:, 2])
-    out["density_s1"] = wflow.solve_density(wflow.USA(beta=2.0), rho1, 1.0, save_at=np.linspace(0, 1, 4),
-                                            backend="numpy")
-    out["density_s2"] = wflow.solve_density(wflow.USA(beta=2.0), rho2, 0.5, save_at=np.linspace(0, 0.5, 3),
-                                            backend="numpy")
+    out["density_s1"] = wflow.solve_density(
+        wflow.USA(beta=2.0), rho1, 1.0, save_at=np.linspace(0, 1, 4), backend="numpy"
+    )
+    out["density_s2"] = wflow.solve_density(
+        wflow.USA(beta=2.0), rho2, 0.5, save_at=np.linspace(0, 0.5, 3), backend="numpy"
+    )
     out["jko_s1"] = jko(wflow.USA(beta=2.0), rho1, 0.1, 3, backend="numpy")
     out["jko_s2"] = jko(wflow.USA(beta=2.0), rho2, 0.1, 2, backend="numpy")
-    out["lagrangian_s1"] = wflow.solve_lagrangian(wflow.SA(beta=2.0), lambda x: 1 + 0.3 * x[:, 0], 1.0, d=2,
-                                                  nodes=32, save_at=np.linspace(0, 1, 3), backend="numpy")
+    out["lagrangian_s1"] = wflow.solve_lagrangian(
+        wflow.SA(beta=2.0),
+        lambda x: 1 + 0.3 * x[:, 0],
+        1.0,
+        d=2,
+        nodes=32,
+        save_at=np.linspace(0, 1, 3),
+        backend="numpy",
+    )
     return out
 
 
@@ -66,7 +86,9 @@ def test_importing_wflow_plot_does_not_import_matplotlib():
     import sys
 
     code = "import sys, wflow, wflow.plot; print('matplotlib' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "False"
 
 
@@ -143,7 +165,9 @@ def test_plot_density_single_map_on_given_axes(runs):
 
 def test_plot_density_legacy_arrays(runs, tmp_path):
     r = runs["density_s2"]
-    fig = wp.plot_density(r.times, r.values, r.mesh.centers, tmp_path / "a.png", energy=r.energy, title="run")
+    fig = wp.plot_density(
+        r.times, r.values, r.mesh.centers, tmp_path / "a.png", energy=r.energy, title="run"
+    )
     assert (tmp_path / "a.png").stat().st_size > 1000
     assert fig.get_suptitle() == "run"
 
@@ -173,8 +197,18 @@ def test_plot_diagnostics(runs, name):
     assert fig.axes and all(_labelled(a) for a in fig.axes)
 
 
-@pytest.mark.parametrize("name", ["particles_s1", "particles_s2", "density_s1", "density_s2", "jko_s1", "jko_s2",
-                                  "lagrangian_s1"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "particles_s1",
+        "particles_s2",
+        "density_s1",
+        "density_s2",
+        "jko_s1",
+        "jko_s2",
+        "lagrangian_s1",
+    ],
+)
 def test_plot_trajectory_every_kind(runs, name, tmp_path):
     path = tmp_path / f"{name}.png"
     fig = wp.plot_trajectory(runs[name], path)
@@ -185,7 +219,9 @@ def test_plot_trajectory_every_kind(runs, name, tmp_path):
         assert "β = 4" in title and "24 tokens" in title
     if name.startswith("density"):
         assert "cells" in title
-    assert fig not in [plt.figure(n) for n in plt.get_fignums()]  # written figures are not left in pyplot
+    assert fig not in [
+        plt.figure(n) for n in plt.get_fignums()
+    ]  # written figures are not left in pyplot
 
 
 def test_describe_reads_like_a_title(runs):
@@ -198,8 +234,15 @@ def test_describe_reads_like_a_title(runs):
     assert "SA, β = 2" in wp.describe(runs["lagrangian_s1"])
 
 
-@pytest.mark.parametrize("name,suffix", [("particles_s1", ".gif"), ("particles_s2", ".gif"),
-                                         ("density_s1", ".gif"), ("density_s2", ".gif")])
+@pytest.mark.parametrize(
+    "name,suffix",
+    [
+        ("particles_s1", ".gif"),
+        ("particles_s2", ".gif"),
+        ("density_s1", ".gif"),
+        ("density_s2", ".gif"),
+    ],
+)
 def test_animate_gif(runs, name, suffix, tmp_path):
     from PIL import Image
 
@@ -240,7 +283,9 @@ def test_batched_systems(tmp_path):
 def test_plot_zonal_draws_the_law_and_names_the_right_function_for_other_kinds(runs):
     import wflow
 
-    r = wflow.solve_zonal(wflow.SA(beta=2.0), lambda z: np.exp(z), 1.0, d=8, n_cells=32, save_at=[0.0, 0.5, 1.0])
+    r = wflow.solve_zonal(
+        wflow.SA(beta=2.0), lambda z: np.exp(z), 1.0, d=8, n_cells=32, save_at=[0.0, 0.5, 1.0]
+    )
     ax = wflow.plot.plot_zonal(r, n_snapshots=2)
     assert ax.get_xlabel() and ax.get_ylabel() and ax.get_yscale() == "log" and len(ax.lines) == 2
     z = 0.5 * (r.edges[1:] + r.edges[:-1])

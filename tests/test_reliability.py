@@ -1,6 +1,7 @@
 """Results that survive: a process killed at any file write leaves a store that resumes to the
 uninterrupted run; damaged stores are errors naming the store, the variable and the snapshot;
 one writer per store; bad input refused before anything is written."""
+
 import contextlib
 import json
 import shutil
@@ -30,7 +31,9 @@ def kill_at(k: int | None):
     orig_commit = io._write_commit
 
     def tick():
-        if counter["dead"]:  # a dead process writes nothing more (Zarr may have writes in flight on its IO thread)
+        if counter[
+            "dead"
+        ]:  # a dead process writes nothing more (Zarr may have writes in flight on its IO thread)
             raise Killed
         counter["n"] += 1
         if k is not None and counter["n"] == k:
@@ -53,7 +56,9 @@ def kill_at(k: int | None):
         if counter["dead"]:
             import time
 
-            time.sleep(0.2)  # let writes already in flight on Zarr's IO thread end before the next run
+            time.sleep(
+                0.2
+            )  # let writes already in flight on Zarr's IO thread end before the next run
         zarr.storage.LocalStore.set = orig_set
         io._write_commit = orig_commit
 
@@ -63,15 +68,42 @@ def _kinds():
     m = CircleMesh(32)
     rho0 = Density.from_function(m, lambda x: 1 + 0.6 * x[:, 0] + 0.3 * x[:, 1] ** 2)
     return {
-        "particles": lambda tr: wflow.simulate(SA(3.0), x0, 0.6, save_at=np.linspace(0, 0.6, 5), method="dopri5",
-                                               rtol=1e-8, backend=BK, trackers=tr),
-        "noise": lambda tr: wflow.simulate(SA(3.0), x0, 0.6, save_at=np.linspace(0, 0.6, 5), kappa=4.0, dt=0.02,
-                                           seed=1, backend=BK, trackers=tr),
-        "lagrangian": lambda tr: wflow.solve_lagrangian(SA(2.0), lambda x: 1 + 0.3 * x[:, 0], 0.6, nodes=16,
-                                                        save_at=np.linspace(0, 0.6, 5), backend=BK, trackers=tr),
-        "density": lambda tr: wflow.solve_density(USA(2.0), rho0, 0.6, save_at=np.linspace(0, 0.6, 5), backend=BK,
-                                                  trackers=tr),
-        "jko": lambda tr: wflow.solvers.jko.jko(USA(2.0), rho0, 0.15, 4, kappa=4.0, backend=BK, trackers=tr),
+        "particles": lambda tr: wflow.simulate(
+            SA(3.0),
+            x0,
+            0.6,
+            save_at=np.linspace(0, 0.6, 5),
+            method="dopri5",
+            rtol=1e-8,
+            backend=BK,
+            trackers=tr,
+        ),
+        "noise": lambda tr: wflow.simulate(
+            SA(3.0),
+            x0,
+            0.6,
+            save_at=np.linspace(0, 0.6, 5),
+            kappa=4.0,
+            dt=0.02,
+            seed=1,
+            backend=BK,
+            trackers=tr,
+        ),
+        "lagrangian": lambda tr: wflow.solve_lagrangian(
+            SA(2.0),
+            lambda x: 1 + 0.3 * x[:, 0],
+            0.6,
+            nodes=16,
+            save_at=np.linspace(0, 0.6, 5),
+            backend=BK,
+            trackers=tr,
+        ),
+        "density": lambda tr: wflow.solve_density(
+            USA(2.0), rho0, 0.6, save_at=np.linspace(0, 0.6, 5), backend=BK, trackers=tr
+        ),
+        "jko": lambda tr: wflow.solvers.jko.jko(
+            USA(2.0), rho0, 0.15, 4, kappa=4.0, backend=BK, trackers=tr
+        ),
     }
 
 
@@ -104,7 +136,9 @@ def test_a_kill_at_every_write_of_a_snapshot_resumes_to_the_uninterrupted_run(ki
             np.testing.assert_array_equal(res.times, full.times)
             for name, (_, v) in full.data.items():
                 if kind == "density":
-                    np.testing.assert_allclose(res[name], v, rtol=1e-12, atol=1e-15, err_msg=f"{name} k={k}")
+                    np.testing.assert_allclose(
+                        res[name], v, rtol=1e-12, atol=1e-15, err_msg=f"{name} k={k}"
+                    )
                 else:
                     np.testing.assert_array_equal(res[name], v, err_msg=f"{name} k={k}")
 
@@ -112,14 +146,28 @@ def test_a_kill_at_every_write_of_a_snapshot_resumes_to_the_uninterrupted_run(ki
 def test_a_kill_while_the_store_is_created_restarts_afresh(tmp_path):
     """`wflow run --resume` after a death at any write before the first commit starts the run afresh and
     ends equal to the uninterrupted run."""
-    args = ["run", "--set", "init.n=12", "--set", "run.t_end=0.5", "--set", "run.n_saves=3", "--set",
-            "run.backend=numpy", "--set", "output.figure=false", "--no-progress"]
+    args = [
+        "run",
+        "--set",
+        "init.n=12",
+        "--set",
+        "run.t_end=0.5",
+        "--set",
+        "run.n_saves=3",
+        "--set",
+        "run.backend=numpy",
+        "--set",
+        "output.figure=false",
+        "--no-progress",
+    ]
     assert main([*args, "--out", str(tmp_path / "full")]) == 0
     full = wflow.load(tmp_path / "full" / "trajectory.zarr")
     with kill_at(None) as c:
         assert main([*args, "--out", str(tmp_path / "count")]) == 0
     first_commit = None
-    for k in range(1, c["n"] + 1):  # find the first commit: the first k after which one snapshot is kept
+    for k in range(
+        1, c["n"] + 1
+    ):  # find the first commit: the first k after which one snapshot is kept
         out = tmp_path / f"k{k}"
         with pytest.raises(Killed), kill_at(k):
             main([*args, "--out", str(out)])
@@ -175,7 +223,9 @@ def test_one_writer_per_store_and_per_output_folder(tmp_path, capsys):
     path = tmp_path / "t.zarr"
     with io.FolderLock(path.with_name(path.name + ".lock")):
         with pytest.raises(StoreBusyError, match=r"t.zarr is in use by process \d+"):
-            wflow.simulate(SA(2.0), sphere.uniform(5, 3, seed=0), 0.2, dt=0.1, writer=io.ZarrRecorder(path))
+            wflow.simulate(
+                SA(2.0), sphere.uniform(5, 3, seed=0), 0.2, dt=0.1, writer=io.ZarrRecorder(path)
+            )
     assert not path.exists()
     out = tmp_path / "run"
     with io.FolderLock(out / ".wflow.lock"):
@@ -190,8 +240,19 @@ def test_one_writer_per_store_and_per_output_folder(tmp_path, capsys):
 
 def test_resume_refuses_an_edited_config(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["--set", "init.n=12", "--set", "run.t_end=0.5", "--set", "run.n_saves=3", "--set", "output.figure=false",
-            "--no-progress", "--out", str(out)]
+    args = [
+        "--set",
+        "init.n=12",
+        "--set",
+        "run.t_end=0.5",
+        "--set",
+        "run.n_saves=3",
+        "--set",
+        "output.figure=false",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(["run", *args]) == 0
     toml = (out / "config.toml").read_text()
     (out / "config.toml").write_text(toml.replace("beta = 9.0", "beta = 4.0"))
@@ -201,17 +262,20 @@ def test_resume_refuses_an_edited_config(tmp_path, capsys):
     assert "model.beta (stored 9.0, config.toml 4.0)" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("sets,match", [
-    (["init.n=100000000000"], "need about"),
-    (["run.n_saves=1000000000000"], "need about"),
-    (["init.kappa=1e308"], "init.kappa"),
-    (["run.rtol=1e-300"], "run.rtol"),
-    (["model.type=USA", "model.beta=700"], "model.beta"),
-    (["run.backend=foo"], "run.backend"),
-    (["run.coordinates=polar"], "run.coordinates"),
-    (["solver=eulerian", "run.coordinates=span"], "run.coordinates"),
-    (["solver=eulerian", "run.method=euler-average"], "run.method"),
-])
+@pytest.mark.parametrize(
+    "sets,match",
+    [
+        (["init.n=100000000000"], "need about"),
+        (["run.n_saves=1000000000000"], "need about"),
+        (["init.kappa=1e308"], "init.kappa"),
+        (["run.rtol=1e-300"], "run.rtol"),
+        (["model.type=USA", "model.beta=700"], "model.beta"),
+        (["run.backend=foo"], "run.backend"),
+        (["run.coordinates=polar"], "run.coordinates"),
+        (["solver=eulerian", "run.coordinates=span"], "run.coordinates"),
+        (["solver=eulerian", "run.method=euler-average"], "run.method"),
+    ],
+)
 def test_bad_input_leaves_nothing_behind(sets, match, tmp_path, capsys):
     out = tmp_path / "o"
     argv = ["run", "--out", str(out), "--no-progress"]
@@ -225,15 +289,32 @@ def test_bad_input_leaves_nothing_behind(sets, match, tmp_path, capsys):
 
 def test_overwrite_validates_before_deleting(tmp_path, capsys):
     out = tmp_path / "run"
-    base = ["run", "--set", "init.n=12", "--set", "run.t_end=0.3", "--set", "run.n_saves=2", "--set",
-            "output.figure=false", "--no-progress", "--out", str(out)]
+    base = [
+        "run",
+        "--set",
+        "init.n=12",
+        "--set",
+        "run.t_end=0.3",
+        "--set",
+        "run.n_saves=2",
+        "--set",
+        "output.figure=false",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(base) == 0
     before = wflow.load(out / "trajectory.zarr").points
     assert main([*base, "--overwrite", "--set", "run.backend=foo"]) == 2
     np.testing.assert_array_equal(wflow.load(out / "trajectory.zarr").points, before)
     # a folder holding another kind of result is refused without --overwrite
     capsys.readouterr()
-    assert main([*base, "--set", "solver=eulerian", "--set", "init.d=2", "--set", "mesh.resolution=32"]) == 2
+    assert (
+        main(
+            [*base, "--set", "solver=eulerian", "--set", "init.d=2", "--set", "mesh.resolution=32"]
+        )
+        == 2
+    )
     assert "trajectory.zarr exists" in capsys.readouterr().err
 
 
@@ -253,8 +334,13 @@ def test_large_beta_energy_stays_finite_in_log_scale():
         le = traj.diagnostics["log_energy"]
         assert np.all(np.isfinite(le)) and np.all(np.diff(le) >= -1e-12 * np.abs(le).max())
         assert np.all(np.isnan(traj.energy))
-        np.testing.assert_allclose(le[0], beta * 1.0 - np.log(2 * beta) + np.log(np.mean(np.exp(
-            beta * (x0 @ x0.T - 1)).sum(axis=1) / 40)), rtol=1e-12)
+        np.testing.assert_allclose(
+            le[0],
+            beta * 1.0
+            - np.log(2 * beta)
+            + np.log(np.mean(np.exp(beta * (x0 @ x0.T - 1)).sum(axis=1) / 40)),
+            rtol=1e-12,
+        )
 
 
 def test_step_log_drops_a_torn_last_row(tmp_path):
@@ -292,22 +378,56 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
     out = tmp_path / "run"
     # rk4 at a fixed small step: slow enough (1000 steps of 300 tokens, seconds on an idle machine) that the
     # signal lands mid-run however fast the machine is; the test resumes the same run afterwards
-    argv = [sys.executable, "-m", "wflow.cli", "run", "--set", "init.n=300", "--set", "run.t_end=20", "--set",
-            "run.n_saves=200", "--set", "run.method=rk4", "--set", "run.dt=0.02", "--set", "run.backend=numpy",
-            "--set", "output.figure=false", "--no-progress", "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "wflow.cli",
+        "run",
+        "--set",
+        "init.n=300",
+        "--set",
+        "run.t_end=20",
+        "--set",
+        "run.n_saves=200",
+        "--set",
+        "run.method=rk4",
+        "--set",
+        "run.dt=0.02",
+        "--set",
+        "run.backend=numpy",
+        "--set",
+        "output.figure=false",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     # SIGINT back to its default in the child: a test run started in the background by a non-interactive shell
     # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler (the run would finish)
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
-    while io.committed_length(out / "trajectory.zarr") < 3 and time.monotonic() < deadline and p.poll() is None:
+    while (
+        io.committed_length(out / "trajectory.zarr") < 3
+        and time.monotonic() < deadline
+        and p.poll() is None
+    ):
         time.sleep(0.05)
     running, seen = p.poll() is None, io.committed_length(out / "trajectory.zarr")
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
-    assert running, f"the run ended before the signal (exit {p.returncode}, {seen} snapshots committed): {err}"
+    assert running, (
+        f"the run ended before the signal (exit {p.returncode}, {seen} snapshots committed): {err}"
+    )
     assert p.returncode == 130, (seen, err)
-    assert err == "wflow: interrupted; committed snapshots are kept (continue with wflow run --resume)\n"
+    assert (
+        err
+        == "wflow: interrupted; committed snapshots are kept (continue with wflow run --resume)\n"
+    )
     kept = io.committed_length(out / "trajectory.zarr")
     assert 3 <= kept < 200
     assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
@@ -327,7 +447,11 @@ def test_kernel_sums_bad_input_and_huge_beta():
     # sums take it, and SA runs with a finite log-energy
     for beta in (1e10, 1e20):
         r = wflow.simulate(SA(beta), x, 0.1, dt=0.05)
-        assert r.status == 0 and np.all(np.isfinite(r.points)) and np.all(np.isfinite(r.diagnostics["log_energy"]))
+        assert (
+            r.status == 0
+            and np.all(np.isfinite(r.points))
+            and np.all(np.isfinite(r.diagnostics["log_energy"]))
+        )
 
 
 def test_tracers_must_be_finite_points_on_the_sphere():
@@ -353,9 +477,16 @@ def test_stores_open_with_xarray_without_warnings_and_describe_their_variables(t
     np.testing.assert_array_equal(ds["particle"].values, np.arange(ds.sizes["particle"]))
     assert set(ds.coords) >= {"time", "particle", "coord"}
     cfg = json.loads(ds.attrs["config"])
-    assert ds.attrs["config.model.type"] == cfg["model"]["type"] and ds.attrs["config.t_end"] == cfg["t_end"]
-    np.testing.assert_array_equal(ds.sel(particle=2)["points"].values, wflow.load(path).points[:, 2])
-    assert "particle" not in wflow.load(path).static and set(wflow.load(path).to_dataset().coords) >= {"particle"}
+    assert (
+        ds.attrs["config.model.type"] == cfg["model"]["type"]
+        and ds.attrs["config.t_end"] == cfg["t_end"]
+    )
+    np.testing.assert_array_equal(
+        ds.sel(particle=2)["points"].values, wflow.load(path).points[:, 2]
+    )
+    assert "particle" not in wflow.load(path).static and set(
+        wflow.load(path).to_dataset().coords
+    ) >= {"particle"}
 
 
 def test_density_stores_hold_the_mesh_as_arrays(tmp_path):

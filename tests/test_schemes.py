@@ -1,4 +1,5 @@
 """Normalization schemes, layer-dependent parameters and large beta (wflow.schemes, kernel conventions)."""
+
 import numpy as np
 import pytest
 
@@ -21,17 +22,35 @@ def test_equiangular_tokens_follow_the_reduced_ode(scheme, attention):
     x0 = theory.equiangular_configuration(n, rho0) * (r0 if free else 1.0)
     att = SA(beta) if attention == "SA" else USA(beta)
     m = Normalized(att, scheme, **OPTS.get(scheme, {}))
-    traj = wflow.simulate(m, x0, 2.0, save_at=np.linspace(0, 2, 5), method="dopri5", rtol=1e-12, atol=1e-14,
-                          backend=BK)
+    traj = wflow.simulate(
+        m,
+        x0,
+        2.0,
+        save_at=np.linspace(0, 2, 5),
+        method="dopri5",
+        rtol=1e-12,
+        atol=1e-14,
+        backend=BK,
+    )
     P = traj.points
     off = np.einsum("tid,tjd->tij", P, P)[:, ~np.eye(n, dtype=bool)]
-    ref = theory.equiangular_scheme_solution(traj.times, beta, n, attention, scheme, rho0=rho0,
-                                             r0=r0 if free else 1.0, **OPTS.get(scheme, {}))
+    ref = theory.equiangular_scheme_solution(
+        traj.times,
+        beta,
+        n,
+        attention,
+        scheme,
+        rho0=rho0,
+        r0=r0 if free else 1.0,
+        **OPTS.get(scheme, {}),
+    )
     assert np.ptp(off, axis=1).max() < 1e-12
     np.testing.assert_allclose(off.mean(axis=1), ref.rho, rtol=0, atol=1e-8)
     np.testing.assert_allclose(traj.radii.mean(axis=-1), ref.r if free else 1.0, rtol=0, atol=1e-8)
     if free:  # the stored tokens are r * theta
-        np.testing.assert_allclose(traj.positions, traj.radii[..., None] * traj.points, rtol=0, atol=1e-14)
+        np.testing.assert_allclose(
+            traj.positions, traj.radii[..., None] * traj.points, rtol=0, atol=1e-14
+        )
     assert traj.energy is not None and np.all(np.diff(traj.energy) >= -1e-12)  # a Lyapunov function
 
 
@@ -52,10 +71,20 @@ def test_sqrt_scaling_is_post_ln_at_the_transformed_time():
     """theta' = P A / sqrt(t+1): the SA run at s(t) = 2 (sqrt(t+1) - 1)."""
     x0 = sphere.uniform(12, 3, seed=3)
     t = np.array([0.0, 1.0, 3.0])
-    a = wflow.simulate(Normalized(SA(3.0), "sqrt"), x0, 3.0, save_at=t, method="dopri5", rtol=1e-11, atol=1e-13,
-                       backend=BK)
+    a = wflow.simulate(
+        Normalized(SA(3.0), "sqrt"),
+        x0,
+        3.0,
+        save_at=t,
+        method="dopri5",
+        rtol=1e-11,
+        atol=1e-13,
+        backend=BK,
+    )
     s = 2 * (np.sqrt(t + 1) - 1)
-    b = wflow.simulate(SA(3.0), x0, s[-1], save_at=s, method="dopri5", rtol=1e-11, atol=1e-13, backend=BK)
+    b = wflow.simulate(
+        SA(3.0), x0, s[-1], save_at=s, method="dopri5", rtol=1e-11, atol=1e-13, backend=BK
+    )
     np.testing.assert_allclose(a.points, b.points, rtol=0, atol=1e-8)
 
 
@@ -64,15 +93,27 @@ def test_rescaled_and_plain_kernels_agree_after_the_time_change():
     beta = 4.0
     x0 = sphere.uniform(10, 3, seed=4)
     t = np.array([0.0, 0.02, 0.05])
-    plain = wflow.simulate(USA(beta), x0, t[-1], save_at=t, method="dopri5", rtol=1e-11, atol=1e-13, backend=BK)
+    plain = wflow.simulate(
+        USA(beta), x0, t[-1], save_at=t, method="dopri5", rtol=1e-11, atol=1e-13, backend=BK
+    )
     tr = theory.rescaled_time(t, beta)
-    resc = wflow.simulate(USA(beta, kernel="rescaled"), x0, tr[-1], save_at=tr, method="dopri5", rtol=1e-11,
-                          atol=1e-13, backend=BK)
+    resc = wflow.simulate(
+        USA(beta, kernel="rescaled"),
+        x0,
+        tr[-1],
+        save_at=tr,
+        method="dopri5",
+        rtol=1e-11,
+        atol=1e-13,
+        backend=BK,
+    )
     np.testing.assert_allclose(resc.points, plain.points, rtol=0, atol=1e-8)
     np.testing.assert_allclose(resc.energy, plain.energy * np.exp(-beta), rtol=1e-10)
     # SA: the same velocity in both conventions
     mu = wflow.Atoms(x0)
-    np.testing.assert_allclose(SA(30.0, kernel="rescaled").velocity(x0, mu), SA(30.0).velocity(x0, mu), atol=1e-14)
+    np.testing.assert_allclose(
+        SA(30.0, kernel="rescaled").velocity(x0, mu), SA(30.0).velocity(x0, mu), atol=1e-14
+    )
 
 
 @pytest.mark.parametrize("beta,kernel", [(30.0, "plain"), (700.0, "rescaled"), (1e4, "rescaled")])
@@ -82,7 +123,11 @@ def test_usa_at_large_beta_finishes_with_dopri5(beta, kernel):
     x0 = sphere.uniform(8, 3, seed=5)
     t_end = np.exp(-beta) if kernel == "plain" else 1.0
     r = wflow.simulate(USA(beta, kernel=kernel), x0, t_end, method="dopri5", backend=BK)
-    assert r.status == 0 and np.all(np.isfinite(r.points)) and np.all(np.isfinite(r.diagnostics["log_energy"]))
+    assert (
+        r.status == 0
+        and np.all(np.isfinite(r.points))
+        and np.all(np.isfinite(r.diagnostics["log_energy"]))
+    )
 
 
 def test_ngpt_step_as_values_on_a_grid_and_as_a_function():
@@ -102,9 +147,15 @@ def test_layered_parameters_switch_at_layer_boundaries(tmp_path):
     x0 = sphere.uniform(9, 3, seed=7)
     l1, l2 = SA(1.0), SA(5.0, V=-np.eye(3))
     m = Layered([l1, l2], period=1.0)
-    full = wflow.simulate(m, x0, 2.0, save_at=[0, 1, 2], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK)
-    a = wflow.simulate(l1, x0, 1.0, save_at=[0, 1], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK)
-    b = wflow.simulate(l2, a.points[-1], 1.0, save_at=[0, 1], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK)
+    full = wflow.simulate(
+        m, x0, 2.0, save_at=[0, 1, 2], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK
+    )
+    a = wflow.simulate(
+        l1, x0, 1.0, save_at=[0, 1], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK
+    )
+    b = wflow.simulate(
+        l2, a.points[-1], 1.0, save_at=[0, 1], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK
+    )
     np.testing.assert_allclose(full.points[-1], b.points[-1], atol=1e-8)
     path = tmp_path / "l.zarr"
 
@@ -117,8 +168,18 @@ def test_layered_parameters_switch_at_layer_boundaries(tmp_path):
                 raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        wflow.simulate(m, x0, 2.0, save_at=[0, 1, 2], method="dopri5", rtol=1e-10, atol=1e-12, backend=BK,
-                       writer=wflow.io.ZarrRecorder(path), trackers=[Stop()])
+        wflow.simulate(
+            m,
+            x0,
+            2.0,
+            save_at=[0, 1, 2],
+            method="dopri5",
+            rtol=1e-10,
+            atol=1e-12,
+            backend=BK,
+            writer=wflow.io.ZarrRecorder(path),
+            trackers=[Stop()],
+        )
     np.testing.assert_array_equal(wflow.resume(path).points, full.points)
     rnd = Layered.random(3, 3, beta=2.0, seed=0)
     assert len({id(layer) for layer in rnd.layers}) == 3 and rnd.at(2.5) is rnd.layers[2]
@@ -152,28 +213,40 @@ def test_long_context_scaling_and_one_layer_map():
     for gamma in (1.0, 2.0, 3.0):
         att = SA(gamma=gamma)
         a = att.average(x, wflow.Atoms(x), backend=BK)
-        np.testing.assert_allclose(cosines(a), theory.long_context_cosine(rho, gamma, n, scheme="pre-ln"), rtol=1e-10)
+        np.testing.assert_allclose(
+            cosines(a), theory.long_context_cosine(rho, gamma, n, scheme="pre-ln"), rtol=1e-10
+        )
         post = layer_map(Normalized(att, "post-ln"), x, backend=BK)
-        np.testing.assert_allclose(cosines(post), theory.long_context_cosine(rho, gamma, n, scheme="post-ln"),
-                                   rtol=1e-10)
+        np.testing.assert_allclose(
+            cosines(post), theory.long_context_cosine(rho, gamma, n, scheme="post-ln"), rtol=1e-10
+        )
     pre = layer_map(Normalized(SA(gamma=2.0), "pre-ln"), 2.0 * x, backend=BK)
-    np.testing.assert_allclose(pre, 2.0 * x + SA(gamma=2.0).average(x, wflow.Atoms(x), backend=BK), atol=1e-15)
+    np.testing.assert_allclose(
+        pre, 2.0 * x + SA(gamma=2.0).average(x, wflow.Atoms(x), backend=BK), atol=1e-15
+    )
     assert SA(gamma=2.0).beta_for(100) == pytest.approx(2 * np.log(100))
 
 
-@pytest.mark.parametrize("make,exc,match", [
-    (lambda: Normalized(SA(1.0), "mix-ln"), ValueError, "tau"),
-    (lambda: Normalized(SA(1.0), "mix-ln", tau=-1.0), ValueError, "tau"),
-    (lambda: Normalized(SA(1.0), "ngpt", alpha=-0.5), ValueError, "alpha"),
-    (lambda: Normalized(SA(1.0), "ngpt", alpha=[1.0, np.nan], alpha_times=[0, 1]), ValueError, "alpha"),
-    (lambda: Normalized(SA(1.0), "layer-norm"), ValueError, "scheme"),
-    (lambda: Layered([SA(1.0, Q=np.eye(3)), SA(1.0, Q=np.eye(4))]), ValueError, "dimensions"),
-    (lambda: Layered([], period=1.0), TypeError, "layers"),
-    (lambda: Layered([SA(1.0)], period=0.0), ValueError, "period"),
-    (lambda: SA(1.0, kernel="log"), ValueError, "kernel"),
-    (lambda: SA(1.0, gamma=2.0), ValueError, "not both"),
-    (lambda: USA(1e4).rate_bound(), WflowError, "rescaled"),
-])
+@pytest.mark.parametrize(
+    "make,exc,match",
+    [
+        (lambda: Normalized(SA(1.0), "mix-ln"), ValueError, "tau"),
+        (lambda: Normalized(SA(1.0), "mix-ln", tau=-1.0), ValueError, "tau"),
+        (lambda: Normalized(SA(1.0), "ngpt", alpha=-0.5), ValueError, "alpha"),
+        (
+            lambda: Normalized(SA(1.0), "ngpt", alpha=[1.0, np.nan], alpha_times=[0, 1]),
+            ValueError,
+            "alpha",
+        ),
+        (lambda: Normalized(SA(1.0), "layer-norm"), ValueError, "scheme"),
+        (lambda: Layered([SA(1.0, Q=np.eye(3)), SA(1.0, Q=np.eye(4))]), ValueError, "dimensions"),
+        (lambda: Layered([], period=1.0), TypeError, "layers"),
+        (lambda: Layered([SA(1.0)], period=0.0), ValueError, "period"),
+        (lambda: SA(1.0, kernel="log"), ValueError, "kernel"),
+        (lambda: SA(1.0, gamma=2.0), ValueError, "not both"),
+        (lambda: USA(1e4).rate_bound(), WflowError, "rescaled"),
+    ],
+)
 def test_bad_input_names_it(make, exc, match):
     with pytest.raises(exc, match=match):
         make()
@@ -184,7 +257,9 @@ def test_angles_on_the_circle_resolve_forces_below_rounding():
     exact Jacobian matches differences, and it passes a merge that Cartesian coordinates cannot see: USA
     (rescaled) at beta = 500, GKPR's five tokens, the fourth merge at t ~ 1e17 (attraction e^-40)."""
     x0 = sphere.uniform(7, 2, seed=8)
-    a = wflow.simulate(SA(3.0), x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, coordinates="angles")
+    a = wflow.simulate(
+        SA(3.0), x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, coordinates="angles"
+    )
     c = wflow.simulate(SA(3.0), x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, backend=BK)
     np.testing.assert_allclose(a.points, c.points, atol=1e-8)
     np.testing.assert_allclose(a.energy, c.energy, rtol=1e-10)
@@ -194,12 +269,22 @@ def test_angles_on_the_circle_resolve_forces_below_rounding():
     th = np.random.default_rng(0).uniform(0, 1, 6)
     for m in (SA(3.0), USA(3.0, kernel="rescaled"), USA(2.0, V=-np.eye(2))):
         p = CircleAngleProblem(m, np.full(6, 1 / 6), diagnostics=())
-        np.testing.assert_allclose(p.jacobian(0.0, th), ROS2().jacobian(p, 0.0, th, p.rhs(0.0, th)), atol=1e-6)
+        np.testing.assert_allclose(
+            p.jacobian(0.0, th), ROS2().jacobian(p, 0.0, th, p.rhs(0.0, th)), atol=1e-6
+        )
     beta = 500.0
     theta = 0.5 * np.array([0, 0.5, 2, 4, 7]) * np.log(beta) / np.sqrt(beta)
     x0 = np.stack([np.cos(theta), np.sin(theta)], -1)
-    r = wflow.simulate(USA(beta, kernel="rescaled"), x0, 1e18, method="ros2", rtol=1e-6, atol=1e-10,
-                       save_at=np.concatenate([[0], np.logspace(-3, 18, 60)]), coordinates="angles")
+    r = wflow.simulate(
+        USA(beta, kernel="rescaled"),
+        x0,
+        1e18,
+        method="ros2",
+        rtol=1e-6,
+        atol=1e-10,
+        save_at=np.concatenate([[0], np.logspace(-3, 18, 60)]),
+        coordinates="angles",
+    )
     ang = r.data["angles"][1]
     clusters = (np.diff(np.sort(ang, axis=1), axis=1) > 1e-6).sum(axis=1) + 1
     assert list(np.unique(clusters)[::-1]) == [5, 4, 3, 2] and clusters[-1] == 2
@@ -211,7 +296,9 @@ def test_gap_coordinates_agree_with_angles_and_have_the_exact_jacobian():
     is T^-1 of the angle velocity, and the Jacobian T^-1 J T matches finite differences (SA, USA, V = -I)."""
     x0 = sphere.uniform(7, 2, seed=8)
     for m in (SA(3.0), USA(2.0, kernel="rescaled")):
-        a = wflow.simulate(m, x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, coordinates="angles")
+        a = wflow.simulate(
+            m, x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, coordinates="angles"
+        )
         g = wflow.simulate(m, x0, 2.0, method="dopri5", rtol=1e-11, atol=1e-13, coordinates="gaps")
         np.testing.assert_allclose(g.points, a.points, atol=1e-9)
         np.testing.assert_allclose(g.energy, a.energy, rtol=1e-10)
@@ -225,13 +312,18 @@ def test_gap_coordinates_agree_with_angles_and_have_the_exact_jacobian():
     w /= w.sum()
     order, y = CircleGapProblem.from_angles(th)
     assert np.all(y[1:] >= 0) and np.sum(y[1:]) < 2 * np.pi
-    np.testing.assert_allclose(np.mod(y[0] + np.concatenate([[0], np.cumsum(y[1:])]) - th[order] + 1, 2 * np.pi),
-                               1, atol=1e-14)
+    np.testing.assert_allclose(
+        np.mod(y[0] + np.concatenate([[0], np.cumsum(y[1:])]) - th[order] + 1, 2 * np.pi),
+        1,
+        atol=1e-14,
+    )
     for m in (SA(3.0), USA(3.0, kernel="rescaled"), USA(2.0, V=-np.eye(2))):
         p = CircleGapProblem(m, w, order, diagnostics=())
         f = CircleAngleProblem(m, w[order], diagnostics=()).rhs(0.0, p.angles(y))
         np.testing.assert_allclose(p.rhs(0.0, y), np.concatenate([f[:1], np.diff(f)]), atol=1e-15)
-        np.testing.assert_allclose(p.jacobian(0.0, y), ROS2().jacobian(p, 0.0, y, p.rhs(0.0, y)), atol=1e-6)
+        np.testing.assert_allclose(
+            p.jacobian(0.0, y), ROS2().jacobian(p, 0.0, y, p.rhs(0.0, y)), atol=1e-6
+        )
 
 
 def _two_cluster_time(beta, delta0, delta1):
@@ -240,8 +332,14 @@ def _two_cluster_time(beta, delta0, delta1):
     from scipy.integrate import quad
 
     f0 = 2 * beta * np.sin(delta0 / 2) ** 2
-    val, _ = quad(lambda u: np.exp(2 * beta * np.sin(u / 2) ** 2 - f0) / np.sin(u), delta1, delta0,
-                  epsabs=0, epsrel=1e-12, limit=200)
+    val, _ = quad(
+        lambda u: np.exp(2 * beta * np.sin(u / 2) ** 2 - f0) / np.sin(u),
+        delta1,
+        delta0,
+        epsabs=0,
+        epsrel=1e-12,
+        limit=200,
+    )
     return f0 + np.log(val)
 
 
@@ -253,8 +351,16 @@ def test_the_gkpr_staircase_at_beta_4000_completes_every_merge():
     beta = 4000.0
     theta = 0.5 * np.array([0, 0.5, 2, 4, 7]) * np.log(beta) / np.sqrt(beta)
     x0 = np.stack([np.cos(theta), np.sin(theta)], -1)
-    r = wflow.simulate(USA(beta, kernel="rescaled"), x0, 1e90, method="ros2", rtol=1e-4, atol=1e-10,
-                       save_at=np.concatenate([[0], np.logspace(-3, 90, 94)]), coordinates="gaps")
+    r = wflow.simulate(
+        USA(beta, kernel="rescaled"),
+        x0,
+        1e90,
+        method="ros2",
+        rtol=1e-4,
+        atol=1e-10,
+        save_at=np.concatenate([[0], np.logspace(-3, 90, 94)]),
+        coordinates="gaps",
+    )
     gaps = r.data["gaps"][1][:, 1:]
     clusters = (np.abs(gaps) > 1e-6).sum(axis=1) + 1
     assert list(np.unique(clusters)[::-1]) == [5, 4, 3, 2, 1] and np.all(np.diff(clusters) <= 0)
@@ -266,7 +372,15 @@ def test_the_gkpr_staircase_at_beta_4000_completes_every_merge():
     x0 = sphere.angles_to_points(np.array([0, 0, 0, delta0, delta0]))
     logT = _two_cluster_time(beta, delta0, delta0 / 2)
     ts = np.exp(logT + np.array([-2e-5, 2e-5]) * logT)
-    two = wflow.simulate(USA(beta, kernel="rescaled"), x0, ts[-1], method="ros2", rtol=1e-4, atol=1e-12,
-                         save_at=np.concatenate([[0], ts]), coordinates="gaps")
+    two = wflow.simulate(
+        USA(beta, kernel="rescaled"),
+        x0,
+        ts[-1],
+        method="ros2",
+        rtol=1e-4,
+        atol=1e-12,
+        save_at=np.concatenate([[0], ts]),
+        coordinates="gaps",
+    )
     g = two.data["gaps"][1][:, 3]
     assert g[1] > delta0 / 2 > g[2], (logT, g)

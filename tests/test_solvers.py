@@ -1,11 +1,12 @@
 """The solver contract (wflow.solvers.base): every registered solver's observed order against its
 declared one, the driver's step control and save times, resume of every kind, bad input."""
+
 import numpy as np
 import pytest
 from scipy.special import iv
 
 import wflow
-from wflow import SA, USA, Atoms, CircleMesh, Density, sphere
+from wflow import SA, USA, CircleMesh, Density, sphere
 from wflow.errors import SolverError
 from wflow.solvers import SOLVERS
 from wflow.solvers.base import Problem, Tracker, integrate
@@ -27,11 +28,26 @@ def _particle_problem():
 
 def _deterministic_order(name):
     problem, x0 = _particle_problem()
-    ref = integrate(problem, "dopri5", x0, 0.0, 1.0, save_at=[0, 1], rtol=1e-13, atol=1e-14).data["points"][1][-1]
-    hs = {"euler": [0.05, 0.025, 0.0125], "euler-average": [0.05, 0.025, 0.0125], "rk4": [0.2, 0.1, 0.05], "dopri5": [0.5, 0.25, 0.125],
-          "ssprk3": [0.1, 0.05, 0.025], "ros2": [0.05, 0.025, 0.0125]}[name]
-    errs = [np.abs(integrate(problem, name, x0, 0.0, 1.0, save_at=[0, 1], dt=h, adaptive=False)
-                   .data["points"][1][-1] - ref).max() for h in hs]
+    ref = integrate(problem, "dopri5", x0, 0.0, 1.0, save_at=[0, 1], rtol=1e-13, atol=1e-14).data[
+        "points"
+    ][1][-1]
+    hs = {
+        "euler": [0.05, 0.025, 0.0125],
+        "euler-average": [0.05, 0.025, 0.0125],
+        "rk4": [0.2, 0.1, 0.05],
+        "dopri5": [0.5, 0.25, 0.125],
+        "ssprk3": [0.1, 0.05, 0.025],
+        "ros2": [0.05, 0.025, 0.0125],
+    }[name]
+    errs = [
+        np.abs(
+            integrate(problem, name, x0, 0.0, 1.0, save_at=[0, 1], dt=h, adaptive=False).data[
+                "points"
+            ][1][-1]
+            - ref
+        ).max()
+        for h in hs
+    ]
     return _slope(hs, errs)
 
 
@@ -61,12 +77,23 @@ class _GeometricBrownian(Problem):
 def _em_order():
     P, n_fine, a, b = 400, 2**10, 1.0, 1.0
     rng = np.random.default_rng(0)
-    W = np.concatenate([np.zeros((1, P)), np.cumsum(rng.standard_normal((n_fine, P)) / np.sqrt(n_fine), axis=0)])
+    W = np.concatenate(
+        [np.zeros((1, P)), np.cumsum(rng.standard_normal((n_fine, P)) / np.sqrt(n_fine), axis=0)]
+    )
     exact = np.exp((a - b * b / 2) + b * W[-1])
     problem = _GeometricBrownian(a, b, W, 1.0 / n_fine)
     hs = [2.0**-4, 2.0**-5, 2.0**-6, 2.0**-7]
-    errs = [np.mean(np.abs(integrate(problem, "euler-maruyama", np.ones(P), 0.0, 1.0, save_at=[0, 1], dt=h,
-                                     seed=0).data["state"][1][-1] - exact)) for h in hs]
+    errs = [
+        np.mean(
+            np.abs(
+                integrate(
+                    problem, "euler-maruyama", np.ones(P), 0.0, 1.0, save_at=[0, 1], dt=h, seed=0
+                ).data["state"][1][-1]
+                - exact
+            )
+        )
+        for h in hs
+    ]
     return _slope(hs, errs)
 
 
@@ -75,7 +102,10 @@ def _jko_order():
     m = CircleMesh(64)
     rho0 = Density.from_function(m, lambda x: np.exp(np.cos(np.arctan2(x[:, 1], x[:, 0]))))
     taus = [0.1, 0.05, 0.025, 0.0125]
-    w = [wflow.solvers.jko.jko(None, rho0, t, int(round(0.4 / t)), kappa=1.0, backend=BK).weights[-1] for t in taus]
+    w = [
+        wflow.solvers.jko.jko(None, rho0, t, int(round(0.4 / t)), kappa=1.0, backend=BK).weights[-1]
+        for t in taus
+    ]
     diffs = [np.abs(w[i] - w[i + 1]).sum() for i in range(3)]
     return _slope(taus[:3], diffs)
 
@@ -89,7 +119,10 @@ def _remap_order():
     m0 = problem.fv.masses_from_function(lambda z: np.exp(1.5 * z) * (1 + 0.3 * np.cos(3 * z)))
 
     def end(h):
-        return integrate(problem, "remap", m0, 0.0, 1.6, save_at=[0, 1.6], dt=h, adaptive=False).data["masses"][1][-1]
+        return integrate(
+            problem, "remap", m0, 0.0, 1.6, save_at=[0, 1.6], dt=h, adaptive=False
+        ).data["masses"][1][-1]
+
     ref = end(0.0125)
     hs = [0.2, 0.1, 0.05]
     return _slope(hs, [np.abs(end(h) - ref).sum() for h in hs])
@@ -107,7 +140,11 @@ def test_every_solver_has_its_declared_order(name):
         slope = _remap_order()
     else:
         slope = _deterministic_order(name)
-    assert abs(slope - solver.order) < 0.25 * max(1.0, solver.order / 2), (name, slope, solver.order)
+    assert abs(slope - solver.order) < 0.25 * max(1.0, solver.order / 2), (
+        name,
+        slope,
+        solver.order,
+    )
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -116,11 +153,15 @@ def test_fixed_steps_keep_dt_and_snap_saves():
     (was: 398 steps of 0.075); every save time is a step time within dt/2 of the requested one."""
     x0 = sphere.uniform(6, 3, np.random.default_rng(0), batch=(2,))
     req = np.linspace(0, 30, 200)
-    traj = wflow.simulate(SA(2.0), x0, 30.0, method="euler", dt=0.1, save_at=req, backend=BK,
-                          diagnostics=())
+    traj = wflow.simulate(
+        SA(2.0), x0, 30.0, method="euler", dt=0.1, save_at=req, backend=BK, diagnostics=()
+    )
     assert int(traj.stats["steps"][-1]) == 300 and traj.config["save_mode"] == "snap"
     k = np.round(traj.times / 0.1)
-    assert np.abs(traj.times - k * 0.1).max() < 1e-12 and np.abs(traj.times - req).max() <= 0.05 + 1e-12
+    assert (
+        np.abs(traj.times - k * 0.1).max() < 1e-12
+        and np.abs(traj.times - req).max() <= 0.05 + 1e-12
+    )
     assert traj.times[-1] == 30.0 and len(traj.times) == 200
 
 
@@ -156,24 +197,38 @@ def _runs(tmp_path):
     m = CircleMesh(48)
     rho0 = Density.from_function(m, lambda x: 1 + 0.6 * x[:, 0] + 0.3 * x[:, 1] ** 2)
     return {
-        "particles-dopri5": lambda tr: wflow.simulate(SA(3.0), x0, 1.5, method="dopri5", rtol=1e-8, backend=BK,
-                                                      trackers=tr),
-        "particles-noise": lambda tr: wflow.simulate(SA(3.0), x0, 1.5, kappa=4.0, dt=0.01, seed=2, backend=BK,
-                                                     trackers=tr),
-        "particles-gaps": lambda tr: wflow.simulate(USA(30.0, kernel="rescaled"), c0, 1e3, method="ros2",
-                                                    rtol=1e-4, coordinates="gaps", trackers=tr,
-                                                    save_at=np.geomspace(1e-3, 1e3, 8)),
-        "lagrangian": lambda tr: wflow.solve_lagrangian(SA(2.0), lambda x: 1 + 0.3 * x[:, 0], 1.0, nodes=32,
-                                                        backend=BK, trackers=tr),
-        "density": lambda tr: wflow.solve_density(USA(2.0), rho0, 1.0, save_at=np.linspace(0, 1, 6), kappa=5.0,
-                                                  backend=BK, trackers=tr),
-        "jko": lambda tr: wflow.solvers.jko.jko(USA(2.0), rho0, 0.1, 6, kappa=4.0, backend=BK, save_every=1,
-                                                trackers=tr),
+        "particles-dopri5": lambda tr: wflow.simulate(
+            SA(3.0), x0, 1.5, method="dopri5", rtol=1e-8, backend=BK, trackers=tr
+        ),
+        "particles-noise": lambda tr: wflow.simulate(
+            SA(3.0), x0, 1.5, kappa=4.0, dt=0.01, seed=2, backend=BK, trackers=tr
+        ),
+        "particles-gaps": lambda tr: wflow.simulate(
+            USA(30.0, kernel="rescaled"),
+            c0,
+            1e3,
+            method="ros2",
+            rtol=1e-4,
+            coordinates="gaps",
+            trackers=tr,
+            save_at=np.geomspace(1e-3, 1e3, 8),
+        ),
+        "lagrangian": lambda tr: wflow.solve_lagrangian(
+            SA(2.0), lambda x: 1 + 0.3 * x[:, 0], 1.0, nodes=32, backend=BK, trackers=tr
+        ),
+        "density": lambda tr: wflow.solve_density(
+            USA(2.0), rho0, 1.0, save_at=np.linspace(0, 1, 6), kappa=5.0, backend=BK, trackers=tr
+        ),
+        "jko": lambda tr: wflow.solvers.jko.jko(
+            USA(2.0), rho0, 0.1, 6, kappa=4.0, backend=BK, save_every=1, trackers=tr
+        ),
     }
 
 
-@pytest.mark.parametrize("kind", ["particles-dopri5", "particles-noise", "particles-gaps", "lagrangian", "density",
-                                  "jko"])
+@pytest.mark.parametrize(
+    "kind",
+    ["particles-dopri5", "particles-noise", "particles-gaps", "lagrangian", "density", "jko"],
+)
 def test_resume_repeats_the_uninterrupted_run(kind, tmp_path):
     """Interrupted after the third committed snapshot, wflow.resume finishes bit for bit equal to the
     uninterrupted run (the density from masses = values * areas: to rounding)."""
@@ -220,8 +275,15 @@ def test_conservation_and_positivity_of_the_continuum_solvers(tmp_path):
 
 def test_recorder_streams_and_keep_false_holds_only_the_last(tmp_path):
     x0 = sphere.uniform(10, 3, np.random.default_rng(0))
-    r = wflow.simulate(SA(2.0), x0, 1.0, dt=0.05, backend=BK, writer=wflow.io.ZarrRecorder(tmp_path / "t.zarr"),
-                       keep=False)
+    r = wflow.simulate(
+        SA(2.0),
+        x0,
+        1.0,
+        dt=0.05,
+        backend=BK,
+        writer=wflow.io.ZarrRecorder(tmp_path / "t.zarr"),
+        keep=False,
+    )
     full = wflow.load(tmp_path / "t.zarr")
     assert len(r.times) == 1 and r.times[0] == 1.0 and len(full.times) == 11
     np.testing.assert_array_equal(r.points[0], full.points[-1])
@@ -247,15 +309,18 @@ def test_failures_set_status_or_raise():
     assert r.status == -1 and "max_steps=20" in r.message
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(method="rk5"), ValueError, "solver/method must be one of"),
-    (dict(method="dopri5", rtol=0.0), ValueError, "rtol"),
-    (dict(method="dopri5", atol=float("nan")), ValueError, "atol"),
-    (dict(method="dopri5", rtol=1e-300), ValueError, "rtol"),
-    (dict(dt=1e-300), ValueError, "dt"),
-    (dict(save_at=[0, 0.5, 2.0]), ValueError, "save_at"),
-    (dict(dt=0.1, save_at=[0, 0.51, 0.52, 1.0]), ValueError, "save_at"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(method="rk5"), ValueError, "solver/method must be one of"),
+        (dict(method="dopri5", rtol=0.0), ValueError, "rtol"),
+        (dict(method="dopri5", atol=float("nan")), ValueError, "atol"),
+        (dict(method="dopri5", rtol=1e-300), ValueError, "rtol"),
+        (dict(dt=1e-300), ValueError, "dt"),
+        (dict(save_at=[0, 0.5, 2.0]), ValueError, "save_at"),
+        (dict(dt=0.1, save_at=[0, 0.51, 0.52, 1.0]), ValueError, "save_at"),
+    ],
+)
 def test_bad_input_is_named_before_anything_runs(kwargs, exc, match, tmp_path):
     x0 = sphere.uniform(5, 3, np.random.default_rng(0))
     path = tmp_path / "never.zarr"
@@ -280,14 +345,23 @@ def test_the_worked_example_of_the_docs_runs(capsys):
     import re
 
     text = (pathlib.Path(__file__).parents[1] / "docs" / "solvers.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if not b.lstrip().startswith(">>>")]
+    blocks = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        if not b.lstrip().startswith(">>>")
+    ]
     assert len(blocks) == 2
     scope: dict = {}
     try:
         for b in blocks:
             exec(compile(b, "docs/solvers.md", "exec"), scope)
         out = capsys.readouterr().out.split()
-        assert out[0] == "euler-richardson" and int(out[1]) > 10 and float(out[2]) < 1e-13 and out[3] == "True"
+        assert (
+            out[0] == "euler-richardson"
+            and int(out[1]) > 10
+            and float(out[2]) < 1e-13
+            and out[3] == "True"
+        )
         # the same density as the third-order default (to the first-order method's accuracy at rtol = 1e-3)
         r = scope["r"]
         ref = wflow.solve_density(SA(2.0), scope["rho0"], 1.0, rtol=1e-5)
@@ -305,11 +379,31 @@ def test_ros2_takes_long_steps_through_a_stiff_collapse():
     x0 = np.stack([np.cos(th), np.sin(th)], -1)
     model = USA(beta, kernel="rescaled")
     saves = np.concatenate([[0.0], np.logspace(-2, 6, 9)])
-    r = wflow.simulate(model, x0, 1e6, save_at=saves, method="ros2", rtol=1e-6, atol=1e-9, backend=BK,
-                       diagnostics=("energy",))
+    r = wflow.simulate(
+        model,
+        x0,
+        1e6,
+        save_at=saves,
+        method="ros2",
+        rtol=1e-6,
+        atol=1e-9,
+        backend=BK,
+        diagnostics=("energy",),
+    )
     ang = np.sort(np.arctan2(r.points[-1, :, 1], r.points[-1, :, 0]))
     assert np.ptp(ang[:3]) < 1e-6 and np.all(np.diff(ang[2:]) > 0.2)  # three merged, two apart
     assert np.all(np.diff(r.energy) >= -1e-12 * r.energy.max()) and r.stats["steps"][-1] < 8000
-    d = wflow.simulate(model, x0, 1e6, save_at=saves, method="dopri5", rtol=1e-6, atol=1e-9, backend=BK,
-                       diagnostics=(), max_steps=8000, throw=False)
+    d = wflow.simulate(
+        model,
+        x0,
+        1e6,
+        save_at=saves,
+        method="dopri5",
+        rtol=1e-6,
+        atol=1e-9,
+        backend=BK,
+        diagnostics=(),
+        max_steps=8000,
+        throw=False,
+    )
     assert d.status == -1 and "max_steps" in d.message

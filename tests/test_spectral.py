@@ -1,4 +1,5 @@
 """Spectral kernel sums (wflow.kernels.spectral) against the direct sum (backend "numpy")."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -107,7 +108,9 @@ def test_off_sphere_points_and_scaled_values(d):
 def _problem(x, y, w, beta, V, tol):
     from wflow.kernels import KernelProblem
 
-    return KernelProblem(x=x[None], y=y[None], weights=w[None], beta=beta, Q=None, K=None, V=V, values=True, tol=tol)
+    return KernelProblem(
+        x=x[None], y=y[None], weights=w[None], beta=beta, Q=None, K=None, V=V, values=True, tol=tol
+    )
 
 
 def test_batches_and_mass_only():
@@ -169,7 +172,9 @@ def test_auto_selection():
 
     def problem(n, d, beta, Q=None):
         x = _sphere(rng, n, d)[None]
-        return KernelProblem(x=x, y=x, weights=np.ones((1, n)), beta=beta, Q=Q, K=None, V=None, values=True)
+        return KernelProblem(
+            x=x, y=x, weights=np.ones((1, n)), beta=beta, Q=Q, K=None, V=None, values=True
+        )
 
     b = BACKENDS["spectral"]
     assert AUTO_ORDER.index("spectral") < AUTO_ORDER.index("numpy")

@@ -102,10 +102,15 @@ def test_project_and_normalize_fused_equal_numpy(shape, dtype, rng):
         np.testing.assert_allclose(y, ref, rtol=tol, atol=tol)
     u = sphere.project(y, v)
     assert u.dtype == dtype
-    np.testing.assert_allclose(u, _project_reference(y.astype(np.float64), v.astype(np.float64)),
-                               atol=tol * 10 * np.sqrt(shape[-1]))
+    np.testing.assert_allclose(
+        u,
+        _project_reference(y.astype(np.float64), v.astype(np.float64)),
+        atol=tol * 10 * np.sqrt(shape[-1]),
+    )
     # broadcasting (one x for a batch of v) takes the einsum path
-    np.testing.assert_allclose(sphere.project(y[..., :1, :], v), _project_reference(y[..., :1, :], v), atol=tol * 10)
+    np.testing.assert_allclose(
+        sphere.project(y[..., :1, :], v), _project_reference(y[..., :1, :], v), atol=tol * 10
+    )
 
 
 def test_normalize_fused_rejects_zero_and_nan():
@@ -134,10 +139,13 @@ def test_cost_matrix_against_pairwise_distances(d, cost, rng):
         np.testing.assert_allclose(C, ref**p, rtol=1e-13, atol=1e-13 if p >= 1 else 3e-8)
     # blocked rows give the same numbers
     import wflow.sphere as S
+
     old = S._COST_BLOCK
     try:
         S._COST_BLOCK = 100
-        np.testing.assert_array_equal(sphere.cost_matrix(x, y, cost=cost), sphere.cost_matrix(x, y, cost=cost, p=2))
+        np.testing.assert_array_equal(
+            sphere.cost_matrix(x, y, cost=cost), sphere.cost_matrix(x, y, cost=cost, p=2)
+        )
     finally:
         S._COST_BLOCK = old
     Cxx = sphere.cost_matrix(x, cost=cost, p=1)
@@ -156,10 +164,16 @@ def test_tangent_frame_orthonormal(d, rng):
     x[1, :d] = -np.eye(d)
     e = sphere.tangent_frame(x)
     assert e.shape == (2, n, d - 1, d)
-    np.testing.assert_allclose(np.einsum("...ad,...bd->...ab", e, e), np.broadcast_to(np.eye(d - 1), e.shape[:-2] + (d - 1, d - 1)), atol=1e-14)
+    np.testing.assert_allclose(
+        np.einsum("...ad,...bd->...ab", e, e),
+        np.broadcast_to(np.eye(d - 1), e.shape[:-2] + (d - 1, d - 1)),
+        atol=1e-14,
+    )
     np.testing.assert_allclose(np.einsum("...ad,...d->...a", e, x), 0, atol=1e-14)
     if d == 3:  # the Lagrangian solver's frame: (e1, e2, x) positively oriented
-        np.testing.assert_allclose(np.linalg.det(np.concatenate([e, x[..., None, :]], axis=-2)), 1, atol=1e-13)
+        np.testing.assert_allclose(
+            np.linalg.det(np.concatenate([e, x[..., None, :]], axis=-2)), 1, atol=1e-13
+        )
     if d == 2:
         np.testing.assert_allclose(e[..., 0, :], np.stack([-x[..., 1], x[..., 0]], -1))
 
@@ -168,8 +182,12 @@ def test_von_mises_fisher_is_scipy_and_reproducible():
     a = sphere.von_mises_fisher(50, [0, 1, 0], 20.0, seed=3)
     b = stats.vonmises_fisher([0, 1.0, 0], 20.0).rvs(50, random_state=np.random.default_rng(3))
     np.testing.assert_allclose(a, b / np.linalg.norm(b, axis=1, keepdims=True), rtol=1e-15)
-    np.testing.assert_array_equal(a, sphere.von_mises_fisher(50, [0, 1, 0], 20.0, seed=np.random.default_rng(3)))
-    np.testing.assert_allclose(np.linalg.norm(sphere.von_mises_fisher(10, [1, 0], 0.0, seed=0), axis=1), 1)
+    np.testing.assert_array_equal(
+        a, sphere.von_mises_fisher(50, [0, 1, 0], 20.0, seed=np.random.default_rng(3))
+    )
+    np.testing.assert_allclose(
+        np.linalg.norm(sphere.von_mises_fisher(10, [1, 0], 0.0, seed=0), axis=1), 1
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

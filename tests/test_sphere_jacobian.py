@@ -1,5 +1,6 @@
 """The exact Jacobians of the attention field on the sphere (models, schemes, particle problems) and the stiff
 steps that use them."""
+
 import numpy as np
 import pytest
 
@@ -20,9 +21,18 @@ def _centred(f, y, h=1e-6):
     return np.stack(cols, axis=1)
 
 
-@pytest.mark.parametrize("model", [wflow.SA(3.0), wflow.USA(2.0), wflow.SA(2.0, V=-np.eye(4)),
-                                   wflow.USA(1.5, V=-np.eye(4)), wflow.SA(gamma=1.2), wflow.USA(4.0, kernel="rescaled")],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "model",
+    [
+        wflow.SA(3.0),
+        wflow.USA(2.0),
+        wflow.SA(2.0, V=-np.eye(4)),
+        wflow.USA(1.5, V=-np.eye(4)),
+        wflow.SA(gamma=1.2),
+        wflow.USA(4.0, kernel="rescaled"),
+    ],
+    ids=repr,
+)
 def test_sphere_jacobian_equals_centred_differences(model, rng):
     """dA and dv of SA/USA with V = +-I (plain and rescaled kernels, long context) against centred differences
     of ``average`` and ``velocity`` (to the differences' own error, about 1e-9)."""
@@ -31,8 +41,10 @@ def test_sphere_jacobian_equals_centred_differences(model, rng):
     w /= w.sum()
     dA, dv = model.sphere_jacobian(theta, w)
     mu = lambda th: wflow.Atoms(th, w)  # noqa: E731  (the measure moves with the tokens)
-    for got, f in ((dA, lambda th: model.average(th, mu(th), backend="numpy")),
-                   (dv, lambda th: model.velocity(th, mu(th), backend="numpy"))):
+    for got, f in (
+        (dA, lambda th: model.average(th, mu(th), backend="numpy")),
+        (dv, lambda th: model.velocity(th, mu(th), backend="numpy")),
+    ):
         ref = _centred(f, theta)
         mat = got.transpose(0, 2, 1, 3).reshape(20, 20)
         assert np.abs(mat - ref).max() < 2e-9 * max(1.0, np.abs(ref).max())
@@ -64,8 +76,13 @@ def test_jacobian_is_none_where_it_is_not_covered():
     w = np.full(4, 0.25)
     Q = np.diag([1.0, 2.0, 3.0])
     assert ParticleProblem(wflow.SA(1.0, Q=Q), w, 3, backend="numpy").jacobian(0.0, x) is None
-    assert ParticleProblem(Normalized(wflow.SA(1.0), "pre-ln"), w, 3, backend="numpy").jacobian(0.0, x) is None
-    assert ParticleProblem(wflow.SA(1.0), w, 3, backend="numpy").jacobian(0.0, x[None]) is None  # a batch
+    assert (
+        ParticleProblem(Normalized(wflow.SA(1.0), "pre-ln"), w, 3, backend="numpy").jacobian(0.0, x)
+        is None
+    )
+    assert (
+        ParticleProblem(wflow.SA(1.0), w, 3, backend="numpy").jacobian(0.0, x[None]) is None
+    )  # a batch
     with pytest.raises(ValueError, match="Q = K = I"):
         wflow.SA(1.0, Q=Q).sphere_jacobian(x, w)
     with pytest.raises(ValueError, match="sphere schemes"):
@@ -86,8 +103,9 @@ def test_ros2_with_the_exact_jacobian_equals_the_differenced_one():
         def jacobian(self, t, y):
             return None
 
-    fd, _ = ROS2().step(NoJacobian(wflow.SA(4.0), w, 6, backend="numpy"), 0.0, x, 0.5, None, rtol=1e-6,
-                        atol=1e-12)
+    fd, _ = ROS2().step(
+        NoJacobian(wflow.SA(4.0), w, 6, backend="numpy"), 0.0, x, 0.5, None, rtol=1e-6, atol=1e-12
+    )
     assert np.abs(exact.y - fd.y).max() < 1e-7
     assert exact.evaluations == 2 and fd.evaluations == 2 + x.size
 
@@ -103,7 +121,13 @@ def test_sphere_schemes_run_in_span_coordinates(scheme, kw):
     full = wflow.simulate(model, x0, 2.0, **opts)
     assert np.abs(np.asarray(span.points) - np.asarray(full.points)).max() < 1e-12
     assert np.abs(np.asarray(full.points)[-1] - x0).max() > 1e-2
-    for bad in (Normalized(wflow.SA(3.0), "pre-ln"),
-                Normalized(wflow.SA(3.0), "post-ln", perceptron=wflow.Perceptron(np.ones((20, 2)), np.ones((2, 20))))):
+    for bad in (
+        Normalized(wflow.SA(3.0), "pre-ln"),
+        Normalized(
+            wflow.SA(3.0),
+            "post-ln",
+            perceptron=wflow.Perceptron(np.ones((20, 2)), np.ones((2, 20))),
+        ),
+    ):
         with pytest.raises(ValueError, match="coordinates='span'"):
             wflow.simulate(bad, x0, 1.0, coordinates="span", **opts)

@@ -1,6 +1,7 @@
 """wflow.stability: the Wasserstein Hessian against finite differences of model.energy,
 stability verdicts on configurations whose answer is known in closed form, the paper's
 witnesses (our reading, docs/stability.md), and sup F against brute force."""
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -9,8 +10,15 @@ import scipy.optimize
 import wflow
 from wflow.errors import NotAGradientFlowError
 from wflow.sphere import angles_to_points, exp_map, normalize, uniform
-from wflow.stability import (circle_condition, circle_threshold, energy_supremum, is_stable, potential_maximum,
-                             stability, wasserstein_hessian)
+from wflow.stability import (
+    circle_condition,
+    circle_threshold,
+    energy_supremum,
+    is_stable,
+    potential_maximum,
+    stability,
+    wasserstein_hessian,
+)
 
 ACTS = ("relu", "gelu", "tanh", "identity")
 NP = "numpy"  # the auto backend may compile kernels on first use (seconds)
@@ -23,7 +31,9 @@ def _tangent(rng, x):
 
 def _fd2(model, points, weights, xi, h=2e-3):
     """d^2/dt^2 F(exp(t xi)) at 0: central differences, Richardson-extrapolated (error O(h^4))."""
-    F = lambda t: float(model.energy(wflow.Atoms._trusted(exp_map(points, t * xi), weights), backend=NP))  # noqa: E731
+    F = lambda t: float(
+        model.energy(wflow.Atoms._trusted(exp_map(points, t * xi), weights), backend=NP)
+    )  # noqa: E731
     F0 = F(0.0)
     D = lambda s: (F(s) - 2 * F0 + F(-s)) / s**2  # noqa: E731
     return (4 * D(h / 2) - D(h)) / 3
@@ -34,12 +44,21 @@ def _models(d, rng, x):
     omega = rng.standard_normal(3)
     b = 0.3 * rng.standard_normal(3)
     an = np.linalg.norm(A, axis=1)
-    while np.any(near := np.min(np.abs(x @ A.T + b), axis=0) < 0.05 * an):  # ReLU kinks away from the atoms
+    while np.any(
+        near := np.min(np.abs(x @ A.T + b), axis=0) < 0.05 * an
+    ):  # ReLU kinks away from the atoms
         b = b + 0.1 * an * near
-    out = [wflow.USA(1.3), wflow.USA(2.0, V=-np.eye(d)), wflow.USA(0.0, V=-np.eye(d)), wflow.SA(1.5)]
+    out = [
+        wflow.USA(1.3),
+        wflow.USA(2.0, V=-np.eye(d)),
+        wflow.USA(0.0, V=-np.eye(d)),
+        wflow.SA(1.5),
+    ]
     out += [wflow.Perceptron.conservative(A, omega, b, "gelu")]
-    out += [wflow.USA(0.7, V=(-1) ** i * np.eye(d)) + wflow.Perceptron.conservative(A, omega, b, act)
-            for i, act in enumerate(ACTS)]
+    out += [
+        wflow.USA(0.7, V=(-1) ** i * np.eye(d)) + wflow.Perceptron.conservative(A, omega, b, act)
+        for i, act in enumerate(ACTS)
+    ]
     return out
 
 
@@ -55,7 +74,9 @@ def test_hessian_matches_finite_differences(d, rng):
         for _ in range(3):
             xi = _tangent(rng, x)
             xi /= np.linalg.norm(xi, axis=1, keepdims=True)
-            for p in model.parts:  # keep the finite differences off the ReLU kinks (|step| <= 2e-3 |a|)
+            for (
+                p
+            ) in model.parts:  # keep the finite differences off the ReLU kinks (|step| <= 2e-3 |a|)
                 if isinstance(p, wflow.Perceptron) and p.activation == "relu":
                     margin = np.abs(x @ p.A.T + p.b) / np.linalg.norm(p.A, axis=1)
                     assert margin.min() > 5e-3, margin.min()
@@ -70,7 +91,9 @@ def test_hessian_every_entry_by_polarization(rng):
     x = uniform(k, d, seed=7)
     m = np.array([0.3, 0.7])
     A = rng.standard_normal((4, d))
-    model = wflow.USA(1.1, V=-np.eye(d)) + wflow.Perceptron.conservative(A, rng.standard_normal(4), 0.2 * np.ones(4))
+    model = wflow.USA(1.1, V=-np.eye(d)) + wflow.Perceptron.conservative(
+        A, rng.standard_normal(4), 0.2 * np.ones(4)
+    )
     H = wasserstein_hessian(model, wflow.Atoms(x, m))
     K = k * (d - 1)
     fd = np.zeros((K, K))
@@ -90,7 +113,9 @@ def test_gradient_is_the_velocity(d, rng):
     x = uniform(5, d, seed=3)
     mu = wflow.Atoms(x, rng.random(5) + 0.1)
     A = rng.standard_normal((3, d))
-    model = wflow.USA(1.7, V=-np.eye(d)) + wflow.Perceptron.conservative(A, rng.standard_normal(3), None, "tanh")
+    model = wflow.USA(1.7, V=-np.eye(d)) + wflow.Perceptron.conservative(
+        A, rng.standard_normal(3), None, "tanh"
+    )
     H = wasserstein_hessian(model, mu)
     assert np.allclose(H.gradient, model.velocity(x, mu, backend=NP), rtol=0, atol=1e-13)
     sa = wflow.SA(2.0)
@@ -99,7 +124,9 @@ def test_gradient_is_the_velocity(d, rng):
     assert np.allclose(Hs.gradient / Z[:, None], sa.velocity(x, mu, backend=NP), rtol=0, atol=1e-13)
     # SA's operator is the form in the metric sum_i m_i Z_i |xi_i|^2: generalized eigenvalues
     w = np.repeat(mu.weights * Z, d - 1)
-    assert np.allclose(Hs.eigenvalues, scipy.linalg.eigh(Hs.form, np.diag(w), eigvals_only=True), atol=1e-12)
+    assert np.allclose(
+        Hs.eigenvalues, scipy.linalg.eigh(Hs.form, np.diag(w), eigvals_only=True), atol=1e-12
+    )
     assert np.allclose(Hs.metric_weights, mu.weights * Z)
 
 
@@ -111,16 +138,18 @@ def test_splitting_blocks_match_finite_differences(rng):
     m = np.array([0.5, 0.3, 0.2])
     A = rng.standard_normal((3, d))
     for V in (np.eye(d), -np.eye(d)):
-        model = wflow.USA(1.4, V=V) + wflow.Perceptron.conservative(A, rng.standard_normal(3), None, "gelu")
+        model = wflow.USA(1.4, V=V) + wflow.Perceptron.conservative(
+            A, rng.standard_normal(3), None, "gelu"
+        )
         H = wasserstein_hessian(model, wflow.Atoms(x, m))
         xi = _tangent(rng, x)
         for i, q in ((0, 0.5), (1, 0.25)):
-            delta1 = _tangent(rng, x[i:i + 1])[0]
+            delta1 = _tangent(rng, x[i : i + 1])[0]
             delta2 = -q / (1 - q) * delta1
-            pts = np.concatenate([x, x[i:i + 1]])
+            pts = np.concatenate([x, x[i : i + 1]])
             w = np.concatenate([m, [m[i] * (1 - q)]])
             w[i] = m[i] * q
-            field = np.concatenate([xi, xi[i:i + 1] + delta2])
+            field = np.concatenate([xi, xi[i : i + 1] + delta2])
             field[i] = xi[i] + delta1
             fd = _fd2(model, pts, w, field)
             c1 = H.basis[i] @ delta1
@@ -136,8 +165,11 @@ def test_circle_form_is_a_graph_laplacian(rng):
     mu = wflow.Atoms(x, rng.random(5) + 0.1)
     A = rng.standard_normal((3, 2))
     for act in ACTS:
-        model = wflow.USA(2.5, V=-np.eye(2)) + wflow.USA(0.5) + wflow.Perceptron.conservative(
-            A, rng.standard_normal(3), 0.1 * np.ones(3), act)
+        model = (
+            wflow.USA(2.5, V=-np.eye(2))
+            + wflow.USA(0.5)
+            + wflow.Perceptron.conservative(A, rng.standard_normal(3), 0.1 * np.ones(3), act)
+        )
         H = wasserstein_hessian(model, mu)
         cc = circle_condition(model, mu)
         c, u = cc.pair_weights, cc.curvatures
@@ -161,7 +193,9 @@ def test_antipodal_pair_minimizes_repulsive_energy(beta):
     closed-form eigenvalue -e^{-beta} on S^1 and S^2; other pairs are not critical."""
     model = wflow.USA(beta, V=-np.eye(2))
     theta = np.linspace(0, np.pi, 721)[1:]
-    E = np.array([-float(model.energy(wflow.Atoms(angles_to_points([0.0, t])), backend=NP)) for t in theta])
+    E = np.array(
+        [-float(model.energy(wflow.Atoms(angles_to_points([0.0, t])), backend=NP)) for t in theta]
+    )
     closed = (0.5 * np.exp(beta) + 0.5 * np.exp(beta * np.cos(theta))) / (2 * beta)
     assert np.allclose(E, closed, rtol=1e-13)
     assert np.argmin(E) == len(theta) - 1 and np.all(np.diff(E) < 0)
@@ -212,7 +246,12 @@ def test_attractive_cluster_is_not_repulsive_stable():
         dirac = wflow.Atoms(np.eye(d)[:1])
         s = stability(model, dirac, splitting=True)
         # every tangent direction is a rotation: strict modulo rotations holds vacuously, not without the quotient
-        assert s.stable and s.strictly_stable and s.eigenvalues.size == 0 and np.all(s.hessian.form == 0)
+        assert (
+            s.stable
+            and s.strictly_stable
+            and s.eigenvalues.size == 0
+            and np.all(s.hessian.form == 0)
+        )
         assert not stability(model, dirac, modulo_rotations=False).strictly_stable
         assert s.splitting_max == pytest.approx(-np.exp(2.0), rel=1e-14)  # pieces attract
         anti = wflow.Atoms(np.stack([np.eye(d)[0], -np.eye(d)[0]]))
@@ -235,7 +274,9 @@ def test_pinned_dirac_with_zero_field():
         s = stability(model, mu)
         assert s.critical and s.velocity == 0 and s.stable and not s.strictly_stable
         assert np.all(s.hessian.form == 0)
-        assert float(model.energy(mu, backend=NP)) == pytest.approx(sign * np.exp(beta) / (2 * beta), rel=1e-15)
+        assert float(model.energy(mu, backend=NP)) == pytest.approx(
+            sign * np.exp(beta) / (2 * beta), rel=1e-15
+        )
         sp = stability(model, mu, splitting=True)
         assert sp.splitting_max == pytest.approx(-sign * np.exp(beta), rel=1e-14)
         assert sp.stable == (sign == 1)
@@ -245,7 +286,9 @@ def _constant_half_perceptron(a, omega):
     """sigma = 1/2 exactly: tanh saturated by a bias of 40 (tanh(39) == 1.0 in float64), omega halved.
     Then W sigma = omega a / 2 and v(y) = omega (a.y) + const."""
     a = np.atleast_2d(np.asarray(a, float))
-    return wflow.Perceptron.conservative(a, np.asarray(omega, float) / 2, 40.0 * np.ones(len(a)), "tanh")
+    return wflow.Perceptron.conservative(
+        a, np.asarray(omega, float) / 2, 40.0 * np.ones(len(a)), "tanh"
+    )
 
 
 @pytest.mark.parametrize("d", [2, 3])
@@ -266,7 +309,9 @@ def test_witness_constant_activation(d):
     sup = energy_supremum(model)
     assert len(sup.maximizers) == 1 and np.allclose(sup.maximizers[0], -x[0], atol=1e-6)
     assert sup.value == pytest.approx(float(model.energy(wflow.Atoms(-x), backend=NP)), rel=1e-12)
-    assert sup.value - float(model.energy(wflow.Atoms(x), backend=NP)) == pytest.approx(omega, rel=1e-10)
+    assert sup.value - float(model.energy(wflow.Atoms(x), backend=NP)) == pytest.approx(
+        omega, rel=1e-10
+    )
 
 
 def test_witness_identity_omega_minus_4():
@@ -305,10 +350,14 @@ def test_modulo_rotations_switch():
     pair = wflow.Atoms(angles_to_points([0.0, np.pi]))
     assert stability(model, pair).strictly_stable
     assert not stability(model, pair, modulo_rotations=False).strictly_stable
-    p = wflow.Perceptron.conservative([[0.0, 1.0]], [-1.0], None, "identity")  # v = -(x_2)^2, max at +-e_1
+    p = wflow.Perceptron.conservative(
+        [[0.0, 1.0]], [-1.0], None, "identity"
+    )  # v = -(x_2)^2, max at +-e_1
     s = stability(model + p, pair)
     assert not s.modulo_rotations and s.strictly_stable
-    assert np.allclose(np.sort(s.hessian.eigenvalues), np.sort([-np.exp(-1.0) - 1.0, -1.0]), atol=1e-13)
+    assert np.allclose(
+        np.sort(s.hessian.eigenvalues), np.sort([-np.exp(-1.0) - 1.0, -1.0]), atol=1e-13
+    )
 
 
 def _ascent_limit(model, x, m, steps=800, eta=0.1):
@@ -334,8 +383,9 @@ def test_limit_of_the_ascent_is_stable(seed, act, split_stable):
     whether it survives splitting depends on how hard the perceptron pins each atom."""
     rng = np.random.default_rng(seed)
     A = rng.standard_normal((4, 2))
-    model = wflow.USA(2.0, V=-np.eye(2)) + wflow.Perceptron.conservative(A, rng.standard_normal(4),
-                                                                         0.3 * rng.standard_normal(4), act)
+    model = wflow.USA(2.0, V=-np.eye(2)) + wflow.Perceptron.conservative(
+        A, rng.standard_normal(4), 0.3 * rng.standard_normal(4), act
+    )
     m = np.array([0.4, 0.35, 0.25])
     y = _ascent_limit(model, uniform(3, 2, seed=seed), m)
     s = stability(model, wflow.Atoms(y, m))
@@ -348,8 +398,9 @@ def test_particles_that_merge_form_a_split_stable_atom():
     merged atom (mass 0.65) is stable against splitting, as the particles' merging says it must be."""
     rng = np.random.default_rng(2)
     A = rng.standard_normal((4, 2))
-    model = wflow.USA(2.0, V=-np.eye(2)) + wflow.Perceptron.conservative(A, rng.standard_normal(4),
-                                                                         0.3 * rng.standard_normal(4), "relu")
+    model = wflow.USA(2.0, V=-np.eye(2)) + wflow.Perceptron.conservative(
+        A, rng.standard_normal(4), 0.3 * rng.standard_normal(4), "relu"
+    )
     m = np.array([0.4, 0.35, 0.25])
     y = _ascent_limit(model, uniform(3, 2, seed=2), m)
     assert np.linalg.norm(y[0] - y[2]) < 1e-7
@@ -366,7 +417,9 @@ def test_potential_maximum_on_the_circle(act, rng):
     r = potential_maximum(p)
     th = np.linspace(0, 2 * np.pi, 100_001)
     k = int(np.argmax(p.potential(angles_to_points(th))))
-    fine = np.linspace(th[k] - 2 * np.pi / 1e5, th[k] + 2 * np.pi / 1e5, 20_001)  # step 6e-9 around the grid's best
+    fine = np.linspace(
+        th[k] - 2 * np.pi / 1e5, th[k] + 2 * np.pi / 1e5, 20_001
+    )  # step 6e-9 around the grid's best
     brute = float(p.potential(angles_to_points(fine)).max())
     assert brute - 1e-12 <= r.value <= r.upper_bound
     assert r.value - brute < 1e-9
@@ -378,7 +431,9 @@ def test_potential_maximum_on_the_circle(act, rng):
 def test_potential_maximum_on_s2_and_s4(act, rng):
     for d, n_brute in ((3, 50_000), (5, 100_000)):
         A = rng.standard_normal((5, d))
-        p = wflow.Perceptron.conservative(A, rng.standard_normal(5), 0.3 * rng.standard_normal(5), act)
+        p = wflow.Perceptron.conservative(
+            A, rng.standard_normal(5), 0.3 * rng.standard_normal(5), act
+        )
         r = potential_maximum(p, seed=1)
         y = rng.standard_normal((n_brute, d))
         y /= np.linalg.norm(y, axis=1, keepdims=True)
@@ -391,7 +446,9 @@ def test_potential_maximum_on_s2_and_s4(act, rng):
 def test_energy_supremum_beats_every_measure(rng):
     d = 3
     A = rng.standard_normal((4, d))
-    model = wflow.USA(0.8) + wflow.Perceptron.conservative(A, rng.standard_normal(4), 0.2 * np.ones(4), "gelu")
+    model = wflow.USA(0.8) + wflow.Perceptron.conservative(
+        A, rng.standard_normal(4), 0.2 * np.ones(4), "gelu"
+    )
     sup = energy_supremum(model)
     assert sup.value == pytest.approx(float(model.energy(sup.dirac(), backend=NP)), rel=1e-14)
     assert sup.interaction == pytest.approx(np.exp(0.8) / 1.6)
@@ -419,7 +476,9 @@ def test_bad_input(rng):
     with pytest.raises(NotAGradientFlowError, match="conservative"):
         stability(wflow.Perceptron(W, rng.standard_normal((2, 3))), mu)
     with pytest.raises(NotAGradientFlowError, match="reweighted"):
-        wasserstein_hessian(wflow.SA(1.0) + wflow.Perceptron.conservative(np.eye(3), np.ones(3)), mu)
+        wasserstein_hessian(
+            wflow.SA(1.0) + wflow.Perceptron.conservative(np.eye(3), np.ones(3)), mu
+        )
     with pytest.raises(TypeError, match="atomic"):
         wasserstein_hessian(wflow.USA(1.0), {"points": x})
     with pytest.raises(TypeError, match="model must be"):
@@ -461,11 +520,17 @@ def test_anticoncentration_bound():
     omega = np.array([0.5, -2.0])
     c = 2 * (0.5 + 2.0)
     for beta in (0.01, 1.0, 5.0, 50.0):
-        full = (2 * np.exp(beta - 1.5) + c) / (2 * np.exp(beta - 1.5) + 0.375 * np.exp(beta - 0.125))
+        full = (2 * np.exp(beta - 1.5) + c) / (
+            2 * np.exp(beta - 1.5) + 0.375 * np.exp(beta - 0.125)
+        )
         assert anticoncentration_bound(beta, omega, A) == pytest.approx(full, rel=1e-12)
     assert ANTICONCENTRATION_LIMIT == pytest.approx(0.57420, abs=5e-5)
     b = anticoncentration_bound(np.array([1.0, 10.0, 1e4]), omega, A)
-    assert b.shape == (3,) and np.all(np.diff(b) < 0) and b[-1] == pytest.approx(ANTICONCENTRATION_LIMIT, rel=1e-12)
+    assert (
+        b.shape == (3,)
+        and np.all(np.diff(b) < 0)
+        and b[-1] == pytest.approx(ANTICONCENTRATION_LIMIT, rel=1e-12)
+    )
     with pytest.raises(ValueError, match="omega contains non-finite"):
         anticoncentration_bound(1.0, [np.nan, 1.0], A)
     with pytest.raises(ValueError, match="A must have shape"):

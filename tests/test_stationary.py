@@ -7,6 +7,7 @@ The reproduced case of the bug report: repulsive attention ("descent") USA(1, V=
 conservative perceptron of d = 2 units sampled as in the perceptron paper (a_j uniform on S^1,
 omega_j ~ N(0, 1), b = 0), rng = numpy.random.default_rng(13) (atoms) and 29 (a measure still
 concentrating), uniform initial density on CircleMesh(256)."""
+
 import numpy as np
 import pytest
 
@@ -52,14 +53,16 @@ def test_groups_joined_by_a_bridge_are_not_merged():
     # (0.62 rad here) by the single-threshold cluster_atoms of before
     mesh = CircleMesh(256)
     th = mesh.center_angles
-    w = 0.6 * np.exp(-((th - 0.21) / 0.03) ** 2) + 0.4 * np.exp(-((th - 1.04) / 0.03) ** 2)
+    w = 0.6 * np.exp(-(((th - 0.21) / 0.03) ** 2)) + 0.4 * np.exp(-(((th - 1.04) / 0.03) ** 2))
     w[(th > 0.21) & (th < 1.04)] += 3e-3
     w /= w.sum()
     atoms, masses = cluster_atoms(mesh.centers, w, mesh=mesh)
     assert atoms.shape[0] == 2
     assert np.all(circ(np.sort(angles(atoms)), [0.21, 1.04]) < mesh.spacing)
     assert masses.sum() == pytest.approx(1.0)
-    assert np.abs(masses - [0.6 + 0.5 * (1 - 0.6 - 0.4) / 1, 0.4]).max() < 0.02  # bridge mass split at the middle
+    assert (
+        np.abs(masses - [0.6 + 0.5 * (1 - 0.6 - 0.4) / 1, 0.4]).max() < 0.02
+    )  # bridge mass split at the middle
 
 
 def test_polishing_never_leaves_the_mass_nor_raises_the_residual(mesh256, uniform256):
@@ -76,7 +79,9 @@ def test_polishing_never_leaves_the_mass_nor_raises_the_residual(mesh256, unifor
     assert s.atomic
     if not s.polished:
         assert "not applied" in s.message
-    assert s.converged == (s.stopped and s.residual <= s.residual_tol and s.residual_support <= s.residual_tol)
+    assert s.converged == (
+        s.stopped and s.residual <= s.residual_tol and s.residual_support <= s.residual_tol
+    )
     assert s.converged and s.residual <= s.residual_tol
     assert np.abs(np.sort(s.masses) - np.sort([0.5, 0.18, 0.165, 0.155])).max() < 0.01
 
@@ -139,8 +144,9 @@ def test_three_ways_agree():
     assert s.converged and s.atomic, s.message
     th = 2 * np.pi * (np.arange(N) + 0.5) / N
     x0 = np.stack([np.cos(th), np.sin(th)], axis=1)
-    traj = wflow.simulate(model, wflow.Atoms(x0), 150.0, save_at=[0.0, 150.0], method="euler", dt=0.1,
-                          diagnostics=())
+    traj = wflow.simulate(
+        model, wflow.Atoms(x0), 150.0, save_at=[0.0, 150.0], method="euler", dt=0.1, diagnostics=()
+    )
     gp = atom_groups(traj.points[-1], np.full(N, 1.0 / N), radius=2 * h)
     dens = wflow.solve_density(model, rho0, 60.0, save_at=[0.0, 60.0])
     ge = atom_groups(mesh.centers, dens.density(-1).masses(), neighbors=mesh.cell_neighbors)
@@ -176,12 +182,30 @@ def gelu_three_ways(t_particles=2000.0, t_eulerian=400.0, polish=True, n_particl
     N = n_particles
     th = 2 * np.pi * (np.arange(N) + 0.5) / N
     x0 = np.stack([np.cos(th), np.sin(th)], axis=1)
-    x = wflow.simulate(model, wflow.Atoms(x0), 50.0, save_at=[0.0, 50.0], method="euler", dt=0.05,
-                       diagnostics=(), backend=BK).points[-1]
-    x = wflow.simulate(model, wflow.Atoms(x), t_particles - 50.0, save_at=[0.0, t_particles - 50.0], method="euler",
-                       dt=1.0, diagnostics=(), backend=BK).points[-1]
+    x = wflow.simulate(
+        model,
+        wflow.Atoms(x0),
+        50.0,
+        save_at=[0.0, 50.0],
+        method="euler",
+        dt=0.05,
+        diagnostics=(),
+        backend=BK,
+    ).points[-1]
+    x = wflow.simulate(
+        model,
+        wflow.Atoms(x),
+        t_particles - 50.0,
+        save_at=[0.0, t_particles - 50.0],
+        method="euler",
+        dt=1.0,
+        diagnostics=(),
+        backend=BK,
+    ).points[-1]
     gp = atom_groups(x, np.full(N, 1.0 / N), radius=2 * h)
-    dens = wflow.solve_density(model, rho0, t_eulerian, save_at=[0.0, t_eulerian], cfl=0.8, backend=BK)
+    dens = wflow.solve_density(
+        model, rho0, t_eulerian, save_at=[0.0, t_eulerian], cfl=0.8, backend=BK
+    )
     ge = atom_groups(mesh.centers, dens.density(-1).masses(), neighbors=mesh.cell_neighbors)
     heavy = int(np.sum(s.masses >= 0.05))
     out = []

@@ -1,15 +1,24 @@
 """Synchronization and hemisphere collapse (wflow.studies.dichotomy): the linearization against theory."""
+
 import numpy as np
 import pytest
 
 from wflow import SA, USA, simulate
-from wflow.studies.dichotomy import (deviation_from_mean, diameter, hemisphere_start, jacobian_spectrum,
-                                     late_rate, linearized_rate, synchronized)
+from wflow.studies.dichotomy import (
+    deviation_from_mean,
+    diameter,
+    hemisphere_start,
+    jacobian_spectrum,
+    late_rate,
+    linearized_rate,
+    synchronized,
+)
 from wflow.theory import equiangular_configuration, equiangular_solution
 
 
-@pytest.mark.parametrize("name,beta,n,d", [("SA", 0.5, 4, 3), ("SA", 3.0, 5, 4), ("USA", 0.5, 4, 3),
-                                           ("USA", 2.0, 3, 5)])
+@pytest.mark.parametrize(
+    "name,beta,n,d", [("SA", 0.5, 4, 3), ("SA", 3.0, 5, 4), ("USA", 0.5, 4, 3), ("USA", 2.0, 3, 5)]
+)
 def test_jacobian_at_synchronized_state(name, beta, n, d):
     """Eigenvalues -lambda ((n-1)(d-1) times) and 0 (d-1 times), lambda = 1 (SA) or e^beta (USA)."""
     model = {"SA": SA, "USA": USA}[name](beta)
@@ -32,13 +41,24 @@ def test_linearization_agrees_with_equiangular_reduction():
 
 
 def test_simulated_late_rate():
-    x0 = np.stack([equiangular_configuration(5, 0.3) @ np.linalg.qr(np.random.default_rng(s).standard_normal((5, 5)))[0]
-                   for s in range(2)])
+    x0 = np.stack(
+        [
+            equiangular_configuration(5, 0.3)
+            @ np.linalg.qr(np.random.default_rng(s).standard_normal((5, 5)))[0]
+            for s in range(2)
+        ]
+    )
     for name, beta in (("SA", 1.0), ("USA", 0.5)):
         lam = linearized_rate(name, beta)
         T = 16.0 / lam
-        tr = simulate({"SA": SA, "USA": USA}[name](beta), x0, T, save_at=np.linspace(0, T, 81), dt=0.02 / lam,
-                      diagnostics=())
+        tr = simulate(
+            {"SA": SA, "USA": USA}[name](beta),
+            x0,
+            T,
+            save_at=np.linspace(0, T, 81),
+            dt=0.02 / lam,
+            diagnostics=(),
+        )
         dev = deviation_from_mean(tr.points)
         for s in range(2):
             rate, half, k = late_rate(tr.times, dev[:, s], (1e-9, 1e-4))

@@ -1,4 +1,5 @@
 """The long-context study: the symmetric closed form against wflow's kernel sums, its helpers, and resume."""
+
 import numpy as np
 import pytest
 
@@ -20,7 +21,9 @@ def test_closed_form_against_kernel_sums(rho):
     x = theory.equiangular_configuration(n, rho)
     w = np.exp(beta * (x @ x.T - 1))
     y = (w @ x) / w.sum(1, keepdims=True)
-    assert y[0] @ y[1] / (y[0] @ y[0]) == pytest.approx(lc.direct_cosines(n, rho, 2.0)[0], abs=1e-13)
+    assert y[0] @ y[1] / (y[0] @ y[0]) == pytest.approx(
+        lc.direct_cosines(n, rho, 2.0)[0], abs=1e-13
+    )
 
 
 def test_critical_slope_and_deviation_against_asymptotics():
@@ -34,7 +37,7 @@ def test_critical_slope_and_deviation_against_asymptotics():
     slope = np.polyfit(np.log([1e10, 1e11, 1e12]), np.log(dev), 1)[0]
     assert slope == pytest.approx(-lc.DELTA, abs=0.01)
     # the deviation at gamma = 1.25 gamma_c (c = 1.25): cos - rho ~ 2 rho (1 - rho) n^-(c-1)
-    assert dev[-1] == pytest.approx(2 * rho * (1 - rho) * 1e12 ** -0.25, rel=2e-3)
+    assert dev[-1] == pytest.approx(2 * rho * (1 - rho) * 1e12**-0.25, rel=2e-3)
 
 
 def test_parts_are_reused(tmp_path):

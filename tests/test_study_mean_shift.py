@@ -1,4 +1,5 @@
 """Blurring mean shift on the sphere (wflow.studies.mean_shift) against SA and against finite differences."""
+
 import numpy as np
 import pytest
 
@@ -31,7 +32,9 @@ def test_field_is_riemannian_gradient_of_log_kde():
             u -= (u @ x[i]) * x[i]
             u /= np.linalg.norm(u)
             # the geodesic through x_i with speed u: derivative of log f along it at 0
-            deriv = (logf(np.cos(h) * x[i] + np.sin(h) * u) - logf(np.cos(-h) * x[i] + np.sin(-h) * u)) / (2 * h)
+            deriv = (
+                logf(np.cos(h) * x[i] + np.sin(h) * u) - logf(np.cos(-h) * x[i] + np.sin(-h) * u)
+            ) / (2 * h)
             assert abs(deriv - v[i] @ u) < 1e-8
 
 
@@ -55,8 +58,25 @@ def test_bad_input_named():
 def test_run_is_sa_at_time_beta_t():
     beta, t = 3.0, 0.5
     x0 = uniform(12, 3, 4, batch=(2,))
-    ms = simulate(MeanShift(beta), x0, t, save_at=[0.0, t], method="dopri5", rtol=1e-10, atol=1e-12, diagnostics=())
-    sa = simulate(SA(beta), x0, beta * t, save_at=[0.0, beta * t], method="dopri5", rtol=1e-10, atol=1e-12,
-                  diagnostics=())
+    ms = simulate(
+        MeanShift(beta),
+        x0,
+        t,
+        save_at=[0.0, t],
+        method="dopri5",
+        rtol=1e-10,
+        atol=1e-12,
+        diagnostics=(),
+    )
+    sa = simulate(
+        SA(beta),
+        x0,
+        beta * t,
+        save_at=[0.0, beta * t],
+        method="dopri5",
+        rtol=1e-10,
+        atol=1e-12,
+        diagnostics=(),
+    )
     assert np.abs(ms.points[-1] - ms.points[0]).max() > 0.1  # it moved
     assert np.abs(ms.points[-1] - sa.points[-1]).max() < 1e-8

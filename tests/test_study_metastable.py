@@ -1,4 +1,5 @@
 """The metastable-clusters study: its measurements against exact values, and one small run."""
+
 import numpy as np
 import pytest
 
@@ -33,7 +34,9 @@ def test_fourier_and_predicted_angles_of_atoms():
     np.testing.assert_allclose(c[[0, 1, 2, 4, 5, 6]], 0, atol=1e-14)
     assert M.angle_error(theta, M.predicted_angles(c[k - 1], k)) < 1e-12
     # an antiphase guess is half the spacing away
-    assert M.angle_error(theta + np.pi / k, M.predicted_angles(c[k - 1], k)) == pytest.approx(np.pi / k)
+    assert M.angle_error(theta + np.pi / k, M.predicted_angles(c[k - 1], k)) == pytest.approx(
+        np.pi / k
+    )
 
 
 def test_smoothed_density_phase_prediction():
@@ -47,7 +50,9 @@ def test_smoothed_density_phase_prediction():
     assert np.sum(dens) * 2 * np.pi / 256 == pytest.approx(1.0)
     n, idx = M.count_peaks(dens)
     assert n == k
-    assert M.angle_error(M.grid_angles(256)[idx], M.predicted_angles(c[k - 1], k)) < 0.05  # histogram of 400 cells on 256 bins
+    assert (
+        M.angle_error(M.grid_angles(256)[idx], M.predicted_angles(c[k - 1], k)) < 0.05
+    )  # histogram of 400 cells on 256 bins
 
 
 def test_degree_spectrum_antipodal_pair_even_degrees_only():
@@ -76,7 +81,9 @@ def test_selection_probability():
     assert M.selection_probability(lam, t) == pytest.approx(w[0] / w.sum(), rel=1e-8)
     # K equal modes at t = 0: 1/K; far in time the fastest always wins
     assert M.selection_probability(np.zeros(5), 0.0) == pytest.approx(0.2, rel=1e-8)
-    assert M.selection_probability(growth_rate(np.arange(1, 13), 5.0, 2, "SA"), 200.0) == pytest.approx(1.0)
+    assert M.selection_probability(
+        growth_rate(np.arange(1, 13), 5.0, 2, "SA"), 200.0
+    ) == pytest.approx(1.0)
 
 
 def test_selection_probability_monte_carlo():
@@ -114,14 +121,18 @@ def test_finite_volume_selects_k_star_and_parts_reuse(tmp_path):
 def test_selection_probability_gamma_shapes():
     """shape = 1 is the exponential case; shapes (2l+1)/2 (chi^2_{2l+1} powers on S^2) against Monte Carlo."""
     lam = growth_rate(np.arange(1, 9), 5.0, 3, "SA")
-    assert M.selection_probability(lam, 3.0, shape=1.0) == pytest.approx(M.selection_probability(lam, 3.0), rel=1e-7)
+    assert M.selection_probability(lam, 3.0, shape=1.0) == pytest.approx(
+        M.selection_probability(lam, 3.0), rel=1e-7
+    )
     ells = np.arange(1, 9)
     a = (2 * ells + 1) / 2
     rng = np.random.default_rng(2)
     x = rng.gamma(a, 1 / a, size=(200_000, 8)) * np.exp(2 * lam * 4.0)
     for winner in (1, 2):  # l = 2 and l* = 3
         mc = np.mean(np.argmax(x, axis=1) == winner)
-        assert M.selection_probability(lam, 4.0, winner=winner, shape=a) == pytest.approx(mc, abs=0.005)
+        assert M.selection_probability(lam, 4.0, winner=winner, shape=a) == pytest.approx(
+            mc, abs=0.005
+        )
 
 
 def test_competitor_ratio():
@@ -149,6 +160,9 @@ def test_sphere_rates_against_spherical_bessel(beta, l_star):
     from scipy.special import spherical_in
 
     ells = np.arange(1, 11)
-    np.testing.assert_allclose(growth_rate(ells, beta, 3, "SA"),
-                               ells * (ells + 1) * spherical_in(ells, beta) / (beta * spherical_in(0, beta)), rtol=1e-12)
+    np.testing.assert_allclose(
+        growth_rate(ells, beta, 3, "SA"),
+        ells * (ells + 1) * spherical_in(ells, beta) / (beta * spherical_in(0, beta)),
+        rtol=1e-12,
+    )
     assert most_unstable_mode(beta, 3, "SA") == l_star

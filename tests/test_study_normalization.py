@@ -1,4 +1,5 @@
 """The normalization study's helpers: rate fits on exact laws, pair gaps, and one part against theory."""
+
 import numpy as np
 import pytest
 
@@ -7,9 +8,14 @@ from wflow.studies import normalization as nm
 from wflow.studies.parts import Parts
 
 
-@pytest.mark.parametrize("law,clock,rate", [("exponential", lambda t: t, 2.0),
-                                            ("exponential-sqrt", lambda t: np.sqrt(t + 1), 4.0),
-                                            ("power", np.log, 2.0)])
+@pytest.mark.parametrize(
+    "law,clock,rate",
+    [
+        ("exponential", lambda t: t, 2.0),
+        ("exponential-sqrt", lambda t: np.sqrt(t + 1), 4.0),
+        ("power", np.log, 2.0),
+    ],
+)
 def test_fit_rate_recovers_exact_laws(law, clock, rate):
     t = np.logspace(-1, 3, 400) if law == "power" else np.linspace(0, 200, 2000)
     gap = 7.0 * np.exp(-rate * clock(t))
@@ -66,12 +72,21 @@ def test_collapse_part_follows_the_staircase_to_one_point(scheme):
     assert p["radius_drift"] < 1e-6
     # the first merges against an explicit run on the same grid
     t = p["t"][p["t"] <= p["merge_times"][min(2, len(p["merge_times"]) - 1)] * 1.2]
-    ref = simulate(Normalized(SA(beta), scheme), uniform(n, d, seed=0), float(t[-1]), save_at=t, method="dopri5",
-                   rtol=1e-10, atol=1e-12, backend="numpy", diagnostics=())
+    ref = simulate(
+        Normalized(SA(beta), scheme),
+        uniform(n, d, seed=0),
+        float(t[-1]),
+        save_at=t,
+        method="dopri5",
+        rtol=1e-10,
+        atol=1e-12,
+        backend="numpy",
+        diagnostics=(),
+    )
     x = np.asarray(ref.points)
     i, j = np.triu_indices(n, 1)
     gaps = 0.5 * np.sum((x[:, i] - x[:, j]) ** 2, axis=-1)
-    np.testing.assert_allclose(gaps.mean(axis=-1), p["gap"][:t.size], rtol=1e-5)
+    np.testing.assert_allclose(gaps.mean(axis=-1), p["gap"][: t.size], rtol=1e-5)
 
 
 def test_sqrt_collapse_in_its_own_clock_equals_the_run_in_t():

@@ -1,5 +1,6 @@
 """The phase-diagram study (issue 15): the published 'euler-average' step against projected Euler, the
 equiangular time t* against the ODE, and the study's core pieces against direct computations."""
+
 import numpy as np
 import pytest
 from scipy.integrate import quad
@@ -19,7 +20,9 @@ BK = "numpy"
 
 def _problem(beta=1.5, n=8, d=3, batch=(), backend=BK):
     x0 = sphere.uniform(n, d, np.random.default_rng(1), batch=batch)
-    return ParticleProblem(SA(beta), np.full((*batch, n), 1 / n), d, backend=backend, diagnostics=()), x0
+    return ParticleProblem(
+        SA(beta), np.full((*batch, n), 1 / n), d, backend=backend, diagnostics=()
+    ), x0
 
 
 def _softmax_average(x, beta):
@@ -40,7 +43,9 @@ def test_euler_average_is_projected_euler_with_a_shorter_step_per_token(backend,
         from wflow.kernels import small
 
         real = small._sa_euler_step
-        monkeypatch.setattr(small, "_sa_euler_step", lambda *a, **k: fused.append(k) or real(*a, **k))
+        monkeypatch.setattr(
+            small, "_sa_euler_step", lambda *a, **k: fused.append(k) or real(*a, **k)
+        )
     h = 0.1
     step, _ = SOLVERS["euler-average"]().step(problem, 0.0, x0, h, None)
     assert [k["projected"] for k in fused] == ([False] if backend == "numba" else [])
@@ -61,10 +66,19 @@ def test_euler_average_is_projected_euler_with_a_shorter_step_per_token(backend,
 def test_euler_average_has_order_one():
     """Error against the exact flow (dopri5 at rtol 1e-13) halves with the step."""
     problem, x0 = _problem()
-    ref = integrate(problem, "dopri5", x0, 0.0, 1.0, save_at=[0, 1], rtol=1e-13, atol=1e-14).data["points"][1][-1]
+    ref = integrate(problem, "dopri5", x0, 0.0, 1.0, save_at=[0, 1], rtol=1e-13, atol=1e-14).data[
+        "points"
+    ][1][-1]
     hs = [0.05, 0.025, 0.0125]
-    errs = [np.abs(integrate(problem, "euler-average", x0, 0.0, 1.0, save_at=[0, 1], dt=h)
-                   .data["points"][1][-1] - ref).max() for h in hs]
+    errs = [
+        np.abs(
+            integrate(problem, "euler-average", x0, 0.0, 1.0, save_at=[0, 1], dt=h).data["points"][
+                1
+            ][-1]
+            - ref
+        ).max()
+        for h in hs
+    ]
     slope = np.polyfit(np.log(hs), np.log(errs), 1)[0]
     assert SOLVERS["euler-average"].order == 1 and abs(slope - 1) < 0.1, slope
     # e(h) = C h + D h^2 + O(h^3): each halving ratio is 2 - (D / C) h + O(h^2), below 2 here (measured
@@ -88,8 +102,14 @@ def test_equiangular_time_is_the_root_to_1e6(beta):
     t_star = equiangular_time(beta, 32, 0.999)
     rho = equiangular_solution(0.0, [t_star - 1e-6, t_star, t_star + 1e-6], beta, 32)
     assert rho[0] < 0.999 < rho[2] and abs(rho[1] - 0.999) < 1e-10
-    ref = quad(lambda r: 1.0 / float(equiangular_rhs(r, beta, 32)), 0.0, 0.999, epsabs=1e-12, epsrel=1e-13,
-               limit=200)[0]
+    ref = quad(
+        lambda r: 1.0 / float(equiangular_rhs(r, beta, 32)),
+        0.0,
+        0.999,
+        epsabs=1e-12,
+        epsrel=1e-13,
+        limit=200,
+    )[0]
     assert abs(t_star - ref) < 1e-6
 
 
@@ -104,8 +124,13 @@ def test_checkpoints_are_the_published_ones():
     np.testing.assert_allclose(pd.checkpoints(30.0), np.linspace(0, 30, 200), atol=1e-12)
     assert pd.t_end_for(1.0) == pytest.approx(30.0)
     t1 = pd.t_end_for(1.0, "dopri5")
-    assert 3 * 5.2703 <= t1 < 3 * 5.2703 + pd.SPACING and abs(t1 / pd.SPACING - round(t1 / pd.SPACING)) < 1e-9
-    assert pd.t_end_for(8.0) == pytest.approx(pd.T_MAX) and pd.t_end_for(9.0) == pytest.approx(pd.T_MAX)
+    assert (
+        3 * 5.2703 <= t1 < 3 * 5.2703 + pd.SPACING
+        and abs(t1 / pd.SPACING - round(t1 / pd.SPACING)) < 1e-9
+    )
+    assert pd.t_end_for(8.0) == pytest.approx(pd.T_MAX) and pd.t_end_for(9.0) == pytest.approx(
+        pd.T_MAX
+    )
 
 
 def test_curves_against_a_direct_loop():
@@ -123,7 +148,12 @@ def test_curves_against_a_direct_loop():
             ref.append(pair_fraction(x))
     np.testing.assert_array_equal(frac, np.array(ref))
     # nothing collapsed at t = 0, everything by t = 8 (t* = 5.27 at beta = 1), something in between
-    assert frac.shape == (4, 3) and frac[0].max() == 0 and frac[-1].min() == 1 and 0 < frac[1:3].sum() < 6
+    assert (
+        frac.shape == (4, 3)
+        and frac[0].max() == 0
+        and frac[-1].min() == 1
+        and 0 < frac[1:3].sum() < 6
+    )
 
 
 def test_density_curve_parts_are_reused(tmp_path, monkeypatch):
@@ -132,7 +162,9 @@ def test_density_curve_parts_are_reused(tmp_path, monkeypatch):
     parts = Parts(tmp_path, "phase-diagram", quick=True)
     a = pd.density_curve(parts, 8, 1.0, "projected", systems=5, chunk=3)
     assert parts.computed == 2 and parts.reused == 0
-    b = pd.density_curve(Parts(tmp_path, "phase-diagram", quick=True), 8, 1.0, "projected", systems=5, chunk=3)
+    b = pd.density_curve(
+        Parts(tmp_path, "phase-diagram", quick=True), 8, 1.0, "projected", systems=5, chunk=3
+    )
     np.testing.assert_array_equal(a["mean"], b["mean"])
     assert b["seconds"] == a["seconds"] > 0  # the stored compute seconds
     again = Parts(tmp_path, "phase-diagram", quick=True)
@@ -150,7 +182,10 @@ def test_parts_are_computed_on_worker_processes_then_reused(tmp_path):
     from wflow.studies import parts as parts_mod
 
     parts = Parts(tmp_path, "phase-diagram", quick=True)
-    jobs = [(pd._part_key(3, 1.0, "projected", c, 2), pd.curve_part, (3, 1.0, "projected", c, 2)) for c in range(3)]
+    jobs = [
+        (pd._part_key(3, 1.0, "projected", c, 2), pd.curve_part, (3, 1.0, "projected", c, 2))
+        for c in range(3)
+    ]
     with parts_mod.workers(2):
         assert parts.prefetch(jobs) == 3
         assert parts.prefetch(jobs) == 0
@@ -158,9 +193,13 @@ def test_parts_are_computed_on_worker_processes_then_reused(tmp_path):
         got = parts.get(key, lambda: pytest.fail("a prefetched part was computed again"))
         np.testing.assert_array_equal(got["sum"], fn(*args)["sum"])
     assert parts.computed == 0 and parts.reused == 3
-    assert parts.prefetch(jobs[:1] + [({"other": 1}, pd.curve_part, (3, 2.0, "projected", 0, 2))]) == 0  # 1 worker
-    bad = [({"bad": 1}, pd.curve_part, (3, 1.0, "no-such-scheme", 0, 2)),
-           (pd._part_key(3, 2.0, "projected", 0, 2), pd.curve_part, (3, 2.0, "projected", 0, 2))]
+    assert (
+        parts.prefetch(jobs[:1] + [({"other": 1}, pd.curve_part, (3, 2.0, "projected", 0, 2))]) == 0
+    )  # 1 worker
+    bad = [
+        ({"bad": 1}, pd.curve_part, (3, 1.0, "no-such-scheme", 0, 2)),
+        (pd._part_key(3, 2.0, "projected", 0, 2), pd.curve_part, (3, 2.0, "projected", 0, 2)),
+    ]
     with parts_mod.workers(2), pytest.raises(ValueError, match="scheme must be one of"):
         parts.prefetch(bad)
     assert parts.has(bad[1][0]) and not parts.has(bad[0][0])
@@ -173,8 +212,15 @@ def test_scheme_comparison_reads_the_first_chunks_on_the_same_starts(tmp_path, m
     """The heat map runs every system, the scheme comparison only the first ``compare_systems`` (every scheme,
     the published one included, on the same starts): the published row's t_half is the crossing of the
     first chunk's curve, its t_half_heat that of all chunks, and no other scheme runs beyond the first chunk."""
-    tiny = {"dims": (3,), "heat_betas": (1.0, 2.0), "compare_betas": (1.0,), "fine_dims": (), "systems": 4,
-            "compare_systems": 2, "chunk": 2}
+    tiny = {
+        "dims": (3,),
+        "heat_betas": (1.0, 2.0),
+        "compare_betas": (1.0,),
+        "fine_dims": (),
+        "systems": 4,
+        "compare_systems": 2,
+        "chunk": 2,
+    }
     monkeypatch.setattr(pd, "QUICK", tiny)
     monkeypatch.setattr(pd, "t_end_for", lambda beta, scheme="original", n=32: 60 * pd.SPACING)
     rep = pd.phase_diagram_study(tmp_path, quick=True)
@@ -191,4 +237,6 @@ def test_scheme_comparison_reads_the_first_chunks_on_the_same_starts(tmp_path, m
     assert rows[(1.0, "dopri5")]["systems"] == rows[(1.0, "projected")]["systems"] == 2
     assert rows[(2.0, "original")]["systems"] == 4
     for s in ("projected", "dopri5"):
-        assert parts.has(pd._part_key(3, 1.0, s, 0, 2)) and not parts.has(pd._part_key(3, 1.0, s, 1, 2))
+        assert parts.has(pd._part_key(3, 1.0, s, 0, 2)) and not parts.has(
+            pd._part_key(3, 1.0, s, 1, 2)
+        )

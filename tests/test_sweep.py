@@ -4,6 +4,7 @@ Most tests share one in-process Dask client (threads, no start-up cost); one run
 default LocalCluster, one on a scheduler and two workers started as separate processes on
 127.0.0.1, one of which is killed mid-sweep.  Every process started here is torn down.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wflow.sweep import (COMMIT, SchedulerError, coerce_value, load_sweep_config, open_sweep, parse_grid,
-                         parse_grid_arg, parse_grid_args, parse_values, point_config, sweep)
+from wflow.sweep import (
+    COMMIT,
+    SchedulerError,
+    coerce_value,
+    load_sweep_config,
+    open_sweep,
+    parse_grid,
+    parse_grid_arg,
+    parse_grid_args,
+    parse_values,
+    point_config,
+    sweep,
+)
 
 distributed = pytest.importorskip("distributed")
 
 #: tiny systems on the numpy backend (no KeOps import in workers), fixed Euler steps
-TINY = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler", "run.dt": 0.1,
-        "run.backend": "numpy"}
+TINY = {
+    "init.n": 8,
+    "init.d": 3,
+    "run.t_end": 1.0,
+    "run.n_saves": 3,
+    "run.method": "euler",
+    "run.dt": 0.1,
+    "run.backend": "numpy",
+}
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -49,10 +68,15 @@ def test_parse_values_forms():
     assert parse_values("euler") == ["euler"]
     assert parse_values(4.0) == [4.0]
     assert parse_values(np.arange(3)) == [0, 1, 2]
-    assert parse_grid({"model.beta": "linspace(1,2,2)", "run.method": ["euler", "rk4"]}) == \
-        {"model.beta": [1.0, 2.0], "run.method": ["euler", "rk4"]}
+    assert parse_grid({"model.beta": "linspace(1,2,2)", "run.method": ["euler", "rk4"]}) == {
+        "model.beta": [1.0, 2.0],
+        "run.method": ["euler", "rk4"],
+    }
     assert parse_grid_arg("model.beta=linspace(0.1,9,90)")[0] == "model.beta"
-    assert parse_grid_args(["init.d=[8,128]", "init.seed=range(4)"]) == {"init.d": [8, 128], "init.seed": [0, 1, 2, 3]}
+    assert parse_grid_args(["init.d=[8,128]", "init.seed=range(4)"]) == {
+        "init.d": [8, 128],
+        "init.seed": [0, 1, 2, 3],
+    }
 
 
 def test_module_is_callable():
@@ -61,10 +85,18 @@ def test_module_is_callable():
     assert callable(module) and module.parse_grid is parse_grid  # wflow.sweep(...) is sweep(...)
 
 
-@pytest.mark.parametrize("bad, match", [
-    ("linspace(0, 1)", "linspace"), ("linspace(0, 1, 2.5)", "linspace"), ("range(1.5)", "range"),
-    ("range(0, 4, 0)", "step"), ("[]", "empty"), ("range(0)", "empty"), ("linspace(a, 1, 3)", "not a number"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ("linspace(0, 1)", "linspace"),
+        ("linspace(0, 1, 2.5)", "linspace"),
+        ("range(1.5)", "range"),
+        ("range(0, 4, 0)", "step"),
+        ("[]", "empty"),
+        ("range(0)", "empty"),
+        ("linspace(a, 1, 3)", "not a number"),
+    ],
+)
 def test_parse_values_bad(bad, match):
     with pytest.raises(ValueError, match=match):
         parse_values(bad, "model.beta")
@@ -80,22 +112,30 @@ def test_parse_grid_args_bad():
 def test_coerce_value():
     assert coerce_value("model.beta", 4) == 4.0 and isinstance(coerce_value("model.beta", 4), float)
     assert coerce_value("init.d", 8.0) == 8
-    for key, value in (("init.d", 8.5), ("init.n", "8"), ("model.beta", "x"), ("run.method", "heun")):
+    for key, value in (
+        ("init.d", 8.5),
+        ("init.n", "8"),
+        ("model.beta", "x"),
+        ("run.method", "heun"),
+    ):
         with pytest.raises(ValueError, match=key):
             coerce_value(key, value)
 
 
 # ------------------------------------------------------------------------------ bad input: nothing written
-@pytest.mark.parametrize("grid, match", [
-    ({"model.no_such_key": [1.0]}, "unknown config key 'model.no_such_key'"),
-    ({}, "grid is empty"),
-    ({"model.beta": []}, "empty"),
-    ({"init.d": [3, 4.5]}, "init.d must be an integer"),
-    ({"model.beta": ["hot"]}, "model.beta"),
-    ({"model.beta": [1.0, -1.0]}, r"grid point model.beta=-1.0: config key model.beta"),
-    ({"model.beta": [1.0, 1.0]}, "repeats"),
-    ({"init.seed": [0, -1]}, "non-negative"),
-])
+@pytest.mark.parametrize(
+    "grid, match",
+    [
+        ({"model.no_such_key": [1.0]}, "unknown config key 'model.no_such_key'"),
+        ({}, "grid is empty"),
+        ({"model.beta": []}, "empty"),
+        ({"init.d": [3, 4.5]}, "init.d must be an integer"),
+        ({"model.beta": ["hot"]}, "model.beta"),
+        ({"model.beta": [1.0, -1.0]}, r"grid point model.beta=-1.0: config key model.beta"),
+        ({"model.beta": [1.0, 1.0]}, "repeats"),
+        ({"init.seed": [0, -1]}, "non-negative"),
+    ],
+)
 def test_bad_grid_writes_nothing(tmp_path, grid, match):
     out = tmp_path / "s.zarr"
     with pytest.raises(ValueError, match=match):
@@ -110,10 +150,17 @@ def test_bad_config_and_observables(tmp_path):
         sweep(TINY, {"model.beta": [1.0]}, out=tmp_path / "s.zarr", observables=["entropy"])
     with pytest.raises(ValueError, match="grid solver: a sweep runs one solver"):
         sweep(TINY, {"solver": ["particles", "eulerian"]}, out=tmp_path / "s.zarr")
-    with pytest.raises(ValueError, match=r"unknown observable 'pair_fraction': built in for solver = eulerian are "
-                                         r"\['mass', 'energy'\]"):
-        sweep({"solver": "eulerian", "init.d": 2}, {"model.beta": [1.0]}, out=tmp_path / "s.zarr",
-              observables=["pair_fraction"])
+    with pytest.raises(
+        ValueError,
+        match=r"unknown observable 'pair_fraction': built in for solver = eulerian are "
+        r"\['mass', 'energy'\]",
+    ):
+        sweep(
+            {"solver": "eulerian", "init.d": 2},
+            {"model.beta": [1.0]},
+            out=tmp_path / "s.zarr",
+            observables=["pair_fraction"],
+        )
     assert not list(tmp_path.iterdir())
 
 
@@ -126,7 +173,14 @@ def test_scheduler_that_does_not_answer(tmp_path):
     address = f"tcp://127.0.0.1:{port}"
     t0 = time.perf_counter()
     with pytest.raises(SchedulerError, match=f"no Dask scheduler answers at {address} within 1 s"):
-        sweep(TINY, {"model.beta": [1.0]}, out=tmp_path / "s.zarr", scheduler=address, timeout=1.0, progress=False)
+        sweep(
+            TINY,
+            {"model.beta": [1.0]},
+            out=tmp_path / "s.zarr",
+            scheduler=address,
+            timeout=1.0,
+            progress=False,
+        )
     assert time.perf_counter() - t0 < 10
     assert not list(tmp_path.iterdir())
 
@@ -156,7 +210,9 @@ def test_store_layout_batches_and_point_config(tmp_path, client):
     model, mu0, kw = build_run(full)
     ref = wflow.simulate(model, mu0, full["run.t_end"], **kw)
     got = ds.sel(beta=4.0, seed=3, run_method="rk4")
-    np.testing.assert_allclose(got.order_parameter.values, ref.diagnostics["order_parameter"], rtol=1e-12)
+    np.testing.assert_allclose(
+        got.order_parameter.values, ref.diagnostics["order_parameter"], rtol=1e-12
+    )
     np.testing.assert_allclose(got.energy.values, ref.energy, rtol=1e-12)
     np.testing.assert_array_equal(got.n_clusters.values, ref.diagnostics["n_clusters"])
     np.testing.assert_allclose(ds.save_time.sel(beta=4.0, run_method="rk4").values, ref.times)
@@ -164,12 +220,23 @@ def test_store_layout_batches_and_point_config(tmp_path, client):
 
 def test_toml_sweep_table(tmp_path, client):
     toml = tmp_path / "s.toml"
-    toml.write_text('[init]\nn = 8\nd = 3\n[run]\nt_end = 1.0\nn_saves = 3\nmethod = "euler"\ndt = 0.1\n'
-                    'backend = "numpy"\n[sweep]\n"model.beta" = "linspace(1, 2, 2)"\n[sweep.init]\nseed = [0, 1]\n')
+    toml.write_text(
+        '[init]\nn = 8\nd = 3\n[run]\nt_end = 1.0\nn_saves = 3\nmethod = "euler"\ndt = 0.1\n'
+        'backend = "numpy"\n[sweep]\n"model.beta" = "linspace(1, 2, 2)"\n[sweep.init]\nseed = [0, 1]\n'
+    )
     cfg, grid = load_sweep_config(toml)
     assert cfg["init.n"] == 8 and grid == {"model.beta": [1.0, 2.0], "init.seed": [0, 1]}
-    ds = sweep(toml, out=tmp_path / "s.zarr", scheduler=client, progress=False, observables=["pair_fraction"])
-    assert dict(ds.sizes) == {"beta": 2, "seed": 2, "time": 3} and list(ds.data_vars).count("pair_fraction") == 1
+    ds = sweep(
+        toml,
+        out=tmp_path / "s.zarr",
+        scheduler=client,
+        progress=False,
+        observables=["pair_fraction"],
+    )
+    assert (
+        dict(ds.sizes) == {"beta": 2, "seed": 2, "time": 3}
+        and list(ds.data_vars).count("pair_fraction") == 1
+    )
     assert ds.pair_fraction.sel(beta=2.0, seed=1).values[0] == 0.0
 
 
@@ -184,12 +251,21 @@ def test_user_observable_and_failed_point(tmp_path, client):
             raise RuntimeError("nine tokens are unlucky")
         return np.zeros(mu.batch_shape)
 
-    ds = sweep(TINY, {"init.n": [8, 9, 10]}, out=tmp_path / "s.zarr", scheduler=client, progress=False,
-               observables={"order_parameter": None, "mean_first": mean_first, "fragile": fragile})
+    ds = sweep(
+        TINY,
+        {"init.n": [8, 9, 10]},
+        out=tmp_path / "s.zarr",
+        scheduler=client,
+        progress=False,
+        observables={"order_parameter": None, "mean_first": mean_first, "fragile": fragile},
+    )
     assert ds.status.values.tolist() == [0, -1, 0]
     assert "RuntimeError: nine tokens are unlucky" in str(ds.message.sel(n=9).values)
     assert ds.attrs["failed"] == 1 and ds.attrs["done"] == 3
-    assert np.isfinite(ds.mean_first.sel(n=10).values).all() and (ds.fragile.sel(n=8).values == 0).all()
+    assert (
+        np.isfinite(ds.mean_first.sel(n=10).values).all()
+        and (ds.fragile.sel(n=8).values == 0).all()
+    )
 
 
 #: small runs of the continuum solvers (a sweep runs each point as one run of the solver)
@@ -197,8 +273,14 @@ CONTINUUM = {
     "eulerian": {"init.d": 2, "mesh.resolution": 48, "run.t_end": 0.4, "run.n_saves": 3},
     "zonal": {"init.d": 8, "mesh.resolution": 48, "run.t_end": 0.4, "run.n_saves": 3},
     "lagrangian": {"init.d": 2, "mesh.resolution": 16, "run.t_end": 0.4, "run.n_saves": 3},
-    "jko": {"model.type": "USA", "init.d": 2, "mesh.resolution": 48, "jko.tau": 0.1, "run.t_end": 0.3,
-            "run.n_saves": 4},
+    "jko": {
+        "model.type": "USA",
+        "init.d": 2,
+        "mesh.resolution": 48,
+        "jko.tau": 0.1,
+        "run.t_end": 0.3,
+        "run.n_saves": 4,
+    },
 }
 
 
@@ -213,10 +295,18 @@ def test_continuum_solvers_sweep(tmp_path, client, solver):
 
     cfg = {**default_config(), "solver": solver, **CONTINUUM[solver]}
     out = tmp_path / "s.zarr"
-    ds = sweep(cfg, {"model.beta": [1.0, 3.0], "init.seed": [0, 1]}, out=out, scheduler=client, progress=False)
+    ds = sweep(
+        cfg,
+        {"model.beta": [1.0, 3.0], "init.seed": [0, 1]},
+        out=out,
+        scheduler=client,
+        progress=False,
+    )
     assert list(ds.attrs["observables"]) == list(KIND_OBSERVABLES[solver])
     assert (ds.status.values == 0).all() and ds.attrs["done"] == 4
-    assert len(json.loads((out / COMMIT).read_text())["done"]) == 4  # continuum seeds are not batched
+    assert (
+        len(json.loads((out / COMMIT).read_text())["done"]) == 4
+    )  # continuum seeds are not batched
     cfg_p = point_config(ds, beta=3.0, seed=1)
     assert cfg_p["solver"] == solver and cfg_p["model.beta"] == 3.0 and cfg_p["init.seed"] == 1
     names = KIND_OBSERVABLES[solver] + (("values",) if solver == "eulerian" else ())
@@ -225,15 +315,27 @@ def test_continuum_solvers_sweep(tmp_path, client, solver):
     assert ds.sizes["time"] == len(rec.times) and len(rec.times) >= 3
     np.testing.assert_allclose(ds.save_time.sel(beta=3.0, seed=1).values, rec.times, rtol=1e-12)
     for name in KIND_OBSERVABLES[solver]:
-        np.testing.assert_allclose(ds[name].sel(beta=3.0, seed=1).values, rec.values[name], rtol=1e-12)
+        np.testing.assert_allclose(
+            ds[name].sel(beta=3.0, seed=1).values, rec.values[name], rtol=1e-12
+        )
     assert np.isfinite(ds.energy.values).all()
     if "mass" in KIND_OBSERVABLES[solver]:
         np.testing.assert_allclose(ds.mass.values, 1.0, rtol=0, atol=1e-12)
     if solver == "eulerian":  # a user function of the snapshot: the largest cell density
-        ds2 = sweep(cfg, {"model.beta": [3.0], "init.seed": [1]}, out=tmp_path / "u.zarr", scheduler=client,
-                    progress=False, observables={"energy": None, "peak": lambda snap: snap.data["values"][1].max()})
-        np.testing.assert_allclose(ds2.peak.values.ravel(), np.max(rec.values["values"], axis=1), rtol=1e-12)
-        np.testing.assert_array_equal(ds2.energy.values.ravel(), ds.energy.sel(beta=3.0, seed=1).values)
+        ds2 = sweep(
+            cfg,
+            {"model.beta": [3.0], "init.seed": [1]},
+            out=tmp_path / "u.zarr",
+            scheduler=client,
+            progress=False,
+            observables={"energy": None, "peak": lambda snap: snap.data["values"][1].max()},
+        )
+        np.testing.assert_allclose(
+            ds2.peak.values.ravel(), np.max(rec.values["values"], axis=1), rtol=1e-12
+        )
+        np.testing.assert_array_equal(
+            ds2.energy.values.ravel(), ds.energy.sel(beta=3.0, seed=1).values
+        )
 
 
 def test_a_failing_system_fails_alone_in_its_batch(tmp_path, client, monkeypatch):
@@ -254,25 +356,51 @@ def test_a_failing_system_fails_alone_in_its_batch(tmp_path, client, monkeypatch
         return model, mu0, kwargs
 
     monkeypatch.setattr(wflow.config, "build_run", build_run)
-    cfg = {**TINY, "init.n": 3, "model.beta": 0.0, "run.method": "euler-average", "run.dt": 3.0, "run.t_end": 6.0}
-    ds = sweep(cfg, {"init.seed": "range(6)"}, out=tmp_path / "s.zarr", scheduler=client, batch_size=6,
-               progress=False, observables=["order_parameter"])
+    cfg = {
+        **TINY,
+        "init.n": 3,
+        "model.beta": 0.0,
+        "run.method": "euler-average",
+        "run.dt": 3.0,
+        "run.t_end": 6.0,
+    }
+    ds = sweep(
+        cfg,
+        {"init.seed": "range(6)"},
+        out=tmp_path / "s.zarr",
+        scheduler=client,
+        batch_size=6,
+        progress=False,
+        observables=["order_parameter"],
+    )
     assert ds.status.values.tolist() == [0, 0, 0, -1, 0, 0]
-    assert "non-finite" in str(ds.message.sel(seed=3).values) and "t_end" in str(ds.message.sel(seed=0).values)
+    assert "non-finite" in str(ds.message.sel(seed=3).values) and "t_end" in str(
+        ds.message.sel(seed=0).values
+    )
     for seed in (0, 5):
         model, mu0, kw = real({**wflow.config.default_config(), **point_config(ds, seed=seed)})
         ref = wflow.simulate(model, mu0, cfg["run.t_end"], diagnostics=("order_parameter",), **kw)
-        np.testing.assert_allclose(ds.order_parameter.sel(seed=seed).values, ref.diagnostics["order_parameter"],
-                                   rtol=1e-12)
+        np.testing.assert_allclose(
+            ds.order_parameter.sel(seed=seed).values, ref.diagnostics["order_parameter"], rtol=1e-12
+        )
     # every system fails: the batch and its two halves run, no further splitting (a widespread failure)
     import wflow.solvers.particles as P
 
     calls = []
     simulate = P.simulate
-    monkeypatch.setattr(P, "simulate", lambda *a, **k: calls.append(len(a[1].points)) or simulate(*a, **k))
+    monkeypatch.setattr(
+        P, "simulate", lambda *a, **k: calls.append(len(a[1].points)) or simulate(*a, **k)
+    )
     monkeypatch.setattr(wflow.config, "build_run", lambda c: build_run({**c, "init.seed": 3}))
-    ds = sweep(cfg, {"init.seed": "range(8)"}, out=tmp_path / "all.zarr", scheduler=client, batch_size=8,
-               progress=False, observables=["order_parameter"])
+    ds = sweep(
+        cfg,
+        {"init.seed": "range(8)"},
+        out=tmp_path / "all.zarr",
+        scheduler=client,
+        batch_size=8,
+        progress=False,
+        observables=["order_parameter"],
+    )
     assert ds.status.values.tolist() == [-1] * 8 and calls == [8, 4, 4]
 
 
@@ -310,14 +438,37 @@ def test_resume_skips_committed_and_reruns_torn_points(tmp_path, client):
 
 def test_store_with_another_sweep(tmp_path, client):
     out = tmp_path / "s.zarr"
-    sweep(TINY, {"model.beta": [1.0]}, out=out, scheduler=client, progress=False, observables=["order_parameter"])
+    sweep(
+        TINY,
+        {"model.beta": [1.0]},
+        out=out,
+        scheduler=client,
+        progress=False,
+        observables=["order_parameter"],
+    )
     before = sorted(p.name for p in out.iterdir())
-    with pytest.raises(ValueError, match=f"^{out} holds a different sweep"):  # found before connecting to a cluster
-        sweep(TINY, {"model.beta": [2.0]}, out=out, scheduler="tcp://127.0.0.1:1", timeout=0.5, progress=False,
-              observables=["order_parameter"])
+    with pytest.raises(
+        ValueError, match=f"^{out} holds a different sweep"
+    ):  # found before connecting to a cluster
+        sweep(
+            TINY,
+            {"model.beta": [2.0]},
+            out=out,
+            scheduler="tcp://127.0.0.1:1",
+            timeout=0.5,
+            progress=False,
+            observables=["order_parameter"],
+        )
     assert sorted(p.name for p in out.iterdir()) == before
-    ds = sweep(TINY, {"model.beta": [2.0]}, out=out, scheduler=client, progress=False, overwrite=True,
-               observables=["order_parameter"])
+    ds = sweep(
+        TINY,
+        {"model.beta": [2.0]},
+        out=out,
+        scheduler=client,
+        progress=False,
+        overwrite=True,
+        observables=["order_parameter"],
+    )
     assert ds.beta.values.tolist() == [2.0]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x").write_text("x")
@@ -329,12 +480,20 @@ def test_store_with_another_sweep(tmp_path, client):
 def test_local_cluster_default(tmp_path):
     """The default scheduler: a LocalCluster of one-thread worker processes (benchmarks/sweep.py times 100 points)."""
     t0 = time.perf_counter()
-    ds = sweep({**TINY, "run.t_end": 1.0, "run.n_saves": 2}, {"model.beta": "linspace(0.1, 10, 20)"},
-               out=tmp_path / "s.zarr", workers=2, progress=False, observables=["pair_fraction", "order_parameter"])
+    ds = sweep(
+        {**TINY, "run.t_end": 1.0, "run.n_saves": 2},
+        {"model.beta": "linspace(0.1, 10, 20)"},
+        out=tmp_path / "s.zarr",
+        workers=2,
+        progress=False,
+        observables=["pair_fraction", "order_parameter"],
+    )
     elapsed = time.perf_counter() - t0
     assert ds.attrs["done"] == 20 and (ds.status.values == 0).all()
     assert len(set(ds.worker.values.tolist())) == 2  # both worker processes ran points
-    print(f"20 points on a new 2-worker LocalCluster: {elapsed:.1f} s (benchmarks/sweep.py times 100)")
+    print(
+        f"20 points on a new 2-worker LocalCluster: {elapsed:.1f} s (benchmarks/sweep.py times 100)"
+    )
 
 
 def test_local_cluster_leaves_cores_to_threaded_tasks():
@@ -354,9 +513,20 @@ def test_local_cluster_leaves_cores_to_threaded_tasks():
 
 
 def _start(args, **kw):
-    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, **kw)
+    env = {
+        **os.environ,
+        "NUMBA_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -372,8 +542,20 @@ def processes():
 def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
     """A scheduler and two workers as separate processes on 127.0.0.1; one worker is killed mid-sweep."""
     sfile = tmp_path / "scheduler.json"
-    processes.append(_start(["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
-                             "--no-dashboard", "--scheduler-file", str(sfile)]))
+    processes.append(
+        _start(
+            [
+                "distributed.cli.dask_scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(sfile),
+            ]
+        )
+    )
     for _ in range(300):
         if sfile.exists() and sfile.stat().st_size:
             break
@@ -381,8 +563,22 @@ def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
     address = json.loads(sfile.read_text())["address"]
     assert address.startswith("tcp://127.0.0.1:")
     for name in ("w0", "w1"):
-        processes.append(_start(["distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
-                                 "--name", name, "--no-dashboard", "--host", "127.0.0.1"]))
+        processes.append(
+            _start(
+                [
+                    "distributed.cli.dask_worker",
+                    address,
+                    "--nthreads",
+                    "1",
+                    "--no-nanny",
+                    "--name",
+                    name,
+                    "--no-dashboard",
+                    "--host",
+                    "127.0.0.1",
+                ]
+            )
+        )
     from distributed import Client
 
     with Client(address, timeout=30) as c:  # the workers' addresses, by name
@@ -409,20 +605,36 @@ def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
     killer = threading.Thread(target=kill_after_first_commit, daemon=True)
     killer.start()
     cfg = {**TINY, "init.n": 32, "init.d": 16, "run.t_end": 2.0, "run.dt": 0.01, "run.n_saves": 5}
-    ds = sweep(cfg, {"model.beta": "linspace(1, 8, 8)", "init.seed": "range(4)"}, out=out, scheduler=address,
-               batch_size=4, progress=False, observables=["pair_fraction", "order_parameter"])
+    ds = sweep(
+        cfg,
+        {"model.beta": "linspace(1, 8, 8)", "init.seed": "range(4)"},
+        out=out,
+        scheduler=address,
+        batch_size=4,
+        progress=False,
+        observables=["pair_fraction", "order_parameter"],
+    )
     killer.join(timeout=5)
-    assert victim.poll() is not None and in_flight  # the worker was killed during the sweep, running a task
+    assert (
+        victim.poll() is not None and in_flight
+    )  # the worker was killed during the sweep, running a task
     messages = sorted({str(m) for m in np.asarray(ds.message.values).ravel() if str(m)})
-    assert ds.attrs["done"] == 32 and (ds.status.values == 0).all(), messages  # (the messages say why not)
+    assert ds.attrs["done"] == 32 and (ds.status.values == 0).all(), (
+        messages
+    )  # (the messages say why not)
     assert np.isfinite(ds.pair_fraction.values).all()
     ran = ds.worker.values.ravel().tolist()
     assert set(ran) <= {addr["w0"], addr["w1"]}
-    assert ran.count(addr["w1"]) > 0 and ran.count(addr["w0"]) < 32  # w0 died; its task ran again on w1
+    assert (
+        ran.count(addr["w1"]) > 0 and ran.count(addr["w0"]) < 32
+    )  # w0 died; its task ran again on w1
     plan = [json.loads(ds.attrs["grid"])[k] for k in ("model.beta", "init.seed")]
     # a task w0 was running when killed was run again, on w1 (one task per beta: a seed batch of 4; w0 may
     # have delivered one of the tasks it held in the moment before the kill, hence "any")
-    rerun = [set(ds.worker.sel(beta=plan[0][int(k.rsplit("-", 1)[1])]).values.tolist()) for k in in_flight]
+    rerun = [
+        set(ds.worker.sel(beta=plan[0][int(k.rsplit("-", 1)[1])]).values.tolist())
+        for k in in_flight
+    ]
     assert any(w == {addr["w1"]} for w in rerun), (in_flight, rerun)
 
 
@@ -436,12 +648,23 @@ def test_phase_diagram_small(tmp_path, client):
     from wflow.sweep import GLPR_CONFIG, phase_diagram
 
     fig = tmp_path / "phase.png"
-    ds = phase_diagram(tmp_path / "p.zarr", d=[4, 8], betas="linspace(1, 9, 3)", systems=6, scheduler=client,
-                       progress=False, figure=fig, config={"run.t_end": 6.0, "run.n_saves": 4})
-    assert dict(ds.sizes) == {"d": 2, "beta": 3, "seed": 6, "time": 4} and list(ds.data_vars).count("pair_fraction")
+    ds = phase_diagram(
+        tmp_path / "p.zarr",
+        d=[4, 8],
+        betas="linspace(1, 9, 3)",
+        systems=6,
+        scheduler=client,
+        progress=False,
+        figure=fig,
+        config={"run.t_end": 6.0, "run.n_saves": 4},
+    )
+    assert dict(ds.sizes) == {"d": 2, "beta": 3, "seed": 6, "time": 4} and list(ds.data_vars).count(
+        "pair_fraction"
+    )
     cfg = point_config(ds, d=8, beta=1.0, seed=5)
-    assert {k: cfg[k] for k in ("model.type", "run.method", "run.dt", "init.n")} == \
-        {k: GLPR_CONFIG[k] for k in ("model.type", "run.method", "run.dt", "init.n")}
+    assert {k: cfg[k] for k in ("model.type", "run.method", "run.dt", "init.n")} == {
+        k: GLPR_CONFIG[k] for k in ("model.type", "run.method", "run.dt", "init.n")
+    }
     np.testing.assert_allclose(ds.save_time.sel(d=8, beta=1.0).values, [0.0, 2.0, 4.0, 6.0])
     pf = ds.pair_fraction.values
     assert (pf[..., 0] == 0).all() and (0 <= pf).all() and (pf <= 1).all()
@@ -453,8 +676,13 @@ def test_phase_diagram_small(tmp_path, client):
     from wflow.config import build_run
 
     model, mu0, kw = build_run(cfg)
-    res = simulate(model, mu0, cfg["run.t_end"], **{**kw, "coordinates": "cartesian", "backend": "numpy"},
-                   diagnostics=())
+    res = simulate(
+        model,
+        mu0,
+        cfg["run.t_end"],
+        **{**kw, "coordinates": "cartesian", "backend": "numpy"},
+        diagnostics=(),
+    )
     x = res.points[-1]
     G = x @ x.T
     n = cfg["init.n"]
@@ -502,8 +730,14 @@ def test_local_cluster_workers_compile_after_numba_was_imported(tmp_path):
     worker's numba pool has the one thread WORKER_ENV asks for (not the count the main module's import read)."""
     script = tmp_path / "run_sweep.py"
     script.write_text(_COMPILES_IN_WORKER)
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "s.zarr")], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s.zarr")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["status"] == [0, 0], got["messages"]

@@ -14,7 +14,9 @@ def test_funk_hecke_against_quadrature(d, beta):
         if d == 2:
             P = lambda t: np.cos(ell * np.arccos(np.clip(t, -1, 1)))  # noqa: E731
         else:
-            P = lambda t: special.eval_gegenbauer(ell, lam, t) / special.eval_gegenbauer(ell, lam, 1.0)  # noqa: E731
+            P = lambda t: (
+                special.eval_gegenbauer(ell, lam, t) / special.eval_gegenbauer(ell, lam, 1.0)
+            )  # noqa: E731
         # t = cos(phi): the surface measure on S^{d-1} projects to sin^{d-2}(phi) dphi
         f = lambda phi: np.exp(beta * (np.cos(phi) - 1)) * P(np.cos(phi)) * np.sin(phi) ** (d - 2)  # noqa: E731
         num = integrate.quad(f, 0, np.pi, limit=200, epsabs=1e-14)[0]
@@ -25,9 +27,14 @@ def test_funk_hecke_against_quadrature(d, beta):
 
 def test_circle_growth_rates_match_design():
     k = np.arange(1, 5)
-    np.testing.assert_allclose(theory.growth_rate(k, 5.0, 2, "USA"), k**2 * special.iv(k, 5.0) / 5.0, rtol=1e-13)
-    np.testing.assert_allclose(theory.growth_rate(k, 5.0, 2, "SA"),
-                               k**2 * special.iv(k, 5.0) / (5.0 * special.iv(0, 5.0)), rtol=1e-13)
+    np.testing.assert_allclose(
+        theory.growth_rate(k, 5.0, 2, "USA"), k**2 * special.iv(k, 5.0) / 5.0, rtol=1e-13
+    )
+    np.testing.assert_allclose(
+        theory.growth_rate(k, 5.0, 2, "SA"),
+        k**2 * special.iv(k, 5.0) / (5.0 * special.iv(0, 5.0)),
+        rtol=1e-13,
+    )
 
 
 def test_most_unstable_mode_grows_with_beta():
@@ -82,8 +89,13 @@ def _design_rates(t, rho, r, beta, n, model, scheme, tau=None, alpha=None):
     norm = np.sqrt(a * a + 2 * a * b * (n - 1) * rho + b * b * (n - 1) * (1 + (n - 2) * rho))
     if scheme == "mix-ln":
         scheme = "post-ln" if t <= tau else "pre-ln"
-    s, dr = {"post-ln": (1.0, 0.0), "pre-ln": (r, inner), "peri-ln": (r * norm, inner / norm),
-             "ngpt": (norm / (alpha(t) if alpha else 1.0), 0.0), "sqrt": (np.sqrt(t + 1), 0.0)}[scheme]
+    s, dr = {
+        "post-ln": (1.0, 0.0),
+        "pre-ln": (r, inner),
+        "peri-ln": (r * norm, inner / norm),
+        "ngpt": (norm / (alpha(t) if alpha else 1.0), 0.0),
+        "sqrt": (np.sqrt(t + 1), 0.0),
+    }[scheme]
     return 2 / s * b * (1 - rho) * (1 + (n - 1) * rho), dr
 
 
@@ -135,10 +147,19 @@ def test_reduction_against_particles(scheme, model):
     for lo, hi in zip(edges[:-1], edges[1:]):
         mid = 0.5 * (lo + hi)
         # Mix-LN: the phase of a segment is the phase at its midpoint (mix-ln does not use t otherwise)
-        f = lambda t, y: _particle_velocity(mid if scheme == "mix-ln" else t, y.reshape(n, n), beta,  # noqa: E731
-                                            model, scheme, kw.get("tau"), kw.get("alpha")).ravel()
+        f = lambda t, y: _particle_velocity(
+            mid if scheme == "mix-ln" else t,
+            y.reshape(n, n),
+            beta,  # noqa: E731
+            model,
+            scheme,
+            kw.get("tau"),
+            kw.get("alpha"),
+        ).ravel()
         ev = [s for s in times if lo < s <= hi]
-        sol = integrate.solve_ivp(f, (lo, hi), y, method="DOP853", rtol=1e-12, atol=1e-14, dense_output=True)
+        sol = integrate.solve_ivp(
+            f, (lo, hi), y, method="DOP853", rtol=1e-12, atol=1e-14, dense_output=True
+        )
         states.update({s: sol.sol(s).reshape(n, n) for s in ev})
         y = sol.y[:, -1]  # the state at hi
     red = theory.equiangular_scheme_solution(times, beta, n, model, scheme, rho0=rho0, r0=r0, **kw)
@@ -156,15 +177,28 @@ def test_post_ln_reproduces_existing_solution(model):
     """The scheme solver (state 1-rho) against DOP853 on the original equiangular_rhs in rho: 1e-12."""
     t = np.linspace(0, 6, 13)
     beta, n, rho0 = (3.0, 10, -0.05) if model == "SA" else (1.5, 10, -0.05)
-    ref = integrate.solve_ivp(lambda _t, r: theory.equiangular_rhs(r, beta, n, model), (0, 6), [rho0],
-                              method="DOP853", t_eval=t, rtol=1e-13, atol=1e-15).y[0]
-    np.testing.assert_allclose(theory.equiangular_solution(rho0, t, beta, n, model), ref, atol=1e-12, rtol=0)
+    ref = integrate.solve_ivp(
+        lambda _t, r: theory.equiangular_rhs(r, beta, n, model),
+        (0, 6),
+        [rho0],
+        method="DOP853",
+        t_eval=t,
+        rtol=1e-13,
+        atol=1e-15,
+    ).y[0]
+    np.testing.assert_allclose(
+        theory.equiangular_solution(rho0, t, beta, n, model), ref, atol=1e-12, rtol=0
+    )
     sol = theory.equiangular_scheme_solution(t, beta, n, model, "post-ln", rho0=rho0)
     np.testing.assert_allclose(sol.rho, ref, atol=1e-12, rtol=0)
     np.testing.assert_array_equal(sol.r, 1.0)
     rho = np.linspace(-1 / 9, 1, 7)
-    np.testing.assert_allclose(theory.equiangular_scheme_rhs(rho, 1.0, beta, n, model)[0],
-                               theory.equiangular_rhs(rho, beta, n, model), rtol=1e-14, atol=1e-300)
+    np.testing.assert_allclose(
+        theory.equiangular_scheme_rhs(rho, 1.0, beta, n, model)[0],
+        theory.equiangular_rhs(rho, beta, n, model),
+        rtol=1e-14,
+        atol=1e-300,
+    )
 
 
 @pytest.mark.parametrize("scheme", ["ngpt", "peri-ln"])
@@ -183,10 +217,13 @@ def test_usa_conventions_are_a_time_change():
     beta, n = 3.0, 6
     t = np.array([0.01, 0.05, 0.2])
     plain = theory.equiangular_scheme_solution(t, beta, n, "USA", rho0=0.1)
-    resc = theory.equiangular_scheme_solution(theory.rescaled_time(t, beta), beta, n, "USA", rho0=0.1,
-                                              convention="rescaled")
+    resc = theory.equiangular_scheme_solution(
+        theory.rescaled_time(t, beta), beta, n, "USA", rho0=0.1, convention="rescaled"
+    )
     np.testing.assert_allclose(resc.gap, plain.gap, rtol=1e-10)
-    np.testing.assert_allclose(theory.plain_time(theory.rescaled_time(t, beta), beta), t, rtol=1e-15)
+    np.testing.assert_allclose(
+        theory.plain_time(theory.rescaled_time(t, beta), beta), t, rtol=1e-15
+    )
     np.testing.assert_array_equal(theory.rescaled_time(t, beta, "SA"), t)
     sa_r = theory.equiangular_scheme_solution(t, beta, n, "SA", rho0=0.1, convention="rescaled")
     sa_p = theory.equiangular_scheme_solution(t, beta, n, "SA", rho0=0.1)
@@ -214,12 +251,20 @@ def test_energy_conversion(rng):
 
 
 @pytest.mark.parametrize("model", ["SA", "USA"])
-@pytest.mark.parametrize("scheme,kw,window,rate", [
-    ("post-ln", {}, (9.0, 12.0), {"SA": 2.0, "USA": 2 * np.e}),
-    ("sqrt", {}, (30.0, 40.0), {"SA": 4.0, "USA": 4 * np.e}),
-    ("ngpt", {"alpha": 0.7}, (14.0, 20.0), {"SA": 2.0, "USA": 2.0}),
-    ("ngpt", {"alpha": [0.2, 1.0, 0.5], "alpha_times": [0.0, 3.0, 5.0]}, (20.0, 30.0), {"SA": 2.0, "USA": 2.0}),
-])
+@pytest.mark.parametrize(
+    "scheme,kw,window,rate",
+    [
+        ("post-ln", {}, (9.0, 12.0), {"SA": 2.0, "USA": 2 * np.e}),
+        ("sqrt", {}, (30.0, 40.0), {"SA": 4.0, "USA": 4 * np.e}),
+        ("ngpt", {"alpha": 0.7}, (14.0, 20.0), {"SA": 2.0, "USA": 2.0}),
+        (
+            "ngpt",
+            {"alpha": [0.2, 1.0, 0.5], "alpha_times": [0.0, 3.0, 5.0]},
+            (20.0, 30.0),
+            {"SA": 2.0, "USA": 2.0},
+        ),
+    ],
+)
 def test_exponential_laws(scheme, kw, window, rate, model):
     """Fitted log-slope of 1-rho against the derived rate, and 1-rho / (C e^{-rate clock}) -> 1 (C by quad)."""
     beta, n = 1.0, 8
@@ -227,11 +272,17 @@ def test_exponential_laws(scheme, kw, window, rate, model):
     assert law.rate == pytest.approx(rate[model], rel=1e-15)
     t = np.linspace(*window, 6)
     sol = theory.equiangular_scheme_solution(t, beta, n, model, scheme, rho0=0.0, **kw)
-    clock = {"exponential": t, "exponential-sqrt": np.sqrt(t + 1), "exponential-alpha": None}[law.law]
+    clock = {"exponential": t, "exponential-sqrt": np.sqrt(t + 1), "exponential-alpha": None}[
+        law.law
+    ]
     if clock is None:
         ts = kw.get("alpha_times")
-        clock = (0.7 * t if ts is None else  # piecewise-linear alpha, integrated by hand
-                 (0.2 + 1.0) / 2 * 3 + (1.0 + 0.5) / 2 * 2 + 0.5 * (t - 5))
+        clock = (
+            0.7 * t
+            if ts is None
+            # piecewise-linear alpha, integrated by hand
+            else (0.2 + 1.0) / 2 * 3 + (1.0 + 0.5) / 2 * 2 + 0.5 * (t - 5)
+        )
         np.testing.assert_allclose(law.clock(t), clock, rtol=1e-14)
     slope = np.polyfit(clock, np.log(sol.gap), 1)[0]
     assert abs(-slope / law.rate - 1) < 1e-6
@@ -273,7 +324,9 @@ def test_mix_ln_limits():
     pre = theory.equiangular_scheme_solution(t, 1.0, 6, "SA", "pre-ln", rho0=0.2, r0=2.0)
     mix0 = theory.equiangular_scheme_solution(t, 1.0, 6, "SA", "mix-ln", rho0=0.2, r0=2.0, tau=0.0)
     post = theory.equiangular_scheme_solution(t, 1.0, 6, "SA", "post-ln", rho0=0.2, r0=2.0)
-    mix_inf = theory.equiangular_scheme_solution(t, 1.0, 6, "SA", "mix-ln", rho0=0.2, r0=2.0, tau=10.0)
+    mix_inf = theory.equiangular_scheme_solution(
+        t, 1.0, 6, "SA", "mix-ln", rho0=0.2, r0=2.0, tau=10.0
+    )
     np.testing.assert_allclose(mix0.gap, pre.gap, rtol=1e-14)
     np.testing.assert_allclose(mix_inf.gap, post.gap, rtol=1e-14)
     np.testing.assert_array_equal(mix_inf.r, 2.0)
@@ -287,8 +340,14 @@ def test_mix_ln_limits():
 @pytest.mark.parametrize("model,beta", [("SA", 0.5), ("SA", 6.0), ("USA", 1.0)])
 def test_equiangular_time_against_quadrature(model, beta):
     n, rho0, target = 32, 0.0, 0.999
-    ref = integrate.quad(lambda r: 1 / theory.equiangular_rhs(r, beta, n, model), rho0, target,
-                         epsabs=0, epsrel=1e-13, limit=200)[0]
+    ref = integrate.quad(
+        lambda r: 1 / theory.equiangular_rhs(r, beta, n, model),
+        rho0,
+        target,
+        epsabs=0,
+        epsrel=1e-13,
+        limit=200,
+    )[0]
     assert theory.equiangular_time(beta, n, target, rho0, model) == pytest.approx(ref, abs=1e-8)
     # sqrt-scaling is Post-LN in the clock T = 2 sqrt(t+1) - 2
     t_sqrt = theory.equiangular_time(beta, n, target, rho0, model, "sqrt")
@@ -298,20 +357,26 @@ def test_equiangular_time_against_quadrature(model, beta):
 def test_equiangular_time_ngpt_and_pre_ln_against_quadrature():
     beta, n, rho0, target = 2.0, 6, -0.1, 0.99
     u0, u1 = 1 - rho0, 1 - target
+
     # nGPT, alpha = 0.6: u' = -2 alpha q g / N, q = e^{-beta u}, N = ||A|| / a
     def ngpt_speed(u):
         q, rho = np.exp(-beta * u), 1 - u
         N = np.sqrt(1 + 2 * q * (n - 1) * rho + q * q * (n - 1) * (1 + (n - 2) * rho))
         return 2 * q * u * (n - (n - 1) * u) / N
+
     ref = integrate.quad(lambda u: 1 / ngpt_speed(u), u1, u0, epsabs=0, epsrel=1e-13)[0] / 0.6
-    assert theory.equiangular_time(beta, n, target, rho0, "SA", "ngpt", alpha=0.6) == pytest.approx(ref, abs=1e-8)
+    assert theory.equiangular_time(beta, n, target, rho0, "SA", "ngpt", alpha=0.6) == pytest.approx(
+        ref, abs=1e-8
+    )
     # Pre-LN, SA: u' = -2 b g / r with r(u) = r0 exp(int_u^{u0} f)
     r0 = 1.5
     f = lambda v: (np.exp(beta * v) + (n - 1) * (1 - v)) / (2 * v * (n - (n - 1) * v))  # noqa: E731
+
     def dt_du(u):
         r = r0 * np.exp(integrate.quad(f, u, u0, epsabs=0, epsrel=1e-13)[0])
         b = np.exp(-beta * u) / (1 + (n - 1) * np.exp(-beta * u))
         return r / (2 * b * u * (n - (n - 1) * u))
+
     ref = integrate.quad(dt_du, u1, u0, epsabs=0, epsrel=1e-12)[0]
     got = theory.equiangular_time(beta, n, target, rho0, "SA", "pre-ln", r0=r0)
     assert got == pytest.approx(ref, abs=1e-8)
@@ -323,7 +388,9 @@ def test_equiangular_time_vectorized_and_edges():
     assert many.shape == (5,) and np.all(np.diff(many) > 0)
     np.testing.assert_array_equal(many, [theory.equiangular_time(float(b), 32) for b in betas])
     # GLPR phase diagram numbers quoted in issue 15 (n = 32, rho0 = 0)
-    np.testing.assert_allclose(theory.equiangular_time([1.0, 4.0, 6.0, 8.0], 32), [5.27, 6.95, 16.0, 73.4], atol=0.05)
+    np.testing.assert_allclose(
+        theory.equiangular_time([1.0, 4.0, 6.0, 8.0], 32), [5.27, 6.95, 16.0, 73.4], atol=0.05
+    )
     assert theory.equiangular_time(1.0, 8, rho_target=0.5, rho0=0.6) == 0.0
     assert theory.equiangular_time(1.0, 8, rho0=-1 / 7, t_max=1e3) == np.inf
     grid = theory.equiangular_time([[1.0], [2.0]], 8, rho_target=[0.9, 0.99])
@@ -348,15 +415,21 @@ def test_long_context_closed_form_against_tokens(scheme):
         assert got == pytest.approx(cos, abs=1e-12)
 
 
-@pytest.mark.parametrize("scheme,exponents", [("pre-ln", (-1.2, -1.0, -0.6)), ("post-ln", (-0.6, -1.0, -0.6))])
+@pytest.mark.parametrize(
+    "scheme,exponents", [("pre-ln", (-1.2, -1.0, -0.6)), ("post-ln", (-0.6, -1.0, -0.6))]
+)
 def test_long_context_approaches_limit(scheme, exponents):
     """|cos_n - limit| ~ n^{slope}: slopes fitted over n = 1e8..1e12 against the derived exponents."""
     rho = 0.5
     n = np.logspace(8, 12, 5)
-    for gamma, expected in zip((0.8, 2.0, 3.2), exponents):  # gamma_c = 2, c = gamma (1 - rho) = 0.4, 1, 1.6
+    for gamma, expected in zip(
+        (0.8, 2.0, 3.2), exponents
+    ):  # gamma_c = 2, c = gamma (1 - rho) = 0.4, 1, 1.6
         limit = theory.long_context_limit(rho, gamma, scheme=scheme)
         if scheme == "pre-ln" and gamma < 2:
-            err = theory.long_context_gap(rho, gamma, n, scheme=scheme)  # limit 1: use the accurate gap
+            err = theory.long_context_gap(
+                rho, gamma, n, scheme=scheme
+            )  # limit 1: use the accurate gap
             ratio = err / ((1 - rho) / rho * n ** (-1.2))  # the derived prefactor (1-rho)/rho
             assert np.all(np.diff(np.abs(ratio - 1)) < 0) and abs(ratio[-1] - 1) < 1e-4
         else:
@@ -372,7 +445,9 @@ def test_long_context_extremes_are_finite():
     got = theory.long_context_cosine(0.999, 100.0, 1e12, scheme="post-ln")
     assert got == pytest.approx(4 * 0.999 / (1 + 3 * 0.999), abs=1e-10)
     assert theory.long_context_limit(0.5, 1.0, scheme="post-ln") == pytest.approx(0.8)
-    assert theory.long_context_limit(0.5, 2.0, scheme="post-ln") == pytest.approx(16 * 0.5 / (9 + 3.5))
+    assert theory.long_context_limit(0.5, 2.0, scheme="post-ln") == pytest.approx(
+        16 * 0.5 / (9 + 3.5)
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -380,37 +455,103 @@ def test_long_context_extremes_are_finite():
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("call,exc,match", [
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, rho0=1.5), ValueError, r"rho0 .*1\.5"),
-    (lambda: theory.equiangular_scheme_solution([-1.0], 1.0, 4), ValueError, "t must"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="layernorm"), ValueError, "'layernorm'"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, "MHA"), ValueError, "'MHA'"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 1), ValueError, "n must"),
-    (lambda: theory.equiangular_scheme_solution([1.0], -1.0, 4), ValueError, "beta .*-1.0"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="mix-ln"), ValueError, "tau"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="mix-ln", tau=-2.0), ValueError, "tau .*-2.0"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="mix-ln", tau=np.inf), ValueError, "tau"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, tau=1.0), ValueError, "tau"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="ngpt"), ValueError, "alpha"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="ngpt", alpha=-0.1), ValueError, "alpha .*-0.1"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="ngpt", alpha=[1.0, 2.0]), ValueError,
-     "alpha_times"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="ngpt", alpha=[1.0, -2.0],
-                                                alpha_times=[0, 1]), ValueError, "alpha values"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="ngpt", alpha=lambda t: -1.0), ValueError,
-     r"alpha\(t\)"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="ngpt", alpha="big"), TypeError, "alpha"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 800.0, 4, "USA"), ValueError, "beta = 800.0.*rescaled"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, convention="shifted"), ValueError, "convention"),
-    (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, "SA", "pre-ln", r0=0.0), ValueError, "r0"),
-    (lambda: theory.equiangular_time(1.0, 4, rho_target=1.0), ValueError, "rho_target .*1.0"),
-    (lambda: theory.equiangular_asymptotics(1.0, 4, rho0=-1 / 3), ValueError, "fixed point"),
-    (lambda: theory.long_context_limit(0.0, 1.0), ValueError, "rho .*0.0"),
-    (lambda: theory.long_context_cosine(0.5, -1.0, 100), ValueError, "gamma"),
-    (lambda: theory.long_context_cosine(0.5, 1.0, 1), ValueError, "n must"),
-    (lambda: theory.long_context_cosine(0.5, 1.0, 100, scheme="peri-ln"), ValueError, "'peri-ln'"),
-    (lambda: theory.rescaled_time(1.0, 1.0, "softmax"), ValueError, "'softmax'"),
-])
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, rho0=1.5),
+            ValueError,
+            r"rho0 .*1\.5",
+        ),
+        (lambda: theory.equiangular_scheme_solution([-1.0], 1.0, 4), ValueError, "t must"),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="layernorm"),
+            ValueError,
+            "'layernorm'",
+        ),
+        (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, "MHA"), ValueError, "'MHA'"),
+        (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 1), ValueError, "n must"),
+        (lambda: theory.equiangular_scheme_solution([1.0], -1.0, 4), ValueError, "beta .*-1.0"),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="mix-ln"),
+            ValueError,
+            "tau",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="mix-ln", tau=-2.0),
+            ValueError,
+            "tau .*-2.0",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="mix-ln", tau=np.inf),
+            ValueError,
+            "tau",
+        ),
+        (lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, tau=1.0), ValueError, "tau"),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="ngpt"),
+            ValueError,
+            "alpha",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="ngpt", alpha=-0.1),
+            ValueError,
+            "alpha .*-0.1",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution(
+                [1.0], 1.0, 4, scheme="ngpt", alpha=[1.0, 2.0]
+            ),
+            ValueError,
+            "alpha_times",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution(
+                [1.0], 1.0, 4, scheme="ngpt", alpha=[1.0, -2.0], alpha_times=[0, 1]
+            ),
+            ValueError,
+            "alpha values",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution(
+                [1.0], 1.0, 4, scheme="ngpt", alpha=lambda t: -1.0
+            ),
+            ValueError,
+            r"alpha\(t\)",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, scheme="ngpt", alpha="big"),
+            TypeError,
+            "alpha",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 800.0, 4, "USA"),
+            ValueError,
+            "beta = 800.0.*rescaled",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, convention="shifted"),
+            ValueError,
+            "convention",
+        ),
+        (
+            lambda: theory.equiangular_scheme_solution([1.0], 1.0, 4, "SA", "pre-ln", r0=0.0),
+            ValueError,
+            "r0",
+        ),
+        (lambda: theory.equiangular_time(1.0, 4, rho_target=1.0), ValueError, "rho_target .*1.0"),
+        (lambda: theory.equiangular_asymptotics(1.0, 4, rho0=-1 / 3), ValueError, "fixed point"),
+        (lambda: theory.long_context_limit(0.0, 1.0), ValueError, "rho .*0.0"),
+        (lambda: theory.long_context_cosine(0.5, -1.0, 100), ValueError, "gamma"),
+        (lambda: theory.long_context_cosine(0.5, 1.0, 1), ValueError, "n must"),
+        (
+            lambda: theory.long_context_cosine(0.5, 1.0, 100, scheme="peri-ln"),
+            ValueError,
+            "'peri-ln'",
+        ),
+        (lambda: theory.rescaled_time(1.0, 1.0, "softmax"), ValueError, "'softmax'"),
+    ],
+)
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()

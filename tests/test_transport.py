@@ -1,13 +1,19 @@
 """Numerical contracts of wflow.transport: exact methods against each other and closed forms."""
-from __future__ import annotations
 
-import warnings
+from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from wflow import Atoms
-from wflow.sphere import angles_to_points, fibonacci_nodes, normalize, random_rotation, uniform, vmf_mixture
+from wflow.sphere import (
+    angles_to_points,
+    fibonacci_nodes,
+    normalize,
+    random_rotation,
+    uniform,
+    vmf_mixture,
+)
 from wflow.transport import (
     sinkhorn_divergence,
     w2_to_uniform_circle,
@@ -43,7 +49,9 @@ def test_zero_and_symmetry():
     mu = _random_sphere(rng, 30)
     nu = _random_sphere(rng, 25)
     assert wasserstein(mu, mu, method="emd") <= 1e-7
-    assert wasserstein(mu, nu, method="emd") == pytest.approx(wasserstein(nu, mu, method="emd"), abs=1e-12)
+    assert wasserstein(mu, nu, method="emd") == pytest.approx(
+        wasserstein(nu, mu, method="emd"), abs=1e-12
+    )
     c, _ = _random_circle(rng, 50)
     assert wasserstein(c, c, method="circle") <= 1e-6
 
@@ -66,7 +74,9 @@ def test_rotation_invariance_s2():
     R = random_rotation(3, rng)
     for cost in ("geodesic", "chordal"):
         w = wasserstein(mu, nu, method="emd", cost=cost)
-        assert wasserstein(mu.rotate(R), nu.rotate(R), method="emd", cost=cost) == pytest.approx(w, abs=1e-10)
+        assert wasserstein(mu.rotate(R), nu.rotate(R), method="emd", cost=cost) == pytest.approx(
+            w, abs=1e-10
+        )
 
 
 def test_two_diracs_and_dirac_against_measure():
@@ -74,14 +84,18 @@ def test_two_diracs_and_dirac_against_measure():
     x, y = uniform(2, 3, rng)
     theta = np.arccos(np.clip(x @ y, -1, 1))
     for p in (1, 2, 3):
-        assert wasserstein(Atoms(x[None]), Atoms(y[None]), p, method="emd") == pytest.approx(theta, abs=1e-10)
+        assert wasserstein(Atoms(x[None]), Atoms(y[None]), p, method="emd") == pytest.approx(
+            theta, abs=1e-10
+        )
         chord = wasserstein(Atoms(x[None]), Atoms(y[None]), p, method="emd", cost="chordal")
         assert chord == pytest.approx(2 * np.sin(theta / 2), abs=1e-12)
     nu = _random_sphere(rng, 20)
     th = np.arccos(np.clip(nu.points @ x, -1, 1))
     for p in (1, 2):
         expected = (nu.weights @ th**p) ** (1 / p)
-        assert wasserstein(Atoms(x[None]), nu, p, method="emd") == pytest.approx(expected, abs=1e-10)
+        assert wasserstein(Atoms(x[None]), nu, p, method="emd") == pytest.approx(
+            expected, abs=1e-10
+        )
     # on the circle, by the exact circle method
     c = Atoms(angles_to_points([0.3]))
     d = Atoms(angles_to_points([0.3 + 2.5]))
@@ -92,7 +106,9 @@ def test_two_diracs_and_dirac_against_measure():
 def test_w2_to_uniform_circle():
     rng = np.random.default_rng(0)
     # a Dirac: W_2^2 = mean of theta^2 over (-pi, pi) = pi^2/3
-    assert w2_to_uniform_circle(Atoms(angles_to_points([1.0]))) == pytest.approx(np.pi / np.sqrt(3), abs=1e-12)
+    assert w2_to_uniform_circle(Atoms(angles_to_points([1.0]))) == pytest.approx(
+        np.pi / np.sqrt(3), abs=1e-12
+    )
     mu, _ = _random_circle(rng, 25)
     closed = w2_to_uniform_circle(mu)
     assert wasserstein(mu, "uniform") == closed
@@ -160,7 +176,9 @@ def test_sliced_proxy():
     assert np.isfinite(r7) and abs(r7 / r.value - 1) < 0.3
     # the proxy moves with the distance: a far measure is farther than a near one
     far = Atoms(vmf_mixture(150, [[0, 0, 1]], [50.0], seed=rng))
-    assert wasserstein(mu, far, method="sliced", seed=0) > wasserstein(mu, nu, method="sliced", seed=0)
+    assert wasserstein(mu, far, method="sliced", seed=0) > wasserstein(
+        mu, nu, method="sliced", seed=0
+    )
     # on S^1 the sliced method is the exact circle distance
     c1, _ = _random_circle(rng, 30)
     c2, _ = _random_circle(rng, 20)
@@ -191,7 +209,9 @@ def test_density_like_and_arrays():
     assert wasserstein(pts, Atoms(pts), method="emd") <= 1e-7
     # zero-weight atoms are dropped
     z = Atoms(np.concatenate([mu.points, uniform(1, 3, rng)]), np.concatenate([mu.weights, [0.0]]))
-    assert wasserstein(z, nu, method="emd") == pytest.approx(wasserstein(mu, nu, method="emd"), abs=1e-12)
+    assert wasserstein(z, nu, method="emd") == pytest.approx(
+        wasserstein(mu, nu, method="emd"), abs=1e-12
+    )
 
 
 def test_bad_input():
@@ -251,7 +271,9 @@ def test_semidiscrete_brackets_emd(seed):
             assert r.info["converged"]
     # symmetric in its arguments: the smaller measure is the atomic side
     r2 = wasserstein_result(nu, x, method="semidiscrete", cost="chordal")
-    assert r2.value == pytest.approx(wasserstein_result(x, nu, method="semidiscrete", cost="chordal").value, abs=1e-12)
+    assert r2.value == pytest.approx(
+        wasserstein_result(x, nu, method="semidiscrete", cost="chordal").value, abs=1e-12
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -1,12 +1,19 @@
 """Zonal densities in any dimension (wflow.zonal): kernel accuracy, conservation, positivity,
 growth rates against wflow.theory, observed order, agreement with the S^1 and S^2 schemes."""
+
 import numpy as np
 import pytest
 from scipy import special
 
 from wflow import theory
-from wflow.zonal import (ZonalFV, bessel_ratio, log_cap_volume, log_normalized_bessel, zonal_kernel,
-                         zonal_weight)
+from wflow.zonal import (
+    ZonalFV,
+    bessel_ratio,
+    log_cap_volume,
+    log_normalized_bessel,
+    zonal_kernel,
+    zonal_weight,
+)
 
 
 def _ssprk3(fv, m, t_end, *, cfl=0.5, max_step=np.inf, check=None):
@@ -52,6 +59,7 @@ def _reference_kernel(z, zp, beta, d, n):
 
 # -- the kernel -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("d", [3, 8, 128, 1024])
 def test_kernel_against_direct_quadrature(d, rng):
     z = np.concatenate([rng.uniform(-1, 1, 200), [0.0, 0.999999, -0.5, 1.0]])
@@ -60,9 +68,9 @@ def test_kernel_against_direct_quadrature(d, rng):
         log_k, h = zonal_kernel(z, zp, beta, d)
         ref_log_k, ref_K, scale = _reference_kernel(z, zp, beta, d, 400 if d < 1000 else 200)
         K = (1 - z * z) * h  # K / k
-        assert np.max(np.abs(log_k - ref_log_k)) < 1e-12, (d, beta)          # relative error of k
+        assert np.max(np.abs(log_k - ref_log_k)) < 1e-12, (d, beta)  # relative error of k
         rel = np.abs(K - ref_K) / np.where(scale > 0, scale, 1.0)
-        assert np.max(rel) < 1e-12, (d, beta)                                  # relative to |k| * |integrand|
+        assert np.max(rel) < 1e-12, (d, beta)  # relative to |k| * |integrand|
         big = np.abs(ref_K) > 1e-3 * scale
         assert np.max(np.abs(K - ref_K)[big] / np.abs(ref_K[big])) < 1e-12, (d, beta)
 
@@ -70,11 +78,20 @@ def test_kernel_against_direct_quadrature(d, rng):
 def test_kernel_special_cases():
     a = np.array([0.0, 1e-9, 0.3, 2.0, 40.0, 700.0])
     # d = 2: the average over S^0 = {+-1} is cosh, the ratio tanh
-    np.testing.assert_allclose(log_normalized_bessel(-0.5, a), a + np.log1p(np.exp(-2 * a)) - np.log(2), rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(
+        log_normalized_bessel(-0.5, a),
+        a + np.log1p(np.exp(-2 * a)) - np.log(2),
+        rtol=1e-14,
+        atol=1e-15,
+    )
     np.testing.assert_allclose(bessel_ratio(-0.5, a), np.tanh(a), rtol=1e-14, atol=1e-300)
     # d = 3: I_0, I_1 / I_0
-    np.testing.assert_allclose(log_normalized_bessel(0.0, a), np.log(special.i0e(a)) + a, rtol=1e-14, atol=1e-15)
-    np.testing.assert_allclose(bessel_ratio(0.0, a[1:]), special.i1e(a[1:]) / special.i0e(a[1:]), rtol=1e-14)
+    np.testing.assert_allclose(
+        log_normalized_bessel(0.0, a), np.log(special.i0e(a)) + a, rtol=1e-14, atol=1e-15
+    )
+    np.testing.assert_allclose(
+        bessel_ratio(0.0, a[1:]), special.i1e(a[1:]) / special.i0e(a[1:]), rtol=1e-14
+    )
     z, zp, beta = 0.3, -0.6, 5.0
     log_k, h = zonal_kernel(z, zp, beta, 3)
     s, sp = np.sqrt(1 - z * z), np.sqrt(1 - zp * zp)
@@ -83,8 +100,19 @@ def test_kernel_special_cases():
     assert np.isclose(h, zp - z * sp * r / s, rtol=1e-14)
 
 
-@pytest.mark.parametrize("nu,a", [(0.0, 1000.0), (2.5, 1000.0), (29.5, 300.0), (30.0, 5.0), (62.5, 100.0),
-                                  (510.5, 1000.0), (4998.5, 1000.0), (4998.5, 1e-3)])
+@pytest.mark.parametrize(
+    "nu,a",
+    [
+        (0.0, 1000.0),
+        (2.5, 1000.0),
+        (29.5, 300.0),
+        (30.0, 5.0),
+        (62.5, 100.0),
+        (510.5, 1000.0),
+        (4998.5, 1000.0),
+        (4998.5, 1e-3),
+    ],
+)
 def test_bessel_log_scale_against_mpmath(nu, a):
     mpmath = pytest.importorskip("mpmath")
     mpmath.mp.dps = 40
@@ -100,7 +128,7 @@ def test_kernel_extreme_parameters_finite():
     for d in (2, 3, 10_000):
         log_k, h = zonal_kernel(z[:, None], z[None, :], 1000.0, d)
         assert np.all(np.isfinite(log_k)) and np.all(np.isfinite(h))
-        assert np.max(log_k) <= 1000.0 + 1e-9          # k <= e^beta
+        assert np.max(log_k) <= 1000.0 + 1e-9  # k <= e^beta
         assert np.isclose(log_k[-1, -1], 1000.0)
 
 
@@ -109,22 +137,43 @@ def test_weight_and_caps():
     for d in (3, 8, 128):
         w = zonal_weight(z, d)
         assert abs(np.trapezoid(w, z) - 1) < 1e-5
-    assert np.isclose(np.exp(log_cap_volume(0.5, 3)), 0.25, rtol=1e-15)   # Archimedes
+    assert np.isclose(np.exp(log_cap_volume(0.5, 3)), 0.25, rtol=1e-15)  # Archimedes
     # log caps where they underflow, against the exact small-cap expansion c_d (1-z)^{(d-1)/2} 2^{(d-3)/2}/(d-1)
     d, z0 = 1024, 1 - 1e-6
-    ref = (np.log(zonal_weight(0.0, d)) + 0.5 * (d - 1) * np.log(1 - z0) + 0.5 * (d - 3) * np.log(2.0)
-           - np.log((d - 1) / 2) - np.log(2.0))
+    ref = (
+        np.log(zonal_weight(0.0, d))
+        + 0.5 * (d - 1) * np.log(1 - z0)
+        + 0.5 * (d - 3) * np.log(2.0)
+        - np.log((d - 1) / 2)
+        - np.log(2.0)
+    )
     assert abs(log_cap_volume(z0, d) - ref) < 1e-3 * abs(ref)
 
 
 # -- the scheme: conservation, positivity ------------------------------------------------------------
 
-@pytest.mark.parametrize("d,attention,sign,kappa", [(3, "SA", 1, None), (8, "USA", 1, None), (128, "SA", 1, None),
-                                                    (8, "SA", -1, 20.0), (2, "USA", 1, 50.0)])
+
+@pytest.mark.parametrize(
+    "d,attention,sign,kappa",
+    [
+        (3, "SA", 1, None),
+        (8, "USA", 1, None),
+        (128, "SA", 1, None),
+        (8, "SA", -1, 20.0),
+        (2, "USA", 1, 50.0),
+    ],
+)
 def test_mass_and_positivity(d, attention, sign, kappa):
     # USA in the rescaled kernel e^{beta(<x,y>-1)}: the same flow on the time scale e^{beta} t
-    fv = ZonalFV(d, 128, attention=attention, beta=6.0, sign=sign, kappa=kappa,
-                 kernel="rescaled" if attention == "USA" else "plain")
+    fv = ZonalFV(
+        d,
+        128,
+        attention=attention,
+        beta=6.0,
+        sign=sign,
+        kappa=kappa,
+        kernel="rescaled" if attention == "USA" else "plain",
+    )
     m0 = fv.masses_from_function(lambda z: np.exp(4 * z) + 0.1)
     seen = []
 
@@ -137,7 +186,7 @@ def test_mass_and_positivity(d, attention, sign, kappa):
     assert min(s[1] for s in seen) >= 0.0
     assert steps > 5
     if sign == 1 and kappa is None:
-        assert m[-4:].sum() > m0[-4:].sum()      # attraction piles mass at the pole
+        assert m[-4:].sum() > m0[-4:].sum()  # attraction piles mass at the pole
 
 
 def test_dt_max_is_the_positivity_limit():
@@ -152,7 +201,7 @@ def test_dt_max_is_the_positivity_limit():
 def test_zero_flux_at_the_poles_and_symmetry():
     fv = ZonalFV(8, 64, attention="SA", beta=3.0)
     assert fv.face_weights[0] == 0 and fv.face_weights[-1] == 0
-    m = fv.masses_from_function(lambda z: 1 + 0.5 * z * z)        # even: stays even
+    m = fv.masses_from_function(lambda z: 1 + 0.5 * z * z)  # even: stays even
     dm, _ = fv.rhs(m)
     np.testing.assert_allclose(dm, -dm[::-1] * -1, atol=1e-15)
     np.testing.assert_allclose(fv.centers, -fv.centers[::-1], atol=1e-15)
@@ -175,20 +224,32 @@ def test_huge_dimension_and_beta():
 
 # -- linear growth around uniform -------------------------------------------------------------------
 
+
 def _linear_rate(fv, ell, eps=1e-6):
     d = fv.d
     c1 = special.eval_gegenbauer(ell, (d - 2) / 2, 1.0)
     u = fv.uniform()
-    mode = fv.masses_from_function(lambda z: 1 + 0.5 * special.eval_gegenbauer(ell, (d - 2) / 2, z) / c1,
-                                   normalize=False) - u
+    mode = (
+        fv.masses_from_function(
+            lambda z: 1 + 0.5 * special.eval_gegenbauer(ell, (d - 2) / 2, z) / c1, normalize=False
+        )
+        - u
+    )
     ddot = (fv.rhs(u + eps * mode)[0] - fv.rhs(u - eps * mode)[0]) / (2 * eps)
     w = 1.0 / fv.volumes
-    return np.sum(ddot * mode * w) / np.sum(mode * mode * w)    # Rayleigh quotient in L^2(sigma)
+    return np.sum(ddot * mode * w) / np.sum(mode * mode * w)  # Rayleigh quotient in L^2(sigma)
 
 
 @pytest.mark.parametrize("attention", ["SA", "USA"])
-@pytest.mark.parametrize("d,beta,ells", [(3, 4.0, (1, 2, 3, 4)), (8, 4.0, (1, 2, 3, 4)), (128, 4.0, (1, 2, 3)),
-                                         (128, 40.0, (1, 2, 3, 4))])
+@pytest.mark.parametrize(
+    "d,beta,ells",
+    [
+        (3, 4.0, (1, 2, 3, 4)),
+        (8, 4.0, (1, 2, 3, 4)),
+        (128, 4.0, (1, 2, 3)),
+        (128, 40.0, (1, 2, 3, 4)),
+    ],
+)
 def test_growth_rates_against_theory(attention, d, beta, ells):
     fv = ZonalFV(d, 256, attention=attention, beta=beta)
     for ell in ells:
@@ -201,11 +262,14 @@ def test_repulsion_and_heat_rates():
     d, beta, kappa = 8, 2.0, 4.0
     fv = ZonalFV(d, 256, attention="USA", beta=beta, sign=-1, kappa=kappa)
     for ell in (1, 2, 3):
-        ref = -float(theory.growth_rate(ell, beta, d, "USA")) - float(theory.heat_decay_rate(ell, d, kappa))
+        ref = -float(theory.growth_rate(ell, beta, d, "USA")) - float(
+            theory.heat_decay_rate(ell, d, kappa)
+        )
         assert abs(_linear_rate(fv, ell) / ref - 1) < 1e-3
 
 
 # -- convergence -------------------------------------------------------------------------------------
+
 
 def test_observed_order():
     """Smooth non-uniform density before clustering: successive differences on nested angle grids."""
@@ -220,6 +284,7 @@ def test_observed_order():
 
 
 # -- agreement with the circle and S^2 schemes, and with the models -----------------------------------
+
 
 def _zonal_velocity_reference(z, f, beta, d, attention, n=400):
     """g(z) = int p k h dz' (SA: / int p k dz') for the sigma-density f, by Gauss-Legendre in the polar
@@ -260,12 +325,16 @@ def test_reduction_matches_models_on_s2_and_s1(attention):
     np.testing.assert_allclose(w_model, (1 - zq * zq) * g, rtol=1e-11, atol=1e-13)
     # S^1: angles +-theta (even data), e = (1, 0); p(z) dz = f dtheta / (pi) on [0, pi]
     th = np.pi * (np.arange(400) + 0.5) / 400
-    pts = np.concatenate([np.stack([np.cos(th), np.sin(th)], -1), np.stack([np.cos(th), -np.sin(th)], -1)])
+    pts = np.concatenate(
+        [np.stack([np.cos(th), np.sin(th)], -1), np.stack([np.cos(th), -np.sin(th)], -1)]
+    )
     wts = np.concatenate([f(np.cos(th)), f(np.cos(th))])
     mu = Atoms(pts, wts / wts.sum())
     x = np.stack([zq, np.sqrt(1 - zq * zq)], axis=-1)
     w_model = model.velocity(x, mu, backend="numpy")[:, 0]
-    g = _zonal_velocity_reference(zq, lambda z: f(z) / np.mean(f(np.cos(th))), beta, 2, attention, n=400)
+    g = _zonal_velocity_reference(
+        zq, lambda z: f(z) / np.mean(f(np.cos(th))), beta, 2, attention, n=400
+    )
     np.testing.assert_allclose(w_model, (1 - zq * zq) * g, rtol=1e-10, atol=1e-12)
 
 
@@ -292,7 +361,7 @@ def test_d2_agrees_with_the_circle_scheme_on_even_data(attention):
         mz = fv.masses_from_function(f)
         mesh = CircleMesh(2 * M)
         mc = Density.from_function(mesh, lambda x: f(x[:, 0])).values * mesh.areas
-        pair = lambda a: a[M - 1::-1] + a[M:]
+        pair = lambda a: a[M - 1 :: -1] + a[M:]
         assert np.max(np.abs(mz - pair(mc))) < 1e-13
         dz = fv.rhs(mz)[0]
         dc = _positivity_rhs(FiniteVolume(mesh, model, backend="numpy"), mc)[0]
@@ -319,7 +388,7 @@ def test_d3_agrees_with_the_s2_scheme_on_zonal_data(attention):
     exact = np.array([np.sum(w * 0.5 * fn(x) * k * x ** (k - 1) * (1 - x * x) * g) for k in ks])
     fv = ZonalFV(3, 512, attention=attention, beta=beta)
     dz = fv.rhs(fv.masses_from_function(f))[0]
-    zonal = np.array([dz @ fv.centers ** k for k in ks])
+    zonal = np.array([dz @ fv.centers**k for k in ks])
     assert np.max(np.abs(zonal - exact)) < 2e-5
     model = (SA if attention == "SA" else USA)(beta=beta)
     gaps = []
@@ -335,6 +404,7 @@ def test_d3_agrees_with_the_s2_scheme_on_zonal_data(attention):
 
 # -- energy ----------------------------------------------------------------------------------------
 
+
 def test_energy_against_quadrature_and_ascent():
     d, beta = 8, 3.0
     f = lambda z: np.exp(2 * z)
@@ -349,7 +419,9 @@ def test_energy_against_quadrature_and_ascent():
     assert abs(fv.energy(m) / exact - 1) < 1e-4
     assert np.isclose(ZonalFV(d, 256, attention="USA", beta=beta, sign=-1).energy(m), -fv.energy(m))
     # beta = 0: (1/2)|int x dmu|^2
-    assert np.isclose(ZonalFV(d, 256, attention="USA", beta=0.0).energy(m), 0.5 * (m @ fv.centers) ** 2)
+    assert np.isclose(
+        ZonalFV(d, 256, attention="USA", beta=0.0).energy(m), 0.5 * (m @ fv.centers) ** 2
+    )
     energies = [fv.energy(m)]
     for _ in range(4):
         m, _ = _ssprk3(fv, m, 0.25)
@@ -358,6 +430,7 @@ def test_energy_against_quadrature_and_ascent():
 
 
 # -- bad input -------------------------------------------------------------------------------------
+
 
 def test_bad_input():
     with pytest.raises(ValueError, match="d must be an integer >= 2, got 1"):
@@ -402,9 +475,11 @@ def test_from_model_rejects_non_zonal_models():
 
 # -- the kernel sums: factorized against dense -------------------------------------------------------
 
+
 def _velocity_term_scale(fv, m, slope):
     """sum_j w_j k_j |h_j| / sum_j w_j k_j at every face: the size of the terms the face velocity sums."""
     from wflow.zonal.kernel import _kernel
+
     lo, hi, _ = fv._nodes
     tilt = fv._tilt(slope)
     w = np.concatenate([0.5 * m * (1 - tilt), 0.5 * m * (1 + tilt)])
@@ -413,8 +488,9 @@ def _velocity_term_scale(fv, m, slope):
     return (wk * np.abs(h)).sum(axis=1) / wk.sum(axis=1)
 
 
-@pytest.mark.parametrize("d,beta,M", [(2, 9.0, 256), (3, 40.0, 512), (8, 9.0, 512), (128, 9.0, 1024),
-                                      (1024, 3.0, 256)])
+@pytest.mark.parametrize(
+    "d,beta,M", [(2, 9.0, 256), (3, 40.0, 512), (8, 9.0, 512), (128, 9.0, 1024), (1024, 3.0, 256)]
+)
 def test_factorized_rhs_matches_dense(d, beta, M):
     """The verified panel Chebyshev factorization of the kernel rows gives the dense right-hand side and
     energy to ~1e-13 (smooth, concentrated and near-uniform densities)."""
@@ -424,7 +500,9 @@ def test_factorized_rhs_matches_dense(d, beta, M):
     for f in (lambda z: np.exp(2 * z), lambda z: np.exp(40 * (z - 1)) + 1e-12):
         m = fp.masses_from_function(f)
         a, b = fp.rhs(m), fd.rhs(m)
-        assert np.max(np.abs(a[0] - b[0])) <= 1e-11 * np.max(np.abs(b[0])) + 1e-15, d   # masses sum to 1
+        assert np.max(np.abs(a[0] - b[0])) <= 1e-11 * np.max(np.abs(b[0])) + 1e-15, (
+            d
+        )  # masses sum to 1
         # the face velocity sum_j w_j k_j h_j / sum_j w_j k_j, at the scale of its terms (the panels are
         # verified to 1e-13 of theirs); measured <= 3.3e-15
         slope = fd._slopes(m)
@@ -453,6 +531,7 @@ def test_factorization_falls_back_to_dense_at_large_beta():
 
 # -- through the solver contract ---------------------------------------------------------------------
 
+
 class _Stop:
     """A tracker that interrupts the run (as Ctrl-C would) at its k-th save."""
 
@@ -478,8 +557,16 @@ def test_resume_after_interruption(tmp_path):
     import wflow
     from wflow.solvers.zonal import ZonalTrajectory, solve_zonal
 
-    run = lambda tr: solve_zonal(wflow.SA(4.0), lambda z: np.exp(2 * z), 1.0, d=16, n_cells=64,
-                                 save_at=np.linspace(0, 1, 6), kappa=30.0, trackers=tr)
+    run = lambda tr: solve_zonal(
+        wflow.SA(4.0),
+        lambda z: np.exp(2 * z),
+        1.0,
+        d=16,
+        n_cells=64,
+        save_at=np.linspace(0, 1, 6),
+        kappa=30.0,
+        trackers=tr,
+    )
     full = run([])
     path = tmp_path / "z.zarr"
     with pytest.raises(KeyboardInterrupt):
@@ -490,7 +577,7 @@ def test_resume_after_interruption(tmp_path):
     for res in (back, disk):
         assert isinstance(res, ZonalTrajectory) and res.kind == "zonal"
         np.testing.assert_array_equal(res.times, full.times)
-        np.testing.assert_array_equal(res.masses, full.masses)          # bit for bit
+        np.testing.assert_array_equal(res.masses, full.masses)  # bit for bit
         np.testing.assert_allclose(res.energy, full.energy, rtol=1e-14)
         np.testing.assert_array_equal(res.stats["steps"], full.stats["steps"])
         np.testing.assert_array_equal(res.edges, full.edges)
@@ -508,8 +595,15 @@ def test_observed_order_of_the_full_solve():
 
     sols = {}
     for M in (32, 64, 128, 256):
-        r = solve_zonal(wflow.SA(4.0), lambda z: np.exp(1.5 * z) * (1 + 0.3 * np.cos(3 * z)), 1.0, d=8,
-                        n_cells=M, max_step=2.0 / M, rtol=1e-7)
+        r = solve_zonal(
+            wflow.SA(4.0),
+            lambda z: np.exp(1.5 * z) * (1 + 0.3 * np.cos(3 * z)),
+            1.0,
+            d=8,
+            n_cells=M,
+            max_step=2.0 / M,
+            rtol=1e-7,
+        )
         sols[M] = r.masses[-1]
     diff = [np.abs(sols[M] - sols[2 * M].reshape(-1, 2).sum(axis=1)).sum() for M in (32, 64, 128)]
     orders = np.log2(np.array(diff[:-1]) / np.array(diff[1:]))
@@ -523,12 +617,19 @@ def test_mass_and_positivity_over_a_clustering_run(method):
     from wflow.solvers.zonal import solve_zonal
 
     seen = []
-    r = solve_zonal(wflow.SA(9.0), lambda z: np.exp(2 * z), 6.0, d=128, n_cells=128, save_at=[0, 3, 6],
-                    method=method,
-                    trackers=[Callback(lambda t, m: seen.append((abs(m.sum() - 1), m.min())), every_step=True)])
+    r = solve_zonal(
+        wflow.SA(9.0),
+        lambda z: np.exp(2 * z),
+        6.0,
+        d=128,
+        n_cells=128,
+        save_at=[0, 3, 6],
+        method=method,
+        trackers=[Callback(lambda t, m: seen.append((abs(m.sum() - 1), m.min())), every_step=True)],
+    )
     assert len(seen) > 40
     assert max(s[0] for s in seen) < 1e-13 and min(s[1] for s in seen) >= 0.0
-    assert r.mean_z[-1] > 0.7 > 0.1 > r.mean_z[0]          # the mass collapses to the pole
+    assert r.mean_z[-1] > 0.7 > 0.1 > r.mean_z[0]  # the mass collapses to the pole
     assert np.all(np.diff(r.energy) > 0)
 
 
@@ -544,15 +645,19 @@ def test_d3_solve_agrees_with_the_s2_finite_volume_solve():
     t = 0.5
     z = solve_zonal(wflow.SA(3.0), f, t, d=3, n_cells=512)
     ks = (1, 2, 3)
-    ref = np.array([z.masses[-1] @ z.centers ** k for k in ks])
+    ref = np.array([z.masses[-1] @ z.centers**k for k in ks])
     gaps = []
     for res in (4, 8):
         mesh = SphereMesh(res)
-        r = wflow.solve_density(wflow.SA(3.0), Density.from_function(mesh, lambda p: f(p[:, 2])), t, backend="numpy")
+        r = wflow.solve_density(
+            wflow.SA(3.0), Density.from_function(mesh, lambda p: f(p[:, 2])), t, backend="numpy"
+        )
         m = r.values[-1] * mesh.areas
         gaps.append(np.abs(np.array([m @ mesh.centers[:, 2] ** k for k in ks]) - ref))
     assert np.all(gaps[1] < gaps[0] / 3.0), gaps
-    assert np.max(gaps[1]) < 2e-2 * np.max(np.abs(ref - np.array([z.masses[0] @ z.centers ** k for k in ks])))
+    assert np.max(gaps[1]) < 2e-2 * np.max(
+        np.abs(ref - np.array([z.masses[0] @ z.centers**k for k in ks]))
+    )
 
 
 def test_d2_solve_agrees_with_the_circle_solve_on_even_data():
@@ -567,10 +672,15 @@ def test_d2_solve_agrees_with_the_circle_solve_on_even_data():
     for M in (32, 64, 128):
         z = solve_zonal(wflow.SA(3.0), f, 1.0, d=2, n_cells=M, rtol=1e-6)
         mesh = CircleMesh(2 * M)
-        c = wflow.solve_density(wflow.SA(3.0), Density.from_function(mesh, lambda x: f(x[:, 0])), 1.0,
-                                backend="numpy", rtol=1e-6)
+        c = wflow.solve_density(
+            wflow.SA(3.0),
+            Density.from_function(mesh, lambda x: f(x[:, 0])),
+            1.0,
+            backend="numpy",
+            rtol=1e-6,
+        )
         mc = c.values[-1] * mesh.areas
-        diffs.append(np.abs(z.masses[-1] - (mc[M - 1::-1] + mc[M:])).sum())
+        diffs.append(np.abs(z.masses[-1] - (mc[M - 1 :: -1] + mc[M:])).sum())
     orders = np.log2(np.array(diffs[:-1]) / np.array(diffs[1:]))
     assert np.all(orders >= 1.8) and diffs[-1] < 1e-3, (diffs, orders)
 
@@ -620,7 +730,9 @@ def test_remap_resolves_the_collapse_that_finite_volumes_smear():
     from wflow.solvers.zonal import solve_zonal
 
     f = lambda z: np.exp(2 * z)
-    rs = {M: solve_zonal(wflow.SA(9.0), f, 8.0, d=128, n_cells=M, method="remap") for M in (256, 512)}
+    rs = {
+        M: solve_zonal(wflow.SA(9.0), f, 8.0, d=128, n_cells=M, method="remap") for M in (256, 512)
+    }
     collapsed = np.exp(9.0) / 18.0
     for M, r in rs.items():
         assert 0.99 * collapsed < r.energy[-1] < collapsed, (M, r.energy[-1])
@@ -644,7 +756,9 @@ def test_solve_zonal_bad_input():
         solve_zonal(wflow.SA(1.0), lambda x: 1 + x[:, 2], 1.0, d=3)
     m = np.full(16, 1 / 16)
     with pytest.raises(ValueError, match="rho0 must be non-negative, got -0.1 in band 2"):
-        solve_zonal(wflow.SA(1.0), np.where(np.arange(16) == 2, -0.1, m + 0.1 / 15), 1.0, d=3, n_cells=16)
+        solve_zonal(
+            wflow.SA(1.0), np.where(np.arange(16) == 2, -0.1, m + 0.1 / 15), 1.0, d=3, n_cells=16
+        )
     with pytest.raises(ValueError, match="rho0 must sum to 1 .* got total mass 3"):
         solve_zonal(wflow.SA(1.0), 3 * m, 1.0, d=3, n_cells=16)
     with pytest.raises(ValueError, match="f must be a non-negative density"):
@@ -657,5 +771,7 @@ def test_solve_zonal_bad_input():
         solve_zonal({"attention": "SA", "beta": 1.0}, f, -1.0, d=3)
     with pytest.raises(ValueError, match="method must be 'auto', 'remap' or 'ssprk3', got 'rk4'"):
         solve_zonal({"attention": "SA", "beta": 1.0}, f, 1.0, d=3, method="rk4")
-    with pytest.raises(ValueError, match="method 'remap' has no diffusion: kappa must be None .* kappa=10.0"):
+    with pytest.raises(
+        ValueError, match="method 'remap' has no diffusion: kappa must be None .* kappa=10.0"
+    ):
         solve_zonal({"attention": "SA", "beta": 1.0}, f, 1.0, d=3, method="remap", kappa=10.0)

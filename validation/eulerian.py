@@ -11,6 +11,7 @@ PNG figures:
    density: mass and positivity through the run, and the number of clusters at the end of
    the linear phase against the most unstable mode.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,9 @@ def circle_growth(M: int, backend: str) -> list[tuple]:
         for name, cls in MODELS.items():
             for k in range(1, 5):
                 lam = float(theory.growth_rate(k, beta, 2, name))
-                rho0 = Density.from_function(mesh, lambda x: 1 + 1e-5 * np.cos(k * points_to_angles(x)))
+                rho0 = Density.from_function(
+                    mesh, lambda x: 1 + 1e-5 * np.cos(k * points_to_angles(x))
+                )
                 T = 1.0 / lam
                 r = solve_density(cls(beta=beta), rho0, T, max_step=T / 50, backend=backend)
                 a = np.abs((r.values * mesh.areas) @ np.exp(-1j * k * mesh.center_angles))
@@ -72,10 +75,14 @@ def sphere_growth(n: int, backend: str, eps: float = 1e-3) -> list[tuple]:
 def circle_order(Ms, M_ref: int, backend: str) -> list[tuple]:
     f = lambda x: np.exp(x[:, 0]) + 0.5 * np.exp(1.5 * x[:, 1])  # noqa: E731
     model, T = SA(beta=2.0), 1.0
-    ref = solve_density(model, Density.from_function(CircleMesh(M_ref), f), T, backend=backend).values[-1]
+    ref = solve_density(
+        model, Density.from_function(CircleMesh(M_ref), f), T, backend=backend
+    ).values[-1]
     rows = []
     for M in Ms:
-        v = solve_density(model, Density.from_function(CircleMesh(M), f), T, backend=backend).values[-1]
+        v = solve_density(
+            model, Density.from_function(CircleMesh(M), f), T, backend=backend
+        ).values[-1]
         err = np.sum(np.abs(v - ref.reshape(M, -1).mean(axis=1))) * 2 * np.pi / M
         rows.append(("S^1", M, 2 * np.pi / M, err))
     return rows
@@ -90,7 +97,12 @@ def sphere_order(ns, n_ref: int, backend: str) -> list[tuple]:
 
     def moments(mesh, values):
         x = mesh.centers
-        return np.array([np.sum(values * mesh.areas * x[:, 0] ** a * x[:, 1] ** b * x[:, 2] ** c) for a, b, c in powers])
+        return np.array(
+            [
+                np.sum(values * mesh.areas * x[:, 0] ** a * x[:, 1] ** b * x[:, 2] ** c)
+                for a, b, c in powers
+            ]
+        )
 
     def run(n):
         mesh = SphereMesh(n)
@@ -120,7 +132,15 @@ def heat(backend: str) -> list[tuple]:
             rho0 = Density.from_function(mesh, lambda x: 1 + 0.5 * g(x))
             r = solve_density(None, rho0, T, kappa=kappa)
             a = (r.values * mesh.areas) @ basis
-            rows.append((f"S^{d - 1}", mesh.n_cells, ell, float(theory.heat_decay_rate(ell, d, kappa)), -np.log(a[1] / a[0]) / T))
+            rows.append(
+                (
+                    f"S^{d - 1}",
+                    mesh.n_cells,
+                    ell,
+                    float(theory.heat_decay_rate(ell, d, kappa)),
+                    -np.log(a[1] / a[0]) / T,
+                )
+            )
     return rows
 
 
@@ -132,8 +152,12 @@ def clusters(M: int, backend: str, out: pathlib.Path, T: float = 30.0) -> dict:
     ks = np.arange(1, 21)
     amp = 1e-3 * rng.standard_normal(ks.size)
     ph = rng.uniform(0, 2 * np.pi, ks.size)
-    rho0 = Density.from_function(mesh, lambda x: 1 + np.sum(amp * np.cos(ks * points_to_angles(x)[:, None] + ph), axis=1))
-    r = solve_density(SA(beta=beta), rho0, T, save_at=np.linspace(0, T, int(10 * T) + 1), backend=backend)
+    rho0 = Density.from_function(
+        mesh, lambda x: 1 + np.sum(amp * np.cos(ks * points_to_angles(x)[:, None] + ph), axis=1)
+    )
+    r = solve_density(
+        SA(beta=beta), rho0, T, save_at=np.linspace(0, T, int(10 * T) + 1), backend=backend
+    )
     unif = 1 / (2 * np.pi)
     # end of the linear phase: the first save where the perturbation reaches 50 % of the uniform level
     dev = np.abs(r.values - unif).max(axis=1) / unif
@@ -147,12 +171,24 @@ def clusters(M: int, backend: str, out: pathlib.Path, T: float = 30.0) -> dict:
         a = np.abs((v * mesh.areas) @ np.exp(-1j * np.outer(mesh.center_angles, np.arange(1, 21))))
         return int(np.argmax(a) + 1)
 
-    res = {"k_star": kstar, "t_linear_end": float(r.times[i_lin]), "dominant_mode_linear_end": dominant_mode(r.values[i_lin]),
-           "clusters_linear_end": count(r.values[i_lin]),
-           "clusters_final": count(r.values[-1]), "mass_error": float(np.abs(r.mass - 1).max()),
-           "min_density": float(r.values.min()), "steps": int(r.stats["steps"][-1])}
+    res = {
+        "k_star": kstar,
+        "t_linear_end": float(r.times[i_lin]),
+        "dominant_mode_linear_end": dominant_mode(r.values[i_lin]),
+        "clusters_linear_end": count(r.values[i_lin]),
+        "clusters_final": count(r.values[-1]),
+        "mass_error": float(np.abs(r.mass - 1).max()),
+        "min_density": float(r.values.min()),
+        "steps": int(r.stats["steps"][-1]),
+    }
     fig, ax = plt.subplots(figsize=(7, 4))
-    im = ax.pcolormesh(mesh.center_angles, r.times, np.log10(np.maximum(r.values, 1e-12)), shading="auto", cmap="magma")
+    im = ax.pcolormesh(
+        mesh.center_angles,
+        r.times,
+        np.log10(np.maximum(r.values, 1e-12)),
+        shading="auto",
+        cmap="magma",
+    )
     ax.axhline(r.times[i_lin], color="c", lw=0.8, ls="--")
     ax.set_xlabel(r"$\theta$")
     ax.set_ylabel("t")
@@ -165,9 +201,13 @@ def clusters(M: int, backend: str, out: pathlib.Path, T: float = 30.0) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("outdir", type=pathlib.Path)
-    p.add_argument("--quick", action="store_true", help="coarser meshes (minutes -> about a minute)")
+    p.add_argument(
+        "--quick", action="store_true", help="coarser meshes (minutes -> about a minute)"
+    )
     p.add_argument("--backend", default="auto")
     args = p.parse_args(argv)
     out = args.outdir
@@ -175,13 +215,24 @@ def main(argv=None) -> None:
     bk = args.backend
     q = args.quick
     t0 = time.time()
-    lines = ["# Eulerian finite-volume validation", "",
-             f"Command: `python -m validation.eulerian {out}{' --quick' if q else ''} --backend {bk}`", ""]
+    lines = [
+        "# Eulerian finite-volume validation",
+        "",
+        f"Command: `python -m validation.eulerian {out}{' --quick' if q else ''} --backend {bk}`",
+        "",
+    ]
 
     growth = circle_growth(128 if q else 256, bk) + sphere_growth(8 if q else 12, bk)
-    lines += ["## Growth rates around the uniform density", "",
-              "| sphere | model | beta | mode | theory | measured | rel. error |", "|---|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {s} | {m} | {b:g} | {k} | {lam:.6g} | {meas:.6g} | {meas / lam - 1:+.2e} |" for s, m, b, k, lam, meas in growth]
+    lines += [
+        "## Growth rates around the uniform density",
+        "",
+        "| sphere | model | beta | mode | theory | measured | rel. error |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {s} | {m} | {b:g} | {k} | {lam:.6g} | {meas:.6g} | {meas / lam - 1:+.2e} |"
+        for s, m, b, k, lam, meas in growth
+    ]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, sph in zip(axes, ("S^1", "S^2")):
         for m, mk in (("SA", "o"), ("USA", "s")):
@@ -200,10 +251,16 @@ def main(argv=None) -> None:
 
     o1 = circle_order([32, 64, 128, 256] if q else [64, 128, 256, 512], 1024 if q else 2048, bk)
     o2 = sphere_order([4, 6, 8] if q else [4, 6, 8, 12], 16 if q else 20, bk)
-    lines += ["", "## Observed order of convergence (smooth problem, SA beta=2, before clustering)", "",
-              "S^1: L1 error of cell averages at t=1 against a fine-grid solution restricted to the coarse cells.",
-              "S^2: error of the moments of degree <= 3 at t=0.5 against a fine mesh (meshes are not nested).", "",
-              "| sphere | cells | h | error | order (vs previous) |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Observed order of convergence (smooth problem, SA beta=2, before clustering)",
+        "",
+        "S^1: L1 error of cell averages at t=1 against a fine-grid solution restricted to the coarse cells.",
+        "S^2: error of the moments of degree <= 3 at t=0.5 against a fine mesh (meshes are not nested).",
+        "",
+        "| sphere | cells | h | error | order (vs previous) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for rows in (o1, o2):
         prev = None
@@ -224,16 +281,30 @@ def main(argv=None) -> None:
     plt.close(fig)
 
     hrows = heat(bk)
-    lines += ["", "## Heat equation (no model, kappa = 1, t = 0.1)", "",
-              "| sphere | cells | degree | theory rate | measured | rel. error |", "|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {s} | {M} | {ell} | {lam:.6g} | {meas:.6g} | {meas / lam - 1:+.2e} |" for s, M, ell, lam, meas in hrows]
+    lines += [
+        "",
+        "## Heat equation (no model, kappa = 1, t = 0.1)",
+        "",
+        "| sphere | cells | degree | theory rate | measured | rel. error |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {s} | {M} | {ell} | {lam:.6g} | {meas:.6g} | {meas / lam - 1:+.2e} |"
+        for s, M, ell, lam, meas in hrows
+    ]
 
     c = clusters(256 if q else 512, bk, out, T=20.0 if q else 30.0)
-    lines += ["", "## Cluster formation (SA, beta = 9, S^1, random perturbation of amplitude 1e-3 in modes 1..20)", "",
-              "End of the linear phase: first save where max |rho - uniform| > uniform / 2. Clusters: local",
-              "maxima above 1.25 x uniform. Modes 3 and 5 grow almost as fast as k* = 4 (0.59, 0.66 vs 0.70),",
-              "so the count at the end of the linear phase is k* +- 1 depending on the random data.", "",
-              "| quantity | value |", "|---|---|"]
+    lines += [
+        "",
+        "## Cluster formation (SA, beta = 9, S^1, random perturbation of amplitude 1e-3 in modes 1..20)",
+        "",
+        "End of the linear phase: first save where max |rho - uniform| > uniform / 2. Clusters: local",
+        "maxima above 1.25 x uniform. Modes 3 and 5 grow almost as fast as k* = 4 (0.59, 0.66 vs 0.70),",
+        "so the count at the end of the linear phase is k* +- 1 depending on the random data.",
+        "",
+        "| quantity | value |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | {v} |" for k, v in c.items()]
     lines += ["", f"Total time {time.time() - t0:.0f} s.", ""]
     (out / "eulerian.md").write_text("\n".join(lines))

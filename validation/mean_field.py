@@ -6,6 +6,7 @@ installed package can run it).  Writes ``OUTDIR/mean-field.md``, ``.csv`` and fi
 one line per stated expectation and exits with status 1 when one fails.  What is computed,
 what is expected and the measured run times: docs/validation.md ("mean-field").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,9 @@ def main(argv=None) -> int:
     p.add_argument("out", nargs="?", default="validation-report", help="report folder")
     p.add_argument("--quick", action="store_true", help="the CI mode (a few minutes)")
     args = p.parse_args(argv)
-    return wflow_main(["validate", "mean-field", "--out", args.out] + (["--quick"] if args.quick else []))
+    return wflow_main(
+        ["validate", "mean-field", "--out", args.out] + (["--quick"] if args.quick else [])
+    )
 
 
 if __name__ == "__main__":

@@ -5,20 +5,21 @@ token toward a softmax-weighted average of the others.  wflow solves the finite-
 particle system and its continuum limit (finite volume, Lagrangian quadrature, JKO
 steps), and measures the Wasserstein distance between them.  See the documentation (docs/) for the mathematics and README.md for a tour.
 """
-from ._version import __version__
+
 from . import io, plot, schemes, sphere, sweep, theory
+from ._version import __version__
+from .density import Density
 from .errors import NotAGradientFlowError, SolverError, WflowError
 from .kernels import kernel_sums
-from .density import Density
 from .measure import Atoms
 from .mesh import CircleMesh, SphereMesh
 from .models import SA, USA, Model, Perceptron
+from .solvers.base import Result, integrate
 from .solvers.eulerian import DensityTrajectory, solve_density
 from .solvers.lagrangian import LagrangianSolution, solve_lagrangian
 from .solvers.particles import Trajectory, simulate
-from .solvers.zonal import ZonalTrajectory, solve_zonal
 from .solvers.runs import load, resume, save
-from .solvers.base import Result, integrate
+from .solvers.zonal import ZonalTrajectory, solve_zonal
 from .transport import wasserstein, wasserstein_result
 
 __all__ = [

@@ -1,7 +1,6 @@
 """Shared type aliases."""
-from __future__ import annotations
 
-from typing import Union
+from __future__ import annotations
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -10,4 +9,4 @@ __all__ = ["Array", "ArrayLike", "SeedLike", "FloatArray"]
 
 Array = NDArray[np.floating]
 FloatArray = NDArray[np.float64]
-SeedLike = Union[None, int, np.random.Generator, np.random.SeedSequence]
+SeedLike = None | int | np.random.Generator | np.random.SeedSequence

@@ -4,6 +4,7 @@ A config is TOML with sections (``[model]``, ``[init]``, ``[run]``, ...); on the
 command line a key is written with a dot, ``--set model.beta=4``.  Unknown keys and
 wrong types are rejected with the key and the value received.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,20 @@ import numpy as np
 
 from .errors import short_repr
 
-__all__ = ["KEYS", "default_config", "load_config", "apply_overrides", "validate_config", "to_toml", "build_run", "save_times",
-           "start_run", "Run", "check_resources", "estimate_resources"]
+__all__ = [
+    "KEYS",
+    "default_config",
+    "load_config",
+    "apply_overrides",
+    "validate_config",
+    "to_toml",
+    "build_run",
+    "save_times",
+    "start_run",
+    "Run",
+    "check_resources",
+    "estimate_resources",
+]
 
 
 @dataclass(frozen=True)
@@ -29,65 +42,136 @@ class Key:
 
 
 KEYS: dict[str, Key] = {
-    "solver": Key(str, "particles", "particles (finite-N system), eulerian (finite volume on a mesh), "
-                  "lagrangian (quadrature nodes along characteristics), jko (implicit Wasserstein steps with POT; "
-                  "USA with V = +-I and conservative perceptrons), or zonal (densities of <x, e> in any dimension "
-                  "init.d; Q = K = V = +-I)", ("particles", "eulerian", "lagrangian", "jko", "zonal")),
-    "mesh.resolution": Key(int, 512, "eulerian: cells on S^1 (d=2), or icosahedral refinement on S^2 (d=3, "
-                           "about 10 r^2 cells); lagrangian: trapezoid nodes on S^1 or Gauss latitudes on S^2"),
+    "solver": Key(
+        str,
+        "particles",
+        "particles (finite-N system), eulerian (finite volume on a mesh), "
+        "lagrangian (quadrature nodes along characteristics), jko (implicit Wasserstein steps with POT; "
+        "USA with V = +-I and conservative perceptrons), or zonal (densities of <x, e> in any dimension "
+        "init.d; Q = K = V = +-I)",
+        ("particles", "eulerian", "lagrangian", "jko", "zonal"),
+    ),
+    "mesh.resolution": Key(
+        int,
+        512,
+        "eulerian: cells on S^1 (d=2), or icosahedral refinement on S^2 (d=3, "
+        "about 10 r^2 cells); lagrangian: trapezoid nodes on S^1 or Gauss latitudes on S^2",
+    ),
     "mesh.cfl": Key(float, 0.4, "eulerian: fraction of the positivity (CFL) step limit"),
     "jko.tau": Key(float, 0.05, "jko: time step tau (run.t_end / tau steps)"),
-    "jko.eps": Key(float, 0.0, "jko: entropic regularization epsilon; 0: the solver's default (2 h^2)"),
+    "jko.eps": Key(
+        float, 0.0, "jko: entropic regularization epsilon; 0: the solver's default (2 h^2)"
+    ),
     "jko.method": Key(str, "sinkhorn", "jko: transport solver", ("sinkhorn", "emd")),
-    "model.type": Key(str, "SA", "attention block: SA (softmax) or USA (unnormalized)", ("SA", "USA")),
+    "model.type": Key(
+        str, "SA", "attention block: SA (softmax) or USA (unnormalized)", ("SA", "USA")
+    ),
     "model.beta": Key(float, 9.0, "inverse temperature beta >= 0"),
-    "model.value": Key(str, "identity", "value matrix V: identity (attraction) or minus-identity (repulsion)",
-                       ("identity", "minus-identity")),
-    "model.kernel": Key(str, "plain", "kernel convention: e^(beta<x,y>) or e^(beta(<x,y>-1)) (rescaled: USA at "
-                        "large beta, a time change t' = e^beta t)", ("plain", "rescaled")),
+    "model.value": Key(
+        str,
+        "identity",
+        "value matrix V: identity (attraction) or minus-identity (repulsion)",
+        ("identity", "minus-identity"),
+    ),
+    "model.kernel": Key(
+        str,
+        "plain",
+        "kernel convention: e^(beta<x,y>) or e^(beta(<x,y>-1)) (rescaled: USA at "
+        "large beta, a time change t' = e^beta t)",
+        ("plain", "rescaled"),
+    ),
     "model.gamma": Key(float, 0.0, "long context: beta = gamma log n on n tokens (0: model.beta)"),
-    "model.scheme": Key(str, "post-ln", "normalization scheme (pre-ln, peri-ln, mix-ln carry radii: particles only)",
-                        ("post-ln", "pre-ln", "peri-ln", "mix-ln", "ngpt", "sqrt")),
+    "model.scheme": Key(
+        str,
+        "post-ln",
+        "normalization scheme (pre-ln, peri-ln, mix-ln carry radii: particles only)",
+        ("post-ln", "pre-ln", "peri-ln", "mix-ln", "ngpt", "sqrt"),
+    ),
     "model.tau": Key(float, 1.0, "mix-ln: the switch time from Post-LN to Pre-LN"),
     "model.alpha": Key(float, 1.0, "ngpt: the step alpha"),
-    "model.layers": Key(int, 0, "layer-dependent weights: this many layers of random Q, K, V (N(0, 1/d) entries, "
-                        "seed perceptron.seed), one per model.period (0: Q = K = I)"),
+    "model.layers": Key(
+        int,
+        0,
+        "layer-dependent weights: this many layers of random Q, K, V (N(0, 1/d) entries, "
+        "seed perceptron.seed), one per model.period (0: Q = K = I)",
+    ),
     "model.period": Key(float, 1.0, "depth of one layer (model.layers or model.weights)"),
-    "model.weights": Key(str, "", "layer-dependent weights from an .npz file: arrays Q, K, V of shape (L, d, d) "
-                         "(and beta of shape (L,)), one layer per model.period"),
-    "perceptron.m": Key(int, 0, "hidden width m of a perceptron block added to the model (0: no perceptron)"),
-    "perceptron.activation": Key(str, "relu", "perceptron activation", ("relu", "gelu", "tanh", "identity")),
-    "perceptron.conservative": Key(bool, True, "W = A^T diag(omega) (a gradient flow) instead of a general W"),
-    "perceptron.scale": Key(float, 1.0, "entries of A, W, b are N(0, scale^2 / m) (omega ~ N(0, scale^2))"),
+    "model.weights": Key(
+        str,
+        "",
+        "layer-dependent weights from an .npz file: arrays Q, K, V of shape (L, d, d) "
+        "(and beta of shape (L,)), one layer per model.period",
+    ),
+    "perceptron.m": Key(
+        int, 0, "hidden width m of a perceptron block added to the model (0: no perceptron)"
+    ),
+    "perceptron.activation": Key(
+        str, "relu", "perceptron activation", ("relu", "gelu", "tanh", "identity")
+    ),
+    "perceptron.conservative": Key(
+        bool, True, "W = A^T diag(omega) (a gradient flow) instead of a general W"
+    ),
+    "perceptron.scale": Key(
+        float, 1.0, "entries of A, W, b are N(0, scale^2 / m) (omega ~ N(0, scale^2))"
+    ),
     "perceptron.seed": Key(int, 0, "seed of the perceptron's random weights"),
-    "init.kind": Key(str, "uniform", "initial tokens: uniform on the sphere, or a von Mises-Fisher mixture",
-                     ("uniform", "vmf-mixture")),
+    "init.kind": Key(
+        str,
+        "uniform",
+        "initial tokens: uniform on the sphere, or a von Mises-Fisher mixture",
+        ("uniform", "vmf-mixture"),
+    ),
     "init.n": Key(int, 2000, "number of tokens n"),
     "init.d": Key(int, 3, "ambient dimension d (tokens on S^{d-1})"),
     "init.seed": Key(int, 0, "seed of the initial tokens"),
     "init.components": Key(int, 3, "vmf-mixture: number of components (random mean directions)"),
     "init.kappa": Key(float, 10.0, "vmf-mixture: concentration of each component"),
-    "init.zonal": Key(str, "exp", "zonal: initial density of z = <x, e>: exp (e^(init.kappa z)) or hemisphere "
-                      "(uniform on z > 0)", ("exp", "hemisphere")),
-    "init.perturbation": Key(float, 0.01, "eulerian/lagrangian with init.kind=uniform: the density is "
-                             "(1-p) + p * (vMF-mixture density), p = init.perturbation"),
+    "init.zonal": Key(
+        str,
+        "exp",
+        "zonal: initial density of z = <x, e>: exp (e^(init.kappa z)) or hemisphere "
+        "(uniform on z > 0)",
+        ("exp", "hemisphere"),
+    ),
+    "init.perturbation": Key(
+        float,
+        0.01,
+        "eulerian/lagrangian with init.kind=uniform: the density is "
+        "(1-p) + p * (vMF-mixture density), p = init.perturbation",
+    ),
     "run.t_end": Key(float, 30.0, "final time (depth)"),
     "run.n_saves": Key(int, 31, "number of snapshots saved, equally spaced in [0, t_end]"),
-    "run.method": Key(str, "dopri5", "time stepper (euler-average: GLPR's unprojected phase-diagram scheme; ros2: "
-                      "L-stable Rosenbrock, particles with coordinates angles or gaps)",
-                      ("dopri5", "rk4", "euler", "euler-average", "euler-maruyama", "ros2")),
-    "run.dt": Key(float, 0.0, "fixed step (rk4, euler, euler-maruyama) or first trial step (dopri5); 0: default"),
+    "run.method": Key(
+        str,
+        "dopri5",
+        "time stepper (euler-average: GLPR's unprojected phase-diagram scheme; ros2: "
+        "L-stable Rosenbrock, particles with coordinates angles or gaps)",
+        ("dopri5", "rk4", "euler", "euler-average", "euler-maruyama", "ros2"),
+    ),
+    "run.dt": Key(
+        float,
+        0.0,
+        "fixed step (rk4, euler, euler-maruyama) or first trial step (dopri5); 0: default",
+    ),
     "run.rtol": Key(float, 1e-6, "dopri5 relative tolerance"),
     "run.atol": Key(float, 1e-9, "dopri5 absolute tolerance"),
-    "run.kappa": Key(float, 0.0, "noise: diffusion kappa^{-1} Laplacian (needs method euler-maruyama); 0: none"),
+    "run.kappa": Key(
+        float, 0.0, "noise: diffusion kappa^{-1} Laplacian (needs method euler-maruyama); 0: none"
+    ),
     "run.seed": Key(int, 0, "seed of the noise"),
     "run.backend": Key(str, "auto", "kernel-sum backend (auto, numpy, keops, ...)"),
-    "run.coordinates": Key(str, "cartesian", "particles: the state's coordinates (span: the n coordinates of the "
-                           "initial tokens' span, exact for SA/USA with Q = K = V = I, d > n; angles, gaps: S^1)",
-                           ("cartesian", "span", "angles", "gaps")),
+    "run.coordinates": Key(
+        str,
+        "cartesian",
+        "particles: the state's coordinates (span: the n coordinates of the "
+        "initial tokens' span, exact for SA/USA with Q = K = V = I, d > n; angles, gaps: S^1)",
+        ("cartesian", "span", "angles", "gaps"),
+    ),
     "run.cluster_threshold": Key(float, 0.1, "geodesic linkage distance for the cluster count"),
     "output.figure": Key(bool, True, "write summary.png"),
-    "output.animation": Key(bool, False, "write animation.gif (one frame per save; particles on S^1/S^2, densities)"),
+    "output.animation": Key(
+        bool, False, "write animation.gif (one frame per save; particles on S^1/S^2, densities)"
+    ),
 }
 
 
@@ -128,7 +212,9 @@ def _coerce(key: str, value: Any) -> Any:
     if spec.type is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise TypeError(f"config key {key} must be an integer, got {short_repr(value)}")
     if not isinstance(value, spec.type):
-        raise TypeError(f"config key {key} must be of type {spec.type.__name__}, got {short_repr(value)}")
+        raise TypeError(
+            f"config key {key} must be of type {spec.type.__name__}, got {short_repr(value)}"
+        )
     if spec.choices is not None and value not in spec.choices:
         raise ValueError(f"config key {key} must be one of {list(spec.choices)}, got {value!r}")
     return value
@@ -209,6 +295,7 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     >>> validate_config(default_config())["run.t_end"]
     30.0
     """
+
     def need(cond: bool, key: str, what: str) -> None:
         if not cond:
             raise ValueError(f"config key {key} must be {what}, got {cfg[key]!r}")
@@ -221,20 +308,49 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg["model.weights"]:
         need(Path(cfg["model.weights"]).is_file(), "model.weights", "an existing .npz file")
     if cfg["model.scheme"] in ("pre-ln", "peri-ln", "mix-ln"):
-        need(cfg["solver"] == "particles", "model.scheme",
-             f"post-ln, ngpt or sqrt for solver {cfg['solver']!r} ({cfg['model.scheme']} carries radii: particles only)")
-    for key in ("run.t_end", "run.rtol", "run.atol", "run.cluster_threshold", "init.kappa", "perceptron.scale",
-                "mesh.cfl", "jko.tau"):
+        need(
+            cfg["solver"] == "particles",
+            "model.scheme",
+            f"post-ln, ngpt or sqrt for solver {cfg['solver']!r} ({cfg['model.scheme']} carries radii: particles only)",
+        )
+    for key in (
+        "run.t_end",
+        "run.rtol",
+        "run.atol",
+        "run.cluster_threshold",
+        "init.kappa",
+        "perceptron.scale",
+        "mesh.cfl",
+        "jko.tau",
+    ):
         need(np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
-    need(cfg["run.rtol"] >= 1e-15, "run.rtol", ">= 1e-15 (below double-precision rounding nothing can be resolved)")
-    need(cfg["init.kappa"] <= 1e8, "init.kappa", "<= 1e8 (a von Mises-Fisher concentration beyond that is a "
-         "point mass at double precision: use fewer components or init.kind=uniform)")
+    need(
+        cfg["run.rtol"] >= 1e-15,
+        "run.rtol",
+        ">= 1e-15 (below double-precision rounding nothing can be resolved)",
+    )
+    need(
+        cfg["init.kappa"] <= 1e8,
+        "init.kappa",
+        "<= 1e8 (a von Mises-Fisher concentration beyond that is a "
+        "point mass at double precision: use fewer components or init.kind=uniform)",
+    )
     if cfg["model.type"] == "USA":
         from .models import USA
 
-        need(cfg["model.beta"] <= USA.MAX_LOG_VELOCITY, "model.beta", f"<= {USA.MAX_LOG_VELOCITY:g} for USA (its "
-             f"velocity e^beta moves on the time scale e^-beta, beyond float64 there): use model.type=SA")
-    for key, lo in (("init.n", 1), ("init.d", 2), ("run.n_saves", 2), ("init.components", 1), ("perceptron.m", 0)):
+        need(
+            cfg["model.beta"] <= USA.MAX_LOG_VELOCITY,
+            "model.beta",
+            f"<= {USA.MAX_LOG_VELOCITY:g} for USA (its "
+            f"velocity e^beta moves on the time scale e^-beta, beyond float64 there): use model.type=SA",
+        )
+    for key, lo in (
+        ("init.n", 1),
+        ("init.d", 2),
+        ("run.n_saves", 2),
+        ("init.components", 1),
+        ("perceptron.m", 0),
+    ):
         need(cfg[key] >= lo, key, f"an integer >= {lo}")
     for key in ("init.seed", "run.seed", "perceptron.seed"):
         need(cfg[key] >= 0, key, "a non-negative integer")
@@ -242,27 +358,55 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     need(cfg["mesh.resolution"] >= 4, "mesh.resolution", "an integer >= 4")
     need(cfg["mesh.cfl"] <= 1, "mesh.cfl", "in (0, 1]")
     if cfg["solver"] == "zonal":
-        for key, default in (("model.scheme", "post-ln"), ("model.layers", 0), ("model.weights", ""),
-                             ("perceptron.m", 0), ("model.gamma", 0.0)):
-            need(cfg[key] == default, key, f"left at {default!r} for the zonal solver (Q = K = V = +-I attention)")
+        for key, default in (
+            ("model.scheme", "post-ln"),
+            ("model.layers", 0),
+            ("model.weights", ""),
+            ("perceptron.m", 0),
+            ("model.gamma", 0.0),
+        ):
+            need(
+                cfg[key] == default,
+                key,
+                f"left at {default!r} for the zonal solver (Q = K = V = +-I attention)",
+            )
     elif cfg["solver"] != "particles":
         need(cfg["init.d"] in (2, 3), "init.d", f"2 or 3 for solver {cfg['solver']!r} (S^1 or S^2)")
         if cfg["solver"] == "jko":
-            need(cfg["model.scheme"] == "post-ln", "model.scheme", "post-ln for the jko solver (a Wasserstein "
-                 "gradient flow)")
+            need(
+                cfg["model.scheme"] == "post-ln",
+                "model.scheme",
+                "post-ln for the jko solver (a Wasserstein gradient flow)",
+            )
         if cfg["solver"] in ("eulerian", "jko"):
-            need(cfg["run.method"] in ("dopri5", "rk4"), "run.method",
-                 f"left at its default for the {cfg['solver']} solver (it has its own time stepping)")
+            need(
+                cfg["run.method"] in ("dopri5", "rk4"),
+                "run.method",
+                f"left at its default for the {cfg['solver']} solver (it has its own time stepping)",
+            )
         if cfg["run.kappa"] > 0 and cfg["solver"] == "lagrangian":
-            raise ValueError("config key run.kappa must be 0 for the lagrangian solver (characteristics carry no noise)")
+            raise ValueError(
+                "config key run.kappa must be 0 for the lagrangian solver (characteristics carry no noise)"
+            )
     if cfg["solver"] != "particles":
-        need(cfg["run.coordinates"] == "cartesian", "run.coordinates", f"left at 'cartesian' for the "
-             f"{cfg['solver']} solver (other coordinates are for particles)")
-        need(cfg["run.method"] not in ("euler-average", "ros2"), "run.method",
-             f"one of dopri5, rk4, euler, euler-maruyama for the {cfg['solver']} solver")
-    if cfg["solver"] == "particles" and (cfg["run.kappa"] > 0) != (cfg["run.method"] == "euler-maruyama"):
-        raise ValueError(f"run.kappa = {cfg['run.kappa']!r} and run.method = {cfg['run.method']!r} do not fit: "
-                         f"noise (kappa > 0) goes with method euler-maruyama and only with it")
+        need(
+            cfg["run.coordinates"] == "cartesian",
+            "run.coordinates",
+            f"left at 'cartesian' for the "
+            f"{cfg['solver']} solver (other coordinates are for particles)",
+        )
+        need(
+            cfg["run.method"] not in ("euler-average", "ros2"),
+            "run.method",
+            f"one of dopri5, rk4, euler, euler-maruyama for the {cfg['solver']} solver",
+        )
+    if cfg["solver"] == "particles" and (cfg["run.kappa"] > 0) != (
+        cfg["run.method"] == "euler-maruyama"
+    ):
+        raise ValueError(
+            f"run.kappa = {cfg['run.kappa']!r} and run.method = {cfg['run.method']!r} do not fit: "
+            f"noise (kappa > 0) goes with method euler-maruyama and only with it"
+        )
     return cfg
 
 
@@ -280,7 +424,11 @@ def to_toml(cfg: dict[str, Any]) -> str:
     lines: list[str] = []
     sections: dict[str, list[str]] = {}
     for key, value in cfg.items():
-        v = ("true" if value else "false") if isinstance(value, bool) else (f'"{value}"' if isinstance(value, str) else repr(value))
+        v = (
+            ("true" if value else "false")
+            if isinstance(value, bool)
+            else (f'"{value}"' if isinstance(value, str) else repr(value))
+        )
         if "." in key:
             sec, name = key.split(".", 1)
             sections.setdefault(sec, []).append(f"{name} = {v}")
@@ -338,32 +486,60 @@ def build_model(cfg: dict[str, Any]):
         A = rng.normal(0, s / np.sqrt(m), (m, d))
         b = rng.normal(0, s / np.sqrt(m), m)
         if cfg["perceptron.conservative"]:
-            perceptron = Perceptron.conservative(A, rng.normal(0, s, m), b, cfg["perceptron.activation"])
+            perceptron = Perceptron.conservative(
+                A, rng.normal(0, s, m), b, cfg["perceptron.activation"]
+            )
         else:
-            perceptron = Perceptron(rng.normal(0, s / np.sqrt(m), (d, m)), A, b, cfg["perceptron.activation"])
+            perceptron = Perceptron(
+                rng.normal(0, s / np.sqrt(m), (d, m)), A, b, cfg["perceptron.activation"]
+            )
     attentions = [att_cls(V=V, kernel=cfg["model.kernel"], **temp)]
     if cfg["model.weights"]:
         with np.load(cfg["model.weights"]) as f:
             Qs, Ks, Vs = (np.asarray(f[k], dtype=float) for k in ("Q", "K", "V"))
-            betas = np.asarray(f["beta"], dtype=float) if "beta" in f else np.full(len(Qs), cfg["model.beta"])
-        if not (Qs.ndim == Ks.ndim == Vs.ndim == 3 and Qs.shape[0] == Ks.shape[0] == Vs.shape[0] == len(betas)
-                and Vs.shape[1:] == (d, d) and Qs.shape[2] == d and Ks.shape[2] == d):
-            raise ValueError(f"config key model.weights: {cfg['model.weights']} must hold Q, K of shape (L, p, d) and "
-                             f"V of shape (L, d, d) with d = init.d = {d} (and beta of shape (L,)); got Q {Qs.shape}, "
-                             f"K {Ks.shape}, V {Vs.shape}")
-        attentions = [att_cls(b, Q=q, K=k, V=v, kernel=cfg["model.kernel"]) for q, k, v, b in zip(Qs, Ks, Vs, betas)]
+            betas = (
+                np.asarray(f["beta"], dtype=float)
+                if "beta" in f
+                else np.full(len(Qs), cfg["model.beta"])
+            )
+        if not (
+            Qs.ndim == Ks.ndim == Vs.ndim == 3
+            and Qs.shape[0] == Ks.shape[0] == Vs.shape[0] == len(betas)
+            and Vs.shape[1:] == (d, d)
+            and Qs.shape[2] == d
+            and Ks.shape[2] == d
+        ):
+            raise ValueError(
+                f"config key model.weights: {cfg['model.weights']} must hold Q, K of shape (L, p, d) and "
+                f"V of shape (L, d, d) with d = init.d = {d} (and beta of shape (L,)); got Q {Qs.shape}, "
+                f"K {Ks.shape}, V {Vs.shape}"
+            )
+        attentions = [
+            att_cls(b, Q=q, K=k, V=v, kernel=cfg["model.kernel"])
+            for q, k, v, b in zip(Qs, Ks, Vs, betas)
+        ]
     elif cfg["model.layers"] > 0:
         from .schemes import Layered
 
-        lay = Layered.random(d, cfg["model.layers"], beta=cfg["model.beta"], period=cfg["model.period"],
-                             attention=cfg["model.type"], seed=cfg["perceptron.seed"], kernel=cfg["model.kernel"])
+        lay = Layered.random(
+            d,
+            cfg["model.layers"],
+            beta=cfg["model.beta"],
+            period=cfg["model.period"],
+            attention=cfg["model.type"],
+            seed=cfg["perceptron.seed"],
+            kernel=cfg["model.kernel"],
+        )
         attentions = lay.layers
     scheme = cfg["model.scheme"]
     if scheme != "post-ln" or (perceptron is not None and cfg["model.kernel"] == "rescaled"):
         from .schemes import Normalized
 
-        kw = {"tau": cfg["model.tau"]} if scheme == "mix-ln" else ({"alpha": cfg["model.alpha"]} if scheme == "ngpt"
-                                                                   else {})
+        kw = (
+            {"tau": cfg["model.tau"]}
+            if scheme == "mix-ln"
+            else ({"alpha": cfg["model.alpha"]} if scheme == "ngpt" else {})
+        )
         models = [Normalized(a, scheme, perceptron=perceptron, **kw) for a in attentions]
     else:
         models = [a if perceptron is None else a + perceptron for a in attentions]
@@ -393,7 +569,9 @@ def build_run(cfg: dict[str, Any]):
         x = sphere.uniform(cfg["init.n"], d, rng)
     else:
         k = cfg["init.components"]
-        x = sphere.vmf_mixture(cfg["init.n"], sphere.uniform(k, d, rng), np.full(k, cfg["init.kappa"]), seed=rng)
+        x = sphere.vmf_mixture(
+            cfg["init.n"], sphere.uniform(k, d, rng), np.full(k, cfg["init.kappa"]), seed=rng
+        )
     kwargs = dict(
         save_at=np.linspace(0.0, cfg["run.t_end"], cfg["run.n_saves"]),
         method=cfg["run.method"],
@@ -463,7 +641,9 @@ def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
     if solver == "particles":
         state = cfg["init.n"] * d * 8.0
     elif solver == "zonal":
-        state = cfg["mesh.resolution"] * 8.0 * 64  # bands, their geometry and the kernel's panel factors
+        state = (
+            cfg["mesh.resolution"] * 8.0 * 64
+        )  # bands, their geometry and the kernel's panel factors
     elif solver == "lagrangian":
         nodes = cfg["mesh.resolution"] * (1 if d == 2 else 2 * cfg["mesh.resolution"])
         state = nodes * (1 + 2 * (d - 1)) * d * 8.0
@@ -493,22 +673,28 @@ def check_resources(cfg: dict[str, Any], out: Path) -> None:
     avail = _available_memory()
     key = "init.n" if cfg["solver"] == "particles" else "mesh.resolution"
     if mem > 0.8 * avail:
-        raise ValueError(f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} need about "
-                         f"{_gb(mem)} of memory; {_gb(avail)} is available")
+        raise ValueError(
+            f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} need about "
+            f"{_gb(mem)} of memory; {_gb(avail)} is available"
+        )
     probe = Path(out)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if disk > free:
-        raise ValueError(f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} write about "
-                         f"{_gb(disk)} of snapshots; {_gb(free)} is free under {probe}")
+        raise ValueError(
+            f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} write about "
+            f"{_gb(disk)} of snapshots; {_gb(free)} is free under {probe}"
+        )
 
 
 def _check_backend(name: str) -> None:
     from .kernels import BACKENDS
 
     if name != "auto" and name not in BACKENDS:
-        raise ValueError(f"config key run.backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}")
+        raise ValueError(
+            f"config key run.backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}"
+        )
 
 
 def _jko_schedule(cfg: dict[str, Any]) -> tuple[float, int, int]:
@@ -558,42 +744,94 @@ def start_run(cfg: dict[str, Any]) -> Run:
         _, mu0, kwargs = build_run(cfg)
 
         def call(trackers, progress, out):
-            return simulate(model, mu0, cfg["run.t_end"], trackers=trackers, progress=progress, keep=False,
-                            throw=False, **kwargs)
+            return simulate(
+                model,
+                mu0,
+                cfg["run.t_end"],
+                trackers=trackers,
+                progress=progress,
+                keep=False,
+                throw=False,
+                **kwargs,
+            )
 
-        return Run(cfg, f"{model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, method={cfg['run.method']}",
-                   call)
+        return Run(
+            cfg,
+            f"{model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, method={cfg['run.method']}",
+            call,
+        )
     if solver == "lagrangian":
         from .solvers.lagrangian import solve_lagrangian
 
         def call(trackers, progress, out):
-            return solve_lagrangian(model, initial_density(cfg), cfg["run.t_end"], d=cfg["init.d"],
-                                    nodes=cfg["mesh.resolution"], save_at=saves, rtol=cfg["run.rtol"],
-                                    atol=cfg["run.atol"], backend=backend, progress=progress, trackers=trackers,
-                                    keep=False, throw=False)
+            return solve_lagrangian(
+                model,
+                initial_density(cfg),
+                cfg["run.t_end"],
+                d=cfg["init.d"],
+                nodes=cfg["mesh.resolution"],
+                save_at=saves,
+                rtol=cfg["run.rtol"],
+                atol=cfg["run.atol"],
+                backend=backend,
+                progress=progress,
+                trackers=trackers,
+                keep=False,
+                throw=False,
+            )
 
-        return Run(cfg, f"lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}", call)
+        return Run(
+            cfg, f"lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}", call
+        )
     kappa = cfg["run.kappa"] or None
     if solver == "zonal":
         from .solvers.zonal import solve_zonal
 
         kap = cfg["init.kappa"]
-        f0 = (lambda z: np.exp(kap * (z - 1.0))) if cfg["init.zonal"] == "exp" else (lambda z: (z > 0).astype(float))
+        f0 = (
+            (lambda z: np.exp(kap * (z - 1.0)))
+            if cfg["init.zonal"] == "exp"
+            else (lambda z: (z > 0).astype(float))
+        )
 
         def call(trackers, progress, out):
-            return solve_zonal(model, f0, cfg["run.t_end"], d=cfg["init.d"], n_cells=cfg["mesh.resolution"],
-                               save_at=saves, kappa=kappa, kernel=cfg["model.kernel"], progress=progress,
-                               trackers=trackers, keep=False, throw=False)
+            return solve_zonal(
+                model,
+                f0,
+                cfg["run.t_end"],
+                d=cfg["init.d"],
+                n_cells=cfg["mesh.resolution"],
+                save_at=saves,
+                kappa=kappa,
+                kernel=cfg["model.kernel"],
+                progress=progress,
+                trackers=trackers,
+                keep=False,
+                throw=False,
+            )
 
-        return Run(cfg, f"zonal, {model!r}, d={cfg['init.d']}, {cfg['mesh.resolution']} bands in z", call)
+        return Run(
+            cfg, f"zonal, {model!r}, d={cfg['init.d']}, {cfg['mesh.resolution']} bands in z", call
+        )
     mesh = build_mesh(cfg)
     rho = Density.from_function(mesh, initial_density(cfg))
     if solver == "eulerian":
         from .solvers.eulerian import solve_density
 
         def call(trackers, progress, out):
-            return solve_density(model, rho, cfg["run.t_end"], save_at=saves, cfl=cfg["mesh.cfl"], kappa=kappa,
-                                 backend=backend, progress=progress, trackers=trackers, keep=False, throw=False)
+            return solve_density(
+                model,
+                rho,
+                cfg["run.t_end"],
+                save_at=saves,
+                cfl=cfg["mesh.cfl"],
+                kappa=kappa,
+                backend=backend,
+                progress=progress,
+                trackers=trackers,
+                keep=False,
+                throw=False,
+            )
 
         return Run(cfg, f"eulerian, {model!r}, {mesh!r}", call)
     from .solvers.jko import check_gradient_model, jko
@@ -604,8 +842,20 @@ def start_run(cfg: dict[str, Any]) -> Run:
 
     def call(trackers, progress, out):
         log = [StepLog(out / "steps.csv")] if out is not None else []
-        return jko(model, rho, tau, n_steps, eps=cfg["jko.eps"] or None, kappa=kappa, method=cfg["jko.method"],
-                   backend=backend, save_every=save_every, progress=progress, trackers=[*trackers, *log],
-                   keep=False, throw=False)
+        return jko(
+            model,
+            rho,
+            tau,
+            n_steps,
+            eps=cfg["jko.eps"] or None,
+            kappa=kappa,
+            method=cfg["jko.method"],
+            backend=backend,
+            save_every=save_every,
+            progress=progress,
+            trackers=[*trackers, *log],
+            keep=False,
+            throw=False,
+        )
 
     return Run(cfg, f"jko, {model!r}, {mesh!r}, tau={tau:g}, {n_steps} steps", call)

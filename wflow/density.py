@@ -20,10 +20,11 @@ Validation at the door (:class:`Density`):
 :meth:`Density.to_atoms` gives the atomic measure with the cell masses at the cell
 centroids -- the form every kernel sum and model takes.
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -64,15 +65,21 @@ class Density:
 
     def __init__(self, mesh: Mesh, values: ArrayLike, *, normalize: bool = False):
         if not isinstance(mesh, Mesh):
-            raise TypeError(f"mesh must be a wflow.mesh.CircleMesh or SphereMesh, got {short_repr(mesh)}")
+            raise TypeError(
+                f"mesh must be a wflow.mesh.CircleMesh or SphereMesh, got {short_repr(mesh)}"
+            )
         v = np.asarray(values)
         if v.dtype == object or not np.issubdtype(v.dtype, np.number) or np.iscomplexobj(v):
             raise TypeError(f"values must be a real numeric array, got {short_repr(values)}")
         v = v.astype(np.float64)
         if v.shape != (mesh.n_cells,):
-            raise ValueError(f"values must have shape ({mesh.n_cells},) (one per cell of {mesh!r}), got {v.shape}")
+            raise ValueError(
+                f"values must have shape ({mesh.n_cells},) (one per cell of {mesh!r}), got {v.shape}"
+            )
         if not np.all(np.isfinite(v)):
-            raise ValueError(f"values contain non-finite entries (NaN or inf) at cells {np.flatnonzero(~np.isfinite(v))[:5].tolist()}")
+            raise ValueError(
+                f"values contain non-finite entries (NaN or inf) at cells {np.flatnonzero(~np.isfinite(v))[:5].tolist()}"
+            )
         if np.any(v < 0):
             i = int(np.argmin(v))
             raise ValueError(f"values must be non-negative, got {v[i]:.6g} in cell {i}")
@@ -81,16 +88,22 @@ class Density:
             raise ValueError("values have total mass 0; a density must have mass 1")
         defect = abs(mass - 1.0)
         if not normalize and defect > MASS_WARN:
-            raise ValueError(f"values have total mass sum(values * areas) = {mass:.12g}, expected 1 "
-                             f"(values are averages of a density w.r.t. the plain surface measure, uniform = "
-                             f"1/{mesh.total_area:.6g}); pass normalize=True to rescale")
+            raise ValueError(
+                f"values have total mass sum(values * areas) = {mass:.12g}, expected 1 "
+                f"(values are averages of a density w.r.t. the plain surface measure, uniform = "
+                f"1/{mesh.total_area:.6g}); pass normalize=True to rescale"
+            )
         if not normalize and defect > MASS_SILENT:
-            warnings.warn(f"density mass {mass:.15g} differs from 1 by {defect:.2g}; rescaled to 1", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"density mass {mass:.15g} differs from 1 by {defect:.2g}; rescaled to 1",
+                UserWarning,
+                stacklevel=2,
+            )
         self.mesh = mesh
         self.values = v / mass
 
     @classmethod
-    def _trusted(cls, mesh: Mesh, values: np.ndarray) -> "Density":
+    def _trusted(cls, mesh: Mesh, values: np.ndarray) -> Density:
         obj = cls.__new__(cls)
         obj.mesh = mesh
         obj.values = values
@@ -98,12 +111,14 @@ class Density:
 
     # -- constructors ----------------------------------------------------------
     @classmethod
-    def uniform(cls, mesh: Mesh) -> "Density":
+    def uniform(cls, mesh: Mesh) -> Density:
         """The uniform density :math:`1/|S^{d-1}|`."""
         return cls(mesh, np.full(mesh.n_cells, 1.0 / mesh.total_area))
 
     @classmethod
-    def from_function(cls, mesh: Mesh, f: Callable[[np.ndarray], np.ndarray], *, normalize: bool = True) -> "Density":
+    def from_function(
+        cls, mesh: Mesh, f: Callable[[np.ndarray], np.ndarray], *, normalize: bool = True
+    ) -> Density:
         r"""Cell averages :math:`\frac{1}{|C_i|}\int_{C_i} f\,dA` of ``f(points (n, d)) -> (n,)``.
 
         Quadrature: Gauss--Legendre (4 nodes per arc) on the circle, Dunavant's degree-5
@@ -115,8 +130,16 @@ class Density:
         return cls(mesh, mesh.cell_averages(f), normalize=normalize)
 
     @classmethod
-    def from_samples(cls, mesh: Mesh, points: ArrayLike, weights: ArrayLike | None = None, *,
-                     method: str = "histogram", bandwidth: float | None = None, backend: str = "auto") -> "Density":
+    def from_samples(
+        cls,
+        mesh: Mesh,
+        points: ArrayLike,
+        weights: ArrayLike | None = None,
+        *,
+        method: str = "histogram",
+        bandwidth: float | None = None,
+        backend: str = "auto",
+    ) -> Density:
         r"""Density estimate from samples on the sphere.
 
         Parameters
@@ -142,15 +165,24 @@ class Density:
         return cls.from_atoms(mesh, mu, method=method, bandwidth=bandwidth, backend=backend)
 
     @classmethod
-    def from_atoms(cls, mesh: Mesh, mu: Atoms, *, method: str = "histogram", bandwidth: float | None = None,
-                   backend: str = "auto") -> "Density":
+    def from_atoms(
+        cls,
+        mesh: Mesh,
+        mu: Atoms,
+        *,
+        method: str = "histogram",
+        bandwidth: float | None = None,
+        backend: str = "auto",
+    ) -> Density:
         """:meth:`from_samples` with the atoms' points and weights; inverse of :meth:`to_atoms` for
         ``method="histogram"`` (atoms at the centres map back to the same cells)."""
         mu = as_atoms(mu)
         if mu.d != mesh.d:
             raise ValueError(f"the atoms live in dimension d={mu.d} but the mesh in d={mesh.d}")
         if mu.batch_shape:
-            raise ValueError(f"mu must be a single measure (no batch axes), got batch {mu.batch_shape}")
+            raise ValueError(
+                f"mu must be a single measure (no batch axes), got batch {mu.batch_shape}"
+            )
         x, w = mu.points.astype(np.float64), mu.weights.astype(np.float64)
         if method == "histogram":
             cells = mesh.locate(x)

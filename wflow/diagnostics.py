@@ -19,6 +19,7 @@ Polyanskiy and Rigollet (the fraction of token pairs with :math:`\langle x_i, x_
 above a cosine), batched the same way.  :func:`mass_clusters` groups the mass-carrying
 points of a measure on a mesh or a point cloud into atoms (JKO's stationary states).
 """
+
 from __future__ import annotations
 
 import math
@@ -72,7 +73,9 @@ def _as_batch(points, name: str = "points") -> np.ndarray:
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
     if x.ndim < 2 or x.shape[-1] < 2 or x.shape[-2] < 1:
-        raise ValueError(f"{name} must have shape (..., n, d) with n >= 1 and d >= 2, got shape {x.shape}")
+        raise ValueError(
+            f"{name} must have shape (..., n, d) with n >= 1 and d >= 2, got shape {x.shape}"
+        )
     if not np.isfinite(x).all():
         raise ValueError(f"{name} contains non-finite values (NaN or inf)")
     return x
@@ -124,7 +127,11 @@ def pair_fraction(points, cos_threshold: float = 0.999) -> np.ndarray:
     if n <= _small.SMALL_MAX and _small._pair_counts is not None:
         # tiny systems: one compiled pass per system (float64 Gram blocks), worker threads over systems
         with np.errstate(invalid="ignore", divide="ignore"):
-            return (_small.pair_counts(xf, c) / (n * (n - 1))).reshape(batch) if n > 1 else np.full(batch, np.nan)
+            return (
+                (_small.pair_counts(xf, c) / (n * (n - 1))).reshape(batch)
+                if n > 1
+                else np.full(batch, np.nan)
+            )
     count = np.empty(xf.shape[0])
     for s in _chunks(xf.shape[0], n):
         xs = xf[s]
@@ -258,7 +265,9 @@ def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
     n, d = x.shape[-2:]
     xf = x.reshape(-1, n, d)
     roots = np.empty(xf.shape[:2], dtype=np.int64)
-    if _cluster_roots is not None:  # the distances from the coordinates, one compiled pass per system
+    if (
+        _cluster_roots is not None
+    ):  # the distances from the coordinates, one compiled pass per system
         B = xf.shape[0]
         threads = _small._threads() if B * n * n * d >= _small.SERIAL_MAX_FLOPS else 1
         chunks = _small._chunk_bounds(B, n * n * d, threads, _small.CHUNK_PAIRS * 8)
@@ -314,7 +323,12 @@ def cluster_labels(points: np.ndarray, threshold: float = 0.1) -> tuple[int, np.
     n, d = x.shape
     chord = 2 * np.sin(min(threshold, np.pi) / 2)
     # (the grid's packed int64 cube keys need (2 sqrt(3)/r + 6)^3 < 2^62: r > 3e-6)
-    if d == 3 and n > BATCHED_MAX_N and _grid is not None and (2 * math.sqrt(3) / chord + 6) ** 3 < 2.0**62:
+    if (
+        d == 3
+        and n > BATCHED_MAX_N
+        and _grid is not None
+        and (2 * math.sqrt(3) / chord + 6) ** 3 < 2.0**62
+    ):
         return _grid_components(x, chord)
     pairs = None
     if d == 2 and n > 1:
@@ -415,7 +429,9 @@ try:
         cells = np.empty((n, 3), dtype=np.int64)
         for i in range(n):
             for a in range(3):
-                c = np.int64(np.floor((x[i, a] - lo[a]) / h)) + 2  # room for neighbour offsets -2..+2
+                c = (
+                    np.int64(np.floor((x[i, a] - lo[a]) / h)) + 2
+                )  # room for neighbour offsets -2..+2
                 cells[i, a] = c
                 span[a] = max(span[a], c + 3)
         stride = np.array([span[1] * span[2], span[2], 1], dtype=np.int64)
@@ -506,7 +522,9 @@ try:
         re = _find(parent, e)
         if rc == re:
             return
-        near = 0.0  # squared distance between the bounding boxes, and between their farthest corners
+        near = (
+            0.0  # squared distance between the bounding boxes, and between their farthest corners
+        )
         far = 0.0
         for a in range(3):
             g = max(lo[e, a] - hi[c, a], lo[c, a] - hi[e, a], 0.0)
@@ -565,9 +583,13 @@ def count_clusters(mu: Atoms, threshold: float = 0.1, *, min_mass: float = 0.0) 
         if min_mass <= 0:  # the roots suffice: one per cluster
             roots = _batched_roots(pts, threshold)
             return (roots == np.arange(mu.n)).sum(axis=-1).astype(np.int64).reshape(mu.batch_shape)
-        _, labels = batched_cluster_labels(pts, threshold)  # clusters with mass: the labels are needed
+        _, labels = batched_cluster_labels(
+            pts, threshold
+        )  # clusters with mass: the labels are needed
         B, n = labels.shape
-        masses = np.bincount((labels + n * np.arange(B)[:, None]).ravel(), weights=w.ravel(), minlength=B * n)
+        masses = np.bincount(
+            (labels + n * np.arange(B)[:, None]).ravel(), weights=w.ravel(), minlength=B * n
+        )
         k = np.count_nonzero(masses.reshape(B, n) > min_mass, axis=-1)
         return k.astype(np.int64).reshape(mu.batch_shape)
     out = np.empty(pts.shape[0], dtype=np.int64)
@@ -586,14 +608,17 @@ def check_points_weights(points: Any, weights: Any) -> tuple[np.ndarray, np.ndar
     x = np.asarray(points, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
     if x.ndim != 2 or w.shape != x.shape[:1]:
-        raise ValueError(f"points must have shape (n, d) and weights (n,), got {x.shape} and {w.shape}")
+        raise ValueError(
+            f"points must have shape (n, d) and weights (n,), got {x.shape} and {w.shape}"
+        )
     if not np.all(np.isfinite(w)) or np.any(w < 0) or not w.max(initial=0.0) > 0:
         raise ValueError("weights must be finite, non-negative and not all zero")
     return x, w
 
 
-def mass_clusters(points, weights, *, neighbors=None, radius: float | None = None,
-                  threshold: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
+def mass_clusters(
+    points, weights, *, neighbors=None, radius: float | None = None, threshold: float = 1e-3
+) -> tuple[np.ndarray, np.ndarray]:
     r"""Group the points of a measure that carry mass into atoms.
 
     Points with :math:`w_i \ge \text{threshold}\cdot\max_j w_j` are kept; two kept points are
@@ -644,7 +669,9 @@ def mass_clusters(points, weights, *, neighbors=None, radius: float | None = Non
     if neighbors is not None:
         nb = np.asarray(neighbors)
         if nb.ndim != 2 or nb.shape[0] != n or not np.issubdtype(nb.dtype, np.integer):
-            raise ValueError(f"neighbors must be an integer array of shape ({n}, k), got {nb.dtype} {nb.shape}")
+            raise ValueError(
+                f"neighbors must be an integer array of shape ({n}, k), got {nb.dtype} {nb.shape}"
+            )
         nb = nb[keep]
         rows = np.repeat(np.arange(keep.size), nb.shape[1])
         flat = nb.reshape(-1)
@@ -659,13 +686,17 @@ def mass_clusters(points, weights, *, neighbors=None, radius: float | None = Non
     G = coo_matrix((np.ones(int(ok.sum())), (rows[ok], cols[ok])), shape=(keep.size, keep.size))
     k, label = connected_components(G, directed=False)
     masses = np.bincount(label, weights=w[keep], minlength=k)
-    bary = np.stack([np.bincount(label, weights=w[keep] * x[keep, c], minlength=k) for c in range(d)], axis=1)
+    bary = np.stack(
+        [np.bincount(label, weights=w[keep] * x[keep, c], minlength=k) for c in range(d)], axis=1
+    )
     atoms = bary / np.linalg.norm(bary, axis=1, keepdims=True)
     order = np.argsort(-masses, kind="stable")
     return atoms[order], masses[order]
 
 
-def snapshot_diagnostics(model, mu: Atoms, *, cluster_threshold: float = 0.1, backend: str = "auto") -> dict[str, np.ndarray]:
+def snapshot_diagnostics(
+    model, mu: Atoms, *, cluster_threshold: float = 0.1, backend: str = "auto"
+) -> dict[str, np.ndarray]:
     """Energy (NaN when the model is not a gradient flow), order parameter and cluster count.
 
     Examples

@@ -5,6 +5,7 @@ the value received (never ``assert``: it vanishes under ``python -O``).  Failure
 during a computation raise :class:`WflowError` or one of its subclasses with a
 message that says what to change.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -96,7 +97,9 @@ def short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def as_points(x: Any, name: str = "x", *, normalize: bool = False, atol: float = 1e-6) -> np.ndarray:
+def as_points(
+    x: Any, name: str = "x", *, normalize: bool = False, atol: float = 1e-6
+) -> np.ndarray:
     """Validate an array of points ``(..., n, d)`` with ``d >= 2``.
 
     Returns a floating array (float32 kept, everything else float64).  With
@@ -115,7 +118,9 @@ def as_points(x: Any, name: str = "x", *, normalize: bool = False, atol: float =
     mu0 must lie on the unit sphere; point (0,) has norm 5 (use wflow.sphere.normalize first)
     """
     if isinstance(x, (str, bytes)) or x is None:
-        raise TypeError(f"{name} must be an array of points of shape (..., n, d), got {short_repr(x)}")
+        raise TypeError(
+            f"{name} must be an array of points of shape (..., n, d), got {short_repr(x)}"
+        )
     try:
         arr = np.asarray(x)
     except Exception as exc:  # pragma: no cover - numpy raises varied errors
@@ -127,7 +132,9 @@ def as_points(x: Any, name: str = "x", *, normalize: bool = False, atol: float =
     if arr.dtype != np.float32:
         arr = arr.astype(np.float64, copy=False)
     if arr.ndim < 2:
-        raise ValueError(f"{name} must have shape (..., n, d) with at least 2 axes, got shape {arr.shape}")
+        raise ValueError(
+            f"{name} must have shape (..., n, d) with at least 2 axes, got shape {arr.shape}"
+        )
     if arr.shape[-1] < 2:
         raise ValueError(f"{name} must have dimension d >= 2 (last axis), got shape {arr.shape}")
     if arr.shape[-2] < 1:
@@ -138,7 +145,9 @@ def as_points(x: Any, name: str = "x", *, normalize: bool = False, atol: float =
     if normalize:
         if np.any(norms == 0):
             i = np.unravel_index(int(np.argmin(norms)), norms.shape)
-            raise ValueError(f"{name} contains a zero vector (index {tuple(int(k) for k in i)}), which has no direction")
+            raise ValueError(
+                f"{name} contains a zero vector (index {tuple(int(k) for k in i)}), which has no direction"
+            )
         return arr / norms[..., None]
     bad = np.abs(norms - 1) > atol
     if np.any(bad):

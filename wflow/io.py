@@ -20,6 +20,7 @@ snapshot; the solver's resume variables (``checkpoint_*``); variables written on
 This module knows nothing about solvers: it stores what the driver hands to its
 recorder (:class:`ZarrRecorder`) and reads it back as plain arrays (:func:`read_store`).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,16 @@ import numpy as np
 from ._version import __version__
 from .errors import StoreBusyError, WflowError
 
-__all__ = ["FORMAT", "COMMIT", "ZarrRecorder", "FolderLock", "result_dataset", "read_store", "write_result",
-           "committed_length"]
+__all__ = [
+    "FORMAT",
+    "COMMIT",
+    "ZarrRecorder",
+    "FolderLock",
+    "result_dataset",
+    "read_store",
+    "write_result",
+    "committed_length",
+]
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +87,25 @@ VARIABLE_ATTRS: dict[str, dict[str, str]] = {
     "centers": {"long_name": "cell centres on the sphere", "units": "1"},
     "areas": {"long_name": "cell areas (plain surface measure)", "units": "1"},
     "reference": {"long_name": "reference volumes of the entropy", "units": "1"},
-    "cell_pairs": {"long_name": "the two cells each mesh edge separates (neighbours)", "units": "1"},
+    "cell_pairs": {
+        "long_name": "the two cells each mesh edge separates (neighbours)",
+        "units": "1",
+    },
     "edge_length": {"long_name": "length of each mesh edge (1 on the circle)", "units": "1"},
-    "gaps": {"long_name": "state in gap coordinates (theta_0, gaps between sorted tokens)", "units": "radian"},
+    "gaps": {
+        "long_name": "state in gap coordinates (theta_0, gaps between sorted tokens)",
+        "units": "radian",
+    },
     "order": {"long_name": "token index at each sorted position", "units": "1"},
-    "span": {"long_name": "token coordinates in the orthonormal basis span_basis (points = span @ span_basis)",
-             "units": "1"},
+    "span": {
+        "long_name": "token coordinates in the orthonormal basis span_basis (points = span @ span_basis)",
+        "units": "1",
+    },
     "span_basis": {"long_name": "orthonormal basis of the initial tokens' span", "units": "1"},
-    "pair_fraction": {"long_name": "fraction of token pairs with inner product > 0.999", "units": "1"},
+    "pair_fraction": {
+        "long_name": "fraction of token pairs with inner product > 0.999",
+        "units": "1",
+    },
     "steps": {"long_name": "accepted steps so far", "units": "1"},
     "rejected": {"long_name": "rejected steps so far", "units": "1"},
     "evaluations": {"long_name": "right-hand-side evaluations so far", "units": "1"},
@@ -141,7 +161,7 @@ class FolderLock:
         self.what = what or str(self.path)
         self.fh = None
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,8 +172,10 @@ class FolderLock:
             fh.seek(0)
             owner = fh.read().strip() or "another process"
             fh.close()
-            raise StoreBusyError(f"{self.what} is in use by {owner} (one writer at a time); wait for it to finish or "
-                                 f"choose another output") from None
+            raise StoreBusyError(
+                f"{self.what} is in use by {owner} (one writer at a time); wait for it to finish or "
+                f"choose another output"
+            ) from None
         fh.seek(0)
         fh.truncate()
         fh.write(f"process {os.getpid()}")
@@ -169,7 +191,7 @@ class FolderLock:
             self.fh.close()
             self.fh = None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         return self if self.fh is not None else self.acquire()
 
     def __exit__(self, *exc) -> None:
@@ -209,16 +231,25 @@ def _flat_config(config: Any, prefix: str = "config") -> dict[str, Any]:
     elif isinstance(config, (bool, int, float, str)) and not isinstance(config, np.generic):
         if not (isinstance(config, float) and not np.isfinite(config)):
             out[prefix] = config
-    elif isinstance(config, (list, tuple)) and 0 < len(config) <= 16 and all(
-            isinstance(v, (bool, int, float, str)) for v in config):
+    elif (
+        isinstance(config, (list, tuple))
+        and 0 < len(config) <= 16
+        and all(isinstance(v, (bool, int, float, str)) for v in config)
+    ):
         if all(np.isfinite(v) for v in config if isinstance(v, float)):
             out[prefix] = list(config)
     return out
 
 
 def _attrs(kind: str, solver: str, config: dict[str, Any]) -> dict[str, Any]:
-    return {"wflow_format": FORMAT, "wflow_version": __version__, "kind": kind, "solver": solver,
-            "config": json.dumps(config), **_flat_config(config)}
+    return {
+        "wflow_format": FORMAT,
+        "wflow_version": __version__,
+        "kind": kind,
+        "solver": solver,
+        "config": json.dumps(config),
+        **_flat_config(config),
+    }
 
 
 #: the attribute that marks the index coordinates wflow adds for dimensions without one
@@ -227,11 +258,21 @@ COORDINATE_ROLE = "wflow_role"
 
 def _index_coordinates(dims: set[str]) -> dict[str, dict[str, str]]:
     """``dim -> attributes`` of the integer index coordinate (0, 1, ...) of every dimension but time."""
-    names = {"particle": "token index", "coord": "Cartesian coordinate index (0: x, 1: y, 2: z, ...)",
-             "cell": "cell index of the mesh", "edge": "edge index of the mesh", "side": "0: left cell, 1: right cell",
-             "tracer": "tracer index", "system": "index of the independent system", "face": "face index (zonal bands)"}
-    return {d: {"long_name": names.get(d, f"index along {d}"), "units": "1", COORDINATE_ROLE: "index"}
-            for d in sorted(dims) if d != "time"}
+    names = {
+        "particle": "token index",
+        "coord": "Cartesian coordinate index (0: x, 1: y, 2: z, ...)",
+        "cell": "cell index of the mesh",
+        "edge": "edge index of the mesh",
+        "side": "0: left cell, 1: right cell",
+        "tracer": "tracer index",
+        "system": "index of the independent system",
+        "face": "face index (zonal bands)",
+    }
+    return {
+        d: {"long_name": names.get(d, f"index along {d}"), "units": "1", COORDINATE_ROLE: "index"}
+        for d in sorted(dims)
+        if d != "time"
+    }
 
 
 class ZarrRecorder:
@@ -263,8 +304,14 @@ class ZarrRecorder:
 
     name = "recorder"
 
-    def __init__(self, path: str | os.PathLike, *, append: bool = False, overwrite: bool = False,
-                 attrs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        append: bool = False,
+        overwrite: bool = False,
+        attrs: dict[str, Any] | None = None,
+    ):
         self.path = Path(path)
         self.append = append
         self.extra_attrs = {k: json.dumps(v) for k, v in (attrs or {}).items()}
@@ -272,8 +319,10 @@ class ZarrRecorder:
             if not (self.path / COMMIT).exists() and not self.path.exists():
                 raise FileNotFoundError(f"cannot append: no store at {self.path}")
         elif self.path.exists() and not overwrite:
-            raise FileExistsError(f"{self.path} exists; pass overwrite=True (CLI: choose another --out, --resume "
-                                  f"or --overwrite)")
+            raise FileExistsError(
+                f"{self.path} exists; pass overwrite=True (CLI: choose another --out, --resume "
+                f"or --overwrite)"
+            )
         self.overwrite = overwrite
         self.count = 0
         self.group = None
@@ -282,7 +331,9 @@ class ZarrRecorder:
     # -- tracker protocol -----------------------------------------------------------
     def start(self, run) -> None:
         zarr = _zarr()
-        self.lock = FolderLock(self.path.with_name(self.path.name + ".lock"), f"store {self.path}").acquire()
+        self.lock = FolderLock(
+            self.path.with_name(self.path.name + ".lock"), f"store {self.path}"
+        ).acquire()
         self.n_saves = len(run.save_times)
         self.kind = run.problem.kind
         self.solver = run.solver.name
@@ -291,7 +342,10 @@ class ZarrRecorder:
         if self.append:
             self.group = zarr.open_group(self.path, mode="r+")
             # every chunk is written, even one equal to the fill value (a missing chunk means damage)
-            self._arrays = {name: arr.with_config({"write_empty_chunks": True}) for name, arr in self.group.arrays()}
+            self._arrays = {
+                name: arr.with_config({"write_empty_chunks": True})
+                for name, arr in self.group.arrays()
+            }
             self.group.attrs.update(_attrs(self.kind, self.solver, self.config))
         else:
             if self.path.exists():
@@ -305,8 +359,10 @@ class ZarrRecorder:
         for name, (dims, value) in self._variables(snap).items():
             arr = self._arrays.get(name)
             if arr is None:
-                raise WflowError(f"{self.path}: variable {name!r} is not in the store; it was written by another "
-                                 f"configuration")
+                raise WflowError(
+                    f"{self.path}: variable {name!r} is not in the store; it was written by another "
+                    f"configuration"
+                )
             arr[i] = value
         _write_commit(self.path, i + 1)
         self.count += 1
@@ -332,39 +388,70 @@ class ZarrRecorder:
         for k in _STATS:
             out[k] = ((), np.int64(snap.stats[k]))
         out["dt_next"] = ((), np.float64(snap.control.get("dt_next", np.nan)))
-        out.update({_CHECKPOINT + k: (dims, np.asarray(v)) for k, (dims, v) in snap.checkpoint.items()})
+        out.update(
+            {_CHECKPOINT + k: (dims, np.asarray(v)) for k, (dims, v) in snap.checkpoint.items()}
+        )
         return out
 
     def _create(self, snap) -> None:
         zarr = _zarr()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        group = zarr.open_group(self.path, mode="w", zarr_format=3,
-                                attributes={**_attrs(self.kind, self.solver, self.config), **self.extra_attrs})
+        group = zarr.open_group(
+            self.path,
+            mode="w",
+            zarr_format=3,
+            attributes={**_attrs(self.kind, self.solver, self.config), **self.extra_attrs},
+        )
         codecs = _codecs()
         for name, (dims, value) in self._variables(snap).items():
             value = np.asarray(value)
             fill = np.nan if value.dtype.kind == "f" else 0
             self._arrays[name] = group.create_array(
-                name, shape=(self.n_saves,) + value.shape, chunks=(1,) + value.shape, dtype=value.dtype,
-                fill_value=fill, compressors=codecs, dimension_names=("time",) + tuple(dims),
-                config={"write_empty_chunks": True}, attributes=VARIABLE_ATTRS.get(name, {}))
+                name,
+                shape=(self.n_saves,) + value.shape,
+                chunks=(1,) + value.shape,
+                dtype=value.dtype,
+                fill_value=fill,
+                compressors=codecs,
+                dimension_names=("time",) + tuple(dims),
+                config={"write_empty_chunks": True},
+                attributes=VARIABLE_ATTRS.get(name, {}),
+            )
         sizes: dict[str, int] = {}
         for name, (dims, value) in self.static.items():
             value = np.asarray(value)
             sizes.update(zip(dims, value.shape))
-            arr = group.create_array(name, shape=value.shape, chunks=value.shape or None, dtype=value.dtype,
-                                     compressors=codecs, dimension_names=tuple(dims),
-                                     config={"write_empty_chunks": True}, attributes=VARIABLE_ATTRS.get(name, {}))
+            arr = group.create_array(
+                name,
+                shape=value.shape,
+                chunks=value.shape or None,
+                dtype=value.dtype,
+                compressors=codecs,
+                dimension_names=tuple(dims),
+                config={"write_empty_chunks": True},
+                attributes=VARIABLE_ATTRS.get(name, {}),
+            )
             arr[...] = value
         for name, (dims, value) in self._variables(snap).items():
             sizes.update(zip(dims, np.shape(value)))
         # every dimension gets a coordinate (xarray: ds.sel(particle=3)); marked so that reading skips them
-        for dim, attrs in _index_coordinates(set(sizes) - set(self._arrays) - set(self.static)).items():
-            arr = group.create_array(dim, shape=(sizes[dim],), chunks=(max(sizes[dim], 1),), dtype=np.int64,
-                                     compressors=codecs, dimension_names=(dim,), attributes=attrs,
-                                     config={"write_empty_chunks": True})
+        for dim, attrs in _index_coordinates(
+            set(sizes) - set(self._arrays) - set(self.static)
+        ).items():
+            arr = group.create_array(
+                dim,
+                shape=(sizes[dim],),
+                chunks=(max(sizes[dim], 1),),
+                dtype=np.int64,
+                compressors=codecs,
+                dimension_names=(dim,),
+                attributes=attrs,
+                config={"write_empty_chunks": True},
+            )
             arr[...] = np.arange(sizes[dim])
-        with warnings.catch_warnings():  # zarr notes that consolidated metadata is not in the v3 spec (yet)
+        with (
+            warnings.catch_warnings()
+        ):  # zarr notes that consolidated metadata is not in the v3 spec (yet)
             warnings.simplefilter("ignore", UserWarning)
             zarr.consolidate_metadata(self.path)
         self.group = group
@@ -407,37 +494,55 @@ def read_store(path: str | os.PathLike) -> dict[str, Any]:
         group = zarr.open_group(p, mode="r")
         attrs = dict(group.attrs)
     except Exception as exc:  # noqa: BLE001 - any failure of the storage layer is reported with the path
-        raise WflowError(f"cannot read {p} as a wflow result (Zarr store): {type(exc).__name__}: {exc}") from None
+        raise WflowError(
+            f"cannot read {p} as a wflow result (Zarr store): {type(exc).__name__}: {exc}"
+        ) from None
     if attrs.get("wflow_format") != FORMAT:
-        raise WflowError(f"{p} is not a wflow result store (wflow_format={attrs.get('wflow_format')!r}, "
-                         f"expected {FORMAT!r})")
+        raise WflowError(
+            f"{p} is not a wflow result store (wflow_format={attrs.get('wflow_format')!r}, "
+            f"expected {FORMAT!r})"
+        )
     try:
         config = json.loads(attrs["config"])
     except (KeyError, json.JSONDecodeError) as exc:
         raise WflowError(f"{p}: no readable 'config' attribute: {exc}") from None
     length = committed_length(p)
     if length == 0:
-        raise WflowError(f"{p} holds no committed snapshot (the run stopped before its first save); start it afresh")
-    out: dict[str, Any] = {"kind": attrs["kind"], "solver": attrs["solver"], "config": config, "data": {},
-                           "static": {}, "stats": {}, "checkpoint": {}, "length": length}
+        raise WflowError(
+            f"{p} holds no committed snapshot (the run stopped before its first save); start it afresh"
+        )
+    out: dict[str, Any] = {
+        "kind": attrs["kind"],
+        "solver": attrs["solver"],
+        "config": config,
+        "data": {},
+        "static": {},
+        "stats": {},
+        "checkpoint": {},
+        "length": length,
+    }
     for name, arr in group.arrays():
         dims = tuple(arr.metadata.dimension_names or ())
         if dims[:1] == ("time",):
             for i in range(length):
                 if not _chunk_path(p, name, i, arr.ndim).exists():
-                    raise WflowError(f"{p}: variable {name!r} has no data for snapshot {i} (of {length} committed): "
-                                     f"the store is damaged")
+                    raise WflowError(
+                        f"{p}: variable {name!r} has no data for snapshot {i} (of {length} committed): "
+                        f"the store is damaged"
+                    )
             try:
                 value = arr[:length]
             except Exception as exc:  # noqa: BLE001 - checksum / decompression failures name the chunk
-                raise WflowError(f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc}): a chunk is "
-                                 f"damaged (checksum or decompression failed)") from None
+                raise WflowError(
+                    f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc}): a chunk is "
+                    f"damaged (checksum or decompression failed)"
+                ) from None
             if name == "time":
                 out["times"] = np.asarray(value, dtype=np.float64)
             elif name in _STATS or name == "dt_next":
                 out["stats"][name] = np.asarray(value)
             elif name.startswith(_CHECKPOINT):
-                out["checkpoint"][name[len(_CHECKPOINT):]] = (dims[1:], np.asarray(value))
+                out["checkpoint"][name[len(_CHECKPOINT) :]] = (dims[1:], np.asarray(value))
             else:
                 out["data"][name] = (dims[1:], np.asarray(value))
         elif arr.attrs.get(COORDINATE_ROLE) == "index":
@@ -446,7 +551,9 @@ def read_store(path: str | os.PathLike) -> dict[str, Any]:
             try:
                 out["static"][name] = (dims, np.asarray(arr[...]))
             except Exception as exc:  # noqa: BLE001
-                raise WflowError(f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc})") from None
+                raise WflowError(
+                    f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc})"
+                ) from None
     return out
 
 
@@ -492,8 +599,13 @@ def write_result(result, path: str | os.PathLike, *, overwrite: bool = False) ->
     """
     p = Path(path)
     rec = ZarrRecorder(p, overwrite=overwrite)
-    run = SimpleNamespace(save_times=result.times, problem=SimpleNamespace(kind=result.kind),
-                          solver=SimpleNamespace(name=result.solver), config=result.config, static=result.static)
+    run = SimpleNamespace(
+        save_times=result.times,
+        problem=SimpleNamespace(kind=result.kind),
+        solver=SimpleNamespace(name=result.solver),
+        config=result.config,
+        static=result.static,
+    )
     rec.start(run)
     try:
         _write_all(rec, result)
@@ -509,8 +621,16 @@ def _write_all(rec: ZarrRecorder, result) -> None:
         if i == k - 1:
             checkpoint = result.checkpoint
         else:  # only the last snapshot's solver state is known in memory
-            checkpoint = {n: (d, np.full(np.shape(a), np.nan)) for n, (d, a) in result.checkpoint.items()}
-        rec.save(SimpleNamespace(index=i, t=float(result.times[i]),
-                                 data={n: (d, a[i]) for n, (d, a) in result.data.items()},
-                                 stats={s: int(result.stats[s][i]) for s in _STATS},
-                                 control={"dt_next": float(dt_next[i])}, checkpoint=checkpoint))
+            checkpoint = {
+                n: (d, np.full(np.shape(a), np.nan)) for n, (d, a) in result.checkpoint.items()
+            }
+        rec.save(
+            SimpleNamespace(
+                index=i,
+                t=float(result.times[i]),
+                data={n: (d, a[i]) for n, (d, a) in result.data.items()},
+                stats={s: int(result.stats[s][i]) for s in _STATS},
+                control={"dt_next": float(dt_next[i])},
+                checkpoint=checkpoint,
+            )
+        )

@@ -6,6 +6,7 @@ sum.  Leading axes of ``points`` are independent systems (a batch): ``points`` o
 ``(B, n, d)`` with ``weights`` ``(B, n)`` are ``B`` measures evolved together as one
 array computation.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -42,7 +43,9 @@ class Atoms:
 
     __slots__ = ("points", "weights")
 
-    def __init__(self, points: ArrayLike, weights: ArrayLike | None = None, *, normalize: bool = False):
+    def __init__(
+        self, points: ArrayLike, weights: ArrayLike | None = None, *, normalize: bool = False
+    ):
         x = as_points(points, "points", normalize=normalize)
         if weights is None:
             w = np.full(x.shape[:-1], 1.0 / x.shape[-2], dtype=x.dtype)
@@ -52,7 +55,7 @@ class Atoms:
         self.weights = w
 
     @classmethod
-    def _trusted(cls, points: np.ndarray, weights: np.ndarray) -> "Atoms":
+    def _trusted(cls, points: np.ndarray, weights: np.ndarray) -> Atoms:
         """Build without validation (solvers, after checks at the door)."""
         obj = cls.__new__(cls)
         obj.points = points
@@ -93,19 +96,19 @@ class Atoms:
         return np.einsum("...n,...n->...", self.weights, np.asarray(f))
 
     # -- transformations -------------------------------------------------------
-    def with_points(self, points: np.ndarray) -> "Atoms":
+    def with_points(self, points: np.ndarray) -> Atoms:
         """Same weights, new locations (not validated: for solvers)."""
         return Atoms._trusted(points, self.weights)
 
-    def rotate(self, R: ArrayLike) -> "Atoms":
+    def rotate(self, R: ArrayLike) -> Atoms:
         """Image under the orthogonal map ``x -> R x``."""
         R = np.asarray(R, dtype=self.points.dtype)
         return Atoms._trusted(self.points @ R.T, self.weights)
 
-    def astype(self, dtype: Any) -> "Atoms":
+    def astype(self, dtype: Any) -> Atoms:
         return Atoms._trusted(self.points.astype(dtype), self.weights.astype(dtype))
 
-    def __getitem__(self, index: Any) -> "Atoms":
+    def __getitem__(self, index: Any) -> Atoms:
         """Select systems along the batch axes (``mu[3]``, ``mu[:10]``)."""
         if not self.batch_shape:
             raise IndexError("these Atoms have no batch axes to index")
@@ -133,14 +136,18 @@ def _as_weights(weights: ArrayLike, shape: tuple[int, ...], dtype: np.dtype) -> 
     try:
         w = np.broadcast_to(w, shape).copy()
     except ValueError:
-        raise ValueError(f"weights must have shape {shape} (one per point), got shape {np.shape(weights)}") from None
+        raise ValueError(
+            f"weights must have shape {shape} (one per point), got shape {np.shape(weights)}"
+        ) from None
     if not np.all(np.isfinite(w)):
         raise ValueError(f"weights contain non-finite values: {short_repr(w)}")
     if np.any(w < 0):
         raise ValueError(f"weights must be non-negative, got minimum {float(w.min()):.6g}")
     total = w.sum(axis=-1, keepdims=True)
     if np.any(total <= 0):
-        raise ValueError("weights must have a positive sum for every system, got a system with total mass 0")
+        raise ValueError(
+            "weights must have a positive sum for every system, got a system with total mass 0"
+        )
     return w / total
 
 
@@ -164,4 +171,6 @@ def as_atoms(mu: Any, name: str = "mu") -> Atoms:
             return Atoms(mu)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{name}: {exc}") from None
-    raise TypeError(f"{name} must be a wflow.Atoms or an array of points on the sphere, got {short_repr(mu)}")
+    raise TypeError(
+        f"{name} must be a wflow.Atoms or an array of points on the sphere, got {short_repr(mu)}"
+    )

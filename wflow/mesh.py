@@ -40,6 +40,7 @@ arc, and the surface divergence theorem applied to the tangent field :math:`P_x 
 
     \sum_{e \in \partial C} \ell_e\, n_e = -(d-1) \int_C x \, dA(x).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -111,7 +112,9 @@ class Mesh(ABC):
         cells, edges, signs, other = cells[order], edges[order], signs[order], other[order]
         counts = np.bincount(cells, minlength=M)
         if np.any(counts < 2):
-            raise ValueError(f"mesh has a cell with fewer than 2 edges (cell {int(np.argmin(counts))})")
+            raise ValueError(
+                f"mesh has a cell with fewer than 2 edges (cell {int(np.argmin(counts))})"
+            )
         k = int(counts.max())
         start = np.concatenate([[0], np.cumsum(counts)[:-1]])
         slot = np.arange(cells.size) - start[cells]
@@ -132,7 +135,9 @@ class Mesh(ABC):
         e = np.where(valid, self.cell_edges, 0)
         c = self.centers[:, None, :]
         self.cell_edge_offset = np.where(valid[..., None], log_map(c, self.edge_midpoint[e]), 0.0)
-        self.cell_neighbor_offset = np.where(valid[..., None], log_map(c, self.centers[self.cell_neighbors]), 0.0)
+        self.cell_neighbor_offset = np.where(
+            valid[..., None], log_map(c, self.centers[self.cell_neighbors]), 0.0
+        )
 
     # -- point location and quadrature ----------------------------------------
     @abstractmethod
@@ -152,7 +157,9 @@ class Mesh(ABC):
         x, w, cell = self.quadrature()
         fx = np.asarray(f(x), dtype=float)
         if fx.shape != w.shape:
-            raise ValueError(f"f must map points of shape {x.shape} to values of shape {w.shape}, got shape {fx.shape}")
+            raise ValueError(
+                f"f must map points of shape {x.shape} to values of shape {w.shape}, got shape {fx.shape}"
+            )
         num = np.bincount(cell, weights=w * fx, minlength=self.n_cells)
         den = np.bincount(cell, weights=w, minlength=self.n_cells)
         return num / den
@@ -222,7 +229,9 @@ class CircleMesh(Mesh):
 
     def locate(self, points: ArrayLike) -> np.ndarray:
         theta = points_to_angles(self._check_points(points))
-        return np.floor(np.mod(theta - self.offset, 2 * np.pi) / self.width).astype(np.intp) % self.m
+        return (
+            np.floor(np.mod(theta - self.offset, 2 * np.pi) / self.width).astype(np.intp) % self.m
+        )
 
     def quadrature(self, order: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Gauss--Legendre rule with ``order`` nodes in each arc (exact for polynomials in θ of degree ``2 order - 1``)."""
@@ -245,12 +254,48 @@ class CircleMesh(Mesh):
 
 def _icosahedron() -> tuple[np.ndarray, np.ndarray]:
     p = (1 + np.sqrt(5)) / 2
-    v = np.array([[-1, p, 0], [1, p, 0], [-1, -p, 0], [1, -p, 0], [0, -1, p], [0, 1, p],
-                  [0, -1, -p], [0, 1, -p], [p, 0, -1], [p, 0, 1], [-p, 0, -1], [-p, 0, 1]], dtype=float)
+    v = np.array(
+        [
+            [-1, p, 0],
+            [1, p, 0],
+            [-1, -p, 0],
+            [1, -p, 0],
+            [0, -1, p],
+            [0, 1, p],
+            [0, -1, -p],
+            [0, 1, -p],
+            [p, 0, -1],
+            [p, 0, 1],
+            [-p, 0, -1],
+            [-p, 0, 1],
+        ],
+        dtype=float,
+    )
     v /= np.linalg.norm(v, axis=1, keepdims=True)
-    f = np.array([[0, 11, 5], [0, 5, 1], [0, 1, 7], [0, 7, 10], [0, 10, 11], [1, 5, 9], [5, 11, 4],
-                  [11, 10, 2], [10, 7, 6], [7, 1, 8], [3, 9, 4], [3, 4, 2], [3, 2, 6], [3, 6, 8],
-                  [3, 8, 9], [4, 9, 5], [2, 4, 11], [6, 2, 10], [8, 6, 7], [9, 8, 1]])
+    f = np.array(
+        [
+            [0, 11, 5],
+            [0, 5, 1],
+            [0, 1, 7],
+            [0, 7, 10],
+            [0, 10, 11],
+            [1, 5, 9],
+            [5, 11, 4],
+            [11, 10, 2],
+            [10, 7, 6],
+            [7, 1, 8],
+            [3, 9, 4],
+            [3, 4, 2],
+            [3, 2, 6],
+            [3, 6, 8],
+            [3, 8, 9],
+            [4, 9, 5],
+            [2, 4, 11],
+            [6, 2, 10],
+            [8, 6, 7],
+            [9, 8, 1],
+        ]
+    )
     return v, f
 
 
@@ -299,11 +344,18 @@ def _regions(sv: SphericalVoronoi) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _solid_angle(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """Area of the spherical triangle (a, b, c) (Van Oosterom & Strackee 1983), unsigned."""
     num = np.abs(np.einsum("...i,...i->...", a, np.cross(b, c)))
-    den = 1 + np.einsum("...i,...i->...", a, b) + np.einsum("...i,...i->...", b, c) + np.einsum("...i,...i->...", c, a)
+    den = (
+        1
+        + np.einsum("...i,...i->...", a, b)
+        + np.einsum("...i,...i->...", b, c)
+        + np.einsum("...i,...i->...", c, a)
+    )
     return 2 * np.arctan2(num, den)
 
 
-def _vector_areas(gen: np.ndarray, verts: np.ndarray, cell: np.ndarray, vert: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+def _vector_areas(
+    gen: np.ndarray, verts: np.ndarray, cell: np.ndarray, vert: np.ndarray, nxt: np.ndarray
+) -> np.ndarray:
     r""":math:`\int_C x\,dA` for every cell: :math:`\tfrac12\sum_e \ell_e\,\hat{(v_a \times v_b)}`, oriented by the generator."""
     a, b = verts[vert], verts[nxt]
     cr = np.cross(a, b)
@@ -364,7 +416,7 @@ class SphereMesh(Mesh):
         self._build(pts, lloyd)
 
     @classmethod
-    def from_generators(cls, points: ArrayLike, *, lloyd: int = 0) -> "SphereMesh":
+    def from_generators(cls, points: ArrayLike, *, lloyd: int = 0) -> SphereMesh:
         """Voronoi mesh of arbitrary distinct generators on :math:`S^2`, shape ``(M, 3)``, ``M >= 4``."""
         x = as_points(points, "points", normalize=True)
         if x.ndim != 2 or x.shape[1] != 3 or x.shape[0] < 4:
@@ -386,7 +438,9 @@ class SphereMesh(Mesh):
         try:
             sv = SphericalVoronoi(pts, threshold=1e-10)
         except ValueError as exc:
-            raise ValueError(f"cannot build a spherical Voronoi mesh of these generators: {exc}") from None
+            raise ValueError(
+                f"cannot build a spherical Voronoi mesh of these generators: {exc}"
+            ) from None
         cell, vert, nxt = _regions(sv)
         verts = sv.vertices / np.linalg.norm(sv.vertices, axis=1, keepdims=True)
         M = pts.shape[0]
@@ -394,7 +448,9 @@ class SphereMesh(Mesh):
         self.vertices = verts
         self.regions = [np.asarray(r, dtype=np.intp) for r in sv.regions]
         # areas: fan of exact spherical triangles (generator, a, b): sums to 4 pi to round-off
-        self.areas = np.bincount(cell, weights=_solid_angle(pts[cell], verts[vert], verts[nxt]), minlength=M)
+        self.areas = np.bincount(
+            cell, weights=_solid_angle(pts[cell], verts[vert], verts[nxt]), minlength=M
+        )
         va = _vector_areas(pts, verts, cell, vert, nxt)
         self.centers = va / np.linalg.norm(va, axis=1, keepdims=True)
         # edges: each arc (a, b) appears in exactly two regions
@@ -402,8 +458,10 @@ class SphereMesh(Mesh):
         key = lo * verts.shape[0] + hi
         uniq, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
         if np.any(cnt != 2):
-            raise ValueError("spherical Voronoi regions do not close (an edge is not shared by exactly two cells); "
-                             "check that the generators are distinct")
+            raise ValueError(
+                "spherical Voronoi regions do not close (an edge is not shared by exactly two cells); "
+                "check that the generators are distinct"
+            )
         order = np.argsort(inv, kind="stable")
         first, second = order[0::2], order[1::2]
         cl, cr = cell[first], cell[second]
@@ -412,8 +470,11 @@ class SphereMesh(Mesh):
         nn = np.linalg.norm(normal, axis=1)
         gdiff = pts[cr] - pts[cl]
         # degenerate (zero-length) arcs: the normal is the bisector direction of the generators
-        normal = np.where(nn[:, None] > 1e-14, normal / np.where(nn > 1e-14, nn, 1)[:, None],
-                          gdiff / np.linalg.norm(gdiff, axis=1, keepdims=True))
+        normal = np.where(
+            nn[:, None] > 1e-14,
+            normal / np.where(nn > 1e-14, nn, 1)[:, None],
+            gdiff / np.linalg.norm(gdiff, axis=1, keepdims=True),
+        )
         normal *= np.sign(np.einsum("ij,ij->i", normal, gdiff))[:, None]
         mid = a + b
         self.cell_left = cl.astype(np.intp)
@@ -440,14 +501,18 @@ class SphereMesh(Mesh):
         v = self.vertices[vert]
         t1 = log_map(v, self.vertices[prev])
         t2 = log_map(v, self.vertices[nxt])
-        cosang = np.einsum("ij,ij->i", t1, t2) / np.maximum(np.linalg.norm(t1, axis=1) * np.linalg.norm(t2, axis=1), 1e-300)
+        cosang = np.einsum("ij,ij->i", t1, t2) / np.maximum(
+            np.linalg.norm(t1, axis=1) * np.linalg.norm(t2, axis=1), 1e-300
+        )
         ok = (np.linalg.norm(t1, axis=1) > 1e-12) & (np.linalg.norm(t2, axis=1) > 1e-12)
         ang = np.degrees(np.arccos(np.clip(cosang[ok], -1, 1)))
         return {
             "area_ratio": float(self.areas.max() / self.areas.min()),
             "min_angle": float(ang.min()),
             "edge_ratio": float(self.edge_length.min() / self.edge_length.mean()),
-            "centroid_offset": float(geodesic_distance(self.centers, self.generators).max() / self.spacing),
+            "centroid_offset": float(
+                geodesic_distance(self.centers, self.generators).max() / self.spacing
+            ),
         }
 
     # -- location and quadrature ------------------------------------------------
@@ -459,13 +524,17 @@ class SphereMesh(Mesh):
         return self._tree.query(x)[1].astype(np.intp)
 
     # Dunavant (1985) degree-5 rule on a triangle: barycentric nodes and weights (sum 1).
-    _RULE_L = np.array([[1 / 3, 1 / 3, 1 / 3],
-                        [0.059715871789770, 0.470142064105115, 0.470142064105115],
-                        [0.470142064105115, 0.059715871789770, 0.470142064105115],
-                        [0.470142064105115, 0.470142064105115, 0.059715871789770],
-                        [0.797426985353087, 0.101286507323456, 0.101286507323456],
-                        [0.101286507323456, 0.797426985353087, 0.101286507323456],
-                        [0.101286507323456, 0.101286507323456, 0.797426985353087]])
+    _RULE_L = np.array(
+        [
+            [1 / 3, 1 / 3, 1 / 3],
+            [0.059715871789770, 0.470142064105115, 0.470142064105115],
+            [0.470142064105115, 0.059715871789770, 0.470142064105115],
+            [0.470142064105115, 0.470142064105115, 0.059715871789770],
+            [0.797426985353087, 0.101286507323456, 0.101286507323456],
+            [0.101286507323456, 0.797426985353087, 0.101286507323456],
+            [0.101286507323456, 0.101286507323456, 0.797426985353087],
+        ]
+    )
     _RULE_W = np.array([0.225, *[0.132394152788506] * 3, *[0.125939180544827] * 3])
 
     def quadrature(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -476,7 +545,11 @@ class SphereMesh(Mesh):
         g, a, b = self.generators[cell], self.vertices[vert], self.vertices[nxt]
         det = np.abs(np.einsum("ij,ij->i", g, np.cross(a, b)))
         L = self._RULE_L
-        p = L[None, :, 0, None] * g[:, None] + L[None, :, 1, None] * a[:, None] + L[None, :, 2, None] * b[:, None]
+        p = (
+            L[None, :, 0, None] * g[:, None]
+            + L[None, :, 1, None] * a[:, None]
+            + L[None, :, 2, None] * b[:, None]
+        )
         r = np.linalg.norm(p, axis=-1)
         w = self._RULE_W[None, :] * det[:, None] / (2 * r**3)
         return (p / r[..., None]).reshape(-1, 3), w.reshape(-1), np.repeat(cell, L.shape[0])
@@ -486,13 +559,20 @@ class SphereMesh(Mesh):
         for meshes built by :meth:`from_generators`."""
         if self.resolution is None:
             return {"type": "sphere", "generators": self.generators.tolist(), "lloyd": 0}
-        return {"type": "sphere", "resolution": self.resolution, "generators": self.kind, "lloyd": self.lloyd}
+        return {
+            "type": "sphere",
+            "resolution": self.resolution,
+            "generators": self.kind,
+            "lloyd": self.lloyd,
+        }
 
     def __repr__(self) -> str:
         q = self.quality()
         res = f"resolution={self.resolution}, " if self.resolution is not None else ""
-        return (f"SphereMesh({res}M={self.n_cells}, generators={self.kind!r}, lloyd={self.lloyd}, "
-                f"h={self.spacing:.4g}, area_ratio={q['area_ratio']:.3f}, min_angle={q['min_angle']:.1f}deg)")
+        return (
+            f"SphereMesh({res}M={self.n_cells}, generators={self.kind!r}, lloyd={self.lloyd}, "
+            f"h={self.spacing:.4g}, area_ratio={q['area_ratio']:.3f}, min_angle={q['min_angle']:.1f}deg)"
+        )
 
 
 def mesh_from_dict(spec: dict) -> Mesh:
@@ -508,9 +588,17 @@ def mesh_from_dict(spec: dict) -> Mesh:
     16
     """
     if not isinstance(spec, dict) or spec.get("type") not in ("circle", "sphere"):
-        raise ValueError(f"a mesh specification is a dict with type 'circle' or 'sphere', got {spec!r:.80}")
+        raise ValueError(
+            f"a mesh specification is a dict with type 'circle' or 'sphere', got {spec!r:.80}"
+        )
     if spec["type"] == "circle":
         return CircleMesh(spec["m"], offset=spec.get("offset", 0.0))
     if isinstance(spec.get("generators"), list):
-        return SphereMesh.from_generators(np.asarray(spec["generators"]), lloyd=spec.get("lloyd", 0))
-    return SphereMesh(spec["resolution"], generators=spec.get("generators", "icosahedral"), lloyd=spec.get("lloyd", 3))
+        return SphereMesh.from_generators(
+            np.asarray(spec["generators"]), lloyd=spec.get("lloyd", 0)
+        )
+    return SphereMesh(
+        spec["resolution"],
+        generators=spec.get("generators", "icosahedral"),
+        lloyd=spec.get("lloyd", 3),
+    )

@@ -30,6 +30,7 @@ So for the repulsive choice :math:`V = -I` the interaction energy :math:`E_\beta
 :math:`E_\beta - 1/(2\beta)`.  A model that is not a gradient flow raises
 :class:`~wflow.errors.NotAGradientFlowError` saying which condition fails.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -53,8 +54,10 @@ KERNELS = ("plain", "rescaled")
 def _exp_checked(c: np.ndarray, what: str, beta: float) -> np.ndarray:
     """``exp(c)``, or an error naming the quantity and the convention that would work."""
     if c.size and float(np.max(c)) > np.log(np.finfo(np.float64).max) - 1.0:
-        raise WflowError(f"{what} at beta={beta:g} is e^{float(np.max(c)):.4g}, beyond float64: use the rescaled kernel "
-                         f"(kernel='rescaled', a factor e^-beta) or the log-scale (Model.log_energy)")
+        raise WflowError(
+            f"{what} at beta={beta:g} is e^{float(np.max(c)):.4g}, beyond float64: use the rescaled kernel "
+            f"(kernel='rescaled', a factor e^-beta) or the log-scale (Model.log_energy)"
+        )
     return np.exp(c)
 
 
@@ -93,7 +96,7 @@ class Model(ABC):
         """True when the model changes with time (layers, schedules, time-dependent speeds)."""
         return False
 
-    def at(self, t: float) -> "Model":
+    def at(self, t: float) -> Model:
         """The model acting at time ``t`` (a time-independent one: itself).  Solvers evaluate ``model.at(t)``."""
         return self
 
@@ -118,7 +121,9 @@ class Model(ABC):
     def _require_gradient(self) -> None:
         why = self.gradient_obstruction()
         if why is not None:
-            raise NotAGradientFlowError(f"{self!r} is not a gradient flow, so it has no energy: {why}")
+            raise NotAGradientFlowError(
+                f"{self!r} is not a gradient flow, so it has no energy: {why}"
+            )
 
     def energy(self, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         r"""The functional :math:`F(\mu)` the flow ascends (module docstring), shape ``batch``."""
@@ -133,20 +138,24 @@ class Model(ABC):
         x = self._check_query(x, mu)
         return self._first_variation(x, mu, backend)
 
-    def _energy(self, mu: Atoms, backend: str) -> np.ndarray:  # pragma: no cover - abstract in effect
+    def _energy(
+        self, mu: Atoms, backend: str
+    ) -> np.ndarray:  # pragma: no cover - abstract in effect
         raise NotAGradientFlowError(f"{self!r} defines no energy")
 
-    def _first_variation(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:  # pragma: no cover
+    def _first_variation(
+        self, x: np.ndarray, mu: Atoms, backend: str
+    ) -> np.ndarray:  # pragma: no cover
         raise NotAGradientFlowError(f"{self!r} defines no first variation")
 
     # -- composition and serialisation ----------------------------------------
-    def __add__(self, other: "Model") -> "SumModel":
+    def __add__(self, other: Model) -> SumModel:
         if not isinstance(other, Model):
             return NotImplemented
         return SumModel([*_parts(self), *_parts(other)])
 
     @property
-    def parts(self) -> list["Model"]:
+    def parts(self) -> list[Model]:
         return [self]
 
     @abstractmethod
@@ -160,7 +169,9 @@ class Model(ABC):
         if x.shape[-1] != mu.d:
             raise ValueError(f"x has dimension d={x.shape[-1]} but the measure has d={mu.d}")
         if self.dim is not None and mu.d != self.dim:
-            raise ValueError(f"{self!r} works in dimension d={self.dim}, but the measure has d={mu.d}")
+            raise ValueError(
+                f"{self!r} works in dimension d={self.dim}, but the measure has d={mu.d}"
+            )
         return x
 
     def rate_bound(self) -> float:
@@ -208,34 +219,56 @@ def _identity_sign(M: np.ndarray | None) -> int:
 class _Attention(Model):
     """Shared parts of SA and USA."""
 
-    def __init__(self, beta: float | None = None, Q: ArrayLike | None = None, K: ArrayLike | None = None,
-                 V: ArrayLike | None = None, *, kernel: str = "plain", gamma: float | None = None):
+    def __init__(
+        self,
+        beta: float | None = None,
+        Q: ArrayLike | None = None,
+        K: ArrayLike | None = None,
+        V: ArrayLike | None = None,
+        *,
+        kernel: str = "plain",
+        gamma: float | None = None,
+    ):
         if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS} (e^(beta<x,y>) or e^(beta(<x,y>-1))), got {kernel!r}")
+            raise ValueError(
+                f"kernel must be one of {KERNELS} (e^(beta<x,y>) or e^(beta(<x,y>-1))), got {kernel!r}"
+            )
         self.kernel = kernel
         if gamma is not None:
             if beta is not None:
-                raise ValueError(f"give beta or gamma (long context: beta = gamma log n), not both; got beta={beta!r}, "
-                                 f"gamma={gamma!r}")
+                raise ValueError(
+                    f"give beta or gamma (long context: beta = gamma log n), not both; got beta={beta!r}, "
+                    f"gamma={gamma!r}"
+                )
             self.gamma = check_nonnegative(gamma, "gamma")
             beta = 0.0
         else:
             self.gamma = None
             if beta is None:
-                raise TypeError("attention needs beta (or gamma for the long-context scaling beta = gamma log n)")
+                raise TypeError(
+                    "attention needs beta (or gamma for the long-context scaling beta = gamma log n)"
+                )
         self.beta = check_nonnegative(beta, "beta")
         self.Q = _matrix(Q, "Q")
         self.K = _matrix(K, "K")
         self.V = _matrix(V, "V")
-        dims = {name: M.shape[1] for name, M in (("Q", self.Q), ("K", self.K), ("V", self.V)) if M is not None}
+        dims = {
+            name: M.shape[1]
+            for name, M in (("Q", self.Q), ("K", self.K), ("V", self.V))
+            if M is not None
+        }
         if len(set(dims.values())) > 1:
             raise ValueError(f"Q, K, V must act on the same dimension d (columns), got {dims}")
         if self.Q is not None and self.K is not None and self.Q.shape[0] != self.K.shape[0]:
-            raise ValueError(f"Q and K must have the same number of rows, got shapes {self.Q.shape} and {self.K.shape}")
+            raise ValueError(
+                f"Q and K must have the same number of rows, got shapes {self.Q.shape} and {self.K.shape}"
+            )
         for name, M in (("Q", self.Q), ("K", self.K)):
             other = self.K if name == "Q" else self.Q
             if M is not None and other is None and M.shape[0] != M.shape[1]:
-                raise ValueError(f"{name} must be square when the other of Q, K is the identity, got shape {M.shape}")
+                raise ValueError(
+                    f"{name} must be square when the other of Q, K is the identity, got shape {M.shape}"
+                )
         if self.V is not None and self.V.shape[0] != self.V.shape[1]:
             raise ValueError(f"V must be square (d, d), got shape {self.V.shape}")
         self.dim = next(iter(dims.values())) if dims else None
@@ -256,15 +289,26 @@ class _Attention(Model):
             return norm(self.V) * (1 + b)
         size = b - self.offset(self.beta)
         if size > USA.MAX_LOG_VELOCITY:
-            raise WflowError(f"USA at beta={self.beta:g}: velocities of size up to e^{size:.4g} move on the time "
-                             f"scale e^-beta, beyond what float64 can integrate; use SA, a smaller beta, or the "
-                             f"rescaled kernel e^(beta(<x,y>-1)) (USA(beta, kernel='rescaled'): a time change "
-                             f"t' = e^beta t, wflow.theory.rescaled_time)")
+            raise WflowError(
+                f"USA at beta={self.beta:g}: velocities of size up to e^{size:.4g} move on the time "
+                f"scale e^-beta, beyond what float64 can integrate; use SA, a smaller beta, or the "
+                f"rescaled kernel e^(beta(<x,y>-1)) (USA(beta, kernel='rescaled'): a time change "
+                f"t' = e^beta t, wflow.theory.rescaled_time)"
+            )
         return norm(self.V) * (1 + b) * float(np.exp(size))
 
     def _sums(self, x: np.ndarray, mu: Atoms, backend: str, values: bool = True):
-        return kernel_sums(x, mu.points, mu.weights, self.beta_for(mu.n), Q=self.Q, K=self.K, V=self.V,
-                           values=values, backend=backend)
+        return kernel_sums(
+            x,
+            mu.points,
+            mu.weights,
+            self.beta_for(mu.n),
+            Q=self.Q,
+            K=self.K,
+            V=self.V,
+            values=values,
+            backend=backend,
+        )
 
     @property
     def sign(self) -> int:
@@ -281,7 +325,9 @@ class _Attention(Model):
         if _identity_sign(self.Q) != 1 or _identity_sign(self.K) != 1:
             return "the energy E_beta needs Q = K = I (identity); got a general Q or K"
         if _identity_sign(self.V) == 0:
-            return "the energy E_beta needs V = I (attraction) or V = -I (repulsion); got a general V"
+            return (
+                "the energy E_beta needs V = I (attraction) or V = -I (repulsion); got a general V"
+            )
         return None
 
     def _interaction(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
@@ -324,7 +370,9 @@ class _Attention(Model):
         if why is not None:
             raise ValueError(f"angular_velocity needs Q = K = I and V = +-I: {why}")
         theta = np.asarray(theta, dtype=np.float64)
-        return self.angular_velocity_from_differences(theta[..., None, :] - theta[..., :, None], weights)
+        return self.angular_velocity_from_differences(
+            theta[..., None, :] - theta[..., :, None], weights
+        )
 
     def angular_velocity_from_differences(self, D: np.ndarray, weights: np.ndarray) -> np.ndarray:
         r""":meth:`angular_velocity` from the matrix of angle differences :math:`D_{ij} = \theta_j - \theta_i`,
@@ -338,8 +386,10 @@ class _Attention(Model):
             return self.sign * num / np.sum(k, axis=-1)
         c = beta - self.offset(beta)
         if c > USA.MAX_LOG_VELOCITY:
-            raise WflowError(f"USA at beta={self.beta:g}: velocities of size e^{c:.4g}, beyond float64; use "
-                             f"kernel='rescaled'")
+            raise WflowError(
+                f"USA at beta={self.beta:g}: velocities of size e^{c:.4g}, beyond float64; use "
+                f"kernel='rescaled'"
+            )
         return self.sign * num * np.exp(c)
 
     def angular_jacobian(self, theta: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -354,7 +404,7 @@ class _Attention(Model):
         beta = self.beta_for(D.shape[-1])
         k = np.exp(-2.0 * beta * np.sin(0.5 * D) ** 2) * weights[None, :]
         sD, cD = np.sin(D), np.cos(D)
-        dN = k * (cD - beta * sD * sD)          # d/dtheta_j of the numerator's term j
+        dN = k * (cD - beta * sD * sD)  # d/dtheta_j of the numerator's term j
         if isinstance(self, SA):
             N, Z = np.sum(k * sD, axis=-1), np.sum(k, axis=-1)
             dZ = -beta * k * sD
@@ -365,7 +415,9 @@ class _Attention(Model):
         np.fill_diagonal(J, -J.sum(axis=1))
         return self.sign * J
 
-    def sphere_jacobian(self, theta: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def sphere_jacobian(
+        self, theta: np.ndarray, weights: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         r"""The exact Jacobian of the attention average and of the velocity of tokens on the sphere, for
         :math:`Q = K = I`, :math:`V = \pm I`, one system: ``(dA, dv)``, each of shape ``(n, n, d, d)`` with
         ``dA[i, k]`` :math:`= \partial A_i/\partial\theta_k` and ``dv[i, k]`` :math:`= \partial v_i/\partial\theta_k`,
@@ -404,12 +456,17 @@ class _Attention(Model):
         >>> bool(np.allclose(fd, dv[:, 1, :, 2], atol=1e-8))
         True
         """
-        if any(_identity_sign(M) != 1 for M in (self.Q, self.K)) or _identity_sign(self.V) not in (1, -1):
+        if any(_identity_sign(M) != 1 for M in (self.Q, self.K)) or _identity_sign(self.V) not in (
+            1,
+            -1,
+        ):
             raise ValueError(f"sphere_jacobian needs Q = K = I and V = +-I, got {self!r}")
         theta = np.asarray(theta, dtype=np.float64)
         w = np.asarray(weights, dtype=np.float64)
         if theta.ndim != 2 or w.shape != theta.shape[:1]:
-            raise ValueError(f"theta must have shape (n, d) and weights (n,), got {theta.shape} and {w.shape}")
+            raise ValueError(
+                f"theta must have shape (n, d) and weights (n,), got {theta.shape} and {w.shape}"
+            )
         n, d = theta.shape
         beta = self.beta_for(n)
         with np.errstate(divide="ignore"):
@@ -425,16 +482,22 @@ class _Attention(Model):
         A = p @ theta
         eye = np.eye(d)
         # p_ik [I + beta (theta_k - Abar_i) theta_i^T], then the diagonal blocks' beta (C_i - Abar_i Abar_i^T)
-        dA = p[:, :, None, None] * (eye + beta * (theta[None, :, :, None] - Abar[:, None, :, None])
-                                    * theta[:, None, None, :])
+        dA = p[:, :, None, None] * (
+            eye
+            + beta * (theta[None, :, :, None] - Abar[:, None, :, None]) * theta[:, None, None, :]
+        )
         idx = np.arange(n)
-        C = np.matmul(theta.T[None, :, :] * p[:, None, :], theta)  # C_i = sum_j p_ij theta_j theta_j^T
+        C = np.matmul(
+            theta.T[None, :, :] * p[:, None, :], theta
+        )  # C_i = sum_j p_ij theta_j theta_j^T
         dA[idx, idx] += beta * (C - Abar[:, :, None] * Abar[:, None, :])
         dA *= self.sign
         A *= self.sign
         P = eye - theta[:, :, None] * theta[:, None, :]
         dv = np.matmul(P[:, None], dA)
-        dv[idx, idx] -= np.einsum("ij,ij->i", theta, A)[:, None, None] * eye + theta[:, :, None] * A[:, None, :]
+        dv[idx, idx] -= (
+            np.einsum("ij,ij->i", theta, A)[:, None, None] * eye + theta[:, :, None] * A[:, None, :]
+        )
         return dA, dv
 
     def average(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
@@ -461,7 +524,11 @@ class _Attention(Model):
         with np.errstate(divide="ignore"):
             terms = np.log(mu.weights) + np.log(s.mass) + s.log_scale
         top = np.max(terms, axis=-1, keepdims=True)
-        return (top[..., 0] + np.log(np.sum(np.exp(terms - top), axis=-1))) - np.log(2 * beta) - self.offset(beta)
+        return (
+            (top[..., 0] + np.log(np.sum(np.exp(terms - top), axis=-1)))
+            - np.log(2 * beta)
+            - self.offset(beta)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": type(self).__name__, "beta": self.beta}
@@ -476,11 +543,17 @@ class _Attention(Model):
         return out
 
     def __repr__(self) -> str:
-        extra = "".join(f", {n}=<{getattr(self, n).shape[0]}x{getattr(self, n).shape[1]}>"
-                        for n in ("Q", "K", "V") if getattr(self, n) is not None)
+        extra = "".join(
+            f", {n}=<{getattr(self, n).shape[0]}x{getattr(self, n).shape[1]}>"
+            for n in ("Q", "K", "V")
+            if getattr(self, n) is not None
+        )
         if self.V is not None and self._sign() != 0:
-            extra = "".join(f", {n}=<{getattr(self, n).shape[0]}x{getattr(self, n).shape[1]}>"
-                            for n in ("Q", "K") if getattr(self, n) is not None) + (", V=-I" if self._sign() < 0 else ", V=I")
+            extra = "".join(
+                f", {n}=<{getattr(self, n).shape[0]}x{getattr(self, n).shape[1]}>"
+                for n in ("Q", "K")
+                if getattr(self, n) is not None
+            ) + (", V=-I" if self._sign() < 0 else ", V=I")
         temp = f"gamma={self.gamma:g}" if self.gamma is not None else f"beta={self.beta:g}"
         kern = ", kernel='rescaled'" if self.kernel == "rescaled" else ""
         return f"{type(self).__name__}({temp}{extra}{kern})"
@@ -576,7 +649,8 @@ class USA(_Attention):
                 f"USA at beta={self.beta:g}: the velocity is of size e^{float(np.max(c)):.4g} and moves on "
                 f"the time scale e^-beta, beyond what float64 can integrate (e^beta overflows, and its square long "
                 f"before); use SA (the same clusters, normalized speed), a smaller beta, or the rescaled kernel "
-                f"e^(beta(<x,y>-1)) (USA(beta, kernel='rescaled')), a pure time change t' = e^beta t")
+                f"e^(beta(<x,y>-1)) (USA(beta, kernel='rescaled')), a pure time change t' = e^beta t"
+            )
         return s.vector * np.exp(c)[..., None]
 
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
@@ -644,14 +718,18 @@ class Perceptron(Model):
     ((5, 3), True)
     """
 
-    def __init__(self, W: ArrayLike, A: ArrayLike, b: ArrayLike | None = None, activation: str = "relu"):
+    def __init__(
+        self, W: ArrayLike, A: ArrayLike, b: ArrayLike | None = None, activation: str = "relu"
+    ):
         self.W = _matrix(W, "W")
         self.A = _matrix(A, "A")
         if self.W is None or self.A is None:
             raise TypeError("Perceptron needs both W and A matrices, got None")
         m, d = self.A.shape
         if self.W.shape != (d, m):
-            raise ValueError(f"W must have shape (d, m) = ({d}, {m}) to match A of shape {self.A.shape}, got {self.W.shape}")
+            raise ValueError(
+                f"W must have shape (d, m) = ({d}, {m}) to match A of shape {self.A.shape}, got {self.W.shape}"
+            )
         if d < 2:
             raise ValueError(f"A must act on dimension d >= 2, got A of shape {self.A.shape}")
         if b is None:
@@ -672,7 +750,9 @@ class Perceptron(Model):
         self._omega = self._conservative_weights()
 
     @classmethod
-    def conservative(cls, A: ArrayLike, omega: ArrayLike, b: ArrayLike | None = None, activation: str = "relu") -> "Perceptron":
+    def conservative(
+        cls, A: ArrayLike, omega: ArrayLike, b: ArrayLike | None = None, activation: str = "relu"
+    ) -> Perceptron:
         r"""The conservative perceptron :math:`W = A^\top\mathrm{diag}(\omega)`."""
         A = np.asarray(A, dtype=float)
         omega = np.asarray(omega, dtype=float)
@@ -701,7 +781,9 @@ class Perceptron(Model):
         sigma = ACTIVATIONS[self.activation][0]
         return sigma(x @ self.A.T + self.b) @ self.W.T
 
-    def velocity(self, x: ArrayLike, mu: Atoms | None = None, *, backend: str = "auto") -> np.ndarray:
+    def velocity(
+        self, x: ArrayLike, mu: Atoms | None = None, *, backend: str = "auto"
+    ) -> np.ndarray:
         x = np.asarray(x)
         if x.ndim < 2 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (..., n, {self.dim}), got {x.shape}")
@@ -729,12 +811,19 @@ class Perceptron(Model):
         return 0.5 * mu.integrate(self.potential(mu.points))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "Perceptron", "W": self.W.tolist(), "A": self.A.tolist(), "b": self.b.tolist(),
-                "activation": self.activation}
+        return {
+            "type": "Perceptron",
+            "W": self.W.tolist(),
+            "A": self.A.tolist(),
+            "b": self.b.tolist(),
+            "activation": self.activation,
+        }
 
     def __repr__(self) -> str:
         kind = "conservative" if self._omega is not None else "general"
-        return f"Perceptron(d={self.dim}, m={self.A.shape[0]}, activation={self.activation!r}, {kind})"
+        return (
+            f"Perceptron(d={self.dim}, m={self.A.shape[0]}, activation={self.activation!r}, {kind})"
+        )
 
 
 class SumModel(Model):
@@ -766,8 +855,10 @@ class SumModel(Model):
         if len(dims) > 1:
             raise ValueError(f"blocks act on different dimensions: {sorted(dims)}")
         if any(p.space != "sphere" for p in parts):
-            raise ValueError("blocks of a sum act on the sphere; a scheme with radii (pre-ln, peri-ln, mix-ln) takes its "
-                             "perceptron as Normalized(attention, scheme, perceptron=...)")
+            raise ValueError(
+                "blocks of a sum act on the sphere; a scheme with radii (pre-ln, peri-ln, mix-ln) takes its "
+                "perceptron as Normalized(attention, scheme, perceptron=...)"
+            )
         self._parts = list(parts)
         self.dim = dims.pop() if dims else None
 
@@ -786,7 +877,9 @@ class SumModel(Model):
         return SumModel([p.at(t) for p in self._parts]) if self.time_dependent else self
 
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
-        return np.unique(np.concatenate([np.empty(0)] + [p.breakpoints(t0, t_end) for p in self._parts]))
+        return np.unique(
+            np.concatenate([np.empty(0)] + [p.breakpoints(t0, t_end) for p in self._parts])
+        )
 
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         x = self._check_query(x, mu)
@@ -801,8 +894,10 @@ class SumModel(Model):
             if why is not None:
                 return f"block {p!r}: {why}"
         if len(self._parts) > 1 and any(p.metric != WASSERSTEIN for p in self._parts):
-            return ("SA ascends its energy in a metric reweighted by Z_mu, other blocks in the plain Wasserstein "
-                    "metric: their sum is not the gradient flow of one energy (use USA for a gradient sum)")
+            return (
+                "SA ascends its energy in a metric reweighted by Z_mu, other blocks in the plain Wasserstein "
+                "metric: their sum is not the gradient flow of one energy (use USA for a gradient sum)"
+            )
         return None
 
     @property
@@ -852,7 +947,9 @@ def model_from_dict(spec: dict[str, Any]) -> Model:
         raise ValueError(f"model type must be one of {sorted(_KEYS)}, got {kind!r}")
     unknown = set(spec) - _KEYS[kind]
     if unknown:
-        raise ValueError(f"unknown keys for a {kind} model: {sorted(unknown)} (allowed: {sorted(_KEYS[kind])})")
+        raise ValueError(
+            f"unknown keys for a {kind} model: {sorted(unknown)} (allowed: {sorted(_KEYS[kind])})"
+        )
     args = {k: v for k, v in spec.items() if k != "type"}
     if kind == "SA":
         return SA(**args)

@@ -21,6 +21,7 @@ except when a ``path`` is given: then the figure is a plain
 Asking a function for a picture it cannot draw (a particle plot of a density, say)
 raises :class:`TypeError` naming the result kind and the function that draws it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -47,10 +48,10 @@ _GEO = ("mollweide", "hammer", "aitoff", "lambert")
 @dataclass
 class _Particles:
     kind: str
-    times: np.ndarray                 # (k,)
-    points: np.ndarray                # (k, n, d), one system
-    weights: np.ndarray               # (k, n)
-    color: np.ndarray | None = None   # (k, n): transported density of Lagrangian nodes
+    times: np.ndarray  # (k,)
+    points: np.ndarray  # (k, n, d), one system
+    weights: np.ndarray  # (k, n)
+    color: np.ndarray | None = None  # (k, n): transported density of Lagrangian nodes
     diagnostics: dict[str, np.ndarray] = field(default_factory=dict)  # each (k,)
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -62,10 +63,10 @@ class _Particles:
 @dataclass
 class _Densities:
     kind: str
-    times: np.ndarray                 # (k,)
-    values: np.ndarray                # (k, M)
-    centers: np.ndarray | None        # (M, d) fixed cells or atoms
-    mesh: Any = None                  # mesh with vertices/regions (S^2) when known
+    times: np.ndarray  # (k,)
+    values: np.ndarray  # (k, M)
+    centers: np.ndarray | None  # (M, d) fixed cells or atoms
+    mesh: Any = None  # mesh with vertices/regions (S^2) when known
     moving: np.ndarray | None = None  # (k, M, d): Lagrangian nodes
     diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
@@ -98,22 +99,30 @@ def _kind(result: Any) -> str:
     if isinstance(result, (_Particles, _Densities)):
         return result.kind
     kind = getattr(result, "kind", None)
-    if kind == "jko" or (kind is None and hasattr(result, "free_energy") and hasattr(result, "reference")):
+    if kind == "jko" or (
+        kind is None and hasattr(result, "free_energy") and hasattr(result, "reference")
+    ):
         return "density" if getattr(result, "mesh", None) is not None else "atoms-density"
     if kind in ("particles", "lagrangian", "density", "as-particles"):
         return kind
     if hasattr(result, "jacobian") and hasattr(result, "density"):
         return "lagrangian"
-    if hasattr(result, "values") and getattr(result, "mesh", None) is not None and hasattr(result, "times"):
+    if (
+        hasattr(result, "values")
+        and getattr(result, "mesh", None) is not None
+        and hasattr(result, "times")
+    ):
         return "density"
     if hasattr(result, "times") and hasattr(result, "weights") and hasattr(result, "points"):
         pts, w = np.asarray(result.points), np.asarray(result.weights)
-        if pts.ndim == 2 and w.ndim == 2:       # JKO on a point cloud: fixed support, moving weights
+        if pts.ndim == 2 and w.ndim == 2:  # JKO on a point cloud: fixed support, moving weights
             return "atoms-density"
         if pts.ndim >= 3:
             return "particles"
-    raise TypeError(f"wflow.plot cannot draw a {type(result).__name__}: expected a result of wflow.simulate, "
-                    f"solve_density, solve_lagrangian or solvers.jko.jko")
+    raise TypeError(
+        f"wflow.plot cannot draw a {type(result).__name__}: expected a result of wflow.simulate, "
+        f"solve_density, solve_lagrangian or solvers.jko.jko"
+    )
 
 
 def _density_values(result: Any) -> np.ndarray:
@@ -136,7 +145,9 @@ def _pick(a: Any, k: int, system: int, what: str) -> np.ndarray | None:
         return None
     a = a.reshape(k, -1)
     if not 0 <= system < a.shape[1]:
-        raise ValueError(f"system must be in [0, {a.shape[1]}) for this result's {what}, got {system}")
+        raise ValueError(
+            f"system must be in [0, {a.shape[1]}) for this result's {what}, got {system}"
+        )
     return a[:, system]
 
 
@@ -150,31 +161,49 @@ def _particles(result: Any, system: int = 0) -> _Particles:
         if hasattr(result, "rho0") and hasattr(result, "jacobian"):
             rho = np.asarray(result.rho0, dtype=float) / np.asarray(result.jacobian, dtype=float)
         else:
-            rho = np.stack([np.asarray(result.density(i)[1], dtype=float) for i in range(len(view.times))])
+            rho = np.stack(
+                [np.asarray(result.density(i)[1], dtype=float) for i in range(len(view.times))]
+            )
         view.kind, view.color = "lagrangian", rho.reshape(view.points.shape[:2])
         return view
     if kind == "atoms-density":
         k = len(result.times)
         pts = np.broadcast_to(np.asarray(result.points, float), (k,) + np.shape(result.points))
         diag = {"energy": np.asarray(result.energy, float)}
-        return _Particles(kind, np.asarray(result.times, float), pts, np.asarray(result.weights, float),
-                          diagnostics=diag, config=_config(result))
+        return _Particles(
+            kind,
+            np.asarray(result.times, float),
+            pts,
+            np.asarray(result.weights, float),
+            diagnostics=diag,
+            config=_config(result),
+        )
     if kind not in ("particles", "as-particles"):
-        raise TypeError(f"plot_particles draws particles; got a {_name(result)} (a density on a mesh): "
-                        f"use wflow.plot.plot_density")
+        raise TypeError(
+            f"plot_particles draws particles; got a {_name(result)} (a density on a mesh): "
+            f"use wflow.plot.plot_density"
+        )
     times = np.asarray(result.times, dtype=float)
     k = len(times)
     pts = np.asarray(result.points)
     n, d = pts.shape[-2:]
     flat = pts.reshape(k, -1, n, d)
     if not 0 <= system < flat.shape[1]:
-        raise ValueError(f"system must be in [0, {flat.shape[1]}) (the result holds {flat.shape[1]} systems), "
-                         f"got {system}")
+        raise ValueError(
+            f"system must be in [0, {flat.shape[1]}) (the result holds {flat.shape[1]} systems), "
+            f"got {system}"
+        )
     w = np.asarray(result.weights, dtype=float).reshape(-1, n)
     w = w[system if w.shape[0] > 1 else 0]
     diag = {key: _pick(v, k, system, key) for key, v in getattr(result, "diagnostics", {}).items()}
-    return _Particles("particles", times, flat[:, system], np.broadcast_to(w, (k, n)),
-                      diagnostics={key: v for key, v in diag.items() if v is not None}, config=_config(result))
+    return _Particles(
+        "particles",
+        times,
+        flat[:, system],
+        np.broadcast_to(w, (k, n)),
+        diagnostics={key: v for key, v in diag.items() if v is not None},
+        config=_config(result),
+    )
 
 
 @dataclass
@@ -194,23 +223,51 @@ def _densities(result: Any, system: int = 0, *, caller: str = "plot_density") ->
         return result
     if kind == "density":
         mesh = result.mesh
-        diag = {"energy": getattr(result, "energy", None), "mass": getattr(result, "mass", None),
-                "free_energy": getattr(result, "free_energy", None)}
+        diag = {
+            "energy": getattr(result, "energy", None),
+            "mass": getattr(result, "mass", None),
+            "free_energy": getattr(result, "free_energy", None),
+        }
         k = len(result.times)
         diag = {key: _pick(v, k, 0, key) for key, v in diag.items()}
-        return _Densities(kind, np.asarray(result.times, float), _density_values(result),
-                          np.asarray(mesh.centers, float), mesh=mesh,
-                          diagnostics={key: v for key, v in diag.items() if v is not None and np.any(np.isfinite(v))},
-                          config=_config(result))
+        return _Densities(
+            kind,
+            np.asarray(result.times, float),
+            _density_values(result),
+            np.asarray(mesh.centers, float),
+            mesh=mesh,
+            diagnostics={
+                key: v for key, v in diag.items() if v is not None and np.any(np.isfinite(v))
+            },
+            config=_config(result),
+        )
     if kind == "atoms-density":
-        diag = {"energy": np.asarray(result.energy, float), "free_energy": np.asarray(result.free_energy, float)}
-        return _Densities(kind, np.asarray(result.times, float), _density_values(result),
-                          np.asarray(result.points, float), diagnostics=diag, config=_config(result))
+        diag = {
+            "energy": np.asarray(result.energy, float),
+            "free_energy": np.asarray(result.free_energy, float),
+        }
+        return _Densities(
+            kind,
+            np.asarray(result.times, float),
+            _density_values(result),
+            np.asarray(result.points, float),
+            diagnostics=diag,
+            config=_config(result),
+        )
     if kind == "lagrangian":
         view = _particles(result, system)
-        return _Densities(kind, view.times, view.color, None, moving=view.points, diagnostics=view.diagnostics,
-                          config=view.config)
-    raise TypeError(f"{caller} draws densities; got a {_name(result)} (particles): use wflow.plot.plot_particles")
+        return _Densities(
+            kind,
+            view.times,
+            view.color,
+            None,
+            moving=view.points,
+            diagnostics=view.diagnostics,
+            config=view.config,
+        )
+    raise TypeError(
+        f"{caller} draws densities; got a {_name(result)} (particles): use wflow.plot.plot_particles"
+    )
 
 
 def _config(result: Any) -> dict[str, Any]:
@@ -283,7 +340,11 @@ def describe(result: Any) -> str:
         return " — ".join(p for p in parts if p)
     if kind == "lagrangian":
         view = _particles(result)
-        return " — ".join(p for p in ("Lagrangian", model, f"{view.points.shape[1]} nodes on {_sphere(view.d)}") if p)
+        return " — ".join(
+            p
+            for p in ("Lagrangian", model, f"{view.points.shape[1]} nodes on {_sphere(view.d)}")
+            if p
+        )
     dens = _densities(result)
     mesh = dens.mesh
     if mesh is not None and hasattr(mesh, "n_cells"):
@@ -380,7 +441,9 @@ def _norm(values: np.ndarray, kind: str, vmin: float | None, vmax: float | None)
 
 def _sphere_outline(ax: Any) -> None:
     u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 25), np.linspace(0, np.pi, 13))
-    ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.75", lw=0.4, alpha=0.6)
+    ax.plot_wireframe(
+        np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.75", lw=0.4, alpha=0.6
+    )
     ax.set_box_aspect((1, 1, 1))
     ax.set(xlim=(-1, 1), ylim=(-1, 1), zlim=(-1, 1))
     for axis, label in zip((ax.xaxis, ax.yaxis, ax.zaxis), ("x₁", "x₂", "x₃")):
@@ -424,15 +487,19 @@ def _cell_polygons(mesh: Any, degrees: bool) -> tuple[list[np.ndarray], np.ndarr
         step = np.diff(np.concatenate([lon, lon[:1]]))
         step = (step + np.pi) % full - np.pi
         winding = step.sum()
-        if abs(winding) > np.pi:                 # a pole inside the cell
+        if abs(winding) > np.pi:  # a pole inside the cell
             order = np.argsort(lon)
             lo, la = lon[order], lat[order]
             pole = quarter if np.mean(lat) > 0 else -quarter
             # close the strip at lon = ±pi with the latitude interpolated across the seam
             gap = lo[0] + full - lo[-1]
             edge = la[-1] + (la[0] - la[-1]) * (np.pi - lo[-1]) / gap if gap > 0 else la[0]
-            ring = np.column_stack([np.concatenate([[-np.pi, -np.pi], lo, [np.pi, np.pi]]),
-                                    np.concatenate([[pole, edge], la, [edge, pole]])])
+            ring = np.column_stack(
+                [
+                    np.concatenate([[-np.pi, -np.pi], lo, [np.pi, np.pi]]),
+                    np.concatenate([[pole, edge], la, [edge, pole]]),
+                ]
+            )
             polys.append(ring), cells.append(i)
             continue
         lon_u = lon[0] + np.concatenate([[0.0], np.cumsum(step[:-1])])
@@ -447,7 +514,9 @@ def _cell_polygons(mesh: Any, degrees: bool) -> tuple[list[np.ndarray], np.ndarr
     return polys, np.asarray(cells, dtype=np.intp)
 
 
-def _density_map(ax: Any, dens: _Densities, i: int, norm: Any, cmap: str, cache: dict | None = None):
+def _density_map(
+    ax: Any, dens: _Densities, i: int, norm: Any, cmap: str, cache: dict | None = None
+):
     """Filled cells (fixed meshes and point clouds) or coloured nodes (Lagrangian) on a map."""
     from matplotlib.collections import PolyCollection
 
@@ -456,12 +525,16 @@ def _density_map(ax: Any, dens: _Densities, i: int, norm: Any, cmap: str, cache:
     if dens.moving is None:
         key = ("cells", degrees)
         if cache is None or key not in cache:
-            polys, cells = _cell_polygons(dens.mesh if dens.mesh is not None else _CentersMesh(dens.centers), degrees)
+            polys, cells = _cell_polygons(
+                dens.mesh if dens.mesh is not None else _CentersMesh(dens.centers), degrees
+            )
             if cache is not None:
                 cache[key] = (polys, cells)
         else:
             polys, cells = cache[key]
-        art = PolyCollection(polys, array=vals[cells], cmap=cmap, norm=norm, edgecolors="face", linewidths=0.2)
+        art = PolyCollection(
+            polys, array=vals[cells], cmap=cmap, norm=norm, edgecolors="face", linewidths=0.2
+        )
         ax.add_collection(art, autolim=False)
         if degrees:
             ax.set(xlim=(-180, 180), ylim=(-90, 90))
@@ -473,8 +546,18 @@ def _density_map(ax: Any, dens: _Densities, i: int, norm: Any, cmap: str, cache:
 
 
 # ----------------------------------------------------------------------------- particles
-def plot_particles(result: Any, index: int = -1, *, ax: Any = None, view: str | None = None, system: int = 0,
-                   size: float | None = None, color: Any = None, colorbar: bool = True, title: str | None = None):
+def plot_particles(
+    result: Any,
+    index: int = -1,
+    *,
+    ax: Any = None,
+    view: str | None = None,
+    system: int = 0,
+    size: float | None = None,
+    color: Any = None,
+    colorbar: bool = True,
+    title: str | None = None,
+):
     r"""Draw particles (tokens) of a run.
 
     Parameters
@@ -540,19 +623,27 @@ def plot_particles(result: Any, index: int = -1, *, ax: Any = None, view: str | 
         from matplotlib.collections import LineCollection
 
         ax = _axes(ax)
-        th = _angles(p.points)                                  # (k, n)
+        th = _angles(p.points)  # (k, n)
         t = np.broadcast_to(p.times[:, None], th.shape)
         if len(p.times) > 1:
-            seg = np.stack([np.stack([th[:-1], t[:-1]], -1), np.stack([th[1:], t[1:]], -1)], axis=-2)
-            keep = np.abs(th[1:] - th[:-1]) < np.pi              # no line across the seam 2π -> 0
-            alpha = float(np.clip(25.0 / th.shape[1], 0.04, 0.5))   # many tokens: fainter lines
+            seg = np.stack(
+                [np.stack([th[:-1], t[:-1]], -1), np.stack([th[1:], t[1:]], -1)], axis=-2
+            )
+            keep = np.abs(th[1:] - th[:-1]) < np.pi  # no line across the seam 2π -> 0
+            alpha = float(np.clip(25.0 / th.shape[1], 0.04, 0.5))  # many tokens: fainter lines
             lines = LineCollection(seg[keep], colors=color or "C0", linewidths=0.6, alpha=alpha)
             ax.add_collection(lines)
         ax.scatter(th[-1], t[-1], s=s, color=color or "C0", zorder=3)
-        ax.set(xlim=(0, 2 * np.pi), ylim=(p.times[0], p.times[-1] if p.times[-1] > p.times[0] else p.times[0] + 1),
-               xlabel="θ", ylabel="t")
+        ax.set(
+            xlim=(0, 2 * np.pi),
+            ylim=(p.times[0], p.times[-1] if p.times[-1] > p.times[0] else p.times[0] + 1),
+            xlabel="θ",
+            ylabel="t",
+        )
         ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
-        ax.set_title(title if title is not None else describe(result) if p.kind == "particles" else "")
+        ax.set_title(
+            title if title is not None else describe(result) if p.kind == "particles" else ""
+        )
         return ax
     if view == "circle":
         ax = _axes(ax)
@@ -568,7 +659,9 @@ def plot_particles(result: Any, index: int = -1, *, ax: Any = None, view: str | 
             raise ValueError("view='3d' needs 3-D axes: fig.add_subplot(projection='3d')")
         _sphere_outline(ax)
         x = _project3(p.points[i])
-        art = ax.scatter(x[:, 0], x[:, 1], x[:, 2], s=sizes, c=c, norm=norm, alpha=0.8, depthshade=False)
+        art = ax.scatter(
+            x[:, 0], x[:, 1], x[:, 2], s=sizes, c=c, norm=norm, alpha=0.8, depthshade=False
+        )
     else:
         ax = _axes(ax, projection="mollweide", figsize=(7, 4))
         lon, lat = _lonlat(p.points[i], degrees=ax.name not in _GEO)
@@ -586,18 +679,35 @@ def _legacy_density(times: Any, values: Any, centers: Any, energy: Any) -> _Dens
     values = np.asarray(values, dtype=float)
     centers = np.asarray(centers, dtype=float)
     if values.ndim != 2 or values.shape != (times.shape[0], centers.shape[0]):
-        raise ValueError(f"values must have shape (len(times), len(centers)) = ({times.shape[0]}, "
-                         f"{centers.shape[0]}), got {values.shape}")
+        raise ValueError(
+            f"values must have shape (len(times), len(centers)) = ({times.shape[0]}, "
+            f"{centers.shape[0]}), got {values.shape}"
+        )
     diag = {}
     if energy is not None and np.any(np.isfinite(energy)):
         diag["energy"] = np.asarray(energy, dtype=float)
-    return _Densities("density", times, values, centers, mesh=_CentersMesh(centers), diagnostics=diag)
+    return _Densities(
+        "density", times, values, centers, mesh=_CentersMesh(centers), diagnostics=diag
+    )
 
 
-def plot_density(result: Any, index: Any = None, *args: Any, ax: Any = None, fig: Any = None,
-                 view: str | None = None, norm: str = "log", vmin: float | None = None, vmax: float | None = None,
-                 cmap: str = "magma", colorbar: bool = True, n_snapshots: int = 4, system: int = 0,
-                 energy: Any = None, title: str | None = None):
+def plot_density(
+    result: Any,
+    index: Any = None,
+    *args: Any,
+    ax: Any = None,
+    fig: Any = None,
+    view: str | None = None,
+    norm: str = "log",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str = "magma",
+    colorbar: bool = True,
+    n_snapshots: int = 4,
+    system: int = 0,
+    energy: Any = None,
+    title: str | None = None,
+):
     r"""Draw a density run: a heat map on :math:`S^1`, filled-cell maps on :math:`S^2`.
 
     Parameters
@@ -652,8 +762,9 @@ def plot_density(result: Any, index: Any = None, *args: Any, ax: Any = None, fig
     >>> ax.get_ylabel()
     't'
     """
-    if isinstance(result, np.ndarray) or (isinstance(result, (list, tuple)) and index is not None
-                                          and not np.isscalar(index)):
+    if isinstance(result, np.ndarray) or (
+        isinstance(result, (list, tuple)) and index is not None and not np.isscalar(index)
+    ):
         centers = args[0] if args else None
         path = args[1] if len(args) > 1 else None
         if centers is None:
@@ -661,7 +772,9 @@ def plot_density(result: Any, index: Any = None, *args: Any, ax: Any = None, fig
         dens = _legacy_density(result, index, centers, energy)
         return plot_trajectory(dens, path, fig=fig, title=title or "")
     if args:
-        raise TypeError("plot_density(result, index=None, *, ax=None, ...) takes one result and an index")
+        raise TypeError(
+            "plot_density(result, index=None, *, ax=None, ...) takes one result and an index"
+        )
     dens = _densities(result, system)
     d = dens.d
     views = ("heatmap", "profile") if d == 2 else ("map",)
@@ -676,15 +789,36 @@ def plot_density(result: Any, index: Any = None, *args: Any, ax: Any = None, fig
             th = _angles(dens.centers)
             order = np.argsort(th)
             if k > 1:
-                art = ax.pcolormesh(th[order], dens.times, dens.values[:, order], shading="nearest", cmap=cmap,
-                                    norm=scale, rasterized=True)
+                art = ax.pcolormesh(
+                    th[order],
+                    dens.times,
+                    dens.values[:, order],
+                    shading="nearest",
+                    cmap=cmap,
+                    norm=scale,
+                    rasterized=True,
+                )
             else:
-                art = ax.scatter(th[order], np.repeat(dens.times, th.size), c=dens.values[0, order], cmap=cmap,
-                                 norm=scale, s=10)
+                art = ax.scatter(
+                    th[order],
+                    np.repeat(dens.times, th.size),
+                    c=dens.values[0, order],
+                    cmap=cmap,
+                    norm=scale,
+                    s=10,
+                )
         else:
             th = _angles(dens.moving)
-            art = ax.scatter(th.ravel(), np.repeat(dens.times, th.shape[1]), c=dens.values.ravel(), cmap=cmap,
-                             norm=scale, s=4, linewidths=0, rasterized=True)
+            art = ax.scatter(
+                th.ravel(),
+                np.repeat(dens.times, th.shape[1]),
+                c=dens.values.ravel(),
+                cmap=cmap,
+                norm=scale,
+                s=4,
+                linewidths=0,
+                rasterized=True,
+            )
         ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="t")
         ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
         if colorbar:
@@ -693,7 +827,11 @@ def plot_density(result: Any, index: Any = None, *args: Any, ax: Any = None, fig
         return ax
     if view == "profile":
         ax = _axes(ax, figsize=(6, 4))
-        idx = _snapshots(k, n_snapshots) if index is None else [_index(i, k) for i in np.atleast_1d(index)]
+        idx = (
+            _snapshots(k, n_snapshots)
+            if index is None
+            else [_index(i, k) for i in np.atleast_1d(index)]
+        )
         for i in idx:
             th = _angles(dens.points(i))
             order = np.argsort(th)
@@ -707,8 +845,11 @@ def plot_density(result: Any, index: Any = None, *args: Any, ax: Any = None, fig
         return ax
     # S^2 maps
     single = ax is not None or (index is not None and np.isscalar(index))
-    idx = ([_index(index if index is not None else -1, k)] if single else
-           (_snapshots(k, n_snapshots) if index is None else [_index(i, k) for i in index]))
+    idx = (
+        [_index(index if index is not None else -1, k)]
+        if single
+        else (_snapshots(k, n_snapshots) if index is None else [_index(i, k) for i in index])
+    )
     scale = _norm(dens.values[idx], norm, vmin, vmax)
     cache: dict = {}
     if single:
@@ -741,7 +882,9 @@ _LABELS = {
 }
 
 
-def _diagnostics(result: Any, system: int) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Any]]:
+def _diagnostics(
+    result: Any, system: int
+) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Any]]:
     kind = _kind(result)
     if kind in ("particles", "lagrangian"):
         v = _particles(result, system)
@@ -759,7 +902,9 @@ def _plain_axis(ax: Any) -> None:
     ax.yaxis.set_major_formatter(fmt)
 
 
-def plot_energy(result: Any, *, ax: Any = None, system: int = 0, which: str = "energy", title: str | None = None):
+def plot_energy(
+    result: Any, *, ax: Any = None, system: int = 0, which: str = "energy", title: str | None = None
+):
     r"""Energy of a gradient-flow run against time.
 
     Parameters
@@ -797,8 +942,10 @@ def plot_energy(result: Any, *, ax: Any = None, system: int = 0, which: str = "e
         raise ValueError(f"which must be 'energy' or 'free_energy', got {which!r}")
     e = diag.get(which)
     if e is None or not np.any(np.isfinite(e)):
-        raise ValueError(f"this {_name(result)} has no {which.replace('_', ' ')} (the model is not a gradient flow, "
-                         f"or the solver does not record it); plot_diagnostics draws what it has")
+        raise ValueError(
+            f"this {_name(result)} has no {which.replace('_', ' ')} (the model is not a gradient flow, "
+            f"or the solver does not record it); plot_diagnostics draws what it has"
+        )
     ax = _axes(ax, figsize=(5, 3.5))
     ax.plot(times, e, marker=".")
     _plain_axis(ax)
@@ -839,8 +986,11 @@ def plot_diagnostics(result: Any, *, fig: Any = None, system: int = 0, title: st
     (3, 'energy E (ascended)')
     """
     times, diag, cfg = _diagnostics(result, system)
-    names = [n for n in ("energy", "free_energy", "order_parameter", "n_clusters", "mass", "max_density")
-             if n in diag and np.any(np.isfinite(diag[n]))]
+    names = [
+        n
+        for n in ("energy", "free_energy", "order_parameter", "n_clusters", "mass", "max_density")
+        if n in diag and np.any(np.isfinite(diag[n]))
+    ]
     fig = _figure(fig, figsize=(3.6 * max(len(names), 1), 3.2))
     axes = [fig.add_subplot(1, max(len(names), 1), j + 1) for j in range(max(len(names), 1))]
     for ax, name in zip(axes, names):
@@ -849,7 +999,9 @@ def plot_diagnostics(result: Any, *, fig: Any = None, system: int = 0, title: st
     return fig
 
 
-def _diag_panel(ax: Any, times: np.ndarray, name: str, values: np.ndarray, cfg: dict[str, Any]) -> None:
+def _diag_panel(
+    ax: Any, times: np.ndarray, name: str, values: np.ndarray, cfg: dict[str, Any]
+) -> None:
     if name == "n_clusters":
         ax.step(times, values, where="post")
         if np.nanmax(values) > 10 * max(np.nanmin(values), 1):
@@ -864,8 +1016,16 @@ def _diag_panel(ax: Any, times: np.ndarray, name: str, values: np.ndarray, cfg: 
 
 
 # ----------------------------------------------------------------------------- summary figure
-def plot_trajectory(result: Any, path: str | Path | None = None, *, fig: Any = None, n_snapshots: int = 4,
-                    system: int = 0, title: str | None = None, dpi: int = 110):
+def plot_trajectory(
+    result: Any,
+    path: str | Path | None = None,
+    *,
+    fig: Any = None,
+    n_snapshots: int = 4,
+    system: int = 0,
+    title: str | None = None,
+    dpi: int = 110,
+):
     r"""The summary figure of a run (the one ``wflow run`` writes): snapshots above diagnostics.
 
     Particles: the particles at ``n_snapshots`` times (circle, or 3-D sphere) and, on
@@ -910,8 +1070,11 @@ def plot_trajectory(result: Any, path: str | Path | None = None, *, fig: Any = N
         return fig
     kind = _kind(result)
     times, diag, cfg = _diagnostics(result, system)
-    names = [n for n in ("energy", "free_energy", "order_parameter", "n_clusters", "max_density")
-             if n in diag and np.any(np.isfinite(diag[n]))]
+    names = [
+        n
+        for n in ("energy", "free_energy", "order_parameter", "n_clusters", "max_density")
+        if n in diag and np.any(np.isfinite(diag[n]))
+    ]
     if "energy" in names and "order_parameter" in names:
         names.remove("order_parameter")
     k = len(times)
@@ -929,21 +1092,32 @@ def plot_trajectory(result: Any, path: str | Path | None = None, *, fig: Any = N
         axes = []
         for j, i in enumerate(idx):
             a = fig.add_subplot(grid[0, j], projection=None if view.d == 2 else "3d")
-            plot_particles(view, i, ax=a, view="circle" if view.d == 2 else "3d", colorbar=False,
-                           title=f"t = {times[i]:.3g}")
+            plot_particles(
+                view,
+                i,
+                ax=a,
+                view="circle" if view.d == 2 else "3d",
+                colorbar=False,
+                title=f"t = {times[i]:.3g}",
+            )
             if view.d == 2:
                 a.set_axis_off()
             axes.append(a)
         if view.color is not None:
             fig.colorbar(axes[-1].collections[-1], ax=axes, label="density ρ", shrink=0.6)
         if view.d == 2 and kind == "particles":
-            a = fig.add_subplot(grid[0, len(idx):])
+            a = fig.add_subplot(grid[0, len(idx) :])
             plot_particles(view, ax=a, view="angle", title="angles θᵢ(t)")
     elif view.d == 2:
         half = cols // 2
-        plot_density(view, ax=fig.add_subplot(grid[0, :max(half, 1)]), title="density ρ(θ, t)")
-        plot_density(view, ax=fig.add_subplot(grid[0, max(half, 1):]), view="profile",
-                     n_snapshots=n_snapshots, title="profiles")
+        plot_density(view, ax=fig.add_subplot(grid[0, : max(half, 1)]), title="density ρ(θ, t)")
+        plot_density(
+            view,
+            ax=fig.add_subplot(grid[0, max(half, 1) :]),
+            view="profile",
+            n_snapshots=n_snapshots,
+            title="profiles",
+        )
     else:
         scale = _norm(view.values[idx], "log", None, None)
         cache: dict = {}
@@ -957,16 +1131,30 @@ def plot_trajectory(result: Any, path: str | Path | None = None, *, fig: Any = N
     n = max(len(names), 1)
     bounds = np.linspace(0, cols, n + 1).round().astype(int)
     for j, name in enumerate(names):
-        _diag_panel(fig.add_subplot(grid[1, bounds[j]:max(bounds[j + 1], bounds[j] + 1)]), times, name,
-                    diag[name], cfg)
+        _diag_panel(
+            fig.add_subplot(grid[1, bounds[j] : max(bounds[j + 1], bounds[j] + 1)]),
+            times,
+            name,
+            diag[name],
+            cfg,
+        )
     fig.suptitle(title if title is not None else describe(result))
     _save(fig, path, dpi)
     return fig
 
 
 # ----------------------------------------------------------------------------- animations
-def animate(result: Any, path: str | Path, *, fps: int = 10, system: int = 0, view: str | None = None,
-            norm: str = "log", dpi: int = 100, title: str | None = None) -> Path:
+def animate(
+    result: Any,
+    path: str | Path,
+    *,
+    fps: int = 10,
+    system: int = 0,
+    view: str | None = None,
+    norm: str = "log",
+    dpi: int = 100,
+    title: str | None = None,
+) -> Path:
     r"""Write an animation of a run, one frame per save: GIF (Pillow) or MP4.
 
     Particles on :math:`S^1` (circle) and :math:`S^2` (3-D sphere, or ``view="map"``);
@@ -1052,7 +1240,12 @@ def animate(result: Any, path: str | Path, *, fps: int = 10, system: int = 0, vi
                 ax.plot(th[order], dens.values[i, order])
                 if norm == "log":
                     ax.set_yscale("log")
-                ax.set(xlim=(0, 2 * np.pi), ylim=(scale.vmin, scale.vmax), xlabel="θ", ylabel="density ρ")
+                ax.set(
+                    xlim=(0, 2 * np.pi),
+                    ylim=(scale.vmin, scale.vmax),
+                    xlabel="θ",
+                    ylabel="density ρ",
+                )
             else:
                 ax = fig.add_subplot(projection="mollweide")
                 art = _density_map(ax, dens, i, scale, "magma", cache)
@@ -1079,7 +1272,9 @@ def _mp4_writer(fps: int):
         matplotlib.rcParams["animation.ffmpeg_path"] = imageio_ffmpeg.get_ffmpeg_exe()
     except ImportError:
         if shutil.which(matplotlib.rcParams["animation.ffmpeg_path"]) is None:
-            raise RuntimeError("writing MP4 needs ffmpeg: pip install imageio-ffmpeg, or write a .gif") from None
+            raise RuntimeError(
+                "writing MP4 needs ffmpeg: pip install imageio-ffmpeg, or write a .gif"
+            ) from None
     return animation.FFMpegWriter(fps=fps, codec="h264", extra_args=["-pix_fmt", "yuv420p"])
 
 
@@ -1099,8 +1294,10 @@ def plot_zonal(result: Any, *, ax: Any = None, n_snapshots: int = 5):
     ('z = <x, e>', 'log', 3)
     """
     if getattr(result, "kind", None) != "zonal":
-        raise TypeError(f"plot_zonal draws zonal runs (wflow.solvers.zonal.solve_zonal); got a {_name(result)}: use "
-                        f"wflow.plot.plot_trajectory or plot_density")
+        raise TypeError(
+            f"plot_zonal draws zonal runs (wflow.solvers.zonal.solve_zonal); got a {_name(result)}: use "
+            f"wflow.plot.plot_trajectory or plot_density"
+        )
     ax = _axes(ax, figsize=(6, 4))
     k = len(result.times)
     z = 0.5 * (result.edges[1:] + result.edges[:-1])

@@ -33,10 +33,12 @@ Layer-dependent parameters: :class:`Layered` (a list of models, one per unit of 
 random weights redrawn every ``period``) and :class:`TimeDependent` (any function of t).
 Solvers evaluate ``model.at(t)``; adaptive steps land on layer boundaries.
 """
+
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -85,18 +87,30 @@ class Normalized(Model):
     ((11, 8), True)
     """
 
-    def __init__(self, attention: Model, scheme: str = "post-ln", *, tau: float | None = None,
-                 alpha: Any = None, alpha_times: ArrayLike | None = None, perceptron: Perceptron | None = None):
+    def __init__(
+        self,
+        attention: Model,
+        scheme: str = "post-ln",
+        *,
+        tau: float | None = None,
+        alpha: Any = None,
+        alpha_times: ArrayLike | None = None,
+        perceptron: Perceptron | None = None,
+    ):
         if not isinstance(attention, _Attention):
             raise TypeError(f"attention must be an SA or USA block, got {short_repr(attention)}")
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
         if perceptron is not None and not isinstance(perceptron, Perceptron):
-            raise TypeError(f"perceptron must be a wflow Perceptron or None, got {short_repr(perceptron)}")
+            raise TypeError(
+                f"perceptron must be a wflow Perceptron or None, got {short_repr(perceptron)}"
+            )
         self.attention, self.scheme, self.perceptron = attention, scheme, perceptron
         dims = {m.dim for m in (attention, perceptron) if m is not None and m.dim is not None}
         if len(dims) > 1:
-            raise ValueError(f"attention and perceptron act on different dimensions: {sorted(dims)}")
+            raise ValueError(
+                f"attention and perceptron act on different dimensions: {sorted(dims)}"
+            )
         self.dim = dims.pop() if dims else None
         self.space = "free" if scheme in _FREE else "sphere"
         if scheme == "mix-ln":
@@ -127,9 +141,16 @@ class Normalized(Model):
             self.alpha = float(a[0])
             return
         tt = None if times is None else np.asarray(times, dtype=float)
-        if tt is None or tt.shape != a.shape or np.any(np.diff(tt) <= 0) or not np.all(np.isfinite(tt)):
-            raise ValueError(f"alpha_times must be increasing finite times, one per alpha value ({a.size}), "
-                             f"got {short_repr(times)}")
+        if (
+            tt is None
+            or tt.shape != a.shape
+            or np.any(np.diff(tt) <= 0)
+            or not np.all(np.isfinite(tt))
+        ):
+            raise ValueError(
+                f"alpha_times must be increasing finite times, one per alpha value ({a.size}), "
+                f"got {short_repr(times)}"
+            )
         self.alpha, self.alpha_times = a, tt
 
     def alpha_at(self, t: float) -> float:
@@ -146,9 +167,11 @@ class Normalized(Model):
     # -- time -------------------------------------------------------------------
     @property
     def time_dependent(self) -> bool:
-        return self.scheme in ("sqrt", "mix-ln") or (self.scheme == "ngpt" and not isinstance(self.alpha, float))
+        return self.scheme in ("sqrt", "mix-ln") or (
+            self.scheme == "ngpt" and not isinstance(self.alpha, float)
+        )
 
-    def at(self, t: float) -> "Normalized":
+    def at(self, t: float) -> Normalized:
         if not self.time_dependent:
             return self
         m = copy.copy(self)
@@ -195,10 +218,16 @@ class Normalized(Model):
         """True for the sphere schemes (Post-LN, nGPT, sqrt-scaling) of attention with :math:`Q = K = V = I`
         and no perceptron: fields that commute with rotations and keep tokens in the span of the initial
         ones (``coordinates="span"`` applies)."""
-        return (self.space == "sphere" and self.perceptron is None and hasattr(self.attention, "plain_attention")
-                and self.attention.plain_attention())
+        return (
+            self.space == "sphere"
+            and self.perceptron is None
+            and hasattr(self.attention, "plain_attention")
+            and self.attention.plain_attention()
+        )
 
-    def sphere_jacobian(self, theta: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def sphere_jacobian(
+        self, theta: np.ndarray, weights: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         r"""``(dU, dv)``: the exact Jacobians (shape ``(n, n, d, d)``) of the update and of the scheme's velocity
         on the sphere, for the sphere schemes of attention with :math:`Q = K = I`, :math:`V = \pm I` and no
         perceptron (:meth:`wflow.models.SA.sphere_jacobian`): Post-LN's is the attention's, sqrt-scaling's
@@ -217,19 +246,27 @@ class Normalized(Model):
         >>> bool(np.allclose((v(theta + e) - v(theta - e)) / 2e-6, m.sphere_jacobian(theta, w)[1][:, 0, :, 1], atol=1e-8))
         True
         """
-        if self.space != "sphere" or self.perceptron is not None or not hasattr(self.attention, "sphere_jacobian"):
-            raise ValueError(f"sphere_jacobian covers the sphere schemes of attention without a perceptron, got {self!r}")
+        if (
+            self.space != "sphere"
+            or self.perceptron is not None
+            or not hasattr(self.attention, "sphere_jacobian")
+        ):
+            raise ValueError(
+                f"sphere_jacobian covers the sphere schemes of attention without a perceptron, got {self!r}"
+            )
         dA, dv = self.attention.sphere_jacobian(theta, weights)
         if self.scheme == "sqrt":
             return dA, dv / np.sqrt(self.t + 1.0)
         if self.scheme == "ngpt":
             theta = np.asarray(theta, dtype=np.float64)
-            A = self.attention.average(theta, Atoms._trusted(theta, np.asarray(weights, dtype=np.float64)),
-                                       backend="numpy")
+            A = self.attention.average(
+                theta, Atoms._trusted(theta, np.asarray(weights, dtype=np.float64)), backend="numpy"
+            )
             a = _norm(A)
             v = project(theta, A) / a[:, None]  # P A / |A|
-            dv = (dv - v[:, None, :, None] * np.matmul((A / a[:, None])[:, None, None, :], dA)) \
-                / a[:, None, None, None]
+            dv = (dv - v[:, None, :, None] * np.matmul((A / a[:, None])[:, None, None, :], dA)) / a[
+                :, None, None, None
+            ]
             return dA, self.alpha_at(self.t) * dv
         return dA, dv
 
@@ -239,8 +276,10 @@ class Normalized(Model):
         if why is not None:
             return why
         if self.perceptron is not None:
-            return (f"the {self.scheme} scheme with a perceptron has no known Lyapunov function "
-                    "(without one: the attention energy of the directions)")
+            return (
+                f"the {self.scheme} scheme with a perceptron has no known Lyapunov function "
+                "(without one: the attention energy of the directions)"
+            )
         return None
 
     @property
@@ -263,19 +302,27 @@ class Normalized(Model):
         return self.attention.sign
 
     def rate_bound(self) -> float:
-        rate = self.attention.rate_bound() + (0.0 if self.perceptron is None else self.perceptron.rate_bound())
+        rate = self.attention.rate_bound() + (
+            0.0 if self.perceptron is None else self.perceptron.rate_bound()
+        )
         if self.scheme == "ngpt":
             a = self.alpha_at(0.0) if not callable(self.alpha) else 1.0
             return max(rate, a * (1 + rate))
         return rate
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "Normalized", "scheme": self.scheme, "attention": self.attention.to_dict()}
+        out: dict[str, Any] = {
+            "type": "Normalized",
+            "scheme": self.scheme,
+            "attention": self.attention.to_dict(),
+        }
         if self.tau is not None:
             out["tau"] = self.tau
         if self.scheme == "ngpt":
             if callable(self.alpha):
-                out["alpha"] = f"function {getattr(self.alpha, '__name__', 'alpha')}(t) (not serializable)"
+                out["alpha"] = (
+                    f"function {getattr(self.alpha, '__name__', 'alpha')}(t) (not serializable)"
+                )
             elif self.alpha_times is None:
                 out["alpha"] = self.alpha
             else:
@@ -285,19 +332,28 @@ class Normalized(Model):
         return out
 
     @classmethod
-    def from_dict(cls, spec: dict[str, Any]) -> "Normalized":
+    def from_dict(cls, spec: dict[str, Any]) -> Normalized:
         alpha = spec.get("alpha")
         if isinstance(alpha, str):
-            raise ValueError(f"this nGPT model used alpha = {alpha}: a function cannot be rebuilt from its "
-                             f"description; give alpha as values at alpha_times to make runs resumable")
-        return cls(model_from_dict(spec["attention"]), spec["scheme"], tau=spec.get("tau"), alpha=alpha,
-                   alpha_times=spec.get("alpha_times"),
-                   perceptron=None if "perceptron" not in spec else model_from_dict(spec["perceptron"]))
+            raise ValueError(
+                f"this nGPT model used alpha = {alpha}: a function cannot be rebuilt from its "
+                f"description; give alpha as values at alpha_times to make runs resumable"
+            )
+        return cls(
+            model_from_dict(spec["attention"]),
+            spec["scheme"],
+            tau=spec.get("tau"),
+            alpha=alpha,
+            alpha_times=spec.get("alpha_times"),
+            perceptron=None if "perceptron" not in spec else model_from_dict(spec["perceptron"]),
+        )
 
     def __repr__(self) -> str:
         extra = f", tau={self.tau:g}" if self.tau is not None else ""
         if self.scheme == "ngpt":
-            extra += ", alpha=" + (f"{self.alpha:g}" if isinstance(self.alpha, float) else "<varying>")
+            extra += ", alpha=" + (
+                f"{self.alpha:g}" if isinstance(self.alpha, float) else "<varying>"
+            )
         if self.perceptron is not None:
             extra += f", perceptron={self.perceptron!r}"
         return f"Normalized({self.attention!r}, {self.scheme!r}{extra})"
@@ -331,10 +387,14 @@ class Layered(Model):
     def __init__(self, layers: Sequence[Model], *, period: float = 1.0, t0: float = 0.0):
         layers = list(layers)
         if not layers or not all(isinstance(m, Model) for m in layers):
-            raise TypeError(f"layers must be a non-empty sequence of wflow Models, got {short_repr(layers)}")
+            raise TypeError(
+                f"layers must be a non-empty sequence of wflow Models, got {short_repr(layers)}"
+            )
         spaces = {m.space for m in layers}
         if len(spaces) > 1:
-            raise ValueError(f"layers must all act in one space (sphere or free), got {sorted(spaces)}")
+            raise ValueError(
+                f"layers must all act in one space (sphere or free), got {sorted(spaces)}"
+            )
         dims = {m.dim for m in layers if m.dim is not None}
         if len(dims) > 1:
             raise ValueError(f"layers act on different dimensions: {sorted(dims)}")
@@ -347,8 +407,18 @@ class Layered(Model):
         self.dim = dims.pop() if dims else None
 
     @classmethod
-    def random(cls, d: int, n_layers: int, *, beta: float = 1.0, period: float = 1.0, attention: str = "SA",
-               scale: float = 1.0, seed: Any = None, kernel: str = "plain") -> "Layered":
+    def random(
+        cls,
+        d: int,
+        n_layers: int,
+        *,
+        beta: float = 1.0,
+        period: float = 1.0,
+        attention: str = "SA",
+        scale: float = 1.0,
+        seed: Any = None,
+        kernel: str = "plain",
+    ) -> Layered:
         """Random weights redrawn every ``period``: Q, K, V with i.i.d. :math:`N(0, \\text{scale}^2/d)` entries."""
         from .sphere import as_generator
 
@@ -357,8 +427,19 @@ class Layered(Model):
         if attention not in ("SA", "USA"):
             raise ValueError(f"attention must be 'SA' or 'USA', got {attention!r}")
         s = check_positive(scale, "scale") / np.sqrt(d)
-        return cls([cls_(beta, Q=rng.normal(0, s, (d, d)), K=rng.normal(0, s, (d, d)), V=rng.normal(0, s, (d, d)),
-                         kernel=kernel) for _ in range(n_layers)], period=period)
+        return cls(
+            [
+                cls_(
+                    beta,
+                    Q=rng.normal(0, s, (d, d)),
+                    K=rng.normal(0, s, (d, d)),
+                    V=rng.normal(0, s, (d, d)),
+                    kernel=kernel,
+                )
+                for _ in range(n_layers)
+            ],
+            period=period,
+        )
 
     def index(self, t: float) -> int:
         return int(np.clip(np.floor((t - self.t0) / self.period + 1e-12), 0, len(self.layers) - 1))
@@ -398,14 +479,25 @@ class Layered(Model):
         return max(m.rate_bound() for m in self.layers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "Layered", "period": self.period, "t0": self.t0, "layers": [m.to_dict() for m in self.layers]}
+        return {
+            "type": "Layered",
+            "period": self.period,
+            "t0": self.t0,
+            "layers": [m.to_dict() for m in self.layers],
+        }
 
     @classmethod
-    def from_dict(cls, spec: dict[str, Any]) -> "Layered":
-        return cls([model_from_dict(m) for m in spec["layers"]], period=spec["period"], t0=spec.get("t0", 0.0))
+    def from_dict(cls, spec: dict[str, Any]) -> Layered:
+        return cls(
+            [model_from_dict(m) for m in spec["layers"]],
+            period=spec["period"],
+            t0=spec.get("t0", 0.0),
+        )
 
     def __repr__(self) -> str:
-        return f"Layered({len(self.layers)} layers of depth {self.period:g}, first {self.layers[0]!r})"
+        return (
+            f"Layered({len(self.layers)} layers of depth {self.period:g}, first {self.layers[0]!r})"
+        )
 
 
 class TimeDependent(Model):
@@ -420,7 +512,9 @@ class TimeDependent(Model):
     (True, SA(beta=2))
     """
 
-    def __init__(self, fn: Callable[[float], Model], *, space: str = "sphere", dim: int | None = None):
+    def __init__(
+        self, fn: Callable[[float], Model], *, space: str = "sphere", dim: int | None = None
+    ):
         if not callable(fn):
             raise TypeError(f"fn must be callable t -> Model, got {short_repr(fn)}")
         if space not in ("sphere", "free"):
@@ -450,8 +544,14 @@ class TimeDependent(Model):
         return f"TimeDependent({self.fn!r})"
 
 
-def layer_map(model: Normalized, x: ArrayLike, *, eta: float = 1.0, weights: ArrayLike | None = None,
-              backend: str = "auto") -> np.ndarray:
+def layer_map(
+    model: Normalized,
+    x: ArrayLike,
+    *,
+    eta: float = 1.0,
+    weights: ArrayLike | None = None,
+    backend: str = "auto",
+) -> np.ndarray:
     r"""One discrete layer on tokens ``x`` of shape ``(..., n, d)``: :math:`x \mapsto x + \eta\,U(\theta)` (a Pre-LN
     residual block) or :math:`\theta \mapsto (\theta + \eta U(\theta))/|\cdot|` (Post-LN: the block's output added
     to the stream, then normalized).
@@ -470,7 +570,9 @@ def layer_map(model: Normalized, x: ArrayLike, *, eta: float = 1.0, weights: Arr
     ((5, 3), True)
     """
     if not isinstance(model, Normalized) or model.scheme not in ("pre-ln", "post-ln"):
-        raise TypeError(f"layer_map takes a Normalized model with scheme 'pre-ln' or 'post-ln', got {short_repr(model)}")
+        raise TypeError(
+            f"layer_map takes a Normalized model with scheme 'pre-ln' or 'post-ln', got {short_repr(model)}"
+        )
     eta = check_positive(eta, "eta")
     x = np.asarray(x, dtype=float)
     theta = x / _norm(x)[..., None]

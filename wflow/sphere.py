@@ -9,9 +9,10 @@ on the circle) and quadrature nodes (trapezoid rule on :math:`S^1`, Gauss--Legen
 :math:`S^2`).  Every random function takes ``seed``: ``None``, an ``int``, a
 :class:`numpy.random.SeedSequence` or a :class:`numpy.random.Generator`.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -62,7 +63,9 @@ def as_generator(seed: SeedLike) -> np.random.Generator:
         if seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed}")
         return np.random.default_rng(int(seed))
-    raise TypeError(f"seed must be None, an int, a SeedSequence or a numpy Generator, got {short_repr(seed)}")
+    raise TypeError(
+        f"seed must be None, an int, a SeedSequence or a numpy Generator, got {short_repr(seed)}"
+    )
 
 
 #: Arrays with at least this many numbers go through the fused numba loops of
@@ -130,9 +133,14 @@ except Exception:  # pragma: no cover - numba missing or broken
 
 def _fused_ok(*arrays: np.ndarray) -> bool:
     a = arrays[0]
-    return (_HAVE_NUMBA and a.size >= FUSED_MIN_SIZE and a.ndim >= 1 and a.shape[-1] > 0
-            and a.dtype in (np.float32, np.float64)
-            and all(b.shape == a.shape and b.dtype == a.dtype and b.flags.c_contiguous for b in arrays))
+    return (
+        _HAVE_NUMBA
+        and a.size >= FUSED_MIN_SIZE
+        and a.ndim >= 1
+        and a.shape[-1] > 0
+        and a.dtype in (np.float32, np.float64)
+        and all(b.shape == a.shape and b.dtype == a.dtype and b.flags.c_contiguous for b in arrays)
+    )
 
 
 def normalize(x: ArrayLike, *, check: bool = True) -> np.ndarray:
@@ -164,7 +172,13 @@ def normalize(x: ArrayLike, *, check: bool = True) -> np.ndarray:
     array([[0.6, 0.8]])
     """
     arr = np.asarray(x) if isinstance(x, np.ndarray) else None
-    if arr is None or arr.dtype not in (np.float32, np.float64) or arr.ndim < 2 or arr.shape[-1] < 2 or arr.shape[-2] < 1:
+    if (
+        arr is None
+        or arr.dtype not in (np.float32, np.float64)
+        or arr.ndim < 2
+        or arr.shape[-1] < 2
+        or arr.shape[-2] < 1
+    ):
         return as_points(x, "x", normalize=True)  # converts, or raises naming the problem
     if _fused_ok(arr):
         out = np.empty_like(arr)
@@ -172,7 +186,9 @@ def normalize(x: ArrayLike, *, check: bool = True) -> np.ndarray:
         _normalize_rows(arr.reshape(-1, arr.shape[-1]), out.reshape(-1, arr.shape[-1]), sq)
         if not check or (np.isfinite(sq).all() and (sq > 0).all()):
             return out
-        return as_points(arr, "x", normalize=True)  # raises (or rescues squares that over/underflowed)
+        return as_points(
+            arr, "x", normalize=True
+        )  # raises (or rescues squares that over/underflowed)
     sq = np.einsum("...i,...i->...", arr, arr)
     if not check or (np.isfinite(sq).all() and (sq > 0).all()):
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -206,12 +222,23 @@ def project(x: np.ndarray, v: np.ndarray, *, scale: np.ndarray | None = None) ->
             return out
         sc = np.asarray(scale)
         if sc.shape == x.shape[:-1]:
-            _project_scaled_rows(x.reshape(-1, d), v.reshape(-1, d), np.ascontiguousarray(sc).reshape(-1), out.reshape(-1, d))
+            _project_scaled_rows(
+                x.reshape(-1, d),
+                v.reshape(-1, d),
+                np.ascontiguousarray(sc).reshape(-1),
+                out.reshape(-1, d),
+            )
             return out
     x = np.asarray(x)
     v = np.asarray(v)
     out = x * np.einsum("...i,...i->...", x, v)[..., None]
-    out = np.subtract(v, out, out=out if out.shape == np.broadcast_shapes(x.shape, v.shape) and out.dtype == np.result_type(x, v) else None)
+    out = np.subtract(
+        v,
+        out,
+        out=out
+        if out.shape == np.broadcast_shapes(x.shape, v.shape) and out.dtype == np.result_type(x, v)
+        else None,
+    )
     if scale is not None:
         out /= np.asarray(scale)[..., None]
     return out
@@ -246,7 +273,9 @@ _GRAM_BRANCH = 0.99
 _COST_BLOCK = 1 << 22
 
 
-def cost_matrix(x: ArrayLike, y: ArrayLike | None = None, *, cost: str = "geodesic", p: float = 2) -> np.ndarray:
+def cost_matrix(
+    x: ArrayLike, y: ArrayLike | None = None, *, cost: str = "geodesic", p: float = 2
+) -> np.ndarray:
     r"""Ground cost :math:`C_{ij} = d(x_i, y_j)^p` between two point sets, geodesic or chordal.
 
     .. math::
@@ -288,7 +317,12 @@ def cost_matrix(x: ArrayLike, y: ArrayLike | None = None, *, cost: str = "geodes
     """
     if cost not in COSTS:
         raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
-    if not (isinstance(p, (int, float, np.integer, np.floating)) and not isinstance(p, bool) and np.isfinite(p) and p > 0):
+    if not (
+        isinstance(p, (int, float, np.integer, np.floating))
+        and not isinstance(p, bool)
+        and np.isfinite(p)
+        and p > 0
+    ):
         raise ValueError(f"p must be a finite number > 0, got {p!r}")
     same = y is None
     x = np.asarray(x, dtype=np.float64)
@@ -299,7 +333,7 @@ def cost_matrix(x: ArrayLike, y: ArrayLike | None = None, *, cost: str = "geodes
     out = np.empty((n, m))
     rows = max(1, _COST_BLOCK // max(1, m))
     for i in range(0, n, rows):
-        xi = x[i:i + rows]
+        xi = x[i : i + rows]
         G = xi @ y.T
         np.clip(G, -1.0, 1.0, out=G)
         near = np.nonzero(G > _GRAM_BRANCH)
@@ -315,11 +349,11 @@ def cost_matrix(x: ArrayLike, y: ArrayLike | None = None, *, cost: str = "geodes
                 s = np.linalg.norm(xi[far[0]] + y[far[1]], axis=-1)
                 C[far] = np.pi - 2.0 * np.arcsin(np.minimum(0.5 * s, 1.0))
         if p == 2:
-            np.multiply(C, C, out=out[i:i + rows])
+            np.multiply(C, C, out=out[i : i + rows])
         elif p == 1:
-            out[i:i + rows] = C
+            out[i : i + rows] = C
         else:
-            np.power(C, p, out=out[i:i + rows])
+            np.power(C, p, out=out[i : i + rows])
     if same:
         np.fill_diagonal(out, 0.0)
     return out
@@ -364,7 +398,12 @@ def tangent_frame(x: ArrayLike) -> np.ndarray:
     sign = np.where(np.take_along_axis(x, k[..., None], -1) < 0, -1.0, 1.0)
     u = x.copy()
     np.put_along_axis(u, k[..., None], np.take_along_axis(u, k[..., None], -1) + sign, -1)
-    H = np.eye(d) - (2.0 / np.einsum("...i,...i->...", u, u))[..., None, None] * u[..., :, None] * u[..., None, :]
+    H = (
+        np.eye(d)
+        - (2.0 / np.einsum("...i,...i->...", u, u))[..., None, None]
+        * u[..., :, None]
+        * u[..., None, :]
+    )
     keep = np.arange(d)[None, :] != np.reshape(k, (-1, 1))  # (points, d): every row but k
     Hf = H.reshape(-1, d, d)
     return Hf[keep].reshape(*x.shape[:-1], d - 1, d)
@@ -561,7 +600,9 @@ def vmf_mixture(
     else:
         p = np.asarray(mix_weights, dtype=float)
         if p.shape != (k,) or np.any(p < 0) or not np.all(np.isfinite(p)) or p.sum() <= 0:
-            raise ValueError(f"mix_weights must be {k} non-negative numbers with positive sum, got {short_repr(p)}")
+            raise ValueError(
+                f"mix_weights must be {k} non-negative numbers with positive sum, got {short_repr(p)}"
+            )
         p = p / p.sum()
     rng = as_generator(seed)
     counts = rng.multinomial(n, p)
@@ -602,7 +643,9 @@ def sample_circle_density(
         f = np.asarray(density, dtype=float)
         m = f.shape[0] if f.ndim == 1 else 0
     if f.ndim != 1 or f.shape[0] != m or m < 2:
-        raise ValueError(f"density must give a 1-d array of values on the grid, got shape {np.shape(f)}")
+        raise ValueError(
+            f"density must give a 1-d array of values on the grid, got shape {np.shape(f)}"
+        )
     if not np.all(np.isfinite(f)) or np.any(f < 0) or f.sum() <= 0:
         raise ValueError("density must be finite, non-negative and not identically zero")
     h = 2 * np.pi / m
@@ -615,9 +658,11 @@ def sample_circle_density(
     a, b = f[k], f1[k]
     slope = (b - a) / h
     with np.errstate(divide="ignore", invalid="ignore"):
-        s_lin = np.where(np.abs(slope) > 1e-14 * np.maximum(a, 1e-300),
-                         (-a + np.sqrt(np.maximum(a * a + 2 * slope * r, 0))) / np.where(slope == 0, 1, slope),
-                         r / np.where(a > 0, a, 1))
+        s_lin = np.where(
+            np.abs(slope) > 1e-14 * np.maximum(a, 1e-300),
+            (-a + np.sqrt(np.maximum(a * a + 2 * slope * r, 0))) / np.where(slope == 0, 1, slope),
+            r / np.where(a > 0, a, 1),
+        )
     s = np.clip(np.where(np.isfinite(s_lin), s_lin, 0.5 * h), 0, h)
     return angles_to_points(k * h + s)
 

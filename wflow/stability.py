@@ -25,6 +25,7 @@ attention's mean-field landscape", ICML 2026) writes the same dynamics as the
 *descent* of :math:`\mathsf E = -F`; every "positive (semi-)definite" of the paper is a
 "negative (semi-)definite" here.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -37,7 +38,7 @@ from scipy import optimize, special
 from ._typing import ArrayLike, SeedLike
 from .errors import NotAGradientFlowError, WflowError, check_int, check_nonnegative, short_repr
 from .measure import Atoms, as_atoms
-from .models import ACTIVATIONS, REWEIGHTED, Model, Perceptron, SA, USA
+from .models import ACTIVATIONS, REWEIGHTED, SA, USA, Model, Perceptron
 from .sphere import as_generator
 
 __all__ = [
@@ -87,10 +88,14 @@ _DSIGMA = {
 def _blocks(model: Any) -> tuple[list[tuple[int, float]], list[Perceptron]]:
     """Split a gradient model into attention blocks (sign, beta) and perceptrons."""
     if not isinstance(model, Model):
-        raise TypeError(f"model must be a wflow Model (SA, USA, Perceptron or a sum), got {short_repr(model)}")
+        raise TypeError(
+            f"model must be a wflow Model (SA, USA, Perceptron or a sum), got {short_repr(model)}"
+        )
     why = model.gradient_obstruction()
     if why is not None:
-        raise NotAGradientFlowError(f"{model!r} is not a gradient flow, so it has no energy and no Hessian: {why}")
+        raise NotAGradientFlowError(
+            f"{model!r} is not a gradient flow, so it has no energy and no Hessian: {why}"
+        )
     attention: list[tuple[int, float]] = []
     perceptrons: list[Perceptron] = []
     for part in model.parts:
@@ -99,8 +104,10 @@ def _blocks(model: Any) -> tuple[list[tuple[int, float]], list[Perceptron]]:
             attention.append((sign, part.beta))
         elif isinstance(part, Perceptron):
             if part.activation not in _DSIGMA:
-                raise ValueError(f"the stability tools need the second derivative of the activation; none is known "
-                                 f"for activation={part.activation!r}")
+                raise ValueError(
+                    f"the stability tools need the second derivative of the activation; none is known "
+                    f"for activation={part.activation!r}"
+                )
             perceptrons.append(part)
         else:
             raise TypeError(f"the stability tools know SA, USA and Perceptron blocks, got {part!r}")
@@ -111,11 +118,14 @@ def _check_atoms(model: Model, mu: Any, name: str = "mu", *, distinct: bool = Tr
     if not isinstance(mu, (Atoms, np.ndarray, list, tuple)):
         raise TypeError(
             f"{name} must be an atomic measure (wflow.Atoms or an array of points): the Wasserstein Hessian "
-            f"is computed for atomic measures only, got {short_repr(mu)}")
+            f"is computed for atomic measures only, got {short_repr(mu)}"
+        )
     mu = as_atoms(mu, name)
     if mu.batch_shape:
-        raise ValueError(f"{name} must be a single measure (points of shape (n, d)), got a batch of shape "
-                         f"{mu.batch_shape}; select one system with {name}[i]")
+        raise ValueError(
+            f"{name} must be a single measure (points of shape (n, d)), got a batch of shape "
+            f"{mu.batch_shape}; select one system with {name}[i]"
+        )
     model.check_dimension(mu.d)
     x = np.asarray(mu.points, dtype=np.float64)
     m = np.asarray(mu.weights, dtype=np.float64)
@@ -125,8 +135,10 @@ def _check_atoms(model: Model, mu: Any, name: str = "mu", *, distinct: bool = Tr
         raise ValueError(f"{name}.weights contains non-finite values: {short_repr(m)}")
     if np.any(m <= 0):
         i = int(np.argmin(m))
-        raise ValueError(f"{name}.weights must be positive (an atom of mass 0 is not in the support): "
-                         f"atom {i} has mass {m[i]:.6g}; drop it first")
+        raise ValueError(
+            f"{name}.weights must be positive (an atom of mass 0 is not in the support): "
+            f"atom {i} has mass {m[i]:.6g}; drop it first"
+        )
     if distinct and mu.n > 1:
         gap = np.linalg.norm(x[:, None, :] - x[None, :, :], axis=-1)
         gap[np.diag_indices(mu.n)] = np.inf
@@ -135,7 +147,8 @@ def _check_atoms(model: Model, mu: Any, name: str = "mu", *, distinct: bool = Tr
             raise ValueError(
                 f"{name} must have distinct atoms, but atoms {i} and {j} coincide (|x_i - x_j| = {gap[i, j]:.3g}): "
                 f"merge them into one atom (a Monge map cannot split an atom; the splitting blocks of the "
-                f"Hessian cover perturbations that do)")
+                f"Hessian cover perturbations that do)"
+            )
     return Atoms._trusted(x, m / m.sum())
 
 
@@ -174,8 +187,10 @@ def _ambient_derivatives(attention, perceptrons, x: np.ndarray, m: np.ndarray):
     off = 1.0 - np.eye(k)
     for sign, beta in attention:
         if beta > _BETA_MAX:
-            raise WflowError(f"beta = {beta:g}: the Hessian's entries are of size e^beta and overflow float64 "
-                             f"beyond beta = {_BETA_MAX:g}")
+            raise WflowError(
+                f"beta = {beta:g}: the Hessian's entries are of size e^beta and overflow float64 "
+                f"beyond beta = {_BETA_MAX:g}"
+            )
         gram = np.clip(x @ x.T, -1.0, 1.0)
         ker = np.exp(beta * gram) * off  # e^{beta <x_i, x_j>}, j != i
         mm = sign * m[:, None] * m[None, :] * ker  # s m_i m_j e^{..}
@@ -196,8 +211,13 @@ def _ambient_derivatives(attention, perceptrons, x: np.ndarray, m: np.ndarray):
             if np.any(active):
                 warnings.warn(
                     f"an atom sits on the kink of a ReLU unit (units {np.flatnonzero(active).tolist()}): the second "
-                    "variation does not exist there; the Hessian uses sigma'(0) = 1/2", RuntimeWarning, stacklevel=3)
-        grad += m[:, None] * ((sigma * p.omega) @ p.A)  # m_i grad U(x_i), grad U = sum_j w_j sigma a_j
+                    "variation does not exist there; the Hessian uses sigma'(0) = 1/2",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        grad += m[:, None] * (
+            (sigma * p.omega) @ p.A
+        )  # m_i grad U(x_i), grad U = sum_j w_j sigma a_j
         dU = np.einsum("kj,ja,jb->kab", dsigma * p.omega, p.A, p.A)
         hess[np.arange(k), :, np.arange(k), :] += m[:, None, None] * dU
     return grad, hess, shift
@@ -274,7 +294,9 @@ class WassersteinHessian:
         """
         xi = np.asarray(xi, dtype=float)
         if xi.shape != self.points.shape:
-            raise ValueError(f"xi must have shape {self.points.shape} (one vector per atom), got {xi.shape}")
+            raise ValueError(
+                f"xi must have shape {self.points.shape} (one vector per atom), got {xi.shape}"
+            )
         return np.einsum("kpd,kd->kp", self.basis, xi).reshape(-1)
 
     def field(self, c: ArrayLike) -> np.ndarray:
@@ -397,9 +419,18 @@ def wasserstein_hessian(model: Model, mu: Atoms | ArrayLike) -> WassersteinHessi
     gradient = (grad - normal[:, None] * x) / m[:, None]
     if not (np.all(np.isfinite(form)) and np.all(np.isfinite(gradient))):
         raise WflowError(f"the Hessian of {model!r} at these atoms is not finite (overflow?)")
-    return WassersteinHessian(points=x, masses=m, basis=basis, form=form, metric_weights=w, matrix=matrix,
-                              eigenvalues=evals, eigenvectors=evecs, splitting=split / m[:, None, None],
-                              gradient=gradient)
+    return WassersteinHessian(
+        points=x,
+        masses=m,
+        basis=basis,
+        form=form,
+        metric_weights=w,
+        matrix=matrix,
+        eigenvalues=evals,
+        eigenvectors=evecs,
+        splitting=split / m[:, None, None],
+        gradient=gradient,
+    )
 
 
 # --------------------------------------------------------------------------- stability
@@ -488,8 +519,15 @@ def _rotation_invariant(model: Model) -> bool:
     return all(p.omega is not None and not np.any(p.omega) for p in perceptrons)
 
 
-def stability(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8, tol_velocity: float | None = None,
-              modulo_rotations: bool | None = None, splitting: bool = False) -> Stability:
+def stability(
+    model: Model,
+    mu: Atoms | ArrayLike,
+    *,
+    rtol: float = 1e-8,
+    tol_velocity: float | None = None,
+    modulo_rotations: bool | None = None,
+    splitting: bool = False,
+) -> Stability:
     r"""Is an atomic measure a (strictly) stable critical point of the ascent of :math:`F`?
 
     Conditions (wflow's sign: the flow ascends :math:`F`; the paper descends
@@ -561,7 +599,9 @@ def stability(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8, tol_ve
     for sign, beta in attention:
         size += (np.exp(beta * np.clip(x @ x.T, -1, 1)) * (1.0 - np.eye(len(m)))) @ m
     for p in perceptrons:
-        size += np.linalg.norm((ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A, axis=-1)
+        size += np.linalg.norm(
+            (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A, axis=-1
+        )
     if tol_velocity is None:
         tol_velocity = rtol * float(size.max())
     else:
@@ -573,7 +613,7 @@ def stability(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8, tol_ve
         R = _rotation_modes(H)
         if R.shape[1]:
             q, _ = np.linalg.qr(np.concatenate([R, np.eye(M.shape[0])], axis=1))
-            N = q[:, R.shape[1]:M.shape[0]]
+            N = q[:, R.shape[1] : M.shape[0]]
             M = N.T @ M @ N
     evals = np.linalg.eigvalsh(M) if M.size else np.zeros(0)
     scale = max(float(np.abs(H.matrix).max()) if H.matrix.size else 0.0, float(size.max()))
@@ -593,11 +633,27 @@ def stability(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8, tol_ve
     elif stable:
         msg = f"stable, not strictly: largest eigenvalue {top:.3g} within {tol:.3g} of 0"
     else:
-        what = "a splitting block" if splitting and split_max is not None and split_max == top else "the Hessian"
+        what = (
+            "a splitting block"
+            if splitting and split_max is not None and split_max == top
+            else "the Hessian"
+        )
         msg = f"unstable: {what} has the positive eigenvalue {top:.6g} (the ascent moves away along it)"
-    return Stability(critical=critical, stable=stable, strictly_stable=strict, max_eigenvalue=top, eigenvalues=evals,
-                     velocity=velocity, splitting_max=split_max, modulo_rotations=bool(modulo_rotations),
-                     splitting=bool(splitting), tol=tol, tol_velocity=float(tol_velocity), hessian=H, message=msg)
+    return Stability(
+        critical=critical,
+        stable=stable,
+        strictly_stable=strict,
+        max_eigenvalue=top,
+        eigenvalues=evals,
+        velocity=velocity,
+        splitting_max=split_max,
+        modulo_rotations=bool(modulo_rotations),
+        splitting=bool(splitting),
+        tol=tol,
+        tol_velocity=float(tol_velocity),
+        hessian=H,
+        message=msg,
+    )
 
 
 def is_stable(model: Model, mu: Atoms | ArrayLike, *, strict: bool = False, **kwargs: Any) -> bool:
@@ -687,8 +743,9 @@ class CircleCondition:
         return self.holds
 
 
-def circle_condition(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8,
-                     modulo_rotations: bool | None = None) -> CircleCondition:
+def circle_condition(
+    model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8, modulo_rotations: bool | None = None
+) -> CircleCondition:
     r"""A sufficient condition for (strict) stability of an atomic critical point on :math:`S^1`.
 
     On the circle, with angles :math:`\theta_i` and perturbations :math:`\xi_i` (angle
@@ -737,7 +794,9 @@ def circle_condition(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8,
     st = stability(model, mu, rtol=rtol, modulo_rotations=modulo_rotations)
     H = st.hessian
     if H.points.shape[1] != 2:
-        raise ValueError(f"circle_condition is for measures on S^1 (d = 2), got points of dimension d={H.points.shape[1]}")
+        raise ValueError(
+            f"circle_condition is for measures on S^1 (d = 2), got points of dimension d={H.points.shape[1]}"
+        )
     attention, perceptrons = _blocks(model)
     x, m = H.points, H.masses
     k = len(m)
@@ -787,11 +846,21 @@ def circle_condition(model: Model, mu: Atoms | ArrayLike, *, rtol: float = 1e-8,
     elif not holds:
         msg = "the sufficient condition fails (some c_ij > 0 or u_i > 0); the Hessian itself may still be negative"
     elif strict:
-        msg = "holds strictly: strictly stable" + (" modulo rotations" if st.modulo_rotations else "")
+        msg = "holds strictly: strictly stable" + (
+            " modulo rotations" if st.modulo_rotations else ""
+        )
     else:
         msg = "holds: stable; not strictly (a component of the graph c_ij < 0 has no anchoring curvature u_i < 0)"
-    return CircleCondition(pair_weights=c, curvatures=u, critical=st.critical, holds=holds, strict=strict,
-                           components=comps, modulo_rotations=st.modulo_rotations, message=msg)
+    return CircleCondition(
+        pair_weights=c,
+        curvatures=u,
+        critical=st.critical,
+        holds=holds,
+        strict=strict,
+        components=comps,
+        modulo_rotations=st.modulo_rotations,
+        message=msg,
+    )
 
 
 # --------------------------------------------------------------------------- supremum of the energy
@@ -802,7 +871,9 @@ def _potential(perceptrons: list[Perceptron], x: np.ndarray) -> np.ndarray:
 
 def _potential_grad(perceptrons: list[Perceptron], x: np.ndarray) -> np.ndarray:
     """Ambient gradient :math:`\\nabla v = 2\\sum_j\\omega_j\\sigma(a_j\\cdot x+b_j)a_j`."""
-    return sum(2.0 * (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A for p in perceptrons)
+    return sum(
+        2.0 * (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A for p in perceptrons
+    )
 
 
 def _local_max(perceptrons: list[Perceptron], y: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -816,8 +887,10 @@ def _local_max(perceptrons: list[Perceptron], y: np.ndarray, iters: int = 200) -
         g = B @ g_amb
         if np.linalg.norm(g) <= 1e-12 * max(1.0, np.linalg.norm(g_amb)):
             break
-        D2 = sum(2.0 * np.einsum("j,ja,jb->ab", _DSIGMA[p.activation](p.A @ y + p.b) * p.omega, p.A, p.A)
-                 for p in perceptrons)
+        D2 = sum(
+            2.0 * np.einsum("j,ja,jb->ab", _DSIGMA[p.activation](p.A @ y + p.b) * p.omega, p.A, p.A)
+            for p in perceptrons
+        )
         Hr = B @ D2 @ B.T - np.dot(g_amb, y) * np.eye(d - 1)
         ev = np.linalg.eigvalsh(Hr)
         step = -np.linalg.solve(Hr, g) if ev[-1] < 0 else g / max(float(np.abs(ev).max()), 1e-12)
@@ -864,8 +937,15 @@ class PotentialMaximum:
     upper_bound: float | None
 
 
-def potential_maximum(perceptron: Perceptron | list[Perceptron], *, n_grid: int | None = None, n_starts: int = 256,
-                      n_local: int = 32, seed: SeedLike = 0, tol: float = 1e-9) -> PotentialMaximum:
+def potential_maximum(
+    perceptron: Perceptron | list[Perceptron],
+    *,
+    n_grid: int | None = None,
+    n_starts: int = 256,
+    n_local: int = 32,
+    seed: SeedLike = 0,
+    tol: float = 1e-9,
+) -> PotentialMaximum:
     r"""Global maximum of :math:`v_\omega(x) = \sum_j\omega_j\varphi(a_j\cdot x+b_j)` over :math:`S^{d-1}`.
 
     On :math:`S^1` (``d = 2``): every local maximum of ``v`` on a grid of ``n_grid`` angles
@@ -916,7 +996,11 @@ def potential_maximum(perceptron: Perceptron | list[Perceptron], *, n_grid: int 
     upper = None
     if d == 2:
         m_units = sum(p.A.shape[0] for p in perceptrons)
-        n = check_int(n_grid, "n_grid", minimum=16) if n_grid is not None else max(2**14, 256 * m_units)
+        n = (
+            check_int(n_grid, "n_grid", minimum=16)
+            if n_grid is not None
+            else max(2**14, 256 * m_units)
+        )
         h = 2 * np.pi / n
         theta = h * np.arange(n)
         vals = _potential(perceptrons, np.stack([np.cos(theta), np.sin(theta)], -1))
@@ -925,19 +1009,26 @@ def potential_maximum(perceptron: Perceptron | list[Perceptron], *, n_grid: int 
         for p in perceptrons:
             an = np.linalg.norm(p.A, axis=1)
             reach = an + np.abs(p.b)
-            smax = np.ones_like(reach) if p.activation == "tanh" else reach  # |sigma(s)| <= |s| (or 1)
+            smax = (
+                np.ones_like(reach) if p.activation == "tanh" else reach
+            )  # |sigma(s)| <= |s| (or 1)
             dmax = 1.13 if p.activation == "gelu" else 1.0  # sup sigma'
             C += float(np.sum(2 * np.abs(p.omega) * (dmax * an**2 + an * smax)))
         upper = float(np.max(np.maximum(vals, np.roll(vals, -1)))) + C * h * h / 8
         f = lambda t: -float(_potential(perceptrons, np.array([[np.cos(t), np.sin(t)]]))[0])  # noqa: E731
-        is_max = (vals >= np.roll(vals, 1)) & (vals >= np.roll(vals, -1)) & (vals >= upper - 2 * C * h * h / 8 - tol)
+        is_max = (
+            (vals >= np.roll(vals, 1))
+            & (vals >= np.roll(vals, -1))
+            & (vals >= upper - 2 * C * h * h / 8 - tol)
+        )
         idx = np.flatnonzero(is_max)
         if idx.size > 4 * n_local:  # a plateau: keep a spread subset
             idx = idx[np.linspace(0, idx.size - 1, 4 * n_local).astype(int)]
         cands = []
         for k in idx:
-            r = optimize.minimize_scalar(f, bounds=(theta[k] - h, theta[k] + h), method="bounded",
-                                         options={"xatol": 1e-13})
+            r = optimize.minimize_scalar(
+                f, bounds=(theta[k] - h, theta[k] + h), method="bounded", options={"xatol": 1e-13}
+            )
             t_best = r.x if -r.fun >= vals[k] else theta[k]
             cands.append(t_best)
         pts = np.stack([np.cos(cands), np.sin(cands)], -1)
@@ -998,7 +1089,7 @@ class EnergySupremum:
         """The maximizer :math:`\\delta_{x_i}` as :class:`~wflow.Atoms`."""
         if self.maximizers is None:
             raise ValueError("every Dirac is a maximizer here (no perceptron): pick any point")
-        return Atoms(self.maximizers[i: i + 1], normalize=True)
+        return Atoms(self.maximizers[i : i + 1], normalize=True)
 
 
 def energy_supremum(model: Model, **kwargs: Any) -> EnergySupremum:
@@ -1047,14 +1138,24 @@ def energy_supremum(model: Model, **kwargs: Any) -> EnergySupremum:
     attention, perceptrons = _blocks(model)
     for sign, beta in attention:
         if sign < 0:
-            raise ValueError(f"model {model!r} has a repulsive attention block (V = -I): its energy's supremum is not "
-                             f"attained at a Dirac; energy_supremum covers attractive attention (V = I) only")
-    interaction = float(sum(np.exp(beta) / (2 * beta) if beta > 0 else 0.5 for _, beta in attention))
+            raise ValueError(
+                f"model {model!r} has a repulsive attention block (V = -I): its energy's supremum is not "
+                f"attained at a Dirac; energy_supremum covers attractive attention (V = I) only"
+            )
+    interaction = float(
+        sum(np.exp(beta) / (2 * beta) if beta > 0 else 0.5 for _, beta in attention)
+    )
     if not perceptrons:
-        return EnergySupremum(value=interaction, interaction=interaction, potential=None, maximizers=None)
+        return EnergySupremum(
+            value=interaction, interaction=interaction, potential=None, maximizers=None
+        )
     pm = potential_maximum(perceptrons, **kwargs)
-    return EnergySupremum(value=interaction + 0.5 * pm.value, interaction=interaction, potential=pm,
-                          maximizers=pm.maximizers)
+    return EnergySupremum(
+        value=interaction + 0.5 * pm.value,
+        interaction=interaction,
+        potential=pm,
+        maximizers=pm.maximizers,
+    )
 
 
 # --------------------------------------------------------------------------- anti-concentration
@@ -1109,11 +1210,15 @@ def anticoncentration_bound(beta: Any, omega: ArrayLike, A: ArrayLike) -> np.nda
         w = np.asarray(omega, dtype=float)
         a = np.asarray(A, dtype=float)
     except (TypeError, ValueError):
-        raise TypeError(f"omega and A must be real arrays, got omega={short_repr(omega)}, A={short_repr(A)}") from None
+        raise TypeError(
+            f"omega and A must be real arrays, got omega={short_repr(omega)}, A={short_repr(A)}"
+        ) from None
     if w.ndim != 1 or w.size == 0:
         raise ValueError(f"omega must have shape (m,) with m >= 1, got shape {w.shape}")
     if a.ndim != 2 or a.shape[0] != w.size:
-        raise ValueError(f"A must have shape (m, d) = ({w.size}, d) to match omega, got shape {a.shape}")
+        raise ValueError(
+            f"A must have shape (m, d) = ({w.size}, d) to match omega, got shape {a.shape}"
+        )
     if not np.all(np.isfinite(w)):
         raise ValueError(f"omega contains non-finite values: {short_repr(w)}")
     if not np.all(np.isfinite(a)):

@@ -39,6 +39,7 @@ the only writer: workers need no shared file system (a cluster on other hosts, o
 Kubernetes, on SLURM through dask-jobqueue), and a worker killed mid-task only costs
 the task, which Dask runs again elsewhere.
 """
+
 from __future__ import annotations
 
 import ast
@@ -53,9 +54,10 @@ import time
 import tomllib
 import types
 import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +96,7 @@ OK, STOPPED, FAILED, PENDING = 0, 1, -1, -2
 #: observables a sweep can record at every save time, one number per system
 OBSERVABLES: dict[str, str] = {
     "pair_fraction": "fraction of ordered token pairs with <x_i, x_j> > 0.999 (Geshkovski-Letrouit-Polyanskiy-"
-                     "Rigollet phase diagram)",
+    "Rigollet phase diagram)",
     "energy": "the ascended energy E_beta (gradient models; NaN otherwise)",
     "log_energy": "log E_beta (finite at any beta; gradient models)",
     "order_parameter": "|sum_i w_i x_i|",
@@ -111,12 +113,29 @@ KIND_OBSERVABLES: dict[str, tuple[str, ...]] = {
 }
 _DRIVER_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters", "pair_fraction")
 #: dimension names that would clash with the store's variables or with ``Dataset.sel``'s keywords
-_RESERVED = {"time", "status", "message", "seconds", "cpu_seconds", "worker", "config", "save_time", "method",
-             "tolerance", "drop", "indexers"}
+_RESERVED = {
+    "time",
+    "status",
+    "message",
+    "seconds",
+    "cpu_seconds",
+    "worker",
+    "config",
+    "save_time",
+    "method",
+    "tolerance",
+    "drop",
+    "indexers",
+}
 #: bytes of initial state per task when ``batch_size`` is not given
 _BATCH_BYTES = 1 << 26
 #: environment of LocalCluster worker processes: one thread each for numba, BLAS and OpenMP (``threads_per_task``)
-WORKER_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+WORKER_ENV = {
+    "NUMBA_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 class SchedulerError(ValueError, ConnectionError):
@@ -183,13 +202,17 @@ def parse_values(spec: Any, key: str = "value") -> list:
             nums = [_number(a, f"{what}={spec}") for a in args]
             if name in ("linspace", "logspace"):
                 if len(nums) != 3 or not isinstance(nums[2], int) or nums[2] < 1:
-                    raise ValueError(f"{what}={spec!r}: {name}(a, b, n) needs two numbers and an integer n >= 1")
+                    raise ValueError(
+                        f"{what}={spec!r}: {name}(a, b, n) needs two numbers and an integer n >= 1"
+                    )
                 f = np.linspace if name == "linspace" else np.logspace
                 values = _tidy(f(float(nums[0]), float(nums[1]), nums[2]))
             else:
                 if not 1 <= len(nums) <= 3 or not all(isinstance(v, int) for v in nums):
-                    raise ValueError(f"{what}={spec!r}: range takes 1 to 3 integers (range(n), range(a, b), "
-                                     f"range(a, b, step))")
+                    raise ValueError(
+                        f"{what}={spec!r}: range takes 1 to 3 integers (range(n), range(a, b), "
+                        f"range(a, b, step))"
+                    )
                 if len(nums) == 3 and nums[2] == 0:
                     raise ValueError(f"{what}={spec!r}: range step must not be zero")
                 values = list(range(*nums))
@@ -202,7 +225,9 @@ def parse_values(spec: Any, key: str = "value") -> list:
     elif isinstance(spec, (bool, int, float, np.generic)):
         values = [spec.item() if isinstance(spec, np.generic) else spec]
     else:
-        raise ValueError(f"{what} must be a list, a value or linspace/logspace/range(...), got {short_repr(spec)}")
+        raise ValueError(
+            f"{what} must be a list, a value or linspace/logspace/range(...), got {short_repr(spec)}"
+        )
     if not values:
         raise ValueError(f"{what} is empty ({short_repr(spec)}): give at least one value")
     return values
@@ -217,7 +242,9 @@ def parse_grid(spec: Mapping[str, Any]) -> dict[str, list]:
     {'model.beta': [1.0, 2.0, 3.0], 'init.seed': [0, 1]}
     """
     if not isinstance(spec, Mapping):
-        raise ValueError(f"grid must be a mapping of configuration keys to values, got {short_repr(spec)}")
+        raise ValueError(
+            f"grid must be a mapping of configuration keys to values, got {short_repr(spec)}"
+        )
     return {str(k): parse_values(v, str(k)) for k, v in spec.items()}
 
 
@@ -230,7 +257,9 @@ def parse_grid_arg(item: str) -> tuple[str, list]:
     ('init.d', [8, 128])
     """
     if not isinstance(item, str) or "=" not in item:
-        raise ValueError(f"--grid expects KEY=VALUES (e.g. model.beta=linspace(0.1,9,90)), got {item!r}")
+        raise ValueError(
+            f"--grid expects KEY=VALUES (e.g. model.beta=linspace(0.1,9,90)), got {item!r}"
+        )
     key, raw = (s.strip() for s in item.split("=", 1))
     if not key:
         raise ValueError(f"--grid {item!r}: no key before '='")
@@ -327,7 +356,9 @@ def load_sweep_config(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str
     table = read_toml(p)
     spec = table.pop("sweep", {})
     if not isinstance(spec, dict):
-        raise ValueError(f"config file {p}: [sweep] must be a table of key = values, got {short_repr(spec)}")
+        raise ValueError(
+            f"config file {p}: [sweep] must be a table of key = values, got {short_repr(spec)}"
+        )
     return _base_config(flatten(table)), parse_grid(flatten(spec))
 
 
@@ -359,7 +390,11 @@ class _Plan:
     def batch_axis(self) -> int | None:
         """The seed axis of a particle sweep (its seeds run as one batched call per ``batch_size``), else None."""
         keys = [a.key for a in self.axes]
-        return keys.index(BATCH_KEY) if BATCH_KEY in keys and self.base["solver"] == "particles" else None
+        return (
+            keys.index(BATCH_KEY)
+            if BATCH_KEY in keys and self.base["solver"] == "particles"
+            else None
+        )
 
     def task_shape(self) -> tuple[int, ...]:
         shape = list(self.shape)
@@ -377,7 +412,9 @@ class _Plan:
         for i, k in enumerate(idx):
             k = int(k)
             if i == self.batch_axis:
-                out.append(slice(k * self.batch_size, min((k + 1) * self.batch_size, self.shape[i])))
+                out.append(
+                    slice(k * self.batch_size, min((k + 1) * self.batch_size, self.shape[i]))
+                )
             else:
                 out.append(slice(k, k + 1))
         return tuple(out)
@@ -404,7 +441,10 @@ class _Plan:
 
 def _dims(keys: Sequence[str]) -> list[str]:
     last = [k.rsplit(".", 1)[-1] for k in keys]
-    return [k.replace(".", "_") if (last.count(s) > 1 or s in _RESERVED) else s for k, s in zip(keys, last)]
+    return [
+        k.replace(".", "_") if (last.count(s) > 1 or s in _RESERVED) else s
+        for k, s in zip(keys, last)
+    ]
 
 
 def _observables(observables: Any, solver: str = "particles") -> dict[str, Callable | None]:
@@ -422,15 +462,21 @@ def _observables(observables: Any, solver: str = "particles") -> dict[str, Calla
     elif isinstance(observables, Iterable):
         items = [(o, None) for o in observables]
     else:
-        raise ValueError(f"observables must be names from {builtin} or a mapping name -> {arg.split(' ->')[0]}, got "
-                         f"{short_repr(observables)}")
+        raise ValueError(
+            f"observables must be names from {builtin} or a mapping name -> {arg.split(' ->')[0]}, got "
+            f"{short_repr(observables)}"
+        )
     out: dict[str, Callable | None] = {}
     for name, f in items:
         if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED:
-            raise ValueError(f"observable names must be identifiers other than {sorted(_RESERVED)}, got {name!r}")
+            raise ValueError(
+                f"observable names must be identifiers other than {sorted(_RESERVED)}, got {name!r}"
+            )
         if f is None and name not in builtin:
-            raise ValueError(f"unknown observable {name!r}: built in for solver = {solver} are {builtin}; pass a "
-                             f"function as observables={{{name!r}: f}} ({arg})")
+            raise ValueError(
+                f"unknown observable {name!r}: built in for solver = {solver} are {builtin}; pass a "
+                f"function as observables={{{name!r}: f}} ({arg})"
+            )
         if f is not None and not callable(f):
             raise ValueError(f"observables[{name!r}] must be callable {arg}, got {short_repr(f)}")
         out[name] = f
@@ -447,25 +493,33 @@ def _plan(config: Any, grid: Any, observables: Any, batch_size: int | None) -> _
     elif isinstance(config, Mapping):
         base, toml_grid = _base_config(config), {}
     else:
-        raise ValueError(f"config must be a flat configuration dict or a TOML path, got {short_repr(config)}")
+        raise ValueError(
+            f"config must be a flat configuration dict or a TOML path, got {short_repr(config)}"
+        )
     if grid is None:
         grid = {}
     spec = {**toml_grid, **parse_grid(grid)}
     if not spec:
-        raise ValueError("the grid is empty: give at least one key with values (grid={'model.beta': [1, 4, 9]} or "
-                         "a [sweep] table)")
+        raise ValueError(
+            "the grid is empty: give at least one key with values (grid={'model.beta': [1, 4, 9]} or "
+            "a [sweep] table)"
+        )
     axes: list[_Axis] = []
     for key, values in spec.items():
         _known(key, "grid")
         vals = [coerce_value(key, v) for v in values]
         if len(set(vals)) != len(vals):
-            raise ValueError(f"grid {key} repeats a value ({short_repr(values)}): coordinates must be distinct")
+            raise ValueError(
+                f"grid {key} repeats a value ({short_repr(values)}): coordinates must be distinct"
+            )
         axes.append(_Axis(key, "", vals))
     for ax, dim in zip(axes, _dims([a.key for a in axes])):
         ax.dim = dim
     if "solver" in [a.key for a in axes]:
-        raise ValueError("grid solver: a sweep runs one solver (its observables and store differ between solvers); "
-                         "run one sweep per solver")
+        raise ValueError(
+            "grid solver: a sweep runs one solver (its observables and store differ between solvers); "
+            "run one sweep per solver"
+        )
     solver = base["solver"]
     obs = _observables(observables, solver)
     clash = sorted(set(obs) & {a.dim for a in axes})
@@ -477,8 +531,12 @@ def _plan(config: Any, grid: Any, observables: Any, batch_size: int | None) -> _
         if min(seeds) < 0:
             raise ValueError(f"grid init.seed must be non-negative integers, got {min(seeds)}")
         if batch_size is None:
-            n = max([base["init.n"]] + (axes[keys.index("init.n")].values if "init.n" in keys else []))
-            d = max([base["init.d"]] + (axes[keys.index("init.d")].values if "init.d" in keys else []))
+            n = max(
+                [base["init.n"]] + (axes[keys.index("init.n")].values if "init.n" in keys else [])
+            )
+            d = max(
+                [base["init.d"]] + (axes[keys.index("init.d")].values if "init.d" in keys else [])
+            )
             batch_size = max(1, _BATCH_BYTES // (8 * n * d))
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {short_repr(batch_size)}")
@@ -496,18 +554,36 @@ def _plan(config: Any, grid: Any, observables: Any, batch_size: int | None) -> _
             where = ", ".join(f"{a.key}={cfg[a.key]!r}" for a in axes if a.key != BATCH_KEY)
             raise ValueError(f"grid point {where}: {exc}") from None
         saves.add(tuple(save_times(cfg)))
-    start_run(plan.task_config(0)[0])  # builds the first task's model and state: backend and the like
+    start_run(
+        plan.task_config(0)[0]
+    )  # builds the first task's model and state: backend and the like
     plan.n_time = max(len(t) for t in saves)
-    plan.times = np.array(next(iter(saves))) if len(saves) == 1 else np.arange(plan.n_time, dtype=float)
+    plan.times = (
+        np.array(next(iter(saves))) if len(saves) == 1 else np.arange(plan.n_time, dtype=float)
+    )
     plan.fingerprint = _fingerprint(plan)
     return plan
 
 
 def _fingerprint(plan: _Plan) -> str:
-    obs = {k: (None if f is None else f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}")
-           for k, f in plan.observables.items()}
-    text = json.dumps({"format": FORMAT, "base": plan.base, "grid": {a.key: a.values for a in plan.axes},
-                       "observables": obs, "batch_size": plan.batch_size}, sort_keys=True)
+    obs = {
+        k: (
+            None
+            if f is None
+            else f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
+        )
+        for k, f in plan.observables.items()
+    }
+    text = json.dumps(
+        {
+            "format": FORMAT,
+            "base": plan.base,
+            "grid": {a.key: a.values for a in plan.axes},
+            "observables": obs,
+            "batch_size": plan.batch_size,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -520,8 +596,13 @@ class _Collect:
 
     name = "sweep"
 
-    def __init__(self, names: Sequence[str], systems: int, n_time: int,
-                 functions: Mapping[str, Callable] | None = None):
+    def __init__(
+        self,
+        names: Sequence[str],
+        systems: int,
+        n_time: int,
+        functions: Mapping[str, Callable] | None = None,
+    ):
         self.values = {k: np.full((systems, n_time), np.nan) for k in names}
         self.times = np.full(n_time, np.nan)
         self.steps = 0
@@ -539,10 +620,14 @@ class _Collect:
             elif name not in snap.data:
                 continue  # e.g. the energy of a model that is not a gradient flow
             else:
-                v = np.asarray(snap.data[name][1], dtype=np.float64).reshape(-1)  # a continuum run's scalars: (1,)
+                v = np.asarray(snap.data[name][1], dtype=np.float64).reshape(
+                    -1
+                )  # a continuum run's scalars: (1,)
             if v.shape != out.shape[:1]:
-                raise ValueError(f"observable {name!r} must give one number per system, shape ({out.shape[0]},), "
-                                 f"got shape {v.shape}")
+                raise ValueError(
+                    f"observable {name!r} must give one number per system, shape ({out.shape[0]},), "
+                    f"got shape {v.shape}"
+                )
             out[:, snap.index] = v
 
     def step(self, t, dt, step) -> None:
@@ -582,7 +667,9 @@ def _limit_threads(threads: int) -> None:
     try:
         from numba.np.ufunc import parallel
 
-        started = getattr(parallel, "_is_initialized", True)  # (unknown: assume started, the safe side)
+        started = getattr(
+            parallel, "_is_initialized", True
+        )  # (unknown: assume started, the safe side)
     except ImportError:  # pragma: no cover - a numba without that module
         started = True
     if not started:
@@ -611,8 +698,12 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     cfg, seeds, names = task["config"], task["seeds"], list(task["observables"])
     systems = 1 if seeds is None else len(seeds)
     particles = cfg["solver"] == "particles"
-    coll = _Collect(names, systems, task["n_time"],
-                    None if particles else {k: f for k, f in task["observables"].items() if f is not None})
+    coll = _Collect(
+        names,
+        systems,
+        task["n_time"],
+        None if particles else {k: f for k, f in task["observables"].items() if f is not None},
+    )
     status, message = FAILED, ""
     try:
         try:
@@ -631,8 +722,12 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     return _task_result(task, coll, status, message, t_start, c_start)
 
 
-def _run_particles(cfg: dict[str, Any], seeds: list[int] | None, observables: Mapping[str, Callable | None],
-                   n_time: int) -> tuple[Any, Any, _Collect]:
+def _run_particles(
+    cfg: dict[str, Any],
+    seeds: list[int] | None,
+    observables: Mapping[str, Callable | None],
+    n_time: int,
+) -> tuple[Any, Any, _Collect]:
     """One batched :func:`wflow.simulate` call over ``seeds`` (``None``: the configuration's own), observables
     only: ``(status, message, collected)``; a failed batch is split (:func:`_split_failed`)."""
     status, message, coll = _simulate_batch(cfg, seeds, observables, n_time)
@@ -641,8 +736,9 @@ def _run_particles(cfg: dict[str, Any], seeds: list[int] | None, observables: Ma
     return _split_failed(cfg, seeds, observables, n_time)
 
 
-def _split_failed(cfg: dict[str, Any], seeds: list[int], observables: Mapping[str, Callable | None],
-                  n_time: int) -> tuple[Any, Any, _Collect]:
+def _split_failed(
+    cfg: dict[str, Any], seeds: list[int], observables: Mapping[str, Callable | None], n_time: int
+) -> tuple[Any, Any, _Collect]:
     """Seeds whose batched run failed (a non-finite state, a step-size underflow, ``max_steps``: one system
     can end the run of all), run again in two halves.  When one half fails and the other does not, the
     failing half is split again, and so on down to single seeds: a rare failing system fails alone, for
@@ -650,8 +746,10 @@ def _split_failed(cfg: dict[str, Any], seeds: list[int], observables: Mapping[st
     common to many systems; splitting on would cost log2(systems) times the batch).  Status and message
     are arrays, one entry per system."""
     half = len(seeds) // 2
-    parts = [_simulate_batch(cfg, seeds[:half], observables, n_time),
-             _simulate_batch(cfg, seeds[half:], observables, n_time)]
+    parts = [
+        _simulate_batch(cfg, seeds[:half], observables, n_time),
+        _simulate_batch(cfg, seeds[half:], observables, n_time),
+    ]
     failed = [p[0] == FAILED for p in parts]
     for k, part in enumerate((seeds[:half], seeds[half:])):
         if failed[k] and not failed[1 - k] and len(part) > 1:
@@ -663,12 +761,18 @@ def _split_failed(cfg: dict[str, Any], seeds: list[int], observables: Mapping[st
     out.steps = max(c.steps for _, _, c in parts)
     sizes = (half, len(seeds) - half)
     status = np.concatenate([np.broadcast_to(st, (m,)) for (st, _, _), m in zip(parts, sizes)])
-    message = np.concatenate([np.broadcast_to(np.array(msg, dtype=object), (m,)) for (_, msg, _), m in zip(parts, sizes)])
+    message = np.concatenate(
+        [np.broadcast_to(np.array(msg, dtype=object), (m,)) for (_, msg, _), m in zip(parts, sizes)]
+    )
     return status, message, out
 
 
-def _simulate_batch(cfg: dict[str, Any], seeds: list[int] | None, observables: Mapping[str, Callable | None],
-                    n_time: int) -> tuple[int, str, _Collect]:
+def _simulate_batch(
+    cfg: dict[str, Any],
+    seeds: list[int] | None,
+    observables: Mapping[str, Callable | None],
+    n_time: int,
+) -> tuple[int, str, _Collect]:
     """The systems of ``seeds`` stacked into one :func:`wflow.simulate` call (keep=False, the observables only)."""
     from .config import build_run
     from .measure import Atoms
@@ -689,15 +793,34 @@ def _simulate_batch(cfg: dict[str, Any], seeds: list[int] | None, observables: M
             x[i] = mu0.points
     extra = {k: f for k, f in observables.items() if f is not None}
     diagnostics = tuple(k for k in names if k in _DRIVER_DIAGNOSTICS and observables[k] is None)
-    res = simulate(model, Atoms(x), cfg["run.t_end"], diagnostics=diagnostics, extra_diagnostics=extra,
-                   keep=False, throw=False, trackers=[coll], **kwargs)
+    res = simulate(
+        model,
+        Atoms(x),
+        cfg["run.t_end"],
+        diagnostics=diagnostics,
+        extra_diagnostics=extra,
+        keep=False,
+        throw=False,
+        trackers=[coll],
+        **kwargs,
+    )
     return int(res.status), str(res.message), coll
 
 
-def _task_result(task, coll: _Collect, status: int, message: str, t_start: float, c_start: float) -> dict[str, Any]:
-    return {"task": task["task"], "values": coll.values, "times": coll.times, "steps": coll.steps,
-            "status": status, "message": message, "seconds": time.perf_counter() - t_start,
-            "cpu_seconds": time.process_time() - c_start, "worker": _worker_name()}
+def _task_result(
+    task, coll: _Collect, status: int, message: str, t_start: float, c_start: float
+) -> dict[str, Any]:
+    return {
+        "task": task["task"],
+        "values": coll.values,
+        "times": coll.times,
+        "steps": coll.steps,
+        "status": status,
+        "message": message,
+        "seconds": time.perf_counter() - t_start,
+        "cpu_seconds": time.process_time() - c_start,
+        "worker": _worker_name(),
+    }
 
 
 # ------------------------------------------------------------------------------ the store (on the client)
@@ -756,20 +879,30 @@ class _Store:
             pass
         ours = attrs.get("wflow_format") == FORMAT
         if overwrite:
-            if not ours and not (p.is_dir() and not any(p.iterdir())):  # only an empty folder or our own store
-                raise ValueError(f"{p} exists and is not a wflow sweep store; refusing to overwrite it")
+            if not ours and not (
+                p.is_dir() and not any(p.iterdir())
+            ):  # only an empty folder or our own store
+                raise ValueError(
+                    f"{p} exists and is not a wflow sweep store; refusing to overwrite it"
+                )
             return "replace"
         if not ours:
             raise ValueError(f"{p} exists and is not a wflow sweep store; choose another out")
         if attrs.get("fingerprint") != self.plan.fingerprint:
-            raise ValueError(f"{p} holds a different sweep (other configuration, grid, observables or batch size); "
-                             f"choose another out, or pass overwrite=True (--overwrite) to replace it")
+            raise ValueError(
+                f"{p} holds a different sweep (other configuration, grid, observables or batch size); "
+                f"choose another out, or pass overwrite=True (--overwrite) to replace it"
+            )
         if not resume:
-            raise FileExistsError(f"{p} holds this sweep already; pass resume=True to finish it or overwrite=True "
-                                  f"(--overwrite) to start afresh")
+            raise FileExistsError(
+                f"{p} holds this sweep already; pass resume=True to finish it or overwrite=True "
+                f"(--overwrite) to start afresh"
+            )
         fp, _ = _committed(p)
         if fp not in (None, self.plan.fingerprint):
-            raise ValueError(f"{p}: its commit record belongs to a different sweep; the store is damaged")
+            raise ValueError(
+                f"{p}: its commit record belongs to a different sweep; the store is damaged"
+            )
         return "resume"
 
     def open(self, resume: bool, overwrite: bool) -> None:
@@ -779,7 +912,9 @@ class _Store:
         if what == "resume":
             _, self.done = _committed(self.path)
             group = zarr.open_group(self.path, mode="r+")
-            self.arrays = {k: a.with_config({"write_empty_chunks": True}) for k, a in group.arrays()}
+            self.arrays = {
+                k: a.with_config({"write_empty_chunks": True}) for k, a in group.arrays()
+            }
             return
         if what == "replace":
             import shutil
@@ -792,28 +927,58 @@ class _Store:
 
         plan = self.plan
         codecs = (zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec())
-        attrs = {"wflow_format": FORMAT, "wflow_version": __version__, "fingerprint": plan.fingerprint,
-                 "base_config": json.dumps(plan.base), "grid": json.dumps({a.key: a.values for a in plan.axes}),
-                 "dims": json.dumps({a.key: a.dim for a in plan.axes}), "observables": list(plan.observables),
-                 "batch_key": BATCH_KEY, "batch_size": plan.batch_size,
-                 "status_codes": "0 reached t_end, 1 stopped, -1 failed, -2 not run yet"}
+        attrs = {
+            "wflow_format": FORMAT,
+            "wflow_version": __version__,
+            "fingerprint": plan.fingerprint,
+            "base_config": json.dumps(plan.base),
+            "grid": json.dumps({a.key: a.values for a in plan.axes}),
+            "dims": json.dumps({a.key: a.dim for a in plan.axes}),
+            "observables": list(plan.observables),
+            "batch_key": BATCH_KEY,
+            "batch_size": plan.batch_size,
+            "status_codes": "0 reached t_end, 1 stopped, -1 failed, -2 not run yet",
+        }
         group = zarr.open_group(self.path, mode="w", zarr_format=3, attributes=attrs)
         from .config import KEYS
 
         def array(name, shape, chunks, dtype, fill, dims, **at):
-            a = group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill,
-                                   compressors=codecs, dimension_names=dims, config={"write_empty_chunks": True},
-                                   attributes=at)
+            a = group.create_array(
+                name,
+                shape=shape,
+                chunks=chunks,
+                dtype=dtype,
+                fill_value=fill,
+                compressors=codecs,
+                dimension_names=dims,
+                config={"write_empty_chunks": True},
+                attributes=at,
+            )
             self.arrays[name] = a
             return a
 
         for ax in plan.axes:
             vals = np.array(ax.values, dtype=str if isinstance(ax.values[0], str) else None)
-            a = array(ax.dim, (len(vals),), (len(vals),), vals.dtype if vals.dtype.kind != "U" else str,
-                      "" if vals.dtype.kind == "U" else 0, (ax.dim,), key=ax.key, description=KEYS[ax.key].help)
+            a = array(
+                ax.dim,
+                (len(vals),),
+                (len(vals),),
+                vals.dtype if vals.dtype.kind != "U" else str,
+                "" if vals.dtype.kind == "U" else 0,
+                (ax.dim,),
+                key=ax.key,
+                description=KEYS[ax.key].help,
+            )
             a[:] = vals
-        a = array("time", (plan.n_time,), (plan.n_time,), np.float64, np.nan, ("time",),
-                  description="save times (nominal; save_time holds the solver's step times)")
+        a = array(
+            "time",
+            (plan.n_time,),
+            (plan.n_time,),
+            np.float64,
+            np.nan,
+            ("time",),
+            description="save times (nominal; save_time holds the solver's step times)",
+        )
         a[:] = plan.times
         dims = tuple(a.dim for a in plan.axes)
         shape, chunks = plan.shape, plan.chunks()
@@ -822,23 +987,73 @@ class _Store:
             if f is not None:
                 desc = f"user observable {getattr(f, '__qualname__', name)}"
             else:
-                desc = OBSERVABLES[name] if solver == "particles" else f"the {solver} run's {name} at each save"
-            array(name, shape + (plan.n_time,), chunks + (plan.n_time,), np.float64, np.nan, dims + ("time",),
-                  description=desc)
+                desc = (
+                    OBSERVABLES[name]
+                    if solver == "particles"
+                    else f"the {solver} run's {name} at each save"
+                )
+            array(
+                name,
+                shape + (plan.n_time,),
+                chunks + (plan.n_time,),
+                np.float64,
+                np.nan,
+                dims + ("time",),
+                description=desc,
+            )
         array("status", shape, chunks, np.int8, PENDING, dims, description=attrs["status_codes"])
-        array("message", shape, chunks, str, "", dims, description="the solver's message, or the error")
-        array("seconds", shape, chunks, np.float64, np.nan, dims, description="wall time of the task (batch) "
-              "that ran the point")
-        array("cpu_seconds", shape, chunks, np.float64, np.nan, dims, description="CPU time of the worker process "
-              "during the task (wall time well above it: the cores were shared)")
-        array("worker", shape, chunks, str, "", dims, description="the Dask worker that ran the point")
+        array(
+            "message",
+            shape,
+            chunks,
+            str,
+            "",
+            dims,
+            description="the solver's message, or the error",
+        )
+        array(
+            "seconds",
+            shape,
+            chunks,
+            np.float64,
+            np.nan,
+            dims,
+            description="wall time of the task (batch) that ran the point",
+        )
+        array(
+            "cpu_seconds",
+            shape,
+            chunks,
+            np.float64,
+            np.nan,
+            dims,
+            description="CPU time of the worker process "
+            "during the task (wall time well above it: the cores were shared)",
+        )
+        array(
+            "worker", shape, chunks, str, "", dims, description="the Dask worker that ran the point"
+        )
         task_dims = tuple(a.dim for i, a in enumerate(plan.axes) if i != plan.batch_axis)
         task_shape = tuple(len(a.values) for i, a in enumerate(plan.axes) if i != plan.batch_axis)
         ones = tuple(1 for _ in task_dims)
-        array("config", task_shape, ones, str, "", task_dims,
-              description=f"flat configuration (JSON); a point's own has {BATCH_KEY} = its seed coordinate")
-        array("save_time", task_shape + (plan.n_time,), ones + (plan.n_time,), np.float64, np.nan,
-              task_dims + ("time",), description="times the solver saved (snapped to its step grid)")
+        array(
+            "config",
+            task_shape,
+            ones,
+            str,
+            "",
+            task_dims,
+            description=f"flat configuration (JSON); a point's own has {BATCH_KEY} = its seed coordinate",
+        )
+        array(
+            "save_time",
+            task_shape + (plan.n_time,),
+            ones + (plan.n_time,),
+            np.float64,
+            np.nan,
+            task_dims + ("time",),
+            description="times the solver saved (snapped to its step grid)",
+        )
         with warnings.catch_warnings():  # consolidated metadata is not in the Zarr v3 spec (yet)
             warnings.simplefilter("ignore")
             zarr.consolidate_metadata(self.path)
@@ -854,23 +1069,29 @@ class _Store:
             reg = plan.region(task)
             shape = tuple(s.stop - s.start for s in reg)
             for name in plan.observables:  # (systems, n_time): the systems run along the batch axis
-                data.append((name, reg + (slice(None),), r["values"][name].reshape(shape + (plan.n_time,))))
+                data.append(
+                    (name, reg + (slice(None),), r["values"][name].reshape(shape + (plan.n_time,)))
+                )
             task_reg = tuple(s for i, s in enumerate(reg) if i != b)
             ones = tuple(1 for _ in task_reg)
             cfg, _ = plan.task_config(task)
-            data += [("config", task_reg, np.full(ones, json.dumps(cfg), dtype=object)),
-                     ("save_time", task_reg + (slice(None),), r["times"].reshape(ones + (plan.n_time,))),
-                     ("message", reg, _per_point(r["message"], shape, object)),
-                     ("seconds", reg, np.full(shape, r["seconds"])),
-                     ("cpu_seconds", reg, np.full(shape, r["cpu_seconds"])),
-                     ("worker", reg, np.full(shape, r["worker"], dtype=object))]
+            data += [
+                ("config", task_reg, np.full(ones, json.dumps(cfg), dtype=object)),
+                ("save_time", task_reg + (slice(None),), r["times"].reshape(ones + (plan.n_time,))),
+                ("message", reg, _per_point(r["message"], shape, object)),
+                ("seconds", reg, np.full(shape, r["seconds"])),
+                ("cpu_seconds", reg, np.full(shape, r["cpu_seconds"])),
+                ("worker", reg, np.full(shape, r["worker"], dtype=object)),
+            ]
             status.append(("status", reg, _per_point(r["status"], shape, np.int8)))
         self._put(data)
         self._put(status)  # a point is complete once its status is written: after all its data
         new = [int(r["task"]) for r, c in zip(results, commit) if c]
         if new:
             self.done.update(new)
-            _replace_json(self.path / COMMIT, {"fingerprint": plan.fingerprint, "done": sorted(self.done)})
+            _replace_json(
+                self.path / COMMIT, {"fingerprint": plan.fingerprint, "done": sorted(self.done)}
+            )
 
     def _put(self, items: list[tuple[str, tuple, np.ndarray]]) -> None:
         if len(items) <= 1:
@@ -897,7 +1118,9 @@ class _Store:
 
 # ------------------------------------------------------------------------------ Dask
 def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
 
 
 def _connect(scheduler: Any, workers: int | None, timeout: float, threads: int = 1):
@@ -912,18 +1135,30 @@ def _connect(scheduler: Any, workers: int | None, timeout: float, threads: int =
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"workers must be an integer >= 1, got {short_repr(workers)}")
         # the dashboard on a free port (two sweeps on one host do not collide); its page needs bokeh
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                               silence_logs=logging.ERROR, env={k: str(threads) for k in WORKER_ENV})
+        cluster = LocalCluster(
+            n_workers=n,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+            env={k: str(threads) for k in WORKER_ENV},
+        )
         return Client(cluster), cluster, True
-    address = getattr(scheduler, "scheduler_address", scheduler)  # a Cluster object (dask-jobqueue, ...)
+    address = getattr(
+        scheduler, "scheduler_address", scheduler
+    )  # a Cluster object (dask-jobqueue, ...)
     if not isinstance(address, str):
-        raise ValueError(f"scheduler must be None, an address like 'tcp://host:8786', a distributed.Client or a "
-                         f"Dask cluster, got {short_repr(scheduler)}")
+        raise ValueError(
+            f"scheduler must be None, an address like 'tcp://host:8786', a distributed.Client or a "
+            f"Dask cluster, got {short_repr(scheduler)}"
+        )
     try:
         return Client(address, timeout=timeout), None, True
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported with the address
-        raise SchedulerError(f"no Dask scheduler answers at {address} within {timeout:g} s ({type(exc).__name__}); "
-                             f"start one (`dask scheduler`, docs: sweeps) or check the address") from None
+        raise SchedulerError(
+            f"no Dask scheduler answers at {address} within {timeout:g} s ({type(exc).__name__}); "
+            f"start one (`dask scheduler`, docs: sweeps) or check the address"
+        ) from None
 
 
 def sweep(
@@ -1011,15 +1246,25 @@ def sweep(
     (3,)
     """
     plan = _plan(config, grid, observables, batch_size)
-    if isinstance(threads_per_task, bool) or not isinstance(threads_per_task, int) or threads_per_task < 1:
-        raise ValueError(f"threads_per_task must be an integer >= 1, got {short_repr(threads_per_task)}")
+    if (
+        isinstance(threads_per_task, bool)
+        or not isinstance(threads_per_task, int)
+        or threads_per_task < 1
+    ):
+        raise ValueError(
+            f"threads_per_task must be an integer >= 1, got {short_repr(threads_per_task)}"
+        )
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an integer >= 0, got {short_repr(retries)}")
     out = Path(out)
     from .io import FolderLock
 
-    _Store(out, plan).check(resume, overwrite)  # a store of another sweep: before any cluster starts
-    client, cluster, owned = _connect(scheduler, workers, timeout, threads_per_task)  # before anything is written
+    _Store(out, plan).check(
+        resume, overwrite
+    )  # a store of another sweep: before any cluster starts
+    client, cluster, owned = _connect(
+        scheduler, workers, timeout, threads_per_task
+    )  # before anything is written
     lock = None
     try:
         lock = FolderLock(out.with_name(out.name + ".lock"), f"sweep store {out}").acquire()
@@ -1046,7 +1291,9 @@ def _has_bokeh() -> bool:
         return False
 
 
-def _run(client, plan: _Plan, store: _Store, todo: list[int], threads: int, retries: int, progress: bool) -> None:
+def _run(
+    client, plan: _Plan, store: _Store, todo: list[int], threads: int, retries: int, progress: bool
+) -> None:
     from distributed import as_completed
     from tqdm.auto import tqdm
 
@@ -1060,10 +1307,23 @@ def _run(client, plan: _Plan, store: _Store, todo: list[int], threads: int, retr
     futures = []
     for t in todo:
         cfg, seeds = plan.task_config(t)
-        spec = {"task": t, "config": cfg, "seeds": seeds, "observables": obs, "n_time": plan.n_time,
-                "threads": threads}
-        futures.append(client.submit(run_task, spec, key=f"wflow-sweep-{plan.fingerprint}-{t}", pure=False,
-                                     retries=retries))
+        spec = {
+            "task": t,
+            "config": cfg,
+            "seeds": seeds,
+            "observables": obs,
+            "n_time": plan.n_time,
+            "threads": threads,
+        }
+        futures.append(
+            client.submit(
+                run_task,
+                spec,
+                key=f"wflow-sweep-{plan.fingerprint}-{t}",
+                pure=False,
+                retries=retries,
+            )
+        )
     failed = 0
     bar = tqdm(total=total, unit="point", desc="sweep", disable=not progress, dynamic_ncols=True)
     try:
@@ -1091,11 +1351,20 @@ def _run(client, plan: _Plan, store: _Store, todo: list[int], threads: int, retr
                     exc = fut.exception()
                 except BaseException as e:  # noqa: BLE001 - a cancelled future raises
                     exc = e
-                results.append({"task": t, "values": {k: np.full((plan.points(t), plan.n_time), np.nan) for k in obs},
-                                "times": np.full(plan.n_time, np.nan), "status": FAILED, "steps": 0,
-                                "seconds": math.nan, "cpu_seconds": math.nan, "worker": "",
-                                "message": f"{type(exc).__name__}: {exc} (not committed: run the sweep again to "
-                                           f"retry)"})
+                results.append(
+                    {
+                        "task": t,
+                        "values": {k: np.full((plan.points(t), plan.n_time), np.nan) for k in obs},
+                        "times": np.full(plan.n_time, np.nan),
+                        "status": FAILED,
+                        "steps": 0,
+                        "seconds": math.nan,
+                        "cpu_seconds": math.nan,
+                        "worker": "",
+                        "message": f"{type(exc).__name__}: {exc} (not committed: run the sweep again to "
+                        f"retry)",
+                    }
+                )
                 commit.append(False)
             store.write(results, commit)
             for fut in batch:
@@ -1141,9 +1410,13 @@ def open_sweep(path: str | os.PathLike):
         raise FileNotFoundError(f"no sweep store at {p}")
     attrs = dict(zarr.open_group(p, mode="r").attrs)
     if attrs.get("wflow_format") != FORMAT:
-        raise WflowError(f"{p} is not a wflow sweep store (wflow_format={attrs.get('wflow_format')!r})")
+        raise WflowError(
+            f"{p} is not a wflow sweep store (wflow_format={attrs.get('wflow_format')!r})"
+        )
     ds = xr.open_zarr(p, consolidated=True)
-    status = np.asarray(zarr.open_array(p / "status", mode="r")[...])  # read here, not on a Dask cluster
+    status = np.asarray(
+        zarr.open_array(p / "status", mode="r")[...]
+    )  # read here, not on a Dask cluster
     ds.attrs["points"] = int(status.size)
     ds.attrs["done"] = int(np.count_nonzero(status != PENDING))
     ds.attrs["ok"] = int(np.count_nonzero(status == OK))
@@ -1172,11 +1445,17 @@ def point_config(ds, **coords) -> dict[str, Any]:
     key_of = {v: k for k, v in dims.items()}
     unknown = set(coords) - set(key_of)
     if unknown:
-        raise ValueError(f"point_config: {sorted(unknown)} are not dimensions of this sweep ({sorted(key_of)})")
+        raise ValueError(
+            f"point_config: {sorted(unknown)} are not dimensions of this sweep ({sorted(key_of)})"
+        )
     missing = set(key_of) - set(coords)
     if missing:
-        raise ValueError(f"point_config: give a value for every dimension; missing {sorted(missing)}")
-    task = {k: v for k, v in coords.items() if k in ds["config"].dims}  # (a batched seed axis is not one)
+        raise ValueError(
+            f"point_config: give a value for every dimension; missing {sorted(missing)}"
+        )
+    task = {
+        k: v for k, v in coords.items() if k in ds["config"].dims
+    }  # (a batched seed axis is not one)
     cfg = json.loads(str(ds["config"].sel(task).values))
     for dim, v in coords.items():
         cfg[key_of[dim]] = v.item() if isinstance(v, np.generic) else v
@@ -1187,14 +1466,25 @@ def point_config(ds, **coords) -> dict[str, Any]:
 #: Geshkovski, Letrouit, Polyanskiy and Rigollet's phase diagram: SA with Q = K = V = I, n = 32 tokens,
 #: their scheme ``x <- (x + 0.1 A x) / norm(x + 0.1 A x)`` (``euler-average``) until t = 30, 200 checkpoints, in the
 #: coordinates of the initial span (exact; ``run.method`` and ``run.coordinates`` may be swept too)
-GLPR_CONFIG: dict[str, Any] = {"solver": "particles", "model.type": "SA", "model.value": "identity",
-                               "init.kind": "uniform", "init.n": 32, "run.t_end": 30.0, "run.n_saves": 200,
-                               "run.method": "euler-average", "run.dt": 0.1, "run.backend": "auto",
-                               "run.coordinates": "span", "perceptron.m": 0}
+GLPR_CONFIG: dict[str, Any] = {
+    "solver": "particles",
+    "model.type": "SA",
+    "model.value": "identity",
+    "init.kind": "uniform",
+    "init.n": 32,
+    "run.t_end": 30.0,
+    "run.n_saves": 200,
+    "run.method": "euler-average",
+    "run.dt": 0.1,
+    "run.backend": "auto",
+    "run.coordinates": "span",
+    "perceptron.m": 0,
+}
 
 
-def glpr_grid(d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 90)",
-              systems: int = 2048) -> dict[str, list]:
+def glpr_grid(
+    d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 90)", systems: int = 2048
+) -> dict[str, list]:
     """The grid of the phase diagram: dimensions ``d``, inverse temperatures, ``systems`` seeds.
 
     Examples
@@ -1205,12 +1495,23 @@ def glpr_grid(d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 
     >>> [len(v) for v in glpr_grid().values()]  # the full diagram: 3 x 90 x 2048 systems
     [3, 90, 2048]
     """
-    return {"init.d": list(d), "model.beta": parse_values(betas, "model.beta"), "init.seed": list(range(systems))}
+    return {
+        "init.d": list(d),
+        "model.beta": parse_values(betas, "model.beta"),
+        "init.seed": list(range(systems)),
+    }
 
 
-def phase_diagram(out: str | os.PathLike, *, d: Sequence[int] = (8, 128, 1024), betas: Any = "linspace(0.1, 9, 90)",
-                  systems: int = 2048, config: Mapping[str, Any] | None = None,
-                  figure: str | os.PathLike | None = None, **kwargs):
+def phase_diagram(
+    out: str | os.PathLike,
+    *,
+    d: Sequence[int] = (8, 128, 1024),
+    betas: Any = "linspace(0.1, 9, 90)",
+    systems: int = 2048,
+    config: Mapping[str, Any] | None = None,
+    figure: str | os.PathLike | None = None,
+    **kwargs,
+):
     """Reproduce the GLPR phase diagram (fraction of pairs with cosine > 0.999 over (t, beta)) as a sweep.
 
     The full diagram (``d`` in {8, 128, 1024}, 90 betas in [0.1, 9], 2048 systems of 32 tokens,
@@ -1239,7 +1540,9 @@ def phase_diagram(out: str | os.PathLike, *, d: Sequence[int] = (8, 128, 1024), 
     return ds
 
 
-def plot_phase_diagram(ds, *, ax=None, path: str | os.PathLike | None = None, observable: str = "pair_fraction"):
+def plot_phase_diagram(
+    ds, *, ax=None, path: str | os.PathLike | None = None, observable: str = "pair_fraction"
+):
     """Heat maps of ``observable`` averaged over seeds, over (t, beta), one panel per ``d``; returns the figure.
 
     Examples
@@ -1258,7 +1561,11 @@ def plot_phase_diagram(ds, *, ax=None, path: str | os.PathLike | None = None, ob
     da = ds[observable]
     if "seed" in da.dims:
         da = da.mean("seed")
-    panels = [("", da)] if "d" not in da.dims else [(f"d = {int(v)}", da.sel(d=v)) for v in da["d"].values]
+    panels = (
+        [("", da)]
+        if "d" not in da.dims
+        else [(f"d = {int(v)}", da.sel(d=v)) for v in da["d"].values]
+    )
     if ax is None:
         size = dict(figsize=(4.2 * len(panels), 3.6), layout="constrained")
         if path is None:  # a pyplot figure (shown by notebooks and galleries)
@@ -1276,7 +1583,9 @@ def plot_phase_diagram(ds, *, ax=None, path: str | os.PathLike | None = None, ob
         p = p.transpose("beta", "time")
         t = ds["save_time"].isel({k: 0 for k in ds["save_time"].dims if k != "time"}).values
         t = np.where(np.isfinite(t), t, ds["time"].values)
-        im = a.pcolormesh(t, p["beta"].values, p.values, shading="nearest", vmin=0, vmax=1, cmap="viridis")
+        im = a.pcolormesh(
+            t, p["beta"].values, p.values, shading="nearest", vmin=0, vmax=1, cmap="viridis"
+        )
         a.set_xlabel("t")
         a.set_ylabel(r"$\beta$")
         a.set_title(title)

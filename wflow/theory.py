@@ -18,12 +18,14 @@ r"""Analytic results that the solvers must reproduce (the conventions page of th
 * Kernel conventions :math:`e^{\beta\langle x,y\rangle}` and :math:`e^{\beta(\langle x,y\rangle-1)}`:
   :func:`rescaled_time`, :func:`plain_time`, :func:`rescaled_energy`, :func:`plain_energy`.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from scipy import special
@@ -80,7 +82,12 @@ def funk_hecke(ell, beta: float, d: int) -> np.ndarray:
         return np.where(ell == 0, 1.0, 0.0)
     # log form avoids overflow for large beta: ive(nu, b) = I_nu(b) e^{-b}
     with np.errstate(divide="ignore"):  # ive underflows to 0 for degrees far beyond beta: c = 0
-        log_c = special.gammaln(d / 2) + (d / 2 - 1) * np.log(2 / beta) + np.log(special.ive(nu, beta)) + beta
+        log_c = (
+            special.gammaln(d / 2)
+            + (d / 2 - 1) * np.log(2 / beta)
+            + np.log(special.ive(nu, beta))
+            + beta
+        )
     return np.exp(log_c)
 
 
@@ -135,7 +142,13 @@ def most_unstable_mode(beta: float, d: int, model: str = "SA", ell_max: int = 20
 
 #: Normalization schemes (conventions page), by the names every function here accepts.
 SCHEMES = ("post-ln", "pre-ln", "peri-ln", "mix-ln", "ngpt", "sqrt")
-_SCHEME_ALIASES = {"sqrt-scaling": "sqrt", "post": "post-ln", "pre": "pre-ln", "peri": "peri-ln", "mix": "mix-ln"}
+_SCHEME_ALIASES = {
+    "sqrt-scaling": "sqrt",
+    "post": "post-ln",
+    "pre": "pre-ln",
+    "peri": "peri-ln",
+    "mix": "mix-ln",
+}
 _MODELS = ("SA", "USA")
 _CONVENTIONS = ("plain", "rescaled")
 #: largest beta for which e^{beta} is a finite float64 (USA in the plain convention)
@@ -172,7 +185,9 @@ def _check_rho(rho: Any, n: int, name: str, *, closed: bool = True) -> float:
     ok = (lo <= rho <= 1) if closed else (lo < rho < 1)
     if not ok:
         brackets = "[{:.6g}, 1]" if closed else "({:.6g}, 1)"
-        raise ValueError(f"{name} must lie in {brackets.format(lo)} (-1/(n-1) with n = {n}), got {rho!r}")
+        raise ValueError(
+            f"{name} must lie in {brackets.format(lo)} (-1/(n-1) with n = {n}), got {rho!r}"
+        )
     return rho
 
 
@@ -186,23 +201,33 @@ class _Alpha:
     def __init__(self, alpha: Any, alpha_times: Any = None):
         self.breaks: tuple[float, ...] = ()
         if alpha is None:
-            raise ValueError("scheme 'ngpt' needs the step alpha (a number > 0, a callable alpha(t) or an array "
-                             "with alpha_times), got None")
+            raise ValueError(
+                "scheme 'ngpt' needs the step alpha (a number > 0, a callable alpha(t) or an array "
+                "with alpha_times), got None"
+            )
         if callable(alpha):
             if alpha_times is not None:
-                raise ValueError(f"alpha_times goes with an array alpha, not a callable; got {short_repr(alpha_times)}")
+                raise ValueError(
+                    f"alpha_times goes with an array alpha, not a callable; got {short_repr(alpha_times)}"
+                )
             self._fn = alpha
             self.kind = "callable"
             return
         if isinstance(alpha, (str, bytes)):
-            raise TypeError(f"alpha must be a number, a callable or an array, got {short_repr(alpha)}")
+            raise TypeError(
+                f"alpha must be a number, a callable or an array, got {short_repr(alpha)}"
+            )
         arr = np.asarray(alpha)
         if arr.dtype == object or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
-            raise TypeError(f"alpha must be a number, a callable or a real array, got {short_repr(alpha)}")
+            raise TypeError(
+                f"alpha must be a number, a callable or a real array, got {short_repr(alpha)}"
+            )
         arr = arr.astype(float)
         if arr.ndim == 0:
             if alpha_times is not None:
-                raise ValueError(f"alpha_times goes with an array alpha, not a number; got {short_repr(alpha_times)}")
+                raise ValueError(
+                    f"alpha_times goes with an array alpha, not a number; got {short_repr(alpha_times)}"
+                )
             self.const = check_positive(float(arr), "alpha")
             self.kind = "constant"
             return
@@ -211,12 +236,18 @@ class _Alpha:
         if not np.all(np.isfinite(arr)) or np.any(arr < 0):
             raise ValueError(f"alpha values must be finite and >= 0, got {short_repr(arr)}")
         if alpha_times is None:
-            raise ValueError("alpha given as an array needs alpha_times (the times of its values), got None")
+            raise ValueError(
+                "alpha given as an array needs alpha_times (the times of its values), got None"
+            )
         times = np.asarray(alpha_times, dtype=float)
         if times.shape != arr.shape:
-            raise ValueError(f"alpha_times must have the shape of alpha {arr.shape}, got {times.shape}")
+            raise ValueError(
+                f"alpha_times must have the shape of alpha {arr.shape}, got {times.shape}"
+            )
         if not np.all(np.isfinite(times)) or np.any(np.diff(times) <= 0):
-            raise ValueError(f"alpha_times must be finite and strictly increasing, got {short_repr(times)}")
+            raise ValueError(
+                f"alpha_times must be finite and strictly increasing, got {short_repr(times)}"
+            )
         self.kind = "grid"
         self.times, self.values = times, arr
         grid = np.unique(np.concatenate([[0.0], times[times > 0]]))
@@ -234,7 +265,9 @@ class _Alpha:
         try:
             v = float(v)
         except (TypeError, ValueError):
-            raise TypeError(f"alpha(t) must return a real number, got alpha({t!r}) = {short_repr(v)}") from None
+            raise TypeError(
+                f"alpha(t) must return a real number, got alpha({t!r}) = {short_repr(v)}"
+            ) from None
         if not np.isfinite(v) or v < 0:
             raise ValueError(f"alpha(t) must be finite and >= 0, got alpha({t!r}) = {v!r}")
         return v
@@ -250,41 +283,64 @@ class _Alpha:
             return self._cum[i] + (t - self._grid[i]) * (self._vals[i] + end) / 2
         from scipy.integrate import quad
 
-        flat = [quad(self, 0.0, float(s), limit=200, epsabs=0.0, epsrel=1e-12)[0] for s in t.ravel()]
+        flat = [
+            quad(self, 0.0, float(s), limit=200, epsabs=0.0, epsrel=1e-12)[0] for s in t.ravel()
+        ]
         return np.asarray(flat).reshape(t.shape)
 
 
 class _Equiangular:
     """Validated parameters of one equiangular system and its right-hand side in ``(u, r)``, ``u = 1 - rho``."""
 
-    def __init__(self, beta: Any, n: Any, model: Any, scheme: Any, convention: Any = "plain", tau: Any = None,
-                 alpha: Any = None, alpha_times: Any = None):
+    def __init__(
+        self,
+        beta: Any,
+        n: Any,
+        model: Any,
+        scheme: Any,
+        convention: Any = "plain",
+        tau: Any = None,
+        alpha: Any = None,
+        alpha_times: Any = None,
+    ):
         self.beta = check_nonnegative(beta, "beta")
         self.n = check_int(n, "n", minimum=2)
         self.model = _check_model(model)
         self.scheme = _check_scheme(scheme)
         if convention not in _CONVENTIONS:
-            raise ValueError(f"convention must be 'plain' (e^(beta<x,y>)) or 'rescaled' (e^(beta(<x,y>-1))), "
-                             f"got {short_repr(convention)}")
+            raise ValueError(
+                f"convention must be 'plain' (e^(beta<x,y>)) or 'rescaled' (e^(beta(<x,y>-1))), "
+                f"got {short_repr(convention)}"
+            )
         self.convention = convention
         if self.model == "USA" and convention == "plain" and self.beta > _BETA_PLAIN_MAX:
-            raise ValueError(f"beta = {self.beta!r} overflows e^beta in the plain USA kernel e^(beta<x,y>) "
-                             f"(beta <= {_BETA_PLAIN_MAX:g}); use convention='rescaled'")
+            raise ValueError(
+                f"beta = {self.beta!r} overflows e^beta in the plain USA kernel e^(beta<x,y>) "
+                f"(beta <= {_BETA_PLAIN_MAX:g}); use convention='rescaled'"
+            )
         self.tau = None
         if self.scheme == "mix-ln":
             if tau is None:
-                raise ValueError("scheme 'mix-ln' needs the switch time tau (a number >= 0), got None")
+                raise ValueError(
+                    "scheme 'mix-ln' needs the switch time tau (a number >= 0), got None"
+                )
             self.tau = check_nonnegative(tau, "tau")
         elif tau is not None:
-            raise ValueError(f"tau is only used by scheme 'mix-ln', got tau = {short_repr(tau)} with "
-                             f"scheme {self.scheme!r}")
+            raise ValueError(
+                f"tau is only used by scheme 'mix-ln', got tau = {short_repr(tau)} with "
+                f"scheme {self.scheme!r}"
+            )
         self.alpha = None
         if self.scheme == "ngpt":
             self.alpha = _Alpha(alpha, alpha_times)
         elif alpha is not None or alpha_times is not None:
-            raise ValueError(f"alpha is only used by scheme 'ngpt', got alpha = {short_repr(alpha)} with "
-                             f"scheme {self.scheme!r}")
-        self.breaks = (self.tau,) if self.tau is not None else (self.alpha.breaks if self.alpha else ())
+            raise ValueError(
+                f"alpha is only used by scheme 'ngpt', got alpha = {short_repr(alpha)} with "
+                f"scheme {self.scheme!r}"
+            )
+        self.breaks = (
+            (self.tau,) if self.tau is not None else (self.alpha.breaks if self.alpha else ())
+        )
 
     # self weight a at u; USA's is a constant (1/n carried, e^beta in the plain kernel)
     def self_weight(self, u: np.ndarray, exp: Callable = np.exp) -> np.ndarray:
@@ -300,7 +356,9 @@ class _Equiangular:
             return "post-ln" if t <= self.tau else "pre-ln"
         return self.scheme
 
-    def rates(self, t: float, u: np.ndarray, r: np.ndarray, phase: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def rates(
+        self, t: float, u: np.ndarray, r: np.ndarray, phase: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(u', r')`` with ``u = 1 - rho`` (the schemes' table, written in u to keep 1-rho accurate)."""
         phase = phase or self.phase(t)
         n = self.n
@@ -321,14 +379,24 @@ class _Equiangular:
         inner = 1.0 + (n - 1) * q * rho  # <theta, A> / a
         if phase == "pre-ln":
             return -push / r, a * inner
-        norm = sqrt(1.0 + 2 * (n - 1) * q * rho + q * q * (n - 1) * (1 + (n - 2) * rho))  # ||A|| / a
+        norm = sqrt(
+            1.0 + 2 * (n - 1) * q * rho + q * q * (n - 1) * (1 + (n - 2) * rho)
+        )  # ||A|| / a
         if phase == "peri-ln":
             return -push / (r * a * norm), inner / norm
         # ngpt: speed divisor ||A|| / alpha(t)
         return -self.alpha(t) * push / (a * norm), zero
 
-    def solve(self, u0: float, r0: float, t_end: float, *, u_event: float | None = None, rtol: float,
-              atol: float) -> tuple[Any, float | None, int]:
+    def solve(
+        self,
+        u0: float,
+        r0: float,
+        t_end: float,
+        *,
+        u_event: float | None = None,
+        rtol: float,
+        atol: float,
+    ) -> tuple[Any, float | None, int]:
         """Integrate to ``t_end`` piece by piece between the kinks (tau, alpha grid); dense output."""
         from scipy.integrate import OdeSolution, solve_ivp
 
@@ -343,15 +411,27 @@ class _Equiangular:
             phase = self.phase(0.5 * (lo + hi))
             events = None
             if u_event is not None:
+
                 def events(_t, yy, _target=u_event):
                     return yy[0] - _target
+
                 events.terminal, events.direction = True, -1
-            sol = solve_ivp(lambda t, yy: np.array(self.rates(t, float(yy[0]), float(yy[1]), phase)), (lo, hi), y,
-                            method="DOP853", rtol=rtol, atol=tol, dense_output=True, events=events)
+            sol = solve_ivp(
+                lambda t, yy: np.array(self.rates(t, float(yy[0]), float(yy[1]), phase)),
+                (lo, hi),
+                y,
+                method="DOP853",
+                rtol=rtol,
+                atol=tol,
+                dense_output=True,
+                events=events,
+            )
             nfev += sol.nfev
             if sol.status == -1:
-                raise SolverError(f"equiangular ODE ({self.scheme}, beta = {self.beta}, n = {self.n}) failed at "
-                                  f"t = {sol.t[-1]:.6g}: {sol.message}; loosen rtol")
+                raise SolverError(
+                    f"equiangular ODE ({self.scheme}, beta = {self.beta}, n = {self.n}) failed at "
+                    f"t = {sol.t[-1]:.6g}: {sol.message}; loosen rtol"
+                )
             ts.extend(sol.sol.ts[1:])
             interpolants.extend(sol.sol.interpolants)
             y = sol.y[:, -1]
@@ -361,9 +441,20 @@ class _Equiangular:
         return OdeSolution(np.asarray(ts), interpolants), t_hit, nfev
 
 
-def equiangular_scheme_rhs(rho, r, beta: float, n: int, model: str = "SA", scheme: str = "post-ln", *,
-                           t: float = 0.0, tau: float | None = None, alpha=None, alpha_times=None,
-                           convention: str = "plain") -> tuple[np.ndarray, np.ndarray]:
+def equiangular_scheme_rhs(
+    rho,
+    r,
+    beta: float,
+    n: int,
+    model: str = "SA",
+    scheme: str = "post-ln",
+    *,
+    t: float = 0.0,
+    tau: float | None = None,
+    alpha=None,
+    alpha_times=None,
+    convention: str = "plain",
+) -> tuple[np.ndarray, np.ndarray]:
     r"""Right side :math:`(\rho', r')` of the equiangular reduction for a normalization scheme.
 
     All pairwise cosines of the directions equal :math:`\rho` and all radii equal
@@ -431,7 +522,9 @@ def equiangular_scheme_rhs(rho, r, beta: float, n: int, model: str = "SA", schem
     rho = np.asarray(rho, dtype=float)
     r = np.asarray(r, dtype=float)
     if np.any(~np.isfinite(rho)) or np.any(rho < -1.0 / (sys.n - 1) - 1e-15) or np.any(rho > 1):
-        raise ValueError(f"rho must lie in [-1/(n-1), 1] = [{-1 / (sys.n - 1):.6g}, 1], got {short_repr(rho)}")
+        raise ValueError(
+            f"rho must lie in [-1/(n-1), 1] = [{-1 / (sys.n - 1):.6g}, 1], got {short_repr(rho)}"
+        )
     if np.any(~np.isfinite(r)) or np.any(r <= 0):
         raise ValueError(f"r must be finite and > 0, got {short_repr(r)}")
     du, dr = sys.rates(_check_real(t, "t"), 1.0 - rho, r)
@@ -489,14 +582,28 @@ class EquiangularSolution:
 def _check_times(t: Any) -> np.ndarray:
     t = np.atleast_1d(np.asarray(t, dtype=float))
     if t.ndim != 1 or t.size == 0 or not np.all(np.isfinite(t)) or np.any(t < 0):
-        raise ValueError(f"t must be a non-empty 1-d array of finite times >= 0, got {short_repr(t)}")
+        raise ValueError(
+            f"t must be a non-empty 1-d array of finite times >= 0, got {short_repr(t)}"
+        )
     return t
 
 
-def equiangular_scheme_solution(t, beta: float, n: int, model: str = "SA", scheme: str = "post-ln", *,
-                                rho0: float = 0.0, r0: float = 1.0, tau: float | None = None, alpha=None,
-                                alpha_times=None, convention: str = "plain", rtol: float = 1e-13,
-                                atol: float = 1e-14) -> EquiangularSolution:
+def equiangular_scheme_solution(
+    t,
+    beta: float,
+    n: int,
+    model: str = "SA",
+    scheme: str = "post-ln",
+    *,
+    rho0: float = 0.0,
+    r0: float = 1.0,
+    tau: float | None = None,
+    alpha=None,
+    alpha_times=None,
+    convention: str = "plain",
+    rtol: float = 1e-13,
+    atol: float = 1e-14,
+) -> EquiangularSolution:
     r"""Solve the equiangular ODE of a normalization scheme (see :func:`equiangular_scheme_rhs`).
 
     The state is :math:`(1-\rho, r)`, integrated by scipy's DOP853 with dense output,
@@ -539,8 +646,16 @@ def equiangular_scheme_solution(t, beta: float, n: int, model: str = "SA", schem
     else:
         dense, _, nfev = sys.solve(1.0 - rho0, r0, t_end, rtol=rtol, atol=atol)
     u, r = dense(t)
-    return EquiangularSolution(t=t, rho=1.0 - u, r=np.array(r), gap=np.array(u), scheme=sys.scheme,
-                               model=sys.model, nfev=nfev, dense=dense)
+    return EquiangularSolution(
+        t=t,
+        rho=1.0 - u,
+        r=np.array(r),
+        gap=np.array(u),
+        scheme=sys.scheme,
+        model=sys.model,
+        nfev=nfev,
+        dense=dense,
+    )
 
 
 def equiangular_rhs(rho, beta: float, n: int, model: str = "SA") -> np.ndarray:
@@ -566,8 +681,16 @@ def equiangular_rhs(rho, beta: float, n: int, model: str = "SA") -> np.ndarray:
     raise ValueError(f"model must be 'SA' or 'USA', got {model!r}")
 
 
-def equiangular_solution(rho0: float, t, beta: float, n: int, model: str = "SA", *, rtol: float = 1e-13,
-                         atol: float = 1e-15) -> np.ndarray:
+def equiangular_solution(
+    rho0: float,
+    t,
+    beta: float,
+    n: int,
+    model: str = "SA",
+    *,
+    rtol: float = 1e-13,
+    atol: float = 1e-15,
+) -> np.ndarray:
     """Solve the Post-LN equiangular ODE from ``rho0``; returns :math:`\\rho` at times ``t``.
 
     Shorthand for ``equiangular_scheme_solution(t, beta, n, model, "post-ln", rho0=rho0).rho``
@@ -578,7 +701,9 @@ def equiangular_solution(rho0: float, t, beta: float, n: int, model: str = "SA",
     >>> equiangular_solution(0.0, [0.0, 1.0], 0.0, 2).round(6).tolist()  # rho' = 1 - rho^2
     [0.0, 0.761594]
     """
-    return equiangular_scheme_solution(t, beta, n, model, "post-ln", rho0=rho0, rtol=rtol, atol=atol).rho
+    return equiangular_scheme_solution(
+        t, beta, n, model, "post-ln", rho0=rho0, rtol=rtol, atol=atol
+    ).rho
 
 
 def equiangular_configuration(n: int, rho: float) -> np.ndarray:
@@ -597,7 +722,7 @@ def equiangular_configuration(n: int, rho: float) -> np.ndarray:
     """
     n = check_int(n, "n", minimum=2)
     if not -1.0 / (n - 1) < rho < 1:
-        raise ValueError(f"rho must lie in (-1/(n-1), 1) = ({-1/(n-1):.4g}, 1), got {rho}")
+        raise ValueError(f"rho must lie in (-1/(n-1), 1) = ({-1 / (n - 1):.4g}, 1), got {rho}")
     a = np.sqrt(1 - rho)
     # n b^2 + 2 a b - rho = 0, positive root
     b = (-a + np.sqrt(a * a + n * rho)) / n
@@ -618,8 +743,6 @@ def kuramoto_velocity(theta, beta: float) -> np.ndarray:
     theta = np.asarray(theta, dtype=float)
     diff = theta[:, None] - theta[None, :]
     return -np.mean(np.exp(beta * np.cos(diff)) * np.sin(diff), axis=1)
-
-
 
 
 # --------------------------------------------------------------------------------------
@@ -688,7 +811,11 @@ def _log_constant_sphere(sys: _Equiangular, u0: float, lam: float, ngpt: bool) -
             return (k * e + (n - 1) * v) / g
         # nGPT: 2/G - 1/v = (X - Y)/g, X = ||A||/b, Y = n - (n-1) v, X^2 - Y^2 written without cancellation
         rho = 1.0 - v
-        x = np.sqrt(np.exp(2 * beta * v) + 2 * np.exp(beta * v) * (n - 1) * rho + (n - 1) * (1 + (n - 2) * rho))
+        x = np.sqrt(
+            np.exp(2 * beta * v)
+            + 2 * np.exp(beta * v) * (n - 1) * rho
+            + (n - 1) * (1 + (n - 2) * rho)
+        )
         y = n - (n - 1) * v
         return ((n - 1) * g + e * (e + 2 * n - 2 * (n - 1) * v)) / ((x + y) * g)
 
@@ -709,14 +836,30 @@ def _log_constant_radial(sys: _Equiangular, u0: float, r0: float, slope: float) 
     n, beta = sys.n, sys.beta
     if u0 == 0.0:
         return -np.inf
-    integral = quad(lambda v: np.expm1(beta * v) / (v * (n - (n - 1) * v)), 0.0, u0, limit=200, epsabs=0.0,
-                    epsrel=1e-12)[0]
+    integral = quad(
+        lambda v: np.expm1(beta * v) / (v * (n - (n - 1) * v)),
+        0.0,
+        u0,
+        limit=200,
+        epsabs=0.0,
+        epsrel=1e-12,
+    )[0]
     return float(2 * np.log(r0) + np.log(u0) + integral - 2 * np.log(slope))
 
 
-def equiangular_asymptotics(beta: float, n: int, model: str = "SA", scheme: str = "post-ln", *, rho0: float = 0.0,
-                            r0: float = 1.0, tau: float | None = None, alpha=None, alpha_times=None,
-                            convention: str = "plain") -> EquiangularLaw:
+def equiangular_asymptotics(
+    beta: float,
+    n: int,
+    model: str = "SA",
+    scheme: str = "post-ln",
+    *,
+    rho0: float = 0.0,
+    r0: float = 1.0,
+    tau: float | None = None,
+    alpha=None,
+    alpha_times=None,
+    convention: str = "plain",
+) -> EquiangularLaw:
     r"""Late-time law of :math:`1-\rho` for the equiangular ODE of a scheme, with its constant.
 
     Derivation near :math:`\rho = 1`.  Write :math:`u = 1-\rho` and :math:`m_0 = n\,b|_{u=0}`
@@ -776,15 +919,31 @@ def equiangular_asymptotics(beta: float, n: int, model: str = "SA", scheme: str 
             lam = 2.0 * m0
             log_c = _log_constant_sphere(sys, u0, lam, ngpt=False)
             if sys.scheme == "post-ln":
-                return EquiangularLaw(sys.scheme, "exponential", lam, float(np.exp(log_c)),
-                                      f"1-rho ~ C exp(-{lam:.6g} t)")
+                return EquiangularLaw(
+                    sys.scheme,
+                    "exponential",
+                    lam,
+                    float(np.exp(log_c)),
+                    f"1-rho ~ C exp(-{lam:.6g} t)",
+                )
             # T(t) = 2 sqrt(t+1) - 2: u ~ C e^{-lam T} = C e^{2 lam} e^{-2 lam sqrt(t+1)}
-            return EquiangularLaw(sys.scheme, "exponential-sqrt", 2 * lam, float(np.exp(log_c + 2 * lam)),
-                                  f"1-rho ~ C exp(-{2 * lam:.6g} sqrt(t+1))")
+            return EquiangularLaw(
+                sys.scheme,
+                "exponential-sqrt",
+                2 * lam,
+                float(np.exp(log_c + 2 * lam)),
+                f"1-rho ~ C exp(-{2 * lam:.6g} sqrt(t+1))",
+            )
         if sys.scheme == "ngpt":
             log_c = _log_constant_sphere(sys, u0, 2.0, ngpt=True)
-            return EquiangularLaw(sys.scheme, "exponential-alpha", 2.0, float(np.exp(log_c)),
-                                  "1-rho ~ C exp(-2 int_0^t alpha)", clock=sys.alpha.integral)
+            return EquiangularLaw(
+                sys.scheme,
+                "exponential-alpha",
+                2.0,
+                float(np.exp(log_c)),
+                "1-rho ~ C exp(-2 int_0^t alpha)",
+                clock=sys.alpha.integral,
+            )
         if sys.scheme == "mix-ln" and sys.tau > 0:
             u0 = float(sys.solve(u0, r0, sys.tau, rtol=1e-13, atol=1e-15)[0](sys.tau)[0])
         slope = 1.0 if sys.scheme == "peri-ln" else m0
@@ -797,9 +956,23 @@ def equiangular_asymptotics(beta: float, n: int, model: str = "SA", scheme: str 
 # --------------------------------------------------------------------------------------
 
 
-def equiangular_time(beta, n: int, rho_target=0.999, rho0=0.0, model: str = "SA", scheme: str = "post-ln", *,
-                     r0: float = 1.0, tau: float | None = None, alpha=None, alpha_times=None,
-                     convention: str = "plain", t_max: float = 1e9, rtol: float = 1e-12, atol: float = 1e-14):
+def equiangular_time(
+    beta,
+    n: int,
+    rho_target=0.999,
+    rho0=0.0,
+    model: str = "SA",
+    scheme: str = "post-ln",
+    *,
+    r0: float = 1.0,
+    tau: float | None = None,
+    alpha=None,
+    alpha_times=None,
+    convention: str = "plain",
+    t_max: float = 1e9,
+    rtol: float = 1e-12,
+    atol: float = 1e-14,
+):
     r"""Time :math:`t^*` at which the equiangular ODE first reaches :math:`\rho = \rho_{\rm target}`.
 
     :math:`t^* = \inf\{t\ge 0 : \rho(t)\ge\rho_{\rm target}\}`, found as a terminal event of
@@ -837,7 +1010,9 @@ def equiangular_time(beta, n: int, rho_target=0.999, rho0=0.0, model: str = "SA"
     """
     n = check_int(n, "n", minimum=2)
     t_max = check_positive(t_max, "t_max")
-    b_arr, tgt_arr, rho0_arr = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (beta, rho_target, rho0)))
+    b_arr, tgt_arr, rho0_arr = np.broadcast_arrays(
+        *(np.asarray(v, dtype=float) for v in (beta, rho_target, rho0))
+    )
     out = np.empty(b_arr.shape)
     for idx in np.ndindex(b_arr.shape):
         sys = _Equiangular(float(b_arr[idx]), n, model, scheme, convention, tau, alpha, alpha_times)
@@ -846,8 +1021,14 @@ def equiangular_time(beta, n: int, rho_target=0.999, rho0=0.0, model: str = "SA"
         if start >= target:
             out[idx] = 0.0
             continue
-        _, t_hit, _ = sys.solve(1.0 - start, check_positive(r0, "r0"), t_max, u_event=1.0 - target,
-                                rtol=check_positive(rtol, "rtol"), atol=check_positive(atol, "atol"))
+        _, t_hit, _ = sys.solve(
+            1.0 - start,
+            check_positive(r0, "r0"),
+            t_max,
+            u_event=1.0 - target,
+            rtol=check_positive(rtol, "rtol"),
+            atol=check_positive(atol, "atol"),
+        )
         out[idx] = np.inf if t_hit is None else t_hit
     return float(out) if out.ndim == 0 else out
 
@@ -862,11 +1043,15 @@ _LAYERS = ("pre-ln", "post-ln")
 def _check_layer(scheme: Any) -> str:
     name = _SCHEME_ALIASES.get(scheme, scheme) if isinstance(scheme, str) else scheme
     if name not in _LAYERS:
-        raise ValueError(f"scheme must be 'pre-ln' or 'post-ln' for one long-context layer, got {short_repr(scheme)}")
+        raise ValueError(
+            f"scheme must be 'pre-ln' or 'post-ln' for one long-context layer, got {short_repr(scheme)}"
+        )
     return name
 
 
-def long_context_limit(rho: float, gamma: float, *, scheme: str = "pre-ln", eta: float = 1.0) -> float:
+def long_context_limit(
+    rho: float, gamma: float, *, scheme: str = "pre-ln", eta: float = 1.0
+) -> float:
     r"""Limit :math:`n\to\infty` of the output cosine of one SA layer with :math:`\beta = \gamma\log n`.
 
     Input: :math:`n` equiangular unit tokens of cosine :math:`\rho\in(0,1)`.  The self weight
@@ -1001,8 +1186,10 @@ def _exp_factor(beta: Any, sign: float, value: Any, name: str) -> np.ndarray:
     with np.errstate(over="ignore"):
         out = value * np.exp(sign * beta)
     if np.any(np.isinf(out) & np.isfinite(value)):
-        raise ValueError(f"converting {name} overflows at beta = {beta!r}: e^{sign * beta:g} is beyond float64; "
-                         f"stay in the rescaled convention")
+        raise ValueError(
+            f"converting {name} overflows at beta = {beta!r}: e^{sign * beta:g} is beyond float64; "
+            f"stay in the rescaled convention"
+        )
     return out if out.ndim else float(out)
 
 

@@ -4,6 +4,7 @@
 :data:`wflow.config.KEYS` -- key, type, default, choices, meaning -- so the CLI
 reference is generated from the code that validates the configuration and cannot drift.
 """
+
 from __future__ import annotations
 
 from docutils import nodes
@@ -41,8 +42,16 @@ class ConfigKeys(Directive):
             row += _entry(name, literal=True)
             row += _entry(key.type.__name__)
             default = key.default
-            row += _entry("true" if default is True else "false" if default is False else repr(default)
-                          if isinstance(default, str) else str(default), literal=True)
+            row += _entry(
+                "true"
+                if default is True
+                else "false"
+                if default is False
+                else repr(default)
+                if isinstance(default, str)
+                else str(default),
+                literal=True,
+            )
             meaning = key.help
             choices = getattr(key, "choices", None)
             if choices:

@@ -21,6 +21,7 @@ Kernel sums know nothing about models.  Backends are looked up by name in
 ``__call__(problem) -> KernelSums``.  ``"auto"`` asks each backend in
 :data:`AUTO_ORDER` whether it takes the problem.
 """
+
 from __future__ import annotations
 
 import os
@@ -180,10 +181,16 @@ class KernelProblem:
 
     def is_rotation_invariant(self) -> bool:
         """True when Q = K = I and V is a multiple of I (or absent): the kernel depends on <x, y> only."""
-        def is_eye(M: np.ndarray | None) -> bool:
-            return M is None or (M.shape[0] == M.shape[1] and np.array_equal(M, np.eye(M.shape[0], dtype=M.dtype)))
 
-        v_ok = self.V is None or (self.V.shape[0] == self.V.shape[1] and np.array_equal(self.V, self.V[0, 0] * np.eye(self.V.shape[0], dtype=self.V.dtype)))
+        def is_eye(M: np.ndarray | None) -> bool:
+            return M is None or (
+                M.shape[0] == M.shape[1] and np.array_equal(M, np.eye(M.shape[0], dtype=M.dtype))
+            )
+
+        v_ok = self.V is None or (
+            self.V.shape[0] == self.V.shape[1]
+            and np.array_equal(self.V, self.V[0, 0] * np.eye(self.V.shape[0], dtype=self.V.dtype))
+        )
         return is_eye(self.Q) and is_eye(self.K) and v_ok
 
 
@@ -270,7 +277,9 @@ def _as_matrix(M, name: str, d: int, dtype: np.dtype, rows: int | None = None) -
         raise TypeError(f"{name} must be a real matrix, got {short_repr(M)}")
     if A.ndim != 2 or A.shape[1] != d or (rows is not None and A.shape[0] != rows):
         want = f"({rows if rows is not None else 'p'}, {d})"
-        raise ValueError(f"{name} must have shape {want} for points of dimension d={d}, got shape {A.shape}")
+        raise ValueError(
+            f"{name} must have shape {want} for points of dimension d={d}, got shape {A.shape}"
+        )
     if not np.all(np.isfinite(A)):
         raise ValueError(f"{name} contains non-finite values: {short_repr(A)}")
     return A.astype(dtype)
@@ -342,15 +351,23 @@ def kernel_sums(
     if x.ndim < 2 or y.ndim < 2:
         raise ValueError(f"x and y must have shape (..., n, d), got shapes {x.shape} and {y.shape}")
     if x.shape[-2] == 0 or y.shape[-2] == 0:
-        raise ValueError(f"x (queries) and y (keys) must hold at least one point each, got shapes {x.shape} and "
-                         f"{y.shape}")
-    if isinstance(beta, (bool, str, bytes)) or not isinstance(beta, (int, float, np.integer, np.floating)):
+        raise ValueError(
+            f"x (queries) and y (keys) must hold at least one point each, got shapes {x.shape} and "
+            f"{y.shape}"
+        )
+    if isinstance(beta, (bool, str, bytes)) or not isinstance(
+        beta, (int, float, np.integer, np.floating)
+    ):
         raise TypeError(f"beta must be a real number, got {short_repr(beta)}")
     d = x.shape[-1]
     if y.shape[-1] != d:
-        raise ValueError(f"x and y must have the same dimension d, got x.shape={x.shape}, y.shape={y.shape}")
+        raise ValueError(
+            f"x and y must have the same dimension d, got x.shape={x.shape}, y.shape={y.shape}"
+        )
     if x.shape[:-2] != y.shape[:-2]:
-        raise ValueError(f"x and y must have the same batch axes, got x.shape={x.shape}, y.shape={y.shape}")
+        raise ValueError(
+            f"x and y must have the same batch axes, got x.shape={x.shape}, y.shape={y.shape}"
+        )
     w = np.asarray(weights, dtype=dtype)
     if w.shape != y.shape[:-1]:
         raise ValueError(f"weights must have shape {y.shape[:-1]}, got {w.shape}")
@@ -358,12 +375,16 @@ def kernel_sums(
     # non-finite sum of finite entries (overflow) is sorted out by the exact test
     if not (_all_finite(x) and _all_finite(y)):
         raise ValueError("x and y must be finite, got NaN or infinite coordinates")
-    if not (np.isfinite(np.sum(w)) and w.size and np.min(w) >= 0) and (not np.isfinite(w).all() or (w < 0).any()):
+    if not (np.isfinite(np.sum(w)) and w.size and np.min(w) >= 0) and (
+        not np.isfinite(w).all() or (w < 0).any()
+    ):
         bad = w[~(np.isfinite(w) & (w >= 0))].ravel()[0]
         raise ValueError(f"weights must be finite and non-negative, got {float(bad)!r}")
     if w.shape[-1] and not (w.reshape(-1, w.shape[-1]).max(axis=-1) > 0).all():
-        raise ValueError("weights: every weight of a system is zero (the sums vanish and the "
-                         "softmax average is undefined); give each system a positive weight")
+        raise ValueError(
+            "weights: every weight of a system is zero (the sums vanish and the "
+            "softmax average is undefined); give each system a positive weight"
+        )
     if not np.isfinite(beta):
         raise ValueError(f"beta must be finite, got {beta!r}")
     Qm = _as_matrix(Q, "Q", d, dtype)
@@ -378,13 +399,20 @@ def kernel_sums(
         x=x.astype(dtype, copy=False).reshape(-1, *x.shape[-2:]),
         y=y.astype(dtype, copy=False).reshape(-1, *y.shape[-2:]),
         weights=w.reshape(-1, w.shape[-1]),
-        beta=float(beta), Q=Qm, K=Km, V=Vm, values=bool(values), tol=tol,
+        beta=float(beta),
+        Q=Qm,
+        K=Km,
+        V=Vm,
+        values=bool(values),
+        tol=tol,
     )
     impl = _select(backend, problem)
     out = impl(problem)
     n = x.shape[-2]
     vec = None if out.vector is None else out.vector.reshape(*batch, n, out.vector.shape[-1])
-    return KernelSums(out.log_scale.reshape(*batch, n), out.mass.reshape(*batch, n), vec, out.backend)
+    return KernelSums(
+        out.log_scale.reshape(*batch, n), out.mass.reshape(*batch, n), vec, out.backend
+    )
 
 
 def _all_finite(a: np.ndarray) -> bool:
@@ -404,17 +432,23 @@ def _select(backend: str, problem: KernelProblem) -> Backend:
         raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
     b = BACKENDS[backend]
     if not b.available():
-        raise ValueError(f"backend {backend!r} is not available on this machine: {getattr(b, 'reason', '')}".rstrip(": "))
+        raise ValueError(
+            f"backend {backend!r} is not available on this machine: {getattr(b, 'reason', '')}".rstrip(
+                ": "
+            )
+        )
     if not b.accepts(problem):
         why = getattr(b, "why_not", lambda p: "")(problem)
-        raise ValueError(f"backend {backend!r} cannot compute this kernel sum{': ' + why if why else ''}")
+        raise ValueError(
+            f"backend {backend!r} cannot compute this kernel sum{': ' + why if why else ''}"
+        )
     return b
 
 
-from . import numpy_backend as _numpy_backend  # noqa: E402,F401  (registers "numpy")
 from . import keops_backend as _keops_backend  # noqa: E402,F401  (registers "keops")
-from . import spectral as _spectral  # noqa: E402,F401  (registers "spectral")
 from . import numba_backend as _numba_backend  # noqa: E402,F401  (registers "numba")
+from . import numpy_backend as _numpy_backend  # noqa: E402,F401  (registers "numpy")
+from . import spectral as _spectral  # noqa: E402,F401  (registers "spectral")
 
 # What "auto" tries, in order: KeOps on a GPU, the spectral sums where the model and the
 # size make them clearly faster, the fast direct CPU sums, NumPy.

@@ -10,6 +10,7 @@ kernels run the recurrences for a block of :data:`BLOCK` points at once, innermo
 the block, so that LLVM vectorizes them (4 float64 lanes with AVX2); the circle kernels are
 scalar per point (K ~ sqrt(beta) terms: cheap already).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,6 +42,7 @@ def coefficients(a, h0, K, P, extra, nu0, scale, out, h):  # pragma: no cover - 
         for k in range(K + 1):
             out[k, p] = f * h[k + p]
 
+
 @njit(parallel=True, cache=True)
 def circle_moments(y, W, K, nchunks):  # pragma: no cover - compiled
     m, C = W.shape
@@ -56,6 +58,7 @@ def circle_moments(y, W, K, nchunks):  # pragma: no cover - compiled
                 zr, zi = zr * ur - zi * ui, zr * ui + zi * ur
     return acc.sum(axis=0)
 
+
 @njit(parallel=True, cache=True)
 def circle_eval(x, G, a, h0, per_row, extra, scale_exp):  # pragma: no cover - compiled
     n = x.shape[0]
@@ -67,7 +70,9 @@ def circle_eval(x, G, a, h0, per_row, extra, scale_exp):  # pragma: no cover - c
         work = np.empty(K1 + P1)
         for i in range(ch * n // nchunks, (ch + 1) * n // nchunks):
             if per_row:
-                coefficients(a[i], h0[i], K1 - 1, P1 - 1, extra, 0.0, np.exp(a[i] * scale_exp), coef, work)
+                coefficients(
+                    a[i], h0[i], K1 - 1, P1 - 1, extra, 0.0, np.exp(a[i] * scale_exp), coef, work
+                )
             ur, ui = x[i, 0], x[i, 1]
             zr, zi = 1.0, 0.0
             for k in range(K1):
@@ -188,7 +193,9 @@ def sphere_eval(x, G, a, h0, per_row, extra, scale_exp, A, Bc):  # pragma: no co
             ui[ii] = x[i, 1]
             t[ii] = x[i, 2]
             if per_row:
-                coefficients(a[i], h0[i], L1 - 1, P1 - 1, extra, 0.5, np.exp(a[i] * scale_exp), one, work)
+                coefficients(
+                    a[i], h0[i], L1 - 1, P1 - 1, extra, 0.5, np.exp(a[i] * scale_exp), one, work
+                )
                 for l in range(L1):
                     for p in range(P1):
                         coef[l, p, ii] = one[l, p]

@@ -33,6 +33,7 @@ Examples
 >>> cost.cheapest(256, 32, 32, 8, 8, np.float64) == min(t, key=t.get)
 True
 """
+
 from __future__ import annotations
 
 import math
@@ -54,7 +55,7 @@ COSTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     ("blas", "float64"): (1.160e-04, 3.310e-05, 4.079e-09, 1.365e-10),
     ("fused", "float32"): (9.146e-05, 1.333e-06, 3.370e-09, 1.716e-10),
     ("gemm", "float32"): (1.367e-04, 2.585e-06, 5.052e-09, 8.325e-11),
-    ("direct", "float32"): (9.283e-04, 1.913e-05, 0.000e+00, 2.382e-10),
+    ("direct", "float32"): (9.283e-04, 1.913e-05, 0.000e00, 2.382e-10),
     ("blas", "float32"): (1.276e-04, 4.116e-05, 2.229e-09, 1.269e-10),
 }
 
@@ -97,10 +98,14 @@ def predict(route: str, B: int, n: int, m: int, p: int, q: int, dtype, costs=Non
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
     _check_sizes(B, n, m, p, q)
-    return float(_price((COSTS if costs is None else costs)[(route, _dtype_name(dtype))], B, n, m, p, q))
+    return float(
+        _price((COSTS if costs is None else costs)[(route, _dtype_name(dtype))], B, n, m, p, q)
+    )
 
 
-def cheapest(B: int, n: int, m: int, p: int, q: int, dtype, routes: Iterable[str] = ROUTES, costs=None) -> str:
+def cheapest(
+    B: int, n: int, m: int, p: int, q: int, dtype, routes: Iterable[str] = ROUTES, costs=None
+) -> str:
     """The route of ``routes`` with the least predicted time (the first of equals, in the order given).
     A few microseconds: it runs for every kernel sum of tiny systems."""
     routes = tuple(routes)
@@ -141,7 +146,9 @@ def fit(samples: Iterable[tuple]) -> dict[tuple[str, str], tuple[float, float, f
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if not (np.isfinite(seconds) and seconds > 0):
-            raise ValueError(f"a measured time must be finite and positive, got {seconds!r} for {route} B={B} n={n}")
+            raise ValueError(
+                f"a measured time must be finite and positive, got {seconds!r} for {route} B={B} n={n}"
+            )
         rows.setdefault((route, _dtype_name(dtype)), []).append(features(B, n, m, p, q) / seconds)
     out = {}
     for key, A in rows.items():

@@ -10,6 +10,7 @@ new machine or a new host name does not silently recompile into ``~/.cache``.  T
 first use of each (dimension, dtype) compiles with g++ for 10--25 s; a file lock
 keeps two processes from compiling the same formula at once.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -82,9 +83,16 @@ def import_pykeops():
             import pykeops
             from pykeops.numpy import LazyTensor  # noqa: F401
 
-            if Path(pykeops.get_build_folder()).resolve() != folder.resolve() and "WFLOW_KEOPS_CACHE" in os.environ:
+            if (
+                Path(pykeops.get_build_folder()).resolve() != folder.resolve()
+                and "WFLOW_KEOPS_CACHE" in os.environ
+            ):
                 pykeops.set_build_folder(str(folder))
-        log.debug("pykeops imported; build folder %s; said: %s", pykeops.get_build_folder(), sink.getvalue().strip())
+        log.debug(
+            "pykeops imported; build folder %s; said: %s",
+            pykeops.get_build_folder(),
+            sink.getvalue().strip(),
+        )
         _PYKEOPS = pykeops
     except Exception as exc:  # ImportError, or a broken install
         _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"

@@ -54,6 +54,7 @@ agree with the exact sums to about :math:`10^{-14}` (float64) and :math:`10^{-6}
 the row maximum rounded to float32 and ``mass``/``vector`` are rescaled to match it,
 so ``exp(log_scale) * mass`` keeps float64-level consistency.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,7 +64,15 @@ import numpy as np
 
 from . import KernelProblem, KernelSums, exp_floor, register_backend
 
-__all__ = ["NumbaBackend", "choose_route", "TILE_ROWS", "TILE_COLS", "BLAS_MIN_DIM", "BLAS_BLOCK", "SMALL_MIN_DIM"]
+__all__ = [
+    "NumbaBackend",
+    "choose_route",
+    "TILE_ROWS",
+    "TILE_COLS",
+    "BLAS_MIN_DIM",
+    "BLAS_BLOCK",
+    "SMALL_MIN_DIM",
+]
 
 #: Rows of one tile of the direct route (one task of the parallel loop).
 TILE_ROWS = 16
@@ -264,7 +273,9 @@ if numba is not None:
         ntile = n // rows
         n_tasks = B * ntile
         for chunk in prange(n_chunks):
-            buf = np.empty((4, cols), a.dtype)  # logits: float64, or float32 when that is accurate enough
+            buf = np.empty(
+                (4, cols), a.dtype
+            )  # logits: float64, or float32 when that is accurate enough
             cf = np.empty(2, a.dtype)  # the row's shift and the floor in the logits' dtype
             e = np.empty((4, cols), gT.dtype)
             mx = np.empty(rows)
@@ -293,16 +304,48 @@ if numba is not None:
                             a30, a31, a32, a33 = A[3, l], A[3, l + 1], A[3, l + 2], A[3, l + 3]
                             if l == 0:
                                 for jj in range(J):
-                                    x0[jj] = lw[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
-                                    x1[jj] = lw[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
-                                    x2[jj] = lw[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
-                                    x3[jj] = lw[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                                    x0[jj] = (
+                                        lw[jj]
+                                        + a00 * b0[jj]
+                                        + a01 * b1[jj]
+                                        + a02 * b2[jj]
+                                        + a03 * b3[jj]
+                                    )
+                                    x1[jj] = (
+                                        lw[jj]
+                                        + a10 * b0[jj]
+                                        + a11 * b1[jj]
+                                        + a12 * b2[jj]
+                                        + a13 * b3[jj]
+                                    )
+                                    x2[jj] = (
+                                        lw[jj]
+                                        + a20 * b0[jj]
+                                        + a21 * b1[jj]
+                                        + a22 * b2[jj]
+                                        + a23 * b3[jj]
+                                    )
+                                    x3[jj] = (
+                                        lw[jj]
+                                        + a30 * b0[jj]
+                                        + a31 * b1[jj]
+                                        + a32 * b2[jj]
+                                        + a33 * b3[jj]
+                                    )
                             else:
                                 for jj in range(J):
-                                    x0[jj] += a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
-                                    x1[jj] += a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
-                                    x2[jj] += a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
-                                    x3[jj] += a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                                    x0[jj] += (
+                                        a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
+                                    )
+                                    x1[jj] += (
+                                        a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
+                                    )
+                                    x2[jj] += (
+                                        a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
+                                    )
+                                    x3[jj] += (
+                                        a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                                    )
                         # block maxima of the 4 rows in one pass
                         m0 = x0[0]
                         m1 = x1[0]
@@ -316,7 +359,9 @@ if numba is not None:
                         for s in range(4):
                             r = r4 + s
                             bm = m0 if s == 0 else (m1 if s == 1 else (m2 if s == 2 else m3))
-                            if bm > mx[r]:  # online maximum: rescale what this row has summed so far
+                            if (
+                                bm > mx[r]
+                            ):  # online maximum: rescale what this row has summed so far
                                 sc = _exp64(max(mx[r] - bm, floor))
                                 for l in range(q + 1):
                                     acc[r, l] *= sc
@@ -354,7 +399,9 @@ if numba is not None:
         return mx
 
     @njit(parallel=True, cache=True, fastmath=_FM_SUM)
-    def _direct_sums_mixed(a, bT, logw, gT, upper, floor, jump, rows, cols, n_chunks, shift, acc_out):
+    def _direct_sums_mixed(
+        a, bT, logw, gT, upper, floor, jump, rows, cols, n_chunks, shift, acc_out
+    ):
         """float32 input whose logits need float64: as :func:`_direct_sums` (same arguments,
         and ``upper`` (B, n) a bound on each row's logits), but each logit leaves the float64
         FMA loop already shifted, ``l - c`` rounded to float32, so that the exponentials, the
@@ -413,16 +460,96 @@ if numba is not None:
                                     # last 4 components: finish the logit, shift, round to float32
                                     if l == 0:  # p = 4: the logits start from the log-weights
                                         for jj in range(J):
-                                            v0[jj] = np.float32(max(lw[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj] - c0, floor))
-                                            v1[jj] = np.float32(max(lw[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj] - c1, floor))
-                                            v2[jj] = np.float32(max(lw[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj] - c2, floor))
-                                            v3[jj] = np.float32(max(lw[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj] - c3, floor))
+                                            v0[jj] = np.float32(
+                                                max(
+                                                    lw[jj]
+                                                    + a00 * b0[jj]
+                                                    + a01 * b1[jj]
+                                                    + a02 * b2[jj]
+                                                    + a03 * b3[jj]
+                                                    - c0,
+                                                    floor,
+                                                )
+                                            )
+                                            v1[jj] = np.float32(
+                                                max(
+                                                    lw[jj]
+                                                    + a10 * b0[jj]
+                                                    + a11 * b1[jj]
+                                                    + a12 * b2[jj]
+                                                    + a13 * b3[jj]
+                                                    - c1,
+                                                    floor,
+                                                )
+                                            )
+                                            v2[jj] = np.float32(
+                                                max(
+                                                    lw[jj]
+                                                    + a20 * b0[jj]
+                                                    + a21 * b1[jj]
+                                                    + a22 * b2[jj]
+                                                    + a23 * b3[jj]
+                                                    - c2,
+                                                    floor,
+                                                )
+                                            )
+                                            v3[jj] = np.float32(
+                                                max(
+                                                    lw[jj]
+                                                    + a30 * b0[jj]
+                                                    + a31 * b1[jj]
+                                                    + a32 * b2[jj]
+                                                    + a33 * b3[jj]
+                                                    - c3,
+                                                    floor,
+                                                )
+                                            )
                                     else:
                                         for jj in range(J):
-                                            v0[jj] = np.float32(max(x0[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj] - c0, floor))
-                                            v1[jj] = np.float32(max(x1[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj] - c1, floor))
-                                            v2[jj] = np.float32(max(x2[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj] - c2, floor))
-                                            v3[jj] = np.float32(max(x3[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj] - c3, floor))
+                                            v0[jj] = np.float32(
+                                                max(
+                                                    x0[jj]
+                                                    + a00 * b0[jj]
+                                                    + a01 * b1[jj]
+                                                    + a02 * b2[jj]
+                                                    + a03 * b3[jj]
+                                                    - c0,
+                                                    floor,
+                                                )
+                                            )
+                                            v1[jj] = np.float32(
+                                                max(
+                                                    x1[jj]
+                                                    + a10 * b0[jj]
+                                                    + a11 * b1[jj]
+                                                    + a12 * b2[jj]
+                                                    + a13 * b3[jj]
+                                                    - c1,
+                                                    floor,
+                                                )
+                                            )
+                                            v2[jj] = np.float32(
+                                                max(
+                                                    x2[jj]
+                                                    + a20 * b0[jj]
+                                                    + a21 * b1[jj]
+                                                    + a22 * b2[jj]
+                                                    + a23 * b3[jj]
+                                                    - c2,
+                                                    floor,
+                                                )
+                                            )
+                                            v3[jj] = np.float32(
+                                                max(
+                                                    x3[jj]
+                                                    + a30 * b0[jj]
+                                                    + a31 * b1[jj]
+                                                    + a32 * b2[jj]
+                                                    + a33 * b3[jj]
+                                                    - c3,
+                                                    floor,
+                                                )
+                                            )
                                     # the block's maxima relative to the shifts (float32, 8 lanes)
                                     m0 = v0[0]
                                     m1 = v1[0]
@@ -439,16 +566,60 @@ if numba is not None:
                                     bmax[3] = m3
                                 elif l == 0:
                                     for jj in range(J):
-                                        x0[jj] = lw[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
-                                        x1[jj] = lw[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
-                                        x2[jj] = lw[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
-                                        x3[jj] = lw[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                                        x0[jj] = (
+                                            lw[jj]
+                                            + a00 * b0[jj]
+                                            + a01 * b1[jj]
+                                            + a02 * b2[jj]
+                                            + a03 * b3[jj]
+                                        )
+                                        x1[jj] = (
+                                            lw[jj]
+                                            + a10 * b0[jj]
+                                            + a11 * b1[jj]
+                                            + a12 * b2[jj]
+                                            + a13 * b3[jj]
+                                        )
+                                        x2[jj] = (
+                                            lw[jj]
+                                            + a20 * b0[jj]
+                                            + a21 * b1[jj]
+                                            + a22 * b2[jj]
+                                            + a23 * b3[jj]
+                                        )
+                                        x3[jj] = (
+                                            lw[jj]
+                                            + a30 * b0[jj]
+                                            + a31 * b1[jj]
+                                            + a32 * b2[jj]
+                                            + a33 * b3[jj]
+                                        )
                                 else:
                                     for jj in range(J):
-                                        x0[jj] += a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj]
-                                        x1[jj] += a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj]
-                                        x2[jj] += a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj]
-                                        x3[jj] += a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj]
+                                        x0[jj] += (
+                                            a00 * b0[jj]
+                                            + a01 * b1[jj]
+                                            + a02 * b2[jj]
+                                            + a03 * b3[jj]
+                                        )
+                                        x1[jj] += (
+                                            a10 * b0[jj]
+                                            + a11 * b1[jj]
+                                            + a12 * b2[jj]
+                                            + a13 * b3[jj]
+                                        )
+                                        x2[jj] += (
+                                            a20 * b0[jj]
+                                            + a21 * b1[jj]
+                                            + a22 * b2[jj]
+                                            + a23 * b3[jj]
+                                        )
+                                        x3[jj] += (
+                                            a30 * b0[jj]
+                                            + a31 * b1[jj]
+                                            + a32 * b2[jj]
+                                            + a33 * b3[jj]
+                                        )
                             again = False
                             for s in range(4):
                                 if bmax[s] > jump or (first and bmax[s] < -jump):
@@ -488,7 +659,9 @@ if numba is not None:
                 for r in range(rows):
                     # report the row's maximum (as the other routes do), rounded to float32
                     c = np.float64(np.float32(best[r] if best[r] > _FLOAT_MIN else mx[r]))
-                    f = math.exp(mx[r] - c) if c != mx[r] else 1.0  # mx >= the maximum, by at most jump
+                    f = (
+                        math.exp(mx[r] - c) if c != mx[r] else 1.0
+                    )  # mx >= the maximum, by at most jump
                     shift[k, i0 + r] = c
                     for l in range(q + 1):
                         acc_out[k, i0 + r, l] = acc[r, l] * f
@@ -550,8 +723,9 @@ if numba is not None:
 FORCE_ROUTE: str | None = None
 
 
-def _float32_logits_bound(p: int, size: float, logw: np.ndarray, floor: float,
-                          tol: float | None = None) -> tuple[bool, np.ndarray, np.ndarray]:
+def _float32_logits_bound(
+    p: int, size: float, logw: np.ndarray, floor: float, tol: float | None = None
+) -> tuple[bool, np.ndarray, np.ndarray]:
     """The rule of the float32 logits (module docstring) for logits of dimension ``p`` bounded by ``size``:
     ``(ok, log-weights relative to each system's maximum as float32, at least -3e38, the maxima)``
     (one compiled pass: 0.17 ms against 0.41 ms in NumPy for 2048 x 32 log-weights).  The direct route
@@ -593,7 +767,11 @@ def choose_route(B: int, n: int, m: int, p: int, dtype, q: int | None = None) ->
     if n <= SMALL_MAX and m <= SMALL_MAX and p >= SMALL_MIN_DIM:
         from . import cost
 
-        routes = cost.ROUTES if _fused_sums is not None else tuple(r for r in cost.ROUTES if r != "fused")
+        routes = (
+            cost.ROUTES
+            if _fused_sums is not None
+            else tuple(r for r in cost.ROUTES if r != "fused")
+        )
         route = cost.cheapest(B, n, m, p, p if q is None else q, dtype, routes)
         return "small" if route in ("fused", "gemm") else route
     return "direct" if p < BLAS_MIN_DIM else "blas"
@@ -644,7 +822,9 @@ class NumbaBackend:
         if numba is None:
             from ..errors import WflowError
 
-            raise WflowError(f"the numba backend is unavailable: {_NUMBA_ERROR}; use backend='numpy'")
+            raise WflowError(
+                f"the numba backend is unavailable: {_NUMBA_ERROR}; use backend='numpy'"
+            )
         dtype = problem.dtype
         f64 = np.float64
         x, y = problem.x, problem.y
@@ -700,8 +880,9 @@ class NumbaBackend:
         if problem.values:
             c = y if problem.V is None else y @ problem.V.T
         tol = problem.tol if problem.tol is not None and 0.0 < problem.tol < 1.0 else None
-        shift, mass, vec = small_sums(a, b, logw, c, exp_floor(problem.dtype), problem.dtype,
-                                      scale=problem.beta, tol=tol)
+        shift, mass, vec = small_sums(
+            a, b, logw, c, exp_floor(problem.dtype), problem.dtype, scale=problem.beta, tol=tol
+        )
         return KernelSums(shift, mass, vec, self.name)
 
     @staticmethod
@@ -716,7 +897,9 @@ class NumbaBackend:
         ldt = np.float64
         if type(zero) is np.float32:
             sq = lambda z: float(np.max(np.einsum("...i,...i->...", z, z), initial=0.0))  # noqa: E731
-            size = math.sqrt(sq(a) * sq(b)) * (1.0 + 1e-6)  # (b may be float32: its squared norms' rounding)
+            size = math.sqrt(sq(a) * sq(b)) * (
+                1.0 + 1e-6
+            )  # (b may be float32: its squared norms' rounding)
             ok, lw_rel, lw_max = _float32_logits_bound(p4, size, logw, floor)
             if ok:
                 ldt = np.float32
@@ -724,7 +907,9 @@ class NumbaBackend:
         threads = numba.get_num_threads()
         # one column block (small systems): larger row tiles, fewer parallel tasks to set up
         rows = min(TILE_ROWS if m > TILE_COLS else 64, -(-n // 4) * 4)
-        if B * -(-n // rows) < 8 * threads:  # few query rows: smaller tiles, so every thread has work
+        if (
+            B * -(-n // rows) < 8 * threads
+        ):  # few query rows: smaller tiles, so every thread has work
             rows = max(4, min(rows, (n // (8 * threads * B)) // 4 * 4))
         n_pad = -(-n // rows) * rows
         if n_pad == n and p4 == p:
@@ -737,7 +922,9 @@ class NumbaBackend:
         bT[:, p:, :] = 0.0
         if c is None:
             gT = np.zeros((B, 0, m), dtype=type(zero))
-        elif c is b and p4 == p and bT.dtype == type(zero):  # values = keys (Q = K = V = I): share the transpose
+        elif (
+            c is b and p4 == p and bT.dtype == type(zero)
+        ):  # values = keys (Q = K = V = I): share the transpose
             gT = bT
         else:
             gT = np.ascontiguousarray(np.swapaxes(c, 1, 2), dtype=type(zero))
@@ -754,7 +941,9 @@ class NumbaBackend:
             upper = np.sqrt(np.einsum("kip,kip->ki", a4, a4)) * bn[:, None]
             upper += np.max(logw, axis=1, initial=_LOG_ZERO)[:, None]
             cols = max(1, min(MIXED_TILE_COLS, m))
-            _direct_sums_mixed(a4, bT, logw, gT, upper, float(floor), MIXED_JUMP, rows, cols, n_chunks, shift, acc)
+            _direct_sums_mixed(
+                a4, bT, logw, gT, upper, float(floor), MIXED_JUMP, rows, cols, n_chunks, shift, acc
+            )
         else:
             _direct_sums(a4, bT, logw, gT, float(floor), zero, rows, cols, n_chunks, shift, acc)
         shift = shift[:, :n]
@@ -778,9 +967,17 @@ class NumbaBackend:
         # tasks: (system, row block, column chunk); columns are split only when there are
         # too few row blocks to keep every thread busy, and the partial sums merged after
         row_blocks = [(k, i0, min(i0 + rows, n)) for k in range(B) for i0 in range(0, n, rows)]
-        n_split = 1 if len(row_blocks) >= 4 * threads else max(1, min(-(-4 * threads // len(row_blocks)), -(-m // cols)))
+        n_split = (
+            1
+            if len(row_blocks) >= 4 * threads
+            else max(1, min(-(-4 * threads // len(row_blocks)), -(-m // cols)))
+        )
         edges = [m * s // n_split for s in range(n_split + 1)]
-        tasks = [(k, i0, i1, edges[s], edges[s + 1]) for (k, i0, i1) in row_blocks for s in range(n_split)]
+        tasks = [
+            (k, i0, i1, edges[s], edges[s + 1])
+            for (k, i0, i1) in row_blocks
+            for s in range(n_split)
+        ]
         parts = [None] * len(tasks)
 
         def work(first: int) -> None:

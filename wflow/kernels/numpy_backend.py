@@ -1,4 +1,5 @@
 """Dense NumPy kernel sums, blocked so that temporaries stay near 100 MB for any size."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -32,6 +32,7 @@ logits whenever that bound is below ``tol / 3`` (at beta = 5, d = 128 the bound 
 any tol >= 1.2e-4), which is what PyTorch computes in float32.  Exponentials and the value
 GEMM run in float32 either way; row sums are accumulated in float64.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,9 +44,19 @@ import numpy as np
 from . import numba_backend as _nb
 from .numba_backend import _float32_logits_bound
 
-__all__ = ["bmm", "small_sums", "sa_euler_step", "step_log_weights", "pair_counts", "span_coordinates", "choose_method", "SMALL_MAX",
-           "CHUNK_PAIRS", "SA_STEP_FUSED_MAX_DIM",
-           "PAIR_COUNTS_FUSED_MAX_DIM"]
+__all__ = [
+    "bmm",
+    "small_sums",
+    "sa_euler_step",
+    "step_log_weights",
+    "pair_counts",
+    "span_coordinates",
+    "choose_method",
+    "SMALL_MAX",
+    "CHUNK_PAIRS",
+    "SA_STEP_FUSED_MAX_DIM",
+    "PAIR_COUNTS_FUSED_MAX_DIM",
+]
 
 #: Largest n and m (per system) of the tiny-systems route.
 SMALL_MAX = 256
@@ -76,7 +87,10 @@ def _threads() -> int:
         return max(1, _nb.numba.get_num_threads())
     import os
 
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return max(
+        1,
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+    )
 
 
 def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -144,8 +158,10 @@ if _nb.numba is not None:
     #: the addresses of BLAS's dgemm and sgemm (scipy's Cython wrappers of its OpenBLAS, Fortran calling
     #: convention: every argument a pointer), which the fused SA step calls on each system's 32 x 32
     #: products from inside its compiled pass (:func:`_gemm`)
-    _GEMM = {np.dtype(np.float64): get_cython_function_address("scipy.linalg.cython_blas", "dgemm"),
-             np.dtype(np.float32): get_cython_function_address("scipy.linalg.cython_blas", "sgemm")}
+    _GEMM = {
+        np.dtype(np.float64): get_cython_function_address("scipy.linalg.cython_blas", "dgemm"),
+        np.dtype(np.float32): get_cython_function_address("scipy.linalg.cython_blas", "sgemm"),
+    }
 
     @intrinsic
     def _gemm_call(typingctx, fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
@@ -163,7 +179,9 @@ if _nb.numba is not None:
         return _types.void(*[_types.uintp] * len(args)), codegen
 
     @njit(cache=True, inline="always")
-    def _gemm(fn, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, ints, chars, scal):  # pragma: no cover - compiled
+    def _gemm(
+        fn, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, ints, chars, scal
+    ):  # pragma: no cover - compiled
         """C = op(A) op(B) in BLAS's column-major terms (``ta``, ``tb`` 0 for 'N', 1 for 'T'); ``ints`` an
         int32 buffer of 6, ``chars`` the bytes 'N', 'T', ``scal`` (1, 0) in the arrays' dtype."""
         ints[0] = m
@@ -172,10 +190,22 @@ if _nb.numba is not None:
         ints[3] = lda
         ints[4] = ldb
         ints[5] = ldc
-        _gemm_call(fn, chars[ta:].ctypes.data, chars[tb:].ctypes.data, ints[0:].ctypes.data,
-                   ints[1:].ctypes.data, ints[2:].ctypes.data, scal[0:].ctypes.data, a.ctypes.data,
-                   ints[3:].ctypes.data, b.ctypes.data, ints[4:].ctypes.data, scal[1:].ctypes.data,
-                   c.ctypes.data, ints[5:].ctypes.data)
+        _gemm_call(
+            fn,
+            chars[ta:].ctypes.data,
+            chars[tb:].ctypes.data,
+            ints[0:].ctypes.data,
+            ints[1:].ctypes.data,
+            ints[2:].ctypes.data,
+            scal[0:].ctypes.data,
+            a.ctypes.data,
+            ints[3:].ctypes.data,
+            b.ctypes.data,
+            ints[4:].ctypes.data,
+            scal[1:].ctypes.data,
+            c.ctypes.data,
+            ints[5:].ctypes.data,
+        )
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
     def _softmax_row(Li, Ei, scale, lwk, fl, zero):  # pragma: no cover - compiled
@@ -297,7 +327,9 @@ if _nb.numba is not None:
                 A[i, r2] = s
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM)
-    def _fused_sums(a, b, c, lw, scale, fl, zero, k0, k1, shift, mass, vec):  # pragma: no cover - compiled
+    def _fused_sums(
+        a, b, c, lw, scale, fl, zero, k0, k1, shift, mass, vec
+    ):  # pragma: no cover - compiled
         """Everything for each system k0 <= k < k1, serially and without the GIL (the worker
         threads take chunks of systems; each system's numbers stay in L1/L2): logits
         L = scale a b^T + lw by :func:`_mm` (in the dtype of a and b; b transposed per system into a
@@ -446,20 +478,31 @@ if _nb.numba is not None:
             row and j + 8 <= len(row) (c rounded to the row's dtype): one vector compare of eight numbers,
             its mask read as a byte (what LLVM's loop vectorizer does not make of
             ``m |= (row[j] > c) << j``: 1.6x faster, 2x in the loop of :func:`_gram_clusters`)."""
-            if not (isinstance(row, _types.Array) and row.ndim == 1 and row.layout == "C"
-                    and row.dtype in (_types.float32, _types.float64)):
+            if not (
+                isinstance(row, _types.Array)
+                and row.ndim == 1
+                and row.layout == "C"
+                and row.dtype in (_types.float32, _types.float64)
+            ):
                 return None
 
             def codegen(context, builder, signature, args):
                 ary = context.make_array(signature.args[0])(context, builder, args[0])
                 ety = signature.args[0].dtype
                 vty = _ir.VectorType(context.get_data_type(ety), 8)
-                v = builder.load(builder.bitcast(builder.gep(ary.data, [args[1]]), vty.as_pointer()),
-                                 align=ety.bitwidth // 8)
+                v = builder.load(
+                    builder.bitcast(builder.gep(ary.data, [args[1]]), vty.as_pointer()),
+                    align=ety.bitwidth // 8,
+                )
                 c = context.cast(builder, args[2], _types.float64, ety)
-                cv = builder.insert_element(_ir.Constant(vty, _ir.Undefined), c, _ir.Constant(_ir.IntType(32), 0))
-                cv = builder.shuffle_vector(cv, _ir.Constant(vty, _ir.Undefined),
-                                            _ir.Constant(_ir.VectorType(_ir.IntType(32), 8), [0] * 8))
+                cv = builder.insert_element(
+                    _ir.Constant(vty, _ir.Undefined), c, _ir.Constant(_ir.IntType(32), 0)
+                )
+                cv = builder.shuffle_vector(
+                    cv,
+                    _ir.Constant(vty, _ir.Undefined),
+                    _ir.Constant(_ir.VectorType(_ir.IntType(32), 8), [0] * 8),
+                )
                 bits = builder.bitcast(builder.fcmp_ordered(op, v, cv), _ir.IntType(8))
                 return builder.zext(bits, _ir.IntType(64))
 
@@ -509,7 +552,9 @@ if _nb.numba is not None:
         at n = 32 (a union-find over the pairs: 1-1.6 us)."""
         n, r = xk.shape
         chord, cth, lo, hi = cl[0], cl[1], cl[2], cl[3]
-        e = 0.5 * ((16.0 * r + 64.0) * 1.2e-16 + 16.0 * dl * (1.0 + dl) + 1e-13)  # (in units of G: half of e)
+        e = 0.5 * (
+            (16.0 * r + 64.0) * 1.2e-16 + 16.0 * dl * (1.0 + dl) + 1e-13
+        )  # (in units of G: half of e)
         up = cth + e
         dn = cth - e
         W = U.shape[0]
@@ -592,7 +637,9 @@ if _nb.numba is not None:
                     mk[a] += wi * np.float64(xk[i, a])
 
     @njit(cache=True, fastmath=_nb._FM_SUM, inline="always")
-    def _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, eb, counts, lses):  # pragma: no cover - compiled
+    def _sa_exps_at(
+        G, lw, k, bw, fw, spread, zero, inv_s, c, eb, counts, lses
+    ):  # pragma: no cover - compiled
         """:func:`_sa_exps` for system k: its pair count into counts[k] and its energy sum into lses[k] when
         those arrays are not empty; returns whether the exponentials are symmetric when G is.  With eb > 0
         (float32 points, :func:`_pair_band`), counts[k] = -1 instead when some pair i != j has |G_ij - c| <= eb:
@@ -692,8 +739,27 @@ if _nb.numba is not None:
         return health
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_euler(x, lw, beta, dt, floor, spread, proj, c, pb, k0, k1, out, counts, health, lses, cl, nclust, w,
-                  means):  # pragma: no cover - compiled
+    def _sa_euler(
+        x,
+        lw,
+        beta,
+        dt,
+        floor,
+        spread,
+        proj,
+        c,
+        pb,
+        k0,
+        k1,
+        out,
+        counts,
+        health,
+        lses,
+        cl,
+        nclust,
+        w,
+        means,
+    ):  # pragma: no cover - compiled
         """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
         without the GIL, in L1/L2 (see :func:`sa_euler_step`): the directions theta = x/|x| (norms in
         float64), the Gram matrix (:func:`_gram_blocked` for 4 < r <= 16, else :func:`_mm`), the
@@ -732,7 +798,9 @@ if _nb.numba is not None:
             else:
                 _mm(T, TT, G)
             _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses)
+            _sa_exps_at(
+                G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses
+            )
             if r <= _BLOCKED_MAX_R:
                 _avg_dots(G, TT, r, A)
             else:
@@ -740,8 +808,28 @@ if _nb.numba is not None:
             health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_euler_blas(x, lw, beta, dt, floor, spread, proj, c, pb, k0, k1, out, counts, health, lses, cl, nclust, w,
-                       means, fn):  # pragma: no cover - compiled
+    def _sa_euler_blas(
+        x,
+        lw,
+        beta,
+        dt,
+        floor,
+        spread,
+        proj,
+        c,
+        pb,
+        k0,
+        k1,
+        out,
+        counts,
+        health,
+        lses,
+        cl,
+        nclust,
+        w,
+        means,
+        fn,
+    ):  # pragma: no cover - compiled
         """:func:`_sa_euler` with the two products of each system by BLAS (``fn`` the address of dgemm, or
         sgemm for float32 logits): the row-major directions T (n, r) are T^T in BLAS's column-major terms,
         so G = T T^T is gemm('T', 'N', n, n, r) of T with itself (exactly symmetric: the same products in the
@@ -781,7 +869,9 @@ if _nb.numba is not None:
                 dl = _sa_directions_t(x[k], X, TT, nrm)
                 _gemm(fn, 0, 1, n, n, r, TT, n, TT, n, G, n, ints, chars, scal)
                 _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-                sym = _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses)
+                sym = _sa_exps_at(
+                    G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses
+                )
                 # A = E T; when E is symmetric (G is: see above) E^T T, gemm('N', 'N'), which OpenBLAS does
                 # 1.7x faster than its 'T', 'N' for n = 32, r = 8
                 _gemm(fn, 0 if sym else 1, 0, n, r, n, G, n, TT, n, AT, n, ints, chars, scal)
@@ -795,7 +885,9 @@ if _nb.numba is not None:
             dl = _sa_directions(xk, T)
             _gemm(fn, 1, 0, n, n, r, T, r, T, r, G, n, ints, chars, scal)
             _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-            _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses)
+            _sa_exps_at(
+                G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses
+            )
             _gemm(fn, 0, 0, r, n, n, T, r, G, n, A, r, ints, chars, scal)
             health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
 
@@ -807,8 +899,9 @@ if _nb.numba is not None:
             dls[k] = _sa_directions(x[k0 + k], T[k])
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
-    def _sa_exps_chunk(G, lw, k0, beta, floor, spread, inv_s, c, pb, counts, lses, x, dls, cl, nclust, w,
-                       means):  # pragma: no cover - compiled
+    def _sa_exps_chunk(
+        G, lw, k0, beta, floor, spread, inv_s, c, pb, counts, lses, x, dls, cl, nclust, w, means
+    ):  # pragma: no cover - compiled
         """:func:`_sa_exps` for each Gram matrix G[k] of the systems k0 + k (GEMM route); their pair counts
         in counts[k0 + k] when counts is not empty, their energy sums in lses[k0 + k] when lses is not, their
         inputs' cluster counts and barycentres (:func:`_sa_stats_at`, dls from :func:`_sa_directions_chunk`)
@@ -820,8 +913,20 @@ if _nb.numba is not None:
         bufs = _cluster_buffers(G.shape[1])
         for k in range(G.shape[0]):
             _sa_stats_at(G[k], x, k0 + k, dls[k], cl, bufs, nclust, w, means)
-            _sa_exps_at(G[k], lw, k0 + k, bw, fw, spread, zero, inv_s[k], c, _pair_band(pb, dls[k], x.shape[2]),
-                        counts, lses)
+            _sa_exps_at(
+                G[k],
+                lw,
+                k0 + k,
+                bw,
+                fw,
+                spread,
+                zero,
+                inv_s[k],
+                c,
+                _pair_band(pb, dls[k], x.shape[2]),
+                counts,
+                lses,
+            )
 
     @njit(cache=True, nogil=True, fastmath=_nb._FM_SUM, error_model="numpy")
     def _sa_move_chunk(x, T, A, inv_s, dt, proj, k0, out, health):  # pragma: no cover - compiled
@@ -866,8 +971,14 @@ else:  # pragma: no cover
     _sa_directions_chunk = _sa_exps_chunk = _sa_move_chunk = _count_above = None
 
 
-def _logits_in_float32(a: np.ndarray, b: np.ndarray, logw: np.ndarray, floor: float,
-                       tol: float | None = None, scale: float = 1.0) -> tuple[bool, np.ndarray, np.ndarray]:
+def _logits_in_float32(
+    a: np.ndarray,
+    b: np.ndarray,
+    logw: np.ndarray,
+    floor: float,
+    tol: float | None = None,
+    scale: float = 1.0,
+) -> tuple[bool, np.ndarray, np.ndarray]:
     """Whether float32 logits ``scale <a_i, b_j> + log w_j`` are accurate enough (module docstring),
     with log-weights relative to each system's maximum.
 
@@ -927,9 +1038,17 @@ def choose_method(n: int, m: int, p: int, q: int, B: int = 1, dtype=np.float64) 
     return cost.cheapest(B, n, m, p, q, dtype, ("fused", "gemm"))
 
 
-def small_sums(a: np.ndarray, b: np.ndarray, logw: np.ndarray, c: np.ndarray | None, floor: float,
-               dtype, *, scale: float = 1.0, tol: float | None = None
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def small_sums(
+    a: np.ndarray,
+    b: np.ndarray,
+    logw: np.ndarray,
+    c: np.ndarray | None,
+    floor: float,
+    dtype,
+    *,
+    scale: float = 1.0,
+    tol: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     r"""The tiny-systems route: ``(shift (B, n), mass (B, n), vector (B, n, q) or None)`` in ``dtype``.
 
     Logits are :math:`\ell_{ij} = \text{scale}\,\langle a_i, b_j\rangle + \log w_j`: ``a``
@@ -1030,10 +1149,16 @@ def _finish(shift, mass, vec, lw_max, ldt, wdt):
     return shift, mass, vec
 
 
-def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
-                  out: np.ndarray | None = None, projected: bool = True,
-                  log_weights: np.ndarray | None = None,
-                  count_pairs_above: float | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+def sa_euler_step(
+    x: np.ndarray,
+    weights: np.ndarray,
+    beta: float,
+    dt: float,
+    out: np.ndarray | None = None,
+    projected: bool = True,
+    log_weights: np.ndarray | None = None,
+    count_pairs_above: float | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     r"""One explicit Euler step of SA with :math:`Q = K = V = I`, fused, for a batch of tiny systems.
 
     .. math::
@@ -1124,6 +1249,7 @@ def sa_euler_step(x: np.ndarray, weights: np.ndarray, beta: float, dt: float,
 class _Step(NamedTuple):
     """What :func:`_sa_euler_step` returns: the new points, whether they are all finite, and what was asked of
     the input (``None`` otherwise), each of shape ``x.shape[:-2]`` but ``means``, ``x.shape[:-2] + (r,)``."""
+
     points: np.ndarray
     finite: bool
     counts: np.ndarray | None = None
@@ -1132,8 +1258,20 @@ class _Step(NamedTuple):
     means: np.ndarray | None = None
 
 
-def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=None, count_pairs_above=None,
-                   energy_sums=False, cluster_threshold=None, means=False, strict=True) -> _Step:
+def _sa_euler_step(
+    x,
+    weights,
+    beta,
+    dt,
+    out=None,
+    projected=True,
+    log_weights=None,
+    count_pairs_above=None,
+    energy_sums=False,
+    cluster_threshold=None,
+    means=False,
+    strict=True,
+) -> _Step:
     """:func:`sa_euler_step` as a :class:`_Step`: ``finite`` says whether every new point is finite, known
     from the compiled pass's row norms (no scan of the output).  Of the input, from the Gram matrix and row
     sums the step forms anyway, when they are float64 (float64 points, and float32 points whose logits the
@@ -1152,7 +1290,9 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
     if x.ndim < 2 or x.shape[-2] == 0 or x.shape[-2] > SMALL_MAX or x.shape[-1] == 0:
-        raise ValueError(f"x must have shape (..., n, r) with 1 <= n <= {SMALL_MAX} and r >= 1, got shape {x.shape}")
+        raise ValueError(
+            f"x must have shape (..., n, r) with 1 <= n <= {SMALL_MAX} and r >= 1, got shape {x.shape}"
+        )
     n, r = x.shape[-2:]
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != x.shape[:-1]:
@@ -1182,12 +1322,16 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
 
     count = count_pairs_above is not None
     c = 2.0  # the kernels' threshold when they do not count: above every cosine (finite: no infinities there)
-    counts = kcounts = np.zeros(0, dtype=np.int64)  # kcounts: what the kernels count into (nothing if empty)
+    counts = kcounts = np.zeros(
+        0, dtype=np.int64
+    )  # kcounts: what the kernels count into (nothing if empty)
     pb = 0.0  # 1.0: the kernels flag the systems with a pair near c (float32 points, see below)
     if count:
         cp = float(count_pairs_above)
         if not math.isfinite(cp):
-            raise ValueError(f"count_pairs_above must be a finite cosine, got {count_pairs_above!r}")
+            raise ValueError(
+                f"count_pairs_above must be a finite cosine, got {count_pairs_above!r}"
+            )
         if x.dtype == np.float64:
             c = cp
             counts = kcounts = np.zeros(B, dtype=np.int64)
@@ -1202,11 +1346,16 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
             counts = pair_counts(xf, cp)
     health = np.zeros(B)
     if lw.dtype != np.float64:  # float32 logits: the Gram matrix is float32, too coarse for these
-        for name, asked in (("energy_sums", energy_sums), ("cluster_threshold", cluster_threshold is not None),
-                            ("means", means)):
+        for name, asked in (
+            ("energy_sums", energy_sums),
+            ("cluster_threshold", cluster_threshold is not None),
+            ("means", means),
+        ):
             if asked and strict:
-                raise ValueError(f"{name} needs a float64 Gram matrix: float64 points, or float32 points whose "
-                                 f"logits the float32 rule keeps in float64; got float32 logits (beta={be:g}, r={r})")
+                raise ValueError(
+                    f"{name} needs a float64 Gram matrix: float64 points, or float32 points whose "
+                    f"logits the float32 rule keeps in float64; got float32 logits (beta={be:g}, r={r})"
+                )
         energy_sums, cluster_threshold, means = False, None, False
     lses = np.zeros(B if energy_sums else 0)
     cl = np.zeros(4)
@@ -1228,30 +1377,73 @@ def _sa_euler_step(x, weights, beta, dt, out=None, projected=True, log_weights=N
         kernel, blas = (_sa_euler_blas, (_GEMM[lw.dtype],)) if SA_STEP_BLAS else (_sa_euler, ())
 
         def work(t: int) -> None:
-            kernel(xf, lw, be, h, fl, spread, proj, c, pb, *shares[t], of, kcounts, health, lses, cl, nclust, wm, mf,
-                   *blas)
+            kernel(
+                xf,
+                lw,
+                be,
+                h,
+                fl,
+                spread,
+                proj,
+                c,
+                pb,
+                *shares[t],
+                of,
+                kcounts,
+                health,
+                lses,
+                cl,
+                nclust,
+                wm,
+                mf,
+                *blas,
+            )
 
         with _nb._blas_threads(1) if blas else contextlib.nullcontext():
             _nb._parallel(work, len(shares))
     else:
-        _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, pb, chunks, threads, of, kcounts, health, lses,
-                      (cl, nclust, wm, mf))
+        _sa_step_gemm(
+            xf,
+            lw,
+            be,
+            h,
+            fl,
+            spread,
+            proj,
+            c,
+            pb,
+            chunks,
+            threads,
+            of,
+            kcounts,
+            health,
+            lses,
+            (cl, nclust, wm, mf),
+        )
     finite = np.isfinite(health)
     all_finite = bool(finite.all())
     if pb:
         near = counts < 0
-        if not all_finite:  # systems with zero, infinite or NaN rows: no decision from their Gram matrix (the
+        if (
+            not all_finite
+        ):  # systems with zero, infinite or NaN rows: no decision from their Gram matrix (the
             near |= ~finite  # kernels' fast-math compares promise nothing about NaN)
         if near.any():
             counts[near] = pair_counts(xf[near], cp)
     batch = x.shape[:-2]
-    return _Step(out, all_finite, counts.reshape(batch) if count else None,
-                 lses.reshape(batch) if energy_sums else None,
-                 nclust.reshape(batch) if cluster_threshold is not None else None,
-                 mf.reshape(batch + (r,)) if means else None)
+    return _Step(
+        out,
+        all_finite,
+        counts.reshape(batch) if count else None,
+        lses.reshape(batch) if energy_sums else None,
+        nclust.reshape(batch) if cluster_threshold is not None else None,
+        mf.reshape(batch + (r,)) if means else None,
+    )
 
 
-def _sa_step_gemm(xf, lw, be, h, fl, spread, proj, c, pb, chunks, threads, of, counts, health, lses, stats) -> None:
+def _sa_step_gemm(
+    xf, lw, be, h, fl, spread, proj, c, pb, chunks, threads, of, counts, health, lses, stats
+) -> None:
     """The GEMM route of :func:`sa_euler_step` (``r >`` :data:`SA_STEP_FUSED_MAX_DIM`); ``stats`` = (cl, nclust,
     w, means), the arguments of :func:`_sa_stats_at` (what a save asks of the input)."""
 
@@ -1325,7 +1517,9 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
     if x.ndim < 2 or x.shape[-2] > SMALL_MAX:
-        raise ValueError(f"x must have shape (..., n, r) with n <= {SMALL_MAX}, got shape {x.shape}")
+        raise ValueError(
+            f"x must have shape (..., n, r) with n <= {SMALL_MAX}, got shape {x.shape}"
+        )
     batch, (n, r) = x.shape[:-2], x.shape[-2:]
     xf = np.ascontiguousarray(x).reshape(-1, n, r)
     B = xf.shape[0]
@@ -1343,8 +1537,8 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
         G = np.empty((chunks[0][1] - chunks[0][0], n, n))
         for b0, b1 in chunks[t::threads]:
             xc = xf[b0:b1].astype(np.float64, copy=False)
-            np.matmul(xc, xc.swapaxes(1, 2), out=G[:b1 - b0])
-            _count_above(G[:b1 - b0], cf, out[b0:b1])
+            np.matmul(xc, xc.swapaxes(1, 2), out=G[: b1 - b0])
+            _count_above(G[: b1 - b0], cf, out[b0:b1])
 
     if B and n:
         if r <= PAIR_COUNTS_FUSED_MAX_DIM:
@@ -1390,7 +1584,13 @@ def span_coordinates(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     n, d = x.shape[-2:]
     if d <= n:
         return x, None
-    with _nb._blas_threads(1):  # (OpenBLAS splitting each small factorization over a loaded machine's cores:
+    with _nb._blas_threads(
+        1
+    ):  # (OpenBLAS splitting each small factorization over a loaded machine's cores:
         # measured 30 s for 256 systems at d = 1024)
-        q, rr = np.linalg.qr(np.swapaxes(x, -1, -2))  # x^T = q rr, q (..., d, n) orthonormal columns
-    return np.ascontiguousarray(np.swapaxes(rr, -1, -2)), np.ascontiguousarray(np.swapaxes(q, -1, -2))
+        q, rr = np.linalg.qr(
+            np.swapaxes(x, -1, -2)
+        )  # x^T = q rr, q (..., d, n) orthonormal columns
+    return np.ascontiguousarray(np.swapaxes(rr, -1, -2)), np.ascontiguousarray(
+        np.swapaxes(q, -1, -2)
+    )

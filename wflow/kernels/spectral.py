@@ -67,6 +67,7 @@ degrades.  Rows whose a-posteriori softmax bound exceeds :math:`\sqrt{\mathrm{to
 therefore recomputed by direct summation (backend ``"numpy"``), at a cost proportional
 to their number.
 """
+
 from __future__ import annotations
 
 import logging
@@ -242,7 +243,9 @@ def spectral_plan(d: int, z_max: float, u: float, tol: float) -> SpectralPlan:
     K = int(below[0]) - 1 if below.size else kmax
     K = max(K, 0)
     bound = float(tails[K + 1]) + radial if K + 1 < tails.size else radial
-    return SpectralPlan(d=d, degree=K, radial_terms=P, z_max=float(z_max), u=float(u), bound=bound, tol=float(tol))
+    return SpectralPlan(
+        d=d, degree=K, radial_terms=P, z_max=float(z_max), u=float(u), bound=bound, tol=float(tol)
+    )
 
 
 # --------------------------------------------------------------------------- circle
@@ -278,7 +281,13 @@ def _legendre_coefficients(L: int) -> list[tuple[np.ndarray, np.ndarray]]:
     for l in range(L + 1):
         m = np.arange(max(l - 1, 0), dtype=np.float64)
         a = np.sqrt((2 * l - 1.0) * (2 * l + 1.0) / ((l - m) * (l + m)))
-        b = np.sqrt((2 * l + 1.0) * (l + m - 1.0) * (l - m - 1.0) / ((2 * l - 3.0) * (l - m) * (l + m))) if l >= 2 else m
+        b = (
+            np.sqrt(
+                (2 * l + 1.0) * (l + m - 1.0) * (l - m - 1.0) / ((2 * l - 3.0) * (l - m) * (l + m))
+            )
+            if l >= 2
+            else m
+        )
         out.append((a, b))
     return out
 
@@ -317,7 +326,9 @@ def _sphere_angles(p: np.ndarray, conj: bool) -> tuple[np.ndarray, np.ndarray, n
     return p[:, 2], s, e
 
 
-def _sphere_moments(yhat: np.ndarray, rho: np.ndarray, Wcols: np.ndarray, L: int, block: int, coef) -> list[np.ndarray]:
+def _sphere_moments(
+    yhat: np.ndarray, rho: np.ndarray, Wcols: np.ndarray, L: int, block: int, coef
+) -> list[np.ndarray]:
     r""":math:`M_{\ell m c} = \sum_j W_{jc}\,\rho_j^\ell \tilde P_\ell^m(\hat y_j) e^{-im\varphi_j}`, one (ℓ+1, C) array per ℓ."""
     M = [np.zeros((l + 1, Wcols.shape[1]), dtype=np.complex128) for l in range(L + 1)]
     for j0 in range(0, yhat.shape[0], block):
@@ -349,8 +360,11 @@ def _numba_kernels():
         _NUMBA = False
         return None
     _NUMBA = dict(
-        circle_moments=k.circle_moments, circle_eval=k.circle_eval,
-        sphere_moments=k.sphere_moments, sphere_eval=k.sphere_eval, nb=nb,
+        circle_moments=k.circle_moments,
+        circle_eval=k.circle_eval,
+        sphere_moments=k.sphere_moments,
+        sphere_eval=k.sphere_eval,
+        nb=nb,
     )
     return _NUMBA
 
@@ -387,6 +401,7 @@ class SpectralBackend:
             raise ValueError(f"engine must be 'numba' or 'numpy', got {engine!r}")
         #: "numba" (fused loops, used when numba imports) or "numpy" (blocked arrays)
         self.engine = engine
+
     #: rows per block (temporaries stay near ``block * K`` complex numbers)
     block = 4096
     #: worker threads over query blocks (NumPy releases the GIL in its loops)
@@ -404,8 +419,10 @@ class SpectralBackend:
         if d not in (2, 3):
             return f"it works on S^1 (d=2) and S^2 (d=3) only, got points of dimension d={d}"
         if abs(problem.beta) > MAX_BETA:
-            return (f"|beta| = {abs(problem.beta):g} is beyond its range (the series needs a degree ~beta; at most "
-                    f"{MAX_BETA:g}): use the numba or numpy backend")
+            return (
+                f"|beta| = {abs(problem.beta):g} is beyond its range (the series needs a degree ~beta; at most "
+                f"{MAX_BETA:g}): use the numba or numpy backend"
+            )
         if not problem.is_rotation_invariant():
             return "it needs a rotation-invariant kernel: Q = K = identity and V a multiple of the identity (or None)"
         if problem.tol is not None and not (np.isfinite(problem.tol) and 0.0 < problem.tol < 1.0):
@@ -433,7 +450,9 @@ class SpectralBackend:
 
     @staticmethod
     def _tol(problem: KernelProblem) -> float:
-        return float(problem.tol) if problem.tol is not None else DEFAULT_TOL.get(problem.dtype, 1e-12)
+        return (
+            float(problem.tol) if problem.tol is not None else DEFAULT_TOL.get(problem.dtype, 1e-12)
+        )
 
     def plan(self, problem: KernelProblem) -> SpectralPlan:
         """The truncation (and a-priori bound) this backend uses for ``problem``."""
@@ -464,17 +483,29 @@ class SpectralBackend:
             # rows where the softmax bound 2|v| rho_bar eps / (s0 - eps) exceeds sqrt(tol): direct sums
             bad = np.nonzero(2.0 * rho_bar * plan.bound > sqrt_tol * (s0 - plan.bound))[0]
             if self.direct_fallback and bad.size and np.isfinite(c).all():
-                log.debug("spectral: %d of %d rows recomputed directly (tiny local mass)", bad.size, n)
+                log.debug(
+                    "spectral: %d of %d rows recomputed directly (tiny local mass)", bad.size, n
+                )
                 sub = KernelProblem(
-                    x=problem.x[b : b + 1, bad], y=problem.y[b : b + 1], weights=problem.weights[b : b + 1],
-                    beta=problem.beta, Q=None, K=None, V=problem.V, values=problem.values, tol=problem.tol,
+                    x=problem.x[b : b + 1, bad],
+                    y=problem.y[b : b + 1],
+                    weights=problem.weights[b : b + 1],
+                    beta=problem.beta,
+                    Q=None,
+                    K=None,
+                    V=problem.V,
+                    values=problem.values,
+                    tol=problem.tol,
                 )
                 out = BACKENDS["numpy"](sub)
                 log_scale[b, bad], mass[b, bad] = out.log_scale[0], out.mass[0]
                 if vector is not None:
                     vector[b, bad] = out.vector[0]
         return KernelSums(
-            log_scale.astype(dtype), mass.astype(dtype), None if vector is None else vector.astype(dtype), self.name
+            log_scale.astype(dtype),
+            mass.astype(dtype),
+            None if vector is None else vector.astype(dtype),
+            self.name,
         )
 
     # ------------------------------------------------------------------ one system
@@ -498,7 +529,9 @@ class SpectralBackend:
         cols = [wn[:, None]] + ([wn[:, None] * y] if problem.values else [])
         W0 = np.concatenate(cols, axis=1)
         C = W0.shape[1]
-        Wcols = np.concatenate([W0 * ((rho * rho - 1.0) ** p)[:, None] for p in range(P + 1)], axis=1)
+        Wcols = np.concatenate(
+            [W0 * ((rho * rho - 1.0) ** p)[:, None] for p in range(P + 1)], axis=1
+        )
         r = np.linalg.norm(x, axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             xhat = np.where(r[:, None] > 0, x / r[:, None], np.eye(d)[-1])
@@ -512,9 +545,13 @@ class SpectralBackend:
         extra = _miller_extra(plan.z_max)
         kern = _numba_kernels() if self.engine == "numba" else None
         if kern is not None:
-            out = self._numba_one(kern, d, K, P, C, ybasis, Wcols, xhat, a, rho_bar, shared, h, fp, extra)
+            out = self._numba_one(
+                kern, d, K, P, C, ybasis, Wcols, xhat, a, rho_bar, shared, h, fp, extra
+            )
         else:
-            out = self._numpy_one(d, K, P, C, ybasis, rho, Wcols, xhat, a, rho_bar, shared, h, fp, fact, extra)
+            out = self._numpy_one(
+                d, K, P, C, ybasis, rho, Wcols, xhat, a, rho_bar, shared, h, fp, fact, extra
+            )
         s0 = out[:, 0]
         s1 = out[:, 1:] if problem.values else None
         return log_scale, s0, s1, rho_bar
@@ -531,16 +568,30 @@ class SpectralBackend:
                 h0 = np.where(a > 0, -np.expm1(-2.0 * a) / (2.0 * a), 1.0)
         scale_exp = 1.0 - rho_bar
         if d == 2:
-            M = kern["circle_moments"](np.ascontiguousarray(ybasis), Wc, K, nchunks)  # (K+1, (P+1)C, 2)
+            M = kern["circle_moments"](
+                np.ascontiguousarray(ybasis), Wc, K, nchunks
+            )  # (K+1, (P+1)C, 2)
             M = M.reshape(K + 1, P + 1, C, 2)
             M[1:] *= 2.0  # e^{ik psi} + e^{-ik psi}, k >= 1
             if shared:
-                G = np.einsum("p,kp,kpcz->kcz", fp, np.stack([h[p : p + K + 1] for p in range(P + 1)], 1), M)[:, None]
+                G = np.einsum(
+                    "p,kp,kpcz->kcz", fp, np.stack([h[p : p + K + 1] for p in range(P + 1)], 1), M
+                )[:, None]
             else:
                 G = M
-            return kern["circle_eval"](np.ascontiguousarray(xhat), np.ascontiguousarray(G), a, h0, not shared, extra, scale_exp)
+            return kern["circle_eval"](
+                np.ascontiguousarray(xhat),
+                np.ascontiguousarray(G),
+                a,
+                h0,
+                not shared,
+                extra,
+                scale_exp,
+            )
         A, Bc = _legendre_tables(K)
-        M = kern["sphere_moments"](np.ascontiguousarray(ybasis), Wc, K, A, Bc, nchunks)  # (m, l, (P+1)C, 2)
+        M = kern["sphere_moments"](
+            np.ascontiguousarray(ybasis), Wc, K, A, Bc, nchunks
+        )  # (m, l, (P+1)C, 2)
         M = M.reshape(K + 1, K + 1, P + 1, C, 2)
         M[1:] *= 2.0  # epsilon_m
         if shared:
@@ -549,10 +600,20 @@ class SpectralBackend:
         else:
             G = M
         return kern["sphere_eval"](
-            np.ascontiguousarray(xhat), np.ascontiguousarray(G), a, h0, not shared, extra, scale_exp, A, Bc
+            np.ascontiguousarray(xhat),
+            np.ascontiguousarray(G),
+            a,
+            h0,
+            not shared,
+            extra,
+            scale_exp,
+            A,
+            Bc,
         )
 
-    def _numpy_one(self, d, K, P, C, ybasis, rho, Wcols, xhat, a, rho_bar, shared, h, fp, fact, extra):
+    def _numpy_one(
+        self, d, K, P, C, ybasis, rho, Wcols, xhat, a, rho_bar, shared, h, fp, fact, extra
+    ):
         n = xhat.shape[0]
         if d == 2:
             moments = _circle_moments(ybasis, Wcols, K, self.block)
@@ -567,9 +628,15 @@ class SpectralBackend:
                 M[1:] *= 2.0  # epsilon_m
         if shared:  # one coefficient vector for all rows: fold it into the moments
             if d == 2:
-                G = sum(fp[p] * h[p : p + K + 1, None] * moments[:, p * C : (p + 1) * C] for p in range(P + 1))
+                G = sum(
+                    fp[p] * h[p : p + K + 1, None] * moments[:, p * C : (p + 1) * C]
+                    for p in range(P + 1)
+                )
             else:
-                G = [sum(fp[p] * h[l + p] * M[:, p * C : (p + 1) * C] for p in range(P + 1)) for l, M in enumerate(moments)]
+                G = [
+                    sum(fp[p] * h[l + p] * M[:, p * C : (p + 1) * C] for p in range(P + 1))
+                    for l, M in enumerate(moments)
+                ]
 
         def rows(i0: int) -> np.ndarray:
             xb = xhat[i0 : i0 + self.block]
@@ -583,7 +650,10 @@ class SpectralBackend:
                 E = _powers(xb[:, 0] + 1j * xb[:, 1], K)
                 out = np.zeros((xb.shape[0], C))
                 for p in range(P + 1):
-                    out += fpr[:, p : p + 1] * ((E * H[:, p : p + K + 1]) @ moments[:, p * C : (p + 1) * C]).real
+                    out += (
+                        fpr[:, p : p + 1]
+                        * ((E * H[:, p : p + K + 1]) @ moments[:, p * C : (p + 1) * C]).real
+                    )
                 return out
             t, s, e = _sphere_angles(xb, conj=False)
             E = _powers(e, K)

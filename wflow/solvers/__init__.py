@@ -3,7 +3,28 @@
 Importing this package registers every solver in :data:`~wflow.solvers.base.SOLVERS` and
 every result kind in :data:`~wflow.solvers.base.KINDS`.
 """
-from . import steppers  # noqa: F401  (registers euler, rk4, dopri5, euler-maruyama, ssprk3)
-from .base import KINDS, SOLVERS, Problem, Result, Solver, StepResult, Tracker, get_solver, integrate
 
-__all__ = ["SOLVERS", "KINDS", "Problem", "Solver", "StepResult", "Tracker", "Result", "integrate", "get_solver"]
+from . import steppers  # noqa: F401  (registers euler, rk4, dopri5, euler-maruyama, ssprk3)
+from .base import (
+    KINDS,
+    SOLVERS,
+    Problem,
+    Result,
+    Solver,
+    StepResult,
+    Tracker,
+    get_solver,
+    integrate,
+)
+
+__all__ = [
+    "SOLVERS",
+    "KINDS",
+    "Problem",
+    "Solver",
+    "StepResult",
+    "Tracker",
+    "Result",
+    "integrate",
+    "get_solver",
+]

@@ -29,13 +29,15 @@ Randomness
 The noise of step ``k`` is drawn from ``default_rng(SeedSequence(seed, spawn_key=(k,)))``,
 so a run resumed after any saved snapshot repeats the uninterrupted run bit for bit.
 """
+
 from __future__ import annotations
 
 import logging
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -96,7 +98,9 @@ class Problem:
 
     def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
         """The time derivative of the state."""
-        raise TypeError(f"{type(self).__name__} has no explicit right-hand side; use a solver made for it")
+        raise TypeError(
+            f"{type(self).__name__} has no explicit right-hand side; use a solver made for it"
+        )
 
     def rhs_with_limit(self, t: float, y: np.ndarray) -> tuple[np.ndarray, float]:
         """``(rhs, limit)``: the derivative and the largest stable forward-Euler step at ``y`` (``inf`` if none)."""
@@ -119,7 +123,9 @@ class Problem:
     def stochastic(self) -> bool:
         return False
 
-    def error_norm(self, err: np.ndarray, y0: np.ndarray, y1: np.ndarray, rtol: float, atol: float) -> float:
+    def error_norm(
+        self, err: np.ndarray, y0: np.ndarray, y1: np.ndarray, rtol: float, atol: float
+    ) -> float:
         r"""Scaled RMS norm :math:`\|e_i/(atol + rtol\max(|y_{0,i}|, |y_{1,i}|))\|_{\mathrm{RMS}}` (as in scipy)."""
         scale = atol + rtol * np.maximum(np.abs(y0), np.abs(y1))
         return float(np.sqrt(np.mean(np.square(err / scale))))
@@ -227,8 +233,18 @@ class Solver(ABC):
         return None
 
     @abstractmethod
-    def step(self, problem: Problem, t: float, y: np.ndarray, dt: float, state: Any, *, rtol: float = 0.0,
-             atol: float = 0.0, rng: np.random.Generator | None = None) -> tuple[StepResult, Any]:
+    def step(
+        self,
+        problem: Problem,
+        t: float,
+        y: np.ndarray,
+        dt: float,
+        state: Any,
+        *,
+        rtol: float = 0.0,
+        atol: float = 0.0,
+        rng: np.random.Generator | None = None,
+    ) -> tuple[StepResult, Any]:
         """One step of size ``dt`` from ``(t, y)``: ``(StepResult, new state)``."""
 
     def limit(self, problem: Problem, t: float, y: np.ndarray, state: Any) -> float:
@@ -239,7 +255,9 @@ class Solver(ABC):
         """Variables that let :meth:`restore` rebuild ``state`` after a resume (none by default)."""
         return {}
 
-    def restore(self, problem: Problem, t: float, y: np.ndarray, saved: dict[str, np.ndarray]) -> Any:
+    def restore(
+        self, problem: Problem, t: float, y: np.ndarray, saved: dict[str, np.ndarray]
+    ) -> Any:
         """The state after a resume from a snapshot whose :meth:`checkpoint` variables are ``saved``."""
         return self.init(problem, t, y)
 
@@ -384,7 +402,7 @@ class Tracker:
     def step(self, t: float, dt: float, step: StepResult) -> bool | None:
         return None
 
-    def finish(self, result: "Result") -> None:
+    def finish(self, result: Result) -> None:
         pass
 
     def close(self) -> None:
@@ -459,7 +477,9 @@ class Result:
             return self.data[name][1]
         if name in self.static:
             return self.static[name][1]
-        raise KeyError(f"{name!r}: this {self.kind} result holds {sorted(self.data) + sorted(self.static)}")
+        raise KeyError(
+            f"{name!r}: this {self.kind} result holds {sorted(self.data) + sorted(self.static)}"
+        )
 
     def to_dataset(self):
         """This result as an :class:`xarray.Dataset` (the layout of its Zarr store)."""
@@ -470,8 +490,10 @@ class Result:
     def __repr__(self) -> str:
         t = f"t={self.times[0]:g}..{self.times[-1]:g}" if len(self.times) else "no snapshots"
         steps = int(self.stats["steps"][-1]) if len(self.stats.get("steps", ())) else 0
-        return (f"{type(self).__name__}({self.kind}, {len(self)} snapshots, {t}, solver={self.solver}, "
-                f"steps={steps}, status={self.status}: {self.message})")
+        return (
+            f"{type(self).__name__}({self.kind}, {len(self)} snapshots, {t}, solver={self.solver}, "
+            f"steps={steps}, status={self.status}: {self.message})"
+        )
 
 
 # ------------------------------------------------------------------------------ checks
@@ -491,7 +513,9 @@ def check_save_at(save_at: Any, t0: float, t_end: float, default: int = 11) -> n
     try:
         s = np.atleast_1d(np.asarray(save_at, dtype=np.float64))
     except (TypeError, ValueError):
-        raise TypeError(f"save_at must be a 1-d sequence of times, got {short_repr(save_at)}") from None
+        raise TypeError(
+            f"save_at must be a 1-d sequence of times, got {short_repr(save_at)}"
+        ) from None
     if s.ndim != 1 or s.size == 0:
         raise ValueError(f"save_at must be a 1-d sequence of times, got {short_repr(save_at)}")
     if not np.all(np.isfinite(s)):
@@ -500,7 +524,9 @@ def check_save_at(save_at: Any, t0: float, t_end: float, default: int = 11) -> n
         raise ValueError(f"save_at must be strictly increasing, got {short_repr(s)}")
     tol = 1e-12 * max(1.0, abs(t0), abs(t_end))
     if s[0] < t0 - tol or s[-1] > t_end + tol:
-        raise ValueError(f"save_at must lie in [t0, t_end] = [{t0:g}, {t_end:g}], got {s[0]:g}..{s[-1]:g}")
+        raise ValueError(
+            f"save_at must lie in [t0, t_end] = [{t0:g}, {t_end:g}], got {s[0]:g}..{s[-1]:g}"
+        )
     s = np.clip(s, t0, t_end)
     if s[0] > t0:
         s = np.concatenate([[t0], s])
@@ -523,14 +549,18 @@ def seed_entropy(seed: Any) -> int:
         return int(seed.integers(2**63))
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
         return int(seed)
-    raise TypeError(f"seed must be None, a non-negative int or a numpy Generator, got {short_repr(seed)}")
+    raise TypeError(
+        f"seed must be None, a non-negative int or a numpy Generator, got {short_repr(seed)}"
+    )
 
 
 def _check_tolerance(value: Any, name: str) -> float:
     v = check_positive(value, name)
     if v < 1e-15:
-        raise ValueError(f"{name} must be >= 1e-15 (below double-precision rounding nothing can be resolved), "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{name} must be >= 1e-15 (below double-precision rounding nothing can be resolved), "
+            f"got {value!r}"
+        )
     return v
 
 
@@ -539,7 +569,7 @@ _EPS = float(np.finfo(np.float64).eps)
 MAX_REJECTIONS = 60
 
 
-def _read_only(y: Any) -> Any:
+def read_only(y: Any) -> Any:
     """A read-only view of an array state (what trackers are shown), other states as they are."""
     if isinstance(y, np.ndarray):
         y = y.view()
@@ -590,7 +620,7 @@ class _Grid:
     n: int
 
     @classmethod
-    def make(cls, t0: float, t_end: float, dt: float) -> "_Grid":
+    def make(cls, t0: float, t_end: float, dt: float) -> _Grid:
         q = (t_end - t0) / dt
         return cls(t0, t_end, dt, max(1, math.ceil(q - 1e-6)))
 
@@ -707,10 +737,14 @@ def integrate(
     max_steps = check_int(max_steps, "max_steps")
     if solver.stochastic != problem.stochastic:
         if solver.stochastic:
-            raise ValueError(f"solver {solver.name!r} is for noisy problems; this {problem.kind} problem has no "
-                             f"noise (give kappa, or choose a deterministic solver)")
-        raise ValueError(f"this {problem.kind} problem has noise; solver {solver.name!r} is deterministic "
-                         f"(use 'euler-maruyama')")
+            raise ValueError(
+                f"solver {solver.name!r} is for noisy problems; this {problem.kind} problem has no "
+                f"noise (give kappa, or choose a deterministic solver)"
+            )
+        raise ValueError(
+            f"this {problem.kind} problem has noise; solver {solver.name!r} is deterministic "
+            f"(use 'euler-maruyama')"
+        )
     if dt is not None:
         dt = check_positive(dt, "dt")
         if dt <= 4 * np.finfo(float).eps * max(abs(t0), abs(t_end)):
@@ -718,11 +752,15 @@ def integrate(
     if adaptive is None:
         adaptive = solver.adaptive
     if adaptive and not solver.adaptive:
-        raise ValueError(f"solver {solver.name!r} has no error estimate: give a fixed dt (adaptive=False)")
+        raise ValueError(
+            f"solver {solver.name!r} has no error estimate: give a fixed dt (adaptive=False)"
+        )
     if not adaptive:
         if rtol is not None or atol is not None:
-            raise ValueError(f"rtol/atol control adaptive steps; solver {solver.name!r} with a fixed dt "
-                             f"does not use them")
+            raise ValueError(
+                f"rtol/atol control adaptive steps; solver {solver.name!r} with a fixed dt "
+                f"does not use them"
+            )
         if dt is None:
             raise ValueError(f"solver {solver.name!r} takes fixed steps: give dt")
     else:
@@ -740,29 +778,33 @@ def integrate(
             save_steps = np.array([grid.index(s) for s in saves])
         if np.any(np.diff(save_steps) <= 0):
             i = int(np.flatnonzero(np.diff(save_steps) <= 0)[0])
-            raise ValueError(f"save_at has two times ({saves[i]:g}, {saves[i + 1]:g}) within one step dt={dt:g}; "
-                             f"use a smaller dt or fewer save times")
+            raise ValueError(
+                f"save_at has two times ({saves[i]:g}, {saves[i + 1]:g}) within one step dt={dt:g}; "
+                f"use a smaller dt or fewer save times"
+            )
         saves = np.array([grid.time(int(k)) for k in save_steps])
     entropy = seed_entropy(seed) if solver.stochastic else None
 
     cfg = dict(problem.config())
     cfg.update(config or {})
-    cfg.update({
-        "solver": solver.name,
-        "solver_options": solver.options(),
-        "order": solver.order,
-        "adaptive": bool(adaptive),
-        "dt": dt,
-        "rtol": rtol,
-        "atol": atol,
-        "seed": entropy,
-        "t0": t0,
-        "t_end": t_end,
-        "save_at": [float(s) for s in saves],
-        "save_mode": "land" if adaptive else "snap",
-        "max_steps": max_steps,
-        "wflow_version": __version__,
-    })
+    cfg.update(
+        {
+            "solver": solver.name,
+            "solver_options": solver.options(),
+            "order": solver.order,
+            "adaptive": bool(adaptive),
+            "dt": dt,
+            "rtol": rtol,
+            "atol": atol,
+            "seed": entropy,
+            "t0": t0,
+            "t_end": t_end,
+            "save_at": [float(s) for s in saves],
+            "save_mode": "land" if adaptive else "snap",
+            "max_steps": max_steps,
+            "wflow_version": __version__,
+        }
+    )
 
     # ---- state at the first saved time of this call
     if resume is None:
@@ -792,15 +834,26 @@ def integrate(
 
         times: list[float] = []
         kept: list[dict[str, Variable]] = []
-        kept_stats: dict[str, list] = {"steps": [], "rejected": [], "evaluations": [], "dt_next": []}
+        kept_stats: dict[str, list] = {
+            "steps": [],
+            "rejected": [],
+            "evaluations": [],
+            "dt_next": [],
+        }
         step_info: list[dict[str, Any]] = []
         last_snap: list[Snapshot] = []
 
         def do_save(index: int, t: float, y: np.ndarray) -> bool:
             stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
-            snap = Snapshot(index, t, problem.snapshot(t, y), dict(stats),
-                            {"dt_next": float(h) if (adaptive and h is not None) else math.nan},
-                            solver.checkpoint(state), _read_only(y))
+            snap = Snapshot(
+                index,
+                t,
+                problem.snapshot(t, y),
+                dict(stats),
+                {"dt_next": float(h) if (adaptive and h is not None) else math.nan},
+                solver.checkpoint(state),
+                read_only(y),
+            )
             if keep or not kept:
                 times.append(t)
                 kept.append(snap.data)
@@ -835,7 +888,9 @@ def integrate(
                 target = float(saves[k_save])
                 # ---- one attempted step
                 if stats["steps"] + stats["rejected"] >= max_steps:
-                    raise SolverError(f"max_steps={max_steps} exceeded at t={t:.6g}; raise max_steps or the step size")
+                    raise SolverError(
+                        f"max_steps={max_steps} exceeded at t={t:.6g}; raise max_steps or the step size"
+                    )
                 if adaptive:
                     # the next stop: the save time, or a breakpoint of the problem (a layer boundary) before it
                     j = int(np.searchsorted(breaks, t, side="right"))
@@ -860,29 +915,47 @@ def integrate(
                             h_try = rest / 2
                     if land:
                         h_try = rest
-                    if not h_try > (0.0 if autonomous else 1e-30 * abs(t)) or rejected_in_row >= MAX_REJECTIONS:
-                        scale = (f"{MAX_REJECTIONS} steps rejected in a row" if autonomous else
-                                 "the solution changes on a time scale 1e-30 of the time itself")
-                        raise SolverError(f"step size underflow at t={t:.6g} (dt={h_try:.3g}): {scale}; the problem "
-                                          f"may be stiff, the tolerances too tight (rtol={rtol:g}, atol={atol:g}), "
-                                          f"or the kernel overflowing")
+                    if (
+                        not h_try > (0.0 if autonomous else 1e-30 * abs(t))
+                        or rejected_in_row >= MAX_REJECTIONS
+                    ):
+                        scale = (
+                            f"{MAX_REJECTIONS} steps rejected in a row"
+                            if autonomous
+                            else "the solution changes on a time scale 1e-30 of the time itself"
+                        )
+                        raise SolverError(
+                            f"step size underflow at t={t:.6g} (dt={h_try:.3g}): {scale}; the problem "
+                            f"may be stiff, the tolerances too tight (rtol={rtol:g}, atol={atol:g}), "
+                            f"or the kernel overflowing"
+                        )
                 else:
                     land = step_no + 1 >= save_steps[k_save]
                     h_try = grid.step(step_no)
                 rng = None
                 if solver.stochastic:
-                    rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(step_no,)))
-                res, new_state = solver.step(problem, t, y, h_try, state, rtol=rtol or 0.0, atol=atol or 0.0, rng=rng)
+                    rng = np.random.default_rng(
+                        np.random.SeedSequence(entropy, spawn_key=(step_no,))
+                    )
+                res, new_state = solver.step(
+                    problem, t, y, h_try, state, rtol=rtol or 0.0, atol=atol or 0.0, rng=rng
+                )
                 stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
                 if not res.ok:
                     stats["rejected"] += 1
                     if not adaptive:
-                        raise SolverError(f"the fixed step dt={h_try:.6g} exceeds the solver's stability limit "
-                                          f"{res.limit:.6g} at t={t:.6g}; use a smaller dt or adaptive steps")
+                        raise SolverError(
+                            f"the fixed step dt={h_try:.6g} exceeds the solver's stability limit "
+                            f"{res.limit:.6g} at t={t:.6g}; use a smaller dt or adaptive steps"
+                        )
                     h = min(h_try, 0.9 * res.limit)
                     continue
                 if adaptive:
-                    err = res.error if res.error is not None and math.isfinite(res.error) else math.inf
+                    err = (
+                        res.error
+                        if res.error is not None and math.isfinite(res.error)
+                        else math.inf
+                    )
                     expo = -1.0 / (solver.error_order + 1)
                     if err > 1.0:
                         stats["rejected"] += 1
@@ -892,10 +965,12 @@ def integrate(
                     h = h_try * (5.0 if err == 0 else min(5.0, 0.9 * err**expo))
                     rejected_in_row = 0
                 if not (problem.known_finite(res.y) or _finite(res.y)):
-                    raise SolverError(f"the state became non-finite in the step from t={t:.6g} with dt={h_try:.3g} "
-                                      f"({solver.name}); snapshots written so far are kept. Reduce dt (or rtol), or "
-                                      f"check the model's parameters (e.g. USA at large beta overflows: use the "
-                                      f"rescaled kernel or SA)")
+                    raise SolverError(
+                        f"the state became non-finite in the step from t={t:.6g} with dt={h_try:.3g} "
+                        f"({solver.name}); snapshots written so far are kept. Reduce dt (or rtol), or "
+                        f"check the model's parameters (e.g. USA at large beta overflows: use the "
+                        f"rescaled kernel or SA)"
+                    )
                 y = res.y
                 state = new_state
                 stats["steps"] += 1
@@ -935,8 +1010,20 @@ def integrate(
             if throw:
                 raise
             status, message = -1, str(exc)
-        result = _make_result(result_class, problem, solver, cfg, static, times, kept, kept_stats, status, message,
-                              last_snap, step_info)
+        result = _make_result(
+            result_class,
+            problem,
+            solver,
+            cfg,
+            static,
+            times,
+            kept,
+            kept_stats,
+            status,
+            message,
+            last_snap,
+            step_info,
+        )
         for tr in trackers:
             tr.finish(result)
         log.debug("integrate: %s", result)
@@ -949,18 +1036,47 @@ def integrate(
                 close()
 
 
-def _make_result(cls, problem, solver, cfg, static, times, kept, kept_stats, status, message, last_snap, step_info):
+def _make_result(
+    cls,
+    problem,
+    solver,
+    cfg,
+    static,
+    times,
+    kept,
+    kept_stats,
+    status,
+    message,
+    last_snap,
+    step_info,
+):
     data: dict[str, Variable] = {}
     if kept:
         for name, (dims, _) in kept[0].items():
             data[name] = (dims, np.stack([np.asarray(s[name][1]) for s in kept]))
-    stats = {k: np.asarray(v, dtype=np.float64 if k == "dt_next" else np.int64) for k, v in kept_stats.items()}
-    return cls(kind=problem.kind, times=np.asarray(times, dtype=np.float64), data=data, static=static, stats=stats,
-               status=status, message=message, config=cfg, solver=solver.name, order=solver.order,
-               checkpoint=last_snap[0].checkpoint if last_snap else {}, step_info=step_info)
+    stats = {
+        k: np.asarray(v, dtype=np.float64 if k == "dt_next" else np.int64)
+        for k, v in kept_stats.items()
+    }
+    return cls(
+        kind=problem.kind,
+        times=np.asarray(times, dtype=np.float64),
+        data=data,
+        static=static,
+        stats=stats,
+        status=status,
+        message=message,
+        config=cfg,
+        solver=solver.name,
+        order=solver.order,
+        checkpoint=last_snap[0].checkpoint if last_snap else {},
+        step_info=step_info,
+    )
 
 
-def _initial_step(problem: Problem, solver: Solver, t0: float, y0: np.ndarray, rtol: float, atol: float) -> float:
+def _initial_step(
+    problem: Problem, solver: Solver, t0: float, y0: np.ndarray, rtol: float, atol: float
+) -> float:
     """Hairer, Nørsett & Wanner (1993), II.4: a first step for an adaptive method, capped by the stability limit."""
     f0, lim = problem.rhs_with_limit(t0, y0)
     scale = atol + rtol * np.abs(y0)
@@ -972,7 +1088,11 @@ def _initial_step(problem: Problem, solver: Solver, t0: float, y0: np.ndarray, r
     f1 = problem.rhs(t0 + h0, y1)
     d2 = float(np.sqrt(np.mean(np.square((f1 - f0) / scale)))) / h0
     order = solver.error_order or 1
-    h1 = max(1e-6, h0 * 1e-3) if max(d1, d2) <= 1e-15 else (0.01 / max(d1, d2)) ** (1.0 / (order + 1))
+    h1 = (
+        max(1e-6, h0 * 1e-3)
+        if max(d1, d2) <= 1e-15
+        else (0.01 / max(d1, d2)) ** (1.0 / (order + 1))
+    )
     return float(min(100 * h0, h1, lim))
 
 

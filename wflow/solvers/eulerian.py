@@ -48,10 +48,12 @@ uniform density is resolved as accurately as a large one.  Defaults ``rtol = 1e-
 
 The scheme is second order in space (``FiniteVolume.order = 2``) and third order in time.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -106,12 +108,23 @@ class FiniteVolume(Problem):
     kind = "density"
     order = 2  # spatial order
 
-    def __init__(self, mesh: Mesh, model: Model | None, *, kappa: float | None = None, backend: str = "auto",
-                 limiter: bool = True, cfl: float = 0.4, max_step: float | None = None):
+    def __init__(
+        self,
+        mesh: Mesh,
+        model: Model | None,
+        *,
+        kappa: float | None = None,
+        backend: str = "auto",
+        limiter: bool = True,
+        cfl: float = 0.4,
+        max_step: float | None = None,
+    ):
         super().__init__()
         if model is not None and model.space != "sphere":
-            raise ValueError(f"{model!r} carries radii (tokens in R^d): the finite-volume solver moves densities on the "
-                             f"sphere; use the particle solver (wflow.simulate) for pre-ln, peri-ln and mix-ln")
+            raise ValueError(
+                f"{model!r} carries radii (tokens in R^d): the finite-volume solver moves densities on the "
+                f"sphere; use the particle solver (wflow.simulate) for pre-ln, peri-ln and mix-ln"
+            )
         self.kappa = kappa
         self.cfl = cfl
         self.max_step = max_step
@@ -128,7 +141,9 @@ class FiniteVolume(Problem):
         self._sign = mesh.cell_edge_sign.astype(float)
         self._e = e
         # diffusion part of the limit, per cell
-        self._diff_rate = self.inv_kappa * np.sum(np.where(valid, mesh.edge_length[e] / mesh.edge_distance[e], 0.0), axis=1)
+        self._diff_rate = self.inv_kappa * np.sum(
+            np.where(valid, mesh.edge_length[e] / mesh.edge_distance[e], 0.0), axis=1
+        )
         # least-squares gradient: g_i = sum_t q_it (rho_{n_it} - rho_i); increments Delta_is = <g_i, r_is>
         r = mesh.cell_neighbor_offset
         r2 = np.sum(r * r, axis=-1)
@@ -164,8 +179,11 @@ class FiniteVolume(Problem):
             upper = np.maximum(upper, rho)
             lower = np.maximum(np.minimum(nb.min(axis=1), rho), 0.0)
             with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(delta > 0, (upper - rho)[:, None] / delta,
-                                 np.where(delta < 0, (lower - rho)[:, None] / delta, 1.0))
+                ratio = np.where(
+                    delta > 0,
+                    (upper - rho)[:, None] / delta,
+                    np.where(delta < 0, (lower - rho)[:, None] / delta, 1.0),
+                )
             phi = np.clip(ratio.min(axis=1), 0.0, 1.0)
             delta = phi[:, None] * delta
         rec = np.maximum(rho[:, None] + delta, 0.0)  # clamping round-off keeps fluxes antisymmetric
@@ -193,15 +211,23 @@ class FiniteVolume(Problem):
         rho_l, rho_r = self.reconstruct(rho)
         flux = mesh.edge_length * (np.maximum(u, 0.0) * rho_l + np.minimum(u, 0.0) * rho_r)
         if self.inv_kappa:
-            flux -= self.inv_kappa * mesh.edge_length * (rho[mesh.cell_right] - rho[mesh.cell_left]) / mesh.edge_distance
+            flux -= (
+                self.inv_kappa
+                * mesh.edge_length
+                * (rho[mesh.cell_right] - rho[mesh.cell_left])
+                / mesh.edge_distance
+            )
         M = self._M
-        dm = np.bincount(mesh.cell_right, weights=flux, minlength=M) - np.bincount(mesh.cell_left, weights=flux, minlength=M)
+        dm = np.bincount(mesh.cell_right, weights=flux, minlength=M) - np.bincount(
+            mesh.cell_left, weights=flux, minlength=M
+        )
         out = np.sum(self._ell * np.maximum(self._sign * u[self._e], 0.0), axis=1)
         rate = 2.0 * out + self._diff_rate
         with np.errstate(divide="ignore"):
-            limit = float(np.min(np.where(rate > 0, mesh.areas / np.where(rate > 0, rate, 1.0), np.inf)))
+            limit = float(
+                np.min(np.where(rate > 0, mesh.areas / np.where(rate > 0, rate, 1.0), np.inf))
+            )
         return dm, limit
-
 
     # -- the contract's remaining pieces --------------------------------------------
     def error_norm(self, err, y0, y1, rtol, atol) -> float:
@@ -216,25 +242,41 @@ class FiniteVolume(Problem):
         return self.model is not None and self.model.is_gradient
 
     def energy(self, masses: np.ndarray, t: float = 0.0) -> float:
-        return float(self.model.at(t).energy(Atoms._trusted(self.mesh.centers, np.maximum(masses, 0.0)),
-                                             backend=self.backend))
+        return float(
+            self.model.at(t).energy(
+                Atoms._trusted(self.mesh.centers, np.maximum(masses, 0.0)), backend=self.backend
+            )
+        )
 
     def snapshot(self, t: float, masses: np.ndarray) -> dict:
-        out = {"values": (("cell",), masses / self.mesh.areas), "mass": ((), np.float64(masses.sum()))}
+        out = {
+            "values": (("cell",), masses / self.mesh.areas),
+            "mass": ((), np.float64(masses.sum())),
+        }
         if self.gradient:
             out["energy"] = ((), np.float64(self.energy(masses, t)))
         return out
 
     def static(self) -> dict:
         m = self.mesh
-        return {"centers": (("cell", "coord"), m.centers), "areas": (("cell",), m.areas),
-                "cell_pairs": (("edge", "side"), np.stack([m.cell_left, m.cell_right], axis=1)),
-                "edge_length": (("edge",), m.edge_length)}
+        return {
+            "centers": (("cell", "coord"), m.centers),
+            "areas": (("cell",), m.areas),
+            "cell_pairs": (("edge", "side"), np.stack([m.cell_left, m.cell_right], axis=1)),
+            "edge_length": (("edge",), m.edge_length),
+        }
 
     def config(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": None if self.model is None else self.model.to_dict(),
-                "mesh": self.mesh.to_dict(), "kappa": self.kappa, "backend": self.backend, "limiter": self.limiter,
-                "cfl": self.cfl, "max_step": self.max_step}
+        return {
+            "kind": self.kind,
+            "model": None if self.model is None else self.model.to_dict(),
+            "mesh": self.mesh.to_dict(),
+            "kappa": self.kappa,
+            "backend": self.backend,
+            "limiter": self.limiter,
+            "cfl": self.cfl,
+            "max_step": self.max_step,
+        }
 
 
 class DensityTrajectory(Result):
@@ -383,8 +425,12 @@ def solve_density(
         if not isinstance(model, Model):
             raise TypeError(f"model must be a wflow Model or None, got {short_repr(model)}")
         model.check_dimension(mesh.d)
-    if isinstance(t_end, bool) or not isinstance(t_end, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(t_end) or t_end <= 0:
+    if (
+        isinstance(t_end, bool)
+        or not isinstance(t_end, (int, float, np.integer, np.floating))
+        or not np.isfinite(t_end)
+        or t_end <= 0
+    ):
         raise ValueError(f"t_end must be a finite number > 0, got {t_end!r}")
     t_end = float(t_end)
     cfl = check_positive(cfl, "cfl")
@@ -399,24 +445,46 @@ def solve_density(
     if max_step is not None:
         max_step = check_positive(max_step, "max_step")
     solver = get_solver(method)
-    problem = FiniteVolume(mesh, model, kappa=kappa, backend=backend, limiter=limiter, cfl=cfl, max_step=max_step)
+    problem = FiniteVolume(
+        mesh, model, kappa=kappa, backend=backend, limiter=limiter, cfl=cfl, max_step=max_step
+    )
     masses = rho0.masses()
     if dt is not None:
         dt = check_positive(dt, "dt")
         limit = problem.positivity_rhs(masses)[1]
         if dt > limit:
-            raise ValueError(f"dt={dt:g} is above the CFL (positivity) limit dt_max={limit:.6g} of the initial "
-                             f"density; use dt <= {limit:.6g} or dt=None for the adaptive step")
+            raise ValueError(
+                f"dt={dt:g} is above the CFL (positivity) limit dt_max={limit:.6g} of the initial "
+                f"density; use dt <= {limit:.6g} or dt=None for the adaptive step"
+            )
     trs = list(trackers)
     if callback is not None:
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {short_repr(callback)}")
-        trs.append(Callback(lambda t, m: callback(t, Density._trusted(mesh, m / mesh.areas)), every_step=True))
+        trs.append(
+            Callback(
+                lambda t, m: callback(t, Density._trusted(mesh, m / mesh.areas)), every_step=True
+            )
+        )
     if progress:
         trs.append(ProgressBar(f"finite volume ({solver.name})"))
-    r = integrate(problem, solver, masses, 0.0, t_end, save_at=[0.0, t_end] if save_at is None else save_at,
-                  dt=dt, rtol=rtol, atol=atol, adaptive=dt is None and solver.adaptive, max_steps=max_steps,
-                  trackers=trs, keep=keep, throw=throw, result_class=DensityTrajectory)
+    r = integrate(
+        problem,
+        solver,
+        masses,
+        0.0,
+        t_end,
+        save_at=[0.0, t_end] if save_at is None else save_at,
+        dt=dt,
+        rtol=rtol,
+        atol=atol,
+        adaptive=dt is None and solver.adaptive,
+        max_steps=max_steps,
+        trackers=trs,
+        keep=keep,
+        throw=throw,
+        result_class=DensityTrajectory,
+    )
     r._mesh = mesh
     logger.debug("solve_density: %s", r)
     return r
@@ -427,8 +495,15 @@ def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):
 
     mesh = mesh_from_dict(cfg["mesh"])
     model = None if cfg["model"] is None else model_from_dict(cfg["model"])
-    problem = FiniteVolume(mesh, model, kappa=cfg["kappa"], backend=cfg["backend"], limiter=cfg["limiter"],
-                           cfl=cfg["cfl"], max_step=cfg["max_step"])
+    problem = FiniteVolume(
+        mesh,
+        model,
+        kappa=cfg["kappa"],
+        backend=cfg["backend"],
+        limiter=cfg["limiter"],
+        cfl=cfg["cfl"],
+        max_step=cfg["max_step"],
+    )
     masses = stored["data"]["values"][1][-1] * mesh.areas
     return problem, get_solver(cfg["solver"], **cfg["solver_options"]), masses
 

@@ -17,9 +17,11 @@ quadrature error of the velocity (spectral in the node count for smooth data) pl
 time-stepping tolerance.  Once the flow map folds (clusters) the Jacobian tends to 0
 and the recovered density is no longer meaningful; the atoms remain a valid measure.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +36,9 @@ from .trackers import ProgressBar
 __all__ = ["solve_lagrangian", "LagrangianSolution", "LagrangianProblem", "quadrature_measure"]
 
 
-def quadrature_measure(density: Callable[[np.ndarray], np.ndarray], d: int, nodes: int) -> tuple[Atoms, np.ndarray]:
+def quadrature_measure(
+    density: Callable[[np.ndarray], np.ndarray], d: int, nodes: int
+) -> tuple[Atoms, np.ndarray]:
     r"""Quadrature atoms :math:`\sum_k w_k\rho_0(x_k)\delta_{x_k}` for a density on :math:`S^1` or :math:`S^2`.
 
     ``nodes`` is the number of trapezoid nodes on :math:`S^1` or of Gauss--Legendre
@@ -51,17 +55,23 @@ def quadrature_measure(density: Callable[[np.ndarray], np.ndarray], d: int, node
     ((16, 2), 1.0, 1.5)
     """
     if not callable(density):
-        raise TypeError(f"density must be a callable of points (n, d) -> values (n,), got {short_repr(density)}")
+        raise TypeError(
+            f"density must be a callable of points (n, d) -> values (n,), got {short_repr(density)}"
+        )
     nodes = check_int(nodes, "nodes", minimum=4)
     if d == 2:
         x, q = circle_nodes(nodes)
     elif d == 3:
         x, q = gauss_sphere_nodes(nodes)
     else:
-        raise ValueError(f"the Lagrangian quadrature solver works on S^1 (d=2) and S^2 (d=3), got d={d}")
+        raise ValueError(
+            f"the Lagrangian quadrature solver works on S^1 (d=2) and S^2 (d=3), got d={d}"
+        )
     rho = np.asarray(density(x), dtype=np.float64)
     if rho.shape != (x.shape[0],):
-        raise ValueError(f"density must return one value per point, shape ({x.shape[0]},), got {rho.shape}")
+        raise ValueError(
+            f"density must return one value per point, shape ({x.shape[0]},), got {rho.shape}"
+        )
     if not np.all(np.isfinite(rho)) or np.any(rho < 0):
         raise ValueError("density must be finite and non-negative at every quadrature node")
     mass = float(q @ rho)
@@ -86,9 +96,25 @@ class LagrangianProblem(ParticleProblem):
 
     kind = "lagrangian"
 
-    def __init__(self, model: Model, weights: np.ndarray, d: int, rho0: np.ndarray, *, eps: float, nodes: int,
-                 backend: str = "auto"):
-        super().__init__(model, weights, d, backend=backend, diagnostics=("energy",), n_tracers=2 * (d - 1) * len(rho0))
+    def __init__(
+        self,
+        model: Model,
+        weights: np.ndarray,
+        d: int,
+        rho0: np.ndarray,
+        *,
+        eps: float,
+        nodes: int,
+        backend: str = "auto",
+    ):
+        super().__init__(
+            model,
+            weights,
+            d,
+            backend=backend,
+            diagnostics=("energy",),
+            n_tracers=2 * (d - 1) * len(rho0),
+        )
         self.rho0 = rho0
         self.eps = eps
         self.nodes = nodes
@@ -126,7 +152,7 @@ class LagrangianSolution(Trajectory):
     """
 
     @property
-    def trajectory(self) -> "LagrangianSolution":
+    def trajectory(self) -> LagrangianSolution:
         """The nodes as a particle trajectory (this result itself)."""
         return self
 
@@ -142,7 +168,9 @@ class LagrangianSolution(Trajectory):
     def jacobian(self) -> np.ndarray:
         k, n, d = self.points.shape
         T = self.tracers.reshape(k, d - 1, 2, n, d)
-        D = (T[:, :, 0] - T[:, :, 1]) / (2 * self.eps)  # (k, d-1, n, d): images of the frame vectors
+        D = (T[:, :, 0] - T[:, :, 1]) / (
+            2 * self.eps
+        )  # (k, d-1, n, d): images of the frame vectors
         G = np.einsum("kanj,kbnj->knab", D, D)
         return np.sqrt(np.linalg.det(G))
 
@@ -206,14 +234,18 @@ def solve_lagrangian(
     if not isinstance(model, Model):
         raise TypeError(f"model must be a wflow Model, got {short_repr(model)}")
     if model.space != "sphere":
-        raise ValueError(f"{model!r} carries radii: the Lagrangian solver moves densities on the sphere; use "
-                         f"wflow.simulate for pre-ln, peri-ln and mix-ln")
+        raise ValueError(
+            f"{model!r} carries radii: the Lagrangian solver moves densities on the sphere; use "
+            f"wflow.simulate for pre-ln, peri-ln and mix-ln"
+        )
     model.check_dimension(d)
     eps = check_positive(eps, "eps")
     mu0, rho0 = quadrature_measure(density0, d, nodes)
     x = mu0.points
     frame = tangent_frame(x)  # (n, d-1, d)
-    tracers = np.concatenate([exp_map(x, s * eps * frame[:, a]) for a in range(d - 1) for s in (1.0, -1.0)], axis=0)
+    tracers = np.concatenate(
+        [exp_map(x, s * eps * frame[:, a]) for a in range(d - 1) for s in (1.0, -1.0)], axis=0
+    )
     problem = LagrangianProblem(model, mu0.weights, d, rho0, eps=eps, nodes=nodes, backend=backend)
     solver = get_solver(method)
     trs = list(trackers)
@@ -222,14 +254,33 @@ def solve_lagrangian(
     if progress:
         trs.append(ProgressBar(f"lagrangian ({solver.name})"))
     kw = dict(rtol=rtol, atol=atol) if solver.adaptive else {}
-    return integrate(problem, solver, np.concatenate([x, tracers], axis=0), 0.0, t_end, save_at=save_at, dt=dt,
-                     trackers=trs, keep=keep, throw=throw, result_class=LagrangianSolution, **kw)
+    return integrate(
+        problem,
+        solver,
+        np.concatenate([x, tracers], axis=0),
+        0.0,
+        t_end,
+        save_at=save_at,
+        dt=dt,
+        trackers=trs,
+        keep=keep,
+        throw=throw,
+        result_class=LagrangianSolution,
+        **kw,
+    )
 
 
 def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):
     weights = stored["static"]["weights"][1]
-    problem = LagrangianProblem(model_from_dict(cfg["model"]), weights, cfg["d"], stored["static"]["rho0"][1],
-                                eps=cfg["eps"], nodes=cfg["nodes"], backend=cfg["backend"])
+    problem = LagrangianProblem(
+        model_from_dict(cfg["model"]),
+        weights,
+        cfg["d"],
+        stored["static"]["rho0"][1],
+        eps=cfg["eps"],
+        nodes=cfg["nodes"],
+        backend=cfg["backend"],
+    )
     y = np.concatenate([stored["data"]["points"][1][-1], stored["data"]["tracers"][1][-1]], axis=-2)
     return problem, get_solver(cfg["solver"], **cfg["solver_options"]), y
 

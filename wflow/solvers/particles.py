@@ -7,25 +7,45 @@ points on the sphere, the model's velocity, the projection after each step, the 
 snapshot.  :func:`simulate` is the front door: it builds the problem and calls the one
 driver, :func:`wflow.solvers.base.integrate`.
 """
+
 from __future__ import annotations
 
 import functools
 import logging
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..diagnostics import count_clusters, order_parameter, pair_fraction
-from ..kernels import small as _small
 from ..errors import WflowError, check_positive, short_repr
+from ..kernels import small as _small
 from ..measure import Atoms, as_atoms
 from ..models import Model
-from .base import Problem, Result, Tracker, _read_only, check_save_at, get_solver, integrate, register_kind
+from .base import (
+    Problem,
+    Result,
+    Tracker,
+    read_only,
+    check_save_at,
+    get_solver,
+    integrate,
+    register_kind,
+)
 from .steppers import project_to_sphere
 from .trackers import Callback, ProgressBar
 
-__all__ = ["simulate", "Trajectory", "ParticleProblem", "CircleAngleProblem", "CircleGapProblem", "SpanProblem", "default_dt", "DIAGNOSTICS"]
+__all__ = [
+    "simulate",
+    "Trajectory",
+    "ParticleProblem",
+    "CircleAngleProblem",
+    "CircleGapProblem",
+    "SpanProblem",
+    "default_dt",
+    "DIAGNOSTICS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +110,24 @@ class ParticleProblem(Problem):
     #: whether the state is the tokens themselves (or their span coordinates), which the fused step takes
     _fusable = True
 
-    def __init__(self, model: Model, weights: np.ndarray, d: int, *, kappa: float | None = None,
-                 backend: str = "auto", diagnostics: Sequence[str] = DIAGNOSTICS, cluster_threshold: float = 0.1,
-                 extra_diagnostics: dict[str, Callable[[Atoms], Any]] | None = None, n_tracers: int = 0):
+    def __init__(
+        self,
+        model: Model,
+        weights: np.ndarray,
+        d: int,
+        *,
+        kappa: float | None = None,
+        backend: str = "auto",
+        diagnostics: Sequence[str] = DIAGNOSTICS,
+        cluster_threshold: float = 0.1,
+        extra_diagnostics: dict[str, Callable[[Atoms], Any]] | None = None,
+        n_tracers: int = 0,
+    ):
         super().__init__()
         if not isinstance(model, Model):
-            raise TypeError(f"model must be a wflow Model (SA, USA, Perceptron, ...), got {short_repr(model)}")
+            raise TypeError(
+                f"model must be a wflow Model (SA, USA, Perceptron, ...), got {short_repr(model)}"
+            )
         model.check_dimension(d)
         self.model = model
         self.weights = weights
@@ -104,18 +136,24 @@ class ParticleProblem(Problem):
         self.kappa = None if kappa is None else check_positive(kappa, "kappa")
         self.backend = backend
         if isinstance(diagnostics, str) or not all(isinstance(k, str) for k in diagnostics):
-            raise TypeError(f"diagnostics must be a sequence of names from {_KNOWN_DIAGNOSTICS}, got "
-                            f"{short_repr(diagnostics)}")
+            raise TypeError(
+                f"diagnostics must be a sequence of names from {_KNOWN_DIAGNOSTICS}, got "
+                f"{short_repr(diagnostics)}"
+            )
         bad = [k for k in diagnostics if k not in _KNOWN_DIAGNOSTICS]
         if bad:
-            raise ValueError(f"diagnostics must be names from {_KNOWN_DIAGNOSTICS}, got {bad} "
-                             f"(pass functions in extra_diagnostics)")
+            raise ValueError(
+                f"diagnostics must be names from {_KNOWN_DIAGNOSTICS}, got {bad} "
+                f"(pass functions in extra_diagnostics)"
+            )
         self.diagnostics = tuple(diagnostics)
         self.cluster_threshold = check_positive(cluster_threshold, "cluster_threshold")
         self.extra = dict(extra_diagnostics or {})
         for name, f in self.extra.items():
             if not callable(f):
-                raise TypeError(f"extra_diagnostics[{name!r}] must be callable f(mu), got {short_repr(f)}")
+                raise TypeError(
+                    f"extra_diagnostics[{name!r}] must be callable f(mu), got {short_repr(f)}"
+                )
         self.n_tracers = int(n_tracers)
         self._batch = batch_dims(weights.shape[:-1])
         #: free space: tokens x = r theta in R^d (normalization schemes with radii), no projection
@@ -145,11 +183,15 @@ class ParticleProblem(Problem):
         # in free space the model sees the tokens with their radii and the measure of their directions
         theta = project_to_sphere(y)
         self.evaluations += 1
-        self._last_fused = None  # the solver does not take fused steps: no step from a save is taken ahead
-        mu = Atoms._trusted(theta[..., :self.n, :], self.weights)
+        self._last_fused = (
+            None  # the solver does not take fused steps: no step from a save is taken ahead
+        )
+        mu = Atoms._trusted(theta[..., : self.n, :], self.weights)
         return self.model_at(t).velocity(y if self.free else theta, mu, backend=self.backend)
 
-    def euler_step(self, t: float, y: np.ndarray, dt: float, projected: bool = True) -> np.ndarray | None:
+    def euler_step(
+        self, t: float, y: np.ndarray, dt: float, projected: bool = True
+    ) -> np.ndarray | None:
         r"""The whole Euler step fused (:func:`wflow.kernels.small.sa_euler_step`), or ``None``: projected
         Euler, or with ``projected=False`` GLPR's scheme (``method="euler-average"``).
 
@@ -171,8 +213,14 @@ class ParticleProblem(Problem):
             return None
         self._last_fused = (dt, projected)
         self.evaluations += 1
-        st = _small._sa_euler_step(y, self.weights, model.beta_for(self.n), dt, projected=projected,
-                                   log_weights=self._step_log_weights)
+        st = _small._sa_euler_step(
+            y,
+            self.weights,
+            model.beta_for(self.n),
+            dt,
+            projected=projected,
+            log_weights=self._step_log_weights,
+        )
         self._fused_out, self._fused_out_finite = st.points, st.finite
         return st.points
 
@@ -184,9 +232,15 @@ class ParticleProblem(Problem):
     def _fused_model(self, t: float, y: np.ndarray):
         """The model at ``t`` when :meth:`euler_step` can fuse the step from ``y`` (SA with Q = K = V = I on
         the sphere, no noise or tracers, tiny systems, the numba kernels), else ``None``."""
-        if (not self._fusable or self.free or self.n_tracers or self.kappa is not None
-                or self.backend not in ("auto", "numba") or self.n > _small.SMALL_MAX
-                or y.dtype not in (np.float32, np.float64)):
+        if (
+            not self._fusable
+            or self.free
+            or self.n_tracers
+            or self.kappa is not None
+            or self.backend not in ("auto", "numba")
+            or self.n > _small.SMALL_MAX
+            or y.dtype not in (np.float32, np.float64)
+        ):
             return None
         model = self.model_at(t)
         from ..models import SA
@@ -222,20 +276,37 @@ class ParticleProblem(Problem):
         pairs = "pair_fraction" in want
         energy = "energy" in want and model.is_gradient and beta != 0
         clusters = "n_clusters" in want
-        if not (pairs or energy or clusters):  # (the barycentre alone costs less than a step taken in vain)
+        if not (
+            pairs or energy or clusters
+        ):  # (the barycentre alone costs less than a step taken in vain)
             return {}
         means = "order_parameter" in want
         dt, projected = self._last_fused
         st = _small._sa_euler_step(
-            y, self.weights, beta, dt, projected=projected, log_weights=self._step_log_weights,
-            count_pairs_above=PAIR_COSINE if pairs else None, energy_sums=energy,
-            cluster_threshold=self.cluster_threshold if clusters else None, means=means, strict=False)
+            y,
+            self.weights,
+            beta,
+            dt,
+            projected=projected,
+            log_weights=self._step_log_weights,
+            count_pairs_above=PAIR_COSINE if pairs else None,
+            energy_sums=energy,
+            cluster_threshold=self.cluster_threshold if clusters else None,
+            means=means,
+            strict=False,
+        )
         self._ahead = (y, t, dt, projected, st.points, st.finite)
         out = {}
         if pairs:
             out["pair_fraction"] = st.counts / (self.n * (self.n - 1))
-        for key, value in (("energy_sums", st.energy_sums), ("n_clusters", st.n_clusters), ("means", st.means)):
-            if value is not None:  # (None: float32 logits, too coarse; the save computes it on its own)
+        for key, value in (
+            ("energy_sums", st.energy_sums),
+            ("n_clusters", st.n_clusters),
+            ("means", st.means),
+        ):
+            if (
+                value is not None
+            ):  # (None: float32 logits, too coarse; the save computes it on its own)
                 out[key] = value
         return out
 
@@ -255,15 +326,22 @@ class ParticleProblem(Problem):
         tokens in span coordinates (``coordinates="span"``, r = n).
         """
         model = self.model_at(t)
-        if (y.ndim != 2 or self.free or self.n_tracers or self.kappa is not None
-                or not hasattr(model, "sphere_jacobian")):
+        if (
+            y.ndim != 2
+            or self.free
+            or self.n_tracers
+            or self.kappa is not None
+            or not hasattr(model, "sphere_jacobian")
+        ):
             return None
         theta = project_to_sphere(y)
         try:
             _, dv = model.sphere_jacobian(theta, self.weights)
         except ValueError:  # Q, K, V not of the form the exact Jacobian covers
             return None
-        P = (np.eye(y.shape[-1]) - theta[:, :, None] * theta[:, None, :]) / np.linalg.norm(y, axis=-1)[:, None, None]
+        P = (np.eye(y.shape[-1]) - theta[:, :, None] * theta[:, None, :]) / np.linalg.norm(
+            y, axis=-1
+        )[:, None, None]
         J = np.matmul(dv, P[None])  # (i, k, l, q) @ P_k: the chain rule through theta = y / |y|
         n, d = y.shape
         return J.transpose(0, 2, 1, 3).reshape(n * d, n * d)
@@ -276,7 +354,7 @@ class ParticleProblem(Problem):
         theta = project_to_sphere(y)
         self.evaluations += 1
         self._last_fused = None
-        mu = Atoms._trusted(theta[..., :self.n, :], self.weights)
+        mu = Atoms._trusted(theta[..., : self.n, :], self.weights)
         return self.model_at(t).average(theta, mu, backend=self.backend)
 
     def retract(self, y: np.ndarray) -> np.ndarray:
@@ -296,11 +374,16 @@ class ParticleProblem(Problem):
     # -- what is saved -----------------------------------------------------------
     def measure(self, y: np.ndarray) -> Atoms:
         """The measure of the directions (the atoms carrying the weights)."""
-        x = y[..., :self.n, :]
+        x = y[..., : self.n, :]
         return Atoms._trusted(project_to_sphere(x) if self.free else x, self.weights)
 
-    def compute_diagnostics(self, mu: Atoms, t: float = 0.0, mu_extra: Atoms | None = None,
-                            known: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def compute_diagnostics(
+        self,
+        mu: Atoms,
+        t: float = 0.0,
+        mu_extra: Atoms | None = None,
+        known: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
         """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``); ``known``: what the
         caller has of ``mu`` already (:meth:`_step_ahead`: ``pair_fraction``, ``energy_sums``, ``n_clusters``,
         ``means``)."""
@@ -312,19 +395,33 @@ class ParticleProblem(Problem):
             out.update(self._energies(model, mu, known.get("energy_sums")))
         for name in self.diagnostics:
             if name == "order_parameter":
-                out[name] = np.asarray(np.linalg.norm(known["means"], axis=-1) if "means" in known
-                                       else order_parameter(mu), dtype=np.float64)
+                out[name] = np.asarray(
+                    np.linalg.norm(known["means"], axis=-1)
+                    if "means" in known
+                    else order_parameter(mu),
+                    dtype=np.float64,
+                )
             elif name == "n_clusters":
-                out[name] = np.asarray(known["n_clusters"] if "n_clusters" in known
-                                       else count_clusters(mu, self.cluster_threshold), dtype=np.int64)
+                out[name] = np.asarray(
+                    known["n_clusters"]
+                    if "n_clusters" in known
+                    else count_clusters(mu, self.cluster_threshold),
+                    dtype=np.int64,
+                )
             elif name == "pair_fraction":
-                out[name] = np.asarray(known["pair_fraction"] if "pair_fraction" in known
-                                       else pair_fraction(mu.points, PAIR_COSINE), dtype=np.float64)
+                out[name] = np.asarray(
+                    known["pair_fraction"]
+                    if "pair_fraction" in known
+                    else pair_fraction(mu.points, PAIR_COSINE),
+                    dtype=np.float64,
+                )
         for name, f in self.extra.items():
             out[name] = np.asarray(f(mu if mu_extra is None else mu_extra))
         return out
 
-    def _energies(self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def _energies(
+        self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
         """``energy`` and ``log_energy`` from one kernel sum where the model has a log-scale energy, or from the
         double sums ``log sum_i w_i sum_j w_j e^(beta <x_i, x_j>)`` of a fused step (:meth:`_step_ahead`)."""
         out = {}
@@ -355,44 +452,75 @@ class ParticleProblem(Problem):
     def snapshot(self, t: float, y: np.ndarray) -> dict:
         dims = self._batch + ("particle", "coord")
         if self.free:  # the exact state (resume) and the radii; directions are positions / radii
-            out = {"positions": (dims, np.array(y[..., :self.n, :], copy=True)),
-                   "radii": (self._batch + ("particle",), np.sqrt(np.einsum("...i,...i->...", y[..., :self.n, :],
-                                                                            y[..., :self.n, :])))}
-        elif y is self._fused_out:  # a fused step's output: no one writes it, a read-only view will do
-            out = {"points": (dims, _read_only(y))}
+            out = {
+                "positions": (dims, np.array(y[..., : self.n, :], copy=True)),
+                "radii": (
+                    self._batch + ("particle",),
+                    np.sqrt(np.einsum("...i,...i->...", y[..., : self.n, :], y[..., : self.n, :])),
+                ),
+            }
+        elif (
+            y is self._fused_out
+        ):  # a fused step's output: no one writes it, a read-only view will do
+            out = {"points": (dims, read_only(y))}
         else:
-            out = {"points": (dims, np.array(y[..., :self.n, :], copy=True))}
+            out = {"points": (dims, np.array(y[..., : self.n, :], copy=True))}
         if self.n_tracers:
-            out["tracers"] = (self._batch + ("tracer", "coord"), np.array(y[..., self.n:, :], copy=True))
+            out["tracers"] = (
+                self._batch + ("tracer", "coord"),
+                np.array(y[..., self.n :, :], copy=True),
+            )
         # the diagnostics (the user's among them) see the state read-only: it may be the saved points themselves
-        out.update(self.diagnostic_variables(self.measure(_read_only(y)), t, known=self._known_at_save(t, y)))
+        out.update(
+            self.diagnostic_variables(
+                self.measure(read_only(y)), t, known=self._known_at_save(t, y)
+            )
+        )
         return out
 
     def _known_at_save(self, t: float, y: np.ndarray) -> dict[str, np.ndarray]:
         """The diagnostics of a saved state known without a pass of their own (:meth:`_step_ahead`)."""
         want = {"energy" if name == "log_energy" else name for name in self.diagnostics}
         known = {}
-        if "pair_fraction" in want and self.n < 2:  # no pairs (and span coordinates of one token have one coordinate)
+        if (
+            "pair_fraction" in want and self.n < 2
+        ):  # no pairs (and span coordinates of one token have one coordinate)
             known["pair_fraction"] = np.full(self.weights.shape[:-1], np.nan)
             want.discard("pair_fraction")
         known.update(self._step_ahead(t, y, want))
         return known
 
-    def diagnostic_variables(self, mu: Atoms, t: float, mu_extra: Atoms | None = None,
-                             known: dict[str, np.ndarray] | None = None) -> dict:
+    def diagnostic_variables(
+        self,
+        mu: Atoms,
+        t: float,
+        mu_extra: Atoms | None = None,
+        known: dict[str, np.ndarray] | None = None,
+    ) -> dict:
         """:meth:`compute_diagnostics` as saved variables: ``name -> (dims, value)``, the batch axes first."""
         nb = len(self._batch)
-        return {name: (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - nb)), v)
-                for name, v in self.compute_diagnostics(mu, t, mu_extra, known).items()}
+        return {
+            name: (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - nb)), v)
+            for name, v in self.compute_diagnostics(mu, t, mu_extra, known).items()
+        }
 
     def static(self) -> dict:
         return {"weights": (self._batch + ("particle",), self.weights)}
 
     def config(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": self.model.to_dict(), "kappa": self.kappa, "backend": self.backend,
-                "n": self.n, "d": self.d, "batch_shape": list(self.weights.shape[:-1]),
-                "n_tracers": self.n_tracers, "diagnostics": list(self.diagnostics),
-                "cluster_threshold": self.cluster_threshold, "space": self.model.space}
+        return {
+            "kind": self.kind,
+            "model": self.model.to_dict(),
+            "kappa": self.kappa,
+            "backend": self.backend,
+            "n": self.n,
+            "d": self.d,
+            "batch_shape": list(self.weights.shape[:-1]),
+            "n_tracers": self.n_tracers,
+            "diagnostics": list(self.diagnostics),
+            "cluster_threshold": self.cluster_threshold,
+            "space": self.model.space,
+        }
 
 
 class SpanProblem(ParticleProblem):
@@ -423,10 +551,15 @@ class SpanProblem(ParticleProblem):
     """
 
     def __init__(self, model: Model, weights: np.ndarray, basis: np.ndarray, **kw: Any):
-        if kw.get("n_tracers") or model.space != "sphere" or not (hasattr(model, "plain_attention")
-                                                                  and model.plain_attention()):
-            raise ValueError(f"coordinates='span' needs SA or USA with Q = K = V = I on the sphere and no tracers, "
-                             f"got {model!r}")
+        if (
+            kw.get("n_tracers")
+            or model.space != "sphere"
+            or not (hasattr(model, "plain_attention") and model.plain_attention())
+        ):
+            raise ValueError(
+                f"coordinates='span' needs SA or USA with Q = K = V = I on the sphere and no tracers, "
+                f"got {model!r}"
+            )
         super().__init__(model, weights, basis.shape[-2], **kw)
         self.basis = basis
         self.d_full = basis.shape[-1]
@@ -440,15 +573,22 @@ class SpanProblem(ParticleProblem):
         return Atoms._trusted(self.full(y), self.weights)
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
-        mu_y = Atoms._trusted(_read_only(y), self.weights)
-        out = {"span": (self._batch + ("particle", "span_coord"),
-                        _read_only(y) if y is self._fused_out else np.array(y, copy=True))}
+        mu_y = Atoms._trusted(read_only(y), self.weights)
+        out = {
+            "span": (
+                self._batch + ("particle", "span_coord"),
+                read_only(y) if y is self._fused_out else np.array(y, copy=True),
+            )
+        }
         mu_x = Atoms._trusted(self.full(y), self.weights) if self.extra else None
         out.update(self.diagnostic_variables(mu_y, t, mu_x, self._known_at_save(t, y)))
         return out
 
     def static(self) -> dict:
-        return {**super().static(), "span_basis": (self._batch + ("span_coord", "coord"), self.basis)}
+        return {
+            **super().static(),
+            "span_basis": (self._batch + ("span_coord", "coord"), self.basis),
+        }
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "d": self.d_full, "coordinates": "span"}
@@ -485,7 +625,9 @@ class CircleAngleProblem(ParticleProblem):
         if self.n_tracers:
             raise ValueError("tracers are not supported with coordinates='angles'")
         if not hasattr(model, "angular_velocity") or model.gradient_obstruction() is not None:
-            raise ValueError(f"coordinates='angles' needs attention with Q = K = I and V = +-I on S^1, got {model!r}")
+            raise ValueError(
+                f"coordinates='angles' needs attention with Q = K = I and V = +-I on S^1, got {model!r}"
+            )
 
     def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
         self.evaluations += 1
@@ -508,12 +650,16 @@ class CircleAngleProblem(ParticleProblem):
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
         mu = self.measure(y)
-        out = {"angles": (self._batch + ("particle",), np.array(y, copy=True)),
-               "points": (self._batch + ("particle", "coord"), mu.points)}
+        out = {
+            "angles": (self._batch + ("particle",), np.array(y, copy=True)),
+            "points": (self._batch + ("particle", "coord"), mu.points),
+        }
         out.update(self.diagnostic_variables(mu, t))
         return out
 
-    def _energies(self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def _energies(
+        self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
         r"""Energies from the angle differences (accurate when tokens have merged): :math:`E = \frac1{2\beta}
         \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`."""
         th = np.arctan2(mu.points[..., 1], mu.points[..., 0])
@@ -522,10 +668,17 @@ class CircleAngleProblem(ParticleProblem):
             return super()._energies(model, mu)
         D = th[..., None, :] - th[..., :, None]
         w = mu.weights
-        terms = -2.0 * beta * np.sin(0.5 * D) ** 2 + np.log(w)[..., :, None] + np.log(w)[..., None, :]
+        terms = (
+            -2.0 * beta * np.sin(0.5 * D) ** 2 + np.log(w)[..., :, None] + np.log(w)[..., None, :]
+        )
         top = terms.max(axis=(-1, -2), keepdims=True)
-        le = (top[..., 0, 0] + np.log(np.exp(terms - top).sum(axis=(-1, -2))) + beta - model.offset(beta)
-              - np.log(2 * beta))
+        le = (
+            top[..., 0, 0]
+            + np.log(np.exp(terms - top).sum(axis=(-1, -2)))
+            + beta
+            - model.offset(beta)
+            - np.log(2 * beta)
+        )
         out = {}
         if "energy" in self.diagnostics:
             with np.errstate(over="ignore"):
@@ -598,12 +751,14 @@ class CircleGapProblem(CircleAngleProblem):
         n = y.shape[-1]
         D = np.zeros(y.shape + (n,))
         for i in range(n - 1):
-            D[..., i, i + 1:] = np.cumsum(y[..., i + 1:], axis=-1)
+            D[..., i, i + 1 :] = np.cumsum(y[..., i + 1 :], axis=-1)
         return D - np.swapaxes(D, -1, -2)
 
     def angles(self, y: np.ndarray) -> np.ndarray:
         """Angles in the sorted order, shape ``(..., n)``."""
-        return y[..., :1] + np.concatenate([np.zeros(y.shape[:-1] + (1,)), np.cumsum(y[..., 1:], axis=-1)], axis=-1)
+        return y[..., :1] + np.concatenate(
+            [np.zeros(y.shape[:-1] + (1,)), np.cumsum(y[..., 1:], axis=-1)], axis=-1
+        )
 
     def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
         self.evaluations += 1
@@ -617,11 +772,13 @@ class CircleGapProblem(CircleAngleProblem):
         J = self.model_at(t).angular_jacobian_from_differences(self.differences(y), self.weights)
         np.fill_diagonal(J, 0.0)
         n = y.size
-        right = np.cumsum(J[:, ::-1], axis=1)[:, ::-1]                  # sum_{j >= m} J_ij
-        left = np.concatenate([np.zeros((n, 1)), np.cumsum(J, axis=1)[:, :-1]], axis=1)  # sum_{j < m} J_ij
-        below = np.arange(n)[:, None] < np.arange(n)[None, :]          # i < m
+        right = np.cumsum(J[:, ::-1], axis=1)[:, ::-1]  # sum_{j >= m} J_ij
+        left = np.concatenate(
+            [np.zeros((n, 1)), np.cumsum(J, axis=1)[:, :-1]], axis=1
+        )  # sum_{j < m} J_ij
+        below = np.arange(n)[:, None] < np.arange(n)[None, :]  # i < m
         JT = np.where(below, right, -left)
-        JT[:, 0] = 0.0                                                  # rotations: exactly no force
+        JT[:, 0] = 0.0  # rotations: exactly no force
         return np.concatenate([JT[:1], np.diff(JT, axis=0)], axis=0)
 
     def noise(self, t: float, y: np.ndarray, dt: float, rng: np.random.Generator) -> np.ndarray:
@@ -634,15 +791,22 @@ class CircleGapProblem(CircleAngleProblem):
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
         mu = self.measure(y)
-        out = {"gaps": (self._batch + ("particle",), np.array(y, copy=True)),
-               "angles": (self._batch + ("particle",), np.arctan2(mu.points[..., 1], mu.points[..., 0])),
-               "points": (self._batch + ("particle", "coord"), mu.points)}
+        out = {
+            "gaps": (self._batch + ("particle",), np.array(y, copy=True)),
+            "angles": (
+                self._batch + ("particle",),
+                np.arctan2(mu.points[..., 1], mu.points[..., 0]),
+            ),
+            "points": (self._batch + ("particle", "coord"), mu.points),
+        }
         out.update(self.diagnostic_variables(mu, t))
         return out
 
     def static(self) -> dict:
-        return {"weights": (self._batch + ("particle",), self.user_weights),
-                "order": (self._batch + ("particle",), self.order)}
+        return {
+            "weights": (self._batch + ("particle",), self.user_weights),
+            "order": (self._batch + ("particle",), self.order),
+        }
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "coordinates": "gaps"}
@@ -686,7 +850,9 @@ class Trajectory(Result):
         """Positions on the sphere (the directions, for a scheme with radii), shape ``(k, ..., n, d)``."""
         if "points" in self.data:
             return self.data["points"][1]
-        if "span" in self.data:  # coordinates="span": x = y U, U the stored basis of the initial span
+        if (
+            "span" in self.data
+        ):  # coordinates="span": x = y U, U the stored basis of the initial span
             return np.matmul(self.data["span"][1], self.static["span_basis"][1])
         x = self.data["positions"][1]
         return x / np.linalg.norm(x, axis=-1, keepdims=True)
@@ -713,7 +879,11 @@ class Trajectory(Result):
 
     @property
     def diagnostics(self) -> dict[str, np.ndarray]:
-        return {k: v for k, (_, v) in self.data.items() if k not in ("points", "positions", "radii", "tracers")}
+        return {
+            k: v
+            for k, (_, v) in self.data.items()
+            if k not in ("points", "positions", "radii", "tracers")
+        }
 
     @property
     def energy(self) -> np.ndarray | None:
@@ -868,17 +1038,25 @@ def simulate(
     (0, 20)
     """
     if not isinstance(model, Model):
-        raise TypeError(f"model must be a wflow Model (SA, USA, Perceptron, ...), got {short_repr(model)}")
+        raise TypeError(
+            f"model must be a wflow Model (SA, USA, Perceptron, ...), got {short_repr(model)}"
+        )
     x_free = None
     if model.space == "free" and not isinstance(mu0, Atoms):
         # a scheme with radii starts from tokens x = r theta in R^d (uniform weights)
         x_free = np.asarray(mu0, dtype=np.float64)
         if x_free.ndim < 2 or x_free.shape[-1] < 2 or not np.all(np.isfinite(x_free)):
-            raise ValueError(f"mu0 must be finite tokens of shape (..., n, d), d >= 2, got {short_repr(mu0)}")
+            raise ValueError(
+                f"mu0 must be finite tokens of shape (..., n, d), d >= 2, got {short_repr(mu0)}"
+            )
         r = np.linalg.norm(x_free, axis=-1)
         if np.any(r <= 0):
-            raise ValueError("mu0: every token of a scheme with radii needs a radius > 0 (a direction)")
-        mu0 = Atoms._trusted(x_free / r[..., None], np.full(x_free.shape[:-1], 1.0 / x_free.shape[-2]))
+            raise ValueError(
+                "mu0: every token of a scheme with radii needs a radius > 0 (a direction)"
+            )
+        mu0 = Atoms._trusted(
+            x_free / r[..., None], np.full(x_free.shape[:-1], 1.0 / x_free.shape[-2])
+        )
     mu0 = as_atoms(mu0, "mu0")
     if kappa is not None:
         kappa = check_positive(kappa, "kappa")
@@ -888,28 +1066,55 @@ def simulate(
     if solver.stochastic and kappa is None:
         raise ValueError(f"method={method!r} needs a noise level kappa")
     if kappa is not None and not solver.stochastic:
-        raise ValueError(f"noise (kappa={kappa:g}) needs method='euler-maruyama', got method={method!r}")
+        raise ValueError(
+            f"noise (kappa={kappa:g}) needs method='euler-maruyama', got method={method!r}"
+        )
     if not solver.adaptive and (rtol is not None or atol is not None):
-        raise ValueError(f"rtol/atol apply to the adaptive method 'dopri5', not to method={method!r}")
+        raise ValueError(
+            f"rtol/atol apply to the adaptive method 'dopri5', not to method={method!r}"
+        )
     t0 = float(t0)
     if dt is None and not solver.adaptive:
-        if isinstance(t_end, (int, float, np.integer, np.floating)) and not isinstance(t_end, bool) \
-                and math.isfinite(float(t_end)) and float(t_end) > t0:
+        if (
+            isinstance(t_end, (int, float, np.integer, np.floating))
+            and not isinstance(t_end, bool)
+            and math.isfinite(float(t_end))
+            and float(t_end) > t0
+        ):
             dt = default_dt(model, method, check_save_at(save_at, t0, float(t_end)))
     x = mu0.points if x_free is None else x_free
     n_tr = 0
     if tracers is not None:
         tracers = np.asarray(tracers, dtype=x.dtype)
-        if tracers.ndim != x.ndim or tracers.shape[:-2] != mu0.batch_shape or tracers.shape[-1] != mu0.d:
-            raise ValueError(f"tracers must have shape {mu0.batch_shape + ('m', mu0.d)}, got {tracers.shape}")
-        if not np.all(np.isfinite(tracers)) or np.abs(np.linalg.norm(tracers, axis=-1) - 1).max() > 1e-6:
-            raise ValueError("tracers must be finite points on the unit sphere (norms within 1e-6 of 1)")
+        if (
+            tracers.ndim != x.ndim
+            or tracers.shape[:-2] != mu0.batch_shape
+            or tracers.shape[-1] != mu0.d
+        ):
+            raise ValueError(
+                f"tracers must have shape {mu0.batch_shape + ('m', mu0.d)}, got {tracers.shape}"
+            )
+        if (
+            not np.all(np.isfinite(tracers))
+            or np.abs(np.linalg.norm(tracers, axis=-1) - 1).max() > 1e-6
+        ):
+            raise ValueError(
+                "tracers must be finite points on the unit sphere (norms within 1e-6 of 1)"
+            )
         n_tr = tracers.shape[-2]
         x = np.concatenate([x, tracers], axis=-2)
     if coordinates not in ("cartesian", "angles", "gaps", "span"):
-        raise ValueError(f"coordinates must be 'cartesian', 'angles', 'gaps' or 'span', got {coordinates!r}")
-    kw = dict(kappa=kappa, backend=backend, diagnostics=diagnostics, cluster_threshold=cluster_threshold,
-              extra_diagnostics=extra_diagnostics, n_tracers=n_tr)
+        raise ValueError(
+            f"coordinates must be 'cartesian', 'angles', 'gaps' or 'span', got {coordinates!r}"
+        )
+    kw = dict(
+        kappa=kappa,
+        backend=backend,
+        diagnostics=diagnostics,
+        cluster_threshold=cluster_threshold,
+        extra_diagnostics=extra_diagnostics,
+        n_tracers=n_tr,
+    )
     problem = None
     if coordinates == "span":
         from ..kernels.small import span_coordinates
@@ -919,7 +1124,9 @@ def simulate(
             problem, x = SpanProblem(model, mu0.weights, basis, **kw), np.ascontiguousarray(y_span)
     elif coordinates in ("angles", "gaps"):
         if mu0.d != 2 or model.space != "sphere":
-            raise ValueError(f"coordinates={coordinates!r} is for the circle S^1 (d = 2), got d = {mu0.d}")
+            raise ValueError(
+                f"coordinates={coordinates!r} is for the circle S^1 (d = 2), got d = {mu0.d}"
+            )
         x = np.arctan2(mu0.points[..., 1], mu0.points[..., 0])
         if coordinates == "angles":
             problem = CircleAngleProblem(model, mu0.weights, **kw)
@@ -931,40 +1138,94 @@ def simulate(
     trs = list(trackers)
     if writer is not None:
         if not all(callable(getattr(writer, m, None)) for m in ("start", "save", "step", "finish")):
-            raise TypeError(f"writer must be a wflow Tracker (e.g. wflow.io.ZarrRecorder), got {short_repr(writer)}")
+            raise TypeError(
+                f"writer must be a wflow Tracker (e.g. wflow.io.ZarrRecorder), got {short_repr(writer)}"
+            )
         trs.insert(0, writer)
     if callback is not None:
         trs.append(Callback(lambda t, y: callback(t, problem.measure(y))))
     if progress:
         trs.append(ProgressBar(method))
-    return integrate(problem, solver, x, t0, t_end, save_at=save_at, dt=dt, rtol=rtol, atol=atol,
-                     max_steps=max_steps, seed=seed, trackers=trs, keep=keep, throw=throw,
-                     result_class=Trajectory)
+    return integrate(
+        problem,
+        solver,
+        x,
+        t0,
+        t_end,
+        save_at=save_at,
+        dt=dt,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        seed=seed,
+        trackers=trs,
+        keep=keep,
+        throw=throw,
+        result_class=Trajectory,
+    )
 
 
-def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]) -> tuple[ParticleProblem, Any, np.ndarray]:
+def _rebuild(
+    cfg: dict[str, Any], stored: dict[str, Any]
+) -> tuple[ParticleProblem, Any, np.ndarray]:
     """Problem, solver and last state of a stored particle run (for :func:`wflow.resume`)."""
     from ..models import model_from_dict
 
     weights = stored["static"]["weights"][1]
     if cfg.get("coordinates") == "span":
-        problem = SpanProblem(model_from_dict(cfg["model"]), weights, stored["static"]["span_basis"][1],
-                              kappa=cfg["kappa"], backend=cfg["backend"], diagnostics=cfg["diagnostics"],
-                              cluster_threshold=cfg["cluster_threshold"])
-        return problem, get_solver(cfg["solver"], **cfg["solver_options"]), stored["data"]["span"][1][-1]
+        problem = SpanProblem(
+            model_from_dict(cfg["model"]),
+            weights,
+            stored["static"]["span_basis"][1],
+            kappa=cfg["kappa"],
+            backend=cfg["backend"],
+            diagnostics=cfg["diagnostics"],
+            cluster_threshold=cfg["cluster_threshold"],
+        )
+        return (
+            problem,
+            get_solver(cfg["solver"], **cfg["solver_options"]),
+            stored["data"]["span"][1][-1],
+        )
     if cfg.get("coordinates") == "gaps":
-        problem = CircleGapProblem(model_from_dict(cfg["model"]), weights, stored["static"]["order"][1],
-                                   kappa=cfg["kappa"], backend=cfg["backend"], diagnostics=cfg["diagnostics"],
-                                   cluster_threshold=cfg["cluster_threshold"])
-        return problem, get_solver(cfg["solver"], **cfg["solver_options"]), stored["data"]["gaps"][1][-1]
+        problem = CircleGapProblem(
+            model_from_dict(cfg["model"]),
+            weights,
+            stored["static"]["order"][1],
+            kappa=cfg["kappa"],
+            backend=cfg["backend"],
+            diagnostics=cfg["diagnostics"],
+            cluster_threshold=cfg["cluster_threshold"],
+        )
+        return (
+            problem,
+            get_solver(cfg["solver"], **cfg["solver_options"]),
+            stored["data"]["gaps"][1][-1],
+        )
     if cfg.get("coordinates") == "angles":
-        problem = CircleAngleProblem(model_from_dict(cfg["model"]), weights, kappa=cfg["kappa"],
-                                     backend=cfg["backend"], diagnostics=cfg["diagnostics"],
-                                     cluster_threshold=cfg["cluster_threshold"])
-        return problem, get_solver(cfg["solver"], **cfg["solver_options"]), stored["data"]["angles"][1][-1]
-    problem = ParticleProblem(model_from_dict(cfg["model"]), weights, cfg["d"], kappa=cfg["kappa"],
-                              backend=cfg["backend"], diagnostics=cfg["diagnostics"],
-                              cluster_threshold=cfg["cluster_threshold"], n_tracers=cfg["n_tracers"])
+        problem = CircleAngleProblem(
+            model_from_dict(cfg["model"]),
+            weights,
+            kappa=cfg["kappa"],
+            backend=cfg["backend"],
+            diagnostics=cfg["diagnostics"],
+            cluster_threshold=cfg["cluster_threshold"],
+        )
+        return (
+            problem,
+            get_solver(cfg["solver"], **cfg["solver_options"]),
+            stored["data"]["angles"][1][-1],
+        )
+    problem = ParticleProblem(
+        model_from_dict(cfg["model"]),
+        weights,
+        cfg["d"],
+        kappa=cfg["kappa"],
+        backend=cfg["backend"],
+        diagnostics=cfg["diagnostics"],
+        cluster_threshold=cfg["cluster_threshold"],
+        n_tracers=cfg["n_tracers"],
+    )
     y = stored["data"]["positions" if "positions" in stored["data"] else "points"][1][-1]
     if cfg["n_tracers"]:
         y = np.concatenate([y, stored["data"]["tracers"][1][-1]], axis=-2)

@@ -5,12 +5,14 @@ reads any wflow store back into the result class of its kind, and :func:`resume`
 continues an interrupted run from its last committed snapshot through the same driver,
 bit for bit equal to the uninterrupted run.
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,9 +34,18 @@ def _result(stored: dict[str, Any]) -> Result:
     cfg = stored["config"]
     ckpt = {k: (d, a[-1]) for k, (d, a) in stored["checkpoint"].items()}
     return KINDS[kind].result_class(
-        kind=kind, times=stored["times"], data=stored["data"], static=stored["static"], stats=stored["stats"],
-        status=0, message=f"loaded {stored['length']} snapshots", config=cfg, solver=stored["solver"],
-        order=cfg.get("order", 0), checkpoint=ckpt)
+        kind=kind,
+        times=stored["times"],
+        data=stored["data"],
+        static=stored["static"],
+        stats=stored["stats"],
+        status=0,
+        message=f"loaded {stored['length']} snapshots",
+        config=cfg,
+        solver=stored["solver"],
+        order=cfg.get("order", 0),
+        checkpoint=ckpt,
+    )
 
 
 def load(path: str | os.PathLike) -> Result:
@@ -65,12 +76,20 @@ def save(result: Result, path: str | os.PathLike, *, overwrite: bool = False) ->
     ('t.zarr', True)
     """
     if not isinstance(result, Result):
-        raise TypeError(f"save expects a wflow result (Trajectory, DensityTrajectory, ...), got {type(result).__name__}")
+        raise TypeError(
+            f"save expects a wflow result (Trajectory, DensityTrajectory, ...), got {type(result).__name__}"
+        )
     return io.write_result(result, path, overwrite=overwrite)
 
 
-def resume(path: str | os.PathLike, *, progress: bool = False, backend: str | None = None,
-           trackers: Sequence[Tracker] = (), keep: bool = True) -> Result:
+def resume(
+    path: str | os.PathLike,
+    *,
+    progress: bool = False,
+    backend: str | None = None,
+    trackers: Sequence[Tracker] = (),
+    keep: bool = True,
+) -> Result:
     """Continue an interrupted run of any kind from its last committed snapshot.
 
     The run repeats exactly what the uninterrupted run would have done (same steps, same
@@ -119,29 +138,73 @@ def resume(path: str | os.PathLike, *, progress: bool = False, backend: str | No
         raise WflowError(f"{path}: saved times do not match the configured save_at; cannot resume")
     kind = KINDS[stored["kind"]]
     problem, solver, y = kind.rebuild(cfg, stored)
-    state = ResumeState(index=done - 1, t=float(prev.times[-1]), y=y,
-                        stats={k: int(prev.stats[k][-1]) for k in ("steps", "rejected", "evaluations")},
-                        dt_next=float(np.nan_to_num(prev.stats["dt_next"][-1])),
-                        checkpoint={k: a for k, (_, a) in prev.checkpoint.items()})
+    state = ResumeState(
+        index=done - 1,
+        t=float(prev.times[-1]),
+        y=y,
+        stats={k: int(prev.stats[k][-1]) for k in ("steps", "rejected", "evaluations")},
+        dt_next=float(np.nan_to_num(prev.stats["dt_next"][-1])),
+        checkpoint={k: a for k, (_, a) in prev.checkpoint.items()},
+    )
     trs = [io.ZarrRecorder(path, append=True), *trackers]
     if progress:
         trs.append(ProgressBar(f"{solver.name} (resumed)"))
     extra = {k: v for k, v in cfg.items() if k not in _DRIVER_KEYS}
-    new = integrate(problem, solver, y, cfg["t0"], cfg["t_end"], save_at=all_times, dt=cfg["dt"],
-                    rtol=cfg["rtol"], atol=cfg["atol"], adaptive=cfg["adaptive"], max_steps=cfg["max_steps"],
-                    seed=cfg["seed"], trackers=trs, keep=keep, resume=state, config=extra,
-                    result_class=kind.result_class)
+    new = integrate(
+        problem,
+        solver,
+        y,
+        cfg["t0"],
+        cfg["t_end"],
+        save_at=all_times,
+        dt=cfg["dt"],
+        rtol=cfg["rtol"],
+        atol=cfg["atol"],
+        adaptive=cfg["adaptive"],
+        max_steps=cfg["max_steps"],
+        seed=cfg["seed"],
+        trackers=trs,
+        keep=keep,
+        resume=state,
+        config=extra,
+        result_class=kind.result_class,
+    )
     return _concat(prev, new) if keep else new
 
 
-_DRIVER_KEYS = {"solver", "solver_options", "order", "adaptive", "dt", "rtol", "atol", "seed", "t0", "t_end",
-                "save_at", "save_mode", "max_steps", "wflow_version"}
+_DRIVER_KEYS = {
+    "solver",
+    "solver_options",
+    "order",
+    "adaptive",
+    "dt",
+    "rtol",
+    "atol",
+    "seed",
+    "t0",
+    "t_end",
+    "save_at",
+    "save_mode",
+    "max_steps",
+    "wflow_version",
+}
 
 
 def _concat(a: Result, b: Result) -> Result:
     """The stored snapshots followed by those of the continuation (which starts after a's last one)."""
     data = {k: (d, np.concatenate([a.data[k][1], v])) for k, (d, v) in b.data.items()}
     stats = {k: np.concatenate([a.stats[k], v]) for k, v in b.stats.items()}
-    return type(b)(kind=b.kind, times=np.concatenate([a.times, b.times]), data=data, static=b.static, stats=stats,
-                   status=b.status, message=b.message, config=b.config, solver=b.solver, order=b.order,
-                   checkpoint=b.checkpoint, step_info=b.step_info)
+    return type(b)(
+        kind=b.kind,
+        times=np.concatenate([a.times, b.times]),
+        data=data,
+        static=b.static,
+        stats=stats,
+        status=b.status,
+        message=b.message,
+        config=b.config,
+        solver=b.solver,
+        order=b.order,
+        checkpoint=b.checkpoint,
+        step_info=b.step_info,
+    )

@@ -21,6 +21,7 @@ name                    order  error estimate   use
 
 All are registered in :data:`wflow.solvers.base.SOLVERS`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,17 @@ import numpy as np
 from ..kernels.numba_backend import _blas_threads
 from .base import Problem, Solver, StepResult, register_solver
 
-__all__ = ["Euler", "EulerAverage", "RK4", "DormandPrince", "EulerMaruyama", "SSPRK3", "ROS2", "Remap",
-           "project_to_sphere"]
+__all__ = [
+    "Euler",
+    "EulerAverage",
+    "RK4",
+    "DormandPrince",
+    "EulerMaruyama",
+    "SSPRK3",
+    "ROS2",
+    "Remap",
+    "project_to_sphere",
+]
 
 
 def project_to_sphere(x: np.ndarray) -> np.ndarray:
@@ -120,8 +130,10 @@ class EulerAverage(Solver):
     def step(self, problem, t, y, dt, state, **_):
         average = getattr(problem, "average", None)
         if average is None:
-            raise TypeError(f"method 'euler-average' needs a problem with an attention average "
-                            f"(particles of SA/USA on the sphere), got {type(problem).__name__}")
+            raise TypeError(
+                f"method 'euler-average' needs a problem with an attention average "
+                f"(particles of SA/USA on the sphere), got {type(problem).__name__}"
+            )
         fused = getattr(problem, "euler_step", None)
         if fused is not None:
             y_new = fused(t, y, dt, projected=False)
@@ -205,7 +217,9 @@ class DormandPrince(Solver):
             ks.append(problem.rhs(t + self.C[i] * dt, yi))
         y5 = y + dt * sum(b * k for b, k in zip(self.B5, ks) if b != 0)
         err = dt * sum((b5 - b4) * k for b5, b4, k in zip(self.B5, self.B4, ks) if b5 != b4)
-        enorm = problem.error_norm(err, y, y5, rtol, atol) if rtol or atol else None  # fixed steps: no control
+        enorm = (
+            problem.error_norm(err, y, y5, rtol, atol) if rtol or atol else None
+        )  # fixed steps: no control
         return StepResult(problem.retract(y5), error=enorm, evaluations=7), state
 
 
@@ -237,7 +251,9 @@ class EulerMaruyama(Solver):
     stochastic = True
 
     def step(self, problem, t, y, dt, state, *, rng=None, **_):
-        return StepResult(problem.retract(y + dt * problem.rhs(t, y) + problem.noise(t, y, dt, rng))), state
+        return StepResult(
+            problem.retract(y + dt * problem.rhs(t, y) + problem.noise(t, y, dt, rng))
+        ), state
 
 
 @register_solver
@@ -361,17 +377,24 @@ class ROS2(Solver):
             J = self.jacobian(problem, t, y, f0)
         # one BLAS thread for small factorizations: on a shared 2-core machine two threads factored a
         # 1024 x 1024 matrix in 340-400 ms against 100-140 ms for one
-        with warnings.catch_warnings(), _blas_threads(1) if J.shape[0] <= 2048 else contextlib.nullcontext():
+        with (
+            warnings.catch_warnings(),
+            _blas_threads(1) if J.shape[0] <= 2048 else contextlib.nullcontext(),
+        ):
             warnings.simplefilter("ignore", sla.LinAlgWarning)
             lu = sla.lu_factor(np.eye(J.shape[0]) - self.GAMMA * dt * J)
             k1 = sla.lu_solve(lu, f0.reshape(-1)).reshape(y.shape)
-            if not np.all(np.isfinite(k1)):  # I - gamma h J singular (an unstable mode at this h): a smaller step
+            if not np.all(
+                np.isfinite(k1)
+            ):  # I - gamma h J singular (an unstable mode at this h): a smaller step
                 return StepResult(y, error=np.inf), state
             f1 = problem.rhs(t + dt, y + dt * k1)
             k2 = sla.lu_solve(lu, (f1 - 2 * k1).reshape(-1)).reshape(y.shape)
         y2 = y + 1.5 * dt * k1 + 0.5 * dt * k2
         err = problem.error_norm(0.5 * dt * (k1 + k2), y, y2, rtol, atol) if rtol or atol else None
-        return StepResult(problem.retract(y2), error=err, evaluations=2 + differenced * y.size), state
+        return StepResult(
+            problem.retract(y2), error=err, evaluations=2 + differenced * y.size
+        ), state
 
 
 @register_solver
@@ -404,8 +427,10 @@ class Remap(Solver):
     def step(self, problem, t, y, dt, state, *, rtol=0.0, atol=0.0, **_):
         remap_step = getattr(problem, "remap_step", None)
         if remap_step is None:
-            raise TypeError(f"method 'remap' needs a problem with a remap step (a 1-D conservation law such as the "
-                            f"zonal solver's), got {type(problem).__name__}")
+            raise TypeError(
+                f"method 'remap' needs a problem with a remap step (a 1-D conservation law such as the "
+                f"zonal solver's), got {type(problem).__name__}"
+            )
         out = remap_step(t, y, dt)
         if out is None:
             return StepResult(y, ok=False, limit=0.5 * dt), state

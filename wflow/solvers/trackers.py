@@ -3,12 +3,14 @@
 A tracker watches a run and never changes it; recorders that write to disk live in
 :mod:`wflow.io` (:class:`~wflow.io.ZarrRecorder`).
 """
+
 from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,9 +48,15 @@ class ProgressBar(Tracker):
 
         self.t0, self.total = run.t0, run.t_end - run.t0
         start = float(run.save_times[run.resumed_at] - run.t0)
-        self.bar = tqdm(total=self.total, initial=start, unit="t", desc=self.label or run.solver.name,
-                        dynamic_ncols=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| t={n:.4g}/{total:.4g} "
-                                                       "[{elapsed}<{remaining}{postfix}]")
+        self.bar = tqdm(
+            total=self.total,
+            initial=start,
+            unit="t",
+            desc=self.label or run.solver.name,
+            dynamic_ncols=True,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| t={n:.4g}/{total:.4g} "
+            "[{elapsed}<{remaining}{postfix}]",
+        )
 
     def step(self, t: float, dt: float, step: StepResult) -> None:
         new = min(max(t - self.t0, 0.0), self.total)
@@ -168,8 +176,14 @@ class StepLog(Tracker):
             # complete rows of the steps up to the resumed snapshot are kept; the rest (and a row torn by
             # a kill) are redone
             limit = float(run.save_times[run.resumed_at])
-            kept = [r for r in rows if None not in r.values() and None not in r and _float(r["t"]) is not None
-                    and _float(r["t"]) <= limit * (1 + 1e-12) + 1e-300]
+            kept = [
+                r
+                for r in rows
+                if None not in r.values()
+                and None not in r
+                and _float(r["t"]) is not None
+                and _float(r["t"]) <= limit * (1 + 1e-12) + 1e-300
+            ]
             self.step_no = int(kept[-1]["step"]) if kept else 0
             self.fields = list(rows[0].keys()) if rows else None
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
@@ -183,9 +197,15 @@ class StepLog(Tracker):
 
     def step(self, t: float, dt: float, step: StepResult) -> None:
         self.step_no += 1
-        row = {"step": self.step_no, "t": repr(float(t)), "dt": repr(float(dt)),
-               "error": "" if step.error is None else repr(float(step.error))}
-        row.update({k: (repr(float(v)) if isinstance(v, float) else v) for k, v in step.info.items()})
+        row = {
+            "step": self.step_no,
+            "t": repr(float(t)),
+            "dt": repr(float(dt)),
+            "error": "" if step.error is None else repr(float(step.error)),
+        }
+        row.update(
+            {k: (repr(float(v)) if isinstance(v, float) else v) for k, v in step.info.items()}
+        )
         if self.writer is None:
             self.fields = list(row)
             self.writer = csv.DictWriter(self.fh, fieldnames=self.fields, extrasaction="ignore")

@@ -21,10 +21,12 @@ for the law of :math:`z = \langle x, e\rangle` on :math:`[-1, 1]` (:mod:`wflow.z
 Saving, loading and resuming go through :func:`wflow.save`, :func:`wflow.load`,
 :func:`wflow.resume` and :class:`wflow.io.ZarrRecorder` like every other kind.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -69,17 +71,38 @@ class ZonalProblem(Problem):
     kind = "zonal"
     order = 2  # spatial order
 
-    def __init__(self, d: int, n_cells: int, *, attention: str = "SA", beta: float = 1.0, sign: int = 1,
-                 kappa: float | None = None, kernel: str = "plain", grid: Any = "angle", kernel_method: str = "auto",
-                 cfl: float = 0.9, max_step: float | None = None):
+    def __init__(
+        self,
+        d: int,
+        n_cells: int,
+        *,
+        attention: str = "SA",
+        beta: float = 1.0,
+        sign: int = 1,
+        kappa: float | None = None,
+        kernel: str = "plain",
+        grid: Any = "angle",
+        kernel_method: str = "auto",
+        cfl: float = 0.9,
+        max_step: float | None = None,
+    ):
         super().__init__()
         cfl = check_positive(cfl, "cfl")
         if cfl > 1:
             raise ValueError(f"cfl must be in (0, 1] (positivity needs dt <= dt_max), got {cfl}")
         if max_step is not None:
             max_step = check_positive(max_step, "max_step")
-        self.fv = ZonalFV(d, n_cells, attention=attention, beta=beta, sign=sign, kappa=kappa, kernel=kernel,
-                          grid=grid, kernel_method=kernel_method)
+        self.fv = ZonalFV(
+            d,
+            n_cells,
+            attention=attention,
+            beta=beta,
+            sign=sign,
+            kappa=kappa,
+            kernel=kernel,
+            grid=grid,
+            kernel_method=kernel_method,
+        )
         self.grid = grid if isinstance(grid, str) else [float(z) for z in self.fv.edges]
         self.cfl = float(cfl)
         self.max_step = max_step
@@ -101,7 +124,9 @@ class ZonalProblem(Problem):
     def rhs(self, t: float, masses: np.ndarray) -> np.ndarray:
         return self.positivity_rhs(masses)[0]
 
-    def remap_step(self, t: float, masses: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray] | None:
+    def remap_step(
+        self, t: float, masses: np.ndarray, dt: float
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         r"""One step of the characteristic (semi-Lagrangian) scheme: ``(masses, second-order masses)``, or ``None``
         when characteristics cross within the step (the step is too long).
 
@@ -118,10 +143,12 @@ class ZonalProblem(Problem):
         whenever the departure points are increasing.
         """
         if self.fv.inv_kappa:
-            raise ValueError("the remap step has no diffusion: kappa must be None (use method='ssprk3' with noise)")
+            raise ValueError(
+                "the remap step has no diffusion: kappa must be None (use method='ssprk3' with noise)"
+            )
         fv = self.fv
         th = fv.theta_edges
-        rec = fv.reconstruction(masses)   # of the old masses, shared by the four remaps below
+        rec = fv.reconstruction(masses)  # of the old masses, shared by the four remaps below
         self.evaluations += 4
         u0 = fv.theta_velocity(rec[0])
         half = fv.departure(u0, 0.5 * dt)
@@ -158,29 +185,55 @@ class ZonalProblem(Problem):
 
     # -- what is saved ---------------------------------------------------------------------------------
     def snapshot(self, t: float, masses: np.ndarray) -> dict:
-        out = {"masses": (("cell",), np.array(masses, dtype=np.float64, copy=True)),
-               "mass": ((), np.float64(masses.sum())),
-               "mean_z": ((), np.float64(masses @ self.fv.centers))}
+        out = {
+            "masses": (("cell",), np.array(masses, dtype=np.float64, copy=True)),
+            "mass": ((), np.float64(masses.sum())),
+            "mean_z": ((), np.float64(masses @ self.fv.centers)),
+        }
         out["energy"] = ((), np.float64(self.fv.energy(masses)))
         return out
 
     def static(self) -> dict:
         fv = self.fv
-        return {"edges": (("face",), fv.edges), "centers": (("cell",), fv.centers),
-                "log_volumes": (("cell",), fv.log_volumes)}
+        return {
+            "edges": (("face",), fv.edges),
+            "centers": (("cell",), fv.centers),
+            "log_volumes": (("cell",), fv.log_volumes),
+        }
 
     def config(self) -> dict[str, Any]:
         fv = self.fv
-        return {"kind": self.kind, "d": fv.d, "n_cells": fv.n_cells, "attention": fv.attention, "beta": fv.beta,
-                "sign": fv.sign, "kappa": fv.kappa, "kernel": fv.kernel, "grid": self.grid,
-                "kernel_method": fv.kernel_method, "cfl": self.cfl, "max_step": self.max_step}
+        return {
+            "kind": self.kind,
+            "d": fv.d,
+            "n_cells": fv.n_cells,
+            "attention": fv.attention,
+            "beta": fv.beta,
+            "sign": fv.sign,
+            "kappa": fv.kappa,
+            "kernel": fv.kernel,
+            "grid": self.grid,
+            "kernel_method": fv.kernel_method,
+            "cfl": self.cfl,
+            "max_step": self.max_step,
+        }
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> "ZonalProblem":
+    def from_config(cls, cfg: dict[str, Any]) -> ZonalProblem:
         """The problem a run's configuration describes (exactly the same grid and kernel)."""
-        return cls(cfg["d"], cfg["n_cells"], attention=cfg["attention"], beta=cfg["beta"], sign=cfg["sign"],
-                   kappa=cfg["kappa"], kernel=cfg["kernel"], grid=cfg["grid"], kernel_method=cfg["kernel_method"],
-                   cfl=cfg["cfl"], max_step=cfg["max_step"])
+        return cls(
+            cfg["d"],
+            cfg["n_cells"],
+            attention=cfg["attention"],
+            beta=cfg["beta"],
+            sign=cfg["sign"],
+            kappa=cfg["kappa"],
+            kernel=cfg["kernel"],
+            grid=cfg["grid"],
+            kernel_method=cfg["kernel_method"],
+            cfl=cfg["cfl"],
+            max_step=cfg["max_step"],
+        )
 
     def __repr__(self) -> str:
         return f"ZonalProblem({self.fv!r}, cfl={self.cfl:g})"
@@ -203,7 +256,7 @@ def law_quantile(edges: np.ndarray, masses: np.ndarray, s: np.ndarray) -> np.nda
     """
     c = np.concatenate([[0.0], np.cumsum(masses)])
     c /= c[-1]
-    keep = np.concatenate([[True], np.diff(c) > 0])       # drop empty bands (flat CDF pieces)
+    keep = np.concatenate([[True], np.diff(c) > 0])  # drop empty bands (flat CDF pieces)
     return np.interp(s, c[keep], np.asarray(edges)[keep])
 
 
@@ -346,14 +399,21 @@ def _spec(model_or_spec: Any, d: int) -> dict[str, Any]:
     if isinstance(model_or_spec, dict):
         unknown = set(model_or_spec) - {"attention", "beta", "sign"}
         if unknown:
-            raise ValueError(f"model spec has unknown keys {sorted(unknown)}; known: attention, beta, sign")
-        return {"attention": model_or_spec.get("attention", "SA"), "beta": model_or_spec.get("beta", 1.0),
-                "sign": model_or_spec.get("sign", 1)}
+            raise ValueError(
+                f"model spec has unknown keys {sorted(unknown)}; known: attention, beta, sign"
+            )
+        return {
+            "attention": model_or_spec.get("attention", "SA"),
+            "beta": model_or_spec.get("beta", 1.0),
+            "sign": model_or_spec.get("sign", 1),
+        }
     from ..models import Model
 
     if not isinstance(model_or_spec, Model):
-        raise TypeError(f"model must be a wflow SA/USA model or a dict {{'attention', 'beta', 'sign'}}, got "
-                        f"{short_repr(model_or_spec)}")
+        raise TypeError(
+            f"model must be a wflow SA/USA model or a dict {{'attention', 'beta', 'sign'}}, got "
+            f"{short_repr(model_or_spec)}"
+        )
     fv = ZonalFV.from_model(model_or_spec, d, 4)  # validates Q = K = I, V = +-I and the dimension
     return {"attention": fv.attention, "beta": fv.beta, "sign": fv.sign}
 
@@ -362,25 +422,32 @@ def _initial_masses(rho0: Any, fv: ZonalFV, normalize: bool) -> np.ndarray:
     from ..density import Density
 
     if isinstance(rho0, Density):
-        raise TypeError(f"rho0 is a Density on a {type(rho0.mesh).__name__} (S^{rho0.mesh.d - 1}): the zonal solver "
-                        f"takes a zonal density, f(z) of z = <x, e> in [-1, 1], or band masses; use solve_density "
-                        f"for densities on meshes")
+        raise TypeError(
+            f"rho0 is a Density on a {type(rho0.mesh).__name__} (S^{rho0.mesh.d - 1}): the zonal solver "
+            f"takes a zonal density, f(z) of z = <x, e> in [-1, 1], or band masses; use solve_density "
+            f"for densities on meshes"
+        )
     if callable(rho0):
         probe = np.linspace(-0.9, 0.9, 7)
         try:
             out = np.asarray(rho0(probe), dtype=float)
         except Exception as exc:  # a function of points x, not of z
-            raise TypeError(f"rho0 must be a function of z = <x, e> (an array of heights in [-1, 1]) returning "
-                            f"one value per z; calling it on z of shape (7,) failed: {type(exc).__name__}: {exc}") \
-                from None
+            raise TypeError(
+                f"rho0 must be a function of z = <x, e> (an array of heights in [-1, 1]) returning "
+                f"one value per z; calling it on z of shape (7,) failed: {type(exc).__name__}: {exc}"
+            ) from None
         if out.shape != probe.shape:
-            raise TypeError(f"rho0 must be a function of z = <x, e> returning one value per z; for z of shape "
-                            f"(7,) it returned shape {out.shape} (a function of points x is not zonal)")
+            raise TypeError(
+                f"rho0 must be a function of z = <x, e> returning one value per z; for z of shape "
+                f"(7,) it returned shape {out.shape} (a function of points x is not zonal)"
+            )
         return fv.masses_from_function(rho0, normalize=normalize)
     arr = np.asarray(rho0)
     if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
-        raise TypeError(f"rho0 must be f(z), a callable, or band masses (an array of shape ({fv.n_cells},)), "
-                        f"got {short_repr(rho0)}")
+        raise TypeError(
+            f"rho0 must be f(z), a callable, or band masses (an array of shape ({fv.n_cells},)), "
+            f"got {short_repr(rho0)}"
+        )
     return fv.check_masses(arr, name="rho0")
 
 
@@ -485,8 +552,12 @@ def solve_zonal(
     (True, True, True)
     """
     d = check_int(d, "d", minimum=2)
-    if isinstance(t_end, bool) or not isinstance(t_end, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(t_end) or t_end <= 0:
+    if (
+        isinstance(t_end, bool)
+        or not isinstance(t_end, (int, float, np.integer, np.floating))
+        or not np.isfinite(t_end)
+        or t_end <= 0
+    ):
         raise ValueError(f"t_end must be a finite number > 0, got {t_end!r}")
     spec = _spec(model_or_spec, d)
     if kappa is not None:
@@ -498,18 +569,42 @@ def solve_zonal(
     if method not in ("remap", "ssprk3"):
         raise ValueError(f"method must be 'auto', 'remap' or 'ssprk3', got {method!r}")
     if method == "remap" and kappa is not None:
-        raise ValueError(f"method 'remap' has no diffusion: kappa must be None with it, got kappa={kappa!r} "
-                         f"(use method='ssprk3' or 'auto')")
+        raise ValueError(
+            f"method 'remap' has no diffusion: kappa must be None with it, got kappa={kappa!r} "
+            f"(use method='ssprk3' or 'auto')"
+        )
     solver = get_solver(method)
-    problem = ZonalProblem(d, n_cells, **spec, kappa=kappa, kernel=kernel, grid=grid, kernel_method=kernel_method,
-                           cfl=cfl, max_step=max_step)
+    problem = ZonalProblem(
+        d,
+        n_cells,
+        **spec,
+        kappa=kappa,
+        kernel=kernel,
+        grid=grid,
+        kernel_method=kernel_method,
+        cfl=cfl,
+        max_step=max_step,
+    )
     m0 = _initial_masses(rho0, problem.fv, normalize)
     trs = list(trackers)
     if progress:
         trs.append(ProgressBar(f"zonal d={d} ({solver.name})"))
-    r = integrate(problem, solver, m0, 0.0, float(t_end), save_at=[0.0, float(t_end)] if save_at is None else save_at,
-                  rtol=rtol, atol=atol, adaptive=solver.adaptive, max_steps=max_steps, trackers=trs, keep=keep,
-                  throw=throw, result_class=ZonalTrajectory)
+    r = integrate(
+        problem,
+        solver,
+        m0,
+        0.0,
+        float(t_end),
+        save_at=[0.0, float(t_end)] if save_at is None else save_at,
+        rtol=rtol,
+        atol=atol,
+        adaptive=solver.adaptive,
+        max_steps=max_steps,
+        trackers=trs,
+        keep=keep,
+        throw=throw,
+        result_class=ZonalTrajectory,
+    )
     logger.debug("solve_zonal: %s", r)
     return r
 

@@ -31,6 +31,7 @@ Statements checked (SA and USA, :math:`Q = K = V = I`, equal weights :math:`1/n`
   decreases.  Measured: that monotonicity, the fraction that collapses, and the late-time rate of the
   diameter :math:`\max_{ij} d(x_i, x_j)` against :math:`\lambda`.
 """
+
 from __future__ import annotations
 
 import time
@@ -47,8 +48,16 @@ from ..sphere import geodesic_distance, normalize, tangent_frame, uniform
 from .parts import Parts
 from .report import StudyReport, register
 
-__all__ = ["linearized_rate", "jacobian_spectrum", "deviation_from_mean", "diameter", "synchronized",
-           "late_rate", "hemisphere_start", "study_dichotomy"]
+__all__ = [
+    "linearized_rate",
+    "jacobian_spectrum",
+    "deviation_from_mean",
+    "diameter",
+    "synchronized",
+    "late_rate",
+    "hemisphere_start",
+    "study_dichotomy",
+]
 
 #: pairwise cosines above this count as one point
 SYNC_COS = 1.0 - 1e-6
@@ -61,8 +70,22 @@ HEMI_MARGIN = 0.1
 DT = 0.05
 SAVE_EVERY = 0.25  # the fit window spans log(1e6)/lambda: ~55 saves at rate 1
 #: final time T (divided by :func:`run_scale` for USA)
-QUICK = {"n": 16, "seeds": 48, "dims": (3, 8), "betas": (0.5, 1.0), "hemi_betas": (1.0, 4.0), "T": 30.0}
-FULL = {"n": 32, "seeds": 256, "dims": (3, 8), "betas": (0.5, 1.0), "hemi_betas": (1.0, 4.0), "T": 45.0}
+QUICK = {
+    "n": 16,
+    "seeds": 48,
+    "dims": (3, 8),
+    "betas": (0.5, 1.0),
+    "hemi_betas": (1.0, 4.0),
+    "T": 30.0,
+}
+FULL = {
+    "n": 32,
+    "seeds": 256,
+    "dims": (3, 8),
+    "betas": (0.5, 1.0),
+    "hemi_betas": (1.0, 4.0),
+    "T": 45.0,
+}
 #: least fraction of seeds synchronized by T (measured in quick mode: 1.0 from uniform starts at beta <= 1
 #: and from the hemisphere at beta = 1; from the hemisphere at beta = 4 a few seeds sit near two clusters
 #: for a long time -- metastability -- and collapse later: 0.92..0.96 by T, 47/48 by t = 40 in d = 8)
@@ -156,7 +179,9 @@ def synchronized(x: np.ndarray, cos: float = SYNC_COS) -> np.ndarray:
     return g.min(axis=(-1, -2)) > cos
 
 
-def late_rate(t: np.ndarray, delta: np.ndarray, window: tuple[float, float] = FIT_WINDOW) -> tuple[float, float, int]:
+def late_rate(
+    t: np.ndarray, delta: np.ndarray, window: tuple[float, float] = FIT_WINDOW
+) -> tuple[float, float, int]:
     r"""Decay rate :math:`-\,d\log\delta/dt` fitted (OLS) where :math:`\delta` lies in ``window``.
 
     Returns the rate, the half-width of its 99 % confidence interval and the number of points (NaN
@@ -177,7 +202,9 @@ def late_rate(t: np.ndarray, delta: np.ndarray, window: tuple[float, float] = FI
     return float(-res.slope), float(half), int(sel.sum())
 
 
-def hemisphere_start(n: int, d: int, batch: int, rng: np.random.Generator, margin: float = HEMI_MARGIN) -> np.ndarray:
+def hemisphere_start(
+    n: int, d: int, batch: int, rng: np.random.Generator, margin: float = HEMI_MARGIN
+) -> np.ndarray:
     r"""``batch`` systems of ``n`` points uniform on :math:`\{x : \langle x, e_d\rangle > \text{margin}\}` (rejection).
 
     Examples
@@ -192,7 +219,7 @@ def hemisphere_start(n: int, d: int, batch: int, rng: np.random.Generator, margi
     while filled < flat.shape[0]:
         x = uniform(2 * (flat.shape[0] - filled) + 16, d, rng)
         x = x[x[:, -1] > margin][: flat.shape[0] - filled]
-        flat[filled:filled + len(x)] = x
+        flat[filled : filled + len(x)] = x
         filled += len(x)
     return out
 
@@ -206,10 +233,16 @@ def run_scale(model_name: str, beta: float) -> float:
     return max(1.0, linearized_rate(model_name, beta) / 2.0)
 
 
-def _run(model_name: str, beta: float, d: int, n: int, seeds: int, T: float, start: str) -> dict[str, Any]:
+def _run(
+    model_name: str, beta: float, d: int, n: int, seeds: int, T: float, start: str
+) -> dict[str, Any]:
     """One configuration: all seeds as one batch; deviation, diameter, hemisphere margin at every save."""
     rng = np.random.default_rng([d, n, int(beta * 100), 1 if start == "hemisphere" else 0, 31])
-    x0 = uniform(n, d, rng, batch=(seeds,)) if start == "uniform" else hemisphere_start(n, d, seeds, rng)
+    x0 = (
+        uniform(n, d, rng, batch=(seeds,))
+        if start == "uniform"
+        else hemisphere_start(n, d, seeds, rng)
+    )
     model = MODELS[model_name](beta)
     scale = run_scale(model_name, beta)
     T = T / scale
@@ -221,8 +254,15 @@ def _run(model_name: str, beta: float, d: int, n: int, seeds: int, T: float, sta
     dev = deviation_from_mean(x)  # (k, seeds)
     diam = np.stack([diameter(xi) for xi in x])
     margin = x[..., -1].min(axis=-1)  # min_i <x_i, e_d>, (k, seeds)
-    return {"times": np.asarray(tr.times), "deviation": dev, "diameter": diam, "margin": margin,
-            "synced": synchronized(x[-1]), "seconds": seconds, "T": T}
+    return {
+        "times": np.asarray(tr.times),
+        "deviation": dev,
+        "diameter": diam,
+        "margin": margin,
+        "synced": synchronized(x[-1]),
+        "seconds": seconds,
+        "T": T,
+    }
 
 
 def _ci_mean(v: np.ndarray) -> tuple[float, float]:
@@ -258,16 +298,42 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
             lam = linearized_rate(name, beta)
             k = 5 * 2  # (n - 1)(d - 1) with n = 6, d = 3
             err = max(np.abs(ev[:k] / -lam - 1).max(), np.abs(ev[k:]).max() / lam)
-            rep.rows.append({"part": "jacobian", "model": name, "beta": beta, "n": 6, "d": 3, "theory_rate": lam,
-                             "eigs_min": ev[0], "eigs_max": ev[-1], "relative_error": err})
-            rep.expect(f"{name} beta={beta:g}: Jacobian at a synchronized state (n=6, d=3) = -lambda (x10), 0 (x2); "
-                       f"lambda = {lam:.4g}, largest relative error", err, 0.0, 1e-6)
+            rep.rows.append(
+                {
+                    "part": "jacobian",
+                    "model": name,
+                    "beta": beta,
+                    "n": 6,
+                    "d": 3,
+                    "theory_rate": lam,
+                    "eigs_min": ev[0],
+                    "eigs_max": ev[-1],
+                    "relative_error": err,
+                }
+            )
+            rep.expect(
+                f"{name} beta={beta:g}: Jacobian at a synchronized state (n=6, d=3) = -lambda (x10), 0 (x2); "
+                f"lambda = {lam:.4g}, largest relative error",
+                err,
+                0.0,
+                1e-6,
+            )
     for start_kind, betas in (("uniform", cfg["betas"]), ("hemisphere", cfg["hemi_betas"])):
         for name in MODELS:
             for d in cfg["dims"]:
                 for beta in betas:
-                    key = {"start": start_kind, "model": name, "beta": beta, "d": d, "n": n, "seeds": seeds, "T": T,
-                           "dt": DT, "save": SAVE_EVERY, "scale": run_scale(name, beta)}
+                    key = {
+                        "start": start_kind,
+                        "model": name,
+                        "beta": beta,
+                        "d": d,
+                        "n": n,
+                        "seeds": seeds,
+                        "T": T,
+                        "dt": DT,
+                        "save": SAVE_EVERY,
+                        "scale": run_scale(name, beta),
+                    }
                     r = parts.get(key, lambda: _run(name, beta, d, n, seeds, T, start_kind))
                     lam = linearized_rate(name, beta)
                     series = r["deviation"] if start_kind == "uniform" else r["diameter"]
@@ -277,13 +343,28 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
                     frac = float(np.mean(r["synced"]))
                     curves[(start_kind, name, d, beta)] = (r["times"], series, lam)
                     label = f"{start_kind} start, {name}, d={d}, beta={beta:g}"
-                    row = {"part": start_kind, "model": name, "beta": beta, "d": d, "n": n, "seeds": seeds, "T": T,
-                           "fraction_synchronized": frac, "theory_rate": lam, "rate_mean": mean, "rate_ci99": half,
-                           "rate_min": float(np.nanmin(rates)), "rate_max": float(np.nanmax(rates)),
-                           "fitted_seeds": int(np.isfinite(rates).sum()),
-                           "median_fit_halfwidth": float(np.nanmedian(fits[:, 1])), "seconds": r["seconds"]}
+                    row = {
+                        "part": start_kind,
+                        "model": name,
+                        "beta": beta,
+                        "d": d,
+                        "n": n,
+                        "seeds": seeds,
+                        "T": T,
+                        "fraction_synchronized": frac,
+                        "theory_rate": lam,
+                        "rate_mean": mean,
+                        "rate_ci99": half,
+                        "rate_min": float(np.nanmin(rates)),
+                        "rate_max": float(np.nanmax(rates)),
+                        "fitted_seeds": int(np.isfinite(rates).sum()),
+                        "median_fit_halfwidth": float(np.nanmedian(fits[:, 1])),
+                        "seconds": r["seconds"],
+                    }
                     if start_kind == "hemisphere":
-                        drop = float(np.max(r["margin"][0] - np.minimum.accumulate(r["margin"], axis=0)[-1]))
+                        drop = float(
+                            np.max(r["margin"][0] - np.minimum.accumulate(r["margin"], axis=0)[-1])
+                        )
                         row["margin_drop"] = drop
                         # the time to shrink the diameter by 1e-4 (average rate over the whole approach)
                         hit = np.argmax(r["diameter"] < 1e-4 * r["diameter"][0], axis=0)
@@ -295,13 +376,27 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
                     t_end = float(r["T"])
                     row["T"] = t_end
                     row["final_spread_max"] = float(series[-1].max())
-                    rep.expect(f"{label}: fraction of {seeds} seeds synchronized (all cosines > 1 - 1e-6) by "
-                               f"t={t_end:.3g}", frac, MIN_FRACTION[start_kind], 1.0)
-                    rep.expect(f"{label}: late rate {mean:.5f} ± {half:.1e} (99% CI over seeds) / linearization "
-                               f"{lam:.5f} - 1", abs(mean / lam - 1), 0.0, 1e-3)
+                    rep.expect(
+                        f"{label}: fraction of {seeds} seeds synchronized (all cosines > 1 - 1e-6) by "
+                        f"t={t_end:.3g}",
+                        frac,
+                        MIN_FRACTION[start_kind],
+                        1.0,
+                    )
+                    rep.expect(
+                        f"{label}: late rate {mean:.5f} ± {half:.1e} (99% CI over seeds) / linearization "
+                        f"{lam:.5f} - 1",
+                        abs(mean / lam - 1),
+                        0.0,
+                        1e-3,
+                    )
                     if start_kind == "hemisphere":
-                        rep.expect(f"{label}: largest decrease of min_i <x_i(t), e> (cone invariance)",
-                                   row["margin_drop"], 0.0, 1e-9)
+                        rep.expect(
+                            f"{label}: largest decrease of min_i <x_i(t), e> (cone invariance)",
+                            row["margin_drop"],
+                            0.0,
+                            1e-9,
+                        )
     rep.notes.append(
         "Rates: per seed, OLS slope of log(deviation) against t over the saves with deviation in "
         f"[{FIT_WINDOW[0]:g}, {FIT_WINDOW[1]:g}] (uniform start: max_i geodesic distance to the normalized mean; "
@@ -309,11 +404,13 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
         f"RK4 dt={DT:g}, saves every {SAVE_EVERY:g} (both divided by max(1, lambda/2) for USA, and T too). "
         "The 99% CIs are narrower than the gap to theory: the fits carry the RK4 error of the rate, "
         "(lambda dt)^4/120 = 5.2e-8 relative (the measured gap is 5-9e-8); the nonlinear corrections are "
-        "O(deviation^2) < 1e-8 in the fit window.")
+        "O(deviation^2) < 1e-8 in the fit window."
+    )
     rep.notes.append(
         "Hemisphere start: uniform on {<x, e> > 0.1}. CSV column average_rate_1e-4_* is log(1e4) / (time for the "
         "diameter to shrink by 1e-4), the average rate over the whole collapse (slower than the final rate: the "
-        "early phase is nonlinear).")
+        "early phase is nonlinear)."
+    )
     rep.notes.append(parts.note())
     rep.figures.append(_figure(out, curves))
     rep.seconds = time.perf_counter() - start
@@ -332,7 +429,9 @@ def _figure(out: Path, curves) -> Path:
             if k != kind or d != min(dd for (kk, _, dd, _) in curves if kk == kind):
                 continue
             med = np.exp(np.median(np.log(np.maximum(series, 1e-300)), axis=1))
-            p = ax.semilogy(lam * t, med, label=f"{name}, β={beta:g} (λ={lam:.3g}): median of seeds")
+            p = ax.semilogy(
+                lam * t, med, label=f"{name}, β={beta:g} (λ={lam:.3g}): median of seeds"
+            )
             # the linearization's slope -1 in lambda t, anchored where the median enters the fit window
             i = int(np.argmax(med < FIT_WINDOW[1]))
             tt = lam * t[i:]
@@ -341,8 +440,13 @@ def _figure(out: Path, curves) -> Path:
         ax.axhspan(*FIT_WINDOW, color="0.9", zorder=0)
         dmin = min(dd for (kk, _, dd, _) in curves if kk == kind)
         ax.set_xlabel("λ t (time in units of 1/λ, dimensionless)")
-        ax.set_ylabel("max_i d(x_i, mean) (rad)" if kind == "uniform" else "diameter max_ij d(x_i, x_j) (rad)")
-        ax.set_title(f"{kind} start, d={dmin}: dotted = e^(-λt) (on the curves), shaded = fit window", fontsize=9)
+        ax.set_ylabel(
+            "max_i d(x_i, mean) (rad)" if kind == "uniform" else "diameter max_ij d(x_i, x_j) (rad)"
+        )
+        ax.set_title(
+            f"{kind} start, d={dmin}: dotted = e^(-λt) (on the curves), shaded = fit window",
+            fontsize=9,
+        )
         ax.legend(fontsize=7)
     path = Path(out) / "dichotomy.png"
     fig.savefig(path, dpi=110)

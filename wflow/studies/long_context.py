@@ -29,6 +29,7 @@ By symmetry every token sees itself with weight :math:`e^{\beta}` and the :math:
 
 One part per :math:`(n, \rho)` (:class:`~wflow.studies.parts.Parts`).
 """
+
 from __future__ import annotations
 
 import time
@@ -51,7 +52,9 @@ RHOS = (0.25, 0.5, 0.75)
 DELTA = 0.25
 
 
-def direct_cosines(n: int, rho: float, gamma: float, *, backend: str = "numpy") -> tuple[float, float]:
+def direct_cosines(
+    n: int, rho: float, gamma: float, *, backend: str = "numpy"
+) -> tuple[float, float]:
     r"""Output cosine of one Pre-LN layer on explicit equiangular tokens, by wflow's kernel sums.
 
     The tokens are :func:`wflow.theory.equiangular_configuration` (:math:`\mathbb{R}^n`), the outputs
@@ -90,7 +93,11 @@ def deviation_away(rho: float, n: float, gammas: np.ndarray, delta: float = DELT
     g = g[np.abs(g - gc) >= delta * gc]
     limit = np.where(g < gc, 1.0, rho)
     below = g < gc  # the gap 1 - cos keeps its accuracy where the limit is 1
-    dev = np.where(below, theory.long_context_gap(rho, g, n), np.abs(theory.long_context_cosine(rho, g, n) - limit))
+    dev = np.where(
+        below,
+        theory.long_context_gap(rho, g, n),
+        np.abs(theory.long_context_cosine(rho, g, n) - limit),
+    )
     return float(np.max(dev))
 
 
@@ -106,21 +113,30 @@ def critical_slope(rho: float, n: float, h: float = 1e-5) -> float:
     (-1.1052, True)
     """
     gc = 1.0 / (1.0 - rho)
-    return float((theory.long_context_cosine(rho, gc + h, n) - theory.long_context_cosine(rho, gc - h, n)) / (2 * h))
+    return float(
+        (theory.long_context_cosine(rho, gc + h, n) - theory.long_context_cosine(rho, gc - h, n))
+        / (2 * h)
+    )
 
 
 def _part(n: float, rho: float, gammas: np.ndarray, direct: bool) -> dict[str, Any]:
     gc = 1.0 / (1.0 - rho)
-    out: dict[str, Any] = {"cos": theory.long_context_cosine(rho, gammas, n),
-                           "dev_away": deviation_away(rho, n, gammas), "slope_c": critical_slope(rho, n),
-                           "at_c": float(theory.long_context_cosine(rho, gc, n))}
+    out: dict[str, Any] = {
+        "cos": theory.long_context_cosine(rho, gammas, n),
+        "dev_away": deviation_away(rho, n, gammas),
+        "slope_c": critical_slope(rho, n),
+        "at_c": float(theory.long_context_cosine(rho, gc, n)),
+    }
     if direct:
         t0 = time.perf_counter()
         checks = (0.5 * gc, gc, 1.5 * gc)
         got = [direct_cosines(int(n), rho, g) for g in checks]
         ref = [float(theory.long_context_cosine(rho, g, n)) for g in checks]
-        out.update(direct_err=float(max(abs(c - r) for (c, _), r in zip(got, ref))),
-                   direct_spread=float(max(s for _, s in got)), direct_seconds=time.perf_counter() - t0)
+        out.update(
+            direct_err=float(max(abs(c - r) for (c, _), r in zip(got, ref))),
+            direct_spread=float(max(s for _, s in got)),
+            direct_seconds=time.perf_counter() - t0,
+        )
     return out
 
 
@@ -134,16 +150,26 @@ def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -
     fig, axes = plt.subplots(1, len(RHOS), figsize=(11, 3.8), layout="constrained", sharey=False)
     for ax, rho in zip(axes, RHOS):
         for k, n in enumerate(ns):
-            ax.plot(gammas, res[(n, rho)]["cos"], color=plt.cm.viridis(k / max(len(ns) - 1, 1)),
-                    label=f"n = {n:.0e}")
+            ax.plot(
+                gammas,
+                res[(n, rho)]["cos"],
+                color=plt.cm.viridis(k / max(len(ns) - 1, 1)),
+                label=f"n = {n:.0e}",
+            )
         ax.plot([0, 1], [1, 1], "k--", lw=1)
         ax.plot([1, gammas[-1]], [rho, rho], "k--", lw=1, label="limit n -> inf")
         ax.plot([1], [4 * rho / (1 + 3 * rho)], "ko", ms=5)
-        ax.set(xlabel="gamma / gamma_c (dimensionless)",
-               ylabel="output cosine (dimensionless)", title=f"rho = {rho:g}")
+        ax.set(
+            xlabel="gamma / gamma_c (dimensionless)",
+            ylabel="output cosine (dimensionless)",
+            title=f"rho = {rho:g}",
+        )
     axes[0].legend(fontsize=7)
-    fig.suptitle("one Pre-LN attention layer, beta = gamma log n, on n equiangular tokens of cosine rho; "
-                 "gamma_c = 1/(1-rho): the transition sharpens with n", fontsize=9)
+    fig.suptitle(
+        "one Pre-LN attention layer, beta = gamma log n, on n equiangular tokens of cosine rho; "
+        "gamma_c = 1/(1-rho): the transition sharpens with n",
+        fontsize=9,
+    )
     paths.append(out / "long_context_transition.png")
     fig.savefig(paths[-1], dpi=90)
     plt.close(fig)
@@ -151,10 +177,17 @@ def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -
     fig, ax = plt.subplots(figsize=(6, 4.2), layout="constrained")
     for k, rho in enumerate(RHOS):
         dev = [res[(n, rho)]["dev_away"] for n in ns]
-        ax.loglog(ns, dev, "o-", color=f"C{k}", label=f"rho = {rho:g}: fitted slope {slopes[rho]:.3f}")
-    ax.loglog(ns, 0.5 * np.asarray(ns, dtype=float) ** -DELTA, "k--", label=f"n^-{DELTA:g} (predicted)")
-    ax.set(xlabel="n (tokens)", ylabel=f"max |cos - limit| at |gamma - gamma_c| >= {DELTA:g} gamma_c",
-           title="deviation from the limit away from gamma_c")
+        ax.loglog(
+            ns, dev, "o-", color=f"C{k}", label=f"rho = {rho:g}: fitted slope {slopes[rho]:.3f}"
+        )
+    ax.loglog(
+        ns, 0.5 * np.asarray(ns, dtype=float) ** -DELTA, "k--", label=f"n^-{DELTA:g} (predicted)"
+    )
+    ax.set(
+        xlabel="n (tokens)",
+        ylabel=f"max |cos - limit| at |gamma - gamma_c| >= {DELTA:g} gamma_c",
+        title="deviation from the limit away from gamma_c",
+    )
     ax.legend(fontsize=7)
     paths.append(out / "long_context_deviation.png")
     fig.savefig(paths[-1], dpi=90)
@@ -168,7 +201,12 @@ def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -
         c = theory.long_context_cosine(R, Gm, n)
         im = ax.pcolormesh(R, Gm, (c - R) / (1 - R), shading="auto", cmap="magma", vmin=0, vmax=1)
         ax.plot(r, 1 / (1 - r), "c-", lw=1.5, label="gamma = 1/(1-rho)")
-        ax.set(xlabel="rho (input cosine)", ylabel="gamma = beta / log n", ylim=(0, 10), title=f"n = {n:.0e}")
+        ax.set(
+            xlabel="rho (input cosine)",
+            ylabel="gamma = beta / log n",
+            ylim=(0, 10),
+            title=f"n = {n:.0e}",
+        )
         ax.legend(fontsize=7, loc="upper left")
     fig.colorbar(im, ax=axes, label="(cos - rho) / (1 - rho): 1 collapse, 0 identity")
     paths.append(out / "long_context_map.png")
@@ -188,28 +226,47 @@ def study_long_context(out: Path, quick: bool) -> StudyReport:
     ns = [1e2, 1e3, 1e4, 1e5, 1e6] if quick else [1e2, 1e3, 1e4, 1e5, 1e6, 1e8, 1e10, 1e12]
     direct_ns = (100, 300, 1000) if quick else (100, 300, 1000, 2000, 3000)
     gammas = np.linspace(0.0, 3.0, 601)  # in units of gamma_c below
-    rep.notes.append(f"{'quick' if quick else 'full'} mode: rho in {list(RHOS)}, n in {[f'{n:.0e}' for n in ns]}, "
-                     f"601 gammas in [0, 3 gamma_c]; direct kernel sums (d = n, NumPy backend) for n in "
-                     f"{list(direct_ns)} at gamma = gamma_c/2, gamma_c, 3 gamma_c/2")
+    rep.notes.append(
+        f"{'quick' if quick else 'full'} mode: rho in {list(RHOS)}, n in {[f'{n:.0e}' for n in ns]}, "
+        f"601 gammas in [0, 3 gamma_c]; direct kernel sums (d = n, NumPy backend) for n in "
+        f"{list(direct_ns)} at gamma = gamma_c/2, gamma_c, 3 gamma_c/2"
+    )
     res: dict[tuple[float, float], dict] = {}
     for rho in RHOS:
         gc = 1.0 / (1.0 - rho)
         for n in sorted(set(ns) | set(float(m) for m in direct_ns)):
             direct = int(n) in direct_ns
-            p = parts.get({"n": n, "rho": rho, "gammas": [0.0, 3.0, 601], "direct": direct},
-                          lambda: _part(n, rho, gammas * gc, direct))
+            p = parts.get(
+                {"n": n, "rho": rho, "gammas": [0.0, 3.0, 601], "direct": direct},
+                lambda: _part(n, rho, gammas * gc, direct),
+            )
             res[(n, rho)] = p
-            row = {"rho": rho, "gamma_c": gc, "n": n, "dev_away": p["dev_away"], "slope_at_gamma_c": p["slope_c"],
-                   "slope_over_log_n": p["slope_c"] / np.log(n), "cos_at_gamma_c": p["at_c"],
-                   "limit_at_gamma_c": 4 * rho / (1 + 3 * rho)}
+            row = {
+                "rho": rho,
+                "gamma_c": gc,
+                "n": n,
+                "dev_away": p["dev_away"],
+                "slope_at_gamma_c": p["slope_c"],
+                "slope_over_log_n": p["slope_c"] / np.log(n),
+                "cos_at_gamma_c": p["at_c"],
+                "limit_at_gamma_c": 4 * rho / (1 + 3 * rho),
+            }
             if direct:
-                row.update(direct_error=p["direct_err"], direct_spread=p["direct_spread"],
-                           direct_seconds=p["direct_seconds"])
+                row.update(
+                    direct_error=p["direct_err"],
+                    direct_spread=p["direct_spread"],
+                    direct_seconds=p["direct_seconds"],
+                )
             rep.rows.append(row)
     # 1. the closed form against kernel sums
     err = max(r["direct_error"] for r in rep.rows if "direct_error" in r)
-    rep.expect(f"closed form vs wflow kernel sums on explicit equiangular tokens (n <= {max(direct_ns)}, d = n), "
-               "max |cos difference|", err, 0.0, 1e-12)
+    rep.expect(
+        f"closed form vs wflow kernel sums on explicit equiangular tokens (n <= {max(direct_ns)}, d = n), "
+        "max |cos difference|",
+        err,
+        0.0,
+        1e-12,
+    )
     # 2. limits and sharpening
     slopes = {}
     for rho in RHOS:
@@ -217,26 +274,57 @@ def study_long_context(out: Path, quick: bool) -> StudyReport:
         dev = np.array([res[(n, rho)]["dev_away"] for n in ns])
         slope = float(np.polyfit(np.log(ns[:5]), np.log(dev[:5]), 1)[0])
         slopes[rho] = slope
-        rep.expect(f"rho = {rho:g}: max deviation from the limit at |gamma - gamma_c| >= {DELTA:g} gamma_c decreases "
-                   "with n (largest ratio of consecutive n)", float(np.max(dev[1:] / dev[:-1])), 0.0, 1.0)
-        rep.expect(f"rho = {rho:g}: its fitted exponent over n = 1e2..1e6 against the predicted -{DELTA:g}",
-                   slope, -DELTA - 0.05, -DELTA + 0.05)
+        rep.expect(
+            f"rho = {rho:g}: max deviation from the limit at |gamma - gamma_c| >= {DELTA:g} gamma_c decreases "
+            "with n (largest ratio of consecutive n)",
+            float(np.max(dev[1:] / dev[:-1])),
+            0.0,
+            1.0,
+        )
+        rep.expect(
+            f"rho = {rho:g}: its fitted exponent over n = 1e2..1e6 against the predicted -{DELTA:g}",
+            slope,
+            -DELTA - 0.05,
+            -DELTA + 0.05,
+        )
         pred = -4 * rho * (1 - rho) ** 2 / (1 + 3 * rho) ** 2
         got = res[(1e6, rho)]["slope_c"] / np.log(1e6)
-        rep.expect(f"rho = {rho:g}: d cos / d gamma at gamma_c over log n at n = 1e6 against "
-                   f"-4 rho (1-rho)^2 / (1+3 rho)^2 = {pred:.5f} (ratio)", got / pred, 0.999, 1.001)
-        rep.expect(f"rho = {rho:g}: |cos - 4 rho / (1 + 3 rho)| at gamma_c, n = 1e6", abs(res[(1e6, rho)]["at_c"]
-                   - 4 * rho / (1 + 3 * rho)), 0.0, 1e-5)
-        rep.notes.append(f"rho = {rho:g}: max deviation away from gamma_c by n: "
-                         + ", ".join(f"{n:.0e}: {res[(n, rho)]['dev_away']:.4g}" for n in ns))
-    rep.notes.append("the deviation's exponent is fitted over n = 1e2..1e6, where corrections of relative size "
-                     "n^-(c-1) to the leading 2 rho (1 - rho) n^-(c-1) still bend it: "
-                     + ", ".join(f"rho = {r:g}: {s:.4f}" for r, s in slopes.items()))
+        rep.expect(
+            f"rho = {rho:g}: d cos / d gamma at gamma_c over log n at n = 1e6 against "
+            f"-4 rho (1-rho)^2 / (1+3 rho)^2 = {pred:.5f} (ratio)",
+            got / pred,
+            0.999,
+            1.001,
+        )
+        rep.expect(
+            f"rho = {rho:g}: |cos - 4 rho / (1 + 3 rho)| at gamma_c, n = 1e6",
+            abs(res[(1e6, rho)]["at_c"] - 4 * rho / (1 + 3 * rho)),
+            0.0,
+            1e-5,
+        )
+        rep.notes.append(
+            f"rho = {rho:g}: max deviation away from gamma_c by n: "
+            + ", ".join(f"{n:.0e}: {res[(n, rho)]['dev_away']:.4g}" for n in ns)
+        )
+    rep.notes.append(
+        "the deviation's exponent is fitted over n = 1e2..1e6, where corrections of relative size "
+        "n^-(c-1) to the leading 2 rho (1 - rho) n^-(c-1) still bend it: "
+        + ", ".join(f"rho = {r:g}: {s:.4f}" for r, s in slopes.items())
+    )
     if len(ns) > 5:
-        tail = {rho: float(np.polyfit(np.log(ns[-3:]), np.log([res[(n, rho)]["dev_away"] for n in ns[-3:]]), 1)[0])
-                for rho in RHOS}
-        rep.notes.append(f"exponent fitted over n = {ns[-3]:.0e}..{ns[-1]:.0e} (closed form): "
-                         + ", ".join(f"rho = {r:g}: {s:.4f}" for r, s in tail.items()) + f" (predicted -{DELTA:g})")
+        tail = {
+            rho: float(
+                np.polyfit(
+                    np.log(ns[-3:]), np.log([res[(n, rho)]["dev_away"] for n in ns[-3:]]), 1
+                )[0]
+            )
+            for rho in RHOS
+        }
+        rep.notes.append(
+            f"exponent fitted over n = {ns[-3]:.0e}..{ns[-1]:.0e} (closed form): "
+            + ", ".join(f"rho = {r:g}: {s:.4f}" for r, s in tail.items())
+            + f" (predicted -{DELTA:g})"
+        )
     rep.figures.extend(_figures(out, res, ns, gammas, slopes))
     rep.notes.append(parts.note())
     rep.seconds = time.perf_counter() - t_start

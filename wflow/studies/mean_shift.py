@@ -23,6 +23,7 @@ The field here is computed independently of wflow's kernel code: softmax weights
 The study checks the identity of the fields to 1e-12 and the identity of the runs (dopri5, same
 tolerances) at the matched times.
 """
+
 from __future__ import annotations
 
 import time
@@ -78,10 +79,14 @@ def mean_shift_field(x: Any, points: Any, weights: Any, beta: float) -> np.ndarr
     points = np.asarray(points, dtype=np.float64)
     weights = np.asarray(weights, dtype=np.float64)
     if x.ndim < 2 or points.ndim < 2 or x.shape[-1] != points.shape[-1]:
-        raise ValueError(f"x and points must have shapes (..., m, d) and (..., n, d) with the same d, got {x.shape} "
-                         f"and {points.shape}")
+        raise ValueError(
+            f"x and points must have shapes (..., m, d) and (..., n, d) with the same d, got {x.shape} "
+            f"and {points.shape}"
+        )
     if weights.shape[-1] != points.shape[-2]:
-        raise ValueError(f"weights must have shape (..., n) with n = {points.shape[-2]}, got {weights.shape}")
+        raise ValueError(
+            f"weights must have shape (..., n) with n = {points.shape[-2]}, got {weights.shape}"
+        )
     if np.any(weights < 0) or not np.all(np.isfinite(weights)):
         raise ValueError("weights must be finite and >= 0")
     if not np.isfinite(beta) or beta < 0:
@@ -167,16 +172,38 @@ def run_gap(beta: float, x0: np.ndarray, t_end: float, n_saves: int = 5) -> dict
     r"""Mean shift to ``t_end`` and SA to :math:`\beta t_{end}` (dopri5, rtol 1e-11): largest gap at matched times."""
     times = np.linspace(0.0, t_end, n_saves)
     t_ms = time.perf_counter()
-    ms = simulate(MeanShift(beta), x0, t_end, save_at=times, method="dopri5", rtol=RTOL, atol=ATOL,
-                  diagnostics=())
+    ms = simulate(
+        MeanShift(beta),
+        x0,
+        t_end,
+        save_at=times,
+        method="dopri5",
+        rtol=RTOL,
+        atol=ATOL,
+        diagnostics=(),
+    )
     t_ms = time.perf_counter() - t_ms
     t_sa = time.perf_counter()
-    sa = simulate(SA(beta), x0, beta * t_end, save_at=beta * times, method="dopri5", rtol=RTOL, atol=ATOL,
-                  diagnostics=())
+    sa = simulate(
+        SA(beta),
+        x0,
+        beta * t_end,
+        save_at=beta * times,
+        method="dopri5",
+        rtol=RTOL,
+        atol=ATOL,
+        diagnostics=(),
+    )
     t_sa = time.perf_counter() - t_sa
     gaps = np.abs(ms.points - sa.points).max(axis=tuple(range(1, ms.points.ndim)))
     moved = np.abs(ms.points[-1] - ms.points[0]).max()
-    return {"times": times, "gaps": gaps, "moved": float(moved), "seconds_ms": t_ms, "seconds_sa": t_sa}
+    return {
+        "times": times,
+        "gaps": gaps,
+        "moved": float(moved),
+        "seconds_ms": t_ms,
+        "seconds_sa": t_sa,
+    }
 
 
 @register("mean-shift", group="papers")
@@ -198,35 +225,78 @@ def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
     configs = _configurations(0, n_configs)
     field_rows = []
     for beta in BETAS:
-        g = parts.get({"part": "field", "beta": beta, "configs": n_configs},
-                      lambda: dict(zip(("gap", "size"), field_gap(beta, configs))))
+        g = parts.get(
+            {"part": "field", "beta": beta, "configs": n_configs},
+            lambda: dict(zip(("gap", "size"), field_gap(beta, configs))),
+        )
         field_rows.append((beta, g["gap"], g["size"]))
-        rep.rows.append({"check": "field", "beta": beta, "configs": n_configs, "max_abs_gap": g["gap"],
-                         "max_abs_field": g["size"]})
-        rep.expect(f"beta={beta:g}: max |v_MS - beta v_SA| over {n_configs} random clouds (d = 2, 3, 8)",
-                   g["gap"], 0.0, 1e-12)
+        rep.rows.append(
+            {
+                "check": "field",
+                "beta": beta,
+                "configs": n_configs,
+                "max_abs_gap": g["gap"],
+                "max_abs_field": g["size"],
+            }
+        )
+        rep.expect(
+            f"beta={beta:g}: max |v_MS - beta v_SA| over {n_configs} random clouds (d = 2, 3, 8)",
+            g["gap"],
+            0.0,
+            1e-12,
+        )
     # runs: a batch of clouds, mean shift to t_end against SA to beta t_end
     n, d = (24, 3) if quick else (64, 3)
     batch = 4 if quick else 16
     runs = {}
     for beta in BETAS:
-        t_end = 1.0 if beta <= 3 else 0.25  # SA time beta t_end: 0.5, 3, 5 -- clustering well under way
+        t_end = (
+            1.0 if beta <= 3 else 0.25
+        )  # SA time beta t_end: 0.5, 3, 5 -- clustering well under way
         x0 = uniform(n, d, np.random.default_rng([11, int(beta * 10)]), batch=(batch,))
-        r = parts.get({"part": "run", "beta": beta, "n": n, "d": d, "batch": batch, "t_end": t_end,
-                       "rtol": RTOL}, lambda: run_gap(beta, x0, t_end))
+        r = parts.get(
+            {
+                "part": "run",
+                "beta": beta,
+                "n": n,
+                "d": d,
+                "batch": batch,
+                "t_end": t_end,
+                "rtol": RTOL,
+            },
+            lambda: run_gap(beta, x0, t_end),
+        )
         runs[beta] = r
         for t, g in zip(r["times"], r["gaps"]):
-            rep.rows.append({"check": "run", "beta": beta, "t_mean_shift": float(t), "t_sa": float(beta * t),
-                             "n": n, "d": d, "batch": batch, "max_abs_gap": float(g)})
-        rep.expect(f"beta={beta:g}: max |x_MS(t) - x_SA(beta t)| over t <= {t_end:g}, {batch} clouds of n={n} "
-                   f"(dopri5, rtol {RTOL:g}; particles moved up to {r['moved']:.2f})", float(r["gaps"].max()),
-                   0.0, 1e-8)
-        rep.notes.append(f"beta={beta:g}: mean-shift run {r['seconds_ms']:.2f} s, SA run {r['seconds_sa']:.2f} s; "
-                         f"largest gap {r['gaps'].max():.2e}")
+            rep.rows.append(
+                {
+                    "check": "run",
+                    "beta": beta,
+                    "t_mean_shift": float(t),
+                    "t_sa": float(beta * t),
+                    "n": n,
+                    "d": d,
+                    "batch": batch,
+                    "max_abs_gap": float(g),
+                }
+            )
+        rep.expect(
+            f"beta={beta:g}: max |x_MS(t) - x_SA(beta t)| over t <= {t_end:g}, {batch} clouds of n={n} "
+            f"(dopri5, rtol {RTOL:g}; particles moved up to {r['moved']:.2f})",
+            float(r["gaps"].max()),
+            0.0,
+            1e-8,
+        )
+        rep.notes.append(
+            f"beta={beta:g}: mean-shift run {r['seconds_ms']:.2f} s, SA run {r['seconds_sa']:.2f} s; "
+            f"largest gap {r['gaps'].max():.2e}"
+        )
     rep.notes.append(parts.note())
-    rep.notes.append("Cheng (1995), Mean shift, mode seeking, and clustering, IEEE TPAMI 17(8); blurring mean "
-                     "shift moves the data themselves.  The field is beta times SA's: the runs are the same "
-                     "trajectories at time beta t.")
+    rep.notes.append(
+        "Cheng (1995), Mean shift, mode seeking, and clustering, IEEE TPAMI 17(8); blurring mean "
+        "shift moves the data themselves.  The field is beta times SA's: the runs are the same "
+        "trajectories at time beta t."
+    )
     rep.figures.append(_figure(out, field_rows, runs))
     rep.seconds = time.perf_counter() - start
     return rep
@@ -249,7 +319,9 @@ def _figure(out: Path, field_rows, runs) -> Path:
     axes[0].set_title("fields on random clouds")
     axes[0].legend(fontsize=7)
     for beta, r in runs.items():
-        axes[1].semilogy(r["times"][1:], np.maximum(r["gaps"][1:], 1e-18), "o-", label=f"β = {beta:g}")
+        axes[1].semilogy(
+            r["times"][1:], np.maximum(r["gaps"][1:], 1e-18), "o-", label=f"β = {beta:g}"
+        )
     axes[1].axhline(1e-8, color="k", ls=":", lw=0.8, label="tolerance 1e-8")
     axes[1].set_xlabel("mean-shift time t (SA time β t)")
     axes[1].set_ylabel("max |x_MS(t) - x_SA(βt)| (chordal)")

@@ -50,6 +50,7 @@ largest Fourier coefficient reaches :data:`AMPLITUDE` (density modulation :math:
   (:func:`linear_prediction`), and in the full mode (iii) the number of runs selecting
   :math:`\ell^*` against :func:`selection_probability`.
 """
+
 from __future__ import annotations
 
 import time
@@ -70,9 +71,21 @@ from ..theory import growth_rate, most_unstable_mode
 from .parts import Parts
 from .report import StudyReport, register
 
-__all__ = ["metastable", "fourier_coefficients", "smoothed_density", "count_peaks", "predicted_angles",
-           "angle_error", "degree_spectrum", "selection_probability", "resolved_modes", "competitor_ratio",
-           "linear_prediction", "fit_growth", "PLANS"]
+__all__ = [
+    "metastable",
+    "fourier_coefficients",
+    "smoothed_density",
+    "count_peaks",
+    "predicted_angles",
+    "angle_error",
+    "degree_spectrum",
+    "selection_probability",
+    "resolved_modes",
+    "competitor_ratio",
+    "linear_prediction",
+    "fit_growth",
+    "PLANS",
+]
 
 #: largest Fourier coefficient |c_k| that ends the linear phase (density 1 + 2|c| cos: +-50 %)
 AMPLITUDE = 0.25
@@ -98,16 +111,31 @@ FIT_MAX = 0.01
 FIT_TOL = 0.1
 
 PLANS: dict[str, dict[str, Any]] = {
-    "quick": {"betas": (2.0, 5.0, 10.0), "n": 5000, "seeds": 2, "fv_cells": 256,
-              "s2_betas": (5.0,), "s2_n": 1500, "s2_seeds": 1},
-    "full": {"betas": (1.0, 2.0, 5.0, 7.0, 10.0, 20.0), "n": 20_000, "seeds": 5, "fv_cells": 512,
-             "s2_betas": (2.0, 5.0, 10.0), "s2_n": 3000, "s2_seeds": 2},
+    "quick": {
+        "betas": (2.0, 5.0, 10.0),
+        "n": 5000,
+        "seeds": 2,
+        "fv_cells": 256,
+        "s2_betas": (5.0,),
+        "s2_n": 1500,
+        "s2_seeds": 1,
+    },
+    "full": {
+        "betas": (1.0, 2.0, 5.0, 7.0, 10.0, 20.0),
+        "n": 20_000,
+        "seeds": 5,
+        "fv_cells": 512,
+        "s2_betas": (2.0, 5.0, 10.0),
+        "s2_n": 3000,
+        "s2_seeds": 2,
+    },
 }
 
 
 # ----------------------------------------------------------------------------------------------------
 # measurements
 # ----------------------------------------------------------------------------------------------------
+
 
 def fourier_coefficients(theta, k_max: int = K_MAX, weights=None) -> np.ndarray:
     r""":math:`\hat c_k = \sum_i w_i e^{-ik\theta_i}` for :math:`k = 1..k_{\max}` (uniform weights by default).
@@ -123,7 +151,11 @@ def fourier_coefficients(theta, k_max: int = K_MAX, weights=None) -> np.ndarray:
     array([0., 1., 0., 1.])
     """
     theta = np.asarray(theta, dtype=float).ravel()
-    w = np.full(theta.size, 1.0 / theta.size) if weights is None else np.asarray(weights, float).ravel() / np.sum(weights)
+    w = (
+        np.full(theta.size, 1.0 / theta.size)
+        if weights is None
+        else np.asarray(weights, float).ravel() / np.sum(weights)
+    )
     k = np.arange(1, k_max + 1)
     return np.exp(-1j * np.outer(k, theta)) @ w
 
@@ -224,7 +256,7 @@ def degree_spectrum(points, ell_max: int = L_MAX, chunk: int = 2048) -> np.ndarr
     n = x.shape[0]
     out = np.zeros(ell_max + 1)
     for s in range(0, n, chunk):
-        t = np.clip(x[s:s + chunk] @ x.T, -1.0, 1.0)
+        t = np.clip(x[s : s + chunk] @ x.T, -1.0, 1.0)
         p0, p1 = np.ones_like(t), t
         out[0] += p0.sum()
         if ell_max >= 1:
@@ -274,6 +306,7 @@ def selection_probability(rates, t: float, winner: int | None = None, shape=None
     i = int(np.argmax(lam)) if winner is None else int(winner)
     r = np.exp(-2 * (lam[i] - np.delete(lam, i)) * t)  # w_k / w_*
     if shape is None:
+
         def f(x: float) -> float:
             return float(np.exp(-x) * np.prod(-np.expm1(-x / r)))
     else:
@@ -310,7 +343,7 @@ def linear_prediction(spectrum0, rates, t: float) -> np.ndarray:
     array([0.1     , 0.738906])
     """
     lam = np.asarray(rates, dtype=float)
-    return np.asarray(spectrum0, dtype=float)[1:lam.size + 1] * np.exp(2 * lam * t)
+    return np.asarray(spectrum0, dtype=float)[1 : lam.size + 1] * np.exp(2 * lam * t)
 
 
 def fit_growth(series, times, max_power: float = FIT_MAX) -> np.ndarray:
@@ -339,6 +372,7 @@ def fit_growth(series, times, max_power: float = FIT_MAX) -> np.ndarray:
 # runs (one part each)
 # ----------------------------------------------------------------------------------------------------
 
+
 def _angles(points: np.ndarray) -> np.ndarray:
     return np.arctan2(points[..., 1], points[..., 0]).ravel()
 
@@ -349,10 +383,23 @@ def _circle_summary(theta_lin, weights, c0, t_lin, series, times, beta) -> dict[
     dens = smoothed_density(theta_lin, weights=weights)
     n_peaks, idx = count_peaks(dens)
     peaks = grid_angles(dens.size)[idx]
-    err = angle_error(peaks, predicted_angles(c0[k_star - 1], k_star)) if n_peaks == k_star else float("nan")
-    return {"t_lin": float(t_lin), "k_dom": int(np.argmax(np.abs(c)) + 1), "n_peaks": n_peaks,
-            "angle_error": err, "peaks": peaks, "density": dens, "c0": c0, "c_lin": c,
-            "series": np.asarray(series), "times": np.asarray(times)}
+    err = (
+        angle_error(peaks, predicted_angles(c0[k_star - 1], k_star))
+        if n_peaks == k_star
+        else float("nan")
+    )
+    return {
+        "t_lin": float(t_lin),
+        "k_dom": int(np.argmax(np.abs(c)) + 1),
+        "n_peaks": n_peaks,
+        "angle_error": err,
+        "peaks": peaks,
+        "density": dens,
+        "c0": c0,
+        "c_lin": c,
+        "series": np.asarray(series),
+        "times": np.asarray(times),
+    }
 
 
 def run_particles(beta: float, n: int, seed: int) -> dict[str, Any]:
@@ -367,8 +414,17 @@ def run_particles(beta: float, n: int, seed: int) -> dict[str, Any]:
         times.append(t)
         return c.max() >= AMPLITUDE
 
-    tr = simulate(SA(beta), x0, T_MAX, dt=DT, save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE), backend="spectral",
-                  diagnostics=(), callback=stop, keep=False)
+    tr = simulate(
+        SA(beta),
+        x0,
+        T_MAX,
+        dt=DT,
+        save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE),
+        backend="spectral",
+        diagnostics=(),
+        callback=stop,
+        keep=False,
+    )
     return _circle_summary(_angles(tr.points[-1]), None, c0, tr.times[-1], series, times, beta)
 
 
@@ -398,8 +454,15 @@ def run_fv(beta: float, cells: int, seed: int) -> dict[str, Any]:
         times.append(t)
         return c.max() >= AMPLITUDE
 
-    sol = solve_density(SA(beta), rho0, T_MAX, save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE), backend="spectral",
-                        callback=stop, keep=False)
+    sol = solve_density(
+        SA(beta),
+        rho0,
+        T_MAX,
+        save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE),
+        backend="spectral",
+        callback=stop,
+        keep=False,
+    )
     return _circle_summary(th, sol.values[-1] * mesh.areas, c0, sol.times[-1], series, times, beta)
 
 
@@ -414,16 +477,32 @@ def run_sphere(beta: float, n: int, seed: int) -> dict[str, Any]:
         times.append(t)
         return a[1:].max() >= AMPLITUDE**2
 
-    tr = simulate(SA(beta), x0, T_MAX, dt=DT, save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE), diagnostics=(),
-                  backend="spectral", callback=stop, keep=False)
+    tr = simulate(
+        SA(beta),
+        x0,
+        T_MAX,
+        dt=DT,
+        save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE),
+        diagnostics=(),
+        backend="spectral",
+        callback=stop,
+        keep=False,
+    )
     a = np.asarray(spectra)
-    return {"t_lin": float(tr.times[-1]), "l_dom": int(np.argmax(a[-1, 1:]) + 1), "spectrum0": a[0],
-            "spectrum": a[-1], "series": a, "times": np.asarray(times)}
+    return {
+        "t_lin": float(tr.times[-1]),
+        "l_dom": int(np.argmax(a[-1, 1:]) + 1),
+        "spectrum0": a[0],
+        "spectrum": a[-1],
+        "series": a,
+        "times": np.asarray(times),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
 # the study
 # ----------------------------------------------------------------------------------------------------
+
 
 @register("metastable", group="papers")
 def metastable(out: Path, quick: bool = True) -> StudyReport:
@@ -449,23 +528,53 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
         k_star = most_unstable_mode(beta, 2, "SA")
         lam = growth_rate(ks, beta, 2, "SA")
         t0 = time.perf_counter()
-        fv = parts.get({"solver": "fv", "beta": beta, "cells": plan["fv_cells"], "seed": 0, "eps": FV_EPS,
-                        "amplitude": AMPLITUDE, "sigma": SIGMA, "prominence": PROMINENCE}, lambda: run_fv(beta, plan["fv_cells"], 0))
+        fv = parts.get(
+            {
+                "solver": "fv",
+                "beta": beta,
+                "cells": plan["fv_cells"],
+                "seed": 0,
+                "eps": FV_EPS,
+                "amplitude": AMPLITUDE,
+                "sigma": SIGMA,
+                "prominence": PROMINENCE,
+            },
+            lambda: run_fv(beta, plan["fv_cells"], 0),
+        )
         t_fv = time.perf_counter() - t0
         results[("fv", beta, 0)] = fv
         rep.rows.append(_row("fv", beta, 0, plan["fv_cells"], k_star, fv, lam))
         near = resolved_modes(lam, fv["t_lin"])
-        rep.expect(f"beta={beta:g} finite volume: dominant mode {fv['k_dom']} in the modes the linear phase cannot "
-                   f"separate from k*={k_star}, {near} (1 = yes)", float(fv["k_dom"] in near), 1, 1)
-        rep.expect(f"beta={beta:g} finite volume: {fv['n_peaks']} density peaks in {near} (1 = yes)",
-                   float(fv["n_peaks"] in near), 1, 1)
+        rep.expect(
+            f"beta={beta:g} finite volume: dominant mode {fv['k_dom']} in the modes the linear phase cannot "
+            f"separate from k*={k_star}, {near} (1 = yes)",
+            float(fv["k_dom"] in near),
+            1,
+            1,
+        )
+        rep.expect(
+            f"beta={beta:g} finite volume: {fv['n_peaks']} density peaks in {near} (1 = yes)",
+            float(fv["n_peaks"] in near),
+            1,
+            1,
+        )
         _collect_error(fv, k_star, errors, errors_all)
         t0 = time.perf_counter()
         agree, probs = [], []
         for seed in range(plan["seeds"]):
-            p = parts.get({"solver": "particles", "beta": beta, "n": plan["n"], "seed": seed, "dt": DT,
-                           "amplitude": AMPLITUDE, "sigma": SIGMA, "prominence": PROMINENCE},
-                          lambda: run_particles(beta, plan["n"], seed))
+            p = parts.get(
+                {
+                    "solver": "particles",
+                    "beta": beta,
+                    "n": plan["n"],
+                    "seed": seed,
+                    "dt": DT,
+                    "amplitude": AMPLITUDE,
+                    "sigma": SIGMA,
+                    "prominence": PROMINENCE,
+                },
+                lambda: run_particles(beta, plan["n"], seed),
+            )
             results[("particles", beta, seed)] = p
             rep.rows.append(_row("particles", beta, seed, plan["n"], k_star, p, lam))
             prob = selection_probability(lam, p["t_lin"])
@@ -477,23 +586,40 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
         matches += sum(agree)
         n_runs += len(agree)
         peaks = [results[("particles", beta, s)]["n_peaks"] for s in range(plan["seeds"])]
-        rep.notes.append(f"beta={beta:g}: k*={k_star} (rates {', '.join(f'{x:.3f}' for x in lam[:8])}); FV t_lin="
-                         f"{fv['t_lin']:.1f}, mode {fv['k_dom']}, {fv['n_peaks']} peaks ({t_fv:.1f} s); particles "
-                         f"N={plan['n']}: dominant modes {[results[('particles', beta, s)]['k_dom'] for s in range(plan['seeds'])]}, "
-                         f"peaks {peaks}, linear-theory P(k* wins) {np.mean(probs):.2f} ({t_p:.1f} s)")
+        rep.notes.append(
+            f"beta={beta:g}: k*={k_star} (rates {', '.join(f'{x:.3f}' for x in lam[:8])}); FV t_lin="
+            f"{fv['t_lin']:.1f}, mode {fv['k_dom']}, {fv['n_peaks']} peaks ({t_fv:.1f} s); particles "
+            f"N={plan['n']}: dominant modes {[results[('particles', beta, s)]['k_dom'] for s in range(plan['seeds'])]}, "
+            f"peaks {peaks}, linear-theory P(k* wins) {np.mean(probs):.2f} ({t_p:.1f} s)"
+        )
     # particles: the number of seeds selecting k* against the linear theory's expected number (binomial 2 sigma)
-    sd = np.sqrt(max(sum(r["p_kstar"] * (1 - r["p_kstar"]) for r in rep.rows if r["solver"] == "particles"), 0.25))
-    rep.expect(f"particles: runs selecting k* ({matches}/{n_runs}) - linear-theory expectation "
-               f"({expected_matches:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",
-               (matches - expected_matches) / sd, -2.0, np.inf)
+    sd = np.sqrt(
+        max(
+            sum(r["p_kstar"] * (1 - r["p_kstar"]) for r in rep.rows if r["solver"] == "particles"),
+            0.25,
+        )
+    )
+    rep.expect(
+        f"particles: runs selecting k* ({matches}/{n_runs}) - linear-theory expectation "
+        f"({expected_matches:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",
+        (matches - expected_matches) / sd,
+        -2.0,
+        np.inf,
+    )
     # the phase of mode k* predicts the peaks where the linear phase has separated k* (module docstring)
-    rep.expect(f"angle error of the peaks vs the initial phase of mode k*, in units of half the spacing pi/k* "
-               f"(max over the {len(errors)} runs with k* peaks, dominant mode k* and every other mode below "
-               f"{SEPARATION:g} |c_k*|; median {np.median(errors) if errors else float('nan'):.2f})",
-               max(errors) if errors else float("nan"), 0.0, 0.5)
+    rep.expect(
+        f"angle error of the peaks vs the initial phase of mode k*, in units of half the spacing pi/k* "
+        f"(max over the {len(errors)} runs with k* peaks, dominant mode k* and every other mode below "
+        f"{SEPARATION:g} |c_k*|; median {np.median(errors) if errors else float('nan'):.2f})",
+        max(errors) if errors else float("nan"),
+        0.0,
+        0.5,
+    )
     if errors_all:
-        rep.notes.append(f"angle error / (pi/k*) over all {len(errors_all)} runs with k* peaks and dominant mode k*, "
-                         f"separated or not: median {np.median(errors_all):.2f}, max {max(errors_all):.2f}")
+        rep.notes.append(
+            f"angle error / (pi/k*) over all {len(errors_all)} runs with k* peaks and dominant mode k*, "
+            f"separated or not: median {np.median(errors_all):.2f}, max {max(errors_all):.2f}"
+        )
     s2_matches, s2_expected, s2_var = 0, 0.0, 0.0
     ells = np.arange(1, L_MAX + 1)
     for beta in plan["s2_betas"]:
@@ -501,8 +627,17 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
         lam3 = growth_rate(ells, beta, 3, "SA")
         for seed in range(plan["s2_seeds"]):
             t0 = time.perf_counter()
-            s = parts.get({"solver": "particles-s2", "beta": beta, "n": plan["s2_n"], "seed": seed, "dt": DT,
-                           "amplitude": AMPLITUDE}, lambda: run_sphere(beta, plan["s2_n"], seed))
+            s = parts.get(
+                {
+                    "solver": "particles-s2",
+                    "beta": beta,
+                    "n": plan["s2_n"],
+                    "seed": seed,
+                    "dt": DT,
+                    "amplitude": AMPLITUDE,
+                },
+                lambda: run_sphere(beta, plan["s2_n"], seed),
+            )
             results[("s2", beta, seed)] = s
             slope = fit_growth(s["series"], s["times"])[l_star]
             pred = linear_prediction(s["spectrum0"], lam3, s["t_lin"])
@@ -511,26 +646,53 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
             s2_matches += int(s["l_dom"] == l_star)
             s2_expected += prob
             s2_var += prob * (1 - prob)
-            rep.rows.append({"solver": "particles-s2", "beta": beta, "seed": seed, "size": plan["s2_n"],
-                             "k_star": l_star, "t_lin": s["t_lin"], "k_dom": s["l_dom"],
-                             "rate_kdom": float(lam3[s["l_dom"] - 1]), "rate_kstar": float(lam3[l_star - 1]),
-                             "p_kstar": prob, "slope_kstar": float(slope), "k_pred": int(np.argmax(pred) + 1)})
-            rep.expect(f"S^2 beta={beta:g} seed {seed}: growth of A_l* (l*={l_star}) over the linear phase "
-                       f"(max A_l <= {FIT_MAX:g}) / 2 lambda_l*", slope / (2 * lam3[l_star - 1]), 1 - FIT_TOL, 1 + FIT_TOL)
-            rep.expect(f"S^2 beta={beta:g} seed {seed}: dominant degree {s['l_dom']} among the degrees the linear theory "
-                       f"from the measured initial spectrum does not separate at t_lin, {pred_set} (1 = yes)",
-                       float(s["l_dom"] in pred_set), 1, 1)
-            rep.notes.append(f"S^2 beta={beta:g} seed {seed}: l*={l_star}, dominant {s['l_dom']}, predicted from "
-                             f"N A_l(0) = {', '.join(f'{x:.2f}' for x in s['spectrum0'][1:7] * plan['s2_n'])}: "
-                             f"{int(np.argmax(pred) + 1)}; P(l* wins) {prob:.2f}; t_lin={s['t_lin']:.1f}, A_l = "
-                             f"{', '.join(f'{x:.3f}' for x in s['spectrum'][1:9])} ({time.perf_counter() - t0:.1f} s)")
+            rep.rows.append(
+                {
+                    "solver": "particles-s2",
+                    "beta": beta,
+                    "seed": seed,
+                    "size": plan["s2_n"],
+                    "k_star": l_star,
+                    "t_lin": s["t_lin"],
+                    "k_dom": s["l_dom"],
+                    "rate_kdom": float(lam3[s["l_dom"] - 1]),
+                    "rate_kstar": float(lam3[l_star - 1]),
+                    "p_kstar": prob,
+                    "slope_kstar": float(slope),
+                    "k_pred": int(np.argmax(pred) + 1),
+                }
+            )
+            rep.expect(
+                f"S^2 beta={beta:g} seed {seed}: growth of A_l* (l*={l_star}) over the linear phase "
+                f"(max A_l <= {FIT_MAX:g}) / 2 lambda_l*",
+                slope / (2 * lam3[l_star - 1]),
+                1 - FIT_TOL,
+                1 + FIT_TOL,
+            )
+            rep.expect(
+                f"S^2 beta={beta:g} seed {seed}: dominant degree {s['l_dom']} among the degrees the linear theory "
+                f"from the measured initial spectrum does not separate at t_lin, {pred_set} (1 = yes)",
+                float(s["l_dom"] in pred_set),
+                1,
+                1,
+            )
+            rep.notes.append(
+                f"S^2 beta={beta:g} seed {seed}: l*={l_star}, dominant {s['l_dom']}, predicted from "
+                f"N A_l(0) = {', '.join(f'{x:.2f}' for x in s['spectrum0'][1:7] * plan['s2_n'])}: "
+                f"{int(np.argmax(pred) + 1)}; P(l* wins) {prob:.2f}; t_lin={s['t_lin']:.1f}, A_l = "
+                f"{', '.join(f'{x:.3f}' for x in s['spectrum'][1:9])} ({time.perf_counter() - t0:.1f} s)"
+            )
     if not quick:
         # like the circle: l* at least as often as the linear theory with chi^2_{2l+1} initial powers expects
         sd = np.sqrt(max(s2_var, 0.25))
         n_s2 = len(plan["s2_betas"]) * plan["s2_seeds"]
-        rep.expect(f"S^2 particles: runs selecting l* ({s2_matches}/{n_s2}) - linear-theory expectation "
-                   f"({s2_expected:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",
-                   (s2_matches - s2_expected) / sd, -2.0, np.inf)
+        rep.expect(
+            f"S^2 particles: runs selecting l* ({s2_matches}/{n_s2}) - linear-theory expectation "
+            f"({s2_expected:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",
+            (s2_matches - s2_expected) / sd,
+            -2.0,
+            np.inf,
+        )
     rep.notes.append(parts.note())
     rep.figures.append(_figure(results, plan, out))
     rep.seconds = time.perf_counter() - start
@@ -547,12 +709,25 @@ def _collect_error(r, k_star, errors, errors_all) -> None:
 
 
 def _row(solver, beta, seed, size, k_star, r, lam) -> dict[str, Any]:
-    return {"solver": solver, "beta": beta, "seed": seed, "size": size, "k_star": k_star, "t_lin": r["t_lin"],
-            "k_dom": r["k_dom"], "n_peaks": r["n_peaks"], "angle_error": r["angle_error"],
-            "rate_kdom": float(lam[r["k_dom"] - 1]), "rate_kstar": float(lam[k_star - 1]),
-            "p_kstar": selection_probability(lam, r["t_lin"]) if solver == "particles" else float("nan"),
-            "c_kstar_0": float(abs(r["c0"][k_star - 1])), "c_kstar_lin": float(abs(r["c_lin"][k_star - 1])),
-            "competitor_ratio": competitor_ratio(r["c_lin"], k_star)}
+    return {
+        "solver": solver,
+        "beta": beta,
+        "seed": seed,
+        "size": size,
+        "k_star": k_star,
+        "t_lin": r["t_lin"],
+        "k_dom": r["k_dom"],
+        "n_peaks": r["n_peaks"],
+        "angle_error": r["angle_error"],
+        "rate_kdom": float(lam[r["k_dom"] - 1]),
+        "rate_kstar": float(lam[k_star - 1]),
+        "p_kstar": selection_probability(lam, r["t_lin"])
+        if solver == "particles"
+        else float("nan"),
+        "c_kstar_0": float(abs(r["c0"][k_star - 1])),
+        "c_kstar_lin": float(abs(r["c_lin"][k_star - 1])),
+        "competitor_ratio": competitor_ratio(r["c_lin"], k_star),
+    }
 
 
 def _figure(results, plan, out: Path) -> Path:
@@ -571,7 +746,14 @@ def _figure(results, plan, out: Path) -> Path:
         th = grid_angles(fv["density"].size)
         ax.plot(th, fv["density"], "k-", lw=1.2, label=f"finite volume, t={fv['t_lin']:.1f}")
         p = results[("particles", beta, 0)]
-        ax.plot(th, p["density"], "-", color="C1", lw=1, label=f"particles N={plan['n']}, t={p['t_lin']:.1f}")
+        ax.plot(
+            th,
+            p["density"],
+            "-",
+            color="C1",
+            lw=1,
+            label=f"particles N={plan['n']}, t={p['t_lin']:.1f}",
+        )
         for a in predicted_angles(fv["c0"][k_star - 1], k_star):
             ax.axvline(a, color="k", ls=":", lw=0.8)
         for a in predicted_angles(p["c0"][k_star - 1], k_star):
@@ -586,7 +768,9 @@ def _figure(results, plan, out: Path) -> Path:
         vals, num = np.unique(counts, return_counts=True)
         ax2 = ax.twinx()
         ax2.bar(vals, num, width=0.4, color="C1", alpha=0.5, label="particle runs with k peaks")
-        ax2.bar([fv["n_peaks"] + 0.3], [1], width=0.2, color="k", alpha=0.7, label="finite volume peaks")
+        ax2.bar(
+            [fv["n_peaks"] + 0.3], [1], width=0.2, color="k", alpha=0.7, label="finite volume peaks"
+        )
         ax2.set_ylim(0, plan["seeds"] + 1)
         ax.axvline(k_star, color="C3", ls="--", lw=0.8)
         ax.set_xlabel("mode k")

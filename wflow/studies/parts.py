@@ -18,6 +18,7 @@ never hands its parts to a full one, and a part whose parameters changed is reco
 >>> parts.get({"beta": 1.0}, compute)["rate"], parts.get({"beta": 1.0}, compute)["rate"], len(calls)
 (0.5, 0.5, 1)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,9 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +61,9 @@ def workers(n: int) -> Iterator[None]:
         _WORKERS = before
 
 
-def _compute_part(out: str, study: str, quick: bool, key: dict[str, Any], fn: Callable, args: tuple) -> float:
+def _compute_part(
+    out: str, study: str, quick: bool, key: dict[str, Any], fn: Callable, args: tuple
+) -> float:
     """On a worker: compute and store one part (unless another run stored it meanwhile); returns the seconds."""
     import time
 
@@ -110,14 +114,20 @@ class Parts:
         ``compute`` returns a dict of names to arrays or numbers; they come back as arrays (numbers as
         0-d arrays converted back with ``.item()``)."""
         if not isinstance(key, dict):
-            raise TypeError(f"key must be a dict of the part's parameters, got {type(key).__name__}")
+            raise TypeError(
+                f"key must be a dict of the part's parameters, got {type(key).__name__}"
+            )
         name, text = self._name(key)
         path = self.folder / f"{name}.npz"
         if path.exists():
             with np.load(path, allow_pickle=False) as z:
                 if str(z["__key__"]) == text:
                     self.reused += 1
-                    return {k: (z[k].item() if z[k].ndim == 0 else z[k]) for k in z.files if k != "__key__"}
+                    return {
+                        k: (z[k].item() if z[k].ndim == 0 else z[k])
+                        for k in z.files
+                        if k != "__key__"
+                    }
         value = compute()
         if not isinstance(value, dict):
             raise TypeError(f"a part must return a dict of arrays, got {type(value).__name__}")
@@ -126,7 +136,10 @@ class Parts:
         np.savez(tmp, __key__=np.array(text), **{k: np.asarray(v) for k, v in value.items()})
         os.replace(tmp, path)
         self.computed += 1
-        return {k: (np.asarray(v).item() if np.ndim(v) == 0 else np.asarray(v)) for k, v in value.items()}
+        return {
+            k: (np.asarray(v).item() if np.ndim(v) == 0 else np.asarray(v))
+            for k, v in value.items()
+        }
 
     def has(self, key: dict[str, Any]) -> bool:
         """Whether part ``key`` is stored (by this run or an earlier one)."""
@@ -160,14 +173,31 @@ class Parts:
         log = logging.getLogger(__name__)
         errors = []
         try:
-            futures = [client.submit(_compute_part, str(self.out), self.study, self.quick, k, f, a, pure=False,
-                                     retries=2) for k, f, a in missing]
+            futures = [
+                client.submit(
+                    _compute_part,
+                    str(self.out),
+                    self.study,
+                    self.quick,
+                    k,
+                    f,
+                    a,
+                    pure=False,
+                    retries=2,
+                )
+                for k, f, a in missing
+            ]
             for fut in as_completed(futures):
                 try:
                     fut.result()
                 except Exception as exc:  # noqa: BLE001 - the other parts go on; the first error is raised
                     errors.append(exc)
-            log.info("%s: %d parts computed on %d workers", self.study, len(missing) - len(errors), _WORKERS)
+            log.info(
+                "%s: %d parts computed on %d workers",
+                self.study,
+                len(missing) - len(errors),
+                _WORKERS,
+            )
         finally:
             client.close()
             if cluster is not None:

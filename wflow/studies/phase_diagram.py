@@ -34,12 +34,14 @@ original scheme behind the projected one in checkpoints, and the largest distanc
 from the dopri5 curve.  Every :math:`(d, \beta, \text{scheme}, \text{chunk})` is one part of
 :class:`~wflow.studies.parts.Parts`: an interrupted full run resumes where it stopped.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,8 +52,20 @@ from ..theory import equiangular_time
 from .parts import Parts
 from .report import StudyReport, register
 
-__all__ = ["phase_diagram_study", "SCHEMES", "QUICK", "FULL", "checkpoints", "t_end_for", "initial_points",
-           "pair_fraction_curves", "crossing_time", "density_curve", "curve_part", "plot_heat"]
+__all__ = [
+    "phase_diagram_study",
+    "SCHEMES",
+    "QUICK",
+    "FULL",
+    "checkpoints",
+    "t_end_for",
+    "initial_points",
+    "pair_fraction_curves",
+    "crossing_time",
+    "density_curve",
+    "curve_part",
+    "plot_heat",
+]
 
 #: tokens, the published horizon and number of checkpoints, the pair threshold
 N_TOKENS = 32
@@ -75,12 +89,24 @@ SCHEMES: dict[str, dict[str, Any]] = {
 #: dimensions where the eta = 0.01 schemes run (the step's effect does not depend on d; in d = 1024 they alone
 #: would take ~40 CPU hours here); systems of the heat map; systems of the scheme comparison (the first
 #: chunks: every scheme on the same starts, the published one included); systems per batched call (one part each)
-QUICK: dict[str, Any] = {"dims": (8, 128), "heat_betas": (1.0, 2.0, 3.0, 4.0, 5.0, 6.0),
-                         "compare_betas": (1.0, 3.0, 5.0), "fine_dims": (8,), "systems": 24, "compare_systems": 24,
-                         "chunk": 256}
-FULL: dict[str, Any] = {"dims": (8, 128, 1024), "heat_betas": tuple(round(float(b), 6) for b in np.linspace(0.1, 9, 90)),
-                        "compare_betas": (1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0), "fine_dims": (8, 128),
-                        "systems": 2048, "compare_systems": 512, "chunk": 256}
+QUICK: dict[str, Any] = {
+    "dims": (8, 128),
+    "heat_betas": (1.0, 2.0, 3.0, 4.0, 5.0, 6.0),
+    "compare_betas": (1.0, 3.0, 5.0),
+    "fine_dims": (8,),
+    "systems": 24,
+    "compare_systems": 24,
+    "chunk": 256,
+}
+FULL: dict[str, Any] = {
+    "dims": (8, 128, 1024),
+    "heat_betas": tuple(round(float(b), 6) for b in np.linspace(0.1, 9, 90)),
+    "compare_betas": (1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0),
+    "fine_dims": (8, 128),
+    "systems": 2048,
+    "compare_systems": 512,
+    "chunk": 256,
+}
 
 
 def t_end_for(beta: float, scheme: str = "original", n: int = N_TOKENS) -> float:
@@ -126,8 +152,9 @@ def initial_points(d: int, chunk: int, size: int, n: int = N_TOKENS) -> np.ndarr
     return g / np.linalg.norm(g, axis=-1, keepdims=True)
 
 
-def pair_fraction_curves(x0: np.ndarray, beta: float, scheme: str, t_end: float,
-                         save_at: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def pair_fraction_curves(
+    x0: np.ndarray, beta: float, scheme: str, t_end: float, save_at: Sequence[float] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Run ``scheme`` (:data:`SCHEMES`) from ``x0`` (shape ``(B, n, d)``) for SA(beta) and return
     ``(times, fractions)``: the save times reached (fixed steps snap them to the step grid) and the pair
     fraction of every system at each, shape ``(T, B)``.
@@ -147,8 +174,17 @@ def pair_fraction_curves(x0: np.ndarray, beta: float, scheme: str, t_end: float,
     record = Record("pair_fraction")
     # span coordinates: n = 32 numbers per token whatever d (exact for SA with Q = K = V = I; the pair
     # fraction is computed from them), so d = 1024 costs what d = 32 does
-    simulate(SA(beta), x0, float(save_at[-1]), save_at=save_at, diagnostics=("pair_fraction",), trackers=[record],
-             keep=False, coordinates="span", **SCHEMES[scheme])
+    simulate(
+        SA(beta),
+        x0,
+        float(save_at[-1]),
+        save_at=save_at,
+        diagnostics=("pair_fraction",),
+        trackers=[record],
+        keep=False,
+        coordinates="span",
+        **SCHEMES[scheme],
+    )
     return np.array(record.times), np.array(record.values["pair_fraction"])
 
 
@@ -174,8 +210,16 @@ def crossing_time(times: np.ndarray, curve: np.ndarray, level: float = 0.5) -> f
 
 
 def _part_key(d: int, beta: float, scheme: str, chunk: int, size: int) -> dict[str, Any]:
-    return {"d": d, "beta": float(beta), "scheme": scheme, **SCHEMES[scheme], "chunk": chunk, "size": size,
-            "t_end": round(t_end_for(beta, scheme), 9), "n": N_TOKENS}
+    return {
+        "d": d,
+        "beta": float(beta),
+        "scheme": scheme,
+        **SCHEMES[scheme],
+        "chunk": chunk,
+        "size": size,
+        "t_end": round(t_end_for(beta, scheme), 9),
+        "n": N_TOKENS,
+    }
 
 
 def curve_part(d: int, beta: float, scheme: str, chunk: int, size: int) -> dict[str, Any]:
@@ -189,16 +233,25 @@ def curve_part(d: int, beta: float, scheme: str, chunk: int, size: int) -> dict[
     ((200,), 2)
     """
     start = time.perf_counter()
-    t, f = pair_fraction_curves(initial_points(d, chunk, size), beta, scheme, t_end_for(beta, scheme))
-    return {"times": t, "sum": f.sum(axis=1), "sum2": (f * f).sum(axis=1), "count": size,
-            "seconds": time.perf_counter() - start}
+    t, f = pair_fraction_curves(
+        initial_points(d, chunk, size), beta, scheme, t_end_for(beta, scheme)
+    )
+    return {
+        "times": t,
+        "sum": f.sum(axis=1),
+        "sum2": (f * f).sum(axis=1),
+        "count": size,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def _chunks(systems: int, chunk: int) -> list[tuple[int, int]]:
     return [(c, min(chunk, systems - c * chunk)) for c in range(math.ceil(systems / chunk))]
 
 
-def density_curve(parts: Parts, d: int, beta: float, scheme: str, systems: int, chunk: int = 256) -> dict[str, Any]:
+def density_curve(
+    parts: Parts, d: int, beta: float, scheme: str, systems: int, chunk: int = 256
+) -> dict[str, Any]:
     """Mean and standard error over ``systems`` of the pair fraction at the checkpoints of ``t_end_for(beta, scheme)``,
     one part per chunk of systems (:func:`curve_part`); returns ``times``, ``mean``, ``sem``, ``systems`` and
     ``seconds`` (the parts' compute seconds, whenever and wherever they were computed).
@@ -215,14 +268,22 @@ def density_curve(parts: Parts, d: int, beta: float, scheme: str, systems: int, 
     """
     total, total2, count, seconds, times = 0.0, 0.0, 0, 0.0, None
     for c, size in _chunks(systems, chunk):
-        p = parts.get(_part_key(d, beta, scheme, c, size), lambda c=c, size=size: curve_part(d, beta, scheme, c, size))
+        p = parts.get(
+            _part_key(d, beta, scheme, c, size),
+            lambda c=c, size=size: curve_part(d, beta, scheme, c, size),
+        )
         times = p["times"]
         total, total2, count = total + p["sum"], total2 + p["sum2"], count + int(p["count"])
         seconds += float(p["seconds"])
     mean = total / count
     var = np.maximum(total2 / count - mean**2, 0.0)
-    return {"times": times, "mean": mean, "sem": np.sqrt(var / max(count - 1, 1)), "seconds": seconds,
-            "systems": count}
+    return {
+        "times": times,
+        "mean": mean,
+        "sem": np.sqrt(var / max(count - 1, 1)),
+        "seconds": seconds,
+        "systems": count,
+    }
 
 
 def _plan_curves(plan: dict[str, Any]) -> list[tuple[int, float, str]]:
@@ -266,13 +327,17 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     curves: dict[tuple[int, float, str], dict] = {}
     seconds: dict[str, float] = {}
     todo = _plan_curves(plan)
+
     def systems(beta, scheme):
         heat_curve = scheme == "original" and beta in plan["heat_betas"]
         return plan["systems"] if heat_curve else plan["compare_systems"]
 
     # the costliest parts first (long horizons, small steps, dopri5), so the workers finish together
-    jobs = [(_part_key(d, b, s, c, size), curve_part, (d, b, s, c, size))
-            for d, b, s in todo for c, size in _chunks(systems(b, s), plan["chunk"])]
+    jobs = [
+        (_part_key(d, b, s, c, size), curve_part, (d, b, s, c, size))
+        for d, b, s in todo
+        for c, size in _chunks(systems(b, s), plan["chunk"])
+    ]
     weight = {"original": 1, "projected": 1, "dopri5": 6, "original-fine": 10, "projected-fine": 10}
     jobs.sort(key=lambda j: -weight[j[2][2]] * t_end_for(j[2][1], j[2][2]))
     parts.prefetch(jobs)
@@ -281,21 +346,43 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
         seconds[f"d={d} {s}"] = seconds.get(f"d={d} {s}", 0.0) + c["seconds"]
         if s == "original" and beta in plan["heat_betas"]:
             heat[(d, beta)] = c
-        if s == "original" and beta in plan["compare_betas"] and systems(beta, s) != plan["compare_systems"]:
+        if (
+            s == "original"
+            and beta in plan["compare_betas"]
+            and systems(beta, s) != plan["compare_systems"]
+        ):
             # the comparison reads every scheme on the same starts: the published curve of the first chunks
             # (already computed: the heat map's first parts)
-            c = dict(density_curve(parts, d, beta, s, plan["compare_systems"], plan["chunk"]), seconds=0.0)
+            c = dict(
+                density_curve(parts, d, beta, s, plan["compare_systems"], plan["chunk"]),
+                seconds=0.0,
+            )
         curves[(d, beta, s)] = c
 
     # -- t*: the event root against the solution of the ODE and a quadrature of 1/F
-    from ..theory import equiangular_rhs, equiangular_solution
     from scipy.integrate import quad
+
+    from ..theory import equiangular_rhs, equiangular_solution
 
     betas = sorted(set(plan["heat_betas"]) | set(plan["compare_betas"]))
     tstar = {b: float(equiangular_time(b, N_TOKENS, THRESHOLD)) for b in betas}
-    root_err = max(abs(float(equiangular_solution(0.0, [tstar[b]], b, N_TOKENS)[0]) - THRESHOLD) for b in betas)
-    quad_err = max(abs(quad(lambda r, b=b: 1.0 / float(equiangular_rhs(r, b, N_TOKENS)), 0.0, THRESHOLD,
-                            epsabs=1e-12, epsrel=1e-12, limit=200)[0] - tstar[b]) for b in betas)
+    root_err = max(
+        abs(float(equiangular_solution(0.0, [tstar[b]], b, N_TOKENS)[0]) - THRESHOLD) for b in betas
+    )
+    quad_err = max(
+        abs(
+            quad(
+                lambda r, b=b: 1.0 / float(equiangular_rhs(r, b, N_TOKENS)),
+                0.0,
+                THRESHOLD,
+                epsabs=1e-12,
+                epsrel=1e-12,
+                limit=200,
+            )[0]
+            - tstar[b]
+        )
+        for b in betas
+    )
     rep.expect("t*: |rho(t*) - 0.999| on the ODE solution (max over beta)", root_err, 0.0, 1e-9)
     rep.expect("t*: |t* - quadrature of 1/F| (max over beta)", quad_err, 0.0, 1e-6)
 
@@ -304,14 +391,25 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
         t_half = crossing_time(c["times"], c["mean"])
         ref = curves.get((d, beta, "dopri5"))
         proj = curves.get((d, beta, "projected"))
-        row = {"d": d, "beta": beta, "scheme": s, **{k: v for k, v in SCHEMES[s].items() if k != "atol"},
-               "systems": c["systems"], "t_half": t_half, "t_star": tstar[beta], "gap": t_half - tstar[beta],
-               "gap_checkpoints": (t_half - tstar[beta]) / SPACING, "t_end": float(c["times"][-1]),
-               "max_sem": float(np.max(c["sem"]))}
+        row = {
+            "d": d,
+            "beta": beta,
+            "scheme": s,
+            **{k: v for k, v in SCHEMES[s].items() if k != "atol"},
+            "systems": c["systems"],
+            "t_half": t_half,
+            "t_star": tstar[beta],
+            "gap": t_half - tstar[beta],
+            "gap_checkpoints": (t_half - tstar[beta]) / SPACING,
+            "t_end": float(c["times"][-1]),
+            "max_sem": float(np.max(c["sem"])),
+        }
         if ref is not None:
             row["distance_to_dopri5"] = _distance(c, ref)
         if proj is not None and s == "original":
-            row["delay_vs_projected_checkpoints"] = (t_half - crossing_time(proj["times"], proj["mean"])) / SPACING
+            row["delay_vs_projected_checkpoints"] = (
+                t_half - crossing_time(proj["times"], proj["mean"])
+            ) / SPACING
         if s == "original" and (d, beta) in heat:
             row["heat_systems"] = plan["systems"]
             row["t_half_heat"] = crossing_time(heat[(d, beta)]["times"], heat[(d, beta)]["mean"])
@@ -324,60 +422,133 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
         """Every scheme's mean curve crosses 0.5 within its horizon (d = 8 at large beta lags past it)."""
         return all(np.isfinite(rows[(d, b, s)]["t_half"]) for s in schemes)
 
-    pairs = [(d, b) for d in plan["dims"] for b in cb if crosses(d, b, "original", "projected", "dopri5")]
+    pairs = [
+        (d, b) for d in plan["dims"] for b in cb if crosses(d, b, "original", "projected", "dopri5")
+    ]
     missing = [(d, b) for d in plan["dims"] for b in cb if (d, b) not in pairs]
     if missing:
-        rep.notes.append("no 0.5-crossing within the horizon (left out of the eta = 0.1 scheme comparison): " +
-                         ", ".join(f"d={d} beta={b:g}" for d, b in missing))
+        rep.notes.append(
+            "no 0.5-crossing within the horizon (left out of the eta = 0.1 scheme comparison): "
+            + ", ".join(f"d={d} beta={b:g}" for d, b in missing)
+        )
 
     def shift(d, b, s, r):
         return (rows[(d, b, s)]["t_half"] - rows[(d, b, r)]["t_half"]) / SPACING
 
     delays = [shift(d, b, "original", "projected") for d, b in pairs]
-    rel = [shift(d, b, "original", "projected") * SPACING / rows[(d, b, "projected")]["t_half"] for d, b in pairs]
-    rep.expect("eta=0.1: original crosses 0.5 later than projected (min delay over d, beta, in checkpoints)",
-               float(np.min(delays)), 1.0, math.inf)
+    rel = [
+        shift(d, b, "original", "projected") * SPACING / rows[(d, b, "projected")]["t_half"]
+        for d, b in pairs
+    ]
+    rep.expect(
+        "eta=0.1: original crosses 0.5 later than projected (min delay over d, beta, in checkpoints)",
+        float(np.min(delays)),
+        1.0,
+        math.inf,
+    )
     # the original moves tokens by 1/(1 + eta<x,Ax>) >= 1/(1 + eta) of the projected step: a time dilation of at
     # most eta = 0.1 (10 % allowed on top for the O(eta^2) terms and the sampling of 0.5-crossings)
-    rep.expect("eta=0.1: relative delay (t_orig - t_proj)/t_proj, max over d, beta (dilation <= eta)",
-               float(np.max(rel)), 0.0, 0.11)
-    rep.expect("eta=0.1: projected Euler's crossing vs the ODE's (dopri5), max |shift| in checkpoints",
-               float(np.max([abs(shift(d, b, "projected", "dopri5")) for d, b in pairs])), 0.0, 1.5)
-    rep.expect("eta=0.1: original's crossing vs the ODE's (dopri5), min shift in checkpoints",
-               float(np.min([shift(d, b, "original", "dopri5") for d, b in pairs])), 1.0, math.inf)
-    fine = [(d, b) for d in plan["fine_dims"] for b in cb
-            if (d, b) in pairs and crosses(d, b, "original-fine", "projected-fine")]
+    rep.expect(
+        "eta=0.1: relative delay (t_orig - t_proj)/t_proj, max over d, beta (dilation <= eta)",
+        float(np.max(rel)),
+        0.0,
+        0.11,
+    )
+    rep.expect(
+        "eta=0.1: projected Euler's crossing vs the ODE's (dopri5), max |shift| in checkpoints",
+        float(np.max([abs(shift(d, b, "projected", "dopri5")) for d, b in pairs])),
+        0.0,
+        1.5,
+    )
+    rep.expect(
+        "eta=0.1: original's crossing vs the ODE's (dopri5), min shift in checkpoints",
+        float(np.min([shift(d, b, "original", "dopri5") for d, b in pairs])),
+        1.0,
+        math.inf,
+    )
+    fine = [
+        (d, b)
+        for d in plan["fine_dims"]
+        for b in cb
+        if (d, b) in pairs and crosses(d, b, "original-fine", "projected-fine")
+    ]
     if fine:
-        agree = max(abs(rows[(d, b, "original-fine")]["t_half"] / rows[(d, b, "projected-fine")]["t_half"] - 1)
-                    for d, b in fine)
-        rep.notes.append("eta=0.01: t_half original - projected in checkpoints: " + "; ".join(
-            f"d={d} beta={b:g}: {shift(d, b, 'original-fine', 'projected-fine'):.2f}" for d, b in fine))
-        to_ode = max(abs(rows[(d, b, "projected-fine")]["t_half"] - rows[(d, b, "dopri5")]["t_half"])
-                     for d, b in fine) / SPACING
-        rep.expect("eta=0.01: |t_orig/t_proj - 1|, max (dilation <= eta = 0.01: within one checkpoint up to t = 15)",
-                   agree, 0.0, 0.011)
-        rep.expect("eta=0.01: |t_half projected - t_half dopri5| in checkpoints (max)", to_ode, 0.0, 1.0)
+        agree = max(
+            abs(
+                rows[(d, b, "original-fine")]["t_half"] / rows[(d, b, "projected-fine")]["t_half"]
+                - 1
+            )
+            for d, b in fine
+        )
+        rep.notes.append(
+            "eta=0.01: t_half original - projected in checkpoints: "
+            + "; ".join(
+                f"d={d} beta={b:g}: {shift(d, b, 'original-fine', 'projected-fine'):.2f}"
+                for d, b in fine
+            )
+        )
+        to_ode = (
+            max(
+                abs(rows[(d, b, "projected-fine")]["t_half"] - rows[(d, b, "dopri5")]["t_half"])
+                for d, b in fine
+            )
+            / SPACING
+        )
+        rep.expect(
+            "eta=0.01: |t_orig/t_proj - 1|, max (dilation <= eta = 0.01: within one checkpoint up to t = 15)",
+            agree,
+            0.0,
+            0.011,
+        )
+        rep.expect(
+            "eta=0.01: |t_half projected - t_half dopri5| in checkpoints (max)", to_ode, 0.0, 1.0
+        )
 
     # -- the gap to the equiangular curve shrinks with d (the ODE's diagram: dopri5)
     d0, d1 = min(plan["dims"]), max(plan["dims"])
     both = [b for b in cb if crosses(d0, b, "dopri5") and crosses(d1, b, "dopri5")]
     g0 = np.mean([abs(rows[(d0, b, "dopri5")]["gap"]) for b in both]) if both else np.nan
     g1 = np.mean([abs(rows[(d1, b, "dopri5")]["gap"]) for b in both]) if both else np.nan
-    rep.expect(f"dopri5: mean |t_half - t*| over beta at d={d1} / at d={d0} (gap shrinks with d)", g1 / g0, 0.0, 1.0)
+    rep.expect(
+        f"dopri5: mean |t_half - t*| over beta at d={d1} / at d={d0} (gap shrinks with d)",
+        g1 / g0,
+        0.0,
+        1.0,
+    )
     low = [b for b in cb if b <= 4.0]
-    rep.expect(f"dopri5, d={d1}: max |t_half - t*| over beta <= 4, in checkpoints", max(
-        abs(rows[(d1, b, "dopri5")]["gap_checkpoints"]) for b in low), 0.0, 2.0)
+    rep.expect(
+        f"dopri5, d={d1}: max |t_half - t*| over beta <= 4, in checkpoints",
+        max(abs(rows[(d1, b, "dopri5")]["gap_checkpoints"]) for b in low),
+        0.0,
+        2.0,
+    )
 
     for d in plan["dims"]:
-        rep.notes.append(f"d={d}: t_half vs t* (original | projected | dopri5): " + "; ".join(
-            f"beta={b:g}: " + " | ".join(f"{rows[(d, b, s)]['t_half']:.2f}" for s in ("original", "projected", "dopri5"))
-            + f" vs {tstar[b]:.2f}" for b in cb))
+        rep.notes.append(
+            f"d={d}: t_half vs t* (original | projected | dopri5): "
+            + "; ".join(
+                f"beta={b:g}: "
+                + " | ".join(
+                    f"{rows[(d, b, s)]['t_half']:.2f}" for s in ("original", "projected", "dopri5")
+                )
+                + f" vs {tstar[b]:.2f}"
+                for b in cb
+            )
+        )
     for d in plan["dims"]:
-        rep.notes.append(f"d={d}: largest |mean fraction - dopri5's| over the checkpoints (original | projected): " +
-                         "; ".join(f"beta={b:g}: {rows[(d, b, 'original')]['distance_to_dopri5']:.3f} | "
-                                   f"{rows[(d, b, 'projected')]['distance_to_dopri5']:.3f}" for b in cb))
-    rep.notes.append("compute seconds of the parts (whenever and wherever computed): " +
-                     ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()) + f"; total {sum(seconds.values()):.0f}")
+        rep.notes.append(
+            f"d={d}: largest |mean fraction - dopri5's| over the checkpoints (original | projected): "
+            + "; ".join(
+                f"beta={b:g}: {rows[(d, b, 'original')]['distance_to_dopri5']:.3f} | "
+                f"{rows[(d, b, 'projected')]['distance_to_dopri5']:.3f}"
+                for b in cb
+            )
+        )
+    rep.notes.append(
+        "compute seconds of the parts (whenever and wherever computed): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items())
+        + f"; total {sum(seconds.values()):.0f}"
+    )
     rep.notes.append(parts.note())
     rep.figures += _figures(out, plan, heat, curves, tstar, rows)
     rep.seconds = time.perf_counter() - start
@@ -393,14 +564,22 @@ def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
     paths = []
     dims = plan["dims"]
     hb = sorted(plan["heat_betas"])
-    fig, axes = plt.subplots(1, len(dims), figsize=(4.2 * len(dims), 3.8), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(dims), figsize=(4.2 * len(dims), 3.8), sharey=True, squeeze=False
+    )
     for ax, d in zip(axes[0], dims):
         m = len(checkpoints(T_PUBLISHED))
         z = np.array([heat[(d, b)]["mean"][:m] for b in hb])
         t = heat[(d, hb[0])]["times"][:m]
         im = plot_heat(ax, t, np.array(hb), z)
         bs = np.linspace(min(hb), max(hb), 200)
-        ax.plot(np.minimum(equiangular_time(bs, N_TOKENS, THRESHOLD), 1e3), bs, "w-", lw=1.5, label="$t^*(\\beta)$")
+        ax.plot(
+            np.minimum(equiangular_time(bs, N_TOKENS, THRESHOLD), 1e3),
+            bs,
+            "w-",
+            lw=1.5,
+            label="$t^*(\\beta)$",
+        )
         th = [crossing_time(heat[(d, b)]["times"], heat[(d, b)]["mean"]) for b in hb]
         ax.plot(th, hb, "o", color="tab:red", ms=3, label="0.5 level")
         ax.set_xlim(0, T_PUBLISHED)
@@ -408,7 +587,9 @@ def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
         ax.set_xlabel("t (time = depth)")
         ax.legend(fontsize=7, loc="lower right")
     axes[0][0].set_ylabel("$\\beta$")
-    fig.colorbar(im, ax=axes[0].tolist(), label="fraction of pairs with $\\langle x_i, x_j\\rangle > 0.999$")
+    fig.colorbar(
+        im, ax=axes[0].tolist(), label="fraction of pairs with $\\langle x_i, x_j\\rangle > 0.999$"
+    )
     p = Path(out) / "phase_diagram_heat.png"
     fig.savefig(p, dpi=110)
     plt.close(fig)
@@ -418,8 +599,13 @@ def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
     d = plan["fine_dims"][0] if plan["fine_dims"] else dims[0]
     fig, axes = plt.subplots(1, len(cb), figsize=(4.0 * len(cb), 3.4), squeeze=False)
     for ax, b in zip(axes[0], cb):
-        for s, style in (("original", "-"), ("projected", "--"), ("dopri5", "k:"), ("original-fine", "-"),
-                         ("projected-fine", "--")):
+        for s, style in (
+            ("original", "-"),
+            ("projected", "--"),
+            ("dopri5", "k:"),
+            ("original-fine", "-"),
+            ("projected-fine", "--"),
+        ):
             if (d, b, s) in curves:
                 c = curves[(d, b, s)]
                 ax.plot(c["times"], c["mean"], style, lw=1.2, label=s)
@@ -467,10 +653,14 @@ def plot_heat(ax, t: np.ndarray, betas: np.ndarray, z: np.ndarray):
     ('QuadMesh', (2, 3))
     >>> plt.close(fig)
     """
+
     def edges(v):
         v = np.asarray(v, dtype=float)
         if v.size == 1:
             return np.array([v[0] - 0.5, v[0] + 0.5])
         mid = 0.5 * (v[1:] + v[:-1])
         return np.concatenate([[v[0] - (mid[0] - v[0])], mid, [v[-1] + (v[-1] - mid[-1])]])
-    return ax.pcolormesh(edges(t), edges(betas), z, vmin=0.0, vmax=1.0, cmap="viridis", shading="flat")
+
+    return ax.pcolormesh(
+        edges(t), edges(betas), z, vmin=0.0, vmax=1.0, cmap="viridis", shading="flat"
+    )

@@ -6,26 +6,45 @@ with :func:`register`; it states its expectations (each passes or fails), writes
 ``NAME.md`` and ``NAME.csv``; the command exits 1 when an expectation fails (a study with no
 expectations fails too).
 """
+
 from __future__ import annotations
 
 import csv
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Expectation", "StudyReport", "STUDIES", "register", "write_report", "run_studies", "STUDY_MODULES", "GROUPS"]
+__all__ = [
+    "Expectation",
+    "StudyReport",
+    "STUDIES",
+    "register",
+    "write_report",
+    "run_studies",
+    "STUDY_MODULES",
+    "GROUPS",
+]
 
 #: every study, by name (filled by :func:`register`)
-STUDIES: dict[str, Callable[[Path, bool], "StudyReport"]] = {}
+STUDIES: dict[str, Callable[[Path, bool], StudyReport]] = {}
 
 #: modules whose import registers further studies (``wflow.validate`` holds mean-field, eulerian, jko)
-STUDY_MODULES = ("wflow.validate", "wflow.studies.zonal", "wflow.studies.perceptron", "wflow.studies.staircase",
-                 "wflow.studies.phase_diagram", "wflow.studies.metastable",
-                 "wflow.studies.dichotomy", "wflow.studies.mean_shift", "wflow.studies.normalization",
-                 "wflow.studies.long_context")
+STUDY_MODULES = (
+    "wflow.validate",
+    "wflow.studies.zonal",
+    "wflow.studies.perceptron",
+    "wflow.studies.staircase",
+    "wflow.studies.phase_diagram",
+    "wflow.studies.metastable",
+    "wflow.studies.dichotomy",
+    "wflow.studies.mean_shift",
+    "wflow.studies.normalization",
+    "wflow.studies.long_context",
+)
 
 #: names that stand for several studies (``wflow validate papers``), filled by :func:`register`'s ``group``
 GROUPS: dict[str, list[str]] = {}
@@ -45,11 +64,13 @@ def register(name: str, group: str | None = None):
     (True, ['demo-study'])
     >>> del STUDIES["demo-study"], GROUPS["demo-group"]
     """
-    def deco(fn: Callable[[Path, bool], "StudyReport"]):
+
+    def deco(fn: Callable[[Path, bool], StudyReport]):
         STUDIES[name] = fn
         if group is not None and name not in GROUPS.setdefault(group, []):
             GROUPS[group].append(name)
         return fn
+
     return deco
 
 
@@ -101,17 +122,23 @@ class StudyReport:
         """True when the study stated expectations and all of them held (a study with none fails)."""
         return bool(self.expectations) and all(e.passed for e in self.expectations)
 
-    def expect_slope(self, name: str, slope: float, half: float, target: float, max_half: float = 0.25) -> None:
+    def expect_slope(
+        self, name: str, slope: float, half: float, target: float, max_half: float = 0.25
+    ) -> None:
         """The confidence interval ``slope +- half`` contains ``target`` and is narrower than ``max_half``."""
         ok = bool(np.isfinite(slope) and abs(slope - target) <= half and half <= max_half)
-        self.expectations.append(Expectation(f"{name} ({slope:.3f} ± {half:.3f})", float(slope),
-                                             f"99% CI contains {target:g}, half-width <= {max_half:g}", ok))
+        self.expectations.append(
+            Expectation(
+                f"{name} ({slope:.3f} ± {half:.3f})",
+                float(slope),
+                f"99% CI contains {target:g}, half-width <= {max_half:g}",
+                ok,
+            )
+        )
 
     def expect(self, name: str, value: float, lo: float, hi: float) -> None:
         ok = bool(np.isfinite(value) and lo <= value <= hi)
         self.expectations.append(Expectation(name, float(value), f"in [{lo:g}, {hi:g}]", ok))
-
-
 
 
 def write_report(rep: StudyReport, out: Path) -> Path:
@@ -133,17 +160,32 @@ def write_report(rep: StudyReport, out: Path) -> Path:
         w.writeheader()
         for r in rep.rows:
             w.writerow(r)
-    lines = [f"# {rep.name}", "", f"{'PASSED' if rep.passed else 'FAILED'} in {rep.seconds:.0f} s", "",
-             "| expectation | value | target | result |", "|---|---|---|---|"]
+    lines = [
+        f"# {rep.name}",
+        "",
+        f"{'PASSED' if rep.passed else 'FAILED'} in {rep.seconds:.0f} s",
+        "",
+        "| expectation | value | target | result |",
+        "|---|---|---|---|",
+    ]
     for e in rep.expectations:
-        lines.append(f"| {e.name} | {e.value:.4g} | {e.target} | {'ok' if e.passed else 'FAILED'} |")
-    lines += [""] + [f"![{f.stem}]({f.name})" for f in rep.figures] + ["", "## Notes", ""] + [f"- {n}" for n in rep.notes]
+        lines.append(
+            f"| {e.name} | {e.value:.4g} | {e.target} | {'ok' if e.passed else 'FAILED'} |"
+        )
+    lines += (
+        [""]
+        + [f"![{f.stem}]({f.name})" for f in rep.figures]
+        + ["", "## Notes", ""]
+        + [f"- {n}" for n in rep.notes]
+    )
     md = out / f"{rep.name}.md"
     md.write_text("\n".join(lines) + "\n")
     return md
 
 
-def run_studies(names: list[str] | None, out: Path, quick: bool, workers: int = 1) -> list[StudyReport]:
+def run_studies(
+    names: list[str] | None, out: Path, quick: bool, workers: int = 1
+) -> list[StudyReport]:
     """Run the named studies (all when ``None``), writing each report into ``out``.
 
     Names may be groups (``"papers"``); an unknown name is a ``ValueError`` listing the known ones.
@@ -165,7 +207,9 @@ def run_studies(names: list[str] | None, out: Path, quick: bool, workers: int = 
     names = list(STUDIES) if not names else names
     unknown = [n for n in names if n not in STUDIES and n not in GROUPS]
     if unknown:
-        raise ValueError(f"unknown validation study {unknown[0]!r}; known: {', '.join(list(STUDIES) + list(GROUPS))}")
+        raise ValueError(
+            f"unknown validation study {unknown[0]!r}; known: {', '.join(list(STUDIES) + list(GROUPS))}"
+        )
     names = list(dict.fromkeys(m for n in names for m in GROUPS.get(n, [n])))
     from .parts import workers as _workers
 

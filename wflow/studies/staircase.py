@@ -26,6 +26,7 @@ What the study checks, for :math:`\beta \in \{500, 1000, 2000, 4000\}`:
 
 Quick mode: rtol 1e-4 (about 5 s per beta); full: rtol 1e-6 (about 25 s per beta).
 """
+
 from __future__ import annotations
 
 import time
@@ -81,8 +82,14 @@ def two_cluster_log_time(beta: float, delta: float, mass: float, ratio: float = 
     from scipy.integrate import quad
 
     top = 2 * beta * np.sin(delta / 2) ** 2
-    val, _ = quad(lambda u: np.exp(2 * beta * np.sin(u / 2) ** 2 - top) / np.sin(u), ratio * delta, delta,
-                  epsabs=0, epsrel=1e-12, limit=200)
+    val, _ = quad(
+        lambda u: np.exp(2 * beta * np.sin(u / 2) ** 2 - top) / np.sin(u),
+        ratio * delta,
+        delta,
+        epsabs=0,
+        epsrel=1e-12,
+        limit=200,
+    )
     return float(top + np.log(val / mass))
 
 
@@ -114,11 +121,30 @@ def run_staircase(beta: float, rtol: float) -> dict[str, Any]:
     saves = np.concatenate([[0.0], np.logspace(-3, np.log10(T_END), 307)])
     steps = _Steps()
     t0 = time.perf_counter()
-    r = simulate(USA(beta, kernel="rescaled"), x0, T_END, method="ros2", rtol=rtol, atol=1e-10, save_at=saves,
-                 coordinates="gaps", diagnostics=("log_energy",), trackers=[steps], throw=False)
-    return {"times": r.times, "log_energy": r.diagnostics["log_energy"], "gaps": r.data["gaps"][1],
-            "step_t": np.array(steps.t), "step_gaps": np.array(steps.y), "wall": time.perf_counter() - t0,
-            "steps": int(r.stats["steps"][-1]), "status": r.status, "message": r.message}
+    r = simulate(
+        USA(beta, kernel="rescaled"),
+        x0,
+        T_END,
+        method="ros2",
+        rtol=rtol,
+        atol=1e-10,
+        save_at=saves,
+        coordinates="gaps",
+        diagnostics=("log_energy",),
+        trackers=[steps],
+        throw=False,
+    )
+    return {
+        "times": r.times,
+        "log_energy": r.diagnostics["log_energy"],
+        "gaps": r.data["gaps"][1],
+        "step_t": np.array(steps.t),
+        "step_gaps": np.array(steps.y),
+        "wall": time.perf_counter() - t0,
+        "steps": int(r.stats["steps"][-1]),
+        "status": r.status,
+        "message": r.message,
+    }
 
 
 def plateau_energies(masses_per_plateau: list[list[float]], beta: float) -> list[float]:
@@ -167,20 +193,35 @@ def _merges(part: dict[str, Any], beta: float) -> list[dict[str, Any]]:
         t_mid = np.sqrt(max(ts[start], 1e-3) * ts[j])
         k = int(np.searchsorted(ts, t_mid))
         delta = float(g[k])
-        crossing = np.flatnonzero((g[:-1] > delta / 2) & (g[1:] <= delta / 2) & (np.arange(len(g) - 1) >= k))
+        crossing = np.flatnonzero(
+            (g[:-1] > delta / 2) & (g[1:] <= delta / 2) & (np.arange(len(g) - 1) >= k)
+        )
         if crossing.size == 0:
             continue
         c = crossing[0]
         # log-linear interpolation of the crossing of delta/2
         a = (g[c] - delta / 2) / (g[c] - g[c + 1])
-        t_half = float(np.exp(np.log(ts[c]) + a * (np.log(ts[c + 1]) - np.log(ts[c])))) if ts[c] > 0 else ts[c + 1]
+        t_half = (
+            float(np.exp(np.log(ts[c]) + a * (np.log(ts[c + 1]) - np.log(ts[c]))))
+            if ts[c] > 0
+            else ts[c + 1]
+        )
         grp = [grp for grp in before if i in grp or i - 1 in grp]
         mass = (len(grp[0]) + len(grp[1])) / n if len(grp) == 2 else float("nan")
         predicted = ts[k] + np.exp(two_cluster_log_time(beta, delta, mass))
-        out.append({"beta": beta, "clusters_after": len(after), "t_plateau": float(ts[k]), "gap": delta,
-                    "mass": mass, "t_half": t_half, "log_t_half": float(np.log(t_half)),
-                    "log_t_predicted": float(np.log(predicted)),
-                    "masses_before": [len(gr) / n for gr in before]})
+        out.append(
+            {
+                "beta": beta,
+                "clusters_after": len(after),
+                "t_plateau": float(ts[k]),
+                "gap": delta,
+                "mass": mass,
+                "t_half": t_half,
+                "log_t_half": float(np.log(t_half)),
+                "log_t_predicted": float(np.log(predicted)),
+                "masses_before": [len(gr) / n for gr in before],
+            }
+        )
     return out
 
 
@@ -190,15 +231,21 @@ def study(out: Path, quick: bool) -> StudyReport:
     rep = StudyReport("staircase")
     parts = Parts(out, "staircase", quick)
     rtol = 1e-4 if quick else 1e-6
-    runs = {b: parts.get({"beta": b, "rtol": rtol, "t_end": T_END}, lambda b=b: run_staircase(b, rtol))
-            for b in BETAS}
+    runs = {
+        b: parts.get({"beta": b, "rtol": rtol, "t_end": T_END}, lambda b=b: run_staircase(b, rtol))
+        for b in BETAS
+    }
     all_merges, worst_log, levels_err, monotone = [], 0.0, 0.0, True
     for beta, part in runs.items():
         ok = part["status"] == 0
         merges = _merges(part, beta)
         counts = [m["clusters_after"] for m in merges]
-        rep.expect(f"beta={beta:g}: merges 5->4->3->2->1 completed (clusters after each)",
-                   float(ok and counts == [4, 3, 2, 1]), 1, 1)
+        rep.expect(
+            f"beta={beta:g}: merges 5->4->3->2->1 completed (clusters after each)",
+            float(ok and counts == [4, 3, 2, 1]),
+            1,
+            1,
+        )
         le = part["log_energy"]
         monotone &= bool(np.all(np.diff(le) >= -1e-12))
         # plateau energies: the energy at each plateau's middle against sum m^2 / (2 beta)
@@ -207,34 +254,55 @@ def study(out: Path, quick: bool) -> StudyReport:
             level = np.log(plateau_energies([m["masses_before"]], beta)[0])
             m["log_energy_plateau"] = float(le[i])
             m["log_energy_clusters"] = float(level)
-            if m["clusters_after"] <= 3:   # a plateau of clusters at rest (not the five tokens at the start)
+            if (
+                m["clusters_after"] <= 3
+            ):  # a plateau of clusters at rest (not the five tokens at the start)
                 levels_err = max(levels_err, abs(le[i] - level))
         levels_err = max(levels_err, abs(le[-1] + np.log(2 * beta)))
         for m in merges:
-            if m["clusters_after"] <= 3:   # metastable merges (the first is the fast initial collapse)
+            if (
+                m["clusters_after"] <= 3
+            ):  # metastable merges (the first is the fast initial collapse)
                 worst_log = max(worst_log, abs(m["log_t_predicted"] / m["log_t_half"] - 1))
         all_merges += merges
-        rep.rows += [{k: v for k, v in m.items() if k != "masses_before"} | {"wall_s": part["wall"],
-                                                                          "steps": part["steps"]}
-                     for m in merges]
+        rep.rows += [
+            {k: v for k, v in m.items() if k != "masses_before"}
+            | {"wall_s": part["wall"], "steps": part["steps"]}
+            for m in merges
+        ]
     rep.expect("energy never decreases (all beta)", float(monotone), 1, 1)
-    rep.expect("plateau log-energy vs log(sum m_a^2 / 2 beta), max |difference|", levels_err, 0, 1e-6)
+    rep.expect(
+        "plateau log-energy vs log(sum m_a^2 / 2 beta), max |difference|", levels_err, 0, 1e-6
+    )
     rep.expect("metastable merges: |log t / log t_two-cluster - 1|, max", worst_log, 0, 0.01)
     # plateau scaling: log t_k against (log beta)^2, per merge k
     for k, target in zip((4, 3, 2, 1), (0.25, 0.875, 1.5, 7 / 3)):
-        pts = [(np.log(m["beta"]) ** 2, m["log_t_half"]) for m in all_merges if m["clusters_after"] == k]
+        pts = [
+            (np.log(m["beta"]) ** 2, m["log_t_half"])
+            for m in all_merges
+            if m["clusters_after"] == k
+        ]
         if len(pts) >= 2:
             x, y = np.array(pts).T
             slope = float(np.polyfit(x, y, 1)[0])
-            rep.notes.append(f"merge to {k} clusters: log t fitted as {slope:.3f} (log beta)^2 + const over "
-                             f"beta = 500..4000; the gap of the merging pair, {target:.3g} s, gives "
-                             f"{target ** 2 / 2:.3f} (t ~ exp(beta delta^2 / 2))")
-            rep.rows.append({"merge_to": k, "fitted_slope_log_t_vs_log2_beta": slope,
-                             "naive_slope": target ** 2 / 2})
+            rep.notes.append(
+                f"merge to {k} clusters: log t fitted as {slope:.3f} (log beta)^2 + const over "
+                f"beta = 500..4000; the gap of the merging pair, {target:.3g} s, gives "
+                f"{target**2 / 2:.3f} (t ~ exp(beta delta^2 / 2))"
+            )
+            rep.rows.append(
+                {
+                    "merge_to": k,
+                    "fitted_slope_log_t_vs_log2_beta": slope,
+                    "naive_slope": target**2 / 2,
+                }
+            )
     rep.figures.append(_figure(out, runs))
     rep.notes.append(parts.note())
-    rep.notes.append("wall time per beta: " + ", ".join(f"{b:g}: {p['wall']:.1f} s ({p['steps']} steps)"
-                                                        for b, p in runs.items()))
+    rep.notes.append(
+        "wall time per beta: "
+        + ", ".join(f"{b:g}: {p['wall']:.1f} s ({p['steps']} steps)" for b, p in runs.items())
+    )
     rep.seconds = time.perf_counter() - t_start
     return rep
 

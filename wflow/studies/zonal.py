@@ -16,6 +16,7 @@ For a zonal initial density :math:`\mu_0 = f(\langle x, e\rangle)\sigma` on :mat
   :func:`wflow.solvers.zonal.w2_to_law`); its slope in :math:`N` (99 % confidence interval)
   should be the one-dimensional empirical rate :math:`-1/2`.
 """
+
 from __future__ import annotations
 
 import time
@@ -101,7 +102,9 @@ def _fit_slope(N: np.ndarray, err: np.ndarray, level: float = 0.99) -> tuple[flo
 def _law_w2(edges_a, m_a, edges_b, m_b, n: int = 1 << 16) -> float:
     """W2 between two band laws by their quantile functions on a fine midpoint grid."""
     s = (np.arange(n) + 0.5) / n
-    return float(np.sqrt(np.mean((law_quantile(edges_a, m_a, s) - law_quantile(edges_b, m_b, s)) ** 2)))
+    return float(
+        np.sqrt(np.mean((law_quantile(edges_a, m_a, s) - law_quantile(edges_b, m_b, s)) ** 2))
+    )
 
 
 @register("mean-field-zonal")
@@ -127,9 +130,26 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
         for name, model in (("SA", SA(BETA)), ("USA", USA(BETA))):
             t0 = time.perf_counter()
             bands, grid = ZONAL_GRID[d]
-            ref = solve_zonal(model, f, T_END, d=d, n_cells=bands, grid=grid, rtol=ZONAL_RTOL, save_at=[0.0, T_END])
-            coarse = solve_zonal(model, f, T_END, d=d, n_cells=bands // 2, grid=grid, rtol=ZONAL_RTOL,
-                                 save_at=[0.0, T_END])
+            ref = solve_zonal(
+                model,
+                f,
+                T_END,
+                d=d,
+                n_cells=bands,
+                grid=grid,
+                rtol=ZONAL_RTOL,
+                save_at=[0.0, T_END],
+            )
+            coarse = solve_zonal(
+                model,
+                f,
+                T_END,
+                d=d,
+                n_cells=bands // 2,
+                grid=grid,
+                rtol=ZONAL_RTOL,
+                save_at=[0.0, T_END],
+            )
             ref_err = _law_w2(ref.edges, ref.masses[-1], coarse.edges, coarse.masses[-1])
             t_zonal = time.perf_counter() - t0
             rows = []
@@ -138,11 +158,23 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
                 for s in range(seeds):
                     rng = np.random.default_rng([d, N, s, 18])
                     x0 = sample_zonal(f, d, N, rng)
-                    tr = simulate(model, x0, T_END, dt=PARTICLE_DT, save_at=[0.0, T_END], method="rk4")
+                    tr = simulate(
+                        model, x0, T_END, dt=PARTICLE_DT, save_at=[0.0, T_END], method="rk4"
+                    )
                     for i, t in enumerate(tr.times):
                         w2 = ref.w2(tr.points[i][:, -1], i)
-                        rows.append({"d": d, "model": name, "beta": BETA, "N": N, "seed": s, "t": float(t),
-                                     "W2": w2, "reference_error": ref_err})
+                        rows.append(
+                            {
+                                "d": d,
+                                "model": name,
+                                "beta": BETA,
+                                "N": N,
+                                "seed": s,
+                                "t": float(t),
+                                "W2": w2,
+                                "reference_error": ref_err,
+                            }
+                        )
             t_part = time.perf_counter() - t1
             rep.rows.extend(rows)
             for t in (0.0, T_END):
@@ -151,15 +183,25 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
                 slope, half = _fit_slope(Ns, np.array([r["W2"] for r in sel]))
                 results[(d, name, t)] = (Ns, np.array([r["W2"] for r in sel]), slope, half)
                 if t == T_END:
-                    rep.expect_slope(f"d={d} {name} beta={BETA:g}: slope of W2(z-marginal) in N at t={t:g}",
-                                     slope, half, -0.5)
+                    rep.expect_slope(
+                        f"d={d} {name} beta={BETA:g}: slope of W2(z-marginal) in N at t={t:g}",
+                        slope,
+                        half,
+                        -0.5,
+                    )
             w2_max_n = np.mean([r["W2"] for r in rows if r["t"] == T_END and r["N"] == max(plan)])
-            rep.expect(f"d={d} {name}: reference error W2({bands} bands, {bands // 2} bands) / mean W2 at N={max(plan)}",
-                       ref_err / w2_max_n, 0.0, 0.25)
+            rep.expect(
+                f"d={d} {name}: reference error W2({bands} bands, {bands // 2} bands) / mean W2 at N={max(plan)}",
+                ref_err / w2_max_n,
+                0.0,
+                0.25,
+            )
             s0 = results[(d, name, 0.0)]
-            rep.notes.append(f"d={d} {name}: zonal solves {t_zonal:.1f} s, particles {t_part:.1f} s; slope at t=0 "
-                             f"(sampling only) {s0[2]:.3f} ± {s0[3]:.3f}; reference error {ref_err:.2e}, mean W2 at "
-                             f"N={max(plan)} {w2_max_n:.2e}; mean z {ref.mean_z[0]:.4f} -> {ref.mean_z[-1]:.4f}")
+            rep.notes.append(
+                f"d={d} {name}: zonal solves {t_zonal:.1f} s, particles {t_part:.1f} s; slope at t=0 "
+                f"(sampling only) {s0[2]:.3f} ± {s0[3]:.3f}; reference error {ref_err:.2e}, mean W2 at "
+                f"N={max(plan)} {w2_max_n:.2e}; mean z {ref.mean_z[0]:.4f} -> {ref.mean_z[-1]:.4f}"
+            )
     rep.figures.append(_figure(results, out))
     rep.seconds = time.perf_counter() - start
     return rep
@@ -176,9 +218,17 @@ def _figure(results, out: Path) -> Path:
         for (dd, name, t), (Ns, w2, slope, half) in results.items():
             if dd != d or t != T_END:
                 continue
-            p = ax.loglog(Ns, w2, "o", ms=3, alpha=0.6, label=f"{name}: slope {slope:.2f} ± {half:.2f}")
+            p = ax.loglog(
+                Ns, w2, "o", ms=3, alpha=0.6, label=f"{name}: slope {slope:.2f} ± {half:.2f}"
+            )
             n = np.unique(Ns)
-            ax.loglog(n, np.exp(np.mean(np.log(w2) + 0.5 * np.log(Ns))) * n ** -0.5, "-", color=p[0].get_color(), lw=0.8)
+            ax.loglog(
+                n,
+                np.exp(np.mean(np.log(w2) + 0.5 * np.log(Ns))) * n**-0.5,
+                "-",
+                color=p[0].get_color(),
+                lw=0.8,
+            )
         ax.set_title(f"$S^{{{d - 1}}}$: $W_2$ of $z$-marginal at t={T_END:g}")
         ax.set_xlabel("N")
         ax.legend(fontsize=8)

@@ -41,6 +41,7 @@ centres).  That moves each cell's mass by at most the cell radius :math:`h`, so 
 distance computed is within :math:`h` of the distance between the densities
 (:math:`W_p(\rho, \rho_h) \le h`, triangle inequality).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,15 +50,16 @@ import logging
 import math
 import numbers
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from .._typing import SeedLike
 from ..errors import WflowError, check_int, check_positive, short_repr
 from ..measure import Atoms, as_atoms
-from ..sphere import as_generator, cost_matrix, geodesic_distance, points_to_angles
+from ..sphere import as_generator, cost_matrix, points_to_angles
 
 __all__ = [
     "METHODS",
@@ -128,7 +130,9 @@ def _check_p(p: Any) -> float:
         raise TypeError(f"p must be a real number >= 1, got {short_repr(p)}")
     v = float(p)
     if not np.isfinite(v) or v < 1:
-        raise ValueError(f"p must be a finite number >= 1 (W_p is a distance only for p >= 1), got {p!r}")
+        raise ValueError(
+            f"p must be a finite number >= 1 (W_p is a distance only for p >= 1), got {p!r}"
+        )
     return v
 
 
@@ -145,11 +149,15 @@ def _as_single(mu: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(mu, Atoms) and callable(getattr(mu, "to_atoms", None)):
         converted = mu.to_atoms()
         if not isinstance(converted, Atoms):
-            raise TypeError(f"{name}.to_atoms() must return a wflow.Atoms, got {short_repr(converted)}")
+            raise TypeError(
+                f"{name}.to_atoms() must return a wflow.Atoms, got {short_repr(converted)}"
+            )
         mu = converted
     elif not isinstance(mu, Atoms):
         if isinstance(mu, str):
-            raise ValueError(f"{name} must be a measure; the only string accepted is nu='uniform', got {mu!r}")
+            raise ValueError(
+                f"{name} must be a measure; the only string accepted is nu='uniform', got {mu!r}"
+            )
         if not isinstance(mu, (np.ndarray, list, tuple)):
             raise TypeError(
                 f"{name} must be a wflow.Atoms, an object with a to_atoms() method (a density) or an array of "
@@ -242,7 +250,9 @@ def w2_to_uniform_circle(mu: Any) -> float:
 
     x, a = _as_single(mu, "mu")
     if x.shape[-1] != 2:
-        raise ValueError(f"w2_to_uniform_circle needs a measure on the circle (d=2), got d={x.shape[-1]}")
+        raise ValueError(
+            f"w2_to_uniform_circle needs a measure on the circle (d=2), got d={x.shape[-1]}"
+        )
     u = _circle_coords(x)
     # POT sorts the values but not the weights: sort both here.
     order = np.argsort(u, kind="stable")
@@ -261,7 +271,9 @@ def _sliced(x, a, y, b, p: float, n_projections: int, seed: SeedLike) -> float:
     q, r = np.linalg.qr(rng.standard_normal((n_projections, d, 2)))
     q = q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]
     with np.errstate(divide="ignore", invalid="ignore"):  # as in _circle
-        ssw = ot.sliced_wasserstein_sphere(x, y, a, b, n_projections=n_projections, p=p, projections=q)
+        ssw = ot.sliced_wasserstein_sphere(
+            x, y, a, b, n_projections=n_projections, p=p, projections=q
+        )
     return float(ssw) * _TWO_PI
 
 
@@ -313,7 +325,9 @@ def _keops_softmin(x: np.ndarray, y: np.ndarray, cost: str, p: float) -> Callabl
     return softmin
 
 
-def _numpy_softmin(x: np.ndarray, y: np.ndarray, cost: str, p: float, block: int = 2**22) -> Callable:
+def _numpy_softmin(
+    x: np.ndarray, y: np.ndarray, cost: str, p: float, block: int = 2**22
+) -> Callable:
     from scipy.special import logsumexp
 
     dense: dict[tuple[int, int], np.ndarray] = {}
@@ -337,7 +351,9 @@ def _numpy_softmin(x: np.ndarray, y: np.ndarray, cost: str, p: float, block: int
         out = np.empty(n)
         rows = max(1, block // m)
         for i in range(0, n, rows):
-            out[i : i + rows] = -eps * logsumexp(h[None, :] - cost_block(xs[i : i + rows], ys) / eps, axis=1)
+            out[i : i + rows] = -eps * logsumexp(
+                h[None, :] - cost_block(xs[i : i + rows], ys) / eps, axis=1
+            )
         return out
 
     return softmin
@@ -353,7 +369,11 @@ def _sinkhorn(x, a, y, b, p, cost, reg, scaling, tol, max_iter, backend) -> tupl
     a_log, b_log = np.log(a), np.log(b)
     diam_p = (np.pi if cost == "geodesic" else 2.0) ** p
     # eps-scaling (annealing): eps_k = diam^p * scaling^(p k) down to reg.
-    n_steps = max(0, int(math.ceil(math.log(reg / diam_p) / (p * math.log(scaling))))) if reg < diam_p else 0
+    n_steps = (
+        max(0, int(math.ceil(math.log(reg / diam_p) / (p * math.log(scaling)))))
+        if reg < diam_p
+        else 0
+    )
     eps_list = [diam_p * scaling ** (p * k) for k in range(n_steps)] + [reg]
 
     # Potentials f_ba, g_ab of OT_eps(mu, nu) and the symmetric ones f_aa, g_bb of OT_eps(mu, mu),
@@ -453,7 +473,16 @@ def sinkhorn_divergence(
     True
     """
     return wasserstein_result(
-        mu, nu, p, method="sinkhorn", cost=cost, reg=reg, scaling=scaling, tol=tol, max_iter=max_iter, backend=backend
+        mu,
+        nu,
+        p,
+        method="sinkhorn",
+        cost=cost,
+        reg=reg,
+        scaling=scaling,
+        tol=tol,
+        max_iter=max_iter,
+        backend=backend,
     ).info["divergence"]
 
 
@@ -499,16 +528,24 @@ def wasserstein_result(
     if isinstance(nu, str) or isinstance(mu, str):
         other, which = (mu, nu) if isinstance(nu, str) else (nu, mu)
         if which != "uniform" or isinstance(other, str):
-            raise ValueError(f"the only string accepted as a measure is 'uniform', got mu={mu!r}, nu={nu!r}" if isinstance(other, str) else f"the only string accepted as a measure is 'uniform', got {which!r}")
+            raise ValueError(
+                f"the only string accepted as a measure is 'uniform', got mu={mu!r}, nu={nu!r}"
+                if isinstance(other, str)
+                else f"the only string accepted as a measure is 'uniform', got {which!r}"
+            )
         if method not in ("auto", "circle"):
-            raise ValueError(f"nu='uniform' is computed in closed form (method='auto' or 'circle'), got method={method!r}")
+            raise ValueError(
+                f"nu='uniform' is computed in closed form (method='auto' or 'circle'), got method={method!r}"
+            )
         if p != 2 or cost != "geodesic":
             raise ValueError(
                 f"W_p to the uniform law has a closed form for p=2 and the geodesic cost only, got p={p:g}, cost={cost!r}; "
                 "discretize the uniform law instead (e.g. wflow.sphere.circle_nodes) and use method='circle'"
             )
         value = w2_to_uniform_circle(other)
-        return WassersteinResult(value, p, "uniform", cost, True, 0.0, {"n": _as_single(other, "mu")[0].shape[0]})
+        return WassersteinResult(
+            value, p, "uniform", cost, True, 0.0, {"n": _as_single(other, "mu")[0].shape[0]}
+        )
 
     x, a = _as_single(mu, "mu")
     y, b = _as_single(nu, "nu")
@@ -530,7 +567,9 @@ def wasserstein_result(
 
     if method == "circle":
         if d != 2 or cost != "geodesic":
-            raise ValueError(f"method='circle' needs measures on S^1 (d=2) and cost='geodesic', got d={d}, cost={cost!r}")
+            raise ValueError(
+                f"method='circle' needs measures on S^1 (d=2) and cost='geodesic', got d={d}, cost={cost!r}"
+            )
         wpp = _circle(x, a, y, b, p)
         return WassersteinResult(max(wpp, 0.0) ** (1 / p), p, method, cost, True, 0.0, info)
 
@@ -548,27 +587,40 @@ def wasserstein_result(
         if p != 2:
             raise ValueError(f"method='semidiscrete' computes W_2 (p=2) only, got p={p:g}")
         if min(n, m) < 2:
-            raise ValueError(f"method='semidiscrete' needs at least 2 atoms on each side, got n={n}, m={m}")
+            raise ValueError(
+                f"method='semidiscrete' needs at least 2 atoms on each side, got n={n}, m={m}"
+            )
         from .semidiscrete import semidiscrete_w2
 
         coarse, fine = ((x, a), (y, b)) if n <= m else ((y, b), (x, a))
         r = semidiscrete_w2(coarse[0], coarse[1], fine[0], fine[1])
         lo, hi = math.sqrt(max(r["lo"], 0.0)), math.sqrt(max(r["hi"], 0.0))
-        if cost == "geodesic":  # theta = 2 arcsin(c/2) <= c * 2 arcsin(c_max/2)/c_max on the plan's support
+        if (
+            cost == "geodesic"
+        ):  # theta = 2 arcsin(c/2) <= c * 2 arcsin(c_max/2)/c_max on the plan's support
             cm = min(r["chord_max"], 2.0)
             hi *= 2.0 * math.asin(cm / 2.0) / cm if cm > 0 else 1.0
         info.update(r, lower=lo, upper=hi)
         if not r["converged"]:
-            why = (f"stalled after {r['failed_line_searches']} failed line searches, {r['newton_steps']} steps"
-                   if r["stalled"] else f"{r['newton_steps']} steps")
-            warnings.warn(f"semidiscrete: Newton stopped early ({why}; marginal error {r['marginal_error']:.3g}); the "
-                          f"bracket [{lo:.6g}, {hi:.6g}] is valid but wide", UserWarning, stacklevel=3)
+            why = (
+                f"stalled after {r['failed_line_searches']} failed line searches, {r['newton_steps']} steps"
+                if r["stalled"]
+                else f"{r['newton_steps']} steps"
+            )
+            warnings.warn(
+                f"semidiscrete: Newton stopped early ({why}; marginal error {r['marginal_error']:.3g}); the "
+                f"bracket [{lo:.6g}, {hi:.6g}] is valid but wide",
+                UserWarning,
+                stacklevel=3,
+            )
         return WassersteinResult(0.5 * (lo + hi), p, method, cost, False, 0.5 * (hi - lo), info)
 
     if method == "sliced":
         n_projections = check_int(n_projections, "n_projections")
         if cost != "geodesic":
-            raise ValueError(f"method='sliced' uses the geodesic cost on great circles, got cost={cost!r}")
+            raise ValueError(
+                f"method='sliced' uses the geodesic cost on great circles, got cost={cost!r}"
+            )
         if d == 2:  # the only great circle is the circle itself: exact
             wpp = _circle(x, a, y, b, p)
             return WassersteinResult(max(wpp, 0.0) ** (1 / p), p, method, cost, True, 0.0, info)

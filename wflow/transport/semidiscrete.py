@@ -79,6 +79,7 @@ spreads: range 0.4 against :math:`\ell^2 = 0.013` for USA at :math:`t = 1`, :mat
 2-core machine, shared, mean per solve: :math:`N = 10^3`: 2.4--4.8 s; :math:`N = 10^4`:
 67 s at :math:`t = 0`, 238 s (SA) and 544 s (USA, up to 881 s) at :math:`t = 1`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -95,7 +96,9 @@ log = logging.getLogger(__name__)
 class _Solver:
     """State of one semi-discrete solve: the data, and the support of the current entropic plan."""
 
-    def __init__(self, x: np.ndarray, a: np.ndarray, y: np.ndarray, w: np.ndarray, k: int, workers: int):
+    def __init__(
+        self, x: np.ndarray, a: np.ndarray, y: np.ndarray, w: np.ndarray, k: int, workers: int
+    ):
         self.x, self.a, self.y, self.w = x, a, y, w
         self.N, self.M = x.shape[0], y.shape[0]
         self.k = min(k, self.N)
@@ -137,8 +140,12 @@ class _Solver:
         keep[todo] = False
         rows, atoms = [np.nonzero(keep)[0]], [idx[keep]]
         if todo.size:  # lifted radius^2 = best^2 + gap
-            lists = tree.query_ball_point(self.y_lift[todo], np.sqrt(d2[todo, 0] + gap[todo]), workers=self.workers,
-                                          return_sorted=False)
+            lists = tree.query_ball_point(
+                self.y_lift[todo],
+                np.sqrt(d2[todo, 0] + gap[todo]),
+                workers=self.workers,
+                return_sorted=False,
+            )
             count = np.fromiter((len(lst) for lst in lists), int, todo.size)
             rows.append(np.repeat(todo, count))
             atoms.append(np.fromiter((i for lst in lists for i in lst), int, int(count.sum())))
@@ -170,7 +177,9 @@ class _Solver:
         _, j, i, _ = sup
         sel = (P > 1e-15) & (P < 1.0 - 1e-13)
         js = j[sel]
-        S = sparse.csr_matrix((np.sqrt(self.w[js] / eps[js]) * P[sel], (js, i[sel])), shape=(self.M, self.N))
+        S = sparse.csr_matrix(
+            (np.sqrt(self.w[js] / eps[js]) * P[sel], (js, i[sel])), shape=(self.M, self.N)
+        )
         G = (S.T @ S).tocsr()
         G.setdiag(0.0)
         G.eliminate_zeros()
@@ -262,8 +271,12 @@ def semidiscrete_w2(
     ell2, h2 = 4.0 * math.pi / N, 4.0 * math.pi / M
     # local squared scales around each fine atom, relative to the quasi-uniform values (Fibonacci
     # sets: 0.8 ell^2 to the 3rd nearest atom, 1.19 h^2 to the 3rd nearest other fine atom)
-    lam = np.clip(cKDTree(x).query(y, k=min(3, N), workers=workers)[0][:, -1] ** 2 / (0.8 * ell2), local, 1.0)
-    kap = np.clip(cKDTree(y).query(y, k=min(4, M), workers=workers)[0][:, -1] ** 2 / (1.19 * h2), local, 1.0)
+    lam = np.clip(
+        cKDTree(x).query(y, k=min(3, N), workers=workers)[0][:, -1] ** 2 / (0.8 * ell2), local, 1.0
+    )
+    kap = np.clip(
+        cKDTree(y).query(y, k=min(4, M), workers=workers)[0][:, -1] ** 2 / (1.19 * h2), local, 1.0
+    )
     eps_end = eps_final * np.sqrt(ell2 * lam * h2 * kap)
     e_rel = max(eps_start, eps_final * math.sqrt(h2 / ell2))
     final = e_rel <= eps_final * math.sqrt(h2 / ell2)
@@ -296,9 +309,13 @@ def semidiscrete_w2(
             mu_lm = min(1e-5, 1e-2 * float(np.abs(g).sum()))
             L = L + sparse.diags(mu_lm * (diag.mean() / a.mean()) * a + 1e-12 * diag.max())
             dinv = 1.0 / np.maximum(L.diagonal(), 1e-300)
-            delta, _ = cg(L, g, rtol=1e-3, maxiter=1000, M=LinearOperator((N, N), matvec=lambda u: dinv * u))
+            delta, _ = cg(
+                L, g, rtol=1e-3, maxiter=1000, M=LinearOperator((N, N), matvec=lambda u: dinv * u)
+            )
             big = float(np.abs(delta).max())
-            if big > radius:  # trust region on max|delta|: a (nearly) empty cell asks for a huge step
+            if (
+                big > radius
+            ):  # trust region on max|delta|: a (nearly) empty cell asks for a huge step
                 delta *= radius / big
             gd = float(g @ delta)
             t = 1.0
@@ -307,7 +324,9 @@ def semidiscrete_w2(
                 if Fn >= F + 0.01 * t * gd and mn.min() > 0.2 * min(m.min(), a.min()):
                     break
                 t *= 0.5
-                if gd < 1e-13 * abs(F) or t < 1e-4:  # round-off level, or no progress: stop this stage
+                if (
+                    gd < 1e-13 * abs(F) or t < 1e-4
+                ):  # round-off level, or no progress: stop this stage
                     failed += t < 1e-4
                     t = 0.0
                     break
@@ -318,9 +337,13 @@ def semidiscrete_w2(
             if t > 0.0:
                 psi = psi + t * delta
                 F, P, m, cur = Fn, Pn, mn, cur_n
-                radius = 2.0 * radius if t == 1.0 else max(t * float(np.abs(delta).max()), 1e-3 * ell2)
+                radius = (
+                    2.0 * radius if t == 1.0 else max(t * float(np.abs(delta).max()), 1e-3 * ell2)
+                )
                 steps += 1
-                log.debug("eps=%.3g step %d t=%g |m-a|_1=%.3g", e_rel, steps, t, np.abs(a - m).sum())
+                log.debug(
+                    "eps=%.3g step %d t=%g |m-a|_1=%.3g", e_rel, steps, t, np.abs(a - m).sum()
+                )
             if t == 0.0 or stalled:
                 break
         if final or stalled:
@@ -334,7 +357,17 @@ def semidiscrete_w2(
     chord_max = float(np.sqrt(C[used].max())) if used.any() else 0.0
     i1, C1 = s.nearest(psi)
     lo = float(a @ psi + w @ (C1 - psi[i1]))
-    return {"lo": lo, "hi": max(hi, lo), "chord_max": chord_max, "eps": float(np.median(eps)),
-            "marginal_error": marginal_error, "newton_steps": steps, "queries": s.queries, "support": j.size / M,
-            "converged": bool(marginal_error <= max(100 * tol, 1e-6)), "failed_line_searches": failed,
-            "stalled": stalled, "seconds": time.perf_counter() - t0}
+    return {
+        "lo": lo,
+        "hi": max(hi, lo),
+        "chord_max": chord_max,
+        "eps": float(np.median(eps)),
+        "marginal_error": marginal_error,
+        "newton_steps": steps,
+        "queries": s.queries,
+        "support": j.size / M,
+        "converged": bool(marginal_error <= max(100 * tol, 1e-6)),
+        "failed_line_searches": failed,
+        "stalled": stalled,
+        "seconds": time.perf_counter() - t0,
+    }

@@ -63,6 +63,7 @@ with :math:`f_{L,R}` the limited linear reconstructions of :math:`f = m/V` (MC s
 face values kept in :math:`[0, 2\bar f]`) and :math:`g_f` the centroid-rule quadrature of the
 integrals above against the cell masses.  :math:`dm_i/dt = F_i - F_{i+1}`.
 """
+
 from .kernel import bessel_ratio, log_cap_volume, log_normalized_bessel, zonal_kernel, zonal_weight
 from .scheme import ZonalFV
 

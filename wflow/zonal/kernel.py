@@ -4,6 +4,7 @@ r"""The zonal kernel on :math:`S^{d-1}` in log scale: normalized Bessel function
 The mathematics is in :mod:`wflow.zonal` (and ``docs/zonal.md``); this module computes it
 stably for :math:`\beta \le 10^3` and :math:`d \le 10^4`.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,9 +51,21 @@ def _debye_polynomials(n: int = 14) -> list[np.ndarray]:
 
 
 _DEBYE = _debye_polynomials()
-_DEBYE_MAX = [float(np.max(np.abs(np.polynomial.polynomial.polyval(np.linspace(0, 1, 1001), u)))) for u in _DEBYE]
+_DEBYE_MAX = [
+    float(np.max(np.abs(np.polynomial.polynomial.polyval(np.linspace(0, 1, 1001), u))))
+    for u in _DEBYE
+]
 # Stirling: lgamma(nu + 1) - (nu log nu - nu + log(2 pi nu)/2) = sum_k B_2k / (2k (2k-1) nu^(2k-1))
-_STIRLING = [1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360, 1 / 156, -3617 / 122400]
+_STIRLING = [
+    1 / 12,
+    -1 / 360,
+    1 / 1260,
+    -1 / 1680,
+    1 / 1188,
+    -691 / 360360,
+    1 / 156,
+    -3617 / 122400,
+]
 
 
 def _debye_terms(nu: float) -> int:
@@ -182,6 +195,7 @@ def bessel_ratio(nu: float, a: ArrayLike) -> np.ndarray:
 
 
 # -- the zonal kernel ------------------------------------------------------------------------------
+
 
 def _sqrt1m(z: np.ndarray) -> np.ndarray:
     r""":math:`\sqrt{1-z^2}`, accurate near the poles."""
@@ -336,4 +350,6 @@ def _betacf(a: float, b: float, x: np.ndarray) -> np.ndarray:
         h *= delta
         if np.all(np.abs(delta - 1.0) < 1e-15):
             return h
-    raise SolverError(f"incomplete beta continued fraction did not converge (a={a}, b={b})")  # pragma: no cover
+    raise SolverError(
+        f"incomplete beta continued fraction did not converge (a={a}, b={b})"
+    )  # pragma: no cover

@@ -31,6 +31,7 @@ source, and accepted only when every entry is within ``tol`` (default :math:`10^
 of the panel's scale; otherwise more points, then more panels, and, when nothing cheaper
 than a quarter of the dense cost passes, the dense matrices.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -112,8 +113,17 @@ class KernelRows:
     (True, True)
     """
 
-    def __init__(self, rows: np.ndarray, sources: np.ndarray, beta: float, d: int, *, with_h: bool = True,
-                 method: str = "auto", tol: float = 1e-13):
+    def __init__(
+        self,
+        rows: np.ndarray,
+        sources: np.ndarray,
+        beta: float,
+        d: int,
+        *,
+        with_h: bool = True,
+        method: str = "auto",
+        tol: float = 1e-13,
+    ):
         if method not in ("auto", "panel", "dense"):
             raise ValueError(f"kernel method must be 'auto', 'panel' or 'dense', got {method!r}")
         self.rows = np.asarray(rows, dtype=float)
@@ -126,8 +136,10 @@ class KernelRows:
         if method != "dense" and self._try_panels():
             self.method = "panel"
         elif method == "panel":
-            raise ValueError(f"no panel factorization of the zonal kernel met tol={tol:g} below a quarter of the dense "
-                             f"cost (beta={beta:g}, d={d}, {S} sources); use method='dense'")
+            raise ValueError(
+                f"no panel factorization of the zonal kernel met tol={tol:g} below a quarter of the dense "
+                f"cost (beta={beta:g}, d={d}, {S} sources); use method='dense'"
+            )
         else:
             self._build_dense()
         self.nbytes = sum(a.nbytes for a in self._arrays())
@@ -141,8 +153,10 @@ class KernelRows:
     def _candidates(self):
         S = self.sources.size
         base = max(2, int(np.ceil(self.beta / 4.0)))
-        cands = sorted({(P, r) for P in (base, 2 * base, 4 * base, 8 * base) for r in (24, 32, 48)},
-                       key=lambda c: (c[0] * c[1], c[0]))
+        cands = sorted(
+            {(P, r) for P in (base, 2 * base, 4 * base, 8 * base) for r in (24, 32, 48)},
+            key=lambda c: (c[0] * c[1], c[0]),
+        )
         return [(P, r) for P, r in cands if P * r <= S / 4]
 
     def _try_panels(self) -> bool:
@@ -150,7 +164,9 @@ class KernelRows:
         if not cands:
             return False
         R = self.rows.size
-        check = np.unique(np.concatenate([np.linspace(0, R - 1, _CHECK_ROWS).round().astype(int), [0, R - 1]]))
+        check = np.unique(
+            np.concatenate([np.linspace(0, R - 1, _CHECK_ROWS).round().astype(int), [0, R - 1]])
+        )
         lk_ex, h_ex = self._exact(self.rows[check], self.sources)
         for P, r in cands:
             built = self._panel_parts(P, r)
@@ -165,12 +181,12 @@ class KernelRows:
         x, bw = _chebyshev(r)
         edges = np.linspace(-1.0, 1.0, P + 1)
         pid = np.clip(np.searchsorted(edges, self.sources, side="right") - 1, 0, P - 1)
-        used = np.unique(pid)                       # panels holding sources (the others contribute nothing)
+        used = np.unique(pid)  # panels holding sources (the others contribute nothing)
         mid, half = 0.5 * (edges[1:] + edges[:-1]), 0.5 * np.diff(edges)
-        cheb = (mid[used, None] + half[used, None] * x[None, :]).ravel()       # (P' r,)
+        cheb = (mid[used, None] + half[used, None] * x[None, :]).ravel()  # (P' r,)
         local = (self.sources - mid[pid]) / half[pid]
-        L = _lagrange(np.clip(local, -1.0, 1.0), x, bw)                      # (S, r)
-        slot = np.searchsorted(used, pid)                                    # panel of each source among used
+        L = _lagrange(np.clip(local, -1.0, 1.0), x, bw)  # (S, r)
+        slot = np.searchsorted(used, pid)  # panel of each source among used
         starts = np.flatnonzero(np.r_[True, np.diff(slot) != 0])
         lk, h = self._exact(self.rows, cheb)
         top = lk.max(axis=1)
@@ -203,7 +219,9 @@ class KernelRows:
                 # kh may cross zero on a panel: measure against max k * max |h| there
                 hmax = np.abs(hp / np.where(kp > 0, kp, 1.0)).max(axis=1, keepdims=True)
                 scale_h = np.maximum(np.abs(hp).max(axis=1, keepdims=True), scale * hmax)
-                err = np.abs(hp @ Lp.T - e_ex[:, a:b] * h_ex[:, a:b]) / np.where(scale_h > 0, scale_h, 1.0)
+                err = np.abs(hp @ Lp.T - e_ex[:, a:b] * h_ex[:, a:b]) / np.where(
+                    scale_h > 0, scale_h, 1.0
+                )
                 worst = max(worst, float(err[keep].max()))
         return worst
 
@@ -223,14 +241,14 @@ class KernelRows:
         self._EH = np.empty((R, S)) if self.with_h else None
         self.top = np.empty(R)
         for i in range(0, R, block):
-            lk, h = self._exact(self.rows[i:i + block], self.sources)
+            lk, h = self._exact(self.rows[i : i + block], self.sources)
             top = lk.max(axis=1)
             with np.errstate(under="ignore"):
                 e = np.exp(lk - top[:, None])
-            self._E[i:i + block] = e
+            self._E[i : i + block] = e
             if self.with_h:
-                self._EH[i:i + block] = e * h
-            self.top[i:i + block] = top
+                self._EH[i : i + block] = e * h
+            self.top[i : i + block] = top
 
     def _arrays(self):
         if self.method == "dense":
@@ -245,18 +263,30 @@ class KernelRows:
         if _panel_sums is not None:
             out0 = np.empty(self.rows.size)
             out1 = np.empty(self.rows.size) if self.with_h else out0
-            _panel_sums(self._phi, self._phih if self.with_h else self._phi, self._L, self._slot,
-                        np.ascontiguousarray(w, dtype=np.float64), out0, out1)
+            _panel_sums(
+                self._phi,
+                self._phih if self.with_h else self._phi,
+                self._L,
+                self._slot,
+                np.ascontiguousarray(w, dtype=np.float64),
+                out0,
+                out1,
+            )
             return out0, (out1 if self.with_h else None)
         mu = np.concatenate([self._L[a:b].T @ w[a:b] for a, b in zip(self._starts, self._ends)])
         return self._phi @ mu, (self._phih @ mu if self.with_h else None)
 
     def __repr__(self) -> str:
-        how = f"panel P={self.panels}, r={self.points}, error {self.error:.1e}" if self.method == "panel" else "dense"
+        how = (
+            f"panel P={self.panels}, r={self.points}, error {self.error:.1e}"
+            if self.method == "panel"
+            else "dense"
+        )
         return f"KernelRows({self.rows.size} x {self.sources.size}, {how}, {self.nbytes / 2**20:.1f} MB)"
 
 
 if njit is not None:
+
     @njit(cache=True, nogil=True)
     def _panel_sums(phi, phih, L, slot, w, out0, out1):  # pragma: no cover (compiled)
         """mu[slot_j r + q] += w_j L_jq, then out0 = phi @ mu, out1 = phih @ mu in one pass over the rows."""

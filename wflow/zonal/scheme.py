@@ -3,10 +3,11 @@ bands, limited reconstruction, the velocity by a two-node quadrature of the kern
 
 The mathematics is in :mod:`wflow.zonal` (and ``docs/zonal.md``).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -108,9 +109,19 @@ class ZonalFV:
     name = "zonal-fv-muscl"
     order = 2
 
-    def __init__(self, d: int, n_cells: int, *, attention: str = "SA", beta: float = 1.0, sign: int = 1,
-                 kappa: float | None = None, kernel: str = "plain", grid: str | ArrayLike = "angle",
-                 kernel_method: str = "auto"):
+    def __init__(
+        self,
+        d: int,
+        n_cells: int,
+        *,
+        attention: str = "SA",
+        beta: float = 1.0,
+        sign: int = 1,
+        kappa: float | None = None,
+        kernel: str = "plain",
+        grid: str | ArrayLike = "angle",
+        kernel_method: str = "auto",
+    ):
         self.d = _check_d(d)
         M = check_int(n_cells, "n_cells", minimum=4)
         if attention not in ("SA", "USA"):
@@ -128,7 +139,9 @@ class ZonalFV:
             raise ValueError(f"kernel must be 'plain' or 'rescaled', got {kernel!r}")
         self.kernel = kernel
         if kernel_method not in ("auto", "panel", "dense"):
-            raise ValueError(f"kernel_method must be 'auto', 'panel' or 'dense', got {kernel_method!r}")
+            raise ValueError(
+                f"kernel_method must be 'auto', 'panel' or 'dense', got {kernel_method!r}"
+            )
         self.kernel_method = kernel_method
         self._shift = self.beta if kernel == "rescaled" else 0.0
         self.edges = _edges(grid, M)
@@ -140,7 +153,7 @@ class ZonalFV:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def from_model(cls, model, d: int, n_cells: int, **kwargs) -> "ZonalFV":
+    def from_model(cls, model, d: int, n_cells: int, **kwargs) -> ZonalFV:
         """The scheme for a wflow :class:`~wflow.models.SA` or :class:`~wflow.models.USA` model.
 
         The model must be zonal: :math:`Q = K = I` and :math:`V = \\pm I` (``None`` counts as I).
@@ -148,21 +161,27 @@ class ZonalFV:
         from ..models import SA, USA
 
         if not isinstance(model, (SA, USA)):
-            raise ValueError(f"model must be a wflow SA or USA attention block to be solved by ZonalFV, got {short_repr(model)}")
+            raise ValueError(
+                f"model must be a wflow SA or USA attention block to be solved by ZonalFV, got {short_repr(model)}"
+            )
         sign = 1
         for name in ("Q", "K", "V"):
             A = getattr(model, name)
             if A is None:
                 continue
             if A.shape != (d, d):
-                raise ValueError(f"model.{name} has shape {A.shape}, not ({d}, {d}): the model does not act on S^{d - 1}")
+                raise ValueError(
+                    f"model.{name} has shape {A.shape}, not ({d}, {d}): the model does not act on S^{d - 1}"
+                )
             if np.array_equal(A, np.eye(d)):
                 continue
             if name == "V" and np.array_equal(A, -np.eye(d)):
                 sign = -1
                 continue
-            raise ValueError(f"model is not zonal: {name} must be the identity (or V = -I) for the flow to keep "
-                             f"zonal densities zonal, got {name} = {short_repr(A)}")
+            raise ValueError(
+                f"model is not zonal: {name} must be the identity (or V = -I) for the flow to keep "
+                f"zonal densities zonal, got {name} = {short_repr(A)}"
+            )
         return cls(d, n_cells, attention=type(model).__name__, beta=model.beta, sign=sign, **kwargs)
 
     def _geometry(self) -> None:
@@ -178,14 +197,17 @@ class ZonalFV:
             self._lam_left = np.exp(self.log_face_weights[1:-1] - self.log_volumes[:-1])
             self._lam_right = np.exp(self.log_face_weights[1:-1] - self.log_volumes[1:])
             # centroid: (ell_i - ell_{i+1}) / ((d-1) V_i), both ratios finite
-            up = np.concatenate([[0.0], self._lam_right])       # ell_i / V_i
-            down = np.concatenate([self._lam_left, [0.0]])      # ell_{i+1} / V_i
+            up = np.concatenate([[0.0], self._lam_right])  # ell_i / V_i
+            down = np.concatenate([self._lam_left, [0.0]])  # ell_{i+1} / V_i
         self.centers = np.clip((up - down) / (d - 1), z[:-1], z[1:])
-        self._dz_centers = np.diff(self.centers)                 # (M-1,) distance of centroids across each face
-        self._off_right = z[1:] - self.centers                   # face offsets from the centroid
+        self._dz_centers = np.diff(self.centers)  # (M-1,) distance of centroids across each face
+        self._off_right = z[1:] - self.centers  # face offsets from the centroid
         self._off_left = z[:-1] - self.centers
         reach = np.maximum(self._off_right, -self._off_left)
-        reach[0], reach[-1] = self._off_right[0], -self._off_left[-1]  # the pole faces carry no flux
+        reach[0], reach[-1] = (
+            self._off_right[0],
+            -self._off_left[-1],
+        )  # the pole faces carry no flux
         self._reach = reach
         self.spread = self._cell_spread()
         # polar angle from the lower pole, theta = arccos(-z) in [0, pi] (the variable of the remap step)
@@ -224,14 +246,21 @@ class ZonalFV:
         hi = np.minimum(self.centers + self.spread, self.edges[1:])
         half = 0.5 * (hi - lo)
         self._nodes = (lo, hi, half)
-        self._rows = KernelRows(self.edges[1:-1], np.stack([lo, hi], axis=1).ravel(), self.beta, self.d,
-                                method=self.kernel_method)
+        self._rows = KernelRows(
+            self.edges[1:-1],
+            np.stack([lo, hi], axis=1).ravel(),
+            self.beta,
+            self.d,
+            method=self.kernel_method,
+        )
         self._row_log = self._rows.top
         if self.attention == "USA":
             excess = float(np.max(self._row_log)) - self._shift
             if excess > 700:
-                raise ValueError(f"USA with the plain kernel at beta={self.beta:g} has velocities ~ e^{excess:.0f}, beyond "
-                                 f"double precision; use kernel='rescaled' (a time change)")
+                raise ValueError(
+                    f"USA with the plain kernel at beta={self.beta:g} has velocities ~ e^{excess:.0f}, beyond "
+                    f"double precision; use kernel='rescaled' (a time change)"
+                )
             with np.errstate(under="ignore"):
                 self._row_scale = np.exp(self._row_log - self._shift)
 
@@ -242,8 +271,9 @@ class ZonalFV:
             v = np.exp(self.log_volumes - np.logaddexp.reduce(self.log_volumes))
         return v
 
-    def masses_from_function(self, f: Callable[[np.ndarray], ArrayLike], *, normalize: bool = True,
-                             nodes: int = 8) -> np.ndarray:
+    def masses_from_function(
+        self, f: Callable[[np.ndarray], ArrayLike], *, normalize: bool = True, nodes: int = 8
+    ) -> np.ndarray:
         r"""Band masses :math:`m_i = \int_{\rm band} f\,d\sigma` of the zonal density :math:`\mu = f(z)\sigma`.
 
         Gauss--Legendre with ``nodes`` points per cell in the polar angle, where
@@ -270,12 +300,18 @@ class ZonalFV:
         wt /= wt.sum(axis=1, keepdims=True)
         vals = np.asarray(f(np.cos(phi)), dtype=float)
         if vals.shape != phi.shape:
-            raise ValueError(f"f must return one value per point (shape {phi.shape}), got shape {vals.shape}")
+            raise ValueError(
+                f"f must return one value per point (shape {phi.shape}), got shape {vals.shape}"
+            )
         if not np.all(np.isfinite(vals)):
-            raise ValueError(f"f returned non-finite values, e.g. at z={float(np.cos(phi)[~np.isfinite(vals)][0]):.6g}")
+            raise ValueError(
+                f"f returned non-finite values, e.g. at z={float(np.cos(phi)[~np.isfinite(vals)][0]):.6g}"
+            )
         if np.any(vals < 0):
             i = np.unravel_index(int(np.argmin(vals)), vals.shape)
-            raise ValueError(f"f must be a non-negative density, got f({np.cos(phi)[i]:.6g}) = {vals[i]:.6g}")
+            raise ValueError(
+                f"f must be a non-negative density, got f({np.cos(phi)[i]:.6g}) = {vals[i]:.6g}"
+            )
         with np.errstate(under="ignore"):
             m = self.volumes * np.sum(wt * vals, axis=1)
         if normalize:
@@ -296,21 +332,30 @@ class ZonalFV:
             raise TypeError(f"{name} must be a real array, got {short_repr(masses)}")
         m = m.astype(float)
         if m.shape != (self.n_cells,):
-            raise ValueError(f"{name} must have shape ({self.n_cells},) (one per band), got {m.shape}")
+            raise ValueError(
+                f"{name} must have shape ({self.n_cells},) (one per band), got {m.shape}"
+            )
         if not np.all(np.isfinite(m)):
-            raise ValueError(f"{name} contain non-finite entries at bands {np.flatnonzero(~np.isfinite(m))[:5].tolist()}")
+            raise ValueError(
+                f"{name} contain non-finite entries at bands {np.flatnonzero(~np.isfinite(m))[:5].tolist()}"
+            )
         if np.any(m < 0):
             i = int(np.argmin(m))
             raise ValueError(f"{name} must be non-negative, got {m[i]:.6g} in band {i}")
         total = float(m.sum())
         defect = abs(total - 1.0)
         if defect > _MASS_WARN:
-            raise ValueError(f"{name} must sum to 1 (a probability measure), got total mass {total:.12g}")
+            raise ValueError(
+                f"{name} must sum to 1 (a probability measure), got total mass {total:.12g}"
+            )
         if defect > _MASS_SILENT:
             import warnings
 
-            warnings.warn(f"{name} total {total:.15g} differs from 1 by {defect:.2g}; rescaled to 1", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"{name} total {total:.15g} differs from 1 by {defect:.2g}; rescaled to 1",
+                UserWarning,
+                stacklevel=2,
+            )
         return m / total
 
     def density(self, masses: np.ndarray) -> np.ndarray:
@@ -395,7 +440,9 @@ class ZonalFV:
         if m.shape != (self.n_cells,):
             raise ValueError(f"masses must have shape ({self.n_cells},), got {m.shape}")
         if not np.all(np.isfinite(m)):
-            raise SolverError(f"non-finite masses at bands {np.flatnonzero(~np.isfinite(m))[:5].tolist()}")
+            raise SolverError(
+                f"non-finite masses at bands {np.flatnonzero(~np.isfinite(m))[:5].tolist()}"
+            )
         m = np.maximum(m, 0.0)
         if not m.sum() > 0:
             raise ValueError("masses are all zero: a density must have mass 1")
@@ -404,9 +451,11 @@ class ZonalFV:
         g = self.face_velocity(m, slope)
         theta_l = np.clip(1.0 + slope * self._off_left, 0.0, 2.0)
         theta_r = np.clip(1.0 + slope * self._off_right, 0.0, 2.0)
-        a_left = self._lam_left * m[:-1]    # ell_f fbar_{f-1}
-        a_right = self._lam_right * m[1:]   # ell_f fbar_f
-        flux = np.maximum(g, 0.0) * a_left * theta_r[:-1] + np.minimum(g, 0.0) * a_right * theta_l[1:]
+        a_left = self._lam_left * m[:-1]  # ell_f fbar_{f-1}
+        a_right = self._lam_right * m[1:]  # ell_f fbar_f
+        flux = (
+            np.maximum(g, 0.0) * a_left * theta_r[:-1] + np.minimum(g, 0.0) * a_right * theta_l[1:]
+        )
         rate = np.zeros(M)
         rate[:-1] += 2.0 * self._lam_left * np.maximum(g, 0.0)
         rate[1:] += 2.0 * self._lam_right * np.maximum(-g, 0.0)
@@ -418,8 +467,10 @@ class ZonalFV:
         dm[:-1] -= flux
         dm[1:] += flux
         if not np.all(np.isfinite(dm)):
-            raise SolverError(f"non-finite right-hand side (USA velocity overflow at beta={self.beta:g}?); "
-                              f"try kernel='rescaled'")
+            raise SolverError(
+                f"non-finite right-hand side (USA velocity overflow at beta={self.beta:g}?); "
+                f"try kernel='rescaled'"
+            )
         top = float(rate.max())
         return dm, (1.0 / top if top > 0 else np.inf)
 
@@ -446,7 +497,9 @@ class ZonalFV:
         at the poles.
         """
         u = np.zeros(self.n_cells + 1)
-        u[1:-1] = self._sin_faces * self.face_velocity(np.maximum(np.asarray(masses, dtype=float), 0.0))
+        u[1:-1] = self._sin_faces * self.face_velocity(
+            np.maximum(np.asarray(masses, dtype=float), 0.0)
+        )
         return u
 
     def departure(self, u: np.ndarray, dt: float, u_mid: np.ndarray | None = None) -> np.ndarray:
@@ -472,7 +525,9 @@ class ZonalFV:
         w = np.diff(self.theta_edges)
         with np.errstate(divide="ignore"):
             logq = np.log(m) - np.log(w)
-        slope = _mc_log_slopes(logq, m > 0, 0.5 * (w[1:] + w[:-1]))   # centres' distances across the faces
+        slope = _mc_log_slopes(
+            logq, m > 0, 0.5 * (w[1:] + w[:-1])
+        )  # centres' distances across the faces
         return np.clip(slope * w, -2.0, 2.0)
 
     def remap(self, masses: np.ndarray, departure: np.ndarray) -> np.ndarray:
@@ -491,8 +546,8 @@ class ZonalFV:
         """What :meth:`remap` needs of the old masses, formed once for several departure sets: the
         masses (negative round-off as zero), the slopes in theta, the prefix and suffix sums."""
         m = np.maximum(np.asarray(masses, dtype=float), 0.0)
-        P = np.concatenate([[0.0], np.cumsum(m)])               # P[k] = sum_{l < k} m_l
-        S = np.concatenate([np.cumsum(m[::-1])[::-1], [0.0]])   # S[k] = sum_{l >= k} m_l
+        P = np.concatenate([[0.0], np.cumsum(m)])  # P[k] = sum_{l < k} m_l
+        S = np.concatenate([np.cumsum(m[::-1])[::-1], [0.0]])  # S[k] = sum_{l >= k} m_l
         return m, self._theta_slopes(m), P, S
 
     def _remap(self, rec: tuple[np.ndarray, ...], departure: np.ndarray) -> np.ndarray:
@@ -534,15 +589,19 @@ class ZonalFV:
             return self.sign * 0.5 * float(m @ self.centers) ** 2
         if self._energy_rows is None:
             c = self.centers
-            self._energy_rows = KernelRows(c, c, self.beta, self.d, with_h=False, method=self.kernel_method)
+            self._energy_rows = KernelRows(
+                c, c, self.beta, self.d, with_h=False, method=self.kernel_method
+            )
         rows = self._energy_rows
-        s0 = rows(m)[0]                                   # sum_j m_j k(c_i, c_j) e^{-top_i}
+        s0 = rows(m)[0]  # sum_j m_j k(c_i, c_j) e^{-top_i}
         with np.errstate(divide="ignore"):
             lm = np.log(m)
         bad = (m > 0) & ~(s0 > _UNDERFLOW)
         with np.errstate(divide="ignore"):
             x = lm + rows.top + np.log(np.maximum(s0, 0.0))
-        if np.any(bad):  # rows whose shifted sum underflowed: in log scale with the masses in the shift
+        if np.any(
+            bad
+        ):  # rows whose shifted sum underflowed: in log scale with the masses in the shift
             lk = _kernel(self.centers[bad, None], self.centers[None, :], self.beta, self.d)[0]
             y = lk + lm[None, :]
             t = y.max(axis=1)
@@ -553,13 +612,17 @@ class ZonalFV:
             log_e = top + math.log(float(np.exp(x - top).sum()))
         log_e += -math.log(2.0 * self.beta) - self._shift
         if log_e > 709:
-            raise SolverError(f"E_beta = e^{log_e:.0f} overflows at beta={self.beta:g}; use kernel='rescaled'")
+            raise SolverError(
+                f"E_beta = e^{log_e:.0f} overflows at beta={self.beta:g}; use kernel='rescaled'"
+            )
         return self.sign * math.exp(log_e)
 
     def __repr__(self) -> str:
         noise = "" if not self.inv_kappa else f", kappa={self.kappa:g}"
-        return (f"ZonalFV(d={self.d}, n_cells={self.n_cells}, attention={self.attention!r}, beta={self.beta:g}, "
-                f"sign={self.sign}{noise}, kernel={self.kernel!r})")
+        return (
+            f"ZonalFV(d={self.d}, n_cells={self.n_cells}, attention={self.attention!r}, beta={self.beta:g}, "
+            f"sign={self.sign}{noise}, kernel={self.kernel!r})"
+        )
 
 
 def _mc_log_slopes(logf: np.ndarray, full: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -572,8 +635,8 @@ def _mc_log_slopes(logf: np.ndarray, full: np.ndarray, h: np.ndarray) -> np.ndar
     one-sided in the two end cells; not yet clipped.
     """
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        up = np.exp(np.minimum(logf[1:] - logf[:-1], 300.0))       # fbar_{i+1}/fbar_i, i = 0..M-2
-        down = np.exp(np.minimum(logf[:-1] - logf[1:], 300.0))     # fbar_{i-1}/fbar_i, i = 1..M-1
+        up = np.exp(np.minimum(logf[1:] - logf[:-1], 300.0))  # fbar_{i+1}/fbar_i, i = 0..M-2
+        down = np.exp(np.minimum(logf[:-1] - logf[1:], 300.0))  # fbar_{i-1}/fbar_i, i = 1..M-1
     up = np.where(full[:-1], up, 1.0)
     down = np.where(full[1:], down, 1.0)
     M = logf.size
@@ -604,14 +667,23 @@ def _edges(grid, M: int) -> np.ndarray:
             z[M // 2] = 0.0
         return z
     z = np.asarray(grid, dtype=float)
-    if z.ndim != 1 or z.size < 5 or not np.all(np.isfinite(z)) or z[0] != -1 or z[-1] != 1 or np.any(np.diff(z) <= 0):
-        raise ValueError(f"grid edges must be increasing from -1 to 1 with at least 4 cells, got {short_repr(grid)}")
+    if (
+        z.ndim != 1
+        or z.size < 5
+        or not np.all(np.isfinite(z))
+        or z[0] != -1
+        or z[-1] != 1
+        or np.any(np.diff(z) <= 0)
+    ):
+        raise ValueError(
+            f"grid edges must be increasing from -1 to 1 with at least 4 cells, got {short_repr(grid)}"
+        )
     return z
 
 
 def _log_band_volumes(z: np.ndarray, d: int) -> np.ndarray:
     """log sigma(z_i <= <x,e> <= z_{i+1}) from the log caps, without cancellation or underflow."""
-    up = log_cap_volume(np.maximum(z, 0.0), d)    # log sigma(<x,e> >= z), z >= 0
+    up = log_cap_volume(np.maximum(z, 0.0), d)  # log sigma(<x,e> >= z), z >= 0
     low = log_cap_volume(np.maximum(-z, 0.0), d)  # log sigma(<x,e> <= z), z <= 0
     lo, hi = z[:-1], z[1:]
     out = np.empty(z.size - 1)

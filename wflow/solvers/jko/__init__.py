@@ -5,9 +5,34 @@ r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, sol
 * :mod:`~wflow.solvers.jko.transport` -- the inner semi-relaxed Sinkhorn / Newton--CG solver;
 * :mod:`~wflow.solvers.jko.stationary_states` -- stationary states by iterated steps, their atoms.
 """
-from .stationary_states import StationaryResult, atom_groups, cluster_atoms, stationary
-from ...sphere import cost_matrix
-from .step import JKO, JKOProblem, JKOResult, JKOStepper, StepStats, WarmStart, check_gradient_model, jko, jko_step
 
-__all__ = ["jko", "jko_step", "JKO", "JKOProblem", "JKOResult", "JKOStepper", "StepStats", "WarmStart",
-           "stationary", "StationaryResult", "cost_matrix", "cluster_atoms", "atom_groups", "check_gradient_model"]
+from ...sphere import cost_matrix
+from .stationary_states import StationaryResult, atom_groups, cluster_atoms, stationary
+from .step import (
+    JKO,
+    JKOProblem,
+    JKOResult,
+    JKOStepper,
+    StepStats,
+    WarmStart,
+    check_gradient_model,
+    jko,
+    jko_step,
+)
+
+__all__ = [
+    "jko",
+    "jko_step",
+    "JKO",
+    "JKOProblem",
+    "JKOResult",
+    "JKOStepper",
+    "StepStats",
+    "WarmStart",
+    "stationary",
+    "StationaryResult",
+    "cost_matrix",
+    "cluster_atoms",
+    "atom_groups",
+    "check_gradient_model",
+]

@@ -7,6 +7,7 @@ residual is below the resolution of the support (for an atomic limit: the veloci
 atoms too); polishing the atoms off the grid is kept only when it does not move an atom off
 its mass and does not raise the residual (``polished`` and the message say which).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,12 +65,16 @@ class AtomGroups:
     counts: dict[float, int]
 
 
-def _neighbor_array(x: np.ndarray, neighbors: np.ndarray | None, radius: float | None) -> np.ndarray:
+def _neighbor_array(
+    x: np.ndarray, neighbors: np.ndarray | None, radius: float | None
+) -> np.ndarray:
     """Mesh neighbours, or the neighbours of a point cloud within ``radius`` (padded with -1)."""
     if neighbors is not None:
         nb = np.asarray(neighbors)
         if nb.ndim != 2 or nb.shape[0] != x.shape[0] or not np.issubdtype(nb.dtype, np.integer):
-            raise ValueError(f"neighbors must be an integer array of shape ({x.shape[0]}, k), got {nb.dtype} {nb.shape}")
+            raise ValueError(
+                f"neighbors must be an integer array of shape ({x.shape[0]}, k), got {nb.dtype} {nb.shape}"
+            )
         return nb
     from scipy.spatial import cKDTree
 
@@ -81,7 +86,7 @@ def _neighbor_array(x: np.ndarray, neighbors: np.ndarray | None, radius: float |
     width = max(len(row) for row in lists)
     nb = -np.ones((n, width), dtype=np.intp)
     for i, row in enumerate(lists):
-        nb[i, :len(row)] = row
+        nb[i, : len(row)] = row
     return nb
 
 
@@ -97,9 +102,16 @@ def _components(w: np.ndarray, nb: np.ndarray, t: float) -> list[np.ndarray]:
     return [np.flatnonzero(b > 0) for b in bary]
 
 
-def atom_groups(points: np.ndarray, weights: np.ndarray, *, neighbors: np.ndarray | None = None,
-                radius: float | None = None, threshold: float = 1e-3, top: float = 0.5,
-                levels: int = 25) -> AtomGroups:
+def atom_groups(
+    points: np.ndarray,
+    weights: np.ndarray,
+    *,
+    neighbors: np.ndarray | None = None,
+    radius: float | None = None,
+    threshold: float = 1e-3,
+    top: float = 0.5,
+    levels: int = 25,
+) -> AtomGroups:
     r"""The mass groups of a measure on a support, separated wherever a valley separates them.
 
     A single linkage threshold cannot do this: a thin bridge of mass (a measure that has not
@@ -184,15 +196,23 @@ def atom_groups(points: np.ndarray, weights: np.ndarray, *, neighbors: np.ndarra
     k = atoms.shape[0]
     masses = np.bincount(owner, weights=w, minlength=k)
     dist2 = np.arccos(cos[np.arange(x.shape[0]), owner]) ** 2
-    spread = np.sqrt(np.bincount(owner, weights=w * dist2, minlength=k) / np.maximum(masses, 1e-300))
+    spread = np.sqrt(
+        np.bincount(owner, weights=w * dist2, minlength=k) / np.maximum(masses, 1e-300)
+    )
     masses = masses / w.sum()
     order = np.argsort(-masses, kind="stable")
     split = [float(ladder[i]) for i in level_of]
     return AtomGroups(atoms[order], masses[order], spread[order], max(split), counts)
 
 
-def cluster_atoms(points: np.ndarray, weights: np.ndarray, *, mesh: Mesh | None = None,
-                  threshold: float = 1e-3, radius: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def cluster_atoms(
+    points: np.ndarray,
+    weights: np.ndarray,
+    *,
+    mesh: Mesh | None = None,
+    threshold: float = 1e-3,
+    radius: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Atoms and masses of the mass groups of a measure (:func:`atom_groups`).
 
     Parameters
@@ -222,8 +242,13 @@ def cluster_atoms(points: np.ndarray, weights: np.ndarray, *, mesh: Mesh | None 
     >>> np.round(np.arctan2(atoms[:, 1], atoms[:, 0]), 1).tolist(), np.round(masses, 3).tolist()
     ([-2.0, 1.0], [0.5, 0.5])
     """
-    g = atom_groups(points, weights, neighbors=None if mesh is None else mesh.cell_neighbors,
-                    radius=radius, threshold=threshold)
+    g = atom_groups(
+        points,
+        weights,
+        neighbors=None if mesh is None else mesh.cell_neighbors,
+        radius=radius,
+        threshold=threshold,
+    )
     return g.atoms, g.masses
 
 
@@ -305,12 +330,15 @@ class StationaryResult:
     separation_threshold: float = 0.0
 
     def __repr__(self) -> str:
-        return (f"StationaryResult(atoms={self.atoms.shape[0]}, atomic={self.atomic}, residual={self.residual:.3g}, "
-                f"residual_support={self.residual_support:.3g}, steps={self.steps}, converged={self.converged})")
+        return (
+            f"StationaryResult(atoms={self.atoms.shape[0]}, atomic={self.atomic}, residual={self.residual:.3g}, "
+            f"residual_support={self.residual_support:.3g}, steps={self.steps}, converged={self.converged})"
+        )
 
 
-def _second_order(model: Model | None, atoms: np.ndarray, masses: np.ndarray, backend: str,
-                  h: float = 1e-3) -> np.ndarray:
+def _second_order(
+    model: Model | None, atoms: np.ndarray, masses: np.ndarray, backend: str, h: float = 1e-3
+) -> np.ndarray:
     k, d = atoms.shape
     if model is None:
         return np.zeros((k, d - 1))
@@ -334,16 +362,27 @@ def _second_order(model: Model | None, atoms: np.ndarray, masses: np.ndarray, ba
     return np.linalg.eigvalsh(H)
 
 
-def _max_speed(model: Model, atoms: np.ndarray, masses: np.ndarray, backend: str,
-               which: np.ndarray | None = None) -> float:
+def _max_speed(
+    model: Model,
+    atoms: np.ndarray,
+    masses: np.ndarray,
+    backend: str,
+    which: np.ndarray | None = None,
+) -> float:
     """Largest speed of the (``which``) atoms in the flow of the atomic measure."""
     mu = Atoms._trusted(atoms, masses / masses.sum())
     speed = np.linalg.norm(model.velocity(atoms, mu, backend=backend), axis=-1)
     return float(np.max(speed if which is None else speed[which], initial=0.0))
 
 
-def _polish(model: Model, atoms: np.ndarray, masses: np.ndarray, backend: str, width: float,
-            free: np.ndarray) -> tuple[np.ndarray, str]:
+def _polish(
+    model: Model,
+    atoms: np.ndarray,
+    masses: np.ndarray,
+    backend: str,
+    width: float,
+    free: np.ndarray,
+) -> tuple[np.ndarray, str]:
     r"""Newton steps on the finite-atom flow (masses fixed, only the ``free`` atoms move); the
     polished atoms, or the unpolished ones and the reason the polish was refused.
 
@@ -407,12 +446,20 @@ def _polish(model: Model, atoms: np.ndarray, masses: np.ndarray, backend: str, w
         return start, "polishing produced non-finite atoms: not applied"
     if moved.max() > width:
         i = int(np.argmax(moved))
-        return start, (f"polishing would move atom {i} by {moved[i]:.3g} rad, off its mass (more than "
-                       f"{width:.3g}): not applied")
+        return start, (
+            f"polishing would move atom {i} by {moved[i]:.3g} rad, off its mass (more than "
+            f"{width:.3g}): not applied"
+        )
     if closest <= width:
-        return start, f"polishing would bring two atoms within {closest:.3g} rad of each other: not applied"
+        return (
+            start,
+            f"polishing would bring two atoms within {closest:.3g} rad of each other: not applied",
+        )
     if not res1 <= res0:
-        return start, f"polishing would raise the residual from {res0:.3g} to {res1:.3g}: not applied"
+        return (
+            start,
+            f"polishing would raise the residual from {res0:.3g} to {res1:.3g}: not applied",
+        )
     return atoms, ""
 
 
@@ -493,10 +540,22 @@ def stationary(
     if residual_tol is not None:
         residual_tol = check_positive(residual_tol, "residual_tol")
     eps = default_eps(x, r) if eps is None else check_positive(eps, "eps")
-    st = JKOStepper(model, x, r, tau=tau, eps=eps, cost=cost, kappa=kappa, method=method,
-                    debias=kwargs.pop("debias", True), eps_scaling=check_eps_scaling(kwargs.pop("eps_scaling", None)),
-                    tol=step_tol, max_iter=kwargs.pop("max_iter", 200), max_sinkhorn=kwargs.pop("max_sinkhorn", 5000),
-                    backend=backend)
+    st = JKOStepper(
+        model,
+        x,
+        r,
+        tau=tau,
+        eps=eps,
+        cost=cost,
+        kappa=kappa,
+        method=method,
+        debias=kwargs.pop("debias", True),
+        eps_scaling=check_eps_scaling(kwargs.pop("eps_scaling", None)),
+        tol=step_tol,
+        max_iter=kwargs.pop("max_iter", 200),
+        max_sinkhorn=kwargs.pop("max_sinkhorn", 5000),
+        backend=backend,
+    )
     if kwargs:
         raise TypeError(f"stationary() got unexpected keyword arguments {sorted(kwargs)}")
     w = a
@@ -523,14 +582,21 @@ def stationary(
             tau_max = min(tau_max, tau)
         else:
             tau = min(tau_max, growth * tau)
-    groups = atom_groups(x, w, neighbors=None if mesh is None else mesh.cell_neighbors, threshold=threshold)
+    groups = atom_groups(
+        x, w, neighbors=None if mesh is None else mesh.cell_neighbors, threshold=threshold
+    )
     atoms, masses = groups.atoms, groups.masses
     # groups wider than an atom carrying at most stray_mass in all are strays (tails still draining)
     wide = groups.spread > atom_width
     stray = wide if masses[wide].sum() <= stray_mass else np.zeros_like(wide)
     atomic = not np.any(wide & ~stray) and masses.size < max(2, x.shape[0] // 4)
-    notes = [f"{int(stray.sum())} stray group(s) of mass {masses[stray].sum():.2g} left out of the atoms' residual"] \
-        if stray.any() else []
+    notes = (
+        [
+            f"{int(stray.sum())} stray group(s) of mass {masses[stray].sum():.2g} left out of the atoms' residual"
+        ]
+        if stray.any()
+        else []
+    )
     residual_grid = None
     polished = False
     if model is not None and atomic:
@@ -565,10 +631,30 @@ def stationary(
         msg += f"; atoms' velocity {residual:.3g} > residual_tol {residual_tol:.3g}"
     if not atomic:
         msg += f"; not atomic (widest group spread {float(groups.spread.max()):.3g} > atom_width {atom_width:.3g})"
-    msg = ("converged: " if converged else "NOT converged: ") + msg + "".join(f"; {n}" for n in notes)
-    return StationaryResult(weights=w, points=x, atoms=atoms, masses=masses, residual=residual,
-                            residual_support=res_support, hessian=hess, potential_gap=gap,
-                            energy=st.energy.F(w), steps=k, tau=tau, converged=converged, history=hist, mesh=mesh,
-                            message=msg, residual_grid=residual_grid, spread=groups.spread, atomic=atomic,
-                            polished=polished, stopped=stopped, residual_tol=residual_tol,
-                            separation_threshold=groups.threshold)
+    msg = (
+        ("converged: " if converged else "NOT converged: ") + msg + "".join(f"; {n}" for n in notes)
+    )
+    return StationaryResult(
+        weights=w,
+        points=x,
+        atoms=atoms,
+        masses=masses,
+        residual=residual,
+        residual_support=res_support,
+        hessian=hess,
+        potential_gap=gap,
+        energy=st.energy.F(w),
+        steps=k,
+        tau=tau,
+        converged=converged,
+        history=hist,
+        mesh=mesh,
+        message=msg,
+        residual_grid=residual_grid,
+        spread=groups.spread,
+        atomic=atomic,
+        polished=polished,
+        stopped=stopped,
+        residual_tol=residual_tol,
+        separation_threshold=groups.threshold,
+    )

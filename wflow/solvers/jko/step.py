@@ -79,13 +79,14 @@ exact discrete one, which locks mass in its cell whenever :math:`\tau|v| < h/2`.
 supports only): mirror descent on the weights with Armijo backtracking, the gradient being
 :math:`g/(2\tau) + \delta\Phi/\delta\nu`, :math:`g` the exact dual potential of :math:`W_2^2(a,\nu)`.
 """
+
 from __future__ import annotations
 
 import logging
-import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -95,12 +96,34 @@ from ...measure import Atoms
 from ...mesh import Mesh, mesh_from_dict
 from ...models import WASSERSTEIN, Model, model_from_dict
 from ...sphere import cost_matrix
-from ..base import Problem, Result, Solver, StepResult, Tracker, integrate, register_kind, register_solver
+from ..base import (
+    Problem,
+    Result,
+    Solver,
+    StepResult,
+    Tracker,
+    integrate,
+    register_kind,
+    register_solver,
+)
 from ..trackers import ProgressBar
 from .transport import TINY, SemiRelaxed, blur_variance
 
-__all__ = ["jko", "jko_step", "JKO", "JKOProblem", "JKOResult", "JKOStepper", "StepStats", "WarmStart",
-           "cost_matrix", "check_gradient_model", "support", "default_eps", "check_eps_scaling"]
+__all__ = [
+    "jko",
+    "jko_step",
+    "JKO",
+    "JKOProblem",
+    "JKOResult",
+    "JKOStepper",
+    "StepStats",
+    "WarmStart",
+    "cost_matrix",
+    "check_gradient_model",
+    "support",
+    "default_eps",
+    "check_eps_scaling",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -139,11 +162,14 @@ def check_gradient_model(model: Any, d: int) -> None:
     model.check_dimension(d)
     why = model.gradient_obstruction()
     if why is not None:
-        raise NotAGradientFlowError(f"the JKO scheme needs a gradient flow, but {model!r} is not one: {why}")
+        raise NotAGradientFlowError(
+            f"the JKO scheme needs a gradient flow, but {model!r} is not one: {why}"
+        )
     if model.metric != WASSERSTEIN:
         raise NotAGradientFlowError(
             f"the JKO scheme solves Wasserstein-2 gradient flows, but {model!r} ascends its energy in the metric "
-            f"reweighted by Z_mu (metric={model.metric!r}); use USA (plain W2) or the particle/Eulerian solvers for SA")
+            f"reweighted by Z_mu (metric={model.metric!r}); use USA (plain W2) or the particle/Eulerian solvers for SA"
+        )
 
 
 def support(rho0: Any, reference: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, Mesh | None]:
@@ -161,20 +187,30 @@ def support(rho0: Any, reference: Any) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """
     if isinstance(rho0, Density):
         mesh = rho0.mesh
-        x, a, r = mesh.centers.astype(np.float64), rho0.masses().astype(np.float64), mesh.areas.astype(np.float64)
+        x, a, r = (
+            mesh.centers.astype(np.float64),
+            rho0.masses().astype(np.float64),
+            mesh.areas.astype(np.float64),
+        )
     elif isinstance(rho0, Atoms):
         if rho0.batch_shape:
-            raise ValueError(f"rho0 must be a single measure (no batch axes), got batch {rho0.batch_shape}")
+            raise ValueError(
+                f"rho0 must be a single measure (no batch axes), got batch {rho0.batch_shape}"
+            )
         mesh = None
         x, a = rho0.points.astype(np.float64), rho0.weights.astype(np.float64)
         area = 2 * np.pi if rho0.d == 2 else (4 * np.pi if rho0.d == 3 else 1.0)
         r = np.full(rho0.n, area / rho0.n)
     else:
-        raise TypeError(f"rho0 must be a wflow Density (mesh) or Atoms (point cloud), got {short_repr(rho0)}")
+        raise TypeError(
+            f"rho0 must be a wflow Density (mesh) or Atoms (point cloud), got {short_repr(rho0)}"
+        )
     if reference is not None:
         r = np.asarray(reference, dtype=float)
         if r.shape != a.shape or not np.all(np.isfinite(r)) or np.any(r <= 0):
-            raise ValueError(f"reference must hold {a.shape[0]} positive volumes, got {short_repr(reference)}")
+            raise ValueError(
+                f"reference must hold {a.shape[0]} positive volumes, got {short_repr(reference)}"
+            )
     a = a / a.sum()
     return x, a, r, mesh
 
@@ -274,7 +310,9 @@ class StepStats:
     """
 
     iterations: int  #: outer (re-linearization) iterations
-    sinkhorn: int  #: inner iterations: scaling iterations, Newton-CG kernel products and Newton steps
+    sinkhorn: (
+        int  #: inner iterations: scaling iterations, Newton-CG kernel products and Newton steps
+    )
     residual: float  #: nu-weighted first-order residual, units of dF/dmu
     residual_max: float  #: max over support points with nu_j >= 1e-8 max(nu)
     eps: float  #: regularization at the end of the step (0 for emd)
@@ -305,8 +343,25 @@ class JKOStepper:
     ('JKOStepper', 1.0, True)
     """
 
-    def __init__(self, model, x, r, *, tau, eps, cost, kappa, method, debias, eps_scaling, tol, max_iter,
-                 max_sinkhorn, backend, energy: "JKOEnergy | None" = None):
+    def __init__(
+        self,
+        model,
+        x,
+        r,
+        *,
+        tau,
+        eps,
+        cost,
+        kappa,
+        method,
+        debias,
+        eps_scaling,
+        tol,
+        max_iter,
+        max_sinkhorn,
+        backend,
+        energy: JKOEnergy | None = None,
+    ):
         self.x, self.r, self.dim = x, r, x.shape[1] - 1
         self.method = method
         self.tol, self.max_iter, self.max_sinkhorn = tol, max_iter, max_sinkhorn
@@ -327,21 +382,36 @@ class JKOStepper:
     def warm_start(self) -> WarmStart | None:
         if self.ot is None or self.ot.eps is None:
             return None
-        return WarmStart(gbar=self.ot.gbar.copy(), v=self.ot.v.copy(), L=float(self.L), eps=float(self.ot.eps))
+        return WarmStart(
+            gbar=self.ot.gbar.copy(), v=self.ot.v.copy(), L=float(self.L), eps=float(self.ot.eps)
+        )
 
     def restore(self, ws: WarmStart) -> None:
         """Start the next step from ``ws`` (a :meth:`warm_start` of a run on the same support and eps)."""
         if not isinstance(ws, WarmStart):
-            raise TypeError(f"warm_start must be a WarmStart (JKOResult.warm_start) or None, got {short_repr(ws)}")
+            raise TypeError(
+                f"warm_start must be a WarmStart (JKOResult.warm_start) or None, got {short_repr(ws)}"
+            )
         if self.ot is None:
-            raise ValueError("warm_start applies to method='sinkhorn'; method='emd' keeps no state between steps")
+            raise ValueError(
+                "warm_start applies to method='sinkhorn'; method='emd' keeps no state between steps"
+            )
         n = self.x.shape[0]
         gbar, v = np.asarray(ws.gbar, dtype=float), np.asarray(ws.v, dtype=float)
-        if gbar.shape != (n,) or v.shape != (n,) or not np.all(np.isfinite(gbar)) or not np.all(v > 0):
-            raise ValueError(f"warm_start must hold finite gbar and positive v of shape ({n},), got shapes "
-                             f"{gbar.shape}, {v.shape}")
+        if (
+            gbar.shape != (n,)
+            or v.shape != (n,)
+            or not np.all(np.isfinite(gbar))
+            or not np.all(v > 0)
+        ):
+            raise ValueError(
+                f"warm_start must hold finite gbar and positive v of shape ({n},), got shapes "
+                f"{gbar.shape}, {v.shape}"
+            )
         if not np.isclose(ws.eps, self.eps_target, rtol=1e-12, atol=0):
-            raise ValueError(f"warm_start was taken at eps={ws.eps!r}, this run uses eps={self.eps_target!r}")
+            raise ValueError(
+                f"warm_start was taken at eps={ws.eps!r}, this run uses eps={self.eps_target!r}"
+            )
         self.ot.eps = self.eps_target
         self.ot.build(gbar)
         self.ot.v = v.copy()
@@ -410,8 +480,13 @@ class JKOStepper:
                 # cold start at the potential whose target marginal q = r e^{-(g+V)/lam} is mu_k
                 ot.gbar = -V - lam * E.logratio(a)
             ot.set_eps(eps)
-            it, _ = ot.solve(a, V, lam, tol=2 * self.tau * self.tol,
-                             max_iter=20 if eps != self.eps_target else self.max_sinkhorn)
+            it, _ = ot.solve(
+                a,
+                V,
+                lam,
+                tol=2 * self.tau * self.tol,
+                max_iter=20 if eps != self.eps_target else self.max_sinkhorn,
+            )
             sink += it
             t_ot += time.perf_counter() - t0
             if eps != self.eps_target:
@@ -433,7 +508,13 @@ class JKOStepper:
             state = (ot.fbar.copy(), ot.gbar.copy(), ot.u.copy(), ot.v.copy(), ot.K, ot.KT)
             t0 = time.perf_counter()
             V, lam = self._linear_part(nu_m, dF, L)
-            it, _ = ot.solve(a, V, lam, tol=2 * self.tau * max(0.1 * self.tol, 0.01 * res), max_iter=self.max_sinkhorn)
+            it, _ = ot.solve(
+                a,
+                V,
+                lam,
+                tol=2 * self.tau * max(0.1 * self.tol, 0.01 * res),
+                max_iter=self.max_sinkhorn,
+            )
             sink += it
             nu = ot.nu(a)
             nu /= nu.sum()
@@ -451,9 +532,21 @@ class JKOStepper:
             converged = res <= self.tol
         self.L = L
         if not converged:
-            logger.warning("JKO step: residual %.3g above tol=%.3g after %d iterations", res, self.tol, outer)
-        return nu_m, StepStats(outer, sink, res, res_max, float(ot.eps), L, J_m, converged,
-                               time_ot=t_ot, time_energy=E.time - t0e)
+            logger.warning(
+                "JKO step: residual %.3g above tol=%.3g after %d iterations", res, self.tol, outer
+            )
+        return nu_m, StepStats(
+            outer,
+            sink,
+            res,
+            res_max,
+            float(ot.eps),
+            L,
+            J_m,
+            converged,
+            time_ot=t_ot,
+            time_energy=E.time - t0e,
+        )
 
     # -- exact step (POT emd) ------------------------------------------------------
     def _emd_step(self, a: np.ndarray) -> tuple[np.ndarray, StepStats]:
@@ -471,8 +564,10 @@ class JKOStepper:
             w2, lg = pot.emd2(a, nu, self.C, numItermax=max(10**6, 50 * nu.size**2), log=True)
             t_ot += time.perf_counter() - t0
             if lg.get("result_code", 1) != 1:
-                raise SolverError(f"ot.emd did not reach an optimal plan (result_code={lg.get('result_code')}); "
-                                  f"use method='sinkhorn' for a support of {nu.size} points")
+                raise SolverError(
+                    f"ot.emd did not reach an optimal plan (result_code={lg.get('result_code')}); "
+                    f"use method='sinkhorn' for a support of {nu.size} points"
+                )
             F = E.F(nu)
             J = w2 / tau2 + self.phi(nu, F)
             dF = E.first_variation(nu)
@@ -500,8 +595,18 @@ class JKOStepper:
             s *= 1.5
             res = float(np.dot(nu, np.abs(grad)))
         keep = nu >= 1e-8 * nu.max()
-        return nu, StepStats(it, it, res, float(np.max(np.abs(grad[keep]))), 0.0, 0.0, float(J), res <= self.tol,
-                             time_ot=t_ot, time_energy=E.time - t0e)
+        return nu, StepStats(
+            it,
+            it,
+            res,
+            float(np.max(np.abs(grad[keep]))),
+            0.0,
+            0.0,
+            float(J),
+            res <= self.tol,
+            time_ot=t_ot,
+            time_energy=E.time - t0e,
+        )
 
 
 def check_eps_scaling(eps_scaling: Any) -> float | None:
@@ -563,8 +668,16 @@ class JKOProblem(Problem):
 
     kind = "jko"
 
-    def __init__(self, model: Model | None, x: np.ndarray, r: np.ndarray, *, mesh: Mesh | None = None,
-                 kappa: float | None = None, backend: str = "auto"):
+    def __init__(
+        self,
+        model: Model | None,
+        x: np.ndarray,
+        r: np.ndarray,
+        *,
+        mesh: Mesh | None = None,
+        kappa: float | None = None,
+        backend: str = "auto",
+    ):
         super().__init__()
         check_gradient_model(model, x.shape[1])
         self.model, self.x, self.r, self.mesh, self.backend = model, x, r, mesh, backend
@@ -579,16 +692,23 @@ class JKOProblem(Problem):
         if self.model is not None and self.model.time_dependent:
             self.energy.model = self.model.at(t)
         F = self.energy.F(w)
-        return {"weights": (("cell",), np.array(w, copy=True)), "energy": ((), np.float64(F)),
-                "free_energy": ((), np.float64(-F + self.kappa_inv * self.energy.kl(w)))}
+        return {
+            "weights": (("cell",), np.array(w, copy=True)),
+            "energy": ((), np.float64(F)),
+            "free_energy": ((), np.float64(-F + self.kappa_inv * self.energy.kl(w))),
+        }
 
     def static(self) -> dict:
         return {"points": (("cell", "coord"), self.x), "reference": (("cell",), self.r)}
 
     def config(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": None if self.model is None else self.model.to_dict(),
-                "mesh": None if self.mesh is None else self.mesh.to_dict(), "kappa": self.kappa,
-                "backend": self.backend}
+        return {
+            "kind": self.kind,
+            "model": None if self.model is None else self.model.to_dict(),
+            "mesh": None if self.mesh is None else self.mesh.to_dict(),
+            "kappa": self.kappa,
+            "backend": self.backend,
+        }
 
     @property
     def evaluations(self) -> int:  # energy and first-variation evaluations
@@ -620,9 +740,19 @@ class JKO(Solver):
     name = "jko"
     order = 1
 
-    def __init__(self, *, eps: float | None = None, cost: str = "geodesic", method: str = "sinkhorn",
-                 debias: bool = True, eps_scaling: float | None = None, tol: float = 1e-6, max_iter: int = 200,
-                 max_sinkhorn: int = 5000, warm_start: "WarmStart | None" = None):
+    def __init__(
+        self,
+        *,
+        eps: float | None = None,
+        cost: str = "geodesic",
+        method: str = "sinkhorn",
+        debias: bool = True,
+        eps_scaling: float | None = None,
+        tol: float = 1e-6,
+        max_iter: int = 200,
+        max_sinkhorn: int = 5000,
+        warm_start: WarmStart | None = None,
+    ):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if cost not in COSTS:
@@ -634,38 +764,79 @@ class JKO(Solver):
         self.max_iter = check_int(max_iter, "max_iter")
         self.max_sinkhorn = check_int(max_sinkhorn, "max_sinkhorn")
         if warm_start is not None and not isinstance(warm_start, WarmStart):
-            raise TypeError(f"warm_start must be a WarmStart (JKOResult.warm_start) or None, got "
-                            f"{short_repr(warm_start)}")
+            raise TypeError(
+                f"warm_start must be a WarmStart (JKOResult.warm_start) or None, got "
+                f"{short_repr(warm_start)}"
+            )
         self.warm_start = warm_start
 
     def options(self) -> dict[str, Any]:
-        return {"eps": self.eps, "cost": self.cost, "method": self.method, "debias": self.debias,
-                "eps_scaling": self.eps_scaling, "tol": self.tol, "max_iter": self.max_iter,
-                "max_sinkhorn": self.max_sinkhorn}
+        return {
+            "eps": self.eps,
+            "cost": self.cost,
+            "method": self.method,
+            "debias": self.debias,
+            "eps_scaling": self.eps_scaling,
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "max_sinkhorn": self.max_sinkhorn,
+        }
 
     def init(self, problem: JKOProblem, t0: float, y0: np.ndarray) -> JKOStepper:
         eps = default_eps(problem.x, problem.r) if self.eps is None else self.eps
-        st = JKOStepper(problem.model, problem.x, problem.r, tau=1.0, eps=eps, cost=self.cost, kappa=problem.kappa,
-                        method=self.method, debias=self.debias, eps_scaling=self.eps_scaling, tol=self.tol,
-                        max_iter=self.max_iter, max_sinkhorn=self.max_sinkhorn, backend=problem.backend,
-                        energy=problem.energy)
+        st = JKOStepper(
+            problem.model,
+            problem.x,
+            problem.r,
+            tau=1.0,
+            eps=eps,
+            cost=self.cost,
+            kappa=problem.kappa,
+            method=self.method,
+            debias=self.debias,
+            eps_scaling=self.eps_scaling,
+            tol=self.tol,
+            max_iter=self.max_iter,
+            max_sinkhorn=self.max_sinkhorn,
+            backend=problem.backend,
+            energy=problem.energy,
+        )
         if self.warm_start is not None:
             st.restore(self.warm_start)
         return st
 
     def step(self, problem, t, y, dt, state: JKOStepper, **_):
         if problem.model is not None and problem.model.time_dependent:
-            problem.energy.model = problem.model.at(t + dt)  # an implicit step: the energy at its end
+            problem.energy.model = problem.model.at(
+                t + dt
+            )  # an implicit step: the energy at its end
         state.set_tau(dt)
         w, s = state.step(y)
         if not np.all(np.isfinite(w)):
-            raise SolverError(f"non-finite weights in the JKO step from t={t:.6g}; try a larger eps or a smaller tau")
-        info = {k: getattr(s, k) for k in ("iterations", "sinkhorn", "residual", "residual_max", "eps", "L",
-                                             "objective", "converged", "time_ot", "time_energy")}
+            raise SolverError(
+                f"non-finite weights in the JKO step from t={t:.6g}; try a larger eps or a smaller tau"
+            )
+        info = {
+            k: getattr(s, k)
+            for k in (
+                "iterations",
+                "sinkhorn",
+                "residual",
+                "residual_max",
+                "eps",
+                "L",
+                "objective",
+                "converged",
+                "time_ot",
+                "time_energy",
+            )
+        }
         failure = None
         if not s.converged:
-            failure = (f"JKO step missed its tolerance: first-order residual {s.residual:.3g} > tol={self.tol:g} "
-                       f"after {s.iterations} outer iterations; raise max_iter, or use a smaller tau or a larger eps")
+            failure = (
+                f"JKO step missed its tolerance: first-order residual {s.residual:.3g} > tol={self.tol:g} "
+                f"after {s.iterations} outer iterations; raise max_iter, or use a smaller tau or a larger eps"
+            )
         return StepResult(w, info=info, failure=failure), state
 
     def checkpoint(self, state: JKOStepper) -> dict:
@@ -674,16 +845,30 @@ class JKO(Solver):
         ws = state.warm_start()
         n = state.x.shape[0]
         if ws is None:
-            return {"gbar": (("cell",), np.full(n, np.nan)), "v": (("cell",), np.full(n, np.nan)),
-                    "L": ((), np.float64(np.nan)), "eps": ((), np.float64(np.nan))}
-        return {"gbar": (("cell",), ws.gbar), "v": (("cell",), ws.v), "L": ((), np.float64(ws.L)),
-                "eps": ((), np.float64(ws.eps))}
+            return {
+                "gbar": (("cell",), np.full(n, np.nan)),
+                "v": (("cell",), np.full(n, np.nan)),
+                "L": ((), np.float64(np.nan)),
+                "eps": ((), np.float64(np.nan)),
+            }
+        return {
+            "gbar": (("cell",), ws.gbar),
+            "v": (("cell",), ws.v),
+            "L": ((), np.float64(ws.L)),
+            "eps": ((), np.float64(ws.eps)),
+        }
 
     def restore(self, problem, t, y, saved) -> JKOStepper:
         st = self.init(problem, t, y)
         if saved and np.all(np.isfinite(saved.get("gbar", [np.nan]))):
-            st.restore(WarmStart(np.asarray(saved["gbar"]), np.asarray(saved["v"]), float(saved["L"]),
-                                 float(saved["eps"])))
+            st.restore(
+                WarmStart(
+                    np.asarray(saved["gbar"]),
+                    np.asarray(saved["v"]),
+                    float(saved["L"]),
+                    float(saved["eps"]),
+                )
+            )
         return st
 
 
@@ -763,7 +948,7 @@ class JKOResult(Result):
         return self.config["solver_options"]["method"]
 
     @property
-    def steps(self) -> list["StepStats"]:
+    def steps(self) -> list[StepStats]:
         """Statistics of each step taken in this call (not stored: empty after :func:`wflow.load`)."""
         return [StepStats(**{k: s[k] for k in _STEP_FIELDS}) for s in self.step_info]
 
@@ -772,7 +957,7 @@ class JKOResult(Result):
         return np.array([s[name] for s in self.step_info])
 
     @property
-    def warm_start(self) -> "WarmStart | None":
+    def warm_start(self) -> WarmStart | None:
         """The inner solver's state at the last save: ``jko(..., warm_start=r.warm_start)`` continues the run."""
         c = self.checkpoint
         if not c or not np.all(np.isfinite(c["gbar"][1])):
@@ -793,8 +978,18 @@ class JKOResult(Result):
         return Atoms._trusted(self.points, self.weights[i])
 
 
-_STEP_FIELDS = ("iterations", "sinkhorn", "residual", "residual_max", "eps", "L", "objective", "converged",
-                "time_ot", "time_energy")
+_STEP_FIELDS = (
+    "iterations",
+    "sinkhorn",
+    "residual",
+    "residual_max",
+    "eps",
+    "L",
+    "objective",
+    "converged",
+    "time_ot",
+    "time_energy",
+)
 
 
 class _StepCallback(Tracker):
@@ -918,8 +1113,17 @@ def jko(
     if model is None and (kappa is None or np.isinf(kappa)):
         raise ValueError("model=None (pure diffusion) needs a finite kappa")
     problem = JKOProblem(model, x, r, mesh=mesh, kappa=kappa, backend=backend)
-    solver = JKO(eps=eps, cost=cost, method=method, debias=debias, eps_scaling=eps_scaling, tol=tol,
-                 max_iter=max_iter, max_sinkhorn=max_sinkhorn, warm_start=warm_start)
+    solver = JKO(
+        eps=eps,
+        cost=cost,
+        method=method,
+        debias=debias,
+        eps_scaling=eps_scaling,
+        tol=tol,
+        max_iter=max_iter,
+        max_sinkhorn=max_sinkhorn,
+        warm_start=warm_start,
+    )
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable, got {short_repr(callback)}")
     trs = list(trackers)
@@ -928,8 +1132,19 @@ def jko(
     if progress:
         trs.append(ProgressBar("jko"))
     steps = sorted(set(range(0, n_steps + 1, save_every)) | {n_steps})
-    res = integrate(problem, solver, a, 0.0, n_steps * tau, dt=tau, save_at=[k * tau for k in steps],
-                    trackers=trs, keep=keep, throw=throw, result_class=JKOResult)
+    res = integrate(
+        problem,
+        solver,
+        a,
+        0.0,
+        n_steps * tau,
+        dt=tau,
+        save_at=[k * tau for k in steps],
+        trackers=trs,
+        keep=keep,
+        throw=throw,
+        result_class=JKOResult,
+    )
     res._mesh = mesh
     return res
 
@@ -952,8 +1167,14 @@ def jko_step(model: Model | None, rho0: Density | Atoms, tau: float, **kwargs: A
 def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):
     mesh = None if cfg["mesh"] is None else mesh_from_dict(cfg["mesh"])
     model = None if cfg["model"] is None else model_from_dict(cfg["model"])
-    problem = JKOProblem(model, stored["static"]["points"][1], stored["static"]["reference"][1], mesh=mesh,
-                         kappa=cfg["kappa"], backend=cfg["backend"])
+    problem = JKOProblem(
+        model,
+        stored["static"]["points"][1],
+        stored["static"]["reference"][1],
+        mesh=mesh,
+        kappa=cfg["kappa"],
+        backend=cfg["backend"],
+    )
     return problem, JKO(**cfg["solver_options"]), stored["data"]["weights"][1][-1]
 
 

@@ -2,6 +2,7 @@ r"""The inner optimal-transport solver of a JKO step: stabilized semi-relaxed Si
 
 See :mod:`wflow.solvers.jko.step` for the algorithm this serves (its "inner loop").
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,10 +70,10 @@ class SemiRelaxed:
         h = self.gbar * inv + self.logr
         nnz = 0
         for i in range(0, n, rows_per):
-            E = h[None, :] - self.C[i:i + rows_per] * inv
+            E = h[None, :] - self.C[i : i + rows_per] * inv
             m = E.max(axis=1)
             E -= m[:, None]
-            fbar[i:i + rows_per] = -eps * m
+            fbar[i : i + rows_per] = -eps * m
             keep = E > -THETA
             cnt = keep.sum(axis=1)
             data.append(np.exp(E[keep]))
@@ -81,7 +82,9 @@ class SemiRelaxed:
             nnz += int(cnt.sum())
         from scipy import sparse
 
-        K = sparse.csr_matrix((np.concatenate(data), np.concatenate(indices), np.concatenate(indptr)), shape=(n, n))
+        K = sparse.csr_matrix(
+            (np.concatenate(data), np.concatenate(indices), np.concatenate(indptr)), shape=(n, n)
+        )
         self.K = K.toarray() if nnz > 0.3 * n * n else K
         self.KT = self.K.T if isinstance(self.K, np.ndarray) else K.T.tocsr()
         self.fbar = fbar
@@ -121,8 +124,15 @@ class SemiRelaxed:
     def nu(self, a: np.ndarray) -> np.ndarray:
         return self.v * (self.KT @ (a * self.u))
 
-    def solve(self, a: np.ndarray, V: np.ndarray, lam: float, tol: float, max_iter: int,
-              newton: bool = True) -> tuple[int, float]:
+    def solve(
+        self,
+        a: np.ndarray,
+        V: np.ndarray,
+        lam: float,
+        tol: float,
+        max_iter: int,
+        newton: bool = True,
+    ) -> tuple[int, float]:
         """Iterate to a fixed point of the generalized Sinkhorn map; ``(iterations, change)``.
 
         When the scaling map contracts slowly (:math:`\\zeta > 1/2`) and ``newton``, hands over to
@@ -172,7 +182,9 @@ class SemiRelaxed:
         self.row_update()
         return self.nu(a)
 
-    def newton(self, a: np.ndarray, V: np.ndarray, lam: float, tol: float, max_iter: int) -> tuple[int, float]:
+    def newton(
+        self, a: np.ndarray, V: np.ndarray, lam: float, tol: float, max_iter: int
+    ) -> tuple[int, float]:
         r"""Damped Newton--CG on the semi-dual; ``(Hessian products + Newton steps, residual)``.
 
         With the row potential eliminated (:math:`f = f(g)` exact), the dual of the linearized step is the
@@ -215,7 +227,11 @@ class SemiRelaxed:
             u, v = self.u, self.v
             au2 = a * u * u
             if self._KT2 is None:
-                self._KT2 = self.KT * self.KT if isinstance(self.KT, np.ndarray) else self.KT.multiply(self.KT).tocsr()
+                self._KT2 = (
+                    self.KT * self.KT
+                    if isinstance(self.KT, np.ndarray)
+                    else self.KT.multiply(self.KT).tocsr()
+                )
             diag = (nu - v * v * (self._KT2 @ au2)) / eps + q / lam
             diag = np.maximum(diag, q / lam)
 
@@ -282,7 +298,7 @@ def blur_variance(C: np.ndarray, r: np.ndarray, eps: float, dim: int) -> float:
     rows = max(1, 2**21 // n)
     acc = 0.0
     for i in range(0, n, rows):
-        Ci = C[i:i + rows]
+        Ci = C[i : i + rows]
         W = np.where(Ci < THETA * eps, np.exp(-np.minimum(Ci, THETA * eps) / eps) * r[None, :], 0.0)
         acc += float(np.sum(np.sum(W * Ci, axis=1) / np.sum(W, axis=1)))
     return acc / n / dim
