@@ -202,7 +202,8 @@ def _sqrt1m(z: np.ndarray) -> np.ndarray:
     return np.sqrt(np.maximum((1.0 - z) * (1.0 + z), 0.0))
 
 
-def _check_d(d) -> int:
+def check_d(d) -> int:
+    """The ambient dimension ``d`` as an int ``>= 2`` (``ValueError`` naming ``d`` otherwise)."""
     return check_int(d, "d", minimum=2)
 
 
@@ -251,14 +252,17 @@ def zonal_kernel(z: ArrayLike, zp: ArrayLike, beta: float, d: int) -> tuple[np.n
     >>> bool(np.isclose(np.exp(log_k), np.exp(2.0 * 0.3 * -0.5) * i0(2.0 * np.sqrt(0.91 * 0.75))))
     True
     """
-    d = _check_d(d)
+    d = check_d(d)
     beta = check_nonnegative(beta, "beta")
     z = _check_z(z, "z")
     zp = _check_z(zp, "zp")
-    return _kernel(z, zp, beta, d)
+    return zonal_kernel_unchecked(z, zp, beta, d)
 
 
-def _kernel(z: np.ndarray, zp: np.ndarray, beta: float, d: int) -> tuple[np.ndarray, np.ndarray]:
+def zonal_kernel_unchecked(
+    z: np.ndarray, zp: np.ndarray, beta: float, d: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`zonal_kernel` without its argument checks, for callers that checked them once."""
     z, zp = np.broadcast_arrays(np.asarray(z, dtype=float), np.asarray(zp, dtype=float))
     a = beta * _sqrt1m(z) * _sqrt1m(zp)
     log_lam, rho = _bessel_parts(0.5 * (d - 3), a)
@@ -276,15 +280,16 @@ def zonal_weight(z: ArrayLike, d: int) -> np.ndarray:
     >>> float(zonal_weight(0.0, 3))   # uniform on [-1, 1] on S^2
     0.5
     """
-    d = _check_d(d)
+    d = check_d(d)
     z = _check_z(z, "z")
     if d == 3:
         return np.full(np.shape(z), 0.5)
     with np.errstate(divide="ignore", over="ignore"):  # d = 2: an integrable +inf at the poles
-        return np.exp(_log_cd(d) + 0.5 * (d - 3) * np.log((1.0 - z) * (1.0 + z)))
+        return np.exp(log_zonal_constant(d) + 0.5 * (d - 3) * np.log((1.0 - z) * (1.0 + z)))
 
 
-def _log_cd(d: int) -> float:
+def log_zonal_constant(d: int) -> float:
+    r""":math:`\log c_d`, the normaliser of :func:`zonal_weight`."""
     return float(special.gammaln(d / 2) - special.gammaln((d - 1) / 2) - 0.5 * math.log(math.pi))
 
 
@@ -304,7 +309,7 @@ def log_cap_volume(z: ArrayLike, d: int) -> np.ndarray:
     >>> float(log_cap_volume(0.9, 10_000)) < -4000
     True
     """
-    d = _check_d(d)
+    d = check_d(d)
     z = _check_z(z, "z")
     A = 0.5 * (d - 1)
     x = np.atleast_1d(0.5 * (1.0 - z)).astype(float)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernel import _kernel
+from .kernel import zonal_kernel_unchecked
 
 try:  # numba is optional: without it the sums are numpy (slower: BLAS threads contend on a busy machine)
     from numba import njit
@@ -147,7 +147,7 @@ class KernelRows:
 
     # -- construction ------------------------------------------------------------------------------
     def _exact(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        lk, h = _kernel(rows[:, None], cols[None, :], self.beta, self.d)
+        lk, h = zonal_kernel_unchecked(rows[:, None], cols[None, :], self.beta, self.d)
         return lk, (h if self.with_h else None)
 
     def _candidates(self):

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._typing import ArrayLike
 from ..errors import SolverError, check_int, check_nonnegative, check_positive, short_repr
-from .kernel import _check_d, _kernel, _log_cd, log_cap_volume
+from .kernel import check_d, log_cap_volume, log_zonal_constant, zonal_kernel_unchecked
 from .rows import KernelRows
 
 __all__ = ["ZonalFV"]
@@ -122,7 +122,7 @@ class ZonalFV:
         grid: str | ArrayLike = "angle",
         kernel_method: str = "auto",
     ):
-        self.d = _check_d(d)
+        self.d = check_d(d)
         M = check_int(n_cells, "n_cells", minimum=4)
         if attention not in ("SA", "USA"):
             raise ValueError(f"attention must be 'SA' or 'USA', got {attention!r}")
@@ -188,7 +188,9 @@ class ZonalFV:
         d, z = self.d, self.edges
         self.log_volumes = _log_band_volumes(z, d)
         with np.errstate(divide="ignore"):
-            self.log_face_weights = _log_cd(d) + 0.5 * (d - 1) * np.log((1.0 - z) * (1.0 + z))
+            self.log_face_weights = log_zonal_constant(d) + 0.5 * (d - 1) * np.log(
+                (1.0 - z) * (1.0 + z)
+            )
         self.log_face_weights[[0, -1]] = -np.inf
         with np.errstate(under="ignore"):
             self.volumes = np.exp(self.log_volumes)
@@ -407,7 +409,7 @@ class ZonalFV:
         z = self.edges[1:-1][rows, None]
         nodes = np.concatenate([lo, hi])
         weights = np.concatenate([0.5 * m * (1 - tilt), 0.5 * m * (1 + tilt)])
-        log_k, h = _kernel(z, nodes[None, :], self.beta, self.d)
+        log_k, h = zonal_kernel_unchecked(z, nodes[None, :], self.beta, self.d)
         with np.errstate(divide="ignore"):
             log_km = log_k + np.log(np.maximum(weights, 0.0))[None, :]
         top = log_km.max(axis=1)
@@ -602,7 +604,9 @@ class ZonalFV:
         if np.any(
             bad
         ):  # rows whose shifted sum underflowed: in log scale with the masses in the shift
-            lk = _kernel(self.centers[bad, None], self.centers[None, :], self.beta, self.d)[0]
+            lk = zonal_kernel_unchecked(
+                self.centers[bad, None], self.centers[None, :], self.beta, self.d
+            )[0]
             y = lk + lm[None, :]
             t = y.max(axis=1)
             with np.errstate(under="ignore"):
