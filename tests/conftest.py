@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -30,3 +33,23 @@ def keops_ready():
                 backend="keops",
             )
     return True
+
+
+def pytest_report_header(config):
+    import wflow
+
+    return f"wflow {wflow.__version__} from {Path(wflow.__file__).parent}"
+
+
+def pytest_sessionstart(session):
+    """Under CI (``WFLOW_TEST_INSTALLED=1``) the tests must exercise the installed wheel."""
+    if os.environ.get("WFLOW_TEST_INSTALLED"):
+        import wflow
+
+        checkout = Path(__file__).resolve().parents[1]
+        here = Path(wflow.__file__).resolve()
+        if checkout in here.parents:
+            raise pytest.UsageError(
+                f"WFLOW_TEST_INSTALLED is set but wflow was imported from the checkout ({here}); "
+                "install the wheel (pip install .) and run pytest from the repository root"
+            )
