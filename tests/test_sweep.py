@@ -645,7 +645,7 @@ def test_open_sweep_errors(tmp_path):
 
 def test_phase_diagram_small(tmp_path, client):
     """The GLPR entry point on a tiny grid: SA, Euler 0.1, pair fraction only; the heat map is written."""
-    from wflow.sweep import GLPR_CONFIG, phase_diagram
+    from wflow.studies.glpr import GLPR_CONFIG, phase_diagram
 
     fig = tmp_path / "phase.png"
     ds = phase_diagram(
