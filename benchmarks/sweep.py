@@ -124,7 +124,7 @@ def overhead(folder: Path) -> list[dict]:
 
 
 def _slice_config():
-    from wflow.sweep import GLPR_CONFIG
+    from wflow.studies.glpr import GLPR_CONFIG
 
     return {**GLPR_CONFIG, "run.backend": "auto"}
 
@@ -201,7 +201,7 @@ def efficiency(folder: Path, workers: list[int], betas: int, systems: int) -> li
 def glpr(folder: Path, workers: int, betas: int, systems: int) -> list[dict]:
     import numpy as np
 
-    from wflow.sweep import glpr_grid
+    from wflow.studies.glpr import glpr_grid
 
     cfg = _slice_config()
     grid = glpr_grid((8, 128, 1024), f"linspace(0.1, 9, {betas})", systems)

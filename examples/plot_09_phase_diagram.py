@@ -8,7 +8,7 @@ token pairs whose inner product exceeds 0.999, averaged over many random systems
 :math:`n = 32` tokens (SA with :math:`Q = K = V = I`, explicit Euler with step 0.1).
 Small :math:`\\beta` collapses fast; large :math:`\\beta` lingers in metastable clusters.
 
-:func:`wflow.sweep.phase_diagram` is that computation as one sweep: a grid over
+:func:`wflow.studies.glpr.phase_diagram` is that computation as one sweep: a grid over
 ``model.beta`` and ``init.seed`` (the seeds run as one batched call), recorded in one Zarr
 store with ``beta``, ``seed`` and ``time`` as coordinates.  The published diagram
 (:math:`d \\in \\{8, 128, 1024\\}`, 90 values of :math:`\\beta`, 2048 systems) is the same
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from distributed import Client
 
-from wflow.sweep import phase_diagram, plot_phase_diagram
+from wflow.studies.glpr import phase_diagram, plot_phase_diagram
 
 out = Path(tempfile.mkdtemp()) / "phase.zarr"
 with Client(

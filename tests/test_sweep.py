@@ -499,12 +499,12 @@ def test_local_cluster_default(tmp_path):
 def test_local_cluster_leaves_cores_to_threaded_tasks():
     """With threads_per_task = 2 the default LocalCluster starts cores // 2 workers (at least one), so that the
     tasks' numba/BLAS threads do not oversubscribe the cores; each worker's environment allows 2 threads."""
-    from wflow.sweep import _connect, _cores
+    from wflow.sweep import connect, cores
 
-    client, cluster, owned = _connect(None, None, 10.0, threads=2)
+    client, cluster, owned = connect(None, None, 10.0, threads=2)
     try:
         info = client.scheduler_info()["workers"]
-        assert len(info) == max(1, _cores() // 2) and all(w["nthreads"] == 1 for w in info.values())
+        assert len(info) == max(1, cores() // 2) and all(w["nthreads"] == 1 for w in info.values())
         env = client.run(lambda: os.environ.get("NUMBA_NUM_THREADS"))
         assert set(env.values()) == {"2"}
     finally:
@@ -645,7 +645,7 @@ def test_open_sweep_errors(tmp_path):
 
 def test_phase_diagram_small(tmp_path, client):
     """The GLPR entry point on a tiny grid: SA, Euler 0.1, pair fraction only; the heat map is written."""
-    from wflow.sweep import GLPR_CONFIG, phase_diagram
+    from wflow.studies.glpr import GLPR_CONFIG, phase_diagram
 
     fig = tmp_path / "phase.png"
     ds = phase_diagram(

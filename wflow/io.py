@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -46,6 +47,9 @@ __all__ = [
     "read_store",
     "write_result",
     "committed_length",
+    "write_commit",
+    "read_commit",
+    "chunk_codecs",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,9 +66,23 @@ def _zarr():
     return zarr
 
 
-def _codecs():
+def chunk_codecs() -> tuple:
+    """The codecs of every chunk wflow writes: Zstandard (level 1), then a CRC32C checksum.
+
+    A chunk that fails its checksum is an error when read, never silently wrong numbers.
+
+    Examples
+    --------
+    >>> from wflow.io import chunk_codecs
+    >>> [type(c).__name__ for c in chunk_codecs()]
+    ['ZstdCodec', 'Crc32cCodec']
+    """
     zarr = _zarr()
     return (zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec())
+
+
+def _codecs():
+    return chunk_codecs()
 
 
 #: CF-style attributes of the variables wflow writes (``long_name``, ``units``; times are depth, dimensionless)
@@ -124,14 +142,77 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_commit(path: Path, length: int) -> None:
-    tmp = path / (COMMIT + ".tmp")
+def write_commit(folder: str | os.PathLike, record: Any, *, name: str = COMMIT) -> None:
+    """Commit a store: atomically replace its commit record ``folder / name`` with ``record`` (JSON).
+
+    The record is written to a temporary file beside it, flushed and ``fsync``-ed, renamed over
+    the old one and the folder is ``fsync``-ed: a process that dies at any instant leaves the
+    old record or the new one, never a torn one.  A run's store records ``{"length": k}``
+    (``wflow_commit.json``, :func:`committed_length`); a sweep's store the tasks it finished
+    (``wflow_sweep.json``, :mod:`wflow.sweep`).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from wflow.io import read_commit, write_commit
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> write_commit(folder, {"length": 3})
+    >>> read_commit(folder), sorted(p.name for p in folder.iterdir())
+    ({'length': 3}, ['wflow_commit.json'])
+    """
+    folder = Path(folder)
+    tmp = folder / (name + ".tmp")
     with open(tmp, "w") as fh:
-        json.dump({"length": int(length)}, fh)
+        json.dump(record, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path / COMMIT)
-    _fsync_dir(path)
+    os.replace(tmp, folder / name)
+    _fsync_dir(folder)
+
+
+def read_commit(
+    folder: str | os.PathLike,
+    decode: Callable[[Any], Any] | None = None,
+    *,
+    name: str = COMMIT,
+    default: Any = None,
+) -> Any:
+    """A store's commit record ``folder / name`` (:func:`write_commit`), passed through ``decode``.
+
+    Returns ``default`` when there is no record (nothing committed yet) and ``decode(record)``
+    (the parsed JSON itself when ``decode`` is None) otherwise.  A record that is not JSON, or
+    that ``decode`` rejects (``ValueError``, ``KeyError``, ``TypeError``), is a
+    :class:`~wflow.errors.WflowError` naming the store and the record.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from wflow.io import read_commit, write_commit
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> read_commit(folder, default=0)
+    0
+    >>> write_commit(folder, {"length": 3})
+    >>> read_commit(folder, lambda record: int(record["length"]))
+    3
+    >>> try:
+    ...     read_commit(folder, lambda record: record["done"])
+    ... except Exception as exc:
+    ...     print(type(exc).__name__, str(exc).endswith("unreadable commit record wflow_commit.json: 'done'"))
+    WflowError True
+    """
+    folder = Path(folder)
+    p = folder / name
+    if not p.exists():
+        return default
+    try:
+        record = json.loads(p.read_text())
+        return record if decode is None else decode(record)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WflowError(f"{folder}: unreadable commit record {name}: {exc}") from None
+
+
+def _write_commit(path: Path, length: int) -> None:
+    write_commit(path, {"length": int(length)})
 
 
 class FolderLock:
@@ -211,13 +292,7 @@ def committed_length(path: str | os.PathLike) -> int:
     >>> committed_length(folder / "t.zarr"), committed_length(folder / "missing.zarr")
     (6, 0)
     """
-    p = Path(path) / COMMIT
-    if not p.exists():
-        return 0
-    try:
-        return int(json.loads(p.read_text())["length"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise WflowError(f"{p.parent}: unreadable commit record {COMMIT}: {exc}") from None
+    return read_commit(path, lambda record: int(record["length"]), default=0)
 
 
 def _flat_config(config: Any, prefix: str = "config") -> dict[str, Any]:

@@ -167,9 +167,9 @@ class Parts:
             return 0
         from distributed import as_completed
 
-        from ..sweep import _connect
+        from ..sweep import connect
 
-        client, cluster, _ = _connect(None, min(_WORKERS, len(missing)), timeout=30.0)
+        client, cluster, _ = connect(None, min(_WORKERS, len(missing)), timeout=30.0)
         log = logging.getLogger(__name__)
         errors = []
         try:

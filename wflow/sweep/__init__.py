@@ -1,0 +1,226 @@
+r"""Parameter sweeps: a configuration and a grid over its keys, run on Dask, recorded in one Zarr store.
+
+A sweep is many driver runs (:func:`wflow.simulate`) scheduled by ``dask.distributed``;
+it adds no time loop of its own.  The grid is a product over configuration keys
+(:data:`wflow.config.KEYS`): ``{"model.beta": linspace(0.1, 9, 90), "init.seed": range(2048)}``.
+Points that differ only in ``init.seed`` run as *one batched call*: their initial
+conditions are stacked into one ``(systems, n, d)`` array (each system is exactly the
+initial condition of the single run with that seed), in batches of at most
+``batch_size`` systems.  Every other combination of values is its own task.
+
+The store
+---------
+One Zarr (format 3) group, readable with ``xarray.open_zarr(out)``, whose dimensions are
+the grid's keys, named by the key's last part (``beta``, ``seed``, ``d``; the full key is
+in each coordinate's ``key`` attribute; a name that is ambiguous or clashes with
+``xarray``'s ``sel`` keywords keeps its section, ``run_method``) and ``time`` (the save
+times).  Variables:
+
+* each observable, ``(*grid, time)``, float64, NaN where not computed;
+* ``status`` (int8: 0 reached ``t_end``, 1 stopped, -1 failed, -2 not run yet),
+  ``message``, ``seconds`` and ``cpu_seconds`` (wall and CPU time of the task that ran the
+  point), ``worker``, per point;
+* ``config`` (the flat configuration as JSON, with ``init.seed`` set to the first seed of
+  the point's batch: a point's own configuration is that with its ``seed`` coordinate)
+  and ``save_time`` (the times the solver saved, snapped to its step grid), per
+  combination of the non-seed keys;
+* attributes: ``base_config`` (JSON), ``grid``, ``observables``, ``fingerprint``.
+
+Arrays are pre-sized when the sweep starts and chunked one task per chunk.  The client
+writes a finished task's region (observables, then message and timing, then status)
+and then *commits* it by atomically replacing ``wflow_sweep.json`` (the list of
+finished tasks; write, ``fsync``, rename), with the commit protocol of every wflow store
+(:func:`wflow.io.write_commit`): a sweep killed at any instant never counts a half-written
+point as done, and running it again skips every committed point.  Chunks carry CRC32C
+checksums (:func:`wflow.io.chunk_codecs`).  One process writes a store at a time (an OS
+lock next to it, :class:`wflow.io.FolderLock`).
+
+Tasks run on the workers and send their observables back to the client, which is
+the only writer: workers need no shared file system (a cluster on other hosts, on
+Kubernetes, on SLURM through dask-jobqueue), and a worker killed mid-task only costs
+the task, which Dask runs again elsewhere.
+
+The package
+-----------
+This module holds :func:`sweep` and re-exports the public names of its parts:
+:mod:`~wflow.sweep.grid` (grid values, ``--grid`` arguments, TOML ``[sweep]`` tables),
+:mod:`~wflow.sweep.plan` (axes, observables, tasks and the store's layout, checked before
+anything is written), :mod:`~wflow.sweep.tasks` (one task on a worker: the batched run,
+its observables, its threads), :mod:`~wflow.sweep.store` (the Zarr store, its commits and
+reading it back) and :mod:`~wflow.sweep.cluster` (the Dask cluster and the loop that
+submits tasks and writes their results).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import short_repr
+from ..io import FolderLock
+from .cluster import SchedulerError, connect, cores, run_tasks
+from .grid import (
+    coerce_value,
+    load_sweep_config,
+    parse_grid,
+    parse_grid_arg,
+    parse_grid_args,
+    parse_values,
+)
+from .plan import DEFAULT_OBSERVABLES, KIND_OBSERVABLES, OBSERVABLES, make_plan
+from .store import COMMIT, Store, open_sweep, point_config
+from .tasks import WORKER_ENV, run_task
+
+__all__ = [
+    "sweep",
+    "parse_grid",
+    "parse_grid_arg",
+    "parse_grid_args",
+    "parse_values",
+    "load_sweep_config",
+    "coerce_value",
+    "open_sweep",
+    "point_config",
+    "SchedulerError",
+    "OBSERVABLES",
+    "DEFAULT_OBSERVABLES",
+    "KIND_OBSERVABLES",
+    "WORKER_ENV",
+    "COMMIT",
+    "connect",
+    "cores",
+    "run_task",
+]
+
+
+def sweep(
+    config: Mapping[str, Any] | str | os.PathLike,
+    grid: Mapping[str, Any] | None = None,
+    *,
+    out: str | os.PathLike,
+    scheduler: Any = None,
+    workers: int | None = None,
+    observables: Sequence[str] | Mapping[str, Callable | None] | None = None,
+    resume: bool = True,
+    overwrite: bool = False,
+    batch_size: int | None = None,
+    threads_per_task: int = 1,
+    retries: int = 1,
+    progress: bool = True,
+    timeout: float = 10.0,
+):
+    r"""Run a configuration over a grid of its keys on Dask and record the observables in one Zarr store.
+
+    Parameters
+    ----------
+    config : dict or path
+        The base configuration: a flat dict of :data:`wflow.config.KEYS` (missing keys take
+        their defaults), or a TOML file, whose ``[sweep]`` table may hold the grid.
+    grid : dict, optional
+        ``key -> values`` over configuration keys: a list, or ``"linspace(a, b, n)"``,
+        ``"logspace(a, b, n)"``, ``"range(n)"``, ``"range(a, b)"`` (:func:`parse_values`);
+        added to (and overriding) the TOML's ``[sweep]`` table.  Values of ``init.seed`` run
+        as one batched call per ``batch_size`` seeds.
+    out : path
+        The store (a folder, conventionally ``*.zarr``).
+    scheduler : str, distributed.Client or cluster, optional
+        ``None``: a ``LocalCluster`` of ``workers`` processes with one thread each (numba,
+        BLAS and OpenMP limited to one thread, :data:`~wflow.sweep.tasks.WORKER_ENV`);
+        ``"tcp://host:port"``: a running scheduler (docs: sweeps); a ``Client`` or a cluster
+        object (dask-jobqueue).
+    workers : int, optional
+        Worker processes of the LocalCluster (default: the usable cores over ``threads_per_task``).
+    observables : sequence of str or dict, optional
+        Recorded at every save time, one number per system: names from
+        :data:`~wflow.sweep.plan.OBSERVABLES` and/or ``name -> f(mu)`` (an
+        :class:`~wflow.measure.Atoms` with a batch axis -> array, shape ``(systems,)``); default
+        :data:`~wflow.sweep.plan.DEFAULT_OBSERVABLES`.  For the continuum solvers (``solver`` =
+        ``eulerian``, ``lagrangian``, ``zonal``, ``jko``: one run per point) the names of
+        :data:`~wflow.sweep.plan.KIND_OBSERVABLES` (the scalars their snapshots hold; all of them
+        by default) and/or ``name -> f(snapshot)`` (the save's
+        :class:`~wflow.solvers.base.Snapshot`: ``snapshot.data[name] = (dims, array)``, e.g. the
+        cell densities ``snapshot.data["values"][1]`` of ``eulerian``) -> one number.  States are
+        not stored.
+    resume : bool
+        Continue a store of the same sweep, skipping its committed points (default).
+    overwrite : bool
+        Replace an existing sweep store.
+    batch_size : int, optional
+        Seeds per task (default: as many as keep a task's state near 64 MB).
+    threads_per_task : int
+        numba/BLAS threads of a task (1: parallelism comes from workers).
+    retries : int
+        Dask retries of a task whose worker raised (a killed worker's task is always rerun).
+    progress : bool
+        A progress bar over points (and the dashboard's address when there is one).
+    timeout : float
+        Seconds to wait for a scheduler at ``scheduler``.
+
+    Returns
+    -------
+    xarray.Dataset
+        The store, opened lazily (:func:`open_sweep`).
+
+    Raises
+    ------
+    ValueError
+        Before anything is written: an unknown key, an empty grid, a value of the wrong type,
+        an invalid combination (naming the point), a store holding a different sweep, a
+        scheduler that does not answer (:class:`SchedulerError`).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.zarr"
+    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler",
+    ...        "run.dt": 0.1}
+    >>> ds = sweep(cfg, {"model.beta": [1, 4]}, out=out, workers=1, progress=False,
+    ...            observables=["order_parameter"])  # doctest: +SKIP
+    >>> ds.order_parameter.sel(beta=4.0).shape  # doctest: +SKIP
+    (3,)
+    """
+    plan = make_plan(config, grid, observables, batch_size)
+    if (
+        isinstance(threads_per_task, bool)
+        or not isinstance(threads_per_task, int)
+        or threads_per_task < 1
+    ):
+        raise ValueError(
+            f"threads_per_task must be an integer >= 1, got {short_repr(threads_per_task)}"
+        )
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, got {short_repr(retries)}")
+    out = Path(out)
+    Store(out, plan).check(resume, overwrite)  # a store of another sweep: before any cluster starts
+    client, cluster, owned = connect(
+        scheduler, workers, timeout, threads_per_task
+    )  # before anything is written
+    lock = None
+    try:
+        lock = FolderLock(out.with_name(out.name + ".lock"), f"sweep store {out}").acquire()
+        store = Store(out, plan)
+        store.open(resume, overwrite)
+        todo = [t for t in range(plan.n_tasks) if t not in store.done]
+        run_tasks(client, plan, store, todo, threads_per_task, retries, progress)
+    finally:
+        if owned:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+        if lock is not None:
+            lock.release()
+    return open_sweep(out)
+
+
+class _CallableModule(types.ModuleType):
+    """``wflow.sweep(...)`` calls :func:`sweep` while ``wflow.sweep.parse_grid`` and the rest stay reachable."""
+
+    def __call__(self, *args, **kwargs):
+        return sweep(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

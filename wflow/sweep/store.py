@@ -1,0 +1,409 @@
+"""The store of a sweep: one Zarr group, pre-sized, written task by task and committed with :mod:`wflow.io`.
+
+:class:`Store` creates the group (or resumes it), writes each finished task's region and
+commits it through :func:`wflow.io.write_commit` into ``wflow_sweep.json`` (the fingerprint
+of the sweep and the sorted list of finished tasks), with the chunk checksums of
+:func:`wflow.io.chunk_codecs`; :func:`open_sweep` and :func:`point_config` read it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._version import __version__
+from ..errors import WflowError
+from ..io import chunk_codecs, read_commit, write_commit
+from .plan import BATCH_KEY, FAILED, FORMAT, OBSERVABLES, OK, PENDING, Plan
+
+__all__ = ["COMMIT", "Store", "open_sweep", "point_config"]
+
+#: the commit record of a sweep store: ``{"fingerprint": ..., "done": [finished tasks, sorted]}``
+COMMIT = "wflow_sweep.json"
+
+
+def _per_point(value: Any, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A task's status or message over its region: one value for all its points, or one per system (a
+    batch run again in parts, :func:`wflow.sweep.tasks.run_task`), laid along the region's seed axis."""
+    v = np.asarray(value, dtype=dtype)
+    return np.full(shape, v, dtype=dtype) if v.ndim == 0 else v.reshape(shape)
+
+
+def _decode(record: Any) -> tuple[str | None, set[int]]:
+    return record["fingerprint"], set(int(i) for i in record["done"])
+
+
+def _committed(path: Path) -> tuple[str | None, set[int]]:
+    """``(fingerprint, finished tasks)`` of the store's commit record; ``(None, set())`` when there is none."""
+    return read_commit(path, _decode, name=COMMIT, default=(None, set()))
+
+
+def _commit(path: Path, fingerprint: str, done: set[int]) -> None:
+    """Commit the finished tasks ``done`` (atomically: :func:`wflow.io.write_commit`)."""
+    write_commit(path, {"fingerprint": fingerprint, "done": sorted(done)}, name=COMMIT)
+
+
+class Store:
+    """The sweep's Zarr group: created pre-sized, written task by task, each task committed atomically."""
+
+    def __init__(self, path: Path, plan: Plan):
+        self.path, self.plan = path, plan
+        self.done: set[int] = set()
+        self.arrays: dict[str, Any] = {}
+        self._pool = None
+
+    def check(self, resume: bool, overwrite: bool) -> str:
+        """What opening the store will do (``"create"``, ``"replace"`` or ``"resume"``); errors change nothing."""
+        import zarr
+
+        p = self.path
+        if not p.exists():
+            return "create"
+        attrs = {}
+        try:
+            attrs = dict(zarr.open_group(p, mode="r").attrs)
+        except Exception:  # noqa: BLE001 - not a Zarr group: reported below
+            pass
+        ours = attrs.get("wflow_format") == FORMAT
+        if overwrite:
+            if not ours and not (
+                p.is_dir() and not any(p.iterdir())
+            ):  # only an empty folder or our own store
+                raise ValueError(
+                    f"{p} exists and is not a wflow sweep store; refusing to overwrite it"
+                )
+            return "replace"
+        if not ours:
+            raise ValueError(f"{p} exists and is not a wflow sweep store; choose another out")
+        if attrs.get("fingerprint") != self.plan.fingerprint:
+            raise ValueError(
+                f"{p} holds a different sweep (other configuration, grid, observables or batch size); "
+                f"choose another out, or pass overwrite=True (--overwrite) to replace it"
+            )
+        if not resume:
+            raise FileExistsError(
+                f"{p} holds this sweep already; pass resume=True to finish it or overwrite=True "
+                f"(--overwrite) to start afresh"
+            )
+        fp, _ = _committed(p)
+        if fp not in (None, self.plan.fingerprint):
+            raise ValueError(
+                f"{p}: its commit record belongs to a different sweep; the store is damaged"
+            )
+        return "resume"
+
+    def open(self, resume: bool, overwrite: bool) -> None:
+        import zarr
+
+        what = self.check(resume, overwrite)
+        if what == "resume":
+            _, self.done = _committed(self.path)
+            group = zarr.open_group(self.path, mode="r+")
+            self.arrays = {
+                k: a.with_config({"write_empty_chunks": True}) for k, a in group.arrays()
+            }
+            return
+        if what == "replace":
+            import shutil
+
+            shutil.rmtree(self.path)
+        self._create()
+
+    def _create(self) -> None:
+        import zarr
+
+        plan = self.plan
+        codecs = chunk_codecs()
+        attrs = {
+            "wflow_format": FORMAT,
+            "wflow_version": __version__,
+            "fingerprint": plan.fingerprint,
+            "base_config": json.dumps(plan.base),
+            "grid": json.dumps({a.key: a.values for a in plan.axes}),
+            "dims": json.dumps({a.key: a.dim for a in plan.axes}),
+            "observables": list(plan.observables),
+            "batch_key": BATCH_KEY,
+            "batch_size": plan.batch_size,
+            "status_codes": "0 reached t_end, 1 stopped, -1 failed, -2 not run yet",
+        }
+        group = zarr.open_group(self.path, mode="w", zarr_format=3, attributes=attrs)
+        from ..config import KEYS
+
+        def array(name, shape, chunks, dtype, fill, dims, **at):
+            a = group.create_array(
+                name,
+                shape=shape,
+                chunks=chunks,
+                dtype=dtype,
+                fill_value=fill,
+                compressors=codecs,
+                dimension_names=dims,
+                config={"write_empty_chunks": True},
+                attributes=at,
+            )
+            self.arrays[name] = a
+            return a
+
+        for ax in plan.axes:
+            vals = np.array(ax.values, dtype=str if isinstance(ax.values[0], str) else None)
+            a = array(
+                ax.dim,
+                (len(vals),),
+                (len(vals),),
+                vals.dtype if vals.dtype.kind != "U" else str,
+                "" if vals.dtype.kind == "U" else 0,
+                (ax.dim,),
+                key=ax.key,
+                description=KEYS[ax.key].help,
+            )
+            a[:] = vals
+        a = array(
+            "time",
+            (plan.n_time,),
+            (plan.n_time,),
+            np.float64,
+            np.nan,
+            ("time",),
+            description="save times (nominal; save_time holds the solver's step times)",
+        )
+        a[:] = plan.times
+        dims = tuple(a.dim for a in plan.axes)
+        shape, chunks = plan.shape, plan.chunks()
+        solver = plan.base["solver"]
+        for name, f in plan.observables.items():
+            if f is not None:
+                desc = f"user observable {getattr(f, '__qualname__', name)}"
+            else:
+                desc = (
+                    OBSERVABLES[name]
+                    if solver == "particles"
+                    else f"the {solver} run's {name} at each save"
+                )
+            array(
+                name,
+                shape + (plan.n_time,),
+                chunks + (plan.n_time,),
+                np.float64,
+                np.nan,
+                dims + ("time",),
+                description=desc,
+            )
+        array(
+            "status",
+            shape,
+            chunks,
+            np.int8,
+            PENDING,
+            dims,
+            description=attrs["status_codes"],
+        )
+        array(
+            "message",
+            shape,
+            chunks,
+            str,
+            "",
+            dims,
+            description="the solver's message, or the error",
+        )
+        array(
+            "seconds",
+            shape,
+            chunks,
+            np.float64,
+            np.nan,
+            dims,
+            description="wall time of the task (batch) that ran the point",
+        )
+        array(
+            "cpu_seconds",
+            shape,
+            chunks,
+            np.float64,
+            np.nan,
+            dims,
+            description="CPU time of the worker process "
+            "during the task (wall time well above it: the cores were shared)",
+        )
+        array(
+            "worker",
+            shape,
+            chunks,
+            str,
+            "",
+            dims,
+            description="the Dask worker that ran the point",
+        )
+        task_dims = tuple(a.dim for i, a in enumerate(plan.axes) if i != plan.batch_axis)
+        task_shape = tuple(len(a.values) for i, a in enumerate(plan.axes) if i != plan.batch_axis)
+        ones = tuple(1 for _ in task_dims)
+        array(
+            "config",
+            task_shape,
+            ones,
+            str,
+            "",
+            task_dims,
+            description=f"flat configuration (JSON); a point's own has {BATCH_KEY} = its seed coordinate",
+        )
+        array(
+            "save_time",
+            task_shape + (plan.n_time,),
+            ones + (plan.n_time,),
+            np.float64,
+            np.nan,
+            task_dims + ("time",),
+            description="times the solver saved (snapped to its step grid)",
+        )
+        with warnings.catch_warnings():  # consolidated metadata is not in the Zarr v3 spec (yet)
+            warnings.simplefilter("ignore")
+            zarr.consolidate_metadata(self.path)
+        _commit(self.path, plan.fingerprint, set())
+
+    def write(self, results: Sequence[dict[str, Any]], commit: Sequence[bool]) -> None:
+        """Write finished tasks' regions (in parallel), then their status, then commit them in one record."""
+        plan = self.plan
+        b = plan.batch_axis
+        data, status = [], []
+        for r in results:
+            task = int(r["task"])
+            reg = plan.region(task)
+            shape = tuple(s.stop - s.start for s in reg)
+            for name in plan.observables:  # (systems, n_time): the systems run along the batch axis
+                data.append(
+                    (
+                        name,
+                        reg + (slice(None),),
+                        r["values"][name].reshape(shape + (plan.n_time,)),
+                    )
+                )
+            task_reg = tuple(s for i, s in enumerate(reg) if i != b)
+            ones = tuple(1 for _ in task_reg)
+            cfg, _ = plan.task_config(task)
+            data += [
+                ("config", task_reg, np.full(ones, json.dumps(cfg), dtype=object)),
+                (
+                    "save_time",
+                    task_reg + (slice(None),),
+                    r["times"].reshape(ones + (plan.n_time,)),
+                ),
+                ("message", reg, _per_point(r["message"], shape, object)),
+                ("seconds", reg, np.full(shape, r["seconds"])),
+                ("cpu_seconds", reg, np.full(shape, r["cpu_seconds"])),
+                ("worker", reg, np.full(shape, r["worker"], dtype=object)),
+            ]
+            status.append(("status", reg, _per_point(r["status"], shape, np.int8)))
+        self._put(data)
+        self._put(status)  # a point is complete once its status is written: after all its data
+        new = [int(r["task"]) for r, c in zip(results, commit) if c]
+        if new:
+            self.done.update(new)
+            _commit(self.path, plan.fingerprint, self.done)
+
+    def _put(self, items: list[tuple[str, tuple, np.ndarray]]) -> None:
+        if len(items) <= 1:
+            for name, sel, value in items:
+                self.arrays[name][sel] = value
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(4, thread_name_prefix="wflow-sweep-write")
+
+        def put(item):
+            name, sel, value = item
+            self.arrays[name][sel] = value
+
+        for f in [self._pool.submit(put, it) for it in items]:
+            f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def open_sweep(path: str | os.PathLike):
+    """The store of a sweep as a lazy :class:`xarray.Dataset` (``ds.sel(beta=4.0)``).
+
+    ``attrs`` count the ``points``, those ``done`` (run, whatever their status), ``ok``
+    (reached ``t_end``) and ``failed``.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> import wflow
+    >>> from wflow.sweep import open_sweep
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.zarr"
+    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler", "run.dt": 0.1}
+    >>> _ = wflow.sweep(cfg, {"model.beta": [1, 4]}, out=out, workers=1, progress=False)  # doctest: +SKIP
+    >>> ds = open_sweep(out)  # doctest: +SKIP
+    >>> ds.attrs["points"], ds.attrs["ok"], ds.order_parameter.sel(beta=4.0).shape  # doctest: +SKIP
+    (2, 2, (3,))
+
+    Not run as a doctest: a sweep starts a Dask cluster (seconds).
+    """
+    import xarray as xr
+    import zarr
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no sweep store at {p}")
+    attrs = dict(zarr.open_group(p, mode="r").attrs)
+    if attrs.get("wflow_format") != FORMAT:
+        raise WflowError(
+            f"{p} is not a wflow sweep store (wflow_format={attrs.get('wflow_format')!r})"
+        )
+    ds = xr.open_zarr(p, consolidated=True)
+    status = np.asarray(
+        zarr.open_array(p / "status", mode="r")[...]
+    )  # read here, not on a Dask cluster
+    ds.attrs["points"] = int(status.size)
+    ds.attrs["done"] = int(np.count_nonzero(status != PENDING))
+    ds.attrs["ok"] = int(np.count_nonzero(status == OK))
+    ds.attrs["failed"] = int(np.count_nonzero(status == FAILED))
+    return ds
+
+
+def point_config(ds, **coords) -> dict[str, Any]:
+    """The full flat configuration of one point of a sweep: ``point_config(ds, beta=4.0, seed=3)``.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> import wflow
+    >>> from wflow.sweep import point_config
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.zarr"
+    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler", "run.dt": 0.1}
+    >>> ds = wflow.sweep(cfg, {"model.beta": [1, 4]}, out=out, workers=1, progress=False)  # doctest: +SKIP
+    >>> c = point_config(ds, beta=4.0)  # doctest: +SKIP
+    >>> c["model.beta"], c["init.n"]  # doctest: +SKIP
+    (4.0, 8)
+
+    Not run as a doctest: a sweep starts a Dask cluster (seconds).
+    """
+    dims = json.loads(ds.attrs["dims"])
+    key_of = {v: k for k, v in dims.items()}
+    unknown = set(coords) - set(key_of)
+    if unknown:
+        raise ValueError(
+            f"point_config: {sorted(unknown)} are not dimensions of this sweep ({sorted(key_of)})"
+        )
+    missing = set(key_of) - set(coords)
+    if missing:
+        raise ValueError(
+            f"point_config: give a value for every dimension; missing {sorted(missing)}"
+        )
+    task = {
+        k: v for k, v in coords.items() if k in ds["config"].dims
+    }  # (a batched seed axis is not one)
+    cfg = json.loads(str(ds["config"].sel(task).values))
+    for dim, v in coords.items():
+        cfg[key_of[dim]] = v.item() if isinstance(v, np.generic) else v
+    return cfg
