@@ -478,12 +478,14 @@ def test_from_model_rejects_non_zonal_models():
 
 def _velocity_term_scale(fv, m, slope):
     """sum_j w_j k_j |h_j| / sum_j w_j k_j at every face: the size of the terms the face velocity sums."""
-    from wflow.zonal.kernel import _kernel
+    from wflow.zonal.kernel import zonal_kernel_unchecked
 
     lo, hi, _ = fv._nodes
     tilt = fv._tilt(slope)
     w = np.concatenate([0.5 * m * (1 - tilt), 0.5 * m * (1 + tilt)])
-    log_k, h = _kernel(fv.edges[1:-1][:, None], np.concatenate([lo, hi])[None, :], fv.beta, fv.d)
+    log_k, h = zonal_kernel_unchecked(
+        fv.edges[1:-1][:, None], np.concatenate([lo, hi])[None, :], fv.beta, fv.d
+    )
     wk = w * np.exp(log_k - log_k.max(axis=1, keepdims=True))
     return (wk * np.abs(h)).sum(axis=1) / wk.sum(axis=1)
 

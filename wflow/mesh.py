@@ -315,7 +315,7 @@ def icosahedral_nodes(n: int) -> np.ndarray:
     n = check_int(n, "n")
     v, faces = _icosahedron()
     seen: dict[tuple, int] = {}
-    pts = []
+    pts: list[np.ndarray] = []
     for a, b, c in faces:
         for i in range(n + 1):
             for j in range(n + 1 - i):
@@ -410,7 +410,7 @@ class SphereMesh(Mesh):
         else:
             raise ValueError(f"generators must be 'icosahedral' or 'fibonacci', got {generators!r}")
         lloyd = check_int(lloyd, "lloyd", minimum=0)
-        self.resolution = n
+        self.resolution: int | None = n  # (None for a mesh of arbitrary generators)
         self.kind = generators
         self.lloyd = lloyd
         self._build(pts, lloyd)
@@ -485,7 +485,7 @@ class SphereMesh(Mesh):
         self.edge_distance = geodesic_distance(pts[cl], pts[cr])
         self.edge_vertices = np.stack([lo[first], hi[first]], axis=1)
         self._corner = (cell, vert, nxt)
-        self._tree = None
+        self._tree: cKDTree | None = None
         self._finish()
 
     # -- quality ----------------------------------------------------------------

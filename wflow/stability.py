@@ -29,6 +29,7 @@ attention's mean-field landscape", ICML 2026) writes the same dynamics as the
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +77,7 @@ def _dtanh(s: np.ndarray) -> np.ndarray:
 
 
 #: activation name -> sigma'  (the potential's second derivative is 2 sigma').
-_DSIGMA = {
+_DSIGMA: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": _drelu,
     "gelu": _dgelu,
     "tanh": _dtanh,
@@ -142,7 +143,7 @@ def _check_atoms(model: Model, mu: Any, name: str = "mu", *, distinct: bool = Tr
     if distinct and mu.n > 1:
         gap = np.linalg.norm(x[:, None, :] - x[None, :, :], axis=-1)
         gap[np.diag_indices(mu.n)] = np.inf
-        i, j = np.unravel_index(int(np.argmin(gap)), gap.shape)
+        i, j = (int(v) for v in np.unravel_index(int(np.argmin(gap)), gap.shape))
         if gap[i, j] <= 1e-12:
             raise ValueError(
                 f"{name} must have distinct atoms, but atoms {i} and {j} coincide (|x_i - x_j| = {gap[i, j]:.3g}): "
@@ -866,14 +867,18 @@ def circle_condition(
 # --------------------------------------------------------------------------- supremum of the energy
 def _potential(perceptrons: list[Perceptron], x: np.ndarray) -> np.ndarray:
     """:math:`v(x) = \\sum_p v_{\\omega,p}(x)`, shape ``x.shape[:-1]``."""
-    return sum(p.potential(x) for p in perceptrons)
+    out = np.zeros(x.shape[:-1])
+    for p in perceptrons:
+        out = out + p.potential(x)
+    return out
 
 
 def _potential_grad(perceptrons: list[Perceptron], x: np.ndarray) -> np.ndarray:
     """Ambient gradient :math:`\\nabla v = 2\\sum_j\\omega_j\\sigma(a_j\\cdot x+b_j)a_j`."""
-    return sum(
-        2.0 * (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A for p in perceptrons
-    )
+    out = np.zeros(x.shape)
+    for p in perceptrons:
+        out = out + 2.0 * (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A
+    return out
 
 
 def _local_max(perceptrons: list[Perceptron], y: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -887,10 +892,10 @@ def _local_max(perceptrons: list[Perceptron], y: np.ndarray, iters: int = 200) -
         g = B @ g_amb
         if np.linalg.norm(g) <= 1e-12 * max(1.0, np.linalg.norm(g_amb)):
             break
-        D2 = sum(
-            2.0 * np.einsum("j,ja,jb->ab", _DSIGMA[p.activation](p.A @ y + p.b) * p.omega, p.A, p.A)
-            for p in perceptrons
-        )
+        D2 = np.zeros((d, d))
+        for p in perceptrons:
+            dsig = _DSIGMA[p.activation](p.A @ y + p.b) * p.omega
+            D2 = D2 + 2.0 * np.einsum("j,ja,jb->ab", dsig, p.A, p.A)
         Hr = B @ D2 @ B.T - np.dot(g_amb, y) * np.eye(d - 1)
         ev = np.linalg.eigvalsh(Hr)
         step = -np.linalg.solve(Hr, g) if ev[-1] < 0 else g / max(float(np.abs(ev).max()), 1e-12)
@@ -1040,8 +1045,7 @@ def potential_maximum(
         starts = np.concatenate([starts, dirs, -dirs])
         order = np.argsort(-_potential(perceptrons, starts))[: check_int(n_local, "n_local")]
 
-        pts = [_local_max(perceptrons, starts[i]) for i in order]
-        pts = np.array(pts)
+        pts = np.array([_local_max(perceptrons, starts[i]) for i in order])
     vals = _potential(perceptrons, pts)
     best = float(vals.max())
     keep = vals >= best - tol * max(1.0, abs(best))

@@ -318,7 +318,7 @@ class _Equiangular:
                 f"beta = {self.beta!r} overflows e^beta in the plain USA kernel e^(beta<x,y>) "
                 f"(beta <= {_BETA_PLAIN_MAX:g}); use convention='rescaled'"
             )
-        self.tau = None
+        self.tau: float | None = None
         if self.scheme == "mix-ln":
             if tau is None:
                 raise ValueError(
@@ -330,7 +330,7 @@ class _Equiangular:
                 f"tau is only used by scheme 'mix-ln', got tau = {short_repr(tau)} with "
                 f"scheme {self.scheme!r}"
             )
-        self.alpha = None
+        self.alpha: _Alpha | None = None
         if self.scheme == "ngpt":
             self.alpha = _Alpha(alpha, alpha_times)
         elif alpha is not None or alpha_times is not None:
@@ -352,13 +352,11 @@ class _Equiangular:
 
     def phase(self, t: float) -> str:
         """The scheme in force at time ``t`` (Mix-LN: Post-LN for t <= tau, then Pre-LN)."""
-        if self.scheme == "mix-ln":
+        if self.tau is not None:  # (set for mix-ln alone)
             return "post-ln" if t <= self.tau else "pre-ln"
         return self.scheme
 
-    def rates(
-        self, t: float, u: np.ndarray, r: np.ndarray, phase: str | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def rates(self, t: float, u: Any, r: Any, phase: str | None = None) -> tuple[Any, Any]:
         """``(u', r')`` with ``u = 1 - rho`` (the schemes' table, written in u to keep 1-rho accurate)."""
         phase = phase or self.phase(t)
         n = self.n
@@ -385,7 +383,9 @@ class _Equiangular:
         if phase == "peri-ln":
             return -push / (r * a * norm), inner / norm
         # ngpt: speed divisor ||A|| / alpha(t)
-        return -self.alpha(t) * push / (a * norm), zero
+        alpha = self.alpha
+        assert alpha is not None  # (set for ngpt alone)
+        return -alpha(t) * push / (a * norm), zero
 
     def solve(
         self,
@@ -415,7 +415,7 @@ class _Equiangular:
                 def events(_t, yy, _target=u_event):
                     return yy[0] - _target
 
-                events.terminal, events.direction = True, -1
+                events.terminal, events.direction = True, -1  # type: ignore[attr-defined]
             sol = solve_ivp(
                 lambda t, yy: np.array(self.rates(t, float(yy[0]), float(yy[1]), phase)),
                 (lo, hi),
@@ -934,7 +934,7 @@ def equiangular_asymptotics(
                 float(np.exp(log_c + 2 * lam)),
                 f"1-rho ~ C exp(-{2 * lam:.6g} sqrt(t+1))",
             )
-        if sys.scheme == "ngpt":
+        if sys.alpha is not None:  # (nGPT)
             log_c = _log_constant_sphere(sys, u0, 2.0, ngpt=True)
             return EquiangularLaw(
                 sys.scheme,
@@ -944,7 +944,7 @@ def equiangular_asymptotics(
                 "1-rho ~ C exp(-2 int_0^t alpha)",
                 clock=sys.alpha.integral,
             )
-        if sys.scheme == "mix-ln" and sys.tau > 0:
+        if sys.tau is not None and sys.tau > 0:  # (Mix-LN)
             u0 = float(sys.solve(u0, r0, sys.tau, rtol=1e-13, atol=1e-15)[0](sys.tau)[0])
         slope = 1.0 if sys.scheme == "peri-ln" else m0
         log_c = _log_constant_radial(sys, u0, r0, slope)
@@ -1095,7 +1095,9 @@ def long_context_limit(
     return float(rho * (p + q) ** 2 / (p * p + (2 * p * q + q * q) * rho))
 
 
-def long_context_gap(rho, gamma, n, *, scheme: str = "pre-ln", eta: float = 1.0) -> np.ndarray:
+def long_context_gap(
+    rho, gamma, n, *, scheme: str = "pre-ln", eta: float = 1.0
+) -> np.ndarray | float:
     r""":math:`1-\cos` of the outputs of one SA layer on :math:`n` equiangular tokens, :math:`\beta = \gamma\log n`.
 
     With :math:`a = e^{\beta}/Z`, :math:`b = e^{\beta\rho}/Z`, :math:`Z = e^{\beta}+(n-1)e^{\beta\rho}`,
@@ -1158,7 +1160,9 @@ def long_context_gap(rho, gamma, n, *, scheme: str = "pre-ln", eta: float = 1.0)
     return gap if gap.ndim else float(gap)
 
 
-def long_context_cosine(rho, gamma, n, *, scheme: str = "pre-ln", eta: float = 1.0) -> np.ndarray:
+def long_context_cosine(
+    rho, gamma, n, *, scheme: str = "pre-ln", eta: float = 1.0
+) -> np.ndarray | float:
     r"""Output cosine :math:`1 -` :func:`long_context_gap` of one layer at :math:`\beta = \gamma\log n`.
 
     Tends to :func:`long_context_limit` as :math:`n\to\infty` (for :math:`\rho\in(0,1)`), with
@@ -1180,7 +1184,7 @@ def long_context_cosine(rho, gamma, n, *, scheme: str = "pre-ln", eta: float = 1
 # --------------------------------------------------------------------------------------
 
 
-def _exp_factor(beta: Any, sign: float, value: Any, name: str) -> np.ndarray:
+def _exp_factor(beta: Any, sign: float, value: Any, name: str) -> np.ndarray | float:
     beta = check_nonnegative(beta, "beta")
     value = np.asarray(value, dtype=float)
     with np.errstate(over="ignore"):

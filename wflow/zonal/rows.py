@@ -35,13 +35,9 @@ than a quarter of the dense cost passes, the dense matrices.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from .kernel import zonal_kernel_unchecked
-
-try:  # numba is optional: without it the sums are numpy (slower: BLAS threads contend on a busy machine)
-    from numba import njit
-except ImportError:  # pragma: no cover
-    njit = None
 
 __all__ = ["KernelRows"]
 
@@ -230,24 +226,22 @@ class KernelRows:
         self._phi = np.ascontiguousarray(phi)
         self._phih = None if phih is None else np.ascontiguousarray(phih)
         self._L = np.ascontiguousarray(L)
-        self._starts = starts
-        self._ends = np.r_[starts[1:], slot.size]
         self._slot = np.ascontiguousarray(slot, dtype=np.int64)
 
     def _build_dense(self) -> None:
         R, S = self.rows.size, self.sources.size
         block = max(1, _BLOCK_ELEMENTS // S)
-        self._E = np.empty((R, S))
-        self._EH = np.empty((R, S)) if self.with_h else None
+        self._E = E = np.empty((R, S))
+        self._EH = EH = np.empty((R, S)) if self.with_h else None
         self.top = np.empty(R)
         for i in range(0, R, block):
             lk, h = self._exact(self.rows[i : i + block], self.sources)
             top = lk.max(axis=1)
             with np.errstate(under="ignore"):
                 e = np.exp(lk - top[:, None])
-            self._E[i : i + block] = e
-            if self.with_h:
-                self._EH[i : i + block] = e * h
+            E[i : i + block] = e
+            if EH is not None:
+                EH[i : i + block] = e * h
             self.top[i : i + block] = top
 
     def _arrays(self):
@@ -260,21 +254,18 @@ class KernelRows:
         """``(S_0, S_1)`` for the source weights ``w`` (shape (S,)); ``S_1`` is None without ``h``."""
         if self.method == "dense":
             return self._E @ w, (self._EH @ w if self.with_h else None)
-        if _panel_sums is not None:
-            out0 = np.empty(self.rows.size)
-            out1 = np.empty(self.rows.size) if self.with_h else out0
-            _panel_sums(
-                self._phi,
-                self._phih if self.with_h else self._phi,
-                self._L,
-                self._slot,
-                np.ascontiguousarray(w, dtype=np.float64),
-                out0,
-                out1,
-            )
-            return out0, (out1 if self.with_h else None)
-        mu = np.concatenate([self._L[a:b].T @ w[a:b] for a, b in zip(self._starts, self._ends)])
-        return self._phi @ mu, (self._phih @ mu if self.with_h else None)
+        out0 = np.empty(self.rows.size)
+        out1 = np.empty(self.rows.size) if self.with_h else out0
+        _panel_sums(
+            self._phi,
+            self._phih if self.with_h else self._phi,
+            self._L,
+            self._slot,
+            np.ascontiguousarray(w, dtype=np.float64),
+            out0,
+            out1,
+        )
+        return out0, (out1 if self.with_h else None)
 
     def __repr__(self) -> str:
         how = (
@@ -285,35 +276,31 @@ class KernelRows:
         return f"KernelRows({self.rows.size} x {self.sources.size}, {how}, {self.nbytes / 2**20:.1f} MB)"
 
 
-if njit is not None:
-
-    @njit(cache=True, nogil=True)
-    def _panel_sums(phi, phih, L, slot, w, out0, out1):  # pragma: no cover (compiled)
-        """mu[slot_j r + q] += w_j L_jq, then out0 = phi @ mu, out1 = phih @ mu in one pass over the rows."""
-        R, K = phi.shape
-        r = L.shape[1]
-        mu = np.zeros(K)
-        for j in range(w.size):
-            base = slot[j] * r
-            wj = w[j]
-            for q in range(r):
-                mu[base + q] += wj * L[j, q]
-        for f in range(R):
-            a0 = 0.0
-            a1 = 0.0
-            b0 = 0.0
-            b1 = 0.0
-            k = 0
-            while k + 1 < K:
-                a0 += phi[f, k] * mu[k]
-                a1 += phi[f, k + 1] * mu[k + 1]
-                b0 += phih[f, k] * mu[k]
-                b1 += phih[f, k + 1] * mu[k + 1]
-                k += 2
-            if k < K:
-                a0 += phi[f, k] * mu[k]
-                b0 += phih[f, k] * mu[k]
-            out0[f] = a0 + a1
-            out1[f] = b0 + b1
-else:  # pragma: no cover
-    _panel_sums = None
+@njit(cache=True, nogil=True)
+def _panel_sums(phi, phih, L, slot, w, out0, out1):  # pragma: no cover (compiled)
+    """mu[slot_j r + q] += w_j L_jq, then out0 = phi @ mu, out1 = phih @ mu in one pass over the rows."""
+    R, K = phi.shape
+    r = L.shape[1]
+    mu = np.zeros(K)
+    for j in range(w.size):
+        base = slot[j] * r
+        wj = w[j]
+        for q in range(r):
+            mu[base + q] += wj * L[j, q]
+    for f in range(R):
+        a0 = 0.0
+        a1 = 0.0
+        b0 = 0.0
+        b1 = 0.0
+        k = 0
+        while k + 1 < K:
+            a0 += phi[f, k] * mu[k]
+            a1 += phi[f, k + 1] * mu[k + 1]
+            b0 += phih[f, k] * mu[k]
+            b1 += phih[f, k + 1] * mu[k + 1]
+            k += 2
+        if k < K:
+            a0 += phi[f, k] * mu[k]
+            b0 += phih[f, k] * mu[k]
+        out0[f] = a0 + a1
+        out1[f] = b0 + b1
