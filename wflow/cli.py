@@ -186,22 +186,6 @@ def _validate(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else 0
 
 
-STORES = {
-    "particles": "trajectory.zarr",
-    "lagrangian": "trajectory.zarr",
-    "eulerian": "density.zarr",
-    "jko": "density.zarr",
-    "zonal": "density.zarr",
-}
-
-
-def _store_of(out: Path) -> Path | None:
-    for name in ("trajectory.zarr", "density.zarr"):
-        if (out / name).exists():
-            return out / name
-    return None
-
-
 def _run(args: argparse.Namespace) -> int:
     """``wflow run``: build the configuration's problem, run it through the driver with a recorder.
 
@@ -209,88 +193,69 @@ def _run(args: argparse.Namespace) -> int:
     Everything is validated before anything is written or deleted; the output folder is locked
     (one writer) for the whole run.
     """
-    from .config import apply_overrides, check_resources, load_config, start_run
+    from .config import apply_overrides, load_config, start_run
+    from .runfolder import RunFolder, check_resources
 
-    out = Path(args.out)
+    folder = RunFolder(args.out)
     progress = not args.no_progress
     if args.resume:
         if args.config or args.overrides:
             raise ValueError(
                 "--resume continues the stored configuration; do not pass a config file or --set"
             )
-        if not out.is_dir():
-            raise FileNotFoundError(f"--resume: no interrupted run in {out}")
-        with _locked(out):
-            return _resume(out, progress)
+        if not folder.path.is_dir():
+            raise FileNotFoundError(f"--resume: no interrupted run in {folder.path}")
+        with folder.lock():
+            return _resume(folder, progress)
     cfg = apply_overrides(load_config(args.config), args.overrides)
-    check_resources(cfg, out)  # memory and disk, before anything is allocated
+    check_resources(cfg, folder.path)  # memory and disk, before anything is allocated
     run = start_run(
         cfg
     )  # builds everything (and validates it) before anything is written or deleted
-    with _locked(out):
-        existing = _store_of(out)
+    with folder.lock():
+        existing = folder.store
         if existing is not None and not args.overwrite:
             raise FileExistsError(
                 f"{existing} exists; use --resume to continue it, --overwrite to replace it, "
                 f"or another --out"
             )
-        return _fresh(cfg, run, out, progress, existing)
+        return _fresh(cfg, run, folder, progress, existing)
 
 
-def _locked(out: Path):
-    """The output folder's lock (created with the folder); one line and exit 2 when it cannot be had."""
-    from . import io
-
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        return io.FolderLock(out / ".wflow.lock", f"output folder {out}").acquire()
-    except OSError as exc:
-        raise ValueError(
-            f"--out {out}: cannot create or write the folder ({exc.strerror or exc})"
-        ) from None
-
-
-def _fresh(cfg: dict, run, out: Path, progress: bool, existing: Path | None) -> int:
+def _fresh(cfg: dict, run, folder, progress: bool, existing: Path | None) -> int:
     from . import io
     from .config import to_toml
 
     t_start = time.perf_counter()
-    store = out / STORES[cfg["solver"]]
-    if existing is not None:
-        import shutil
-
-        shutil.rmtree(existing)
-    for name in ("steps.csv", "summary.png", "animation.gif"):
-        (out / name).unlink(missing_ok=True)
-    (out / "config.toml").write_text(to_toml(cfg))
+    store = folder.store_for(cfg)
+    folder.clear(existing)
+    folder.config_file.write_text(to_toml(cfg))
     print(f"wflow {__version__}: {run.describe} -> {store}", flush=True)
     recorder = io.ZarrRecorder(store, overwrite=True, attrs={"run_config": cfg})
-    result = run.execute([recorder], progress=progress, out=out)
-    return _finish(result, store, out, cfg, t_start)
+    result = run.execute([recorder], progress=progress, out=folder.path)
+    return _finish(result, store, folder.path, cfg, t_start)
 
 
-def _resume(out: Path, progress: bool) -> int:
-    """Continue the run in ``out`` from its last committed snapshot (or afresh when none was committed)."""
-    from . import io
-    from .config import load_config, start_run
-    from .solvers.runs import resume
+def _resume(folder, progress: bool) -> int:
+    """Continue the run in ``folder`` from its last committed snapshot (or afresh when none was committed)."""
+    from .config import load_config, resume_run, start_run
 
     t_start = time.perf_counter()
-    toml = out / "config.toml"
-    store = _store_of(out)
-    committed = io.committed_length(store) if store is not None else 0
-    if committed == 0:
+    toml = folder.config_file
+    store = folder.store
+    committed = folder.committed()
+    if store is None or committed == 0:
         if not toml.exists():
             raise FileNotFoundError(
-                f"--resume: no interrupted run in {out} (no committed snapshot, no config.toml)"
+                f"--resume: no interrupted run in {folder.path} (no committed snapshot, no config.toml)"
             )
         cfg = load_config(toml)
         print(
-            f"wflow {__version__}: no committed snapshot in {out}: starting afresh from {toml}",
+            f"wflow {__version__}: no committed snapshot in {folder.path}: starting afresh from {toml}",
             flush=True,
         )
-        return _fresh(cfg, start_run(cfg), out, progress, store)
-    cfg = _stored_run_config(store)
+        return _fresh(cfg, start_run(cfg), folder, progress, store)
+    cfg = folder.stored_config()
     if toml.exists():
         edited = load_config(toml)
         diff = sorted(k for k in set(cfg) | set(edited) if cfg.get(k) != edited.get(k))
@@ -302,14 +267,9 @@ def _resume(out: Path, progress: bool) -> int:
                 f"--resume: {toml} differs from the stored run in {what}; a resumed run continues the "
                 f"stored configuration: undo the edit, or start a new run (--overwrite or another --out)"
             )
-    trackers = []
-    if cfg["solver"] == "jko":
-        from .solvers.trackers import StepLog
-
-        trackers.append(StepLog(out / "steps.csv", append=True))
     print(f"wflow {__version__}: resuming {store} ({committed} snapshots committed)", flush=True)
-    result = resume(store, progress=progress, trackers=trackers, keep=False)
-    return _finish(result, store, out, cfg, t_start)
+    result = resume_run(cfg, store, folder.path).execute([], progress=progress)
+    return _finish(result, store, folder.path, cfg, t_start)
 
 
 def _finish(result, store: Path, out: Path, cfg: dict, t_start: float) -> int:
@@ -324,20 +284,6 @@ def _finish(result, store: Path, out: Path, cfg: dict, t_start: float) -> int:
         return EXIT_FAILED
     _summary(store, out, cfg, time.perf_counter() - t_start)
     return 0
-
-
-def _stored_run_config(store: Path) -> dict:
-    import json
-
-    import zarr
-
-    attrs = dict(zarr.open_group(store, mode="r").attrs)
-    if "run_config" not in attrs:
-        raise WflowError(
-            f"{store} was not written by `wflow run` (no run_config); resume it with wflow.resume()"
-        )
-    rc = attrs["run_config"]
-    return json.loads(rc) if isinstance(rc, str) else rc
 
 
 def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:

@@ -7,7 +7,6 @@ wrong types are rejected with the key and the value received.
 
 from __future__ import annotations
 
-import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,8 @@ import numpy as np
 from .errors import short_repr
 
 __all__ = [
+    "resume_run",
+    "STEP_LOG",
     "KEYS",
     "default_config",
     "load_config",
@@ -28,9 +29,11 @@ __all__ = [
     "save_times",
     "start_run",
     "Run",
-    "check_resources",
-    "estimate_resources",
 ]
+
+
+#: the step log a JKO run writes beside its store (one line per step: residuals, iterations)
+STEP_LOG = "steps.csv"
 
 
 @dataclass(frozen=True)
@@ -609,85 +612,6 @@ class Run:
         return self._call(list(trackers), progress, out)
 
 
-def _available_memory() -> float:
-    """Bytes of memory available now (``MemAvailable``), or the physical memory where that is unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def _gb(b: float) -> str:
-    return f"{b / 2**30:.3g} GiB"
-
-
-def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
-    """``(memory, disk)`` in bytes a run of this configuration needs, roughly.
-
-    Memory: the state with the solver's stages (about 12 copies for dopri5), the kernel sums'
-    blocks (about 100 MB) and the save times; disk: every saved snapshot of the state.
-
-    Examples
-    --------
-    >>> mem, disk = estimate_resources(default_config())   # 2000 tokens on S^2, 31 saves
-    >>> round(mem / 1e6), round(disk / 1e6, 2)
-    (101, 2.49)
-    """
-    solver, d, saves = cfg["solver"], cfg["init.d"], cfg["run.n_saves"]
-    if solver == "particles":
-        state = cfg["init.n"] * d * 8.0
-    elif solver == "zonal":
-        state = (
-            cfg["mesh.resolution"] * 8.0 * 64
-        )  # bands, their geometry and the kernel's panel factors
-    elif solver == "lagrangian":
-        nodes = cfg["mesh.resolution"] * (1 if d == 2 else 2 * cfg["mesh.resolution"])
-        state = nodes * (1 + 2 * (d - 1)) * d * 8.0
-    else:
-        cells = cfg["mesh.resolution"] if d == 2 else 10 * cfg["mesh.resolution"] ** 2 + 2
-        state = cells * 8.0 * (50 if d == 3 else 4)  # mesh connectivity and geometry arrays
-        if solver == "jko":
-            state += 3 * cells * cells * 8.0  # dense cost matrix and kernel
-    return 12 * state + 1e8 + 32.0 * saves, saves * (state / 12 if solver == "jko" else state) + 1e6
-
-
-def check_resources(cfg: dict[str, Any], out: Path) -> None:
-    """Refuse a run whose estimated memory or disk (:func:`estimate_resources`) exceeds what the machine has.
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> check_resources(default_config(), tempfile.mkdtemp())   # 2000 tokens: fine
-    >>> check_resources(apply_overrides(default_config(), ["init.n=10000000000"]), tempfile.mkdtemp())
-    Traceback (most recent call last):
-    ...
-    ValueError: config keys init.n = 10000000000, ...
-    """
-    import shutil
-
-    mem, disk = estimate_resources(cfg)
-    avail = _available_memory()
-    key = "init.n" if cfg["solver"] == "particles" else "mesh.resolution"
-    if mem > 0.8 * avail:
-        raise ValueError(
-            f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} need about "
-            f"{_gb(mem)} of memory; {_gb(avail)} is available"
-        )
-    probe = Path(out)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if disk > free:
-        raise ValueError(
-            f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} write about "
-            f"{_gb(disk)} of snapshots; {_gb(free)} is free under {probe}"
-        )
-
-
 def _check_backend(name: str) -> None:
     from .kernels import BACKENDS
 
@@ -841,7 +765,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
     tau, n_steps, save_every = _jko_schedule(cfg)
 
     def call(trackers, progress, out):
-        log = [StepLog(out / "steps.csv")] if out is not None else []
+        log = [StepLog(out / STEP_LOG)] if out is not None else []
         return jko(
             model,
             rho,
@@ -859,3 +783,32 @@ def start_run(cfg: dict[str, Any]) -> Run:
         )
 
     return Run(cfg, f"jko, {model!r}, {mesh!r}, tau={tau:g}, {n_steps} steps", call)
+
+
+def resume_run(cfg: dict[str, Any], store: str | Path, out: Path | None = None) -> Run:
+    """The interrupted run of ``cfg`` whose store is ``store``, continued from its last committed snapshot
+    (:func:`wflow.resume`); a JKO run in the folder ``out`` appends to its step log there.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from wflow.io import ZarrRecorder
+    >>> cfg = apply_overrides(default_config(), ["init.n=8", "run.t_end=0.5", "run.n_saves=3"])
+    >>> store = Path(tempfile.mkdtemp()) / "t.zarr"
+    >>> _ = start_run(cfg).execute([ZarrRecorder(store)], progress=False)
+    >>> resume_run(cfg, store).execute([], progress=False).times.tolist()  # nothing left to do
+    [0.0, 0.25, 0.5]
+    """
+    from .solvers.runs import resume
+
+    store = Path(store)
+
+    def call(trackers, progress, out_):
+        if cfg["solver"] == "jko" and out is not None:
+            from .solvers.trackers import StepLog
+
+            trackers = [*trackers, StepLog(out / STEP_LOG, append=True)]
+        return resume(store, progress=progress, trackers=trackers, keep=False)
+
+    return Run(cfg, f"resuming {store}", call)

@@ -45,6 +45,7 @@ __all__ = [
     "FolderLock",
     "result_dataset",
     "read_store",
+    "store_attrs",
     "write_result",
     "committed_length",
     "write_commit",
@@ -537,6 +538,42 @@ def _chunk_path(store: Path, name: str, index: int, ndim: int) -> Path:
     return store.joinpath(name, "c", str(index), *(["0"] * (ndim - 1)))
 
 
+def _open_result(p: Path):
+    """The root group of the wflow result store ``p`` and its attributes (checked: a wflow store)."""
+    zarr = _zarr()
+    if not p.exists():
+        raise FileNotFoundError(f"no wflow result at {p}")
+    try:
+        group = zarr.open_group(p, mode="r")
+        attrs = dict(group.attrs)
+    except Exception as exc:  # noqa: BLE001 - any failure of the storage layer is reported with the path
+        raise WflowError(
+            f"cannot read {p} as a wflow result (Zarr store): {type(exc).__name__}: {exc}"
+        ) from None
+    if attrs.get("wflow_format") != FORMAT:
+        raise WflowError(
+            f"{p} is not a wflow result store (wflow_format={attrs.get('wflow_format')!r}, "
+            f"expected {FORMAT!r})"
+        )
+    return group, attrs
+
+
+def store_attrs(path: str | os.PathLike) -> dict[str, Any]:
+    """The attributes of a wflow result store (its kind, solver, configuration, ``run_config``, ...).
+
+    Raises ``FileNotFoundError`` without a store at ``path`` and :class:`~wflow.errors.WflowError`
+    for one that is not a wflow store.
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
+    >>> store_attrs(wflow.save(traj, pathlib.Path(tempfile.mkdtemp()) / "t.zarr"))["kind"]
+    'particles'
+    """
+    return _open_result(Path(path))[1]
+
+
 def read_store(path: str | os.PathLike) -> dict[str, Any]:
     """Read a store's committed snapshots as plain arrays, verifying every chunk.
 
@@ -561,22 +598,8 @@ def read_store(path: str | os.PathLike) -> dict[str, Any]:
     >>> stored["kind"], stored["length"], stored["data"]["points"][1].shape
     ('particles', 6, (6, 8, 3))
     """
-    zarr = _zarr()
     p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"no wflow result at {p}")
-    try:
-        group = zarr.open_group(p, mode="r")
-        attrs = dict(group.attrs)
-    except Exception as exc:  # noqa: BLE001 - any failure of the storage layer is reported with the path
-        raise WflowError(
-            f"cannot read {p} as a wflow result (Zarr store): {type(exc).__name__}: {exc}"
-        ) from None
-    if attrs.get("wflow_format") != FORMAT:
-        raise WflowError(
-            f"{p} is not a wflow result store (wflow_format={attrs.get('wflow_format')!r}, "
-            f"expected {FORMAT!r})"
-        )
+    group, attrs = _open_result(p)
     try:
         config = json.loads(attrs["config"])
     except (KeyError, json.JSONDecodeError) as exc:

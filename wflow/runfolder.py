@@ -1,0 +1,190 @@
+"""The output folder of ``wflow run``: which store it holds, what the run needs of the machine, and
+what a fresh run or a resumed one may replace.
+
+A run folder holds one store (``trajectory.zarr`` for particles and Lagrangian runs,
+``density.zarr`` for the density solvers), the run's ``config.toml``, its figure
+``summary.png`` (and ``animation.gif``) and, for JKO, ``steps.csv``.  The command line goes
+through :class:`RunFolder` for all of it, so that the names of these files and the layout of
+the store's attributes live here and in :mod:`wflow.io`, not in :mod:`wflow.cli`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from . import io
+from .config import STEP_LOG
+from .errors import WflowError
+
+__all__ = ["STORE_NAMES", "RunFolder", "estimate_resources", "check_resources"]
+
+#: the store a run of each solver kind writes in its folder
+STORE_NAMES = {
+    "particles": "trajectory.zarr",
+    "lagrangian": "trajectory.zarr",
+    "eulerian": "density.zarr",
+    "jko": "density.zarr",
+    "zonal": "density.zarr",
+}
+#: the files beside the store that a run writes (and a fresh run replaces)
+RUN_FILES = ("config.toml", STEP_LOG, "summary.png", "animation.gif")
+
+
+class RunFolder:
+    """The folder ``--out`` of ``wflow run``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> folder = RunFolder(tempfile.mkdtemp())
+    >>> folder.store is None, folder.store_for({"solver": "jko"}).name
+    (True, 'density.zarr')
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    @property
+    def config_file(self) -> Path:
+        """The run's ``config.toml``."""
+        return self.path / "config.toml"
+
+    @property
+    def store(self) -> Path | None:
+        """The store the folder holds, or ``None``."""
+        for name in dict.fromkeys(STORE_NAMES.values()):
+            if (self.path / name).exists():
+                return self.path / name
+        return None
+
+    def store_for(self, cfg: dict[str, Any]) -> Path:
+        """Where a run of the configuration ``cfg`` writes its store."""
+        return self.path / STORE_NAMES[cfg["solver"]]
+
+    def lock(self) -> io.FolderLock:
+        """The folder's lock (the folder is created first), held for the whole run: one writer at a time.
+
+        Raises ``ValueError`` (one line) when the folder cannot be created or written, and
+        :class:`~wflow.errors.StoreBusyError` while another run holds it.
+        """
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            return io.FolderLock(self.path / ".wflow.lock", f"output folder {self.path}").acquire()
+        except OSError as exc:
+            raise ValueError(
+                f"--out {self.path}: cannot create or write the folder ({exc.strerror or exc})"
+            ) from None
+
+    def clear(self, existing: Path | None) -> None:
+        """Remove what an earlier run wrote here: the store ``existing`` and the run's files."""
+        if existing is not None:
+            shutil.rmtree(existing)
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
+
+    def committed(self) -> int:
+        """The number of committed snapshots of the folder's store (0 without a store)."""
+        store = self.store
+        return io.committed_length(store) if store is not None else 0
+
+    def stored_config(self) -> dict[str, Any]:
+        """The configuration the folder's store was written with (its ``run_config`` attribute).
+
+        Raises :class:`~wflow.errors.WflowError` for a store not written by ``wflow run``.
+        """
+        store = self.store
+        if store is None:
+            raise FileNotFoundError(f"no store in {self.path}")
+        rc = io.store_attrs(store).get("run_config")
+        if rc is None:
+            raise WflowError(
+                f"{store} was not written by `wflow run` (no run_config); resume it with wflow.resume()"
+            )
+        return json.loads(rc) if isinstance(rc, str) else rc
+
+
+# ------------------------------------------------------------------------------ resources
+def _available_memory() -> float:
+    """Bytes of memory available now (``MemAvailable``), or the physical memory where that is unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _gb(b: float) -> str:
+    return f"{b / 2**30:.3g} GiB"
+
+
+def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
+    """``(memory, disk)`` in bytes a run of this configuration needs, roughly.
+
+    Memory: the state with the solver's stages (about 12 copies for dopri5), the kernel sums'
+    blocks (about 100 MB) and the save times; disk: every saved snapshot of the state.
+
+    Examples
+    --------
+    >>> from wflow.config import default_config
+    >>> mem, disk = estimate_resources(default_config())   # 2000 tokens on S^2, 31 saves
+    >>> round(mem / 1e6), round(disk / 1e6, 2)
+    (101, 2.49)
+    """
+    solver, d, saves = cfg["solver"], cfg["init.d"], cfg["run.n_saves"]
+    if solver == "particles":
+        state = cfg["init.n"] * d * 8.0
+    elif solver == "zonal":
+        state = (
+            cfg["mesh.resolution"] * 8.0 * 64
+        )  # bands, their geometry and the kernel's panel factors
+    elif solver == "lagrangian":
+        nodes = cfg["mesh.resolution"] * (1 if d == 2 else 2 * cfg["mesh.resolution"])
+        state = nodes * (1 + 2 * (d - 1)) * d * 8.0
+    else:
+        cells = cfg["mesh.resolution"] if d == 2 else 10 * cfg["mesh.resolution"] ** 2 + 2
+        state = cells * 8.0 * (50 if d == 3 else 4)  # mesh connectivity and geometry arrays
+        if solver == "jko":
+            state += 3 * cells * cells * 8.0  # dense cost matrix and kernel
+    return 12 * state + 1e8 + 32.0 * saves, saves * (state / 12 if solver == "jko" else state) + 1e6
+
+
+def check_resources(cfg: dict[str, Any], out: str | os.PathLike) -> None:
+    """Refuse a run whose estimated memory or disk (:func:`estimate_resources`) exceeds what the machine has.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from wflow.config import apply_overrides, default_config
+    >>> check_resources(default_config(), tempfile.mkdtemp())   # 2000 tokens: fine
+    >>> check_resources(apply_overrides(default_config(), ["init.n=10000000000"]), tempfile.mkdtemp())
+    Traceback (most recent call last):
+    ...
+    ValueError: config keys init.n = 10000000000, ...
+    """
+    mem, disk = estimate_resources(cfg)
+    avail = _available_memory()
+    key = "init.n" if cfg["solver"] == "particles" else "mesh.resolution"
+    if mem > 0.8 * avail:
+        raise ValueError(
+            f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} need about "
+            f"{_gb(mem)} of memory; {_gb(avail)} is available"
+        )
+    probe = Path(out)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if disk > free:
+        raise ValueError(
+            f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} write about "
+            f"{_gb(disk)} of snapshots; {_gb(free)} is free under {probe}"
+        )
