@@ -44,9 +44,9 @@ def kill_at(k: int | None):
         tick()
         return await orig_set(self, key, value)
 
-    def commit(path, length):
+    def commit(path, length, *chain):
         tick()
-        return orig_commit(path, length)
+        return orig_commit(path, length, *chain)
 
     zarr.storage.LocalStore.set = set_
     io._write_commit = commit
@@ -207,7 +207,7 @@ def test_a_damaged_chunk_fails_its_checksum_with_the_path(damage, tmp_path):
     else:
         data = data[: len(data) // 2]
     chunk.write_bytes(bytes(data))
-    with pytest.raises(WflowError, match=r"t.zarr: variable 'points' cannot be read.*damaged"):
+    with pytest.raises(WflowError, match=r"t.zarr: variable 'points' snapshot 3: .*damaged"):
         wflow.load(path)
 
 
@@ -217,6 +217,113 @@ def test_uncommitted_snapshots_are_invisible(tmp_path):
     (path / io.COMMIT).write_text(json.dumps({"length": 4}))
     res = wflow.load(path)
     assert len(res.times) == 4 and np.all(np.isfinite(res.points))
+
+
+def _committed_files(path):
+    return {f.relative_to(path): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("length", [-1, 12, "x"])
+def test_a_commit_record_outside_the_stored_snapshots_is_refused(length, tmp_path):
+    """A length below 0 or beyond the snapshots on disk (11) is damage, never a shorter or longer load,
+    and --resume does not rewrite a committed snapshot."""
+    path = _store(tmp_path)
+    (path / io.COMMIT).write_text(json.dumps({"length": length}))
+    before = _committed_files(path)
+    with pytest.raises(WflowError, match=r"t.zarr: (the commit record|unreadable commit record)"):
+        wflow.load(path)
+    with pytest.raises(WflowError, match=r"t.zarr"):
+        wflow.resume(path)
+    assert _committed_files(path) == before  # nothing rewritten
+
+
+def test_a_lost_commit_record_is_damage_not_an_empty_store(tmp_path):
+    path = _store(tmp_path)
+    (path / io.COMMIT).unlink()
+    with pytest.raises(WflowError, match=r"record wflow_commit.json is missing but 11 snapshot"):
+        wflow.load(path)
+    with pytest.raises(WflowError, match="missing"):
+        wflow.resume(path)
+    assert len(list((path / "points" / "c").iterdir())) == 11  # nothing discarded
+    report = io.repair(path)
+    assert report["kept"] == 11 and report["claimed"] is None
+    np.testing.assert_array_equal(
+        wflow.load(path).points, wflow.load(_store(tmp_path / "b")).points
+    )
+
+
+def test_a_chunk_that_is_a_directory_is_an_error(tmp_path):
+    path = _store(tmp_path)
+    chunk = path / "points" / "c" / "5" / "0" / "0"
+    chunk.unlink()
+    chunk.mkdir()
+    with pytest.raises(
+        WflowError, match=r"variable 'points' snapshot 5: its chunk .* is not a file"
+    ):
+        wflow.load(path)
+
+
+@pytest.mark.parametrize("name", ["points", "energy", "time"])
+def test_a_chunk_copied_into_another_place_is_detected(name, tmp_path):
+    """Its CRC32C is valid (the bytes are a sound chunk), but not of this snapshot: the digest keyed by
+    variable and snapshot tells."""
+    path = _store(tmp_path)
+    tail = ["0"] * (name == "points") * 2
+    src, dst = (path.joinpath(name, "c", str(i), *tail) for i in (2, 6))
+    shutil.copyfile(src, dst)
+    with pytest.raises(
+        WflowError, match=rf"variable '{name}' snapshot 6: its chunk is not the one"
+    ):
+        wflow.load(path)
+    res = pytest.warns(UserWarning, match="recovered 6 snapshots")
+    with res:
+        back = wflow.load(path, recover=True)
+    assert len(back.times) == 6 and "snapshot 6" in back.message
+
+
+def test_a_flipped_byte_in_a_scalar_names_variable_and_snapshot(tmp_path):
+    path = _store(tmp_path)
+    chunk = path / "energy" / "c" / "7"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(WflowError, match=r"variable 'energy' snapshot 7"):
+        wflow.load(path)
+
+
+def test_repair_keeps_the_sound_snapshots_and_the_run_resumes_bit_for_bit(tmp_path):
+    x0 = sphere.uniform(30, 3, np.random.default_rng(0))
+    full = wflow.simulate(SA(2.0), x0, 1.0, dt=0.1, backend=BK)
+    path = _store(tmp_path)
+    (path / "points" / "c" / "4" / "0" / "0").write_bytes(b"not a chunk")
+    report = io.repair(path)
+    assert (report["kept"], report["claimed"], report["on_disk"]) == (4, 11, 11)
+    assert "variable 'points' snapshot 4" in report["reason"]
+    assert io.committed_length(path) == 4
+    back = wflow.resume(path)
+    np.testing.assert_array_equal(back.times, full.times)
+    np.testing.assert_array_equal(back.points, full.points)
+    np.testing.assert_array_equal(wflow.load(path).points, full.points)
+
+
+def test_wflow_repair_makes_a_run_folder_resumable(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["--set", "init.n=12", "--set", "run.t_end=0.5", "--set", "run.n_saves=6"]
+    assert (
+        main(["run", *args, "--set", "output.figure=false", "--out", str(out), "--no-progress"])
+        == 0
+    )
+    full = wflow.load(out / "trajectory.zarr")
+    (out / "trajectory.zarr" / io.COMMIT).write_text(json.dumps({"length": 3}))
+    (out / "trajectory.zarr" / "points" / "c" / "2" / "0" / "0").write_bytes(b"damaged")
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "wflow repair" in err and "snapshot 2" in err
+    assert main(["repair", str(out)]) == 0
+    assert "2 snapshots kept" in capsys.readouterr().out
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
+    np.testing.assert_array_equal(wflow.load(out / "trajectory.zarr").points, full.points)
 
 
 def test_one_writer_per_store_and_per_output_folder(tmp_path, capsys):

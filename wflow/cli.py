@@ -135,6 +135,14 @@ def _parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="replace a store that holds another sweep"
     )
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rp = sub.add_parser(
+        "repair",
+        help="make the sound snapshots of a damaged store its committed ones (then --resume)",
+        description="Check every snapshot of a wflow store (trajectory.zarr, density.zarr) and make "
+        "the longest run of sound ones from the first its committed snapshots, so that it loads "
+        "and resumes; prints what was kept and why the rest was dropped. Deletes nothing.",
+    )
+    rp.add_argument("store", help="the store, or a wflow run folder holding one")
     v = sub.add_parser(
         "validate",
         help="run validation studies and write a report folder",
@@ -365,8 +373,29 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_FAILED if ds.attrs["failed"] else 0
 
 
+def _repair(args: argparse.Namespace) -> int:
+    """``wflow repair``: the sound snapshots of a damaged store become its committed ones."""
+    from . import io
+    from .runfolder import RunFolder
+
+    if not args.store:
+        raise ValueError("repair needs a store or a run folder, got ''")
+    path = Path(args.store)
+    if path.is_dir() and not (path / "zarr.json").exists():
+        store = RunFolder(path).store
+        if store is None:
+            raise FileNotFoundError(f"no wflow store in {path}")
+        path = store
+    report = io.repair(path)
+    print(
+        f"{path}: {report['kept']} snapshots kept as committed (the record claimed "
+        f"{report['claimed']}, {report['on_disk']} on disk): {report['reason']}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The ``wflow`` command: ``run``, ``sweep``, ``validate``; returns the exit status.
+    """The ``wflow`` command: ``run``, ``sweep``, ``validate``, ``repair``; returns the exit status.
 
     0 on success, 1 when a validation expectation failed, 2 for bad input (one line on stderr,
     nothing written), 130 when interrupted.
@@ -391,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
             return _validate(args)
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "repair":
+            return _repair(args)
     except (ValueError, TypeError, FileExistsError, FileNotFoundError) as exc:
         print(f"wflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -41,10 +41,12 @@ from .errors import StoreBusyError, WflowError
 __all__ = [
     "FORMAT",
     "COMMIT",
+    "DIGESTS",
     "ZarrRecorder",
     "FolderLock",
     "result_dataset",
     "read_store",
+    "repair",
     "store_attrs",
     "write_result",
     "committed_length",
@@ -57,6 +59,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = "wflow.result/2"
 COMMIT = "wflow_commit.json"
+#: one line per snapshot: the digest of each of its chunks, keyed by variable and snapshot
+DIGESTS = "wflow_digests.jsonl"
 _STATS = ("steps", "rejected", "evaluations")
 _CHECKPOINT = "checkpoint_"
 
@@ -212,8 +216,79 @@ def read_commit(
         raise WflowError(f"{folder}: unreadable commit record {name}: {exc}") from None
 
 
-def _write_commit(path: Path, length: int) -> None:
-    write_commit(path, {"length": int(length)})
+#: what a damaged store's error says to do
+_REPAIR = "`wflow repair {p}` (wflow.io.repair) keeps its sound snapshots, then --resume continues"
+
+
+def _write_commit(path: Path, length: int, chain: str | None = None) -> None:
+    record: dict[str, Any] = {"length": int(length)}
+    if chain is not None:
+        record["chain"] = chain
+    write_commit(path, record)
+
+
+# ------------------------------------------------------------------------------ snapshot digests
+# Zarr's CRC32C codec checks that a chunk's bytes are intact, not that they are the chunk of this
+# variable and snapshot: a chunk copied over another passes it.  So each committed snapshot also
+# has a line in DIGESTS with a digest of every one of its chunk files, keyed by the variable's
+# name and the snapshot's index, and the commit record holds a hash chain over those lines.  A
+# reader checks the chain up to the committed length, then every chunk against its line.
+def _chunk_digest(name: str, index: int, data: bytes) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(f"{name}\0{index}\0".encode(), digest_size=12)
+    h.update(data)
+    return h.hexdigest()
+
+
+def _chain_next(chain: str, line: str) -> str:
+    import hashlib
+
+    return hashlib.blake2b((chain + line).encode(), digest_size=16).hexdigest()
+
+
+def _snapshot_digests(store: Path, index: int, ndims: dict[str, int]) -> dict[str, str]:
+    """The digest of every chunk file of snapshot ``index`` (``ndims``: the time variables' ranks)."""
+    return {
+        name: _chunk_digest(name, index, _chunk_path(store, name, index, nd).read_bytes())
+        for name, nd in sorted(ndims.items())
+    }
+
+
+def _read_digest_lines(store: Path, length: int, chain: str) -> list[dict[str, str]]:
+    """The digests of the first ``length`` snapshots, checked against the committed hash ``chain``."""
+    p = store / DIGESTS
+    try:
+        lines = p.read_text().splitlines()[:length] if p.is_file() else []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WflowError(f"{store}: the digests {DIGESTS} cannot be read ({exc})") from None
+    h = ""
+    for line in lines:
+        h = _chain_next(h, line)
+    if len(lines) < length or h != chain:
+        raise WflowError(
+            f"{store}: the snapshot digests {DIGESTS} do not match the commit record "
+            f"({len(lines)} lines for {length} committed snapshots): the store is damaged"
+        )
+    try:
+        return [json.loads(line)["d"] for line in lines]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WflowError(f"{store}: unreadable line in {DIGESTS}: {exc}") from None
+
+
+def _append_digest(store: Path, index: int, digests: dict[str, str], chain: str) -> str:
+    """Write snapshot ``index``'s line (after the ``index`` lines of the committed snapshots, dropping any
+    line an interrupted snapshot left), flushed to disk; returns the chain to commit with it."""
+    line = json.dumps({"i": int(index), "d": digests}, sort_keys=True)
+    p = store / DIGESTS
+    keep = b""
+    if index and p.is_file():
+        keep = b"".join(p.read_bytes().splitlines(keepends=True)[:index])
+    with open(p, "wb") as fh:
+        fh.write(keep + line.encode() + b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return _chain_next(chain, line)
 
 
 class FolderLock:
@@ -293,7 +368,31 @@ def committed_length(path: str | os.PathLike) -> int:
     >>> committed_length(folder / "t.zarr"), committed_length(folder / "missing.zarr")
     (6, 0)
     """
-    return read_commit(path, lambda record: int(record["length"]), default=0)
+    p = Path(path)
+    length = read_commit(p, lambda record: int(record["length"]), default=None)
+    on_disk = _stored_snapshots(p)
+    if length is None:
+        # a run killed before its first commit leaves snapshot 0 at most; more means a lost record
+        if on_disk > 1:
+            raise WflowError(
+                f"{p}: the commit record {COMMIT} is missing but {on_disk} snapshot(s) are on disk: the "
+                f"store is damaged; {_REPAIR.format(p=str(p))}"
+            )
+        return 0
+    if not 0 <= length <= on_disk:
+        raise WflowError(
+            f"{p}: the commit record {COMMIT} says {length} snapshots, but {on_disk} are on disk: the "
+            f"record is damaged; {_REPAIR.format(p=str(p))}"
+        )
+    return length
+
+
+def _stored_snapshots(store: Path) -> int:
+    """How many consecutive snapshots from 0 have their ``time`` chunk on disk."""
+    k = 0
+    while (store / "time" / "c" / str(k)).is_file():
+        k += 1
+    return k
 
 
 def _flat_config(config: Any, prefix: str = "config") -> dict[str, Any]:
@@ -403,6 +502,7 @@ class ZarrRecorder:
         self.count = 0
         self.group = None
         self._arrays: dict[str, Any] = {}
+        self._chain: str | None = ""  # the hash chain of the snapshot digests committed so far
 
     # -- tracker protocol -----------------------------------------------------------
     def start(self, run) -> None:
@@ -423,6 +523,10 @@ class ZarrRecorder:
                 for name, arr in self.group.arrays()
             }
             self.group.attrs.update(_attrs(self.kind, self.solver, self.config))
+            record = read_commit(self.path, default={})
+            self._chain = record.get("chain")  # None: a store written before the digests
+            if self._chain is not None:  # checked: the continuation extends a sound chain
+                _read_digest_lines(self.path, committed_length(self.path), self._chain)
         else:
             if self.path.exists():
                 shutil.rmtree(self.path)
@@ -440,7 +544,11 @@ class ZarrRecorder:
                     f"configuration"
                 )
             arr[i] = value
-        _write_commit(self.path, i + 1)
+        if self._chain is not None:
+            ndims = {name: arr.ndim for name, arr in self._arrays.items() if _is_snapshot(arr)}
+            digests = _snapshot_digests(self.path, i, ndims)
+            self._chain = _append_digest(self.path, i, digests, self._chain if i else "")
+        _write_commit(self.path, i + 1, self._chain)
         self.count += 1
         log.debug("committed snapshot %d (t=%g) to %s", i, snap.t, self.path)
 
@@ -538,6 +646,11 @@ def _chunk_path(store: Path, name: str, index: int, ndim: int) -> Path:
     return store.joinpath(name, "c", str(index), *(["0"] * (ndim - 1)))
 
 
+def _is_snapshot(arr) -> bool:
+    """Whether a store's array has one chunk per snapshot (a leading ``time`` axis)."""
+    return tuple(arr.metadata.dimension_names or ())[:1] == ("time",)
+
+
 def _open_result(p: Path):
     """The root group of the wflow result store ``p`` and its attributes (checked: a wflow store)."""
     zarr = _zarr()
@@ -574,20 +687,36 @@ def store_attrs(path: str | os.PathLike) -> dict[str, Any]:
     return _open_result(Path(path))[1]
 
 
-def read_store(path: str | os.PathLike) -> dict[str, Any]:
+def read_store(path: str | os.PathLike, *, recover: bool = False) -> dict[str, Any]:
     """Read a store's committed snapshots as plain arrays, verifying every chunk.
 
     Returns a dict with ``kind``, ``solver``, ``config``, ``times``, ``data``
-    (``name -> (dims, array)``, leading time axis), ``static``, ``stats`` (incl. ``dt_next``)
-    and ``checkpoint`` (the solver's resume variables, each with a time axis).
+    (``name -> (dims, array)``, leading time axis), ``static``, ``stats`` (incl. ``dt_next``),
+    ``checkpoint`` (the solver's resume variables, each with a time axis) and ``length``.
+
+    Every chunk of a committed snapshot must be a file whose bytes are those committed for
+    that variable and snapshot (a digest keyed by both, :data:`DIGESTS`) and pass its CRC32C
+    checksum; the commit record's length must lie between 0 and the snapshots on disk.
+
+    Parameters
+    ----------
+    path : str or Path
+        The store.
+    recover : bool
+        Instead of raising on a damaged store, return the longest run of sound snapshots from
+        the first one on; ``recovered`` then says how many were kept, how many the commit
+        record claimed and why the next one was dropped (:func:`repair` makes that the
+        committed length, so the run can be resumed).
 
     Raises
     ------
     FileNotFoundError
         No store at ``path``.
     WflowError
-        Not a wflow store, no committed snapshot, a missing chunk or a failed checksum inside
-        the committed length (the message names the store, the variable and the snapshot).
+        Not a wflow store, no committed snapshot, or (unless ``recover``) a damaged one: a
+        missing or inconsistent commit record, a chunk that is missing, not a file, not the one
+        committed in its place, or that fails its checksum (the message names the store, the
+        variable and the snapshot).
 
     Examples
     --------
@@ -604,10 +733,16 @@ def read_store(path: str | os.PathLike) -> dict[str, Any]:
         config = json.loads(attrs["config"])
     except (KeyError, json.JSONDecodeError) as exc:
         raise WflowError(f"{p}: no readable 'config' attribute: {exc}") from None
-    length = committed_length(p)
+    arrays = [(name, arr) for name, arr in group.arrays() if _is_snapshot(arr)]
+    if recover:
+        length, recovered = _sound_prefix(p, arrays)
+    else:
+        length, recovered = _checked_length(p, arrays), None
     if length == 0:
         raise WflowError(
             f"{p} holds no committed snapshot (the run stopped before its first save); start it afresh"
+            if recovered is None
+            else f"{p}: no snapshot can be recovered ({recovered['reason']})"
         )
     out: dict[str, Any] = {
         "kind": attrs["kind"],
@@ -618,22 +753,18 @@ def read_store(path: str | os.PathLike) -> dict[str, Any]:
         "stats": {},
         "checkpoint": {},
         "length": length,
+        "recovered": recovered,
     }
     for name, arr in group.arrays():
         dims = tuple(arr.metadata.dimension_names or ())
-        if dims[:1] == ("time",):
-            for i in range(length):
-                if not _chunk_path(p, name, i, arr.ndim).exists():
-                    raise WflowError(
-                        f"{p}: variable {name!r} has no data for snapshot {i} (of {length} committed): "
-                        f"the store is damaged"
-                    )
+        if _is_snapshot(arr):
             try:
                 value = arr[:length]
-            except Exception as exc:  # noqa: BLE001 - checksum / decompression failures name the chunk
+            except Exception:  # noqa: BLE001 - a checksum or decompression failure: find the snapshot
+                i = next((i for i in range(length) if _unreadable(arr, i)), None)
                 raise WflowError(
-                    f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc}): a chunk is "
-                    f"damaged (checksum or decompression failed)"
+                    f"{p}: variable {name!r} snapshot {i}: the chunk fails its checksum or cannot be "
+                    f"decompressed: the store is damaged; {_REPAIR.format(p=str(p))}"
                 ) from None
             if name == "time":
                 out["times"] = np.asarray(value, dtype=np.float64)
@@ -653,6 +784,118 @@ def read_store(path: str | os.PathLike) -> dict[str, Any]:
                     f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc})"
                 ) from None
     return out
+
+
+
+
+def _unreadable(arr, i: int) -> bool:
+    try:
+        arr[i]
+        return False
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def _snapshot_fault(p: Path, i: int, arrays, digests: dict[str, str] | None) -> str | None:
+    """Why snapshot ``i`` is not sound (naming the variable), or None: each chunk a file, and the one
+    committed in its place when its digest is known."""
+    for name, arr in arrays:
+        f = _chunk_path(p, name, i, arr.ndim)
+        if not f.exists():
+            return f"variable {name!r} has no data for snapshot {i}"
+        if not f.is_file():
+            return f"variable {name!r} snapshot {i}: its chunk {f} is not a file"
+        if digests is not None and digests.get(name) != _chunk_digest(name, i, f.read_bytes()):
+            return (
+                f"variable {name!r} snapshot {i}: its chunk is not the one committed there "
+                f"(damaged, or another chunk copied into its place)"
+            )
+    return None
+
+
+def _checked_length(p: Path, arrays) -> int:
+    """The committed length, every committed snapshot checked (:func:`_snapshot_fault`)."""
+    length = committed_length(p)
+    chain = read_commit(p, default={}).get("chain")
+    lines = _read_digest_lines(p, length, chain) if chain is not None else None
+    for i in range(length):
+        why = _snapshot_fault(p, i, arrays, lines[i] if lines is not None else None)
+        if why is not None:
+            raise WflowError(f"{p}: {why}: the store is damaged; {_REPAIR.format(p=str(p))}")
+    return length
+
+
+def _sound_prefix(p: Path, arrays) -> tuple[int, dict[str, Any]]:
+    """The longest run of sound snapshots from 0 (committed or not), and a report of what was kept."""
+    try:
+        record = read_commit(p, default=None)
+        claimed = int(record["length"]) if record is not None else None
+    except (WflowError, KeyError, TypeError, ValueError):
+        record, claimed = None, None
+    on_disk = _stored_snapshots(p)
+    limit = claimed if claimed is not None and 0 <= claimed <= on_disk else on_disk
+    lines: list[dict[str, str]] | None = None
+    if record is not None and record.get("chain") is not None and claimed == limit:
+        try:
+            lines = _read_digest_lines(p, limit, record["chain"])
+        except WflowError:
+            lines = None  # the digests cannot be trusted: checksums alone decide
+    k, reason = 0, ""
+    while k < limit:
+        why = _snapshot_fault(p, k, arrays, lines[k] if lines is not None else None)
+        if why is None and any(_unreadable(arr, k) for _, arr in arrays):
+            bad = next(name for name, arr in arrays if _unreadable(arr, k))
+            why = f"variable {bad!r} snapshot {k}: the chunk fails its checksum"
+        if why is not None:
+            reason = why
+            break
+        k += 1
+    if not reason:
+        if claimed is None or limit != claimed:
+            reason = f"the commit record is missing or damaged (it claims {claimed}); {k} sound snapshots on disk"
+        else:
+            reason = f"all {k} committed snapshots are sound" + (
+                f" ({on_disk - k} later ones were never committed)" if on_disk > k else ""
+            )
+    return k, {"kept": k, "claimed": claimed, "on_disk": on_disk, "reason": reason}
+
+
+def repair(path: str | os.PathLike) -> dict[str, Any]:
+    """Make the sound snapshots of a damaged store its committed ones, so that it loads and resumes.
+
+    The longest run of sound snapshots from the first one on (:func:`read_store` with
+    ``recover=True``) becomes the committed length; their digests are written afresh and the
+    commit record replaced atomically.  Nothing is deleted: chunks beyond the new length are
+    overwritten when the run is resumed.  Returns the report (``kept``, ``claimed``,
+    ``on_disk``, ``reason``).
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> from wflow.io import COMMIT, repair
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
+    >>> path = wflow.save(traj, pathlib.Path(tempfile.mkdtemp()) / "t.zarr")
+    >>> (path / COMMIT).unlink()             # the commit record is lost
+    >>> repair(path)["kept"], len(wflow.load(path))
+    (6, 6)
+    """
+    p = Path(path)
+    group, _ = _open_result(p)
+    arrays = [(name, arr) for name, arr in group.arrays() if _is_snapshot(arr)]
+    lock = FolderLock(p.with_name(p.name + ".lock"), f"store {p}").acquire()
+    try:
+        length, report = _sound_prefix(p, arrays)
+        chain = ""
+        ndims = {name: arr.ndim for name, arr in arrays}
+        for i in range(length):
+            chain = _append_digest(p, i, _snapshot_digests(p, i, ndims), chain)
+        if length == 0:
+            (p / DIGESTS).unlink(missing_ok=True)
+        _write_commit(p, length, chain)
+    finally:
+        lock.release()
+    log.info("repaired %s: %s", p, report)
+    return report
 
 
 # ------------------------------------------------------------------------------ datasets

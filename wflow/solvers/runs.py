@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,14 @@ def _result(stored: dict[str, Any]) -> Result:
     )
 
 
-def load(path: str | os.PathLike) -> Result:
+def load(path: str | os.PathLike, *, recover: bool = False) -> Result:
     """Load a result of any kind written by a run or by :func:`save` (committed snapshots only, verified).
+
+    A damaged store (a missing or inconsistent commit record, a chunk missing, out of place or
+    failing its checksum) raises :class:`~wflow.errors.WflowError` naming the variable and the
+    snapshot.  With ``recover=True`` the sound snapshots before the first damaged one are
+    returned instead, with a warning and a ``message`` saying how many were kept and why;
+    :func:`wflow.io.repair` makes them the store's committed snapshots, so the run resumes.
 
     Examples
     --------
@@ -61,7 +68,16 @@ def load(path: str | os.PathLike) -> Result:
     >>> bool((back.points == traj.points).all()), type(back).__name__
     (True, 'Trajectory')
     """
-    return _result(io.read_store(path))
+    stored = io.read_store(path, recover=recover)
+    res = _result(stored)
+    report = stored.get("recovered")
+    if report is not None and report["claimed"] != report["kept"]:
+        res.message = (
+            f"recovered {report['kept']} snapshots (the commit record claims {report['claimed']}, "
+            f"{report['on_disk']} on disk): {report['reason']}"
+        )
+        warnings.warn(f"{path}: {res.message}", stacklevel=2)
+    return res
 
 
 def save(result: Result, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
