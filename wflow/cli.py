@@ -232,15 +232,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def _fresh(cfg: dict, run, folder, progress: bool, existing: Path | None) -> int:
     from . import io
-    from .config import to_toml
 
     t_start = time.perf_counter()
     store = folder.store_for(cfg)
-    folder.clear(existing)
-    folder.config_file.write_text(to_toml(cfg))
     print(f"wflow {__version__}: {run.describe} -> {store}", flush=True)
+    # what an earlier run wrote is replaced at the first save: a run the driver refuses deletes nothing
     recorder = io.ZarrRecorder(store, overwrite=True, attrs={"run_config": cfg})
-    result = run.execute([recorder], progress=progress, out=folder.path)
+    trackers = [folder.replacing(cfg, existing), recorder]
+    result = run.execute(trackers, progress=progress, out=folder.path)
     return _finish(result, store, folder.path, cfg, t_start)
 
 

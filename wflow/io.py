@@ -450,6 +450,24 @@ def _index_coordinates(dims: set[str]) -> dict[str, dict[str, str]]:
     }
 
 
+def _check_replaceable(path: Path) -> None:
+    """Refuse to replace anything but a wflow result store or an empty folder (overwrite=True)."""
+    if path.is_dir() and not any(path.iterdir()):
+        return
+    if (path / COMMIT).is_file():
+        return
+    try:
+        meta = json.loads((path / "zarr.json").read_text())
+        if meta.get("attributes", {}).get("wflow_format") == FORMAT:
+            return
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise ValueError(
+        f"{path} is not a wflow result store; overwrite=True replaces only wflow's own stores "
+        f"(or an empty folder): choose another path"
+    )
+
+
 class ZarrRecorder:
     """The tracker that writes a run to a Zarr store, one atomic commit per snapshot.
 
@@ -498,6 +516,8 @@ class ZarrRecorder:
                 f"{self.path} exists; pass overwrite=True (CLI: choose another --out, --resume "
                 f"or --overwrite)"
             )
+        elif self.path.exists():
+            _check_replaceable(self.path)
         self.overwrite = overwrite
         self.count = 0
         self.group = None
@@ -528,9 +548,10 @@ class ZarrRecorder:
             if self._chain is not None:  # checked: the continuation extends a sound chain
                 _read_digest_lines(self.path, committed_length(self.path), self._chain)
         else:
-            if self.path.exists():
-                shutil.rmtree(self.path)
-            self.group = None  # created at the first snapshot, when the shapes are known
+            # created at the first snapshot, when the shapes are known; a store it replaces is removed
+            # then too, so that a run refused by the driver's checks (or failing before its first
+            # save) leaves the old one in place
+            self.group = None
 
     def save(self, snap) -> None:
         if self.group is None:
@@ -579,6 +600,8 @@ class ZarrRecorder:
 
     def _create(self, snap) -> None:
         zarr = _zarr()
+        if self.path.exists():  # (overwrite=True: checked when the recorder was made)
+            shutil.rmtree(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         group = zarr.open_group(
             self.path,
@@ -784,8 +807,6 @@ def read_store(path: str | os.PathLike, *, recover: bool = False) -> dict[str, A
                     f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc})"
                 ) from None
     return out
-
-
 
 
 def _unreadable(arr, i: int) -> bool:

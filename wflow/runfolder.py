@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from . import io
-from .config import STEP_LOG
+from ._version import __version__
+from .config import STEP_LOG, to_toml
 from .errors import WflowError
+from .solvers.base import Tracker
 
-__all__ = ["STORE_NAMES", "RunFolder", "estimate_resources", "check_resources"]
+__all__ = ["STORE_NAMES", "MARKER", "RunFolder", "estimate_resources", "check_resources"]
 
 #: the store a run of each solver kind writes in its folder
 STORE_NAMES = {
@@ -32,6 +34,10 @@ STORE_NAMES = {
 }
 #: the files beside the store that a run writes (and a fresh run replaces)
 RUN_FILES = ("config.toml", STEP_LOG, "summary.png", "animation.gif")
+#: the file that marks a folder as a wflow run folder: wflow writes or deletes only in marked folders
+MARKER = ".wflow-run"
+#: what a run leaves beside its files: the folder's and the store's locks
+_LOCKS = (".wflow.lock", *(name + ".lock" for name in STORE_NAMES.values()))
 
 
 class RunFolder:
@@ -46,6 +52,10 @@ class RunFolder:
     """
 
     def __init__(self, path: str | os.PathLike):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"--out must be a folder name, got {path!r}")
+        if not str(path).strip():
+            raise ValueError(f"--out must name a folder, got {str(path)!r}")
         self.path = Path(path)
 
     def __repr__(self) -> str:
@@ -68,26 +78,95 @@ class RunFolder:
         """Where a run of the configuration ``cfg`` writes its store."""
         return self.path / STORE_NAMES[cfg["solver"]]
 
-    def lock(self) -> io.FolderLock:
-        """The folder's lock (the folder is created first), held for the whole run: one writer at a time.
+    def check_ours(self) -> None:
+        """Refuse a folder wflow did not make: wflow writes and deletes only in a new or empty folder,
+        or in one that carries its marker (:data:`MARKER`).  Writes nothing.
 
-        Raises ``ValueError`` (one line) when the folder cannot be created or written, and
-        :class:`~wflow.errors.StoreBusyError` while another run holds it.
+        A folder from before the marker, holding a wflow store and nothing but the files a run
+        writes, counts as wflow's.
         """
+        p = self.path
+        try:
+            if not p.exists():
+                return
+            if not p.is_dir():
+                raise ValueError(f"--out {p} is a file, not a folder; choose a folder")
+            if (p / MARKER).is_file():
+                return
+            entries = sorted(os.listdir(p))
+        except OSError as exc:
+            raise ValueError(f"--out {p}: cannot read the folder ({exc.strerror or exc})") from None
+        if not entries:
+            return
+        if set(entries) <= set(_LOCKS):  # a run that died before its first save, or one running now
+            return
+        ours = set(RUN_FILES) | set(STORE_NAMES.values()) | set(_LOCKS)
+        if set(entries) <= ours and self._holds_a_wflow_store():
+            return
+        shown = ", ".join(entries[:4]) + (
+            f" and {len(entries) - 4} more" if len(entries) > 4 else ""
+        )
+        raise ValueError(
+            f"--out {p} holds files wflow did not write ({shown}); wflow writes only into a new or "
+            f"empty folder or one of its own run folders: choose another --out"
+        )
+
+    def _holds_a_wflow_store(self) -> bool:
+        store = self.store
+        if store is None:
+            return False
+        try:
+            io.store_attrs(store)
+            return True
+        except (OSError, WflowError):
+            return False
+
+    def lock(self) -> io.FolderLock:
+        """Claim the folder for a run: checked to be wflow's (:meth:`check_ours`), created and marked,
+        then locked for the whole run (one writer at a time).
+
+        Raises ``ValueError`` (one line) for a folder that is not wflow's or that cannot be
+        created or written, and :class:`~wflow.errors.StoreBusyError` while another run holds it.
+        """
+        self.check_ours()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            return io.FolderLock(self.path / ".wflow.lock", f"output folder {self.path}").acquire()
+            lock = io.FolderLock(self.path / ".wflow.lock", f"output folder {self.path}").acquire()
         except OSError as exc:
             raise ValueError(
                 f"--out {self.path}: cannot create or write the folder ({exc.strerror or exc})"
             ) from None
+        try:  # marked once it is ours to write: a busy folder is left as it was
+            marker = self.path / MARKER
+            if not marker.is_file():
+                marker.write_text(json.dumps({"wflow": "run folder", "version": __version__}))
+        except OSError as exc:
+            lock.release()
+            raise ValueError(
+                f"--out {self.path}: cannot write the folder ({exc.strerror or exc})"
+            ) from None
+        return lock
 
-    def clear(self, existing: Path | None) -> None:
-        """Remove what an earlier run wrote here: the store ``existing`` and the run's files."""
-        if existing is not None:
-            shutil.rmtree(existing)
-        for name in RUN_FILES:
-            (self.path / name).unlink(missing_ok=True)
+    def replacing(self, cfg: dict[str, Any], existing: Path | None) -> Tracker:
+        """A tracker, first in a fresh run's list, that replaces what an earlier run wrote here only when the
+        driver starts the run (every argument checked: step and save times, tolerances, solver): the
+        earlier store ``existing`` when the new one has another name (the recorder replaces a store of
+        the same name at its first save), and the run's files, ``config.toml`` written anew."""
+        folder, new = self, self.store_for(cfg)
+
+        class _Replace(Tracker):
+            name = "run folder"
+
+            def start(
+                self, run
+            ):  # the driver has checked every argument before it starts a tracker
+                if existing is not None and existing != new:
+                    shutil.rmtree(existing)
+                for name in RUN_FILES:
+                    (folder.path / name).unlink(missing_ok=True)
+                folder.config_file.write_text(to_toml(cfg))
+
+        return _Replace()
 
     def committed(self) -> int:
         """The number of committed snapshots of the folder's store (0 without a store)."""

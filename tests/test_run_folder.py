@@ -1,0 +1,120 @@
+"""wflow writes and deletes only in its own folders, and only once every check that can refuse the run
+has passed (issue 33, item 1)."""
+
+import numpy as np
+import pytest
+
+import wflow
+from wflow.cli import main
+from wflow.runfolder import MARKER, RunFolder
+
+SMALL = ["--set", "init.n=10", "--set", "run.t_end=0.5", "--set", "run.n_saves=3", "--no-progress"]
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _one_line_error(capsys, code, argv):
+    capsys.readouterr()
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("wflow: error:") and "\n" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_folder_of_the_users_own_files_is_refused(overwrite, tmp_path, capsys):
+    out = tmp_path / "thesis"
+    out.mkdir()
+    for name, text in (("config.toml", "mine"), ("summary.png", "my figure"), ("steps.csv", "1,2")):
+        (out / name).write_text(text)
+    before = _files(out)
+    err = _one_line_error(capsys, 2, ["run", *SMALL, *overwrite, "--out", str(out)])
+    assert "holds files wflow did not write" in err and "config.toml" in err
+    assert _files(out) == before  # nothing written, nothing deleted (no lock, no marker either)
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_is_an_error(out, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = _one_line_error(capsys, 2, ["run", *SMALL, "--out", out])
+    assert "--out must name a folder" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_as_out_is_an_error(tmp_path, capsys):
+    f = tmp_path / "notes.txt"
+    f.write_text("keep me")
+    assert "is a file, not a folder" in _one_line_error(capsys, 2, ["run", *SMALL, "--out", str(f)])
+    assert f.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--set", "run.method=euler", "--set", "run.dt=100"],  # two save times within one step
+        ["--set", "run.method=rk4", "--set", "run.dt=1e-300"],  # a step below the times' rounding
+    ],
+)
+def test_overwrite_deletes_nothing_when_the_driver_refuses_the_run(bad, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", *SMALL, "--out", str(out)]) == 0
+    before = _files(out)
+    assert main(["run", *SMALL, *bad, "--overwrite", "--out", str(out)]) == 2
+    after = _files(out)
+    assert {k: v for k, v in after.items() if k.suffix != ".lock"} == {
+        k: v for k, v in before.items() if k.suffix != ".lock"
+    }
+    assert len(wflow.load(out / "trajectory.zarr").times) == 3
+
+
+def test_a_refused_run_in_a_new_folder_writes_no_config(tmp_path, capsys):
+    out = tmp_path / "new"
+    assert main(
+        ["run", *SMALL, "--set", "run.method=euler", "--set", "run.dt=100", "--out", str(out)]
+    )
+    assert not (out / "config.toml").exists()
+
+
+def test_a_run_folder_is_marked_and_overwrite_replaces_only_wflows_files(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", *SMALL, "--out", str(out)]) == 0
+    assert (out / MARKER).is_file()
+    (out / "notes.md").write_text("my notes on this run")
+    assert main(["run", *SMALL, "--set", "model.beta=2", "--overwrite", "--out", str(out)]) == 0
+    assert (out / "notes.md").read_text() == "my notes on this run"
+    assert "beta = 2.0" in (out / "config.toml").read_text()
+    # another solver kind: the old store goes, the new one comes
+    density = ["--set", "solver=eulerian", "--set", "init.d=2", "--set", "mesh.resolution=16"]
+    assert main(["run", *SMALL, *density, "--overwrite", "--out", str(out)]) == 0
+    assert not (out / "trajectory.zarr").exists() and (out / "density.zarr").is_dir()
+
+
+def test_a_folder_from_before_the_marker_is_still_wflows(tmp_path, capsys):
+    out = tmp_path / "old"
+    assert main(["run", *SMALL, "--out", str(out)]) == 0
+    (out / MARKER).unlink()
+    RunFolder(out).check_ours()  # a wflow store and the run's files: accepted
+    assert main(["run", *SMALL, "--overwrite", "--out", str(out)]) == 0
+    (out / MARKER).unlink()
+    (out / "mine.txt").write_text("x")
+    with pytest.raises(ValueError, match="mine.txt"):
+        RunFolder(out).check_ours()
+
+
+def test_save_with_overwrite_replaces_only_a_wflow_store(tmp_path):
+    traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(6, 3, seed=0), 0.2, dt=0.1)
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("precious")
+    with pytest.raises(ValueError, match="not a wflow result store"):
+        wflow.save(traj, thesis, overwrite=True)
+    assert (thesis / "chapter1.tex").read_text() == "precious"
+    store = wflow.save(traj, tmp_path / "t.zarr")
+    wflow.save(traj, store, overwrite=True)  # its own store: replaced
+    np.testing.assert_array_equal(wflow.load(store).points, traj.points)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    wflow.save(traj, empty, overwrite=True)  # an empty folder: used
+    assert len(wflow.load(empty)) == len(traj)
