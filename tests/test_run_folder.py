@@ -118,3 +118,126 @@ def test_save_with_overwrite_replaces_only_a_wflow_store(tmp_path):
     empty.mkdir()
     wflow.save(traj, empty, overwrite=True)  # an empty folder: used
     assert len(wflow.load(empty)) == len(traj)
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.8, 2.0, 4.0])
+def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(delay, tmp_path):
+    """Ctrl-C while Python imports wflow, while numba compiles (a cold cache: its compiler's callbacks
+    would swallow the interrupt) or while the run steps: one line, status 130, no traceback, and the
+    folder resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"), PYTHONUNBUFFERED="1")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-c", "import sys; from wflow.cli import main; sys.exit(main())"]
+    p = subprocess.Popen(
+        [*cmd, "run", "--out", str(out), "--no-progress", "--set", "run.t_end=5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("wflow: interrupted")
+    if (out / "config.toml").exists():  # the run had started: it continues
+        assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
+
+
+def test_config_and_weights_files_that_cannot_be_read_say_why(tmp_path, capsys):
+    folder = tmp_path / "a-folder.toml"
+    folder.mkdir()
+    assert "is a folder, not a TOML file" in _one_line_error(capsys, 2, ["run", str(folder)])
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes("[model]\n# b\xeata\nbeta = 2.0\n".encode("latin-1"))
+    err = _one_line_error(capsys, 2, ["run", str(latin1)])
+    assert f"config file {latin1} is not UTF-8 text (byte 0xea" in err
+    text = tmp_path / "weights.txt"
+    text.write_text("Q = 1\n")
+    err = _one_line_error(
+        capsys, 2, ["run", "--set", f"model.weights={text}", "--out", str(tmp_path / "o")]
+    )
+    assert "model.weights" in err and "not an .npz archive" in err and "pickle" not in err
+
+
+def test_a_store_without_its_root_metadata_is_named_as_such(tmp_path):
+    traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(6, 3, seed=0), 0.2, dt=0.1)
+    store = wflow.save(traj, tmp_path / "t.zarr")
+    (store / "zarr.json").unlink()
+    with pytest.raises(wflow.WflowError, match="has no zarr.json"):
+        wflow.load(store)
+
+
+def test_a_name_too_long_is_one_line(tmp_path, capsys):
+    err = _one_line_error(capsys, 2, ["run", *SMALL, "--out", str(tmp_path / ("a" * 300))])
+    assert "a file name is too long" in err
+
+
+@pytest.mark.parametrize(
+    "err, code, words",
+    [
+        (28, 1, "the disk is full"),
+        (27, 1, "file size limit"),
+        (30, 2, "read-only"),
+        (13, 2, "permission denied"),
+    ],
+)
+def test_a_failure_of_the_machine_is_one_line(err, code, words, tmp_path, capsys, monkeypatch):
+    """The recorder's first write fails as the machine would make it fail (simulated: this suite runs as
+    root on some machines, where permissions and read-only folders cannot be staged)."""
+    import os
+
+    from wflow import io
+
+    def fail(self, snap):
+        raise OSError(err, os.strerror(err), str(self.path / "points"))
+
+    monkeypatch.setattr(io.ZarrRecorder, "_create", fail)
+    line = _one_line_error(capsys, code, ["run", *SMALL, "--out", str(tmp_path / "run")])
+    assert words in line and "points" in line
+
+
+def test_a_file_size_limit_in_a_real_process_is_one_line_and_resumable(tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    limit = 20_000  # bytes per file: the store's metadata fits, its snapshot digests outgrow it
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    cmd = [sys.executable, "-c", "import sys; from wflow.cli import main; sys.exit(main())"]
+    p = subprocess.run(
+        [
+            *cmd,
+            "run",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--set",
+            "init.n=10",
+            "--set",
+            "run.n_saves=101",
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=cap,
+        timeout=600,
+    )
+    err = p.stderr.strip()
+    assert p.returncode == 1 and "Traceback" not in err, err[-2000:]
+    assert err.splitlines()[-1].startswith("wflow: error: a file outgrew the file size limit")
+    assert "committed snapshots are kept" in err
+    kept = wflow.io.committed_length(out / "trajectory.zarr")
+    assert 0 < kept < 101
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
+    assert len(wflow.load(out / "trajectory.zarr")) == 101

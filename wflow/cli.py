@@ -9,13 +9,15 @@ they are.  Bad input is reported in one line with a non-zero exit status.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 from ._version import __version__
-from .errors import StoreBusyError, WflowError
 
 __all__ = ["main"]
 
@@ -239,7 +241,7 @@ def _fresh(cfg: dict, run, folder, progress: bool, existing: Path | None) -> int
     # what an earlier run wrote is replaced at the first save: a run the driver refuses deletes nothing
     recorder = io.ZarrRecorder(store, overwrite=True, attrs={"run_config": cfg})
     trackers = [folder.replacing(cfg, existing), recorder]
-    result = run.execute(trackers, progress=progress, out=folder.path)
+    result = run.execute([*trackers, _interrupts()], progress=progress, out=folder.path)
     return _finish(result, store, folder.path, cfg, t_start)
 
 
@@ -275,7 +277,7 @@ def _resume(folder, progress: bool) -> int:
                 f"stored configuration: undo the edit, or start a new run (--overwrite or another --out)"
             )
     print(f"wflow {__version__}: resuming {store} ({committed} snapshots committed)", flush=True)
-    result = resume_run(cfg, store, folder.path).execute([], progress=progress)
+    result = resume_run(cfg, store, folder.path).execute([_interrupts()], progress=progress)
     return _finish(result, store, folder.path, cfg, t_start)
 
 
@@ -393,17 +395,122 @@ def _repair(args: argparse.Namespace) -> int:
     return 0
 
 
+#: errno -> (exit status, what happened, what to do): 2 when the user's paths cannot be used, 1 when the
+#: machine failed during the run (what was committed is kept)
+_OS_ERRORS = {
+    errno.ENOSPC: (1, "the disk is full", "free space"),
+    errno.EDQUOT: (1, "the disk quota is exceeded", "free space"),
+    errno.EFBIG: (1, "a file outgrew the file size limit (ulimit -f)", "raise the limit"),
+    errno.EIO: (1, "an input/output error of the disk", "check the disk"),
+    errno.EROFS: (2, "the file system is read-only", "choose a writable --out"),
+    errno.EACCES: (2, "permission denied", "choose a folder you may write"),
+    errno.EPERM: (2, "operation not permitted", "choose a folder you may write"),
+    errno.ENAMETOOLONG: (2, "a file name is too long", "choose a shorter --out"),
+    errno.ENOTDIR: (2, "a path runs through a file", "choose another --out"),
+    errno.EISDIR: (
+        2,
+        "a folder stands where wflow writes a file",
+        "remove it or choose another --out",
+    ),
+}
+#: how each command continues after the machine failed during it
+_AGAIN = {
+    "run": "then continue with wflow run --resume --out {out}",
+    "sweep": "then run the same command again: finished points are kept",
+    "validate": "then run the same command again: finished parts are kept",
+    "repair": "then run it again",
+}
+
+
+def _machine_failure(exc: OSError, args: argparse.Namespace) -> tuple[int, str]:
+    """The exit status and the one line for an ``OSError`` (every failure of the machine is one line)."""
+    code, what, todo = _OS_ERRORS.get(
+        exc.errno, (EXIT_FAILED, exc.strerror or "an error of the system", "")
+    )
+    where = f": {exc.filename}" if exc.filename else ""
+    if code == EXIT_FAILED:
+        again = _AGAIN.get(args.command, "").format(out=getattr(args, "out", ""))
+        todo = ", ".join(t for t in (todo, again) if t)
+        if args.command in ("run", "sweep"):
+            what += f"{where}; committed snapshots are kept"
+            where = ""
+    return code, f"{what}{where}" + (f" ({todo})" if todo else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``wflow`` command: ``run``, ``sweep``, ``validate``, ``repair``; returns the exit status.
 
-    0 on success, 1 when a validation expectation failed, 2 for bad input (one line on stderr,
-    nothing written), 130 when interrupted.
+    0 on success; 1 when a run or a validation expectation failed, or the machine failed during
+    a run (disk full, file size limit, out of memory: what was committed is kept); 2 for bad
+    input, a path that cannot be used (permissions, read-only, name too long) or a busy
+    folder (one line on stderr, nothing written); 130 when interrupted (Ctrl-C).
 
     Examples
     --------
     >>> main(["validate", "no-such-study"])
     2
     """
+    previous = signal.getsignal(signal.SIGINT)
+    hook = sys.unraisablehook
+    try:
+        if (
+            previous is signal.default_int_handler
+        ):  # (a caller that ignores Ctrl-C keeps its choice)
+            signal.signal(signal.SIGINT, _on_interrupt)
+        sys.unraisablehook = _quiet_interrupts(hook)
+        return _main(argv)
+    except KeyboardInterrupt:  # before a command started: while Python imports the modules
+        print("wflow: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if previous is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = hook
+        _INTERRUPTED.clear()
+
+
+#: set by Ctrl-C; the runs check it after every step (:class:`_Interrupts`)
+_INTERRUPTED = threading.Event()
+
+
+def _on_interrupt(signum, frame) -> None:
+    # Ctrl-C raises KeyboardInterrupt where Python happens to be; inside a callback from C (numba's
+    # compiler calls one while caching) the exception is swallowed, so it is remembered as well
+    _INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+def _quiet_interrupts(hook):
+    """``sys.unraisablehook`` that drops the KeyboardInterrupt a C callback swallowed (it is not lost:
+    :data:`_INTERRUPTED` holds it) and passes every other unraisable exception on."""
+
+    def quiet(unraisable):
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            hook(unraisable)
+
+    return quiet
+
+
+def _interrupts():
+    """A tracker that ends the run with KeyboardInterrupt after a step when Ctrl-C was pressed."""
+    from .solvers.base import Tracker
+
+    class _Interrupts(Tracker):
+        name = "interrupts"
+
+        def step(self, t, dt, step):
+            if _INTERRUPTED.is_set():
+                raise KeyboardInterrupt
+
+        def save(self, snap):
+            return self.step(snap.t, 0.0, 0)
+
+    return _Interrupts()
+
+
+def _main(argv: list[str] | None) -> int:
+    from .errors import StoreBusyError, WflowError  # (imports numpy: inside main's Ctrl-C guard)
+
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -429,6 +536,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except WflowError as exc:
         print(f"wflow: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:  # the machine: disk full, file size limit, permissions, names, read-only
+        code, line = _machine_failure(exc, args)
+        logging.getLogger("asyncio").disabled = True
+        print(f"wflow: error: {line}", file=sys.stderr)
+        return code
+    except MemoryError:
+        logging.getLogger("asyncio").disabled = True
+        print(
+            "wflow: error: out of memory; committed snapshots are kept (a smaller init.n, "
+            "mesh.resolution or run.n_saves needs less)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     except KeyboardInterrupt:
         # a write in flight on Zarr's IO thread is abandoned (it was not committed): asyncio would report its

@@ -4,7 +4,8 @@ Importing this package registers every solver in :data:`~wflow.solvers.base.SOLV
 every result kind in :data:`~wflow.solvers.base.KINDS`.
 """
 
-from . import steppers  # noqa: F401  (registers euler, rk4, dopri5, euler-maruyama, ssprk3)
+# steppers registers euler, rk4, dopri5, euler-maruyama, ssprk3; each other module its kind and solvers
+from . import eulerian, jko, lagrangian, particles, runs, steppers, zonal  # noqa: F401
 from .base import (
     KINDS,
     SOLVERS,
