@@ -30,6 +30,12 @@ def test_circle_rejects_small_m():
         CircleMesh(2)
 
 
+@pytest.mark.parametrize("offset", [float("nan"), float("inf"), "0.1", None])
+def test_circle_rejects_an_offset_that_is_not_a_finite_number(offset):
+    with pytest.raises((ValueError, TypeError), match="offset must be a"):
+        CircleMesh(16, offset=offset)
+
+
 def test_sphere_areas_and_counts(sphere):
     assert sphere.n_cells == 10 * 36 + 2
     assert abs(sphere.areas.sum() - 4 * np.pi) < 1e-12

@@ -231,10 +231,19 @@ def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def read_toml(path: str | Path) -> dict[str, Any]:
     """The table of a TOML file; one-line errors for a missing file or invalid TOML."""
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"config file {p} is a folder, not a TOML file")
     if not p.is_file():
         raise FileNotFoundError(f"config file not found: {p}")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"config file {p} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}): TOML files are UTF-8"
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"config file {p} cannot be read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {p} is not valid TOML: {exc}") from None
 
@@ -472,6 +481,28 @@ def build_mesh(cfg: dict[str, Any]):
     return CircleMesh(r) if cfg["init.d"] == 2 else SphereMesh(r)
 
 
+def _read_weights(path: str, beta: float) -> tuple[np.ndarray, ...]:
+    """``(Q, K, V, beta)`` of a ``model.weights`` file: an ``.npz`` archive of plain arrays."""
+    import zipfile
+
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                raise ValueError("it holds one array, not an .npz archive")
+            missing = [k for k in ("Q", "K", "V") if k not in f.files]
+            if missing:
+                raise ValueError(f"it has no array {', '.join(missing)} (it has {f.files})")
+            Qs, Ks, Vs = (np.asarray(f[k], dtype=float) for k in ("Q", "K", "V"))
+            betas = np.asarray(f["beta"], dtype=float) if "beta" in f.files else None
+    except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        why = str(exc) if isinstance(exc, ValueError) and str(exc).startswith("it ") else None
+        raise ValueError(
+            f"config key model.weights: {path} is not an .npz archive of arrays Q, K, V "
+            f"(numpy.savez): {why or 'not a NumPy archive'}"
+        ) from None
+    return Qs, Ks, Vs, (betas if betas is not None else np.full(len(Qs), beta))
+
+
 def build_model(cfg: dict[str, Any]):
     """The model of a config: attention (kernel convention, long context), a perceptron when perceptron.m > 0,
     layer-dependent weights (model.layers, model.weights) and a normalization scheme (model.scheme)."""
@@ -498,13 +529,7 @@ def build_model(cfg: dict[str, Any]):
             )
     attentions = [att_cls(V=V, kernel=cfg["model.kernel"], **temp)]
     if cfg["model.weights"]:
-        with np.load(cfg["model.weights"]) as f:
-            Qs, Ks, Vs = (np.asarray(f[k], dtype=float) for k in ("Q", "K", "V"))
-            betas = (
-                np.asarray(f["beta"], dtype=float)
-                if "beta" in f
-                else np.full(len(Qs), cfg["model.beta"])
-            )
+        Qs, Ks, Vs, betas = _read_weights(cfg["model.weights"], cfg["model.beta"])
         if not (
             Qs.ndim == Ks.ndim == Vs.ndim == 3
             and Qs.shape[0] == Ks.shape[0] == Vs.shape[0] == len(betas)

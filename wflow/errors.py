@@ -21,6 +21,7 @@ __all__ = [
     "as_points",
     "check_positive",
     "check_nonnegative",
+    "check_finite",
     "check_int",
     "short_repr",
 ]
@@ -204,6 +205,28 @@ def check_nonnegative(value: Any, name: str) -> float:
     v = float(value)
     if not np.isfinite(v) or v < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def check_finite(value: Any, name: str) -> float:
+    """Return ``float(value)`` after checking it is a finite real number (of any sign).
+
+    Examples
+    --------
+    >>> from wflow.errors import check_finite
+    >>> check_finite(-0.5, "offset")
+    -0.5
+    >>> try:
+    ...     check_finite(float("nan"), "offset")
+    ... except ValueError as exc:
+    ...     print(exc)
+    offset must be a finite number, got nan
+    """
+    if not _is_real_number(value):
+        raise TypeError(f"{name} must be a real number, got {short_repr(value)}")
+    v = float(value)
+    if not np.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     return v
 
 

@@ -679,6 +679,15 @@ def _open_result(p: Path):
     zarr = _zarr()
     if not p.exists():
         raise FileNotFoundError(f"no wflow result at {p}")
+    if not (p / "zarr.json").is_file():
+        raise WflowError(
+            f"{p} is not a wflow result store: it has no zarr.json ("
+            + (
+                "a file, not a store folder)"
+                if p.is_file()
+                else "not a Zarr store, or its root metadata is lost)"
+            )
+        )
     try:
         group = zarr.open_group(p, mode="r")
         attrs = dict(group.attrs)

@@ -49,7 +49,7 @@ import numpy as np
 from scipy.spatial import SphericalVoronoi, cKDTree
 
 from ._typing import ArrayLike
-from .errors import as_points, check_int
+from .errors import as_points, check_finite, check_int
 from .sphere import fibonacci_nodes, geodesic_distance, log_map, points_to_angles
 
 __all__ = ["Mesh", "CircleMesh", "SphereMesh", "icosahedral_nodes", "mesh_from_dict"]
@@ -199,7 +199,7 @@ class CircleMesh(Mesh):
 
     def __init__(self, m: int, *, offset: float = 0.0):
         self.m = check_int(m, "m", minimum=3)
-        self.offset = float(offset)
+        self.offset = check_finite(offset, "offset")
         self.d = 2
         h = 2 * np.pi / self.m
         self.width = h

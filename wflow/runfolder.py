@@ -261,7 +261,13 @@ def check_resources(cfg: dict[str, Any], out: str | os.PathLike) -> None:
     probe = Path(out)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    try:
+        usage = shutil.disk_usage(probe)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot reach {probe} ({exc.strerror or exc})") from None
+    free = usage.free
+    if usage.total == 0:  # a pseudo file system (/proc, /sys): no disk to judge; creating the folder tells
+        return
     if disk > free:
         raise ValueError(
             f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} write about "
