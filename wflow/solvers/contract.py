@@ -21,7 +21,6 @@ import numpy as np
 from ..errors import short_repr
 
 __all__ = [
-    "Variable",
     "Problem",
     "StepResult",
     "Solver",

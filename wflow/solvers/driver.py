@@ -34,7 +34,8 @@ from .trackers import RunInfo, Snapshot, Tracker
 
 __all__ = ["integrate", "ResumeState", "seed_entropy", "read_only"]
 
-log = logging.getLogger(__name__)
+# the channel the driver logged on before it moved here from base.py (filters on it keep working)
+log = logging.getLogger("wflow.solvers.base")
 
 
 @dataclass

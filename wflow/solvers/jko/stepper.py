@@ -115,7 +115,8 @@ __all__ = [
     "default_eps",
 ]
 
-logger = logging.getLogger(__name__)
+# the channel the step logged on before it moved here from step.py (filters on it keep working)
+logger = logging.getLogger("wflow.solvers.jko.step")
 
 COSTS = ("geodesic", "chordal")
 METHODS = ("sinkhorn", "emd")
