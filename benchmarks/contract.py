@@ -16,7 +16,13 @@ public front doors, identical calls in both trees):
   systems with the default save-time diagnostics; the old driver split each save interval into
   equal steps, so the table compares time per step);
 * one SSP-RK3 finite-volume step on a 4096-cell circle and a 10242-cell sphere (SA beta = 4);
-* ``jko``: three steps on a 2048-cell circle, USA(2), kappa = 4.
+* ``jko``: three steps on a 2048-cell circle, USA(2), kappa = 4;
+* the driver alone (``integrate`` on :math:`y' = -y` in R^8, where a step costs microseconds):
+  RK4 with 10^4 fixed steps, dopri5 with about 2000 adaptive steps, each with 11 saves; the
+  time per step is the driver's overhead.
+
+``--old`` may be any checkout with the same front doors, e.g. the commit before a change to
+the driver (``git worktree add ../wflow_old HEAD~1``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ import json, time, numpy as np, wflow
 from wflow import SA, USA, Atoms, sphere
 from wflow.density import Density
 from wflow.mesh import CircleMesh, SphereMesh
+from wflow.solvers.base import Problem, integrate
+class Decay(Problem):
+    def rhs(self, t, y):
+        return -y
 def clock(f):
     f()  # the first call of a process compiles (numba caches are per checkout path): time the second
     t0 = time.perf_counter(); out = f(); return time.perf_counter() - t0, out
@@ -73,6 +83,14 @@ rho0 = Density.from_function(mesh, lambda p: np.exp(np.cos(np.arctan2(p[:, 1], p
 from wflow.solvers.jko import jko
 sec, r = clock(lambda: jko(USA(2.0), rho0, 0.05, 3, kappa=4.0))
 print(json.dumps({"seconds": sec, "steps": 3}))
+""",
+    "integrate rk4 dt=1e-4, y'=-y in R^8, 1e4 steps, 11 saves (per step)": """
+sec, r = clock(lambda: integrate(Decay(), "rk4", np.ones(8), 0.0, 1.0, dt=1e-4))
+print(json.dumps({"seconds": sec / int(r.stats["steps"][-1]), "steps": int(r.stats["steps"][-1])}))
+""",
+    "integrate dopri5 rtol=1e-12, y'=-y in R^8, t=20, 11 saves (per step)": """
+sec, r = clock(lambda: integrate(Decay(), "dopri5", np.ones(8), 0.0, 20.0, rtol=1e-12, atol=1e-14))
+print(json.dumps({"seconds": sec / int(r.stats["steps"][-1]), "steps": int(r.stats["steps"][-1])}))
 """,
 }
 

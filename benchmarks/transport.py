@@ -27,7 +27,8 @@ import numpy as np
 
 from wflow import Atoms
 from wflow.sphere import fibonacci_nodes, uniform, vmf_mixture
-from wflow.transport import _numpy_softmin, wasserstein_result
+from wflow.transport import wasserstein_result
+from wflow.transport._sinkhorn import numpy_softmin
 
 
 def _timed(fn):
@@ -87,7 +88,7 @@ def main() -> None:
         """Seconds of one numpy soft-min over ``rows_measured`` x ``n`` pairs, scaled to n x n."""
         x = uniform(rows_measured, d, rng)
         y = uniform(n, d, rng)
-        sm = _numpy_softmin(x, y, "geodesic", 2.0)
+        sm = numpy_softmin(x, y, "geodesic", 2.0)
         _, dt = _timed(lambda: sm(1e-2, x, y, np.zeros(n)))
         return dt * n / rows_measured
 

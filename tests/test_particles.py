@@ -202,11 +202,11 @@ def test_fused_steps_skip_the_state_scan_only_when_they_saw_a_finite_state(monke
     driver's non-finite-state error, and the points saved before are the fused steps' outputs, unchanged by
     the steps after them (the snapshots hold read-only views of them, not copies)."""
     import wflow
-    import wflow.solvers.base as base
+    import wflow.solvers.driver as driver
 
     scans = []
-    finite = base._finite
-    monkeypatch.setattr(base, "_finite", lambda y: scans.append(1) or finite(y))
+    finite = driver._finite
+    monkeypatch.setattr(driver, "_finite", lambda y: scans.append(1) or finite(y))
     x0 = np.stack([sphere.uniform(16, 5, seed=s) for s in range(6)])
     kw = dict(method="euler", dt=0.1, save_at=np.linspace(0, 2, 5))
     a = wflow.simulate(wflow.SA(4.0), x0, 2.0, backend="auto", **kw)

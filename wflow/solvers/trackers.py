@@ -1,7 +1,10 @@
-"""Trackers of the driver (:func:`wflow.solvers.base.integrate`): progress bars, callbacks, step logs.
+"""Trackers of the driver (:func:`wflow.solvers.base.integrate`): what they are shown, progress bars, callbacks.
 
-A tracker watches a run and never changes it; recorders that write to disk live in
-:mod:`wflow.io` (:class:`~wflow.io.ZarrRecorder`).
+:class:`Tracker` is what the driver calls (``start``, ``save``, ``step``, ``finish``,
+``close``), with a :class:`RunInfo` when the run starts and a :class:`Snapshot` at each
+save time.  A tracker watches a run and never changes it; recorders that write to disk live
+in :mod:`wflow.io` (:class:`~wflow.io.ZarrRecorder`).  Import the first three from
+:mod:`wflow.solvers.base`.
 """
 
 from __future__ import annotations
@@ -9,15 +12,109 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import short_repr
-from .base import RunInfo, Snapshot, StepResult, Tracker
+from .contract import Problem, Solver, StepResult, Variable
 
-__all__ = ["ProgressBar", "Callback", "Record", "StepLog"]
+if TYPE_CHECKING:
+    from .result import Result
+
+__all__ = ["Snapshot", "RunInfo", "Tracker", "ProgressBar", "Callback", "Record", "StepLog"]
+
+
+@dataclass
+class Snapshot:
+    """One saved state, as trackers receive it.
+
+    ``data`` holds the problem's variables (state and diagnostics), ``stats`` the
+    cumulative solver statistics, ``control`` the step-size controller's state
+    (``dt_next``), ``checkpoint`` the solver's resume variables and ``state`` the raw
+    state array (not a copy: a read-only view of the state the run continues from, so a tracker
+    or callback that tries to change it gets an error instead of silently changing the run).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, Tracker, integrate
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> class Last(Tracker):  # keeps the last snapshot it was shown
+    ...     def save(self, snap):
+    ...         self.snap = snap
+    >>> last = Last()
+    >>> _ = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, trackers=[last])
+    >>> last.snap.index, last.snap.t, last.snap.stats["steps"], sorted(last.snap.data)
+    (10, 1.0, 10, ['state'])
+    """
+
+    index: int
+    t: float
+    data: dict[str, Variable]
+    stats: dict[str, int]
+    control: dict[str, float]
+    checkpoint: dict[str, Variable]
+    state: np.ndarray | None = None
+
+
+@dataclass
+class RunInfo:
+    """What trackers learn when a run starts."""
+
+    problem: Problem
+    solver: Solver
+    config: dict[str, Any]
+    static: dict[str, Variable]
+    save_times: np.ndarray
+    t0: float
+    t_end: float
+    resumed_at: int  # index of the first snapshot this call will save (0 unless resuming)
+
+
+class Tracker:
+    """Watches a run: ``start`` once, ``save`` at each save time, ``step`` after each accepted step, ``finish``.
+
+    ``save`` and ``step`` may return True to stop the run (status 1, "stopped by ...").
+    ``close`` is called last whatever ended the run (an exception or an interrupt included).
+    A tracker never changes the state.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, Tracker, integrate
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> class StopAtHalf(Tracker):
+    ...     name = "stop-at-half"
+    ...     def save(self, snap):
+    ...         return snap.t >= 0.5  # True stops the run
+    >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, trackers=[StopAtHalf()])
+    >>> res.status, float(res.times[-1]), len(res)
+    (1, 0.5, 6)
+    """
+
+    name = "tracker"
+
+    def start(self, run: RunInfo) -> None:
+        pass
+
+    def save(self, snap: Snapshot) -> bool | None:
+        return None
+
+    def step(self, t: float, dt: float, step: StepResult) -> bool | None:
+        return None
+
+    def finish(self, result: Result) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class ProgressBar(Tracker):

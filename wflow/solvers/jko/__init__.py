@@ -1,7 +1,8 @@
 r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, solved with optimal transport.
 
-* :mod:`~wflow.solvers.jko.step` -- one step (the algorithm), the :class:`JKO` solver of the
-  contract, :func:`jko` (the front door) and :class:`JKOResult`;
+* :mod:`~wflow.solvers.jko.stepper` -- one step (the algorithm): :class:`JKOStepper`;
+* :mod:`~wflow.solvers.jko.step` -- the :class:`JKO` solver of the contract, :func:`jko` (the
+  front door) and :class:`JKOResult`;
 * :mod:`~wflow.solvers.jko.transport` -- the inner semi-relaxed Sinkhorn / Newton--CG solver;
 * :mod:`~wflow.solvers.jko.stationary_states` -- stationary states by iterated steps, their atoms.
 """

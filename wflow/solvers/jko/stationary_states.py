@@ -22,7 +22,14 @@ from ...measure import Atoms
 from ...mesh import Mesh
 from ...models import Model
 from ...sphere import exp_map, tangent_frame
-from .step import JKOStepper, check_eps_scaling, check_gradient_model, default_eps, spacing, support
+from .stepper import (
+    JKOStepper,
+    check_eps_scaling,
+    check_gradient_model,
+    default_eps,
+    spacing,
+    support,
+)
 
 __all__ = ["stationary", "StationaryResult", "cluster_atoms", "atom_groups", "AtomGroups"]
 

@@ -1,6 +1,6 @@
 r"""The inner optimal-transport solver of a JKO step: stabilized semi-relaxed Sinkhorn and Newton--CG.
 
-See :mod:`wflow.solvers.jko.step` for the algorithm this serves (its "inner loop").
+See :mod:`wflow.solvers.jko.stepper` for the algorithm this serves (its "inner loop").
 """
 
 from __future__ import annotations

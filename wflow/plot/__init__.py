@@ -1,0 +1,50 @@
+r"""Figures and animations of wflow results (matplotlib).
+
+Every function works on every result kind that makes sense for it, recognised by its
+attributes rather than its class:
+
+* particles (:func:`~wflow.solvers.particles.simulate`): points on :math:`S^1` or :math:`S^2` (3-D view
+  or map); higher dimensions by their first three principal axes;
+* densities (:func:`~wflow.solvers.eulerian.solve_density`, :func:`~wflow.solvers.jko.jko` on a mesh or
+  a point cloud): a :math:`\theta`--:math:`t` heat map on :math:`S^1`, filled Voronoi
+  cells on a Mollweide map on :math:`S^2`;
+* Lagrangian nodes (:func:`~wflow.solvers.lagrangian.solve_lagrangian`): moving nodes coloured by the
+  density they carry.
+
+The module is notebook-safe: it never selects a matplotlib backend.  Functions that
+draw one panel take ``ax=`` and return the :class:`~matplotlib.axes.Axes`; functions
+that draw several take ``fig=`` and return the :class:`~matplotlib.figure.Figure`.
+Without ``ax``/``fig`` a new pyplot figure is made (so it shows inline in a notebook),
+except when a ``path`` is given: then the figure is a plain
+:class:`~matplotlib.figure.Figure`, written and not registered with pyplot.
+
+Asking a function for a picture it cannot draw (a particle plot of a density, say)
+raises :class:`TypeError` naming the result kind and the function that draws it.
+
+The package
+-----------
+This module only re-exports.  The figures live in one module per kind of picture:
+``_particles.py`` (:func:`plot_particles`), ``_density.py`` (:func:`plot_density`'s
+drawing), ``_diagnostics.py`` (:func:`plot_energy`, :func:`plot_diagnostics`),
+``_summary.py`` (:func:`plot_trajectory`, :func:`plot_zonal`, :func:`plot_density`'s front
+door) and ``_animate.py`` (:func:`animate`), over ``_views.py`` (every result seen as
+particles or densities; :func:`describe`) and ``_draw.py`` (figures, axes, colour scales,
+cell maps).
+"""
+
+from ._animate import animate
+from ._diagnostics import plot_diagnostics, plot_energy
+from ._particles import plot_particles
+from ._summary import plot_density, plot_trajectory, plot_zonal
+from ._views import describe
+
+__all__ = [
+    "describe",
+    "plot_particles",
+    "plot_density",
+    "plot_energy",
+    "plot_diagnostics",
+    "plot_trajectory",
+    "plot_zonal",
+    "animate",
+]

@@ -1,0 +1,158 @@
+"""Densities of a run: a heat map or profiles on :math:`S^1`, filled-cell maps on :math:`S^2`.
+
+The front door, with the older call form on raw arrays, is :func:`wflow.plot.plot_density`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._draw import (
+    circle_angles,
+    color_norm,
+    density_map,
+    new_axes,
+    new_figure,
+    save_index,
+    snapshot_indices,
+)
+from ._views import CentersMesh, DensitiesView, densities_view, sphere_label
+
+__all__ = ["legacy_density", "draw_density"]
+
+
+def legacy_density(times: Any, values: Any, centers: Any, energy: Any) -> DensitiesView:
+    times = np.asarray(times, dtype=float)
+    values = np.asarray(values, dtype=float)
+    centers = np.asarray(centers, dtype=float)
+    if values.ndim != 2 or values.shape != (times.shape[0], centers.shape[0]):
+        raise ValueError(
+            f"values must have shape (len(times), len(centers)) = ({times.shape[0]}, "
+            f"{centers.shape[0]}), got {values.shape}"
+        )
+    diag = {}
+    if energy is not None and np.any(np.isfinite(energy)):
+        diag["energy"] = np.asarray(energy, dtype=float)
+    return DensitiesView(
+        "density", times, values, centers, mesh=CentersMesh(centers), diagnostics=diag
+    )
+
+
+def draw_density(
+    result: Any,
+    index: Any = None,
+    *,
+    ax: Any = None,
+    fig: Any = None,
+    view: str | None = None,
+    norm: str = "log",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str = "magma",
+    colorbar: bool = True,
+    n_snapshots: int = 4,
+    system: int = 0,
+    title: str | None = None,
+):
+    """:func:`wflow.plot.plot_density` of a result (its older call form with raw arrays aside)."""
+    dens = densities_view(result, system)
+    d = dens.d
+    views = ("heatmap", "profile") if d == 2 else ("map",)
+    view = view or views[0]
+    if view not in views:
+        raise ValueError(
+            f"view must be one of {views} for densities on {sphere_label(d)}, got {view!r}"
+        )
+    k = len(dens.times)
+    if view == "heatmap":
+        ax = new_axes(ax, figsize=(6, 4))
+        scale = color_norm(dens.values, norm, vmin, vmax)
+        if dens.moving is None:
+            th = circle_angles(dens.centers)
+            order = np.argsort(th)
+            if k > 1:
+                art = ax.pcolormesh(
+                    th[order],
+                    dens.times,
+                    dens.values[:, order],
+                    shading="nearest",
+                    cmap=cmap,
+                    norm=scale,
+                    rasterized=True,
+                )
+            else:
+                art = ax.scatter(
+                    th[order],
+                    np.repeat(dens.times, th.size),
+                    c=dens.values[0, order],
+                    cmap=cmap,
+                    norm=scale,
+                    s=10,
+                )
+        else:
+            th = circle_angles(dens.moving)
+            art = ax.scatter(
+                th.ravel(),
+                np.repeat(dens.times, th.shape[1]),
+                c=dens.values.ravel(),
+                cmap=cmap,
+                norm=scale,
+                s=4,
+                linewidths=0,
+                rasterized=True,
+            )
+        ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="t")
+        ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
+        if colorbar:
+            ax.figure.colorbar(art, ax=ax, label="density ρ")
+        ax.set_title(title if title is not None else "")
+        return ax
+    if view == "profile":
+        ax = new_axes(ax, figsize=(6, 4))
+        idx = (
+            snapshot_indices(k, n_snapshots)
+            if index is None
+            else [save_index(i, k) for i in np.atleast_1d(index)]
+        )
+        for i in idx:
+            th = circle_angles(dens.points(i))
+            order = np.argsort(th)
+            ax.plot(th[order], dens.values[i, order], label=f"t = {dens.times[i]:.3g}")
+        if norm == "log":
+            ax.set_yscale("log")
+        ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="density ρ")
+        ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
+        ax.legend(fontsize="small")
+        ax.set_title(title if title is not None else "")
+        return ax
+    # S^2 maps
+    single = ax is not None or (index is not None and np.isscalar(index))
+    idx = (
+        [save_index(index if index is not None else -1, k)]
+        if single
+        else (
+            snapshot_indices(k, n_snapshots) if index is None else [save_index(i, k) for i in index]
+        )
+    )
+    scale = color_norm(dens.values[idx], norm, vmin, vmax)
+    cache: dict = {}
+    if single:
+        ax = new_axes(ax, projection="mollweide", figsize=(7, 4))
+        art = density_map(ax, dens, idx[0], scale, cmap, cache)
+        if colorbar:
+            ax.figure.colorbar(art, ax=ax, label="density ρ", orientation="horizontal", shrink=0.6)
+        ax.set_title(title if title is not None else f"t = {dens.times[idx[0]]:.3g}")
+        return ax
+    fig = new_figure(fig, figsize=(3.6 * len(idx), 2.9))
+    axes = [fig.add_subplot(1, len(idx), j + 1, projection="mollweide") for j in range(len(idx))]
+    art = None
+    for a, i in zip(axes, idx):
+        art = density_map(a, dens, i, scale, cmap, cache)
+        a.set_title(f"t = {dens.times[i]:.3g}")
+    if colorbar:
+        fig.colorbar(art, ax=axes, label="density ρ", orientation="horizontal", shrink=0.5)
+    if title:
+        fig.suptitle(title)
+    return fig

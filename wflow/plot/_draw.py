@@ -1,0 +1,220 @@
+"""Drawing helpers shared by the figures: new figures and axes, coordinates, colour scales, cell maps.
+
+:func:`cell_polygons` and :func:`density_map` draw the Voronoi cells of an :math:`S^2` mesh
+(or of a point cloud) filled with their densities on a map projection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._views import CentersMesh, DensitiesView
+
+__all__ = [
+    "GEO",
+    "new_figure",
+    "new_axes",
+    "save_figure",
+    "project3",
+    "circle_angles",
+    "lonlat",
+    "save_index",
+    "snapshot_indices",
+    "color_norm",
+    "sphere_outline",
+    "map_axes_labels",
+    "cell_polygons",
+    "density_map",
+]
+
+
+GEO = ("mollweide", "hammer", "aitoff", "lambert")
+
+
+def new_figure(fig: Any = None, *, path: Any = None, figsize: tuple[float, float] = (8, 5)):
+    if fig is not None:
+        return fig
+    if path is not None:
+        from matplotlib.figure import Figure
+
+        return Figure(figsize=figsize, layout="constrained")
+    import matplotlib.pyplot as plt
+
+    return plt.figure(figsize=figsize, layout="constrained")
+
+
+def new_axes(
+    ax: Any = None, *, projection: str | None = None, figsize: tuple[float, float] = (5, 4)
+):
+    if ax is not None:
+        return ax
+    fig = new_figure(figsize=figsize)
+    return fig.add_subplot(projection=projection)
+
+
+def save_figure(fig: Any, path: Any, dpi: int = 110) -> None:
+    if path is not None:
+        fig.savefig(path, dpi=dpi)
+
+
+def project3(x: np.ndarray) -> np.ndarray:
+    """Coordinates for a 3-D picture: as is for d = 3, first three principal axes for d > 3."""
+    if x.shape[-1] == 3:
+        return x
+    c = x - x.mean(axis=0)
+    _, _, vt = np.linalg.svd(c, full_matrices=False)
+    return x @ vt[:3].T
+
+
+def circle_angles(x: np.ndarray) -> np.ndarray:
+    return np.mod(np.arctan2(x[..., 1], x[..., 0]), 2 * np.pi)
+
+
+def lonlat(x: np.ndarray, degrees: bool) -> tuple[np.ndarray, np.ndarray]:
+    x = project3(x) if x.shape[-1] > 3 else x
+    r = np.linalg.norm(x, axis=-1)
+    lon = np.arctan2(x[..., 1], x[..., 0])
+    lat = np.arcsin(np.clip(x[..., 2] / r, -1.0, 1.0))
+    return (np.degrees(lon), np.degrees(lat)) if degrees else (lon, lat)
+
+
+def save_index(i: int, k: int) -> int:
+    j = int(i)
+    if not -k <= j < k:
+        raise IndexError(f"save index {i} out of range for a result with {k} saves")
+    return j % k
+
+
+def snapshot_indices(k: int, n: int) -> np.ndarray:
+    return np.unique(np.linspace(0, k - 1, max(1, min(n, k))).round().astype(int))
+
+
+def color_norm(values: np.ndarray, kind: str, vmin: float | None, vmax: float | None):
+    """One colour scale for all the given values (log: down to 1e-6 of the maximum)."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    hi = float(v.max()) if v.size else 1.0
+    if kind == "log":
+        pos = v[v > 0]
+        hi = hi if hi > 0 else 1.0
+        lo = max(float(pos.min()), 1e-6 * hi) if pos.size else 1e-6 * hi
+        lo, hi = (vmin or lo), (vmax or hi)
+        if hi <= lo * 1.001:
+            lo, hi = lo / 1.05, hi * 1.05
+        return LogNorm(vmin=lo, vmax=hi, clip=True)
+    if kind != "linear":
+        raise ValueError(f"norm must be 'log' or 'linear', got {kind!r}")
+    lo = float(v.min()) if v.size else 0.0
+    lo, hi = (lo if vmin is None else vmin), (hi if vmax is None else vmax)
+    if hi <= lo:
+        lo, hi = lo - 0.5 * max(abs(lo), 1.0), hi + 0.5 * max(abs(hi), 1.0)
+    return Normalize(vmin=lo, vmax=hi)
+
+
+def sphere_outline(ax: Any) -> None:
+    u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 25), np.linspace(0, np.pi, 13))
+    ax.plot_wireframe(
+        np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.75", lw=0.4, alpha=0.6
+    )
+    ax.set_box_aspect((1, 1, 1))
+    ax.set(xlim=(-1, 1), ylim=(-1, 1), zlim=(-1, 1))
+    for axis, label in zip((ax.xaxis, ax.yaxis, ax.zaxis), ("x₁", "x₂", "x₃")):
+        axis.set_ticks([])
+        axis.set_label_text(label, fontsize="small")
+        axis.labelpad = -12
+
+
+def map_axes_labels(ax: Any) -> None:
+    ax.set_xlabel("longitude")
+    ax.set_ylabel("latitude")
+    if ax.name in GEO:
+        ax.set_xticklabels([])
+        ax.set_yticklabels([])
+        ax.grid(True, lw=0.3, color="0.6")
+
+
+def cell_polygons(mesh: Any, degrees: bool) -> tuple[list[np.ndarray], np.ndarray]:
+    """Polygons ``(lon, lat)`` of the cells of an S^2 mesh and the cell of each polygon.
+
+    Uses the mesh's ``vertices``/``regions`` when it has them, else the spherical Voronoi
+    diagram of its centres.  A cell across the antimeridian is drawn twice (shifted by
+    ±360°, the map clips it); a cell around a pole is closed along the pole's latitude.
+    """
+    if hasattr(mesh, "vertices") and hasattr(mesh, "regions"):
+        verts, regions = np.asarray(mesh.vertices, float), mesh.regions
+    else:
+        from scipy.spatial import SphericalVoronoi
+
+        c = np.asarray(mesh.centers, float)
+        sv = SphericalVoronoi(c / np.linalg.norm(c, axis=1, keepdims=True), threshold=1e-10)
+        sv.sort_vertices_of_regions()
+        verts, regions = sv.vertices, sv.regions
+    lon_all, lat_all = lonlat(verts, degrees=False)
+    polys, cells = [], []
+    full, quarter = 2 * np.pi, np.pi / 2
+    for i, reg in enumerate(regions):
+        reg = np.asarray(reg, dtype=np.intp)
+        lon, lat = lon_all[reg], lat_all[reg]
+        step = np.diff(np.concatenate([lon, lon[:1]]))
+        step = (step + np.pi) % full - np.pi
+        winding = step.sum()
+        if abs(winding) > np.pi:  # a pole inside the cell
+            order = np.argsort(lon)
+            lo, la = lon[order], lat[order]
+            pole = quarter if np.mean(lat) > 0 else -quarter
+            # close the strip at lon = ±pi with the latitude interpolated across the seam
+            gap = lo[0] + full - lo[-1]
+            edge = la[-1] + (la[0] - la[-1]) * (np.pi - lo[-1]) / gap if gap > 0 else la[0]
+            ring = np.column_stack(
+                [
+                    np.concatenate([[-np.pi, -np.pi], lo, [np.pi, np.pi]]),
+                    np.concatenate([[pole, edge], la, [edge, pole]]),
+                ]
+            )
+            polys.append(ring), cells.append(i)
+            continue
+        lon_u = lon[0] + np.concatenate([[0.0], np.cumsum(step[:-1])])
+        ring = np.column_stack([lon_u, lat])
+        polys.append(ring), cells.append(i)
+        if lon_u.max() > np.pi:
+            polys.append(ring - [full, 0.0]), cells.append(i)
+        elif lon_u.min() < -np.pi:
+            polys.append(ring + [full, 0.0]), cells.append(i)
+    if degrees:
+        polys = [np.degrees(p) for p in polys]
+    return polys, np.asarray(cells, dtype=np.intp)
+
+
+def density_map(
+    ax: Any, dens: DensitiesView, i: int, norm: Any, cmap: str, cache: dict | None = None
+):
+    """Filled cells (fixed meshes and point clouds) or coloured nodes (Lagrangian) on a map."""
+    from matplotlib.collections import PolyCollection
+
+    degrees = ax.name not in GEO
+    vals = dens.values[i]
+    if dens.moving is None:
+        key = ("cells", degrees)
+        if cache is None or key not in cache:
+            polys, cells = cell_polygons(
+                dens.mesh if dens.mesh is not None else CentersMesh(dens.centers), degrees
+            )
+            if cache is not None:
+                cache[key] = (polys, cells)
+        else:
+            polys, cells = cache[key]
+        art = PolyCollection(
+            polys, array=vals[cells], cmap=cmap, norm=norm, edgecolors="face", linewidths=0.2
+        )
+        ax.add_collection(art, autolim=False)
+        if degrees:
+            ax.set(xlim=(-180, 180), ylim=(-90, 90))
+    else:
+        lon, lat = lonlat(dens.moving[i], degrees)
+        art = ax.scatter(lon, lat, c=vals, s=6, cmap=cmap, norm=norm, linewidths=0)
+    map_axes_labels(ax)
+    return art

@@ -1,0 +1,286 @@
+"""Figures that combine panels: :func:`plot_trajectory` (the summary ``wflow run`` writes), :func:`plot_zonal`.
+
+:func:`plot_density`'s front door lives here too: its older call form on raw arrays draws
+the :func:`plot_trajectory` summary of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._density import draw_density, legacy_density
+from ._diagnostics import diag_panel, diagnostic_series
+from ._draw import color_norm, density_map, new_axes, new_figure, save_figure, snapshot_indices
+from ._particles import plot_particles
+from ._views import ParticlesView, densities_view, describe, particles_view, result_kind, type_name
+
+__all__ = ["plot_density", "plot_trajectory", "plot_zonal"]
+
+
+def plot_density(
+    result: Any,
+    index: Any = None,
+    *args: Any,
+    ax: Any = None,
+    fig: Any = None,
+    view: str | None = None,
+    norm: str = "log",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str = "magma",
+    colorbar: bool = True,
+    n_snapshots: int = 4,
+    system: int = 0,
+    energy: Any = None,
+    title: str | None = None,
+):
+    r"""Draw a density run: a heat map on :math:`S^1`, filled-cell maps on :math:`S^2`.
+
+    Parameters
+    ----------
+    result : DensityTrajectory, JKOResult or LagrangianSolution
+        A density result (finite volume, JKO on a mesh or point cloud, Lagrangian nodes).
+    index : int or sequence of int, optional
+        Save indices.  On :math:`S^1` with ``view="profile"``: the profiles drawn (default
+        ``n_snapshots`` evenly spaced).  On :math:`S^2`: an int draws one map on ``ax``;
+        a sequence (default ``n_snapshots`` evenly spaced) draws one map per save on
+        ``fig``, all on one colour scale with one colour bar.
+    ax, fig : optional
+        Axes for a one-panel picture, figure for several.
+    view : {"heatmap", "profile", "map"}, optional
+        ``"heatmap"`` (default on :math:`S^1`): :math:`\theta` across, :math:`t` up,
+        colour the density; ``"profile"``: :math:`\rho(\theta)` at a few times;
+        ``"map"`` (the only view on :math:`S^2`): Mollweide maps of the Voronoi cells,
+        filled with their cell averages.
+    norm : {"log", "linear"}
+        Colour scale.  The default log scale shows the exponentially growing modes of a
+        near-uniform start as well as the clusters that follow (down to :math:`10^{-6}`
+        of the maximum unless ``vmin`` is given).
+    vmin, vmax : float, optional
+        Ends of the colour scale (default: the data's).
+    cmap : str
+    colorbar : bool
+    n_snapshots : int
+    system : int
+        Which system of a batched Lagrangian run.
+    energy : array_like, optional
+        Only with the ``plot_density(times, values, centers, path)`` call form.
+    title : str, optional
+
+    Returns
+    -------
+    matplotlib.axes.Axes or matplotlib.figure.Figure
+        The axes for one panel, the figure for several maps.
+
+    Notes
+    -----
+    The older call form ``plot_density(times, values, centers, path, energy=..., title=...)``
+    with raw arrays (values shape ``(k, M)``, centres ``(M, d)``) draws the
+    :func:`plot_trajectory` summary of those arrays and writes it to ``path``.
+
+    Examples
+    --------
+    >>> import matplotlib; matplotlib.use("Agg")
+    >>> import numpy as np, wflow
+    >>> rho0 = wflow.Density.from_function(wflow.CircleMesh(64), lambda x: 1 + 0.1 * x[:, 0])
+    >>> res = wflow.solve_density(wflow.USA(beta=2.0), rho0, 1.0, save_at=np.linspace(0, 1, 5))
+    >>> ax = wflow.plot.plot_density(res)
+    >>> ax.get_ylabel()
+    't'
+    """
+    if isinstance(result, np.ndarray) or (
+        isinstance(result, (list, tuple)) and index is not None and not np.isscalar(index)
+    ):
+        centers = args[0] if args else None
+        path = args[1] if len(args) > 1 else None
+        if centers is None:
+            raise TypeError("plot_density(times, values, centers, path=None) needs centers")
+        dens = legacy_density(result, index, centers, energy)
+        return plot_trajectory(dens, path, fig=fig, title=title or "")
+    if args:
+        raise TypeError(
+            "plot_density(result, index=None, *, ax=None, ...) takes one result and an index"
+        )
+    return draw_density(
+        result,
+        index,
+        ax=ax,
+        fig=fig,
+        view=view,
+        norm=norm,
+        vmin=vmin,
+        vmax=vmax,
+        cmap=cmap,
+        colorbar=colorbar,
+        n_snapshots=n_snapshots,
+        system=system,
+        title=title,
+    )
+
+
+def plot_trajectory(
+    result: Any,
+    path: str | Path | None = None,
+    *,
+    fig: Any = None,
+    n_snapshots: int = 4,
+    system: int = 0,
+    title: str | None = None,
+    dpi: int = 110,
+):
+    r"""The summary figure of a run (the one ``wflow run`` writes): snapshots above diagnostics.
+
+    Particles: the particles at ``n_snapshots`` times (circle, or 3-D sphere) and, on
+    :math:`S^1`, their angles against time.  Densities on :math:`S^1`: the
+    :math:`\theta`--:math:`t` heat map (log colour scale) and profiles; on :math:`S^2`:
+    maps of the cells at ``n_snapshots`` times on one colour scale.  Bottom row: what
+    :func:`plot_diagnostics` draws.
+
+    Parameters
+    ----------
+    result : any wflow result
+    path : str or Path, optional
+        Write the figure there (PNG, PDF, SVG, by suffix); the figure is then not
+        registered with pyplot.
+    fig : matplotlib Figure, optional
+    n_snapshots : int
+    system : int
+        Which system of a batched run.
+    title : str, optional
+        Default :func:`describe` (model, β, size, mesh, method).
+    dpi : int
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    Examples
+    --------
+    >>> import matplotlib; matplotlib.use("Agg")
+    >>> import wflow
+    >>> traj = wflow.simulate(wflow.SA(beta=4.0), wflow.sphere.uniform(32, 3, seed=0), 1.0)
+    >>> fig = wflow.plot.plot_trajectory(traj)
+    >>> fig.get_suptitle()
+    'SA, β = 4 — 32 tokens on S², rk4'
+    """
+    if getattr(result, "kind", None) == "zonal":
+        fig = plot_zonal(result, n_snapshots=n_snapshots).figure
+        if title is not None:
+            fig.suptitle(title)
+        if path is not None:
+            save_figure(fig, path, dpi)
+        return fig
+    kind = result_kind(result)
+    times, diag, cfg = diagnostic_series(result, system)
+    names = [
+        n
+        for n in ("energy", "free_energy", "order_parameter", "n_clusters", "max_density")
+        if n in diag and np.any(np.isfinite(diag[n]))
+    ]
+    if "energy" in names and "order_parameter" in names:
+        names.remove("order_parameter")
+    k = len(times)
+    idx = snapshot_indices(k, n_snapshots)
+    if kind in ("particles", "lagrangian"):
+        view = particles_view(result, system)
+        ncol = len(idx) + (view.d == 2 and kind == "particles")
+    else:
+        view = densities_view(result, system)
+        ncol = 2 if view.d == 2 else len(idx)
+    fig = new_figure(fig, path=path, figsize=(max(3.3 * ncol, 7.0), 6.6))
+    grid = fig.add_gridspec(2, max(ncol, len(names), 1))
+    cols = grid.ncols
+    if isinstance(view, ParticlesView):
+        axes = []
+        for j, i in enumerate(idx):
+            a = fig.add_subplot(grid[0, j], projection=None if view.d == 2 else "3d")
+            plot_particles(
+                view,
+                i,
+                ax=a,
+                view="circle" if view.d == 2 else "3d",
+                colorbar=False,
+                title=f"t = {times[i]:.3g}",
+            )
+            if view.d == 2:
+                a.set_axis_off()
+            axes.append(a)
+        if view.color is not None:
+            fig.colorbar(axes[-1].collections[-1], ax=axes, label="density ρ", shrink=0.6)
+        if view.d == 2 and kind == "particles":
+            a = fig.add_subplot(grid[0, len(idx) :])
+            plot_particles(view, ax=a, view="angle", title="angles θᵢ(t)")
+    elif view.d == 2:
+        half = cols // 2
+        plot_density(view, ax=fig.add_subplot(grid[0, : max(half, 1)]), title="density ρ(θ, t)")
+        plot_density(
+            view,
+            ax=fig.add_subplot(grid[0, max(half, 1) :]),
+            view="profile",
+            n_snapshots=n_snapshots,
+            title="profiles",
+        )
+    else:
+        scale = color_norm(view.values[idx], "log", None, None)
+        cache: dict = {}
+        axes = []
+        for j, i in enumerate(idx):
+            a = fig.add_subplot(grid[0, j], projection="mollweide")
+            art = density_map(a, view, i, scale, "magma", cache)
+            a.set_title(f"t = {times[i]:.3g}")
+            axes.append(a)
+        fig.colorbar(art, ax=axes, label="density ρ", orientation="horizontal", shrink=0.5)
+    n = max(len(names), 1)
+    bounds = np.linspace(0, cols, n + 1).round().astype(int)
+    for j, name in enumerate(names):
+        diag_panel(
+            fig.add_subplot(grid[1, bounds[j] : max(bounds[j + 1], bounds[j] + 1)]),
+            times,
+            name,
+            diag[name],
+            cfg,
+        )
+    fig.suptitle(title if title is not None else describe(result))
+    save_figure(fig, path, dpi)
+    return fig
+
+
+def plot_zonal(result: Any, *, ax: Any = None, n_snapshots: int = 5):
+    r"""The law of :math:`z = \langle x, e\rangle` of a zonal run (:func:`wflow.solvers.zonal.solve_zonal`) at
+    ``n_snapshots`` saved times, on a log scale (the density of the law, bands' masses over their widths).
+
+    Returns the Axes.
+
+    Examples
+    --------
+    >>> import matplotlib; matplotlib.use("Agg")
+    >>> import numpy as np, wflow
+    >>> r = wflow.solve_zonal(wflow.SA(beta=2.0), lambda z: np.exp(z), 1.0, d=3, n_cells=16, save_at=[0.0, 0.5, 1.0])
+    >>> ax = wflow.plot.plot_zonal(r)
+    >>> ax.get_xlabel(), ax.get_yscale(), len(ax.lines)  # one curve per saved time
+    ('z = <x, e>', 'log', 3)
+    """
+    if getattr(result, "kind", None) != "zonal":
+        raise TypeError(
+            f"plot_zonal draws zonal runs (wflow.solvers.zonal.solve_zonal); got a {type_name(result)}: use "
+            f"wflow.plot.plot_trajectory or plot_density"
+        )
+    ax = new_axes(ax, figsize=(6, 4))
+    k = len(result.times)
+    z = 0.5 * (result.edges[1:] + result.edges[:-1])
+    top = 0.0
+    for i in snapshot_indices(k, n_snapshots):
+        p = result.law_density(i)
+        top = max(top, float(np.max(p)))
+        ax.plot(z, p, label=f"t = {result.times[i]:.3g}")
+    ax.set_yscale("log")
+    ax.set_ylim(top * 1e-8, top * 3)  # eight decades: the tails of high dimensions reach 1e-300
+    ax.set_xlabel("z = <x, e>")
+    ax.set_ylabel("density of the law of z")
+    d = result.config.get("d", "?")
+    ax.set_title(f"zonal density on S^{int(d) - 1 if isinstance(d, (int, float)) else d}")
+    ax.legend(fontsize=7)
+    return ax

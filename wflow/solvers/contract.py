@@ -1,0 +1,285 @@
+r"""The solver contract: a :class:`Problem` says *what* moves, a :class:`Solver` *how* one step is taken.
+
+Every time-dependent computation in wflow -- particles, Lagrangian nodes, finite volumes,
+JKO steps -- is a :class:`Problem` (the state space and its right-hand side) and a
+:class:`Solver` (one step: ``init`` / ``step``, a declared ``order``, an error estimate
+where it has one, a stability limit, ``checkpoint`` / ``restore`` for a bit-exact resume),
+looked up by name in :data:`SOLVERS`.  The one time loop that drives them is
+:func:`wflow.solvers.driver.integrate` (the *when*).  Import these names from
+:mod:`wflow.solvers.base`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import short_repr
+
+__all__ = [
+    "Problem",
+    "StepResult",
+    "Solver",
+    "SOLVERS",
+    "register_solver",
+    "get_solver",
+]
+
+#: a variable of a snapshot: ``(dimension names, array)``; the leading ``time`` dimension is implied
+Variable = tuple[tuple[str, ...], np.ndarray]
+
+
+# ------------------------------------------------------------------------------ the *what*
+class Problem:
+    r"""A state space and its right-hand side :math:`\dot y = f(t, y)` (the *what*).
+
+    Subclasses give :meth:`rhs`; the other methods have defaults for a plain ODE in
+    :math:`\mathbb{R}^m`.  A problem counts its right-hand-side ``evaluations``.
+
+    Attributes
+    ----------
+    kind : str
+        The result kind (``"particles"``, ``"lagrangian"``, ``"density"``, ``"jko"``, ...):
+        how snapshots are stored and which result class is returned.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, integrate
+    >>> class Decay(Problem):  # y' = -y, a plain ODE in R^1
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.01)
+    >>> res.kind, round(float(res["state"][-1, 0]), 6), round(float(np.exp(-1.0)), 6)
+    ('ode', 0.367879, 0.367879)
+    """
+
+    kind: ClassVar[str] = "ode"
+
+    def __init__(self) -> None:
+        self.evaluations = 0
+
+    def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
+        """The time derivative of the state."""
+        raise TypeError(
+            f"{type(self).__name__} has no explicit right-hand side; use a solver made for it"
+        )
+
+    def rhs_with_limit(self, t: float, y: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(rhs, limit)``: the derivative and the largest stable forward-Euler step at ``y`` (``inf`` if none)."""
+        return self.rhs(t, y), math.inf
+
+    def retract(self, y: np.ndarray) -> np.ndarray:
+        """Map a stepped state back onto the state manifold (identity in flat space)."""
+        return y
+
+    def known_finite(self, y: np.ndarray) -> bool:
+        """Whether the problem already knows the state ``y`` it returned from a step is finite (e.g. a fused
+        step that saw every row's norm); the driver then skips its own scan of the state.  ``False``: scan."""
+        return False
+
+    def noise(self, t: float, y: np.ndarray, dt: float, rng: np.random.Generator) -> np.ndarray:
+        """The noise increment of one step (stochastic problems only)."""
+        raise TypeError(f"{type(self).__name__} has no noise; use a deterministic solver")
+
+    @property
+    def stochastic(self) -> bool:
+        return False
+
+    def error_norm(
+        self, err: np.ndarray, y0: np.ndarray, y1: np.ndarray, rtol: float, atol: float
+    ) -> float:
+        r"""Scaled RMS norm :math:`\|e_i/(atol + rtol\max(|y_{0,i}|, |y_{1,i}|))\|_{\mathrm{RMS}}` (as in scipy)."""
+        scale = atol + rtol * np.maximum(np.abs(y0), np.abs(y1))
+        return float(np.sqrt(np.mean(np.square(err / scale))))
+
+    def snapshot(self, t: float, y: np.ndarray) -> dict[str, Variable]:
+        """The variables saved at a save time (state and diagnostics), without the time axis."""
+        return {"state": (tuple(f"dim_{i}" for i in range(np.ndim(y))), np.array(y, copy=True))}
+
+    def static(self) -> dict[str, Variable]:
+        """Variables written once (weights, mesh arrays, ...)."""
+        return {}
+
+    def config(self) -> dict[str, Any]:
+        """Everything besides the solver and the step control that is needed to repeat the run."""
+        return {"kind": self.kind}
+
+    def default_tolerances(self) -> tuple[float, float]:
+        """``(rtol, atol)`` used by adaptive solvers when none are given."""
+        return 1e-6, 1e-9
+
+    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
+        """Times in ``(t0, t_end)`` where the right-hand side jumps (layer boundaries): adaptive steps land on them."""
+        return np.empty(0)
+
+    @property
+    def autonomous(self) -> bool:
+        """True when the right-hand side does not depend on t.  Adaptive steps of such a problem may be far
+        below the rounding of t (the time is compensated): a merge lasting O(1) at t ~ 1e30 is resolved, and a
+        stall is detected by consecutive rejections instead of the floor ``1e-30 |t|``."""
+        return False
+
+
+# ------------------------------------------------------------------------------ the *how*
+@dataclass
+class StepResult:
+    """What one attempted step gives back to the driver.
+
+    Attributes
+    ----------
+    y : ndarray
+        The new state (ignored when ``ok`` is False).
+    error : float or None
+        Scaled error norm (accept when ``<= 1``); None for solvers without an estimate.
+    evaluations : int
+        Informational; the driver counts work by ``problem.evaluations``.
+    ok : bool
+        False when a stage violated the stability limit: the driver retries with ``limit``.
+    limit : float
+        The largest stable step at the new state (or, when ``ok`` is False, the violated one).
+    failure : str or None
+        Set when the step was taken but missed its own target (e.g. a JKO step whose
+        optimality residual stayed above tolerance): the driver stops with a failure status.
+    info : dict
+        Per-step statistics the solver wants recorded (e.g. a JKO step's residual).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, get_solver
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> rk4 = get_solver("rk4")
+    >>> step, _ = rk4.step(Decay(), 0.0, np.array([1.0]), 0.1, rk4.init(Decay(), 0.0, np.array([1.0])))
+    >>> step.ok, step.error, round(float(step.y[0]), 6)  # exp(-0.1) = 0.904837
+    (True, None, 0.904837)
+    """
+
+    y: np.ndarray
+    error: float | None = None
+    evaluations: int = 0
+    ok: bool = True
+    limit: float = math.inf
+    failure: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Solver(ABC):
+    """One step of a time discretization (the *how*); stateless apart from its options.
+
+    Subclasses set ``name``, ``order`` (and ``error_order`` when they estimate their
+    error) and implement :meth:`step`.  Per-run state (cached derivatives, transport
+    potentials) lives in the object returned by :meth:`init` and passed back to :meth:`step`.
+
+    Examples
+    --------
+    >>> from wflow.solvers.base import Solver, get_solver
+    >>> rk4, dopri5 = get_solver("rk4"), get_solver("dopri5")
+    >>> isinstance(rk4, Solver), rk4.order, rk4.adaptive, dopri5.adaptive
+    (True, 4, False, True)
+    """
+
+    name: ClassVar[str] = ""
+    order: ClassVar[float] = 0
+    #: order of the embedded error estimate; None when the solver has none (fixed steps only)
+    error_order: ClassVar[float | None] = None
+    stochastic: ClassVar[bool] = False
+
+    @property
+    def adaptive(self) -> bool:
+        return self.error_order is not None
+
+    def init(self, problem: Problem, t0: float, y0: np.ndarray) -> Any:
+        """Per-run state; ``None`` by default."""
+        return None
+
+    @abstractmethod
+    def step(
+        self,
+        problem: Problem,
+        t: float,
+        y: np.ndarray,
+        dt: float,
+        state: Any,
+        *,
+        rtol: float = 0.0,
+        atol: float = 0.0,
+        rng: np.random.Generator | None = None,
+    ) -> tuple[StepResult, Any]:
+        """One step of size ``dt`` from ``(t, y)``: ``(StepResult, new state)``."""
+
+    def limit(self, problem: Problem, t: float, y: np.ndarray, state: Any) -> float:
+        """The largest stable step at ``(t, y)``; ``inf`` when the solver has no stability limit."""
+        return math.inf
+
+    def checkpoint(self, state: Any) -> dict[str, Variable]:
+        """Variables that let :meth:`restore` rebuild ``state`` after a resume (none by default)."""
+        return {}
+
+    def restore(
+        self, problem: Problem, t: float, y: np.ndarray, saved: dict[str, np.ndarray]
+    ) -> Any:
+        """The state after a resume from a snapshot whose :meth:`checkpoint` variables are ``saved``."""
+        return self.init(problem, t, y)
+
+    def options(self) -> dict[str, Any]:
+        """The solver's options, for the run configuration."""
+        return {}
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
+        return f"{type(self).__name__}({opts})"
+
+
+#: every solver of wflow, by name (``get_solver(name, **options)`` builds one)
+SOLVERS: dict[str, type[Solver]] = {}
+
+
+def register_solver(cls: type[Solver]) -> type[Solver]:
+    """Class decorator: list a solver in :data:`SOLVERS` under its ``name``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import SOLVERS, Problem, Solver, StepResult, integrate, register_solver
+    >>> @register_solver
+    ... class Heun(Solver):  # explicit trapezoid rule, order 2
+    ...     name, order = "toy-heun", 2
+    ...     def step(self, problem, t, y, dt, state, *, rtol=0.0, atol=0.0, rng=None):
+    ...         k1 = problem.rhs(t, y)
+    ...         k2 = problem.rhs(t + dt, y + dt * k1)
+    ...         return StepResult(y + dt / 2 * (k1 + k2), evaluations=2), state
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> res = integrate(Decay(), "toy-heun", np.array([1.0]), 0.0, 1.0, dt=0.01)
+    >>> res.solver, bool(abs(res["state"][-1, 0] - np.exp(-1.0)) < 1e-5)
+    ('toy-heun', True)
+    >>> del SOLVERS["toy-heun"]
+    """
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a name to be registered")
+    SOLVERS[cls.name] = cls
+    return cls
+
+
+def get_solver(name: Any, **options: Any) -> Solver:
+    """The solver registered as ``name``, built with ``options``.
+
+    Examples
+    --------
+    >>> from wflow.solvers.base import SOLVERS, get_solver
+    >>> get_solver("rk4").order, "dopri5" in SOLVERS
+    (4, True)
+    """
+    if isinstance(name, Solver):
+        return name
+    if not isinstance(name, str) or name not in SOLVERS:
+        raise ValueError(f"solver/method must be one of {sorted(SOLVERS)}, got {short_repr(name)}")
+    return SOLVERS[name](**options)

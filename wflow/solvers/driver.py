@@ -1,0 +1,501 @@
+r"""The driver: :func:`integrate`, the one time loop of wflow (the *when*).
+
+The loop asks a step-size controller (:mod:`~wflow.solvers.control`) for each trial step,
+the solver (:mod:`~wflow.solvers.contract`) for the step itself, and saves at the times of
+a :class:`~wflow.solvers.saveat.SaveAt`; it owns ``max_steps``, the detection of
+non-finite states, the trackers (progress bar, callbacks, recorders,
+:mod:`~wflow.solvers.trackers`) and resume, and ends with a status of
+:class:`~wflow.solvers.result.Status` in a :class:`~wflow.solvers.result.Result`.  Import
+these names from :mod:`wflow.solvers.base`.
+
+Randomness
+----------
+The noise of step ``k`` is drawn from ``default_rng(SeedSequence(seed, spawn_key=(k,)))``,
+so a run resumed after any saved snapshot repeats the uninterrupted run bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._version import __version__
+from ..errors import SolverError, check_int, short_repr
+from .contract import Problem, Solver, Variable, get_solver
+from .control import StepSizeController, make_controller
+from .result import Result, Status
+from .saveat import SaveAt
+from .trackers import RunInfo, Snapshot, Tracker
+
+__all__ = ["integrate", "ResumeState", "seed_entropy", "read_only"]
+
+# the channel the driver logged on before it moved here from base.py (filters on it keep working)
+log = logging.getLogger("wflow.solvers.base")
+
+
+@dataclass
+class ResumeState:
+    """Where a resumed run starts: the index of the last saved snapshot, its state and the counters.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, ResumeState, integrate
+    >>> class Decay(Problem):
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> full = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1)
+    >>> state = ResumeState(index=5, t=0.5, y=full["state"][5], dt_next=0.1,
+    ...                     stats={"steps": 5, "rejected": 0, "evaluations": 0})
+    >>> rest = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, resume=state)
+    >>> round(float(rest.times[0]), 12), bool((rest["state"][-1] == full["state"][-1]).all())  # bit for bit
+    (0.6, True)
+    """
+
+    index: int
+    t: float
+    y: np.ndarray
+    stats: dict[str, int]
+    dt_next: float
+    checkpoint: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def seed_entropy(seed: Any) -> int:
+    """A non-negative integer seed from ``None`` (fresh entropy), an int or a Generator.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import seed_entropy
+    >>> seed_entropy(7), isinstance(seed_entropy(np.random.default_rng(0)), int)
+    (7, True)
+    """
+    if seed is None:
+        return int(np.random.SeedSequence().entropy % (2**63))
+    if isinstance(seed, np.random.Generator):
+        return int(seed.integers(2**63))
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
+        return int(seed)
+    raise TypeError(
+        f"seed must be None, a non-negative int or a numpy Generator, got {short_repr(seed)}"
+    )
+
+
+def read_only(y: Any) -> Any:
+    """A read-only view of an array state (what trackers are shown), other states as they are."""
+    if isinstance(y, np.ndarray):
+        y = y.view()
+        y.flags.writeable = False
+    return y
+
+
+def _finite(y: np.ndarray) -> bool:
+    with np.errstate(invalid="ignore", over="ignore"):
+        return math.isfinite(float(np.sum(y)))
+
+
+def integrate(
+    problem: Problem,
+    solver: Solver | str,
+    y0: np.ndarray,
+    t0: float,
+    t_end: float,
+    *,
+    save_at: Any = None,
+    dt: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    adaptive: bool | None = None,
+    max_steps: int = 10**7,
+    seed: Any = None,
+    trackers: Sequence[Tracker] = (),
+    keep: bool = True,
+    throw: bool = True,
+    resume: ResumeState | None = None,
+    config: dict[str, Any] | None = None,
+    result_class: type[Result] = Result,
+) -> Result:
+    r"""Integrate ``problem`` from ``(t0, y0)`` to ``t_end`` with ``solver``: the one time loop of wflow.
+
+    Parameters
+    ----------
+    problem : Problem
+        The state space and its right-hand side.
+    solver : Solver or str
+        A :class:`Solver` or a name in :data:`SOLVERS`.
+    y0 : ndarray
+        Initial state.
+    t0, t_end : float
+        The interval, ``t_end > t0``.
+    save_at : array_like, optional
+        Save times in ``[t0, t_end]`` (``t0`` is always saved); default 11 equally spaced
+        (with fixed steps: at most 11 step times spread over the interval).  With fixed steps
+        each is snapped to the nearest step time (:mod:`~wflow.solvers.saveat`).
+    dt : float, optional
+        Fixed step, or the first trial step of an adaptive solver (default: Hairer's estimate).
+    rtol, atol : float, optional
+        Tolerances of adaptive solvers (default ``problem.default_tolerances()``).
+    adaptive : bool, optional
+        Error-controlled steps (default: whenever the solver has an error estimate);
+        ``False`` with ``dt`` takes fixed steps with an adaptive solver.
+    max_steps : int
+        Attempted steps (accepted + rejected) before the run fails.
+    seed : int or Generator, optional
+        Seed of the noise of stochastic solvers (recorded in the configuration).
+    trackers : sequence of Tracker
+        Progress bars, callbacks, recorders (e.g. :class:`wflow.io.ZarrRecorder`).
+    keep : bool
+        Keep every snapshot in memory (default); ``False`` keeps only the last one (a
+        recorder then holds the rest).
+    throw : bool
+        Raise :class:`~wflow.errors.SolverError` on failure (default); otherwise return a
+        result with ``status = -1`` and the failure in ``message``.
+    resume : ResumeState, optional
+        Continue a stored run from its last snapshot (see :func:`wflow.resume`).
+    config : dict, optional
+        Extra configuration recorded with the result (a front door's arguments).
+
+    Returns
+    -------
+    Result
+        ``result_class`` (a subclass of :class:`Result` for the problem's kind).
+
+    Raises
+    ------
+    ValueError
+        Bad arguments (named in the message), before anything is written.
+    SolverError
+        With ``throw=True``: non-finite state, step size underflow, ``max_steps`` exceeded or
+        a step that missed its own tolerance.  Snapshots already given to trackers are kept.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.solvers.base import Problem, integrate
+    >>> class Decay(Problem):  # y' = -y
+    ...     def rhs(self, t, y):
+    ...         return -y
+    >>> res = integrate(Decay(), "dopri5", np.array([1.0]), 0.0, 1.0, rtol=1e-10, atol=1e-12)
+    >>> res.status, len(res), bool(abs(res["state"][-1, 0] - np.exp(-1.0)) < 1e-9)
+    (0, 11, True)
+    """
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a wflow Problem, got {short_repr(problem)}")
+    solver = get_solver(solver)
+    t0, t_end = _check_interval(t0, t_end)
+    max_steps = check_int(max_steps, "max_steps")
+    _check_noise(problem, solver)
+    control = make_controller(problem, solver, t0, t_end, dt, rtol, atol, adaptive)
+    saves = SaveAt.make(save_at, t0, t_end, control.grid)
+    entropy = seed_entropy(seed) if solver.stochastic else None
+    cfg = _run_config(problem, solver, control, saves, config, entropy, t0, t_end, max_steps)
+
+    # ---- state at the first saved time of this call
+    if resume is None:
+        first = 0
+        t, y = t0, np.array(y0, copy=True)
+        stats = {"steps": 0, "rejected": 0, "evaluations": 0}
+        state = solver.init(problem, t, y)
+        h = control.dt
+    else:
+        first = int(resume.index)
+        t, y = float(resume.t), np.array(resume.y, copy=True)
+        stats = dict(resume.stats)
+        state = solver.restore(problem, t, y, resume.checkpoint)
+        h = resume.dt_next if resume.dt_next > 0 else control.dt
+    ev0 = problem.evaluations  # work before this point (solver.init) is not counted
+    control.init(problem, solver, saves, t, y, h)
+
+    static = problem.static()
+    started: list = []
+    try:
+        run = RunInfo(problem, solver, cfg, static, saves.times, t0, t_end, first)
+        for tr in trackers:
+            tr.start(run)
+            started.append(tr)
+        saved = _Saved(problem, solver, control, trackers, keep)
+        try:
+            status, message = _loop(
+                problem,
+                solver,
+                control,
+                saves,
+                trackers,
+                saved,
+                t,
+                y,
+                state,
+                stats,
+                ev0,
+                first=first,
+                fresh=resume is None,
+                max_steps=max_steps,
+                entropy=entropy,
+            )
+        except SolverError as exc:
+            if throw:
+                raise
+            status, message = int(Status.FAILED), str(exc)
+        result = saved.result(result_class, problem, solver, cfg, static, status, message)
+        for tr in trackers:
+            tr.finish(result)
+        log.debug("integrate: %s", result)
+        return result
+    finally:
+        # trackers release what they hold (a recorder's lock) whatever ended the run, an interrupt included
+        for tr in started:
+            close = getattr(tr, "close", None)
+            if close is not None:
+                close()
+
+
+def _loop(
+    problem: Problem,
+    solver: Solver,
+    control: StepSizeController,
+    saves: SaveAt,
+    trackers: Sequence[Tracker],
+    saved: _Saved,
+    t: float,
+    y: np.ndarray,
+    state: Any,
+    stats: dict[str, int],
+    ev0: int,
+    *,
+    first: int,
+    fresh: bool,
+    max_steps: int,
+    entropy: int | None,
+) -> tuple[int, str]:
+    """Step from ``(t, y)`` through the save times after ``first``: ``(status, message)``.
+
+    Raises :class:`~wflow.errors.SolverError` when the run fails (``max_steps``, a step size
+    underflow, a non-finite state, a step that missed its own target); what was saved is kept.
+    """
+    times = saves.times
+    n_saves = len(times)
+    stats_base_ev = stats["evaluations"]
+    rtol, atol = control.rtol or 0.0, control.atol or 0.0
+
+    def save(index: int, t: float, y: np.ndarray, state: Any) -> bool:
+        stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
+        return saved.save(index, t, y, state, stats)
+
+    stopped_by = None
+    if fresh and save(0, t, y, state):
+        stopped_by = "a tracker"
+    k_save = first + 1
+    step_no = stats["steps"]
+    while stopped_by is None and k_save < n_saves:
+        target = float(times[k_save])
+        # ---- one attempted step
+        if stats["steps"] + stats["rejected"] >= max_steps:
+            raise SolverError(
+                f"max_steps={max_steps} exceeded at t={t:.6g}; raise max_steps or the step size"
+            )
+        h_try, land, stop = control.propose(problem, solver, t, y, state, step_no, k_save)
+        if h_try is None:  # the previous step ended within rounding of the stop: it is the stop
+            t = stop
+            if stop == target:
+                if save(k_save, t, y, state):
+                    stopped_by = "a tracker"
+                k_save += 1
+            continue
+        rng = None
+        if solver.stochastic:
+            rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(step_no,)))
+        res, new_state = solver.step(problem, t, y, h_try, state, rtol=rtol, atol=atol, rng=rng)
+        stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
+        if not res.ok:
+            stats["rejected"] += 1
+            control.unstable(t, h_try, res.limit)
+            continue
+        if not control.accept(h_try, res.error):
+            stats["rejected"] += 1
+            continue
+        if not (problem.known_finite(res.y) or _finite(res.y)):
+            raise SolverError(
+                f"the state became non-finite in the step from t={t:.6g} with dt={h_try:.3g} "
+                f"({solver.name}); snapshots written so far are kept. Reduce dt (or rtol), or "
+                f"check the model's parameters (e.g. USA at large beta overflows: use the "
+                f"rescaled kernel or SA)"
+            )
+        # ---- the step is kept
+        y = res.y
+        state = new_state
+        stats["steps"] += 1
+        step_no += 1
+        at_save = land and stop == target
+        t = control.advance(t, h_try, land, stop, step_no)
+        if res.info:
+            saved.step_info.append({"step": step_no, "t": t, "dt": h_try, **res.info})
+        for tr in trackers:
+            if tr.step(t, h_try, res):
+                stopped_by = stopped_by or getattr(tr, "name", "a tracker")
+        if res.failure is not None:
+            if at_save:
+                save(k_save, t, y, state)
+            raise SolverError(f"{res.failure} (step {step_no}, t={t:.6g})")
+        if at_save:
+            if save(k_save, t, y, state):
+                stopped_by = stopped_by or "a tracker"
+            k_save += 1
+        elif stopped_by is not None:
+            save(k_save, t, y, state)
+    if stopped_by is not None and k_save < n_saves:
+        return int(Status.STOPPED), Status.stopped(stopped_by, t)
+    return int(Status.SUCCESS), Status.SUCCESS.message
+
+
+class _Saved:
+    """The snapshots a run keeps in memory (all, or with ``keep=False`` the last) and shows its trackers."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        solver: Solver,
+        control: StepSizeController,
+        trackers: Sequence[Tracker],
+        keep: bool,
+    ) -> None:
+        self.problem, self.solver, self.control = problem, solver, control
+        self.trackers, self.keep = trackers, keep
+        self.times: list[float] = []
+        self.kept: list[dict[str, Variable]] = []
+        self.stats: dict[str, list] = {
+            "steps": [],
+            "rejected": [],
+            "evaluations": [],
+            "dt_next": [],
+        }
+        self.step_info: list[dict[str, Any]] = []
+        self.last: Snapshot | None = None
+
+    def save(self, index: int, t: float, y: np.ndarray, state: Any, stats: dict[str, int]) -> bool:
+        """Save snapshot ``index`` at ``(t, y)``; True when a tracker asks to stop."""
+        snap = Snapshot(
+            index,
+            t,
+            self.problem.snapshot(t, y),
+            dict(stats),
+            {"dt_next": self.control.dt_next},
+            self.solver.checkpoint(state),
+            read_only(y),
+        )
+        kept_stats = self.stats
+        if self.keep or not self.kept:
+            self.times.append(t)
+            self.kept.append(snap.data)
+            for k in ("steps", "rejected", "evaluations"):
+                kept_stats[k].append(stats[k])
+            kept_stats["dt_next"].append(snap.control["dt_next"])
+        else:
+            self.times[-1] = t
+            self.kept[-1] = snap.data
+            for k in ("steps", "rejected", "evaluations"):
+                kept_stats[k][-1] = stats[k]
+            kept_stats["dt_next"][-1] = snap.control["dt_next"]
+        self.last = snap
+        stop = False
+        for tr in self.trackers:
+            stop = bool(tr.save(snap)) or stop
+        return stop
+
+    def result(
+        self,
+        cls: type[Result],
+        problem: Problem,
+        solver: Solver,
+        cfg: dict[str, Any],
+        static: dict[str, Variable],
+        status: int,
+        message: str,
+    ) -> Result:
+        """The run's result: the kept snapshots stacked along time."""
+        data: dict[str, Variable] = {}
+        if self.kept:
+            for name, (dims, _) in self.kept[0].items():
+                data[name] = (dims, np.stack([np.asarray(s[name][1]) for s in self.kept]))
+        stats = {
+            k: np.asarray(v, dtype=np.float64 if k == "dt_next" else np.int64)
+            for k, v in self.stats.items()
+        }
+        return cls(
+            kind=problem.kind,
+            times=np.asarray(self.times, dtype=np.float64),
+            data=data,
+            static=static,
+            stats=stats,
+            status=status,
+            message=message,
+            config=cfg,
+            solver=solver.name,
+            order=solver.order,
+            checkpoint=self.last.checkpoint if self.last is not None else {},
+            step_info=self.step_info,
+        )
+
+
+def _check_interval(t0: Any, t_end: Any) -> tuple[float, float]:
+    t0 = float(t0)
+    if isinstance(t_end, bool) or not isinstance(t_end, (int, float, np.integer, np.floating)):
+        raise TypeError(f"t_end must be a number, got {short_repr(t_end)}")
+    t_end = float(t_end)
+    if not math.isfinite(t0):
+        raise ValueError(f"t0 must be finite, got {t0!r}")
+    if not math.isfinite(t_end) or t_end <= t0:
+        raise ValueError(f"t_end must be a finite time > t0 = {t0:g}, got {t_end!r}")
+    return t0, t_end
+
+
+def _check_noise(problem: Problem, solver: Solver) -> None:
+    if solver.stochastic != problem.stochastic:
+        if solver.stochastic:
+            raise ValueError(
+                f"solver {solver.name!r} is for noisy problems; this {problem.kind} problem has no "
+                f"noise (give kappa, or choose a deterministic solver)"
+            )
+        raise ValueError(
+            f"this {problem.kind} problem has noise; solver {solver.name!r} is deterministic "
+            f"(use 'euler-maruyama')"
+        )
+
+
+def _run_config(
+    problem: Problem,
+    solver: Solver,
+    control: StepSizeController,
+    saves: SaveAt,
+    config: dict[str, Any] | None,
+    entropy: int | None,
+    t0: float,
+    t_end: float,
+    max_steps: int,
+) -> dict[str, Any]:
+    """Everything needed to repeat the run (recorded with the result and in its store)."""
+    cfg = dict(problem.config())
+    cfg.update(config or {})
+    cfg.update(
+        {
+            "solver": solver.name,
+            "solver_options": solver.options(),
+            "order": solver.order,
+            "adaptive": bool(control.adaptive),
+            "dt": control.dt,
+            "rtol": control.rtol,
+            "atol": control.atol,
+            "seed": entropy,
+            "t0": t0,
+            "t_end": t_end,
+            "save_at": [float(s) for s in saves.times],
+            "save_mode": saves.mode,
+            "max_steps": max_steps,
+            "wflow_version": __version__,
+        }
+    )
+    return cfg

@@ -1,0 +1,119 @@
+"""What every method of :mod:`wflow.transport` shares: the result type and the input checks.
+
+:class:`WassersteinResult` is what :func:`wflow.transport.wasserstein_result` returns;
+:func:`as_single` turns a measure (atoms, an array of points, a density) into float64
+points and weights with zero-weight atoms dropped.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import short_repr
+from ..measure import Atoms, as_atoms
+
+__all__ = ["COSTS", "TWO_PI", "WassersteinResult", "check_p", "check_choice", "as_single"]
+
+COSTS = ("geodesic", "chordal")
+TWO_PI = 2.0 * np.pi
+
+
+@dataclass(frozen=True)
+class WassersteinResult:
+    """A Wasserstein distance with the facts needed to trust it.
+
+    Attributes
+    ----------
+    value : float
+        The distance :math:`W_p` (radians of the unit sphere), not :math:`W_p^p`.
+    p : float
+        Order of the distance.
+    method : str
+        The method that ran (``"auto"`` is resolved).
+    cost : str
+        ``"geodesic"`` or ``"chordal"``.
+    exact : bool
+        True when ``value`` is the exact :math:`W_p` up to round-off.
+    error_bound : float
+        Bound on ``|value - W_p|``: ``0.0`` for exact methods, the Sinkhorn bias bound for
+        ``"sinkhorn"`` (valid at convergence), ``nan`` where none is known (``"sliced"``).
+    info : dict
+        Method details: ``reg``, ``n_iter``, ``converged``, ``divergence`` (Sinkhorn),
+        ``n_projections`` (sliced), ``lower``/``upper`` (semidiscrete bracket on
+        :math:`W_2`, with the solver's ``lo``/``hi`` on :math:`W_2^2`), sizes ``n`` and ``m``.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.transport import wasserstein_result
+    >>> r = wasserstein_result(wflow.Atoms([[1.0, 0.0, 0.0]]), wflow.Atoms([[0.0, 1.0, 0.0]]))
+    >>> round(r.value, 6), r.method, r.exact, r.error_bound  # two Diracs a quarter circle apart
+    (1.570796, 'emd', True, 0.0)
+    """
+
+    value: float
+    p: float
+    method: str
+    cost: str
+    exact: bool
+    error_bound: float
+    info: dict = field(default_factory=dict)
+
+    def __float__(self) -> float:
+        return self.value
+
+
+# -- input checks ---------------------------------------------------------------------
+def check_p(p: Any) -> float:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"p must be a real number >= 1, got {short_repr(p)}")
+    v = float(p)
+    if not np.isfinite(v) or v < 1:
+        raise ValueError(
+            f"p must be a finite number >= 1 (W_p is a distance only for p >= 1), got {p!r}"
+        )
+    return v
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {choices}, got {short_repr(value)}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def as_single(mu: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Points ``(n, d)`` and weights ``(n,)`` in float64, zero-weight atoms dropped."""
+    if not isinstance(mu, Atoms) and callable(getattr(mu, "to_atoms", None)):
+        converted = mu.to_atoms()
+        if not isinstance(converted, Atoms):
+            raise TypeError(
+                f"{name}.to_atoms() must return a wflow.Atoms, got {short_repr(converted)}"
+            )
+        mu = converted
+    elif not isinstance(mu, Atoms):
+        if isinstance(mu, str):
+            raise ValueError(
+                f"{name} must be a measure; the only string accepted is nu='uniform', got {mu!r}"
+            )
+        if not isinstance(mu, (np.ndarray, list, tuple)):
+            raise TypeError(
+                f"{name} must be a wflow.Atoms, an object with a to_atoms() method (a density) or an array of "
+                f"points on the sphere, got {short_repr(mu)}"
+            )
+        mu = as_atoms(mu, name)
+    if mu.batch_shape:
+        raise ValueError(
+            f"{name} is a batch of {mu.batch_shape} systems; wasserstein takes single measures: pass {name}[k]"
+        )
+    x = np.asarray(mu.points, dtype=np.float64)
+    w = np.asarray(mu.weights, dtype=np.float64)
+    keep = w > 0
+    if not np.all(keep):
+        x, w = x[keep], w[keep]
+    return x, w / w.sum()
