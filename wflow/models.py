@@ -33,7 +33,9 @@ So for the repulsive choice :math:`V = -I` the interaction energy :math:`E_\beta
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,7 +47,16 @@ from .kernels import kernel_sums
 from .measure import Atoms, as_atoms
 from .sphere import project
 
-__all__ = ["Model", "SA", "USA", "Perceptron", "SumModel", "ACTIVATIONS", "model_from_dict"]
+__all__ = [
+    "Model",
+    "SA",
+    "USA",
+    "Perceptron",
+    "SumModel",
+    "FusedAttention",
+    "ACTIVATIONS",
+    "model_from_dict",
+]
 
 #: Kernel conventions: e^{beta<x,y>} and e^{beta(<x,y>-1)}.
 KERNELS = ("plain", "rescaled")
@@ -64,6 +75,39 @@ def _exp_checked(c: np.ndarray, what: str, beta: float) -> np.ndarray:
 #: Metric in which a gradient model ascends its energy.
 WASSERSTEIN = "wasserstein"
 REWEIGHTED = "sa-reweighted"
+
+
+@dataclass(frozen=True)
+class FusedAttention:
+    r"""What a solver needs to fuse a model's step: softmax attention with :math:`Q = K = V = I`,
+
+    .. math::
+
+        v[\mu](x) = P_x\Big(\frac{\int e^{\beta\langle x, y\rangle} y\,d\mu(y)}{\int e^{\beta\langle x, y\rangle}d\mu(y)}\Big),
+
+    at inverse temperature ``beta`` on the ``n`` tokens it was asked for (:meth:`Model.fused_attention`),
+    and the log of its kernel's scale ``offset`` (0 for :math:`e^{\beta\langle x,y\rangle}`, ``beta`` for the
+    rescaled :math:`e^{\beta(\langle x,y\rangle - 1)}`), which turns the double sums of a fused step into
+    the model's energy (:meth:`log_energy`).
+
+    Examples
+    --------
+    >>> import math, wflow
+    >>> spec = wflow.SA(2.0).fused_attention(16)
+    >>> spec.beta, spec.offset, math.isclose(spec.log_energy(math.log(4.0)), math.log(4.0 / (2 * 2.0)))
+    (2.0, 0.0, True)
+    >>> wflow.USA(2.0).fused_attention(16) is None  # only SA's step is fused
+    True
+    """
+
+    beta: float
+    offset: float = 0.0
+
+    def log_energy(self, log_double_sums: Any) -> Any:
+        r""":math:`\log E_\beta = \log\sum_i w_i\sum_j w_j e^{\beta\langle x_i, x_j\rangle} - \log 2\beta - o`
+        (:meth:`SA.log_energy`'s formula, :math:`o` the offset) from the double sums' logarithm, for
+        ``beta > 0``."""
+        return log_double_sums - math.log(2 * self.beta) - self.offset
 
 
 class Model(ABC):
@@ -103,6 +147,14 @@ class Model(ABC):
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
         """Times in ``(t0, t_end)`` where the model jumps (layer boundaries); adaptive steps land on them."""
         return np.empty(0)
+
+    # -- fused steps -------------------------------------------------------------
+    def fused_attention(self, n: int) -> FusedAttention | None:
+        """Whether and how a solver may fuse this model's step on systems of ``n`` tokens: a
+        :class:`FusedAttention` when the velocity is softmax attention with :math:`Q = K = V = I` (SA),
+        else ``None`` (the default: the solver evaluates :meth:`velocity`).  A subclass that changes
+        the velocity of such a model must return ``None``."""
+        return None
 
     # -- gradient structure ----------------------------------------------------
     def gradient_obstruction(self) -> str | None:
@@ -605,6 +657,14 @@ class SA(_Attention):
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         x = self._check_query(x, mu)
         return project(x, self._average(x, mu, backend))
+
+    def fused_attention(self, n: int) -> FusedAttention | None:
+        """A :class:`FusedAttention` at ``beta_for(n)`` when :math:`Q = K = V = I` (:meth:`plain_attention`), else
+        ``None``: the fused small-system step (:mod:`wflow.solvers.fused`) applies."""
+        if not self.plain_attention():
+            return None
+        beta = self.beta_for(n)
+        return FusedAttention(beta, self.offset(beta))
 
     def normalizer(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         r""":math:`Z_\mu(x) = \int e^{\beta(\langle Qx, Ky\rangle - o)}d\mu(y)` (:math:`o` = 0 or beta), shape ``(..., n)``."""

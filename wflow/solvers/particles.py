@@ -20,17 +20,17 @@ import numpy as np
 
 from ..diagnostics import count_clusters, order_parameter, pair_fraction
 from ..errors import WflowError, check_positive, short_repr
-from ..kernels import small as _small
 from ..measure import Atoms, as_atoms
-from ..models import Model
+from ..models import FusedAttention, Model
+from . import fused
 from .base import (
     Problem,
     Result,
     Tracker,
-    read_only,
     check_save_at,
     get_solver,
     integrate,
+    read_only,
     register_kind,
 )
 from .steppers import project_to_sphere
@@ -192,11 +192,12 @@ class ParticleProblem(Problem):
     def euler_step(
         self, t: float, y: np.ndarray, dt: float, projected: bool = True
     ) -> np.ndarray | None:
-        r"""The whole Euler step fused (:func:`wflow.kernels.small.sa_euler_step`), or ``None``: projected
+        r"""The whole Euler step fused (:func:`wflow.solvers.fused.sa_euler_step`), or ``None``: projected
         Euler, or with ``projected=False`` GLPR's scheme (``method="euler-average"``).
 
-        Offered for SA with :math:`Q = K = V = I` on the sphere without noise or tracers, systems of at
-        most :data:`~wflow.kernels.small.SMALL_MAX` tokens and the ``auto`` or ``numba`` backend: one
+        Offered when the model says its step can be fused (:meth:`~wflow.models.Model.fused_attention`: SA
+        with :math:`Q = K = V = I`), on the sphere without noise or tracers, for systems of at most
+        :data:`~wflow.solvers.fused.MAX_TOKENS` tokens and the ``auto`` or ``numba`` backend: one
         compiled pass per system (Gram matrix, softmax, average, projection, retraction) instead of
         eight passes over the batch; equal to ``retract(y + dt * rhs(t, y))`` (or to
         ``retract(y + dt * average(t, y))``) to rounding (tested to 1e-14).  When the step from ``y``
@@ -208,15 +209,15 @@ class ParticleProblem(Problem):
             self.evaluations += 1
             self._fused_out, self._fused_out_finite = ahead[4:6]
             return ahead[4]
-        model = self._fused_model(t, y)
-        if model is None:
+        spec = self._fused_spec(t, y)
+        if spec is None:
             return None
         self._last_fused = (dt, projected)
         self.evaluations += 1
-        st = _small._sa_euler_step(
+        st = fused.fused_step(
             y,
             self.weights,
-            model.beta_for(self.n),
+            spec.beta,
             dt,
             projected=projected,
             log_weights=self._step_log_weights,
@@ -229,23 +230,21 @@ class ParticleProblem(Problem):
         compiled pass sees every row's norm), so that the driver need not scan it."""
         return y is self._fused_out and self._fused_out_finite
 
-    def _fused_model(self, t: float, y: np.ndarray):
-        """The model at ``t`` when :meth:`euler_step` can fuse the step from ``y`` (SA with Q = K = V = I on
-        the sphere, no noise or tracers, tiny systems, the numba kernels), else ``None``."""
+    def _fused_spec(self, t: float, y: np.ndarray) -> FusedAttention | None:
+        """What the model at ``t`` says of fusing its step (:meth:`~wflow.models.Model.fused_attention`) when
+        :meth:`euler_step` can fuse the step from ``y`` (on the sphere, no noise or tracers, tiny systems, the
+        numba kernels), else ``None``."""
         if (
             not self._fusable
             or self.free
             or self.n_tracers
             or self.kappa is not None
             or self.backend not in ("auto", "numba")
-            or self.n > _small.SMALL_MAX
+            or self.n > fused.MAX_TOKENS
             or y.dtype not in (np.float32, np.float64)
         ):
             return None
-        model = self.model_at(t)
-        from ..models import SA
-
-        return model if type(model) is SA and model.plain_attention() else None
+        return self.model_at(t).fused_attention(self.n)
 
     def _step_ahead(self, t: float, y: np.ndarray, want: set[str]) -> dict[str, np.ndarray]:
         r"""What a saved state ``y`` needs of the diagnostics ``want`` (``pair_fraction``, ``energy``,
@@ -256,11 +255,11 @@ class ParticleProblem(Problem):
         a step (n = 32, r = 32).  Instead the step from ``y`` is taken now, with the last step's size and
         scheme, counting the pairs and the clusters on the inner products it forms, summing the
         energy's double sum from its row sums and the barycentre from the points it reads
-        (:func:`wflow.kernels.small._sa_euler_step`); :meth:`euler_step` returns it when the driver asks
+        (:func:`wflow.solvers.fused.fused_step`); :meth:`euler_step` returns it when the driver asks
         for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step afresh otherwise
         (after the last save: one step wasted).  The energy at beta != 0; for float32 states everything is
         read off the step only when its logits are float64 (the float32 rule of
-        :func:`wflow.kernels.small.sa_euler_step`: at beta = 5 from r = 7 on; they are then the float64
+        :func:`wflow.solvers.fused.sa_euler_step`: at beta = 5 from r = 7 on; they are then the float64
         numbers of the float32 points, and the pairs are :func:`wflow.diagnostics.pair_fraction`'s
         exactly), else the pairs are counted on their own float64 products;
         ``{}`` when the step is not fused, or when only the order parameter is asked (the step from the
@@ -269,12 +268,12 @@ class ParticleProblem(Problem):
         """
         if self._last_fused is None:
             return {}
-        model = self._fused_model(t, y)
-        if model is None:
+        spec = self._fused_spec(t, y)
+        if spec is None:
             return {}
-        beta = model.beta_for(self.n)
+        beta = spec.beta
         pairs = "pair_fraction" in want
-        energy = "energy" in want and model.is_gradient and beta != 0
+        energy = "energy" in want and beta != 0  # (fused attention is a gradient flow)
         clusters = "n_clusters" in want
         if not (
             pairs or energy or clusters
@@ -282,7 +281,7 @@ class ParticleProblem(Problem):
             return {}
         means = "order_parameter" in want
         dt, projected = self._last_fused
-        st = _small._sa_euler_step(
+        st = fused.fused_step(
             y,
             self.weights,
             beta,
@@ -313,7 +312,7 @@ class ParticleProblem(Problem):
     @functools.cached_property
     def _step_log_weights(self) -> np.ndarray:
         """The fused step's log-weights, formed once (the weights of a run do not change)."""
-        return _small.step_log_weights(self.weights)
+        return fused.step_log_weights(self.weights)
 
     def jacobian(self, t: float, y: np.ndarray) -> np.ndarray | None:
         r"""The exact Jacobian of :meth:`rhs` for one system on the sphere whose model offers one
@@ -428,8 +427,7 @@ class ParticleProblem(Problem):
         log_e = getattr(model, "log_energy", None)
         le = None
         if energy_sums is not None:  # SA.log_energy's formula on the step's sums
-            beta = model.beta_for(self.n)
-            le = np.asarray(energy_sums, dtype=np.float64) - math.log(2 * beta) - model.offset(beta)
+            le = model.fused_attention(self.n).log_energy(np.asarray(energy_sums, dtype=np.float64))
         elif log_e is not None:
             le = np.asarray(log_e(mu, backend=self.backend), dtype=np.float64)
         if le is not None:
