@@ -309,7 +309,7 @@ def test_fused_euler_clusters_and_order_parameter_from_the_next_step(
     the first save), equal to count_clusters of the saved state exactly and to order_parameter to rounding
     (at several cluster thresholds, as tokens merge); the points are those of a run without diagnostics."""
     import wflow
-    import wflow.solvers.particles as P
+    import wflow.solvers.particle_problem as P
     from wflow.diagnostics import count_clusters, order_parameter
 
     calls = []
@@ -356,7 +356,7 @@ def test_fused_euler_float32_reads_the_observables_off_float64_logits(monkeypatc
     float32 points, the others within float32 rounding of the separate computations; at beta = 0.5 (float32
     logits) each save computes them on its own, with the same results."""
     import wflow
-    import wflow.solvers.particles as P
+    import wflow.solvers.particle_problem as P
     from wflow.diagnostics import count_clusters, order_parameter
     from wflow.models import SA as SAModel
 
