@@ -20,6 +20,14 @@ Kernel sums know nothing about models.  Backends are looked up by name in
 :data:`BACKENDS`; each is a :class:`Backend` with an ``available()`` check and a
 ``__call__(problem) -> KernelSums``.  ``"auto"`` asks each backend in
 :data:`AUTO_ORDER` whether it takes the problem.
+
+Modules: :mod:`~wflow.kernels.sums` (the contract and :func:`kernel_sums`, re-exported here), the
+backends (:mod:`~wflow.kernels.numpy_backend`, :mod:`~wflow.kernels.numba_backend`,
+:mod:`~wflow.kernels.keops_backend`, :mod:`~wflow.kernels.spectral`), the numba backend's
+tiny-systems route (:mod:`~wflow.kernels.small`) and route costs (:mod:`~wflow.kernels.cost`), and
+the compiled building blocks shared with the fused step: :mod:`~wflow.kernels.jit`,
+:mod:`~wflow.kernels.threads`, :mod:`~wflow.kernels.precision`, :mod:`~wflow.kernels.dense`,
+:mod:`~wflow.kernels.numba_passes`.  Nothing here imports a model, a solver or a diagnostic.
 """
 
 from __future__ import annotations
