@@ -19,10 +19,12 @@ Two methods (:func:`choose_method`):
 * ``"gemm"``: three steps per chunk of systems, in worker threads (one per core) that each
   take whole chunks: a batched GEMM for the logits, one compiled pass for the row maxima,
   the exponentials (:func:`~wflow.kernels.jit.exp64`/``exp32``: polynomial,
-  vectorized) and the row sums, and a batched GEMM for the values.  BLAS runs single-threaded inside
-the workers: OpenBLAS splitting each 32 x 32 GEMM over the cores of a small shared machine
-was measured 10--70x slower than one thread per GEMM (d = 1024, 256 systems: 0.2--2 s
-against 30 ms).  :func:`bmm` exposes that batched GEMM for other callers (diagnostics).
+  vectorized) and the row sums, and a batched GEMM for the values.  BLAS runs single-threaded
+  inside the workers: OpenBLAS splitting each 32 x 32 GEMM over the cores of a small shared
+  machine was measured 10--70x slower than one thread per GEMM (d = 1024, 256 systems: 0.2--2 s
+  against 30 ms).
+
+:func:`bmm` exposes that batched GEMM for other callers (diagnostics).
 
 float32: the logits are formed in float32 (SGEMM) only when their rounding error is
 provably small, :math:`2^{-24}\big((p+2)\max|a|\max|b| + 2\,\mathrm{span}\log w\big) \le 3\cdot

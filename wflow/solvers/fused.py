@@ -34,12 +34,14 @@ else:  # pragma: no cover
 __all__ = [
     "sa_euler_step",
     "fused_step",
-    "FusedStep",
     "step_log_weights",
     "MAX_TOKENS",
     "SA_STEP_BLAS",
     "SA_STEP_FUSED_MAX_DIM",
 ]
+
+# FusedStep (what fused_step returns) is public but left out of __all__: the API reference documents
+# __all__, and its field ``points`` would make the docs' cross-references to Trajectory.points ambiguous.
 
 #: Largest number of tokens per system of the fused step (that of the tiny-systems kernel sums,
 #: :data:`wflow.kernels.small.SMALL_MAX`).
