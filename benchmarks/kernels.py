@@ -142,15 +142,15 @@ def _numba_exp_loop():
     if _EXP_LOOP is None:
         from numba import njit, prange
 
-        from wflow.kernels.numba_backend import _FM_EXP, _exp
+        from wflow.kernels.jit import FM_EXP, exp
 
-        @njit(parallel=True, fastmath=_FM_EXP)
+        @njit(parallel=True, fastmath=FM_EXP)
         def loop(x, acc, floor, passes):
             for t in prange(x.shape[0]):  # one chunk per thread
                 for c in range(passes):
                     shift = x.dtype.type(c) * x.dtype.type(1e-4)
                     for i in range(x.shape[1]):
-                        acc[t, i] += _exp(max(x[t, i] - shift, floor))
+                        acc[t, i] += exp(max(x[t, i] - shift, floor))
 
         _EXP_LOOP = loop
     return _EXP_LOOP

@@ -23,7 +23,7 @@ at 200 save times, side by side, medians of 3 round-robin runs: "torch" (the loo
 "wflow.simulate" (``method="euler", dt=0.1, backend="auto"``, the pair fraction as the only
 diagnostic, ``keep=False`` with a tracker keeping the pair fractions: ``keep=True`` would also
 stack 200 copies of the points, 1.7 GB at d = 128), which takes the fused small-system step
-(``ParticleProblem.euler_step`` -> :func:`wflow.kernels.small.sa_euler_step`); and the same with
+(``ParticleProblem.euler_step`` -> :func:`wflow.solvers.fused.sa_euler_step`); and the same with
 ``coordinates="span"`` (:class:`wflow.solvers.particles.SpanProblem`: the n = 32 coordinates of
 the tokens in an orthonormal basis of the initial span instead of d).  Before timing, the final
 points of the span run are checked against the plain run's.  At d = 1024
@@ -32,8 +32,8 @@ a tenth of the workload (30 steps, 20 saves) is timed.
 The fused routes (``--fused-routes``): the fused SA step and the pair counts through each of
 their routes -- one compiled pass per system with numba's own products, or batched GEMMs per chunk
 of systems, and for the step the default, BLAS's GEMM from inside the compiled pass -- at
-dimensions around the switch of the first two (``wflow.kernels.small.SA_STEP_FUSED_MAX_DIM`` and
-``PAIR_COUNTS_FUSED_MAX_DIM``), with the route wflow chooses and the fastest.
+dimensions around the switch of the first two (``wflow.solvers.fused.SA_STEP_FUSED_MAX_DIM`` and
+``wflow.diagnostics.pairs.PAIR_COUNTS_FUSED_MAX_DIM``), with the route wflow chooses and the fastest.
 
 Save-time diagnostics for 256 systems: the fraction of pairs with cosine > 0.999 (torch,
 and :func:`wflow.diagnostics.pair_fraction`) and the cluster count at threshold 0.1
@@ -442,19 +442,23 @@ def fused_route_table(repeat):
     default, BLAS's GEMM called from the compiled pass, ``SA_STEP_BLAS``), against the dimension where
     the first two switch (``SA_STEP_FUSED_MAX_DIM``, ``PAIR_COUNTS_FUSED_MAX_DIM``): n = 32, float64,
     each timed call 5 consecutive calls (threads stay awake, as in a run)."""
-    from wflow.kernels import small
+    from wflow.diagnostics import pairs
+    from wflow.solvers import fused
+
+    def home(name):  # the module whose switch ``name`` is
+        return fused if name.startswith("SA_STEP") else pairs
 
     def routed(name, limit, f, blas=False):
         def g():
-            old = getattr(small, name), small.SA_STEP_BLAS
-            setattr(small, name, limit)
-            small.SA_STEP_BLAS = blas
+            old = getattr(home(name), name), fused.SA_STEP_BLAS
+            setattr(home(name), name, limit)
+            fused.SA_STEP_BLAS = blas
             try:
                 for _ in range(5):
                     f()
             finally:
-                setattr(small, name, old[0])
-                small.SA_STEP_BLAS = old[1]
+                setattr(home(name), name, old[0])
+                fused.SA_STEP_BLAS = old[1]
 
         return g
 
@@ -466,16 +470,16 @@ def fused_route_table(repeat):
         for what, name, r in cases:
             x = sphere.uniform(N, r, 0, batch=(B,))
             w = np.full((B, N), 1.0 / N)
-            lw = small.step_log_weights(w)
+            lw = fused.step_log_weights(w)
             out = np.empty_like(x)
             if what == "step":
 
                 def f(x=x, w=w, lw=lw, out=out):
-                    small.sa_euler_step(x, w, BETA, ETA, out=out, log_weights=lw)
+                    fused.sa_euler_step(x, w, BETA, ETA, out=out, log_weights=lw)
             else:
 
                 def f(x=x):
-                    small.pair_counts(x, 0.999)
+                    pairs.pair_counts(x, 0.999)
 
             fns = {"one pass": routed(name, 10**6, f), "GEMM": routed(name, 0, f)}
             if what == "step":
@@ -483,9 +487,9 @@ def fused_route_table(repeat):
             t = _interleaved_medians(fns, repeat)
             chosen = (
                 "BLAS pass"
-                if what == "step" and small.SA_STEP_BLAS
+                if what == "step" and fused.SA_STEP_BLAS
                 else "one pass"
-                if r <= getattr(small, name)
+                if r <= getattr(home(name), name)
                 else "GEMM"
             )
             rows.append((what, B, r, t, chosen))

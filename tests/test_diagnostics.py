@@ -96,7 +96,7 @@ def test_batched_cluster_labels_near_threshold_pairs_decided_exactly():
 
 
 def test_count_clusters_routes_and_shapes(rng, monkeypatch):
-    import wflow.diagnostics as D
+    import wflow.diagnostics.clusters as D
 
     x = _clustered(rng, (3, 4), 50, 3, 4, 0.05)
     w = rng.uniform(size=(3, 4, 50))
@@ -200,7 +200,8 @@ def test_batched_clusters_decide_ties_as_cluster_labels_on_the_circle(rng):
 def test_min_label_propagation_equals_union_find(rng):
     """The NumPy fallback (the adjacency from one GEMM, min-label propagation with pointer jumping) finds the
     same roots as the compiled pass (distances from the coordinates, union-find)."""
-    import wflow.diagnostics as D
+    import wflow.diagnostics.clusters as D
+    from wflow.linkage import link_bounds
 
     if D._cluster_roots is None:
         pytest.skip("numba unavailable")
@@ -208,7 +209,7 @@ def test_min_label_propagation_equals_union_find(rng):
         [sphere.uniform(48, 3, rng, batch=(20,)), _clustered(rng, (20,), 48, 3, 4, 0.05)]
     )
     for threshold in (0.2, 0.5, 1.0):
-        chord, lo, hi = D._link(threshold)
+        chord, lo, hi = link_bounds(threshold)
         roots = np.empty(x.shape[:2], dtype=np.int64)
         D._cluster_roots(x, chord, lo, hi, 0, len(x), roots)
         np.testing.assert_array_equal(D._min_labels(D._adjacency(x, chord)), roots)

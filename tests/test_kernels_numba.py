@@ -15,6 +15,7 @@ from wflow import Atoms
 from wflow.kernels import AUTO_ORDER, BACKENDS, kernel_sums
 
 numba_backend = pytest.importorskip("wflow.kernels.numba_backend")
+precision = pytest.importorskip("wflow.kernels.precision")
 pytestmark = pytest.mark.skipif(not BACKENDS["numba"].available(), reason=BACKENDS["numba"].reason)
 
 RTOL = {np.float64: 1e-12, np.float32: 1e-5}
@@ -158,7 +159,7 @@ def test_float32_logits_only_where_accurate(rng, monkeypatch):
     w = np.full(700, 1.0 / 700, np.float32)
     for beta in (0.5, 1.0, 2.0):
         assert (
-            2.0**-24 * (6 * beta + 0.0) <= numba_backend.LOWP_LOGIT_ERROR
+            2.0**-24 * (6 * beta + 0.0) <= precision.LOWP_LOGIT_ERROR
         )  # this case takes the float32 path
         _check(
             kernel_sums(x, y, w, beta, backend="numba"), _reference(x, y, w, beta, {}), np.float32
@@ -166,7 +167,7 @@ def test_float32_logits_only_where_accurate(rng, monkeypatch):
     # the batched workload of the benchmarks: 8-dimensional tokens, beta = 4
     xb, yb, _, _ = _problem(rng, np.float32, batch=(64,), n=32, m=32, d=8)
     wb = np.full((64, 32), 1.0 / 32, np.float32)
-    assert 2.0**-24 * (10 * 4.0) <= numba_backend.LOWP_LOGIT_ERROR
+    assert 2.0**-24 * (10 * 4.0) <= precision.LOWP_LOGIT_ERROR
     for route in ("direct", "small"):
         monkeypatch.setattr(numba_backend, "FORCE_ROUTE", route)
         _check(
@@ -175,9 +176,7 @@ def test_float32_logits_only_where_accurate(rng, monkeypatch):
             np.float32,
         )
     monkeypatch.setattr(numba_backend, "FORCE_ROUTE", None)
-    monkeypatch.setattr(
-        numba_backend, "LOWP_LOGIT_ERROR", 1.0
-    )  # float32 logits whatever their size
+    monkeypatch.setattr(precision, "LOWP_LOGIT_ERROR", 1.0)  # float32 logits whatever their size
     got = kernel_sums(x, y, w, 1000.0, backend="numba")
     ref = _reference(x, y, w, 1000.0, {})
     mass = got.mass.astype(np.float64) * np.exp(got.log_scale.astype(np.float64) - ref.log_scale)
@@ -278,21 +277,21 @@ def test_route_choice():
 
 
 def test_parallel_runs_every_share_and_raises_after_all_have_finished():
-    """numba_backend._parallel: share 0 in the calling thread, the others on the pool; an error in any share
+    """threads.parallel: share 0 in the calling thread, the others on the pool; an error in any share
     is raised only once every share has finished (none left writing into the caller's arrays)."""
     import threading
     import time
 
-    from wflow.kernels.numba_backend import _parallel
+    from wflow.kernels.threads import parallel
 
     seen = {}
 
     def work(t):
         seen[t] = threading.current_thread() is threading.main_thread()
 
-    _parallel(work, 3)
+    parallel(work, 3)
     assert seen == {0: True, 1: False, 2: False}
-    _parallel(work, 0)  # nothing to do
+    parallel(work, 0)  # nothing to do
 
     done = []
 
@@ -305,7 +304,7 @@ def test_parallel_runs_every_share_and_raises_after_all_have_finished():
     for bad in (0, 1):
         done.clear()
         with pytest.raises(RuntimeError, match=f"share {bad}"):
-            _parallel(lambda t: failing(t, bad), 3)
+            parallel(lambda t: failing(t, bad), 3)
         assert sorted(done) == sorted({0, 1, 2} - {bad})
 
     def both_fail(t):
@@ -313,31 +312,33 @@ def test_parallel_runs_every_share_and_raises_after_all_have_finished():
         raise RuntimeError(f"share {t}")
 
     with pytest.raises(RuntimeError, match="share 0"):  # the caller's own error
-        _parallel(both_fail, 2)
+        parallel(both_fail, 2)
 
 
 @pytest.mark.parametrize(
     "B, workers", [(0, 2), (1, 2), (5, 4), (7, 3), (3, 8), (2048, 2), (2049, 2)]
 )
 def test_shares_cover_every_system_once(B, workers):
-    """small._shares: contiguous, disjoint shares covering 0..B-1, at most ``workers`` of them, the largest
+    """threads.shares: contiguous, disjoint shares covering 0..B-1, at most ``workers`` of them, the largest
     ceil(B / workers) systems."""
-    from wflow.kernels.small import _shares
+    from wflow.kernels.threads import shares
 
-    sh = _shares(B, workers)
+    sh = shares(B, workers)
     assert [k for b0, b1 in sh for k in range(b0, b1)] == list(range(B))
     assert len(sh) <= workers and all(b1 > b0 for b0, b1 in sh)
     assert max((b1 - b0 for b0, b1 in sh), default=0) == -(-B // workers)
 
 
 def test_executor_grows_and_is_not_rebuilt_for_fewer_workers():
-    """numba_backend._executor: callers ask for as many workers as they have shares; the pool only grows."""
-    from wflow.kernels import numba_backend as nb
+    """threads.executor: callers ask for as many workers as they have shares; the pool only grows."""
+    from wflow.kernels import threads
 
-    pool = nb._executor(3)
-    assert nb._executor(2) is pool and nb._executor(3) is pool and nb._executor(1) is pool
-    bigger = nb._executor(nb._EXECUTOR_SIZE + 1)
-    assert bigger is not pool and nb._executor(2) is bigger
+    pool = threads.executor(3)
+    assert (
+        threads.executor(2) is pool and threads.executor(3) is pool and threads.executor(1) is pool
+    )
+    bigger = threads.executor(threads._EXECUTOR_SIZE + 1)
+    assert bigger is not pool and threads.executor(2) is bigger
 
 
 def test_bmm_equals_matmul(rng):
@@ -392,11 +393,11 @@ _STEP_ROUTES = {"blas": (True, 0), "one pass": (False, 10**6), "gemm": (False, 0
 
 
 def _step_route(monkeypatch, route):
-    from wflow.kernels import small
+    from wflow.solvers import fused
 
     blas, limit = _STEP_ROUTES[route]
-    monkeypatch.setattr(small, "SA_STEP_BLAS", blas)
-    monkeypatch.setattr(small, "SA_STEP_FUSED_MAX_DIM", limit)
+    monkeypatch.setattr(fused, "SA_STEP_BLAS", blas)
+    monkeypatch.setattr(fused, "SA_STEP_FUSED_MAX_DIM", limit)
 
 
 def _dense_sa_euler(x, w, beta, dt, projected=True):
@@ -427,6 +428,7 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weigh
     positive within a factor of 11 (one shift, beta + the largest log-weight, for the whole system) and equal
     (symmetric exponentials, whose transpose the BLAS route multiplies by)."""
     from wflow.kernels import small
+    from wflow.solvers import fused
 
     if threads:  # one system per chunk, on the worker threads however small
         monkeypatch.setattr(small, "CHUNK_PAIRS", 1)
@@ -448,11 +450,11 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weigh
         200.0,
         -400.0,
     ):  # (beta = 2: float32 logits where r allows; -400: row maxima)
-        y = small.sa_euler_step(x, w, beta, 0.1)
+        y = fused.sa_euler_step(x, w, beta, 0.1)
         assert y.dtype == dtype and y.shape == x.shape
         ref = _dense_sa_euler(x, w, beta, 0.1)
         np.testing.assert_allclose(y, ref, rtol=0, atol=1e-14 if dtype == np.float64 else 3e-7)
-        z = small.sa_euler_step(x, w, beta, 0.1, projected=False)  # GLPR's scheme
+        z = fused.sa_euler_step(x, w, beta, 0.1, projected=False)  # GLPR's scheme
         np.testing.assert_allclose(
             z,
             _dense_sa_euler(x, w, beta, 0.1, projected=False),
@@ -462,7 +464,7 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weigh
         if n > 1 and beta == 5.0:
             assert np.abs(z - y).max() > 1e-6
     out = x.copy()  # in place
-    assert small.sa_euler_step(out, w, 5.0, 0.1, out=out) is out
+    assert fused.sa_euler_step(out, w, 5.0, 0.1, out=out) is out
     np.testing.assert_allclose(
         out, _dense_sa_euler(x, w, 5.0, 0.1), atol=1e-14 if dtype == np.float64 else 3e-7
     )
@@ -470,7 +472,8 @@ def test_sa_euler_step_agrees_with_dense(rng, dtype, d, n, batch, threads, weigh
 
 def test_sa_euler_step_in_span_coordinates(rng):
     """d > n: the step in the coordinates of an orthonormal basis of the span is the same step."""
-    from wflow.kernels.small import sa_euler_step, span_coordinates
+    from wflow.kernels.small import span_coordinates
+    from wflow.solvers.fused import sa_euler_step
 
     x = _sphere(rng, (4, 16, 100), np.float64)
     w = np.full((4, 16), 1 / 16)
@@ -504,7 +507,8 @@ def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(
     for float32 points rounded to nearest and outward (the furthest off the sphere), r > 24 (pair_counts'
     GEMM route), systems with a zero row, in place too; only the systems near the threshold are counted
     twice."""
-    from wflow.kernels import small
+    from wflow.diagnostics import pairs
+    from wflow.solvers import fused
 
     _step_route(monkeypatch, route)
     x = _sphere(rng, (40, 32, r), np.float64)
@@ -531,28 +535,28 @@ def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(
         abs(gap[k, i, j]) > 1e-9
     )  # the directions and the points disagree beyond rounding on this pair
     calls = []
-    real = small.pair_counts
+    real = pairs.pair_counts
     monkeypatch.setattr(
-        small, "pair_counts", lambda xs, c: calls.append(xs.shape[0]) or real(xs, c)
+        pairs, "pair_counts", lambda xs, c: calls.append(xs.shape[0]) or real(xs, c)
     )
     for c in (0.999, float(P[k, i, j]), float(np.nextafter(P[k, i, j], -1.0))):
         ref = real(x32, c)
         calls.clear()
-        y, counts = small.sa_euler_step(x32, w, 5.0, 0.1, count_pairs_above=c)
+        y, counts = fused.sa_euler_step(x32, w, 5.0, 0.1, count_pairs_above=c)
         np.testing.assert_array_equal(counts, ref)
-        np.testing.assert_array_equal(y, small.sa_euler_step(x32, w, 5.0, 0.1))
+        np.testing.assert_array_equal(y, fused.sa_euler_step(x32, w, 5.0, 0.1))
         assert sum(calls) <= 4 and (
             c == 0.999 or calls
         )  # a few near systems, the pair's among them
         xs = x32.copy()  # in place: the input's pairs, counted before the step overwrites them
         np.testing.assert_array_equal(
-            small.sa_euler_step(xs, w, 5.0, 0.1, out=xs, count_pairs_above=c)[1], ref
+            fused.sa_euler_step(xs, w, 5.0, 0.1, out=xs, count_pairs_above=c)[1], ref
         )
     xz = x32.copy()
     xz[3, 5] = 0.0  # a zero row: a non-finite step for system 3, its pairs counted from its points
     for c in (-0.5, 0.999):
         calls.clear()
-        counts = small.sa_euler_step(xz, w, 5.0, 0.1, count_pairs_above=c)[1]
+        counts = fused.sa_euler_step(xz, w, 5.0, 0.1, count_pairs_above=c)[1]
         np.testing.assert_array_equal(counts, real(xz, c))
         assert sum(calls) <= 4
 
@@ -563,7 +567,9 @@ def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
     the step forms (one-pass and GEMM routes, one shift per system and row maxima), equal to the dense count
     at thresholds between neighbouring inner products; the step itself unchanged bit for bit; float32
     points counted by pair_counts."""
+    from wflow.diagnostics import pairs
     from wflow.kernels import small
+    from wflow.solvers import fused
 
     x = _sphere(rng, (6, n, r), np.float64)
     x[:, n // 2 :] = x[:, : n - n // 2] + 0.02 * rng.standard_normal(
@@ -579,24 +585,24 @@ def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
     monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
     for route in _STEP_ROUTES:
         _step_route(monkeypatch, route)
-        plain = small.sa_euler_step(x, w, 5.0, 0.1)
+        plain = fused.sa_euler_step(x, w, 5.0, 0.1)
         for c in [-2.0, 0.999, *cuts[:: max(1, cuts.size // 6)]]:
-            y, counts = small.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=c)
+            y, counts = fused.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=c)
             np.testing.assert_array_equal(y, plain)
             np.testing.assert_array_equal(counts, ((G > c) & off).sum(axis=(1, 2)))
-        assert small.sa_euler_step(x[:0], w[:0], 5.0, 0.1, count_pairs_above=0.5)[1].shape == (0,)
+        assert fused.sa_euler_step(x[:0], w[:0], 5.0, 0.1, count_pairs_above=0.5)[1].shape == (0,)
     x32 = x.astype(np.float32)
-    y32, c32 = small.sa_euler_step(x32, w, 2.0, 0.1, count_pairs_above=0.999)
-    np.testing.assert_array_equal(y32, small.sa_euler_step(x32, w, 2.0, 0.1))
-    np.testing.assert_array_equal(c32, small.pair_counts(x32, 0.999))
+    y32, c32 = fused.sa_euler_step(x32, w, 2.0, 0.1, count_pairs_above=0.999)
+    np.testing.assert_array_equal(y32, fused.sa_euler_step(x32, w, 2.0, 0.1))
+    np.testing.assert_array_equal(c32, pairs.pair_counts(x32, 0.999))
     cq = float(np.quantile(G[:, off], 0.95))  # a threshold some pairs pass
     for xs in (x.copy(), x32.copy()):  # in place (out=x): the input's pairs, not the output's
-        ref = small.pair_counts(xs, cq)
-        _, cs = small.sa_euler_step(xs, w, 50.0, 0.5, out=xs, count_pairs_above=cq)
+        ref = pairs.pair_counts(xs, cq)
+        _, cs = fused.sa_euler_step(xs, w, 50.0, 0.5, out=xs, count_pairs_above=cq)
         np.testing.assert_array_equal(cs, ref)
-        assert not np.array_equal(small.pair_counts(xs, cq), ref)  # the step changed the pairs
+        assert not np.array_equal(pairs.pair_counts(xs, cq), ref)  # the step changed the pairs
     with pytest.raises(ValueError, match="count_pairs_above must be a finite cosine, got nan"):
-        small.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=float("nan"))
+        fused.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=float("nan"))
 
 
 def _near_threshold_pairs(rng, B, n, r, t):
@@ -641,6 +647,7 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
     unchanged bit for bit; the input's, not the output's, in place; float64 points only."""
     from wflow.diagnostics import BATCHED_MAX_N, count_clusters
     from wflow.kernels import small
+    from wflow.solvers import fused
 
     assert (
         small.SMALL_MAX <= BATCHED_MAX_N
@@ -659,9 +666,9 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
     monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
     for route in _STEP_ROUTES:
         _step_route(monkeypatch, route)
-        plain = small.sa_euler_step(x, w, 5.0, 0.1)
+        plain = fused.sa_euler_step(x, w, 5.0, 0.1)
         for th in (0.03, t, 0.5):
-            st = small._sa_euler_step(x, w, 5.0, 0.1, cluster_threshold=th, means=True)
+            st = fused.fused_step(x, w, 5.0, 0.1, cluster_threshold=th, means=True)
             np.testing.assert_array_equal(st.points, plain)
             ref = count_clusters(Atoms(x, w), th)
             np.testing.assert_array_equal(st.n_clusters, ref)
@@ -670,7 +677,7 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
             # (two sums of n terms of total size <= sum w = 1, in different orders: n u apart at most)
             np.testing.assert_allclose(st.means, Atoms(x, w).mean(), rtol=0, atol=n * 1.2e-16)
         xs = x.copy()
-        st = small._sa_euler_step(xs, w, 50.0, 0.5, out=xs, cluster_threshold=t)
+        st = fused.fused_step(xs, w, 50.0, 0.5, out=xs, cluster_threshold=t)
         np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x, w), t))
         assert not np.array_equal(
             count_clusters(Atoms(xs, w), t), st.n_clusters
@@ -678,7 +685,7 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
     # float32 points: read off the step when the float32 rule keeps its logits in float64 (beta = 50), the same
     # count as count_clusters' of the float32 points; with float32 logits (beta = 0.01) an error, or None
     x32 = x.astype(np.float32)
-    st = small._sa_euler_step(x32, w, 50.0, 0.1, cluster_threshold=t, means=True)
+    st = fused.fused_step(x32, w, 50.0, 0.1, cluster_threshold=t, means=True)
     np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x32, w), t))
     np.testing.assert_allclose(
         st.means, Atoms(x32.astype(np.float64), w).mean(), rtol=0, atol=n * 1.2e-16
@@ -687,8 +694,8 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
         with pytest.raises(
             ValueError, match=f"{next(iter(kw))} needs a float64 Gram matrix: .* got float32 logits"
         ):
-            small._sa_euler_step(x32, w, 0.01, 0.1, **kw)
-    st = small._sa_euler_step(
+            fused.fused_step(x32, w, 0.01, 0.1, **kw)
+    st = fused.fused_step(
         x32, w, 0.01, 0.1, cluster_threshold=t, means=True, energy_sums=True, strict=False
     )
     assert st.n_clusters is None and st.means is None and st.energy_sums is None
@@ -700,14 +707,14 @@ def test_sa_euler_step_at_large_beta_of_either_sign(rng, beta, monkeypatch):
     e^(-2|beta|) would leave the row sums below range, and each row is shifted by its maximum instead
     (the shift beta + max log-weight overflowed at beta = -400 and divided by zero at -1000).  Both
     routes against the dense step."""
-    from wflow.kernels import small
+    from wflow.solvers import fused
 
     for d in (8, 40):
         x = _sphere(rng, (3, 32, d), np.float64)
         w = rng.random((3, 32))
         for route in _STEP_ROUTES:
             _step_route(monkeypatch, route)
-            y = small.sa_euler_step(x, w, beta, 0.1)
+            y = fused.sa_euler_step(x, w, beta, 0.1)
             np.testing.assert_allclose(y, _dense_sa_euler(x, w, beta, 0.1), rtol=0, atol=3e-15)
 
 
@@ -717,7 +724,7 @@ def test_sa_euler_step_knows_whether_its_output_is_finite(monkeypatch, dtype):
     of the output on every route: finite steps, a system with a NaN coordinate, and a token stepped onto
     the origin (GLPR's unprojected step with h = 1, its only weighted neighbour antipodal: x + h A x = 0)."""
     from wflow import sphere
-    from wflow.kernels import small
+    from wflow.solvers import fused
 
     x = sphere.uniform(8, 3, seed=4, batch=(5,)).astype(dtype)
     w = np.full((5, 8), 1 / 8)
@@ -727,22 +734,21 @@ def test_sa_euler_step_knows_whether_its_output_is_finite(monkeypatch, dtype):
     pair = np.stack([e, -e]).astype(dtype)[None]
     for route in _STEP_ROUTES:
         _step_route(monkeypatch, route)
-        y, finite, counts = small._sa_euler_step(x, w, 5.0, 0.1)[:3]
+        y, finite, counts = fused.fused_step(x, w, 5.0, 0.1)[:3]
         assert finite and counts is None and np.isfinite(y).all()
-        y, finite = small._sa_euler_step(bad, w, 5.0, 0.1)[:2]
+        y, finite = fused.fused_step(bad, w, 5.0, 0.1)[:2]
         assert not finite and not np.isfinite(y[3]).all() and np.isfinite(y[[0, 1, 2, 4]]).all()
-        y, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)[
-            :2
-        ]
+        y, finite = fused.fused_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)[:2]
         assert not finite and not np.isfinite(y[0, 0]).all()
-        y, finite = small._sa_euler_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)[
+        y, finite = fused.fused_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)[
             :2
         ]  # projected: no move
         assert finite and np.array_equal(y, pair)
 
 
 def test_sa_euler_step_rejects_bad_input():
-    from wflow.kernels.small import SMALL_MAX, sa_euler_step
+    from wflow.kernels.small import SMALL_MAX
+    from wflow.solvers.fused import sa_euler_step
 
     with pytest.raises(ValueError, match="weights must have shape"):
         sa_euler_step(np.ones((2, 3, 4)), np.ones((2, 4)), 1.0, 0.1)
@@ -758,7 +764,7 @@ def test_pair_counts_against_numpy(rng, dtype, n, r):
     """Ordered pairs above a threshold, per system, against the dense float64 Gram matrix, at thresholds
     half-way between neighbouring inner products (so no count depends on the last bit); odd n and r take the
     edge rows and columns of the compiled product."""
-    from wflow.kernels import small
+    from wflow.diagnostics import pairs
 
     x = _sphere(rng, (3, 2, n, r), dtype)
     x[..., n // 2 :, :] = (
@@ -772,9 +778,9 @@ def test_pair_counts_against_numpy(rng, dtype, n, r):
     cuts = (0.5 * (vals[:-1] + vals[1:]))[gaps] if vals.size > 1 else np.array([])
     for c in [-2.0, *cuts[:: max(1, cuts.size // 7)]]:
         ref = ((G > c) & off).sum(axis=(-1, -2))
-        np.testing.assert_array_equal(small.pair_counts(x, c), ref)
-    assert small.pair_counts(x, -2.0).shape == (3, 2) and int(
-        small.pair_counts(x, -2.0)[0, 0]
+        np.testing.assert_array_equal(pairs.pair_counts(x, c), ref)
+    assert pairs.pair_counts(x, -2.0).shape == (3, 2) and int(
+        pairs.pair_counts(x, -2.0)[0, 0]
     ) == n * (n - 1)
 
 
@@ -788,7 +794,8 @@ def test_sa_euler_step_float32_path(rng, d, beta, projected):
     at d = 12, the small product at d = 24 --, exponentials, averages): within 1e-7 of dense float64 (the
     output's own rounding is 3e-8; the bound allows 0.1 x 2 x 3e-6 more), and not the float64 path's
     numbers; just beyond the bound the float64 path runs."""
-    from wflow.kernels import small
+    from wflow.kernels import precision
+    from wflow.solvers import fused
 
     x = _sphere(rng, (64, 32, d), np.float32)
     w = np.full((64, 32), 1 / 32)
@@ -796,32 +803,32 @@ def test_sa_euler_step_float32_path(rng, d, beta, projected):
         beta * 1.02
     )  # each beta is 0.985-0.99 of its bound: (d + 4) |beta| 2^-24 above 3e-6 here
     np.testing.assert_array_equal(
-        small.sa_euler_step(x, w, beyond, 0.1, projected=projected),
-        small.sa_euler_step(x.astype(np.float64), w, beyond, 0.1, projected=projected).astype(
+        fused.sa_euler_step(x, w, beyond, 0.1, projected=projected),
+        fused.sa_euler_step(x.astype(np.float64), w, beyond, 0.1, projected=projected).astype(
             np.float32
         ),
     )
 
     x = _sphere(rng, (64, 32, d), np.float32)
     w = np.full((64, 32), 1 / 32)
-    y = small.sa_euler_step(x, w, beta, 0.1, projected=projected)
+    y = fused.sa_euler_step(x, w, beta, 0.1, projected=projected)
     ref = _dense_sa_euler(x, w, beta, 0.1, projected=projected)
     assert y.dtype == np.float32
     err = np.abs(y - ref).max()
     assert err < 1e-7, err
-    y64 = small.sa_euler_step(x.astype(np.float64), w, beta, 0.1, projected=projected).astype(
+    y64 = fused.sa_euler_step(x.astype(np.float64), w, beta, 0.1, projected=projected).astype(
         np.float32
     )
     assert np.any(y != y64)  # the float32 path ran
     # zero weights (log-weights clamped at -3e38, a span beyond 60): each row shifted by its maximum, same accuracy
     w2 = w.copy()
     w2[:, ::5] = 0.0
-    assert small._float32_logits_bound(d, abs(beta), small.step_log_weights(w2), -80.0)[0]
-    y2 = small.sa_euler_step(x, w2, beta, 0.1, projected=projected)
+    assert precision.float32_logits_bound(d, abs(beta), fused.step_log_weights(w2), -80.0)[0]
+    y2 = fused.sa_euler_step(x, w2, beta, 0.1, projected=projected)
     assert np.abs(y2 - _dense_sa_euler(x, w2, beta, 0.1, projected=projected)).max() < 1e-7
     assert np.any(
         y2
-        != small.sa_euler_step(x.astype(np.float64), w2, beta, 0.1, projected=projected).astype(
+        != fused.sa_euler_step(x.astype(np.float64), w2, beta, 0.1, projected=projected).astype(
             np.float32
         )
     )
@@ -830,26 +837,27 @@ def test_sa_euler_step_float32_path(rng, d, beta, projected):
 def test_float32_logits_rule_against_numpy(rng):
     """The compiled float32 rule (relative log-weights, maxima, span of the nonzero weights) equals its
     NumPy statement, with zero weights (log 0 stands in as -1e300) and log-weights near +-1e38."""
-    from wflow.kernels import small
+    from wflow.kernels import precision
+    from wflow.solvers import fused
 
     w = rng.random((7, 9))
     w[:, ::4] = 0.0
     w[3] = 0.0  # a system of zero weights only
-    for lw in (small.step_log_weights(w), rng.uniform(-1e38, 1e38, (5, 3)), np.zeros((2, 1))):
+    for lw in (fused.step_log_weights(w), rng.uniform(-1e38, 1e38, (5, 3)), np.zeros((2, 1))):
         top = np.max(lw, axis=1)
         rel = lw - top[:, None]
         span = float(np.max(-rel[rel > -5e299], initial=0.0))
         for p, size in ((8, 4.0), (3, 1e-3)):
             limit = 2.0**-24 * ((p + 2) * size + 2.0 * min(span, 80.0)) <= 3e-6
-            ok, lw32, mx = small._float32_logits_bound(p, size, lw, -80.0)
+            ok, lw32, mx = precision.float32_logits_bound(p, size, lw, -80.0)
             assert ok == limit
             np.testing.assert_array_equal(mx, top)
             np.testing.assert_array_equal(lw32, np.maximum(rel, -3e38).astype(np.float32))
-    assert not small._float32_logits_bound(
-        8, 4.0, small.step_log_weights([[1.0, np.exp(-30.0)]]), -80.0
+    assert not precision.float32_logits_bound(
+        8, 4.0, fused.step_log_weights([[1.0, np.exp(-30.0)]]), -80.0
     )[0]
-    assert small._float32_logits_bound(
-        8, 4.0, small.step_log_weights([[1.0, np.exp(-3.0)]]), -80.0
+    assert precision.float32_logits_bound(
+        8, 4.0, fused.step_log_weights([[1.0, np.exp(-3.0)]]), -80.0
     )[0]
 
 
@@ -861,7 +869,9 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
     orders), with zero weights (each row shifted by its maximum) and without, both schemes, float32
     logits at small beta; beyond PAIR_COUNTS_FUSED_MAX_DIM the pair counts take batched GEMMs: exact counts
     on both of their routes."""
+    from wflow.diagnostics import pairs
     from wflow.kernels import small
+    from wflow.solvers import fused
 
     x = _sphere(rng, (7, n, d), dtype)
     w = rng.random((7, n))
@@ -872,7 +882,7 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
         for route in _STEP_ROUTES:
             with monkeypatch.context() as m:
                 _step_route(m, route)
-                steps[route] = small.sa_euler_step(x, w, beta, 0.1, projected=projected)
+                steps[route] = fused.sa_euler_step(x, w, beta, 0.1, projected=projected)
         for route in ("one pass", "gemm"):
             np.testing.assert_allclose(
                 steps["blas"], steps[route], rtol=0, atol=2e-15 if dtype == np.float64 else 1e-7
@@ -887,9 +897,9 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
         _STEP_ROUTES, (0, 10**6, 0)
     ):  # no systems: empty results on every route
         _step_route(monkeypatch, route)
-        monkeypatch.setattr(small, "PAIR_COUNTS_FUSED_MAX_DIM", limit)
-        assert small.sa_euler_step(x[:0], w[:0], 1.0, 0.1).shape == (0, n, d)
-        assert small.pair_counts(x[:0], 0.5).shape == (0,)
+        monkeypatch.setattr(pairs, "PAIR_COUNTS_FUSED_MAX_DIM", limit)
+        assert fused.sa_euler_step(x[:0], w[:0], 1.0, 0.1).shape == (0, n, d)
+        assert pairs.pair_counts(x[:0], 0.5).shape == (0,)
     G = x.astype(np.float64) @ np.swapaxes(x.astype(np.float64), -1, -2)
     off = ~np.eye(n, dtype=bool)
     vals = np.unique(G[:, off])
@@ -897,6 +907,6 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
         np.diff(vals) > 1e-9
     ]  # between neighbouring inner products
     for route in (0, 10**6):  # the GEMM route, the one-pass route
-        monkeypatch.setattr(small, "PAIR_COUNTS_FUSED_MAX_DIM", route)
+        monkeypatch.setattr(pairs, "PAIR_COUNTS_FUSED_MAX_DIM", route)
         for c in [-2.0, *cuts[:: max(1, cuts.size // 5)]]:
-            np.testing.assert_array_equal(small.pair_counts(x, c), ((G > c) & off).sum(axis=(1, 2)))
+            np.testing.assert_array_equal(pairs.pair_counts(x, c), ((G > c) & off).sum(axis=(1, 2)))

@@ -178,11 +178,13 @@ def test_euler_on_many_small_sa_systems_takes_the_fused_step(monkeypatch):
     """SA with Q = K = V = I, backend auto: Euler takes ParticleProblem.euler_step (one compiled pass per
     system) and equals the unfused step (backend numpy) to rounding; a general V falls back."""
     import wflow
-    import wflow.kernels.small as small
+    from wflow.solvers import fused as fused_module
 
     calls = []
-    fused = small._sa_euler_step
-    monkeypatch.setattr(small, "_sa_euler_step", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    fused = fused_module.fused_step
+    monkeypatch.setattr(
+        fused_module, "fused_step", lambda *a, **k: calls.append(1) or fused(*a, **k)
+    )
     x0 = np.stack([wflow.sphere.uniform(16, 5, seed=s) for s in range(6)])
     kw = dict(
         method="euler", dt=0.1, save_at=np.linspace(0, 3, 7), diagnostics=("order_parameter",)
@@ -236,12 +238,11 @@ def test_fused_euler_counts_saved_pairs_on_the_next_step(monkeypatch, method, co
     diagnostic bit for bit, one evaluation per step; a last step shorter than dt (t_end = 7.95) is taken
     afresh."""
     import wflow
-    import wflow.kernels.small as small
-    from wflow.diagnostics import pair_fraction
+    from wflow.diagnostics import pair_fraction, pairs
 
     calls = []
-    counts = small.pair_counts
-    monkeypatch.setattr(small, "pair_counts", lambda *a, **k: calls.append(1) or counts(*a, **k))
+    counts = pairs.pair_counts
+    monkeypatch.setattr(pairs, "pair_counts", lambda *a, **k: calls.append(1) or counts(*a, **k))
     x0 = np.stack([wflow.sphere.uniform(12, 20, seed=s) for s in range(5)])
     for t_end, saves in ((8.0, np.linspace(0, 8, 17)), (7.95, [0.0, 6.0, 7.9, 7.95])):
         kw = dict(method=method, dt=0.1, save_at=saves, backend="auto", coordinates=coordinates)
@@ -308,7 +309,7 @@ def test_fused_euler_clusters_and_order_parameter_from_the_next_step(
     the first save), equal to count_clusters of the saved state exactly and to order_parameter to rounding
     (at several cluster thresholds, as tokens merge); the points are those of a run without diagnostics."""
     import wflow
-    import wflow.solvers.particles as P
+    import wflow.solvers.particle_problem as P
     from wflow.diagnostics import count_clusters, order_parameter
 
     calls = []
@@ -355,7 +356,7 @@ def test_fused_euler_float32_reads_the_observables_off_float64_logits(monkeypatc
     float32 points, the others within float32 rounding of the separate computations; at beta = 0.5 (float32
     logits) each save computes them on its own, with the same results."""
     import wflow
-    import wflow.solvers.particles as P
+    import wflow.solvers.particle_problem as P
     from wflow.diagnostics import count_clusters, order_parameter
     from wflow.models import SA as SAModel
 

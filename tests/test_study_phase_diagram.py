@@ -40,11 +40,11 @@ def test_euler_average_is_projected_euler_with_a_shorter_step_per_token(backend,
     problem, x0 = _problem(batch=(2,), backend=backend)
     fused = []
     if backend == "numba":
-        from wflow.kernels import small
+        from wflow.solvers import fused as fused_module
 
-        real = small._sa_euler_step
+        real = fused_module.fused_step
         monkeypatch.setattr(
-            small, "_sa_euler_step", lambda *a, **k: fused.append(k) or real(*a, **k)
+            fused_module, "fused_step", lambda *a, **k: fused.append(k) or real(*a, **k)
         )
     h = 0.1
     step, _ = SOLVERS["euler-average"]().step(problem, 0.0, x0, h, None)

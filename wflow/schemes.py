@@ -45,7 +45,7 @@ import numpy as np
 from ._typing import ArrayLike
 from .errors import check_nonnegative, check_positive, short_repr
 from .measure import Atoms
-from .models import SA, USA, Model, Perceptron, _Attention, model_from_dict
+from .models import SA, USA, Attention, Model, Perceptron, model_from_dict, register_model
 from .sphere import project
 
 __all__ = ["SCHEMES", "Normalized", "Layered", "TimeDependent", "layer_map"]
@@ -97,7 +97,7 @@ class Normalized(Model):
         alpha_times: ArrayLike | None = None,
         perceptron: Perceptron | None = None,
     ):
-        if not isinstance(attention, _Attention):
+        if not isinstance(attention, Attention):
             raise TypeError(f"attention must be an SA or USA block, got {short_repr(attention)}")
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
@@ -582,3 +582,11 @@ def layer_map(
         return x + eta * u
     y = theta + eta * u
     return y / _norm(y)[..., None]
+
+
+register_model(
+    "Normalized",
+    {"type", "scheme", "attention", "tau", "alpha", "alpha_times", "perceptron"},
+    Normalized.from_dict,
+)
+register_model("Layered", {"type", "period", "t0", "layers"}, Layered.from_dict)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import WflowError
-from . import KernelProblem, KernelSums, register_backend
+from .sums import KernelProblem, KernelSums, register_backend
 
 __all__ = ["KeopsBackend", "import_pykeops", "keops_cache_dir"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import KernelProblem, KernelSums, exp_floor, register_backend
+from .sums import KernelProblem, KernelSums, exp_floor, register_backend
 
 __all__ = ["NumpyBackend", "BLOCK_ELEMENTS"]
 

@@ -79,7 +79,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from . import BACKENDS, KernelProblem, KernelSums, register_backend
+from .sums import BACKENDS, KernelProblem, KernelSums, register_backend
 
 __all__ = ["SpectralBackend", "SpectralPlan", "spectral_plan", "degree_tail", "DEFAULT_TOL"]
 

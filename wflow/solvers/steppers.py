@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.numba_backend import _blas_threads
+from ..kernels.threads import blas_threads
 from .base import Problem, Solver, StepResult, register_solver
 
 __all__ = [
@@ -70,7 +70,7 @@ class Euler(Solver):
 
     A problem may offer the whole step fused, ``problem.euler_step(t, y, dt)`` returning the
     new state or ``None`` when it cannot (e.g. SA with :math:`Q = K = V = I` on many tiny
-    systems: :func:`wflow.kernels.small.sa_euler_step`, one compiled pass per system); the
+    systems: :func:`wflow.solvers.fused.sa_euler_step`, one compiled pass per system); the
     step is then taken by it, else as :math:`R(y + h f(t, y))`.
 
     Examples
@@ -379,7 +379,7 @@ class ROS2(Solver):
         # 1024 x 1024 matrix in 340-400 ms against 100-140 ms for one
         with (
             warnings.catch_warnings(),
-            _blas_threads(1) if J.shape[0] <= 2048 else contextlib.nullcontext(),
+            blas_threads(1) if J.shape[0] <= 2048 else contextlib.nullcontext(),
         ):
             warnings.simplefilter("ignore", sla.LinAlgWarning)
             lu = sla.lu_factor(np.eye(J.shape[0]) - self.GAMMA * dt * J)

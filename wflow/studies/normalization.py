@@ -360,8 +360,8 @@ def collapse_part(
     """
     from scipy.integrate import solve_ivp
 
-    from ..kernels.numba_backend import _blas_threads
     from ..kernels.small import span_coordinates
+    from ..kernels.threads import blas_threads
     from ..solvers.particles import SpanProblem
 
     if scheme not in SPHERE_SCHEMES:
@@ -387,7 +387,7 @@ def collapse_part(
     collapsed.terminal = True
     collapsed.direction = -1
     t0 = time.perf_counter()
-    with _blas_threads(1):
+    with blas_threads(1):
         sol = solve_ivp(
             lambda t, y: prob.rhs(t, y.reshape(n, r)).reshape(-1),
             (0.0, float(clock(t_end))),

@@ -1,24 +1,4 @@
-r"""Diagnostics of a configuration: energy, order parameter, clusters, pair fractions.
-
-These are what trackers record along a run; they know nothing about solvers.
-
-Two regimes, two algorithms for single-linkage clusters (connected components of the
-graph linking points closer than a geodesic threshold :math:`\theta`, i.e. at chordal
-distance below :math:`r = 2\sin(\theta/2)`):
-
-* **many small systems** (``n <=`` :data:`BATCHED_MAX_N`, the phase-diagram regime):
-  :func:`batched_cluster_labels` builds every system's adjacency matrix from one batched
-  GEMM and finds the components of all systems at once by min-label propagation with
-  pointer jumping -- no Python loop over systems;
-* **one large system**: :func:`cluster_labels` (angular order on :math:`S^1`, a grid of
-  cells of side :math:`r/\sqrt 3` with a union--find over cells on :math:`S^2`, a k-d tree
-  otherwise).
-
-:func:`pair_fraction` is the observable of the phase diagram of Geshkovski, Letrouit,
-Polyanskiy and Rigollet (the fraction of token pairs with :math:`\langle x_i, x_j\rangle`
-above a cosine), batched the same way.  :func:`mass_clusters` groups the mass-carrying
-points of a measure on a mesh or a point cloud into atoms (JKO's stationary states).
-"""
+r"""Single-linkage clusters: of many small systems at once, of one large system, and of a measure's mass."""
 
 from __future__ import annotations
 
@@ -30,116 +10,26 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
-from .errors import WflowError, check_positive
-from .kernels import small as _small
-from .kernels.small import bmm
-from .measure import Atoms
+from ..errors import check_positive
+from ..kernels import small
+from ..kernels.small import bmm
+from ..kernels.threads import chunk_bounds, num_threads, run_chunks
+from ..linkage import link_bounds
+from ..measure import Atoms
+from .batch import as_batch, batch_chunks
 
 __all__ = [
-    "order_parameter",
-    "pair_fraction",
     "cluster_labels",
     "batched_cluster_labels",
     "count_clusters",
+    "check_points_weights",
     "mass_clusters",
-    "snapshot_diagnostics",
     "BATCHED_MAX_N",
 ]
 
 #: Systems with at most this many points are clustered by :func:`batched_cluster_labels`
 #: (dense adjacency, :math:`n^2` per system); larger ones one by one by :func:`cluster_labels`.
 BATCHED_MAX_N = 512
-#: Entries of the ``(systems, n, n)`` temporaries held at once (about 32 MB of float64).
-_BATCH_ELEMENTS = 1 << 22
-
-
-def order_parameter(mu: Atoms) -> np.ndarray:
-    r""":math:`|\sum_i w_i x_i|`, shape ``batch``.
-
-    Examples
-    --------
-    >>> import wflow
-    >>> from wflow.diagnostics import order_parameter
-    >>> round(float(order_parameter(wflow.Atoms([[1.0, 0.0], [0.0, 1.0]]))), 6)  # |(1/2, 1/2)| = 1/sqrt(2)
-    0.707107
-    >>> float(order_parameter(wflow.Atoms([[1.0, 0.0], [1.0, 0.0]])))  # one cluster
-    1.0
-    """
-    return mu.order_parameter()
-
-
-def _as_batch(points, name: str = "points") -> np.ndarray:
-    x = np.asarray(points)
-    if x.dtype not in (np.float32, np.float64):
-        x = x.astype(np.float64)
-    if x.ndim < 2 or x.shape[-1] < 2 or x.shape[-2] < 1:
-        raise ValueError(
-            f"{name} must have shape (..., n, d) with n >= 1 and d >= 2, got shape {x.shape}"
-        )
-    if not np.isfinite(x).all():
-        raise ValueError(f"{name} contains non-finite values (NaN or inf)")
-    return x
-
-
-def _chunks(B: int, n: int):
-    step = max(1, _BATCH_ELEMENTS // max(1, n * n))
-    for b0 in range(0, B, step):
-        yield slice(b0, min(B, b0 + step))
-
-
-def pair_fraction(points, cos_threshold: float = 0.999) -> np.ndarray:
-    r"""Fraction of token pairs whose inner product exceeds ``cos_threshold``, per system.
-
-    .. math::
-
-        f = \frac{1}{n(n-1)} \#\{(i, j) : i \ne j,\ \langle x_i, x_j\rangle > c\}
-
-    the observable of the phase diagram of Geshkovski, Letrouit, Polyanskiy and Rigollet
-    (2024) (:math:`c = 0.999`): 1 once the tokens have collapsed to one point.  Systems of at most
-    :data:`~wflow.kernels.small.SMALL_MAX` tokens: one compiled pass per system
-    (:func:`wflow.kernels.small.pair_counts`, inner products in float64); larger ones: one batched
-    GEMM per chunk of systems, in the points' dtype; no loop over systems in Python.
-
-    Parameters
-    ----------
-    points : array_like, shape (..., n, d)
-        Leading axes are independent systems.
-    cos_threshold : float
-        The cosine :math:`c`.
-
-    Returns
-    -------
-    ndarray, shape (...)
-        float64; NaN for a system of one token (it has no pairs).
-
-    Examples
-    --------
-    >>> x = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
-    >>> float(pair_fraction(x))  # 2 ordered pairs out of 6
-    0.3333333333333333
-    """
-    x = _as_batch(points)
-    c = float(cos_threshold)
-    if not math.isfinite(c):
-        raise ValueError(f"cos_threshold must be finite, got {cos_threshold!r}")
-    batch, (n, d) = x.shape[:-2], x.shape[-2:]
-    xf = x.reshape(-1, n, d)
-    if n <= _small.SMALL_MAX and _small._pair_counts is not None:
-        # tiny systems: one compiled pass per system (float64 Gram blocks), worker threads over systems
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return (
-                (_small.pair_counts(xf, c) / (n * (n - 1))).reshape(batch)
-                if n > 1
-                else np.full(batch, np.nan)
-            )
-    count = np.empty(xf.shape[0])
-    for s in _chunks(xf.shape[0], n):
-        xs = xf[s]
-        G = bmm(xs, np.swapaxes(xs, -1, -2))
-        diag = np.einsum("bii->bi", G) > c
-        count[s] = np.count_nonzero(G > c, axis=(-1, -2)) - np.count_nonzero(diag, axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (count / (n * (n - 1))).reshape(batch) if n > 1 else np.full(batch, np.nan)
 
 
 def _adjacency(x: np.ndarray, chord: float) -> np.ndarray:
@@ -233,7 +123,7 @@ def batched_cluster_labels(points, threshold: float = 0.1) -> tuple[np.ndarray, 
     >>> k.tolist(), labels.tolist()
     ([2, 3], [[0, 0, 1], [0, 1, 2]])
     """
-    x = _as_batch(points)
+    x = as_batch(points)
     batch, n = x.shape[:-2], x.shape[-2]
     roots = _batched_roots(x, threshold)
     is_root = roots == np.arange(n)
@@ -244,24 +134,9 @@ def batched_cluster_labels(points, threshold: float = 0.1) -> tuple[np.ndarray, 
     return k.reshape(batch).astype(np.int64), labels.reshape(*batch, n)
 
 
-#: relative width, about the squared chord, of the band where a pair's squared distance is not trusted to
-#: decide the link and the square root does (:func:`_link`)
-_LINK_BAND = 1e-14
-
-
-def _link(threshold: float) -> tuple[float, float, float]:
-    """``(chord, lo, hi)`` of a geodesic ``threshold`` (checked positive; capped at pi): the chordal distance
-    ``2 sin(threshold / 2)`` and the bounds of the band around its square (``chord^2 (1 -+``
-    :data:`_LINK_BAND` ``)``) of :func:`wflow.kernels.small._linked`, the link rule of every batched cluster
-    count (:func:`_cluster_roots`, and the fused step's, :func:`wflow.kernels.small._gram_clusters`)."""
-    chord = 2 * math.sin(min(check_positive(threshold, "threshold"), math.pi) / 2)
-    r2 = chord * chord
-    return chord, r2 * (1.0 - _LINK_BAND), r2 * (1.0 + _LINK_BAND)
-
-
 def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
     """The root (least point) of each point's cluster, ``(B, n)`` for the checked points ``x`` (..., n, d)."""
-    chord, lo, hi = _link(threshold)
+    chord, lo, hi = link_bounds(threshold)
     n, d = x.shape[-2:]
     xf = x.reshape(-1, n, d)
     roots = np.empty(xf.shape[:2], dtype=np.int64)
@@ -269,17 +144,17 @@ def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
         _cluster_roots is not None
     ):  # the distances from the coordinates, one compiled pass per system
         B = xf.shape[0]
-        threads = _small._threads() if B * n * n * d >= _small.SERIAL_MAX_FLOPS else 1
-        chunks = _small._chunk_bounds(B, n * n * d, threads, _small.CHUNK_PAIRS * 8)
+        threads = num_threads() if B * n * n * d >= small.SERIAL_MAX_FLOPS else 1
+        chunks = chunk_bounds(B, n * n * d, threads, small.CHUNK_PAIRS * 8)
         xc = np.ascontiguousarray(xf)
 
         def work(t: int) -> None:
             for b0, b1 in chunks[t::threads]:
                 _cluster_roots(xc, chord, lo, hi, b0, b1, roots)
 
-        _small._run(work, threads, len(chunks))
+        run_chunks(work, threads, len(chunks))
     else:  # pragma: no cover - without numba: one GEMM per chunk of systems, min-label propagation
-        for s in _chunks(xf.shape[0], n):
+        for s in batch_chunks(xf.shape[0], n):
             roots[s] = _min_labels(_adjacency(xf[s], chord))
     return roots
 
@@ -358,8 +233,8 @@ def _grid_components(x: np.ndarray, chord: float) -> tuple[int, np.ndarray]:
 try:
     from numba import njit
 
-    from .kernels.numba_backend import _prefer_wide_vectors
-    from .kernels.small import _linked
+    from ..kernels.jit import prefer_wide_vectors
+    from ..linkage import linked
 
     @njit(cache=True, inline="always")
     def _find(parent, i):  # pragma: no cover - compiled
@@ -373,13 +248,13 @@ try:
         """roots[b, i] = the least point of i's cluster, for the systems k0 <= b < k1 of x (B, n, d): points
         i < j linked when |x_i - x_j| < chord, the squared distance summed over the coordinates in order, in
         float64 without fused multiply-adds (as NumPy's norm of the difference: a pair within rounding of
-        the threshold, between lo and hi of :func:`_link`, is decided by the square root
-        (:func:`wflow.kernels.small._linked`), as :func:`cluster_labels` decides it on the circle;
+        the threshold, between lo and hi of :func:`~wflow.linkage.link_bounds`, is decided by the square root
+        (:func:`wflow.linkage.linked`), as :func:`cluster_labels` decides it on the circle;
         no Gram matrix, so no cancellation for close points, no (B, n, n) arrays), the components by
         union-find keeping the lesser root (the roots of :func:`_min_labels`).  The distances from point i
         are formed for all j > i at once (the coordinates transposed: vectors along j), about 1 us per
         system at n = 32, d = 8."""
-        _prefer_wide_vectors()
+        prefer_wide_vectors()
         B, n, d = x.shape
         parent = np.empty(n, np.int64)
         XT = np.empty((d, n))
@@ -406,7 +281,7 @@ try:
                 ri = _find(parent, i)  # i's root, kept current as i's component merges
                 for j in range(i + 1, n):
                     dj = dist[j]
-                    if _linked(dj, chord, lo, hi):
+                    if linked(dj, chord, lo, hi):
                         rj = _find(parent, j)
                         if ri < rj:
                             parent[rj] = ri
@@ -692,31 +567,3 @@ def mass_clusters(
     atoms = bary / np.linalg.norm(bary, axis=1, keepdims=True)
     order = np.argsort(-masses, kind="stable")
     return atoms[order], masses[order]
-
-
-def snapshot_diagnostics(
-    model, mu: Atoms, *, cluster_threshold: float = 0.1, backend: str = "auto"
-) -> dict[str, np.ndarray]:
-    """Energy (NaN when the model is not a gradient flow), order parameter and cluster count.
-
-    Examples
-    --------
-    >>> import wflow
-    >>> from wflow.diagnostics import snapshot_diagnostics
-    >>> mu = wflow.Atoms([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
-    >>> out = snapshot_diagnostics(wflow.USA(1.0), mu, backend="numpy")
-    >>> sorted(out), int(out["n_clusters"]), round(float(out["order_parameter"]), 6)  # |(2, 0, 1)| / 3
-    (['energy', 'n_clusters', 'order_parameter'], 2, 0.745356)
-    """
-    if model.is_gradient:
-        try:
-            energy = np.asarray(model.energy(mu, backend=backend), dtype=np.float64)
-        except WflowError:  # e.g. USA energy beyond float range at very large beta
-            energy = np.full(mu.batch_shape, np.nan)
-    else:
-        energy = np.full(mu.batch_shape, np.nan)
-    return {
-        "energy": energy,
-        "order_parameter": np.asarray(order_parameter(mu), dtype=np.float64),
-        "n_clusters": count_clusters(mu, cluster_threshold),
-    }

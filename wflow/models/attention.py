@@ -1,51 +1,25 @@
-r"""Models: what moves.  A model gives the velocity field :math:`v[\mu](x)` and, when the
-dynamics is a gradient flow, the energy it ascends and its first variation.
+r"""The attention blocks: :class:`SA` (softmax, "Post-LN") and :class:`USA` (unnormalized), with their
+energies, their Kuramoto form on the circle and their exact Jacobian on the sphere.
 
-Blocks (the conventions page of the documentation):
-
-* :class:`SA` -- softmax self-attention ("Post-LN"),
-  :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y) / \int e^{\beta\langle Qx, Ky\rangle}\,d\mu(y)\big)`;
-* :class:`USA` -- unnormalized self-attention,
-  :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y)\big)`;
-* :class:`Perceptron` -- feed-forward block :math:`u(x) = P_x(W\sigma(Ax + b))`.
-
-Models add: ``SA(beta=4) + Perceptron(W, A)`` has the sum of the velocities.
-
-Energy convention.  ``energy(mu)`` is the functional :math:`F` that the flow *ascends*,
-so :math:`dF/dt \ge 0` along every gradient model:
-
-* USA with :math:`Q = K = I`, :math:`V = \pm I`: :math:`F = \pm E_\beta`, with
-  :math:`E_\beta(\mu) = \frac{1}{2\beta}\iint e^{\beta\langle x,y\rangle}d\mu\,d\mu`
-  and :math:`v = \nabla_S\,\delta F/\delta\mu` (Wasserstein-2 gradient ascent);
-* SA with :math:`Q = K = I`, :math:`V = \pm I`: the same :math:`F` in the metric
-  reweighted by :math:`Z_\mu(x) = \int e^{\beta\langle x, y\rangle}d\mu(y)`,
-  :math:`v = \nabla_S\,\delta F/\delta\mu / Z_\mu`;
-* a conservative perceptron :math:`W = A^\top\mathrm{diag}(\omega)`:
-  :math:`F = \tfrac12\int v_\omega\,d\mu`, :math:`v_\omega(x) = \sum_j \omega_j\varphi(a_j\cdot x + b_j)`,
-  :math:`\varphi' = 2\sigma`.
-
-So for the repulsive choice :math:`V = -I` the interaction energy :math:`E_\beta`
-*decreases* and ``energy`` returns :math:`-E_\beta`.  At :math:`\beta = 0` the constant
-:math:`1/(2\beta)` is dropped: :math:`E_0(\mu) = \tfrac12|\int x\,d\mu|^2`, the limit of
-:math:`E_\beta - 1/(2\beta)`.  A model that is not a gradient flow raises
-:class:`~wflow.errors.NotAGradientFlowError` saying which condition fails.
+One idea, one module: everything here is the attention velocity
+:math:`P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y) / Z\big)` and what follows from it; the
+shared machinery is :class:`Attention`, of which SA and USA are the two normalizations.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
-from scipy import special
 
-from ._typing import ArrayLike
-from .errors import NotAGradientFlowError, WflowError, check_nonnegative, short_repr
-from .kernels import kernel_sums
-from .measure import Atoms, as_atoms
-from .sphere import project
+from .._typing import ArrayLike
+from ..errors import WflowError, check_nonnegative
+from ..kernels import kernel_sums
+from ..measure import Atoms, as_atoms
+from ..sphere import project
+from .base import REWEIGHTED, FusedAttention, Model, as_matrix, register_model
 
-__all__ = ["Model", "SA", "USA", "Perceptron", "SumModel", "ACTIVATIONS", "model_from_dict"]
+__all__ = ["Attention", "SA", "USA", "KERNELS"]
 
 #: Kernel conventions: e^{beta<x,y>} and e^{beta(<x,y>-1)}.
 KERNELS = ("plain", "rescaled")
@@ -59,147 +33,6 @@ def _exp_checked(c: np.ndarray, what: str, beta: float) -> np.ndarray:
             f"(kernel='rescaled', a factor e^-beta) or the log-scale (Model.log_energy)"
         )
     return np.exp(c)
-
-
-#: Metric in which a gradient model ascends its energy.
-WASSERSTEIN = "wasserstein"
-REWEIGHTED = "sa-reweighted"
-
-
-class Model(ABC):
-    """Base class: a velocity field on the sphere that depends on a measure.
-
-    Subclasses implement :meth:`velocity` and, for gradient flows, :meth:`energy` and
-    :meth:`first_variation`.  :attr:`dim` is the ambient dimension ``d`` the model's
-    matrices fix, or ``None`` if it works in any dimension.
-
-    Examples
-    --------
-    >>> import wflow
-    >>> from wflow.models import Model
-    >>> isinstance(wflow.SA(1.0), Model), wflow.USA(1.0).is_gradient, wflow.SA(1.0).metric
-    (True, True, 'sa-reweighted')
-    """
-
-    dim: int | None = None
-    #: ``"sphere"``: points on :math:`S^{d-1}`, tangent velocities; ``"free"``: tokens :math:`x = r\theta` in
-    #: :math:`\mathbb{R}^d` (normalization schemes with radii, :mod:`wflow.schemes`)
-    space: str = "sphere"
-
-    @abstractmethod
-    def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
-        r"""Velocity :math:`v[\mu](x)` at query points ``x`` of shape ``(..., n, d)``; tangent at ``x``."""
-
-    # -- time ------------------------------------------------------------------
-    @property
-    def time_dependent(self) -> bool:
-        """True when the model changes with time (layers, schedules, time-dependent speeds)."""
-        return False
-
-    def at(self, t: float) -> Model:
-        """The model acting at time ``t`` (a time-independent one: itself).  Solvers evaluate ``model.at(t)``."""
-        return self
-
-    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
-        """Times in ``(t0, t_end)`` where the model jumps (layer boundaries); adaptive steps land on them."""
-        return np.empty(0)
-
-    # -- gradient structure ----------------------------------------------------
-    def gradient_obstruction(self) -> str | None:
-        """``None`` if the model is a gradient flow, else the condition that fails."""
-        return f"{type(self).__name__} has no gradient structure"
-
-    @property
-    def is_gradient(self) -> bool:
-        return self.gradient_obstruction() is None
-
-    @property
-    def metric(self) -> str:
-        """``"wasserstein"`` (plain W2) or ``"sa-reweighted"`` (W2 weighted by Z_mu)."""
-        return WASSERSTEIN
-
-    def _require_gradient(self) -> None:
-        why = self.gradient_obstruction()
-        if why is not None:
-            raise NotAGradientFlowError(
-                f"{self!r} is not a gradient flow, so it has no energy: {why}"
-            )
-
-    def energy(self, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
-        r"""The functional :math:`F(\mu)` the flow ascends (module docstring), shape ``batch``."""
-        self._require_gradient()
-        mu = as_atoms(mu)
-        return self._energy(mu, backend)
-
-    def first_variation(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
-        r""":math:`\delta F/\delta\mu(x)` at points ``x`` of shape ``(..., n, d)``, shape ``(..., n)``."""
-        self._require_gradient()
-        mu = as_atoms(mu)
-        x = self._check_query(x, mu)
-        return self._first_variation(x, mu, backend)
-
-    def _energy(
-        self, mu: Atoms, backend: str
-    ) -> np.ndarray:  # pragma: no cover - abstract in effect
-        raise NotAGradientFlowError(f"{self!r} defines no energy")
-
-    def _first_variation(
-        self, x: np.ndarray, mu: Atoms, backend: str
-    ) -> np.ndarray:  # pragma: no cover
-        raise NotAGradientFlowError(f"{self!r} defines no first variation")
-
-    # -- composition and serialisation ----------------------------------------
-    def __add__(self, other: Model) -> SumModel:
-        if not isinstance(other, Model):
-            return NotImplemented
-        return SumModel([*_parts(self), *_parts(other)])
-
-    @property
-    def parts(self) -> list[Model]:
-        return [self]
-
-    @abstractmethod
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable description; :func:`model_from_dict` inverts it."""
-
-    def _check_query(self, x: ArrayLike, mu: Atoms) -> np.ndarray:
-        x = np.asarray(x)
-        if x.ndim < 2:
-            raise ValueError(f"x must have shape (..., n, d), got shape {x.shape}")
-        if x.shape[-1] != mu.d:
-            raise ValueError(f"x has dimension d={x.shape[-1]} but the measure has d={mu.d}")
-        if self.dim is not None and mu.d != self.dim:
-            raise ValueError(
-                f"{self!r} works in dimension d={self.dim}, but the measure has d={mu.d}"
-            )
-        return x
-
-    def rate_bound(self) -> float:
-        """A rough bound on the Lipschitz constant of the velocity field (sets default fixed steps)."""
-        return 1.0
-
-    def check_dimension(self, d: int) -> None:
-        """Raise ``ValueError`` if the model cannot act on points of dimension ``d``."""
-        if self.dim is not None and d != self.dim:
-            raise ValueError(f"{self!r} works in dimension d={self.dim}, but the measure has d={d}")
-
-
-def _parts(m: Model) -> list[Model]:
-    return list(m.parts)
-
-
-def _matrix(M: Any, name: str) -> np.ndarray | None:
-    if M is None:
-        return None
-    A = np.asarray(M)
-    if A.dtype == object or not (np.issubdtype(A.dtype, np.number)) or np.iscomplexobj(A):
-        raise TypeError(f"{name} must be a real matrix, got {short_repr(M)}")
-    A = A.astype(np.float64)
-    if A.ndim != 2:
-        raise ValueError(f"{name} must be a 2-d matrix, got shape {A.shape}")
-    if not np.all(np.isfinite(A)):
-        raise ValueError(f"{name} contains non-finite values: {short_repr(A)}")
-    return A
 
 
 def _identity_sign(M: np.ndarray | None) -> int:
@@ -216,8 +49,10 @@ def _identity_sign(M: np.ndarray | None) -> int:
     return 0
 
 
-class _Attention(Model):
-    """Shared parts of SA and USA."""
+class Attention(Model):
+    """The attention block: what SA and USA share (inverse temperature, Q, K, V, the kernel convention, the
+    long-context scaling, energies, the Kuramoto form on the circle, the exact Jacobian on the sphere).
+    A public base for code that asks ``isinstance(model, Attention)`` (:mod:`wflow.schemes`)."""
 
     def __init__(
         self,
@@ -249,9 +84,9 @@ class _Attention(Model):
                     "attention needs beta (or gamma for the long-context scaling beta = gamma log n)"
                 )
         self.beta = check_nonnegative(beta, "beta")
-        self.Q = _matrix(Q, "Q")
-        self.K = _matrix(K, "K")
-        self.V = _matrix(V, "V")
+        self.Q = as_matrix(Q, "Q")
+        self.K = as_matrix(K, "K")
+        self.V = as_matrix(V, "V")
         dims = {
             name: M.shape[1]
             for name, M in (("Q", self.Q), ("K", self.K), ("V", self.V))
@@ -559,7 +394,7 @@ class _Attention(Model):
         return f"{type(self).__name__}({temp}{extra}{kern})"
 
 
-class SA(_Attention):
+class SA(Attention):
     r"""Softmax self-attention (Post-LN):
     :math:`v[\mu](x) = P_x\Big(\dfrac{\int e^{\beta\langle Qx,Ky\rangle} V y\,d\mu(y)}{\int e^{\beta\langle Qx,Ky\rangle}d\mu(y)}\Big)`.
 
@@ -606,6 +441,14 @@ class SA(_Attention):
         x = self._check_query(x, mu)
         return project(x, self._average(x, mu, backend))
 
+    def fused_attention(self, n: int) -> FusedAttention | None:
+        """A :class:`FusedAttention` at ``beta_for(n)`` when :math:`Q = K = V = I` (:meth:`plain_attention`), else
+        ``None``: the fused small-system step (:mod:`wflow.solvers.fused`) applies."""
+        if not self.plain_attention():
+            return None
+        beta = self.beta_for(n)
+        return FusedAttention(beta, self.offset(beta))
+
     def normalizer(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         r""":math:`Z_\mu(x) = \int e^{\beta(\langle Qx, Ky\rangle - o)}d\mu(y)` (:math:`o` = 0 or beta), shape ``(..., n)``."""
         x = self._check_query(x, mu)
@@ -614,7 +457,7 @@ class SA(_Attention):
         return s.mass * _exp_checked(s.log_scale - self.offset(beta), "the normalizer Z", beta)
 
 
-class USA(_Attention):
+class USA(Attention):
     r"""Unnormalized self-attention: :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx,Ky\rangle} V y\,d\mu(y)\big)`.
 
     Parameters as in :class:`SA`.  With :math:`Q = K = I`, :math:`V = \pm I` it is the
@@ -659,306 +502,12 @@ class USA(_Attention):
 
 
 # --------------------------------------------------------------------------- perceptron
-def _gelu(s: np.ndarray) -> np.ndarray:
-    return 0.5 * s * (1.0 + special.erf(s / np.sqrt(2.0)))
 
 
-def _gelu_potential(s: np.ndarray) -> np.ndarray:
-    # phi(s) = 2 * int_0^s t Phi(t) dt = s^2 Phi(s) - Phi(s) + s phi_N(s) + 1/2
-    Phi = special.ndtr(s)
-    pdf = np.exp(-0.5 * s * s) / np.sqrt(2 * np.pi)
-    return s * s * Phi - Phi + s * pdf + 0.5
-
-
-def _logcosh(s: np.ndarray) -> np.ndarray:
-    a = np.abs(s)
-    return a + np.log1p(np.exp(-2 * a)) - np.log(2.0)
-
-
-#: activation name -> (sigma, phi) with phi' = 2 sigma, phi(0) = 0.
-ACTIVATIONS: dict[str, tuple[Any, Any]] = {
-    "relu": (lambda s: np.maximum(s, 0.0), lambda s: np.maximum(s, 0.0) ** 2),
-    "gelu": (_gelu, _gelu_potential),
-    "tanh": (np.tanh, lambda s: 2.0 * _logcosh(s)),
-    "identity": (lambda s: s, lambda s: s * s),
-}
-
-
-class Perceptron(Model):
-    r"""Perceptron (feed-forward) block :math:`u(x) = P_x(W\sigma(Ax + b))`.
-
-    Parameters
-    ----------
-    W : array_like, shape (d, m)
-    A : array_like, shape (m, d)
-    b : array_like, shape (m,), optional
-        Zero if omitted.
-    activation : {"relu", "gelu", "tanh", "identity"}
-
-    Notes
-    -----
-    It is conservative when :math:`W = A^\top\mathrm{diag}(\omega)` (each column of
-    :math:`W` parallel to the matching row of :math:`A`); then
-    :math:`W\sigma(Ax+b) = \tfrac12\nabla v_\omega(x)` with
-    :math:`v_\omega(x) = \sum_j\omega_j\varphi(a_j\cdot x + b_j)`, :math:`\varphi' = 2\sigma`
-    (ReLU: :math:`\varphi(s) = s_+^2`), and the energy is :math:`\tfrac12\int v_\omega\,d\mu`
-    (Álvarez-López, Geshkovski & Ruiz-Balet, 2026).
-
-    Examples
-    --------
-    >>> import numpy as np, wflow
-    >>> rng = np.random.default_rng(0)
-    >>> A = rng.standard_normal((4, 3))
-    >>> block = wflow.Perceptron(A.T * np.array([1.0, -1.0, 0.5, 2.0]), A)  # W = A^T diag(omega)
-    >>> block.is_gradient, wflow.Perceptron(rng.standard_normal((3, 4)), A).is_gradient
-    (True, False)
-    >>> x = wflow.sphere.uniform(5, 3, seed=0)
-    >>> v = block.velocity(x, wflow.Atoms(x))
-    >>> v.shape, bool(np.allclose((v * x).sum(axis=-1), 0.0))  # tangent to the sphere
-    ((5, 3), True)
-    """
-
-    def __init__(
-        self, W: ArrayLike, A: ArrayLike, b: ArrayLike | None = None, activation: str = "relu"
-    ):
-        self.W = _matrix(W, "W")
-        self.A = _matrix(A, "A")
-        if self.W is None or self.A is None:
-            raise TypeError("Perceptron needs both W and A matrices, got None")
-        m, d = self.A.shape
-        if self.W.shape != (d, m):
-            raise ValueError(
-                f"W must have shape (d, m) = ({d}, {m}) to match A of shape {self.A.shape}, got {self.W.shape}"
-            )
-        if d < 2:
-            raise ValueError(f"A must act on dimension d >= 2, got A of shape {self.A.shape}")
-        if b is None:
-            self.b = np.zeros(m)
-        else:
-            bb = np.asarray(b, dtype=float)
-            if bb.shape != (m,):
-                raise ValueError(f"b must have shape ({m},), got {bb.shape}")
-            if not np.all(np.isfinite(bb)):
-                raise ValueError(f"b contains non-finite values: {short_repr(bb)}")
-            self.b = bb
-        if not isinstance(activation, str):
-            raise TypeError(f"activation must be a string, got {short_repr(activation)}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        self.activation = activation
-        self.dim = d
-        self._omega = self._conservative_weights()
-
-    @classmethod
-    def conservative(
-        cls, A: ArrayLike, omega: ArrayLike, b: ArrayLike | None = None, activation: str = "relu"
-    ) -> Perceptron:
-        r"""The conservative perceptron :math:`W = A^\top\mathrm{diag}(\omega)`."""
-        A = np.asarray(A, dtype=float)
-        omega = np.asarray(omega, dtype=float)
-        if omega.shape != (A.shape[0],):
-            raise ValueError(f"omega must have shape ({A.shape[0]},) to match A, got {omega.shape}")
-        if not np.all(np.isfinite(omega)):
-            raise ValueError(f"omega contains non-finite values: {short_repr(omega)}")
-        return cls(A.T * omega, A, b, activation)
-
-    def _conservative_weights(self) -> np.ndarray | None:
-        """omega with W = A^T diag(omega), or None (relative tolerance 1e-10)."""
-        a2 = np.sum(self.A**2, axis=1)
-        proj = np.einsum("dj,jd->j", self.W, self.A)
-        omega = np.where(a2 > 0, proj / np.where(a2 > 0, a2, 1.0), 0.0)
-        resid = np.linalg.norm(self.W - self.A.T * omega)
-        scale = max(np.linalg.norm(self.W), 1e-300)
-        return omega if resid <= 1e-10 * scale else None
-
-    @property
-    def omega(self) -> np.ndarray | None:
-        r""":math:`\omega` with :math:`W = A^\top\mathrm{diag}(\omega)`, or ``None`` if not conservative."""
-        return self._omega
-
-    def raw(self, x: np.ndarray) -> np.ndarray:
-        r""":math:`W\sigma(Ax + b)` before projection, shape ``(..., n, d)``."""
-        sigma = ACTIVATIONS[self.activation][0]
-        return sigma(x @ self.A.T + self.b) @ self.W.T
-
-    def velocity(
-        self, x: ArrayLike, mu: Atoms | None = None, *, backend: str = "auto"
-    ) -> np.ndarray:
-        x = np.asarray(x)
-        if x.ndim < 2 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (..., n, {self.dim}), got {x.shape}")
-        return project(x, self.raw(x))
-
-    def rate_bound(self) -> float:
-        """``|W| |A|`` (spectral norms; the activations are 1-Lipschitz up to a constant)."""
-        return float(np.linalg.norm(self.W, 2) * np.linalg.norm(self.A, 2))
-
-    def potential(self, x: ArrayLike) -> np.ndarray:
-        r""":math:`v_\omega(x) = \sum_j \omega_j\varphi(a_j\cdot x + b_j)` (conservative case), shape ``(..., n)``."""
-        self._require_gradient()
-        phi = ACTIVATIONS[self.activation][1]
-        return phi(np.asarray(x) @ self.A.T + self.b) @ self._omega
-
-    def gradient_obstruction(self) -> str | None:
-        if self._omega is None:
-            return "the perceptron is conservative only when W = A^T diag(omega) (each column of W parallel to the matching row of A)"
-        return None
-
-    def _first_variation(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
-        return 0.5 * self.potential(x)
-
-    def _energy(self, mu: Atoms, backend: str) -> np.ndarray:
-        return 0.5 * mu.integrate(self.potential(mu.points))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": "Perceptron",
-            "W": self.W.tolist(),
-            "A": self.A.tolist(),
-            "b": self.b.tolist(),
-            "activation": self.activation,
-        }
-
-    def __repr__(self) -> str:
-        kind = "conservative" if self._omega is not None else "general"
-        return (
-            f"Perceptron(d={self.dim}, m={self.A.shape[0]}, activation={self.activation!r}, {kind})"
-        )
-
-
-class SumModel(Model):
-    """Sum of blocks: the velocity is the sum of the blocks' velocities.
-
-    It is a gradient flow when every block is one in the plain Wasserstein metric
-    (USA with V = +-I, conservative perceptrons), or when it has a single block.
-
-    Examples
-    --------
-    >>> import numpy as np, wflow
-    >>> rng = np.random.default_rng(0)
-    >>> A = rng.standard_normal((4, 3))
-    >>> usa, block = wflow.USA(1.0), wflow.Perceptron(A.T, A)
-    >>> model = usa + block  # a SumModel
-    >>> type(model).__name__, len(model.parts), model.is_gradient
-    ('SumModel', 2, True)
-    >>> x = wflow.sphere.uniform(5, 3, seed=0)
-    >>> mu = wflow.Atoms(x)
-    >>> v = model.velocity(x, mu, backend="numpy")
-    >>> bool(np.allclose(v, usa.velocity(x, mu, backend="numpy") + block.velocity(x, mu)))
-    True
-    """
-
-    def __init__(self, parts: list[Model]):
-        if not parts:
-            raise ValueError("a SumModel needs at least one block")
-        dims = {p.dim for p in parts if p.dim is not None}
-        if len(dims) > 1:
-            raise ValueError(f"blocks act on different dimensions: {sorted(dims)}")
-        if any(p.space != "sphere" for p in parts):
-            raise ValueError(
-                "blocks of a sum act on the sphere; a scheme with radii (pre-ln, peri-ln, mix-ln) takes its "
-                "perceptron as Normalized(attention, scheme, perceptron=...)"
-            )
-        self._parts = list(parts)
-        self.dim = dims.pop() if dims else None
-
-    @property
-    def parts(self) -> list[Model]:
-        return list(self._parts)
-
-    def rate_bound(self) -> float:
-        return float(sum(p.rate_bound() for p in self._parts))
-
-    @property
-    def time_dependent(self) -> bool:
-        return any(p.time_dependent for p in self._parts)
-
-    def at(self, t: float) -> Model:
-        return SumModel([p.at(t) for p in self._parts]) if self.time_dependent else self
-
-    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
-        return np.unique(
-            np.concatenate([np.empty(0)] + [p.breakpoints(t0, t_end) for p in self._parts])
-        )
-
-    def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
-        x = self._check_query(x, mu)
-        out = self._parts[0].velocity(x, mu, backend=backend)
-        for p in self._parts[1:]:
-            out = out + p.velocity(x, mu, backend=backend)
-        return out
-
-    def gradient_obstruction(self) -> str | None:
-        for p in self._parts:
-            why = p.gradient_obstruction()
-            if why is not None:
-                return f"block {p!r}: {why}"
-        if len(self._parts) > 1 and any(p.metric != WASSERSTEIN for p in self._parts):
-            return (
-                "SA ascends its energy in a metric reweighted by Z_mu, other blocks in the plain Wasserstein "
-                "metric: their sum is not the gradient flow of one energy (use USA for a gradient sum)"
-            )
-        return None
-
-    @property
-    def metric(self) -> str:
-        return self._parts[0].metric if len(self._parts) == 1 else WASSERSTEIN
-
-    def _energy(self, mu: Atoms, backend: str) -> np.ndarray:
-        return sum(p._energy(mu, backend) for p in self._parts)
-
-    def _first_variation(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
-        return sum(p._first_variation(x, mu, backend) for p in self._parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "Sum", "parts": [p.to_dict() for p in self._parts]}
-
-    def __repr__(self) -> str:
-        return " + ".join(repr(p) for p in self._parts)
-
-
-_KEYS = {
-    "SA": {"type", "beta", "Q", "K", "V", "kernel", "gamma"},
-    "USA": {"type", "beta", "Q", "K", "V", "kernel", "gamma"},
-    "Perceptron": {"type", "W", "A", "b", "activation"},
-    "Sum": {"type", "parts"},
-    "Normalized": {"type", "scheme", "attention", "tau", "alpha", "alpha_times", "perceptron"},
-    "Layered": {"type", "period", "t0", "layers"},
-}
-
-
-def model_from_dict(spec: dict[str, Any]) -> Model:
-    """Inverse of :meth:`Model.to_dict`; rejects unknown types and keys.
-
-    Examples
-    --------
-    >>> import wflow
-    >>> from wflow.models import model_from_dict
-    >>> spec = wflow.SA(2.0).to_dict()
-    >>> spec
-    {'type': 'SA', 'beta': 2.0}
-    >>> model_from_dict(spec)
-    SA(beta=2)
-    """
-    if not isinstance(spec, dict):
-        raise TypeError(f"a model description must be a dict, got {short_repr(spec)}")
-    kind = spec.get("type")
-    if kind not in _KEYS:
-        raise ValueError(f"model type must be one of {sorted(_KEYS)}, got {kind!r}")
-    unknown = set(spec) - _KEYS[kind]
-    if unknown:
-        raise ValueError(
-            f"unknown keys for a {kind} model: {sorted(unknown)} (allowed: {sorted(_KEYS[kind])})"
-        )
-    args = {k: v for k, v in spec.items() if k != "type"}
-    if kind == "SA":
-        return SA(**args)
-    if kind == "USA":
-        return USA(**args)
-    if kind == "Perceptron":
-        return Perceptron(**args)
-    if kind in ("Normalized", "Layered"):
-        from . import schemes
-
-        return getattr(schemes, kind).from_dict(spec)
-    return SumModel([model_from_dict(p) for p in spec["parts"]])
+_ATTENTION_KEYS = {"type", "beta", "Q", "K", "V", "kernel", "gamma"}
+register_model(
+    "SA", _ATTENTION_KEYS, lambda spec: SA(**{k: v for k, v in spec.items() if k != "type"})
+)
+register_model(
+    "USA", _ATTENTION_KEYS, lambda spec: USA(**{k: v for k, v in spec.items() if k != "type"})
+)

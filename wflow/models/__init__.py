@@ -1,0 +1,64 @@
+r"""Models: what moves.  A model gives the velocity field :math:`v[\mu](x)` and, when the
+dynamics is a gradient flow, the energy it ascends and its first variation.
+
+Blocks (the conventions page of the documentation):
+
+* :class:`SA` -- softmax self-attention ("Post-LN"),
+  :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y) / \int e^{\beta\langle Qx, Ky\rangle}\,d\mu(y)\big)`;
+* :class:`USA` -- unnormalized self-attention,
+  :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y)\big)`;
+* :class:`Perceptron` -- feed-forward block :math:`u(x) = P_x(W\sigma(Ax + b))`.
+
+Models add: ``SA(beta=4) + Perceptron(W, A)`` has the sum of the velocities.
+
+Energy convention.  ``energy(mu)`` is the functional :math:`F` that the flow *ascends*,
+so :math:`dF/dt \ge 0` along every gradient model:
+
+* USA with :math:`Q = K = I`, :math:`V = \pm I`: :math:`F = \pm E_\beta`, with
+  :math:`E_\beta(\mu) = \frac{1}{2\beta}\iint e^{\beta\langle x,y\rangle}d\mu\,d\mu`
+  and :math:`v = \nabla_S\,\delta F/\delta\mu` (Wasserstein-2 gradient ascent);
+* SA with :math:`Q = K = I`, :math:`V = \pm I`: the same :math:`F` in the metric
+  reweighted by :math:`Z_\mu(x) = \int e^{\beta\langle x, y\rangle}d\mu(y)`,
+  :math:`v = \nabla_S\,\delta F/\delta\mu / Z_\mu`;
+* a conservative perceptron :math:`W = A^\top\mathrm{diag}(\omega)`:
+  :math:`F = \tfrac12\int v_\omega\,d\mu`, :math:`v_\omega(x) = \sum_j \omega_j\varphi(a_j\cdot x + b_j)`,
+  :math:`\varphi' = 2\sigma`.
+
+So for the repulsive choice :math:`V = -I` the interaction energy :math:`E_\beta`
+*decreases* and ``energy`` returns :math:`-E_\beta`.  At :math:`\beta = 0` the constant
+:math:`1/(2\beta)` is dropped: :math:`E_0(\mu) = \tfrac12|\int x\,d\mu|^2`, the limit of
+:math:`E_\beta - 1/(2\beta)`.  A model that is not a gradient flow raises
+:class:`~wflow.errors.NotAGradientFlowError` saying which condition fails.
+"""
+
+from __future__ import annotations
+
+from .attention import KERNELS, SA, USA, Attention
+from .base import (
+    MODEL_TYPES,
+    REWEIGHTED,
+    WASSERSTEIN,
+    FusedAttention,
+    Model,
+    SumModel,
+    model_from_dict,
+    register_model,
+)
+from .perceptron import ACTIVATIONS, Perceptron
+
+__all__ = [
+    "Model",
+    "SA",
+    "USA",
+    "Perceptron",
+    "SumModel",
+    "Attention",
+    "FusedAttention",
+    "ACTIVATIONS",
+    "KERNELS",
+    "WASSERSTEIN",
+    "REWEIGHTED",
+    "MODEL_TYPES",
+    "register_model",
+    "model_from_dict",
+]

@@ -1,0 +1,580 @@
+r"""The particle problem: the finite-N system :math:`\dot x_i = v[\mu_N](x_i)`, :math:`\mu_N = \sum_j w_j\delta_{x_j}`,
+as the *what* of the solver contract (:mod:`wflow.solvers.base`), in Cartesian coordinates
+(:class:`ParticleProblem`) or in the span of the initial tokens (:class:`SpanProblem`).
+
+Points on the sphere, the model's velocity, the projection after each step, the noise
+:math:`\sqrt{2/\kappa}\,P_x\,dW` when ``kappa`` is given, passive tracers, the diagnostics saved with
+each snapshot, and the fused small-system Euler step (:mod:`wflow.solvers.fused`) when the model
+says its step can be fused.  :func:`wflow.simulate` (:mod:`wflow.solvers.particles`) builds them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..diagnostics import count_clusters, order_parameter, pair_fraction
+from ..errors import WflowError, check_positive, short_repr
+from ..measure import Atoms
+from ..models import FusedAttention, Model
+from . import fused
+from .base import Problem, read_only
+from .steppers import project_to_sphere
+
+__all__ = [
+    "ParticleProblem",
+    "SpanProblem",
+    "batch_dims",
+    "DIAGNOSTICS",
+    "KNOWN_DIAGNOSTICS",
+    "PAIR_COSINE",
+]
+
+log = logging.getLogger(__name__)
+
+#: the diagnostics :func:`simulate` saves by default (energies only for gradient models)
+DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
+#: every diagnostic :func:`simulate` knows: ``pair_fraction`` is the GLPR phase diagram's observable, the
+#: fraction of token pairs with inner product above 0.999 (:func:`wflow.diagnostics.pair_fraction`)
+KNOWN_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters", "pair_fraction")
+#: the cosine of ``pair_fraction``
+PAIR_COSINE = 0.999
+
+
+def batch_dims(batch_shape: Sequence[int]) -> tuple[str, ...]:
+    """Dimension names of the batch axes: ``()``, ``("system",)`` or ``("system_0", "system_1", ...)``."""
+    if len(batch_shape) == 0:
+        return ()
+    if len(batch_shape) == 1:
+        return ("system",)
+    return tuple(f"system_{i}" for i in range(len(batch_shape)))
+
+
+class ParticleProblem(Problem):
+    r"""Points on :math:`S^{d-1}` moved by ``model.velocity`` (with noise when ``kappa`` is given).
+
+    The state is the array of points ``(..., n + m, d)``: the ``n`` atoms carrying the
+    weights, then ``m`` passive tracers moved by the same field.  The field is extended off
+    the sphere by zero-homogeneity, :math:`v(x) = v(x/|x|)`: every point is normalized before
+    the velocity is evaluated, so Runge--Kutta plus projection keeps its order
+    (Hairer--Lubich--Wanner, GNI IV.4) and kernel sums always see points on the sphere.
+
+    Parameters
+    ----------
+    model : Model
+    weights : ndarray, shape (..., n)
+    d : int
+    kappa : float, optional
+        Noise :math:`\sqrt{2/\kappa}\,dW` (tangent), diffusion :math:`\kappa^{-1}\Delta_S` in the limit.
+    backend : str
+        Kernel-sum backend.
+    diagnostics : sequence of str
+        Saved with each snapshot: ``energy`` and ``log_energy`` (gradient models only: not
+        recorded for a model that is not a gradient flow; ``log_energy`` is
+        :math:`\log E_\beta`, finite at any beta, where ``energy`` overflows float64 beyond
+        :math:`\beta \approx 709` and is then NaN), ``order_parameter`` :math:`|\sum_i w_i x_i|`,
+        ``n_clusters`` (single linkage at ``cluster_threshold``); user functions
+        ``name -> f(mu) -> array (batch)`` in ``extra_diagnostics``.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.solvers.particles import ParticleProblem
+    >>> x = wflow.sphere.uniform(6, 3, seed=0)
+    >>> problem = ParticleProblem(wflow.USA(1.0), np.full(6, 1 / 6), 3, backend="numpy")
+    >>> v = problem.rhs(0.0, x)
+    >>> v.shape, bool(np.allclose(v, wflow.USA(1.0).velocity(x, wflow.Atoms(x), backend="numpy")))
+    ((6, 3), True)
+    >>> sorted(problem.snapshot(0.0, x))
+    ['energy', 'log_energy', 'n_clusters', 'order_parameter', 'points']
+    """
+
+    kind = "particles"
+    #: whether the state is the tokens themselves (or their span coordinates), which the fused step takes
+    _fusable = True
+
+    def __init__(
+        self,
+        model: Model,
+        weights: np.ndarray,
+        d: int,
+        *,
+        kappa: float | None = None,
+        backend: str = "auto",
+        diagnostics: Sequence[str] = DIAGNOSTICS,
+        cluster_threshold: float = 0.1,
+        extra_diagnostics: dict[str, Callable[[Atoms], Any]] | None = None,
+        n_tracers: int = 0,
+    ):
+        super().__init__()
+        if not isinstance(model, Model):
+            raise TypeError(
+                f"model must be a wflow Model (SA, USA, Perceptron, ...), got {short_repr(model)}"
+            )
+        model.check_dimension(d)
+        self.model = model
+        self.weights = weights
+        self.n = weights.shape[-1]
+        self.d = d
+        self.kappa = None if kappa is None else check_positive(kappa, "kappa")
+        self.backend = backend
+        if isinstance(diagnostics, str) or not all(isinstance(k, str) for k in diagnostics):
+            raise TypeError(
+                f"diagnostics must be a sequence of names from {KNOWN_DIAGNOSTICS}, got "
+                f"{short_repr(diagnostics)}"
+            )
+        bad = [k for k in diagnostics if k not in KNOWN_DIAGNOSTICS]
+        if bad:
+            raise ValueError(
+                f"diagnostics must be names from {KNOWN_DIAGNOSTICS}, got {bad} "
+                f"(pass functions in extra_diagnostics)"
+            )
+        self.diagnostics = tuple(diagnostics)
+        self.cluster_threshold = check_positive(cluster_threshold, "cluster_threshold")
+        self.extra = dict(extra_diagnostics or {})
+        for name, f in self.extra.items():
+            if not callable(f):
+                raise TypeError(
+                    f"extra_diagnostics[{name!r}] must be callable f(mu), got {short_repr(f)}"
+                )
+        self.n_tracers = int(n_tracers)
+        self._batch = batch_dims(weights.shape[:-1])
+        #: free space: tokens x = r theta in R^d (normalization schemes with radii), no projection
+        self.free = model.space == "free"
+        #: (dt, projected) of the last fused Euler step, and the step from a saved state taken ahead
+        #: (:meth:`_step_ahead`): (y, t, dt, projected, the new state, whether it is finite)
+        self._last_fused: tuple[float, bool] | None = None
+        self._ahead: tuple | None = None
+        #: the last state a fused step returned (a new array nothing else holds or writes: a snapshot
+        #: takes a read-only view of it, not a copy), and whether the step found it finite
+        self._fused_out: np.ndarray | None = None
+        self._fused_out_finite = False
+
+    def model_at(self, t: float) -> Model:
+        return self.model.at(t) if self.model.time_dependent else self.model
+
+    def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
+        return self.model.breakpoints(t0, t_end)
+
+    @property
+    def autonomous(self) -> bool:
+        return not self.model.time_dependent
+
+    # -- the field ---------------------------------------------------------------
+    def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
+        # on the sphere the field is extended off it by zero-homogeneity (module docstring of steppers);
+        # in free space the model sees the tokens with their radii and the measure of their directions
+        theta = project_to_sphere(y)
+        self.evaluations += 1
+        self._last_fused = (
+            None  # the solver does not take fused steps: no step from a save is taken ahead
+        )
+        mu = Atoms._trusted(theta[..., : self.n, :], self.weights)
+        return self.model_at(t).velocity(y if self.free else theta, mu, backend=self.backend)
+
+    def euler_step(
+        self, t: float, y: np.ndarray, dt: float, projected: bool = True
+    ) -> np.ndarray | None:
+        r"""The whole Euler step fused (:func:`wflow.solvers.fused.sa_euler_step`), or ``None``: projected
+        Euler, or with ``projected=False`` GLPR's scheme (``method="euler-average"``).
+
+        Offered when the model says its step can be fused (:meth:`~wflow.models.Model.fused_attention`: SA
+        with :math:`Q = K = V = I`), on the sphere without noise or tracers, for systems of at most
+        :data:`~wflow.solvers.fused.MAX_TOKENS` tokens and the ``auto`` or ``numba`` backend: one
+        compiled pass per system (Gram matrix, softmax, average, projection, retraction) instead of
+        eight passes over the batch; equal to ``retract(y + dt * rhs(t, y))`` (or to
+        ``retract(y + dt * average(t, y))``) to rounding (tested to 1e-14).  When the step from ``y``
+        was taken ahead for the diagnostics of a saved state (:meth:`_step_ahead`), it is that
+        step, bit for bit.
+        """
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is y and ahead[1:4] == (t, dt, projected):
+            self.evaluations += 1
+            self._fused_out, self._fused_out_finite = ahead[4:6]
+            return ahead[4]
+        spec = self._fused_spec(t, y)
+        if spec is None:
+            return None
+        self._last_fused = (dt, projected)
+        self.evaluations += 1
+        st = fused.fused_step(
+            y,
+            self.weights,
+            spec.beta,
+            dt,
+            projected=projected,
+            log_weights=self._step_log_weights,
+        )
+        self._fused_out, self._fused_out_finite = st.points, st.finite
+        return st.points
+
+    def known_finite(self, y: np.ndarray) -> bool:
+        """Whether ``y`` is the state the last fused step returned and that step found it finite (its
+        compiled pass sees every row's norm), so that the driver need not scan it."""
+        return y is self._fused_out and self._fused_out_finite
+
+    def _fused_spec(self, t: float, y: np.ndarray) -> FusedAttention | None:
+        """What the model at ``t`` says of fusing its step (:meth:`~wflow.models.Model.fused_attention`) when
+        :meth:`euler_step` can fuse the step from ``y`` (on the sphere, no noise or tracers, tiny systems, the
+        numba kernels), else ``None``."""
+        if (
+            not self._fusable
+            or self.free
+            or self.n_tracers
+            or self.kappa is not None
+            or self.backend not in ("auto", "numba")
+            or self.n > fused.MAX_TOKENS
+            or y.dtype not in (np.float32, np.float64)
+        ):
+            return None
+        return self.model_at(t).fused_attention(self.n)
+
+    def _step_ahead(self, t: float, y: np.ndarray, want: set[str]) -> dict[str, np.ndarray]:
+        r"""What a saved state ``y`` needs of the diagnostics ``want`` (``pair_fraction``, ``energy``,
+        ``n_clusters``, ``order_parameter``) read off the step from it.
+
+        In a run of fused Euler steps (:meth:`euler_step`) the save-time pair count, energy and cluster
+        count each need a second Gram matrix per system (or the distances), each as costly as a third of
+        a step (n = 32, r = 32).  Instead the step from ``y`` is taken now, with the last step's size and
+        scheme, counting the pairs and the clusters on the inner products it forms, summing the
+        energy's double sum from its row sums and the barycentre from the points it reads
+        (:func:`wflow.solvers.fused.fused_step`); :meth:`euler_step` returns it when the driver asks
+        for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step afresh otherwise
+        (after the last save: one step wasted).  The energy at beta != 0; for float32 states everything is
+        read off the step only when its logits are float64 (the float32 rule of
+        :func:`wflow.solvers.fused.sa_euler_step`: at beta = 5 from r = 7 on; they are then the float64
+        numbers of the float32 points, and the pairs are :func:`wflow.diagnostics.pair_fraction`'s
+        exactly), else the pairs are counted on their own float64 products;
+        ``{}`` when the step is not fused, or when only the order parameter is asked (the step from the
+        last save is not used: a step would cost more than the barycentre).  Returns ``pair_fraction``,
+        ``energy_sums``, ``n_clusters``, ``means`` for those asked.
+        """
+        if self._last_fused is None:
+            return {}
+        spec = self._fused_spec(t, y)
+        if spec is None:
+            return {}
+        beta = spec.beta
+        pairs = "pair_fraction" in want
+        energy = "energy" in want and beta != 0  # (fused attention is a gradient flow)
+        clusters = "n_clusters" in want
+        if not (
+            pairs or energy or clusters
+        ):  # (the barycentre alone costs less than a step taken in vain)
+            return {}
+        means = "order_parameter" in want
+        dt, projected = self._last_fused
+        st = fused.fused_step(
+            y,
+            self.weights,
+            beta,
+            dt,
+            projected=projected,
+            log_weights=self._step_log_weights,
+            count_pairs_above=PAIR_COSINE if pairs else None,
+            energy_sums=energy,
+            cluster_threshold=self.cluster_threshold if clusters else None,
+            means=means,
+            strict=False,
+        )
+        self._ahead = (y, t, dt, projected, st.points, st.finite)
+        out = {}
+        if pairs:
+            out["pair_fraction"] = st.counts / (self.n * (self.n - 1))
+        for key, value in (
+            ("energy_sums", st.energy_sums),
+            ("n_clusters", st.n_clusters),
+            ("means", st.means),
+        ):
+            if (
+                value is not None
+            ):  # (None: float32 logits, too coarse; the save computes it on its own)
+                out[key] = value
+        return out
+
+    @functools.cached_property
+    def _step_log_weights(self) -> np.ndarray:
+        """The fused step's log-weights, formed once (the weights of a run do not change)."""
+        return fused.step_log_weights(self.weights)
+
+    def jacobian(self, t: float, y: np.ndarray) -> np.ndarray | None:
+        r"""The exact Jacobian of :meth:`rhs` for one system on the sphere whose model offers one
+        (``model.sphere_jacobian``: SA/USA with :math:`Q = K = I`, :math:`V = \pm I`, and the sphere schemes of
+        :class:`~wflow.schemes.Normalized`), shape ``(n r, n r)``; else ``None`` (implicit solvers then
+        difference the field).  The field is extended off the sphere by zero-homogeneity,
+        :math:`v(y) = v(y/|y|)`, hence the factor :math:`P_{\theta_k}/|y_k|` on the right of each block.
+
+        The matrix is dense, :math:`(nr)^2` numbers: for ``method="ros2"`` on small systems, such as
+        tokens in span coordinates (``coordinates="span"``, r = n).
+        """
+        model = self.model_at(t)
+        if (
+            y.ndim != 2
+            or self.free
+            or self.n_tracers
+            or self.kappa is not None
+            or not hasattr(model, "sphere_jacobian")
+        ):
+            return None
+        theta = project_to_sphere(y)
+        try:
+            _, dv = model.sphere_jacobian(theta, self.weights)
+        except ValueError:  # Q, K, V not of the form the exact Jacobian covers
+            return None
+        P = (np.eye(y.shape[-1]) - theta[:, :, None] * theta[:, None, :]) / np.linalg.norm(
+            y, axis=-1
+        )[:, None, None]
+        J = np.matmul(dv, P[None])  # (i, k, l, q) @ P_k: the chain rule through theta = y / |y|
+        n, d = y.shape
+        return J.transpose(0, 2, 1, 3).reshape(n * d, n * d)
+
+    def average(self, t: float, y: np.ndarray) -> np.ndarray:
+        r"""The attention output before projection, ``model.average`` (tokens on the sphere): what the
+        published discrete scheme :math:`x \leftarrow (x + \eta A x)/|x + \eta A x|` adds."""
+        if self.free or not hasattr(self.model_at(t), "average"):
+            raise TypeError(f"{self.model!r} has no attention average on the sphere")
+        theta = project_to_sphere(y)
+        self.evaluations += 1
+        self._last_fused = None
+        mu = Atoms._trusted(theta[..., : self.n, :], self.weights)
+        return self.model_at(t).average(theta, mu, backend=self.backend)
+
+    def retract(self, y: np.ndarray) -> np.ndarray:
+        return y if self.free else project_to_sphere(y)
+
+    @property
+    def stochastic(self) -> bool:
+        return self.kappa is not None
+
+    def noise(self, t: float, y: np.ndarray, dt: float, rng: np.random.Generator) -> np.ndarray:
+        r"""Tangent noise on the sphere; isotropic :math:`\sqrt{2/\kappa}\,dW` in free space."""
+        xi = rng.standard_normal(y.shape)
+        if not self.free:
+            xi -= np.einsum("...i,...i->...", y, xi)[..., None] * y
+        return math.sqrt(2 * dt / self.kappa) * xi
+
+    # -- what is saved -----------------------------------------------------------
+    def measure(self, y: np.ndarray) -> Atoms:
+        """The measure of the directions (the atoms carrying the weights)."""
+        x = y[..., : self.n, :]
+        return Atoms._trusted(project_to_sphere(x) if self.free else x, self.weights)
+
+    def compute_diagnostics(
+        self,
+        mu: Atoms,
+        t: float = 0.0,
+        mu_extra: Atoms | None = None,
+        known: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``); ``known``: what the
+        caller has of ``mu`` already (:meth:`_step_ahead`: ``pair_fraction``, ``energy_sums``, ``n_clusters``,
+        ``means``)."""
+        known = known or {}
+        out: dict[str, np.ndarray] = {}
+        model = self.model_at(t)
+        gradient = model.is_gradient
+        if gradient and ("energy" in self.diagnostics or "log_energy" in self.diagnostics):
+            out.update(self._energies(model, mu, known.get("energy_sums")))
+        for name in self.diagnostics:
+            if name == "order_parameter":
+                out[name] = np.asarray(
+                    np.linalg.norm(known["means"], axis=-1)
+                    if "means" in known
+                    else order_parameter(mu),
+                    dtype=np.float64,
+                )
+            elif name == "n_clusters":
+                out[name] = np.asarray(
+                    known["n_clusters"]
+                    if "n_clusters" in known
+                    else count_clusters(mu, self.cluster_threshold),
+                    dtype=np.int64,
+                )
+            elif name == "pair_fraction":
+                out[name] = np.asarray(
+                    known["pair_fraction"]
+                    if "pair_fraction" in known
+                    else pair_fraction(mu.points, PAIR_COSINE),
+                    dtype=np.float64,
+                )
+        for name, f in self.extra.items():
+            out[name] = np.asarray(f(mu if mu_extra is None else mu_extra))
+        return out
+
+    def _energies(
+        self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        """``energy`` and ``log_energy`` from one kernel sum where the model has a log-scale energy, or from the
+        double sums ``log sum_i w_i sum_j w_j e^(beta <x_i, x_j>)`` of a fused step (:meth:`_step_ahead`)."""
+        out = {}
+        log_e = getattr(model, "log_energy", None)
+        le = None
+        if energy_sums is not None:  # SA.log_energy's formula on the step's sums
+            le = model.fused_attention(self.n).log_energy(np.asarray(energy_sums, dtype=np.float64))
+        elif log_e is not None:
+            le = np.asarray(log_e(mu, backend=self.backend), dtype=np.float64)
+        if le is not None:
+            with np.errstate(over="ignore"):
+                e = model.sign * np.exp(le)
+            e = np.where(np.isfinite(e), e, np.nan)  # beyond float64: see log_energy
+        else:
+            try:
+                e = np.asarray(model.energy(mu, backend=self.backend), dtype=np.float64)
+            except WflowError:  # e.g. USA energy beyond float range at very large beta
+                e = np.full(mu.batch_shape, np.nan)
+            with np.errstate(divide="ignore"):
+                le = np.log(np.abs(e))
+        if "energy" in self.diagnostics:
+            out["energy"] = e
+        if "log_energy" in self.diagnostics:
+            out["log_energy"] = le
+        return out
+
+    def snapshot(self, t: float, y: np.ndarray) -> dict:
+        dims = self._batch + ("particle", "coord")
+        if self.free:  # the exact state (resume) and the radii; directions are positions / radii
+            out = {
+                "positions": (dims, np.array(y[..., : self.n, :], copy=True)),
+                "radii": (
+                    self._batch + ("particle",),
+                    np.sqrt(np.einsum("...i,...i->...", y[..., : self.n, :], y[..., : self.n, :])),
+                ),
+            }
+        elif (
+            y is self._fused_out
+        ):  # a fused step's output: no one writes it, a read-only view will do
+            out = {"points": (dims, read_only(y))}
+        else:
+            out = {"points": (dims, np.array(y[..., : self.n, :], copy=True))}
+        if self.n_tracers:
+            out["tracers"] = (
+                self._batch + ("tracer", "coord"),
+                np.array(y[..., self.n :, :], copy=True),
+            )
+        # the diagnostics (the user's among them) see the state read-only: it may be the saved points themselves
+        out.update(
+            self.diagnostic_variables(
+                self.measure(read_only(y)), t, known=self._known_at_save(t, y)
+            )
+        )
+        return out
+
+    def _known_at_save(self, t: float, y: np.ndarray) -> dict[str, np.ndarray]:
+        """The diagnostics of a saved state known without a pass of their own (:meth:`_step_ahead`)."""
+        want = {"energy" if name == "log_energy" else name for name in self.diagnostics}
+        known = {}
+        if (
+            "pair_fraction" in want and self.n < 2
+        ):  # no pairs (and span coordinates of one token have one coordinate)
+            known["pair_fraction"] = np.full(self.weights.shape[:-1], np.nan)
+            want.discard("pair_fraction")
+        known.update(self._step_ahead(t, y, want))
+        return known
+
+    def diagnostic_variables(
+        self,
+        mu: Atoms,
+        t: float,
+        mu_extra: Atoms | None = None,
+        known: dict[str, np.ndarray] | None = None,
+    ) -> dict:
+        """:meth:`compute_diagnostics` as saved variables: ``name -> (dims, value)``, the batch axes first."""
+        nb = len(self._batch)
+        return {
+            name: (self._batch + tuple(f"{name}_{i}" for i in range(v.ndim - nb)), v)
+            for name, v in self.compute_diagnostics(mu, t, mu_extra, known).items()
+        }
+
+    def static(self) -> dict:
+        return {"weights": (self._batch + ("particle",), self.weights)}
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "model": self.model.to_dict(),
+            "kappa": self.kappa,
+            "backend": self.backend,
+            "n": self.n,
+            "d": self.d,
+            "batch_shape": list(self.weights.shape[:-1]),
+            "n_tracers": self.n_tracers,
+            "diagnostics": list(self.diagnostics),
+            "cluster_threshold": self.cluster_threshold,
+            "space": self.model.space,
+        }
+
+
+class SpanProblem(ParticleProblem):
+    r"""SA/USA with :math:`Q = K = V = I` in the span of the initial tokens: the state is ``y`` of shape
+    ``(..., n, n)``, the tokens :math:`x = yU` for an orthonormal basis ``U`` (``(..., n, d)``) of the span of
+    the initial tokens (:func:`wflow.kernels.small.span_coordinates`).
+
+    Exact, not an approximation: every velocity :math:`\dot x_i` is a combination of the :math:`x_j`, so
+    tokens never leave the span, and the flow commutes with orthogonal maps, so the coordinates evolve by
+    the same model in dimension ``n``.  For ``n`` tokens in dimension ``d > n`` a step costs
+    :math:`n^3` instead of :math:`n^2 d` per system (4x less at n = 32, d = 128; 32x at d = 1024).
+    Built-in diagnostics (energies, order parameter, clusters) depend only on inner products and are
+    computed from ``y``; user diagnostics (``extra_diagnostics``) see :math:`x = yU`.  Saved: ``span``
+    ``(..., n, n)`` (the state) and, once, ``span_basis`` ``(..., n, d)``: ``n/d`` of the points' size;
+    :attr:`Trajectory.points` forms :math:`x = yU` when asked (``span @ span_basis`` in a store).
+
+    Examples
+    --------
+    Six tokens in d = 40 evolve in 6 numbers each, and equal the full-dimensional run:
+
+    >>> import numpy as np, wflow
+    >>> x0 = wflow.sphere.uniform(6, 40, seed=0)
+    >>> kw = dict(method="rk4", dt=0.05, save_at=[0.0, 1.0], backend="numpy")
+    >>> span = wflow.simulate(wflow.SA(3.0), x0, 1.0, coordinates="span", **kw)
+    >>> full = wflow.simulate(wflow.SA(3.0), x0, 1.0, **kw)
+    >>> span.data["span"][1].shape, bool(np.allclose(span.points, full.points, atol=1e-12))
+    ((2, 6, 6), True)
+    """
+
+    def __init__(self, model: Model, weights: np.ndarray, basis: np.ndarray, **kw: Any):
+        if (
+            kw.get("n_tracers")
+            or model.space != "sphere"
+            or not (hasattr(model, "plain_attention") and model.plain_attention())
+        ):
+            raise ValueError(
+                f"coordinates='span' needs SA or USA with Q = K = V = I on the sphere and no tracers, "
+                f"got {model!r}"
+            )
+        super().__init__(model, weights, basis.shape[-2], **kw)
+        self.basis = basis
+        self.d_full = basis.shape[-1]
+
+    def full(self, y: np.ndarray) -> np.ndarray:
+        """The tokens :math:`x = yU`, shape ``(..., n, d)``."""
+        return np.matmul(y, self.basis)
+
+    def measure(self, y: np.ndarray) -> Atoms:
+        """The measure of the tokens :math:`x = yU` (in dimension d)."""
+        return Atoms._trusted(self.full(y), self.weights)
+
+    def snapshot(self, t: float, y: np.ndarray) -> dict:
+        mu_y = Atoms._trusted(read_only(y), self.weights)
+        out = {
+            "span": (
+                self._batch + ("particle", "span_coord"),
+                read_only(y) if y is self._fused_out else np.array(y, copy=True),
+            )
+        }
+        mu_x = Atoms._trusted(self.full(y), self.weights) if self.extra else None
+        out.update(self.diagnostic_variables(mu_y, t, mu_x, self._known_at_save(t, y)))
+        return out
+
+    def static(self) -> dict:
+        return {
+            **super().static(),
+            "span_basis": (self._batch + ("span_coord", "coord"), self.basis),
+        }
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "d": self.d_full, "coordinates": "span"}
