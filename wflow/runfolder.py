@@ -266,7 +266,9 @@ def check_resources(cfg: dict[str, Any], out: str | os.PathLike) -> None:
     except OSError as exc:
         raise ValueError(f"--out {out}: cannot reach {probe} ({exc.strerror or exc})") from None
     free = usage.free
-    if usage.total == 0:  # a pseudo file system (/proc, /sys): no disk to judge; creating the folder tells
+    if (
+        usage.total == 0
+    ):  # a pseudo file system (/proc, /sys): no disk to judge; creating the folder tells
         return
     if disk > free:
         raise ValueError(

@@ -85,6 +85,14 @@ _DSIGMA: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def _omega(p: Perceptron) -> np.ndarray:
+    """The weights of a conservative perceptron (the functions here take only those: checked on entry)."""
+    omega = p.omega
+    if omega is None:
+        raise NotAGradientFlowError(f"{p!r} is not conservative (W != A^T diag(omega))")
+    return omega
+
+
 # --------------------------------------------------------------------------- input checks
 def _blocks(model: Any) -> tuple[list[tuple[int, float]], list[Perceptron]]:
     """Split a gradient model into attention blocks (sign, beta) and perceptrons."""
@@ -208,7 +216,7 @@ def _ambient_derivatives(attention, perceptrons, x: np.ndarray, m: np.ndarray):
         sigma = ACTIVATIONS[p.activation][0](pre)
         dsigma = _DSIGMA[p.activation](pre)
         if p.activation == "relu":
-            active = (p.omega != 0) & np.any(np.abs(pre) <= 1e-12 * (1.0 + np.abs(p.b)), axis=0)
+            active = (_omega(p) != 0) & np.any(np.abs(pre) <= 1e-12 * (1.0 + np.abs(p.b)), axis=0)
             if np.any(active):
                 warnings.warn(
                     f"an atom sits on the kink of a ReLU unit (units {np.flatnonzero(active).tolist()}): the second "
@@ -217,9 +225,9 @@ def _ambient_derivatives(attention, perceptrons, x: np.ndarray, m: np.ndarray):
                     stacklevel=3,
                 )
         grad += m[:, None] * (
-            (sigma * p.omega) @ p.A
+            (sigma * _omega(p)) @ p.A
         )  # m_i grad U(x_i), grad U = sum_j w_j sigma a_j
-        dU = np.einsum("kj,ja,jb->kab", dsigma * p.omega, p.A, p.A)
+        dU = np.einsum("kj,ja,jb->kab", dsigma * _omega(p), p.A, p.A)
         hess[np.arange(k), :, np.arange(k), :] += m[:, None, None] * dU
     return grad, hess, shift
 
@@ -601,7 +609,7 @@ def stability(
         size += (np.exp(beta * np.clip(x @ x.T, -1, 1)) * (1.0 - np.eye(len(m)))) @ m
     for p in perceptrons:
         size += np.linalg.norm(
-            (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A, axis=-1
+            (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * _omega(p)) @ p.A, axis=-1
         )
     if tol_velocity is None:
         tol_velocity = rtol * float(size.max())
@@ -812,8 +820,8 @@ def circle_condition(
     t = np.stack([-x[:, 1], x[:, 0]], axis=-1)
     for p in perceptrons:
         pre = x @ p.A.T + p.b
-        sig = ACTIVATIONS[p.activation][0](pre) * p.omega
-        dsig = _DSIGMA[p.activation](pre) * p.omega
+        sig = ACTIVATIONS[p.activation][0](pre) * _omega(p)
+        dsig = _DSIGMA[p.activation](pre) * _omega(p)
         at = t @ p.A.T  # a_j . t_i
         ax = x @ p.A.T  # a_j . x_i
         u += m * (np.sum(dsig * at**2, axis=1) - np.sum(sig * ax, axis=1))
@@ -877,7 +885,7 @@ def _potential_grad(perceptrons: list[Perceptron], x: np.ndarray) -> np.ndarray:
     """Ambient gradient :math:`\\nabla v = 2\\sum_j\\omega_j\\sigma(a_j\\cdot x+b_j)a_j`."""
     out = np.zeros(x.shape)
     for p in perceptrons:
-        out = out + 2.0 * (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * p.omega) @ p.A
+        out = out + 2.0 * (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * _omega(p)) @ p.A
     return out
 
 
@@ -890,11 +898,11 @@ def _local_max(perceptrons: list[Perceptron], y: np.ndarray, iters: int = 200) -
         g_amb = _potential_grad(perceptrons, y[None])[0]
         B = _tangent_basis(y[None])[0]  # (d-1, d)
         g = B @ g_amb
-        if np.linalg.norm(g) <= 1e-12 * max(1.0, np.linalg.norm(g_amb)):
+        if np.linalg.norm(g) <= 1e-12 * max(1.0, float(np.linalg.norm(g_amb))):
             break
         D2 = np.zeros((d, d))
         for p in perceptrons:
-            dsig = _DSIGMA[p.activation](p.A @ y + p.b) * p.omega
+            dsig = _DSIGMA[p.activation](p.A @ y + p.b) * _omega(p)
             D2 = D2 + 2.0 * np.einsum("j,ja,jb->ab", dsig, p.A, p.A)
         Hr = B @ D2 @ B.T - np.dot(g_amb, y) * np.eye(d - 1)
         ev = np.linalg.eigvalsh(Hr)
@@ -992,7 +1000,7 @@ def potential_maximum(
         why = p.gradient_obstruction()
         if why is not None:
             raise NotAGradientFlowError(f"{p!r} has no potential: {why}")
-    dims = {p.dim for p in perceptrons}
+    dims = {int(p.A.shape[1]) for p in perceptrons}
     if len(dims) != 1:
         raise ValueError(f"the perceptrons act on different dimensions: {sorted(dims)}")
     d = dims.pop()
@@ -1018,7 +1026,7 @@ def potential_maximum(
                 np.ones_like(reach) if p.activation == "tanh" else reach
             )  # |sigma(s)| <= |s| (or 1)
             dmax = 1.13 if p.activation == "gelu" else 1.0  # sup sigma'
-            C += float(np.sum(2 * np.abs(p.omega) * (dmax * an**2 + an * smax)))
+            C += float(np.sum(2 * np.abs(_omega(p)) * (dmax * an**2 + an * smax)))
         upper = float(np.max(np.maximum(vals, np.roll(vals, -1)))) + C * h * h / 8
         f = lambda t: -float(_potential(perceptrons, np.array([[np.cos(t), np.sin(t)]]))[0])  # noqa: E731
         is_max = (

@@ -339,7 +339,10 @@ def model_from_dict(spec: dict[str, Any]) -> Model:
         raise TypeError(f"a model description must be a dict, got {short_repr(spec)}")
     kind = spec.get("type")
     if kind not in MODEL_TYPES:
-        raise ValueError(f"model type must be one of {sorted(MODEL_TYPES)}, got {kind!r}")
+        raise ValueError(
+            f"model type must be one of {sorted(MODEL_TYPES)}, got {kind!r} (the normalization "
+            f"schemes' types are known once wflow.schemes is imported; wflow.solvers imports it)"
+        )
     keys, build = MODEL_TYPES[kind]
     unknown = set(spec) - keys
     if unknown:

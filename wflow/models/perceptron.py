@@ -78,10 +78,11 @@ class Perceptron(Model):
     def __init__(
         self, W: ArrayLike, A: ArrayLike, b: ArrayLike | None = None, activation: str = "relu"
     ):
-        self.W = as_matrix(W, "W")
-        self.A = as_matrix(A, "A")
-        if self.W is None or self.A is None:
+        W_, A_ = as_matrix(W, "W"), as_matrix(A, "A")
+        if W_ is None or A_ is None:
             raise TypeError("Perceptron needs both W and A matrices, got None")
+        self.W: np.ndarray = W_
+        self.A: np.ndarray = A_
         m, d = self.A.shape
         if self.W.shape != (d, m):
             raise ValueError(
