@@ -324,7 +324,7 @@ def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:
             line.append(f"clusters: {int(np.ravel(c[0])[0])} -> {int(np.ravel(c[-1])[0])}")
         print("; ".join(line))
     else:
-        mass = res.data["mass"][1] if "mass" in res.data else res.weights.sum(axis=1)
+        mass = res.data["mass"][1] if "mass" in res.data else res.weights.sum(axis=1)  # type: ignore[attr-defined]  # (density results)
         print(f"mass {mass[0]:.15g} -> {mass[-1]:.15g}")
     if cfg["output.figure"]:
         from .plot import plot_trajectory
@@ -425,7 +425,7 @@ _AGAIN = {
 def _machine_failure(exc: OSError, args: argparse.Namespace) -> tuple[int, str]:
     """The exit status and the one line for an ``OSError`` (every failure of the machine is one line)."""
     code, what, todo = _OS_ERRORS.get(
-        exc.errno, (EXIT_FAILED, exc.strerror or "an error of the system", "")
+        exc.errno or 0, (EXIT_FAILED, exc.strerror or "an error of the system", "")
     )
     where = f": {exc.filename}" if exc.filename else ""
     if code == EXIT_FAILED:

@@ -506,7 +506,7 @@ def _read_weights(path: str, beta: float) -> tuple[np.ndarray, ...]:
 def build_model(cfg: dict[str, Any]):
     """The model of a config: attention (kernel convention, long context), a perceptron when perceptron.m > 0,
     layer-dependent weights (model.layers, model.weights) and a normalization scheme (model.scheme)."""
-    from .models import SA, USA, Perceptron
+    from .models import SA, USA, Model, Perceptron
 
     d = cfg["init.d"]
     att_cls = SA if cfg["model.type"] == "SA" else USA
@@ -527,7 +527,7 @@ def build_model(cfg: dict[str, Any]):
             perceptron = Perceptron(
                 rng.normal(0, s / np.sqrt(m), (d, m)), A, b, cfg["perceptron.activation"]
             )
-    attentions = [att_cls(V=V, kernel=cfg["model.kernel"], **temp)]
+    attentions: list[Model] = [att_cls(V=V, kernel=cfg["model.kernel"], **temp)]
     if cfg["model.weights"]:
         Qs, Ks, Vs, betas = _read_weights(cfg["model.weights"], cfg["model.beta"])
         if not (
@@ -568,7 +568,9 @@ def build_model(cfg: dict[str, Any]):
             if scheme == "mix-ln"
             else ({"alpha": cfg["model.alpha"]} if scheme == "ngpt" else {})
         )
-        models = [Normalized(a, scheme, perceptron=perceptron, **kw) for a in attentions]
+        models: list[Model] = [
+            Normalized(a, scheme, perceptron=perceptron, **kw) for a in attentions
+        ]
     else:
         models = [a if perceptron is None else a + perceptron for a in attentions]
     if len(models) == 1:
@@ -692,7 +694,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
 
         _, mu0, kwargs = build_run(cfg)
 
-        def call(trackers, progress, out):
+        def run_particles(trackers, progress, out):
             return simulate(
                 model,
                 mu0,
@@ -707,12 +709,12 @@ def start_run(cfg: dict[str, Any]) -> Run:
         return Run(
             cfg,
             f"{model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, method={cfg['run.method']}",
-            call,
+            run_particles,
         )
     if solver == "lagrangian":
         from .solvers.lagrangian import solve_lagrangian
 
-        def call(trackers, progress, out):
+        def run_lagrangian(trackers, progress, out):
             return solve_lagrangian(
                 model,
                 initial_density(cfg),
@@ -730,7 +732,9 @@ def start_run(cfg: dict[str, Any]) -> Run:
             )
 
         return Run(
-            cfg, f"lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}", call
+            cfg,
+            f"lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}",
+            run_lagrangian,
         )
     kappa = cfg["run.kappa"] or None
     if solver == "zonal":
@@ -743,7 +747,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
             else (lambda z: (z > 0).astype(float))
         )
 
-        def call(trackers, progress, out):
+        def run_zonal(trackers, progress, out):
             return solve_zonal(
                 model,
                 f0,
@@ -760,14 +764,16 @@ def start_run(cfg: dict[str, Any]) -> Run:
             )
 
         return Run(
-            cfg, f"zonal, {model!r}, d={cfg['init.d']}, {cfg['mesh.resolution']} bands in z", call
+            cfg,
+            f"zonal, {model!r}, d={cfg['init.d']}, {cfg['mesh.resolution']} bands in z",
+            run_zonal,
         )
     mesh = build_mesh(cfg)
     rho = Density.from_function(mesh, initial_density(cfg))
     if solver == "eulerian":
         from .solvers.eulerian import solve_density
 
-        def call(trackers, progress, out):
+        def run_eulerian(trackers, progress, out):
             return solve_density(
                 model,
                 rho,
@@ -782,14 +788,14 @@ def start_run(cfg: dict[str, Any]) -> Run:
                 throw=False,
             )
 
-        return Run(cfg, f"eulerian, {model!r}, {mesh!r}", call)
+        return Run(cfg, f"eulerian, {model!r}, {mesh!r}", run_eulerian)
     from .solvers.jko import check_gradient_model, jko
     from .solvers.trackers import StepLog
 
     check_gradient_model(model, mesh.d)
     tau, n_steps, save_every = _jko_schedule(cfg)
 
-    def call(trackers, progress, out):
+    def run_jko(trackers, progress, out):
         log = [StepLog(out / STEP_LOG)] if out is not None else []
         return jko(
             model,
@@ -807,7 +813,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
             throw=False,
         )
 
-    return Run(cfg, f"jko, {model!r}, {mesh!r}, tau={tau:g}, {n_steps} steps", call)
+    return Run(cfg, f"jko, {model!r}, {mesh!r}, tau={tau:g}, {n_steps} steps", run_jko)
 
 
 def resume_run(cfg: dict[str, Any], store: str | Path, out: Path | None = None) -> Run:

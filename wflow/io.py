@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -316,7 +316,7 @@ class FolderLock:
     def __init__(self, path: str | os.PathLike, what: str | None = None):
         self.path = Path(path)
         self.what = what or str(self.path)
-        self.fh = None
+        self.fh: IO[str] | None = None
 
     def acquire(self) -> FolderLock:
         import fcntl
@@ -536,13 +536,12 @@ class ZarrRecorder:
         self.config = run.config
         self.static = run.static
         if self.append:
-            self.group = zarr.open_group(self.path, mode="r+")
+            self.group = group = zarr.open_group(self.path, mode="r+")
             # every chunk is written, even one equal to the fill value (a missing chunk means damage)
             self._arrays = {
-                name: arr.with_config({"write_empty_chunks": True})
-                for name, arr in self.group.arrays()
+                name: arr.with_config({"write_empty_chunks": True}) for name, arr in group.arrays()
             }
-            self.group.attrs.update(_attrs(self.kind, self.solver, self.config))
+            group.attrs.update(_attrs(self.kind, self.solver, self.config))
             record = read_commit(self.path, default={})
             self._chain = record.get("chain")  # None: a store written before the digests
             if self._chain is not None:  # checked: the continuation extends a sound chain
@@ -587,8 +586,8 @@ class ZarrRecorder:
 
     # -- layout -------------------------------------------------------------------------
     @staticmethod
-    def _variables(snap) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
-        out = {"time": ((), np.float64(snap.t))}
+    def _variables(snap) -> dict[str, tuple[tuple[str, ...], Any]]:
+        out: dict[str, tuple[tuple[str, ...], Any]] = {"time": ((), np.float64(snap.t))}
         out.update({k: (dims, np.asarray(v)) for k, (dims, v) in snap.data.items()})
         for k in _STATS:
             out[k] = ((), np.int64(snap.stats[k]))
