@@ -347,15 +347,12 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
         "<= 1e8 (a von Mises-Fisher concentration beyond that is a "
         "point mass at double precision: use fewer components or init.kind=uniform)",
     )
-    if cfg["model.type"] == "USA":
+    if cfg["model.type"] == "USA" and cfg["model.gamma"] == 0:  # the model owns the rule
         from .models import USA
 
-        need(
-            cfg["model.beta"] <= USA.MAX_LOG_VELOCITY,
-            "model.beta",
-            f"<= {USA.MAX_LOG_VELOCITY:g} for USA (its "
-            f"velocity e^beta moves on the time scale e^-beta, beyond float64 there): use model.type=SA",
-        )
+        why = USA.integrable(cfg["model.beta"], cfg["model.kernel"])
+        if why is not None:
+            raise ValueError(f"config key model.beta = {cfg['model.beta']!r}: {why}")
     for key, lo in (
         ("init.n", 1),
         ("init.d", 2),

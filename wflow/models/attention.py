@@ -484,16 +484,39 @@ class USA(Attention):
     #: beyond this log-size of the velocity, float64 cannot integrate USA (error norms square it)
     MAX_LOG_VELOCITY = 300.0
 
+    @classmethod
+    def too_fast(cls, beta: float, log_size: float) -> str:
+        """Why float64 cannot integrate USA whose velocity is of size ``e^log_size`` (the one message of
+        the rule, for the library, the configuration and sweeps alike)."""
+        return (
+            f"USA at beta={beta:g}: the velocity is of size e^{log_size:.4g} and moves on the time scale "
+            f"e^-beta, beyond what float64 can integrate (e^beta overflows, and its square long before; "
+            f"at most e^{cls.MAX_LOG_VELOCITY:g}); use SA (the same clusters, normalized speed), a smaller "
+            f"beta, or the rescaled kernel e^(beta(<x,y>-1)) (USA(beta, kernel='rescaled')), a pure time "
+            f"change t' = e^beta t"
+        )
+
+    @classmethod
+    def integrable(cls, beta: float, kernel: str = "plain") -> str | None:
+        """``None`` when float64 can integrate USA at ``beta`` in ``kernel``, else why not.
+
+        Tokens that gather make the self-interaction :math:`e^{\beta}` the velocity's size in the
+        plain kernel; the rescaled kernel divides it by :math:`e^{\beta}`, so it runs at any beta.
+
+        Examples
+        --------
+        >>> USA.integrable(400.0, "rescaled") is None, USA.integrable(400.0, "plain")[:18]
+        (True, 'USA at beta=400: t')
+        """
+        if kernel == "plain" and beta > cls.MAX_LOG_VELOCITY:
+            return cls.too_fast(beta, beta)
+        return None
+
     def _average(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
         s = self._sums(x, mu, backend)
         c = s.log_scale - self.offset(self.beta_for(mu.n))
         if c.size and float(np.max(c)) > self.MAX_LOG_VELOCITY:
-            raise WflowError(
-                f"USA at beta={self.beta:g}: the velocity is of size e^{float(np.max(c)):.4g} and moves on "
-                f"the time scale e^-beta, beyond what float64 can integrate (e^beta overflows, and its square long "
-                f"before); use SA (the same clusters, normalized speed), a smaller beta, or the rescaled kernel "
-                f"e^(beta(<x,y>-1)) (USA(beta, kernel='rescaled')), a pure time change t' = e^beta t"
-            )
+            raise WflowError(self.too_fast(self.beta, float(np.max(c))))
         return s.vector * np.exp(c)[..., None]
 
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:

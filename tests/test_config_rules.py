@@ -1,0 +1,45 @@
+"""One owner per rule: the model decides whether float64 can integrate USA at a beta, and the library,
+`wflow run` and `wflow sweep` give the same answer with the same words (issue 32, item 4)."""
+
+import re
+
+import numpy as np
+import pytest
+
+import wflow
+from wflow.cli import main
+from wflow.models import USA
+
+WORDS = "USA at beta=400: the velocity is of size e^"
+
+
+def _cli(capsys, argv):
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def test_plain_usa_beyond_float64_is_refused_alike_everywhere(tmp_path, capsys):
+    x0 = wflow.sphere.uniform(12, 3, seed=0)
+    with pytest.raises(wflow.WflowError, match=re.escape(WORDS)):
+        wflow.simulate(USA(400.0), x0, 0.1, dt=0.01, method="rk4", backend="numpy")
+    usa = ["--set", "model.type=USA", "--set", "init.n=12", "--no-progress"]
+    code, err = _cli(capsys, ["run", *usa, "--set", "model.beta=400", "--out", str(tmp_path / "r")])
+    assert code == 2 and WORDS in err and not (tmp_path / "r").exists()
+    grid = ["--grid", "model.beta=[1,400]", "--set", "run.t_end=0.1", "--workers", "1"]
+    code, err = _cli(capsys, ["sweep", *usa, *grid, "--out", str(tmp_path / "s.zarr")])
+    assert code == 2 and WORDS in err and not (tmp_path / "s.zarr").exists()
+    assert USA.integrable(400.0) is not None and USA.integrable(300.0) is None
+
+
+def test_rescaled_usa_runs_at_any_beta_everywhere(tmp_path, capsys):
+    x0 = wflow.sphere.uniform(12, 3, seed=0)
+    traj = wflow.simulate(USA(400.0, kernel="rescaled"), x0, 0.1, dt=0.01, method="rk4")
+    assert traj.status == 0 and np.all(np.isfinite(traj.points))
+    usa = ["--set", "model.type=USA", "--set", "model.kernel=rescaled", "--set", "init.n=12"]
+    small = ["--set", "run.t_end=0.1", "--set", "output.figure=false", "--no-progress"]
+    code, err = _cli(
+        capsys, ["run", *usa, *small, "--set", "model.beta=400", "--out", str(tmp_path / "r")]
+    )
+    assert code == 0, err
+    assert USA.integrable(400.0, "rescaled") is None
