@@ -120,6 +120,17 @@ def _run_sinkhorn(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     if not scaling < 1:
         raise ValueError(f"scaling must be in (0, 1), got {scaling!r}")
     tol = 0.1 * reg if opts["tol"] is None else check_positive(opts["tol"], "tol")
+    # The potentials are of size diam^p and carry float64 rounding of about 2^-46 diam^p: a residual
+    # below that is reached only at a spurious fixed point of the soft c-transforms (at reg -> 0 they
+    # stop moving long before the plan is optimal), never by convergence; refuse to promise it.
+    floor = SINKHORN_RESOLUTION * (math.pi if cost == "geodesic" else 2.0) ** p
+    if tol < floor:
+        what = f"reg={reg!r} (tol = 0.1 reg)" if opts["tol"] is None else f"tol={tol!r}"
+        raise ValueError(
+            f"sinkhorn cannot resolve {what}: its potentials, of size diam^p, carry float64 rounding "
+            f"of about {floor:.1e}, so a residual below that marks no convergence; use reg >= "
+            f"{10 * floor:.1e} (and tol >= {floor:.1e}), or method='emd' for the exact value"
+        )
     max_iter = check_int(opts["max_iter"], "max_iter", minimum=0)
     backend = check_choice(opts["backend"], "backend", ("auto", "keops", "numpy"))
     div, extra = sinkhorn(x, a, y, b, p, cost, reg, scaling, tol, max_iter, backend)
@@ -135,6 +146,9 @@ def _run_sinkhorn(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     bound = extra["bias_bound_pth_power"] ** (1 / p) if extra["converged"] else float("nan")
     return WassersteinResult(max(div, 0.0) ** (1 / p), p, "sinkhorn", cost, False, bound, info)
 
+
+#: the smallest residual tolerance of Sinkhorn's potentials, relative to diam^p, that float64 resolves
+SINKHORN_RESOLUTION = 2.0**-46
 
 #: the methods of :func:`wasserstein` (besides ``"auto"``) and their runners
 RUNNERS: dict[str, Runner] = {
