@@ -101,3 +101,16 @@ def test_bad_arguments(rng):
     with pytest.raises(ValueError, match="x and y must be finite"):
         kernel_sums(np.where(x > 0.5, np.inf, x), x, w, 1.0)
     assert "numpy" in BACKENDS
+
+
+@pytest.mark.parametrize("which", ["x", "y"])
+def test_complex_points_are_refused_naming_the_argument(which):
+    from wflow.kernels import kernel_sums
+
+    x = sphere.uniform(5, 3, seed=0)
+    args = {"x": x, "y": x}
+    args[which] = x.astype(complex)
+    with pytest.raises(
+        TypeError, match=rf"^{which} must be a real array of points, got dtype complex"
+    ):
+        kernel_sums(args["x"], args["y"], np.full(5, 0.2), 1.0, backend="numpy")

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from scipy import special
 
+import wflow
 from wflow import theory
 from wflow.zonal import (
     ZonalFV,
@@ -777,3 +778,17 @@ def test_solve_zonal_bad_input():
         ValueError, match="method 'remap' has no diffusion: kappa must be None .* kappa=10.0"
     ):
         solve_zonal({"attention": "SA", "beta": 1.0}, f, 1.0, d=3, method="remap", kappa=10.0)
+
+
+def test_a_non_finite_rhs_names_the_model_and_grid_not_usa():
+    """SA at d = 1e7 cannot be resolved by 512 cells; the error said 'USA velocity overflow'."""
+    import warnings
+
+    from wflow.errors import SolverError
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(
+            SolverError, match=r"zonal scheme \(SA, beta=4, d=10000000.*1/sqrt\(d\)"
+        ):
+            wflow.solve_zonal(wflow.SA(4.0), lambda z: 1 + 0 * z, 1.0, d=10**7)

@@ -327,6 +327,9 @@ def kernel_sums(
     """
     x = np.asarray(x)
     y = np.asarray(y)
+    for name, arr in (("x", x), ("y", y)):  # complex or object arrays would be cast without a word
+        if arr.dtype.kind not in "biuf":
+            raise TypeError(f"{name} must be a real array of points, got dtype {arr.dtype}")
     dtype = np.result_type(x.dtype, y.dtype, np.float32)
     if dtype not in (np.float32, np.float64):
         dtype = np.dtype(np.float64)

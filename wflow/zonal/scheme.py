@@ -469,12 +469,25 @@ class ZonalFV:
         dm[:-1] -= flux
         dm[1:] += flux
         if not np.all(np.isfinite(dm)):
-            raise SolverError(
-                f"non-finite right-hand side (USA velocity overflow at beta={self.beta:g}?); "
-                f"try kernel='rescaled'"
-            )
+            raise SolverError(self._nonfinite_message())
         top = float(rate.max())
         return dm, (1.0 / top if top > 0 else np.inf)
+
+    def _nonfinite_message(self) -> str:
+        """What a non-finite right-hand side says: the model and grid, and the likely cause for them."""
+        what = (
+            f"non-finite right-hand side of the zonal scheme ({self.attention}, beta={self.beta:g}, "
+            f"d={self.d}, {self.n_cells} cells)"
+        )
+        if self.attention == "USA" and self.kernel == "plain":
+            return f"{what}: the USA velocity overflows at this beta; try kernel='rescaled'"
+        width, cell = 1.0 / np.sqrt(self.d), 2.0 / self.n_cells
+        if width < cell:
+            return (
+                f"{what}: on S^(d-1) the zonal measure concentrates within 1/sqrt(d) = {width:.2g} of "
+                f"z = 0, below the cells' width ~{cell:.2g}; use more cells (n_cells) or a smaller d"
+            )
+        return f"{what}: the face velocities are not finite"
 
     #: the name ``wflow.solvers.eulerian.FiniteVolume`` gives the same ``(dm/dt, dt_max)`` under the solver contract
     positivity_rhs = rhs
