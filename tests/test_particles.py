@@ -502,3 +502,16 @@ def test_span_coordinates_equal_the_full_run_and_resume(tmp_path):
     np.testing.assert_array_equal(back.points, span.points)
     with pytest.raises(ValueError, match="coordinates='span' needs"):
         wflow.simulate(SA(3.0, V=-np.eye(40)), x0, 1.0, coordinates="span", **kw)
+
+
+def test_a_tiny_t_end_takes_the_default_step_without_blaming_dt():
+    """t_end = 1e-300: the default step divided a save interval by ceil(tiny) = 0 and failed on a dt
+    the user never passed."""
+    import warnings
+
+    x0 = sphere.uniform(6, 3, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        traj = simulate(SA(2.0), x0, 1e-300, backend="numpy")
+    assert traj.status == 0 and traj.times[-1] == 1e-300
+    np.testing.assert_allclose(traj.points[-1], x0, atol=1e-15)
