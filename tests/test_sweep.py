@@ -742,3 +742,27 @@ def test_local_cluster_workers_compile_after_numba_was_imported(tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["status"] == [0, 0], got["messages"]
     assert got["pool"] == [1, 1]
+
+
+def test_a_grid_too_large_for_the_disk_is_one_line_before_anything_starts(tmp_path, capsys):
+    """A grid whose store cannot fit (here 1e7 points x 2e4 saves, ~6 TB; the issue's 1e9-point grid
+    started and was killed for memory) is refused in one line, nothing written."""
+    from wflow.cli import main
+
+    argv = ["sweep", "--out", str(tmp_path / "huge.zarr"), "--set", "init.n=8", "--no-progress"]
+    grid = ["--grid", "model.beta=linspace(0.1,9,1000)", "--grid", "init.seed=range(10000)"]
+    capsys.readouterr()
+    assert main([*argv, *grid, "--set", "run.n_saves=20000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "1e+07 points x 20000 saves" in err and "GiB is free" in err
+    assert not (tmp_path / "huge.zarr").exists()
+
+
+def test_the_automatic_batch_bounds_a_tasks_results_too():
+    """A task's observables (batch x saves x observables, float64) stay within the state's budget."""
+    from wflow.sweep.plan import _BATCH_BYTES, make_plan
+
+    cfg = {"init.n": 4, "init.d": 3, "run.backend": "numpy", "run.n_saves": 2001, "run.t_end": 1.0}
+    plan = make_plan(cfg, {"init.seed": "range(100000)"}, None, None)
+    assert plan.batch_size * plan.n_time * len(plan.observables) * 8 <= _BATCH_BYTES
+    assert plan.batch_size == _BATCH_BYTES // (8 * 2001 * len(plan.observables))

@@ -53,6 +53,7 @@ submits tasks and writes their results).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import types
@@ -196,6 +197,7 @@ def sweep(
         raise ValueError(f"retries must be an integer >= 0, got {short_repr(retries)}")
     out = Path(out)
     Store(out, plan).check(resume, overwrite)  # a store of another sweep: before any cluster starts
+    _check_disk(plan, out)
     client, cluster, owned = connect(
         scheduler, workers, timeout, threads_per_task
     )  # before anything is written
@@ -214,6 +216,27 @@ def sweep(
         if lock is not None:
             lock.release()
     return open_sweep(out)
+
+
+def _check_disk(plan, out: Path) -> None:
+    """Refuse a grid whose store would not fit on the disk (estimated before anything starts)."""
+    import shutil
+
+    need = plan.store_bytes()
+    probe = out if out.exists() else out.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        usage = shutil.disk_usage(probe)
+    except OSError:
+        return  # the store's creation reports what fails
+    if usage.total and need > usage.free:
+        points = math.prod(plan.shape)
+        raise ValueError(
+            f"the grid has {points:.3g} points x {plan.n_time} saves x {len(plan.observables)} "
+            f"observables: its store needs about {need / 2**30:.3g} GiB, and {usage.free / 2**30:.3g} "
+            f"GiB is free under {probe}; sweep fewer points or saves (run.n_saves), or fewer observables"
+        )
 
 
 class _CallableModule(types.ModuleType):

@@ -169,6 +169,12 @@ class Plan:
     def points(self, task: int) -> int:
         return int(np.prod([s.stop - s.start for s in self.region(task)]))
 
+    def store_bytes(self) -> int:
+        """About how many bytes the store's observables take (float64, uncompressed), for the disk check."""
+        return int(
+            np.prod(self.shape, dtype=float) * self.n_time * max(1, len(self.observables)) * 8
+        )
+
 
 def _dims(keys: Sequence[str]) -> list[str]:
     last = [k.rsplit(".", 1)[-1] for k in keys]
@@ -270,6 +276,7 @@ def make_plan(config: Any, grid: Any, observables: Any, batch_size: int | None) 
     if clash:
         raise ValueError(f"observables {clash} have the names of grid dimensions; rename them")
     keys = [a.key for a in axes]
+    auto_batch = batch_size is None
     if BATCH_KEY in keys and solver == "particles":
         seeds = axes[keys.index(BATCH_KEY)].values
         if min(seeds) < 0:
@@ -290,7 +297,11 @@ def make_plan(config: Any, grid: Any, observables: Any, batch_size: int | None) 
     plan = Plan(base, axes, obs, batch_size, 0, np.zeros(0), "")
     # every task's configuration is valid (the seeds checked above), before anything is written
     saves = set()
+    # the tasks along the seed axis differ only in their seeds (checked above): one of each suffices
+    shape, b = plan.task_shape(), plan.batch_axis
     for task in range(plan.n_tasks):
+        if b is not None and np.unravel_index(task, shape)[b] != 0:
+            continue
         cfg, _ = plan.task_config(task)
         try:
             validate_config(cfg)
@@ -305,6 +316,11 @@ def make_plan(config: Any, grid: Any, observables: Any, batch_size: int | None) 
     plan.times = (
         np.array(next(iter(saves))) if len(saves) == 1 else np.arange(plan.n_time, dtype=float)
     )
+    # a task's results (batch x saves x observables) are held in memory by the worker and the client:
+    # the automatic batch keeps them within the same budget as the state
+    per_point = 8 * plan.n_time * max(1, len(obs))
+    if plan.batch_axis is not None and auto_batch:
+        plan.batch_size = max(1, min(plan.batch_size, _BATCH_BYTES // per_point))
     plan.fingerprint = _fingerprint(plan)
     return plan
 
