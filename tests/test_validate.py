@@ -4,11 +4,14 @@ The studies live in the installed package (wflow.studies); nothing in it may rea
 checkout (the top-level validation/ folder holds entry points and reports only).
 """
 
+import ast
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from wflow.cli import main
 from wflow.studies import report
@@ -112,6 +115,43 @@ def test_every_study_is_registered_by_a_listed_module_of_the_package():
         assert Path(sys.modules[fn.__module__].__file__).resolve().is_relative_to(PACKAGE)
 
 
+def _reaches_for_the_checkout(path: Path) -> list[str]:
+    """Lines of ``path`` that touch sys.path, or import (or import_module) the top-level validation/."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "path":
+            if isinstance(node.value, ast.Name) and node.value.id == "sys":
+                found.append(f"{path.name}:{node.lineno}: sys.path")
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.startswith("validation.") and node.value[11:].isidentifier():
+                names = [node.value]
+        elif isinstance(node, ast.JoinedStr) and any(
+            isinstance(v, ast.Constant) and str(v.value).startswith("validation.")
+            for v in node.values[:1]
+        ):
+            names = ["validation.<f-string>"]
+        found += [
+            f"{path.name}:{node.lineno}: {n}"
+            for n in names
+            if n == "validation" or n.startswith("validation.")
+        ]
+    return found
+
+
+def test_no_module_of_the_package_reaches_for_the_source_checkout():
+    """From a wheel there is no validation/ folder: a study that imports it cannot run
+    (`wflow validate eulerian` printed FAILED and exited 0)."""
+    found = [
+        hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _reaches_for_the_checkout(path)
+    ]
+    assert not found, found
+
+
 def test_every_study_registers_from_a_copy_of_the_package_alone(tmp_path):
     """Only a copy of wflow/ on the path (no checkout, no validation/): every study module imports."""
     site = tmp_path / "site"
@@ -129,3 +169,29 @@ def test_every_study_registers_from_a_copy_of_the_package_alone(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_validation_scripts_import_only_the_public_package():
+    for path in sorted((CHECKOUT / "validation").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("wflow"):
+                assert not any(a.name.startswith("_") for a in node.names), (path, node.lineno)
+                assert not any(p.startswith("_") for p in node.module.split(".")), path
+
+
+@pytest.mark.skipif(
+    not (CHECKOUT / "validation" / "run.py").is_file(), reason="needs the source checkout"
+)
+def test_python_m_validation_runs_a_study_and_heads_its_report(tmp_path):
+    shutil.copytree(
+        CHECKOUT / "validation", tmp_path / "validation", ignore=shutil.ignore_patterns("reports")
+    )
+    out = tmp_path / "rep"
+    cmd = ["-m", "validation", "mean-shift", "--quick", "--out", str(out)]
+    r = subprocess.run([sys.executable, *cmd], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = (out / "mean-shift.md").read_text().splitlines()
+    assert lines[0] == "# mean-shift"
+    assert lines[2] == f"Command: `python -m validation {' '.join(cmd[2:])}`"
+    assert lines[4].startswith("Commit: `unknown` (not run from a git checkout); wflow ")
+    assert lines[6].startswith("PASSED in ")

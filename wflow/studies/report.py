@@ -41,10 +41,11 @@ log = logging.getLogger(__name__)
 #: every study, by name (filled by :func:`register`)
 STUDIES: dict[str, Callable[[Path, bool], StudyReport]] = {}
 
-#: the modules whose import registers the studies (:func:`load_all`; ``wflow.validate`` holds mean-field,
-#: eulerian, jko)
+#: the modules whose import registers the studies (:func:`load_all`)
 STUDY_MODULES = (
-    "wflow.validate",
+    "wflow.studies.mean_field",
+    "wflow.studies.eulerian",
+    "wflow.studies.jko",
     "wflow.studies.zonal",
     "wflow.studies.perceptron",
     "wflow.studies.staircase",
@@ -148,7 +149,10 @@ class Expectation:
 
 @dataclass
 class StudyReport:
-    """What a study returns: its CSV rows, its expectations (each passes or fails), figures and notes.
+    """What a study returns: its CSV rows, its expectations (each passes or fails), figures, notes and tables.
+
+    ``sections`` are Markdown blocks (a heading and a table of every measured value, say) that
+    :func:`write_report` writes after the expectations and figures.
 
     Examples
     --------
@@ -169,6 +173,7 @@ class StudyReport:
     figures: list[Path] = field(default_factory=list)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    sections: list[str] = field(default_factory=list)
     #: why the study could not run (it raised, or its module could not be imported); ``None`` if it ran
     error: str | None = None
 
@@ -235,6 +240,7 @@ def write_report(rep: StudyReport, out: Path) -> Path:
     lines += (
         [""]
         + [f"![{f.stem}]({f.name})" for f in rep.figures]
+        + [line for block in rep.sections for line in ("", block)]
         + ["", "## Notes", ""]
         + [f"- {n}" for n in rep.notes]
     )
