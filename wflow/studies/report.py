@@ -110,7 +110,7 @@ def load_all() -> dict[str, str]:
 
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def fit_slope(N: np.ndarray, err: np.ndarray, level: float = 0.99) -> tuple[float, float]:
