@@ -79,13 +79,16 @@ def main(
     if study is None:
         p.add_argument("studies", nargs="+", help="studies or groups (wflow validate --help)")
     else:
-        p.add_argument("out", nargs="?", type=Path, default=None, help="report folder")
+        p.add_argument(
+            "out", nargs="?", type=Path, default=None, metavar="DIR", help="report folder"
+        )
     p.add_argument("--quick", action="store_true", help="the CI mode")
     p.add_argument(
         "--out",
         type=Path,
         default=None,
         dest="out_option",
+        metavar="DIR",
         help="report folder (default: validation/reports/, with --quick wflow-validation/)",
     )
     p.add_argument("--workers", type=int, default=1, help="Dask worker processes")
