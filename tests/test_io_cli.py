@@ -217,16 +217,16 @@ def test_validate_rejects_zero_workers_before_anything_is_written(tmp_path, caps
 
 def test_validate_report_and_exit_status(tmp_path, monkeypatch, capsys):
     """A failed expectation makes `wflow validate` exit 1 and is marked in the Markdown report."""
-    from wflow import validate
+    from wflow import studies
 
     def fake(out, quick):
-        rep = validate.StudyReport("fake")
+        rep = studies.StudyReport("fake")
         rep.rows.append({"N": 10, "err": 0.1})
         rep.expect("slope", -0.2, -0.6, -0.4)
         rep.expect("order", 2.0, 1.8, 2.2)
         return rep
 
-    monkeypatch.setitem(validate.STUDIES, "fake", fake)
+    monkeypatch.setitem(studies.STUDIES, "fake", fake)
     assert main(["validate", "fake", "--out", str(tmp_path)]) == 1
     text = (tmp_path / "fake.md").read_text()
     assert (

@@ -330,7 +330,7 @@ def test_bad_input_is_named_before_anything_runs(kwargs, exc, match, tmp_path):
 
 
 def test_a_study_without_expectations_fails():
-    from wflow.validate import StudyReport
+    from wflow.studies import StudyReport
 
     rep = StudyReport("empty")
     assert not rep.passed

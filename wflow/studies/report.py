@@ -4,19 +4,24 @@ A study is a function ``study(out: Path, quick: bool) -> StudyReport`` registere
 with :func:`register`; it states its expectations (each passes or fails), writes figures into
 ``out`` and returns its rows for a CSV table.  ``wflow validate NAME`` runs it and writes
 ``NAME.md`` and ``NAME.csv``; the command exits 1 when an expectation fails (a study with no
-expectations fails too).
+expectations fails too), and when a study cannot run: its module cannot be imported
+(:func:`load_all`) or it raises (:func:`run_studies` records the error and runs the others).
 """
 
 from __future__ import annotations
 
 import csv
 import importlib
+import logging
+import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 __all__ = [
     "Expectation",
@@ -25,16 +30,22 @@ __all__ = [
     "register",
     "write_report",
     "run_studies",
+    "load_all",
+    "fit_slope",
     "STUDY_MODULES",
     "GROUPS",
 ]
 
+log = logging.getLogger(__name__)
+
 #: every study, by name (filled by :func:`register`)
 STUDIES: dict[str, Callable[[Path, bool], StudyReport]] = {}
 
-#: modules whose import registers further studies (``wflow.validate`` holds mean-field, eulerian, jko)
+#: the modules whose import registers the studies (:func:`load_all`)
 STUDY_MODULES = (
-    "wflow.validate",
+    "wflow.studies.mean_field",
+    "wflow.studies.eulerian",
+    "wflow.studies.jko",
     "wflow.studies.zonal",
     "wflow.studies.perceptron",
     "wflow.studies.staircase",
@@ -74,9 +85,50 @@ def register(name: str, group: str | None = None):
     return deco
 
 
-def _load_all() -> None:
+def load_all() -> dict[str, str]:
+    """Import every module of :data:`STUDY_MODULES` (each registers its studies in :data:`STUDIES`).
+
+    A module that cannot be imported does not stop the others: returns those that failed,
+    module name -> ``"ExceptionType: message"`` (empty when all imported).
+
+    Examples
+    --------
+    >>> load_all()
+    {}
+    >>> "mean-field" in STUDIES and "eulerian" in STUDIES and "papers" in GROUPS
+    True
+    """
+    failed = {}
     for mod in STUDY_MODULES:
-        importlib.import_module(mod)
+        try:
+            importlib.import_module(mod)
+        except Exception as exc:  # any error: the study cannot run, the others still can
+            log.debug("importing %s failed", mod, exc_info=True)
+            failed[mod] = _one_line(exc)
+    return failed
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def fit_slope(N: np.ndarray, err: np.ndarray, level: float = 0.99) -> tuple[float, float]:
+    """OLS slope of ``log err`` against ``log N``, with the half-width of its ``level`` confidence interval.
+
+    The half-width is Student's t quantile times the slope's standard error (``inf`` with two
+    points); :meth:`StudyReport.expect_slope` states an expectation on the pair.
+
+    Examples
+    --------
+    >>> N = np.array([100.0, 400.0, 1600.0, 6400.0])
+    >>> slope, half = fit_slope(N, 3.0 * N**-0.5 * np.array([1.02, 0.97, 1.01, 0.99]))
+    >>> round(slope, 3), bool(0 < half < 0.1)
+    (-0.504, True)
+    """
+    res = stats.linregress(np.log(N), np.log(err))
+    half = stats.t.ppf(0.5 + level / 2, len(N) - 2) * res.stderr if len(N) > 2 else np.inf
+    return float(res.slope), float(half)
 
 
 @dataclass
@@ -97,7 +149,10 @@ class Expectation:
 
 @dataclass
 class StudyReport:
-    """What a study returns: its CSV rows, its expectations (each passes or fails), figures and notes.
+    """What a study returns: its CSV rows, its expectations (each passes or fails), figures, notes and tables.
+
+    ``sections`` are Markdown blocks (a heading and a table of every measured value, say) that
+    :func:`write_report` writes after the expectations and figures.
 
     Examples
     --------
@@ -108,6 +163,8 @@ class StudyReport:
     (True, [True, True])
     >>> StudyReport("no expectations").passed   # a study that states nothing fails
     False
+    >>> StudyReport("broken", error="ZeroDivisionError: division by zero").passed
+    False
     """
 
     name: str
@@ -116,11 +173,18 @@ class StudyReport:
     figures: list[Path] = field(default_factory=list)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    sections: list[str] = field(default_factory=list)
+    #: why the study could not run (it raised, or its module could not be imported); ``None`` if it ran
+    error: str | None = None
 
     @property
     def passed(self) -> bool:
-        """True when the study stated expectations and all of them held (a study with none fails)."""
-        return bool(self.expectations) and all(e.passed for e in self.expectations)
+        """True when the study ran, stated expectations and all of them held (a study with none fails)."""
+        return (
+            self.error is None
+            and bool(self.expectations)
+            and all(e.passed for e in self.expectations)
+        )
 
     def expect_slope(
         self, name: str, slope: float, half: float, target: float, max_half: float = 0.25
@@ -163,7 +227,8 @@ def write_report(rep: StudyReport, out: Path) -> Path:
     lines = [
         f"# {rep.name}",
         "",
-        f"{'PASSED' if rep.passed else 'FAILED'} in {rep.seconds:.0f} s",
+        f"{'PASSED' if rep.passed else 'FAILED'} in {rep.seconds:.0f} s"
+        + (f": could not run ({rep.error})" if rep.error else ""),
         "",
         "| expectation | value | target | result |",
         "|---|---|---|---|",
@@ -175,6 +240,7 @@ def write_report(rep: StudyReport, out: Path) -> Path:
     lines += (
         [""]
         + [f"![{f.stem}]({f.name})" for f in rep.figures]
+        + [line for block in rep.sections for line in ("", block)]
         + ["", "## Notes", ""]
         + [f"- {n}" for n in rep.notes]
     )
@@ -192,6 +258,13 @@ def run_studies(
     ``workers > 1``: studies split into parts compute them on that many Dask worker processes
     (:meth:`wflow.studies.parts.Parts.prefetch`).
 
+    A study that raises (any ``Exception``; an interruption still stops the run) gets a report
+    with its :attr:`~StudyReport.error` and the next study runs.  A module of
+    :data:`STUDY_MODULES` that cannot be imported is reported as a study named after the module
+    that could not run, whatever names were asked for (the registry is incomplete), and a name
+    that is unknown while such a module exists is reported as not able to run, not as a
+    ``ValueError``.
+
     Examples
     --------
     >>> import pathlib, tempfile
@@ -202,22 +275,55 @@ def run_studies(
     Traceback (most recent call last):
     ...
     ValueError: unknown validation study 'no-such-study'; known: ...
+    >>> @register("demo-broken")
+    ... def broken(out, quick):
+    ...     return 1 / 0
+    >>> [(r.name, r.passed, r.error) for r in run_studies(["demo-broken"], out, quick=True)]
+    [('demo-broken', False, 'ZeroDivisionError: division by zero')]
+    >>> del STUDIES["demo-broken"]
     """
-    _load_all()
+    import_errors = load_all()
     names = list(STUDIES) if not names else names
     unknown = [n for n in names if n not in STUDIES and n not in GROUPS]
-    if unknown:
+    if unknown and not import_errors:
         raise ValueError(
             f"unknown validation study {unknown[0]!r}; known: {', '.join(list(STUDIES) + list(GROUPS))}"
         )
-    names = list(dict.fromkeys(m for n in names for m in GROUPS.get(n, [n])))
     from .parts import workers as _workers
 
     with _workers(workers):
         out.mkdir(parents=True, exist_ok=True)
-        reports = []
-        for n in names:
-            rep = STUDIES[n](out, quick)
+        reports = [
+            StudyReport(mod, error=f"cannot be imported ({why})")
+            for mod, why in import_errors.items()
+        ]
+        reports += [
+            StudyReport(
+                n,
+                error="not registered; study modules that could not be imported: "
+                + ", ".join(import_errors),
+            )
+            for n in unknown
+        ]
+        for rep in reports:
+            write_report(rep, out)
+        known = [name for name in names if name not in unknown]
+        for n in dict.fromkeys(m for name in known for m in GROUPS.get(name, [name])):
+            start = time.perf_counter()
+            try:
+                rep = STUDIES[n](out, quick)
+            except Exception as exc:  # this study cannot run; the next one still can
+                log.debug("study %s raised", n, exc_info=True)
+                frame = traceback.extract_tb(exc.__traceback__)[-1]
+                rep = StudyReport(
+                    n,
+                    error=_one_line(exc),
+                    seconds=time.perf_counter() - start,
+                    notes=[
+                        f"raised in {frame.filename}:{frame.lineno} ({frame.name}); "
+                        "`wflow -v validate` logs the traceback"
+                    ],
+                )
             write_report(rep, out)
             reports.append(rep)
     return reports

@@ -27,7 +27,7 @@ import numpy as np
 from ..models import SA, USA
 from ..solvers.particles import simulate
 from ..solvers.zonal import law_quantile, solve_zonal
-from .report import StudyReport, register
+from .report import StudyReport, fit_slope, register
 
 __all__ = ["mean_field_zonal", "sample_zonal", "initial_density"]
 
@@ -91,12 +91,6 @@ def sample_zonal(f, d: int, n: int, rng: np.random.Generator, *, grid: int = 1 <
     u /= np.linalg.norm(u, axis=1, keepdims=True)
     s = np.sqrt(np.maximum(1.0 - zs * zs, 0.0))
     return np.concatenate([s[:, None] * u, zs[:, None]], axis=1)
-
-
-def _fit_slope(N: np.ndarray, err: np.ndarray, level: float = 0.99) -> tuple[float, float]:
-    from ..validate import _fit_slope as fit
-
-    return fit(N, err, level)
 
 
 def _law_w2(edges_a, m_a, edges_b, m_b, n: int = 1 << 16) -> float:
@@ -180,7 +174,7 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
             for t in (0.0, T_END):
                 sel = [r for r in rows if r["t"] == t]
                 Ns = np.array([r["N"] for r in sel], float)
-                slope, half = _fit_slope(Ns, np.array([r["W2"] for r in sel]))
+                slope, half = fit_slope(Ns, np.array([r["W2"] for r in sel]))
                 results[(d, name, t)] = (Ns, np.array([r["W2"] for r in sel]), slope, half)
                 if t == T_END:
                     rep.expect_slope(

@@ -1,43 +1,40 @@
-r"""Validation studies: the solvers against theory and against each other.
+r"""The mean-field study: finite-N particle systems against the continuum on :math:`S^1` and :math:`S^2`.
 
-Each study is a function ``study(out: Path, quick: bool) -> StudyReport`` registered in
-:data:`STUDIES`; ``wflow validate`` runs them, writes Markdown, CSV and PNG files into a
-report folder, prints a summary, and exits non-zero when a stated expectation fails.
-
-The mean-field study (:func:`mean_field`) is the central check of the package: finite-N
-particle systems converge to the continuum solution at the predicted rates.
+``wflow validate mean-field [--quick]`` (:func:`mean_field`) is the central check of the package:
+finite-N particle systems converge to the continuum solution at the predicted rates.  Its parts:
+the coupling error and :math:`W_2` against :math:`N` from i.i.d. starts (this module), the
+semi-discrete :math:`W_2` on :math:`S^2` in full mode (:func:`_s2_semidiscrete_w2`), the
+deterministic quadrature start, the cross-check with the finite-volume solver, and :math:`W_2` in
+time against Dobrushin's bound (:func:`wflow.studies.mean_field_time.w2_in_time`).  What is
+computed, what is expected and the measured run times: docs/validation.md.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
-from . import sphere
-from .measure import Atoms
-from .models import SA, USA
-from .solvers.particles import simulate
-from .studies.parts import Parts
-from .studies.report import STUDIES, Expectation, StudyReport, register, run_studies, write_report
+from .. import sphere
+from ..measure import Atoms
+from ..models import SA, USA
+from ..solvers.particles import simulate
+from .mean_field_time import CHAOS_BETAS, w2_in_time
+from .report import Expectation, StudyReport, fit_slope, register
 
 __all__ = [
-    "Expectation",
-    "StudyReport",
-    "STUDIES",
     "mean_field",
-    "run_studies",
-    "write_report",
-    "register",
-    "circle_w2",
-    "lipschitz_bound",
+    "S2_REFERENCE_ATOMS",
+    "S2_EMD_MAX_N",
+    "S2_SD_PLAN",
+    "S2_SD_TIMES",
+    "S2_SD_ASSERT_UNTIL",
+    "S2_ATOMS_PER_PARTICLE",
+    "S2_REFINED_ATOMS_PER_PARTICLE",
 ]
-
-log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------ problem
@@ -96,13 +93,6 @@ def _quadrature(d: int, nodes: int) -> Atoms:
     return Atoms(x, q * _sphere_density(x))
 
 
-def _fit_slope(N: np.ndarray, err: np.ndarray, level: float = 0.99) -> tuple[float, float]:
-    """OLS slope of log err against log N, with the half-width of its ``level`` confidence interval."""
-    res = stats.linregress(np.log(N), np.log(err))
-    half = stats.t.ppf(0.5 + level / 2, len(N) - 2) * res.stderr if len(N) > 2 else np.inf
-    return float(res.slope), float(half)
-
-
 def _akt_slope(n_min: float, n_max: float) -> float:
     """Secant slope of log sqrt(log N / N) against log N between ``n_min`` and ``n_max``."""
     return -0.5 + 0.5 * np.log(np.log(n_max) / np.log(n_min)) / np.log(n_max / n_min)
@@ -130,7 +120,7 @@ def _s2_semidiscrete_w2(
     """
     import warnings
 
-    from .transport import wasserstein_result
+    from ..transport import wasserstein_result
 
     t0 = time.perf_counter()
     n_ref = min(sd_plan)
@@ -191,7 +181,7 @@ def _s2_semidiscrete_w2(
     for t in times:
         sel = [r for r in rows if r["t"] == t]
         Ns = np.array([r["N"] for r in sel], float)
-        slope, half = _fit_slope(Ns, np.array([r["W2"] for r in sel]))
+        slope, half = fit_slope(Ns, np.array([r["W2"] for r in sel]))
         akt = _akt_slope(Ns.min(), Ns.max())
         width = max((r["W2_upper"] - r["W2_lower"]) / r["W2"] for r in sel)
         label = (
@@ -252,271 +242,6 @@ def _s2_semidiscrete_w2(
     )
 
 
-# ------------------------------------------------------------------------------ W2 in time (S^1)
-#: W2(mu_N(t), mu(t)) as a function of t on S^1 (the mean-field study's propagation-of-chaos part):
-#: inverse temperatures, (N: seeds) per mode, final time (SA; USA runs to CHAOS_T e^(1 - beta), the same
-#: number of its own time scales e^-beta), saves, fine reference nodes and quadrature nodes per mode
-CHAOS_BETAS = (1.0, 5.0)
-CHAOS_PLAN = {True: {100: 8, 400: 4}, False: {100: 32, 400: 16, 1600: 8, 3200: 4}}
-CHAOS_T = 3.0
-CHAOS_SAVES = 7
-CHAOS_FINE = {True: 2**12, False: 2**14}
-CHAOS_QUAD = {True: 256, False: 512}
-
-
-def circle_w2(x: np.ndarray, a: np.ndarray, y: np.ndarray, b: np.ndarray) -> float:
-    r"""Exact :math:`W_2` (geodesic) between two weighted point sets on :math:`S^1`.
-
-    Delon--Salomon--Sobolevski (2010): with coordinates in :math:`[0, 1)` and quantile functions
-    :math:`F^{-1}`, :math:`G^{-1}` (the latter extended by :math:`G^{-1}(s + k) = G^{-1}(s) + k`),
-    :math:`W_2^2 = (2\pi)^2 \min_\theta \int_0^1 |F^{-1}(t) - G^{-1}(t + \theta)|^2 dt`, convex in
-    :math:`\theta`; each evaluation is exact on the merged breakpoints (O((n + m) log(n + m))), the
-    minimum by bounded Brent.  Agrees with POT's ``wasserstein_circle`` to 1e-11 and is 10-100x faster
-    on 10^3-10^4 atoms.
-
-    Examples
-    --------
-    >>> from wflow import Atoms, transport
-    >>> rng = np.random.default_rng(1)
-    >>> x, y = sphere.uniform(40, 2, rng), sphere.vmf_mixture(300, [[1.0, 0.0]], [4.0], None, rng)
-    >>> a, b = rng.uniform(0.1, 1, 40), np.full(300, 1 / 300)
-    >>> pot = transport.wasserstein(Atoms(x, a / a.sum()), Atoms(y, b), method="circle")
-    >>> bool(abs(circle_w2(x, a, y, b) - pot) < 1e-10)
-    True
-    """
-    from scipy import optimize
-
-    u = np.mod(np.arctan2(x[:, 1], x[:, 0]) / (2 * np.pi), 1.0)
-    v = np.mod(np.arctan2(y[:, 1], y[:, 0]) / (2 * np.pi), 1.0)
-    i, j = np.argsort(u), np.argsort(v)
-    u, a = u[i], np.asarray(a, float)[i] / np.sum(a)
-    v, b = v[j], np.asarray(b, float)[j] / np.sum(b)
-    A, B = np.cumsum(a), np.cumsum(b)
-    A[-1] = B[-1] = 1.0
-
-    def cost(theta: float) -> float:
-        edges = np.sort(np.concatenate([[0.0, 1.0], A[:-1], np.mod(B - theta, 1.0)]))
-        t = 0.5 * (edges[1:] + edges[:-1])
-        fu = u[np.minimum(np.searchsorted(A, t, side="right"), len(u) - 1)]
-        s = t + theta
-        m = np.floor(s)
-        gv = v[np.minimum(np.searchsorted(B, s - m, side="right"), len(v) - 1)] + m
-        return float(np.sum(np.diff(edges) * (fu - gv) ** 2))
-
-    res = optimize.minimize_scalar(
-        cost, bounds=(-1.0, 1.0), method="bounded", options={"xatol": 1e-13}
-    )
-    return float(2 * np.pi * np.sqrt(res.fun))
-
-
-def lipschitz_bound(model: str, beta: float) -> tuple[float, float]:
-    r"""Constants :math:`(L_1, L_2)` of the circle velocity: Lipschitz in the point and in the measure (:math:`W_1`).
-
-    With :math:`h(u) = e^{\beta\cos u}\sin u` and :math:`M_1 = \sup|h'|`, :math:`M_2 = \sup_u \beta|\sin u|\,e^{\beta\cos u}`
-    (computed on a fine grid; :math:`M_1 = e^{\beta}`):
-
-    * USA, :math:`\dot\theta = -\int h(\theta - \varphi)\,d\mu(\varphi)`: :math:`L_1 = L_2 = M_1`;
-    * SA, :math:`\dot\theta = -\int h\,d\mu / \int e^{\beta\cos}d\mu`: :math:`L_1 \le 1 + \beta` (the derivative is
-      :math:`-E_p[\cos] + \beta\,\mathrm{Var}_p[\sin]`), :math:`L_2 \le (M_1 + M_2)\,e^{\beta}` (the normalizer is
-      :math:`\ge e^{-\beta}` and :math:`|v| \le 1`).
-
-    Coupling the two flows from an optimal plan of the initial data gives
-    :math:`\frac{d}{dt}D \le L_1 D + L_2 W_1 \le (L_1 + L_2) D`, hence Dobrushin's estimate
-    :math:`W_2(\mu_N(t), \mu(t)) \le e^{Lt} W_2(\mu_N(0), \mu(0))`, :math:`L = L_1 + L_2`
-    (Sznitman 1991; Rigollet 2025, the mean-field limit).
-
-    >>> np.allclose(lipschitz_bound("USA", 1.0), np.e), np.allclose(lipschitz_bound("SA", 0.0), (1.0, 1.0))
-    (True, True)
-    """
-    u = np.linspace(-np.pi, np.pi, 200_001)
-    m1 = float(np.max(np.abs(np.exp(beta * np.cos(u)) * (np.cos(u) - beta * np.sin(u) ** 2))))
-    m2 = float(np.max(beta * np.abs(np.sin(u)) * np.exp(beta * np.cos(u))))
-    if model == "USA":
-        return m1, m1
-    if model == "SA":
-        return 1.0 + beta, (m1 + m2) * np.exp(beta)
-    raise ValueError(f"model must be 'SA' or 'USA', got {model!r}")
-
-
-def _chaos_part(
-    name: str, beta: float, plan: dict[int, int], times: np.ndarray, n_fine: int, n_quad: int
-) -> dict[str, Any]:
-    """One (model, beta): the reference (n_quad and n_quad/2 nodes), every sample's W2 at every save."""
-    model = {"SA": SA, "USA": USA}[name](beta)
-    t0 = time.perf_counter()
-    fx, fq = sphere.circle_nodes(n_fine, offset=np.pi / n_fine)
-    fw = fq * _circle_density(fx)
-    fw /= fw.sum()
-    pushed = {}
-    for M in (n_quad, n_quad // 2):
-        ref = simulate(
-            model,
-            _quadrature(2, M),
-            times[-1],
-            save_at=times,
-            method="dopri5",
-            rtol=1e-10,
-            atol=1e-12,
-            tracers=fx,
-            diagnostics=(),
-        )
-        pushed[M] = ref.tracers
-    ref_err = np.array(
-        [circle_w2(pushed[n_quad][i], fw, pushed[n_quad // 2][i], fw) for i in range(len(times))]
-    )
-    t_ref = time.perf_counter() - t0
-    out: dict[str, Any] = {"ref_error": ref_err, "seconds_reference": t_ref}
-    scale = 1.0 if name == "SA" else float(np.exp(beta - 1.0))
-    for N, seeds in plan.items():
-        x0 = np.stack([_sample(2, N, np.random.default_rng([2, N, s, 8])) for s in range(seeds)])
-        tr = simulate(model, x0, times[-1], save_at=times, dt=0.05 / scale, diagnostics=())
-        w = np.full(N, 1.0 / N)
-        out[f"W2_{N}"] = np.array(
-            [
-                [circle_w2(tr.points[i][s], w, pushed[n_quad][i], fw) for i in range(len(times))]
-                for s in range(seeds)
-            ]
-        )
-    out["seconds"] = time.perf_counter() - t0
-    return out
-
-
-def _chaos_in_time(rep: StudyReport, out: Path, quick: bool) -> Path:
-    r"""Propagation of chaos in time on :math:`S^1`: :math:`W_2(\mu_N(t), \mu(t))` against Dobrushin's :math:`e^{Lt}`.
-
-    SA and USA at :math:`\beta \in \{1, 5\}`; :math:`\mu(t)` is the push-forward of ``CHAOS_FINE``
-    equispaced :math:`\rho_0`-weighted nodes by the Lagrangian quadrature solver (``CHAOS_QUAD`` nodes;
-    its error is the :math:`W_2` to the solve on half the nodes).  Per sample the exact circle
-    :math:`W_2` (:func:`circle_w2`) at every save.  Expected (what theory guarantees): every sample's
-    empirical rate :math:`\max_t \log(W_2(t)/W_2(0))/t` is below :math:`L = L_1 + L_2`
-    (:func:`lipschitz_bound`), and so is the fitted growth rate (OLS of :math:`\log(W_2(t)/W_2(0))`
-    against :math:`t`, pooled over seeds, one fit per N, 99 % CI).  Reported: the fitted rates.
-    """
-    parts = Parts(out, "mean-field", quick)
-    plan = CHAOS_PLAN[quick]
-    curves = {}
-    for name in ("SA", "USA"):
-        for beta in CHAOS_BETAS:
-            T = CHAOS_T if name == "SA" else CHAOS_T * float(np.exp(1.0 - beta))
-            times = np.linspace(0.0, T, CHAOS_SAVES)
-            key = {
-                "part": "w2-in-time",
-                "model": name,
-                "beta": beta,
-                "plan": plan,
-                "T": T,
-                "saves": CHAOS_SAVES,
-                "fine": CHAOS_FINE[quick],
-                "quad": CHAOS_QUAD[quick],
-            }
-            r = parts.get(
-                key,
-                lambda: _chaos_part(name, beta, plan, times, CHAOS_FINE[quick], CHAOS_QUAD[quick]),
-            )
-            L1, L2 = lipschitz_bound(name, beta)
-            L = L1 + L2
-            worst, w2_min = -np.inf, np.inf
-            fits = {}
-            for N, seeds in plan.items():
-                W = r[f"W2_{N}"]  # (seeds, saves)
-                w2_min = min(w2_min, float(W.min()))
-                ratio = np.log(W[:, 1:] / W[:, :1])
-                worst = max(worst, float(np.max(ratio / times[1:])))
-                tt = np.tile(times[1:], seeds)
-                res = stats.linregress(
-                    np.r_[np.zeros(seeds), tt], np.r_[np.zeros(seeds), ratio.ravel()]
-                )
-                half = float(stats.t.ppf(0.995, seeds * len(times) - 2) * res.stderr)
-                fits[N] = (float(res.slope), half)
-                for s in range(seeds):
-                    for i, t in enumerate(times):
-                        rep.rows.append(
-                            {
-                                "sphere": "S1",
-                                "model": name,
-                                "start": "iid-in-time",
-                                "beta": beta,
-                                "N": N,
-                                "seed": s,
-                                "t": float(t),
-                                "coupling": np.nan,
-                                "W2": float(W[s, i]),
-                                "reference_error": float(r["ref_error"][i]),
-                            }
-                        )
-            curves[(name, beta)] = (times, {N: r[f"W2_{N}"] for N in plan}, fits, L)
-            lab = f"S1 {name} beta={beta:g}, t <= {T:.3g}"
-            rep.expect(
-                f"{lab}: largest empirical rate max_t log(W2(t)/W2(0))/t over {sum(plan.values())} samples "
-                f"<= Dobrushin L = L1 + L2 = {L1:.3g} + {L2:.3g}",
-                worst,
-                -np.inf,
-                L,
-            )
-            top = max(f[0] + f[1] for f in fits.values())
-            rep.expect(
-                f"{lab}: fitted growth rate of W2 (upper 99% bound, largest over N) <= L = {L:.4g}",
-                top,
-                -np.inf,
-                L,
-            )
-            rep.expect(
-                f"{lab}: reference error W2({CHAOS_QUAD[quick]} vs {CHAOS_QUAD[quick] // 2} quadrature nodes) "
-                f"/ smallest W2",
-                float(r["ref_error"].max()) / w2_min,
-                0.0,
-                0.05,
-            )
-            growth = "; ".join(f"N={N}: {f[0]:.3f} ± {f[1]:.3f}" for N, f in fits.items())
-            mean_ratio = ", ".join(
-                f"N={N}: {np.exp(np.mean(np.log(r[f'W2_{N}'][:, -1] / r[f'W2_{N}'][:, 0]))):.3g}"
-                for N in plan
-            )
-            rep.notes.append(
-                f"{lab}: W2(mu_N(t), mu(t)) growth rate (OLS of log(W2(t)/W2(0)) on t, 99% CI) {growth}; "
-                f"geometric-mean W2(T)/W2(0) {mean_ratio}; largest per-sample rate {worst:.3g} against "
-                f"Dobrushin's L = {L:.4g}; reference error <= {r['ref_error'].max():.2g}; "
-                f"{r['seconds']:.1f} s ({r['seconds_reference']:.1f} s reference)."
-            )
-    rep.notes.append(parts.note())
-    return _chaos_figure(curves, out)
-
-
-def _chaos_figure(curves, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, len(curves), figsize=(4.0 * len(curves), 3.6), constrained_layout=True
-    )
-    for ax, ((name, beta), (times, W, fits, L)) in zip(np.atleast_1d(axes), curves.items()):
-        for N, w in W.items():
-            g = np.exp(np.mean(np.log(w), axis=0))
-            p = ax.semilogy(
-                times, g, "o-", ms=3, label=f"N={N}: rate {fits[N][0]:.2f} ± {fits[N][1]:.2f}"
-            )
-            ax.semilogy(
-                times, g[0] * np.exp(fits[N][0] * times), ":", color=p[0].get_color(), lw=0.8
-            )
-        g0 = min(np.exp(np.mean(np.log(w[:, 0]))) for w in W.values())
-        tt = np.linspace(0, times[-1], 50)
-        bound = g0 * np.exp(np.minimum(L * tt, 50))
-        ax.semilogy(
-            tt[bound < 10], bound[bound < 10], "k--", lw=0.8, label=f"e^(Lt) W2(0), L={L:.3g}"
-        )
-        ax.set_xlabel("time t (depth units)")
-        if ax is np.atleast_1d(axes)[0]:
-            ax.set_ylabel("W2(μ_N(t), μ(t)) (rad), geometric mean over seeds")
-        ax.set_title(f"S1, {name}, β={beta:g}", fontsize=9)
-        ax.legend(fontsize=6)
-    path = Path(out) / "mean_field_time.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 # ------------------------------------------------------------------------------ study
 def mean_field(out: Path, quick: bool = True) -> StudyReport:
     r"""Finite-N particle systems against the continuum solution (Lagrangian quadrature).
@@ -542,7 +267,7 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
       moments are exact to spectral accuracy;
     * on :math:`S^1`, SA and USA at :math:`\beta \in \{1, 5\}`: :math:`W_2(\mu_N(t), \mu(t))` as a
       function of :math:`t` against Dobrushin's :math:`e^{Lt}W_2(\mu_N(0), \mu(0))`, with the fitted
-      growth rates (:func:`_chaos_in_time`; resumable parts in ``out/parts/mean-field``).
+      growth rates (:func:`~wflow.studies.mean_field_time.w2_in_time`; resumable parts in ``out/parts/mean-field``).
 
     Examples
     --------
@@ -554,7 +279,7 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
     >>> rep.passed  # doctest: +SKIP
     True
     """
-    from .transport import wasserstein
+    from ..transport import wasserstein
 
     t0 = time.perf_counter()
     rep = StudyReport("mean-field")
@@ -642,7 +367,7 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
             for t in times:
                 arr = np.array(per_t[t])
                 if t > 0:
-                    slope, half = _fit_slope(arr[:, 0], arr[:, 1])
+                    slope, half = fit_slope(arr[:, 0], arr[:, 1])
                     rep.expect_slope(
                         f"S{d - 1} {name} coupling error D_N slope in N at t={t:g}",
                         slope,
@@ -650,7 +375,7 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
                         -0.5,
                     )
                 if d == 2:
-                    slope, half = _fit_slope(arr[:, 0], arr[:, 2])
+                    slope, half = fit_slope(arr[:, 0], arr[:, 2])
                     rep.expect_slope(f"S1 {name} W2 slope in N at t={t:g}", slope, half, -0.5)
             if (
                 d == 3 and not quick
@@ -689,9 +414,9 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
                     f"{np.nanmean([r['W2'] for r in vals]) if any(np.isfinite(r['W2']) for r in vals) else float('nan'):.4g}"
                 )
             if d == 2:  # the continuum reference cross-checked with the finite-volume solver
-                from .density import Density
-                from .mesh import CircleMesh
-                from .solvers.eulerian import solve_density
+                from ..density import Density
+                from ..mesh import CircleMesh
+                from ..solvers.eulerian import solve_density
 
                 gaps = []
                 for M in (
@@ -759,7 +484,7 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
                             "moment_error": m_err,
                         }
                     )
-                slope, half = _fit_slope(np.array(quad_N, float), np.array(errs))
+                slope, half = fit_slope(np.array(quad_N, float), np.array(errs))
                 rep.expect(
                     f"S1 {name} quadrature-start W2 slope at t={times[-1]:g} ({slope:.3f} ± {half:.3f})",
                     slope,
@@ -782,7 +507,7 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
                 )
     t_chaos = time.perf_counter()
     rep.figures.append(_figure(rep, out))
-    rep.figures.append(_chaos_in_time(rep, out, quick))
+    rep.figures.append(w2_in_time(rep, out, quick, _circle_density))
     rep.notes.append(
         f"W2 in time on S1 (SA, USA, beta = {', '.join(f'{b:g}' for b in CHAOS_BETAS)}): "
         f"{time.perf_counter() - t_chaos:.0f} s"
@@ -845,139 +570,4 @@ def _figure(rep: StudyReport, out: Path) -> Path:
     return path
 
 
-def _validation_module(name: str):
-    """Import ``validation.<name>`` from the source checkout beside the package, or ``None``."""
-    import importlib
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "validation" / f"{name}.py").is_file():
-        return None
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module(f"validation.{name}")
-
-
-def eulerian(out: Path, quick: bool = True) -> StudyReport:
-    """Finite volume against theory: growth rates, orders, heat equation, cluster formation (validation/eulerian.py)."""
-    t0 = time.perf_counter()
-    rep = StudyReport("eulerian")
-    mod = _validation_module("eulerian")
-    if mod is None:
-        rep.notes.append(
-            "validation/eulerian.py is not present (package installed without the source tree)"
-        )
-        return rep
-    # S^2 at 1442 cells in both modes: mode 4 is off by 1.4 % at 642 cells (discretization), 0.6 % at 1442
-    growth = mod.circle_growth(128 if quick else 256, "auto") + mod.sphere_growth(12, "auto")
-    for sph, m, b, k, lam, meas in growth:
-        rep.rows.append(
-            {
-                "kind": "growth",
-                "sphere": sph,
-                "model": m,
-                "beta": b,
-                "mode": k,
-                "theory": lam,
-                "measured": meas,
-            }
-        )
-        rep.expect(
-            f"{sph} {m} beta={b:g} mode {k}: growth rate relative error",
-            abs(meas / lam - 1),
-            0.0,
-            0.01,
-        )
-    o1 = mod.circle_order(
-        [32, 64, 128, 256] if quick else [64, 128, 256, 512], 1024 if quick else 2048, "auto"
-    )
-    hs, es = np.array([r[2] for r in o1]), np.array([r[3] for r in o1])
-    rep.expect(
-        "S^1 observed order (fit over refinements)",
-        np.polyfit(np.log(hs), np.log(es), 1)[0],
-        1.8,
-        2.6,
-    )
-    for sph, M, ell, lam, meas in mod.heat("auto"):
-        rep.expect(
-            f"{sph} heat equation, M={M}, degree {ell}: decay rate relative error",
-            abs(meas / lam - 1),
-            0.0,
-            0.01,
-        )
-    c = mod.clusters(256 if quick else 512, "auto", out, T=20.0 if quick else 30.0)
-    rep.rows.append({"kind": "clusters", **c})
-    rep.expect(
-        "SA beta=9 on S^1: clusters at the end of the linear phase minus k*",
-        c["clusters_linear_end"] - c["k_star"],
-        -1,
-        1,
-    )
-    rep.expect("cluster run: mass error", c["mass_error"], 0.0, 1e-13)
-    rep.expect("cluster run: minimum density", c["min_density"], 0.0, np.inf)
-    rep.figures.append(out / "eulerian_clusters.png")
-    rep.seconds = time.perf_counter() - t0
-    return rep
-
-
-def jko_study(out: Path, quick: bool = True) -> StudyReport:
-    """JKO against the finite-volume solver as tau -> 0, and against the heat equation (S^1, 128 cells)."""
-    from .density import Density
-    from .mesh import CircleMesh
-    from .solvers.eulerian import solve_density
-    from .solvers.jko import jko
-
-    t0 = time.perf_counter()
-    rep = StudyReport("jko")
-    mesh = CircleMesh(128)
-    th = mesh.center_angles
-    rho0 = Density.from_function(
-        mesh,
-        lambda x: np.exp(np.cos(np.arctan2(x[:, 1], x[:, 0]) - 0.3)) + 0.5 * np.exp(2 * x[:, 0]),
-    )
-    T, kappa, model = 0.4, 4.0, USA(2.0)
-    ref = solve_density(model, rho0, T, kappa=kappa).density().masses()
-    taus = np.array([0.1, 0.05, 0.025] if quick else [0.1, 0.05, 0.025, 0.0125])
-    errs = []
-    for tau in taus:
-        r = jko(model, rho0, tau, int(round(T / tau)), kappa=kappa)
-        errs.append(float(np.abs(r.weights[-1] - ref).sum()))
-        rep.rows.append({"kind": "order", "tau": tau, "L1_error_vs_eulerian": errs[-1]})
-    rep.expect(
-        "USA(2), kappa=4: observed order in tau of the L1 gap to the Eulerian solution",
-        np.polyfit(np.log(taus), np.log(errs), 1)[0],
-        0.8,
-        1.2,
-    )
-    k, kap, t_heat = 2, 1.0, 0.2
-    rho_h = Density.from_function(
-        mesh, lambda x: 1 + 0.5 * np.cos(k * np.arctan2(x[:, 1], x[:, 0]))
-    )
-    for tau in (0.02, 0.01):
-        n = int(round(t_heat / tau))
-        r = jko(None, rho_h, tau, n, kappa=kap)
-        amp = np.abs(r.weights @ np.exp(-1j * k * th))
-        implicit_euler = (1 + k * k * tau / kap) ** -n
-        rep.rows.append(
-            {
-                "kind": "heat",
-                "tau": tau,
-                "ratio": amp[-1] / amp[0],
-                "implicit_euler": implicit_euler,
-                "exact": np.exp(-k * k * t_heat / kap),
-            }
-        )
-        # a JKO step of the entropy is an implicit Euler step of the heat equation, up to eps and the mesh
-        rep.expect(
-            f"heat equation, tau={tau:g}: mode decay vs implicit Euler (relative)",
-            abs(amp[-1] / amp[0] / implicit_euler - 1),
-            0.0,
-            5e-3,
-        )
-    rep.seconds = time.perf_counter() - t0
-    return rep
-
-
 register("mean-field")(mean_field)
-register("eulerian")(eulerian)
-register("jko")(jko_study)

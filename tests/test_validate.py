@@ -1,0 +1,197 @@
+"""`wflow validate`: its exit status when a study fails or cannot run, and studies that run from a wheel.
+
+The studies live in the installed package (wflow.studies); nothing in it may reach for the source
+checkout (the top-level validation/ folder holds entry points and reports only).
+"""
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wflow.cli import main
+from wflow.studies import report
+
+PACKAGE = Path(report.__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+#: the studies wflow validate must always know (the CLI's help and docs/validation.md list them)
+EXPECTED = {
+    "mean-field",
+    "eulerian",
+    "jko",
+    "mean-field-zonal",
+    "perceptron",
+    "staircase",
+    "phase-diagram",
+    "metastable",
+    "dichotomy",
+    "mean-shift",
+    "normalization",
+    "long-context",
+}
+
+
+def _passing(name):
+    def study(out, quick):
+        rep = report.StudyReport(name)
+        rep.expect("one", 1.0, 1.0, 1.0)
+        return rep
+
+    return study
+
+
+def test_a_study_that_raises_fails_the_run_and_the_others_still_run(tmp_path, monkeypatch, capsys):
+    def broken(out, quick):
+        raise RuntimeError("the solver diverged\nsecond line")
+
+    monkeypatch.setitem(report.STUDIES, "broken", broken)
+    monkeypatch.setitem(report.STUDIES, "fine", _passing("fine"))
+    assert main(["validate", "broken", "fine", "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        f"broken: FAILED, could not run: RuntimeError: the solver diverged -> {tmp_path / 'broken.md'}"
+    )
+    assert out[1].startswith("fine: passed")  # the next study ran
+    md = (tmp_path / "broken.md").read_text()
+    assert "FAILED in 0 s: could not run (RuntimeError: the solver diverged)" in md
+    assert "test_validate.py" in md  # where it raised
+
+
+def test_a_study_that_raises_a_value_error_is_a_failed_study_not_bad_input(
+    tmp_path, monkeypatch, capsys
+):
+    def broken(out, quick):
+        raise ValueError("beta must be positive, got -1")
+
+    monkeypatch.setitem(report.STUDIES, "broken", broken)
+    assert main(["validate", "broken", "--out", str(tmp_path)]) == 1
+    assert "broken: FAILED, could not run: ValueError: beta must be" in capsys.readouterr().out
+
+
+def test_a_failed_expectation_or_no_expectation_fails_the_run(tmp_path, monkeypatch, capsys):
+    def failing(out, quick):
+        rep = report.StudyReport("failing")
+        rep.expect("order", 1.2, 1.8, 2.2)
+        return rep
+
+    monkeypatch.setitem(report.STUDIES, "failing", failing)
+    monkeypatch.setitem(report.STUDIES, "empty", lambda out, quick: report.StudyReport("empty"))
+    monkeypatch.setitem(report.STUDIES, "fine", _passing("fine"))
+    assert main(["validate", "failing", "fine", "--out", str(tmp_path)]) == 1
+    # a study that states nothing (what `eulerian` returned from a wheel) fails, and says why
+    assert main(["validate", "empty", "fine", "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "empty: FAILED" in out and "FAIL the study stated no expectation" in out
+    assert main(["validate", "fine", "--out", str(tmp_path)]) == 0
+
+
+def test_a_study_module_that_cannot_be_imported_fails_the_run(tmp_path, monkeypatch, capsys):
+    broken = "wflow.studies.no_such_study_module"
+    monkeypatch.setattr(report, "STUDY_MODULES", (*report.STUDY_MODULES, broken))
+    monkeypatch.setitem(report.STUDIES, "fine", _passing("fine"))
+    assert report.load_all() == {broken: f"ModuleNotFoundError: No module named '{broken}'"}
+    assert main(["validate", "fine", "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{broken}: FAILED, could not run: cannot be imported (Module")
+    assert out[1].startswith("fine: passed")
+    # a name that may live in the broken module: not "bad input" (exit 2), a study that cannot run
+    assert main(["validate", "lost-study", "--out", str(tmp_path)]) == 1
+    assert (
+        f"lost-study: FAILED, could not run: not registered; study modules that could not be imported: {broken}"
+        in capsys.readouterr().out
+    )
+
+
+def test_every_study_is_registered_by_a_listed_module_of_the_package():
+    assert report.load_all() == {}
+    assert EXPECTED <= set(report.STUDIES)
+    for name, fn in report.STUDIES.items():
+        assert fn.__module__ in report.STUDY_MODULES, (name, fn.__module__)
+        assert Path(sys.modules[fn.__module__].__file__).resolve().is_relative_to(PACKAGE)
+
+
+def _reaches_for_the_checkout(path: Path) -> list[str]:
+    """Lines of ``path`` that touch sys.path, or import (or import_module) the top-level validation/."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "path":
+            if isinstance(node.value, ast.Name) and node.value.id == "sys":
+                found.append(f"{path.name}:{node.lineno}: sys.path")
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.startswith("validation.") and node.value[11:].isidentifier():
+                names = [node.value]
+        elif isinstance(node, ast.JoinedStr) and any(
+            isinstance(v, ast.Constant) and str(v.value).startswith("validation.")
+            for v in node.values[:1]
+        ):
+            names = ["validation.<f-string>"]
+        found += [
+            f"{path.name}:{node.lineno}: {n}"
+            for n in names
+            if n == "validation" or n.startswith("validation.")
+        ]
+    return found
+
+
+def test_no_module_of_the_package_reaches_for_the_source_checkout():
+    """From a wheel there is no validation/ folder: a study that imports it cannot run
+    (`wflow validate eulerian` printed FAILED and exited 0)."""
+    found = [
+        hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _reaches_for_the_checkout(path)
+    ]
+    assert not found, found
+
+
+def test_every_study_registers_from_a_copy_of_the_package_alone(tmp_path):
+    """Only a copy of wflow/ on the path (no checkout, no validation/): every study module imports."""
+    site = tmp_path / "site"
+    shutil.copytree(PACKAGE, site / "wflow", ignore=shutil.ignore_patterns("__pycache__"))
+    code = (
+        "import sys, wflow.studies as s\n"
+        "errors = s.load_all()\n"
+        "wflow_file = s.__file__\n"
+        f"assert not errors and set(s.STUDIES) >= set({sorted(EXPECTED)!r})\n"
+        "assert 'validation' not in sys.modules\n"
+        f"assert wflow_file.startswith({str(site)!r})\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_validation_scripts_import_only_the_public_package():
+    for path in sorted((CHECKOUT / "validation").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("wflow"):
+                assert not any(a.name.startswith("_") for a in node.names), (path, node.lineno)
+                assert not any(p.startswith("_") for p in node.module.split(".")), path
+
+
+@pytest.mark.skipif(
+    not (CHECKOUT / "validation" / "run.py").is_file(), reason="needs the source checkout"
+)
+def test_python_m_validation_runs_a_study_and_heads_its_report(tmp_path):
+    shutil.copytree(
+        CHECKOUT / "validation", tmp_path / "validation", ignore=shutil.ignore_patterns("reports")
+    )
+    out = tmp_path / "rep"
+    cmd = ["-m", "validation", "mean-shift", "--quick", "--out", str(out)]
+    r = subprocess.run([sys.executable, *cmd], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = (out / "mean-shift.md").read_text().splitlines()
+    assert lines[0] == "# mean-shift"
+    assert lines[2] == f"Command: `python -m validation {' '.join(cmd[2:])}`"
+    assert lines[4].startswith("Commit: `unknown` (not run from a git checkout); wflow ")
+    assert lines[6].startswith("PASSED in ")

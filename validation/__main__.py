@@ -1,0 +1,8 @@
+"""``python -m validation STUDY [STUDY ...] [--quick] [--out DIR] [--workers N]``: see :mod:`validation.run`."""
+
+import sys
+
+from validation.run import main
+
+if __name__ == "__main__":
+    sys.exit(main())
