@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("wflow.solvers",),
     ("wflow.config", "wflow.runfolder", "wflow.plot"),
     ("wflow.sweep",),
-    ("wflow.studies", "wflow.validate"),
+    ("wflow.studies",),
     ("wflow.cli", "wflow"),
 ]
 

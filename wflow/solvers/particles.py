@@ -155,7 +155,9 @@ def default_dt(model: Model, method: str | None = None, save_at: Any = None) -> 
     if save_at is not None:
         gaps = np.diff(np.asarray(save_at, dtype=float))
         if gaps.size and np.ptp(gaps) <= 1e-9 * gaps.max():
-            dt = gaps[0] / max(1, math.ceil(gaps[0] / dt - 1e-9))  # (one step at least: t_end = 1e-300)
+            dt = gaps[0] / max(
+                1, math.ceil(gaps[0] / dt - 1e-9)
+            )  # (one step at least: t_end = 1e-300)
     return float(dt)
 
 

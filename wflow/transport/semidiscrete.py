@@ -54,7 +54,7 @@ entropic plan :math:`\pi_{ij} = w_j P_{ji}` (exact :math:`\nu`-marginal, :math:`
 :math:`\mathrm{hi} = \sum_{ij}\pi_{ij}|x_i - y_j|^2 + 2\|m - a\|_1` (re-routing the mass
 mismatch costs at most :math:`\mathrm{diam}^2 = 4` per unit, half of it moves).  So
 :math:`\mathrm{lo} \le W_2^2(\mu_N,\nu) \le \mathrm{hi}`, whatever the solver did.
-Measured (cases of :func:`wflow.validate._s2_semidiscrete_w2`, SA and USA, t = 0 and 1, 16 fine
+Measured (cases of the mean-field study's S^2 semi-discrete check, ``wflow.studies.mean_field``, SA and USA, t = 0 and 1, 16 fine
 atoms per atom): relative width of the :math:`W_2` bracket
 :math:`(\sqrt{\mathrm{hi}}-\sqrt{\mathrm{lo}})/W_2 \approx 3\cdot10^{-5}\text{--}1.7\cdot10^{-4}`
 (docs/validation.md).
