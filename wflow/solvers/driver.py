@@ -378,10 +378,17 @@ class _Saved:
 
     def save(self, index: int, t: float, y: np.ndarray, state: Any, stats: dict[str, int]) -> bool:
         """Save snapshot ``index`` at ``(t, y)``; True when a tracker asks to stop."""
+        problem = self.problem
+        ev = problem.evaluations
+        data = problem.snapshot(t, y)
+        # a save's diagnostics are not the solver's evaluations: left uncounted, a resumed run (which
+        # loads the saved snapshot instead of computing it) counts what the uninterrupted one counts
+        if problem.evaluations != ev:
+            problem.evaluations = ev
         snap = Snapshot(
             index,
             t,
-            self.problem.snapshot(t, y),
+            data,
             dict(stats),
             {"dt_next": self.control.dt_next},
             self.solver.checkpoint(state),

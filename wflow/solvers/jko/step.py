@@ -127,7 +127,8 @@ class JKOProblem(Problem):
 
     @evaluations.setter
     def evaluations(self, value: int) -> None:
-        pass
+        if hasattr(self, "energy"):
+            self.energy.evaluations = value
 
 
 @register_solver
