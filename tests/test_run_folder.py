@@ -241,3 +241,21 @@ def test_a_file_size_limit_in_a_real_process_is_one_line_and_resumable(tmp_path)
     assert 0 < kept < 101
     assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
     assert len(wflow.load(out / "trajectory.zarr")) == 101
+
+
+def test_validate_writes_only_into_its_own_report_folders(tmp_path, capsys):
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "chapter.tex").write_text("precious")
+    assert "holds files wflow did not write" in _one_line_error(
+        capsys, 2, ["validate", "mean-shift", "--quick", "--out", str(thesis)]
+    )
+    assert sorted(p.name for p in thesis.iterdir()) == ["chapter.tex"]
+    f = tmp_path / "report.txt"
+    f.write_text("x")
+    assert "is a file, not a folder" in _one_line_error(capsys, 2, ["validate", "--out", str(f)])
+    new = tmp_path / "new"
+    assert "unknown validation study" in _one_line_error(
+        capsys, 2, ["validate", "nope", "--out", str(new)]
+    )
+    assert not new.exists()

@@ -177,11 +177,19 @@ def _study_names() -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .studies import run_studies
+    from .runfolder import claim_report_folder
+    from .studies import STUDIES, load_all, run_studies
+    from .studies.report import GROUPS
 
-    out = Path(args.out)
     if args.workers < 1:
         raise ValueError(f"--workers must be an integer >= 1, got {args.workers}")
+    import_errors = load_all()
+    unknown = [n for n in args.studies if n not in STUDIES and n not in GROUPS]
+    if unknown and not import_errors:  # (before the report folder is made)
+        raise ValueError(
+            f"unknown validation study {unknown[0]!r}; known: {', '.join([*STUDIES, *GROUPS])}"
+        )
+    out = claim_report_folder(args.out, list(STUDIES))  # wflow writes only into its own folders
     reports = run_studies(args.studies or None, out, args.quick, workers=args.workers)
     width = max((len(e.name) for r in reports for e in r.expectations), default=20)
     for rep in reports:

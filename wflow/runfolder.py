@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,15 @@ from .config import STEP_LOG, to_toml
 from .errors import WflowError
 from .solvers.base import Tracker
 
-__all__ = ["STORE_NAMES", "MARKER", "RunFolder", "estimate_resources", "check_resources"]
+__all__ = [
+    "STORE_NAMES",
+    "MARKER",
+    "REPORT_MARKER",
+    "RunFolder",
+    "claim_report_folder",
+    "estimate_resources",
+    "check_resources",
+]
 
 #: the store a run of each solver kind writes in its folder
 STORE_NAMES = {
@@ -187,6 +196,50 @@ class RunFolder:
                 f"{store} was not written by `wflow run` (no run_config); resume it with wflow.resume()"
             )
         return json.loads(rc) if isinstance(rc, str) else rc
+
+
+# ------------------------------------------------------------------------------ report folders
+#: the marker of a folder of validation reports (``wflow validate --out``)
+REPORT_MARKER = ".wflow-validation"
+_REPORT_SUFFIXES = (".md", ".csv", ".png", ".gif", ".json")
+
+
+def claim_report_folder(path: str | os.PathLike, studies: Sequence[str] = ()) -> Path:
+    """Check that ``path`` may receive validation reports, then create and mark it; returns it.
+
+    A report folder is new, empty, marked by :data:`REPORT_MARKER`, or (from before the marker)
+    holds only reports (``.md``, ``.csv``, ``.png`` files) and ``parts/``, one of them the report
+    of a study in ``studies``.  Anything else is refused (``ValueError``) with nothing written.
+    """
+    if not str(path).strip():
+        raise ValueError(f"--out must name a folder, got {str(path)!r}")
+    p = Path(path)
+    try:
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"--out {p} is a file, not a folder; choose a folder")
+        entries = sorted(os.listdir(p)) if p.exists() else []
+    except OSError as exc:
+        raise ValueError(f"--out {p}: cannot read the folder ({exc.strerror or exc})") from None
+    if entries and REPORT_MARKER not in entries:
+        reports = all(e == "parts" or e.endswith(_REPORT_SUFFIXES) for e in entries)
+        if not (reports and any(f"{name}.md" in entries for name in studies)):
+            shown = ", ".join(entries[:4]) + (
+                f" and {len(entries) - 4} more" if len(entries) > 4 else ""
+            )
+            raise ValueError(
+                f"--out {p} holds files wflow did not write ({shown}); reports go into a new or empty "
+                f"folder or an earlier report folder: choose another --out"
+            )
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        marker = p / REPORT_MARKER
+        if not marker.is_file():
+            marker.write_text(json.dumps({"wflow": "report folder", "version": __version__}))
+    except OSError as exc:
+        raise ValueError(
+            f"--out {p}: cannot create or write the folder ({exc.strerror or exc})"
+        ) from None
+    return p
 
 
 # ------------------------------------------------------------------------------ resources
