@@ -23,6 +23,7 @@ from ..measure import Atoms
 from ..models import SA, USA
 from ..solvers.particles import simulate
 from .mean_field_time import CHAOS_BETAS, w2_in_time
+from .parts import Parts
 from .report import Expectation, StudyReport, fit_slope, register
 
 __all__ = [
@@ -242,6 +243,68 @@ def _s2_semidiscrete_w2(
     )
 
 
+def _iid_block(
+    d: int,
+    model,
+    seeds_per_N: dict[int, int],
+    quad: Atoms,
+    times: np.ndarray,
+    fx: np.ndarray,
+    fine_w: np.ndarray,
+    quick: bool,
+    rk4_dt: float,
+) -> dict[str, np.ndarray]:
+    """One sphere and model of the study: the continuum reference run carrying every i.i.d. sample (and the
+    fine reference set ``fx``) as passive tracers, then each sample's particle run; the coupling error and
+    W2 of every sample at every time, as columns, and the fine set at t_end."""
+    from ..transport import wasserstein
+
+    samples = {
+        (N, s): _sample(d, N, np.random.default_rng([d, N, s]))
+        for N, seeds in seeds_per_N.items()
+        for s in range(seeds)
+    }
+    # one reference run carries every sample (and, on S^1, a fine set of nodes) as passive tracers
+    parts = [*samples.values(), fx]
+    tracers = np.concatenate(parts)
+    if d == 3 and len(tracers) > 200_000:  # full mode on S^2: RK4 (error ~1e-7, far below D_N)
+        ref = simulate(model, quad, times[-1], save_at=times, dt=0.05, tracers=tracers)
+    else:
+        ref = simulate(
+            model,
+            quad,
+            times[-1],
+            save_at=times,
+            method="dopri5",
+            rtol=1e-10,
+            atol=1e-12,
+            tracers=tracers,
+        )
+    offsets = np.cumsum([0] + [len(p) for p in parts])
+    fine = [Atoms._trusted(ref.tracers[i, offsets[-2] :], fine_w) for i in range(len(times))]
+    cols: dict[str, list] = {"N": [], "seed": [], "t": [], "coupling": [], "W2": []}
+    for k, ((N, s), x0) in enumerate(samples.items()):
+        traj = simulate(model, Atoms(x0), times[-1], save_at=times, dt=rk4_dt)
+        chars = ref.tracers[:, offsets[k] : offsets[k + 1]]
+        for i, t in enumerate(times):
+            coupling = float(
+                np.sqrt(np.mean(sphere.geodesic_distance(traj.points[i], chars[i]) ** 2))
+            )
+            if d == 2:
+                w2 = wasserstein(traj.atoms(i), fine[i], method="circle")
+            elif quick and i == len(times) - 1 and N <= S2_EMD_MAX_N:
+                w2 = wasserstein(traj.atoms(i), fine[i], method="emd")
+            else:
+                w2 = np.nan
+            for col, v in zip(cols, (N, s, t, coupling, w2)):
+                cols[col].append(v)
+    return {
+        **{k: np.asarray(v, dtype=float) for k, v in cols.items()},
+        "fine_start": ref.tracers[0, offsets[-2] :],
+        "fine_end": ref.tracers[-1, offsets[-2] :],
+    }
+
+
 # ------------------------------------------------------------------------------ study
 def mean_field(out: Path, quick: bool = True) -> StudyReport:
     r"""Finite-N particle systems against the continuum solution (Lagrangian quadrature).
@@ -299,16 +362,10 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
         quad_N = [16, 32, 64, 128, 256, 512, 1024]
     ref_nodes = {2: 512, 3: 24}
     rk4_dt = 0.1  # RK4 error ~1e-6, far below the N^{-1/2} effects measured
+    parts = Parts(out, rep.name, quick)
     for d, seeds_per_N in plan.items():
         quad = _quadrature(d, ref_nodes[d])
         for name, model in models[d].items():
-            samples = {
-                (N, s): _sample(d, N, np.random.default_rng([d, N, s]))
-                for N, seeds in seeds_per_N.items()
-                for s in range(seeds)
-            }
-            # one reference run carries every sample (and, on S^1, a fine set of nodes) as passive tracers
-            parts = list(samples.values())
             if d == 2:
                 fx, fq = sphere.circle_nodes(2**15, offset=np.pi / 2**15)
             else:  # S^2: a Fibonacci set (quasi-Monte Carlo weights), for an EMD reference at t_end
@@ -316,54 +373,41 @@ def mean_field(out: Path, quick: bool = True) -> StudyReport:
                 fq = np.full(len(fx), 1.0 / len(fx))
             fine_w = fq * (_circle_density(fx) if d == 2 else _sphere_density(fx))
             fine_w /= fine_w.sum()
-            parts.append(fx)
-            tracers = np.concatenate(parts)
-            if (
-                d == 3 and len(tracers) > 200_000
-            ):  # full mode on S^2: RK4 (error ~1e-7, far below D_N) keeps it affordable
-                ref = simulate(model, quad, times[-1], save_at=times, dt=0.05, tracers=tracers)
-            else:
-                ref = simulate(
-                    model,
-                    quad,
-                    times[-1],
-                    save_at=times,
-                    method="dopri5",
-                    rtol=1e-10,
-                    atol=1e-12,
-                    tracers=tracers,
-                )
-            offsets = np.cumsum([0] + [len(p) for p in parts])
-            fine = [
-                Atoms._trusted(ref.tracers[i, offsets[-2] :], fine_w) for i in range(len(times))
-            ]
+            # the block of runs (one reference, every sample) is one part: an interrupted study keeps it
+            key = {
+                "part": "iid",
+                "d": d,
+                "model": name,
+                "plan": {str(N): s for N, s in seeds_per_N.items()},
+                "times": times.tolist(),
+                "nodes": ref_nodes[d],
+                "dt": rk4_dt,
+            }
+            block = parts.get(
+                key,
+                lambda: _iid_block(d, model, seeds_per_N, quad, times, fx, fine_w, quick, rk4_dt),
+            )
+            fine = {
+                i: Atoms._trusted(block[f"fine_{e}"], fine_w)
+                for i, e in ((0, "start"), (-1, "end"))
+            }
             per_t: dict[float, list[tuple[int, float, float]]] = {t: [] for t in times}
-            for k, ((N, s), x0) in enumerate(samples.items()):
-                traj = simulate(model, Atoms(x0), times[-1], save_at=times, dt=rk4_dt)
-                chars = ref.tracers[:, offsets[k] : offsets[k + 1]]
-                for i, t in enumerate(times):
-                    coupling = float(
-                        np.sqrt(np.mean(sphere.geodesic_distance(traj.points[i], chars[i]) ** 2))
-                    )
-                    if d == 2:
-                        w2 = wasserstein(traj.atoms(i), fine[i], method="circle")
-                    elif quick and i == len(times) - 1 and N <= S2_EMD_MAX_N:
-                        w2 = wasserstein(traj.atoms(i), fine[i], method="emd")
-                    else:
-                        w2 = np.nan
-                    per_t[t].append((N, coupling, w2))
-                    rep.rows.append(
-                        {
-                            "sphere": f"S{d - 1}",
-                            "model": name,
-                            "start": "iid",
-                            "N": N,
-                            "seed": s,
-                            "t": t,
-                            "coupling": coupling,
-                            "W2": w2,
-                        }
-                    )
+            for N, s, t, coupling, w2 in zip(
+                block["N"], block["seed"], block["t"], block["coupling"], block["W2"]
+            ):
+                per_t[float(t)].append((int(N), float(coupling), float(w2)))
+                rep.rows.append(
+                    {
+                        "sphere": f"S{d - 1}",
+                        "model": name,
+                        "start": "iid",
+                        "N": int(N),
+                        "seed": int(s),
+                        "t": float(t),
+                        "coupling": float(coupling),
+                        "W2": float(w2),
+                    }
+                )
             for t in times:
                 arr = np.array(per_t[t])
                 if t > 0:
