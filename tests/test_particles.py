@@ -375,6 +375,7 @@ def test_fused_euler_float32_reads_the_observables_off_float64_logits(monkeypatc
         save_at=np.linspace(0, 8, 17),
         backend="auto",
         cluster_threshold=0.3,
+        coordinates="cartesian",  # (the float32 rule of the fused step at r = d = 20)
         diagnostics=("n_clusters", "order_parameter", "energy", "log_energy"),
     )
     for beta, n_calls in ((3.0, 3), (0.5, 3 * 17)):
@@ -483,7 +484,7 @@ def test_span_coordinates_equal_the_full_run_and_resume(tmp_path):
         backend="numpy",
         diagnostics=("energy", "order_parameter", "n_clusters", "pair_fraction"),
     )
-    full = wflow.simulate(SA(3.0), x0, 4.0, **kw)
+    full = wflow.simulate(SA(3.0), x0, 4.0, coordinates="cartesian", **kw)
     span = wflow.simulate(SA(3.0), x0, 4.0, coordinates="span", **kw)
     assert span.data["span"][1].shape == (5, 3, 6, 6) and span.points.shape == full.points.shape
     np.testing.assert_allclose(span.points, full.points, atol=1e-12)
@@ -500,8 +501,12 @@ def test_span_coordinates_equal_the_full_run_and_resume(tmp_path):
     path = wflow.save(span, tmp_path / "s.zarr")
     back = wflow.load(path)
     np.testing.assert_array_equal(back.points, span.points)
-    with pytest.raises(ValueError, match="coordinates='span' needs"):
+    with pytest.raises(ValueError, match="coordinates='span' is not exact for this run: the model"):
         wflow.simulate(SA(3.0, V=-np.eye(40)), x0, 1.0, coordinates="span", **kw)
+    with pytest.raises(ValueError, match="not exact for this run: noise"):
+        wflow.simulate(
+            SA(3.0), x0, 1.0, coordinates="span", method="euler-maruyama", kappa=2.0, dt=0.1
+        )
 
 
 def test_a_tiny_t_end_takes_the_default_step_without_blaming_dt():

@@ -34,6 +34,7 @@ from .particle_problem import DIAGNOSTICS, ParticleProblem, SpanProblem
 from .trackers import Callback, ProgressBar
 
 __all__ = [
+    "span_is_exact",
     "simulate",
     "Trajectory",
     "ParticleProblem",
@@ -161,6 +162,33 @@ def default_dt(model: Model, method: str | None = None, save_at: Any = None) -> 
     return float(dt)
 
 
+def span_is_exact(model: Model, *, kappa: float | None = None, tracers: int = 0) -> str | None:
+    r"""``None`` when the flow stays in the span of the initial tokens and commutes with rotations, so
+    that ``coordinates="span"`` integrates it exactly; else why not.
+
+    That holds for SA and USA with :math:`Q = K = V = I` (any :math:`\beta`, either kernel) on
+    the sphere: every velocity is a combination of the tokens.  Other attention matrices, a
+    perceptron (its :math:`W\sigma(Ax+b)` leaves the span), noise (it moves in every direction)
+    and tracers (they need not lie in the span) break it.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> span_is_exact(wflow.SA(4.0)) is None, span_is_exact(wflow.SA(4.0), kappa=2.0)
+    (True, 'noise (kappa) moves the tokens out of their span')
+    >>> span_is_exact(wflow.SA(4.0, V=-np.eye(3)))[:37]
+    'the model is not SA or USA with Q = K'
+    """
+    if kappa is not None:
+        return "noise (kappa) moves the tokens out of their span"
+    if tracers:
+        return "tracers need not lie in the tokens' span"
+    plain = getattr(model, "plain_attention", None)
+    if model.space != "sphere" or plain is None or not plain():
+        return f"the model is not SA or USA with Q = K = V = I on the sphere: {model!r}"
+    return None
+
+
 def simulate(
     model: Model,
     mu0: Atoms | np.ndarray,
@@ -186,7 +214,7 @@ def simulate(
     trackers: Sequence[Tracker] = (),
     keep: bool = True,
     throw: bool = True,
-    coordinates: str = "cartesian",
+    coordinates: str = "auto",
 ) -> Trajectory:
     r"""Evolve particles :math:`\dot x_i = v[\mu_N](x_i)` on the sphere.
 
@@ -243,7 +271,11 @@ def simulate(
     throw : bool
         Raise :class:`~wflow.errors.SolverError` on failure (default) or return a result with
         ``status = -1``.
-    coordinates : {"cartesian", "angles", "gaps", "span"}
+    coordinates : {"auto", "cartesian", "angles", "gaps", "span"}
+        ``"auto"`` (default): ``"span"`` where it is exact and smaller — SA or USA with
+        :math:`Q = K = V = I` on the sphere, no noise, no tracers, more dimensions than tokens
+        (:func:`span_is_exact`) — else ``"cartesian"``: the same flow to rounding (1e-12),
+        ``Trajectory.points`` the same, the fewer numbers per step.
         ``"angles"``: on :math:`S^1`, integrate the angles in the Kuramoto form
         (:class:`CircleAngleProblem`; attention with Q = K = I, V = ±I): exact for merged tokens.
         ``"gaps"``: the same flow in the gaps between sorted tokens (:class:`CircleGapProblem`):
@@ -338,10 +370,17 @@ def simulate(
             )
         n_tr = tracers.shape[-2]
         x = np.concatenate([x, tracers], axis=-2)
-    if coordinates not in ("cartesian", "angles", "gaps", "span"):
+    if coordinates not in ("auto", "cartesian", "angles", "gaps", "span"):
         raise ValueError(
-            f"coordinates must be 'cartesian', 'angles', 'gaps' or 'span', got {coordinates!r}"
+            f"coordinates must be 'auto', 'cartesian', 'angles', 'gaps' or 'span', got {coordinates!r}"
         )
+    if coordinates == "auto":
+        exact = span_is_exact(model, kappa=kappa, tracers=n_tr) is None
+        coordinates = "span" if exact and x.shape[-1] > x.shape[-2] else "cartesian"
+    elif coordinates == "span":
+        why = span_is_exact(model, kappa=kappa, tracers=n_tr)
+        if why is not None:
+            raise ValueError(f"coordinates='span' is not exact for this run: {why}")
     kw = dict(
         kappa=kappa,
         backend=backend,
