@@ -351,14 +351,11 @@ _NUMBA = None
 def _numba_kernels():
     global _NUMBA
     if _NUMBA is not None:
-        return _NUMBA or None
-    try:
-        import numba as nb
+        return _NUMBA
+    import numba as nb
 
-        from . import _spectral_numba as k
-    except ImportError:  # pragma: no cover - numba is a dependency
-        _NUMBA = False
-        return None
+    from . import _spectral_numba as k
+
     _NUMBA = dict(
         circle_moments=k.circle_moments,
         circle_eval=k.circle_eval,
@@ -399,7 +396,7 @@ class SpectralBackend:
     def __init__(self, engine: str = "numba") -> None:
         if engine not in ("numba", "numpy"):
             raise ValueError(f"engine must be 'numba' or 'numpy', got {engine!r}")
-        #: "numba" (fused loops, used when numba imports) or "numpy" (blocked arrays)
+        #: "numba" (fused loops) or "numpy" (blocked arrays)
         self.engine = engine
 
     #: rows per block (temporaries stay near ``block * K`` complex numbers)
