@@ -103,7 +103,7 @@ def _limit_threads(threads: int) -> None:
     configuration is re-read (the pool gets the worker's count, not the machine's); after, the
     environment is made to agree with the count it started with.  ``numba.set_num_threads`` then
     limits the threads a task uses."""
-    import numba
+    import numba  # here, not at the top: importing wflow.sweep does not import numba
 
     try:
         from numba.np.ufunc import parallel
@@ -147,10 +147,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     )
     status, message = FAILED, ""
     try:
-        try:
-            _limit_threads(task["threads"])
-        except ImportError:  # pragma: no cover - numba missing: the NumPy paths
-            pass
+        _limit_threads(task["threads"])
         with _blas_limit(task["threads"]):
             if not particles:  # a continuum solver: one run, its snapshots' scalars
                 from ..config import start_run
