@@ -342,7 +342,7 @@ class NumbaBackend:
                     J = j1 - j0
                     Lb = L.reshape(-1)[: R * J].reshape(R, J)  # contiguous views of the buffers
                     Eb = E.reshape(-1)[: R * J].reshape(R, J)
-                    if convert:
+                    if Bf is not None:  # (convert)
                         bb = Bf[:J]
                         np.copyto(bb, b[k, j0:j1])
                     else:

@@ -189,7 +189,7 @@ def small_sums(
     wdt = np.dtype(dtype).type
     zero = wdt(0)
     lw_max = None
-    ldt = np.float64
+    ldt: type[np.float32] | type[np.float64] = np.float64
     if wdt is np.float32:
         ok, lw_rel, lw_max = _logits_in_float32(a, b, logw, floor, tol, scale)
         if ok:
@@ -229,7 +229,7 @@ def small_sums(
             np.matmul(a[b0:b1].astype(ldt, copy=False), bT[b0:b1].astype(ldt, copy=False), out=Lc)
             Ec = Lc if E is None else E[:C]
             dense.softmax_rows(Lc, ldt(scale), lw_l[b0:b1], Ec, shift[b0:b1], mass[b0:b1], fl, zero)
-            if q:
+            if vec is not None and cw is not None:  # (q > 0)
                 np.matmul(Ec, cw[b0:b1], out=vec[b0:b1])
 
     with blas_threads(1):

@@ -302,8 +302,8 @@ def _legendre_rows(t: np.ndarray, s: np.ndarray, L: int, coef):
     """
     B = t.shape[0]
     tt = t[:, None]
-    prev2 = None
     prev1 = np.ones((B, 1))
+    prev2 = prev1  # (read from l = 2 on, after the loop has moved it)
     yield prev1
     for l in range(1, L + 1):
         cur = np.empty((B, l + 1))
@@ -496,7 +496,7 @@ class SpectralBackend:
                 )
                 out = BACKENDS["numpy"](sub)
                 log_scale[b, bad], mass[b, bad] = out.log_scale[0], out.mass[0]
-                if vector is not None:
+                if vector is not None and out.vector is not None:  # (both: problem.values)
                     vector[b, bad] = out.vector[0]
         return KernelSums(
             log_scale.astype(dtype),
