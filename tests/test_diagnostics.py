@@ -195,24 +195,3 @@ def test_batched_clusters_decide_ties_as_cluster_labels_on_the_circle(rng):
     ref = np.array([cluster_labels(p, threshold)[0] for p in x])
     assert 0 < np.count_nonzero(ref == 1) < len(x)  # ties both ways
     np.testing.assert_array_equal(k, ref)
-
-
-def test_min_label_propagation_equals_union_find(rng):
-    """The NumPy fallback (the adjacency from one GEMM, min-label propagation with pointer jumping) finds the
-    same roots as the compiled pass (distances from the coordinates, union-find)."""
-    import wflow.diagnostics.clusters as D
-    from wflow.linkage import link_bounds
-
-    if D._cluster_roots is None:
-        pytest.skip("numba unavailable")
-    x = np.concatenate(
-        [sphere.uniform(48, 3, rng, batch=(20,)), _clustered(rng, (20,), 48, 3, 4, 0.05)]
-    )
-    for threshold in (0.2, 0.5, 1.0):
-        chord, lo, hi = link_bounds(threshold)
-        roots = np.empty(x.shape[:2], dtype=np.int64)
-        D._cluster_roots(x, chord, lo, hi, 0, len(x), roots)
-        np.testing.assert_array_equal(D._min_labels(D._adjacency(x, chord)), roots)
-        assert (roots == np.arange(x.shape[1])).sum() > len(
-            x
-        )  # (some systems have several clusters)

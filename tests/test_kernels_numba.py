@@ -12,11 +12,7 @@ import numpy as np
 import pytest
 
 from wflow import Atoms
-from wflow.kernels import AUTO_ORDER, BACKENDS, kernel_sums
-
-numba_backend = pytest.importorskip("wflow.kernels.numba_backend")
-precision = pytest.importorskip("wflow.kernels.precision")
-pytestmark = pytest.mark.skipif(not BACKENDS["numba"].available(), reason=BACKENDS["numba"].reason)
+from wflow.kernels import AUTO_ORDER, BACKENDS, kernel_sums, numba_backend, precision
 
 RTOL = {np.float64: 1e-12, np.float32: 1e-5}
 

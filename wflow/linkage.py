@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+from numba import njit
+
 from .errors import check_positive
 
 __all__ = ["LINK_BAND", "link_bounds", "linked", "squared_distance"]
@@ -43,27 +46,20 @@ def link_bounds(threshold: float) -> tuple[float, float, float]:
     return chord, r2 * (1.0 - LINK_BAND), r2 * (1.0 + LINK_BAND)
 
 
-try:  # compiled with numba (a dependency); without it the callers take their NumPy paths
-    import numpy as np
-    from numba import njit
+@njit(cache=True, inline="always")
+def linked(d2, chord, lo, hi):  # pragma: no cover - compiled
+    """Whether a pair at squared distance d2 is linked, |x_i - x_j| < chord: below lo, yes; from lo to hi
+    (:func:`link_bounds`: within rounding of chord^2), as the square root says; above, no."""
+    return d2 < lo or (d2 < hi and np.sqrt(d2) < chord)
 
-    @njit(cache=True, inline="always")
-    def linked(d2, chord, lo, hi):  # pragma: no cover - compiled
-        """Whether a pair at squared distance d2 is linked, |x_i - x_j| < chord: below lo, yes; from lo to hi
-        (:func:`link_bounds`: within rounding of chord^2), as the square root says; above, no."""
-        return d2 < lo or (d2 < hi and np.sqrt(d2) < chord)
 
-    @njit(cache=True, fastmath={"nnan", "ninf", "nsz"})
-    def squared_distance(xk, i, j):  # pragma: no cover - compiled
-        """|x_i - x_j|^2 of the rows of xk, summed over the coordinates in order, in float64 without fused
-        multiply-adds: the number :func:`wflow.diagnostics.count_clusters` forms for the pair (not inlined,
-        so that the caller's fast-math flags do not reach it)."""
-        s = 0.0
-        for a in range(xk.shape[1]):
-            t = np.float64(xk[i, a]) - np.float64(xk[j, a])
-            s += t * t
-        return s
-
-except Exception:  # pragma: no cover - numba missing
-    linked = None
-    squared_distance = None
+@njit(cache=True, fastmath={"nnan", "ninf", "nsz"})
+def squared_distance(xk, i, j):  # pragma: no cover - compiled
+    """|x_i - x_j|^2 of the rows of xk, summed over the coordinates in order, in float64 without fused
+    multiply-adds: the number :func:`wflow.diagnostics.count_clusters` forms for the pair (not inlined,
+    so that the caller's fast-math flags do not reach it)."""
+    s = 0.0
+    for a in range(xk.shape[1]):
+        t = np.float64(xk[i, a]) - np.float64(xk[j, a])
+        s += t * t
+    return s

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from numba import njit
 from scipy import stats
 
 from ._typing import ArrayLike, SeedLike
@@ -74,68 +75,64 @@ def as_generator(seed: SeedLike) -> np.random.Generator:
 #: side by side), and a parallel region on a shared 2-core machine waits for a second core.
 FUSED_MIN_SIZE = 1 << 15
 
-try:  # numba is a dependency, but keep the geometry importable without it
-    from numba import njit
 
-    @njit(cache=True, nogil=True, fastmath={"nsz", "contract", "reassoc"})
-    def _project_rows(x, v, out):  # pragma: no cover - compiled
-        R, d = x.shape
-        for i in range(R):
-            s = 0.0
-            for k in range(d):
-                s += x[i, k] * v[i, k]
-            c = x.dtype.type(s)
-            for k in range(d):
-                out[i, k] = v[i, k] - c * x[i, k]
+@njit(cache=True, nogil=True, fastmath={"nsz", "contract", "reassoc"})
+def _project_rows(x, v, out):  # pragma: no cover - compiled
+    R, d = x.shape
+    for i in range(R):
+        s = 0.0
+        for k in range(d):
+            s += x[i, k] * v[i, k]
+        c = x.dtype.type(s)
+        for k in range(d):
+            out[i, k] = v[i, k] - c * x[i, k]
 
-    @njit(cache=True, nogil=True, fastmath={"nsz", "contract", "reassoc"})
-    def _project_scaled_rows(x, v, scale, out):  # pragma: no cover - compiled
-        R, d = x.shape
-        for i in range(R):
-            s = 0.0
-            for k in range(d):
-                s += x[i, k] * v[i, k]
-            c = x.dtype.type(s)
-            f = x.dtype.type(1.0 / scale[i])
-            for k in range(d):
-                out[i, k] = (v[i, k] - c * x[i, k]) * f
 
-    @njit(cache=True, nogil=True, fastmath={"nsz", "contract", "reassoc"})
-    def _retract_rows(x, v, step, out):  # pragma: no cover - compiled
-        R, d = x.shape
-        h = x.dtype.type(step)
-        for i in range(R):
-            s = 0.0
-            for k in range(d):
-                y = x[i, k] + h * v[i, k]
-                out[i, k] = y
-                s += np.float64(y) * np.float64(y)
-            c = x.dtype.type(1.0 / np.sqrt(s))
-            for k in range(d):
-                out[i, k] *= c
+@njit(cache=True, nogil=True, fastmath={"nsz", "contract", "reassoc"})
+def _project_scaled_rows(x, v, scale, out):  # pragma: no cover - compiled
+    R, d = x.shape
+    for i in range(R):
+        s = 0.0
+        for k in range(d):
+            s += x[i, k] * v[i, k]
+        c = x.dtype.type(s)
+        f = x.dtype.type(1.0 / scale[i])
+        for k in range(d):
+            out[i, k] = (v[i, k] - c * x[i, k]) * f
 
-    @njit(cache=True, nogil=True, fastmath={"nsz", "contract", "reassoc"})
-    def _normalize_rows(x, out, sq):  # pragma: no cover - compiled
-        R, d = x.shape
-        for i in range(R):
-            s = 0.0
-            for k in range(d):
-                s += np.float64(x[i, k]) * np.float64(x[i, k])
-            sq[i] = s
-            c = x.dtype.type(1.0 / np.sqrt(s)) if s > 0.0 else x.dtype.type(0.0)
-            for k in range(d):
-                out[i, k] = x[i, k] * c
 
-    _HAVE_NUMBA = True
-except Exception:  # pragma: no cover - numba missing or broken
-    _HAVE_NUMBA = False
+@njit(cache=True, nogil=True, fastmath={"nsz", "contract", "reassoc"})
+def _retract_rows(x, v, step, out):  # pragma: no cover - compiled
+    R, d = x.shape
+    h = x.dtype.type(step)
+    for i in range(R):
+        s = 0.0
+        for k in range(d):
+            y = x[i, k] + h * v[i, k]
+            out[i, k] = y
+            s += np.float64(y) * np.float64(y)
+        c = x.dtype.type(1.0 / np.sqrt(s))
+        for k in range(d):
+            out[i, k] *= c
+
+
+@njit(cache=True, nogil=True, fastmath={"nsz", "contract", "reassoc"})
+def _normalize_rows(x, out, sq):  # pragma: no cover - compiled
+    R, d = x.shape
+    for i in range(R):
+        s = 0.0
+        for k in range(d):
+            s += np.float64(x[i, k]) * np.float64(x[i, k])
+        sq[i] = s
+        c = x.dtype.type(1.0 / np.sqrt(s)) if s > 0.0 else x.dtype.type(0.0)
+        for k in range(d):
+            out[i, k] = x[i, k] * c
 
 
 def _fused_ok(*arrays: np.ndarray) -> bool:
     a = arrays[0]
     return (
-        _HAVE_NUMBA
-        and a.size >= FUSED_MIN_SIZE
+        a.size >= FUSED_MIN_SIZE
         and a.ndim >= 1
         and a.shape[-1] > 0
         and a.dtype in (np.float32, np.float64)

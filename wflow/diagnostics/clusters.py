@@ -6,17 +6,18 @@ import math
 from typing import Any
 
 import numpy as np
+from numba import njit
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
 from ..errors import check_positive
 from ..kernels import small
-from ..kernels.small import bmm
+from ..kernels.jit import prefer_wide_vectors
 from ..kernels.threads import chunk_bounds, num_threads, run_chunks
-from ..linkage import link_bounds
+from ..linkage import link_bounds, linked
 from ..measure import Atoms
-from .batch import as_batch, batch_chunks
+from .batch import as_batch
 
 __all__ = [
     "cluster_labels",
@@ -28,79 +29,20 @@ __all__ = [
 ]
 
 #: Systems with at most this many points are clustered by :func:`batched_cluster_labels`
-#: (dense adjacency, :math:`n^2` per system); larger ones one by one by :func:`cluster_labels`.
+#: (all :math:`n^2` pairs of a system); larger ones one by one by :func:`cluster_labels`.
 BATCHED_MAX_N = 512
-
-
-def _adjacency(x: np.ndarray, chord: float) -> np.ndarray:
-    r"""Boolean ``(B, n, n)``: :math:`|x_i - x_j| < r`, diagonal included.
-
-    From :math:`|x_i|^2 + |x_j|^2 - 2G_{ij}` (one GEMM in the input dtype); pairs within the
-    rounding error of that formula of the threshold are decided again from the coordinates
-    in float64, :math:`|x_i - x_j| < r` -- the test of :func:`cluster_labels` -- so the graph
-    (hence the components) is the same as the one-system path's.
-    """
-    B, n, d = x.shape
-    D = bmm(x, np.swapaxes(x, -1, -2))
-    sq = np.einsum("bii->bi", D).copy()
-    D *= -2.0  # in place: D = |x_i|^2 + |x_j|^2 - 2 G
-    D += sq[:, :, None]
-    D += sq[:, None, :]
-    r2 = chord * chord
-    # rounding of the Gram entries (Higham's gamma_d) and of the sums, with a factor 4 margin
-    tol = 4.0 * (d + 4) * float(np.finfo(x.dtype).eps) * max(1.0, float(sq.max(initial=0.0)))
-    A = D < r2
-    D -= r2
-    np.abs(D, out=D)
-    b, i, j = np.nonzero(D <= tol)
-    if b.size:
-        diff = x[b, i].astype(np.float64) - x[b, j].astype(np.float64)
-        A[b, i, j] = np.linalg.norm(diff, axis=-1) < chord
-    idx = np.arange(n)
-    A[:, idx, idx] = True
-    return A
-
-
-def _min_labels(A: np.ndarray) -> np.ndarray:
-    r"""Connected components of each graph of a batch of symmetric boolean adjacencies ``(B, n, n)``.
-
-    Min-label propagation with pointer jumping: each node takes the least label in its closed
-    neighbourhood, :math:`L_i \leftarrow \min_{j \sim i} L_j`, then labels are shortcut,
-    :math:`L \leftarrow L[L]`, to a fixed point.  Labels start at :math:`L_i = i` and only
-    decrease, so :math:`L_i \le i` and :math:`L_i` is always a node of :math:`i`'s component;
-    at the fixed point labels are constant along edges, hence on components, and each
-    component's label is one of its nodes (the root, :math:`L_l = l`).  Systems that have
-    converged leave the active set.  Returns the root label of every node, ``(B, n)``.
-    """
-    B, n, _ = A.shape
-    L = np.broadcast_to(np.arange(n), (B, n)).copy()
-    active = np.arange(B)
-    big = np.int64(n)
-    while active.size:
-        La = L[active]
-        M = np.where(A[active], La[:, None, :], big).min(axis=-1)
-        while True:  # pointer jumping to a fixed point
-            M2 = np.take_along_axis(M, M, axis=1)
-            if np.array_equal(M2, M):
-                break
-            M = M2
-        changed = (M != La).any(axis=-1)
-        L[active] = M
-        active = active[changed]
-    return L
 
 
 def batched_cluster_labels(points, threshold: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
     r"""Single-linkage clusters of many small systems at once (no loop over systems).
 
     Points closer than ``threshold`` (geodesic, radians; chordal :math:`r = 2\sin(\theta/2)`)
-    are linked; the clusters are the connected components.  The adjacency of every system
-    comes from one batched GEMM, the components from min-label propagation with pointer
-    jumping (a few passes over the ``(B, n, n)`` adjacency), in chunks of systems so that
-    temporaries stay near 32 MB.  Meant for ``n <=`` :data:`BATCHED_MAX_N`; cost
-    :math:`O(B n^2 d)` for the GEMM plus :math:`O(B n^2)` per propagation pass.  The graph is
-    exactly that of :func:`cluster_labels` (pairs near the threshold are decided from the
-    coordinates), so the counts are equal.
+    are linked; the clusters are the connected components.  One compiled pass per system
+    (worker threads over chunks of systems) forms the squared distances from the coordinates
+    and joins the linked pairs by union--find, with no ``(B, n, n)`` array.  Meant for
+    ``n <=`` :data:`BATCHED_MAX_N`; cost :math:`O(B n^2 d)`.  The graph is exactly that of
+    :func:`cluster_labels` (pairs near the threshold are decided by the square root, the rule
+    of :func:`wflow.linkage.linked`), so the counts are equal.
 
     Parameters
     ----------
@@ -140,22 +82,17 @@ def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
     n, d = x.shape[-2:]
     xf = x.reshape(-1, n, d)
     roots = np.empty(xf.shape[:2], dtype=np.int64)
-    if (
-        _cluster_roots is not None
-    ):  # the distances from the coordinates, one compiled pass per system
-        B = xf.shape[0]
-        threads = num_threads() if B * n * n * d >= small.SERIAL_MAX_FLOPS else 1
-        chunks = chunk_bounds(B, n * n * d, threads, small.CHUNK_PAIRS * 8)
-        xc = np.ascontiguousarray(xf)
+    # the distances from the coordinates, one compiled pass per system
+    B = xf.shape[0]
+    threads = num_threads() if B * n * n * d >= small.SERIAL_MAX_FLOPS else 1
+    chunks = chunk_bounds(B, n * n * d, threads, small.CHUNK_PAIRS * 8)
+    xc = np.ascontiguousarray(xf)
 
-        def work(t: int) -> None:
-            for b0, b1 in chunks[t::threads]:
-                _cluster_roots(xc, chord, lo, hi, b0, b1, roots)
+    def work(t: int) -> None:
+        for b0, b1 in chunks[t::threads]:
+            _cluster_roots(xc, chord, lo, hi, b0, b1, roots)
 
-        run_chunks(work, threads, len(chunks))
-    else:  # pragma: no cover - without numba: one GEMM per chunk of systems, min-label propagation
-        for s in batch_chunks(xf.shape[0], n):
-            roots[s] = _min_labels(_adjacency(xf[s], chord))
+    run_chunks(work, threads, len(chunks))
     return roots
 
 
@@ -198,12 +135,7 @@ def cluster_labels(points: np.ndarray, threshold: float = 0.1) -> tuple[int, np.
     n, d = x.shape
     chord = 2 * np.sin(min(threshold, np.pi) / 2)
     # (the grid's packed int64 cube keys need (2 sqrt(3)/r + 6)^3 < 2^62: r > 3e-6)
-    if (
-        d == 3
-        and n > BATCHED_MAX_N
-        and _grid is not None
-        and (2 * math.sqrt(3) / chord + 6) ** 3 < 2.0**62
-    ):
+    if d == 3 and n > BATCHED_MAX_N and (2 * math.sqrt(3) / chord + 6) ** 3 < 2.0**62:
         return _grid_components(x, chord)
     pairs = None
     if d == 2 and n > 1:
@@ -230,212 +162,202 @@ def _grid_components(x: np.ndarray, chord: float) -> tuple[int, np.ndarray]:
     return int(k), labels
 
 
-try:
-    from numba import njit
+@njit(cache=True, inline="always")
+def _find(parent, i):  # pragma: no cover - compiled
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
 
-    from ..kernels.jit import prefer_wide_vectors
-    from ..linkage import linked
 
-    @njit(cache=True, inline="always")
-    def _find(parent, i):  # pragma: no cover - compiled
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    @njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz"})
-    def _cluster_roots(x, chord, lo, hi, k0, k1, roots):  # pragma: no cover - compiled
-        """roots[b, i] = the least point of i's cluster, for the systems k0 <= b < k1 of x (B, n, d): points
-        i < j linked when |x_i - x_j| < chord, the squared distance summed over the coordinates in order, in
-        float64 without fused multiply-adds (as NumPy's norm of the difference: a pair within rounding of
-        the threshold, between lo and hi of :func:`~wflow.linkage.link_bounds`, is decided by the square root
-        (:func:`wflow.linkage.linked`), as :func:`cluster_labels` decides it on the circle;
-        no Gram matrix, so no cancellation for close points, no (B, n, n) arrays), the components by
-        union-find keeping the lesser root (the roots of :func:`_min_labels`).  The distances from point i
-        are formed for all j > i at once (the coordinates transposed: vectors along j), about 1 us per
-        system at n = 32, d = 8."""
-        prefer_wide_vectors()
-        B, n, d = x.shape
-        parent = np.empty(n, np.int64)
-        XT = np.empty((d, n))
-        dist = np.empty(n)
-        for b in range(k0, k1):
-            xb = x[b]
-            for i in range(n):
-                parent[i] = i
-                for a in range(d):
-                    XT[a, i] = np.float64(xb[i, a])
-            left = n  # components so far: once one is left, no pair can join two
-            for i in range(n - 1):
-                if left == 1:
-                    break
-                # every j (loops of n, not of n - i - 1: the short, ragged loops cost more than the work saved)
+@njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz"})
+def _cluster_roots(x, chord, lo, hi, k0, k1, roots):  # pragma: no cover - compiled
+    """roots[b, i] = the least point of i's cluster, for the systems k0 <= b < k1 of x (B, n, d): points
+    i < j linked when |x_i - x_j| < chord, the squared distance summed over the coordinates in order, in
+    float64 without fused multiply-adds (as NumPy's norm of the difference: a pair within rounding of
+    the threshold, between lo and hi of :func:`~wflow.linkage.link_bounds`, is decided by the square root
+    (:func:`wflow.linkage.linked`), as :func:`cluster_labels` decides it on the circle;
+    no Gram matrix, so no cancellation for close points, no (B, n, n) arrays), the components by
+    union-find keeping the lesser root (each cluster's root is its least point).  The distances from point i
+    are formed for all j > i at once (the coordinates transposed: vectors along j), about 1 us per
+    system at n = 32, d = 8."""
+    prefer_wide_vectors()
+    B, n, d = x.shape
+    parent = np.empty(n, np.int64)
+    XT = np.empty((d, n))
+    dist = np.empty(n)
+    for b in range(k0, k1):
+        xb = x[b]
+        for i in range(n):
+            parent[i] = i
+            for a in range(d):
+                XT[a, i] = np.float64(xb[i, a])
+        left = n  # components so far: once one is left, no pair can join two
+        for i in range(n - 1):
+            if left == 1:
+                break
+            # every j (loops of n, not of n - i - 1: the short, ragged loops cost more than the work saved)
+            for j in range(n):
+                dist[j] = 0.0
+            for a in range(d):
+                xia = XT[a, i]
+                Xa = XT[a]
                 for j in range(n):
-                    dist[j] = 0.0
-                for a in range(d):
-                    xia = XT[a, i]
-                    Xa = XT[a]
-                    for j in range(n):
-                        t = xia - Xa[j]
-                        dist[j] += t * t
-                ri = _find(parent, i)  # i's root, kept current as i's component merges
-                for j in range(i + 1, n):
-                    dj = dist[j]
-                    if linked(dj, chord, lo, hi):
-                        rj = _find(parent, j)
-                        if ri < rj:
-                            parent[rj] = ri
-                            left -= 1
-                        elif rj < ri:
-                            parent[ri] = rj
-                            ri = rj
-                            left -= 1
-            for i in range(n):
-                roots[b, i] = _find(parent, i)
+                    t = xia - Xa[j]
+                    dist[j] += t * t
+            ri = _find(parent, i)  # i's root, kept current as i's component merges
+            for j in range(i + 1, n):
+                dj = dist[j]
+                if linked(dj, chord, lo, hi):
+                    rj = _find(parent, j)
+                    if ri < rj:
+                        parent[rj] = ri
+                        left -= 1
+                    elif rj < ri:
+                        parent[ri] = rj
+                        ri = rj
+                        left -= 1
+        for i in range(n):
+            roots[b, i] = _find(parent, i)
 
-    @njit(cache=True)
-    def _cell_keys(x, h):  # pragma: no cover - compiled
-        """Integer cube index of each point, packed into one int64 key, and the key strides."""
-        n = x.shape[0]
-        lo = np.empty(3)
-        span = np.zeros(3, dtype=np.int64)
+
+@njit(cache=True)
+def _cell_keys(x, h):  # pragma: no cover - compiled
+    """Integer cube index of each point, packed into one int64 key, and the key strides."""
+    n = x.shape[0]
+    lo = np.empty(3)
+    span = np.zeros(3, dtype=np.int64)
+    for a in range(3):
+        lo[a] = x[:, a].min()
+    cells = np.empty((n, 3), dtype=np.int64)
+    for i in range(n):
         for a in range(3):
-            lo[a] = x[:, a].min()
-        cells = np.empty((n, 3), dtype=np.int64)
-        for i in range(n):
-            for a in range(3):
-                c = (
-                    np.int64(np.floor((x[i, a] - lo[a]) / h)) + 2
-                )  # room for neighbour offsets -2..+2
-                cells[i, a] = c
-                span[a] = max(span[a], c + 3)
-        stride = np.array([span[1] * span[2], span[2], 1], dtype=np.int64)
-        key = np.empty(n, dtype=np.int64)
-        for i in range(n):
-            key[i] = cells[i, 0] * stride[0] + cells[i, 1] * stride[1] + cells[i, 2]
-        return key, stride
+            c = np.int64(np.floor((x[i, a] - lo[a]) / h)) + 2  # room for neighbour offsets -2..+2
+            cells[i, a] = c
+            span[a] = max(span[a], c + 3)
+    stride = np.array([span[1] * span[2], span[2], 1], dtype=np.int64)
+    key = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        key[i] = cells[i, 0] * stride[0] + cells[i, 1] * stride[1] + cells[i, 2]
+    return key, stride
 
-    @njit(cache=True)
-    def _grid(x, key, order, stride, r2, labels):  # pragma: no cover - compiled
-        """Union-find over the non-empty cubes; writes labels numbered by first appearance, returns k."""
-        n = x.shape[0]
-        xs = np.empty((n, 3))
-        n_cells = 0
-        for t in range(n):
-            xs[t] = x[order[t]]
-            if t == 0 or key[order[t]] != key[order[t - 1]]:
-                n_cells += 1
-        ukeys = np.empty(n_cells, dtype=np.int64)
-        bounds = np.empty(n_cells + 1, dtype=np.int64)
-        c = -1
-        for t in range(n):
-            if t == 0 or key[order[t]] != key[order[t - 1]]:
-                c += 1
-                ukeys[c] = key[order[t]]
-                bounds[c] = t
-        bounds[n_cells] = n
-        C = ukeys.shape[0]
-        parent = np.arange(C)
-        lo = np.empty((C, 3))
-        hi = np.empty((C, 3))
-        for c in range(C):
+
+@njit(cache=True)
+def _grid(x, key, order, stride, r2, labels):  # pragma: no cover - compiled
+    """Union-find over the non-empty cubes; writes labels numbered by first appearance, returns k."""
+    n = x.shape[0]
+    xs = np.empty((n, 3))
+    n_cells = 0
+    for t in range(n):
+        xs[t] = x[order[t]]
+        if t == 0 or key[order[t]] != key[order[t - 1]]:
+            n_cells += 1
+    ukeys = np.empty(n_cells, dtype=np.int64)
+    bounds = np.empty(n_cells + 1, dtype=np.int64)
+    c = -1
+    for t in range(n):
+        if t == 0 or key[order[t]] != key[order[t - 1]]:
+            c += 1
+            ukeys[c] = key[order[t]]
+            bounds[c] = t
+    bounds[n_cells] = n
+    C = ukeys.shape[0]
+    parent = np.arange(C)
+    lo = np.empty((C, 3))
+    hi = np.empty((C, 3))
+    for c in range(C):
+        for a in range(3):
+            lo[c, a] = np.inf
+            hi[c, a] = -np.inf
+        for p in range(bounds[c], bounds[c + 1]):
             for a in range(3):
-                lo[c, a] = np.inf
-                hi[c, a] = -np.inf
-            for p in range(bounds[c], bounds[c + 1]):
-                for a in range(3):
-                    v = xs[p, a]
-                    lo[c, a] = min(lo[c, a], v)
-                    hi[c, a] = max(hi[c, a], v)
-        tight = r2 * (1.0 - 1e-12)
-        loose = r2 * (1.0 + 1e-12)
-        # cubes of side r/sqrt(3): a linked pair can be up to two cubes apart along each axis.
-        # The forward half of the 5x5x5 neighbourhood, as 13 rows (ox, oy) of consecutive keys:
-        # (0, 0) with oz = 1..2, (0, 1..2) and (1..2, -2..2) with oz = -2..2
-        # (the keys are sorted, so each row's first candidate only moves forward with c: one
-        # merge-like pointer per row instead of a binary search)
-        offset = np.empty(13, dtype=np.int64)
-        z0 = np.empty(13, dtype=np.int64)
+                v = xs[p, a]
+                lo[c, a] = min(lo[c, a], v)
+                hi[c, a] = max(hi[c, a], v)
+    tight = r2 * (1.0 - 1e-12)
+    loose = r2 * (1.0 + 1e-12)
+    # cubes of side r/sqrt(3): a linked pair can be up to two cubes apart along each axis.
+    # The forward half of the 5x5x5 neighbourhood, as 13 rows (ox, oy) of consecutive keys:
+    # (0, 0) with oz = 1..2, (0, 1..2) and (1..2, -2..2) with oz = -2..2
+    # (the keys are sorted, so each row's first candidate only moves forward with c: one
+    # merge-like pointer per row instead of a binary search)
+    offset = np.empty(13, dtype=np.int64)
+    z0 = np.empty(13, dtype=np.int64)
+    for row in range(13):
+        if row == 0:
+            ox, oy, zz = 0, 0, 1
+        elif row < 3:
+            ox, oy, zz = 0, row, -2
+        else:
+            ox, oy, zz = 1 + (row - 3) // 5, (row - 3) % 5 - 2, -2
+        z0[row] = zz
+        offset[row] = ox * stride[0] + oy * stride[1]
+    ptr = np.zeros(13, dtype=np.int64)
+    for c in range(C):
         for row in range(13):
-            if row == 0:
-                ox, oy, zz = 0, 0, 1
-            elif row < 3:
-                ox, oy, zz = 0, row, -2
-            else:
-                ox, oy, zz = 1 + (row - 3) // 5, (row - 3) % 5 - 2, -2
-            z0[row] = zz
-            offset[row] = ox * stride[0] + oy * stride[1]
-        ptr = np.zeros(13, dtype=np.int64)
-        for c in range(C):
-            for row in range(13):
-                base = ukeys[c] + offset[row]
-                e = ptr[row]
-                while e < C and ukeys[e] < base + z0[row]:
-                    e += 1
-                ptr[row] = e
-                while e < C and ukeys[e] <= base + 2:
-                    _join(c, e, parent, xs, bounds, lo, hi, r2, tight, loose)
-                    e += 1
-        cell_of = np.empty(n, dtype=np.int64)
-        for c in range(C):
-            for t in range(bounds[c], bounds[c + 1]):
-                cell_of[order[t]] = c
-        name = np.full(C, -1, dtype=np.int64)
-        k = 0
-        for i in range(n):
-            r = _find(parent, cell_of[i])
-            if name[r] < 0:
-                name[r] = k
-                k += 1
-            labels[i] = name[r]
-        return k
+            base = ukeys[c] + offset[row]
+            e = ptr[row]
+            while e < C and ukeys[e] < base + z0[row]:
+                e += 1
+            ptr[row] = e
+            while e < C and ukeys[e] <= base + 2:
+                _join(c, e, parent, xs, bounds, lo, hi, r2, tight, loose)
+                e += 1
+    cell_of = np.empty(n, dtype=np.int64)
+    for c in range(C):
+        for t in range(bounds[c], bounds[c + 1]):
+            cell_of[order[t]] = c
+    name = np.full(C, -1, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        r = _find(parent, cell_of[i])
+        if name[r] < 0:
+            name[r] = k
+            k += 1
+        labels[i] = name[r]
+    return k
 
-    @njit(cache=True)
-    def _join(c, e, parent, xs, bounds, lo, hi, r2, tight, loose):  # pragma: no cover - compiled
-        """Union cubes c and e if some pair of their points is closer than r (r2 = r^2)."""
-        rc = _find(parent, c)
-        re = _find(parent, e)
-        if rc == re:
-            return
-        near = (
-            0.0  # squared distance between the bounding boxes, and between their farthest corners
-        )
-        far = 0.0
-        for a in range(3):
-            g = max(lo[e, a] - hi[c, a], lo[c, a] - hi[e, a], 0.0)
-            near += g * g
-            f = max(hi[e, a] - lo[c, a], hi[c, a] - lo[e, a])
-            far += f * f
-        if near >= loose:
-            return
-        linked = far < tight
-        if not linked:
-            for p in range(bounds[c], bounds[c + 1]):
-                g2 = 0.0  # point p to box e
+
+@njit(cache=True)
+def _join(c, e, parent, xs, bounds, lo, hi, r2, tight, loose):  # pragma: no cover - compiled
+    """Union cubes c and e if some pair of their points is closer than r (r2 = r^2)."""
+    rc = _find(parent, c)
+    re = _find(parent, e)
+    if rc == re:
+        return
+    near = 0.0  # squared distance between the bounding boxes, and between their farthest corners
+    far = 0.0
+    for a in range(3):
+        g = max(lo[e, a] - hi[c, a], lo[c, a] - hi[e, a], 0.0)
+        near += g * g
+        f = max(hi[e, a] - lo[c, a], hi[c, a] - lo[e, a])
+        far += f * f
+    if near >= loose:
+        return
+    linked = far < tight
+    if not linked:
+        for p in range(bounds[c], bounds[c + 1]):
+            g2 = 0.0  # point p to box e
+            for a in range(3):
+                g = max(lo[e, a] - xs[p, a], xs[p, a] - hi[e, a], 0.0)
+                g2 += g * g
+            if g2 >= loose:
+                continue
+            for q in range(bounds[e], bounds[e + 1]):
+                s = 0.0
                 for a in range(3):
-                    g = max(lo[e, a] - xs[p, a], xs[p, a] - hi[e, a], 0.0)
-                    g2 += g * g
-                if g2 >= loose:
-                    continue
-                for q in range(bounds[e], bounds[e + 1]):
-                    s = 0.0
-                    for a in range(3):
-                        t = xs[p, a] - xs[q, a]
-                        s += t * t
-                    if s < r2:
-                        linked = True
-                        break
-                if linked:
+                    t = xs[p, a] - xs[q, a]
+                    s += t * t
+                if s < r2:
+                    linked = True
                     break
-        if linked:
-            if rc < re:
-                parent[re] = rc
-            else:
-                parent[rc] = re
-
-except Exception:  # pragma: no cover - numba missing: the k-d tree path
-    _grid = None
-    _cluster_roots = None
+            if linked:
+                break
+    if linked:
+        if rc < re:
+            parent[re] = rc
+        else:
+            parent[rc] = re
 
 
 def count_clusters(mu: Atoms, threshold: float = 0.1, *, min_mass: float = 0.0) -> np.ndarray:

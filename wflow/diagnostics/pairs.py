@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import njit
 
-from ..errors import WflowError
 from ..kernels import small
-from ..kernels.jit import FM_SUM, NUMBA_ERROR, numba
+from ..kernels.dense import BLOCKED_MAX_R, GRAM_BLOCK, count_off_diagonal, gram_blocked, mm
+from ..kernels.jit import FM_SUM
 from ..kernels.small import bmm
 from ..kernels.threads import blas_threads, chunk_bounds, num_threads, parallel, run_chunks, shares
 from .batch import as_batch, batch_chunks
@@ -59,7 +60,7 @@ def pair_fraction(points, cos_threshold: float = 0.999) -> np.ndarray:
         raise ValueError(f"cos_threshold must be finite, got {cos_threshold!r}")
     batch, (n, d) = x.shape[:-2], x.shape[-2:]
     xf = x.reshape(-1, n, d)
-    if n <= small.SMALL_MAX and _pair_counts is not None:
+    if n <= small.SMALL_MAX:
         # tiny systems: one compiled pass per system (float64 Gram blocks), worker threads over systems
         with np.errstate(invalid="ignore", divide="ignore"):
             return (
@@ -83,7 +84,7 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
     One compiled pass per system (the Gram matrix in float64, then the count off its diagonal), or for
     ``r >`` :data:`PAIR_COUNTS_FUSED_MAX_DIM` a batched GEMM per chunk of systems and a compiled count
     (1.2-1.7x faster at r = 32...128, n = 32), worker threads over chunks of systems;
-    :func:`pair_fraction` takes it for ``n <=`` :data:`~wflow.kernels.small.SMALL_MAX` when numba is present.
+    :func:`pair_fraction` takes it for ``n <=`` :data:`~wflow.kernels.small.SMALL_MAX`.
 
     Parameters
     ----------
@@ -103,8 +104,6 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
     >>> int(pair_counts(x, 0.999))  # (0, 1) and (1, 0)
     2
     """
-    if _pair_counts is None:
-        raise WflowError(f"pair_counts needs numba: {NUMBA_ERROR}")
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
@@ -141,39 +140,31 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
     return out.reshape(batch)
 
 
-if numba is not None:
-    from numba import njit
-
-    from ..kernels.dense import BLOCKED_MAX_R, GRAM_BLOCK, count_off_diagonal, gram_blocked, mm
-
-    @njit(cache=True, nogil=True)
-    def _count_above(G, c, out):  # pragma: no cover - compiled
-        """out[k] = #{(i, j): i != j, G[k, i, j] > c} (ordered pairs; GEMM route of :func:`pair_counts`)."""
-        for k in range(G.shape[0]):
-            out[k] = count_off_diagonal(G[k], c)
-
-    @njit(cache=True, nogil=True, fastmath=FM_SUM)
-    def _pair_counts(x, c, k0, k1, out):  # pragma: no cover - compiled
-        """out[k] = #{(i, j): i != j, <x_i, x_j> > c} for k0 <= k < k1 (the Gram matrix in float64 by
-        :func:`gram_blocked` or :func:`mm`, as in the fused step's pass, then :func:`count_off_diagonal`)."""
-        B, n, r = x.shape
-        blocked = 4 < r <= BLOCKED_MAX_R
-        rp = -(-r // GRAM_BLOCK) * GRAM_BLOCK if blocked else r
-        T = np.zeros((n, rp))
-        TT = np.zeros((rp, n))
-        G = np.empty((n, n))
-        for k in range(k0, k1):
-            for i in range(n):
-                for l in range(r):
-                    v = np.float64(x[k, i, l])
-                    T[i, l] = v
-                    TT[l, i] = v
-            if blocked:
-                gram_blocked(T, TT, G)
-            else:
-                mm(T, TT, G)
-            out[k] = count_off_diagonal(G, c)
+@njit(cache=True, nogil=True)
+def _count_above(G, c, out):  # pragma: no cover - compiled
+    """out[k] = #{(i, j): i != j, G[k, i, j] > c} (ordered pairs; GEMM route of :func:`pair_counts`)."""
+    for k in range(G.shape[0]):
+        out[k] = count_off_diagonal(G[k], c)
 
 
-else:  # pragma: no cover
-    _pair_counts = _count_above = None
+@njit(cache=True, nogil=True, fastmath=FM_SUM)
+def _pair_counts(x, c, k0, k1, out):  # pragma: no cover - compiled
+    """out[k] = #{(i, j): i != j, <x_i, x_j> > c} for k0 <= k < k1 (the Gram matrix in float64 by
+    :func:`gram_blocked` or :func:`mm`, as in the fused step's pass, then :func:`count_off_diagonal`)."""
+    B, n, r = x.shape
+    blocked = 4 < r <= BLOCKED_MAX_R
+    rp = -(-r // GRAM_BLOCK) * GRAM_BLOCK if blocked else r
+    T = np.zeros((n, rp))
+    TT = np.zeros((rp, n))
+    G = np.empty((n, n))
+    for k in range(k0, k1):
+        for i in range(n):
+            for l in range(r):
+                v = np.float64(x[k, i, l])
+                T[i, l] = v
+                TT[l, i] = v
+        if blocked:
+            gram_blocked(T, TT, G)
+        else:
+            mm(T, TT, G)
+        out[k] = count_off_diagonal(G, c)

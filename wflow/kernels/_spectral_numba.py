@@ -1,4 +1,4 @@
-"""Compiled engine of :mod:`wflow.kernels.spectral` (numba); imported only when numba is.
+"""Compiled engine of :mod:`wflow.kernels.spectral` (numba), imported when that engine first runs.
 
 Module-level functions, so that numba's on-disk cache (``cache=True``) works: kernels
 defined inside a function are recompiled in every new process (7-9 s on this machine).

@@ -141,7 +141,7 @@ def fit(samples: Iterable[tuple]) -> dict[tuple[str, str], tuple[float, float, f
     """
     from scipy.optimize import nnls
 
-    rows: dict[tuple[str, str], list] = {}
+    rows: dict[tuple[str, str], list[np.ndarray]] = {}
     for route, dtype, B, n, m, p, q, seconds in samples:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
@@ -150,10 +150,11 @@ def fit(samples: Iterable[tuple]) -> dict[tuple[str, str], tuple[float, float, f
                 f"a measured time must be finite and positive, got {seconds!r} for {route} B={B} n={n}"
             )
         rows.setdefault((route, _dtype_name(dtype)), []).append(features(B, n, m, p, q) / seconds)
-    out = {}
-    for key, A in rows.items():
-        A = np.array(A)
+    out: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+    for key, feats in rows.items():
+        A = np.array(feats)
         scale = np.maximum(A.max(axis=0), 1e-300)  # columns of comparable size for the solver
         c, _ = nnls(A / scale, np.ones(len(A)))
-        out[key] = tuple(float(v) for v in c / scale)
+        c0, c1, c2, c3 = (float(v) for v in c / scale)  # the four features
+        out[key] = (c0, c1, c2, c3)
     return out

@@ -1,5 +1,5 @@
 r"""numba primitives shared by the compiled kernels: the fast-math flags, a vectorizable exponential,
-the 512-bit vector hint, and whether numba imports at all.
+and the 512-bit vector hint.
 
 numba has no SVML here, so ``np.exp`` inside a loop is a scalar libm call.  :func:`exp64` and
 :func:`exp32` write the exponential with plain arithmetic -- Cody--Waite range reduction
@@ -10,18 +10,17 @@ vectorizes the loops over columns (AVX2: 4 float64 or 8 float32 lanes).  Callers
 :func:`~wflow.kernels.exp_floor`, so :math:`k` stays in the normal range and no subnormal number
 appears.  Every compiled pass of :mod:`wflow.kernels` and of the fused step
 (:mod:`wflow.solvers.fused`) takes its exponential and its fast-math flags from here.
-
-Without numba (or with a numba/llvmlite mismatch) :data:`numba` is ``None``, :data:`NUMBA_ERROR`
-says why, and none of the compiled functions exist.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir as _ir
+from numba import njit
+from numba.core import types as _types
+from numba.extending import intrinsic, overload
 
 __all__ = [
-    "numba",
-    "NUMBA_ERROR",
     "LOG_ZERO",
     "FM_EXP",
     "FM_SUM",
@@ -45,132 +44,128 @@ FM_EXP = {"nnan", "ninf", "nsz", "contract"}
 #: Fast-math flags of the summing loops: they need "reassoc" to vectorize reductions.
 FM_SUM = {"nnan", "ninf", "nsz", "contract", "reassoc"}
 
-try:  # numba is optional: without it the numba backend reports itself unavailable
-    import numba
-    from llvmlite import ir as _ir
-    from numba import njit
-    from numba.core import types as _types
-    from numba.extending import intrinsic, overload
 
-    #: Why numba cannot be used ("" when it can).
-    NUMBA_ERROR = ""
-except Exception as exc:  # ImportError, or a numba/llvmlite mismatch
-    numba = None
-    NUMBA_ERROR = f"numba cannot be imported ({type(exc).__name__}: {exc}); install numba"
+@intrinsic
+def _pow2_of_shifted64(typingctx, t):
+    """``2**k`` for ``t = k + 1.5 * 2**52`` exactly (k in the normal exponent range)."""
+
+    def codegen(context, builder, signature, args):
+        i = builder.bitcast(args[0], _ir.IntType(64))
+        # the shifter's own bits leave through the top; k lands in the exponent field
+        i = builder.shl(i, _ir.Constant(_ir.IntType(64), 52))
+        i = builder.add(i, _ir.Constant(_ir.IntType(64), 1023 << 52))
+        return builder.bitcast(i, _ir.DoubleType())
+
+    return _types.float64(_types.float64), codegen
 
 
-if numba is not None:
+@intrinsic
+def _pow2_of_shifted32(typingctx, t):
+    """``2**k`` for ``t = k + 1.5 * 2**23`` exactly (k in the normal exponent range)."""
 
-    @intrinsic
-    def _pow2_of_shifted64(typingctx, t):
-        """``2**k`` for ``t = k + 1.5 * 2**52`` exactly (k in the normal exponent range)."""
+    def codegen(context, builder, signature, args):
+        i = builder.bitcast(args[0], _ir.IntType(32))
+        i = builder.shl(i, _ir.Constant(_ir.IntType(32), 23))
+        i = builder.add(i, _ir.Constant(_ir.IntType(32), 127 << 23))
+        return builder.bitcast(i, _ir.FloatType())
 
-        def codegen(context, builder, signature, args):
-            i = builder.bitcast(args[0], _ir.IntType(64))
-            # the shifter's own bits leave through the top; k lands in the exponent field
-            i = builder.shl(i, _ir.Constant(_ir.IntType(64), 52))
-            i = builder.add(i, _ir.Constant(_ir.IntType(64), 1023 << 52))
-            return builder.bitcast(i, _ir.DoubleType())
+    return _types.float32(_types.float32), codegen
 
-        return _types.float64(_types.float64), codegen
 
-    @intrinsic
-    def _pow2_of_shifted32(typingctx, t):
-        """``2**k`` for ``t = k + 1.5 * 2**23`` exactly (k in the normal exponent range)."""
+#: the LLVM function attribute that lets the loop vectorizer use 512-bit registers: LLVM's default
+#: for AVX-512 cores is 256 (the "prefer-256-bit" tuning), under which the exponential loops of the
+#: fused SA step run 4 float64 lanes instead of 8 (0.56 against 1.07 ns per e^x, one core, 1024
+#: exponentials in L1; no effect on cores without AVX-512)
+WIDE_VECTORS = '"prefer-vector-width"="512"'
 
-        def codegen(context, builder, signature, args):
-            i = builder.bitcast(args[0], _ir.IntType(32))
-            i = builder.shl(i, _ir.Constant(_ir.IntType(32), 23))
-            i = builder.add(i, _ir.Constant(_ir.IntType(32), 127 << 23))
-            return builder.bitcast(i, _ir.FloatType())
 
-        return _types.float32(_types.float32), codegen
+@intrinsic
+def prefer_wide_vectors(typingctx):
+    """Called first in a compiled function: its loops may be vectorized 512 bits wide (see
+    :data:`WIDE_VECTORS`); the calling function is marked (functions LLVM inlines into it follow
+    it), the numbers unchanged to rounding (reductions may split into more partial sums).  A no-op
+    when llvmlite refuses the attribute."""
 
-    #: the LLVM function attribute that lets the loop vectorizer use 512-bit registers: LLVM's default
-    #: for AVX-512 cores is 256 (the "prefer-256-bit" tuning), under which the exponential loops of the
-    #: fused SA step run 4 float64 lanes instead of 8 (0.56 against 1.07 ns per e^x, one core, 1024
-    #: exponentials in L1; no effect on cores without AVX-512)
-    WIDE_VECTORS = '"prefer-vector-width"="512"'
+    def codegen(context, builder, signature, args):
+        attrs = builder.function.attributes
+        try:  # llvmlite checks attributes against a list of keywords: add the string one past it
+            set.add(attrs, WIDE_VECTORS)
+        except Exception:  # pragma: no cover - a different llvmlite
+            pass
+        return context.get_dummy_value()
 
-    @intrinsic
-    def prefer_wide_vectors(typingctx):
-        """Called first in a compiled function: its loops may be vectorized 512 bits wide (see
-        :data:`WIDE_VECTORS`); the calling function is marked (functions LLVM inlines into it follow
-        it), the numbers unchanged to rounding (reductions may split into more partial sums).  A no-op
-        when llvmlite refuses the attribute."""
+    return _types.void(), codegen
 
-        def codegen(context, builder, signature, args):
-            attrs = builder.function.attributes
-            try:  # llvmlite checks attributes against a list of keywords: add the string one past it
-                set.add(attrs, WIDE_VECTORS)
-            except Exception:  # pragma: no cover - a different llvmlite
-                pass
-            return context.get_dummy_value()
 
-        return _types.void(), codegen
+@njit(cache=True, fastmath=FM_EXP)
+def exp64(x):
+    """e^x for float64 x in [-708, 0.3]: relative error about 2e-15."""
+    t = x * 1.4426950408889634 + 6755399441055744.0  # k + 1.5*2^52, k = round(x/log 2)
+    k = t - 6755399441055744.0
+    r = x - k * 6.93147180369123816490e-01  # Cody-Waite: log 2 = hi + lo, k*hi exact
+    r = r - k * 1.90821492927058770002e-10
+    # Chebyshev interpolant of e^r on |r| <= log(2)/2 + 1e-3, degree 10
+    p = 2.654918910414338e-07
+    p = p * r + 2.7634529673057688e-06
+    p = p * r + 2.4804475315593808e-05
+    p = p * r + 0.00019841184597455588
+    p = p * r + 0.001388888610320244
+    p = p * r + 0.008333333373576392
+    p = p * r + 0.041666666677520954
+    p = p * r + 0.1666666666659264
+    p = p * r + 0.499999999999845
+    p = p * r + 1.0000000000000033
+    p = p * r + 1.0000000000000004
+    return p * _pow2_of_shifted64(t)
 
-    @njit(cache=True, fastmath=FM_EXP)
-    def exp64(x):
-        """e^x for float64 x in [-708, 0.3]: relative error about 2e-15."""
-        t = x * 1.4426950408889634 + 6755399441055744.0  # k + 1.5*2^52, k = round(x/log 2)
-        k = t - 6755399441055744.0
-        r = x - k * 6.93147180369123816490e-01  # Cody-Waite: log 2 = hi + lo, k*hi exact
-        r = r - k * 1.90821492927058770002e-10
-        # Chebyshev interpolant of e^r on |r| <= log(2)/2 + 1e-3, degree 10
-        p = 2.654918910414338e-07
-        p = p * r + 2.7634529673057688e-06
-        p = p * r + 2.4804475315593808e-05
-        p = p * r + 0.00019841184597455588
-        p = p * r + 0.001388888610320244
-        p = p * r + 0.008333333373576392
-        p = p * r + 0.041666666677520954
-        p = p * r + 0.1666666666659264
-        p = p * r + 0.499999999999845
-        p = p * r + 1.0000000000000033
-        p = p * r + 1.0000000000000004
-        return p * _pow2_of_shifted64(t)
 
-    @njit(cache=True, fastmath=FM_EXP)
-    def exp32(x):
-        """e^x for float32 x in [-87, 0.3]: relative error about 1e-7."""
-        t = x * np.float32(1.4426950408889634) + np.float32(12582912.0)  # k + 1.5*2^23
-        k = t - np.float32(12582912.0)
-        r = x - k * np.float32(0.693145751953125)
-        r = r - k * np.float32(1.428606765330187045e-06)
-        p = np.float32(0.0013941411161795259)
-        p = p * r + np.float32(0.00837536808103323)
-        p = p * r + np.float32(0.04166634753346443)
-        p = p * r + np.float32(0.16666412353515625)
-        p = p * r + np.float32(0.5)
-        p = p * r + np.float32(1.0)
-        p = p * r + np.float32(1.0)
-        return p * _pow2_of_shifted32(t)
+@njit(cache=True, fastmath=FM_EXP)
+def exp32(x):
+    """e^x for float32 x in [-87, 0.3]: relative error about 1e-7."""
+    t = x * np.float32(1.4426950408889634) + np.float32(12582912.0)  # k + 1.5*2^23
+    k = t - np.float32(12582912.0)
+    r = x - k * np.float32(0.693145751953125)
+    r = r - k * np.float32(1.428606765330187045e-06)
+    p = np.float32(0.0013941411161795259)
+    p = p * r + np.float32(0.00837536808103323)
+    p = p * r + np.float32(0.04166634753346443)
+    p = p * r + np.float32(0.16666412353515625)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    return p * _pow2_of_shifted32(t)
 
-    def exp(x):  # pragma: no cover - replaced by the overload inside numba
-        return np.exp(x)
 
-    @overload(exp, inline="never")
-    def _exp_overload(x):
-        if x == _types.float32:
-            return lambda x: exp32(x)
-        return lambda x: exp64(x)
+def exp(x):  # pragma: no cover - replaced by the overload inside numba
+    return np.exp(x)
 
-    def round_as(x, zero):  # pragma: no cover - replaced by the overload inside numba
-        return x
 
-    @overload(round_as)
-    def _round_as_overload(x, zero):
-        """float64 x rounded to the dtype of ``zero`` (returned as float64)."""
-        if zero == _types.float32:
-            return lambda x, zero: np.float64(np.float32(x))
-        return lambda x, zero: x
+@overload(exp, inline="never")
+def _exp_overload(x):
+    if x == _types.float32:
+        return lambda x: exp32(x)
+    return lambda x: exp64(x)
 
-    def exp_as(x, zero):  # pragma: no cover - replaced by the overload inside numba
-        return np.exp(x)
 
-    @overload(exp_as, inline="never")
-    def _exp_as_overload(x, zero):
-        """e^x in the dtype of ``zero`` (x is converted first: float32 runs 8 lanes, not 4)."""
-        if zero == _types.float32:
-            return lambda x, zero: exp32(np.float32(x))
-        return lambda x, zero: exp64(np.float64(x))
+def round_as(x, zero):  # pragma: no cover - replaced by the overload inside numba
+    return x
+
+
+@overload(round_as)
+def _round_as_overload(x, zero):
+    """float64 x rounded to the dtype of ``zero`` (returned as float64)."""
+    if zero == _types.float32:
+        return lambda x, zero: np.float64(np.float32(x))
+    return lambda x, zero: x
+
+
+def exp_as(x, zero):  # pragma: no cover - replaced by the overload inside numba
+    return np.exp(x)
+
+
+@overload(exp_as, inline="never")
+def _exp_as_overload(x, zero):
+    """e^x in the dtype of ``zero`` (x is converted first: float32 runs 8 lanes, not 4)."""
+    if zero == _types.float32:
+        return lambda x, zero: exp32(np.float32(x))
+    return lambda x, zero: exp64(np.float64(x))

@@ -56,15 +56,14 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 
-from .jit import LOG_ZERO, NUMBA_ERROR, numba
+from . import numba_passes
+from .jit import LOG_ZERO
 from .precision import float32_logits_bound
 from .sums import KernelProblem, KernelSums, exp_floor, register_backend
 from .threads import blas_threads, parallel
-
-if numba is not None:
-    from . import numba_passes
 
 _FLOAT_MIN = float(np.finfo(np.float64).min)
 
@@ -129,8 +128,7 @@ def choose_route(B: int, n: int, m: int, p: int, dtype, q: int | None = None) ->
     if n <= SMALL_MAX and m <= SMALL_MAX and p >= SMALL_MIN_DIM:
         from . import cost
 
-        routes = cost.ROUTES if numba is not None else tuple(r for r in cost.ROUTES if r != "fused")
-        route = cost.cheapest(B, n, m, p, p if q is None else q, dtype, routes)
+        route = cost.cheapest(B, n, m, p, p if q is None else q, dtype, cost.ROUTES)
         return "small" if route in ("fused", "gemm") else route
     return "direct" if p < BLAS_MIN_DIM else "blas"
 
@@ -144,7 +142,7 @@ class NumbaBackend:
     """Direct kernel sums compiled with numba (see module docstring).
 
     Takes every problem (general Q, K, V, any batch, float32 and float64).  ``"auto"``
-    picks it ahead of ``"numpy"`` whenever numba imports; KeOps stays ahead of it
+    picks it ahead of ``"numpy"``; KeOps stays ahead of it
     but is auto-selected only on a GPU.
 
     Examples
@@ -155,34 +153,21 @@ class NumbaBackend:
     >>> problem = KernelProblem(x=x, y=x, weights=np.full((1, 5), 0.2), beta=1.0, Q=None, K=None, V=None,
     ...                         values=True)
     >>> numba_backend = BACKENDS["numba"]
-    >>> if numba_backend.available():  # compare with the numpy reference
-    ...     ours, ref = numba_backend(problem), BACKENDS["numpy"](problem)
-    ...     same = np.allclose(np.exp(ours.log_scale) * ours.mass, np.exp(ref.log_scale) * ref.mass)
-    ... else:
-    ...     same = True
-    >>> same
+    >>> ours, ref = numba_backend(problem), BACKENDS["numpy"](problem)  # against the numpy reference
+    >>> bool(np.allclose(np.exp(ours.log_scale) * ours.mass, np.exp(ref.log_scale) * ref.mass))
     True
     """
 
     name = "numba"
-
-    @property
-    def reason(self) -> str:
-        return NUMBA_ERROR
+    reason = ""
 
     def available(self) -> bool:
-        return numba is not None
+        return True
 
     def accepts(self, problem: KernelProblem) -> bool:
         return True
 
     def __call__(self, problem: KernelProblem) -> KernelSums:
-        if numba is None:
-            from ..errors import WflowError
-
-            raise WflowError(
-                f"the numba backend is unavailable: {NUMBA_ERROR}; use backend='numpy'"
-            )
         dtype = problem.dtype
         f64 = np.float64
         x, y = problem.x, problem.y
@@ -357,7 +342,7 @@ class NumbaBackend:
                     J = j1 - j0
                     Lb = L.reshape(-1)[: R * J].reshape(R, J)  # contiguous views of the buffers
                     Eb = E.reshape(-1)[: R * J].reshape(R, J)
-                    if convert:
+                    if Bf is not None:  # (convert)
                         bb = Bf[:J]
                         np.copyto(bb, b[k, j0:j1])
                     else:

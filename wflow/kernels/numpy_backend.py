@@ -88,7 +88,7 @@ class NumpyBackend:
                         mx = L.max(axis=1)
                     E = _shifted_exp(L, mx, floor)
                     s0[k, i0 : i0 + rows] += E.sum(axis=1)
-                    if s1 is not None:
+                    if s1 is not None and c is not None:  # (s1 is None exactly when c is)
                         s1[k, i0 : i0 + rows] += E @ c[k, j0 : j0 + cols]
                 shift[k, i0 : i0 + rows] = mx
         return KernelSums(shift, s0, s1, self.name)

@@ -10,8 +10,9 @@ logits of dimension :math:`p`, bounded by ``size``, is at most
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
-from .jit import LOG_ZERO, numba
+from .jit import LOG_ZERO
 
 __all__ = ["LOWP_LOGIT_ERROR", "float32_logits_bound"]
 
@@ -21,29 +22,26 @@ __all__ = ["LOWP_LOGIT_ERROR", "float32_logits_bound"]
 LOWP_LOGIT_ERROR = 3e-6
 
 
-if numba is not None:
-    from numba import njit
-
-    @njit(cache=True, nogil=True)
-    def _relative_log_weights(lw, lo, out, top):  # pragma: no cover - compiled
-        """out[k] = max(lw[k] - max lw[k], -3e38) in out's dtype and top[k] = max lw[k], in one pass;
-        returns the largest span max lw[k] - lw[k, j] over the log-weights whose relative value is
-        above lo (zero weights left out)."""
-        B, m = lw.shape
-        span = 0.0
-        if m == 0:
-            return span
-        for k in range(B):
-            mx = lw[k, 0]
-            for j in range(1, m):
-                mx = max(mx, lw[k, j])
-            top[k] = mx
-            for j in range(m):
-                v = lw[k, j] - mx
-                if v > lo:
-                    span = max(span, -v)
-                out[k, j] = max(v, -3e38)
+@njit(cache=True, nogil=True)
+def _relative_log_weights(lw, lo, out, top):  # pragma: no cover - compiled
+    """out[k] = max(lw[k] - max lw[k], -3e38) in out's dtype and top[k] = max lw[k], in one pass;
+    returns the largest span max lw[k] - lw[k, j] over the log-weights whose relative value is
+    above lo (zero weights left out)."""
+    B, m = lw.shape
+    span = 0.0
+    if m == 0:
         return span
+    for k in range(B):
+        mx = lw[k, 0]
+        for j in range(1, m):
+            mx = max(mx, lw[k, j])
+        top[k] = mx
+        for j in range(m):
+            v = lw[k, j] - mx
+            if v > lo:
+                span = max(span, -v)
+            out[k, j] = max(v, -3e38)
+    return span
 
 
 def float32_logits_bound(

@@ -41,14 +41,9 @@ import math
 
 import numpy as np
 
-from .jit import numba
+from . import dense
 from .precision import float32_logits_bound
 from .threads import blas_threads, chunk_bounds, num_threads, parallel, run_chunks
-
-if numba is not None:
-    from . import dense
-else:  # pragma: no cover
-    dense = None
 
 __all__ = [
     "bmm",
@@ -145,13 +140,11 @@ def choose_method(n: int, m: int, p: int, q: int, B: int = 1, dtype=np.float64) 
     >>> from wflow.kernels import small
     >>> small.choose_method(32, 32, 128, 128, B=256)  # high dimension: BLAS GEMMs
     'gemm'
-    >>> small.choose_method(32, 32, 3, 3, B=256) == ("gemm" if small.dense is None else "fused")
-    True
+    >>> small.choose_method(32, 32, 3, 3, B=256)  # low dimension: one compiled pass per system
+    'fused'
     """
     if FORCE_METHOD is not None:
         return FORCE_METHOD
-    if dense is None:
-        return "gemm"
     from . import cost
 
     return cost.cheapest(B, n, m, p, q, dtype, ("fused", "gemm"))
@@ -196,7 +189,7 @@ def small_sums(
     wdt = np.dtype(dtype).type
     zero = wdt(0)
     lw_max = None
-    ldt = np.float64
+    ldt: type[np.float32] | type[np.float64] = np.float64
     if wdt is np.float32:
         ok, lw_rel, lw_max = _logits_in_float32(a, b, logw, floor, tol, scale)
         if ok:
@@ -236,7 +229,7 @@ def small_sums(
             np.matmul(a[b0:b1].astype(ldt, copy=False), bT[b0:b1].astype(ldt, copy=False), out=Lc)
             Ec = Lc if E is None else E[:C]
             dense.softmax_rows(Lc, ldt(scale), lw_l[b0:b1], Ec, shift[b0:b1], mass[b0:b1], fl, zero)
-            if q:
+            if vec is not None and cw is not None:  # (q > 0)
                 np.matmul(Ec, cw[b0:b1], out=vec[b0:b1])
 
     with blas_threads(1):

@@ -302,8 +302,8 @@ def _legendre_rows(t: np.ndarray, s: np.ndarray, L: int, coef):
     """
     B = t.shape[0]
     tt = t[:, None]
-    prev2 = None
     prev1 = np.ones((B, 1))
+    prev2 = prev1  # (read from l = 2 on, after the loop has moved it)
     yield prev1
     for l in range(1, L + 1):
         cur = np.empty((B, l + 1))
@@ -351,14 +351,11 @@ _NUMBA = None
 def _numba_kernels():
     global _NUMBA
     if _NUMBA is not None:
-        return _NUMBA or None
-    try:
-        import numba as nb
+        return _NUMBA
+    import numba as nb
 
-        from . import _spectral_numba as k
-    except ImportError:  # pragma: no cover - numba is a dependency
-        _NUMBA = False
-        return None
+    from . import _spectral_numba as k
+
     _NUMBA = dict(
         circle_moments=k.circle_moments,
         circle_eval=k.circle_eval,
@@ -399,7 +396,7 @@ class SpectralBackend:
     def __init__(self, engine: str = "numba") -> None:
         if engine not in ("numba", "numpy"):
             raise ValueError(f"engine must be 'numba' or 'numpy', got {engine!r}")
-        #: "numba" (fused loops, used when numba imports) or "numpy" (blocked arrays)
+        #: "numba" (fused loops) or "numpy" (blocked arrays)
         self.engine = engine
 
     #: rows per block (temporaries stay near ``block * K`` complex numbers)
@@ -499,7 +496,7 @@ class SpectralBackend:
                 )
                 out = BACKENDS["numpy"](sub)
                 log_scale[b, bad], mass[b, bad] = out.log_scale[0], out.mass[0]
-                if vector is not None:
+                if vector is not None and out.vector is not None:  # (both: problem.values)
                     vector[b, bad] = out.vector[0]
         return KernelSums(
             log_scale.astype(dtype),

@@ -11,10 +11,9 @@ both.
 
 from __future__ import annotations
 
-import os
 import threading
 
-from .jit import numba
+import numba
 
 __all__ = [
     "executor",
@@ -102,13 +101,8 @@ def shares(B: int, workers: int) -> list[tuple[int, int]]:
 
 
 def num_threads() -> int:
-    """The worker threads to use: numba's thread count, else the cores this process may run on."""
-    if numba is not None:
-        return max(1, numba.get_num_threads())
-    return max(
-        1,
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
-    )
+    """The worker threads to use: numba's thread count."""
+    return max(1, numba.get_num_threads())
 
 
 def run_chunks(work, threads: int, n_chunks: int) -> None:

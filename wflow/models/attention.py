@@ -8,6 +8,7 @@ shared machinery is :class:`Attention`, of which SA and USA are the two normaliz
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,7 @@ class Attention(Model):
                     f"give beta or gamma (long context: beta = gamma log n), not both; got beta={beta!r}, "
                     f"gamma={gamma!r}"
                 )
-            self.gamma = check_nonnegative(gamma, "gamma")
+            self.gamma: float | None = check_nonnegative(gamma, "gamma")
             beta = 0.0
         else:
             self.gamma = None
@@ -334,6 +335,10 @@ class Attention(Model):
             np.einsum("ij,ij->i", theta, A)[:, None, None] * eye + theta[:, :, None] * A[:, None, :]
         )
         return dA, dv
+
+    @abstractmethod
+    def _average(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
+        """:meth:`average` of checked queries ``x`` (SA and USA each define it)."""
 
     def average(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         r"""The attention output before projection: :math:`A(x) = \int e^{\ell(x,y)}Vy\,d\mu(y) / Z` (SA) or

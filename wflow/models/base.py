@@ -13,7 +13,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -295,11 +295,12 @@ class SumModel(Model):
     def metric(self) -> str:
         return self._parts[0].metric if len(self._parts) == 1 else WASSERSTEIN
 
+    # (sum over at least one block, checked in __init__: never sum's start value 0)
     def _energy(self, mu: Atoms, backend: str) -> np.ndarray:
-        return sum(p._energy(mu, backend) for p in self._parts)
+        return cast(np.ndarray, sum(p._energy(mu, backend) for p in self._parts))
 
     def _first_variation(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
-        return sum(p._first_variation(x, mu, backend) for p in self._parts)
+        return cast(np.ndarray, sum(p._first_variation(x, mu, backend) for p in self._parts))
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "Sum", "parts": [p.to_dict() for p in self._parts]}

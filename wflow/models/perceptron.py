@@ -126,7 +126,7 @@ class Perceptron(Model):
         proj = np.einsum("dj,jd->j", self.W, self.A)
         omega = np.where(a2 > 0, proj / np.where(a2 > 0, a2, 1.0), 0.0)
         resid = np.linalg.norm(self.W - self.A.T * omega)
-        scale = max(np.linalg.norm(self.W), 1e-300)
+        scale = max(float(np.linalg.norm(self.W)), 1e-300)
         return omega if resid <= 1e-10 * scale else None
 
     @property

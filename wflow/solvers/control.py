@@ -327,7 +327,9 @@ def make_controller(
     r0, a0 = problem.default_tolerances()
     rtol = r0 if rtol is None else check_tolerance(rtol, "rtol")
     atol = a0 if atol is None else check_tolerance(atol, "atol")
-    return AdaptiveSteps(rtol, atol, solver.error_order, t0, t_end, dt)
+    error_order = solver.error_order
+    assert error_order is not None  # solver.adaptive, checked above
+    return AdaptiveSteps(rtol, atol, error_order, t0, t_end, dt)
 
 
 def initial_step(

@@ -76,7 +76,9 @@ def seed_entropy(seed: Any) -> int:
     (7, True)
     """
     if seed is None:
-        return int(np.random.SeedSequence().entropy % (2**63))
+        entropy = np.random.SeedSequence().entropy
+        assert isinstance(entropy, int)  # (fresh entropy: 128 random bits)
+        return int(entropy % (2**63))
     if isinstance(seed, np.random.Generator):
         return int(seed.integers(2**63))
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:

@@ -18,18 +18,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ..diagnostics import pairs
-from ..errors import WflowError
-from ..kernels import exp_floor, small
-from ..kernels.jit import LOG_ZERO, NUMBA_ERROR, numba
+from ..kernels import dense, exp_floor, small
+from ..kernels.jit import LOG_ZERO
 from ..kernels.precision import float32_logits_bound
 from ..kernels.threads import blas_threads, chunk_bounds, num_threads, parallel, run_chunks, shares
 from ..linkage import link_bounds
-
-if numba is not None:
-    from ..kernels import dense
-    from . import fused_kernels as fk
-else:  # pragma: no cover
-    dense = fk = None
+from . import fused_kernels as fk
 
 __all__ = [
     "sa_euler_step",
@@ -199,8 +193,6 @@ def fused_step(
     (:func:`~wflow.solvers.fused_kernels.gram_clusters`; count_clusters clusters systems of up to BATCHED_MAX_N = 512 >= SMALL_MAX
     points from the coordinates, whose decisions it reproduces); with ``means``,
     sum_i w_i x_i (:meth:`wflow.Atoms.mean`, to rounding)."""
-    if fk is None:
-        raise WflowError(f"sa_euler_step needs numba: {NUMBA_ERROR}")
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)

@@ -89,14 +89,15 @@ def parse_values(spec: Any, key: str = "value") -> list:
                 f = np.linspace if name == "linspace" else np.logspace
                 values = _tidy(f(float(nums[0]), float(nums[1]), nums[2]))
             else:
-                if not 1 <= len(nums) <= 3 or not all(isinstance(v, int) for v in nums):
+                ints = [v for v in nums if isinstance(v, int)]
+                if not 1 <= len(nums) <= 3 or len(ints) != len(nums):
                     raise ValueError(
                         f"{what}={spec!r}: range takes 1 to 3 integers (range(n), range(a, b), "
                         f"range(a, b, step))"
                     )
-                if len(nums) == 3 and nums[2] == 0:
+                if len(ints) == 3 and ints[2] == 0:
                     raise ValueError(f"{what}={spec!r}: range step must not be zero")
-                values = list(range(*nums))
+                values = list(range(*ints))
         else:
             try:
                 v = tomllib.loads(f"v = {spec}")["v"]

@@ -137,8 +137,8 @@ class Plan:
     def region(self, task: int) -> tuple[slice, ...]:
         idx = np.unravel_index(task, self.task_shape())
         out = []
-        for i, k in enumerate(idx):
-            k = int(k)
+        for i, ki in enumerate(idx):
+            k = int(ki)
             if i == self.batch_axis:
                 out.append(
                     slice(

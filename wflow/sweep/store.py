@@ -13,7 +13,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from .._version import __version__
 from ..errors import WflowError
 from ..io import chunk_codecs, read_commit, write_commit
 from .plan import BATCH_KEY, FAILED, FORMAT, OBSERVABLES, OK, PENDING, Plan
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["COMMIT", "Store", "open_sweep", "point_config"]
 
@@ -56,7 +59,7 @@ class Store:
         self.path, self.plan = path, plan
         self.done: set[int] = set()
         self.arrays: dict[str, Any] = {}
-        self._pool = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def check(self, resume: bool, overwrite: bool) -> str:
         """What opening the store will do (``"create"``, ``"replace"`` or ``"resume"``); errors change nothing."""
@@ -120,7 +123,7 @@ class Store:
 
         plan = self.plan
         codecs = chunk_codecs()
-        attrs = {
+        attrs: dict[str, Any] = {  # (JSON values: the group's attributes)
             "wflow_format": FORMAT,
             "wflow_version": __version__,
             "fingerprint": plan.fingerprint,

@@ -12,11 +12,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .plan import BATCH_KEY, DRIVER_DIAGNOSTICS, FAILED
+
+if TYPE_CHECKING:  # (a base for the checker only: importing the solvers takes a second)
+    from ..solvers.trackers import Tracker as _TrackerBase
+else:
+    _TrackerBase = object
 
 __all__ = ["WORKER_ENV", "run_task"]
 
@@ -29,7 +34,7 @@ WORKER_ENV = {
 }
 
 
-class _Collect:
+class _Collect(_TrackerBase):
     """The tracker of a sweep task: keeps the observables of every save, one value per system (no states).
 
     ``functions``: user observables computed here from the snapshot (continuum solvers; a particle
@@ -103,7 +108,7 @@ def _limit_threads(threads: int) -> None:
     configuration is re-read (the pool gets the worker's count, not the machine's); after, the
     environment is made to agree with the count it started with.  ``numba.set_num_threads`` then
     limits the threads a task uses."""
-    import numba
+    import numba  # here, not at the top: importing wflow.sweep does not import numba
 
     try:
         from numba.np.ufunc import parallel
@@ -113,11 +118,13 @@ def _limit_threads(threads: int) -> None:
         )  # (unknown: assume started, the safe side)
     except ImportError:  # pragma: no cover - a numba without that module
         started = True
+    # numba.config sets its options as module attributes at run time (reload_config): none in its stubs
+    config: Any = numba.config
     if not started:
-        numba.config.reload_config()
-    elif os.environ.get("NUMBA_NUM_THREADS") != str(numba.config.NUMBA_NUM_THREADS):
-        os.environ["NUMBA_NUM_THREADS"] = str(numba.config.NUMBA_NUM_THREADS)
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        config.reload_config()
+    elif os.environ.get("NUMBA_NUM_THREADS") != str(config.NUMBA_NUM_THREADS):
+        os.environ["NUMBA_NUM_THREADS"] = str(config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(max(1, min(threads, config.NUMBA_NUM_THREADS)))
 
 
 def _worker_name() -> str:
@@ -147,10 +154,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     )
     status, message = FAILED, ""
     try:
-        try:
-            _limit_threads(task["threads"])
-        except ImportError:  # pragma: no cover - numba missing: the NumPy paths
-            pass
+        _limit_threads(task["threads"])
         with _blas_limit(task["threads"]):
             if not particles:  # a continuum solver: one run, its snapshots' scalars
                 from ..config import start_run
