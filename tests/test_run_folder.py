@@ -259,3 +259,44 @@ def test_validate_writes_only_into_its_own_report_folders(tmp_path, capsys):
         capsys, 2, ["validate", "nope", "--out", str(new)]
     )
     assert not new.exists()
+
+
+def test_a_lock_path_that_is_a_folder_is_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / ".wflow.lock").mkdir(parents=True)
+    assert "(Is a directory)" in _one_line_error(capsys, 2, ["run", *SMALL, "--out", str(out)])
+    out2 = tmp_path / "run2"
+    assert main(["run", *SMALL, "--set", "output.figure=false", "--out", str(out2)]) == 0
+    lock = out2 / "trajectory.zarr.lock"
+    lock.unlink(missing_ok=True)
+    lock.mkdir()
+    err = _one_line_error(capsys, 2, ["run", *SMALL, "--overwrite", "--out", str(out2)])
+    assert "a folder stands where wflow writes a file" in err and "trajectory.zarr.lock" in err
+    assert len(wflow.load(out2 / "trajectory.zarr")) == 3  # the old run is intact
+
+
+@pytest.mark.parametrize("command", ["sweep", "resume"])
+def test_an_unwritable_lock_or_read_only_store_is_one_line(command, tmp_path, capsys, monkeypatch):
+    """Permission denied on a sweep's lock, a read-only file system under --resume (simulated: as root
+    the suite cannot stage them)."""
+    import errno
+    import os
+
+    from wflow import io
+
+    out = tmp_path / "run"
+    if command == "resume":
+        assert main(["run", *SMALL, "--set", "output.figure=false", "--out", str(out)]) == 0
+        (out / "trajectory.zarr" / io.COMMIT).write_text('{"length": 2}')  # as if interrupted
+        code = errno.EROFS
+        argv = ["run", "--resume", "--out", str(out), "--no-progress"]
+    else:
+        code = errno.EACCES
+        argv = ["sweep", "--grid", "model.beta=[1,2]", *SMALL, "--out", str(tmp_path / "s.zarr")]
+
+    def refuse(self):
+        raise OSError(code, os.strerror(code), str(self.path))
+
+    monkeypatch.setattr(io.FolderLock, "acquire", refuse)
+    line = _one_line_error(capsys, 2, argv)
+    assert ("read-only" if command == "resume" else "permission denied") in line.lower()
