@@ -43,3 +43,10 @@ def test_rescaled_usa_runs_at_any_beta_everywhere(tmp_path, capsys):
     )
     assert code == 0, err
     assert USA.integrable(400.0, "rescaled") is None
+
+
+def test_misspelt_names_get_a_did_you_mean(tmp_path, capsys):
+    code, err = _cli(capsys, ["validate", "mean-feild", "--out", str(tmp_path / "v")])
+    assert code == 2 and "did you mean 'mean-field'?" in err
+    with pytest.raises(ValueError, match=r"got 'rk5' \(did you mean 'rk4'\?\)"):
+        wflow.simulate(wflow.SA(1.0), wflow.sphere.uniform(5, 3, seed=0), 1.0, method="rk5")

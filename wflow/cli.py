@@ -177,6 +177,7 @@ def _study_names() -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from .errors import did_you_mean
     from .runfolder import claim_report_folder
     from .studies import STUDIES, load_all, run_studies
     from .studies.report import GROUPS
@@ -187,7 +188,8 @@ def _validate(args: argparse.Namespace) -> int:
     unknown = [n for n in args.studies if n not in STUDIES and n not in GROUPS]
     if unknown and not import_errors:  # (before the report folder is made)
         raise ValueError(
-            f"unknown validation study {unknown[0]!r}; known: {', '.join([*STUDIES, *GROUPS])}"
+            f"unknown validation study {unknown[0]!r}{did_you_mean(unknown[0], [*STUDIES, *GROUPS])}; "
+            f"known: {', '.join([*STUDIES, *GROUPS])}"
         )
     out = claim_report_folder(args.out, list(STUDIES))  # wflow writes only into its own folders
     reports = run_studies(args.studies or None, out, args.quick, workers=args.workers)

@@ -22,6 +22,7 @@ __all__ = [
     "check_positive",
     "check_nonnegative",
     "check_finite",
+    "did_you_mean",
     "check_int",
     "short_repr",
 ]
@@ -206,6 +207,23 @@ def check_nonnegative(value: Any, name: str) -> float:
     if not np.isfinite(v) or v < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return v
+
+
+def did_you_mean(name: Any, choices: Any) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a misspelt ``name``, or ``""``.
+
+    Examples
+    --------
+    >>> from wflow.errors import did_you_mean
+    >>> did_you_mean("model.bata", ["model.beta", "model.type"]), did_you_mean("zzz", ["rk4"])
+    (" (did you mean 'model.beta'?)", '')
+    """
+    import difflib
+
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_finite(value: Any, name: str) -> float:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import short_repr
+from ..errors import did_you_mean, short_repr
 
 __all__ = [
     "Problem",
@@ -281,5 +281,8 @@ def get_solver(name: Any, **options: Any) -> Solver:
     if isinstance(name, Solver):
         return name
     if not isinstance(name, str) or name not in SOLVERS:
-        raise ValueError(f"solver/method must be one of {sorted(SOLVERS)}, got {short_repr(name)}")
+        raise ValueError(
+            f"solver/method must be one of {sorted(SOLVERS)}, got {short_repr(name)}"
+            + did_you_mean(name, SOLVERS)
+        )
     return SOLVERS[name](**options)

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from ..errors import did_you_mean
+
 __all__ = [
     "Expectation",
     "StudyReport",
@@ -287,7 +289,8 @@ def run_studies(
     unknown = [n for n in names if n not in STUDIES and n not in GROUPS]
     if unknown and not import_errors:
         raise ValueError(
-            f"unknown validation study {unknown[0]!r}; known: {', '.join(list(STUDIES) + list(GROUPS))}"
+            f"unknown validation study {unknown[0]!r}"
+            f"{did_you_mean(unknown[0], [*STUDIES, *GROUPS])}; known: {', '.join(list(STUDIES) + list(GROUPS))}"
         )
     from .parts import workers as _workers
 
