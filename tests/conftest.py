@@ -46,9 +46,9 @@ def pytest_sessionstart(session):
     if os.environ.get("WFLOW_TEST_INSTALLED"):
         import wflow
 
-        checkout = Path(__file__).resolve().parents[1]
+        source = Path(__file__).resolve().parents[1] / "wflow"  # the checkout's package folder
         here = Path(wflow.__file__).resolve()
-        if checkout in here.parents:
+        if here.parent == source:  # (a virtual environment inside the checkout is fine)
             raise pytest.UsageError(
                 f"WFLOW_TEST_INSTALLED is set but wflow was imported from the checkout ({here}); "
                 "install the wheel (pip install .) and run pytest from the repository root"
