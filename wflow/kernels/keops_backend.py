@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import WflowError
 from .sums import KernelProblem, KernelSums, register_backend
 
-__all__ = ["KeopsBackend", "import_pykeops", "keops_cache_dir"]
+__all__ = ["KeopsBackend", "import_pykeops", "keops_cache_dir", "nvidia_driver_present"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,14 @@ def import_pykeops():
     return _PYKEOPS
 
 
+def nvidia_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver at all (without importing pykeops, which takes seconds,
+    prints CUDA warnings on a CPU machine and leaves a cache writer to run at exit)."""
+    import shutil
+
+    return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
+
+
 def _gpu_available(pykeops) -> bool:
     try:
         return bool(pykeops.pykeopsconfig.pykeops_cuda.get_use_cuda())
@@ -156,6 +164,8 @@ class KeopsBackend:
         return import_pykeops() is not None
 
     def gpu(self) -> bool:
+        if not nvidia_driver_present():
+            return False
         pk = import_pykeops()
         return pk is not None and _gpu_available(pk)
 
@@ -163,7 +173,7 @@ class KeopsBackend:
         return True
 
     def accepts_auto(self, problem: KernelProblem) -> bool:
-        return self.gpu() and problem.pairs >= self.min_pairs_auto
+        return problem.pairs >= self.min_pairs_auto and self.gpu()
 
     def __call__(self, problem: KernelProblem) -> KernelSums:
         pykeops = import_pykeops()

@@ -410,7 +410,9 @@ def _select(backend: str, problem: KernelProblem) -> Backend:
     if backend == "auto":
         for name in AUTO_ORDER:
             b = BACKENDS[name]
-            if b.available() and getattr(b, "accepts_auto", b.accepts)(problem):
+            # whether it would take the problem first: that asks no import (pykeops takes seconds to
+            # import, and on a machine without a GPU auto never picks it)
+            if getattr(b, "accepts_auto", b.accepts)(problem) and b.available():
                 return b
         return BACKENDS["numpy"]
     if backend not in BACKENDS:
