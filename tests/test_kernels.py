@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,27 @@ def test_complex_points_are_refused_naming_the_argument(which):
         TypeError, match=rf"^{which} must be a real array of points, got dtype complex"
     ):
         kernel_sums(args["x"], args["y"], np.full(5, 0.2), 1.0, backend="numpy")
+
+
+def test_a_truncated_keops_cache_index_is_rebuilt(tmp_path):
+    """A process stopped by a file size limit while KeOps saved its cache index at exit left a truncated
+    pickle, and every later import of pykeops failed ('pickle data was truncated'): wflow drops the
+    index of its own cache folder and imports again."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, WFLOW_KEOPS_CACHE=str(tmp_path), KEOPS_CACHE_FOLDER=str(tmp_path))
+    probe = (
+        "import wflow.kernels.keops_backend as kb; pk = kb.import_pykeops(); "
+        "print(pk.get_build_folder() if pk is not None else 'UNAVAILABLE ' + str(kb._IMPORT_ERROR))"
+    )
+    first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    build = first.stdout.strip().splitlines()[-1]
+    if build.startswith("UNAVAILABLE"):
+        pytest.skip(f"pykeops unavailable: {build}")
+    host = [p for p in Path(build).iterdir() if p.is_dir()]  # KeOps' folder for this machine
+    for folder in host or [Path(build)]:
+        (folder / "get_keops_dll_impl_cache.pkl").write_bytes(b"\x80\x04\x95\x10\x00")  # truncated
+    again = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert again.stdout.strip().splitlines()[-1] == build, again.stderr[-2000:]

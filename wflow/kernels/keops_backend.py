@@ -17,6 +17,8 @@ import contextlib
 import io
 import logging
 import os
+import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -74,29 +76,49 @@ def import_pykeops():
     if _PYKEOPS is not None or _IMPORT_ERROR is not None:
         return _PYKEOPS
     folder = keops_cache_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("KEOPS_CACHE_FOLDER", str(folder))
-        os.environ.setdefault("PYKEOPS_VERBOSE", "0")
-        sink = io.StringIO()
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            import pykeops
-            from pykeops.numpy import LazyTensor  # noqa: F401
-
-            if (
-                Path(pykeops.get_build_folder()).resolve() != folder.resolve()
-                and "WFLOW_KEOPS_CACHE" in os.environ
-            ):
-                pykeops.set_build_folder(str(folder))
-        log.debug(
-            "pykeops imported; build folder %s; said: %s",
-            pykeops.get_build_folder(),
-            sink.getvalue().strip(),
-        )
-        _PYKEOPS = pykeops
-    except Exception as exc:  # ImportError, or a broken install
-        _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+    for attempt in (1, 2):
+        try:
+            _PYKEOPS = _import_quietly(folder)
+            break
+        except (pickle.UnpicklingError, EOFError) as exc:
+            # a truncated index of KeOps' cache (a process killed, or stopped by a full disk or a file
+            # size limit, while KeOps saved it at exit): the index is only a cache, so wflow's folder
+            # drops it and KeOps rebuilds it; the compiled formulas stay
+            _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+            if attempt == 2:
+                break
+            log.warning("KeOps' cache index in %s is damaged (%s); rebuilding it", folder, exc)
+            for f in folder.rglob("*_cache.pkl"):
+                f.unlink(missing_ok=True)
+            for name in [m for m in sys.modules if m.split(".")[0] in ("pykeops", "keopscore")]:
+                del sys.modules[name]
+            _IMPORT_ERROR = None
+        except Exception as exc:  # ImportError, or a broken install
+            _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+            break
     return _PYKEOPS
+
+
+def _import_quietly(folder: Path):
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("KEOPS_CACHE_FOLDER", str(folder))
+    os.environ.setdefault("PYKEOPS_VERBOSE", "0")
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        import pykeops
+        from pykeops.numpy import LazyTensor  # noqa: F401
+
+        if (
+            Path(pykeops.get_build_folder()).resolve() != folder.resolve()
+            and "WFLOW_KEOPS_CACHE" in os.environ
+        ):
+            pykeops.set_build_folder(str(folder))
+    log.debug(
+        "pykeops imported; build folder %s; said: %s",
+        pykeops.get_build_folder(),
+        sink.getvalue().strip(),
+    )
+    return pykeops
 
 
 def nvidia_driver_present() -> bool:
