@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("wflow.models", "wflow.schemes", "wflow.zonal"),
     ("wflow.diagnostics", "wflow.stability"),
     ("wflow.solvers",),
-    ("wflow.config", "wflow.runfolder", "wflow.plot"),
+    ("wflow.config", "wflow.build", "wflow.runfolder", "wflow.plot"),
     ("wflow.sweep",),
     ("wflow.studies",),
     ("wflow.cli", "wflow"),

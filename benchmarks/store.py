@@ -52,14 +52,15 @@ def _snapshots(n: int, k: int):
 
 def time_recorder(n: int, k: int, plain: bool) -> float:
     from wflow import io
+    from wflow.io import recorder
 
     folder = Path(tempfile.mkdtemp())
-    saved = (io._codecs, io._write_commit)
+    saved = (recorder._codecs, recorder._write_commit)
     if plain:
         import zarr
 
-        io._codecs = lambda: (zarr.codecs.ZstdCodec(level=1),)
-        io._write_commit = lambda path, length, *chain: None
+        recorder._codecs = lambda: (zarr.codecs.ZstdCodec(level=1),)
+        recorder._write_commit = lambda path, length, *chain: None
     try:
         rec = io.ZarrRecorder(folder / "t.zarr")
         if plain:
@@ -81,7 +82,7 @@ def time_recorder(n: int, k: int, plain: bool) -> float:
         rec.close()
         return float(np.median(times[1:]))  # the first snapshot creates the store
     finally:
-        io._codecs, io._write_commit = saved
+        recorder._codecs, recorder._write_commit = saved
         shutil.rmtree(folder)
 
 

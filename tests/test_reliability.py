@@ -14,6 +14,7 @@ import wflow
 from wflow import SA, USA, CircleMesh, Density, io, sphere
 from wflow.cli import main
 from wflow.errors import StoreBusyError, WflowError
+from wflow.io import recorder
 
 BK = "numpy"
 
@@ -28,7 +29,7 @@ def kill_at(k: int | None):
     at the k-th (1-based); ``k=None`` only counts.  Yields the counter."""
     counter = {"n": 0, "dead": False}
     orig_set = zarr.storage.LocalStore.set
-    orig_commit = io._write_commit
+    orig_commit = recorder._write_commit
 
     def tick():
         if counter[
@@ -49,7 +50,7 @@ def kill_at(k: int | None):
         return orig_commit(path, length, *chain)
 
     zarr.storage.LocalStore.set = set_
-    io._write_commit = commit
+    recorder._write_commit = commit
     try:
         yield counter
     finally:
@@ -60,7 +61,7 @@ def kill_at(k: int | None):
                 0.2
             )  # let writes already in flight on Zarr's IO thread end before the next run
         zarr.storage.LocalStore.set = orig_set
-        io._write_commit = orig_commit
+        recorder._write_commit = orig_commit
 
 
 def _kinds():

@@ -1,0 +1,376 @@
+"""The recorder: the tracker that writes a run to its Zarr store, one atomic commit per snapshot.
+
+:class:`ZarrRecorder` creates the store at the first snapshot (every per-snapshot array
+sized for all the run's save times, one snapshot per chunk, :data:`VARIABLE_ATTRS` as the
+variables' attributes), writes each snapshot chunk by chunk, appends its digests and
+commits it (:mod:`wflow.io.commit`).  :func:`store_attributes` and
+:func:`index_coordinates` are the store's attributes and index coordinates, which
+:func:`wflow.io.read.result_dataset` gives an in-memory result too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._version import __version__
+from ..errors import WflowError
+from .commit import (
+    COMMIT,
+    FORMAT,
+    FolderLock,
+    append_digest,
+    chunk_codecs,
+    commit_length,
+    committed_length,
+    import_zarr,
+    is_snapshot,
+    read_commit,
+    read_digest_lines,
+    snapshot_digests,
+)
+
+log = logging.getLogger("wflow.io")  # the name the messages had before io became a package
+
+#: the counters stored per snapshot
+STATS = ("steps", "rejected", "evaluations")
+#: the prefix of the solver's resume variables in a store
+CHECKPOINT_PREFIX = "checkpoint_"
+
+
+# The recorder's two writes, looked up here at each call so that a test or a benchmark can
+# replace them (tests/test_reliability.py counts the commits, benchmarks/store.py drops them).
+def _codecs() -> tuple:
+    return chunk_codecs()
+
+
+def _write_commit(path: Path, length: int, chain: str | None = None) -> None:
+    commit_length(path, length, chain)
+
+
+#: CF-style attributes of the variables wflow writes (``long_name``, ``units``; times are depth, dimensionless)
+VARIABLE_ATTRS: dict[str, dict[str, str]] = {
+    "time": {"long_name": "time (depth)", "units": "1", "standard_name": "time"},
+    "points": {"long_name": "token positions on the unit sphere", "units": "1"},
+    "positions": {"long_name": "tokens x = r theta in R^d", "units": "1"},
+    "radii": {"long_name": "token radii r", "units": "1"},
+    "angles": {"long_name": "token angles on the circle", "units": "radian"},
+    "tracers": {"long_name": "passive tracers carried by the flow", "units": "1"},
+    "weights": {"long_name": "atom masses (sum 1 per system)", "units": "1"},
+    "energy": {"long_name": "energy the flow ascends", "units": "1"},
+    "log_energy": {"long_name": "log of the interaction energy E_beta", "units": "1"},
+    "free_energy": {"long_name": "free energy -F + KL/kappa (JKO)", "units": "1"},
+    "order_parameter": {"long_name": "order parameter |sum_i w_i x_i|", "units": "1"},
+    "n_clusters": {"long_name": "number of clusters (single linkage)", "units": "1"},
+    "values": {"long_name": "density: cell averages w.r.t. the surface measure", "units": "1"},
+    "masses": {"long_name": "cell masses", "units": "1"},
+    "mass": {"long_name": "total mass", "units": "1"},
+    "centers": {"long_name": "cell centres on the sphere", "units": "1"},
+    "areas": {"long_name": "cell areas (plain surface measure)", "units": "1"},
+    "reference": {"long_name": "reference volumes of the entropy", "units": "1"},
+    "cell_pairs": {
+        "long_name": "the two cells each mesh edge separates (neighbours)",
+        "units": "1",
+    },
+    "edge_length": {"long_name": "length of each mesh edge (1 on the circle)", "units": "1"},
+    "gaps": {
+        "long_name": "state in gap coordinates (theta_0, gaps between sorted tokens)",
+        "units": "radian",
+    },
+    "order": {"long_name": "token index at each sorted position", "units": "1"},
+    "span": {
+        "long_name": "token coordinates in the orthonormal basis span_basis (points = span @ span_basis)",
+        "units": "1",
+    },
+    "span_basis": {"long_name": "orthonormal basis of the initial tokens' span", "units": "1"},
+    "pair_fraction": {
+        "long_name": "fraction of token pairs with inner product > 0.999",
+        "units": "1",
+    },
+    "steps": {"long_name": "accepted steps so far", "units": "1"},
+    "rejected": {"long_name": "rejected steps so far", "units": "1"},
+    "evaluations": {"long_name": "right-hand-side evaluations so far", "units": "1"},
+    "dt_next": {"long_name": "next step of the adaptive controller", "units": "1"},
+}
+
+
+def flat_config(config: Any, prefix: str = "config") -> dict[str, Any]:
+    """The configuration as attributes ``config.model.beta = 2.0``: every scalar (and short list of scalars)
+    under its dotted path, so tools that do not parse JSON can filter stores; ``config`` (JSON) stays the
+    exact record."""
+    out: dict[str, Any] = {}
+    if isinstance(config, dict):
+        for k, v in config.items():
+            out.update(flat_config(v, f"{prefix}.{k}"))
+    elif isinstance(config, (bool, int, float, str)) and not isinstance(config, np.generic):
+        if not (isinstance(config, float) and not np.isfinite(config)):
+            out[prefix] = config
+    elif (
+        isinstance(config, (list, tuple))
+        and 0 < len(config) <= 16
+        and all(isinstance(v, (bool, int, float, str)) for v in config)
+    ):
+        if all(np.isfinite(v) for v in config if isinstance(v, float)):
+            out[prefix] = list(config)
+    return out
+
+
+def store_attributes(kind: str, solver: str, config: dict[str, Any]) -> dict[str, Any]:
+    """A store's attributes: the format, wflow's version, the kind, the solver, the configuration."""
+    return {
+        "wflow_format": FORMAT,
+        "wflow_version": __version__,
+        "kind": kind,
+        "solver": solver,
+        "config": json.dumps(config),
+        **flat_config(config),
+    }
+
+
+#: the attribute that marks the index coordinates wflow adds for dimensions without one
+COORDINATE_ROLE = "wflow_role"
+
+
+def index_coordinates(dims: set[str]) -> dict[str, dict[str, str]]:
+    """``dim -> attributes`` of the integer index coordinate (0, 1, ...) of every dimension but time."""
+    names = {
+        "particle": "token index",
+        "coord": "Cartesian coordinate index (0: x, 1: y, 2: z, ...)",
+        "cell": "cell index of the mesh",
+        "edge": "edge index of the mesh",
+        "side": "0: left cell, 1: right cell",
+        "tracer": "tracer index",
+        "system": "index of the independent system",
+        "face": "face index (zonal bands)",
+    }
+    return {
+        d: {"long_name": names.get(d, f"index along {d}"), "units": "1", COORDINATE_ROLE: "index"}
+        for d in sorted(dims)
+        if d != "time"
+    }
+
+
+def _check_replaceable(path: Path) -> None:
+    """Refuse to replace anything but a wflow result store or an empty folder (overwrite=True)."""
+    if path.is_dir() and not any(path.iterdir()):
+        return
+    if (path / COMMIT).is_file():
+        return
+    try:
+        meta = json.loads((path / "zarr.json").read_text())
+        if meta.get("attributes", {}).get("wflow_format") == FORMAT:
+            return
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise ValueError(
+        f"{path} is not a wflow result store; overwrite=True replaces only wflow's own stores "
+        f"(or an empty folder): choose another path"
+    )
+
+
+class ZarrRecorder:
+    """The tracker that writes a run to a Zarr store, one atomic commit per snapshot.
+
+    Parameters
+    ----------
+    path : str or Path
+        The store (a folder, conventionally ``*.zarr``).
+    append : bool
+        Continue an existing store (:func:`wflow.resume`): snapshots from the resumed one on
+        are written over the uncommitted tail.
+    overwrite : bool
+        Replace an existing store; otherwise an existing store is an error.
+    attrs : dict, optional
+        Further JSON-serializable attributes of the store (``wflow run`` records its flat
+        configuration as ``run_config``).
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> from wflow.io import ZarrRecorder, committed_length
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "t.zarr"
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy",
+    ...                       writer=ZarrRecorder(path))
+    >>> committed_length(path), bool((wflow.load(path).points == traj.points).all())
+    (6, True)
+    """
+
+    name = "recorder"
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        append: bool = False,
+        overwrite: bool = False,
+        attrs: dict[str, Any] | None = None,
+    ):
+        self.path = Path(path)
+        self.append = append
+        self.extra_attrs = {k: json.dumps(v) for k, v in (attrs or {}).items()}
+        if append:
+            if not (self.path / COMMIT).exists() and not self.path.exists():
+                raise FileNotFoundError(f"cannot append: no store at {self.path}")
+        elif self.path.exists() and not overwrite:
+            raise FileExistsError(
+                f"{self.path} exists; pass overwrite=True (CLI: choose another --out, --resume "
+                f"or --overwrite)"
+            )
+        elif self.path.exists():
+            _check_replaceable(self.path)
+        self.overwrite = overwrite
+        self.count = 0
+        self.group = None
+        self._arrays: dict[str, Any] = {}
+        self._chain: str | None = ""  # the hash chain of the snapshot digests committed so far
+
+    # -- tracker protocol -----------------------------------------------------------
+    def start(self, run) -> None:
+        zarr = import_zarr()
+        self.lock = FolderLock(
+            self.path.with_name(self.path.name + ".lock"), f"store {self.path}"
+        ).acquire()
+        self.n_saves = len(run.save_times)
+        self.kind = run.problem.kind
+        self.solver = run.solver.name
+        self.config = run.config
+        self.static = run.static
+        if self.append:
+            self.group = group = zarr.open_group(self.path, mode="r+")
+            # every chunk is written, even one equal to the fill value (a missing chunk means damage)
+            self._arrays = {
+                name: arr.with_config({"write_empty_chunks": True}) for name, arr in group.arrays()
+            }
+            group.attrs.update(store_attributes(self.kind, self.solver, self.config))
+            record = read_commit(self.path, default={})
+            self._chain = record.get("chain")  # None: a store written before the digests
+            if self._chain is not None:  # checked: the continuation extends a sound chain
+                read_digest_lines(self.path, committed_length(self.path), self._chain)
+        else:
+            # created at the first snapshot, when the shapes are known; a store it replaces is removed
+            # then too, so that a run refused by the driver's checks (or failing before its first
+            # save) leaves the old one in place
+            self.group = None
+
+    def save(self, snap) -> None:
+        if self.group is None:
+            self._create(snap)
+        i = snap.index
+        for name, (dims, value) in self._variables(snap).items():
+            arr = self._arrays.get(name)
+            if arr is None:
+                raise WflowError(
+                    f"{self.path}: variable {name!r} is not in the store; it was written by another "
+                    f"configuration"
+                )
+            arr[i] = value
+        if self._chain is not None:
+            ndims = {name: arr.ndim for name, arr in self._arrays.items() if is_snapshot(arr)}
+            digests = snapshot_digests(self.path, i, ndims)
+            self._chain = append_digest(self.path, i, digests, self._chain if i else "")
+        _write_commit(self.path, i + 1, self._chain)
+        self.count += 1
+        log.debug("committed snapshot %d (t=%g) to %s", i, snap.t, self.path)
+
+    def step(self, t, dt, step) -> None:
+        return None
+
+    def finish(self, result) -> None:
+        return None
+
+    def close(self) -> None:
+        """Release the store's lock (the driver calls this whatever ended the run)."""
+        lock = getattr(self, "lock", None)
+        if lock is not None:
+            lock.release()
+
+    # -- layout -------------------------------------------------------------------------
+    @staticmethod
+    def _variables(snap) -> dict[str, tuple[tuple[str, ...], Any]]:
+        out: dict[str, tuple[tuple[str, ...], Any]] = {"time": ((), np.float64(snap.t))}
+        out.update({k: (dims, np.asarray(v)) for k, (dims, v) in snap.data.items()})
+        for k in STATS:
+            out[k] = ((), np.int64(snap.stats[k]))
+        out["dt_next"] = ((), np.float64(snap.control.get("dt_next", np.nan)))
+        out.update(
+            {
+                CHECKPOINT_PREFIX + k: (dims, np.asarray(v))
+                for k, (dims, v) in snap.checkpoint.items()
+            }
+        )
+        return out
+
+    def _create(self, snap) -> None:
+        zarr = import_zarr()
+        if self.path.exists():  # (overwrite=True: checked when the recorder was made)
+            shutil.rmtree(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        group = zarr.open_group(
+            self.path,
+            mode="w",
+            zarr_format=3,
+            attributes={
+                **store_attributes(self.kind, self.solver, self.config),
+                **self.extra_attrs,
+            },
+        )
+        codecs = _codecs()
+        for name, (dims, value) in self._variables(snap).items():
+            value = np.asarray(value)
+            fill = np.nan if value.dtype.kind == "f" else 0
+            self._arrays[name] = group.create_array(
+                name,
+                shape=(self.n_saves,) + value.shape,
+                chunks=(1,) + value.shape,
+                dtype=value.dtype,
+                fill_value=fill,
+                compressors=codecs,
+                dimension_names=("time",) + tuple(dims),
+                config={"write_empty_chunks": True},
+                attributes=VARIABLE_ATTRS.get(name, {}),
+            )
+        sizes: dict[str, int] = {}
+        for name, (dims, value) in self.static.items():
+            value = np.asarray(value)
+            sizes.update(zip(dims, value.shape))
+            arr = group.create_array(
+                name,
+                shape=value.shape,
+                chunks=value.shape or None,
+                dtype=value.dtype,
+                compressors=codecs,
+                dimension_names=tuple(dims),
+                config={"write_empty_chunks": True},
+                attributes=VARIABLE_ATTRS.get(name, {}),
+            )
+            arr[...] = value
+        for name, (dims, value) in self._variables(snap).items():
+            sizes.update(zip(dims, np.shape(value)))
+        # every dimension gets a coordinate (xarray: ds.sel(particle=3)); marked so that reading skips them
+        for dim, attrs in index_coordinates(
+            set(sizes) - set(self._arrays) - set(self.static)
+        ).items():
+            arr = group.create_array(
+                dim,
+                shape=(sizes[dim],),
+                chunks=(max(sizes[dim], 1),),
+                dtype=np.int64,
+                compressors=codecs,
+                dimension_names=(dim,),
+                attributes=attrs,
+                config={"write_empty_chunks": True},
+            )
+            arr[...] = np.arange(sizes[dim])
+        with (
+            warnings.catch_warnings()
+        ):  # zarr notes that consolidated metadata is not in the v3 spec (yet)
+            warnings.simplefilter("ignore", UserWarning)
+            zarr.consolidate_metadata(self.path)
+        self.group = group

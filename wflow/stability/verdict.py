@@ -1,0 +1,260 @@
+r"""Second-order stability of an atomic critical point: :func:`stability`, :func:`is_stable`.
+
+The verdict (:class:`Stability`) reads the spectrum of the Wasserstein Hessian
+(:mod:`wflow.stability.hessian`), modulo the rotations when the model is rotation
+invariant, and with the splitting blocks when asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._typing import ArrayLike
+from ..errors import check_nonnegative
+from ..measure import Atoms
+from ..models import ACTIVATIONS, Model
+from .blocks import conservative_omega, gradient_blocks
+from .hessian import WassersteinHessian, wasserstein_hessian
+
+
+def _rotation_modes(H: WassersteinHessian) -> np.ndarray:
+    """Orthonormal basis (columns, operator coordinates) of the infinitesimal rotations
+    :math:`\\xi_i = \\Omega x_i`, :math:`\\Omega^\\top = -\\Omega`."""
+    x = H.points
+    k, d = x.shape
+    cols = []
+    for a in range(d):
+        for b in range(a + 1, d):
+            xi = np.zeros_like(x)
+            xi[:, a] = -x[:, b]
+            xi[:, b] = x[:, a]
+            c = np.einsum("kpd,kd->kp", H.basis, xi) * np.sqrt(H.metric_weights)[:, None]
+            cols.append(c.reshape(-1))
+    R = np.stack(cols, axis=1)
+    u, sv, _ = np.linalg.svd(R, full_matrices=False)
+    rank = int(np.sum(sv > 1e-10 * max(sv.max(), 1e-300)))
+    return u[:, :rank]
+
+
+@dataclass
+class Stability:
+    r"""Second-order verdict on an atomic measure (see :func:`stability`).
+
+    Attributes
+    ----------
+    critical : bool
+        Every atom has zero velocity, :math:`\max_i|\nabla_S\,\delta F/\delta\mu(x_i)| \le` ``tol_velocity``.
+    stable : bool
+        Critical and :math:`H \preceq 0` (within ``tol``): the paper's second-order condition
+        ("SOPD", positive semi-definite second variation of :math:`\mathsf E = -F`).
+    strictly_stable : bool
+        Critical and :math:`H \prec 0` (below ``-tol``), on the orthogonal complement of
+        the rotations when ``modulo_rotations`` ("strictly SOPD").
+    max_eigenvalue : float
+        Largest eigenvalue that decides (of the Hessian, restricted to the complement of
+        rotations when ``modulo_rotations``; with ``splitting`` also of the splitting blocks).
+    eigenvalues : ndarray
+        The eigenvalues that decide (restricted operator).
+    velocity : float
+        :math:`\max_i|\nabla_S\,\delta F/\delta\mu(x_i)|`.
+    splitting_max : float or None
+        Largest eigenvalue of the splitting blocks :math:`S_i/m_i`, when ``splitting``.
+    modulo_rotations, splitting : bool
+        The options used.
+    tol, tol_velocity : float
+        The absolute tolerances used.
+    hessian : WassersteinHessian
+        The full Hessian.
+    message : str
+        What decided the verdict.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.stability import stability
+    >>> s = stability(wflow.USA(1.0, V=-np.eye(2)), wflow.Atoms([[1.0, 0.0], [-1.0, 0.0]]))
+    >>> s.strictly_stable, s.modulo_rotations, round(s.max_eigenvalue, 6)  # -exp(-1)
+    (True, True, -0.367879)
+    >>> s.message
+    'strictly stable: largest eigenvalue -0.367879 < 0'
+    """
+
+    critical: bool
+    stable: bool
+    strictly_stable: bool
+    max_eigenvalue: float
+    eigenvalues: np.ndarray
+    velocity: float
+    splitting_max: float | None
+    modulo_rotations: bool
+    splitting: bool
+    tol: float
+    tol_velocity: float
+    hessian: WassersteinHessian = field(repr=False)
+    message: str = ""
+
+    def __bool__(self) -> bool:
+        return self.stable
+
+
+def _rotation_invariant(model: Model) -> bool:
+    attention, perceptrons = gradient_blocks(model)
+    return all(p.omega is not None and not np.any(p.omega) for p in perceptrons)
+
+
+def stability(
+    model: Model,
+    mu: Atoms | ArrayLike,
+    *,
+    rtol: float = 1e-8,
+    tol_velocity: float | None = None,
+    modulo_rotations: bool | None = None,
+    splitting: bool = False,
+) -> Stability:
+    r"""Is an atomic measure a (strictly) stable critical point of the ascent of :math:`F`?
+
+    Conditions (wflow's sign: the flow ascends :math:`F`; the paper descends
+    :math:`\mathsf E = -F`, so its "second variation positive semi-definite" -- SOPD -- is
+    "negative semi-definite" here):
+
+    * **critical**: :math:`\nabla_S\,\frac{\delta F}{\delta\mu}(x_i) = 0` at every atom (zero
+      velocity; for SA the velocity is this divided by :math:`Z_\mu`);
+    * **stable** (SOPD): critical and
+      :math:`\frac{d^2}{dt^2}F((\exp(t\xi))_\#\mu)|_{t=0} \le 0` for every tangent field
+      :math:`\xi`, i.e. :math:`\lambda_{\max}(H) \le 0`;
+    * **strictly stable** (strictly SOPD): critical and :math:`\lambda_{\max}(H) < 0`.  When the
+      energy is invariant under rotations (attention only) every rotation
+      :math:`\xi_i = \Omega x_i` is a zero mode, so strictness is asked on the
+      metric-orthogonal complement of the rotations (``modulo_rotations``, on by default
+      for attention-only models).
+
+    With ``splitting=True`` the perturbations are transport plans, which may tear an atom
+    apart: the splitting blocks :math:`S_i` of :func:`wasserstein_hessian` must be
+    negative (semi-)definite too.  Monge maps (the default) cannot split atoms; a heavy
+    atom under repulsive attention is Monge-stable but splitting-unstable unless the
+    perceptron pins it (the anti-concentration theorem of the paper is about the latter).
+
+    Parameters
+    ----------
+    model : Model
+        A gradient model.
+    mu : Atoms or array_like, shape (k, d)
+        Distinct atoms of positive mass.
+    rtol : float
+        Eigenvalues within ``rtol * scale`` of 0 count as 0, ``scale`` the largest entry of
+        the Hessian operator, of the splitting blocks (with ``splitting``) and of the terms
+        that make the velocity (below).
+    tol_velocity : float, optional
+        Absolute tolerance on the velocity; default ``rtol`` times the size of the terms
+        that make it (:math:`\sum_{j\ne i} m_j e^{\beta\langle x_i,x_j\rangle} + |\nabla U(x_i)|`).
+    modulo_rotations : bool, optional
+        Default: ``True`` iff the energy is rotation invariant (no perceptron).
+    splitting : bool
+        Include perturbations that split atoms.
+
+    Returns
+    -------
+    Stability
+        True in a boolean context iff ``stable``.
+
+    Examples
+    --------
+    Two antipodal half-masses: strictly stable for repulsive attention (modulo rotations),
+    unstable for attractive attention.
+
+    >>> import numpy as np, wflow
+    >>> from wflow.stability import stability
+    >>> mu = wflow.Atoms([[1.0, 0.0], [-1.0, 0.0]])
+    >>> s = stability(wflow.USA(1.0, V=-np.eye(2)), mu)
+    >>> s.critical, s.stable, s.strictly_stable
+    (True, True, True)
+    >>> stability(wflow.USA(1.0), mu).stable
+    False
+    """
+    rtol = check_nonnegative(rtol, "rtol")
+    H = wasserstein_hessian(model, mu)
+    attention, perceptrons = gradient_blocks(model)
+    if modulo_rotations is None:
+        modulo_rotations = _rotation_invariant(model)
+    x, m = H.points, H.masses
+    # size of the terms that make the velocity
+    size = np.zeros(len(m))
+    for sign, beta in attention:
+        size += (np.exp(beta * np.clip(x @ x.T, -1, 1)) * (1.0 - np.eye(len(m)))) @ m
+    for p in perceptrons:
+        size += np.linalg.norm(
+            (ACTIVATIONS[p.activation][0](x @ p.A.T + p.b) * conservative_omega(p)) @ p.A, axis=-1
+        )
+    if tol_velocity is None:
+        tol_velocity = rtol * float(size.max())
+    else:
+        tol_velocity = check_nonnegative(tol_velocity, "tol_velocity")
+    velocity = float(np.linalg.norm(H.gradient, axis=-1).max())
+    critical = velocity <= tol_velocity
+    M = H.matrix
+    if modulo_rotations:
+        R = _rotation_modes(H)
+        if R.shape[1]:
+            q, _ = np.linalg.qr(np.concatenate([R, np.eye(M.shape[0])], axis=1))
+            N = q[:, R.shape[1] : M.shape[0]]
+            M = N.T @ M @ N
+    evals = np.linalg.eigvalsh(M) if M.size else np.zeros(0)
+    scale = max(float(np.abs(H.matrix).max()) if H.matrix.size else 0.0, float(size.max()))
+    split_max = None
+    top = float(evals[-1]) if evals.size else -np.inf
+    if splitting:
+        split_max = float(max(np.linalg.eigvalsh(S)[-1] for S in H.splitting))
+        scale = max(scale, float(np.abs(H.splitting).max()))
+        top = max(top, split_max)
+    tol = rtol * scale
+    stable = critical and top <= tol
+    strict = critical and top < -tol
+    if not critical:
+        msg = f"not a critical point: an atom moves with speed {velocity:.3g} > {tol_velocity:.3g}"
+    elif strict:
+        msg = f"strictly stable: largest eigenvalue {top:.6g} < 0"
+    elif stable:
+        msg = f"stable, not strictly: largest eigenvalue {top:.3g} within {tol:.3g} of 0"
+    else:
+        what = (
+            "a splitting block"
+            if splitting and split_max is not None and split_max == top
+            else "the Hessian"
+        )
+        msg = f"unstable: {what} has the positive eigenvalue {top:.6g} (the ascent moves away along it)"
+    return Stability(
+        critical=critical,
+        stable=stable,
+        strictly_stable=strict,
+        max_eigenvalue=top,
+        eigenvalues=evals,
+        velocity=velocity,
+        splitting_max=split_max,
+        modulo_rotations=bool(modulo_rotations),
+        splitting=bool(splitting),
+        tol=tol,
+        tol_velocity=float(tol_velocity),
+        hessian=H,
+        message=msg,
+    )
+
+
+def is_stable(model: Model, mu: Atoms | ArrayLike, *, strict: bool = False, **kwargs: Any) -> bool:
+    r"""``True`` iff ``mu`` is a stable (``strict=True``: strictly stable) critical point.
+
+    The paper's SOPD / strictly SOPD conditions read in wflow's sign (the flow ascends
+    :math:`F`); see :func:`stability` for the definitions and the keyword arguments.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> from wflow.stability import is_stable
+    >>> pair = wflow.Atoms([[0.0, 1.0], [0.0, -1.0]])
+    >>> is_stable(wflow.USA(10.0, V=-np.eye(2)), pair, strict=True)
+    True
+    """
+    s = stability(model, mu, **kwargs)
+    return s.strictly_stable if strict else s.stable

@@ -1,0 +1,76 @@
+r"""Analytic results that the solvers must reproduce (the conventions page of the documentation).
+
+* Funk--Hecke eigenvalues of :math:`e^{\beta\langle x,y\rangle}` on :math:`S^{d-1}`:
+  :math:`c_\ell(\beta) = \Gamma(d/2)(2/\beta)^{d/2-1} I_{\ell+d/2-1}(\beta)`, i.e. the
+  kernel acts on a degree-:math:`\ell` spherical harmonic (normalized measure) as
+  multiplication by :math:`c_\ell`.
+* Linear growth rates around the uniform measure (Rigollet 2025, §5):
+  USA :math:`\lambda_\ell = \ell(\ell+d-2)c_\ell/\beta`, SA
+  :math:`\lambda_\ell = \ell(\ell+d-2)c_\ell/(\beta c_0)`.
+* The equiangular reduction (all pairwise inner products equal :math:`\rho`, all radii
+  equal :math:`r`) for every normalization scheme (Post-LN, Pre-LN, Peri-LN, Mix-LN, nGPT,
+  :math:`\sqrt{}`-scaling; Rigollet §5, Karagodin--Geshkovski--Polyanskiy--Rigollet 2025):
+  :func:`equiangular_scheme_rhs`, :func:`equiangular_scheme_solution`, the late-time laws
+  :func:`equiangular_asymptotics` and the time to a cosine :func:`equiangular_time`.
+* The Kuramoto form on the circle.
+* Long context: one attention layer at :math:`\beta = \gamma\log n`, its limit and its
+  finite-:math:`n` value (:func:`long_context_limit`, :func:`long_context_cosine`).
+* Kernel conventions :math:`e^{\beta\langle x,y\rangle}` and :math:`e^{\beta(\langle x,y\rangle-1)}`:
+  :func:`rescaled_time`, :func:`plain_time`, :func:`rescaled_energy`, :func:`plain_energy`.
+
+The package
+-----------
+This module only re-exports (``wflow.theory.X`` for every name below); the code lives in
+one module per idea:
+
+* :mod:`wflow.theory.spectrum`: :func:`funk_hecke`, :func:`growth_rate`,
+  :func:`most_unstable_mode`, :func:`heat_decay_rate`;
+* :mod:`wflow.theory.equiangular`: the equiangular ODE of every scheme and its solutions,
+  :func:`equiangular_time`, :func:`equiangular_configuration`;
+* :mod:`wflow.theory.asymptotics`: :func:`equiangular_asymptotics`, :class:`EquiangularLaw`;
+* :mod:`wflow.theory.long_context`: :func:`long_context_limit`, :func:`long_context_gap`,
+  :func:`long_context_cosine`;
+* :mod:`wflow.theory.conventions`: the kernel conventions' time and energy changes and
+  :func:`kuramoto_velocity`;
+* :mod:`wflow.theory.checks`: :data:`SCHEMES` and the argument checks the modules share.
+"""
+
+from .asymptotics import EquiangularLaw, equiangular_asymptotics
+from .checks import SCHEMES
+from .conventions import kuramoto_velocity, plain_energy, plain_time, rescaled_energy, rescaled_time
+from .equiangular import (
+    EquiangularSolution,
+    equiangular_configuration,
+    equiangular_rhs,
+    equiangular_scheme_rhs,
+    equiangular_scheme_solution,
+    equiangular_solution,
+    equiangular_time,
+)
+from .long_context import long_context_cosine, long_context_gap, long_context_limit
+from .spectrum import funk_hecke, growth_rate, heat_decay_rate, most_unstable_mode
+
+__all__ = [
+    "funk_hecke",
+    "growth_rate",
+    "most_unstable_mode",
+    "SCHEMES",
+    "equiangular_rhs",
+    "equiangular_solution",
+    "equiangular_scheme_rhs",
+    "equiangular_scheme_solution",
+    "EquiangularSolution",
+    "equiangular_asymptotics",
+    "EquiangularLaw",
+    "equiangular_time",
+    "equiangular_configuration",
+    "kuramoto_velocity",
+    "long_context_limit",
+    "long_context_gap",
+    "long_context_cosine",
+    "rescaled_time",
+    "plain_time",
+    "rescaled_energy",
+    "plain_energy",
+    "heat_decay_rate",
+]

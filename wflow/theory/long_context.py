@@ -1,0 +1,155 @@
+r"""Long context: one attention layer at :math:`\beta = \gamma\log n`, its limit and its finite-:math:`n` value.
+
+:func:`long_context_limit` (:math:`n\to\infty`), :func:`long_context_gap` and
+:func:`long_context_cosine` (finite :math:`n`, in log scale up to :math:`n = 10^{12}` and beyond).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import check_positive, short_repr
+from .checks import SCHEME_ALIASES, check_real
+
+_LAYERS = ("pre-ln", "post-ln")
+
+
+def _check_layer(scheme: Any) -> str:
+    name = SCHEME_ALIASES.get(scheme, scheme) if isinstance(scheme, str) else scheme
+    if name not in _LAYERS:
+        raise ValueError(
+            f"scheme must be 'pre-ln' or 'post-ln' for one long-context layer, got {short_repr(scheme)}"
+        )
+    return name
+
+
+def long_context_limit(
+    rho: float, gamma: float, *, scheme: str = "pre-ln", eta: float = 1.0
+) -> float:
+    r"""Limit :math:`n\to\infty` of the output cosine of one SA layer with :math:`\beta = \gamma\log n`.
+
+    Input: :math:`n` equiangular unit tokens of cosine :math:`\rho\in(0,1)`.  The self weight
+    :math:`a = e^{\beta}/Z` against the others' total :math:`(n-1)b` compares
+    :math:`n^{\gamma(1-\rho)}` with :math:`n`, so :math:`a\to 0,\ \tfrac12,\ 1` as
+    :math:`\gamma` is below, at or above :math:`\gamma_c = 1/(1-\rho)`, and the mean
+    :math:`m` of the other tokens has :math:`\langle\theta_i,m\rangle\to\rho`,
+    :math:`\|m\|^2\to\rho`.  An output :math:`y_i = p\,\theta_i + q'\,m` then has cosine
+    :math:`\rho(p+q')^2/(p^2 + (2pq'+q'^2)\rho)`.
+
+    * ``'pre-ln'``: the block's output :math:`y_i = A_i` (:math:`p = a`, :math:`q' = 1-a`):
+      1, :math:`4\rho/(1+3\rho)`, :math:`\rho`;
+    * ``'post-ln'``: the layer :math:`y_i = \theta_i + \eta A_i` (normalized afterwards):
+      :math:`\rho(1+\eta)^2/(1+(2\eta+\eta^2)\rho)`, the same at :math:`p = 1+\eta/2,\ q' = \eta/2`
+      (:math:`16\rho/(9+7\rho)` for :math:`\eta = 1`), and :math:`\rho`.
+
+    For :math:`\rho\le 0` the mean of the tokens vanishes with :math:`n` and the transition
+    sits elsewhere, so :math:`\rho` must lie in (0, 1).
+
+    Examples
+    --------
+    >>> long_context_limit(0.5, 2.0)  # at gamma_c = 1/(1 - rho): 4 rho / (1 + 3 rho)
+    0.8
+    >>> long_context_limit(0.5, 2.0, scheme="post-ln")  # theta + A at gamma_c: 16 rho / (9 + 7 rho)
+    0.64
+    """
+    rho = check_real(rho, "rho")
+    if not 0.0 < rho < 1.0:
+        raise ValueError(f"rho must lie in (0, 1), got {rho!r}")
+    gamma = check_positive(gamma, "gamma")
+    scheme = _check_layer(scheme)
+    eta = check_positive(eta, "eta")
+    crit = 1.0 / (1.0 - rho)
+    if np.isclose(gamma, crit, rtol=1e-12, atol=0):
+        a = 0.5
+    else:
+        a = 0.0 if gamma < crit else 1.0
+    if scheme == "pre-ln" and a == 0.0:
+        return 1.0
+    p, q = (a, 1.0 - a) if scheme == "pre-ln" else (1.0 + eta * a, eta * (1.0 - a))
+    return float(rho * (p + q) ** 2 / (p * p + (2 * p * q + q * q) * rho))
+
+
+def long_context_gap(
+    rho, gamma, n, *, scheme: str = "pre-ln", eta: float = 1.0
+) -> np.ndarray | float:
+    r""":math:`1-\cos` of the outputs of one SA layer on :math:`n` equiangular tokens, :math:`\beta = \gamma\log n`.
+
+    With :math:`a = e^{\beta}/Z`, :math:`b = e^{\beta\rho}/Z`, :math:`Z = e^{\beta}+(n-1)e^{\beta\rho}`,
+    the output of token :math:`i` is :math:`y_i = p\,\theta_i + q\sum_{j\ne i}\theta_j` with
+    :math:`(p, q) = (a, b)` for Pre-LN (the block's output :math:`A_i`) and
+    :math:`(1+\eta a, \eta b)` for Post-LN (:math:`\theta_i+\eta A_i`).  Since
+    :math:`y_i - y_k = (p-q)(\theta_i-\theta_k)` and
+    :math:`y_i = (p-q)\theta_i + q\sum_j\theta_j`,
+
+    .. math::
+
+        1 - \cos(y_i, y_k) = \frac{(1-\rho)(p-q)^2}
+        {(p-q)^2 + 2(p-q)q(1+(n-1)\rho) + q^2 n(1+(n-1)\rho)},
+
+    every term nonnegative.  Only the ratio :math:`q/p` enters; it is formed in log scale
+    (:math:`b/a = n^{-\gamma(1-\rho)}`), so :math:`n` up to :math:`10^{12}` and beyond and
+    :math:`\gamma` up to 100 and beyond neither overflow nor cancel.
+
+    Parameters
+    ----------
+    rho : float or array_like
+        Input cosine in :math:`(-1/(n-1), 1)`.
+    gamma : float or array_like
+        :math:`\beta/\log n`, >= 0.
+    n : float or array_like
+        Number of tokens, >= 2 (a float is accepted: ``1e12``).
+    scheme : {'pre-ln', 'post-ln'}
+    eta : float
+        Post-LN step (the layer is :math:`\theta + \eta A`).
+
+    Returns
+    -------
+    ndarray
+        Broadcast shape of ``rho``, ``gamma``, ``n``.
+
+    Examples
+    --------
+    >>> round(float(long_context_gap(0.5, 2.0, 1e12)), 9)  # -> 1 - 4 rho/(1+3 rho) = 0.2
+    0.2
+    """
+    scheme = _check_layer(scheme)
+    eta = check_positive(eta, "eta")
+    rho, gamma, n = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (rho, gamma, n)))
+    if not np.all(np.isfinite(n)) or np.any(n < 2):
+        raise ValueError(f"n must be finite and >= 2, got {short_repr(n)}")
+    if not np.all(np.isfinite(gamma)) or np.any(gamma < 0):
+        raise ValueError(f"gamma must be finite and >= 0, got {short_repr(gamma)}")
+    if not np.all(np.isfinite(rho)) or np.any(rho <= -1.0 / (n - 1)) or np.any(rho >= 1):
+        raise ValueError(f"rho must lie in (-1/(n-1), 1), got {short_repr(rho)}")
+    log_n = np.log(n)
+    log_ratio = -gamma * log_n * (1.0 - rho)  # log(b / a)
+    total = 1.0 + (n - 1) * rho  # <theta_i, sum_j theta_j>
+    if scheme == "pre-ln":
+        p, q = np.ones_like(rho), np.exp(log_ratio)  # divided by a
+    else:
+        log_a = -np.logaddexp(0.0, np.log(n - 1) + log_ratio)  # a = 1 / (1 + (n-1) b/a)
+        p, q = 1.0 + eta * np.exp(log_a), eta * np.exp(log_a + log_ratio)
+    d = p - q
+    gap = (1.0 - rho) * d * d / (d * d + 2 * d * q * total + q * q * n * total)
+    return gap if gap.ndim else float(gap)
+
+
+def long_context_cosine(
+    rho, gamma, n, *, scheme: str = "pre-ln", eta: float = 1.0
+) -> np.ndarray | float:
+    r"""Output cosine :math:`1 -` :func:`long_context_gap` of one layer at :math:`\beta = \gamma\log n`.
+
+    Tends to :func:`long_context_limit` as :math:`n\to\infty` (for :math:`\rho\in(0,1)`), with
+    :math:`c = \gamma(1-\rho)`: Pre-LN below :math:`\gamma_c` as
+    :math:`1-\cos\simeq\frac{1-\rho}{\rho}n^{-2(1-c)}`, above as
+    :math:`\cos-\rho\simeq 2\rho(1-\rho)n^{-(c-1)}`, at :math:`\gamma_c` as :math:`O(1/n)`;
+    Post-LN as :math:`n^{-(1-c)}`, :math:`n^{-(c-1)}`, :math:`O(1/n)`.
+
+    Examples
+    --------
+    >>> [round(float(long_context_cosine(0.5, g, 1e12)), 4) for g in (1.0, 2.0, 3.0)]
+    [1.0, 0.8, 0.5]
+    """
+    return 1.0 - long_context_gap(rho, gamma, n, scheme=scheme, eta=eta)
