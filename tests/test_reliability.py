@@ -682,3 +682,32 @@ def test_density_runs_resume_bit_for_bit_after_a_signal(tmp_path):
 @pytest.mark.slow
 def test_density_runs_resume_bit_for_bit_after_twenty_signals(tmp_path):
     assert _signal_trials(tmp_path, 20, seed=2) >= 15
+
+
+def test_a_death_while_a_snapshots_digests_are_written_loses_nothing_committed(
+    tmp_path, monkeypatch
+):
+    """The digests file was rewritten whole for every snapshot: a process killed between emptying it and
+    writing it back lost the digests of every committed snapshot ('0 lines for 35 committed snapshots').
+    Now the committed lines are never rewritten: a death there resumes to the uninterrupted run."""
+    import os
+
+    x0 = sphere.uniform(30, 3, np.random.default_rng(0))
+    full = wflow.simulate(SA(2.0), x0, 1.0, dt=0.1, backend=BK)
+    path = tmp_path / "t.zarr"
+    real, calls = os.ftruncate, {"n": 0}
+
+    def die_after_the_fourth(fd, length):
+        real(fd, length)
+        calls["n"] += 1
+        if calls["n"] == 5:  # the fifth snapshot's line: the four committed ones must survive
+            raise Killed
+
+    monkeypatch.setattr(os, "ftruncate", die_after_the_fourth)
+    with pytest.raises(Killed):
+        wflow.simulate(SA(2.0), x0, 1.0, dt=0.1, backend=BK, writer=io.ZarrRecorder(path))
+    monkeypatch.setattr(os, "ftruncate", real)
+    assert io.committed_length(path) == 4
+    back = wflow.resume(path)
+    np.testing.assert_array_equal(back.points, full.points)
+    np.testing.assert_array_equal(wflow.load(path).points, full.points)

@@ -191,19 +191,52 @@ def read_digest_lines(store: Path, length: int, chain: str) -> list[dict[str, st
         raise WflowError(f"{store}: unreadable line in {DIGESTS}: {exc}") from None
 
 
-def append_digest(store: Path, index: int, digests: dict[str, str], chain: str) -> str:
-    """Write snapshot ``index``'s line (after the ``index`` lines of the committed snapshots, dropping any
-    line an interrupted snapshot left), flushed to disk; returns the chain to commit with it."""
-    line = json.dumps({"i": int(index), "d": digests}, sort_keys=True)
+def digest_line(index: int, digests: dict[str, str]) -> str:
+    """Snapshot ``index``'s line of :data:`DIGESTS` (without its newline)."""
+    return json.dumps({"i": int(index), "d": digests}, sort_keys=True)
+
+
+def digest_end(store: Path, length: int) -> int:
+    """The byte offset where the lines of the first ``length`` snapshots end in :data:`DIGESTS`."""
     p = store / DIGESTS
-    keep = b""
-    if index and p.is_file():
-        keep = b"".join(p.read_bytes().splitlines(keepends=True)[:index])
-    with open(p, "wb") as fh:
-        fh.write(keep + line.encode() + b"\n")
+    if not length or not p.is_file():
+        return 0
+    return sum(len(line) for line in p.read_bytes().splitlines(keepends=True)[:length])
+
+
+def append_digest(store: Path, line: str, chain: str, end: int) -> tuple[str, int]:
+    """Append one snapshot's digest ``line`` after the committed lines, which end at byte ``end``.
+
+    Whatever an interrupted snapshot left after ``end`` is cut off first; the committed lines are
+    never rewritten, so a process that dies here loses nothing committed.  The file is flushed to
+    disk before this returns.  Returns the chain to commit with the line and the new end.
+    """
+    data = line.encode() + b"\n"
+    fd = os.open(store / DIGESTS, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, end)
+        os.lseek(fd, end, os.SEEK_SET)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return chain_next(chain, line), end + len(data)
+
+
+def write_digests(store: Path, lines: list[str]) -> str:
+    """Replace :data:`DIGESTS` by ``lines`` at once (a temporary file renamed over it); their chain."""
+    tmp = store / (DIGESTS + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(b"".join(line.encode() + b"\n" for line in lines))
         fh.flush()
         os.fsync(fh.fileno())
-    return chain_next(chain, line)
+    os.replace(tmp, store / DIGESTS)
+    chain = ""
+    for line in lines:
+        chain = chain_next(chain, line)
+    return chain
 
 
 class FolderLock:

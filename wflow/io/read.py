@@ -20,21 +20,21 @@ import numpy as np
 
 from ..errors import WflowError
 from .commit import (
-    DIGESTS,
     FORMAT,
     REPAIR_HINT,
     FolderLock,
-    append_digest,
     chunk_digest,
     chunk_path,
     commit_length,
     committed_length,
+    digest_line,
     import_zarr,
     is_snapshot,
     read_commit,
     read_digest_lines,
     snapshot_digests,
     stored_snapshots,
+    write_digests,
 )
 from .recorder import (
     CHECKPOINT_PREFIX,
@@ -290,12 +290,9 @@ def repair(path: str | os.PathLike) -> dict[str, Any]:
     lock = FolderLock(p.with_name(p.name + ".lock"), f"store {p}").acquire()
     try:
         length, report = _sound_prefix(p, arrays)
-        chain = ""
         ndims = {name: arr.ndim for name, arr in arrays}
-        for i in range(length):
-            chain = append_digest(p, i, snapshot_digests(p, i, ndims), chain)
-        if length == 0:
-            (p / DIGESTS).unlink(missing_ok=True)
+        lines = [digest_line(i, snapshot_digests(p, i, ndims)) for i in range(length)]
+        chain = write_digests(p, lines)  # (the old file stays until the new one is complete)
         commit_length(p, length, chain)
     finally:
         lock.release()

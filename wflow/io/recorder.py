@@ -30,6 +30,8 @@ from .commit import (
     chunk_codecs,
     commit_length,
     committed_length,
+    digest_end,
+    digest_line,
     import_zarr,
     is_snapshot,
     read_commit,
@@ -230,6 +232,7 @@ class ZarrRecorder:
         self.group = None
         self._arrays: dict[str, Any] = {}
         self._chain: str | None = ""  # the hash chain of the snapshot digests committed so far
+        self._digest_end = 0  # where their lines end in the digests file
 
     # -- tracker protocol -----------------------------------------------------------
     def start(self, run) -> None:
@@ -252,7 +255,9 @@ class ZarrRecorder:
             record = read_commit(self.path, default={})
             self._chain = record.get("chain")  # None: a store written before the digests
             if self._chain is not None:  # checked: the continuation extends a sound chain
-                read_digest_lines(self.path, committed_length(self.path), self._chain)
+                length = committed_length(self.path)
+                read_digest_lines(self.path, length, self._chain)
+                self._digest_end = digest_end(self.path, length)
         else:
             # created at the first snapshot, when the shapes are known; a store it replaces is removed
             # then too, so that a run refused by the driver's checks (or failing before its first
@@ -273,8 +278,12 @@ class ZarrRecorder:
             arr[i] = value
         if self._chain is not None:
             ndims = {name: arr.ndim for name, arr in self._arrays.items() if is_snapshot(arr)}
-            digests = snapshot_digests(self.path, i, ndims)
-            self._chain = append_digest(self.path, i, digests, self._chain if i else "")
+            line = digest_line(i, snapshot_digests(self.path, i, ndims))
+            if i == 0:
+                self._chain, self._digest_end = "", 0
+            self._chain, self._digest_end = append_digest(
+                self.path, line, self._chain, self._digest_end
+            )
         _write_commit(self.path, i + 1, self._chain)
         self.count += 1
         log.debug("committed snapshot %d (t=%g) to %s", i, snap.t, self.path)
