@@ -4,7 +4,7 @@ The formula is KeOps' ``Max_SumShiftExpWeight`` reduction, which returns exactly
 row maximum :math:`c_i` of :math:`\\ell_{ij} + \\log w_j` and
 :math:`\\sum_j e^{\\ell_{ij} + \\log w_j - c_i} (1, V y_j)` in one streamed pass.
 
-Compiled formulas are cached in :func:`wflow.config.keops_cache_dir` (override with
+Compiled formulas are cached in :func:`keops_cache_dir` (override with
 the environment variable ``WFLOW_KEOPS_CACHE``), one folder per KeOps version, so a
 new machine or a new host name does not silently recompile into ``~/.cache``.  The
 first use of each (dimension, dtype) compiles with g++ for 10--25 s; a file lock
