@@ -50,3 +50,30 @@ def test_misspelt_names_get_a_did_you_mean(tmp_path, capsys):
     assert code == 2 and "did you mean 'mean-field'?" in err
     with pytest.raises(ValueError, match=r"got 'rk5' \(did you mean 'rk4'\?\)"):
         wflow.simulate(wflow.SA(1.0), wflow.sphere.uniform(5, 3, seed=0), 1.0, method="rk5")
+
+
+def test_misspelt_config_keys_and_choices_get_a_did_you_mean(tmp_path, capsys):
+    code, err = _cli(capsys, ["run", "--set", "model.bata=3", "--out", str(tmp_path / "r")])
+    assert code == 2 and "did you mean 'model.beta'?" in err
+    code, err = _cli(capsys, ["run", "--set", "solver=eulerain", "--out", str(tmp_path / "r")])
+    assert code == 2 and "did you mean 'eulerian'?" in err
+
+
+def test_wflow_run_takes_the_same_exact_coordinates_as_simulate(tmp_path, capsys):
+    """run.coordinates = auto (the default): span for SA with more dimensions than tokens, the same
+    points as the Cartesian run to 1e-12; cartesian where span is not exact (V = -I)."""
+    small = ["--set", "init.n=6", "--set", "init.d=40", "--set", "run.t_end=2", "--no-progress"]
+    small += ["--set", "output.figure=false"]
+    assert main(["run", *small, "--out", str(tmp_path / "auto")]) == 0
+    assert (
+        main(["run", *small, "--set", "run.coordinates=cartesian", "--out", str(tmp_path / "c")])
+        == 0
+    )
+    auto, cart = (wflow.load(tmp_path / k / "trajectory.zarr") for k in ("auto", "c"))
+    assert "span" in auto.data and "points" in cart.data
+    np.testing.assert_allclose(auto.points, cart.points, atol=1e-10)
+    assert (
+        main(["run", *small, "--set", "model.value=minus-identity", "--out", str(tmp_path / "m")])
+        == 0
+    )
+    assert "points" in wflow.load(tmp_path / "m" / "trajectory.zarr").data

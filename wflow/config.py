@@ -31,7 +31,7 @@ from .build import (  # the objects built from a configuration, importable from 
     save_times,
     start_run,
 )
-from .errors import short_repr
+from .errors import did_you_mean, short_repr
 
 __all__ = [
     "resume_run",
@@ -178,10 +178,11 @@ KEYS: dict[str, Key] = {
     "run.backend": Key(str, "auto", "kernel-sum backend (auto, numpy, keops, ...)"),
     "run.coordinates": Key(
         str,
-        "cartesian",
-        "particles: the state's coordinates (span: the n coordinates of the "
-        "initial tokens' span, exact for SA/USA with Q = K = V = I, d > n; angles, gaps: S^1)",
-        ("cartesian", "span", "angles", "gaps"),
+        "auto",
+        "particles: the state's coordinates (auto: span where it is exact and smaller, else "
+        "cartesian; span: the n coordinates of the initial tokens' span, exact for SA/USA with "
+        "Q = K = V = I, d > n, no noise; angles, gaps: S^1)",
+        ("auto", "cartesian", "span", "angles", "gaps"),
     ),
     "run.cluster_threshold": Key(float, 0.1, "geodesic linkage distance for the cluster count"),
     "output.figure": Key(bool, True, "write summary.png"),
@@ -216,7 +217,9 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _check_key(key: str) -> None:
     if key not in KEYS:
-        raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(KEYS)}")
+        raise ValueError(
+            f"unknown config key {key!r}{did_you_mean(key, KEYS)}; known keys: {', '.join(KEYS)}"
+        )
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -232,7 +235,10 @@ def _coerce(key: str, value: Any) -> Any:
             f"config key {key} must be of type {spec.type.__name__}, got {short_repr(value)}"
         )
     if spec.choices is not None and value not in spec.choices:
-        raise ValueError(f"config key {key} must be one of {list(spec.choices)}, got {value!r}")
+        raise ValueError(
+            f"config key {key} must be one of {list(spec.choices)}, got {value!r}"
+            + did_you_mean(value, spec.choices)
+        )
     return value
 
 
@@ -412,9 +418,9 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
             )
     if cfg["solver"] != "particles":
         need(
-            cfg["run.coordinates"] == "cartesian",
+            cfg["run.coordinates"] in ("auto", "cartesian"),
             "run.coordinates",
-            f"left at 'cartesian' for the "
+            f"auto or cartesian for the "
             f"{cfg['solver']} solver (other coordinates are for particles)",
         )
         need(
