@@ -297,3 +297,33 @@ def test_an_unwritable_lock_or_read_only_store_is_one_line(command, tmp_path, ca
     monkeypatch.setattr(io.FolderLock, "acquire", refuse)
     line = _one_line_error(capsys, 2, argv)
     assert ("read-only" if command == "resume" else "permission denied") in line.lower()
+
+
+def test_a_clean_exit_leaves_no_lock_files_and_a_killed_runs_lock_is_taken_over(tmp_path, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from wflow import io
+
+    out = tmp_path / "run"
+    assert main(["run", *SMALL, "--set", "output.figure=false", "--out", str(out)]) == 0
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".lock")]
+    # a lock file whose process died (SIGKILL: no release) is left in place and taken over
+    code = "import sys, time; from wflow.io import FolderLock; lock = FolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(out / ".wflow.lock")], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(wflow.errors.StoreBusyError):
+        io.FolderLock(out / ".wflow.lock").acquire()
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    time.sleep(0.1)
+    assert (out / ".wflow.lock").exists()
+    assert (
+        main(["run", *SMALL, "--set", "output.figure=false", "--overwrite", "--out", str(out)]) == 0
+    )
+    assert not (out / ".wflow.lock").exists()

@@ -11,6 +11,7 @@ functions.  Nothing here knows a store's variables: :mod:`wflow.io.recorder` wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -243,8 +244,11 @@ class FolderLock:
     """An exclusive OS lock (``fcntl.flock``) on a lock file: one writer per store or output folder.
 
     The lock belongs to the open file, so the operating system releases it when the process
-    dies, however it dies; the file itself (holding the owner's PID) is left in place.  A
-    second holder gets :class:`~wflow.errors.StoreBusyError` naming the path and the PID.
+    dies, however it dies; the file (holding the owner's PID) is then left in place, and the
+    next writer takes it over.  A clean release removes the file.  A second holder gets
+    :class:`~wflow.errors.StoreBusyError` naming the path and the PID.  A writer that locked a
+    file which a release removed meanwhile notices (the path no longer names its file) and
+    locks afresh, so two writers never both hold the lock.
 
     Examples
     --------
@@ -270,17 +274,25 @@ class FolderLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            owner = fh.read().strip() or "another process"
+        while True:
+            fh = open(self.path, "a+")
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                owner = fh.read().strip() or "another process"
+                fh.close()
+                raise StoreBusyError(
+                    f"{self.what} is in use by {owner} (one writer at a time); wait for it to finish "
+                    f"or choose another output"
+                ) from None
+            try:  # the file we locked must still be the one at the path (a release removes it)
+                same = os.stat(self.path).st_ino == os.fstat(fh.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
             fh.close()
-            raise StoreBusyError(
-                f"{self.what} is in use by {owner} (one writer at a time); wait for it to finish or "
-                f"choose another output"
-            ) from None
         fh.seek(0)
         fh.truncate()
         fh.write(f"process {os.getpid()}")
@@ -289,9 +301,12 @@ class FolderLock:
         return self
 
     def release(self) -> None:
+        """Remove the lock file (while still holding it), then unlock."""
         if self.fh is not None:
             import fcntl
 
+            with contextlib.suppress(OSError):  # (a read-only folder keeps it: harmless)
+                os.unlink(self.path)
             fcntl.flock(self.fh.fileno(), fcntl.LOCK_UN)
             self.fh.close()
             self.fh = None
