@@ -766,3 +766,19 @@ def test_the_automatic_batch_bounds_a_tasks_results_too():
     plan = make_plan(cfg, {"init.seed": "range(100000)"}, None, None)
     assert plan.batch_size * plan.n_time * len(plan.observables) * 8 <= _BATCH_BYTES
     assert plan.batch_size == _BATCH_BYTES // (8 * 2001 * len(plan.observables))
+
+
+def test_a_finished_sweep_run_again_starts_no_cluster(tmp_path, monkeypatch):
+    import wflow.sweep as sw
+
+    cfg = {"init.n": 6, "init.d": 3, "run.backend": "numpy", "run.t_end": 0.2, "run.n_saves": 3}
+    out = tmp_path / "s.zarr"
+    first = sw.sweep(cfg, {"model.beta": [1.0, 2.0]}, out=out, workers=1, progress=False)
+
+    def no_cluster(*a, **k):
+        raise AssertionError("a finished sweep started a cluster")
+
+    monkeypatch.setattr(sw, "connect", no_cluster)
+    again = sw.sweep(cfg, {"model.beta": [1.0, 2.0]}, out=out, workers=1, progress=False)
+    assert again.attrs["ok"] == first.attrs["ok"] == 2
+    np.testing.assert_array_equal(again.order_parameter.values, first.order_parameter.values)

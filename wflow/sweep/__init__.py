@@ -53,6 +53,7 @@ submits tasks and writes their results).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -73,8 +74,10 @@ from .grid import (
     parse_values,
 )
 from .plan import DEFAULT_OBSERVABLES, KIND_OBSERVABLES, OBSERVABLES, make_plan
-from .store import COMMIT, Store, open_sweep, point_config
+from .store import COMMIT, Store, open_sweep, point_config, store_is_complete
 from .tasks import WORKER_ENV, run_task
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "sweep",
@@ -196,7 +199,10 @@ def sweep(
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an integer >= 0, got {short_repr(retries)}")
     out = Path(out)
-    Store(out, plan).check(resume, overwrite)  # a store of another sweep: before any cluster starts
+    what = Store(out, plan).check(resume, overwrite)  # another sweep's store: before any cluster
+    if what == "resume" and store_is_complete(out, plan):  # nothing to do: no cluster to start
+        log.info("%s: every point is committed", out)
+        return open_sweep(out)
     _check_disk(plan, out)
     client, cluster, owned = connect(
         scheduler, workers, timeout, threads_per_task

@@ -25,7 +25,7 @@ from .plan import BATCH_KEY, FAILED, FORMAT, OBSERVABLES, OK, PENDING, Plan
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["COMMIT", "Store", "open_sweep", "point_config"]
+__all__ = ["COMMIT", "Store", "open_sweep", "point_config", "store_is_complete"]
 
 #: the commit record of a sweep store: ``{"fingerprint": ..., "done": [finished tasks, sorted]}``
 COMMIT = "wflow_sweep.json"
@@ -330,6 +330,12 @@ class Store:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+def store_is_complete(path: str | os.PathLike, plan: Plan) -> bool:
+    """Whether the store at ``path`` (of ``plan``'s sweep) has committed every task of the plan."""
+    fp, done = _committed(Path(path))
+    return fp == plan.fingerprint and len(done) >= plan.n_tasks and done >= set(range(plan.n_tasks))
 
 
 def open_sweep(path: str | os.PathLike):
