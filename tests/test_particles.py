@@ -520,3 +520,25 @@ def test_a_tiny_t_end_takes_the_default_step_without_blaming_dt():
         traj = simulate(SA(2.0), x0, 1e-300, backend="numpy")
     assert traj.status == 0 and traj.times[-1] == 1e-300
     np.testing.assert_allclose(traj.points[-1], x0, atol=1e-15)
+
+
+def test_one_default_method_error_controlled_unless_dt_is_fixed():
+    """The library and ``wflow run`` share one rule: dopri5 unless dt (rk4) or kappa (noise) is
+    given.  The old fixed default step 0.5/(1 + L) took ~1000 rk4 steps at beta = 1000 where the
+    error-controlled default takes a few and agrees with a fine fixed-step run."""
+    from wflow.build import run_method
+    from wflow.config import apply_overrides, default_config
+
+    x0 = sphere.uniform(10, 3, seed=1)
+    kw = dict(save_at=[0.0, 0.5], backend="numpy")
+    auto = simulate(SA(1e3), x0, 0.5, **kw)
+    fine = simulate(SA(1e3), x0, 0.5, dt=0.5 / 1002, **kw)
+    assert (auto.config["solver"], fine.config["solver"]) == ("dopri5", "rk4")
+    assert auto.stats["steps"][-1] < 50 and fine.stats["steps"][-1] == 1002
+    np.testing.assert_allclose(auto.points[-1], fine.points[-1], atol=1e-7)
+    noisy = simulate(SA(1.0), x0, 0.5, kappa=4.0, seed=0, **kw)
+    assert noisy.config["solver"] == "euler-maruyama"
+    cfg = default_config()
+    assert cfg["run.method"] == "auto" and run_method(cfg) == "dopri5"
+    assert run_method(apply_overrides(cfg, ["run.dt=0.05"])) == "rk4"
+    assert run_method(apply_overrides(cfg, ["run.kappa=2"])) == "euler-maruyama"

@@ -21,6 +21,7 @@ __all__ = [
     "build_mesh",
     "build_model",
     "build_run",
+    "run_method",
     "save_times",
     "start_run",
     "resume_run",
@@ -183,9 +184,10 @@ def build_run(cfg: dict[str, Any]):
         x = sphere.vmf_mixture(
             cfg["init.n"], sphere.uniform(k, d, rng), np.full(k, cfg["init.kappa"]), seed=rng
         )
+    method = run_method(cfg)
     kwargs = dict(
         save_at=np.linspace(0.0, cfg["run.t_end"], cfg["run.n_saves"]),
-        method=cfg["run.method"],
+        method=method,
         dt=cfg["run.dt"] or None,
         kappa=cfg["run.kappa"] or None,
         seed=cfg["run.seed"],
@@ -193,9 +195,26 @@ def build_run(cfg: dict[str, Any]):
         cluster_threshold=cfg["run.cluster_threshold"],
         coordinates=cfg["run.coordinates"],
     )
-    if cfg["run.method"] == "dopri5":
+    if method == "dopri5":
         kwargs.update(rtol=cfg["run.rtol"], atol=cfg["run.atol"])
     return model, Atoms(x), kwargs
+
+
+def run_method(cfg: dict[str, Any]) -> str:
+    """The particle method a configuration runs: ``run.method``, with ``"auto"`` resolved by
+    the library's rule (:func:`wflow.solvers.particles.default_method`).
+
+    Examples
+    --------
+    >>> from wflow.config import apply_overrides, default_config
+    >>> run_method(default_config()), run_method(apply_overrides(default_config(), ["run.dt=0.1"]))
+    ('dopri5', 'rk4')
+    """
+    from .solvers.particles import default_method
+
+    if cfg["run.method"] != "auto":
+        return str(cfg["run.method"])
+    return default_method(kappa=cfg["run.kappa"] or None, dt=cfg["run.dt"] or None)
 
 
 class Run:
@@ -292,7 +311,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
 
         return Run(
             cfg,
-            f"{model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, method={cfg['run.method']}",
+            f"{model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, method={kwargs['method']}",
             run_particles,
         )
     if solver == "lagrangian":

@@ -159,15 +159,17 @@ KEYS: dict[str, Key] = {
     "run.n_saves": Key(int, 31, "number of snapshots saved, equally spaced in [0, t_end]"),
     "run.method": Key(
         str,
-        "dopri5",
-        "time stepper (euler-average: GLPR's unprojected phase-diagram scheme; ros2: "
-        "L-stable Rosenbrock, particles with coordinates angles or gaps)",
-        ("dopri5", "rk4", "euler", "euler-average", "euler-maruyama", "ros2"),
+        "auto",
+        "time stepper (auto: error-controlled dopri5, rk4 when run.dt is set, euler-maruyama "
+        "with noise -- the library's rule; euler-average: GLPR's unprojected phase-diagram "
+        "scheme; ros2: L-stable Rosenbrock, particles with coordinates angles or gaps)",
+        ("auto", "dopri5", "rk4", "euler", "euler-average", "euler-maruyama", "ros2"),
     ),
     "run.dt": Key(
         float,
         0.0,
-        "fixed step (rk4, euler, euler-maruyama) or first trial step (dopri5); 0: default",
+        "fixed step (rk4, euler, euler-maruyama; with method auto it selects rk4) or first "
+        "trial step (dopri5); 0: default",
     ),
     "run.rtol": Key(float, 1e-6, "dopri5 relative tolerance"),
     "run.atol": Key(float, 1e-9, "dopri5 absolute tolerance"),
@@ -408,7 +410,7 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
             )
         if cfg["solver"] in ("eulerian", "jko"):
             need(
-                cfg["run.method"] in ("dopri5", "rk4"),
+                cfg["run.method"] in ("auto", "dopri5", "rk4"),
                 "run.method",
                 f"left at its default for the {cfg['solver']} solver (it has its own time stepping)",
             )
@@ -428,8 +430,10 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
             "run.method",
             f"one of dopri5, rk4, euler, euler-maruyama for the {cfg['solver']} solver",
         )
-    if cfg["solver"] == "particles" and (cfg["run.kappa"] > 0) != (
-        cfg["run.method"] == "euler-maruyama"
+    if (
+        cfg["solver"] == "particles"
+        and cfg["run.method"] != "auto"
+        and (cfg["run.kappa"] > 0) != (cfg["run.method"] == "euler-maruyama")
     ):
         raise ValueError(
             f"run.kappa = {cfg['run.kappa']!r} and run.method = {cfg['run.method']!r} do not fit: "

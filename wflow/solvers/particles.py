@@ -42,6 +42,7 @@ __all__ = [
     "CircleGapProblem",
     "SpanProblem",
     "default_dt",
+    "default_method",
     "DIAGNOSTICS",
 ]
 
@@ -138,6 +139,26 @@ class Trajectory(Result):
 
 
 # ------------------------------------------------------------------------------ defaults
+def default_method(*, kappa: float | None = None, dt: float | None = None) -> str:
+    """The method :func:`simulate` and ``wflow run`` use when none is named.
+
+    Error-controlled ``"dopri5"`` unless the user fixes the step: ``"rk4"`` with a fixed
+    ``dt``, ``"euler-maruyama"`` with noise (``kappa``).  One rule for the library and the
+    command line, so that a run never silently takes millions of tiny fixed steps (a stiff
+    model such as ``SA(1e6)`` moves on a time scale ``1/beta`` that a fixed default step can
+    only guess).
+
+    Examples
+    --------
+    >>> from wflow.solvers.particles import default_method
+    >>> default_method(), default_method(dt=0.1), default_method(kappa=4.0)
+    ('dopri5', 'rk4', 'euler-maruyama')
+    """
+    if kappa is not None:
+        return "euler-maruyama"
+    return "dopri5" if dt is None else "rk4"
+
+
 def default_dt(model: Model, method: str | None = None, save_at: Any = None) -> float:
     """A default fixed step: ``0.5 / (1 + L)`` with ``L = model.rate_bound()``, shortened to divide equal save intervals.
 
@@ -233,8 +254,10 @@ def simulate(
         With a fixed step each is snapped to the nearest step time and the result holds
         the step time (``config["save_mode"] == "snap"``).
     method : str, optional
-        A solver of :data:`wflow.solvers.base.SOLVERS`: ``"rk4"`` (default), ``"dopri5"``,
-        ``"euler"``, ``"euler-maruyama"`` (default when ``kappa`` is given), ``"ssprk3"``.
+        A solver of :data:`wflow.solvers.base.SOLVERS`: ``"dopri5"``, ``"rk4"``, ``"euler"``,
+        ``"euler-average"``, ``"euler-maruyama"``, ``"ros2"``.  Default
+        (:func:`default_method`): error-controlled ``"dopri5"``; ``"rk4"`` when ``dt`` is
+        given; ``"euler-maruyama"`` when ``kappa`` is given.
     dt : float, optional
         Fixed step, never changed (the last step ends at ``t_end``), or the first trial step
         of ``"dopri5"``.  Default :func:`default_dt` for fixed-step methods.
@@ -328,7 +351,7 @@ def simulate(
     if kappa is not None:
         kappa = check_positive(kappa, "kappa")
     if method is None:
-        method = "euler-maruyama" if kappa is not None else "rk4"
+        method = default_method(kappa=kappa, dt=dt)
     solver = get_solver(method)
     if solver.stochastic and kappa is None:
         raise ValueError(f"method={method!r} needs a noise level kappa")
