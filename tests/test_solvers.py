@@ -289,6 +289,30 @@ def test_recorder_streams_and_keep_false_holds_only_the_last(tmp_path):
     np.testing.assert_array_equal(r.points[0], full.points[-1])
 
 
+def test_kept_snapshots_equal_the_states_saved_whatever_their_size_and_dtype():
+    """Large kept variables go into one preallocated array instead of being stacked at the end; the
+    result must hold exactly what each save saw, and a variable whose dtype or shape changes between
+    saves (here from the fourth save on) must be stacked as before, with nothing cast."""
+
+    class Growth(Problem):  # y' = y, with a large variable that turns float32 at t > 0.25
+        kind = "ode"
+
+        def rhs(self, t, y):
+            return y
+
+        def snapshot(self, t, y):
+            big = np.full((4, 8192), t, np.float64 if t <= 0.25 else np.float32)
+            return {"state": (("i",), np.array(y, copy=True)), "big": (("a", "b"), big)}
+
+    y0 = np.arange(1.0, 10001.0)  # 80 kB: buffered
+    res = integrate(Growth(), "rk4", y0, 0.0, 0.5, save_at=np.linspace(0, 0.5, 6), dt=0.01)
+    t = res.times
+    np.testing.assert_allclose(res.data["state"][1], np.exp(t)[:, None] * y0, rtol=1e-9)
+    big = res.data["big"][1]
+    assert big.shape == (6, 4, 8192) and big.dtype == np.float64
+    np.testing.assert_array_equal(big[:, 0, 0], [np.float32(x) if x > 0.25 else x for x in t])
+
+
 def test_failures_set_status_or_raise():
     class Bad(wflow.models.Model):
         def velocity(self, x, mu, *, backend="auto"):
