@@ -782,3 +782,25 @@ def test_a_finished_sweep_run_again_starts_no_cluster(tmp_path, monkeypatch):
     again = sw.sweep(cfg, {"model.beta": [1.0, 2.0]}, out=out, workers=1, progress=False)
     assert again.attrs["ok"] == first.attrs["ok"] == 2
     np.testing.assert_array_equal(again.order_parameter.values, first.order_parameter.values)
+
+
+def test_the_clusters_shutdown_is_quiet_and_restores_the_loggers(caplog):
+    """A LocalCluster's nanny logs 'Worker process still alive after 4.0 seconds, killing' at
+    WARNING while a slow worker is shut down, after the sweep has committed everything; the
+    shutdown shows errors only, and leaves the loggers' levels as it found them."""
+    import logging
+
+    from wflow.sweep import disconnect
+
+    class SlowCluster:
+        def close(self):
+            logging.getLogger("distributed.nanny").warning("Worker process still alive, killing")
+            logging.getLogger("distributed.nanny").error("a real error")
+
+    nanny = logging.getLogger("distributed.nanny")
+    nanny.setLevel(logging.INFO)
+    with caplog.at_level(logging.INFO):
+        disconnect(None, SlowCluster(), False)
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    assert nanny.level == logging.INFO
+    nanny.setLevel(logging.NOTSET)

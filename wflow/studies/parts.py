@@ -167,7 +167,7 @@ class Parts:
             return 0
         from distributed import as_completed
 
-        from ..sweep import connect
+        from ..sweep import connect, disconnect
 
         client, cluster, _ = connect(None, min(_WORKERS, len(missing)), timeout=30.0)
         log = logging.getLogger(__name__)
@@ -199,9 +199,7 @@ class Parts:
                 _WORKERS,
             )
         finally:
-            client.close()
-            if cluster is not None:
-                cluster.close()
+            disconnect(client, cluster, True)
         if errors:
             raise errors[0]
         return len(missing)

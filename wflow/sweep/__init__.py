@@ -64,7 +64,7 @@ from typing import Any
 
 from ..errors import short_repr
 from ..io import FolderLock
-from .cluster import SchedulerError, connect, cores, run_tasks
+from .cluster import SchedulerError, connect, cores, disconnect, run_tasks
 from .grid import (
     coerce_value,
     load_sweep_config,
@@ -96,6 +96,7 @@ __all__ = [
     "WORKER_ENV",
     "COMMIT",
     "connect",
+    "disconnect",
     "cores",
     "run_task",
 ]
@@ -215,10 +216,7 @@ def sweep(
         todo = [t for t in range(plan.n_tasks) if t not in store.done]
         run_tasks(client, plan, store, todo, threads_per_task, retries, progress)
     finally:
-        if owned:
-            client.close()
-        if cluster is not None:
-            cluster.close()
+        disconnect(client, cluster, owned)
         if lock is not None:
             lock.release()
     return open_sweep(out)

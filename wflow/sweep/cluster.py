@@ -21,7 +21,7 @@ from .plan import FAILED, Plan
 from .store import Store
 from .tasks import WORKER_ENV, run_task
 
-__all__ = ["SchedulerError", "cores", "connect", "run_tasks"]
+__all__ = ["SchedulerError", "cores", "connect", "disconnect", "run_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,32 @@ def connect(scheduler: Any, workers: int | None, timeout: float, threads: int = 
             f"no Dask scheduler answers at {address} within {timeout:g} s ({type(exc).__name__}); "
             f"start one (`dask scheduler`, docs: sweeps) or check the address"
         ) from None
+
+
+def disconnect(client: Any, cluster: Any, owned: bool) -> None:
+    """Close what :func:`connect` opened: the client when ``owned``, the LocalCluster it started.
+
+    A LocalCluster's nannies log "Worker process still alive after 4.0 seconds, killing" at
+    WARNING when a worker process is slow to exit (``silence_logs`` covers only the cluster's
+    start); the sweep's results are committed by then, so the shutdown is kept quiet: the
+    ``distributed`` loggers show only errors while it runs.
+
+    Examples
+    --------
+    >>> disconnect(None, None, False)  # nothing to close
+    """
+    loggers = [logging.getLogger(n) for n in ("distributed", "distributed.nanny")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        if owned and client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _has_bokeh() -> bool:
