@@ -234,7 +234,11 @@ def test_validate_report_and_exit_status(tmp_path, monkeypatch, capsys):
         and "| slope | -0.2 |" in text
         and (tmp_path / "fake.csv").read_text().startswith("N,err")
     )
-    assert "FAIL slope" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    # a line before the study runs, its verdict, then the tally
+    assert out[0] == "[1/1] fake (full) ..." and out[1].startswith("fake: FAILED (")
+    assert any(line.startswith("  FAIL slope") for line in out)
+    assert out[-1] == "0 of 1 studies passed; failed: fake"
 
 
 def test_a_group_runs_its_studies_and_an_interrupted_study_keeps_its_finished_parts(

@@ -194,22 +194,39 @@ def _validate(args: argparse.Namespace) -> int:
             f"known: {', '.join([*STUDIES, *GROUPS])}"
         )
     out = claim_report_folder(args.out, list(STUDIES))  # wflow writes only into its own folders
-    reports = run_studies(args.studies or None, out, args.quick, workers=args.workers)
-    width = max((len(e.name) for r in reports for e in r.expectations), default=20)
-    for rep in reports:
+    mode = "quick" if args.quick else "full"
+
+    def start(name: str, k: int, total: int) -> None:  # a line before each study: where the run is
+        print(f"[{k}/{total}] {name} ({mode}) ...", flush=True)
+
+    def done(rep) -> None:  # and its verdict as soon as it is known
         if rep.error is not None:  # one line: the study could not run
-            print(f"{rep.name}: FAILED, could not run: {rep.error} -> {out / (rep.name + '.md')}")
-            continue
+            print(
+                f"{rep.name}: FAILED, could not run: {rep.error} -> {out / (rep.name + '.md')}",
+                flush=True,
+            )
+            return
         print(
             f"{rep.name}: {'passed' if rep.passed else 'FAILED'} ({rep.seconds:.0f} s) -> {out / (rep.name + '.md')}"
         )
         if not rep.expectations:
             print("  FAIL the study stated no expectation")
+        width = max((len(e.name) for e in rep.expectations), default=20)
         for e in rep.expectations:
             print(
                 f"  {'ok  ' if e.passed else 'FAIL'} {e.name:<{width}} {e.value:>11.4g}  {e.target}"
             )
-    return EXIT_FAILED if any(not rep.passed for rep in reports) else 0
+        sys.stdout.flush()
+
+    reports = run_studies(
+        args.studies or None, out, args.quick, workers=args.workers, on_start=start, on_done=done
+    )
+    failed = [rep.name for rep in reports if not rep.passed]
+    print(
+        f"{len(reports) - len(failed)} of {len(reports)} studies passed"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
+    return EXIT_FAILED if failed else 0
 
 
 def _run(args: argparse.Namespace) -> int:

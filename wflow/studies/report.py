@@ -252,9 +252,19 @@ def write_report(rep: StudyReport, out: Path) -> Path:
 
 
 def run_studies(
-    names: list[str] | None, out: Path, quick: bool, workers: int = 1
+    names: list[str] | None,
+    out: Path,
+    quick: bool,
+    workers: int = 1,
+    *,
+    on_start: Callable[[str, int, int], Any] | None = None,
+    on_done: Callable[[StudyReport], Any] | None = None,
 ) -> list[StudyReport]:
     """Run the named studies (all when ``None``), writing each report into ``out``.
+
+    ``on_start(name, k, total)`` is called before the ``k``-th of ``total`` studies runs and
+    ``on_done(report)`` as soon as each report is written (``wflow validate`` prints a line for
+    each, so that a long run shows where it is).
 
     Names may be groups (``"papers"``); an unknown name is a ``ValueError`` listing the known ones.
     ``workers > 1``: studies split into parts compute them on that many Dask worker processes
@@ -310,8 +320,13 @@ def run_studies(
         ]
         for rep in reports:
             write_report(rep, out)
+            if on_done is not None:
+                on_done(rep)
         known = [name for name in names if name not in unknown]
-        for n in dict.fromkeys(m for name in known for m in GROUPS.get(name, [name])):
+        todo = list(dict.fromkeys(m for name in known for m in GROUPS.get(name, [name])))
+        for k, n in enumerate(todo, 1):
+            if on_start is not None:
+                on_start(n, k, len(todo))
             start = time.perf_counter()
             try:
                 rep = STUDIES[n](out, quick)
@@ -329,4 +344,6 @@ def run_studies(
                 )
             write_report(rep, out)
             reports.append(rep)
+            if on_done is not None:
+                on_done(rep)
     return reports
