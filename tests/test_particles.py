@@ -542,3 +542,15 @@ def test_one_default_method_error_controlled_unless_dt_is_fixed():
     assert cfg["run.method"] == "auto" and run_method(cfg) == "dopri5"
     assert run_method(apply_overrides(cfg, ["run.dt=0.05"])) == "rk4"
     assert run_method(apply_overrides(cfg, ["run.kappa=2"])) == "euler-maruyama"
+
+
+def test_one_save_of_a_span_run_is_formed_alone():
+    """``Trajectory.points`` forms x = yU for every save; ``points_at(i)``, ``atoms(i)`` and ``final``
+    form only save ``i`` and equal the same rows of ``points``."""
+    x0 = sphere.uniform(8, 40, seed=0, batch=(3,))
+    traj = simulate(SA(3.0), x0, 1.0, dt=0.1, save_at=np.linspace(0, 1, 6))
+    assert traj.config["coordinates"] == "span" and "points" not in traj.data
+    for i in (0, 3, -1):
+        np.testing.assert_array_equal(traj.points_at(i), traj.points[i])
+    np.testing.assert_array_equal(traj.final.points, traj.points[-1])
+    np.testing.assert_allclose(np.linalg.norm(traj.final.points, axis=-1), 1.0, atol=1e-14)

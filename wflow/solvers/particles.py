@@ -129,9 +129,16 @@ class Trajectory(Result):
     def dt_next(self) -> np.ndarray:
         return self.stats["dt_next"]
 
+    def points_at(self, i: int = -1) -> np.ndarray:
+        """The points of save index ``i`` alone, shape ``(..., n, d)``: ``points[i]`` without
+        forming every save's points (in span coordinates :attr:`points` forms all of them)."""
+        if "span" in self.data:
+            return np.matmul(self.data["span"][1][i], self.static["span_basis"][1])
+        return self.points[i]
+
     def atoms(self, i: int = -1) -> Atoms:
         """The measure at save index ``i``."""
-        return Atoms._trusted(self.points[i], self.weights)
+        return Atoms._trusted(self.points_at(i), self.weights)
 
     @property
     def final(self) -> Atoms:
