@@ -166,7 +166,7 @@ def test_cli_resume_completes_interrupted_run(tmp_path, capsys, monkeypatch):
         (["run", "--set", "run.dt"], "key=value"),
         (["run", "--set", "run.method=rk5"], "run.method"),
         (["run", "--set", "run.t_end=0"], "run.t_end"),
-        (["run", "--set", "run.kappa=1"], "euler-maruyama"),
+        (["run", "--set", "run.kappa=1", "--set", "run.method=rk4"], "euler-maruyama"),
         (["run", "missing.toml"], "not found"),
         (["run", "--resume"], "no interrupted run"),
     ],

@@ -153,7 +153,7 @@ def test_nan_stops_run_and_keeps_snapshots(rng):
         (dict(dt=-0.1), ValueError, "dt"),
         (dict(method="leapfrog"), ValueError, "method"),
         (dict(method="rk4", kappa=1.0), ValueError, "euler-maruyama"),
-        (dict(rtol=1e-6), ValueError, "rtol"),
+        (dict(rtol=1e-6, dt=0.1), ValueError, "rtol"),
         (dict(save_at=[0, 2.0]), ValueError, "save_at"),
         (dict(kappa=-1.0), ValueError, "kappa"),
         (dict(seed="x", kappa=1.0), TypeError, "seed"),

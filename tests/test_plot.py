@@ -225,7 +225,7 @@ def test_plot_trajectory_every_kind(runs, name, tmp_path):
 
 
 def test_describe_reads_like_a_title(runs):
-    assert wp.describe(runs["particles_s2"]) == "SA, β = 4 — 24 tokens on S², rk4"
+    assert wp.describe(runs["particles_s2"]) == "SA, β = 4 — 24 tokens on S², dopri5"
     fv = wp.describe(runs["density_s1"])
     assert fv.startswith("finite volume — ") and fv.endswith("CircleMesh, 48 cells on S¹")
     if "model" in getattr(runs["density_s1"], "config", {}):

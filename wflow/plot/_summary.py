@@ -164,7 +164,7 @@ def plot_trajectory(
     >>> traj = wflow.simulate(wflow.SA(beta=4.0), wflow.sphere.uniform(32, 3, seed=0), 1.0)
     >>> fig = wflow.plot.plot_trajectory(traj)
     >>> fig.get_suptitle()
-    'SA, β = 4 — 32 tokens on S², rk4'
+    'SA, β = 4 — 32 tokens on S², dopri5'
     """
     if getattr(result, "kind", None) == "zonal":
         fig = plot_zonal(result, n_snapshots=n_snapshots).figure

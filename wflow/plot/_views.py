@@ -311,7 +311,7 @@ def describe(result: Any) -> str:
     >>> import numpy as np, wflow
     >>> traj = wflow.simulate(wflow.SA(beta=4.0), wflow.sphere.uniform(10, 3, seed=0), 0.1)
     >>> wflow.plot.describe(traj)
-    'SA, β = 4 — 10 tokens on S², rk4'
+    'SA, β = 4 — 10 tokens on S², dopri5'
     """
     kind = result_kind(result)
     cfg = (
