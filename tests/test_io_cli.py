@@ -108,6 +108,7 @@ def test_cli_default_with_small_overrides(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert str(out / "trajectory.zarr") in text and str(out / "summary.png") in text
+    assert "effective clusters N_eff: " in text
     assert (out / "summary.png").stat().st_size > 10_000
     traj = wflow.load(out / "trajectory.zarr")
     assert traj.points.shape == (5, 60, 3)
@@ -307,7 +308,12 @@ def test_cli_sweep_runs_a_grid_into_one_store_and_continues(tmp_path, capsys):
         "--no-progress",
     ]
     assert main(argv) == 0
-    assert "6 of 6 points reached t_end" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "6 of 6 points reached t_end" in text
+    # its default figure, the phase diagram's heat map, beside the store
+    assert (
+        f"figure: {tmp_path / 'sw.png'}" in text and (tmp_path / "sw.png").stat().st_size > 10_000
+    )
     ds = xr.open_zarr(out)
     assert (
         ds["pair_fraction"].sel(beta=4.0).shape[:1] == (3,) and int((ds["status"] == 0).sum()) == 6
