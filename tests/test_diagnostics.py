@@ -297,3 +297,16 @@ def test_simulate_records_n_eff_by_default_at_the_models_beta(model, kw):
     w = np.broadcast_to(traj.weights, traj.points.shape[:-1])
     ref = effective_clusters(traj.points, w, beta=model.beta, backend="numpy")
     np.testing.assert_allclose(traj.diagnostics["n_eff"], ref, rtol=1e-12)
+
+
+def test_n_eff_beta_of_sums_schemes_and_models_without_attention():
+    """The attention block's beta answers for a sum; a perceptron alone has no N_eff (not recorded)."""
+    from wflow.diagnostics import kernel_beta
+
+    A = np.random.default_rng(0).standard_normal((4, 3))
+    block = wflow.Perceptron(A.T, A)
+    assert kernel_beta(block, 5) is None
+    assert kernel_beta(USA(2.0) + block, 5) == 2.0
+    assert kernel_beta(SA(gamma=0.5), 100) == pytest.approx(0.5 * np.log(100), rel=1e-15)
+    traj = wflow.simulate(block, sphere.uniform(6, 3, seed=0), 0.2, dt=0.1, backend="numpy")
+    assert "n_eff" not in traj.diagnostics and traj.config["n_eff_beta"] is None

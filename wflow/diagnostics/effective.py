@@ -57,9 +57,11 @@ def kernel_beta(model, n: int) -> float | None:
     if hasattr(model, "beta_for"):
         return float(model.beta_for(n))
     inner = getattr(model, "attention", None)
-    if inner is not None:
+    if inner is not None and inner is not model:
         return kernel_beta(inner, n)
     for part in getattr(model, "parts", ()):
+        if part is model:  # (a single block is its own part)
+            continue
         beta = kernel_beta(part, n)
         if beta is not None:
             return beta

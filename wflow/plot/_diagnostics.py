@@ -77,6 +77,7 @@ def diagnostic_series(
     v = densities_view(result, system)
     diag = dict(v.diagnostics)
     diag["max_density"] = v.values.max(axis=1)
+    v.config.setdefault("d", v.d)
     n_eff = n_eff_from_energy(diag.get("energy"), v.config)
     if n_eff is not None:
         diag["n_eff"] = n_eff

@@ -217,7 +217,10 @@ def plot_trajectory(
         view = densities_view(result, system)
         ncol = 2 if view.d == 2 else len(idx)
     fig = new_figure(fig, path=path, figsize=(max(3.3 * ncol, 7.0), 6.6))
-    grid = fig.add_gridspec(2, max(ncol, len(names), 1))
+    rows = fig.add_gridspec(
+        2, 1
+    )  # (each row its own columns: the time series share the width equally)
+    grid = rows[0].subgridspec(1, max(ncol, 1))
     cols = grid.ncols
     if isinstance(view, ParticlesView):
         axes = []
@@ -259,27 +262,18 @@ def plot_trajectory(
             a.set_title(f"t = {times[i]:.3g}")
             axes.append(a)
         fig.colorbar(art, ax=axes, label="density ρ", orientation="horizontal", shrink=0.5)
-    _series_row(fig, grid, 1, times, names, diag, cfg, times[idx])
+    _series_row(fig, rows[1], times, names, diag, cfg, times[idx])
     fig.suptitle(title if title is not None else describe(result))
     fig.wflow_snapshots = np.asarray(idx)
     save_figure(fig, path, dpi)
     return fig
 
 
-def _series_row(fig, grid, row, times, names, diag, cfg, marks) -> None:
-    """The time-series panels of a summary figure, side by side on ``row`` of ``grid``."""
-    cols = grid.ncols
-    n = max(len(names), 1)
-    bounds = np.linspace(0, cols, n + 1).round().astype(int)
+def _series_row(fig, spec, times, names, diag, cfg, marks) -> None:
+    """The time-series panels of a summary figure, side by side in equal widths on ``spec``."""
+    row = spec.subgridspec(1, max(len(names), 1))
     for j, name in enumerate(names):
-        diag_panel(
-            fig.add_subplot(grid[row, bounds[j] : max(bounds[j + 1], bounds[j] + 1)]),
-            times,
-            name,
-            diag[name],
-            cfg,
-            marks=marks,
-        )
+        diag_panel(fig.add_subplot(row[0, j]), times, name, diag[name], cfg, marks=marks)
 
 
 def _zonal_diagnostics(result: Any, cfg: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
@@ -306,11 +300,11 @@ def _zonal_summary(result, path, *, fig, n_snapshots, title, dpi):
     idx = progress_indices(times, None if prog is None else prog[1], n_snapshots)
     names = [n for n in ("energy", "mean_z", "n_eff") if n in diag] or ["max_density"]
     fig = new_figure(fig, path=path, figsize=(10.0, 6.6))
-    grid = fig.add_gridspec(2, max(len(names), 2))
-    half = grid.ncols // 2
-    plot_zonal(result, ax=fig.add_subplot(grid[0, :half]), index=idx)
-    zonal_heatmap(result, ax=fig.add_subplot(grid[0, half:]))
-    _series_row(fig, grid, 1, times, names, diag, cfg, times[idx])
+    rows = fig.add_gridspec(2, 1)
+    top = rows[0].subgridspec(1, 2)
+    plot_zonal(result, ax=fig.add_subplot(top[0, 0]), index=idx)
+    zonal_heatmap(result, ax=fig.add_subplot(top[0, 1]))
+    _series_row(fig, rows[1], times, names, diag, cfg, times[idx])
     fig.suptitle(title if title is not None else describe(result))
     fig.wflow_snapshots = np.asarray(idx)
     save_figure(fig, path, dpi)
