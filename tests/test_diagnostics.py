@@ -310,3 +310,13 @@ def test_n_eff_beta_of_sums_schemes_and_models_without_attention():
     assert kernel_beta(SA(gamma=0.5), 100) == pytest.approx(0.5 * np.log(100), rel=1e-15)
     traj = wflow.simulate(block, sphere.uniform(6, 3, seed=0), 0.2, dt=0.1, backend="numpy")
     assert "n_eff" not in traj.diagnostics and traj.config["n_eff_beta"] is None
+
+
+@pytest.mark.parametrize("coordinates", ["angles", "gaps"])
+def test_n_eff_in_circle_coordinates_from_the_angle_energy(coordinates):
+    from wflow.diagnostics import effective_clusters
+
+    x = sphere.uniform(12, 2, seed=0)
+    traj = wflow.simulate(SA(5.0), x, 1.0, coordinates=coordinates, dt=0.1, backend="numpy")
+    ref = effective_clusters(traj.points, beta=5.0, backend="numpy")
+    np.testing.assert_allclose(traj.diagnostics["n_eff"], ref, rtol=1e-13)
