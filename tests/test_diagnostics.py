@@ -4,7 +4,8 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
-from wflow import Atoms, sphere
+import wflow
+from wflow import SA, USA, Atoms, sphere
 from wflow.diagnostics import (
     batched_cluster_labels,
     cluster_labels,
@@ -195,3 +196,127 @@ def test_batched_clusters_decide_ties_as_cluster_labels_on_the_circle(rng):
     ref = np.array([cluster_labels(p, threshold)[0] for p in x])
     assert 0 < np.count_nonzero(ref == 1) < len(x)  # ties both ways
     np.testing.assert_array_equal(k, ref)
+
+
+# ------------------------------------------------------------------ effective number of clusters
+def _fibonacci_sphere(n):
+    k = np.arange(n) + 0.5
+    z = 1 - 2 * k / n
+    phi = np.pi * (1 + 5**0.5) * k
+    r = np.sqrt(1 - z * z)
+    return np.stack([r * np.cos(phi), r * np.sin(phi), z], axis=1)
+
+
+@pytest.mark.parametrize("beta", [0.5, 4.0, 30.0])
+def test_n_eff_of_the_uniform_circle_is_e_beta_over_i0(beta):
+    """Equispaced points: the double sum is the trapezoid rule of a periodic analytic integrand, exact to
+    rounding; the closed form e^beta / I_0(beta)."""
+    from scipy.special import i0e
+
+    from wflow.diagnostics import effective_clusters, uniform_effective_clusters
+
+    th = 2 * np.pi * np.arange(256) / 256
+    x = np.stack([np.cos(th), np.sin(th)], axis=1)
+    exact = 1 / i0e(beta)  # e^beta / I_0(beta)
+    assert effective_clusters(x, beta=beta, backend="numpy") == pytest.approx(exact, rel=1e-12)
+    assert uniform_effective_clusters(beta, 2) == pytest.approx(exact, rel=1e-14)
+
+
+@pytest.mark.parametrize("beta", [2.0, 9.0])
+def test_n_eff_of_the_uniform_sphere_is_2beta_over_1_minus_e_minus_2beta(beta):
+    """The issue's closed form on S^2: 2 beta / (1 - e^(-2 beta)) (18.0 at beta = 9), on a Fibonacci lattice
+    of 2000 points (a quadrature: 1e-6) and on 2000 random points (what `wflow run` starts from: within 2 %,
+    where single linkage at 0.1 rad counts about 38 percolation components)."""
+    from wflow.diagnostics import count_clusters, effective_clusters, uniform_effective_clusters
+
+    exact = 2 * beta / (1 - np.exp(-2 * beta))
+    assert uniform_effective_clusters(beta, 3) == pytest.approx(exact, rel=1e-13)
+    assert effective_clusters(_fibonacci_sphere(2000), beta=beta) == pytest.approx(exact, rel=1e-6)
+    x = sphere.uniform(2000, 3, seed=0)
+    assert effective_clusters(x, beta=beta) == pytest.approx(exact, rel=0.02)
+    if beta == 9.0:
+        assert int(count_clusters(Atoms(x), 0.1)) > 30  # the single-linkage count it replaces
+
+
+@pytest.mark.parametrize("d", [2, 3, 5, 128])
+def test_uniform_n_eff_in_any_dimension_against_quadrature(d):
+    """N_eff of the uniform measure on S^(d-1) against the law of t = <x, y>, c_d (1 - t^2)^((d-3)/2) dt."""
+    from scipy.integrate import quad
+    from scipy.special import beta as B
+
+    from wflow.diagnostics import uniform_effective_clusters
+
+    beta = 3.0
+    c = 1 / B(0.5, (d - 1) / 2)  # normalises (1 - t^2)^((d-3)/2) on [-1, 1]
+    a = (d - 3) / 2
+    if d == 2:  # the weight (1 + t)^a (1 - t)^a with its integrable endpoint singularities
+        mean, _ = quad(lambda t: c * np.exp(beta * (t - 1)), -1, 1, weight="alg", wvar=(a, a))
+    else:
+        f = lambda t: c * np.exp(a * np.log1p(-t * t) + beta * (t - 1))  # noqa: E731
+        mean, _ = quad(f, -1, 1, epsabs=0, epsrel=1e-12, points=[0.0], limit=200)
+    assert uniform_effective_clusters(beta, d) == pytest.approx(1 / mean, rel=1e-9)
+
+
+def test_n_eff_counts_separated_clusters_by_their_masses():
+    """k atoms far apart (pairs at inner product 0 or -1, so e^-60 or less): N_eff = 1 / sum m_k^2; k for
+    equal masses; between 1 and 1/sum w_i^2; e^beta / (2 beta E_beta) with SA's energy."""
+    from wflow.diagnostics import effective_clusters
+
+    x = np.vstack([np.eye(3), -np.eye(3)])
+    m = np.array([0.3, 0.25, 0.2, 0.1, 0.1, 0.05])
+    assert effective_clusters(x, m, beta=60.0) == pytest.approx(1 / np.sum(m**2), rel=1e-14)
+    assert effective_clusters(x, beta=60.0) == pytest.approx(6.0, rel=1e-14)
+    y = sphere.uniform(40, 4, seed=3, batch=(3,))
+    w = np.random.default_rng(0).uniform(0.1, 1.0, (3, 40))
+    w /= w.sum(axis=1, keepdims=True)
+    n_eff = effective_clusters(y, w, beta=5.0, backend="numpy")
+    assert n_eff.shape == (3,) and np.all(n_eff >= 1) and np.all(n_eff <= 1 / np.sum(w**2, axis=1))
+    energy = SA(5.0).energy(Atoms(y, w), backend="numpy")
+    np.testing.assert_allclose(n_eff, np.exp(5.0) / (2 * 5.0 * energy), rtol=1e-12)
+    direct = 1 / np.einsum("bi,bj,bij->b", w, w, np.exp(5.0 * (y @ y.transpose(0, 2, 1) - 1)))
+    np.testing.assert_allclose(n_eff, direct, rtol=1e-12)
+    with pytest.raises(ValueError, match="beta"):
+        effective_clusters(y, w, beta=-1.0)
+
+
+@pytest.mark.parametrize(
+    "model,kw",
+    [
+        (SA(4.0), dict(method="euler-average", dt=0.1)),  # the fused step: from its double sums
+        (SA(4.0), dict(backend="numpy", dt=0.1)),  # from SA's log-energy
+        (USA(2.0, V=-np.eye(8)), dict(backend="numpy", dt=0.1)),  # a kernel sum of its own
+    ],
+    ids=["fused", "log-energy", "own-sum"],
+)
+def test_simulate_records_n_eff_by_default_at_the_models_beta(model, kw):
+    from wflow.diagnostics import effective_clusters
+
+    x0 = sphere.uniform(16, 8, seed=0, batch=(4,))
+    traj = wflow.simulate(model, x0, 1.0, save_at=[0.0, 0.5, 1.0], **kw)
+    assert traj.config["n_eff_beta"] == model.beta
+    w = np.broadcast_to(traj.weights, traj.points.shape[:-1])
+    ref = effective_clusters(traj.points, w, beta=model.beta, backend="numpy")
+    np.testing.assert_allclose(traj.diagnostics["n_eff"], ref, rtol=1e-12)
+
+
+def test_n_eff_beta_of_sums_schemes_and_models_without_attention():
+    """The attention block's beta answers for a sum; a perceptron alone has no N_eff (not recorded)."""
+    from wflow.diagnostics import kernel_beta
+
+    A = np.random.default_rng(0).standard_normal((4, 3))
+    block = wflow.Perceptron(A.T, A)
+    assert kernel_beta(block, 5) is None
+    assert kernel_beta(USA(2.0) + block, 5) == 2.0
+    assert kernel_beta(SA(gamma=0.5), 100) == pytest.approx(0.5 * np.log(100), rel=1e-15)
+    traj = wflow.simulate(block, sphere.uniform(6, 3, seed=0), 0.2, dt=0.1, backend="numpy")
+    assert "n_eff" not in traj.diagnostics and traj.config["n_eff_beta"] is None
+
+
+@pytest.mark.parametrize("coordinates", ["angles", "gaps"])
+def test_n_eff_in_circle_coordinates_from_the_angle_energy(coordinates):
+    from wflow.diagnostics import effective_clusters
+
+    x = sphere.uniform(12, 2, seed=0)
+    traj = wflow.simulate(SA(5.0), x, 1.0, coordinates=coordinates, dt=0.1, backend="numpy")
+    ref = effective_clusters(traj.points, beta=5.0, backend="numpy")
+    np.testing.assert_allclose(traj.diagnostics["n_eff"], ref, rtol=1e-13)

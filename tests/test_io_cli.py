@@ -108,6 +108,7 @@ def test_cli_default_with_small_overrides(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert str(out / "trajectory.zarr") in text and str(out / "summary.png") in text
+    assert "effective clusters N_eff: " in text
     assert (out / "summary.png").stat().st_size > 10_000
     traj = wflow.load(out / "trajectory.zarr")
     assert traj.points.shape == (5, 60, 3)
@@ -311,7 +312,12 @@ def test_cli_sweep_runs_a_grid_into_one_store_and_continues(tmp_path, capsys):
         "--no-progress",
     ]
     assert main(argv) == 0
-    assert "6 of 6 points reached t_end" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "6 of 6 points reached t_end" in text
+    # its default figure, the phase diagram's heat map, beside the store
+    assert (
+        f"figure: {tmp_path / 'sw.png'}" in text and (tmp_path / "sw.png").stat().st_size > 10_000
+    )
     ds = xr.open_zarr(out)
     assert (
         ds["pair_fraction"].sel(beta=4.0).shape[:1] == (3,) and int((ds["status"] == 0).sum()) == 6
@@ -324,3 +330,106 @@ def test_cli_sweep_runs_a_grid_into_one_store_and_continues(tmp_path, capsys):
         and "model.nope" in err[-1]
         and not (tmp_path / "bad.zarr").exists()
     )
+
+
+# ------------------------------------------------------------------ stores that explain themselves
+def test_density_store_names_its_variable_density_with_cell_angles(tmp_path):
+    """A density store: ``density`` (not ``values``, which Dataset.values shadows), cell angles on S^1 exactly
+    those of the centres ((i + 1/2) 2 pi / M on a CircleMesh), the equation and the energy's definition."""
+    import xarray as xr
+
+    rho0 = wflow.Density.from_function(wflow.CircleMesh(16), lambda x: 1 + 0.5 * x[:, 0])
+    res = wflow.solve_density(USA(1.0), rho0, 0.5, save_at=[0.0, 0.25, 0.5], backend="numpy")
+    path = wflow.save(res, tmp_path / "d.zarr")
+    for ds in (res.to_dataset(), xr.open_zarr(path)):
+        assert "density" in ds.data_vars and "values" not in ds.data_vars
+        np.testing.assert_array_equal(ds["density"].values, res.values)
+        c = res.mesh.centers
+        np.testing.assert_array_equal(
+            ds["angle"].values, np.mod(np.arctan2(c[:, 1], c[:, 0]), 2 * np.pi)
+        )
+        np.testing.assert_allclose(
+            ds["angle"].values, (np.arange(16) + 0.5) * 2 * np.pi / 16, rtol=0, atol=1e-15
+        )
+        assert ds["angle"].dims == ("cell",) and ds["angle"].attrs["units"] == "radian"
+        assert "angle" in ds["density"].coords
+        assert ds.attrs["equation"].startswith("d_t rho + div_S(rho v[rho]) = 0")
+        assert (
+            ds.attrs["velocity"] == "USA: v[mu](x) = P_x( int e^(beta <x,y>) y dmu(y) ), beta = 1"
+        )
+        e = ds["energy"].attrs
+        assert e["definition"] == (
+            "E_beta(mu) = (1 / (2 beta)) sum_i sum_j w_i w_j exp(beta <x_i, x_j>)"
+        )
+        assert e["beta"] == 1.0 and e["kernel"] == "plain" and "summing to 1" in e["normalization"]
+    back = wflow.load(path)
+    np.testing.assert_array_equal(back.values, res.values)
+
+
+def test_sphere_density_store_has_longitude_and_latitude(tmp_path):
+    import xarray as xr
+
+    rho0 = wflow.Density.from_function(wflow.SphereMesh(2), lambda x: 1 + 0.3 * x[:, 2])
+    res = wflow.solve_density(USA(1.0), rho0, 0.1, save_at=[0.0, 0.1], backend="numpy")
+    ds = xr.open_zarr(wflow.save(res, tmp_path / "s.zarr"))
+    lon, lat = np.radians(ds["longitude"].values), np.radians(ds["latitude"].values)
+    back = np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=1)
+    c = res.mesh.centers
+    np.testing.assert_allclose(back, c / np.linalg.norm(c, axis=1, keepdims=True), atol=1e-14)
+    assert ds["longitude"].attrs["units"] == "degrees_east"
+    assert ds["latitude"].attrs["units"] == "degrees_north"
+    assert {"longitude", "latitude"} <= set(ds["density"].coords)
+    assert np.all(np.abs(ds["latitude"].values) <= 90) and np.all(
+        np.abs(ds["longitude"].values) <= 180
+    )
+
+
+def test_older_density_store_with_values_loads_and_resumes(tmp_path, monkeypatch):
+    """A store written with the old name ``values`` loads, and resumes in its own layout to the numbers of an
+    uninterrupted run."""
+    import xarray as xr
+
+    from wflow.solvers.eulerian import FiniteVolume
+
+    rho0 = wflow.Density.from_function(wflow.CircleMesh(24), lambda x: 1 + 0.4 * x[:, 1])
+    kw = dict(save_at=np.linspace(0, 0.6, 7), backend="numpy")
+    full = wflow.solve_density(SA(3.0), rho0, 0.6, **kw)
+    path = tmp_path / "old.zarr"
+    with monkeypatch.context() as m:
+        m.setattr(FiniteVolume, "density_name", "values")  # as wflow 0.1 wrote it
+        with pytest.raises(KeyboardInterrupt):
+            wflow.solve_density(
+                SA(3.0), rho0, 0.6, trackers=[io.ZarrRecorder(path), _StopAfter(3)], **kw
+            )
+    assert "values" in xr.open_zarr(path).data_vars
+    part = wflow.load(path)
+    assert len(part.times) == 3
+    np.testing.assert_array_equal(part.values, full.values[:3])
+    resumed = wflow.resume(path)
+    np.testing.assert_array_equal(resumed.values, full.values)
+    np.testing.assert_array_equal(wflow.load(path).values, full.values)
+    assert "density" not in xr.open_zarr(path).data_vars
+
+
+def test_particle_store_states_each_diagnostic_and_its_parameters(tmp_path):
+    import xarray as xr
+
+    traj = simulate(
+        SA(9.0), sphere.uniform(12, 3, seed=0), 0.5, dt=0.1, cluster_threshold=0.2, backend="numpy"
+    )
+    for ds in (traj.to_dataset(), xr.open_zarr(wflow.save(traj, tmp_path / "t.zarr"))):
+        assert ds["n_clusters"].attrs["threshold_rad"] == 0.2
+        assert "single linkage" in ds["n_clusters"].attrs["long_name"]
+        assert ds["n_eff"].attrs["beta"] == 9.0
+        assert (
+            ds["n_eff"]
+            .attrs["definition"]
+            .startswith("N_eff = 1 / sum_i sum_j w_i w_j exp(beta (<x_i, x_j> - 1))")
+        )
+        assert (
+            ds["energy"].attrs["beta"] == 9.0
+            and "non-decreasing" in ds["energy"].attrs["long_name"]
+        )
+        assert ds.attrs["equation"].startswith("dx_i/dt = v[mu_N](x_i)")
+        assert ds.attrs["velocity"].startswith("SA: v[mu](x) = P_x( int e^(beta <x,y>) y dmu(y) /")
+        assert ds.attrs["velocity"].endswith("beta = 9")

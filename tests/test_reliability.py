@@ -577,7 +577,9 @@ def test_stores_open_with_xarray_without_warnings_and_describe_their_variables(t
         ds = xr.open_zarr(path)
     assert ds["points"].attrs["long_name"] == "token positions on the unit sphere"
     assert ds["time"].attrs["standard_name"] == "time" and ds.attrs["kind"] == "particles"
-    assert wflow.load(path).to_dataset()["energy"].attrs["long_name"] == "energy the flow ascends"
+    assert wflow.load(path).to_dataset()["energy"].attrs["long_name"] == (
+        "interaction energy E_beta the flow ascends (non-decreasing along the flow)"
+    )
     # every dimension has a coordinate, the configuration is also attributes, and reading skips the indices
     np.testing.assert_array_equal(ds["particle"].values, np.arange(ds.sizes["particle"]))
     assert set(ds.coords) >= {"time", "particle", "coord"}
@@ -609,7 +611,7 @@ def test_density_stores_hold_the_mesh_as_arrays(tmp_path):
     for a, b in pairs:
         nb[a].add(b), nb[b].add(a)
     assert all(nb[i] == set(m.cell_neighbors[i][m.cell_edges[i] >= 0]) for i in range(m.n_cells))
-    assert abs(float((ds["values"][-1] * ds["areas"]).sum()) - 1) < 1e-12
+    assert abs(float((ds["density"][-1] * ds["areas"]).sum()) - 1) < 1e-12
 
 
 _DENSITY_RUN = [
@@ -667,7 +669,7 @@ def _signal_trials(tmp_path, trials: int, seed: int) -> int:
             assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0, k
             back = wflow.load(store)
             np.testing.assert_array_equal(back.times, full.times)
-            for name in ("values", "masses", "mass"):
+            for name in ("density", "masses", "mass"):
                 np.testing.assert_array_equal(back[name], full[name], err_msg=f"{name}, trial {k}")
             for name in ("steps", "rejected", "evaluations", "dt_next"):
                 np.testing.assert_array_equal(back.stats[name], full.stats[name], err_msg=name)

@@ -210,7 +210,7 @@ def test_a_file_size_limit_in_a_real_process_is_one_line_and_resumable(tmp_path)
     import sys
 
     out = tmp_path / "run"
-    limit = 20_000  # bytes per file: the store's metadata fits, its snapshot digests outgrow it
+    limit = 30_000  # bytes per file: the store's metadata fits (20 kB), its snapshot digests (46 kB) outgrow it
 
     def cap():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))

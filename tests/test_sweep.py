@@ -309,7 +309,7 @@ def test_continuum_solvers_sweep(tmp_path, client, solver):
     )  # continuum seeds are not batched
     cfg_p = point_config(ds, beta=3.0, seed=1)
     assert cfg_p["solver"] == solver and cfg_p["model.beta"] == 3.0 and cfg_p["init.seed"] == 1
-    names = KIND_OBSERVABLES[solver] + (("values",) if solver == "eulerian" else ())
+    names = KIND_OBSERVABLES[solver] + (("density",) if solver == "eulerian" else ())
     rec = Record(*names)
     start_run({**default_config(), **cfg_p}).execute([rec], progress=False)
     assert ds.sizes["time"] == len(rec.times) and len(rec.times) >= 3
@@ -328,10 +328,10 @@ def test_continuum_solvers_sweep(tmp_path, client, solver):
             out=tmp_path / "u.zarr",
             scheduler=client,
             progress=False,
-            observables={"energy": None, "peak": lambda snap: snap.data["values"][1].max()},
+            observables={"energy": None, "peak": lambda snap: snap.data["density"][1].max()},
         )
         np.testing.assert_allclose(
-            ds2.peak.values.ravel(), np.max(rec.values["values"], axis=1), rtol=1e-12
+            ds2.peak.values.ravel(), np.max(rec.values["density"], axis=1), rtol=1e-12
         )
         np.testing.assert_array_equal(
             ds2.energy.values.ravel(), ds.energy.sel(beta=3.0, seed=1).values

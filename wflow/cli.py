@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from ._version import __version__
 
@@ -352,7 +353,10 @@ def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:
             line.append(
                 f"energy: beyond float64 at this beta; log energy: {first(le, 0):.6g} -> {first(le, -1):.6g}"
             )
-        if "n_clusters" in res.data:
+        if "n_eff" in res.data:
+            c = res.data["n_eff"][1]
+            line.append(f"effective clusters N_eff: {first(c, 0):.3g} -> {first(c, -1):.3g}")
+        elif "n_clusters" in res.data:
             c = res.data["n_clusters"][1]
             line.append(f"clusters: {int(np.ravel(c[0])[0])} -> {int(np.ravel(c[-1])[0])}")
         print("; ".join(line))
@@ -404,7 +408,24 @@ def _sweep(args: argparse.Namespace) -> int:
         f"sweep: {args.out}: {ds.attrs['ok']} of {ds.attrs['points']} points reached t_end, "
         f"{ds.attrs['failed']} failed"
     )
+    figure = sweep_figure(ds, Path(args.out))
+    if figure is not None:
+        print(f"figure: {figure}")
     return EXIT_FAILED if ds.attrs["failed"] else 0
+
+
+def sweep_figure(ds: Any, store: Path) -> Path | None:
+    """Draw a sweep's default figure (:func:`wflow.plot.plot_sweep`) beside its store: ``sweep.png`` for
+    ``sweep.zarr``; None (with a warning line) when the sweep has nothing to draw."""
+    from .plot import plot_sweep
+
+    path = store.with_suffix(".png")
+    try:
+        plot_sweep(ds, path)
+    except ValueError as exc:
+        print(f"wflow sweep: no figure: {exc}", file=sys.stderr)
+        return None
+    return path
 
 
 def _repair(args: argparse.Namespace) -> int:

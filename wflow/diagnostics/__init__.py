@@ -1,5 +1,10 @@
 r"""Diagnostics of a configuration: energy, order parameter, clusters, pair fractions.
 
+The default cluster measure is the effective number of clusters
+:math:`N_{\mathrm{eff}} = 1/\iint e^{\beta(\langle x,y\rangle-1)}d\mu\,d\mu` at the model's
+:math:`\beta` (:func:`effective_clusters`): :math:`k` for :math:`k` separated equal clusters,
+:math:`2\beta/(1-e^{-2\beta})` for the uniform measure on :math:`S^2`, whatever the number of points.
+
 These are what trackers record along a run; they know nothing about solvers.
 
 Two regimes, two algorithms for single-linkage clusters (connected components of the
@@ -30,11 +35,21 @@ from .clusters import (
     count_clusters,
     mass_clusters,
 )
+from .effective import (
+    effective_clusters,
+    effective_clusters_from_log_sums,
+    kernel_beta,
+    uniform_effective_clusters,
+)
 from .pairs import PAIR_COUNTS_FUSED_MAX_DIM, pair_counts, pair_fraction
 from .snapshot import order_parameter, snapshot_diagnostics
 
 __all__ = [
     "order_parameter",
+    "effective_clusters",
+    "effective_clusters_from_log_sums",
+    "uniform_effective_clusters",
+    "kernel_beta",
     "pair_fraction",
     "pair_counts",
     "cluster_labels",

@@ -11,7 +11,7 @@ Every chunk carries a CRC32C checksum (Zarr's ``crc32c`` codec), and a chunk mis
 inside the committed length is an error naming the store, the variable and the snapshot,
 never a fill value.
 
-Layout: the variables the problem saves (``points``, ``values``, diagnostics, ...) with a
+Layout: the variables the problem saves (``points``, ``density``, diagnostics, ...) with a
 leading ``time`` dimension; ``steps``, ``rejected``, ``evaluations`` and ``dt_next`` per
 snapshot; the solver's resume variables (``checkpoint_*``); variables written once
 (``weights``, mesh arrays) without ``time``; attributes ``wflow_format``, ``kind``,
@@ -28,7 +28,9 @@ This module only re-exports; the code lives in one module per job:
   :func:`committed_length`), the snapshot digests and their hash chain, the chunk codecs
   (:func:`chunk_codecs`) and the one-writer lock (:class:`FolderLock`);
 * :mod:`wflow.io.recorder`: :class:`ZarrRecorder`, the variables' attributes
-  (:data:`VARIABLE_ATTRS`) and the store's attributes and index coordinates;
+  (:data:`VARIABLE_ATTRS`, :func:`~wflow.io.recorder.variable_attributes`: definitions and their
+  parameters), the store's attributes (the equation and the velocity field in words) and its
+  coordinates (an index for every dimension; ``angle`` or ``longitude``/``latitude`` for cells);
 * :mod:`wflow.io.read`: :func:`read_store`, :func:`store_attrs`, :func:`repair`,
   :func:`result_dataset` and :func:`write_result`.
 """
@@ -46,7 +48,14 @@ from .commit import (
 from .read import read_store, repair, result_dataset, store_attrs, write_result
 
 # VARIABLE_ATTRS and COORDINATE_ROLE are public but, as before the split, not in __all__
-from .recorder import COORDINATE_ROLE, VARIABLE_ATTRS, ZarrRecorder  # noqa: F401
+from .recorder import (  # noqa: F401
+    COORDINATE_ROLE,
+    VARIABLE_ATTRS,
+    ZarrRecorder,
+    cell_coordinates,
+    model_equation,
+    variable_attributes,
+)
 
 __all__ = [
     "FORMAT",

@@ -42,8 +42,10 @@ from .recorder import (
     STATS,
     VARIABLE_ATTRS,
     ZarrRecorder,
+    cell_coordinates,
     index_coordinates,
     store_attributes,
+    variable_attributes,
 )
 
 log = logging.getLogger("wflow.io")  # the name the messages had before io became a package
@@ -181,7 +183,7 @@ def read_store(path: str | os.PathLike, *, recover: bool = False) -> dict[str, A
                 out["checkpoint"][name[len(CHECKPOINT_PREFIX) :]] = (dims[1:], np.asarray(value))
             else:
                 out["data"][name] = (dims[1:], np.asarray(value))
-        elif arr.attrs.get(COORDINATE_ROLE) == "index":
+        elif arr.attrs.get(COORDINATE_ROLE) in ("index", "cell-coordinate"):
             continue
         else:
             try:
@@ -319,11 +321,12 @@ def result_dataset(result):
     for k, v in result.stats.items():
         data[k] = (("time",), np.asarray(v))
     data.update({name: (tuple(dims), arr) for name, (dims, arr) in result.static.items()})
-    data = {k: (*v, VARIABLE_ATTRS.get(k, {})) for k, v in data.items()}
+    data = {k: (*v, variable_attributes(k, result.config)) for k, v in data.items()}
     sizes = {d: n for dims, arr, _ in data.values() for d, n in zip(dims, np.shape(arr))}
     coords = {"time": ("time", np.asarray(result.times, dtype=np.float64), VARIABLE_ATTRS["time"])}
     for dim, attrs in index_coordinates(set(sizes) - set(data)).items():
         coords[dim] = (dim, np.arange(sizes[dim]), attrs)
+    coords.update(cell_coordinates(result.static))
     return xr.Dataset(
         data, coords=coords, attrs=store_attributes(result.kind, result.solver, result.config)
     )

@@ -66,11 +66,40 @@ VARIABLE_ATTRS: dict[str, dict[str, str]] = {
     "angles": {"long_name": "token angles on the circle", "units": "radian"},
     "tracers": {"long_name": "passive tracers carried by the flow", "units": "1"},
     "weights": {"long_name": "atom masses (sum 1 per system)", "units": "1"},
-    "energy": {"long_name": "energy the flow ascends", "units": "1"},
-    "log_energy": {"long_name": "log of the interaction energy E_beta", "units": "1"},
+    "energy": {
+        "long_name": "interaction energy E_beta the flow ascends (non-decreasing along the flow)",
+        "units": "1",
+        "definition": "E_beta(mu) = (1 / (2 beta)) sum_i sum_j w_i w_j exp(beta <x_i, x_j>)",
+    },
+    "log_energy": {
+        "long_name": "log of the interaction energy E_beta (finite where energy overflows)",
+        "units": "1",
+        "definition": "log E_beta(mu), E_beta(mu) = (1 / (2 beta)) sum_i sum_j w_i w_j exp(beta <x_i, x_j>)",
+    },
+    "n_eff": {
+        "long_name": "effective number of clusters N_eff",
+        "units": "1",
+        "definition": (
+            "N_eff = 1 / sum_i sum_j w_i w_j exp(beta (<x_i, x_j> - 1)) = e^beta / (2 beta E_beta): "
+            "k for k well separated clusters of equal mass, 2 beta / (1 - exp(-2 beta)) for the "
+            "uniform measure on S^2, exp(beta) / I_0(beta) on S^1"
+        ),
+    },
     "free_energy": {"long_name": "free energy -F + KL/kappa (JKO)", "units": "1"},
     "order_parameter": {"long_name": "order parameter |sum_i w_i x_i|", "units": "1"},
-    "n_clusters": {"long_name": "number of clusters (single linkage)", "units": "1"},
+    "n_clusters": {
+        "long_name": "number of clusters (single linkage)",
+        "units": "1",
+        "definition": (
+            "connected components of the graph joining points at geodesic distance < threshold_rad "
+            "(from a uniform start it counts percolation components first; n_eff is the cluster measure)"
+        ),
+    },
+    "density": {
+        "long_name": "density: cell averages w.r.t. the surface measure",
+        "units": "1",
+        "definition": "rho_i = (mass of cell i) / (area of cell i); sum_i rho_i area_i = 1",
+    },
     "values": {"long_name": "density: cell averages w.r.t. the surface measure", "units": "1"},
     "masses": {"long_name": "cell masses", "units": "1"},
     "mass": {"long_name": "total mass", "units": "1"},
@@ -103,6 +132,160 @@ VARIABLE_ATTRS: dict[str, dict[str, str]] = {
 }
 
 
+#: the attribute that marks the coordinates wflow adds: ``index`` for dimensions without one,
+#: ``cell-coordinate`` for a mesh's angles or longitudes and latitudes (:func:`cell_coordinates`)
+COORDINATE_ROLE = "wflow_role"
+
+
+def model_spec(config: Any) -> Any:
+    """The model description of a run's configuration (a zonal run's from its ``attention``, ``beta``, ``kernel``)."""
+    if not isinstance(config, dict):
+        return None
+    if isinstance(config.get("model"), dict):
+        return config["model"]
+    if config.get("attention") in ("SA", "USA"):
+        spec = {"type": config["attention"], "beta": config.get("beta", 0.0)}
+        if config.get("kernel", "plain") != "plain":
+            spec["kernel"] = config["kernel"]
+        return spec
+    return None
+
+
+def _model_beta(spec: Any) -> tuple[float | None, str]:
+    """The attention's ``beta`` in a model description and its kernel (``plain`` or ``rescaled``)."""
+    if not isinstance(spec, dict):
+        return None, "plain"
+    if spec.get("type") in ("SA", "USA"):
+        beta = spec.get("beta")
+        return (float(beta) if isinstance(beta, (int, float)) else None), spec.get(
+            "kernel", "plain"
+        )
+    for inner in [spec.get("attention")] + list(spec.get("parts", []) or []):
+        beta, kernel = _model_beta(inner)
+        if beta is not None:
+            return beta, kernel
+    return None, "plain"
+
+
+def variable_attributes(name: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The attributes of a stored variable: :data:`VARIABLE_ATTRS` and the run's parameters of its definition
+    (``beta`` of ``n_eff``, ``threshold_rad`` of ``n_clusters``, ``beta`` and the normalisation of ``energy``).
+
+    Examples
+    --------
+    >>> a = variable_attributes("n_clusters", {"cluster_threshold": 0.1, "model": {"type": "SA", "beta": 9.0}})
+    >>> a["threshold_rad"], a["long_name"]
+    (0.1, 'number of clusters (single linkage)')
+    >>> variable_attributes("n_eff", {"n_eff_beta": 9.0})["beta"]
+    9.0
+    """
+    out: dict[str, Any] = dict(VARIABLE_ATTRS.get(name, {}))
+    cfg = config if isinstance(config, dict) else {}
+    beta, kernel = _model_beta(model_spec(cfg))
+    if name == "n_clusters" and isinstance(cfg.get("cluster_threshold"), (int, float)):
+        out["threshold_rad"] = float(cfg["cluster_threshold"])
+    elif name == "n_eff":
+        b = cfg.get("n_eff_beta", beta)
+        if isinstance(b, (int, float)):
+            out["beta"] = float(b)
+    elif name in ("energy", "log_energy"):
+        if beta is not None:
+            out["beta"] = beta
+        out["kernel"] = kernel
+        out["normalization"] = (
+            "mu = sum_i w_i delta_{x_i} (or the density's cell masses), weights summing to 1"
+            + ("; rescaled kernel: E_beta times exp(-beta)" if kernel == "rescaled" else "")
+            + "; energy = sign(V) E_beta, plus (1/2) int v_omega dmu with a conservative perceptron"
+        )
+    return out
+
+
+#: the equation each kind of run solves (a store's ``equation`` attribute)
+EQUATIONS = {
+    "particles": "dx_i/dt = v[mu_N](x_i) on the unit sphere S^(d-1), mu_N = sum_j w_j delta_(x_j)",
+    "density": "d_t rho + div_S(rho v[rho]) = 0 on S^(d-1) (finite volume, cell averages)",
+    "lagrangian": "d_t rho + div_S(rho v[rho]) = 0, nodes moved by v[rho] carrying rho",
+    "jko": "JKO scheme: rho_(k+1) = argmin W_2^2(rho, rho_k) / (2 tau) - E(rho) + KL(rho) / kappa",
+    "zonal": "d_t rho + div_S(rho v[rho]) = 0 for zonal rho(z), z = <x, e>",
+}
+
+
+def model_equation(spec: Any) -> str:
+    """The velocity field of a model description (the store's ``velocity`` attribute).
+
+    Examples
+    --------
+    >>> model_equation({"type": "SA", "beta": 9.0})
+    'SA: v[mu](x) = P_x( int e^(beta <x,y>) y dmu(y) / int e^(beta <x,y>) dmu(y) ), beta = 9'
+    """
+    if not isinstance(spec, dict):
+        return ""
+    kind = spec.get("type", "")
+    if kind in ("SA", "USA"):
+        qk = "<Qx,Ky>" if ("Q" in spec or "K" in spec) else "<x,y>"
+        vy = "V y" if "V" in spec else "y"
+        ell = f"beta ({qk} - 1)" if spec.get("kernel") == "rescaled" else f"beta {qk}"
+        field = (
+            f"P_x( int e^({ell}) {vy} dmu(y) / int e^({ell}) dmu(y) )"
+            if kind == "SA"
+            else f"P_x( int e^({ell}) {vy} dmu(y) )"
+        )
+        temp = (
+            f"beta = gamma log n, gamma = {spec['gamma']:g}"
+            if isinstance(spec.get("gamma"), (int, float))
+            else f"beta = {float(spec.get('beta', 0.0)):g}"
+        )
+        return f"{kind}: v[mu](x) = {field}, {temp}"
+    if kind == "Perceptron":
+        return f"Perceptron: u(x) = P_x( W sigma(A x + b) ), sigma = {spec.get('activation', '')}"
+    parts = [model_equation(p) for p in spec.get("parts", []) or []]
+    if parts:
+        return " + ".join(parts)
+    if isinstance(spec.get("attention"), dict):
+        return f"{model_equation(spec['attention'])}, normalization scheme {spec.get('scheme', '')}"
+    return str(kind)
+
+
+def cell_coordinates(static: dict[str, Any]) -> dict[str, tuple[tuple[str, ...], np.ndarray, dict]]:
+    """Coordinates of the cells of a mesh from its ``centers`` ``(cell, coord)``: ``angle`` (radians in
+    [0, 2 pi)) on S^1, ``longitude`` and ``latitude`` (degrees) on S^2; ``{}`` otherwise.
+
+    Examples
+    --------
+    >>> c = cell_coordinates({"centers": (("cell", "coord"), np.array([[0.0, 1.0], [-1.0, 0.0]]))})
+    >>> np.round(c["angle"][1] / np.pi, 12).tolist()
+    [0.5, 1.0]
+    """
+    entry = static.get("centers")
+    if entry is None:
+        return {}
+    dims, value = entry[0], np.asarray(entry[1], dtype=np.float64)
+    if tuple(dims) != ("cell", "coord") or value.ndim != 2:
+        return {}
+    role = {COORDINATE_ROLE: "cell-coordinate"}
+    if value.shape[1] == 2:
+        angle = np.mod(np.arctan2(value[:, 1], value[:, 0]), 2 * np.pi)
+        attrs = {"long_name": "angle of the cell centre on the circle", "units": "radian", **role}
+        return {"angle": (("cell",), angle, attrs)}
+    if value.shape[1] == 3:
+        r = np.linalg.norm(value, axis=1)
+        lon = np.degrees(np.arctan2(value[:, 1], value[:, 0]))
+        lat = np.degrees(np.arcsin(np.clip(value[:, 2] / r, -1.0, 1.0)))
+        return {
+            "longitude": (
+                ("cell",),
+                lon,
+                {"long_name": "longitude of the cell centre", "units": "degrees_east", **role},
+            ),
+            "latitude": (
+                ("cell",),
+                lat,
+                {"long_name": "latitude of the cell centre", "units": "degrees_north", **role},
+            ),
+        }
+    return {}
+
+
 def flat_config(config: Any, prefix: str = "config") -> dict[str, Any]:
     """The configuration as attributes ``config.model.beta = 2.0``: every scalar (and short list of scalars)
     under its dotted path, so tools that do not parse JSON can filter stores; ``config`` (JSON) stays the
@@ -125,8 +308,9 @@ def flat_config(config: Any, prefix: str = "config") -> dict[str, Any]:
 
 
 def store_attributes(kind: str, solver: str, config: dict[str, Any]) -> dict[str, Any]:
-    """A store's attributes: the format, wflow's version, the kind, the solver, the configuration."""
-    return {
+    """A store's attributes: the format, wflow's version, the kind, the solver, the configuration, and in
+    words the ``equation`` solved and the model's ``velocity`` field."""
+    out = {
         "wflow_format": FORMAT,
         "wflow_version": __version__,
         "kind": kind,
@@ -134,10 +318,12 @@ def store_attributes(kind: str, solver: str, config: dict[str, Any]) -> dict[str
         "config": json.dumps(config),
         **flat_config(config),
     }
-
-
-#: the attribute that marks the index coordinates wflow adds for dimensions without one
-COORDINATE_ROLE = "wflow_role"
+    if kind in EQUATIONS:
+        out["equation"] = EQUATIONS[kind]
+    velocity = model_equation(model_spec(config))
+    if velocity:
+        out["velocity"] = velocity
+    return out
 
 
 def index_coordinates(dims: set[str]) -> dict[str, dict[str, str]]:
@@ -331,6 +517,15 @@ class ZarrRecorder:
             },
         )
         codecs = _codecs()
+        cells = cell_coordinates(self.static)
+        on_cells = " ".join(cells)
+
+        def attributes(name: str, dims: tuple[str, ...]) -> dict[str, Any]:
+            out = variable_attributes(name, self.config)
+            if on_cells and "cell" in dims:
+                out["coordinates"] = on_cells  # (CF: xarray opens them as coordinates)
+            return out
+
         for name, (dims, value) in self._variables(snap).items():
             value = np.asarray(value)
             fill = np.nan if value.dtype.kind == "f" else 0
@@ -343,7 +538,7 @@ class ZarrRecorder:
                 compressors=codecs,
                 dimension_names=("time",) + tuple(dims),
                 config={"write_empty_chunks": True},
-                attributes=VARIABLE_ATTRS.get(name, {}),
+                attributes=attributes(name, tuple(dims)),
             )
         sizes: dict[str, int] = {}
         for name, (dims, value) in self.static.items():
@@ -357,14 +552,26 @@ class ZarrRecorder:
                 compressors=codecs,
                 dimension_names=tuple(dims),
                 config={"write_empty_chunks": True},
-                attributes=VARIABLE_ATTRS.get(name, {}),
+                attributes=attributes(name, tuple(dims)),
+            )
+            arr[...] = value
+        for name, (dims, value, attrs) in cells.items():
+            arr = group.create_array(
+                name,
+                shape=value.shape,
+                chunks=value.shape,
+                dtype=value.dtype,
+                compressors=codecs,
+                dimension_names=dims,
+                config={"write_empty_chunks": True},
+                attributes=attrs,
             )
             arr[...] = value
         for name, (dims, value) in self._variables(snap).items():
             sizes.update(zip(dims, np.shape(value)))
         # every dimension gets a coordinate (xarray: ds.sel(particle=3)); marked so that reading skips them
         for dim, attrs in index_coordinates(
-            set(sizes) - set(self._arrays) - set(self.static)
+            set(sizes) - set(self._arrays) - set(self.static) - set(cells)
         ).items():
             arr = group.create_array(
                 dim,

@@ -26,8 +26,9 @@ The package
 This module only re-exports.  The figures live in one module per kind of picture:
 ``_particles.py`` (:func:`plot_particles`), ``_density.py`` (:func:`plot_density`'s
 drawing), ``_diagnostics.py`` (:func:`plot_energy`, :func:`plot_diagnostics`),
-``_summary.py`` (:func:`plot_trajectory`, :func:`plot_zonal`, :func:`plot_density`'s front
-door) and ``_animate.py`` (:func:`animate`), over ``_views.py`` (every result seen as
+``_summary.py`` (:func:`plot_trajectory`, :func:`plot_zonal`, :func:`zonal_heatmap`,
+:func:`plot_density`'s front door), ``_sweep.py`` (:func:`plot_sweep`, a sweep's phase diagram)
+and ``_animate.py`` (:func:`animate`), over ``_views.py`` (every result seen as
 particles or densities; :func:`describe`) and ``_draw.py`` (figures, axes, colour scales,
 cell maps).
 """
@@ -35,7 +36,8 @@ cell maps).
 from ._animate import animate
 from ._diagnostics import plot_diagnostics, plot_energy
 from ._particles import plot_particles
-from ._summary import plot_density, plot_trajectory, plot_zonal
+from ._summary import plot_density, plot_trajectory, plot_zonal, zonal_heatmap
+from ._sweep import plot_sweep
 from ._views import describe
 
 __all__ = [
@@ -46,5 +48,7 @@ __all__ = [
     "plot_diagnostics",
     "plot_trajectory",
     "plot_zonal",
+    "zonal_heatmap",
+    "plot_sweep",
     "animate",
 ]

@@ -15,6 +15,7 @@ from ._draw import (
     density_map,
     new_axes,
     new_figure,
+    pooled_heatmap,
     save_index,
     snapshot_indices,
 )
@@ -72,15 +73,15 @@ def draw_density(
         if dens.moving is None:
             th = circle_angles(dens.centers)
             order = np.argsort(th)
-            if k > 1:
-                art = ax.pcolormesh(
+            if k > 1:  # (max-pooled to the axes' pixels: one-cell clusters stay visible)
+                art = pooled_heatmap(
+                    ax,
                     th[order],
                     dens.times,
                     dens.values[:, order],
-                    shading="nearest",
-                    cmap=cmap,
                     norm=scale,
-                    rasterized=True,
+                    cmap=cmap,
+                    x_range=(0.0, 2 * np.pi),
                 )
             else:
                 art = ax.scatter(
@@ -122,6 +123,9 @@ def draw_density(
             ax.plot(th[order], dens.values[i, order], label=f"t = {dens.times[i]:.3g}")
         if norm == "log":
             ax.set_yscale("log")
+            top = float(np.nanmax(dens.values[idx]))
+            if top > 0:  # eight decades (a collapsed profile reaches 1e-300 between its clusters)
+                ax.set_ylim(top * 1e-8, top * 3)
         ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="density ρ")
         ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
         ax.legend(fontsize="small")

@@ -16,12 +16,51 @@ __all__ = [
     "plot_energy",
     "plot_diagnostics",
     "diag_panel",
+    "SUMMARY_SERIES",
+    "summary_series",
+    "progress_series",
+    "n_eff_from_energy",
 ]
+
+#: the time series a summary figure draws, in order, where the run has them (the order parameter only
+#: without an energy, the single-linkage count only without N_eff)
+SUMMARY_SERIES = ("energy", "free_energy", "order_parameter", "n_eff", "n_clusters", "max_density")
+
+
+def summary_series(diag: dict[str, np.ndarray]) -> list[str]:
+    """The names of :data:`SUMMARY_SERIES` a summary figure draws for these diagnostics."""
+    names = [n for n in SUMMARY_SERIES if n in diag and np.any(np.isfinite(diag[n]))]
+    if "energy" in names and "order_parameter" in names:
+        names.remove("order_parameter")
+    if "n_eff" in names and "n_clusters" in names:
+        names.remove("n_clusters")
+    return names
+
+
+def progress_series(diag: dict[str, np.ndarray]) -> tuple[str, np.ndarray, bool] | None:
+    """The diagnostic whose change says how far a run has gone, ``(name, series, log)``: N_eff (log), the
+    order parameter, the energy, the maximum density (log); for a zonal run the mean of z first (its energy
+    grows as e^(beta z) and moves only at the end of the collapse); None without any."""
+    for name, log in (
+        ("mean_z", False),
+        ("n_eff", True),
+        ("order_parameter", False),
+        ("energy", False),
+        ("free_energy", False),
+        ("max_density", True),
+    ):
+        v = diag.get(name)
+        if v is not None and np.all(np.isfinite(v)) and np.ptp(v) > 0:
+            return name, np.asarray(v, dtype=float), log
+    return None
 
 
 LABELS = {
-    "energy": "energy E (ascended)",
-    "free_energy": "free energy Φ (descended)",
+    "energy": "energy E_β (non-decreasing)",
+    "log_energy": "log E_β",
+    "free_energy": "free energy Φ (non-increasing)",
+    "n_eff": "effective clusters N_eff",
+    "mean_z": "mean of z = <x, e>",
     "order_parameter": "order parameter |Σ wᵢ xᵢ|",
     "mass": "mass",
     "max_density": "max density",
@@ -38,7 +77,42 @@ def diagnostic_series(
     v = densities_view(result, system)
     diag = dict(v.diagnostics)
     diag["max_density"] = v.values.max(axis=1)
+    v.config.setdefault("d", v.d)
+    n_eff = n_eff_from_energy(diag.get("energy"), v.config)
+    if n_eff is not None:
+        diag["n_eff"] = n_eff
     return v.times, diag, v.config
+
+
+def n_eff_from_energy(energy: Any, cfg: dict[str, Any]) -> np.ndarray | None:
+    r""":math:`N_{\mathrm{eff}} = e^{\beta - o}/(2\beta E_\beta)` from a recorded energy (:math:`o` = 0, or
+    :math:`\beta` in the rescaled kernel) where the run's model is SA or USA with Q = K = V = I (the energy
+    is then :math:`E_\beta` itself); None otherwise.  ``cfg["n_eff_beta"]`` is set to the :math:`\beta` used."""
+    spec = cfg.get("model")
+    if not isinstance(spec, dict) and cfg.get("attention") in ("SA", "USA"):  # a zonal run
+        if cfg.get("sign", 1) < 0:
+            return None
+        spec = {
+            "type": cfg["attention"],
+            "beta": cfg.get("beta"),
+            "kernel": cfg.get("kernel", "plain"),
+        }
+    if (
+        energy is None
+        or not isinstance(spec, dict)
+        or spec.get("type") not in ("SA", "USA")
+        or any(m in spec for m in ("Q", "K", "V", "gamma"))
+        or not isinstance(spec.get("beta"), (int, float))
+        or not spec["beta"] > 0
+    ):
+        return None
+    beta = float(spec["beta"])
+    e = np.asarray(energy, dtype=float)
+    if not np.all(e > 0):
+        return None
+    offset = beta if spec.get("kernel") == "rescaled" else 0.0
+    cfg["n_eff_beta"] = beta
+    return np.exp(beta - offset - np.log(2 * beta * e))
 
 
 def plain_axis(ax: Any) -> None:
@@ -81,7 +155,7 @@ def plot_energy(
     >>> import wflow
     >>> traj = wflow.simulate(wflow.USA(beta=1.0), wflow.sphere.uniform(16, 3, seed=0), 1.0)
     >>> wflow.plot.plot_energy(traj).get_ylabel()
-    'energy E (ascended)'
+    'energy E_β (non-decreasing)'
     """
     times, diag, _ = diagnostic_series(result, system)
     if which not in ("energy", "free_energy"):
@@ -103,13 +177,15 @@ def plot_energy(
 def plot_diagnostics(result: Any, *, fig: Any = None, system: int = 0, title: str | None = None):
     r"""Everything a run recorded at its save times, one panel each.
 
-    Particles: energy (gradient flows), order parameter :math:`|\sum_i w_i x_i|`, cluster
-    count.  Densities: energy, free energy (JKO), mass, maximum density.
+    Particles: energy :math:`E_\beta` (gradient flows), order parameter :math:`|\sum_i w_i x_i|`,
+    the effective number of clusters :math:`N_{\mathrm{eff}}` (:func:`wflow.diagnostics.effective_clusters`),
+    the single-linkage cluster count.  Densities: energy, free energy (JKO), mass, maximum density.
 
-    The cluster count is the number of connected components of the graph joining
-    particles closer than the threshold (single linkage).  From a uniform start it first
-    counts percolation components of a random point set, not clusters: it can rise
-    before the clusters form and merge.
+    :math:`N_{\mathrm{eff}} = 1/\iint e^{\beta(\langle x,y\rangle-1)}d\mu\,d\mu` reads :math:`k` for
+    :math:`k` separated equal clusters and :math:`2\beta/(1-e^{-2\beta})` for a uniform cloud on
+    :math:`S^2`.  The single-linkage count (connected components of the graph joining particles
+    closer than the threshold) first counts percolation components of a uniform cloud, not
+    clusters: it can rise before the clusters form and merge.
 
     Parameters
     ----------
@@ -128,13 +204,21 @@ def plot_diagnostics(result: Any, *, fig: Any = None, system: int = 0, title: st
     >>> import wflow
     >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
     >>> fig = wflow.plot.plot_diagnostics(traj)
-    >>> len(fig.axes), fig.axes[0].get_ylabel()  # energy, order parameter, clusters
-    (3, 'energy E (ascended)')
+    >>> len(fig.axes), fig.axes[0].get_ylabel()  # energy, order parameter, N_eff, clusters
+    (4, 'energy E_β (non-decreasing)')
     """
     times, diag, cfg = diagnostic_series(result, system)
     names = [
         n
-        for n in ("energy", "free_energy", "order_parameter", "n_clusters", "mass", "max_density")
+        for n in (
+            "energy",
+            "free_energy",
+            "order_parameter",
+            "n_eff",
+            "n_clusters",
+            "mass",
+            "max_density",
+        )
         if n in diag and np.any(np.isfinite(diag[n]))
     ]
     fig = new_figure(fig, figsize=(3.6 * max(len(names), 1), 3.2))
@@ -146,16 +230,52 @@ def plot_diagnostics(result: Any, *, fig: Any = None, system: int = 0, title: st
 
 
 def diag_panel(
-    ax: Any, times: np.ndarray, name: str, values: np.ndarray, cfg: dict[str, Any]
+    ax: Any,
+    times: np.ndarray,
+    name: str,
+    values: np.ndarray,
+    cfg: dict[str, Any],
+    marks: np.ndarray | None = None,
 ) -> None:
+    """One time series on ``ax``; ``marks``: times drawn as faint vertical lines (the snapshots shown above)."""
     if name == "n_clusters":
         ax.step(times, values, where="post")
         if np.nanmax(values) > 10 * max(np.nanmin(values), 1):
             ax.set_yscale("log")
         thr = cfg.get("cluster_threshold", 0.1)
         ax.set_ylabel(f"clusters (single linkage, {float(thr):g} rad)")
+    elif name == "n_eff":
+        ax.plot(times, values, marker=".", ms=3)
+        if np.nanmax(values) > 10 * max(np.nanmin(values), 1e-300):
+            ax.set_yscale("log")
+        beta = cfg.get("n_eff_beta")
+        label = LABELS["n_eff"] + (
+            f" (β = {float(beta):g})" if isinstance(beta, (int, float)) else ""
+        )
+        ax.set_ylabel(label)
+        d = cfg.get("d")
+        if isinstance(beta, (int, float)) and beta > 0 and isinstance(d, int) and d >= 2:
+            from ..diagnostics import uniform_effective_clusters
+
+            ax.axhline(
+                uniform_effective_clusters(float(beta), d),
+                color="0.6",
+                lw=0.8,
+                ls="--",
+                label="uniform measure",
+            )
+            ax.legend(fontsize="x-small", loc="best")
     else:
         ax.plot(times, values, marker=".")
         plain_axis(ax)
+        if (
+            name == "max_density"
+            and np.nanmin(values) > 0
+            and np.nanmax(values) > 100 * np.nanmin(values)
+        ):
+            ax.set_yscale("log")
         ax.set_ylabel(LABELS.get(name, name))
+    if marks is not None:
+        for t in marks:
+            ax.axvline(float(t), color="0.75", lw=0.7, ls=":", zorder=0)
     ax.set_xlabel("t")

@@ -22,6 +22,9 @@ __all__ = [
     "lonlat",
     "save_index",
     "snapshot_indices",
+    "progress_indices",
+    "max_pool",
+    "pooled_heatmap",
     "color_norm",
     "sphere_outline",
     "map_axes_labels",
@@ -89,6 +92,168 @@ def save_index(i: int, k: int) -> int:
 
 def snapshot_indices(k: int, n: int) -> np.ndarray:
     return np.unique(np.linspace(0, k - 1, max(1, min(n, k))).round().astype(int))
+
+
+def progress_indices(
+    times: np.ndarray,
+    series: np.ndarray | None,
+    n: int,
+    *,
+    log: bool = False,
+    weight: float = 0.5,
+) -> np.ndarray:
+    r"""``n`` save indices chosen from a run's own progress: the first, the last, and between them the saves
+    where the run's progress first reaches :math:`m/(n-1)`, :math:`m = 1, \dots, n-2`.
+
+    The progress mixes how much ``series`` has changed and how much time has passed,
+
+    .. math::
+
+        c_i = w\,\frac{\sum_{j<i} |s_{j+1} - s_j|}{\sum_j |s_{j+1} - s_j|} + (1 - w)\,\frac{t_i - t_0}{t_{k-1} - t_0},
+
+    (of :math:`\log s` with ``log=True``; :math:`w` = ``weight``): about half the snapshots follow
+    the change and half the clock, so a collapse over by :math:`t = 5` of 30 gets snapshots while it
+    happens and the long rest still gets one (a late merge of two clusters included), where equally
+    spaced times would show the collapse in none.  A pick that repeats is replaced by the save halfway,
+    in progress, through the largest share of progress left between two picks.  Where the series is
+    missing or constant the snapshots are evenly spaced in time (:func:`snapshot_indices`).
+
+    Examples
+    --------
+    >>> t = np.linspace(0, 30, 31)
+    >>> progress_indices(t, np.tanh(t - 3), 5).tolist()  # the change near t = 3 gets two snapshots
+    [0, 3, 4, 16, 30]
+    >>> progress_indices(t, t, 4).tolist()  # steady change: equally spaced
+    [0, 10, 20, 30]
+    """
+    k = len(times)
+    if n >= k:
+        return np.arange(k)
+    if n <= 1:
+        return np.array([k - 1])
+    even = snapshot_indices(k, n)
+    if series is None:
+        return even
+    s = np.asarray(series, dtype=float).reshape(k, -1)[:, 0]
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.log(np.where(s > 0, s, np.nan))
+    steps = np.abs(np.diff(s))
+    steps = np.where(np.isfinite(steps), steps, 0.0)
+    total = steps.sum()
+    t = np.asarray(times, dtype=float)
+    span = t[-1] - t[0]
+    if not total > 0 or not span > 0:
+        return even
+    c = (
+        weight * np.concatenate([[0.0], np.cumsum(steps)]) / total
+        + (1 - weight) * (t - t[0]) / span
+    )
+    # (a level reached within rounding of a save counts as reached there)
+    picks = [int(np.searchsorted(c, m / (n - 1) - 1e-12)) for m in range(1, n - 1)]
+    chosen = sorted({0, k - 1, *picks})
+    while (
+        len(chosen) < n
+    ):  # a repeated pick: split the largest share of progress left between two picks
+        gaps = [(c[b] - c[a], a, b) for a, b in zip(chosen[:-1], chosen[1:]) if b - a > 1]
+        if not gaps:
+            break
+        _, a, b = max(gaps)
+        inner = np.arange(a + 1, b)
+        i = int(inner[np.argmin(np.abs(c[inner] - 0.5 * (c[a] + c[b])))])
+        chosen = sorted(chosen + [i])
+    return np.asarray(chosen, dtype=int)
+
+
+def max_pool(values: np.ndarray, cells: np.ndarray, bins: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The maximum of ``values`` over the cells (edges ``cells``, sorted, one more than the cells along
+    ``axis``) that overlap each bin (edges ``bins``): every peak of the data survives, whatever the bin
+    width, and a bin inside one wide cell takes that cell's value.  NaN for a bin no cell overlaps.
+
+    Examples
+    --------
+    >>> v = np.array([[0.0, 0.0, 5.0, 0.0, 0.0, 1.0]])
+    >>> max_pool(v, np.arange(7.0), np.array([0.0, 3.0, 6.0])).tolist()
+    [[5.0, 1.0]]
+    >>> max_pool(v, np.arange(7.0), np.array([2.0, 2.5, 3.0])).tolist()  # bins inside one cell
+    [[5.0, 5.0]]
+    """
+    v = np.moveaxis(np.asarray(values, dtype=float), axis, -1)
+    v = np.where(np.isfinite(v), v, -np.inf)
+    cells = np.asarray(cells, dtype=float)
+    bins = np.asarray(bins, dtype=float)
+    first = (
+        np.searchsorted(cells, bins[:-1], side="right") - 1
+    )  # the cell holding each bin's left end
+    last = np.searchsorted(cells, bins[1:], side="left")  # one past the cell holding its right end
+    first = np.clip(first, 0, v.shape[-1])
+    last = np.clip(last, 0, v.shape[-1])
+    out = np.full(v.shape[:-1] + (len(bins) - 1,), -np.inf)
+    for j in range(len(bins) - 1):  # (a few hundred bins)
+        if last[j] > first[j]:
+            out[..., j] = v[..., first[j] : last[j]].max(axis=-1)
+    out[np.isneginf(out)] = np.nan
+    return np.moveaxis(out, -1, axis)
+
+
+def _pixels(ax: Any) -> tuple[float, float]:
+    """The axes' size in pixels at the figure's dpi (its position before any layout: an upper bound)."""
+    fig = ax.figure
+    w, h = fig.get_size_inches() * fig.dpi
+    pos = ax.get_position()
+    return float(pos.width * w), float(pos.height * h)
+
+
+def _edges(x: np.ndarray, lo: float | None = None, hi: float | None = None) -> np.ndarray:
+    """Edges of cells centred at the sorted ``x``: midpoints, and ``lo``/``hi`` (or half a gap out) at the ends."""
+    x = np.asarray(x, dtype=float)
+    if x.size == 1:
+        return np.array([x[0] - 0.5, x[0] + 0.5])
+    mid = 0.5 * (x[1:] + x[:-1])
+    first = x[0] - (mid[0] - x[0]) if lo is None else lo
+    last = x[-1] + (x[-1] - mid[-1]) if hi is None else hi
+    return np.concatenate([[first], mid, [last]])
+
+
+def pooled_heatmap(
+    ax: Any,
+    x: np.ndarray,
+    t: np.ndarray,
+    values: np.ndarray,
+    *,
+    norm: Any,
+    cmap: str,
+    x_range: tuple[float, float] | None = None,
+    pixels_per_cell: float = 3.0,
+):
+    """A heat map of ``values`` ``(len(t), len(x))`` (``x`` sorted) that keeps one-cell peaks visible.
+
+    Where there are more cells (or saves) than the axes have pixels / ``pixels_per_cell``, the
+    data are max-pooled onto that many equal bins first (:func:`max_pool`), so that every drawn
+    cell covers a few pixels and holds the largest value of the cells it stands for: a cluster
+    one cell wide stays in the picture at any image size (drawing all cells lets the
+    rasterizer drop those narrower than a pixel).  Returns the QuadMesh; its array is what is
+    drawn.
+    """
+    x = np.asarray(x, dtype=float)
+    t = np.asarray(t, dtype=float)
+    v = np.asarray(values, dtype=float)
+    wpx, hpx = _pixels(ax)
+    lo, hi = x_range if x_range is not None else (None, None)
+    xe = _edges(x, lo, hi)
+    nx = max(8, int(wpx / pixels_per_cell))
+    if x.size > nx:
+        bins = np.linspace(xe[0], xe[-1], nx + 1)
+        v, xe = max_pool(v, xe, bins, axis=1), bins
+    te = _edges(t)
+    nt = max(8, int(hpx / pixels_per_cell))
+    if t.size > nt:
+        bins = np.linspace(te[0], te[-1], nt + 1)
+        v, te = max_pool(v, te, bins, axis=0), bins
+    art = ax.pcolormesh(xe, te, np.ma.masked_invalid(v), cmap=cmap, norm=norm, rasterized=True)
+    ax.set_xlim(xe[0], xe[-1])
+    ax.set_ylim(te[0], te[-1])
+    return art
 
 
 def color_norm(values: np.ndarray, kind: str, vmin: float | None, vmax: float | None):

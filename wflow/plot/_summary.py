@@ -12,12 +12,35 @@ from typing import Any
 import numpy as np
 
 from ._density import draw_density, legacy_density
-from ._diagnostics import diag_panel, diagnostic_series
-from ._draw import color_norm, density_map, new_axes, new_figure, save_figure, snapshot_indices
+from ._diagnostics import (
+    diag_panel,
+    diagnostic_series,
+    n_eff_from_energy,
+    progress_series,
+    summary_series,
+)
+from ._draw import (
+    color_norm,
+    density_map,
+    new_axes,
+    new_figure,
+    pooled_heatmap,
+    progress_indices,
+    save_figure,
+    save_index,
+)
 from ._particles import plot_particles
-from ._views import ParticlesView, densities_view, describe, particles_view, result_kind, type_name
+from ._views import (
+    ParticlesView,
+    densities_view,
+    describe,
+    particles_view,
+    result_config,
+    result_kind,
+    type_name,
+)
 
-__all__ = ["plot_density", "plot_trajectory", "plot_zonal"]
+__all__ = ["plot_density", "plot_trajectory", "plot_zonal", "zonal_heatmap"]
 
 
 def plot_density(
@@ -131,13 +154,21 @@ def plot_trajectory(
     title: str | None = None,
     dpi: int = 110,
 ):
-    r"""The summary figure of a run (the one ``wflow run`` writes): snapshots above diagnostics.
+    r"""The summary figure of a run (the one ``wflow run`` writes): snapshots above time series.
 
     Particles: the particles at ``n_snapshots`` times (circle, or 3-D sphere) and, on
     :math:`S^1`, their angles against time.  Densities on :math:`S^1`: the
-    :math:`\theta`--:math:`t` heat map (log colour scale) and profiles; on :math:`S^2`:
-    maps of the cells at ``n_snapshots`` times on one colour scale.  Bottom row: what
-    :func:`plot_diagnostics` draws.
+    :math:`\theta`--:math:`t` heat map (log colour scale, max-pooled to the image so that one-cell
+    clusters stay visible) and profiles; on :math:`S^2`: maps of the cells at ``n_snapshots`` times
+    on one colour scale.  Zonal runs: :func:`plot_zonal`'s law of :math:`z` and its
+    :math:`z`--:math:`t` heat map.  Bottom row, always: the time series the run recorded (energy
+    :math:`E_\beta`, the effective number of clusters :math:`N_{\mathrm{eff}}`, maximum density,
+    ...), with the snapshot times marked.
+
+    The snapshot times follow the run's progress (:func:`~wflow.plot._draw.progress_indices`): the
+    first and last saves, and between them the saves where :math:`\log N_{\mathrm{eff}}` (else the
+    order parameter, the energy, the mean of :math:`z`, the log of the maximum density) has done
+    1/3, 2/3, ... of its total change; not equally spaced times.
 
     Parameters
     ----------
@@ -150,12 +181,13 @@ def plot_trajectory(
     system : int
         Which system of a batched run.
     title : str, optional
-        Default :func:`describe` (model, β, size, mesh, method).
+        Default :func:`describe` (model, β, n, d, mesh, method).
     dpi : int
 
     Returns
     -------
     matplotlib.figure.Figure
+        ``fig.wflow_snapshots`` holds the save indices of the snapshots drawn.
 
     Examples
     --------
@@ -164,26 +196,20 @@ def plot_trajectory(
     >>> traj = wflow.simulate(wflow.SA(beta=4.0), wflow.sphere.uniform(32, 3, seed=0), 1.0)
     >>> fig = wflow.plot.plot_trajectory(traj)
     >>> fig.get_suptitle()
-    'SA, β = 4 — 32 tokens on S², dopri5'
+    'SA, β = 4 — n = 32 tokens on S² (d = 3), dopri5'
     """
-    if getattr(result, "kind", None) == "zonal":
-        fig = plot_zonal(result, n_snapshots=n_snapshots).figure
-        if title is not None:
-            fig.suptitle(title)
-        if path is not None:
-            save_figure(fig, path, dpi)
-        return fig
+    if (
+        getattr(result, "kind", None) == "zonal"
+    ):  # (five snapshots: the law travels, then collapses)
+        n = n_snapshots if n_snapshots != 4 else 5
+        return _zonal_summary(result, path, fig=fig, n_snapshots=n, title=title, dpi=dpi)
     kind = result_kind(result)
     times, diag, cfg = diagnostic_series(result, system)
-    names = [
-        n
-        for n in ("energy", "free_energy", "order_parameter", "n_clusters", "max_density")
-        if n in diag and np.any(np.isfinite(diag[n]))
-    ]
-    if "energy" in names and "order_parameter" in names:
-        names.remove("order_parameter")
-    k = len(times)
-    idx = snapshot_indices(k, n_snapshots)
+    names = summary_series(diag)
+    prog = progress_series(diag)
+    idx = progress_indices(
+        times, None if prog is None else prog[1], n_snapshots, log=bool(prog and prog[2])
+    )
     if kind in ("particles", "lagrangian"):
         view = particles_view(result, system)
         ncol = len(idx) + (view.d == 2 and kind == "particles")
@@ -191,7 +217,10 @@ def plot_trajectory(
         view = densities_view(result, system)
         ncol = 2 if view.d == 2 else len(idx)
     fig = new_figure(fig, path=path, figsize=(max(3.3 * ncol, 7.0), 6.6))
-    grid = fig.add_gridspec(2, max(ncol, len(names), 1))
+    rows = fig.add_gridspec(
+        2, 1
+    )  # (each row its own columns: the time series share the width equally)
+    grid = rows[0].subgridspec(1, max(ncol, 1))
     cols = grid.ncols
     if isinstance(view, ParticlesView):
         axes = []
@@ -218,9 +247,9 @@ def plot_trajectory(
         plot_density(view, ax=fig.add_subplot(grid[0, : max(half, 1)]), title="density ρ(θ, t)")
         plot_density(
             view,
+            idx,
             ax=fig.add_subplot(grid[0, max(half, 1) :]),
             view="profile",
-            n_snapshots=n_snapshots,
             title="profiles",
         )
     else:
@@ -233,26 +262,86 @@ def plot_trajectory(
             a.set_title(f"t = {times[i]:.3g}")
             axes.append(a)
         fig.colorbar(art, ax=axes, label="density ρ", orientation="horizontal", shrink=0.5)
-    n = max(len(names), 1)
-    bounds = np.linspace(0, cols, n + 1).round().astype(int)
-    for j, name in enumerate(names):
-        diag_panel(
-            fig.add_subplot(grid[1, bounds[j] : max(bounds[j + 1], bounds[j] + 1)]),
-            times,
-            name,
-            diag[name],
-            cfg,
-        )
+    _series_row(fig, rows[1], times, names, diag, cfg, times[idx])
     fig.suptitle(title if title is not None else describe(result))
+    fig.wflow_snapshots = np.asarray(idx)
     save_figure(fig, path, dpi)
     return fig
 
 
-def plot_zonal(result: Any, *, ax: Any = None, n_snapshots: int = 5):
+def _series_row(fig, spec, times, names, diag, cfg, marks) -> None:
+    """The time-series panels of a summary figure, side by side in equal widths on ``spec``."""
+    row = spec.subgridspec(1, max(len(names), 1))
+    for j, name in enumerate(names):
+        diag_panel(fig.add_subplot(row[0, j]), times, name, diag[name], cfg, marks=marks)
+
+
+def _zonal_diagnostics(result: Any, cfg: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    diag = {"mean_z": np.asarray(result.mean_z, dtype=float)}
+    energy = np.asarray(result.energy, dtype=float)
+    if np.all(np.isfinite(energy)):
+        diag["energy"] = energy
+        n_eff = n_eff_from_energy(energy, cfg if cfg is not None else result_config(result))
+        if n_eff is not None:
+            diag["n_eff"] = n_eff
+    diag["max_density"] = np.max(
+        np.asarray(result.masses, float) / np.diff(np.asarray(result.edges, float)), axis=1
+    )
+    return diag
+
+
+def _zonal_summary(result, path, *, fig, n_snapshots, title, dpi):
+    """plot_trajectory of a zonal run: the law of z at snapshot times and its z--t heat map, over the time
+    series (energy, mean of z, maximum of the law's density)."""
+    times = np.asarray(result.times, dtype=float)
+    cfg = result_config(result)
+    diag = _zonal_diagnostics(result, cfg)
+    prog = progress_series(diag)  # the mean of z: the law travels to the pole before E_beta moves
+    idx = progress_indices(times, None if prog is None else prog[1], n_snapshots)
+    names = [n for n in ("energy", "mean_z", "n_eff") if n in diag] or ["max_density"]
+    fig = new_figure(fig, path=path, figsize=(10.0, 6.6))
+    rows = fig.add_gridspec(2, 1)
+    top = rows[0].subgridspec(1, 2)
+    plot_zonal(result, ax=fig.add_subplot(top[0, 0]), index=idx)
+    zonal_heatmap(result, ax=fig.add_subplot(top[0, 1]))
+    _series_row(fig, rows[1], times, names, diag, cfg, times[idx])
+    fig.suptitle(title if title is not None else describe(result))
+    fig.wflow_snapshots = np.asarray(idx)
+    save_figure(fig, path, dpi)
+    return fig
+
+
+def zonal_heatmap(result: Any, *, ax: Any = None, cmap: str = "magma"):
+    r"""The density of the law of :math:`z = \langle x, e\rangle` of a zonal run on the :math:`z`--:math:`t`
+    plane (log colour scale, eight decades, max-pooled to the image like every heat map). Returns the Axes."""
+    ax = new_axes(ax, figsize=(6, 4))
+    edges = np.asarray(result.edges, dtype=float)
+    z = 0.5 * (edges[1:] + edges[:-1])
+    p = np.asarray(result.masses, float) / np.diff(edges)
+    top = float(np.nanmax(p))
+    from matplotlib.colors import LogNorm
+
+    art = pooled_heatmap(
+        ax,
+        z,
+        result.times,
+        p,
+        norm=LogNorm(top * 1e-8, top, clip=True),
+        cmap=cmap,
+        x_range=(float(edges[0]), float(edges[-1])),
+    )
+    ax.figure.colorbar(art, ax=ax, label="density of the law of z")
+    ax.set(xlabel="z = <x, e>", ylabel="t", title="law of z against t")
+    return ax
+
+
+def plot_zonal(result: Any, *, ax: Any = None, n_snapshots: int = 5, index: Any = None):
     r"""The law of :math:`z = \langle x, e\rangle` of a zonal run (:func:`wflow.solvers.zonal.solve_zonal`) at
     ``n_snapshots`` saved times, on a log scale (the density of the law, bands' masses over their widths).
 
-    Returns the Axes.
+    The times follow the run's progress (the first and last saves, and those where the mean of :math:`z`
+    has done 1/4, 2/4, ... of its change: a collapse over by :math:`t = 5` of 30 is
+    shown while it happens); ``index`` picks the saves instead.  Returns the Axes.
 
     Examples
     --------
@@ -272,7 +361,12 @@ def plot_zonal(result: Any, *, ax: Any = None, n_snapshots: int = 5):
     k = len(result.times)
     z = 0.5 * (result.edges[1:] + result.edges[:-1])
     top = 0.0
-    for i in snapshot_indices(k, n_snapshots):
+    if index is None:
+        prog = progress_series(_zonal_diagnostics(result))
+        index = progress_indices(
+            np.asarray(result.times, float), None if prog is None else prog[1], n_snapshots
+        )
+    for i in [save_index(i, k) for i in np.atleast_1d(index)]:
         p = result.law_density(i)
         top = max(top, float(np.max(p)))
         ax.plot(z, p, label=f"t = {result.times[i]:.3g}")
@@ -280,7 +374,6 @@ def plot_zonal(result: Any, *, ax: Any = None, n_snapshots: int = 5):
     ax.set_ylim(top * 1e-8, top * 3)  # eight decades: the tails of high dimensions reach 1e-300
     ax.set_xlabel("z = <x, e>")
     ax.set_ylabel("density of the law of z")
-    d = result.config.get("d", "?")
-    ax.set_title(f"zonal density on S^{int(d) - 1 if isinstance(d, (int, float)) else d}")
+    ax.set_title("law of z at the snapshot times")
     ax.legend(fontsize=7)
     return ax

@@ -26,6 +26,7 @@ __all__ = [
     "densities_view",
     "result_config",
     "sphere_label",
+    "where_label",
     "model_label",
     "describe",
 ]
@@ -272,8 +273,19 @@ def result_config(result: Any) -> dict[str, Any]:
     return out
 
 
+def _ambient(cfg: dict[str, Any], d: int) -> int:
+    """The tokens' dimension: the configuration's ``d`` (span coordinates keep fewer), else the points'."""
+    value = cfg.get("d")
+    return int(value) if isinstance(value, (int, np.integer)) and value >= d else d
+
+
 def sphere_label(d: int) -> str:
     return {2: "S¹", 3: "S²"}.get(d, f"S^{d - 1}")
+
+
+def where_label(count: int, what: str, d: int) -> str:
+    """``n = 32 tokens on S² (d = 3)``: the size, the sphere and the ambient dimension of a title."""
+    return f"n = {count} {what} on {sphere_label(d)} (d = {d})"
 
 
 def model_label(spec: Any) -> str:
@@ -295,7 +307,7 @@ def model_label(spec: Any) -> str:
 
 
 def describe(result: Any) -> str:
-    """A one-line human-readable title for a result: model, β, size, mesh, method.
+    """A one-line human-readable title for a result: model, β, size n, dimension d, mesh, method.
 
     Parameters
     ----------
@@ -311,8 +323,17 @@ def describe(result: Any) -> str:
     >>> import numpy as np, wflow
     >>> traj = wflow.simulate(wflow.SA(beta=4.0), wflow.sphere.uniform(10, 3, seed=0), 0.1)
     >>> wflow.plot.describe(traj)
-    'SA, β = 4 — 10 tokens on S², dopri5'
+    'SA, β = 4 — n = 10 tokens on S² (d = 3), dopri5'
     """
+    if getattr(result, "kind", None) == "zonal":
+        cfg = result_config(result)
+        d = int(cfg.get("d", 0))
+        bands = np.shape(getattr(result, "masses", np.zeros((1, 0))))[-1]
+        spec = {"type": cfg.get("attention", ""), "beta": cfg.get("beta", 0.0)}
+        if cfg.get("sign", 1) < 0:
+            spec["V"] = (-np.eye(2)).tolist()
+        parts = ["zonal", model_label(spec), where_label(bands, "bands in z", d)]
+        return " — ".join(p for p in parts if p)
     kind = result_kind(result)
     cfg = (
         particles_view(result).config
@@ -322,7 +343,7 @@ def describe(result: Any) -> str:
     model = model_label(cfg.get("model"))
     if kind == "particles":
         view = particles_view(result)
-        parts = [model, f"{view.points.shape[1]} tokens on {sphere_label(view.d)}"]
+        parts = [model, where_label(view.points.shape[1], "tokens", _ambient(cfg, view.d))]
         method = cfg.get("method") or cfg.get("solver")
         if isinstance(method, str) and method not in ("particles", "lagrangian"):
             parts[-1] += f", {method}"
@@ -336,16 +357,16 @@ def describe(result: Any) -> str:
             for p in (
                 "Lagrangian",
                 model,
-                f"{view.points.shape[1]} nodes on {sphere_label(view.d)}",
+                where_label(view.points.shape[1], "nodes", view.d),
             )
             if p
         )
     dens = densities_view(result)
     mesh = dens.mesh
     if mesh is not None and hasattr(mesh, "n_cells"):
-        where = f"{type(mesh).__name__}, {mesh.n_cells} cells on {sphere_label(dens.d)}"
+        where = f"{type(mesh).__name__}, " + where_label(mesh.n_cells, "cells", dens.d)
     else:
-        where = f"{dens.values.shape[1]} points on {sphere_label(dens.d)}"
+        where = where_label(dens.values.shape[1], "points", dens.d)
     if cfg.get("result") == "JKOResult" or cfg.get("kind") == "jko" or cfg.get("tau"):
         solver = f"JKO, τ = {float(cfg['tau']):g}" if cfg.get("tau") else "JKO"
     else:

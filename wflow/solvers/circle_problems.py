@@ -82,9 +82,9 @@ class CircleAngleProblem(ParticleProblem):
 
     def _energies(
         self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None
-    ) -> dict[str, np.ndarray]:
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         r"""Energies from the angle differences (accurate when tokens have merged): :math:`E = \frac1{2\beta}
-        \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`."""
+        \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`; and :math:`\log E` (N_eff's sums)."""
         th = np.arctan2(mu.points[..., 1], mu.points[..., 0])
         beta = model.beta_for(mu.n)
         if beta == 0:
@@ -109,7 +109,7 @@ class CircleAngleProblem(ParticleProblem):
             out["energy"] = np.where(np.isfinite(e), e, np.nan)
         if "log_energy" in self.diagnostics:
             out["log_energy"] = le
-        return out
+        return out, le
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "coordinates": "angles"}

@@ -248,9 +248,13 @@ class FiniteVolume(Problem):
             )
         )
 
+    #: the name of the saved cell averages: ``density`` (``values`` in stores written by wflow 0.1, a name
+    #: xarray's ``Dataset.values`` shadows; a resume of such a store keeps it)
+    density_name = "density"
+
     def snapshot(self, t: float, masses: np.ndarray) -> dict:
         out = {
-            "values": (("cell",), masses / self.mesh.areas),
+            self.density_name: (("cell",), masses / self.mesh.areas),
             # the state itself: values * areas is the masses only to rounding, and a resume continues
             # from exactly the numbers the uninterrupted run had
             "masses": (("cell",), masses),
@@ -322,7 +326,8 @@ class DensityTrajectory(Result):
 
     @property
     def values(self) -> np.ndarray:
-        return self.data["values"][1]
+        """The cell averages, shape ``(n_saves, M)`` (the store's ``density``; ``values`` in older stores)."""
+        return self.data["density" if "density" in self.data else "values"][1]
 
     @property
     def mass(self) -> np.ndarray:
@@ -508,8 +513,13 @@ def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):
         max_step=cfg["max_step"],
     )
     data = stored["data"]
-    # stores from before the masses were saved restart from values * areas (equal to rounding)
-    masses = data["masses"][1][-1] if "masses" in data else data["values"][1][-1] * mesh.areas
+    if (
+        "values" in data and "density" not in data
+    ):  # a store from before the rename: continue its layout
+        problem.density_name = "values"
+    name = problem.density_name
+    # stores from before the masses were saved restart from density * areas (equal to rounding)
+    masses = data["masses"][1][-1] if "masses" in data else data[name][1][-1] * mesh.areas
     return problem, get_solver(cfg["solver"], **cfg["solver_options"]), masses
 
 

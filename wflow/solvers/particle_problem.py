@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from ..diagnostics import count_clusters, order_parameter, pair_fraction
+from ..diagnostics import (
+    count_clusters,
+    effective_clusters,
+    effective_clusters_from_log_sums,
+    kernel_beta,
+    order_parameter,
+    pair_fraction,
+)
 from ..errors import WflowError, check_positive, short_repr
 from ..measure import Atoms
 from ..models import FusedAttention, Model
@@ -38,10 +45,17 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: the diagnostics :func:`simulate` saves by default (energies only for gradient models)
-DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters")
+DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_eff", "n_clusters")
 #: every diagnostic :func:`simulate` knows: ``pair_fraction`` is the GLPR phase diagram's observable, the
 #: fraction of token pairs with inner product above 0.999 (:func:`wflow.diagnostics.pair_fraction`)
-KNOWN_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters", "pair_fraction")
+KNOWN_DIAGNOSTICS = (
+    "energy",
+    "log_energy",
+    "order_parameter",
+    "n_eff",
+    "n_clusters",
+    "pair_fraction",
+)
 #: the cosine of ``pair_fraction``
 PAIR_COSINE = 0.999
 
@@ -78,7 +92,9 @@ class ParticleProblem(Problem):
         recorded for a model that is not a gradient flow; ``log_energy`` is
         :math:`\log E_\beta`, finite at any beta, where ``energy`` overflows float64 beyond
         :math:`\beta \approx 709` and is then NaN), ``order_parameter`` :math:`|\sum_i w_i x_i|`,
-        ``n_clusters`` (single linkage at ``cluster_threshold``); user functions
+        ``n_eff`` the effective number of clusters at the model's attention :math:`\beta`
+        (:func:`wflow.diagnostics.effective_clusters`; models with attention only; from the energy's double
+        sums when they are formed), ``n_clusters`` (single linkage at ``cluster_threshold``); user functions
         ``name -> f(mu) -> array (batch)`` in ``extra_diagnostics``.
 
     Examples
@@ -91,7 +107,7 @@ class ParticleProblem(Problem):
     >>> v.shape, bool(np.allclose(v, wflow.USA(1.0).velocity(x, wflow.Atoms(x), backend="numpy")))
     ((6, 3), True)
     >>> sorted(problem.snapshot(0.0, x))
-    ['energy', 'log_energy', 'n_clusters', 'order_parameter', 'points']
+    ['energy', 'log_energy', 'n_clusters', 'n_eff', 'order_parameter', 'points']
     """
 
     kind = "particles"
@@ -261,7 +277,8 @@ class ParticleProblem(Problem):
             return {}
         beta = spec.beta
         pairs = "pair_fraction" in want
-        energy = "energy" in want and beta != 0  # (fused attention is a gradient flow)
+        # (fused attention is a gradient flow; n_eff is e^beta over the energy's double sums)
+        energy = ("energy" in want or "n_eff" in want) and beta != 0
         clusters = "n_clusters" in want
         if not (
             pairs or energy or clusters
@@ -378,9 +395,15 @@ class ParticleProblem(Problem):
         out: dict[str, np.ndarray] = {}
         model = self.model_at(t)
         gradient = model.is_gradient
+        log_e = None
         if gradient and ("energy" in self.diagnostics or "log_energy" in self.diagnostics):
-            out.update(self._energies(model, mu, known.get("energy_sums")))
+            energies, log_e = self._energies(model, mu, known.get("energy_sums"))
+            out.update(energies)
         for name in self.diagnostics:
+            if name == "n_eff":
+                n_eff = self._n_eff(model, mu, known.get("energy_sums"), log_e)
+                if n_eff is not None:
+                    out[name] = n_eff
             if name == "order_parameter":
                 out[name] = np.asarray(
                     np.linalg.norm(known["means"], axis=-1)
@@ -406,11 +429,40 @@ class ParticleProblem(Problem):
             out[name] = np.asarray(f(mu if mu_extra is None else mu_extra))
         return out
 
+    def _n_eff(
+        self,
+        model: Model,
+        mu: Atoms,
+        energy_sums: np.ndarray | None,
+        log_energy: np.ndarray | None,
+    ) -> np.ndarray | None:
+        r""":math:`N_{\mathrm{eff}}` at the model's attention beta (None without attention): from a fused step's
+        double sums, from :math:`\log E_\beta` of plain attention (:math:`\log\sum = \log E_\beta + \log 2\beta + o`),
+        else from a kernel sum of its own."""
+        beta = kernel_beta(model, self.n)
+        if beta is None:
+            return None
+        if beta > 0 and energy_sums is not None:
+            return effective_clusters_from_log_sums(energy_sums, beta)
+        if (
+            beta > 0
+            and log_energy is not None
+            and hasattr(model, "offset")
+            and model.plain_attention()
+            and np.all(np.isfinite(log_energy))
+        ):
+            log_sums = log_energy + math.log(2 * beta) + model.offset(beta)
+            return effective_clusters_from_log_sums(log_sums, beta)
+        return np.asarray(
+            effective_clusters(mu.points, mu.weights, beta, backend=self.backend), dtype=np.float64
+        )
+
     def _energies(
         self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None
-    ) -> dict[str, np.ndarray]:
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """``energy`` and ``log_energy`` from one kernel sum where the model has a log-scale energy, or from the
-        double sums ``log sum_i w_i sum_j w_j e^(beta <x_i, x_j>)`` of a fused step (:meth:`_step_ahead`)."""
+        double sums ``log sum_i w_i sum_j w_j e^(beta <x_i, x_j>)`` of a fused step (:meth:`_step_ahead`); and
+        the log-scale energy itself (None where it is not formed)."""
         out = {}
         log_e = getattr(model, "log_energy", None)
         le = None
@@ -433,7 +485,7 @@ class ParticleProblem(Problem):
             out["energy"] = e
         if "log_energy" in self.diagnostics:
             out["log_energy"] = le
-        return out
+        return out, (le if log_e is not None or energy_sums is not None else None)
 
     def snapshot(self, t: float, y: np.ndarray) -> dict:
         dims = self._batch + ("particle", "coord")
@@ -505,6 +557,7 @@ class ParticleProblem(Problem):
             "n_tracers": self.n_tracers,
             "diagnostics": list(self.diagnostics),
             "cluster_threshold": self.cluster_threshold,
+            "n_eff_beta": kernel_beta(self.model, self.n) if "n_eff" in self.diagnostics else None,
             "space": self.model.space,
         }
 

@@ -58,7 +58,8 @@ class Trajectory(Result):
     weights : ndarray, shape (..., n)
     diagnostics : dict of ndarray, each shape (k, ...)
         ``energy`` and ``log_energy`` (gradient models), ``order_parameter``
-        :math:`|\\sum_i w_i x_i|`, ``n_clusters`` at ``config["cluster_threshold"]``.
+        :math:`|\\sum_i w_i x_i|`, ``n_eff`` the effective number of clusters at ``config["n_eff_beta"]``
+        (:func:`wflow.diagnostics.effective_clusters`), ``n_clusters`` at ``config["cluster_threshold"]``.
     tracers : ndarray, shape (k, ..., m, d) or None
     stats : dict
         Cumulative ``steps``, ``rejected`` steps and velocity ``evaluations``, and ``dt_next``, shape (k,).
@@ -75,7 +76,7 @@ class Trajectory(Result):
     >>> traj.points.shape, traj.weights.shape, traj.tracers
     ((11, 16, 3), (16,), None)
     >>> sorted(traj.diagnostics)
-    ['energy', 'log_energy', 'n_clusters', 'order_parameter']
+    ['energy', 'log_energy', 'n_clusters', 'n_eff', 'order_parameter']
     >>> bool(np.all(np.diff(traj.diagnostics["energy"]) > 0))  # USA ascends its energy
     True
     """
@@ -289,9 +290,11 @@ def simulate(
         Passive points carried by the flow of :math:`\mu_N` without mass of their own
         (e.g. to measure the flow map's Jacobian); returned in ``Trajectory.tracers``.
     diagnostics : sequence of str
-        Saved at each save time; default ``("energy", "order_parameter", "n_clusters")``.
-        The cluster count costs a single-linkage pass per system (docs/particles.md): drop it
-        for long runs of many systems.
+        Saved at each save time; default ``("energy", "log_energy", "order_parameter", "n_eff",
+        "n_clusters")``.  ``n_eff`` (:func:`wflow.diagnostics.effective_clusters` at the model's
+        :math:`\beta`) is read off the energy's double sums, at no cost of its own where the energy is
+        recorded.  The single-linkage cluster count costs a pass per system (docs/particles.md): drop
+        it for long runs of many systems.
     extra_diagnostics : dict, optional
         ``name -> f(mu)`` user diagnostics, one value per system.
     trackers : sequence of Tracker

@@ -148,7 +148,7 @@ def sweep(
         :data:`~wflow.sweep.plan.KIND_OBSERVABLES` (the scalars their snapshots hold; all of them
         by default) and/or ``name -> f(snapshot)`` (the save's
         :class:`~wflow.solvers.base.Snapshot`: ``snapshot.data[name] = (dims, array)``, e.g. the
-        cell densities ``snapshot.data["values"][1]`` of ``eulerian``) -> one number.  States are
+        cell densities ``snapshot.data["density"][1]`` of ``eulerian``) -> one number.  States are
         not stored.
     resume : bool
         Continue a store of the same sweep, skipping its committed points (default).
