@@ -11,7 +11,10 @@ landscape* (ICML 2026), in the paper's conventions, converted to wflow's explici
   perceptron, so the paper's run of time :math:`s` is wflow's run of ``USA(beta) + e^beta * perceptron``
   (output weights :math:`e^\beta\omega`) for the time :math:`t = e^{-\beta}s` (:func:`paper_model`).
 * **sign.** "Ascent" is attraction (``V = I``), "descent" repulsion (``V = -I``): the gradient
-  ascent or descent of the interaction energy :math:`E_\beta`; the perceptron's field is added as is.
+  ascent or descent of the interaction energy :math:`E_\beta`.  Two conventions for the perceptron
+  in descent (``convention``): ``"code"`` (default), as the authors' simulation code, flips the
+  whole velocity, perceptron included (its weights enter as :math:`-\omega`); ``"poster"``, the
+  poster's statement of the model, flips only the attention.  Ascent is the same in both.
 * **time.** Every time below is the paper's :math:`s`; the Euler step is ``dt = 0.1`` of it.
 * **perceptron.** :math:`d` units, :math:`a_j` uniform on :math:`S^{d-1}`,
   :math:`\omega_j\sim N(0, \text{scale}^2)`, :math:`b = 0`, :math:`W = A^\top\mathrm{diag}(\omega)`.
