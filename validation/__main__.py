@@ -1,4 +1,4 @@
-"""``python -m validation STUDY [STUDY ...] [--quick] [--out DIR] [--workers N]``: see :mod:`validation.run`."""
+"""``python -m validation STUDY [STUDY ...] [--quick] [--out DIR] [--workers N] [--option KEY=VALUE]``: see :mod:`validation.run`."""
 
 import sys
 

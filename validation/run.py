@@ -92,12 +92,20 @@ def main(
         help="report folder (default: validation/reports/, with --quick wflow-validation/)",
     )
     p.add_argument("--workers", type=int, default=1, help="Dask worker processes")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a study's option, as wflow validate --option (perceptron: convention=code|poster)",
+    )
     args = p.parse_args(argv)
     studies = args.studies if study is None else [study]
     out = args.out_option or getattr(args, "out", None)
     out = out or (Path("wflow-validation") if args.quick else REPORTS)
     cli = ["validate", *studies, "--out", str(out), "--workers", str(args.workers)]
     cli += ["--quick"] if args.quick else []
+    cli += [a for item in args.option for a in ("--option", item)]
     command = " ".join([prog, *(argv if argv is not None else sys.argv[1:])])
     origin, start, load0 = source(), time.time(), os.getloadavg()[0]
     status = wflow_main(cli)

@@ -163,6 +163,14 @@ def _parser() -> argparse.ArgumentParser:
         "--out", default="wflow-validation", help="report folder (default: wflow-validation)"
     )
     v.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the named studies, repeatable (perceptron: convention=code|poster, "
+        "the descent's sign convention; default code)",
+    )
+    v.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -183,7 +191,7 @@ def _validate(args: argparse.Namespace) -> int:
     from .errors import did_you_mean
     from .runfolder import claim_report_folder
     from .studies import STUDIES, load_all, run_studies
-    from .studies.report import GROUPS
+    from .studies.report import GROUPS, check_options
 
     if args.workers < 1:
         raise ValueError(f"--workers must be an integer >= 1, got {args.workers}")
@@ -194,6 +202,14 @@ def _validate(args: argparse.Namespace) -> int:
             f"unknown validation study {unknown[0]!r}{did_you_mean(unknown[0], [*STUDIES, *GROUPS])}; "
             f"known: {', '.join([*STUDIES, *GROUPS])}"
         )
+    options = {}
+    for item in args.option:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--option must be KEY=VALUE, got {item!r}")
+        options[key.strip()] = value.strip()
+    if not unknown:
+        check_options(args.studies or list(STUDIES), options)  # (before the report folder is made)
     out = claim_report_folder(args.out, list(STUDIES))  # wflow writes only into its own folders
     mode = "quick" if args.quick else "full"
 
@@ -220,7 +236,13 @@ def _validate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     reports = run_studies(
-        args.studies or None, out, args.quick, workers=args.workers, on_start=start, on_done=done
+        args.studies or None,
+        out,
+        args.quick,
+        workers=args.workers,
+        options=options,
+        on_start=start,
+        on_done=done,
     )
     failed = [rep.name for rep in reports if not rep.passed]
     print(

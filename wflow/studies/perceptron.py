@@ -1,22 +1,21 @@
-r"""The perceptron paper's experiments as a study: ``wflow validate perceptron [--quick]``.
+r"""The perceptron paper's experiments as a study: ``wflow validate perceptron [--quick] [--option convention=poster]``.
 
 Álvarez-López, Geshkovski & Ruiz-Balet, *Perceptrons and localization of attention's mean-field
-landscape* (ICML 2026), in the paper's conventions, converted to wflow's explicitly here:
+landscape* (ICML 2026).  The model, its conversion to wflow's kernel and time, the two sign
+conventions of descent and the stopping rule are :mod:`wflow.studies.perceptron_runs`'s (this module
+re-exports them); the paper's statements the study checks are :mod:`wflow.studies.perceptron_checks`'s.
+The study runs in the convention of the authors' code unless ``convention="poster"``:
 
-* **kernel.** The paper's code uses :math:`e^{\beta(\langle x,y\rangle-1)}`; wflow's models
-  :math:`e^{\beta\langle x,y\rangle}`.  For SA the factor :math:`e^{-\beta}` cancels in the softmax:
-  nothing changes.  For USA the paper's field is :math:`e^{-\beta}` times wflow's attention plus the
-  perceptron, so the paper's run of time :math:`s` is wflow's run of ``USA(beta) + e^beta * perceptron``
-  (output weights :math:`e^\beta\omega`) for the time :math:`t = e^{-\beta}s` (:func:`paper_model`).
-* **sign.** "Ascent" is attraction (``V = I``), "descent" repulsion (``V = -I``): the gradient
-  ascent or descent of the interaction energy :math:`E_\beta`; the perceptron's field is added as is.
-* **time.** Every time below is the paper's :math:`s`; the Euler step is ``dt = 0.1`` of it.
-* **perceptron.** :math:`d` units, :math:`a_j` uniform on :math:`S^{d-1}`,
-  :math:`\omega_j\sim N(0, \text{scale}^2)`, :math:`b = 0`, :math:`W = A^\top\mathrm{diag}(\omega)`.
-* **clusters.** Threshold :math:`\min(1/(2\sqrt\beta), \pi/(2d))`; a run stops once the cluster
-  count has been the same for three saves, every cluster's diameter is below the threshold
-  and the particles' drift (largest displacement per unit time between saves) is below 1e-4
-  (:class:`SettleStop`, a ``callback`` of :func:`wflow.simulate`), or at ``t_max``.
+* **E1** attention alone on :math:`S^1`; **E2/E3** ReLU and GELU at fixed weights, the atoms'
+  locations against the particle seed;
+* **counts** the paper's cluster counts (ReLU ascent one atom in :math:`\{v_\vartheta > 0\}`, ReLU
+  descent 2-3, GELU ascent 2, descent 3) over 10 weight draws, the fraction that matches;
+* **convention** one weight draw on which the conventions part (beta = 5, GELU descent);
+* **E4** descent + GELU, threshold :math:`1/(2\sqrt\beta)`: the three largest masses against
+  :math:`\sqrt\beta` for each d beside the poster's values, and the anti-concentration bound;
+* **E5** :math:`S^2`, USA/SA, with and without GELU; **C9** one neuron; the corollary on the
+  number of heavy clusters;
+* **sweep** the MLP-scale sweep: stopping time against :math:`|\omega|`, USA and SA.
 """
 
 from __future__ import annotations
@@ -27,372 +26,104 @@ from typing import Any
 
 import numpy as np
 
-from ..diagnostics import batched_cluster_labels
-from ..measure import Atoms
-from ..models import SA, USA, Model, Perceptron
-from ..solvers.particles import simulate
-from ..sphere import uniform
 from ..stability import ANTICONCENTRATION_LIMIT, anticoncentration_bound
 from .parts import Parts
+from .perceptron_checks import (
+    CONVENTION_DRAW,
+    COUNT_BETAS,
+    COUNT_RULES,
+    E4_DIMS,
+    POSTER_E4,
+    count_matches,
+    draw_e4_masses,
+    draw_sweep,
+    e4_threshold,
+    heavy_count,
+    stopping_slope,
+)
+from .perceptron_runs import (
+    BETAS,
+    CONVENTIONS,
+    Runs,
+    SettleStop,
+    check_convention,
+    cluster_threshold,
+    clusters_of,
+    paper_model,
+    paper_part,
+    paper_perceptron,
+    run_paper,
+)
 from .report import StudyReport, register
 
 __all__ = [
-    "paper_model",
-    "paper_perceptron",
+    "BETAS",
+    "CONVENTIONS",
+    "check_convention",
     "cluster_threshold",
+    "paper_perceptron",
+    "paper_model",
     "SettleStop",
+    "clusters_of",
     "run_paper",
     "paper_part",
-    "BETAS",
+    "Runs",
+    "study_perceptron",
 ]
 
-#: the paper's beta grid
-BETAS = (0.01, 0.05, 0.1, 0.5, 1.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0, 35.0, 50.0)
 
-
-def cluster_threshold(beta: float, d: int) -> float:
-    r"""The paper's cluster threshold :math:`\min(1/(2\sqrt\beta), \pi/(2d))`.
-
-    Examples
-    --------
-    >>> cluster_threshold(1.0, 2), round(cluster_threshold(100.0, 2), 4), round(cluster_threshold(1.0, 8), 4)
-    (0.5, 0.05, 0.1963)
-    """
-    return float(min(1.0 / (2.0 * np.sqrt(beta)), np.pi / (2 * d)))
-
-
-def paper_perceptron(
-    d: int, scale: float, seed: int, activation: str, units: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The paper's sampling: ``units`` (default d) rows a_j uniform on the sphere, omega_j ~ N(0, scale^2).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> A, omega = paper_perceptron(4, 2.0, seed=0, activation="gelu")
-    >>> A.shape, omega.shape, bool(np.allclose(np.linalg.norm(A, axis=1), 1))
-    ((4, 4), (4,), True)
-    """
-    rng = np.random.default_rng(seed)
-    m = d if units is None else units
-    A = uniform(m, d, seed=rng)
-    omega = scale * rng.standard_normal(m)
-    return A, omega
-
-
-def paper_model(
-    beta: float,
-    sign: int,
-    d: int,
-    *,
-    attention: str = "USA",
-    A: np.ndarray | None = None,
-    omega: np.ndarray | None = None,
-    activation: str = "gelu",
-) -> tuple[Model, float]:
-    r"""The paper's model in wflow's convention, and the factor ``c`` with :math:`t_{\rm wflow} = c\,s_{\rm paper}`.
-
-    USA: the paper's field :math:`e^{-\beta}\,\mathrm{USA}_{\rm wflow} + u_\omega` is
-    :math:`e^{-\beta}(\mathrm{USA}_{\rm wflow} + u_{e^\beta\omega})`, a time change ``c = e^-beta``
-    (the perceptron's output weights times :math:`e^\beta`).  SA: unchanged, ``c = 1``.
-
-    Examples
-    --------
-    >>> model, c = paper_model(2.0, -1, 2)     # descent (repulsion), USA
-    >>> model, round(c, 6)
-    (USA(beta=2, V=-I), 0.135335)
-    >>> paper_model(2.0, 1, 2, attention="SA")
-    (SA(beta=2), 1.0)
-    """
-    V = None if sign > 0 else -np.eye(d)
-    if attention == "USA":
-        model: Model = USA(beta, V=V)
-        factor = float(np.exp(-beta))
-    elif attention == "SA":
-        model = SA(beta, V=V)
-        factor = 1.0
-    else:
-        raise ValueError(f"attention must be 'USA' or 'SA', got {attention!r}")
-    if A is not None:
-        model = model + Perceptron.conservative(
-            A, np.asarray(omega) / factor, activation=activation
-        )
-    return model, factor
-
-
-class SettleStop:
-    """``callback(t, mu)`` of :func:`wflow.simulate`: true once every system has settled (module docstring).
-
-    Times are wflow's; ``factor`` converts them to the paper's (``s = t / factor``).
-
-    Examples
-    --------
-    Two systems already collapsed to one point each settle at the third save (same cluster count
-    three times, zero drift):
-
-    >>> import numpy as np, wflow
-    >>> x = np.stack([np.tile([[1.0, 0.0]], (5, 1)), np.tile([[0.0, 1.0]], (5, 1))])
-    >>> stop = SettleStop(threshold=0.1, factor=1.0)
-    >>> [stop(t, wflow.Atoms(x)) for t in (0.0, 1.0, 2.0)], stop.settled_at
-    ([False, False, True], 2.0)
-    """
-
-    def __init__(
-        self, threshold: float, factor: float, drift_tol: float = 1e-4, stable_saves: int = 3
-    ):
-        self.threshold, self.factor, self.drift_tol, self.stable = (
-            threshold,
-            factor,
-            drift_tol,
-            stable_saves,
-        )
-        self.prev: tuple[float, np.ndarray] | None = None
-        self.history: list[np.ndarray] = []
-        self.settled_at: float | None = None
-
-    def __call__(self, t: float, mu: Atoms) -> bool:
-        x = np.asarray(mu.points, dtype=np.float64)
-        k, labels = batched_cluster_labels(x, self.threshold)
-        self.history.append(np.asarray(k))
-        drift = np.inf
-        if self.prev is not None and t > self.prev[0]:
-            ds = (t - self.prev[0]) / self.factor
-            drift = float(np.max(np.linalg.norm(x - self.prev[1], axis=-1))) / ds
-        self.prev = (t, x.copy())
-        if len(self.history) < self.stable or drift > self.drift_tol:
-            return False
-        if not all(np.array_equal(h, self.history[-1]) for h in self.history[-self.stable :]):
-            return False
-        if _max_diameter(x, labels) >= self.threshold:
-            return False
-        self.settled_at = t / self.factor
-        return True
-
-
-def _max_diameter(x: np.ndarray, labels: np.ndarray) -> float:
-    """Largest geodesic distance of a point to its cluster's mean direction, times 2."""
-    worst = 0.0
-    for b in range(x.shape[0]):
-        for c in np.unique(labels[b]):
-            pts = x[b, labels[b] == c]
-            m = pts.sum(0)
-            m /= np.linalg.norm(m)
-            worst = max(worst, 2 * float(np.arccos(np.clip(pts @ m, -1, 1)).max()))
-    return worst
-
-
-def _clusters(x: np.ndarray, threshold: float) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per system: cluster mean directions ``(k, d)`` and masses ``(k,)``, heaviest first."""
-    k, labels = batched_cluster_labels(x, threshold)
-    out = []
-    for b in range(x.shape[0]):
-        n = x.shape[1]
-        masses = np.bincount(labels[b], minlength=k[b]) / n
-        means = np.stack([x[b, labels[b] == c].sum(0) for c in range(k[b])])
-        means /= np.linalg.norm(means, axis=1, keepdims=True)
-        order = np.argsort(-masses, kind="stable")
-        out.append((means[order], masses[order]))
-    return out
-
-
-def run_paper(
-    beta: float,
-    sign: int,
-    *,
-    d: int,
-    N: int,
-    seeds: int,
-    attention: str = "USA",
-    A: np.ndarray | None = None,
-    omega: np.ndarray | None = None,
-    activation: str = "gelu",
-    t_max: float = 200.0,
-    dt: float = 0.1,
-    save_every: float = 1.0,
-    seed0: int = 0,
-) -> dict[str, Any]:
-    """``seeds`` particle systems (a batch) of the paper's model, run until settled or ``t_max`` (paper time).
-
-    Examples
-    --------
-    Two systems of 16 tokens on the circle, ascent: about 4 s, so not run here.
-
-    >>> r = run_paper(1.0, 1, d=2, N=16, seeds=2, t_max=50.0)  # doctest: +SKIP
-    >>> sorted(r)  # doctest: +SKIP
-    ['clusters', 'settled', 't_stop', 'threshold', 'x']
-    """
-    model, c = paper_model(
-        beta, sign, d, attention=attention, A=A, omega=omega, activation=activation
-    )
-    thr = cluster_threshold(beta, d)
-    x0 = np.stack([uniform(N, d, seed=seed0 + s) for s in range(seeds)])
-    stop = SettleStop(thr, c)
-    saves = np.arange(0.0, t_max + 0.5 * save_every, save_every) * c
-    traj = simulate(
-        model,
-        Atoms(x0),
-        float(saves[-1]),
-        save_at=saves,
-        method="euler",
-        dt=dt * c,
-        diagnostics=(),
-        callback=stop,
-        keep=False,
-    )
-    x = np.asarray(traj.points[-1], dtype=np.float64)
-    return {
-        "x": x,
-        "clusters": _clusters(x, thr),
-        "threshold": thr,
-        "settled": stop.settled_at is not None,
-        "t_stop": stop.settled_at if stop.settled_at is not None else t_max,
-    }
-
-
-def paper_part(
-    beta: float,
-    sign: int,
-    d: int,
-    N: int,
-    seeds: int,
-    attention: str,
-    A: np.ndarray | None,
-    omega: np.ndarray | None,
-    activation: str,
-    t_max: float,
-) -> dict[str, Any]:
-    """:func:`run_paper` as a part of the study (:class:`~wflow.studies.parts.Parts`): the final points, whether
-    every system settled, and the stopping time (the clusters are recomputed from the points).
-
-    Examples
-    --------
-    >>> p = paper_part(1.0, 1, 2, 16, 2, "USA", None, None, "gelu", 50.0)  # doctest: +SKIP
-    >>> sorted(p), p["x"].shape  # doctest: +SKIP
-    (['seconds', 'settled', 't_stop', 'x'], (2, 16, 2))
-    """
-    start = time.perf_counter()
-    r = run_paper(
-        beta,
-        sign,
-        d=d,
-        N=N,
-        seeds=seeds,
-        attention=attention,
-        A=A,
-        omega=omega,
-        activation=activation,
-        t_max=t_max,
-    )
-    return {
-        "x": r["x"],
-        "settled": r["settled"],
-        "t_stop": r["t_stop"],
-        "seconds": time.perf_counter() - start,
-    }
-
-
-def _digest(a: np.ndarray | None) -> str | None:
-    import hashlib
-
-    return (
-        None
-        if a is None
-        else hashlib.sha1(np.ascontiguousarray(a, dtype=np.float64).tobytes()).hexdigest()[:16]
-    )
-
-
-class _Runs:
-    """The study's runs through its parts: ``runs(beta, sign, d=..., ...)`` is :func:`run_paper`'s result, read
-    from a stored part when an earlier (or parallel, :meth:`prefetch`) run computed it."""
-
-    def __init__(self, parts: Parts):
-        self.parts = parts
-        self.seconds = 0.0
-
-    @staticmethod
-    def _args(
-        beta,
-        sign,
-        *,
-        d,
-        N,
-        seeds,
-        attention="USA",
-        A=None,
-        omega=None,
-        activation="gelu",
-        t_max=200.0,
-    ):
-        return (
-            float(beta),
-            int(sign),
-            int(d),
-            int(N),
-            int(seeds),
-            attention,
-            A,
-            omega,
-            activation,
-            float(t_max),
-        )
-
-    @staticmethod
-    def _key(args) -> dict[str, Any]:
-        beta, sign, d, N, seeds, attention, A, omega, activation, t_max = args
-        return {
-            "beta": beta,
-            "sign": sign,
-            "d": d,
-            "N": N,
-            "seeds": seeds,
-            "attention": attention,
-            "A": _digest(A),
-            "omega": _digest(omega),
-            "activation": activation,
-            "t_max": t_max,
-            "dt": 0.1,
-        }
-
-    def prefetch(self, calls: list[tuple[tuple, dict]]) -> None:
-        jobs = [(self._key(a), paper_part, a) for a in (self._args(*c, **kw) for c, kw in calls)]
-        jobs.sort(key=lambda j: -(j[2][3] ** 2) * j[2][4])  # the largest systems first
-        self.parts.prefetch(jobs)
-
-    def __call__(self, beta, sign, **kw) -> dict[str, Any]:
-        args = self._args(beta, sign, **kw)
-        p = self.parts.get(self._key(args), lambda: paper_part(*args))
-        self.seconds += float(p["seconds"])
-        thr = cluster_threshold(args[0], args[2])
-        return {
-            "x": p["x"],
-            "clusters": _clusters(p["x"], thr),
-            "threshold": thr,
-            "settled": bool(p["settled"]),
-            "t_stop": float(p["t_stop"]),
-        }
-
-
-def _plan(quick: bool) -> dict[str, Any]:
-    """The study's parameters and every run it makes, as ``((beta, sign), keywords)`` (for :meth:`_Runs.prefetch`)."""
+def _plan(quick: bool, convention: str = "code") -> dict[str, Any]:
+    """The study's parameters and every run it makes, as ``((beta, sign), keywords)`` (for :meth:`Runs.prefetch`)."""
+    conv = check_convention(convention)
     betas = (0.1, 1.0, 5.0, 25.0) if quick else BETAS
-    plan = {
+    plan: dict[str, Any] = {
+        "convention": conv,
         "betas": betas,
         "seeds": 4 if quick else 10,
         "N": 128 if quick else 512,
         "t_max": 100.0 if quick else 1000.0,
         "betas_few": (1.0, 25.0) if quick else BETAS,
-        "dims": (2, 5) if quick else (2, 4, 5, 7, 10),
+        "dims": (2, 5) if quick else E4_DIMS,
         "N4": 200 if quick else 1000,
+        "betas4": (0.5, 1.0, 7.0, 25.0) if quick else BETAS,
+        "t_max4": 300.0 if quick else 1000.0,
         "A2": paper_perceptron(2, 1.0, seed=1, activation="relu"),
         "A3": paper_perceptron(3, 1.0, seed=3, activation="gelu"),
         "a1": (np.array([[0.0, 0.0, 1.0]]), np.array([1.0])),
+        # the cluster counts over weight draws (COUNT_RULES)
+        "draws": 10,
+        "count_betas": COUNT_BETAS,
+        "Nc": 64 if quick else 256,
+        "t_maxc": 300.0 if quick else 1000.0,
+        # the MLP-scale sweep and the convention check: one fixed draw, |omega| = 1 before scaling
+        "scales": (0.25, 1.0, 4.0, 16.0) if quick else (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0),
+        "sweep_signs": (1,) if quick else (1, -1),
+        "sweep_beta": 5.0,
     }
     plan["A4"] = {d: paper_perceptron(d, 1.0, seed=2, activation="gelu") for d in plan["dims"]}
+    plan["draws_w"] = {
+        act: [paper_perceptron(2, 1.0, seed=100 + k, activation=act) for k in range(plan["draws"])]
+        for act in ("relu", "gelu")
+    }
+    A6, om6 = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
+    plan["A6"] = (A6, om6 / np.linalg.norm(om6))
     N, seeds, t_max = plan["N"], plan["seeds"], plan["t_max"]
     calls = [((b, s), dict(d=2, N=N, seeds=seeds, t_max=t_max)) for s in (1, -1) for b in betas]
     A2, om2 = plan["A2"]
     calls += [
-        ((b, s), dict(d=2, N=N, seeds=seeds, A=A2, omega=om2, activation=act, t_max=t_max))
+        (
+            (b, s),
+            dict(
+                d=2,
+                N=N,
+                seeds=seeds,
+                A=A2,
+                omega=om2,
+                activation=act,
+                t_max=t_max,
+                convention=conv,
+            ),
+        )
         for act in ("relu", "gelu")
         for s in (1, -1)
         for b in plan["betas_few"]
@@ -407,11 +138,13 @@ def _plan(quick: bool) -> dict[str, Any]:
                 A=plan["A4"][d][0],
                 omega=plan["A4"][d][1],
                 activation="gelu",
-                t_max=t_max,
+                t_max=plan["t_max4"],
+                convention=conv,
+                threshold=e4_threshold(b),
             ),
         )
         for d in plan["dims"]
-        for b in betas
+        for b in plan["betas4"]
     ]
     A3, om3 = plan["A3"]
     calls += [
@@ -425,6 +158,7 @@ def _plan(quick: bool) -> dict[str, Any]:
                 A=A3 if p else None,
                 omega=om3 if p else None,
                 t_max=t_max,
+                convention=conv,
             ),
         )
         for att in ("USA", "SA")
@@ -443,11 +177,64 @@ def _plan(quick: bool) -> dict[str, Any]:
                 omega=plan["a1"][1],
                 activation="gelu",
                 t_max=t_max,
+                convention=conv,
             ),
         )
     ]
+    calls += [
+        ((b, s), _count_call(plan, act, k, conv))
+        for act in ("relu", "gelu")
+        for s in (1, -1)
+        for b in plan["count_betas"]
+        for k in range(plan["draws"])
+    ]
+    calls += [
+        ((plan["sweep_beta"], s), _sweep_call(plan, att, sc, conv))
+        for att, s, sc in _sweep_grid(plan)
+    ]
+    calls += [((5.0, -1), _convention_call(plan, c)) for c in CONVENTIONS]
     plan["calls"] = calls
     return plan
+
+
+def _count_call(plan: dict[str, Any], act: str, k: int, conv: str) -> dict[str, Any]:
+    A, om = plan["draws_w"][act][k]
+    return dict(
+        d=2,
+        N=plan["Nc"],
+        seeds=1,
+        A=A,
+        omega=om,
+        activation=act,
+        t_max=plan["t_maxc"],
+        convention=conv,
+    )
+
+
+def _sweep_grid(plan: dict[str, Any]) -> list[tuple[str, int, float]]:
+    return [
+        (att, s, sc) for att in ("USA", "SA") for s in plan["sweep_signs"] for sc in plan["scales"]
+    ]
+
+
+def _sweep_call(plan: dict[str, Any], att: str, scale: float, conv: str) -> dict[str, Any]:
+    A, om = plan["A6"]
+    return dict(
+        d=2,
+        N=plan["Nc"],
+        seeds=1,
+        attention=att,
+        A=A,
+        omega=scale * om,
+        activation="gelu",
+        t_max=1000.0,
+        convention=conv,
+    )
+
+
+def _convention_call(plan: dict[str, Any], conv: str) -> dict[str, Any]:
+    A, om = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
+    return dict(d=2, N=128, seeds=2, A=A, omega=om, activation="gelu", t_max=300.0, convention=conv)
 
 
 def _angle(p: np.ndarray) -> np.ndarray:
@@ -481,14 +268,241 @@ def _figure(out: Path, name: str, draw) -> Path:
     return path
 
 
-@register("perceptron")
-def study_perceptron(out: Path, quick: bool) -> StudyReport:
-    """E1-E5 of the perceptron paper and its corollary (module docstring)."""
+def _regime(act: str, sign: int) -> str:
+    return f"{act} {'ascent' if sign > 0 else 'descent'}"
+
+
+def _e4(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[int, list]:
+    """E4: the three largest cluster masses (threshold 1/(2 sqrt beta)) against sqrt(beta) for each d, and the
+    anti-concentration bound: asserted for d = 2 where sqrt(beta) >= 2.5, reported for d > 2."""
+    conv = plan["convention"]
+    e4: dict[int, list] = {}
+    excess: dict[int, list[float]] = {}
+    for d in plan["dims"]:
+        A4, om4 = plan["A4"][d]
+        for beta in plan["betas4"]:
+            r = runs(
+                beta,
+                -1,
+                d=d,
+                N=plan["N4"],
+                seeds=1,
+                A=A4,
+                omega=om4,
+                activation="gelu",
+                t_max=plan["t_max4"],
+                convention=conv,
+                threshold=e4_threshold(beta),
+            )
+            masses = r["clusters"][0][1]
+            bound = float(anticoncentration_bound(beta, om4, A4))
+            e4.setdefault(d, []).append((beta, masses[:3].tolist(), bound))
+            if np.sqrt(beta) >= 2.5:
+                excess.setdefault(d, []).append(float(masses[0]) - bound)
+            rep.rows.append(
+                {
+                    "experiment": "E4",
+                    "convention": conv,
+                    "d": d,
+                    "beta": beta,
+                    "N": plan["N4"],
+                    "threshold": e4_threshold(beta),
+                    "clusters": int(masses.size),
+                    "heavy_clusters": heavy_count(masses),
+                    "heaviest_mass": float(masses[0]),
+                    "second_mass": float(masses[1]) if masses.size > 1 else 0.0,
+                    "third_mass": float(masses[2]) if masses.size > 2 else 0.0,
+                    "bound": bound,
+                    "bound_limit": ANTICONCENTRATION_LIMIT,
+                    "settled": r["settled"],
+                    "t_stop": r["t_stop"],
+                }
+            )
+    rep.expect(
+        "E4 d = 2, sqrt(beta) >= 2.5: heaviest cluster mass minus the anti-concentration bound (max)",
+        max(excess.get(2, [np.nan])),
+        -1.0,
+        0.0,
+    )
+    rep.notes.append(
+        "E4 heaviest mass minus the bound at sqrt(beta) >= 2.5 (the theorem is for d = 2 only), by d: "
+        + "; ".join(f"d={d}: {max(v):+.3f}" for d, v in excess.items())
+    )
+    table = [
+        "## E4: the three largest masses (threshold 1/(2 sqrt beta)) beside the poster",
+        "",
+        f"Poster (read from its figure, beta >= {POSTER_E4['beta_min']}): three clusters, largest "
+        f"{POSTER_E4['largest'][0]}-{POSTER_E4['largest'][1]}, second {POSTER_E4['second'][0]} -> "
+        f"{POSTER_E4['second'][1]}, third {POSTER_E4['third'][0]} -> {POSTER_E4['third'][1]}, every d "
+        f"below {ANTICONCENTRATION_LIMIT:.4f}.",
+        "",
+        "| d | beta | clusters | masses (3 largest) | bound (d = 2 theorem) |",
+        "|---|---|---|---|---|",
+    ]
+    for d, rows in e4.items():
+        for beta, m, bound in rows:
+            k = next(
+                row["clusters"]
+                for row in rep.rows
+                if row.get("experiment") == "E4" and row["d"] == d and row["beta"] == beta
+            )
+            shown = f"{bound:.3f}" if bound < 1 else ">= 1 (says nothing)"
+            table.append(
+                f"| {d} | {beta:g} | {k} | {' / '.join(f'{x:.3f}' for x in m)} | {shown} |"
+            )
+    rep.sections.append("\n".join(table))
+    return e4
+
+
+def _counts(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> None:
+    """The paper's cluster counts (:data:`COUNT_RULES`) over ``plan["draws"]`` weight draws on S^1: the
+    fraction of draws that match, at each beta of COUNT_BETAS; asserted (bounded below) at the rule's beta."""
+    from ..models import Perceptron
+
+    conv = plan["convention"]
+    lines = [
+        f"## Cluster counts over {plan['draws']} weight draws (S^1, N = {plan['Nc']}, mass >= 0.05)",
+        "",
+        "| regime | beta | paper's count | fraction matching | heavy counts by draw |",
+        "|---|---|---|---|---|",
+    ]
+    for act in ("relu", "gelu"):
+        for sign in (1, -1):
+            beta_rule, lo, hi, floor = COUNT_RULES[(act, sign)]
+            for beta in plan["count_betas"]:
+                hits, ks = [], []
+                for k in range(plan["draws"]):
+                    A, om = plan["draws_w"][act][k]
+                    r = runs(beta, sign, **_count_call(plan, act, k, conv))
+                    means, masses = r["clusters"][0]
+                    v = Perceptron.conservative(A, om, activation=act).potential(means)
+                    hits.append(count_matches(act, sign, masses, v))
+                    ks.append(heavy_count(masses))
+                frac = float(np.mean(hits))
+                want = f"{lo}" if lo == hi else f"{lo}-{hi}"
+                if act == "relu" and sign > 0:
+                    want += " in {v > 0}"
+                rep.rows.append(
+                    {
+                        "experiment": "counts",
+                        "convention": conv,
+                        "regime": _regime(act, sign),
+                        "d": 2,
+                        "beta": beta,
+                        "N": plan["Nc"],
+                        "draws": plan["draws"],
+                        "fraction_matching": frac,
+                        "heavy_counts": " ".join(map(str, ks)),
+                    }
+                )
+                lines.append(
+                    f"| {_regime(act, sign)} | {beta:g} | {want} | {frac:.2f} | {' '.join(map(str, ks))} |"
+                )
+                if beta != beta_rule:
+                    continue
+                if sign < 0 and conv != "code":
+                    rep.notes.append(
+                        f"counts {_regime(act, sign)} at beta = {beta:g} in the poster's convention: "
+                        f"{frac:.2f} of the draws match the paper's {want} (reported; the paper's counts "
+                        "are the code's convention)"
+                    )
+                    continue
+                rep.expect(
+                    f"counts {_regime(act, sign)} beta={beta:g}: fraction of {plan['draws']} weight draws "
+                    f"with {want} atoms",
+                    frac,
+                    floor,
+                    1.0,
+                )
+    rep.sections.append("\n".join(lines))
+
+
+def _convention_check(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> None:
+    """Both conventions on one weight draw, beta = 5, GELU descent: three atoms in the code's, two in the poster's
+    (whatever the study's convention), each on two particle seeds."""
+    found = {}
+    for conv in CONVENTIONS:
+        r = runs(5.0, -1, **_convention_call(plan, conv))
+        found[conv] = [heavy_count(c[1]) for c in r["clusters"]]
+        rep.rows.append(
+            {
+                "experiment": "convention",
+                "convention": conv,
+                "regime": "gelu descent",
+                "d": 2,
+                "beta": 5.0,
+                "heavy_clusters": float(np.mean(found[conv])),
+                "masses": " / ".join(f"{m:.3f}" for m in r["clusters"][0][1] if m >= 0.05),
+                "settled": r["settled"],
+            }
+        )
+    rep.expect(
+        f"conventions part (draw {CONVENTION_DRAW}, beta = 5, GELU descent): seeds with 3 atoms in the "
+        "code's and 2 in the poster's (fraction)",
+        float(np.mean([k == 3 for k in found["code"]] + [k == 2 for k in found["poster"]])),
+        1.0,
+        1.0,
+    )
+
+
+def _sweep(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[tuple[str, int], list]:
+    """The MLP-scale sweep: stopping time against |omega| (GELU, S^1, beta = plan["sweep_beta"]), USA and SA."""
+    conv, beta = plan["convention"], plan["sweep_beta"]
+    sweep: dict[tuple[str, int], list] = {}
+    for att, sign, sc in _sweep_grid(plan):
+        r = runs(beta, sign, **_sweep_call(plan, att, sc, conv))
+        sweep.setdefault((att, sign), []).append((sc, r["t_stop"], r["settled"]))
+        rep.rows.append(
+            {
+                "experiment": "sweep",
+                "convention": conv,
+                "attention": att,
+                "regime": _regime("gelu", sign),
+                "d": 2,
+                "beta": beta,
+                "omega_norm": sc,
+                "t_stop": r["t_stop"],
+                "settled": r["settled"],
+                "clusters_mean": float(np.mean([len(c[1]) for c in r["clusters"]])),
+            }
+        )
+    for att in ("USA", "SA"):
+        rows = sweep[(att, 1)]
+        sc = np.array([x[0] for x in rows])
+        t = np.array([x[1] for x in rows])
+        big = sc >= 1.0
+        rep.expect(
+            f"sweep {att} ascent: slope of log t_stop against log |omega| for |omega| >= 1",
+            stopping_slope(sc[big], t[big]),
+            -1.0,
+            -0.4,
+        )
+        rep.expect(
+            f"sweep {att} ascent: every run settled, t_stop non-increasing in |omega| (fraction of steps)",
+            float(np.mean(np.diff(t) <= 1.0)) if all(x[2] for x in rows) else 0.0,
+            1.0,
+            1.0,
+        )
+    usa, sa = sweep[("USA", 1)][-1][1], sweep[("SA", 1)][-1][1]
+    rep.expect(
+        f"sweep ascent, |omega| = {plan['scales'][-1]:g} (the perceptron dominates): t_stop USA / SA",
+        usa / sa,
+        0.5,
+        2.0,
+    )
+    return sweep
+
+
+@register("perceptron", options={"convention": CONVENTIONS})
+def study_perceptron(out: Path, quick: bool, convention: str = "code") -> StudyReport:
+    """E1-E5 of the perceptron paper, its corollary, the cluster counts over weight draws and the MLP-scale
+    sweep (module docstring), in the ``convention`` of :func:`paper_model` (``--option convention=poster``)."""
     t0 = time.perf_counter()
+    conv = check_convention(convention)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rep = StudyReport("perceptron")
-    plan = _plan(quick)
+    plan = _plan(quick, conv)
     betas, seeds, N, t_max, betas_few = (
         plan["betas"],
         plan["seeds"],
@@ -497,12 +511,18 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
         plan["betas_few"],
     )
     parts = Parts(out, "perceptron", quick)
-    runs = _Runs(parts)  # run_paper through stored parts: an interrupted study resumes
+    runs = Runs(parts)  # run_paper through stored parts: an interrupted study resumes
     runs.prefetch(plan["calls"])
     rep.notes.append(
         f"{'quick' if quick else 'full'} mode: betas {list(betas)}, {seeds} particle seeds, N = {N}, "
         f"t_max = {t_max:g} (paper time), Euler dt = 0.1; USA runs use wflow's plain kernel with the "
-        f"perceptron's omega times e^beta for wflow time e^-beta s (the rescaled kernel's time change)"
+        f"perceptron's omega times e^beta for wflow time e^-beta s (the rescaled kernel's time change); "
+        f"convention {conv!r}: "
+        + (
+            "descent flips the whole velocity, perceptron included (the authors' code)"
+            if conv == "code"
+            else "descent flips only the attention (the poster's statement of the model)"
+        )
     )
 
     # E1: pure attention on S^1
@@ -565,7 +585,16 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
         for sign in (1, -1):
             for beta in betas_few:
                 r = runs(
-                    beta, sign, d=2, N=N, seeds=seeds, A=A2, omega=om2, activation=act, t_max=t_max
+                    beta,
+                    sign,
+                    d=2,
+                    N=N,
+                    seeds=seeds,
+                    A=A2,
+                    omega=om2,
+                    activation=act,
+                    t_max=t_max,
+                    convention=conv,
                 )
                 cl = r["clusters"]
                 k = [len(c[1]) for c in cl]
@@ -603,40 +632,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
         1.0,
     )
 
-    # E4: anti-concentration, descent + GELU
-    dims, N4 = plan["dims"], plan["N4"]
-    e4: dict[int, list] = {}
-    below = []
-    for d in dims:
-        A4, om4 = plan["A4"][d]
-        for beta in betas:
-            r = runs(beta, -1, d=d, N=N4, seeds=1, A=A4, omega=om4, activation="gelu", t_max=t_max)
-            masses = r["clusters"][0][1]
-            bound = anticoncentration_bound(beta, om4, A4)
-            e4.setdefault(d, []).append((beta, masses[:3].tolist(), bound))
-            rep.rows.append(
-                {
-                    "experiment": "E4",
-                    "d": d,
-                    "beta": beta,
-                    "N": N4,
-                    "heaviest_mass": float(masses[0]),
-                    "second_mass": float(masses[1]) if masses.size > 1 else 0.0,
-                    "third_mass": float(masses[2]) if masses.size > 2 else 0.0,
-                    "bound": bound,
-                    "bound_limit": ANTICONCENTRATION_LIMIT,
-                    "settled": r["settled"],
-                    "t_stop": r["t_stop"],
-                }
-            )
-            if d == 2 and bound < 1:
-                below.append(float(masses[0]) - bound)
-    rep.expect(
-        "E4 d = 2: heaviest cluster mass minus the bound, where the bound is < 1 (max)",
-        float(max(below)) if below else np.nan,
-        -1.0,
-        0.0,
-    )
+    e4 = _e4(rep, runs, plan)
 
     # E5: S^2, USA/SA, ascent/descent, with and without the perceptron
     A3, om3 = plan["A3"]
@@ -656,6 +652,7 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
                         A=A3 if with_p else None,
                         omega=om3 if with_p else None,
                         t_max=t_max,
+                        convention=conv,
                     )
                     heavy = [int(np.sum(c[1] >= 0.05)) for c in r["clusters"]]
                     e5.setdefault(tag, []).append((beta, float(np.mean(heavy))))
@@ -687,7 +684,18 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
 
     # C9: one active neuron, descent: the limit is invariant under rotations about a_1
     a1, w1 = plan["a1"]
-    r = runs(5.0, -1, d=3, N=4 * N, seeds=1, A=a1, omega=w1, activation="gelu", t_max=t_max)
+    r = runs(
+        5.0,
+        -1,
+        d=3,
+        N=4 * N,
+        seeds=1,
+        A=a1,
+        omega=w1,
+        activation="gelu",
+        t_max=t_max,
+        convention=conv,
+    )
     x = r["x"][0]
     # a measure invariant under rotations about a_1 = e_3 has a zero horizontal first moment and an
     # isotropic horizontal second moment: the defect is |E x_h| + (lambda_max - lambda_min)(E x_h x_h^T)
@@ -714,6 +722,10 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
             "settled": r["settled"],
         }
     )
+
+    _counts(rep, runs, plan)
+    _convention_check(rep, runs, plan)
+    sweep = _sweep(rep, runs, plan)
 
     # figures
     def e1fig(ax):
@@ -748,23 +760,10 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
         ax.legend(fontsize=7)
 
     def e4fig(ax):
-        bb = np.array(betas)
-        for d, rows in e4.items():
-            ax.plot(np.sqrt(bb), [m[0] for _, m, _ in rows], "o-", label=f"heaviest, d={d}")
-            ax.plot(
-                np.sqrt(bb),
-                [m[1] if len(m) > 1 else 0 for _, m, _ in rows],
-                "x:",
-                label=f"second, d={d}",
-            )
-        ax.plot(np.sqrt(bb), [min(1.0, b) for *_, b in e4[2]], "k-", label="bound (d=2)")
-        ax.axhline(ANTICONCENTRATION_LIMIT, color="k", ls="--", label="limit 0.574")
-        ax.set(
-            xlabel="sqrt(beta)",
-            ylabel="cluster mass",
-            title="E4: anti-concentration (descent + GELU)",
-        )
-        ax.legend(fontsize=7)
+        draw_e4_masses(ax, e4, ANTICONCENTRATION_LIMIT)
+
+    def sweepfig(ax):
+        draw_sweep(ax, sweep)
 
     def e5fig(ax):
         for tag, rows in e5.items():
@@ -779,7 +778,13 @@ def study_perceptron(out: Path, quick: bool) -> StudyReport:
         )
         ax.legend(fontsize=6)
 
-    for name, draw in (("e1", e1fig), ("e2e3", e23fig), ("e4", e4fig), ("e5", e5fig)):
+    for name, draw in (
+        ("e1", e1fig),
+        ("e2e3", e23fig),
+        ("e4", e4fig),
+        ("e5", e5fig),
+        ("sweep", sweepfig),
+    ):
         rep.figures.append(_figure(out, name, draw))
     rep.notes.append(
         f"compute seconds of the {len(plan['calls'])} runs (whenever and wherever computed): "

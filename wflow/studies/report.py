@@ -36,6 +36,8 @@ __all__ = [
     "fit_slope",
     "STUDY_MODULES",
     "GROUPS",
+    "OPTIONS",
+    "check_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,9 +64,18 @@ STUDY_MODULES = (
 #: names that stand for several studies (``wflow validate papers``), filled by :func:`register`'s ``group``
 GROUPS: dict[str, list[str]] = {}
 
+#: the options a study takes (``wflow validate NAME --option KEY=VALUE``): study -> option -> allowed values
+#: (the first is the default), filled by :func:`register`'s ``options``
+OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {}
 
-def register(name: str, group: str | None = None):
+
+def register(
+    name: str, group: str | None = None, options: dict[str, tuple[str, ...]] | None = None
+):
     """Decorator: list a study under ``name`` (the name ``wflow validate`` takes), and in ``group`` if given.
+
+    ``options`` names the keyword arguments the study takes beyond ``(out, quick)`` and their
+    allowed values, the first the default (:func:`check_options`).
 
     Examples
     --------
@@ -78,13 +89,54 @@ def register(name: str, group: str | None = None):
     >>> del STUDIES["demo-study"], GROUPS["demo-group"]
     """
 
-    def deco(fn: Callable[[Path, bool], StudyReport]):
+    def deco(fn: Callable[..., StudyReport]):
         STUDIES[name] = fn
+        if options:
+            OPTIONS[name] = {k: tuple(v) for k, v in options.items()}
         if group is not None and name not in GROUPS.setdefault(group, []):
             GROUPS[group].append(name)
         return fn
 
     return deco
+
+
+def check_options(names: list[str], options: dict[str, str] | None) -> dict[str, dict[str, str]]:
+    """The options of each named study (names may be groups): ``options`` checked against :data:`OPTIONS`.
+
+    An option that none of the named studies takes, or a value it does not allow, is a one-line
+    ``ValueError`` naming them.
+
+    Examples
+    --------
+    >>> load_all()
+    {}
+    >>> check_options(["perceptron"], {"convention": "poster"})
+    {'perceptron': {'convention': 'poster'}}
+    >>> check_options(["perceptron"], {"convention": "paper"})
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown convention 'paper' for study perceptron; known: code, poster
+    >>> check_options(["mean-shift"], {"convention": "code"})
+    Traceback (most recent call last):
+    ...
+    ValueError: no study among mean-shift takes the option 'convention' (options: perceptron: convention)
+    """
+    studies = list(dict.fromkeys(m for n in names for m in GROUPS.get(n, [n])))
+    out: dict[str, dict[str, str]] = {}
+    for key, value in (options or {}).items():
+        takers = [n for n in studies if key in OPTIONS.get(n, {})]
+        if not takers:
+            known = "; ".join(f"{n}: {', '.join(o)}" for n, o in OPTIONS.items()) or "none"
+            raise ValueError(
+                f"no study among {', '.join(studies)} takes the option {key!r} (options: {known})"
+            )
+        for n in takers:
+            if value not in OPTIONS[n][key]:
+                raise ValueError(
+                    f"unknown {key} {value!r} for study {n}; known: {', '.join(OPTIONS[n][key])}"
+                )
+            out.setdefault(n, {})[key] = value
+    return out
 
 
 def load_all() -> dict[str, str]:
@@ -256,12 +308,14 @@ def run_studies(
     out: Path,
     quick: bool,
     workers: int = 1,
+    options: dict[str, str] | None = None,
     *,
     on_start: Callable[[str, int, int], Any] | None = None,
     on_done: Callable[[StudyReport], Any] | None = None,
 ) -> list[StudyReport]:
     """Run the named studies (all when ``None``), writing each report into ``out``.
 
+    ``options`` (``{"convention": "poster"}``) go to the studies that take them (:func:`check_options`).
     ``on_start(name, k, total)`` is called before the ``k``-th of ``total`` studies runs and
     ``on_done(report)`` as soon as each report is written (``wflow validate`` prints a line for
     each, so that a long run shows where it is).
@@ -302,6 +356,7 @@ def run_studies(
             f"unknown validation study {unknown[0]!r}"
             f"{did_you_mean(unknown[0], [*STUDIES, *GROUPS])}; known: {', '.join(list(STUDIES) + list(GROUPS))}"
         )
+    per_study = check_options(names, options)
     from .parts import workers as _workers
 
     with _workers(workers):
@@ -329,7 +384,7 @@ def run_studies(
                 on_start(n, k, len(todo))
             start = time.perf_counter()
             try:
-                rep = STUDIES[n](out, quick)
+                rep = STUDIES[n](out, quick, **per_study.get(n, {}))
             except Exception as exc:  # this study cannot run; the next one still can
                 log.debug("study %s raised", n, exc_info=True)
                 frame = traceback.extract_tb(exc.__traceback__)[-1]
