@@ -267,6 +267,13 @@ def _as_matrix(M, name: str, d: int, dtype: np.dtype, rows: int | None = None) -
     return A.astype(dtype)
 
 
+def _writable(a: np.ndarray) -> np.ndarray:
+    """``a``, or a copy of it when it is read-only (a saved state's view): numba types read-only arrays
+    apart, so the compiled backends would compile every kernel twice, for the steps and for the
+    save-time diagnostics (2-3 s each on a first run)."""
+    return a if a.flags.writeable else a.copy()
+
+
 def kernel_sums(
     x: np.ndarray,
     y: np.ndarray,
@@ -381,9 +388,9 @@ def kernel_sums(
     Vm = _as_matrix(V, "V", d, dtype)
     batch = x.shape[:-2]
     problem = KernelProblem(
-        x=x.astype(dtype, copy=False).reshape(-1, *x.shape[-2:]),
-        y=y.astype(dtype, copy=False).reshape(-1, *y.shape[-2:]),
-        weights=w.reshape(-1, w.shape[-1]),
+        x=_writable(x.astype(dtype, copy=False).reshape(-1, *x.shape[-2:])),
+        y=_writable(y.astype(dtype, copy=False).reshape(-1, *y.shape[-2:])),
+        weights=_writable(w.reshape(-1, w.shape[-1])),
         beta=float(beta),
         Q=Qm,
         K=Km,
