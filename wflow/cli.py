@@ -257,8 +257,22 @@ def _fresh(cfg: dict, run, folder, progress: bool, existing: Path | None) -> int
     # what an earlier run wrote is replaced at the first save: a run the driver refuses deletes nothing
     recorder = io.ZarrRecorder(store, overwrite=True, attrs={"run_config": cfg})
     trackers = [folder.replacing(cfg, existing), recorder]
-    result = run.execute([*trackers, _interrupts()], progress=progress, out=folder.path)
+    with _compile_notices():
+        result = run.execute([*trackers, _interrupts()], progress=progress, out=folder.path)
     return _finish(result, store, folder.path, cfg, t_start)
+
+
+def _compile_notices():
+    """While a run compiles numba kernels (a first run: nothing is cached yet), one line on stderr per
+    kernel saying so; while the progress bar is drawn it says it instead (its label)."""
+    from .kernels.jit import compile_notices
+
+    def announce(name: str, cached: bool, seconds: float | None) -> None:
+        if seconds is None:
+            once = " (first run only: cached for later runs)" if cached else ""
+            print(f"wflow: compiling {name} with numba{once}", file=sys.stderr, flush=True)
+
+    return compile_notices(announce)
 
 
 def _resume(folder, progress: bool) -> int:
@@ -293,7 +307,8 @@ def _resume(folder, progress: bool) -> int:
                 f"stored configuration: undo the edit, or start a new run (--overwrite or another --out)"
             )
     print(f"wflow {__version__}: resuming {store} ({committed} snapshots committed)", flush=True)
-    result = resume_run(cfg, store, folder.path).execute([_interrupts()], progress=progress)
+    with _compile_notices():
+        result = resume_run(cfg, store, folder.path).execute([_interrupts()], progress=progress)
     return _finish(result, store, folder.path, cfg, t_start)
 
 
