@@ -268,10 +268,19 @@ def _as_matrix(M, name: str, d: int, dtype: np.dtype, rows: int | None = None) -
 
 
 def _writable(a: np.ndarray) -> np.ndarray:
-    """``a``, or a copy of it when it is read-only (a saved state's view): numba types read-only arrays
-    apart, so the compiled backends would compile every kernel twice, for the steps and for the
-    save-time diagnostics (2-3 s each on a first run)."""
-    return a if a.flags.writeable else a.copy()
+    """``a`` as a writable array: a writable view of a read-only view (a saved state's) when its memory
+    is writable, else a copy.  numba types read-only arrays apart from writable ones, so the compiled
+    backends compiled every kernel twice, for the steps and for the save-time diagnostics (2-3 s each
+    on a first run).  No backend writes into its input; a view costs nothing where a copy of the
+    points costs more than the sums at d = 128."""
+    if a.flags.writeable:
+        return a
+    v = a.view()
+    try:
+        v.flags.writeable = True
+    except ValueError:  # the memory itself is read-only (a broadcast, a read-only map)
+        return a.copy()
+    return v
 
 
 def kernel_sums(
