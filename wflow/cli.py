@@ -50,7 +50,9 @@ def _keys_help() -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
+    """The command line; ``list_studies=False`` leaves the study names out of ``validate``'s help
+    (listing them imports every study, scipy.stats included: 1-4 s of every ``wflow run``)."""
     p = argparse.ArgumentParser(
         prog="wflow", description="Mean-field dynamics of Transformers on the sphere."
     )
@@ -154,9 +156,8 @@ def _parser() -> argparse.ArgumentParser:
         "into --out, print a summary, exit 1 if an expectation fails or a study cannot run "
         "(it raises, or its module cannot be imported; the other studies still run).",
     )
-    v.add_argument(
-        "studies", nargs="*", help="studies to run (default: all): " + ", ".join(_study_names())
-    )
+    names = ": " + ", ".join(_study_names()) if list_studies else ""
+    v.add_argument("studies", nargs="*", help="studies to run (default: all)" + names)
     v.add_argument("--quick", action="store_true", help="a few minutes (what CI runs)")
     v.add_argument(
         "--out", default="wflow-validation", help="report folder (default: wflow-validation)"
@@ -542,7 +543,8 @@ def _interrupts():
 def _main(argv: list[str] | None) -> int:
     from .errors import StoreBusyError, WflowError  # (imports numpy: inside main's Ctrl-C guard)
 
-    parser = _parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(list_studies="validate" in words)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
