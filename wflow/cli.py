@@ -51,7 +51,9 @@ def _keys_help() -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
+    """The command line; ``list_studies=False`` leaves the study names out of ``validate``'s help
+    (listing them imports every study, scipy.stats included: 1-4 s of every ``wflow run``)."""
     p = argparse.ArgumentParser(
         prog="wflow", description="Mean-field dynamics of Transformers on the sphere."
     )
@@ -155,9 +157,8 @@ def _parser() -> argparse.ArgumentParser:
         "into --out, print a summary, exit 1 if an expectation fails or a study cannot run "
         "(it raises, or its module cannot be imported; the other studies still run).",
     )
-    v.add_argument(
-        "studies", nargs="*", help="studies to run (default: all): " + ", ".join(_study_names())
-    )
+    names = ": " + ", ".join(_study_names()) if list_studies else ""
+    v.add_argument("studies", nargs="*", help="studies to run (default: all)" + names)
     v.add_argument("--quick", action="store_true", help="a few minutes (what CI runs)")
     v.add_argument(
         "--out", default="wflow-validation", help="report folder (default: wflow-validation)"
@@ -297,8 +298,22 @@ def _fresh(cfg: dict, run, folder, progress: bool, existing: Path | None) -> int
     # what an earlier run wrote is replaced at the first save: a run the driver refuses deletes nothing
     recorder = io.ZarrRecorder(store, overwrite=True, attrs={"run_config": cfg})
     trackers = [folder.replacing(cfg, existing), recorder]
-    result = run.execute([*trackers, _interrupts()], progress=progress, out=folder.path)
+    with _compile_notices():
+        result = run.execute([*trackers, _interrupts()], progress=progress, out=folder.path)
     return _finish(result, store, folder.path, cfg, t_start)
+
+
+def _compile_notices():
+    """While a run compiles numba kernels (a first run: nothing is cached yet), one line on stderr per
+    kernel saying so; while the progress bar is drawn it says it instead (its label)."""
+    from .kernels.jit import compile_notices
+
+    def announce(name: str, cached: bool, seconds: float | None) -> None:
+        if seconds is None:
+            once = " (first run only: cached for later runs)" if cached else ""
+            print(f"wflow: compiling {name} with numba{once}", file=sys.stderr, flush=True)
+
+    return compile_notices(announce)
 
 
 def _resume(folder, progress: bool) -> int:
@@ -333,7 +348,8 @@ def _resume(folder, progress: bool) -> int:
                 f"stored configuration: undo the edit, or start a new run (--overwrite or another --out)"
             )
     print(f"wflow {__version__}: resuming {store} ({committed} snapshots committed)", flush=True)
-    result = resume_run(cfg, store, folder.path).execute([_interrupts()], progress=progress)
+    with _compile_notices():
+        result = resume_run(cfg, store, folder.path).execute([_interrupts()], progress=progress)
     return _finish(result, store, folder.path, cfg, t_start)
 
 
@@ -587,7 +603,8 @@ def _interrupts():
 def _main(argv: list[str] | None) -> int:
     from .errors import StoreBusyError, WflowError  # (imports numpy: inside main's Ctrl-C guard)
 
-    parser = _parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(list_studies="validate" in words)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s"

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from numba import njit
-from scipy import stats
 
 from ._typing import ArrayLike, SeedLike
 from .errors import as_points, check_int, check_nonnegative, short_repr
@@ -562,6 +561,8 @@ def von_mises_fisher(n: int, mean: ArrayLike, kappa: float, seed: SeedLike = Non
     rng = as_generator(seed)
     if kappa == 0:
         return uniform(n, d, rng)
+    from scipy import stats  # (here: importing scipy.stats costs every wflow import 1-2 s)
+
     x = stats.vonmises_fisher(mu, kappa).rvs(n, random_state=rng).reshape(n, d)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 

@@ -227,8 +227,11 @@ def _cell_keys(x, h):  # pragma: no cover - compiled
     n = x.shape[0]
     lo = np.empty(3)
     span = np.zeros(3, dtype=np.int64)
+    # (loops, not x[:, a].min(): numba's reductions cost a second of first-run compilation)
     for a in range(3):
-        lo[a] = x[:, a].min()
+        lo[a] = np.inf
+        for i in range(n):
+            lo[a] = min(lo[a], x[i, a])
     cells = np.empty((n, 3), dtype=np.int64)
     for i in range(n):
         for a in range(3):
@@ -249,7 +252,8 @@ def _grid(x, key, order, stride, r2, labels):  # pragma: no cover - compiled
     xs = np.empty((n, 3))
     n_cells = 0
     for t in range(n):
-        xs[t] = x[order[t]]
+        for a in range(3):  # (not xs[t] = x[...]: its shape check costs a second to compile)
+            xs[t, a] = x[order[t], a]
         if t == 0 or key[order[t]] != key[order[t - 1]]:
             n_cells += 1
     ukeys = np.empty(n_cells, dtype=np.int64)
@@ -262,7 +266,9 @@ def _grid(x, key, order, stride, r2, labels):  # pragma: no cover - compiled
             bounds[c] = t
     bounds[n_cells] = n
     C = ukeys.shape[0]
-    parent = np.arange(C)
+    parent = np.empty(C, dtype=np.int64)
+    for c in range(C):
+        parent[c] = c
     lo = np.empty((C, 3))
     hi = np.empty((C, 3))
     for c in range(C):

@@ -1,5 +1,5 @@
 r"""numba primitives shared by the compiled kernels: the fast-math flags, a vectorizable exponential,
-and the 512-bit vector hint.
+the 512-bit vector hint, and notices of what numba compiles (:func:`compile_notices`).
 
 numba has no SVML here, so ``np.exp`` inside a loop is a scalar libm call.  :func:`exp64` and
 :func:`exp32` write the exponential with plain arithmetic -- Cody--Waite range reduction
@@ -14,9 +14,16 @@ appears.  Every compiled pass of :mod:`wflow.kernels` and of the fused step
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
 import numpy as np
 from llvmlite import ir as _ir
 from numba import njit
+from numba.core import event as _event
 from numba.core import types as _types
 from numba.extending import intrinsic, overload
 
@@ -31,6 +38,7 @@ __all__ = [
     "exp",
     "exp_as",
     "round_as",
+    "compile_notices",
 ]
 
 #: Stands for log(0) so that every number the kernels see is finite (they are
@@ -169,3 +177,93 @@ def _exp_as_overload(x, zero):
     if zero == _types.float32:
         return lambda x, zero: exp32(np.float32(x))
     return lambda x, zero: exp64(np.float64(x))
+
+
+# --------------------------------------------------------------------------- compile notices
+log = logging.getLogger(__name__)
+
+#: the callbacks of the open :func:`compile_notices` blocks, innermost last (only it is told)
+_SINKS: list[Callable[[str, bool, float | None], None]] = []
+_SINKS_LOCK = threading.Lock()
+
+
+class _CompileListener(_event.Listener):
+    """Tells the innermost sink when numba starts and ends compiling a function that was called (not the
+    functions compiled inside it).  numba fires ``numba:compile`` only when it compiles: a signature
+    loaded from its on-disk cache fires nothing."""
+
+    def __init__(self) -> None:
+        self.depth = (
+            0  # compilations nest (callees, overloads); numba's compiler lock serializes them
+        )
+        self.outer: tuple[str, bool, float] | None = None
+
+    @staticmethod
+    def _tell(name: str, cached: bool, seconds: float | None) -> None:
+        sink = _SINKS[-1] if _SINKS else None
+        if sink is not None:
+            try:
+                sink(name, cached, seconds)
+            except Exception as exc:  # a notice must never stop a compilation
+                log.debug("compile notice failed: %r", exc)
+
+    def on_start(self, event) -> None:
+        self.depth += 1
+        if self.depth == 1:
+            disp = (event.data or {}).get("dispatcher")
+            func = getattr(disp, "py_func", None)
+            name = getattr(func, "__name__", None) or repr(disp)
+            # cache=True functions keep a disk cache: compiled once, loaded by later processes
+            cache = getattr(disp, "_cache", None)
+            cached = cache is not None and type(cache).__name__ != "NullCache"
+            self.outer = (name, cached, time.perf_counter())
+            self._tell(name, cached, None)
+
+    def on_end(self, event) -> None:
+        self.depth = max(0, self.depth - 1)
+        if self.depth == 0 and self.outer is not None:
+            name, cached, t0 = self.outer
+            self.outer = None
+            self._tell(name, cached, time.perf_counter() - t0)
+
+
+_LISTENER = _CompileListener()
+
+
+@contextlib.contextmanager
+def compile_notices(callback: Callable[[str, bool, float | None], None]) -> Iterator[None]:
+    """Tell ``callback`` what numba compiles inside the block, while it compiles.
+
+    ``callback(name, cached, None)`` is called when numba starts compiling a function that was called
+    (``name``: its name; ``cached``: it was declared ``cache=True``, so the machine code is
+    written to disk and later processes load it instead), ``callback(name, cached, seconds)`` when
+    that compilation ends (``seconds``: its wall time, the functions compiled inside it included).
+    Nothing is called for a signature compiled earlier in the process or loaded from numba's cache,
+    so a block that compiles nothing tells nothing.  Blocks nest: only the innermost open block's
+    callback is told (a progress bar inside a command's block shows the notices while it is drawn).
+    An exception raised by ``callback`` is logged and ignored.
+
+    Examples
+    --------
+    >>> from numba import njit
+    >>> @njit
+    ... def twice(x):
+    ...     return 2 * x
+    >>> heard = []
+    >>> with compile_notices(lambda name, cached, seconds: heard.append((name, cached, seconds is None))):
+    ...     _ = twice(1.0), twice(2.0)  # compiled once, for float64
+    >>> heard  # the start and the end of one compilation
+    [('twice', False, True), ('twice', False, False)]
+    """
+    with _SINKS_LOCK:
+        if not _SINKS:
+            _LISTENER.depth, _LISTENER.outer = 0, None
+            _event.register("numba:compile", _LISTENER)
+        _SINKS.append(callback)
+    try:
+        yield
+    finally:
+        with _SINKS_LOCK:
+            del _SINKS[len(_SINKS) - 1 - _SINKS[::-1].index(callback)]  # (its own entry: the last)
+            if not _SINKS:
+                _event.unregister("numba:compile", _LISTENER)

@@ -79,6 +79,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from . import threads as _threads
 from .sums import BACKENDS, KernelProblem, KernelSums, register_backend
 
 __all__ = ["SpectralBackend", "SpectralPlan", "spectral_plan", "degree_tail", "DEFAULT_TOL"]
@@ -352,8 +353,6 @@ def _numba_kernels():
     global _NUMBA
     if _NUMBA is not None:
         return _NUMBA
-    import numba as nb
-
     from . import _spectral_numba as k
 
     _NUMBA = dict(
@@ -361,9 +360,18 @@ def _numba_kernels():
         circle_eval=k.circle_eval,
         sphere_moments=k.sphere_moments,
         sphere_eval=k.sphere_eval,
-        nb=nb,
+        block=k.BLOCK,
     )
     return _NUMBA
+
+
+def _on_workers(kernel, n_items: int, args: tuple, out: np.ndarray) -> np.ndarray:
+    """``kernel(*args, lo, hi, out)`` for contiguous shares ``[lo, hi)`` of ``n_items`` items, one share
+    per worker thread of :mod:`wflow.kernels.threads` (the compiled kernels release the GIL); returns
+    ``out``."""
+    parts = _threads.shares(n_items, _threads.num_threads())
+    _threads.parallel(lambda t: kernel(*args, *parts[t], out), len(parts))
+    return out
 
 
 def _legendre_tables(L: int) -> tuple[np.ndarray, np.ndarray]:
@@ -554,8 +562,11 @@ class SpectralBackend:
         return log_scale, s0, s1, rho_bar
 
     def _numba_one(self, kern, d, K, P, C, ybasis, Wcols, xhat, a, rho_bar, shared, h, fp, extra):
-        nchunks = max(1, min(4 * kern["nb"].get_num_threads(), ybasis.shape[0] // 256))
+        nchunks = max(1, min(4 * _threads.num_threads(), ybasis.shape[0] // 256))
         Wc = np.ascontiguousarray(Wcols)
+        y = np.ascontiguousarray(ybasis)
+        n = xhat.shape[0]
+        xq = np.ascontiguousarray(xhat)
         if shared:
             h0 = np.ones(0)
         elif d == 2:
@@ -565,9 +576,9 @@ class SpectralBackend:
                 h0 = np.where(a > 0, -np.expm1(-2.0 * a) / (2.0 * a), 1.0)
         scale_exp = 1.0 - rho_bar
         if d == 2:
-            M = kern["circle_moments"](
-                np.ascontiguousarray(ybasis), Wc, K, nchunks
-            )  # (K+1, (P+1)C, 2)
+            acc = np.zeros((nchunks, K + 1, Wc.shape[1], 2))
+            M = _on_workers(kern["circle_moments"], nchunks, (y, Wc, K, nchunks), acc).sum(axis=0)
+            # (K+1, (P+1)C, 2)
             M = M.reshape(K + 1, P + 1, C, 2)
             M[1:] *= 2.0  # e^{ik psi} + e^{-ik psi}, k >= 1
             if shared:
@@ -576,37 +587,25 @@ class SpectralBackend:
                 )[:, None]
             else:
                 G = M
-            return kern["circle_eval"](
-                np.ascontiguousarray(xhat),
-                np.ascontiguousarray(G),
-                a,
-                h0,
-                not shared,
-                extra,
-                scale_exp,
-            )
+            G = np.ascontiguousarray(G)
+            args = (xq, G, a, h0, not shared, extra, scale_exp)
+            return _on_workers(kern["circle_eval"], n, args, np.zeros((n, G.shape[2])))
         A, Bc = _legendre_tables(K)
-        M = kern["sphere_moments"](
-            np.ascontiguousarray(ybasis), Wc, K, A, Bc, nchunks
-        )  # (m, l, (P+1)C, 2)
-        M = M.reshape(K + 1, K + 1, P + 1, C, 2)
+        acc = np.zeros((nchunks, K + 1, K + 1, Wc.shape[1], 2))
+        M = _on_workers(kern["sphere_moments"], nchunks, (y, Wc, K, A, Bc, nchunks), acc).sum(
+            axis=0
+        )
+        M = M.reshape(K + 1, K + 1, P + 1, C, 2)  # (m, l, p, c, re/im)
         M[1:] *= 2.0  # epsilon_m
         if shared:
             H = np.stack([h[p : p + K + 1] for p in range(P + 1)], 1)  # (l, p)
             G = np.einsum("p,lp,mlpcz->mlcz", fp, H, M)[:, :, None]
         else:
             G = M
-        return kern["sphere_eval"](
-            np.ascontiguousarray(xhat),
-            np.ascontiguousarray(G),
-            a,
-            h0,
-            not shared,
-            extra,
-            scale_exp,
-            A,
-            Bc,
-        )
+        G = np.ascontiguousarray(G)
+        args = (xq, G, a, h0, not shared, extra, scale_exp, A, Bc)
+        n_blocks = -(-n // kern["block"])
+        return _on_workers(kern["sphere_eval"], n_blocks, args, np.zeros((n, G.shape[3])))
 
     def _numpy_one(
         self, d, K, P, C, ybasis, rho, Wcols, xhat, a, rho_bar, shared, h, fp, fact, extra

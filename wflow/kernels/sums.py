@@ -267,6 +267,22 @@ def _as_matrix(M, name: str, d: int, dtype: np.dtype, rows: int | None = None) -
     return A.astype(dtype)
 
 
+def _writable(a: np.ndarray) -> np.ndarray:
+    """``a`` as a writable array: a writable view of a read-only view (a saved state's) when its memory
+    is writable, else a copy.  numba types read-only arrays apart from writable ones, so the compiled
+    backends compiled every kernel twice, for the steps and for the save-time diagnostics (2-3 s each
+    on a first run).  No backend writes into its input; a view costs nothing where a copy of the
+    points costs more than the sums at d = 128."""
+    if a.flags.writeable:
+        return a
+    v = a.view()
+    try:
+        v.flags.writeable = True
+    except ValueError:  # the memory itself is read-only (a broadcast, a read-only map)
+        return a.copy()
+    return v
+
+
 def kernel_sums(
     x: np.ndarray,
     y: np.ndarray,
@@ -381,9 +397,9 @@ def kernel_sums(
     Vm = _as_matrix(V, "V", d, dtype)
     batch = x.shape[:-2]
     problem = KernelProblem(
-        x=x.astype(dtype, copy=False).reshape(-1, *x.shape[-2:]),
-        y=y.astype(dtype, copy=False).reshape(-1, *y.shape[-2:]),
-        weights=w.reshape(-1, w.shape[-1]),
+        x=_writable(x.astype(dtype, copy=False).reshape(-1, *x.shape[-2:])),
+        y=_writable(y.astype(dtype, copy=False).reshape(-1, *y.shape[-2:])),
+        weights=_writable(w.reshape(-1, w.shape[-1])),
         beta=float(beta),
         Q=Qm,
         K=Km,

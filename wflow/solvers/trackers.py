@@ -9,6 +9,7 @@ in :mod:`wflow.io` (:class:`~wflow.io.ZarrRecorder`).  Import the first three fr
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 from collections.abc import Callable
@@ -120,6 +121,10 @@ class Tracker:
 class ProgressBar(Tracker):
     """A tqdm bar over the time interval, labelled with the solver; never past 100 %, no negative ETA.
 
+    While numba compiles a function during the run, the label says which (``[compiling f, first run
+    only]`` for functions numba caches on disk; :func:`wflow.kernels.jit.compile_notices`), so a
+    first run's compilation is not a frozen bar.
+
     Examples
     --------
     >>> import numpy as np
@@ -139,21 +144,36 @@ class ProgressBar(Tracker):
     def __init__(self, label: str | None = None):
         self.label = label
         self.bar = None
+        self._notices: contextlib.ExitStack | None = None
 
     def start(self, run: RunInfo) -> None:
         from tqdm.auto import tqdm
 
+        from ..kernels.jit import compile_notices
+
         self.t0, self.total = run.t0, run.t_end - run.t0
         start = float(run.save_times[run.resumed_at] - run.t0)
+        self.desc = self.label or run.solver.name
         self.bar = tqdm(
             total=self.total,
             initial=start,
             unit="t",
-            desc=self.label or run.solver.name,
+            desc=self.desc,
             dynamic_ncols=True,
             bar_format="{desc}: {percentage:3.0f}%|{bar}| t={n:.4g}/{total:.4g} "
             "[{elapsed}<{remaining}{postfix}]",
         )
+        self._notices = contextlib.ExitStack()
+        self._notices.enter_context(compile_notices(self._compiling))
+
+    def _compiling(self, name: str, cached: bool, seconds: float | None) -> None:
+        if self.bar is None:
+            return
+        if seconds is None:
+            once = ", first run only" if cached else ""
+            self.bar.set_description_str(f"{self.desc} [compiling {name}{once}]")
+        else:
+            self.bar.set_description_str(self.desc)
 
     def step(self, t: float, dt: float, step: StepResult) -> None:
         new = min(max(t - self.t0, 0.0), self.total)
@@ -161,6 +181,12 @@ class ProgressBar(Tracker):
             self.bar.update(new - self.bar.n)
 
     def finish(self, result) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._notices is not None:
+            self._notices.close()
+            self._notices = None
         if self.bar is not None:
             self.bar.close()
 
