@@ -333,3 +333,18 @@ def test_stationary_bad_input(uniform256):
         stationary(USA(1.0), uniform256, time_unit=-1.0)
     with pytest.raises(ValueError, match="max_restarts"):
         stationary(USA(1.0), uniform256, max_restarts=-1)
+
+
+def test_kernel_convention_does_not_change_the_answer(uniform256):
+    # the rescaled kernel e^{beta(<x,y>-1)} is a time change of the plain one (t' = e^beta t, the
+    # perceptron's weights divided by e^beta): in each model's own time unit the default call takes
+    # the same steps and finds the same atoms
+    from wflow.studies.perceptron import paper_perceptron
+
+    A, omega = paper_perceptron(2, 1.0, seed=1, activation="gelu")
+    plain = reference_model(25.0, 1, "gelu")
+    rescaled = USA(25.0, kernel="rescaled") + Perceptron.conservative(A, omega, activation="gelu")
+    a, b = stationary(plain, uniform256, backend=BK), stationary(rescaled, uniform256, backend=BK)
+    assert b.time_unit == pytest.approx(np.exp(25.0) * a.time_unit, rel=1e-12)
+    assert a.converged and b.converged and a.steps == b.steps
+    assert np.abs(a.atoms - b.atoms).max() < 1e-10 and np.abs(a.masses - b.masses).max() < 1e-10
