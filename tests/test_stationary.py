@@ -348,3 +348,16 @@ def test_kernel_convention_does_not_change_the_answer(uniform256):
     assert b.time_unit == pytest.approx(np.exp(25.0) * a.time_unit, rel=1e-12)
     assert a.converged and b.converged and a.steps == b.steps
     assert np.abs(a.atoms - b.atoms).max() < 1e-10 and np.abs(a.masses - b.masses).max() < 1e-10
+
+
+def test_atoms_too_close_for_the_mesh_are_not_resolved():
+    # beta = 50 GELU descent: two of the three atoms are 0.14 rad apart; 256 cells blur them into one
+    # group (spread 0.086 > three spacings): resolved=False, not converged.  512 cells separate them
+    # (masses 0.435 / 0.325 / 0.240; particles 0.434 / 0.320 / 0.246).
+    model = reference_model(50.0, -1, "gelu")
+    rho0 = Density.from_function(CircleMesh(256), lambda x: np.ones(len(x)))
+    s = stationary(model, rho0, backend=BK)
+    assert not s.resolved and not s.converged and "not resolved into atoms" in s.message
+    fine = stationary(model, Density.from_function(CircleMesh(512), lambda x: np.ones(len(x))))
+    assert fine.resolved and fine.converged and fine.atoms.shape[0] == 3
+    assert np.abs(np.sort(fine.masses) - np.sort([0.434, 0.320, 0.246])).max() < 0.02
