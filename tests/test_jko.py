@@ -293,3 +293,26 @@ def test_stationary_perceptron_atoms_do_not_depend_on_initial_density(activation
         found.append(np.sort(np.mod(theta(s.atoms), 2 * np.pi)))
     assert np.abs(found[0] - found[1]).max() < np.radians(1.0)
     assert np.abs(found[0] - np.sort(np.mod(ang, 2 * np.pi))).max() < np.radians(1.5)
+
+
+@pytest.mark.parametrize("n, V", [(1, 1e3), (2, 1e3), (2, 760.0), (2, 700.0)])
+def test_newton_cg_survives_zero_curvature_and_overflow(n, V):
+    # issue 35: the Newton-CG inner loop divided by zero curvature (alpha = rz / <p, Hp>) after
+    # overflow warnings (stationary, beta = 5, GELU descent).  A potential V so large that
+    # q = r e^{-(g+V)/lam} underflows leaves the Hessian (diag nu - pi^T diag(a)^-1 pi)/eps, which
+    # vanishes on constants: on one or two points it is zero.  The old loop raised
+    # FloatingPointError here (divide by zero, under the tests' np.seterr); now the breakdown is
+    # counted and the state stays finite.
+    from wflow.solvers.jko.transport import SemiRelaxed
+
+    th = 2 * np.pi * np.arange(n) / n
+    C = np.angle(np.exp(1j * (th[:, None] - th[None, :]))) ** 2
+    s = SemiRelaxed(C, np.full(n, 2 * np.pi / n))
+    s.set_eps(0.1)
+    a = np.full(n, 1.0 / n)
+    with np.errstate(all="raise", under="ignore"):
+        products, res = s.newton(a, np.full(n, V), 1.0, 1e-8, 50)
+    assert sum(s.breakdowns.values()) == 1
+    assert np.all(np.isfinite(s.g)) and np.all(np.isfinite(s.nu(a))) and np.isfinite(res)
+    # nothing moved: the target marginal is the start
+    assert np.allclose(s.nu(a), a, rtol=1e-12, atol=0)

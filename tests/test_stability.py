@@ -539,3 +539,101 @@ def test_anticoncentration_bound():
         anticoncentration_bound(-1.0, omega, A)
     with pytest.raises(ValueError, match="A contains non-finite"):
         anticoncentration_bound(1.0, omega, [[np.inf, 0.0], [0.0, 1.0]])
+
+
+# --------------------------------------------------------------------------- particle output (issue 35, item 4)
+def _particle_state():
+    """64 particles from the uniform grid under USA(1, V=-I) + a GELU perceptron (the authors' code
+    convention: output weights -e^beta omega), run to paper time 300 (wflow time e^-1 300)."""
+    from wflow.studies.perceptron import paper_perceptron
+
+    A, omega = paper_perceptron(2, 1.0, seed=1, activation="gelu")
+    model = wflow.USA(1.0, V=-np.eye(2)) + wflow.Perceptron.conservative(
+        A, -np.e * omega, activation="gelu"
+    )
+    th = 2 * np.pi * (np.arange(64) + 0.5) / 64
+    tr = wflow.simulate(
+        model,
+        wflow.Atoms(angles_to_points(th)),
+        300 / np.e,
+        method="dopri5",
+        save_at=[0.0, 300 / np.e],
+        diagnostics=(),
+        backend=NP,
+    )
+    return model, tr.points[-1]
+
+
+def test_stability_accepts_a_particle_run():
+    # The raw particle state is refused (coinciding particles), and its clusters merged by hand are
+    # "not a critical point" (velocities ~1e-7, tolerance 1e-8 of the terms); polish="auto" merges,
+    # polishes and judges.  Independent answer: scipy's root of the angular velocity of the three
+    # merged atoms, and the verdict of the exact Hessian there.
+    model, x = _particle_state()
+    with pytest.raises(ValueError, match="distinct"):
+        stability(model, wflow.Atoms(x), polish=False)
+    s = stability(model, wflow.Atoms(x))
+    assert s.polish is not None and s.polish.applied
+    assert s.hessian.points.shape == (3, 2) and s.critical and s.strictly_stable
+    assert np.allclose(np.sort(s.hessian.masses), np.sort([27, 25, 12]) / 64, atol=1e-12)
+    assert 0 < s.polish.displacement.max() < 1e-4  # the run's drift, not a jump to another point
+    assert "merged into 3 atoms" in s.message and "polished first" in s.message
+    merged = wflow.stability.merge_atoms(x, np.full(64, 1 / 64), 1e-3)
+    raw = stability(model, merged, polish=False)
+    assert not raw.critical and raw.message.startswith("not a critical point")
+    m = merged.weights
+
+    def speed(th):
+        y = angles_to_points(th)
+        v = model.velocity(y, wflow.Atoms._trusted(y, m), backend=NP)
+        return v[:, 1] * y[:, 0] - v[:, 0] * y[:, 1]
+
+    root = scipy.optimize.root(
+        speed, np.arctan2(merged.points[:, 1], merged.points[:, 0]), tol=1e-14
+    )
+    ref = angles_to_points(root.x)
+    assert np.abs(speed(root.x)).max() < 1e-12
+    assert np.max(np.linalg.norm(s.hessian.points - ref, axis=1)) < 1e-9
+    exact = stability(model, wflow.Atoms(ref, m), polish=False)
+    assert exact.strictly_stable
+    assert s.max_eigenvalue == pytest.approx(exact.max_eigenvalue, rel=1e-6)
+
+
+def test_merge_and_polish_bad_input():
+    mu = wflow.Atoms(angles_to_points(np.array([0.0, 2.0])))
+    model = wflow.USA(1.0, V=-np.eye(2))
+    with pytest.raises(ValueError, match="polish must be 'auto', True or False, got 'yes'"):
+        stability(model, mu, polish="yes")
+    with pytest.raises(ValueError, match="merge"):
+        stability(model, mu, merge=-1.0)
+    with pytest.raises(ValueError, match="max_move"):
+        stability(model, mu, max_move=0.0)
+    with pytest.raises(ValueError, match="radius"):
+        wflow.stability.merge_atoms(mu.points, mu.weights, float("nan"))
+    # far from a critical point the polish is refused and the verdict is on the atoms as given
+    s = stability(model, mu)
+    assert not s.critical and not s.polish.applied and "polish refused" in s.message
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: circle_threshold(-1.0),
+        lambda: wflow.stability.anticoncentration_bound(-1.0, [1.0], [[1.0, 0.0]]),
+        lambda: wflow.stability.anticoncentration_bound([1.0, -2.0], [1.0], [[1.0, 0.0]]),
+        lambda: stability(wflow.USA(-1.0), wflow.Atoms([[1.0, 0.0]])),
+    ],
+)
+def test_negative_beta_is_refused(call):
+    with pytest.raises(ValueError, match="beta.*-"):
+        call()
+
+
+def test_nan_in_perceptron_weights_names_the_argument():
+    # issue 35: NaN in A was reported as "W contains non-finite values" (W = A^T diag(omega))
+    with pytest.raises(ValueError, match="^A contains non-finite"):
+        wflow.Perceptron.conservative([[1.0, np.nan], [0.0, 1.0]], [1.0, 2.0])
+    with pytest.raises(ValueError, match="^omega contains non-finite"):
+        wflow.Perceptron.conservative(np.eye(2), [1.0, np.nan])
+    with pytest.raises(ValueError, match=r"^A must have shape \(m, d\)"):
+        wflow.Perceptron.conservative([1.0, 2.0], [1.0])

@@ -24,6 +24,7 @@ EXPECTED = {
     "mean-field",
     "eulerian",
     "jko",
+    "stationary",
     "mean-field-zonal",
     "perceptron",
     "staircase",

@@ -114,6 +114,10 @@ class Perceptron(Model):
         r"""The conservative perceptron :math:`W = A^\top\mathrm{diag}(\omega)`."""
         A = np.asarray(A, dtype=float)
         omega = np.asarray(omega, dtype=float)
+        if A.ndim != 2:
+            raise ValueError(f"A must have shape (m, d), got shape {A.shape}")
+        if not np.all(np.isfinite(A)):  # checked here, or the error would name W = A^T diag(omega)
+            raise ValueError(f"A contains non-finite values: {short_repr(A)}")
         if omega.shape != (A.shape[0],):
             raise ValueError(f"omega must have shape ({A.shape[0]},) to match A, got {omega.shape}")
         if not np.all(np.isfinite(omega)):

@@ -36,6 +36,8 @@ in one module per job:
   :func:`circle_threshold`;
 * :mod:`wflow.stability.supremum`: :class:`PotentialMaximum`, :func:`potential_maximum`,
   :class:`EnergySupremum`, :func:`energy_supremum`;
+* :mod:`wflow.stability.polish`: :func:`merge_atoms`, :func:`polish_atoms`, :class:`Polished`
+  (from a particle run's or a mesh's settled state to the critical point next to it);
 * :mod:`wflow.stability.anticoncentration`: :func:`anticoncentration_bound`,
   :data:`ANTICONCENTRATION_LIMIT`;
 * :mod:`wflow.stability.blocks`: the checks and pieces they share (the model's blocks,
@@ -45,6 +47,7 @@ in one module per job:
 from .anticoncentration import ANTICONCENTRATION_LIMIT, anticoncentration_bound
 from .circle import CircleCondition, circle_condition, circle_threshold
 from .hessian import WassersteinHessian, wasserstein_hessian
+from .polish import Polished, merge_atoms, polish_atoms
 from .supremum import EnergySupremum, PotentialMaximum, energy_supremum, potential_maximum
 from .verdict import Stability, is_stable, stability
 
@@ -63,4 +66,7 @@ __all__ = [
     "potential_maximum",
     "anticoncentration_bound",
     "ANTICONCENTRATION_LIMIT",
+    "Polished",
+    "merge_atoms",
+    "polish_atoms",
 ]

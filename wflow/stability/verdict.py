@@ -13,11 +13,17 @@ from typing import Any
 import numpy as np
 
 from .._typing import ArrayLike
-from ..errors import check_nonnegative
+from ..errors import check_nonnegative, check_positive
 from ..measure import Atoms
 from ..models import ACTIVATIONS, Model
-from .blocks import conservative_omega, gradient_blocks
+from .blocks import check_atoms, conservative_omega, gradient_blocks
 from .hessian import WassersteinHessian, wasserstein_hessian
+from .polish import Polished, merge_atoms, polish_atoms
+
+#: polish="auto": particles closer than this (radians) are one atom, and atoms move at most
+#: this far to the critical point (defaults of ``merge`` and ``max_move``).
+MERGE_RADIUS = 1e-3
+MAX_MOVE = 1e-2
 
 
 def _rotation_modes(H: WassersteinHessian) -> np.ndarray:
@@ -69,7 +75,10 @@ class Stability:
     hessian : WassersteinHessian
         The full Hessian.
     message : str
-        What decided the verdict.
+        What decided the verdict (and, first, what the polish did).
+    polish : Polished or None
+        The merge and polish applied before the verdict (``polish`` of :func:`stability`):
+        ``polish.displacement`` is how far each atom moved, in radians.
 
     Examples
     --------
@@ -95,6 +104,7 @@ class Stability:
     tol_velocity: float
     hessian: WassersteinHessian = field(repr=False)
     message: str = ""
+    polish: Polished | None = field(default=None, repr=False)
 
     def __bool__(self) -> bool:
         return self.stable
@@ -113,6 +123,9 @@ def stability(
     tol_velocity: float | None = None,
     modulo_rotations: bool | None = None,
     splitting: bool = False,
+    polish: bool | str = "auto",
+    merge: float = MERGE_RADIUS,
+    max_move: float = MAX_MOVE,
 ) -> Stability:
     r"""Is an atomic measure a (strictly) stable critical point of the ascent of :math:`F`?
 
@@ -154,6 +167,20 @@ def stability(
         Default: ``True`` iff the energy is rotation invariant (no perceptron).
     splitting : bool
         Include perturbations that split atoms.
+    polish : {"auto", True, False}
+        Accept a state that is only *near* a critical point, such as the final positions of a
+        particle run: points within ``merge`` radians of each other are merged into one atom
+        (:func:`merge_atoms`), then the atoms are moved, masses fixed, to the critical point
+        next to them (:func:`polish_atoms`, at most ``max_move`` radians each), and the verdict
+        is on the polished atoms; ``Stability.polish`` and the message report the displacement.
+        ``"auto"`` (default) does this only when ``mu`` has coinciding points or is not a
+        critical point as given; ``True`` always; ``False`` never (the verdict is on ``mu`` as
+        given: "not a critical point" for a particle run's raw state).
+    merge : float
+        Linkage radius of the merge, radians (default 1e-3).
+    max_move : float
+        Largest distance the polish may move an atom, radians (default 1e-2); beyond it the
+        polish is refused and the verdict is on the merged atoms.
 
     Returns
     -------
@@ -173,7 +200,69 @@ def stability(
     (True, True, True)
     >>> stability(wflow.USA(1.0), mu).stable
     False
+
+    Particles that settled near the antipodal pair (a raw particle state): merged, polished, judged.
+
+    >>> x = wflow.sphere.angles_to_points(np.array([0.0, 1e-9, np.pi - 1e-5, np.pi - 1.1e-5]))
+    >>> s = stability(wflow.USA(1.0, V=-np.eye(2)), wflow.Atoms(x))
+    >>> s.strictly_stable, s.hessian.points.shape, bool(s.polish.displacement.max() < 1e-5)
+    (True, (2, 2), True)
+    >>> stability(wflow.USA(1.0, V=-np.eye(2)), wflow.Atoms(x[[0, 2]]), polish=False).critical
+    False
     """
+    if polish not in ("auto", True, False):
+        raise ValueError(f"polish must be 'auto', True or False, got {polish!r}")
+    if polish is False:
+        return _verdict(model, mu, rtol, tol_velocity, modulo_rotations, splitting)
+    merge = check_positive(merge, "merge")
+    max_move = check_positive(max_move, "max_move")
+    given = check_atoms(model, mu, distinct=False)
+    merged = merge_atoms(given.points, given.weights, merge)
+    if polish == "auto" and merged.n == given.n:
+        first = _verdict(model, merged, rtol, tol_velocity, modulo_rotations, splitting)
+        if first.critical:
+            return first
+    note = (
+        f"{given.n} points merged into {merged.n} atoms (radius {merge:.3g} rad); "
+        if merged.n < given.n
+        else ""
+    )
+    p = polish_atoms(model, merged, max_move=max_move, min_gap=merge)
+    out = _verdict(
+        model,
+        Atoms._trusted(p.points, p.masses),
+        rtol,
+        tol_velocity,
+        modulo_rotations,
+        splitting,
+    )
+    if p.applied and not out.critical:
+        # the polish lowered the velocity but did not reach a critical point: judge the atoms as merged
+        out = _verdict(model, merged, rtol, tol_velocity, modulo_rotations, splitting)
+        p.applied = False
+        p.message = f"the polish did not reach a critical point (velocity {p.velocity_after:.3g})"
+        p.points, p.displacement = merged.points, np.zeros(merged.n)
+    out.polish = p
+    if p.applied:
+        note += (
+            f"polished first: atoms moved by at most {p.displacement.max():.3g} rad, "
+            f"velocity {p.velocity_before:.3g} -> {p.velocity_after:.3g}; "
+        )
+    else:
+        note += f"polish refused ({p.message}); "
+    out.message = note + out.message
+    return out
+
+
+def _verdict(
+    model: Model,
+    mu: Atoms | ArrayLike,
+    rtol: float,
+    tol_velocity: float | None,
+    modulo_rotations: bool | None,
+    splitting: bool,
+) -> Stability:
+    """The verdict of :func:`stability` on ``mu`` as given."""
     rtol = check_nonnegative(rtol, "rtol")
     H = wasserstein_hessian(model, mu)
     attention, perceptrons = gradient_blocks(model)

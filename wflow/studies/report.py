@@ -50,6 +50,7 @@ STUDY_MODULES = (
     "wflow.studies.mean_field",
     "wflow.studies.eulerian",
     "wflow.studies.jko",
+    "wflow.studies.stationary",
     "wflow.studies.zonal",
     "wflow.studies.perceptron",
     "wflow.studies.staircase",

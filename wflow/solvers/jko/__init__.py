@@ -8,7 +8,13 @@ r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, sol
 """
 
 from ...sphere import cost_matrix
-from .stationary_states import StationaryResult, atom_groups, cluster_atoms, stationary
+from .stationary_states import (
+    StationaryResult,
+    atom_groups,
+    cluster_atoms,
+    model_time_unit,
+    stationary,
+)
 from .step import (
     JKO,
     JKOProblem,
@@ -32,6 +38,7 @@ __all__ = [
     "WarmStart",
     "stationary",
     "StationaryResult",
+    "model_time_unit",
     "cost_matrix",
     "cluster_atoms",
     "atom_groups",

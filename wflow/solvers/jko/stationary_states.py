@@ -17,11 +17,12 @@ import numpy as np
 
 from ...density import Density
 from ...diagnostics import check_points_weights, mass_clusters
-from ...errors import check_int, check_positive
+from ...errors import WflowError, check_int, check_nonnegative, check_positive
 from ...measure import Atoms
 from ...mesh import Mesh
-from ...models import Model
+from ...models import SA, USA, Model
 from ...sphere import exp_map, tangent_frame
+from ...stability import polish_atoms, stability, wasserstein_hessian
 from .stepper import (
     JKOStepper,
     check_eps_scaling,
@@ -31,7 +32,14 @@ from .stepper import (
     support,
 )
 
-__all__ = ["stationary", "StationaryResult", "cluster_atoms", "atom_groups", "AtomGroups"]
+__all__ = [
+    "stationary",
+    "StationaryResult",
+    "cluster_atoms",
+    "atom_groups",
+    "AtomGroups",
+    "model_time_unit",
+]
 
 
 @dataclass
@@ -268,47 +276,70 @@ class StationaryResult:
     weights : ndarray, shape (n,)
         The final measure on the support ``points``.
     atoms, masses : ndarray, shapes (k, d), (k,)
-        Its mass groups (:func:`atom_groups`): locations (polished when ``polished``) and masses
-        (summing to 1).
+        Its atoms (:func:`atom_groups`, polished when ``polished``) and their masses, sorted by
+        decreasing mass; they sum to ``1 - residual_mass``.
+    residual_mass : float
+        Mass left outside the atoms: groups wider than an atom of total mass at most
+        ``stray_mass`` (tails still draining between atoms), not reported as atoms.
     spread : ndarray, shape (k,)
-        RMS distance of each group's mass to its atom.
+        RMS distance of each atom's mass to it.
     atomic : bool
-        Every group is concentrated within ``atom_width`` (default three spacings of the
-        support): the limit is a sum of Diracs, blurred by the grid and the entropic term.
+        Every group (strays aside) is concentrated within ``atom_width`` (default three
+        spacings of the support): the limit is a sum of Diracs, blurred by the grid.
     residual : float
-        First-order residual of the atomic measure: :math:`\\max_k|\\nabla_S\\,\\delta F/\\delta\\mu(a_k)|`
-        (= the velocity at the atoms), 0 at a critical point.
+        Largest velocity of the atoms in the finite-atom flow,
+        :math:`\\max_k|\\nabla_S\\,\\delta F/\\delta\\mu(a_k)|`; 0 at a critical point.
     residual_support : float
         :math:`\\sum_j\\nu_j|\\nabla_S\\,\\delta F/\\delta\\mu(x_j)|` on the (blurred) support measure.
     residual_tol : float
-        The tolerance both residuals are held to for ``converged``: by default the velocity
-        error of an atom one spacing :math:`h` off, :math:`h\\max(1, |\\mathrm{Hess}|)`.
+        The tolerance of the test that decided ``converged`` (``test``).  Atomic limits:
+        :math:`h\\max_i\\sum_j|H_{ij}|/m_i`, the velocity error of atoms each misplaced by one
+        spacing :math:`h`, :math:`H` the Wasserstein Hessian of :mod:`wflow.stability`, which
+        leaves out each atom's interaction with itself; otherwise :math:`0.01\\,h/T`, ``T`` the time unit.
+    test : str
+        ``"atoms"`` (the atoms' velocity decided) or ``"support"`` (the largest speed
+        :math:`|\\nabla_S\\,\\delta F/\\delta\\mu(x_j)|` over the support points holding at least
+        1e-3 of the largest weight did).
     residual_grid : float or None
-        The atoms' residual before polishing (at the support's resolution, ``O(h |Hess|)``).
+        The atoms' velocity before polishing.
     polished : bool
-        The atoms were moved off the grid to the nearby critical point of the finite-atom flow.
-        Polishing is kept only when every atom stays within ``atom_width`` of its mass group,
-        no two atoms meet and the residual does not rise; otherwise ``message`` says why not.
+        The atoms were moved off the grid to the nearby critical point of the finite-atom flow
+        (:func:`wflow.stability.polish_atoms`); refused, with the reason in ``message``, when an
+        atom would leave its mass group, two atoms would meet or the velocity would rise.
     hessian : ndarray, shape (k, d-1)
-        Eigenvalues of the tangential Hessian of :math:`\\delta F/\\delta\\mu[\\text{atoms}]` at each atom
-        (finite differences); all :math:`< 0` for a stable critical point of the ascent flow.
+        Eigenvalues of the tangential Hessian of :math:`\\delta F/\\delta\\mu[\\text{atoms}]` at each
+        atom, the atom's own term included (finite differences).
+    stability : wflow.stability.Stability or None
+        The second-order verdict on the atoms (atomic limits that converged).
+    perturbations : list of str
+        Each restart off a critical point that was not stable: the unstable eigenvalue and the
+        displacement.
     potential_gap : float
-        :math:`\\max_j \\psi(x_j) - \\min_k \\psi(a_k)` over the support, :math:`\\psi = \\delta F/\\delta\\mu`; :math:`\\le 0`
-        (up to the resolution) when no support point would attract mass away from the atoms.
+        :math:`\\max_j \\psi(x_j) - \\min_k \\psi(a_k)`, :math:`\\psi = \\delta F/\\delta\\mu[\\text{atoms}]`.
+    resolved : bool
+        The support resolves the clusters: its spacing ``h`` is at most :math:`1/\\sqrt\\beta`
+        (the width of the attention kernel at inverse temperature :math:`\\beta`), at most a
+        third of the smallest distance between two atoms found, and no group is wider than an
+        atom yet narrower than a cluster (:math:`\\min(2/\\sqrt\\beta, \\pi/4)`: atoms the
+        support cannot tell apart).  ``converged`` needs it.
+    time_unit : float
+        The model's time unit ``T`` that ``tau0``, ``tau_max`` and the stopping rule are in
+        (:func:`model_time_unit`).
     stopped : bool
         The measure stopped moving (``change <= tol``) at ``tau_max``.
     converged : bool
-        ``stopped``, ``residual_support <= residual_tol`` and, for an atomic limit,
-        ``residual <= residual_tol``.
+        ``stopped``, ``resolved``, and the residual of ``test`` at most ``residual_tol``.
+    breakdowns : int
+        Inner-solver breakdowns handled (zero curvature in CG, non-finite iterates).
 
     Examples
     --------
     >>> import numpy as np, wflow
     >>> from wflow.solvers.jko import stationary
-    >>> rho0 = wflow.Density.from_function(wflow.CircleMesh(24), lambda x: np.exp(3 * x[:, 0]))
+    >>> rho0 = wflow.Density.from_function(wflow.CircleMesh(64), lambda x: np.exp(3 * x[:, 0]))
     >>> s = stationary(wflow.USA(4.0), rho0, backend="numpy")
-    >>> s.converged, s.atomic, s.polished, s.hessian.shape
-    (True, True, True, (1, 1))
+    >>> s.converged, s.atomic, s.test, s.hessian.shape
+    (True, True, 'atoms', (1, 1))
     >>> bool(np.isclose(s.hessian[0, 0], -np.exp(4.0), rtol=1e-3))  # USA at a Dirac: -e^beta
     True
     """
@@ -335,12 +366,52 @@ class StationaryResult:
     stopped: bool = False
     residual_tol: float = 0.0
     separation_threshold: float = 0.0
+    residual_mass: float = 0.0
+    test: str = "support"
+    resolved: bool = True
+    time_unit: float = 1.0
+    stability: Any = None
+    perturbations: list[str] = field(default_factory=list)
+    breakdowns: int = 0
 
     def __repr__(self) -> str:
         return (
             f"StationaryResult(atoms={self.atoms.shape[0]}, atomic={self.atomic}, residual={self.residual:.3g}, "
             f"residual_support={self.residual_support:.3g}, steps={self.steps}, converged={self.converged})"
         )
+
+
+def model_time_unit(model: Model | None) -> float:
+    r"""The model's own time unit :math:`T`: one over the curvature scale of its velocity field.
+
+    :math:`1/T = \sum` over the model's blocks of: for attention,
+    :math:`|V|\,e^{\beta - o}` with :math:`o` the kernel's log-scale (``0`` for the plain kernel
+    :math:`e^{\beta\langle x,y\rangle}`, ``beta`` for the rescaled
+    :math:`e^{\beta(\langle x,y\rangle-1)}`), the curvature of :math:`\delta F/\delta\mu` at a
+    Dirac; for any other block its ``rate_bound()`` (a perceptron: :math:`|W||A|`).  A USA model at
+    :math:`\beta` in the plain kernel moves on the time scale :math:`e^{-\beta}`, in the rescaled
+    one on the scale 1; both give the same steps in their own time.  ``1.0`` for ``None`` (pure
+    diffusion) or a model whose scale is 0.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> bool(np.isclose(model_time_unit(wflow.USA(5.0)), np.exp(-5.0)))
+    True
+    >>> model_time_unit(wflow.USA(5.0, kernel="rescaled"))
+    1.0
+    """
+    if model is None:
+        return 1.0
+    rate = 0.0
+    for part in model.parts:
+        if isinstance(part, (SA, USA)):
+            V = 1.0 if part.V is None else float(np.linalg.norm(part.V, 2))
+            beta = part.beta_for(2)
+            rate += V * float(np.exp(beta - part.offset(beta))) if isinstance(part, USA) else V
+        else:
+            rate += float(part.rate_bound())
+    return 1.0 / rate if rate > 0 and np.isfinite(rate) else 1.0
 
 
 def _second_order(
@@ -382,92 +453,46 @@ def _max_speed(
     return float(np.max(speed if which is None else speed[which], initial=0.0))
 
 
-def _polish(
-    model: Model,
-    atoms: np.ndarray,
-    masses: np.ndarray,
-    backend: str,
-    width: float,
-    free: np.ndarray,
-) -> tuple[np.ndarray, str]:
-    r"""Newton steps on the finite-atom flow (masses fixed, only the ``free`` atoms move); the
-    polished atoms, or the unpolished ones and the reason the polish was refused.
+def _max_beta(model: Model | None) -> float:
+    if model is None:
+        return 0.0
+    return max((float(p.beta_for(2)) for p in model.parts if isinstance(p, (SA, USA))), default=0.0)
 
-    The unknowns are the tangent coordinates :math:`c` of the free atoms in the frame at the
-    current atoms, the equations their velocities :math:`g(c) = B^\top v(a)`.  The Jacobian is
-    the *whole* one, by forward differences: moving one atom changes the field at every other
-    atom by :math:`O(m)`, while an atom's own curvature (the Hessian of
-    :math:`\delta F/\delta\mu` at fixed :math:`\mu`) can be far smaller where repulsion and the
-    perceptron nearly cancel, so a per-atom step :math:`v/|\mathrm{Hess}|` overshoots and cycles.
-    Each step is cut to half ``width`` per atom and halved until :math:`|g|` decreases.
+
+def _atoms_tolerance(model: Model, atoms: np.ndarray, masses: np.ndarray, h: float) -> float:
+    r""":math:`h\max_i\sum_j|H_{ij}|/m_i`: how fast the atoms' velocities change when each moves by ``h``.
+
+    :math:`H` is the Wasserstein Hessian's form (:func:`wflow.stability.wasserstein_hessian`),
+    which leaves out each atom's interaction with itself (a constant on the sphere): the old
+    tolerance :math:`h|\mathrm{Hess}\,\delta F/\delta\mu|` kept it, :math:`e^\beta m_i`, and passed
+    states that are not critical points.
     """
-    start = atoms
-    res0 = _max_speed(model, atoms, masses, backend, free)
-    idx = np.flatnonzero(free)
-    k, d = idx.size, atoms.shape[1]
-    weights = masses / masses.sum()
+    try:
+        H = wasserstein_hessian(model, Atoms._trusted(atoms, masses / masses.sum()))
+    except (ValueError, WflowError):
+        return float("nan")
+    k, dm1 = atoms.shape[0], atoms.shape[1] - 1
+    rows = np.abs(H.form).sum(axis=1) / np.repeat(H.masses, dm1)
+    return h * float(rows.max(initial=0.0)) if k else 0.0
 
-    def exp(a: np.ndarray, u: np.ndarray) -> np.ndarray:
-        y = exp_map(a, u)
-        return y / np.linalg.norm(y, axis=-1, keepdims=True)
 
-    def tangent(a: np.ndarray, frame: np.ndarray) -> np.ndarray:
-        v = model.velocity(a, Atoms._trusted(a, weights), backend=backend)
-        return np.einsum("kpd,kd->kp", frame, v[idx]).ravel()
+def _perturb(
+    x: np.ndarray, w: np.ndarray, atoms: np.ndarray, mode: np.ndarray, delta: float
+) -> np.ndarray:
+    """The support measure with each atom's mass (every point's mass to its nearest atom) moved by
+    ``delta * mode`` (a tangent field at the atoms, largest vector of length 1), onto the nearest
+    support points."""
+    from scipy.spatial import cKDTree
 
-    delta = 1e-6
-    for _ in range(50):
-        B = tangent_frame(atoms)[idx]  # (k, d-1, d)
-        g = tangent(atoms, B)
-        gn = np.linalg.norm(g)
-        if not np.all(np.isfinite(g)) or np.max(np.abs(g), initial=0.0) < 1e-13:
-            break
-        J = np.empty((g.size, g.size))
-        for col in range(g.size):
-            i, p = divmod(col, d - 1)
-            u = np.zeros_like(atoms)
-            u[idx[i]] = delta * B[i, p]
-            J[:, col] = (tangent(exp(atoms, u), B) - g) / delta
-        c = np.linalg.lstsq(J, -g, rcond=None)[0].reshape(k, d - 1)
-        u = np.zeros_like(atoms)
-        u[idx] = np.einsum("kp,kpd->kd", c, B)
-        nu = np.linalg.norm(u, axis=-1, keepdims=True)
-        u = u * np.minimum(1.0, 0.5 * width / np.maximum(nu, 1e-300))
-        for _ in range(30):  # backtrack until the residual decreases
-            trial = exp(atoms, u)
-            if np.linalg.norm(tangent(trial, tangent_frame(trial)[idx])) < gn:
-                break
-            u = 0.5 * u
-        else:
-            break
-        atoms = trial
-    moved = np.arccos(np.clip(np.sum(atoms * start, axis=-1), -1.0, 1.0))
-    res1 = _max_speed(model, atoms, masses, backend, free)
-    if atoms.shape[0] > 1:
-        gap = np.arccos(np.clip(atoms @ atoms.T, -1.0, 1.0))
-        gap[np.diag_indices(atoms.shape[0])] = np.inf
-        closest = float(gap.min())
-    else:
-        closest = np.inf
-    if not np.all(np.isfinite(atoms)):
-        return start, "polishing produced non-finite atoms: not applied"
-    if moved.max() > width:
-        i = int(np.argmax(moved))
-        return start, (
-            f"polishing would move atom {i} by {moved[i]:.3g} rad, off its mass (more than "
-            f"{width:.3g}): not applied"
-        )
-    if closest <= width:
-        return (
-            start,
-            f"polishing would bring two atoms within {closest:.3g} rad of each other: not applied",
-        )
-    if not res1 <= res0:
-        return (
-            start,
-            f"polishing would raise the residual from {res0:.3g} to {res1:.3g}: not applied",
-        )
-    return atoms, ""
+    owner = np.argmax(x @ atoms.T, axis=1)
+    scale = float(np.linalg.norm(mode, axis=1).max())
+    u = delta * mode[owner] / max(scale, 1e-300)
+    u = u - np.sum(u * x, axis=1, keepdims=True) * x  # tangent at each support point
+    y = exp_map(x, u)
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    j = cKDTree(x).query(y)[1]
+    out = np.bincount(j, weights=w, minlength=x.shape[0])
+    return out / out.sum()
 
 
 def stationary(
@@ -477,47 +502,57 @@ def stationary(
     tau0: float = 0.1,
     growth: float = 1.5,
     tau_max: float = 1.0,
+    time_unit: float | None = None,
     kappa: float | None = None,
     eps: float | None = None,
     cost: str = "geodesic",
     method: str = "sinkhorn",
     tol: float = 1e-3,
-    max_steps: int = 200,
+    max_steps: int = 1000,
     threshold: float = 1e-3,
     step_tol: float = 1e-5,
     polish: bool = True,
     residual_tol: float | None = None,
     atom_width: float | None = None,
     stray_mass: float = 1e-2,
+    perturb: bool = True,
+    max_restarts: int = 3,
     backend: str = "auto",
     **kwargs: Any,
 ) -> StationaryResult:
-    r"""A critical point of the free energy by iterated JKO steps with growing :math:`\tau`.
+    r"""A stable critical point of the free energy by iterated JKO steps with growing :math:`\tau`.
 
-    Steps :math:`\tau_{k+1} = \min(\tau_{\max}, \text{growth}\cdot\tau_k)` from ``tau0`` until the
-    measure stops moving, :math:`\|\nu_{k+1}-\nu_k\|_1 \le \text{tol}\cdot\min(1, \tau_k)` (a
-    Wasserstein speed below ``tol``), or ``max_steps``.  Large steps keep the descent property of
-    JKO (every step decreases the free energy), so the limit is a critical point reached by the
-    Wasserstein flow, not an arbitrary one.
+    **Time.**  Steps and tolerances are in the model's own time unit ``T``
+    (:func:`model_time_unit`, default): :math:`T = e^{-\beta}` for USA at :math:`\beta` in the plain kernel
+    :math:`e^{\beta\langle x,y\rangle}`, 1 in the rescaled kernel :math:`e^{\beta(\langle x,y\rangle-1)}`
+    (perceptrons add their rate).  The steps are
+    :math:`\tau_{k+1} = \min(\tau_{\max}, \text{growth}\cdot\tau_k)\,T` from ``tau0 T`` until the
+    measure stops moving, :math:`\|\nu_{k+1}-\nu_k\|_1 \le \text{tol}\cdot\min(1, \tau_k/T)` (a
+    Wasserstein speed below ``tol`` in units of :math:`1/T`), or ``max_steps``.  A step much longer
+    than ``T`` would jump over the basins of the flow to the global maximiser of the energy;
+    ``time_unit=1.0`` gives the model-time steps of wflow 0.x.
 
-    Then it reads the mass groups off the final measure (:func:`atom_groups`: groups separated by
-    a valley are never merged, each group's mass is all the mass nearest to it), and decides:
+    Then it reads the mass groups off the final measure (:func:`atom_groups`) and decides:
 
     * ``atomic``: every group's RMS spread is at most ``atom_width`` (default ``3 h``, ``h`` the
-      spacing of the support), except wider groups of total mass at most ``stray_mass`` (tails
-      still draining: they are kept in ``atoms`` but left out of polishing and of ``residual``);
+      spacing of the support), except wider groups of total mass at most ``stray_mass``: tails
+      still draining, reported as ``residual_mass``, not as atoms;
     * ``polished`` (``polish=True``, atomic limits only): the atoms, masses fixed, are moved off
-      the grid to the nearby critical point of the finite-atom flow (damped Newton-like steps),
-      so that ``residual`` measures criticality, not the resolution.  The polish is *refused*
-      (atoms left on their mass groups, ``polished=False``, the reason in ``message``) when an
-      atom would move farther than ``atom_width`` or meet another atom, or when the residual
-      would rise;
-    * ``converged``: the measure stopped moving, the support residual
-      :math:`\sum_j\nu_j|\nabla_S\delta F/\delta\mu(x_j)|` is at most ``residual_tol`` and, for an
-      atomic limit, so is the atoms' velocity :math:`\max_k|\nabla_S\delta F/\delta\mu(a_k)|`.
-      ``residual_tol`` defaults to :math:`h\max(1, |\mathrm{Hess}|)`, the velocity error of an
-      atom misplaced by one spacing.  A run that hit ``max_steps``, or stopped on a measure that
-      is not critical, is reported as not converged with the residuals in ``message``.
+      the grid to the nearby critical point of the finite-atom flow
+      (:func:`wflow.stability.polish_atoms`); refused when an atom would move farther than
+      ``atom_width`` or meet another atom, or when the velocity would rise;
+    * ``converged``: the measure stopped moving, the support resolves the clusters (``resolved``:
+      :math:`h \le 1/\sqrt\beta` and a third of the closest two atoms' distance), and the residual
+      of one test is at most its tolerance: for an atomic limit the atoms' velocity against
+      :math:`h\max_i\sum_j|H_{ij}|/m_i` (the Wasserstein Hessian without self-interaction;
+      ``test="atoms"``), otherwise the largest speed :math:`|\nabla_S\delta F/\delta\mu(x_j)|` over
+      the support points holding at least 1e-3 of the largest weight against :math:`0.01\,h/T`
+      (``test="support"``: mass still draining is little mass that moves fast).
+      ``residual_tol`` overrides the tolerance; ``message`` names the test that decided;
+    * **stability**: a converged atomic limit is judged by :func:`wflow.stability.stability`; when it
+      is a critical point that is not stable (a symmetric start can stop on a saddle) and
+      ``perturb``, the mass of each atom is moved by ``atom_width`` along the unstable mode and the
+      steps resume, at most ``max_restarts`` times (``perturbations`` lists them).
 
     Other keywords go to the JKO stepper (``tol`` there is ``step_tol``).
 
@@ -525,14 +560,17 @@ def stationary(
     --------
     >>> import numpy as np, wflow
     >>> from wflow.solvers.jko import stationary
-    >>> rho0 = wflow.Density.from_function(wflow.CircleMesh(24), lambda x: np.exp(3 * x[:, 0]))
+    >>> rho0 = wflow.Density.from_function(wflow.CircleMesh(64), lambda x: np.exp(3 * x[:, 0]))
     >>> s = stationary(wflow.USA(4.0), rho0, backend="numpy")  # collapses to one Dirac at (1, 0)
     >>> s.converged, np.round(s.masses, 6).tolist(), np.round(s.atoms, 4) + 0.0
     (True, [1.0], array([[1., 0.]]))
+    >>> s.message.split(";")[0]
+    'converged (test: atoms) after 87 steps (tau=1 T, T=0.0183)'
     """
     x, a, r, mesh = support(rho0, kwargs.pop("reference", None))
-    check_gradient_model(model, x.shape[1])
-    tau = check_positive(tau0, "tau0")
+    check_gradient_model(model, x.shape[1], name="rho0")
+    unit = model_time_unit(model) if time_unit is None else check_positive(time_unit, "time_unit")
+    tau0 = check_positive(tau0, "tau0")
     tau_max = check_positive(tau_max, "tau_max")
     growth = check_positive(growth, "growth")
     if growth < 1:
@@ -542,6 +580,8 @@ def stationary(
     if kappa is not None:
         kappa = check_positive(kappa, "kappa", allow_inf=True)
     max_steps = check_int(max_steps, "max_steps")
+    max_restarts = check_int(max_restarts, "max_restarts", minimum=0)
+    stray_mass = check_nonnegative(stray_mass, "stray_mass")
     h = spacing(x, r)
     atom_width = 3.0 * h if atom_width is None else check_positive(atom_width, "atom_width")
     if residual_tol is not None:
@@ -551,117 +591,323 @@ def stationary(
         model,
         x,
         r,
-        tau=tau,
+        tau=tau0 * unit,
         eps=eps,
         cost=cost,
         kappa=kappa,
         method=method,
         debias=kwargs.pop("debias", True),
         eps_scaling=check_eps_scaling(kwargs.pop("eps_scaling", None)),
-        tol=step_tol,
+        tol=step_tol / unit,  # the step's residual is in units of dF/dmu: rad / T
         max_iter=kwargs.pop("max_iter", 200),
         max_sinkhorn=kwargs.pop("max_sinkhorn", 5000),
         backend=backend,
     )
     if kwargs:
         raise TypeError(f"stationary() got unexpected keyword arguments {sorted(kwargs)}")
-    w = a
     hist: dict[str, list] = {"tau": [], "change": [], "free_energy": [], "residual": []}
-    stopped = False
-    k = 0
-    for k in range(1, max_steps + 1):
+    perturbations: list[str] = []
+    w = a
+    steps, raised, restarts = 0, 0, 0
+    cap, start = tau_max * unit, tau0 * unit
+    safe = cap  # a step that fails comes back to at most this
+    tol_now = tol
+    while True:
+        w, stopped, tau, k, failed = _iterate(
+            st, w, start, tau0 * unit, cap, safe, growth, tol_now, unit, max_steps - steps, hist
+        )
+        steps += k
+        start = tau0 * unit
+        out = _analyse(
+            model,
+            st,
+            x,
+            w,
+            mesh,
+            h,
+            unit,
+            atom_width,
+            stray_mass,
+            threshold,
+            polish,
+            residual_tol,
+            backend,
+            stopped,
+        )
+        verdict = out["stability"]
+        if (
+            stopped
+            and not failed
+            and not out["converged"]
+            and not out["coarse"]
+            and raised < 3
+            and steps < max_steps
+        ):
+            # stopped moving off a critical point: mass far from every atom feels exponentially weak
+            # forces and drifts slowly; go on with the same steps and a stricter stopping rule (longer
+            # steps would jump over basins, and steps in the prox-dominated regime fail)
+            raised += 1
+            tol_now /= 10.0
+            start = tau
+            perturbations.append(f"stopped off a critical point: tol tightened to {tol_now:.3g}")
+            continue
+        if (
+            not perturb
+            or not out["converged"]
+            or verdict is None
+            or verdict.stable
+            or restarts >= max_restarts
+            or steps >= max_steps
+        ):
+            break
+        H = verdict.hessian
+        mode = H.mode(int(np.argmax(H.eigenvalues)))
+        restarts += 1
+        perturbations.append(
+            f"restart {restarts}: {len(out['masses'])} atoms critical but unstable "
+            f"(eigenvalue {verdict.max_eigenvalue:.3g}); mass moved by {atom_width:.3g} rad along its mode"
+        )
+        w = _perturb(x, w, H.points, mode, atom_width)
+        st.first = True
+    breakdowns = sum(st.ot.breakdowns.values()) if st.ot is not None else 0
+    notes = out["notes"]
+    msg = ("converged" if out["converged"] else "NOT converged") + f" (test: {out['test']})"
+    if stopped:
+        msg += f" after {steps} steps (tau={tau / unit:.3g} T, T={unit:.3g})"
+    else:
+        msg += (
+            f": max_steps={max_steps} reached; last change {hist['change'][-1]:.3g} "
+            f"(tol {tol_now * min(1.0, tau / unit):.3g})"
+        )
+    msg += out["verdict_note"]
+    if perturbations:
+        notes = [*perturbations, *notes]
+        if restarts and verdict is not None and verdict.stable:
+            notes.append("the state reached is stable")
+    if breakdowns:
+        notes.append(
+            f"{breakdowns} inner-solver breakdown(s) handled (zero curvature or non-finite iterates)"
+        )
+    msg += "".join(f"; {n}" for n in notes)
+    return StationaryResult(
+        weights=w,
+        points=x,
+        atoms=out["atoms"],
+        masses=out["masses"],
+        residual=out["residual"],
+        residual_support=out["res_support"],
+        hessian=out["hess"],
+        potential_gap=out["gap"],
+        energy=st.energy.F(w),
+        steps=steps,
+        tau=tau,
+        converged=out["converged"],
+        history=hist,
+        mesh=mesh,
+        message=msg,
+        residual_grid=out["residual_grid"],
+        spread=out["spread"],
+        atomic=out["atomic"],
+        polished=out["polished"],
+        stopped=stopped,
+        residual_tol=out["residual_tol"],
+        separation_threshold=out["threshold"],
+        residual_mass=out["residual_mass"],
+        test=out["test"],
+        resolved=out["resolved"],
+        time_unit=unit,
+        stability=verdict,
+        perturbations=perturbations,
+        breakdowns=breakdowns,
+    )
+
+
+def _iterate(
+    st: JKOStepper,
+    w: np.ndarray,
+    tau: float,
+    tau0: float,
+    tau_max: float,
+    safe: float,
+    growth: float,
+    tol: float,
+    unit: float,
+    max_steps: int,
+    hist: dict[str, list],
+) -> tuple[np.ndarray, bool, float, int, int]:
+    """JKO steps with growing tau until the measure stops moving; ``(w, stopped, tau, steps, failed)``.
+
+    A step that fails (not converged, or 30 re-linearizations) brings tau back to at most ``safe``.
+    """
+    stopped, k, failed = False, 0, 0
+    for k in range(1, max(max_steps, 0) + 1):
         st.set_tau(tau)
         w_new, s = st.step(w)
         change = float(np.abs(w_new - w).sum())
         w = w_new
-        F = st.energy.F(w)
         hist["tau"].append(tau)
         hist["change"].append(change)
-        hist["free_energy"].append(-F + st.kappa_inv * st.energy.kl(w))
+        hist["free_energy"].append(-st.energy.F(w) + st.kappa_inv * st.energy.kl(w))
         hist["residual"].append(s.residual)
-        if change <= tol * min(1.0, tau) and tau >= tau_max:
+        if change <= tol * min(1.0, tau / unit) and tau >= tau_max:
             stopped = True
             break
         # grow tau while steps stay cheap; a step that needed many re-linearizations (repulsion:
         # proximal weight) is prox-dominated, so a larger tau would only cost more
         if s.iterations >= 30 or not s.converged:
-            tau = max(tau0, tau / growth)
+            failed += 1
+            tau = max(tau0, min(tau / growth, safe))
             tau_max = min(tau_max, tau)
         else:
             tau = min(tau_max, growth * tau)
+    return w, stopped, tau, k, failed
+
+
+def _analyse(
+    model,
+    st,
+    x,
+    w,
+    mesh,
+    h,
+    unit,
+    atom_width,
+    stray_mass,
+    threshold,
+    polish,
+    residual_tol,
+    backend,
+    stopped,
+) -> dict[str, Any]:
+    """Atoms, residuals, resolution and the verdict of a settled support measure."""
     groups = atom_groups(
         x, w, neighbors=None if mesh is None else mesh.cell_neighbors, threshold=threshold
     )
-    atoms, masses = groups.atoms, groups.masses
     # groups wider than an atom carrying at most stray_mass in all are strays (tails still draining)
     wide = groups.spread > atom_width
-    stray = wide if masses[wide].sum() <= stray_mass else np.zeros_like(wide)
-    atomic = not np.any(wide & ~stray) and masses.size < max(2, x.shape[0] // 4)
-    notes = (
-        [
-            f"{int(stray.sum())} stray group(s) of mass {masses[stray].sum():.2g} left out of the atoms' residual"
-        ]
-        if stray.any()
-        else []
-    )
+    stray = wide if groups.masses[wide].sum() <= stray_mass else np.zeros_like(wide)
+    atomic = not np.any(wide & ~stray) and groups.masses.size < max(2, x.shape[0] // 4)
+    notes = []
+    if atomic:
+        keep = ~stray
+        residual_mass = float(groups.masses[stray].sum())
+        if stray.any():
+            notes.append(
+                f"residual_mass {residual_mass:.2g} left outside the atoms ({int(stray.sum())} "
+                f"group(s) wider than atom_width)"
+            )
+    else:
+        keep = np.ones_like(stray)
+        residual_mass = 0.0
+    atoms, masses, spread = groups.atoms[keep], groups.masses[keep], groups.spread[keep]
     residual_grid = None
     polished = False
     if model is not None and atomic:
-        residual_grid = _max_speed(model, atoms, masses, backend, ~stray)
+        residual_grid = _max_speed(model, atoms, masses, backend)
         if polish:
-            new, why = _polish(model, atoms, masses, backend, atom_width, ~stray)
-            polished = not why
-            if why:
-                notes.append(why)
-            atoms = new
-    mu_atoms = Atoms._trusted(atoms, masses)
+            p = polish_atoms(
+                model,
+                Atoms._trusted(atoms, masses / masses.sum()),
+                max_move=min(atom_width, 2.0 * h),
+                backend=backend,
+            )
+            polished = p.applied
+            if not p.applied:
+                notes.append(p.message)
+            atoms = p.points
     hess = _second_order(model, atoms, masses, backend)
     if model is None:
-        residual, res_support, gap = 0.0, 0.0, 0.0
+        residual, res_support, speed_max, gap = 0.0, 0.0, 0.0, 0.0
     else:
-        residual = _max_speed(model, atoms, masses, backend, ~stray if atomic else None)
+        residual = _max_speed(model, atoms, masses, backend)
         v = model.velocity(x, Atoms._trusted(x, w), backend=backend)
-        res_support = float(np.dot(w, np.linalg.norm(v, axis=-1)))
+        speed = np.linalg.norm(v, axis=-1)
+        res_support = float(np.dot(w, speed))
+        # mass still draining far from the atoms is little mass but moves fast: the test takes the
+        # largest speed where there is mass, not the mass-weighted mean
+        speed_max = float(speed[w >= 1e-3 * w.max()].max())
+        mu_atoms = Atoms._trusted(atoms, masses / masses.sum())
         psi_x = model.first_variation(x, mu_atoms, backend=backend)
         psi_a = model.first_variation(atoms, mu_atoms, backend=backend)
         gap = float(psi_x.max() - psi_a.min())
+    test = "atoms" if atomic and model is not None else "support"
     if residual_tol is None:
-        residual_tol = h * max(1.0, float(np.max(np.abs(hess), initial=0.0)))
-    converged = stopped and res_support <= residual_tol and (not atomic or residual <= residual_tol)
-    if stopped:
-        msg = f"stopped moving after {k} steps (tau={tau:g})"
+        if test == "atoms":
+            tol_atoms = _atoms_tolerance(model, atoms, masses, h)
+            residual_tol = max(tol_atoms, 1e-9 * h / unit) if np.isfinite(tol_atoms) else 0.0
+        else:
+            residual_tol = 0.01 * h / unit
+    value = residual if test == "atoms" else speed_max
+    # resolution: the spacing against the clusters' width 1/sqrt(beta) and the atoms found
+    beta = _max_beta(model)
+    width = 1.0 / np.sqrt(beta) if beta > 0 else np.inf
+    if atoms.shape[0] > 1:
+        gaps = np.arccos(np.clip(atoms @ atoms.T, -1.0, 1.0))
+        gaps[np.diag_indices(atoms.shape[0])] = np.inf
+        closest = float(gaps.min())
     else:
-        msg = f"max_steps={max_steps} reached; last change {hist['change'][-1]:.3g} (tol {tol * min(1.0, tau):.3g})"
-    if res_support > residual_tol:
-        msg += f"; support residual {res_support:.3g} > residual_tol {residual_tol:.3g}"
-    if atomic and residual > residual_tol:
-        msg += f"; atoms' velocity {residual:.3g} > residual_tol {residual_tol:.3g}"
-    if not atomic:
-        msg += f"; not atomic (widest group spread {float(groups.spread.max()):.3g} > atom_width {atom_width:.3g})"
-    msg = (
-        ("converged: " if converged else "NOT converged: ") + msg + "".join(f"; {n}" for n in notes)
+        closest = np.inf
+    # a group wider than an atom but no wider than a cluster (2/sqrt(beta), at most pi/4) is atoms
+    # the support cannot tell apart (beta = 50 descent on 256 cells: two atoms 0.14 rad apart)
+    wide_groups = groups.spread[groups.spread > atom_width]
+    blurred = (
+        float(wide_groups.min())
+        if not atomic and wide_groups.size and wide_groups.min() <= min(2 * width, np.pi / 4)
+        else None
     )
-    return StationaryResult(
-        weights=w,
-        points=x,
+    resolved = bool(h <= width and (not atomic or 3.0 * h <= closest) and blurred is None)
+    converged = bool(stopped and resolved and value <= residual_tol)
+    note = ""
+    if not resolved:
+        if h > width:
+            why = f"spacing {h:.3g} > 1/sqrt(beta) = {width:.3g}, the width of a cluster at beta={beta:g}"
+        elif blurred is not None:
+            why = (
+                f"a group of spread {blurred:.3g} rad, wider than an atom ({atom_width:.3g}) and "
+                f"narrower than a cluster ({min(2 * width, np.pi / 4):.3g}), is not resolved into atoms"
+            )
+        else:
+            why = f"two atoms {closest:.3g} rad apart, less than 3 spacings ({3 * h:.3g})"
+        note += (
+            f"; resolved=False: the support is too coarse for the clusters ({why}); refine the mesh"
+        )
+    name = "atoms' velocity" if test == "atoms" else "largest speed on the support"
+    rel = "<=" if value <= residual_tol else ">"
+    note += f"; {name} {value:.3g} {rel} residual_tol {residual_tol:.3g}"
+    if not atomic:
+        note += f"; not atomic (widest group spread {float(groups.spread.max()):.3g} > atom_width {atom_width:.3g})"
+    verdict = None
+    if converged and atomic and model is not None and atoms.shape[0] >= 1:
+        try:
+            verdict = stability(
+                model,
+                Atoms._trusted(atoms, masses / masses.sum()),
+                tol_velocity=max(residual_tol, residual),
+                polish=False,
+            )
+            note += f"; stability: {verdict.message}"
+        except (ValueError, WflowError) as err:
+            note += f"; stability not judged ({err})"
+    return dict(
         atoms=atoms,
         masses=masses,
-        residual=residual,
-        residual_support=res_support,
-        hessian=hess,
-        potential_gap=gap,
-        energy=st.energy.F(w),
-        steps=k,
-        tau=tau,
-        converged=converged,
-        history=hist,
-        mesh=mesh,
-        message=msg,
-        residual_grid=residual_grid,
-        spread=groups.spread,
+        spread=spread,
         atomic=atomic,
+        residual_mass=residual_mass,
+        residual_grid=residual_grid,
         polished=polished,
-        stopped=stopped,
-        residual_tol=residual_tol,
-        separation_threshold=groups.threshold,
+        hess=hess,
+        residual=residual,
+        res_support=res_support,
+        speed_max=speed_max,
+        gap=gap,
+        test=test,
+        residual_tol=float(residual_tol),
+        resolved=resolved,
+        coarse=h > width,
+        converged=converged,
+        verdict_note=note,
+        notes=notes,
+        stability=verdict,
+        threshold=groups.threshold,
     )

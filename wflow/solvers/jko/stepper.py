@@ -123,7 +123,7 @@ METHODS = ("sinkhorn", "emd")
 
 
 # --------------------------------------------------------------------------- inputs
-def check_gradient_model(model: Any, d: int) -> None:
+def check_gradient_model(model: Any, d: int, name: str | None = None) -> None:
     """Raise unless ``model`` is ``None`` or a gradient flow in the plain Wasserstein metric.
 
     Raises
@@ -150,7 +150,12 @@ def check_gradient_model(model: Any, d: int) -> None:
         return
     if not isinstance(model, Model):
         raise TypeError(f"model must be a wflow Model or None, got {short_repr(model)}")
-    model.check_dimension(d)
+    try:
+        model.check_dimension(d)
+    except ValueError as err:
+        if name is None:
+            raise
+        raise ValueError(f"{name}: {err}") from None
     why = model.gradient_obstruction()
     if why is not None:
         raise NotAGradientFlowError(
@@ -312,6 +317,8 @@ class StepStats:
     converged: bool
     time_ot: float = 0.0
     time_energy: float = 0.0
+    #: inner-solver breakdowns handled in this step (zero curvature in CG, non-finite iterates)
+    breakdowns: int = 0
     #: the inner solver's state after this step, kept at the saved steps (None elsewhere and for emd)
     warm_start: WarmStart | None = field(default=None, repr=False)
 
@@ -451,6 +458,7 @@ class JKOStepper:
         if self.method == "emd":
             return self._emd_step(a)
         ot, E = self.ot, self.energy
+        broke = sum(ot.breakdowns.values())
         t_ot = 0.0
         t0e = E.time
         nu_m = a.copy()
@@ -537,6 +545,7 @@ class JKOStepper:
             converged,
             time_ot=t_ot,
             time_energy=E.time - t0e,
+            breakdowns=sum(ot.breakdowns.values()) - broke,
         )
 
     # -- exact step (POT emd) ------------------------------------------------------

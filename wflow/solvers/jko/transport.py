@@ -49,6 +49,8 @@ class SemiRelaxed:
         self._KT2 = None
         self.builds = 0
         self.build_time = 0.0
+        #: inner-loop breakdowns handled so far: zero curvature in CG, non-finite iterates
+        self.breakdowns = {"curvature": 0, "nonfinite": 0}
 
     @property
     def g(self) -> np.ndarray:
@@ -208,7 +210,11 @@ class SemiRelaxed:
             if z.max() > 700.0:
                 return -np.inf, None
             q = np.exp(z)
-            return float(np.dot(a, self.f) - lam * q.sum()), q
+            with np.errstate(over="ignore", invalid="ignore"):
+                D = float(np.dot(a, self.f) - lam * q.sum())
+            if not np.isfinite(D):  # overflow: as far out as z > 700
+                return -np.inf, None
+            return D, q
 
         def residual(nu: np.ndarray, q: np.ndarray) -> float:
             pos = nu > 0
@@ -234,10 +240,17 @@ class SemiRelaxed:
                 )
             diag = (nu - v * v * (self._KT2 @ au2)) / eps + q / lam
             diag = np.maximum(diag, q / lam)
+            # a Jacobi preconditioner only needs to be positive: floor it so that rows whose mass and
+            # q underflow do not blow the CG iterates up (the overflow before the ZeroDivisionError)
+            diag = np.maximum(diag, 1e-12 * float(np.max(diag, initial=0.0)))
 
             def hess(x: np.ndarray) -> np.ndarray:
                 return (nu * x - v * (self.KT @ (au2 * (self.K @ (v * x))))) / eps + q * x / lam
 
+            if not (np.all(np.isfinite(grad)) and np.all(np.isfinite(diag)) and np.all(diag > 0)):
+                self.breakdowns["nonfinite"] += 1
+                logger.debug("Newton-CG: non-finite gradient or preconditioner; stopped")
+                return products, res
             # preconditioned CG for H d = grad, relative tolerance 1e-3 (inexact Newton)
             d = np.zeros_like(g)
             rcg = grad.copy()
@@ -246,17 +259,35 @@ class SemiRelaxed:
             rz = float(np.dot(rcg, z))
             stop = 1e-6 * rz
             for _ in range(max(1, max_iter - products)):
-                Hp = hess(p)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    Hp = hess(p)
+                    pHp = float(np.dot(p, Hp))
+                    pp = float(np.dot(p, p))
                 products += 1
-                alpha = rz / float(np.dot(p, Hp))
-                d += alpha * p
-                rcg -= alpha * Hp
-                z = rcg / diag
-                rz_new = float(np.dot(rcg, z))
+                if not (np.isfinite(pHp) and np.isfinite(pp) and pHp > 1e-300 * max(1.0, pp)):
+                    # zero (or, by round-off, negative) curvature along p, or an overflow: CG cannot
+                    # go on; keep the direction found so far (the preconditioned gradient at first)
+                    self.breakdowns["curvature" if np.isfinite(pHp) else "nonfinite"] += 1
+                    if not np.any(d):
+                        d = z if np.all(np.isfinite(z)) else np.zeros_like(g)
+                    break
+                alpha = rz / pHp
+                with np.errstate(over="ignore", invalid="ignore"):
+                    d += alpha * p
+                    rcg -= alpha * Hp
+                    z = rcg / diag
+                    rz_new = float(np.dot(rcg, z))
+                if not np.isfinite(rz_new):
+                    self.breakdowns["nonfinite"] += 1
+                    d -= alpha * p
+                    break
                 if rz_new <= stop:
                     break
                 p = z + (rz_new / rz) * p
                 rz = rz_new
+            if not (np.any(d) and np.all(np.isfinite(d))):
+                logger.debug("Newton-CG: no finite descent direction at residual %.3g", res)
+                return products, res
             slope = float(np.dot(grad, d))
             t = 1.0
             while True:
