@@ -7,7 +7,9 @@ Blocks (the conventions page of the documentation):
   :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y) / \int e^{\beta\langle Qx, Ky\rangle}\,d\mu(y)\big)`;
 * :class:`USA` -- unnormalized self-attention,
   :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y)\big)`;
-* :class:`Perceptron` -- feed-forward block :math:`u(x) = P_x(W\sigma(Ax + b))`.
+* :class:`Perceptron` -- feed-forward block :math:`u(x) = P_x(W\sigma(Ax + b))`;
+* :class:`MultiHead` -- multi-head softmax attention with low-rank value maps, biases and an
+  optional causal mask (:mod:`wflow.models.multihead`).
 
 Models add: ``SA(beta=4) + Perceptron(W, A)`` has the sum of the velocities.
 
@@ -44,6 +46,7 @@ from .base import (
     model_from_dict,
     register_model,
 )
+from .multihead import MultiHead
 from .perceptron import ACTIVATIONS, Perceptron
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "SA",
     "USA",
     "Perceptron",
+    "MultiHead",
     "SumModel",
     "Attention",
     "FusedAttention",
