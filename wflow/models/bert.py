@@ -113,6 +113,9 @@ class BertLayer(Model):
         What the continuous velocity includes, among :data:`PARTS` (default all).
     radius : float
         :math:`\rho`, the tokens' radius the blocks read without the LayerNorm part (default :math:`\sqrt d`).
+    speed : float
+        A factor on the continuous velocity (``>= 0``): the time a layer takes is ``1/speed`` units of
+        the layer's own field (a fitted time per layer).
 
     Examples
     --------
@@ -142,6 +145,7 @@ class BertLayer(Model):
         activation: str = "gelu",
         parts: Any = PARTS,
         radius: float | None = None,
+        speed: float = 1.0,
     ):
         if not isinstance(attention, MultiHead):
             raise TypeError(f"attention must be a wflow MultiHead, got {short_repr(attention)}")
@@ -171,6 +175,9 @@ class BertLayer(Model):
             )
         self.parts_on = tuple(p for p in PARTS if p in parts)
         self.radius = float(np.sqrt(d)) if radius is None else check_positive(radius, "radius")
+        if not isinstance(speed, (int, float)) or not np.isfinite(speed) or speed < 0:
+            raise ValueError(f"speed must be a finite number >= 0, got {short_repr(speed)}")
+        self.speed = float(speed)
         self._bare = (
             MultiHead(attention.beta, attention.Q, attention.K, attention.V, attention.O)
             if "biases" not in self.parts_on
@@ -206,9 +213,12 @@ class BertLayer(Model):
             **kw,
         )
 
-    def with_parts(self, parts: Any, *, radius: float | None = None) -> BertLayer:
-        """The same weights with other ``parts`` switched on (and another ``radius``)."""
-        return BertLayer(
+    def with_parts(
+        self, parts: Any, *, radius: float | None = None, speed: float | None = None
+    ) -> BertLayer:
+        """The same weights with other ``parts`` switched on (and another ``radius``, ``speed``); the input
+        LayerNorm is kept."""
+        layer = BertLayer(
             self.attention,
             self.ffn.A,
             self.ffn.b,
@@ -219,7 +229,11 @@ class BertLayer(Model):
             activation=self.ffn.activation,
             parts=parts,
             radius=self.radius if radius is None else radius,
+            speed=self.speed if speed is None else speed,
         )
+        if hasattr(self, "_ln_in"):
+            layer.set_input_norm(self._ln_in)
+        return layer
 
     # -- the discrete layer ------------------------------------------------------------
     def feed_forward(self, h: np.ndarray, *, biases: bool = True) -> np.ndarray:
@@ -297,7 +311,7 @@ class BertLayer(Model):
             u = (u - u.mean(axis=-1, keepdims=True)) / np.sqrt(self.d)
         else:
             u = u / self.radius
-        return project(theta, u)
+        return project(theta, self.speed * u if self.speed != 1.0 else u)
 
     def rate_bound(self) -> float:
         scale = np.sqrt(self.d) * float(np.max(np.abs(self.ln_in.gamma)))
@@ -308,7 +322,7 @@ class BertLayer(Model):
             total += self.attention.rate_bound() * r * r / s
         if "feed_forward" in self.parts_on:
             total += self.ffn.rate_bound() * r / s
-        return float(total)
+        return float(total * self.speed)
 
     def gradient_obstruction(self) -> str | None:
         return (
@@ -328,6 +342,7 @@ class BertLayer(Model):
             "activation": self.ffn.activation,
             "parts": list(self.parts_on),
             "radius": self.radius,
+            "speed": self.speed,
         }
         if hasattr(self, "_ln_in"):
             out["ln_in"] = self._ln_in.to_dict()
@@ -351,6 +366,7 @@ class BertLayer(Model):
             activation=spec.get("activation", "gelu"),
             parts=spec.get("parts", PARTS),
             radius=spec.get("radius"),
+            speed=spec.get("speed", 1.0),
         )
         if "ln_in" in spec:
             layer.set_input_norm(LayerNorm(**spec["ln_in"]))
@@ -377,6 +393,7 @@ register_model(
         "activation",
         "parts",
         "radius",
+        "speed",
         "ln_in",
     },
     BertLayer.from_dict,
