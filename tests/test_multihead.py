@@ -63,6 +63,16 @@ def test_multihead_matches_dense_per_head_formula(causal, with_bias):
     np.testing.assert_allclose(m.update(x, w), ref, rtol=1e-12, atol=1e-12)
     v = m.velocity(x, wflow.Atoms(x, w))
     np.testing.assert_allclose(v, ref - np.sum(ref * x, -1, keepdims=True) * x, atol=1e-12)
+    # queries attending to other keys: the keys' own tokens give the same answer; other queries too
+    if not causal:
+        y = wflow.sphere.uniform(3, d, seed=5)
+        ref_y = dense_heads(np.concatenate([y, x]), np.concatenate([np.zeros(3), w]), 0.8, Q, K, V, O,
+                            b["bias_q"], b["bias_k"], b["bias_v"], b["bias_o"], False)[:3]  # fmt: skip
+        np.testing.assert_allclose(m.update(y, w, keys=x), ref_y, rtol=1e-12, atol=1e-12)
+        v_y = m.velocity(y, wflow.Atoms(x, w))
+        np.testing.assert_allclose(
+            v_y, ref_y - np.sum(ref_y * y, -1, keepdims=True) * y, atol=1e-12
+        )
     # a batch of systems gives each system's own answer
     xb = np.stack([x, x[::-1]])
     ub = m.update(xb)

@@ -289,24 +289,28 @@ class BertLayer(Model):
             raise TypeError(f"ln must be a LayerNorm of dimension {self.dim}, got {short_repr(ln)}")
         self._ln_in = ln
 
-    def update(self, theta: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-        """:math:`U(x)` at the readout of directions ``theta`` (the parts switched on), shape ``(..., n, d)``."""
+    def update(
+        self,
+        theta: np.ndarray,
+        weights: np.ndarray | None = None,
+        keys: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """:math:`U(x)` at the readout of directions ``theta`` (the parts switched on), attending to the
+        readout of the directions ``keys`` (default ``theta``) with ``weights``, shape ``(..., n, d)``."""
         x = self.readout(theta)
         u = np.zeros_like(x)
         biases = "biases" in self.parts_on
         if "attention" in self.parts_on:
-            u += self._bare.update(x, weights)
+            u += self._bare.update(x, weights, None if keys is None else self.readout(keys))
         if "feed_forward" in self.parts_on:
             u += self.feed_forward(x, biases=biases)
         return u
 
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         theta = self._check_query(x, mu)
-        if theta.shape[-2] != mu.n:
-            raise ValueError(
-                f"BertLayer moves the measure's own {mu.n} tokens, got {theta.shape[-2]} query points"
-            )
-        u = self.update(theta, mu.weights)
+        pts = mu.points
+        same = theta.shape == pts.shape and (theta is pts or np.array_equal(theta, pts))
+        u = self.update(theta, mu.weights, None if same else pts)
         if "layernorm" in self.parts_on:
             u = (u - u.mean(axis=-1, keepdims=True)) / np.sqrt(self.d)
         else:

@@ -179,10 +179,14 @@ class MultiHead(Model):
         return self.causal
 
     # -- the field ----------------------------------------------------------------
-    def update(self, x: ArrayLike, weights: ArrayLike | None = None) -> np.ndarray:
-        r"""The attention output :math:`A(x_i)` before projection for tokens ``x`` of shape ``(..., n, d)`` in
-        :math:`\mathbb{R}^d` (not only on the sphere) attending to each other, with atom weights ``weights``
-        of shape ``(..., n)`` (uniform if omitted); shape ``(..., n, d)``."""
+    def update(
+        self, x: ArrayLike, weights: ArrayLike | None = None, keys: ArrayLike | None = None
+    ) -> np.ndarray:
+        r"""The attention output :math:`A(x_i)` before projection at queries ``x`` of shape ``(..., n, d)`` in
+        :math:`\mathbb{R}^d` (not only on the sphere) attending to the tokens ``keys`` of shape ``(..., m, d)``
+        (default ``x``: the tokens attend to each other) with atom weights ``weights`` of shape ``(..., m)``
+        (uniform if omitted); shape ``(..., n, d)``.  With the causal mask query ``i`` attends to the keys
+        ``j <= i`` (then ``m = n``)."""
         x = np.asarray(x, dtype=np.float64)
         if x.ndim < 2 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (..., n, {self.dim}), got {x.shape}")
@@ -192,24 +196,38 @@ class MultiHead(Model):
         # one GEMM for the queries (beta folded in), keys and values of every head
         qkv = x @ self._W.T
         qkv += self._b
+        if keys is None:
+            kv = qkv
+        else:
+            y = np.asarray(keys, dtype=np.float64)
+            if y.ndim != x.ndim or y.shape[-1] != self.dim or y.shape[:-2] != batch:
+                raise ValueError(f"keys must have shape {(*batch, 'm', self.dim)}, got {y.shape}")
+            kv = y @ self._W.T
+            kv += self._b
+        m = kv.shape[-2]
+        if self.causal and m != n:
+            raise ValueError(
+                f"causal attention needs one key per query (token i attends to tokens j <= i), got {n} "
+                f"queries and {m} keys"
+            )
         w = (
             None
             if weights is None
-            else np.broadcast_to(np.asarray(weights, np.float64), x.shape[:-1])
+            else np.broadcast_to(np.asarray(weights, np.float64), kv.shape[:-1])
         )
         heads = np.empty((*batch, n, H * r))
-        block = max(1, _BLOCK_NUMBERS // max(1, n * int(np.prod(batch, dtype=int))))
-        cols = np.arange(n)
+        block = max(1, _BLOCK_NUMBERS // max(1, m * int(np.prod(batch, dtype=int))))
+        cols = np.arange(m)
         for h in range(H):
             # augmented columns: q_i -> (q_i, -c_i) and k_j -> (k_j, 1) give the shifted logits
             # <q_i, k_j> - c_i in one GEMM; v_j -> w_j (v_j, 1) gives the softmax's numerator and
             # denominator in the second (atoms of weight 0 contribute exactly nothing)
             q = qkv[..., h * (p + 1) : (h + 1) * (p + 1)]
-            k = qkv[..., (H + h) * (p + 1) : (H + h + 1) * (p + 1)]
+            k = kv[..., (H + h) * (p + 1) : (H + h + 1) * (p + 1)]
             lo = 2 * H * (p + 1) + h * (r + 1)
-            v = qkv[..., lo : lo + r + 1]
+            v = kv[..., lo : lo + r + 1]
             if w is not None:
-                v *= w[..., None]
+                v = v * w[..., None]
             # shift c_i: the bound |q_i| max_j |k_j| of row i's logits (Cauchy-Schwarz) while their
             # spread 2 c_i stays below 600 (no term under e^-600: no subnormal, no underflow); else
             # 0 and each row's maximum is subtracted below, dropping terms under e^-700 of it
@@ -236,15 +254,17 @@ class MultiHead(Model):
         return heads @ self._Os.T + self.drift
 
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
-        r""":math:`P_{x_i}A(x_i)` for the measure's own tokens ``x`` (shape ``(..., n, d)``, ``n`` = the measure's
-        atoms: the queries are the keys; ``backend`` is not used, the sums are dense NumPy)."""
+        r""":math:`P_{x_i}A(x_i)` at points ``x`` of shape ``(..., n, d)`` attending to the measure's atoms
+        (causal: ``x`` are the measure's own tokens, in order; ``backend`` is not used, the sums are dense
+        NumPy)."""
         x = self._check_query(x, mu)
-        if x.shape[-2] != mu.n:
+        if self.causal and x.shape[-2] != mu.n:
             raise ValueError(
-                f"MultiHead attends among the tokens it moves: x must hold the measure's {mu.n} tokens, "
-                f"got {x.shape[-2]} (passive tracers are not supported)"
+                f"causal attention moves the measure's own {mu.n} tokens in their order, got "
+                f"{x.shape[-2]} query points (passive tracers are not supported)"
             )
-        return project(x, self.update(x, mu.weights))
+        same = x.shape == mu.points.shape and (x is mu.points or np.array_equal(x, mu.points))
+        return project(x, self.update(x, mu.weights, None if same else mu.points))
 
     def rate_bound(self) -> float:
         r""":math:`\sum_h |W^O_h||W^V_h|(1 + 2\beta|Q_h||K_h|) + |\text{drift}|` (spectral norms)."""

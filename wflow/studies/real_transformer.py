@@ -184,31 +184,28 @@ def _figure(measures: dict[str, Any], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     names = list(measures)
-    fig, axes = plt.subplots(2, len(names), figsize=(3.0 * len(names), 5.6), squeeze=False)
-    cmap = plt.get_cmap("viridis")
-    for j, name in enumerate(names):
-        ds = measures[name]
-        L = ds.layer.size - 1
-        ax = axes[0, j]
-        for ell in ds.layer.values:
-            ax.plot(ds.cosine, ds.cosine_hist.sel(layer=ell), color=cmap(ell / max(L, 1)), lw=1)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("pairwise cosine")
-        if j == 0:
-            ax.set_ylabel("density (layer 0 dark, last bright)")
-    ax_m = axes[1, 0]
-    ax_c = axes[1, 1] if len(names) > 1 else axes[1, 0]
+    ncols = 4
+    nrows = -(-(len(names) + 2) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.8 * nrows), squeeze=False)
+    flat = list(axes.ravel())
+    ax_m, ax_c = flat[0], flat[1]
     for name in names:
         ds = measures[name]
-        style = dict(lw=2.5, color="k") if name.startswith("real") else dict(lw=1.2)
-        ax_m.plot(ds.layer, ds.mean_cosine, marker="o", label=name, **style)
-        ax_c.plot(ds.layer, ds.clusters.sel(threshold=0.9), marker="o", label=name, **style)
-    ax_m.set_xlabel("layer (depth)")
-    ax_m.set_ylabel("mean pairwise cosine")
-    ax_c.set_xlabel("layer (depth)")
-    ax_c.set_ylabel("clusters at cosine 0.9")
+        style = dict(lw=2.5, color="k") if name == "real" else dict(lw=1.2)
+        ax_m.plot(ds.layer, ds.mean_cosine, marker="o", ms=3, label=name, **style)
+        ax_c.plot(ds.layer, ds.clusters.sel(threshold=0.9), marker="o", ms=3, label=name, **style)
+    ax_m.set(xlabel="layer (depth)", ylabel="mean pairwise cosine")
+    ax_c.set(xlabel="layer (depth)", ylabel="clusters at cosine 0.9")
     ax_m.legend(fontsize=6)
-    for ax in axes[1, 2:]:
+    cmap = plt.get_cmap("viridis")
+    for ax, name in zip(flat[2:], names):
+        ds = measures[name]
+        L = ds.layer.size - 1
+        for ell in ds.layer.values:
+            ax.plot(ds.cosine, ds.cosine_hist.sel(layer=ell), color=cmap(ell / max(L, 1)), lw=1)
+        ax.set_title(f"{name} (layer 0 dark, {L} bright)", fontsize=8)
+        ax.set_xlabel("pairwise cosine")
+    for ax in flat[2 + len(names) :]:
         ax.axis("off")
     fig.tight_layout()
     path = out / "real-transformer.png"
