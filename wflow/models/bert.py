@@ -33,6 +33,7 @@ renormalizes the whole stream at every step, so :math:`\eta \to 0` does not give
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -178,11 +179,9 @@ class BertLayer(Model):
         if not isinstance(speed, (int, float)) or not np.isfinite(speed) or speed < 0:
             raise ValueError(f"speed must be a finite number >= 0, got {short_repr(speed)}")
         self.speed = float(speed)
-        self._bare = (
-            MultiHead(attention.beta, attention.Q, attention.K, attention.V, attention.O)
-            if "biases" not in self.parts_on
-            else attention
-        )
+        #: what the copies of :meth:`with_parts` share: the bias-free attention, the weights' description
+        self._cache: dict[str, Any] = {}
+        self._bare = self._bare_attention() if "biases" not in self.parts_on else attention
 
     @classmethod
     def random(cls, d: int, heads: int, m: int, *, seed: Any = None, **kw: Any) -> BertLayer:
@@ -218,22 +217,27 @@ class BertLayer(Model):
     ) -> BertLayer:
         """The same weights with other ``parts`` switched on (and another ``radius``, ``speed``); the input
         LayerNorm is kept."""
-        layer = BertLayer(
-            self.attention,
-            self.ffn.A,
-            self.ffn.b,
-            self.ffn.W,
-            self.b2,
-            self.ln1,
-            self.ln2,
-            activation=self.ffn.activation,
-            parts=parts,
-            radius=self.radius if radius is None else radius,
-            speed=self.speed if speed is None else speed,
-        )
-        if hasattr(self, "_ln_in"):
-            layer.set_input_norm(self._ln_in)
+        if isinstance(parts, str) or not all(p in PARTS for p in parts):
+            raise ValueError(
+                f"parts must be a list of names among {PARTS}, got {short_repr(parts)}"
+            )
+        layer = copy.copy(self)  # the same (checked) weights, shared: no copy, no re-validation
+        layer.parts_on = tuple(p for p in PARTS if p in parts)
+        if radius is not None:
+            layer.radius = check_positive(radius, "radius")
+        if speed is not None:
+            if not isinstance(speed, (int, float)) or not np.isfinite(speed) or speed < 0:
+                raise ValueError(f"speed must be a finite number >= 0, got {short_repr(speed)}")
+            layer.speed = float(speed)
+        layer._bare = self._bare_attention() if "biases" not in layer.parts_on else self.attention
         return layer
+
+    def _bare_attention(self) -> MultiHead:
+        """The attention without its biases (made once, shared by the copies of :meth:`with_parts`)."""
+        if self._cache.get("bare") is None:
+            a = self.attention
+            self._cache["bare"] = MultiHead(a.beta, a.Q, a.K, a.V, a.O)
+        return self._cache["bare"]
 
     # -- the discrete layer ------------------------------------------------------------
     def feed_forward(self, h: np.ndarray, *, biases: bool = True) -> np.ndarray:
@@ -334,15 +338,19 @@ class BertLayer(Model):
         )
 
     def to_dict(self) -> dict[str, Any]:
+        if "weights" not in self._cache:  # lists of ~10^6 numbers: formed once per set of weights
+            self._cache["weights"] = {
+                "attention": self.attention.to_dict(),
+                "W1": self.ffn.A.tolist(),
+                "b1": self.ffn.b.tolist(),
+                "W2": self.ffn.W.tolist(),
+                "b2": self.b2.tolist(),
+                "ln1": self.ln1.to_dict(),
+                "ln2": self.ln2.to_dict(),
+            }
         out = {
             "type": "BertLayer",
-            "attention": self.attention.to_dict(),
-            "W1": self.ffn.A.tolist(),
-            "b1": self.ffn.b.tolist(),
-            "W2": self.ffn.W.tolist(),
-            "b2": self.b2.tolist(),
-            "ln1": self.ln1.to_dict(),
-            "ln2": self.ln2.to_dict(),
+            **self._cache["weights"],
             "activation": self.ffn.activation,
             "parts": list(self.parts_on),
             "radius": self.radius,
