@@ -18,8 +18,9 @@ fixed English text; its token states layer by layer are set beside
     (:func:`wflow.pretrained.layer_measures`).
 
 Without ``safetensors``, ``tokenizers`` or the weights the study is skipped with a one-line message
-naming the install command.  Quick: the first 64 tokens, RK4 with step 0.25; full: the whole text
-(262 tokens), step 0.1, fitted times for every idealisation and a step-halving check.
+naming the install command.  Quick: the first 64 tokens, RK4 with step 0.1; full: the whole text
+(262 tokens), step 0.05 and fitted times for every idealisation; both check the stiffest run
+(+feed-forward) under step halving.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import numpy as np
 from .. import pretrained
 from ..kernels.threads import blas_threads
 from ..models import PARTS, BertLayer, LayerNorm
-from ..schemes import Layered
 from ..solvers.particles import simulate
 from .report import StudyReport, register
 
@@ -163,10 +163,18 @@ def _run(
     reads them (the readout), shape ``(L + 1, n, d)``."""
     L = len(layers)
     use_ln = "layernorm" in parts
-    model = Layered([m.with_parts(parts, radius=radius, speed=s) for m, s in zip(layers, speeds)])
-    th0 = directions_of(states[0], _out_norm(layers, 0) if use_ln else None)
-    traj = simulate(model, th0, float(L), method="rk4", dt=dt, save_at=np.arange(L + 1.0))
-    P = np.asarray(traj.points)
+    # one run per layer, each over [0, 1] with that layer's (time-independent) field: a single run of
+    # the Layered model would evaluate a step's last stage, at a layer boundary, with the next layer's
+    # field (Layered.at is right-continuous), which makes RK4 first order (64 tokens, +feed-forward:
+    # dt = 0.1 and 0.05 differ from dt = 0.025 by 0.24 and 0.08 so, by 2e-3 and 5e-5 layer by layer)
+    th = directions_of(states[0], _out_norm(layers, 0) if use_ln else None)
+    out = [th]
+    for m, s in zip(layers, speeds):
+        model = m.with_parts(parts, radius=radius, speed=float(s))
+        traj = simulate(model, th, 1.0, method="rk4", dt=dt, save_at=[0.0, 1.0], diagnostics=())
+        th = np.asarray(traj.points)[-1]
+        out.append(th)
+    P = np.stack(out)
     if not use_ln:
         return P
     d = P.shape[-1]
@@ -238,7 +246,7 @@ def _study(rep: StudyReport, out: Path, quick: bool) -> None:
     ids = bert.tokenize(TEXT)
     if quick:
         ids = np.concatenate([ids[:63], ids[-1:]])  # [CLS] + 62 tokens + [SEP]
-    dt = 0.25 if quick else 0.1
+    dt = 0.1 if quick else 0.05
     states = bert.forward(ids)
     layers = bert.layers()
     L, n = len(layers), ids.size
@@ -268,11 +276,12 @@ def _study(rep: StudyReport, out: Path, quick: bool) -> None:
             measures[name + " (fitted time)"] = pretrained.layer_measures(
                 _run(layers, states, parts, radius, fitted, dt)
             )
-    if not quick:
-        fine = _run(layers, states, PARTS, radius, np.ones(L), dt / 2)
-        coarse = _run(layers, states, PARTS, radius, np.ones(L), dt)
-        rep.expect("RK4 step halving, +layernorm run, max |change| / max |x|",
-                   float(np.abs(fine - coarse).max() / np.abs(fine).max()), 0.0, 1e-4)  # fmt: skip
+    # the stiffest idealisation (the feed-forward block without LayerNorm) under step halving
+    ff = VARIANTS["+feed-forward"]
+    fine = _run(layers, states, ff, radius, np.ones(L), dt / 2)
+    coarse = _run(layers, states, ff, radius, np.ones(L), dt)
+    rep.expect(f"RK4 dt = {dt:g} against dt/2, +feed-forward run, max |change| / max |x|",
+               float(np.abs(fine - coarse).max() / np.abs(fine).max()), 0.0, 5e-3)  # fmt: skip
     for name, ds in measures.items():
         for ell in range(L + 1):
             row = {"kind": "depth", "model": name, "layer": ell,
