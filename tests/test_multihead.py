@@ -149,6 +149,15 @@ def test_causal_mask_bad_input():
         wflow.simulate(m, x0, 1.0, tracers=wflow.sphere.uniform(2, 3, seed=1))
     with pytest.raises(ValueError, match="causal.*Lagrangian"):
         wflow.solve_lagrangian(m, lambda x: 1 + 0 * x[:, 0], 0.5, nodes=16)
+    with pytest.raises(ValueError, match="causal.*finite-volume"):
+        from wflow.density import Density
+        from wflow.mesh import CircleMesh
+        from wflow.solvers.eulerian import solve_density
+
+        e2 = np.eye(2)[None]
+        circle = CircleMesh(32)
+        solve_density(MultiHead(1.0, e2, e2, e2, e2, causal=True),
+                      Density.from_function(circle, lambda x: 1 + 0 * x[:, 0]), 0.5)  # fmt: skip
     with pytest.raises(ValueError, match="causal"):
         wflow.simulate(wflow.SA(1.0) + m, x0, 1.0, kappa=10.0)
     with pytest.raises(TypeError, match="causal must be True or False"):
