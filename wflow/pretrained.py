@@ -298,7 +298,12 @@ class Bert:
         self, parts: Sequence[str] = PARTS, *, radius: float | None = None, period: float = 1.0
     ) -> Layered:
         """The continuous idealisation over depth: one :class:`~wflow.models.BertLayer` a layer with ``parts``
-        switched on, each acting for ``period`` units of time (:class:`~wflow.schemes.Layered`)."""
+        switched on, each acting for ``period`` units of time (:class:`~wflow.schemes.Layered`).
+
+        A fixed step that ends on a layer boundary evaluates its last stage with the next layer's field
+        (``Layered.at`` is right-continuous), which costs RK4 its order there; for accurate runs integrate
+        each layer's field over its own unit of time (``layer.with_parts(parts)``, as
+        ``wflow validate real-transformer`` does)."""
         return Layered([m.with_parts(parts, radius=radius) for m in self.layers()], period=period)
 
 
