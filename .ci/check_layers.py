@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("wflow.measure", "wflow.mesh", "wflow.linkage"),
     ("wflow.kernels", "wflow.density", "wflow.transport"),
     ("wflow.models", "wflow.schemes", "wflow.zonal"),
-    ("wflow.diagnostics", "wflow.stability"),
+    ("wflow.diagnostics", "wflow.stability", "wflow.pretrained"),
     ("wflow.solvers",),
     ("wflow.config", "wflow.build", "wflow.runfolder", "wflow.plot"),
     ("wflow.sweep",),

@@ -224,6 +224,9 @@ def _validate(args: argparse.Namespace) -> int:
                 flush=True,
             )
             return
+        if rep.skipped is not None:  # one line: an optional package or data set is missing
+            print(f"{rep.name}: skipped, {rep.skipped}", flush=True)
+            return
         print(
             f"{rep.name}: {'passed' if rep.passed else 'FAILED'} ({rep.seconds:.0f} s) -> {out / (rep.name + '.md')}"
         )

@@ -478,6 +478,10 @@ class Layered(Model):
     def rate_bound(self) -> float:
         return max(m.rate_bound() for m in self.layers)
 
+    @property
+    def ordered(self) -> bool:
+        return any(m.ordered for m in self.layers)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "type": "Layered",

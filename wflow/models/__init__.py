@@ -7,7 +7,11 @@ Blocks (the conventions page of the documentation):
   :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y) / \int e^{\beta\langle Qx, Ky\rangle}\,d\mu(y)\big)`;
 * :class:`USA` -- unnormalized self-attention,
   :math:`v[\mu](x) = P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y)\big)`;
-* :class:`Perceptron` -- feed-forward block :math:`u(x) = P_x(W\sigma(Ax + b))`.
+* :class:`Perceptron` -- feed-forward block :math:`u(x) = P_x(W\sigma(Ax + b))`;
+* :class:`MultiHead` -- multi-head softmax attention with low-rank value maps, biases and an
+  optional causal mask (:mod:`wflow.models.multihead`);
+* :class:`BertLayer` -- BERT's Post-LN layer (LayerNorm, attention and feed-forward with their
+  residuals) and its continuous idealisation on the sphere (:mod:`wflow.models.bert`).
 
 Models add: ``SA(beta=4) + Perceptron(W, A)`` has the sum of the velocities.
 
@@ -44,6 +48,8 @@ from .base import (
     model_from_dict,
     register_model,
 )
+from .bert import PARTS, BertLayer, LayerNorm
+from .multihead import MultiHead
 from .perceptron import ACTIVATIONS, Perceptron
 
 __all__ = [
@@ -51,6 +57,10 @@ __all__ = [
     "SA",
     "USA",
     "Perceptron",
+    "MultiHead",
+    "BertLayer",
+    "LayerNorm",
+    "PARTS",
     "SumModel",
     "Attention",
     "FusedAttention",

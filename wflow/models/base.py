@@ -109,6 +109,13 @@ class Model(ABC):
         """Times in ``(t0, t_end)`` where the model jumps (layer boundaries); adaptive steps land on them."""
         return np.empty(0)
 
+    @property
+    def ordered(self) -> bool:
+        """True when the velocity depends on the tokens' order, not on the measure alone (causal
+        masking, :class:`~wflow.models.MultiHead`): the particle solver without noise or tracers serves
+        it; the mean-field solvers, which see a measure, refuse it."""
+        return False
+
     # -- fused steps -------------------------------------------------------------
     def fused_attention(self, n: int) -> FusedAttention | None:
         """Whether and how a solver may fuse this model's step on systems of ``n`` tokens: a
@@ -259,6 +266,10 @@ class SumModel(Model):
 
     def rate_bound(self) -> float:
         return float(sum(p.rate_bound() for p in self._parts))
+
+    @property
+    def ordered(self) -> bool:
+        return any(p.ordered for p in self._parts)
 
     @property
     def time_dependent(self) -> bool:

@@ -125,6 +125,11 @@ class FiniteVolume(Problem):
                 f"{model!r} carries radii (tokens in R^d): the finite-volume solver moves densities on the "
                 f"sphere; use the particle solver (wflow.simulate) for pre-ln, peri-ln and mix-ln"
             )
+        if model is not None and model.ordered:
+            raise ValueError(
+                f"{model!r} is causal (it depends on the tokens' order, not on a density): the "
+                f"finite-volume solver cannot serve it; use wflow.simulate"
+            )
         self.kappa = kappa
         self.cfl = cfl
         self.max_step = max_step

@@ -238,6 +238,11 @@ def solve_lagrangian(
             f"{model!r} carries radii: the Lagrangian solver moves densities on the sphere; use "
             f"wflow.simulate for pre-ln, peri-ln and mix-ln"
         )
+    if model.ordered:
+        raise ValueError(
+            f"{model!r} is causal (it depends on the tokens' order, not on a density): the Lagrangian "
+            f"solver cannot serve it; use wflow.simulate"
+        )
     model.check_dimension(d)
     eps = check_positive(eps, "eps")
     mu0, rho0 = quadrature_measure(density0, d, nodes)

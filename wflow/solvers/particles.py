@@ -369,6 +369,16 @@ def simulate(
         raise ValueError(
             f"noise (kappa={kappa:g}) needs method='euler-maruyama', got method={method!r}"
         )
+    if model.ordered and kappa is not None:
+        raise ValueError(
+            f"{model!r} is causal (its velocity depends on the tokens' order): noise (kappa={kappa:g}) "
+            f"is not supported with a causal mask; drop kappa or the mask"
+        )
+    if model.ordered and (tracers is not None or coordinates in ("angles", "gaps")):
+        raise ValueError(
+            f"{model!r} is causal: tracers and coordinates={coordinates!r} (which reorder or add tokens) "
+            f"cannot serve it; use the default cartesian coordinates without tracers"
+        )
     if not solver.adaptive and (rtol is not None or atol is not None):
         raise ValueError(
             f"rtol/atol apply to the adaptive method 'dopri5', not to method={method!r}"
