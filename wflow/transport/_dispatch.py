@@ -101,6 +101,34 @@ def _run_semidiscrete(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     return WassersteinResult(0.5 * (lo + hi), p, "semidiscrete", cost, False, 0.5 * (hi - lo), info)
 
 
+def _run_multiscale(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
+    if p != 2:
+        raise ValueError(f"method='multiscale' computes W_2 (p=2) only, got p={p:g}")
+    from .multiscale import certified_w2
+
+    tol = 1e-3 if opts["tol"] is None else opts["tol"]
+    r = certified_w2(
+        x,
+        y,
+        a,
+        b,
+        cost=cost,
+        reg=opts["reg"],
+        tol=tol,
+        seed=0 if opts["seed"] is None else opts["seed"],
+    )
+    info.update(r)
+    if not r["certified"]:
+        warnings.warn(
+            f"multiscale: bracket [{r['lower']:.6g}, {r['upper']:.6g}] is wider than tol={tol:g} "
+            f"(relative width {r['rel_width']:.2g}) after {r['levels']} eps levels; it is still valid",
+            UserWarning,
+            stacklevel=4,  # the caller of wasserstein / wasserstein_result's caller
+        )
+    half = 0.5 * (r["upper"] - r["lower"])
+    return WassersteinResult(r["value"], p, "multiscale", cost, False, half, info)
+
+
 def _run_sliced(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     n_projections = check_int(opts["n_projections"], "n_projections")
     if cost != "geodesic":
@@ -157,6 +185,7 @@ RUNNERS: dict[str, Runner] = {
     "sinkhorn": _run_sinkhorn,
     "sliced": _run_sliced,
     "semidiscrete": _run_semidiscrete,
+    "multiscale": _run_multiscale,
 }
 METHODS = ("auto", *RUNNERS)
 

@@ -44,7 +44,16 @@ from scipy.spatial import cKDTree
 
 from .sparse_kernels import brute_c_transform, candidate_values
 
-__all__ = ["BIN", "ROUNDOFF", "MIN_TOL", "tangent", "lifted_knn", "c_transform", "cmax"]
+__all__ = [
+    "BIN",
+    "ROUNDOFF",
+    "MIN_TOL",
+    "tangent",
+    "lifted_knn",
+    "c_transform",
+    "cmax",
+    "threshold_pairs",
+]
 
 #: width (radians) of the bins of expected transport angle that share one tangent
 BIN = 0.15
@@ -167,3 +176,39 @@ def c_transform(
     if todo.size:
         out[todo] = brute_c_transform(q, pts, pot, todo, geodesic)
     return out - ROUNDOFF, {"rounds": rounds, "brute": n_brute}
+
+
+def threshold_pairs(
+    q: np.ndarray,
+    pts: np.ndarray,
+    pot: np.ndarray,
+    theta0: np.ndarray | None,
+    geodesic: bool,
+    slack: float,
+    k: int = 32,
+    k_max: int = 512,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""All pairs with :math:`c(q_i, p_j) - pot_j \le \min_j (c(q_i, p_j) - pot_j) + slack`.
+
+    The kernel truncation of Schmitzer (2019): for each query the k-d tree candidates are
+    grown (4x) until the tangent lower bound of every other point exceeds the threshold,
+    so the kept set is complete, up to ``k_max`` candidates per query (beyond, the
+    ``k_max`` best by the bound are kept).  Returns ``(rows, cols)`` of the kept pairs.
+    """
+    nq, n = q.shape[0], pts.shape[0]
+    rows_out, cols_out = [], []
+    todo = np.arange(nq)
+    while todo.size:
+        kk = min(k, n)
+        th = None if theta0 is None else theta0[todo]
+        idx, lb = lifted_knn(q[todo], pts, pot, th, kk, geodesic)
+        vals = candidate_values(q[todo], pts, pot, idx, geodesic)
+        best = vals.min(axis=1)
+        done = (lb >= best + slack) | (kk >= min(n, k_max))
+        keep = (vals <= (best + slack)[:, None]) & done[:, None]
+        r, t = np.nonzero(keep)
+        rows_out.append(todo[r])
+        cols_out.append(idx[r, t])
+        todo = todo[~done]
+        k *= 4
+    return np.concatenate(rows_out), np.concatenate(cols_out)

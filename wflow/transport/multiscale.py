@@ -33,6 +33,7 @@ geodesic cost).  Only balanced transport (equal masses) is supported.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import time
@@ -43,7 +44,7 @@ from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
 from ..errors import short_repr
-from .certify import MIN_TOL, c_transform, cmax, lifted_knn
+from .certify import MIN_TOL, c_transform, cmax, lifted_knn, threshold_pairs
 from .sparse_kernels import (
     absorb,
     best_partner,
@@ -57,6 +58,11 @@ from .sparse_kernels import (
 )
 
 __all__ = ["certified_w2", "check_measure"]
+
+log = logging.getLogger(__name__)
+
+#: kernel truncation: a pair is kept when its dual slack is within TAU eps of its row's best
+TAU = 12.0
 
 
 # -- input checks ---------------------------------------------------------------------------
@@ -84,16 +90,14 @@ def check_measure(points: Any, weights: Any, name: str, d: int | None = None):
     bad = int(np.argmax(np.abs(norms - 1.0)))
     if abs(norms[bad] - 1.0) > 1e-9:
         raise ValueError(
-            f"{name} must lie on the unit sphere: point {bad} has norm {norms[bad]!r} (normalize it first)"
+            f"{name} must lie on the unit sphere: point {bad} has norm {float(norms[bad]):.17g} (normalize it first)"
         )
     if weights is None:
         w = np.full(x.shape[0], 1.0 / x.shape[0])
     else:
         w = np.asarray(weights, dtype=np.float64)
         if w.shape != (x.shape[0],):
-            raise ValueError(
-                f"{name} weights must have shape ({x.shape[0]},), got shape {w.shape}"
-            )
+            raise ValueError(f"{name} weights must have shape ({x.shape[0]},), got shape {w.shape}")
         if not np.all(np.isfinite(w)) or np.any(w < 0):
             raise ValueError(f"{name} weights must be finite and >= 0, got min {w.min()!r}")
     mass = float(w.sum())
@@ -112,7 +116,9 @@ def _cluster(x, w, k, rng):
     centres = x[rng.choice(n, size=k, replace=False)]
     _, lab = cKDTree(centres).query(x, workers=2)
     mass = np.bincount(lab, weights=w, minlength=k)
-    mean = np.stack([np.bincount(lab, weights=w * x[:, t], minlength=k) for t in range(x.shape[1])], 1)
+    mean = np.stack(
+        [np.bincount(lab, weights=w * x[:, t], minlength=k) for t in range(x.shape[1])], 1
+    )
     used = mass > 0
     relabel = np.cumsum(used) - 1
     mean = mean[used]
@@ -137,6 +143,23 @@ def _coarse(xc, ac, yc, bc, geodesic, eps_list, n_final):
         f = -eps * logsumexp((g[None, :] - c) / eps + lb[None, :], axis=1)
         g = -eps * logsumexp((f[:, None] - c) / eps + la[:, None], axis=0)
     return f, g, c
+
+
+def _extrapolate(q, pts, pot, logw, eps, geodesic, th_coarse, q_coarse, k=64):
+    r"""Soft c-transform :math:`-\varepsilon\log\sum_J w_J e^{(pot_J - c(q_i, p_J))/\varepsilon}` on each query's lifted candidates.
+
+    Returns the potentials and each query's expected transport angle (its best candidate's).
+    """
+    # the expected angle of a query: that of its nearest coarse atom
+    _, near = cKDTree(q_coarse).query(q, workers=2)
+    idx, _ = lifted_knn(q, pts, pot, th_coarse[near], k, geodesic)
+    kq = idx.shape[1]
+    ptr = np.arange(0, q.shape[0] * kq + 1, kq, dtype=np.int64)
+    cols = idx.ravel().astype(np.int64)
+    c = pattern_costs(q, pts, ptr, cols, geodesic)
+    out = np.empty(q.shape[0])
+    sparse_softmin(ptr, cols, c, pot, logw, eps, out)
+    return out, _angle(best_partner(ptr, cols, c, pot)[1], geodesic)
 
 
 # -- the fine level -------------------------------------------------------------------------------
@@ -169,7 +192,7 @@ def certified_w2(
     cost: str = "geodesic",
     reg: float = 1e-2,
     tol: float = 1e-3,
-    neighbours: int = 48,
+    neighbours: int = 512,
     n_coarse: int = 1000,
     max_levels: int = 30,
     max_iter: int = 2000,
@@ -260,7 +283,12 @@ def certified_w2(
         raise ValueError(
             f"tol must be in [{MIN_TOL:g}, 1): float64 cannot certify a relative width below {MIN_TOL:g}, got {tol!r}"
         )
-    for v, name in ((neighbours, "neighbours"), (n_coarse, "n_coarse"), (max_levels, "max_levels"), (max_iter, "max_iter")):
+    for v, name in (
+        (neighbours, "neighbours"),
+        (n_coarse, "n_coarse"),
+        (max_levels, "max_levels"),
+        (max_iter, "max_iter"),
+    ):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     omega = _real(omega, "omega")
@@ -274,7 +302,9 @@ def certified_w2(
     wanted = threads if threads is not None else (1 if (n + m) * neighbours < 2e6 else before)
     numba.set_num_threads(max(1, min(int(wanted), numba.config.NUMBA_NUM_THREADS)))
     try:
-        result = _solve(x, a, y, b, geodesic, reg, tol, neighbours, n_coarse, max_levels, max_iter, seed, omega)
+        result = _solve(
+            x, a, y, b, geodesic, reg, tol, neighbours, n_coarse, max_levels, max_iter, seed, omega
+        )
     finally:
         numba.set_num_threads(before)
     result["seconds"] = time.perf_counter() - t0
@@ -286,39 +316,106 @@ def _solve(x, a, y, b, geodesic, reg, tol, neighbours, n_coarse, max_levels, max
     n, m, d = x.shape[0], y.shape[0], x.shape[1]
     diam2 = cmax(geodesic)
     rng = np.random.default_rng(seed)
-
-    # 1. coarse level: anneal down to the cluster spacing squared
-    lx, xc, ac = _cluster(x, a, n_coarse, rng)
-    ly, yc, bc = _cluster(y, b, n_coarse, rng)
+    t_start = time.perf_counter()
     area = 2 * math.pi ** (d / 2) / math.gamma(d / 2)  # |S^{d-1}|
-    spacing = (area / min(len(ac), len(bc))) ** (1.0 / (d - 1))
-    eps_c = max(spacing**2, reg) if min(n, m) > n_coarse else reg
-    eps_list = [diam2]
-    while eps_list[-1] * 0.25 > eps_c:
-        eps_list.append(eps_list[-1] * 0.25)
-    eps_list.append(eps_c)
-    fc, gc, cc = _coarse(xc, ac, yc, bc, geodesic, eps_list, 10)
-    f, g = fc[lx].copy(), gc[ly].copy()
-    # expected transport angle of every atom: its cluster's best partner
-    th_x = _angle(cc[np.arange(len(ac)), np.argmin(cc - gc[None, :], axis=1)], geodesic)[lx]
-    th_y = _angle(cc[np.argmin(cc - fc[:, None], axis=0), np.arange(len(bc))], geodesic)[ly]
 
+    # the hierarchy: clusterings of each measure, 10x fewer atoms per level, down to n_coarse
+    sizes = [min(n, m)]
+    while sizes[-1] > n_coarse:
+        sizes.append(max(sizes[-1] // 10, n_coarse))
+    hier = [] if len(sizes) > 1 else [(x, a, y, b)]  # coarsest first: (x, a, y, b)
+    for k in sizes[:0:-1]:
+        _, xc, ac = _cluster(x, a, k, rng)
+        _, yc, bc = _cluster(y, b, k, rng)
+        hier.append((xc, ac, yc, bc))
+    hier.append((x, a, y, b))
+
+    # 1. coarsest level: dense annealing from diam^2 down to its spacing squared
+    xc, ac, yc, bc = hier[0]
+    spacing2 = (area / min(len(ac), len(bc))) ** (2.0 / (d - 1))
+    eps = max(spacing2, reg) if len(sizes) > 1 else reg
+    eps_list = [diam2]
+    while eps_list[-1] * 0.25 > eps:
+        eps_list.append(eps_list[-1] * 0.25)
+    eps_list.append(eps)
+    f, g, cc = _coarse(xc, ac, yc, bc, geodesic, eps_list, 10)
+    th_x = _angle(cc[np.arange(len(ac)), np.argmin(cc - g[None, :], axis=1)], geodesic)
+    th_y = _angle(cc[np.argmin(cc - f[:, None], axis=0), np.arange(len(bc))], geodesic)
+    log.debug(
+        "coarse %d x %d, eps %.3g, t %.1f", len(ac), len(bc), eps, time.perf_counter() - t_start
+    )
+    state = {"levels": 0, "passes": 0, "t_start": t_start}
+    result: dict = {}
+    for lev in range(1, len(hier)):
+        xp, ap, yp, bp = hier[lev - 1]
+        x, a, y, b = hier[lev]
+        # extrapolate: each atom's potential is the soft c-transform of the coarser level's
+        # other side (Feydy 2020), on its lifted nearest candidates
+        fn = _extrapolate(x, yp, g, np.log(bp), eps, geodesic, th_x, xp)
+        gn = _extrapolate(y, xp, f, np.log(ap), eps, geodesic, th_y, yp)
+        f, th_x = fn
+        g, th_y = gn
+        last = lev == len(hier) - 1
+        # a level of N atoms keeps O(N eps) partners: it runs while eps N stays small, then hands over
+        eps_end = reg if last else max(reg, 10.0 / min(len(a), len(b)) * (area / (4 * math.pi)))
+        f, g, th_x, th_y, eps, result = _sparse_level(
+            x,
+            a,
+            y,
+            b,
+            f,
+            g,
+            th_x,
+            th_y,
+            eps,
+            eps_end,
+            last,
+            geodesic,
+            reg,
+            tol,
+            neighbours,
+            max_levels,
+            max_iter,
+            omega,
+            state,
+        )
+    return result
+
+
+def _sparse_level(
+    x,
+    a,
+    y,
+    b,
+    f,
+    g,
+    th_x,
+    th_y,
+    eps,
+    eps_end,
+    last,
+    geodesic,
+    reg,
+    tol,
+    neighbours,
+    max_levels,
+    max_iter,
+    omega,
+    state,
+):
+    """The eps-halving loop on one level of atoms (kernel truncation); certifies on the last one."""
+    n, m = x.shape[0], y.shape[0]
+    diam2 = cmax(geodesic)
+    t_start = state["t_start"]
     la, lb_ = np.log(a), np.log(b)
-    eps = eps_c
-    levels = passes = 0
-    best = None
     result: dict = {}
     while True:
-        levels += 1
+        state["levels"] += 1
+        levels = state["levels"]
         # kept pairs: each atom's best partners in the lifted space
-        ix, _ = lifted_knn(x, y, g, th_x, neighbours, geodesic)
-        iy, _ = lifted_knn(y, x, f, th_y, neighbours, geodesic)
-        pat = _Pattern(
-            np.concatenate([np.repeat(np.arange(n), ix.shape[1]), iy.ravel()]),
-            np.concatenate([ix.ravel(), np.repeat(np.arange(m), iy.shape[1])]),
-            n,
-            m,
-        )
+        rx, cx = threshold_pairs(x, y, g, th_x, geodesic, TAU * eps, k_max=neighbours)
+        ry, cy = threshold_pairs(y, x, f, th_y, geodesic, TAU * eps, k_max=neighbours)
+        pat = _Pattern(np.concatenate([rx, cy]), np.concatenate([cx, ry]), n, m)
         c = pattern_costs(x, y, pat.ptr, pat.cols, geodesic)
         c_csc = c[pat.perm]
         sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
@@ -326,18 +423,21 @@ def _solve(x, a, y, b, geodesic, reg, tol, neighbours, n_coarse, max_levels, max
         kv = gibbs(pat.ptr, pat.cols, c, f, g, eps)
         kv_csc = kv[pat.perm]
         u, v = a.copy(), b.copy()
-        final = eps <= reg * (1 + 1e-12)
+        final = last and eps <= reg * (1 + 1e-12)
         err = np.inf
 
         def iterate(need, it_max):
-            nonlocal err, passes, kv, kv_csc, u, v
+            nonlocal err, kv, kv_csc, u, v
             for it in range(it_max):
                 err = scale_rows(pat.ptr, pat.cols, kv, v, a, u, omega)
                 scale_cols(pat.cptr, pat.crows, kv_csc, u, b, v, omega)
-                passes += 1
+                state["passes"] += 1
                 if err <= need:
                     return
-                if it % 10 == 9 and max(np.abs(np.log(u / a)).max(), np.abs(np.log(v / b)).max()) > 30:
+                if (
+                    it % 10 == 9
+                    and max(np.abs(np.log(u / a)).max(), np.abs(np.log(v / b)).max()) > 30
+                ):
                     absorb(f, u, a, eps)
                     absorb(g, v, b, eps)
                     kv = gibbs(pat.ptr, pat.cols, c, f, g, eps)
@@ -358,6 +458,16 @@ def _solve(x, a, y, b, geodesic, reg, tol, neighbours, n_coarse, max_levels, max
                 pc, delta = rounded_plan_cost(pat.ptr, pat.cols, kv, c, u, v, a, b)
         absorb(f, u, a, eps)
         absorb(g, v, b, eps)
+        log.debug(
+            "level %d eps %.3g pairs %d passes %d err %.2g certify %s t %.1f",
+            levels,
+            eps,
+            pat.nnz,
+            state["passes"],
+            err,
+            certify,
+            time.perf_counter() - t_start,
+        )
         th_x = _angle(best_partner(pat.ptr, pat.cols, c, g)[1], geodesic)
         th_y = _angle(best_partner(pat.cptr, pat.crows, c_csc, f)[1], geodesic)
         if certify:
@@ -375,7 +485,7 @@ def _solve(x, a, y, b, geodesic, reg, tol, neighbours, n_coarse, max_levels, max
                 "certified": width <= tol,
                 "eps": eps,
                 "levels": levels,
-                "passes": passes,
+                "passes": state["passes"],
                 "pairs": int(pat.nnz),
                 "marginal_error": float(err),
                 "rounding_mass": float(delta),
@@ -383,7 +493,16 @@ def _solve(x, a, y, b, geodesic, reg, tol, neighbours, n_coarse, max_levels, max
                 "lower_sq": lo2,
                 "upper_sq": up2,
             }
+            log.debug(
+                "bracket [%.6f, %.6f] width %.2g t %.1f",
+                lo,
+                up,
+                width,
+                time.perf_counter() - t_start,
+            )
             if width <= tol or levels >= max_levels:
                 break
-        eps = max(0.5 * eps, reg) if eps > reg else 0.5 * eps
-    return result
+        if not last and eps <= eps_end * (1 + 1e-12):
+            break
+        eps = max(0.5 * eps, eps_end) if eps > eps_end else 0.5 * eps
+    return f, g, th_x, th_y, eps, result
