@@ -187,13 +187,14 @@ def threshold_pairs(
     slack: float,
     k: int = 32,
     k_max: int = 512,
+    k_min: int = 16,
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""All pairs with :math:`c(q_i, p_j) - pot_j \le \min_j (c(q_i, p_j) - pot_j) + slack`.
 
     The kernel truncation of Schmitzer (2019): for each query the k-d tree candidates are
     grown (4x) until the tangent lower bound of every other point exceeds the threshold,
     so the kept set is complete, up to ``k_max`` candidates per query (beyond, the
-    ``k_max`` best by the bound are kept).  Returns ``(rows, cols)`` of the kept pairs.
+    ``k_max`` best by the bound are kept), and at least the ``k_min`` best.  Returns ``(rows, cols)`` of the kept pairs.
     """
     nq, n = q.shape[0], pts.shape[0]
     rows_out, cols_out = [], []
@@ -205,7 +206,10 @@ def threshold_pairs(
         vals = candidate_values(q[todo], pts, pot, idx, geodesic)
         best = vals.min(axis=1)
         done = (lb >= best + slack) | (kk >= min(n, k_max))
-        keep = (vals <= (best + slack)[:, None]) & done[:, None]
+        # the threshold set, and at least the k_min best (a margin against potentials that
+        # are not yet converged, which would otherwise leave a row with too few partners)
+        kth = np.partition(vals, min(k_min, kk) - 1, axis=1)[:, min(k_min, kk) - 1]
+        keep = ((vals <= (best + slack)[:, None]) | (vals <= kth[:, None])) & done[:, None]
         r, t = np.nonzero(keep)
         rows_out.append(todo[r])
         cols_out.append(idx[r, t])

@@ -300,7 +300,9 @@ def certified_w2(
 
     before = numba.get_num_threads()
     wanted = threads if threads is not None else (1 if (n + m) * neighbours < 2e6 else before)
-    numba.set_num_threads(max(1, min(int(wanted), numba.config.NUMBA_NUM_THREADS)))
+    numba.set_num_threads(
+        max(1, min(int(wanted), int(getattr(numba.config, "NUMBA_NUM_THREADS", before))))
+    )
     try:
         result = _solve(
             x, a, y, b, geodesic, reg, tol, neighbours, n_coarse, max_levels, max_iter, seed, omega
