@@ -101,6 +101,34 @@ def _run_semidiscrete(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     return WassersteinResult(0.5 * (lo + hi), p, "semidiscrete", cost, False, 0.5 * (hi - lo), info)
 
 
+def _run_multiscale(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
+    if p != 2:
+        raise ValueError(f"method='multiscale' computes W_2 (p=2) only, got p={p:g}")
+    from .multiscale import certified_w2
+
+    tol = 1e-3 if opts["tol"] is None else opts["tol"]
+    r = certified_w2(
+        x,
+        y,
+        a,
+        b,
+        cost=cost,
+        reg=opts["reg"],
+        tol=tol,
+        seed=0 if opts["seed"] is None else opts["seed"],
+    )
+    info.update(r)
+    if not r["certified"]:
+        warnings.warn(
+            f"multiscale: bracket [{r['lower']:.6g}, {r['upper']:.6g}] is wider than tol={tol:g} "
+            f"(relative width {r['rel_width']:.2g}) after {r['levels']} eps levels; it is still valid",
+            UserWarning,
+            stacklevel=4,  # the caller of wasserstein / wasserstein_result's caller
+        )
+    half = 0.5 * (r["upper"] - r["lower"])
+    return WassersteinResult(r["value"], p, "multiscale", cost, False, half, info)
+
+
 def _run_sliced(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     n_projections = check_int(opts["n_projections"], "n_projections")
     if cost != "geodesic":
@@ -157,6 +185,7 @@ RUNNERS: dict[str, Runner] = {
     "sinkhorn": _run_sinkhorn,
     "sliced": _run_sliced,
     "semidiscrete": _run_semidiscrete,
+    "multiscale": _run_multiscale,
 }
 METHODS = ("auto", *RUNNERS)
 
@@ -296,7 +325,7 @@ def wasserstein(
         densities.  ``nu="uniform"`` (circle, ``p=2``) gives :func:`w2_to_uniform_circle`.
     p : float, >= 1
         Order of the distance.
-    method : {"auto", "circle", "emd", "sinkhorn", "sliced", "semidiscrete"}
+    method : {"auto", "circle", "emd", "sinkhorn", "sliced", "semidiscrete", "multiscale"}
         ``"circle"``: exact on :math:`S^1`, O(N log N) (POT ``wasserstein_circle``; the
         optimal rotation is bisected to 1e-12, agreement with EMD to 1e-14 measured).
         ``"emd"``: exact linear program (POT ``emd2``), any d and cost; refused above
@@ -317,6 +346,10 @@ def wasserstein(
         For ``cost="geodesic"`` the upper end is widened by the factor
         :math:`2\arcsin(c_\max/2)/c_\max` (longest chord used), about :math:`1 + 10^{-4}`
         at small scales.
+        ``"multiscale"``: :math:`W_2` (p = 2) with a certified bracket of relative width
+        ``tol`` (default 1e-3), returned as its midpoint with ``error_bound`` the
+        half-width (:func:`wflow.transport.multiscale.certified_w2`: truncated multiscale
+        Sinkhorn, exact c-transform lower bound, rounded-plan upper bound).
         ``"auto"``: circle for d = 2 (geodesic), emd up to ``max_emd`` atoms, else sinkhorn.
     cost : {"geodesic", "chordal"}
         Ground distance :math:`\theta = \arccos\langle x,y\rangle` or :math:`|x-y| = 2\sin(\theta/2)`.
@@ -331,7 +364,8 @@ def wasserstein(
         Sliced method: number of great circles and their random seed.
     scaling, tol, max_iter, backend
         Sinkhorn: :math:`\varepsilon`-scaling factor (on the blur :math:`\varepsilon^{1/p}`),
-        residual tolerance (default ``0.1 * reg``), passes at the final
+        residual tolerance (default ``0.1 * reg``; for ``"multiscale"`` the relative
+        bracket width, default 1e-3), passes at the final
         :math:`\varepsilon`, and ``"auto"``/``"keops"``/``"numpy"``.
 
     Returns
