@@ -160,3 +160,13 @@ def test_count_rules_and_the_stopping_slope():
     assert C.e4_threshold(25.0) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="beta must be finite and > 0, got -1"):
         C.e4_threshold(-1.0)
+
+
+@pytest.mark.parametrize("beta", [-1.0, 0.0, float("nan"), float("inf")])
+def test_cluster_threshold_refuses_a_beta_it_cannot_use(beta):
+    """cluster_threshold(-1, 2) returned NaN; every beta that is not finite and > 0 is named."""
+    from wflow.studies.perceptron_runs import cluster_threshold
+
+    with pytest.raises(ValueError, match="beta must be a finite number > 0"):
+        cluster_threshold(beta, 2)
+    assert cluster_threshold(4.0, 2) == 0.25

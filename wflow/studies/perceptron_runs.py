@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..diagnostics import batched_cluster_labels
+from ..errors import check_int, check_positive
 from ..measure import Atoms
 from ..models import SA, USA, Model, Perceptron
 from ..solvers.particles import simulate
@@ -85,7 +86,13 @@ def cluster_threshold(beta: float, d: int) -> float:
     --------
     >>> cluster_threshold(1.0, 2), round(cluster_threshold(100.0, 2), 4), round(cluster_threshold(1.0, 8), 4)
     (0.5, 0.05, 0.1963)
+    >>> cluster_threshold(-1.0, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: beta must be a finite number > 0, got -1.0
     """
+    beta = check_positive(beta, "beta")
+    d = check_int(d, "d", minimum=2)
     return float(min(1.0 / (2.0 * np.sqrt(beta)), np.pi / (2 * d)))
 
 
