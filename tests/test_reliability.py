@@ -529,10 +529,11 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
         f"the run ended before the signal (exit {p.returncode}, {seen} snapshots committed): {err}"
     )
     assert p.returncode == 130, (seen, err)
-    assert (
-        err
-        == "wflow: interrupted; committed snapshots are kept (continue with wflow run --resume)\n"
-    )
+    # a first run from a cold numba cache also names what it compiles (one line each, before)
+    lines = [line for line in err.splitlines() if not line.startswith("wflow: compiling ")]
+    assert lines == [
+        "wflow: interrupted; committed snapshots are kept (continue with wflow run --resume)"
+    ], err
     kept = io.committed_length(out / "trajectory.zarr")
     assert 3 <= kept < 200
     assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0

@@ -54,6 +54,7 @@ def test_a_study_that_raises_fails_the_run_and_the_others_still_run(tmp_path, mo
     monkeypatch.setitem(report.STUDIES, "fine", _passing("fine"))
     assert main(["validate", "broken", "fine", "--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out.splitlines()
+    assert out.pop(0) == "[1/2] broken (full) ..." and out.pop(1) == "[2/2] fine (full) ..."
     assert out[0] == (
         f"broken: FAILED, could not run: RuntimeError: the solver diverged -> {tmp_path / 'broken.md'}"
     )
@@ -98,6 +99,7 @@ def test_a_study_module_that_cannot_be_imported_fails_the_run(tmp_path, monkeypa
     assert report.load_all() == {broken: f"ModuleNotFoundError: No module named '{broken}'"}
     assert main(["validate", "fine", "--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out.splitlines()
+    assert out.pop(1) == "[1/1] fine (full) ..."  # after the module that could not be imported
     assert out[0].startswith(f"{broken}: FAILED, could not run: cannot be imported (Module")
     assert out[1].startswith("fine: passed")
     # a name that may live in the broken module: not "bad input" (exit 2), a study that cannot run
