@@ -603,6 +603,18 @@ def _interrupts():
     return _Interrupts()
 
 
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        return _run(args)
+    if args.command == "validate":
+        return _validate(args)
+    if args.command == "sweep":
+        return _sweep(args)
+    if args.command == "repair":
+        return _repair(args)
+    return EXIT_USAGE  # pragma: no cover
+
+
 def _main(argv: list[str] | None) -> int:
     from .errors import StoreBusyError, WflowError  # (imports numpy: inside main's Ctrl-C guard)
 
@@ -616,14 +628,12 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "validate":
-            return _validate(args)
-        if args.command == "sweep":
-            return _sweep(args)
-        if args.command == "repair":
-            return _repair(args)
+        try:
+            return _dispatch(args)
+        except Exception:
+            if _INTERRUPTED.is_set():  # a Ctrl-C that numba's compiler swallowed left this error
+                raise KeyboardInterrupt from None  # (a half-compiled kernel): it is the interrupt
+            raise
     except (ValueError, TypeError, FileExistsError, FileNotFoundError) as exc:
         print(f"wflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
