@@ -29,7 +29,7 @@ method            what it computes                        accuracy
                   M >> N atoms (a fine quadrature),       (relative width ~1e-4); geodesic
                   damped Newton on the semi-dual,         within a factor 1 + c_max^2/24
                   exact c-transform by k-d tree           (:mod:`wflow.transport.semidiscrete`)
-``multiscale``    W_2 on S^{d-1}, truncated multiscale      certified bracket lo <= W_2 <= hi of
+``multiscale``    W_2 on S^{d-1}, truncated multiscale    certified bracket lo <= W_2 <= hi of
                   Sinkhorn (:mod:`.multiscale`)           relative width ``tol``
 ``"uniform"``     :math:`W_2` to the uniform law on S^1   exact closed form
 ================  ======================================  =====================================
