@@ -313,6 +313,25 @@ def test_kept_snapshots_equal_the_states_saved_whatever_their_size_and_dtype():
     np.testing.assert_array_equal(big[:, 0, 0], [np.float32(x) if x > 0.25 else x for x in t])
 
 
+def test_kept_saves_beyond_the_machine_say_what_to_pass_instead():
+    """Keeping every save of a variable too large for memory fails at the first save, before any
+    step, with a MemoryError that names the variable, the size and the way out (keep=False with a
+    writer) -- not numpy's bare "Unable to allocate".  The variable is a broadcast view of 8 GB (no
+    memory of its own); 10^5 saves of it exceed any machine's address space."""
+
+    class Huge(Problem):
+        kind = "ode"
+
+        def rhs(self, t, y):
+            return -y
+
+        def snapshot(self, t, y):
+            return {"field": (("i",), np.broadcast_to(t, (10**9,)))}
+
+    with pytest.raises(MemoryError, match=r"keeping 100000 saves of 'field' .* keep=False"):
+        integrate(Huge(), "rk4", np.ones(3), 0.0, 1.0, save_at=np.linspace(0, 1, 10**5), dt=1e-6)
+
+
 def test_failures_set_status_or_raise():
     class Bad(wflow.models.Model):
         def velocity(self, x, mu, *, backend="auto"):

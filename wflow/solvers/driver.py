@@ -360,6 +360,20 @@ def _loop(
 _BUFFER_BYTES = 1 << 16
 
 
+def _kept_buffer(name: str, capacity: int, arr: np.ndarray) -> np.ndarray:
+    """An empty array for ``capacity`` saves of ``arr``; a size the machine cannot hold is a
+    ``MemoryError`` that says what to pass instead."""
+    try:
+        return np.empty((capacity, *arr.shape), arr.dtype)
+    except MemoryError:
+        need = capacity * arr.nbytes / 2**30
+        raise MemoryError(
+            f"keeping {capacity} saves of {name!r} (shape {arr.shape}, {arr.dtype}) needs "
+            f"{need:.3g} GiB, more than this machine can allocate: pass keep=False with a "
+            "writer (wflow.io.ZarrRecorder) to hold the saves on disk, or fewer save times"
+        ) from None
+
+
 class _Saved:
     """The snapshots a run keeps in memory (all, or with ``keep=False`` the last) and shows its trackers."""
 
@@ -433,7 +447,7 @@ class _Saved:
             arr = np.asarray(value)
             buf = self.buffers.get(name)
             if buf is None and k == 0 and arr.nbytes >= _BUFFER_BYTES and k < self.capacity:
-                buf = self.buffers[name] = np.empty((self.capacity, *arr.shape), arr.dtype)
+                buf = self.buffers[name] = _kept_buffer(name, self.capacity, arr)
             if buf is None:
                 continue
             if k < len(buf) and arr.shape == buf.shape[1:] and arr.dtype == buf.dtype:
