@@ -138,61 +138,42 @@ def _plan(quick: bool, convention: str = "code") -> dict[str, Any]:
     return plan
 
 
+def _weights_call(
+    weights: tuple, conv: str, *, d: int, N: int, seeds: int, t_max: float, **extra: Any
+) -> dict[str, Any]:
+    """Keywords of one :meth:`Runs.__call__` at fixed perceptron ``weights = (A, omega)`` (or ``(None, None)``)."""
+    A, om = weights
+    return dict(d=d, N=N, seeds=seeds, A=A, omega=om, t_max=t_max, convention=conv, **extra)
+
+
 def _e23_call(plan: dict[str, Any], act: str, conv: str) -> dict[str, Any]:
-    A, om = plan["A2"]
-    return dict(
-        d=2,
-        N=plan["N"],
-        seeds=plan["seeds"],
-        A=A,
-        omega=om,
-        activation=act,
-        t_max=plan["t_max"],
-        convention=conv,
-    )
+    n, seeds, t_max = plan["N"], plan["seeds"], plan["t_max"]
+    return _weights_call(plan["A2"], conv, d=2, N=n, seeds=seeds, t_max=t_max, activation=act)
 
 
 def _e4_call(plan: dict[str, Any], d: int, beta: float, conv: str) -> dict[str, Any]:
-    A, om = plan["A4"][d]
-    return dict(
+    return _weights_call(
+        plan["A4"][d],
+        conv,
         d=d,
         N=plan["N4"],
         seeds=1,
-        A=A,
-        omega=om,
-        activation="gelu",
         t_max=plan["t_max4"],
-        convention=conv,
+        activation="gelu",
         threshold=e4_threshold(beta),
     )
 
 
 def _e5_call(plan: dict[str, Any], attention: str, with_p: bool, conv: str) -> dict[str, Any]:
-    A, om = plan["A3"]
-    return dict(
-        d=3,
-        N=plan["N"],
-        seeds=2,
-        attention=attention,
-        A=A if with_p else None,
-        omega=om if with_p else None,
-        t_max=plan["t_max"],
-        convention=conv,
+    w = plan["A3"] if with_p else (None, None)
+    return _weights_call(
+        w, conv, d=3, N=plan["N"], seeds=2, t_max=plan["t_max"], attention=attention
     )
 
 
 def _count_call(plan: dict[str, Any], act: str, k: int, conv: str) -> dict[str, Any]:
-    A, om = plan["draws_w"][act][k]
-    return dict(
-        d=2,
-        N=plan["Nc"],
-        seeds=1,
-        A=A,
-        omega=om,
-        activation=act,
-        t_max=plan["t_maxc"],
-        convention=conv,
-    )
+    w, n, t_max = plan["draws_w"][act][k], plan["Nc"], plan["t_maxc"]
+    return _weights_call(w, conv, d=2, N=n, seeds=1, t_max=t_max, activation=act)
 
 
 def _sweep_grid(plan: dict[str, Any]) -> list[tuple[str, int, float]]:
@@ -203,22 +184,15 @@ def _sweep_grid(plan: dict[str, Any]) -> list[tuple[str, int, float]]:
 
 def _sweep_call(plan: dict[str, Any], att: str, scale: float, conv: str) -> dict[str, Any]:
     A, om = plan["A6"]
-    return dict(
-        d=2,
-        N=plan["Nc"],
-        seeds=1,
-        attention=att,
-        A=A,
-        omega=scale * om,
-        activation="gelu",
-        t_max=1000.0,
-        convention=conv,
+    n = plan["Nc"]
+    return _weights_call(
+        (A, scale * om), conv, d=2, N=n, seeds=1, t_max=1000.0, attention=att, activation="gelu"
     )
 
 
 def _convention_call(plan: dict[str, Any], conv: str) -> dict[str, Any]:
-    A, om = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
-    return dict(d=2, N=128, seeds=2, A=A, omega=om, activation="gelu", t_max=300.0, convention=conv)
+    w = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
+    return _weights_call(w, conv, d=2, N=128, seeds=2, t_max=300.0, activation="gelu")
 
 
 def _angle(p: np.ndarray) -> np.ndarray:
