@@ -41,35 +41,19 @@ from .perceptron_checks import (
     heavy_count,
     stopping_slope,
 )
+
+# the runs' public names (perceptron_runs.__all__) stay importable from here, where the docs point
+from .perceptron_runs import *  # noqa: F403
 from .perceptron_runs import (
     BETAS,
     CONVENTIONS,
     Runs,
-    SettleStop,
     check_convention,
-    cluster_threshold,
-    clusters_of,
-    paper_model,
-    paper_part,
     paper_perceptron,
-    run_paper,
 )
 from .report import StudyReport, register
 
-__all__ = [
-    "BETAS",
-    "CONVENTIONS",
-    "check_convention",
-    "cluster_threshold",
-    "paper_perceptron",
-    "paper_model",
-    "SettleStop",
-    "clusters_of",
-    "run_paper",
-    "paper_part",
-    "Runs",
-    "study_perceptron",
-]
+__all__ = ["study_perceptron"]
 
 
 def _plan(quick: bool, convention: str = "code") -> dict[str, Any]:
@@ -109,58 +93,15 @@ def _plan(quick: bool, convention: str = "code") -> dict[str, Any]:
     plan["A6"] = (A6, om6 / np.linalg.norm(om6))
     N, seeds, t_max = plan["N"], plan["seeds"], plan["t_max"]
     calls = [((b, s), dict(d=2, N=N, seeds=seeds, t_max=t_max)) for s in (1, -1) for b in betas]
-    A2, om2 = plan["A2"]
     calls += [
-        (
-            (b, s),
-            dict(
-                d=2,
-                N=N,
-                seeds=seeds,
-                A=A2,
-                omega=om2,
-                activation=act,
-                t_max=t_max,
-                convention=conv,
-            ),
-        )
+        ((b, s), _e23_call(plan, act, conv))
         for act in ("relu", "gelu")
         for s in (1, -1)
         for b in plan["betas_few"]
     ]
+    calls += [((b, -1), _e4_call(plan, d, b, conv)) for d in plan["dims"] for b in plan["betas4"]]
     calls += [
-        (
-            (b, -1),
-            dict(
-                d=d,
-                N=plan["N4"],
-                seeds=1,
-                A=plan["A4"][d][0],
-                omega=plan["A4"][d][1],
-                activation="gelu",
-                t_max=plan["t_max4"],
-                convention=conv,
-                threshold=e4_threshold(b),
-            ),
-        )
-        for d in plan["dims"]
-        for b in plan["betas4"]
-    ]
-    A3, om3 = plan["A3"]
-    calls += [
-        (
-            (b, s),
-            dict(
-                d=3,
-                N=N,
-                seeds=2,
-                attention=att,
-                A=A3 if p else None,
-                omega=om3 if p else None,
-                t_max=t_max,
-                convention=conv,
-            ),
-        )
+        ((b, s), _e5_call(plan, att, p, conv))
         for att in ("USA", "SA")
         for s in (1, -1)
         for p in (False, True)
@@ -197,18 +138,42 @@ def _plan(quick: bool, convention: str = "code") -> dict[str, Any]:
     return plan
 
 
-def _count_call(plan: dict[str, Any], act: str, k: int, conv: str) -> dict[str, Any]:
-    A, om = plan["draws_w"][act][k]
-    return dict(
-        d=2,
-        N=plan["Nc"],
+def _weights_call(
+    weights: tuple, conv: str, *, d: int, N: int, seeds: int, t_max: float, **extra: Any
+) -> dict[str, Any]:
+    """Keywords of one :meth:`Runs.__call__` at fixed perceptron ``weights = (A, omega)`` (or ``(None, None)``)."""
+    A, om = weights
+    return dict(d=d, N=N, seeds=seeds, A=A, omega=om, t_max=t_max, convention=conv, **extra)
+
+
+def _e23_call(plan: dict[str, Any], act: str, conv: str) -> dict[str, Any]:
+    n, seeds, t_max = plan["N"], plan["seeds"], plan["t_max"]
+    return _weights_call(plan["A2"], conv, d=2, N=n, seeds=seeds, t_max=t_max, activation=act)
+
+
+def _e4_call(plan: dict[str, Any], d: int, beta: float, conv: str) -> dict[str, Any]:
+    return _weights_call(
+        plan["A4"][d],
+        conv,
+        d=d,
+        N=plan["N4"],
         seeds=1,
-        A=A,
-        omega=om,
-        activation=act,
-        t_max=plan["t_maxc"],
-        convention=conv,
+        t_max=plan["t_max4"],
+        activation="gelu",
+        threshold=e4_threshold(beta),
     )
+
+
+def _e5_call(plan: dict[str, Any], attention: str, with_p: bool, conv: str) -> dict[str, Any]:
+    w = plan["A3"] if with_p else (None, None)
+    return _weights_call(
+        w, conv, d=3, N=plan["N"], seeds=2, t_max=plan["t_max"], attention=attention
+    )
+
+
+def _count_call(plan: dict[str, Any], act: str, k: int, conv: str) -> dict[str, Any]:
+    w, n, t_max = plan["draws_w"][act][k], plan["Nc"], plan["t_maxc"]
+    return _weights_call(w, conv, d=2, N=n, seeds=1, t_max=t_max, activation=act)
 
 
 def _sweep_grid(plan: dict[str, Any]) -> list[tuple[str, int, float]]:
@@ -219,22 +184,15 @@ def _sweep_grid(plan: dict[str, Any]) -> list[tuple[str, int, float]]:
 
 def _sweep_call(plan: dict[str, Any], att: str, scale: float, conv: str) -> dict[str, Any]:
     A, om = plan["A6"]
-    return dict(
-        d=2,
-        N=plan["Nc"],
-        seeds=1,
-        attention=att,
-        A=A,
-        omega=scale * om,
-        activation="gelu",
-        t_max=1000.0,
-        convention=conv,
+    n = plan["Nc"]
+    return _weights_call(
+        (A, scale * om), conv, d=2, N=n, seeds=1, t_max=1000.0, attention=att, activation="gelu"
     )
 
 
 def _convention_call(plan: dict[str, Any], conv: str) -> dict[str, Any]:
-    A, om = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
-    return dict(d=2, N=128, seeds=2, A=A, omega=om, activation="gelu", t_max=300.0, convention=conv)
+    w = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
+    return _weights_call(w, conv, d=2, N=128, seeds=2, t_max=300.0, activation="gelu")
 
 
 def _angle(p: np.ndarray) -> np.ndarray:
@@ -281,19 +239,7 @@ def _e4(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[int, list]:
     for d in plan["dims"]:
         A4, om4 = plan["A4"][d]
         for beta in plan["betas4"]:
-            r = runs(
-                beta,
-                -1,
-                d=d,
-                N=plan["N4"],
-                seeds=1,
-                A=A4,
-                omega=om4,
-                activation="gelu",
-                t_max=plan["t_max4"],
-                convention=conv,
-                threshold=e4_threshold(beta),
-            )
+            r = runs(beta, -1, **_e4_call(plan, d, beta, conv))
             masses = r["clusters"][0][1]
             bound = float(anticoncentration_bound(beta, om4, A4))
             e4.setdefault(d, []).append((beta, masses[:3].tolist(), bound))
@@ -578,24 +524,12 @@ def study_perceptron(out: Path, quick: bool, convention: str = "code") -> StudyR
     )
 
     # E2/E3: ReLU and GELU perceptrons on S^1, 'seeds' particle seeds at fixed weights
-    A2, om2 = plan["A2"]
     spread_ok = []
     locs_fig: dict[str, list] = {}
     for act in ("relu", "gelu"):
         for sign in (1, -1):
             for beta in betas_few:
-                r = runs(
-                    beta,
-                    sign,
-                    d=2,
-                    N=N,
-                    seeds=seeds,
-                    A=A2,
-                    omega=om2,
-                    activation=act,
-                    t_max=t_max,
-                    convention=conv,
-                )
+                r = runs(beta, sign, **_e23_call(plan, act, conv))
                 cl = r["clusters"]
                 k = [len(c[1]) for c in cl]
                 sp = _location_spread(cl, min_mass=0.05)
@@ -635,25 +569,13 @@ def study_perceptron(out: Path, quick: bool, convention: str = "code") -> StudyR
     e4 = _e4(rep, runs, plan)
 
     # E5: S^2, USA/SA, ascent/descent, with and without the perceptron
-    A3, om3 = plan["A3"]
     e5: dict[str, list] = {}
     for attention in ("USA", "SA"):
         for sign in (1, -1):
             for with_p in (False, True):
                 tag = f"{attention} {'ascent' if sign > 0 else 'descent'}{' + GELU' if with_p else ''}"
                 for beta in betas_few:
-                    r = runs(
-                        beta,
-                        sign,
-                        d=3,
-                        N=N,
-                        seeds=2,
-                        attention=attention,
-                        A=A3 if with_p else None,
-                        omega=om3 if with_p else None,
-                        t_max=t_max,
-                        convention=conv,
-                    )
+                    r = runs(beta, sign, **_e5_call(plan, attention, with_p, conv))
                     heavy = [int(np.sum(c[1] >= 0.05)) for c in r["clusters"]]
                     e5.setdefault(tag, []).append((beta, float(np.mean(heavy))))
                     rep.rows.append(

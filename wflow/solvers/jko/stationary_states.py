@@ -605,6 +605,9 @@ def stationary(
     )
     if kwargs:
         raise TypeError(f"stationary() got unexpected keyword arguments {sorted(kwargs)}")
+    setting = _Setting(
+        model, x, mesh, h, unit, atom_width, stray_mass, threshold, polish, residual_tol, backend
+    )
     hist: dict[str, list] = {"tau": [], "change": [], "free_energy": [], "residual": []}
     perturbations: list[str] = []
     w = a
@@ -618,28 +621,13 @@ def stationary(
         )
         steps += k
         start = tau0 * unit
-        out = _analyse(
-            model,
-            st,
-            x,
-            w,
-            mesh,
-            h,
-            unit,
-            atom_width,
-            stray_mass,
-            threshold,
-            polish,
-            residual_tol,
-            backend,
-            stopped,
-        )
-        verdict = out["stability"]
+        out = _analyse(setting, w, stopped)
+        verdict = out.fields["stability"]
         if (
             stopped
             and not failed
-            and not out["converged"]
-            and not out["coarse"]
+            and not out.fields["converged"]
+            and not out.coarse
             and raised < 3
             and steps < max_steps
         ):
@@ -653,7 +641,7 @@ def stationary(
             continue
         if (
             not perturb
-            or not out["converged"]
+            or not out.fields["converged"]
             or verdict is None
             or verdict.stable
             or restarts >= max_restarts
@@ -664,14 +652,15 @@ def stationary(
         mode = H.mode(int(np.argmax(H.eigenvalues)))
         restarts += 1
         perturbations.append(
-            f"restart {restarts}: {len(out['masses'])} atoms critical but unstable "
+            f"restart {restarts}: {len(out.fields['masses'])} atoms critical but unstable "
             f"(eigenvalue {verdict.max_eigenvalue:.3g}); mass moved by {atom_width:.3g} rad along its mode"
         )
         w = _perturb(x, w, H.points, mode, atom_width)
         st.first = True
     breakdowns = sum(st.ot.breakdowns.values()) if st.ot is not None else 0
-    notes = out["notes"]
-    msg = ("converged" if out["converged"] else "NOT converged") + f" (test: {out['test']})"
+    notes = out.notes
+    msg = "converged" if out.fields["converged"] else "NOT converged"
+    msg += f" (test: {out.fields['test']})"
     if stopped:
         msg += f" after {steps} steps (tau={tau / unit:.3g} T, T={unit:.3g})"
     else:
@@ -679,7 +668,7 @@ def stationary(
             f": max_steps={max_steps} reached; last change {hist['change'][-1]:.3g} "
             f"(tol {tol_now * min(1.0, tau / unit):.3g})"
         )
-    msg += out["verdict_note"]
+    msg += out.note
     if perturbations:
         notes = [*perturbations, *notes]
         if restarts and verdict is not None and verdict.stable:
@@ -692,33 +681,17 @@ def stationary(
     return StationaryResult(
         weights=w,
         points=x,
-        atoms=out["atoms"],
-        masses=out["masses"],
-        residual=out["residual"],
-        residual_support=out["res_support"],
-        hessian=out["hess"],
-        potential_gap=out["gap"],
         energy=st.energy.F(w),
         steps=steps,
         tau=tau,
-        converged=out["converged"],
         history=hist,
         mesh=mesh,
         message=msg,
-        residual_grid=out["residual_grid"],
-        spread=out["spread"],
-        atomic=out["atomic"],
-        polished=out["polished"],
         stopped=stopped,
-        residual_tol=out["residual_tol"],
-        separation_threshold=out["threshold"],
-        residual_mass=out["residual_mass"],
-        test=out["test"],
-        resolved=out["resolved"],
         time_unit=unit,
-        stability=verdict,
         perturbations=perturbations,
         breakdowns=breakdowns,
+        **out.fields,
     )
 
 
@@ -763,25 +736,40 @@ def _iterate(
     return w, stopped, tau, k, failed
 
 
-def _analyse(
-    model,
-    st,
-    x,
-    w,
-    mesh,
-    h,
-    unit,
-    atom_width,
-    stray_mass,
-    threshold,
-    polish,
-    residual_tol,
-    backend,
-    stopped,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Setting:
+    """What :func:`_analyse` needs of a :func:`stationary` call besides the measure."""
+
+    model: Model | None
+    x: np.ndarray
+    mesh: Mesh | None
+    h: float
+    unit: float
+    atom_width: float
+    stray_mass: float
+    threshold: float
+    polish: bool
+    residual_tol: float | None
+    backend: str
+
+
+@dataclass
+class _Analysis:
+    """What :func:`_analyse` read off a settled measure: ``fields`` are :class:`StationaryResult`'s."""
+
+    fields: dict[str, Any]
+    coarse: bool
+    notes: list[str]
+    note: str
+
+
+def _analyse(setting: _Setting, w: np.ndarray, stopped: bool) -> _Analysis:
     """Atoms, residuals, resolution and the verdict of a settled support measure."""
+    model, x, mesh, h, unit = setting.model, setting.x, setting.mesh, setting.h, setting.unit
+    atom_width, stray_mass, polish = setting.atom_width, setting.stray_mass, setting.polish
+    residual_tol, backend = setting.residual_tol, setting.backend
     groups = atom_groups(
-        x, w, neighbors=None if mesh is None else mesh.cell_neighbors, threshold=threshold
+        x, w, neighbors=None if mesh is None else mesh.cell_neighbors, threshold=setting.threshold
     )
     # groups wider than an atom carrying at most stray_mass in all are strays (tails still draining)
     wide = groups.spread > atom_width
@@ -888,7 +876,7 @@ def _analyse(
             note += f"; stability: {verdict.message}"
         except (ValueError, WflowError) as err:
             note += f"; stability not judged ({err})"
-    return dict(
+    fields = dict(
         atoms=atoms,
         masses=masses,
         spread=spread,
@@ -896,18 +884,15 @@ def _analyse(
         residual_mass=residual_mass,
         residual_grid=residual_grid,
         polished=polished,
-        hess=hess,
+        hessian=hess,
         residual=residual,
-        res_support=res_support,
-        speed_max=speed_max,
-        gap=gap,
+        residual_support=res_support,
+        potential_gap=gap,
         test=test,
         residual_tol=float(residual_tol),
         resolved=resolved,
-        coarse=h > width,
         converged=converged,
-        verdict_note=note,
-        notes=notes,
         stability=verdict,
-        threshold=groups.threshold,
+        separation_threshold=groups.threshold,
     )
+    return _Analysis(fields, coarse=h > width, notes=notes, note=note)
