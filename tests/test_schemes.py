@@ -185,6 +185,53 @@ def test_layered_parameters_switch_at_layer_boundaries(tmp_path):
     assert len({id(layer) for layer in rnd.layers}) == 3 and rnd.at(2.5) is rnd.layers[2]
 
 
+@pytest.mark.parametrize("method", ["rk4", "dopri5"])
+def test_a_step_ending_on_a_layer_boundary_keeps_its_layer(method):
+    """Regression: the last stage of a step that ends on a layer boundary (RK4's k4 at t + dt, the c = 1 stages
+    of dopri5) saw the next layer.  RK4 with dt = 0.1 over two very different unit layers was 9.1e-3 off the
+    layers integrated one after the other, and dopri5 (rtol 1e-10) rejected 66 steps at the boundary while
+    its step collapsed to 1e-10.  Now every stage sees the step's layer: RK4 repeats the layer-by-layer run
+    bit for bit, dopri5 to 1e-9 without a rejected step."""
+    x0 = sphere.uniform(9, 3, seed=7)
+    l1, l2 = SA(1.0), SA(5.0, V=-np.eye(3))
+    kw = {"dt": 0.1} if method == "rk4" else {"rtol": 1e-10, "atol": 1e-12}
+    full = wflow.simulate(
+        Layered([l1, l2]), x0, 2.0, save_at=[0, 1, 2], method=method, backend=BK, **kw
+    )
+    a = wflow.simulate(l1, x0, 1.0, save_at=[0, 1], method=method, backend=BK, **kw)
+    b = wflow.simulate(l2, a.points[-1], 1.0, save_at=[0, 1], method=method, backend=BK, **kw)
+    np.testing.assert_allclose(full.points[1], a.points[-1], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(full.points[-1], b.points[-1], rtol=0, atol=1e-9)
+    if method == "rk4":
+        np.testing.assert_array_equal(full.points[-1], b.points[-1])
+    else:
+        assert full.stats["rejected"][-1] == 0
+        assert full.stats["steps"][-1] <= a.stats["steps"][-1] + b.stats["steps"][-1]
+    # Mix-LN switches at tau = 1: a step ending on tau is a step before the switch (Pre-LN side)
+    att = SA(2.0)
+    y0 = 1.3 * sphere.uniform(6, 3, seed=2)
+    mix = wflow.simulate(Normalized(att, "mix-ln", tau=1.0), y0, 2.0, dt=0.1, backend=BK)
+    before = wflow.simulate(Normalized(att, "mix-ln", tau=5.0), y0, 1.0, dt=0.1, backend=BK)
+    after = wflow.simulate(
+        Normalized(att, "mix-ln", tau=0.0), before.positions[-1], 1.0, dt=0.1, backend=BK
+    )
+    np.testing.assert_array_equal(mix.positions[-1], after.positions[-1])
+
+
+def test_finite_volume_steps_ending_on_a_layer_boundary_keep_their_layer():
+    """The same on the finite-volume solver (SSP-RK3, whose stage at t + dt and first-same-as-last derivative
+    both fall on the boundary): fixed steps of 0.01 were 1.5e-4 off the layer-by-layer run (now to
+    rounding), error-controlled ones rejected 72 steps (now none)."""
+    rho0 = wflow.Density.from_function(wflow.CircleMesh(64), lambda x: 1 + 0.5 * x[:, 0])
+    l1, l2 = SA(1.0), SA(4.0, V=-np.eye(2))
+    for kw in ({"dt": 0.01}, {"rtol": 1e-6}):
+        full = wflow.solve_density(Layered([l1, l2]), rho0, 2.0, save_at=[0, 2], backend=BK, **kw)
+        a = wflow.solve_density(l1, rho0, 1.0, backend=BK, **kw)
+        b = wflow.solve_density(l2, a.density(-1), 1.0, backend=BK, **kw)
+        np.testing.assert_allclose(full.values[-1], b.values[-1], rtol=0, atol=1e-12)
+        assert full.stats["rejected"][-1] == 0
+
+
 def test_time_dependent_models_and_schemes_on_the_continuum_solvers():
     """nGPT and sqrt-scaling are fields on the sphere: the finite-volume solver runs them (mass kept)."""
     rho0 = wflow.Density.from_function(wflow.CircleMesh(64), lambda x: 1 + 0.5 * x[:, 0])
