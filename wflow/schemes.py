@@ -31,7 +31,9 @@ positive speed), and ``energy`` returns it.
 
 Layer-dependent parameters: :class:`Layered` (a list of models, one per unit of depth, or
 random weights redrawn every ``period``) and :class:`TimeDependent` (any function of t).
-Solvers evaluate ``model.at(t)``; adaptive steps land on layer boundaries.
+Solvers evaluate ``model.at(t)``; adaptive steps land on layer boundaries, and every stage of a
+step sees the layer the step lies in (``model.at(t, piece=midpoint)``,
+:meth:`wflow.solvers.base.Problem.stepping`).
 """
 
 from __future__ import annotations
