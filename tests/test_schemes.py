@@ -239,6 +239,26 @@ def test_finite_volume_steps_ending_on_a_layer_boundary_keep_their_layer():
         assert full.stats["rejected"][-1] == 0
 
 
+def test_jko_steps_ending_on_a_layer_boundary_keep_their_layer():
+    """The JKO step is implicit (the energy at the step's end): the third step of 0.1, ending on the boundary
+    at 0.3 (3 x 0.1 = 0.30000000000000004), used the second layer's energy and was 2.2e-2 off the first
+    layer's run; now both layers' runs are repeated exactly (warm start across the boundary)."""
+    from wflow.solvers.jko import jko
+
+    mesh = wflow.CircleMesh(64)
+    rho0 = wflow.Density.from_function(
+        mesh,
+        lambda x: np.exp(np.cos(np.arctan2(x[:, 1], x[:, 0]) - 0.3)) + 0.5 * np.exp(2 * x[:, 0]),
+    )
+    l1, l2 = USA(2.0), USA(3.0, V=-np.eye(2))
+    kw = {"kappa": 4.0, "backend": BK}
+    full = jko(Layered([l1, l2], period=0.3), rho0, 0.1, 6, save_every=3, **kw)
+    a = jko(l1, rho0, 0.1, 3, **kw)
+    b = jko(l2, a.atoms(-1), 0.1, 3, warm_start=a.warm_start, reference=mesh.areas, **kw)
+    np.testing.assert_array_equal(full.weights[1], a.weights[-1])
+    np.testing.assert_array_equal(full.weights[-1], b.weights[-1])
+
+
 def test_time_dependent_models_and_schemes_on_the_continuum_solvers():
     """nGPT and sqrt-scaling are fields on the sphere: the finite-volume solver runs them (mass kept)."""
     rho0 = wflow.Density.from_function(wflow.CircleMesh(64), lambda x: 1 + 0.5 * x[:, 0])
