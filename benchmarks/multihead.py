@@ -13,6 +13,14 @@ evaluation, timed round-robin after one warm-up each:
 The two wflow columns are checked to agree (max abs difference printed).  Wall-clock and process
 (CPU) medians are both printed: on a shared machine the CPU time is the steadier one, and
 ``OPENBLAS_NUM_THREADS=1`` keeps BLAS's spinning threads from dominating these small products.
+
+The ratio is the ratio of the work: at the default shape ``MultiHead`` does 252 million multiply-adds
+(the query, key and value maps of every head in one product, 137 M; logits and softmax-weighted values,
+36 M each; the output maps, 44 M), 12 dense-V blocks about 1.07 billion (per head 44 M for
+:math:`V x` and 35 M for :math:`P (V x)`), a ratio of 4.2.  Each of ``MultiHead``'s products runs
+at BLAS speed (profiled: 3.3, 1.3, 1.6 and 1.2 ms of its 8.8 ms; the exponentials 0.6 ms, the
+per-head Python loop under 0.3 ms -- batching the heads into one matmul saved nothing at n = 300 and
+cost 10 % at n = 1000), so the measured 4.0-4.1 is what the arithmetic allows.
 """
 
 from __future__ import annotations

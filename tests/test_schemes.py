@@ -1,5 +1,7 @@
 """Normalization schemes, layer-dependent parameters and large beta (wflow.schemes, kernel conventions)."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -183,6 +185,78 @@ def test_layered_parameters_switch_at_layer_boundaries(tmp_path):
     np.testing.assert_array_equal(wflow.resume(path).points, full.points)
     rnd = Layered.random(3, 3, beta=2.0, seed=0)
     assert len({id(layer) for layer in rnd.layers}) == 3 and rnd.at(2.5) is rnd.layers[2]
+
+
+@pytest.mark.parametrize("method", ["rk4", "dopri5"])
+def test_a_step_ending_on_a_layer_boundary_keeps_its_layer(method):
+    """Regression: the last stage of a step that ends on a layer boundary (RK4's k4 at t + dt, the c = 1 stages
+    of dopri5) saw the next layer.  RK4 with dt = 0.1 over two very different unit layers was 9.1e-3 off the
+    layers integrated one after the other, and dopri5 (rtol 1e-10) rejected 66 steps at the boundary while
+    its step collapsed to 1e-10.  Now every stage sees the step's layer: RK4 repeats the layer-by-layer run
+    bit for bit, dopri5 to 1e-9 without a rejected step."""
+    x0 = sphere.uniform(9, 3, seed=7)
+    l1, l2 = SA(1.0), SA(5.0, V=-np.eye(3))
+    kw = {"dt": 0.1} if method == "rk4" else {"rtol": 1e-10, "atol": 1e-12}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (steps of 0.1 land on the boundary: no warning)
+        full = wflow.simulate(
+            Layered([l1, l2]), x0, 2.0, save_at=[0, 1, 2], method=method, backend=BK, **kw
+        )
+    a = wflow.simulate(l1, x0, 1.0, save_at=[0, 1], method=method, backend=BK, **kw)
+    b = wflow.simulate(l2, a.points[-1], 1.0, save_at=[0, 1], method=method, backend=BK, **kw)
+    np.testing.assert_allclose(full.points[1], a.points[-1], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(full.points[-1], b.points[-1], rtol=0, atol=1e-9)
+    if method == "rk4":
+        np.testing.assert_array_equal(full.points[-1], b.points[-1])
+        # a fixed grid across a boundary has one layer for that step: the run says so
+        with pytest.warns(UserWarning, match=r"dt=0.3 straddle .* t = 1: "):
+            wflow.simulate(Layered([l1, l2]), x0, 2.0, dt=0.3, backend=BK)
+    else:
+        assert full.stats["rejected"][-1] == 0
+        assert full.stats["steps"][-1] <= a.stats["steps"][-1] + b.stats["steps"][-1]
+    # Mix-LN switches at tau = 1: a step ending on tau is a step before the switch (Pre-LN side)
+    att = SA(2.0)
+    y0 = 1.3 * sphere.uniform(6, 3, seed=2)
+    mix = wflow.simulate(Normalized(att, "mix-ln", tau=1.0), y0, 2.0, dt=0.1, backend=BK)
+    before = wflow.simulate(Normalized(att, "mix-ln", tau=5.0), y0, 1.0, dt=0.1, backend=BK)
+    after = wflow.simulate(
+        Normalized(att, "mix-ln", tau=0.0), before.positions[-1], 1.0, dt=0.1, backend=BK
+    )
+    np.testing.assert_array_equal(mix.positions[-1], after.positions[-1])
+
+
+def test_finite_volume_steps_ending_on_a_layer_boundary_keep_their_layer():
+    """The same on the finite-volume solver (SSP-RK3, whose stage at t + dt and first-same-as-last derivative
+    both fall on the boundary): fixed steps of 0.01 were 1.5e-4 off the layer-by-layer run (now to
+    rounding), error-controlled ones rejected 72 steps (now none)."""
+    rho0 = wflow.Density.from_function(wflow.CircleMesh(64), lambda x: 1 + 0.5 * x[:, 0])
+    l1, l2 = SA(1.0), SA(4.0, V=-np.eye(2))
+    for kw in ({"dt": 0.01}, {"rtol": 1e-6}):
+        full = wflow.solve_density(Layered([l1, l2]), rho0, 2.0, save_at=[0, 2], backend=BK, **kw)
+        a = wflow.solve_density(l1, rho0, 1.0, backend=BK, **kw)
+        b = wflow.solve_density(l2, a.density(-1), 1.0, backend=BK, **kw)
+        np.testing.assert_allclose(full.values[-1], b.values[-1], rtol=0, atol=1e-12)
+        assert full.stats["rejected"][-1] == 0
+
+
+def test_jko_steps_ending_on_a_layer_boundary_keep_their_layer():
+    """The JKO step is implicit (the energy at the step's end): the third step of 0.1, ending on the boundary
+    at 0.3 (3 x 0.1 = 0.30000000000000004), used the second layer's energy and was 2.2e-2 off the first
+    layer's run; now both layers' runs are repeated exactly (warm start across the boundary)."""
+    from wflow.solvers.jko import jko
+
+    mesh = wflow.CircleMesh(64)
+    rho0 = wflow.Density.from_function(
+        mesh,
+        lambda x: np.exp(np.cos(np.arctan2(x[:, 1], x[:, 0]) - 0.3)) + 0.5 * np.exp(2 * x[:, 0]),
+    )
+    l1, l2 = USA(2.0), USA(3.0, V=-np.eye(2))
+    kw = {"kappa": 4.0, "backend": BK}
+    full = jko(Layered([l1, l2], period=0.3), rho0, 0.1, 6, save_every=3, **kw)
+    a = jko(l1, rho0, 0.1, 3, **kw)
+    b = jko(l2, a.atoms(-1), 0.1, 3, warm_start=a.warm_start, reference=mesh.areas, **kw)
+    np.testing.assert_array_equal(full.weights[1], a.weights[-1])
+    np.testing.assert_array_equal(full.weights[-1], b.weights[-1])
 
 
 def test_time_dependent_models_and_schemes_on_the_continuum_solvers():

@@ -300,10 +300,9 @@ class Bert:
         """The continuous idealisation over depth: one :class:`~wflow.models.BertLayer` a layer with ``parts``
         switched on, each acting for ``period`` units of time (:class:`~wflow.schemes.Layered`).
 
-        A fixed step that ends on a layer boundary evaluates its last stage with the next layer's field
-        (``Layered.at`` is right-continuous), which costs RK4 its order there; for accurate runs integrate
-        each layer's field over its own unit of time (``layer.with_parts(parts)``, as
-        ``wflow validate real-transformer`` does)."""
+        Every stage of a solver's step sees the layer the step lies in: RK4 with a step dividing
+        ``period`` gives, bit for bit, each layer's field integrated over its own unit of time
+        (``layer.with_parts(parts)``, as ``wflow validate real-transformer`` does)."""
         return Layered([m.with_parts(parts, radius=radius) for m in self.layers()], period=period)
 
 

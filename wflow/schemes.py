@@ -31,7 +31,9 @@ positive speed), and ``energy`` returns it.
 
 Layer-dependent parameters: :class:`Layered` (a list of models, one per unit of depth, or
 random weights redrawn every ``period``) and :class:`TimeDependent` (any function of t).
-Solvers evaluate ``model.at(t)``; adaptive steps land on layer boundaries.
+Solvers evaluate ``model.at(t)``; adaptive steps land on layer boundaries, and every stage of a
+step sees the layer the step lies in (``model.at(t, piece=midpoint)``,
+:meth:`wflow.solvers.base.Problem.stepping`).
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ class Normalized(Model):
         elif alpha is not None:
             raise ValueError(f"alpha is the step of 'ngpt', not of {scheme!r}")
         self.t = 0.0
+        self._pre = scheme == "mix-ln" and 0.0 < self.tau  # Mix-LN before its switch (set by at())
 
     def _set_alpha(self, alpha: Any, times: ArrayLike | None) -> None:
         if callable(alpha):
@@ -171,11 +174,13 @@ class Normalized(Model):
             self.scheme == "ngpt" and not isinstance(self.alpha, float)
         )
 
-    def at(self, t: float) -> Normalized:
+    def at(self, t: float, *, piece: float | None = None) -> Normalized:
         if not self.time_dependent:
             return self
         m = copy.copy(self)
         m.t = float(t)
+        # Mix-LN's switch at tau: the side of tau is that of the piece (a step ending on tau is Pre-LN)
+        m._pre = self.scheme == "mix-ln" and (m.t if piece is None else float(piece)) < self.tau
         return m
 
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
@@ -210,7 +215,7 @@ class Normalized(Model):
         u = self.update(theta, mu, backend)
         if self.scheme == "peri-ln":
             return u / _norm(u)[..., None]
-        if self.scheme == "mix-ln" and self.t < self.tau:
+        if self.scheme == "mix-ln" and self._pre:
             return r[..., None] * project(theta, u)
         return u
 
@@ -448,8 +453,10 @@ class Layered(Model):
     def time_dependent(self) -> bool:
         return True
 
-    def at(self, t: float) -> Model:
-        return self.layers[self.index(t)].at(t)
+    def at(self, t: float, *, piece: float | None = None) -> Model:
+        """Layer :meth:`index` of ``t`` (of ``piece`` when given: a step ending on a boundary passes its
+        midpoint and keeps its layer) at time ``t``."""
+        return self.layers[self.index(t if piece is None else piece)].at(t, piece=piece)
 
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
         edges = self.t0 + self.period * np.arange(1, len(self.layers))
@@ -529,7 +536,7 @@ class TimeDependent(Model):
     def time_dependent(self) -> bool:
         return True
 
-    def at(self, t: float) -> Model:
+    def at(self, t: float, *, piece: float | None = None) -> Model:
         m = self.fn(t)
         if not isinstance(m, Model):
             raise TypeError(f"fn({t:g}) must return a wflow Model, got {short_repr(m)}")

@@ -101,8 +101,13 @@ class Model(ABC):
         """True when the model changes with time (layers, schedules, time-dependent speeds)."""
         return False
 
-    def at(self, t: float) -> Model:
-        """The model acting at time ``t`` (a time-independent one: itself).  Solvers evaluate ``model.at(t)``."""
+    def at(self, t: float, *, piece: float | None = None) -> Model:
+        """The model acting at time ``t`` (a time-independent one: itself).  Solvers evaluate ``model.at(t)``.
+
+        ``piece``: a time in the same piece (between two :meth:`breakpoints`) as the one wanted, which side
+        of a breakpoint ``t`` is on (solvers pass a step's midpoint, so that a stage at a step's end on a
+        layer boundary sees the step's layer); None: ``t`` itself (right-continuous).
+        """
         return self
 
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
@@ -275,8 +280,10 @@ class SumModel(Model):
     def time_dependent(self) -> bool:
         return any(p.time_dependent for p in self._parts)
 
-    def at(self, t: float) -> Model:
-        return SumModel([p.at(t) for p in self._parts]) if self.time_dependent else self
+    def at(self, t: float, *, piece: float | None = None) -> Model:
+        return (
+            SumModel([p.at(t, piece=piece) for p in self._parts]) if self.time_dependent else self
+        )
 
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
         return np.unique(

@@ -11,8 +11,10 @@ looked up by name in :data:`SOLVERS`.  The one time loop that drives them is
 
 from __future__ import annotations
 
+import contextlib
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -116,6 +118,45 @@ class Problem:
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
         """Times in ``(t0, t_end)`` where the right-hand side jumps (layer boundaries): adaptive steps land on them."""
         return np.empty(0)
+
+    #: the step being taken, ``(t, t + dt)``, while a solver evaluates its stages (set by :meth:`stepping`;
+    #: None between steps)
+    step_span: tuple[float, float] | None = None
+
+    @contextlib.contextmanager
+    def stepping(self, t: float | None, dt: float = 0.0) -> Iterator[None]:
+        r"""Within: every stage of the step from ``t`` to ``t + dt`` sees the piece of a piecewise-in-time model
+        (a :class:`~wflow.schemes.Layered` model's layer) that the step lies in.
+
+        A right-hand side that jumps at a breakpoint :math:`b` (a layer boundary) is right-continuous,
+        :math:`f(b, \cdot)` being the next layer's field; the last stage of a step that ends on :math:`b`
+        (RK4's :math:`k_4`, Dormand--Prince's :math:`c = 1` stages) must see the left limit, the layer the
+        step belongs to.  The driver takes every step inside ``stepping(t, dt)``; problems choose the piece
+        by :meth:`piece_time`.  ``stepping(None)`` leaves the step (a solver's first-same-as-last
+        evaluation at ``t + dt`` is the *next* step's first stage).
+
+        Examples
+        --------
+        >>> from wflow.solvers.base import Problem
+        >>> p = Problem()
+        >>> with p.stepping(0.5, 0.5):  # a step that ends on a layer boundary at t = 1
+        ...     p.piece_time(1.0)
+        0.75
+        >>> p.piece_time(1.0)  # between steps: the time itself (the next layer acts at t = 1)
+        1.0
+        """
+        prev = self.step_span
+        self.step_span = None if t is None else (float(t), float(t) + float(dt))
+        try:
+            yield
+        finally:
+            self.step_span = prev
+
+    def piece_time(self, t: float) -> float:
+        """The time that decides which piece of a piecewise-in-time model acts at stage time ``t``: inside a step
+        (:meth:`stepping`) the step's midpoint, so that all its stages see one layer; else ``t`` itself."""
+        span = self.step_span
+        return t if span is None else 0.5 * (span[0] + span[1])
 
     @property
     def autonomous(self) -> bool:

@@ -12,7 +12,9 @@ stability limit) and :meth:`~StepSizeController.advance` (the time after a kept 
 or ``adaptive=False``): steps of exactly ``dt`` on the grid :math:`t_k = t_0 + k\,dt`
 (:class:`~wflow.solvers.saveat.StepGrid`); the last step ends at ``t_end`` (it is stretched
 by at most :math:`10^{-6}dt` rather than followed by a round-off step).  Save times are
-snapped to the grid (:class:`~wflow.solvers.saveat.SaveAt`).
+snapped to the grid (:class:`~wflow.solvers.saveat.SaveAt`).  Every stage of a step sees the piece
+of a piecewise-in-time model the step lies in (:meth:`~wflow.solvers.base.Problem.stepping`); a grid
+that straddles a breakpoint of the problem (a layer boundary) warns: that step has one layer.
 
 *Adaptive steps* (:class:`AdaptiveSteps`, a solver with an error estimate): the step is
 accepted when the solver's scaled error norm is :math:`\le 1`, and the next step is
@@ -28,6 +30,7 @@ take steps far below the rounding of :math:`t`.
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -133,6 +136,22 @@ class ConstantSteps(StepSizeController):
     def __init__(self, grid: StepGrid) -> None:
         self.grid = grid
         self.dt = grid.dt
+
+    def init(self, problem, solver, saves, t, y, h):
+        self.saves = saves
+        g = self.grid
+        breaks = np.asarray(problem.breakpoints(g.t0, g.t_end), dtype=np.float64).reshape(-1)
+        off = [float(b) for b in breaks if abs(g.time(g.index(b)) - b) > 1e-9 * g.dt]
+        if off:
+            # every stage of a step sees the layer of the step's midpoint (Problem.stepping): a step across a
+            # layer boundary has one layer for all of it, an error of first order in dt at that step
+            warnings.warn(
+                f"fixed steps of dt={g.dt:g} straddle the model's breakpoints (layer boundaries) at "
+                f"t = {', '.join(f'{b:g}' for b in off[:3])}{', ...' if len(off) > 3 else ''}: the step "
+                f"across each uses one layer, which makes the run first order there; choose a dt that "
+                f"divides the layer length, or adaptive steps (they land on the boundaries)",
+                stacklevel=2,
+            )
 
     def propose(self, problem, solver, t, y, state, step_no, k_save):
         return (

@@ -311,7 +311,14 @@ def _loop(
         rng = None
         if solver.stochastic:
             rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(step_no,)))
-        res, new_state = solver.step(problem, t, y, h_try, state, rtol=rtol, atol=atol, rng=rng)
+        # every stage of the step sees the piece (layer) of the model the step lies in: a step that ends on a
+        # layer boundary does not evaluate its last stage with the next layer (Problem.stepping, inlined:
+        # the context manager costs 1 us a step, this 0.05 us)
+        problem.step_span = (t, t + h_try)
+        try:
+            res, new_state = solver.step(problem, t, y, h_try, state, rtol=rtol, atol=atol, rng=rng)
+        finally:
+            problem.step_span = None
         stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
         if not res.ok:
             stats["rejected"] += 1

@@ -167,7 +167,9 @@ class FiniteVolume(Problem):
         if self.model is None:
             return np.zeros(mesh.n_edges)
         mu = Atoms._trusted(mesh.centers, np.maximum(masses, 0.0))
-        v = self.model.at(t).velocity(mesh.edge_midpoint, mu, backend=self.backend)
+        v = self.model.at(t, piece=self.piece_time(t)).velocity(
+            mesh.edge_midpoint, mu, backend=self.backend
+        )
         self.evaluations += 1
         return np.einsum("ed,ed->e", v, mesh.edge_normal)
 

@@ -163,7 +163,7 @@ class ParticleProblem(Problem):
         #: free space: tokens x = r theta in R^d (normalization schemes with radii), no projection
         self.free = model.space == "free"
         #: (dt, projected) of the last fused Euler step, and the step from a saved state taken ahead
-        #: (:meth:`_step_ahead`): (y, t, dt, projected, the new state, whether it is finite)
+        #: (:meth:`_step_ahead`): (y, t, dt, projected, beta, the new state, whether it is finite)
         self._last_fused: tuple[float, bool] | None = None
         self._ahead: tuple | None = None
         #: the last state a fused step returned (a new array nothing else holds or writes: a snapshot
@@ -172,7 +172,10 @@ class ParticleProblem(Problem):
         self._fused_out_finite = False
 
     def model_at(self, t: float) -> Model:
-        return self.model.at(t) if self.model.time_dependent else self.model
+        """The model acting at time ``t``; inside a step, the piece (layer) the step lies in (:meth:`piece_time`)."""
+        if not self.model.time_dependent:
+            return self.model
+        return self.model.at(t, piece=self.piece_time(t))
 
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
         return self.model.breakpoints(t0, t_end)
@@ -209,13 +212,15 @@ class ParticleProblem(Problem):
         step, bit for bit.
         """
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] is y and ahead[1:4] == (t, dt, projected):
-            self.evaluations += 1
-            self._fused_out, self._fused_out_finite = ahead[4:6]
-            return ahead[4]
         spec = self._fused_spec(t, y)
         if spec is None:
             return None
+        # (the step taken ahead at a save saw the layer that starts there; a fixed step straddling a layer
+        # boundary may see the next one: then the step is taken afresh)
+        if ahead is not None and ahead[0] is y and ahead[1:5] == (t, dt, projected, spec.beta):
+            self.evaluations += 1
+            self._fused_out, self._fused_out_finite = ahead[5:7]
+            return ahead[5]
         self._last_fused = (dt, projected)
         self.evaluations += 1
         st = fused.fused_step(
@@ -299,7 +304,7 @@ class ParticleProblem(Problem):
             means=means,
             strict=False,
         )
-        self._ahead = (y, t, dt, projected, st.points, st.finite)
+        self._ahead = (y, t, dt, projected, beta, st.points, st.finite)
         out = {}
         if pairs:
             out["pair_fraction"] = st.counts / (self.n * (self.n - 1))

@@ -316,7 +316,8 @@ class SSPRK3(Solver):
         y3 = problem.retract((y + 2.0 * (y2 + dt * f2)) / 3.0)
         heun = 0.5 * (y + e1)
         err = problem.error_norm(y3 - heun, y, y3, rtol, atol) if rtol or atol else None
-        new_state = problem.rhs_with_limit(t + dt, y3)
+        with problem.stepping(None):  # the next step's first stage: the piece that starts at t + dt
+            new_state = problem.rhs_with_limit(t + dt, y3)
         return StepResult(y3, error=err, evaluations=3, limit=new_state[1]), new_state
 
 

@@ -163,10 +163,8 @@ def _run(
     reads them (the readout), shape ``(L + 1, n, d)``."""
     L = len(layers)
     use_ln = "layernorm" in parts
-    # one run per layer, each over [0, 1] with that layer's (time-independent) field: a single run of
-    # the Layered model would evaluate a step's last stage, at a layer boundary, with the next layer's
-    # field (Layered.at is right-continuous), which makes RK4 first order (64 tokens, +feed-forward:
-    # dt = 0.1 and 0.05 differ from dt = 0.025 by 0.24 and 0.08 so, by 2e-3 and 5e-5 layer by layer)
+    # one run per layer, each over [0, 1] with that layer's (time-independent) field and speed (a single
+    # run of the Layered model is the same, bit for bit: every stage of a step sees the step's layer)
     th = directions_of(states[0], _out_norm(layers, 0) if use_ln else None)
     out = [th]
     for m, s in zip(layers, speeds):

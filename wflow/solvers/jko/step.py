@@ -219,9 +219,9 @@ class JKO(Solver):
 
     def step(self, problem, t, y, dt, state: JKOStepper, **_):
         if problem.model is not None and problem.model.time_dependent:
-            problem.energy.model = problem.model.at(
-                t + dt
-            )  # an implicit step: the energy at its end
+            # an implicit step: the energy at its end, of the layer the step lies in (not the next one when
+            # the step ends on a layer boundary)
+            problem.energy.model = problem.model.at(t + dt, piece=t + 0.5 * dt)
         state.set_tau(dt)
         w, s = state.step(y)
         if not np.all(np.isfinite(w)):
