@@ -52,6 +52,7 @@ more reliable than absolute times).
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import statistics
 import sys
@@ -598,12 +599,12 @@ def kept_bytes(tr) -> int:
 
 
 def fresh_write(nbytes: int, n_saves: int) -> None:
-    """The machine's limit for keeping ``nbytes``: write them into freshly allocated memory, one
-    save's share at a time, as a run that keeps its points does.  On this VM fresh memory is slow
-    to touch (the host hands out pages on first write), so this is what keeping costs at the least."""
+    """The machine's floor for keeping ``nbytes``: write them into a fresh anonymous memory map (as
+    the driver allocates kept saves of this size), one save's share at a time, as a run that keeps
+    its points does.  Fresh memory costs page faults on first write; on this VM they are slow."""
     per = max(1, nbytes // 8 // n_saves)
     src = np.ones(per)
-    buf = np.empty((n_saves, per))
+    buf = np.frombuffer(mmap.mmap(-1, 8 * per * n_saves), np.float64).reshape(n_saves, per)
     for k in range(n_saves):
         buf[k] = src
 

@@ -1,6 +1,8 @@
 """The solver contract (wflow.solvers.base): every registered solver's observed order against its
 declared one, the driver's step control and save times, resume of every kind, bad input."""
 
+import mmap
+
 import numpy as np
 import pytest
 from scipy.special import iv
@@ -289,10 +291,15 @@ def test_recorder_streams_and_keep_false_holds_only_the_last(tmp_path):
     np.testing.assert_array_equal(r.points[0], full.points[-1])
 
 
-def test_kept_snapshots_equal_the_states_saved_whatever_their_size_and_dtype():
+@pytest.mark.parametrize("mapped", [False, True], ids=["np.empty", "memory map"])
+def test_kept_snapshots_equal_the_states_saved_whatever_their_size_and_dtype(mapped, monkeypatch):
     """Large kept variables go into one preallocated array instead of being stacked at the end; the
     result must hold exactly what each save saw, and a variable whose dtype or shape changes between
-    saves (here from the fourth save on) must be stacked as before, with nothing cast."""
+    saves (here from the fourth save on) must be stacked as before, with nothing cast.  Both ways
+    of allocating the array (``np.empty``, and a memory map from 32 MB on) are checked."""
+    import wflow.solvers.driver as driver
+
+    monkeypatch.setattr(driver, "_MAPPED_BYTES", 0 if mapped else 1 << 62)
 
     class Growth(Problem):  # y' = y, with a large variable that turns float32 at t > 0.25
         kind = "ode"
@@ -311,6 +318,14 @@ def test_kept_snapshots_equal_the_states_saved_whatever_their_size_and_dtype():
     big = res.data["big"][1]
     assert big.shape == (6, 4, 8192) and big.dtype == np.float64
     np.testing.assert_array_equal(big[:, 0, 0], [np.float32(x) if x > 0.25 else x for x in t])
+    state = res.data["state"][1]
+    owner = state
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    owner = owner.obj if isinstance(owner, memoryview) else owner
+    assert isinstance(owner, mmap.mmap) == mapped
+    del res  # the kept rows outlive the result that made them
+    np.testing.assert_allclose(state[-1], np.exp(0.5) * y0, rtol=1e-9)
 
 
 def test_kept_saves_beyond_the_machine_say_what_to_pass_instead():
