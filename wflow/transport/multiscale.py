@@ -11,7 +11,9 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    normalized cluster means.  A dense log-domain Sinkhorn on the clusters anneals
    :math:`\varepsilon` from :math:`\mathrm{diam}^2` down to the square of the cluster
    spacing.
-2. **Fine level, kernel truncation.**  The atoms inherit their cluster's potentials.  For
+2. **Fine level, kernel truncation.**  Each atom's potential is the soft c-transform of the
+   coarser level's potentials, summed over every coarse atom that carries weight (a
+   complete lifted k-d search, not a fixed number of candidates).  For
    each :math:`\varepsilon` (halved per level) the kept pairs are, for every atom, its
    ``neighbours`` best partners by :math:`c_{ij} - g_j` (and by :math:`c_{ij} - f_i` for
    every atom of the other side), found by a k-d tree in a lifted space
@@ -44,7 +46,7 @@ from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
 from ..errors import short_repr
-from .certify import MIN_TOL, c_transform, cmax, lifted_knn, threshold_pairs
+from .certify import MIN_TOL, c_transform, cmax, threshold_pairs
 from .sparse_kernels import (
     absorb,
     best_partner,
@@ -145,17 +147,23 @@ def _coarse(xc, ac, yc, bc, geodesic, eps_list, n_final):
     return f, g, c
 
 
-def _extrapolate(q, pts, pot, logw, eps, geodesic, th_coarse, q_coarse, k=64):
-    r"""Soft c-transform :math:`-\varepsilon\log\sum_J w_J e^{(pot_J - c(q_i, p_J))/\varepsilon}` on each query's lifted candidates.
+def _extrapolate(q, pts, pot, logw, eps, geodesic, th_coarse, q_coarse):
+    r"""Soft c-transform :math:`-\varepsilon\log\sum_J w_J e^{(pot_J - c(q_i, p_J))/\varepsilon}` of each query.
 
-    Returns the potentials and each query's expected transport angle (its best candidate's).
+    The sum runs over every :math:`J` whose term is within :math:`e^{-\tau}` (``TAU``) of
+    the query's largest one: the lifted k-d search grows until its lower bound certifies
+    that no other term is larger (:func:`wflow.transport.certify.threshold_pairs`).  A fixed
+    number of lifted candidates is not enough: the tangent bound is loose far from the
+    expected angle, so distant atoms with large potentials can crowd out the true partners.
+    Returns the potentials and each query's transport angle (its best partner's).
     """
     # the expected angle of a query: that of its nearest coarse atom
     _, near = cKDTree(q_coarse).query(q, workers=2)
-    idx, _ = lifted_knn(q, pts, pot, th_coarse[near], k, geodesic)
-    kq = idx.shape[1]
-    ptr = np.arange(0, q.shape[0] * kq + 1, kq, dtype=np.int64)
-    cols = idx.ravel().astype(np.int64)
+    rows, cols = threshold_pairs(q, pts, pot + eps * logw, th_coarse[near], geodesic, TAU * eps)
+    order = np.argsort(rows, kind="stable")
+    cols = cols[order].astype(np.int64)
+    ptr = np.zeros(q.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=q.shape[0]), out=ptr[1:])
     c = pattern_costs(q, pts, ptr, cols, geodesic)
     out = np.empty(q.shape[0])
     sparse_softmin(ptr, cols, c, pot, logw, eps, out)
