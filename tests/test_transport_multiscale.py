@@ -86,6 +86,38 @@ def test_prolongation_is_the_exact_soft_c_transform(cost):
     assert np.max(fn - exact) <= eps * np.log1p(len(bc) * np.exp(-TAU))
 
 
+def test_truncation_keeps_every_pair_that_carries_the_plan():
+    # kept pairs must include every (i, j) with f_i + g_j - c_ij >= -TAU eps, whatever the
+    # potentials.  Cut relative to each row's best c_ij - g_j alone, a column whose g_j is
+    # too large (dual-infeasible, as potentials are mid-iteration) became its rows' best and
+    # their window left out the true partners: at N = 1e4 the next eps level stalled.
+    from scipy.special import logsumexp
+
+    from wflow.transport.multiscale import TAU, _truncate
+
+    x, y = _pair(400, seed=3)
+    a = np.full(400, 1 / 400)
+    c = cost_matrix(x, y)
+    eps = 0.02
+    f, g = np.zeros(400), np.zeros(400)
+    for _ in range(300):  # dense log-domain Sinkhorn: converged potentials
+        f = -eps * logsumexp((g[None, :] - c) / eps, b=a[None, :], axis=1)
+        g = -eps * logsumexp((f[:, None] - c) / eps, b=a[:, None], axis=0)
+    g[::7] += 0.3  # 15 eps too large on a seventh of the columns
+    f = -eps * logsumexp((g[None, :] - c) / eps, b=a[None, :], axis=1)
+    th_x = np.sqrt(c[np.arange(400), np.argmin(c - g[None, :], axis=1)])
+    th_y = np.sqrt(c[np.argmin(c - f[:, None], axis=0), np.arange(400)])
+    pat, cp, _ = _truncate(x, y, f, g, th_x, th_y, eps, 512, True)
+    kept = np.zeros((400, 400), dtype=bool)
+    kept[pat.rows, pat.cols] = True
+    assert np.allclose(cp, c[pat.rows, pat.cols], atol=1e-12)
+    need = f[:, None] + g[None, :] - c >= -TAU * eps
+    assert not np.any(need & ~kept)
+    # and the rows' dropped plan mass is below e^-TAU of each row's (the reason for TAU)
+    plan = np.exp((f[:, None] + g[None, :] - c) / eps) * a[None, :]
+    assert np.max((plan * ~kept).sum(axis=1)) <= np.exp(-TAU)
+
+
 def test_c_transform_is_exact_minimum():
     x, y = _pair(400, seed=7)
     f = np.random.default_rng(1).normal(0, 1, 400)  # any potential: a rough one stresses the search
