@@ -38,6 +38,19 @@ def test_bracket_contains_emd_and_narrows_with_tol(cost):
     assert widths[1] < widths[0] / 3  # 10x smaller tol: a bracket several times narrower
 
 
+def test_bracket_through_a_deep_hierarchy_contains_emd():
+    # n_coarse = 100 puts two truncated levels of clusters (375, then 1500 atoms) between
+    # the dense level and the atoms: every hand-over (prolongation, truncation at the new
+    # eps) is exercised at a size where ot.emd2 is exact
+    x, y = _pair(1500, seed=2)
+    a = np.full(1500, 1 / 1500)
+    exact = _emd(x, y, a, a, "geodesic")
+    r = certified_w2(x, y, tol=1e-3, n_coarse=100)
+    assert r["certified"] and r["rel_width"] <= 1e-3
+    assert r["lower"] <= exact <= r["upper"]
+    assert r["marginal_error"] < 1e-4  # the scaling converged; it did not hit its budget
+
+
 def test_weighted_unequal_sizes_through_wasserstein():
     rng = np.random.default_rng(3)
     x = vmf_mixture(300, [[0, 0, 1.0], [0, 1.0, 0]], [15.0, 4.0], seed=4)

@@ -10,24 +10,29 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    a random subset of its atoms, a k-d tree query); the cluster masses sit at the
    normalized cluster means.  A dense log-domain Sinkhorn on the clusters anneals
    :math:`\varepsilon` from :math:`\mathrm{diam}^2` down to the square of the cluster
-   spacing.
-2. **Fine level, kernel truncation.**  Each atom's potential is the soft c-transform of the
-   coarser level's potentials, summed over every coarse atom that carries weight (a
-   complete lifted k-d search, not a fixed number of candidates).  For
-   each :math:`\varepsilon` (halved per level) the kept pairs are, for every atom, its
-   ``neighbours`` best partners by :math:`c_{ij} - g_j` (and by :math:`c_{ij} - f_i` for
-   every atom of the other side), found by a k-d tree in a lifted space
-   (:func:`wflow.transport.certify.lifted_knn`): the pairs that carry the entropic plan,
-   about :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon`.  One O(pairs) log-domain
-   update, one exponential per pair (the Gibbs kernel), then Sinkhorn scaling passes
-   (multiply-adds only) with absorption of the scalings into the potentials.
+   spacing.  Between it and the atoms, clusterings with ``RATIO`` (4) times more cells
+   per level; a level of :math:`N_\ell` cells anneals down to :math:`10/N_\ell` (about
+   its spacing squared), then hands over.
+2. **Finer levels, kernel truncation.**  Each atom's potential is the soft c-transform of
+   the coarser level's potentials, summed over every coarse atom that carries weight (a
+   complete lifted k-d search, not a fixed number of candidates).  For each
+   :math:`\varepsilon` (halved per step) the kept pairs are those with
+   :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU`` = 12), found from both sides
+   by a k-d tree in a lifted space (:func:`wflow.transport.certify.threshold_pairs`), at
+   most ``neighbours`` per atom: the dropped entries carry at most :math:`e^{-\tau}` of
+   each atom's mass.  One O(pairs) log-domain update, one exponential per pair (the
+   Gibbs kernel), then over-relaxed Sinkhorn scaling passes (multiply-adds only) until
+   the marginals' L1 error is below ``LEVEL_ERR`` (1e-3), with absorption of the scalings
+   into the potentials; the pairs are searched anew if the scaling stalls.
 3. **Certificate.**  Once :math:`\varepsilon \le` ``reg`` and the marginals are met to
    the precision the bracket needs: the lower bound is the dual value of the exact
    c-transform of each potential (:func:`wflow.transport.certify.c_transform`), the upper
    bound the cost of the sparse plan rounded to the exact marginals.  If the bracket is
    wider than ``tol``, :math:`\varepsilon` is halved again.
 
-Each pass costs O(N x neighbours); memory is O(N x neighbours).  The cost is
+Each pass costs O(pairs), memory is O(pairs): about :math:`\tau\varepsilon N\lambda/4`
+pairs per atom on :math:`S^2`, :math:`\lambda` the local expansion of the transport map (6
+for a von Mises--Fisher cap with :math:`\kappa = 20` spread to uniform).  The cost is
 :math:`\theta^2` (geodesic) or :math:`|x-y|^2` (chordal), as in the rest of
 :mod:`wflow.transport` (``reg`` is :math:`\varepsilon` in those units, radians² for the
 geodesic cost).  Only balanced transport (equal masses) is supported.
@@ -251,17 +256,21 @@ def certified_w2(
         Target relative width of the bracket, ``(upper - lower) <= tol * upper``;
         at least 1e-9 (float64 certifies no less).
     neighbours : int
-        Kept partners per atom and side: each pass costs O((n + m) neighbours).
+        The most partners kept per atom and side (memory guard): each pass costs
+        O(kept pairs).  A row that needs more (strongly expanding maps at large
+        :math:`\varepsilon N`) keeps the best by the lifted bound only, and its level
+        may stall.
     n_coarse : int
-        Clusters per measure on the coarse level.
+        Clusters per measure on the coarsest (dense) level.
     max_levels, max_iter : int
         Budget: :math:`\varepsilon` levels below ``reg``, and Sinkhorn passes per level.
     seed : int
         Seed of the random cluster centres.
     omega : float in [1, 2)
-        Over-relaxation of the Sinkhorn passes (1: plain Sinkhorn).
+        Over-relaxation of the Sinkhorn passes (1: plain Sinkhorn), reached over the first
+        20 passes of each step and halved towards 1 when the error grows.
     threads : int, optional
-        numba threads (default: 1 below 2·10^6 kept pairs, where thread start-up
+        numba threads (default: 1 when ``512 (n + m) < 2·10^6``, where thread start-up
         dominates, else numba's default).
 
     Returns
@@ -327,7 +336,8 @@ def certified_w2(
     import numba
 
     before = numba.get_num_threads()
-    wanted = threads if threads is not None else (1 if (n + m) * neighbours < 2e6 else before)
+    # about 512 pairs per atom at most steps: one thread for small problems
+    wanted = threads if threads is not None else (1 if (n + m) * 512 < 2e6 else before)
     numba.set_num_threads(
         max(1, min(int(wanted), int(getattr(numba.config, "NUMBA_NUM_THREADS", before))))
     )
