@@ -188,8 +188,17 @@ def threshold_pairs(
     k: int = 32,
     k_max: int = 512,
     k_min: int = 16,
+    ref: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    r"""All pairs with :math:`c(q_i, p_j) - pot_j \le \min_j (c(q_i, p_j) - pot_j) + slack`.
+    r"""All pairs with :math:`c(q_i, p_j) - pot_j \le t_i + slack`, :math:`t_i = \max(ref_i, \min_j (c(q_i, p_j) - pot_j))`.
+
+    With ``ref`` the query's own potential :math:`f_i` (a soft-min, at least the hard
+    minimum), the kept pairs are those with :math:`f_i + pot_j - c_{ij} \ge -slack`: the
+    dropped entries of the plan :math:`a_i b_j e^{(f_i + pot_j - c_{ij})/\varepsilon}`
+    carry at most :math:`e^{-slack/\varepsilon}` of row i's mass.  Relative to the row's
+    minimum alone (``ref`` None) a column whose potential is too large (dual-infeasible,
+    :math:`f_i + pot_j > c_{ij}`) becomes the row's best and its window leaves out the row's
+    true partners.
 
     The kernel truncation of Schmitzer (2019): for each query the k-d tree candidates are
     grown (4x) until the tangent lower bound of every other point exceeds the threshold,
@@ -205,6 +214,8 @@ def threshold_pairs(
         idx, lb = lifted_knn(q[todo], pts, pot, th, kk, geodesic)
         vals = candidate_values(q[todo], pts, pot, idx, geodesic)
         best = vals.min(axis=1)
+        if ref is not None:
+            best = np.maximum(best, ref[todo])
         done = (lb >= best + slack) | (kk >= min(n, k_max))
         # the threshold set, and at least the k_min best (a margin against potentials that
         # are not yet converged, which would otherwise leave a row with too few partners)
