@@ -520,6 +520,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
             if status != "stalled":
                 break
             log.debug("level %d eps %.3g: stalled at err %.2g, new pattern", levels, eps, sk.err)
+        assert pat is not None  # the loop above ran at least once
         certify = False
         if final:
             # optimistic bracket: plan cost against the dual of the c-transform on the pattern
