@@ -433,6 +433,33 @@ def _truncate(x, y, f, g, th_x, th_y, eps, neighbours, geodesic):
     return pat, c, c[pat.perm]
 
 
+def _narrow(pat, c, f, g, eps, k_min=16):
+    r"""The kept pairs at a smaller ``eps``, taken from the previous eps step's pattern.
+
+    The rule of :func:`_truncate` (pairs within ``TAU eps`` of the row's or the column's
+    reference, :math:`t_i = \max(f_i, \min_j (c_{ij} - g_j))`) applied to the pairs kept at
+    the previous (doubled) eps instead of a new k-d search: while the potentials move by
+    less than ``TAU eps`` between the steps, the window at the new eps lies inside the old
+    one.  A row or column left with fewer than ``k_min`` partners keeps all its old ones
+    (the margin :func:`_truncate` keeps too).  A stalled scaling searches anew.
+    """
+    n, m = pat.ptr.size - 1, pat.cptr.size - 1
+    slack = TAU * eps
+    val_r = c - g[pat.cols]  # c_ij - g_j, CSR order
+    t_r = np.maximum(f, np.minimum.reduceat(val_r, pat.ptr[:-1]))
+    keep = val_r <= t_r[pat.rows] + slack
+    cols_c = pat.cols[pat.perm]
+    val_c = (c - f[pat.rows])[pat.perm]  # c_ij - f_i, CSC order
+    t_c = np.maximum(g, np.minimum.reduceat(val_c, pat.cptr[:-1]))
+    keep[pat.perm[val_c <= t_c[cols_c] + slack]] = True
+    few_r = np.bincount(pat.rows[keep], minlength=n) < k_min
+    few_c = np.bincount(pat.cols[keep], minlength=m) < k_min
+    keep |= few_r[pat.rows] | few_c[pat.cols]
+    new = _Pattern(pat.rows[keep], pat.cols[keep], n, m)
+    cn = c[keep]
+    return new, cn, cn[new.perm]
+
+
 class _Scaling:
     """Sinkhorn scaling on a fixed pattern: ``pi_ij = u_i K_ij v_j``, ``K = e^{(f+g-c)/eps}``.
 
@@ -511,7 +538,11 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
             if pat is not None:  # the soft-min at this eps on the previous pairs: the reference
                 sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
                 sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
-            pat, c, c_csc = _truncate(x, y, f, g, th_x, th_y, eps, opts.neighbours, geodesic)
+            if pat is not None and rebuild == 0:  # an eps step on this level: filter its pairs
+                narrowed = _narrow(pat, c, f, g, eps)
+            else:
+                narrowed = _truncate(x, y, f, g, th_x, th_y, eps, opts.neighbours, geodesic)
+            pat, c, c_csc = narrowed
             sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
             sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
             sk = _Scaling(pat, c, c_csc, a, b, f, g, eps, opts.omega, state)
