@@ -20,8 +20,12 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU`` = 12), found from both sides
    by a k-d tree in a lifted space (:func:`wflow.transport.certify.threshold_pairs`), at
    most ``neighbours`` per atom: the dropped entries carry at most :math:`e^{-\tau}` of
-   each atom's mass.  One O(pairs) log-domain update, one exponential per pair (the
-   Gibbs kernel), then over-relaxed Sinkhorn scaling passes (multiply-adds only) until
+   each atom's mass.  The search runs on a level's first two :math:`\varepsilon` (the
+   hand-over's potentials have not settled), after a bracket wider than ``tol`` and when
+   the scaling stalls; the other steps filter the previous step's pairs by the same rule
+   (the window at :math:`\varepsilon/2` lies inside the one at :math:`\varepsilon` while
+   the potentials move by less than :math:`\tau\varepsilon/2`).  One O(pairs) log-domain
+   update, one exponential per pair (the Gibbs kernel), then over-relaxed Sinkhorn scaling passes (multiply-adds only) until
    the marginals' L1 error is below ``LEVEL_ERR`` (1e-3), with absorption of the scalings
    into the potentials; the pairs are searched anew if the scaling stalls.
 3. **Certificate.**  Once :math:`\varepsilon \le` ``reg`` and the marginals are met to
@@ -528,7 +532,11 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
     la, lb_ = np.log(a), np.log(b)
     result: dict = {}
     pat = c = c_csc = None
+    # the pairs are searched anew on the level's first two eps (the hand-over's potentials
+    # have not settled) and after a bracket wider than tol; the other steps filter them
+    step, wide = 0, False
     while True:
+        search = step <= 1 or wide
         state["levels"] += 1
         levels = state["levels"]
         final = last and eps <= opts.reg * (1 + 1e-12)
@@ -538,7 +546,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
             if pat is not None:  # the soft-min at this eps on the previous pairs: the reference
                 sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
                 sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
-            if pat is not None and rebuild == 0:  # an eps step on this level: filter its pairs
+            if not search and rebuild == 0:  # a later eps step on this level: filter its pairs
                 narrowed = _narrow(pat, c, f, g, eps)
             else:
                 narrowed = _truncate(x, y, f, g, th_x, th_y, eps, opts.neighbours, geodesic)
@@ -609,7 +617,9 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
             )
             if width <= tol or levels >= opts.max_levels:
                 break
+            wide = True  # the pairs may be incomplete: search them anew at the next eps
         if not last and eps <= 1.5 * eps_end:  # close enough: the finer level takes over
             break
         eps = max(0.5 * eps, eps_end) if eps > eps_end else 0.5 * eps
+        step += 1
     return (f, g, th_x, th_y), eps, result
