@@ -20,8 +20,12 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU`` = 12), found from both sides
    by a k-d tree in a lifted space (:func:`wflow.transport.certify.threshold_pairs`), at
    most ``neighbours`` per atom: the dropped entries carry at most :math:`e^{-\tau}` of
-   each atom's mass.  One O(pairs) log-domain update, one exponential per pair (the
-   Gibbs kernel), then over-relaxed Sinkhorn scaling passes (multiply-adds only) until
+   each atom's mass.  The search runs on a level's first two :math:`\varepsilon` (the
+   hand-over's potentials have not settled), after a bracket wider than ``tol`` and when
+   the scaling stalls; the other steps filter the previous step's pairs by the same rule
+   (the window at :math:`\varepsilon/2` lies inside the one at :math:`\varepsilon` while
+   the potentials move by less than :math:`\tau\varepsilon/2`).  One O(pairs) log-domain
+   update, one exponential per pair (the Gibbs kernel), then over-relaxed Sinkhorn scaling passes (multiply-adds only) until
    the marginals' L1 error is below ``LEVEL_ERR`` (1e-3), with absorption of the scalings
    into the potentials; the pairs are searched anew if the scaling stalls.
 3. **Certificate.**  Once :math:`\varepsilon \le` ``reg`` and the marginals are met to
@@ -433,6 +437,33 @@ def _truncate(x, y, f, g, th_x, th_y, eps, neighbours, geodesic):
     return pat, c, c[pat.perm]
 
 
+def _narrow(pat, c, f, g, eps, k_min=16):
+    r"""The kept pairs at a smaller ``eps``, taken from the previous eps step's pattern.
+
+    The rule of :func:`_truncate` (pairs within ``TAU eps`` of the row's or the column's
+    reference, :math:`t_i = \max(f_i, \min_j (c_{ij} - g_j))`) applied to the pairs kept at
+    the previous (doubled) eps instead of a new k-d search: while the potentials move by
+    less than ``TAU eps`` between the steps, the window at the new eps lies inside the old
+    one.  A row or column left with fewer than ``k_min`` partners keeps all its old ones
+    (the margin :func:`_truncate` keeps too).  A stalled scaling searches anew.
+    """
+    n, m = pat.ptr.size - 1, pat.cptr.size - 1
+    slack = TAU * eps
+    val_r = c - g[pat.cols]  # c_ij - g_j, CSR order
+    t_r = np.maximum(f, np.minimum.reduceat(val_r, pat.ptr[:-1]))
+    keep = val_r <= t_r[pat.rows] + slack
+    cols_c = pat.cols[pat.perm]
+    val_c = (c - f[pat.rows])[pat.perm]  # c_ij - f_i, CSC order
+    t_c = np.maximum(g, np.minimum.reduceat(val_c, pat.cptr[:-1]))
+    keep[pat.perm[val_c <= t_c[cols_c] + slack]] = True
+    few_r = np.bincount(pat.rows[keep], minlength=n) < k_min
+    few_c = np.bincount(pat.cols[keep], minlength=m) < k_min
+    keep |= few_r[pat.rows] | few_c[pat.cols]
+    new = _Pattern(pat.rows[keep], pat.cols[keep], n, m)
+    cn = c[keep]
+    return new, cn, cn[new.perm]
+
+
 class _Scaling:
     """Sinkhorn scaling on a fixed pattern: ``pi_ij = u_i K_ij v_j``, ``K = e^{(f+g-c)/eps}``.
 
@@ -501,7 +532,11 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
     la, lb_ = np.log(a), np.log(b)
     result: dict = {}
     pat = c = c_csc = None
+    # the pairs are searched anew on the level's first two eps (the hand-over's potentials
+    # have not settled) and after a bracket wider than tol; the other steps filter them
+    step, wide = 0, False
     while True:
+        search = step <= 1 or wide
         state["levels"] += 1
         levels = state["levels"]
         final = last and eps <= opts.reg * (1 + 1e-12)
@@ -511,7 +546,11 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
             if pat is not None:  # the soft-min at this eps on the previous pairs: the reference
                 sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
                 sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
-            pat, c, c_csc = _truncate(x, y, f, g, th_x, th_y, eps, opts.neighbours, geodesic)
+            if not search and rebuild == 0:  # a later eps step on this level: filter its pairs
+                narrowed = _narrow(pat, c, f, g, eps)
+            else:
+                narrowed = _truncate(x, y, f, g, th_x, th_y, eps, opts.neighbours, geodesic)
+            pat, c, c_csc = narrowed
             sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
             sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
             sk = _Scaling(pat, c, c_csc, a, b, f, g, eps, opts.omega, state)
@@ -578,7 +617,9 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
             )
             if width <= tol or levels >= opts.max_levels:
                 break
+            wide = True  # the pairs may be incomplete: search them anew at the next eps
         if not last and eps <= 1.5 * eps_end:  # close enough: the finer level takes over
             break
         eps = max(0.5 * eps, eps_end) if eps > eps_end else 0.5 * eps
+        step += 1
     return (f, g, th_x, th_y), eps, result
