@@ -198,3 +198,31 @@ def test_python_m_validation_runs_a_study_and_heads_its_report(tmp_path):
     assert lines[2] == f"Command: `python -m validation {' '.join(cmd[2:])}`"
     assert lines[4].startswith("Commit: `unknown` (not run from a git checkout); wflow ")
     assert lines[6].startswith("PASSED in ")
+
+
+def test_a_kept_report_names_the_package_relative_to_its_checkout(tmp_path, monkeypatch):
+    """A report written from a checkout names the package by its path in the checkout (the commit says
+    which files), not by a machine path, and lists an uncommitted file by its whole name (the first
+    porcelain line lost its first character to a strip: 'flow/__init__.py')."""
+    if not (CHECKOUT / "validation" / "run.py").exists():
+        pytest.skip("needs the source checkout's validation/ folder")
+    monkeypatch.syspath_prepend(str(CHECKOUT))
+    import wflow
+    from validation import run
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    pkg = tmp_path / "wflow"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    (tmp_path / "validation").mkdir()
+    monkeypatch.setattr(run, "REPORTS", tmp_path / "validation" / "reports")
+    monkeypatch.setattr(wflow, "__file__", str(pkg / "__init__.py"))
+    line = run.source()
+    assert line.endswith(
+        f"(with uncommitted changes to: wflow/__init__.py); wflow {wflow.__version__} from `wflow`"
+    ), line
+    assert str(tmp_path) not in line

@@ -34,7 +34,7 @@ def _git(*args: str) -> str:
         )
     except (OSError, subprocess.CalledProcessError):
         return ""
-    return res.stdout.strip()
+    return res.stdout.rstrip()  # not strip(): porcelain lines start with a status column
 
 
 def source() -> str:
@@ -54,7 +54,10 @@ def source() -> str:
             else "with uncommitted changes to: "
             + ", ".join(line[3:] for line in changed.splitlines())
         )
-    return f"Commit: `{commit or 'unknown'}` ({state}); wflow {wflow.__version__} from `{package}`"
+    # inside the checkout the path relative to it (the commit says which files; no machine path in a
+    # kept report); outside it the absolute path is the information
+    where = package.relative_to(top) if top in package.parents else package
+    return f"Commit: `{commit or 'unknown'}` ({state}); wflow {wflow.__version__} from `{where}`"
 
 
 def provenance(command: str, origin: str, seconds: float, load: tuple[float, float]) -> list[str]:

@@ -205,5 +205,9 @@ class Parts:
         return len(missing)
 
     def note(self) -> str:
-        """A line for the report: how many parts were reused from an earlier (interrupted) run."""
-        return f"parts: {self.computed} computed, {self.reused} reused from an earlier run ({self.folder})"
+        """A line for the report: how many parts were reused from an earlier (interrupted) run, and their
+        folder relative to the report's (no machine path in a report that is kept)."""
+        where = Path("parts") / self.folder.name
+        return (
+            f"parts: {self.computed} computed, {self.reused} reused from an earlier run ({where})"
+        )
