@@ -52,7 +52,6 @@ more reliable than absolute times).
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import statistics
 import sys
@@ -75,6 +74,7 @@ from wflow.kernels import (
 )
 from wflow.measure import Atoms  # noqa: E402
 from wflow.models import SA  # noqa: E402
+from wflow.solvers.driver import _kept_buffer  # noqa: E402
 from wflow.solvers.particles import simulate  # noqa: E402
 from wflow.solvers.trackers import Record  # noqa: E402
 
@@ -599,12 +599,12 @@ def kept_bytes(tr) -> int:
 
 
 def fresh_write(nbytes: int, n_saves: int) -> None:
-    """The machine's floor for keeping ``nbytes``: write them into a fresh anonymous memory map (as
-    the driver allocates kept saves of this size), one save's share at a time, as a run that keeps
-    its points does.  Fresh memory costs page faults on first write; on this VM they are slow."""
-    per = max(1, nbytes // 8 // n_saves)
-    src = np.ones(per)
-    buf = np.frombuffer(mmap.mmap(-1, 8 * per * n_saves), np.float64).reshape(n_saves, per)
+    """The machine's floor for keeping ``nbytes``: write them into fresh memory allocated as the
+    driver allocates kept saves (:func:`wflow.solvers.driver._kept_buffer`), one save's share at a
+    time, as a run that keeps its points does.  Fresh memory costs page faults on first write; on
+    this VM they are slow."""
+    src = np.ones(max(1, nbytes // 8 // n_saves))
+    buf = _kept_buffer("fresh write", n_saves, src)
     for k in range(n_saves):
         buf[k] = src
 
