@@ -2,6 +2,10 @@
 declared one, the driver's step control and save times, resume of every kind, bad input."""
 
 import mmap
+import platform
+import re
+import resource
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from wflow import SA, USA, CircleMesh, Density, sphere
 from wflow.errors import SolverError
 from wflow.solvers import SOLVERS
 from wflow.solvers.base import Problem, Tracker, integrate
+from wflow.solvers.driver import _prefault
 from wflow.solvers.particles import ParticleProblem
 
 BK = "numpy"
@@ -345,6 +350,27 @@ def test_kept_saves_beyond_the_machine_say_what_to_pass_instead():
 
     with pytest.raises(MemoryError, match=r"keeping 100000 saves of 'field' .* keep=False"):
         integrate(Huge(), "rk4", np.ones(3), 0.0, 1.0, save_at=np.linspace(0, 1, 10**5), dt=1e-6)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux")
+    or tuple(int(p) for p in re.findall(r"\d+", platform.release())[:2]) < (5, 14),
+    reason="MADV_POPULATE_WRITE needs Linux 5.14",
+)
+def test_kept_map_is_faulted_in_ahead_without_touching_what_is_written():
+    """The kept saves' map is faulted in by a thread of its own (wflow.solvers.driver._prefault)
+    while the run writes into it: what was written survives the thread, and once it is done writing
+    the whole map costs no page fault (each 4 KiB page would cost one: 32768 here)."""
+    region = mmap.mmap(-1, 1 << 27)
+    a = np.frombuffer(region)
+    thread = _prefault(region)
+    a[: a.size // 2] = np.arange(a.size // 2)  # written while the thread works
+    thread.join()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    a[a.size // 2 :] = 1.0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    np.testing.assert_array_equal(a[: a.size // 2], np.arange(a.size // 2))
+    assert faults < 100, faults
 
 
 def test_failures_set_status_or_raise():
