@@ -99,6 +99,7 @@ from ...measure import Atoms
 from ...mesh import Mesh
 from ...models import WASSERSTEIN, Model
 from ...sphere import cost_matrix
+from .sparse import DENSE_MAX_CELLS, SparseCost, sparse_blur_variance
 from .transport import TINY, SemiRelaxed, blur_variance
 
 __all__ = [
@@ -366,12 +367,23 @@ class JKOStepper:
         self.kappa_inv = 0.0 if kappa is None or np.isinf(kappa) else 1.0 / kappa
         self.energy = energy if energy is not None else JKOEnergy(model, x, r, backend)
         t0 = time.perf_counter()
-        self.C = cost_matrix(x, cost=cost)
-        self.time_cost = time.perf_counter() - t0
+        # above DENSE_MAX_CELLS points the kernel is built on its kept pairs only (linear memory);
+        # the exact transport of method="emd" needs every pair
+        self.C: np.ndarray | SparseCost = (
+            SparseCost(x, cost)
+            if method == "sinkhorn" and x.shape[0] > DENSE_MAX_CELLS
+            else cost_matrix(x, cost=cost)
+        )
         self.eps_target = eps if method == "sinkhorn" else 0.0
         self.eps_scaling = eps_scaling
         self.debias = debias and method == "sinkhorn"
-        self.sigma2 = blur_variance(self.C, r, eps, self.dim) if self.debias else 0.0
+        if not self.debias:
+            self.sigma2 = 0.0
+        elif isinstance(self.C, SparseCost):
+            self.sigma2 = sparse_blur_variance(self.C, r, eps, self.dim)
+        else:
+            self.sigma2 = blur_variance(self.C, r, eps, self.dim)
+        self.time_cost = time.perf_counter() - t0
         self.ot = SemiRelaxed(self.C, r) if method == "sinkhorn" else None
         self.first = True
         self.L = 0.0
