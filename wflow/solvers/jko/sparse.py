@@ -38,7 +38,7 @@ __all__ = ["THETA_SPARSE", "DENSE_MAX_CELLS", "SparseCost", "sparse_blur_varianc
 THETA_SPARSE = 36.0
 #: supports up to this many points keep the dense cost matrix (200 MB at 5000; faster there)
 DENSE_MAX_CELLS = 5000
-_ROWS = 20000  # queries per k-d tree call: bounds the search's temporaries (~300 MB at k = 512)
+_ROWS = 5000  # queries per k-d tree call: bounds the search's temporaries (~100 MB at k = 512)
 
 
 class SparseCost:
@@ -148,8 +148,12 @@ def sparse_blur_variance(sc: SparseCost, r: np.ndarray, eps: float, dim: int) ->
     to :math:`e^{-\Theta}` relative).
     """
     ptr, cols, c = sc.pattern(eps * np.log(r), eps)
-    w = r[cols] * np.exp(-c / eps)
-    rows = np.repeat(np.arange(sc.n), np.diff(ptr))
-    num = np.bincount(rows, weights=w * c, minlength=sc.n)
-    den = np.bincount(rows, weights=w, minlength=sc.n)
+    w = np.multiply(c, -1.0 / eps)
+    np.exp(w, out=w)
+    w *= np.take(r, cols)
+    del cols
+    starts = ptr[:-1]  # every row keeps at least its best pair: no empty segment
+    den = np.add.reduceat(w, starts)
+    w *= c
+    num = np.add.reduceat(w, starts)
     return float(np.mean(num / den)) / dim

@@ -33,8 +33,11 @@ is :math:`a = \mu_k`:
 * **Inner loop (OT).**  The linearized problem (linear potential :math:`V`, entropy weight
   :math:`\lambda`) is solved in the stabilized log domain (potentials absorbed into a kernel
   truncated below :math:`e^{-50}` of each row's maximum, rebuilt when the scalings leave
-  :math:`[e^{-10}, e^{10}]`).  The semi-relaxed Sinkhorn scaling iterations of Chizat, Peyré,
-  Schmitzer & Vialard (2018, *Math. Comp.* 87),
+  :math:`[e^{-10}, e^{10}]`; above ``DENSE_MAX_CELLS`` = 5000 points no dense cost matrix is
+  formed: the kernel is built on the pairs within :math:`e^{-36}` of their row's maximum only,
+  found by a k-d tree search, in memory linear in the points -- :mod:`wflow.solvers.jko.sparse`).
+  The semi-relaxed Sinkhorn scaling iterations of Chizat, Peyré, Schmitzer & Vialard (2018,
+  *Math. Comp.* 87),
   :math:`f_i = -\varepsilon\log\sum_j r_j e^{(g_j - C_{ij})/\varepsilon}`,
   :math:`g_j = -\frac{\varepsilon}{\varepsilon+\lambda}\big(\lambda\log\sum_i a_i e^{(f_i-C_{ij})/\varepsilon} + V_j\big)`,
   contract by :math:`\zeta = \lambda/(\lambda+\varepsilon)` per iteration on every smooth mode of
@@ -516,7 +519,7 @@ class JKOStepper:
         converged = res <= self.tol
         while not converged and outer < self.max_iter:
             outer += 1
-            state = (ot.fbar.copy(), ot.gbar.copy(), ot.u.copy(), ot.v.copy(), ot.K, ot.KT)
+            state = ot.save()
             t0 = time.perf_counter()
             V, lam = self._linear_part(nu_m, dF, L)
             it, _ = ot.solve(
@@ -534,7 +537,7 @@ class JKOStepper:
             J_new = ot.transport(a, nu) / (2 * self.tau) + self.phi(nu, F_new)
             if J_new > J_m + 1e-12 * max(1.0, abs(J_m)):
                 # the linearization was not a majorizer here: restore and add (more) proximal weight
-                ot.fbar, ot.gbar, ot.u, ot.v, ot.K, ot.KT = state
+                ot.restore(state)
                 L = max(2 * L, 0.25 * float(dF.max() - dF.min()) + 1e-12)
                 continue
             J_m, nu_m = J_new, nu

@@ -70,6 +70,7 @@ class SemiRelaxed:
         self.gbar = self.g if g is None else np.array(g, dtype=float)
         n, eps = self.n, self.eps
         if isinstance(self.C, SparseCost):
+            self.K = self.KT = self._KT2 = None  # free the old kernel before the new one is built
             self.K, self.fbar = self.C.kernel(self.gbar, self.logr, eps)
             self.KT = self.K.T  # a CSC view: no second copy
             self.u = np.ones(n)
@@ -106,6 +107,21 @@ class SemiRelaxed:
         self._KT2 = None
         self.builds += 1
         self.build_time += time.perf_counter() - t0
+
+    def save(self) -> tuple:
+        """The solver's state, for :meth:`restore` (the dense kernel by reference; a truncated one is
+        rebuilt instead, bit for bit, so that two never coexist)."""
+        K = None if self.sparse else (self.K, self.KT)
+        return (self.fbar.copy(), self.gbar.copy(), self.u.copy(), self.v.copy(), self.builds, K)
+
+    def restore(self, state: tuple) -> None:
+        fbar, gbar, u, v, builds, K = state
+        if K is not None:
+            self.K, self.KT = K
+            self._KT2 = None
+        elif builds != self.builds:
+            self.build(gbar)
+        self.fbar, self.gbar, self.u, self.v = fbar, gbar, u, v
 
     def set_eps(self, eps: float) -> None:
         if self.eps is None:
