@@ -105,3 +105,16 @@ def test_sparse_cost_rejects_bad_input(sphere):
         SparseCost(x, "flat")
     with pytest.raises(ValueError, match="theta must be a positive number, got -1"):
         SparseCost(x, "geodesic", theta=-1)
+
+
+def test_default_solver_goes_sparse_above_the_limit():
+    """The JKO solver's defaults (what jko() uses) keep the dense cost up to DENSE_MAX_CELLS cells and
+    the truncated kernel above: a 5292-cell mesh gets ~230 pairs per cell, not 5292."""
+    from wflow.solvers.jko.step import JKO, JKOProblem
+
+    mesh = SphereMesh(23)  # 5292 cells
+    assert mesh.n_cells > stepper_mod.DENSE_MAX_CELLS
+    rho = Density.from_function(mesh, lambda p: 1 + 0.5 * p[:, 0])
+    st = JKO().init(JKOProblem(USA(2.0), mesh.centers, mesh.areas, mesh=mesh), 0.0, rho.masses())
+    assert isinstance(st.C, SparseCost)
+    assert 200 * mesh.n_cells < st.C.nnz < 260 * mesh.n_cells
