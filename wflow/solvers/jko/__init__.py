@@ -4,6 +4,7 @@ r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, sol
 * :mod:`~wflow.solvers.jko.step` -- the :class:`JKO` solver of the contract, :func:`jko` (the
   front door) and :class:`JKOResult`;
 * :mod:`~wflow.solvers.jko.transport` -- the inner semi-relaxed Sinkhorn / Newton--CG solver;
+* :mod:`~wflow.solvers.jko.sparse` -- its Gibbs kernel on the kept pairs only (large supports);
 * :mod:`~wflow.solvers.jko.stationary_states` -- stationary states by iterated steps, their atoms.
 """
 

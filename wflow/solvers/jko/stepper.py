@@ -33,8 +33,11 @@ is :math:`a = \mu_k`:
 * **Inner loop (OT).**  The linearized problem (linear potential :math:`V`, entropy weight
   :math:`\lambda`) is solved in the stabilized log domain (potentials absorbed into a kernel
   truncated below :math:`e^{-50}` of each row's maximum, rebuilt when the scalings leave
-  :math:`[e^{-10}, e^{10}]`).  The semi-relaxed Sinkhorn scaling iterations of Chizat, Peyré,
-  Schmitzer & Vialard (2018, *Math. Comp.* 87),
+  :math:`[e^{-10}, e^{10}]`; above ``DENSE_MAX_CELLS`` = 5000 points no dense cost matrix is
+  formed: the kernel is built on the pairs within :math:`e^{-36}` of their row's maximum only,
+  found by a k-d tree search, in memory linear in the points -- :mod:`wflow.solvers.jko.sparse`).
+  The semi-relaxed Sinkhorn scaling iterations of Chizat, Peyré, Schmitzer & Vialard (2018,
+  *Math. Comp.* 87),
   :math:`f_i = -\varepsilon\log\sum_j r_j e^{(g_j - C_{ij})/\varepsilon}`,
   :math:`g_j = -\frac{\varepsilon}{\varepsilon+\lambda}\big(\lambda\log\sum_i a_i e^{(f_i-C_{ij})/\varepsilon} + V_j\big)`,
   contract by :math:`\zeta = \lambda/(\lambda+\varepsilon)` per iteration on every smooth mode of
@@ -99,6 +102,7 @@ from ...measure import Atoms
 from ...mesh import Mesh
 from ...models import WASSERSTEIN, Model
 from ...sphere import cost_matrix
+from .sparse import DENSE_MAX_CELLS, SparseCost, sparse_blur_variance
 from .transport import TINY, SemiRelaxed, blur_variance
 
 __all__ = [
@@ -366,12 +370,23 @@ class JKOStepper:
         self.kappa_inv = 0.0 if kappa is None or np.isinf(kappa) else 1.0 / kappa
         self.energy = energy if energy is not None else JKOEnergy(model, x, r, backend)
         t0 = time.perf_counter()
-        self.C = cost_matrix(x, cost=cost)
-        self.time_cost = time.perf_counter() - t0
+        # above DENSE_MAX_CELLS points the kernel is built on its kept pairs only (linear memory);
+        # the exact transport of method="emd" needs every pair
+        self.C: np.ndarray | SparseCost = (
+            SparseCost(x, cost)
+            if method == "sinkhorn" and x.shape[0] > DENSE_MAX_CELLS
+            else cost_matrix(x, cost=cost)
+        )
         self.eps_target = eps if method == "sinkhorn" else 0.0
         self.eps_scaling = eps_scaling
         self.debias = debias and method == "sinkhorn"
-        self.sigma2 = blur_variance(self.C, r, eps, self.dim) if self.debias else 0.0
+        if not self.debias:
+            self.sigma2 = 0.0
+        elif isinstance(self.C, SparseCost):
+            self.sigma2 = sparse_blur_variance(self.C, r, eps, self.dim)
+        else:
+            self.sigma2 = blur_variance(self.C, r, eps, self.dim)
+        self.time_cost = time.perf_counter() - t0
         self.ot = SemiRelaxed(self.C, r) if method == "sinkhorn" else None
         self.first = True
         self.L = 0.0
@@ -504,7 +519,7 @@ class JKOStepper:
         converged = res <= self.tol
         while not converged and outer < self.max_iter:
             outer += 1
-            state = (ot.fbar.copy(), ot.gbar.copy(), ot.u.copy(), ot.v.copy(), ot.K, ot.KT)
+            state = ot.save()
             t0 = time.perf_counter()
             V, lam = self._linear_part(nu_m, dF, L)
             it, _ = ot.solve(
@@ -522,7 +537,7 @@ class JKOStepper:
             J_new = ot.transport(a, nu) / (2 * self.tau) + self.phi(nu, F_new)
             if J_new > J_m + 1e-12 * max(1.0, abs(J_m)):
                 # the linearization was not a majorizer here: restore and add (more) proximal weight
-                ot.fbar, ot.gbar, ot.u, ot.v, ot.K, ot.KT = state
+                ot.restore(state)
                 L = max(2 * L, 0.25 * float(dF.max() - dF.min()) + 1e-12)
                 continue
             J_m, nu_m = J_new, nu

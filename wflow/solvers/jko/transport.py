@@ -9,6 +9,9 @@ import logging
 import time
 
 import numpy as np
+from scipy import sparse
+
+from .sparse import SparseCost
 
 __all__ = ["SemiRelaxed", "blur_variance", "THETA", "TINY"]
 
@@ -36,10 +39,11 @@ class SemiRelaxed:
     (32, 0, True)
     """
 
-    def __init__(self, C: np.ndarray, r: np.ndarray):
+    def __init__(self, C: np.ndarray | SparseCost, r: np.ndarray):
         self.C = C
+        self.sparse = isinstance(C, SparseCost)
         self.logr = np.log(r)
-        self.n = C.shape[0]
+        self.n = C.n if isinstance(C, SparseCost) else C.shape[0]
         self.eps = None
         self.gbar = np.zeros(self.n)
         self.fbar = np.zeros(self.n)
@@ -65,6 +69,16 @@ class SemiRelaxed:
         t0 = time.perf_counter()
         self.gbar = self.g if g is None else np.array(g, dtype=float)
         n, eps = self.n, self.eps
+        if isinstance(self.C, SparseCost):
+            self.K = self.KT = self._KT2 = None  # free the old kernel before the new one is built
+            self.K, self.fbar = self.C.kernel(self.gbar, self.logr, eps)
+            self.KT = self.K.T  # a CSC view: no second copy
+            self.u = np.ones(n)
+            self.v = np.ones(n)
+            self._KT2 = None
+            self.builds += 1
+            self.build_time += time.perf_counter() - t0
+            return
         inv = 1.0 / eps
         rows_per = max(1, 2**21 // n)
         data, indices, indptr = [], [], [np.zeros(1, dtype=np.int64)]
@@ -82,8 +96,6 @@ class SemiRelaxed:
             indices.append(np.nonzero(keep)[1])
             indptr.append(nnz + np.cumsum(cnt))
             nnz += int(cnt.sum())
-        from scipy import sparse
-
         K = sparse.csr_matrix(
             (np.concatenate(data), np.concatenate(indices), np.concatenate(indptr)), shape=(n, n)
         )
@@ -95,6 +107,21 @@ class SemiRelaxed:
         self._KT2 = None
         self.builds += 1
         self.build_time += time.perf_counter() - t0
+
+    def save(self) -> tuple:
+        """The solver's state, for :meth:`restore` (the dense kernel by reference; a truncated one is
+        rebuilt instead, bit for bit, so that two never coexist)."""
+        K = None if self.sparse else (self.K, self.KT)
+        return (self.fbar.copy(), self.gbar.copy(), self.u.copy(), self.v.copy(), self.builds, K)
+
+    def restore(self, state: tuple) -> None:
+        fbar, gbar, u, v, builds, K = state
+        if K is not None:
+            self.K, self.KT = K
+            self._KT2 = None
+        elif builds != self.builds:
+            self.build(gbar)
+        self.fbar, self.gbar, self.u, self.v = fbar, gbar, u, v
 
     def set_eps(self, eps: float) -> None:
         if self.eps is None:
@@ -118,6 +145,9 @@ class SemiRelaxed:
         if np.any(bad):
             f = self.f
             cols = np.flatnonzero(bad)
+            if isinstance(self.C, SparseCost):
+                out[cols] = self.C.column_logsumexp(f, np.log(np.maximum(a, TINY)), self.eps, cols)
+                return out
             E = (f[:, None] - self.C[:, cols]) / self.eps + np.log(np.maximum(a, TINY))[:, None]
             m = E.max(axis=0)
             out[cols] = m + np.log(np.sum(np.exp(E - m[None, :]), axis=0))
@@ -233,11 +263,15 @@ class SemiRelaxed:
             u, v = self.u, self.v
             au2 = a * u * u
             if self._KT2 is None:
-                self._KT2 = (
-                    self.KT * self.KT
-                    if isinstance(self.KT, np.ndarray)
-                    else self.KT.multiply(self.KT).tocsr()
-                )
+                if isinstance(self.KT, np.ndarray):
+                    self._KT2 = self.KT * self.KT
+                elif self.sparse:  # the squared entries on K's own pattern, read transposed
+                    K = self.K
+                    self._KT2 = sparse.csr_matrix(
+                        (K.data * K.data, K.indices, K.indptr), shape=K.shape, copy=False
+                    ).T
+                else:
+                    self._KT2 = self.KT.multiply(self.KT).tocsr()
             diag = (nu - v * v * (self._KT2 @ au2)) / eps + q / lam
             diag = np.maximum(diag, q / lam)
             # a Jacobi preconditioner only needs to be positive: floor it so that rows whose mass and
