@@ -85,7 +85,7 @@ def _run_semidiscrete(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     ):  # theta = 2 arcsin(c/2) <= c * 2 arcsin(c_max/2)/c_max on the plan's support
         cm = min(r["chord_max"], 2.0)
         hi *= 2.0 * math.asin(cm / 2.0) / cm if cm > 0 else 1.0
-    info.update(r, lower=lo, upper=hi)
+    info.update({k: v for k, v in r.items() if k != "psi"}, lower=lo, upper=hi)
     if not r["converged"]:
         why = (
             f"stalled after {r['failed_line_searches']} failed line searches, {r['newton_steps']} steps"

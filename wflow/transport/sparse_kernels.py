@@ -31,6 +31,8 @@ __all__ = [
     "best_partner",
     "brute_c_transform",
     "candidate_values",
+    "walk_support",
+    "walk_fill",
 ]
 
 
@@ -221,3 +223,65 @@ def candidate_values(q, pts, pot, idx, geodesic):
             k = idx[r, t]
             out[r, t] = pair_cost(q, pts, r, k, geodesic) - pot[k]
     return out
+
+
+@njit(cache=True, parallel=True)
+def walk_support(y, x, psi, nbr, best, gap, count):
+    """Each fine atom's best atom and how many atoms lie near it, by a walk on the atoms' graph.
+
+    For fine atom ``j``: from ``best[j]`` (updated in place), move to the neighbour
+    (``nbr[b]``: the atom ``b`` itself, then its neighbours, padded with -1) of least reduced cost
+    ``|y_j - x_i|^2 - psi_i`` until none is lower; ``count[j]`` = the atoms of ``nbr[best[j]]``
+    within ``gap[j]`` of that least cost (:func:`walk_fill` lists them).  A local search: the
+    caller certifies what it needs with an exact query.
+    """
+    K = nbr.shape[1]
+    for j in prange(y.shape[0]):
+        b = best[j]
+        rb = pair_cost(x, y, b, j, False) - psi[b]
+        while True:
+            nb = b
+            for q in range(K):
+                i = nbr[b, q]
+                if i < 0:
+                    break
+                r = pair_cost(x, y, i, j, False) - psi[i]
+                if r < rb:
+                    rb = r
+                    nb = i
+            if nb == b:
+                break
+            b = nb
+        best[j] = b
+        c = 0
+        lim = rb + gap[j]
+        for q in range(K):
+            i = nbr[b, q]
+            if i < 0:
+                break
+            if pair_cost(x, y, i, j, False) - psi[i] <= lim:
+                c += 1
+        count[j] = c
+
+
+@njit(cache=True, parallel=True)
+def walk_fill(y, x, psi, nbr, best, gap, ptr, rows, atoms, costs):
+    """The supports :func:`walk_support` counted, flat in ``ptr`` order: each entry's fine atom
+    ``rows``, atom ``atoms`` and cost ``|y_j - x_i|^2`` ``costs`` (rows with no entries skipped)."""
+    K = nbr.shape[1]
+    for j in prange(y.shape[0]):
+        if ptr[j + 1] == ptr[j]:  # a row the caller takes elsewhere
+            continue
+        b = best[j]
+        lim = pair_cost(x, y, b, j, False) - psi[b] + gap[j]
+        p = ptr[j]
+        for q in range(K):
+            i = nbr[b, q]
+            if i < 0:
+                break
+            c = pair_cost(x, y, i, j, False)
+            if c - psi[i] <= lim:
+                rows[p] = j
+                atoms[p] = i
+                costs[p] = c
+                p += 1
