@@ -20,11 +20,17 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU`` = 12), found from both sides
    by a k-d tree in a lifted space (:func:`wflow.transport.certify.threshold_pairs`), at
    most ``neighbours`` per atom: the dropped entries carry at most :math:`e^{-\tau}` of
-   each atom's mass.  The search runs on a level's first two :math:`\varepsilon` (the
-   hand-over's potentials have not settled), after a bracket wider than ``tol`` and when
-   the scaling stalls; the other steps filter the previous step's pairs by the same rule
-   (the window at :math:`\varepsilon/2` lies inside the one at :math:`\varepsilon` while
-   the potentials move by less than :math:`\tau\varepsilon/2`).  One O(pairs) log-domain
+   each atom's mass.  On a level's first two :math:`\varepsilon` (the hand-over's
+   potentials have not settled) the candidates are not searched but expanded from the
+   coarser level's kept cell pairs (Schmitzer 2019; GeomLoss's block-sparse truncation):
+   atom i in cell I and atom j in cell J are candidates iff (I, J) was within
+   :math:`(\tau + 16)\varepsilon` (``MARGIN`` = 16) at the coarser level's last
+   :math:`\varepsilon`; the same rule then filters them, in O(candidates).  The search
+   runs after a bracket wider than ``tol`` and when the scaling stalls (a coarse pattern
+   that misses partners can only widen the bracket); the other steps filter the previous
+   step's pairs by the same rule (the window at :math:`\varepsilon/2` lies inside the one
+   at :math:`\varepsilon` while the potentials move by less than
+   :math:`\tau\varepsilon/2`).  One O(pairs) log-domain
    update, one exponential per pair (the Gibbs kernel), then over-relaxed Sinkhorn scaling passes (multiply-adds only) until
    the marginals' L1 error is below ``LEVEL_ERR`` (1e-3), with absorption of the scalings
    into the potentials; the pairs are searched anew if the scaling stalls.
