@@ -63,6 +63,62 @@ def test_weighted_unequal_sizes_through_wasserstein():
     assert abs(r.value - exact) <= r.error_bound <= 1e-3 * r.value
 
 
+def test_handover_expansion_keeps_the_pairs_of_the_search():
+    # the finer level's first pairs come from the coarser level's kept cell pairs; they
+    # must hold every pair the exact rule keeps, up to a plan mass below e^-TAU per row
+    import wflow.transport.multiscale as ms
+
+    x, y = _pair(1500, seed=2)
+    seen = {}
+    real = ms._expand
+
+    def spy(xf, yf, f, g, eps, co, geodesic, k_min=16):
+        out = real(xf, yf, f, g, eps, co, geodesic, k_min)
+        if len(f) == 1500 and "exp" not in seen:
+            seen["exp"] = out[0]
+            seen["args"] = (xf, yf, f.copy(), g.copy(), eps)
+        return out
+
+    ms._expand = spy
+    try:
+        certified_w2(x, y, tol=1e-3, n_coarse=100)
+    finally:
+        ms._expand = real
+    xf, yf, f, g, eps = seen["args"]
+    c = cost_matrix(xf, yf)
+    need = f[:, None] + g[None, :] - c >= -ms.TAU * eps
+    kept = np.zeros_like(need)
+    kept[seen["exp"].rows, seen["exp"].cols] = True
+    plan = np.exp((f[:, None] + g[None, :] - c) / eps)
+    missed = (plan * (need & ~kept)).sum(axis=1) / plan.sum(axis=1)
+    assert need.sum() > 20 * 1500  # a real window, not the k_min floor
+    assert np.max(missed) <= np.exp(-ms.TAU)
+
+
+def test_handover_with_missing_pairs_falls_back_to_the_search(monkeypatch):
+    # a hand-over pattern that misses real partners (a third of the pairs, (i + j) % 3 == 0,
+    # dropped) must not break the certificate: the bracket still holds the exact value and,
+    # once it comes out wider than tol, the solver searches the pairs anew until it is
+    # within tol
+    import wflow.transport.multiscale as ms
+
+    x, y = _pair(1500, seed=2)
+    a = np.full(1500, 1 / 1500)
+    exact = _emd(x, y, a, a, "geodesic")
+    real = ms._expand
+
+    def holed(xf, yf, f, g, eps, co, geodesic, k_min=16):
+        pat, c, _ = real(xf, yf, f, g, eps, co, geodesic, k_min)
+        keep = (pat.rows + pat.cols) % 3 != 0
+        new = ms._Pattern(pat.rows[keep], pat.cols[keep], len(f), len(g))
+        return new, c[keep], c[keep][new.perm]
+
+    monkeypatch.setattr(ms, "_expand", holed)
+    r = certified_w2(x, y, tol=1e-3, n_coarse=100)
+    assert r["lower"] <= exact <= r["upper"]
+    assert r["certified"] and r["rel_width"] <= 1e-3
+
+
 def test_bracket_valid_when_the_solver_stalls():
     # uniform onto one vMF cap: the sparse iteration stalls (a known limitation) after 3
     # levels; the bracket is wide but must still hold the exact value

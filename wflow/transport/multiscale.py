@@ -20,11 +20,17 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU`` = 12), found from both sides
    by a k-d tree in a lifted space (:func:`wflow.transport.certify.threshold_pairs`), at
    most ``neighbours`` per atom: the dropped entries carry at most :math:`e^{-\tau}` of
-   each atom's mass.  The search runs on a level's first two :math:`\varepsilon` (the
-   hand-over's potentials have not settled), after a bracket wider than ``tol`` and when
-   the scaling stalls; the other steps filter the previous step's pairs by the same rule
-   (the window at :math:`\varepsilon/2` lies inside the one at :math:`\varepsilon` while
-   the potentials move by less than :math:`\tau\varepsilon/2`).  One O(pairs) log-domain
+   each atom's mass.  On a level's first two :math:`\varepsilon` (the hand-over's
+   potentials have not settled) the candidates are not searched but expanded from the
+   coarser level's kept cell pairs (Schmitzer 2019; GeomLoss's block-sparse truncation):
+   atom i in cell I and atom j in cell J are candidates iff (I, J) was within
+   :math:`(\tau + 16)\varepsilon` (``MARGIN`` = 16) at the coarser level's last
+   :math:`\varepsilon`; the same rule then filters them, in O(candidates).  The search
+   runs after a bracket wider than ``tol`` and when the scaling stalls (a coarse pattern
+   that misses partners can only widen the bracket); the other steps filter the previous
+   step's pairs by the same rule (the window at :math:`\varepsilon/2` lies inside the one
+   at :math:`\varepsilon` while the potentials move by less than
+   :math:`\tau\varepsilon/2`).  One O(pairs) log-domain
    update, one exponential per pair (the Gibbs kernel), then over-relaxed Sinkhorn scaling passes (multiply-adds only) until
    the marginals' L1 error is below ``LEVEL_ERR`` (1e-3), with absorption of the scalings
    into the potentials; the pairs are searched anew if the scaling stalls.
@@ -60,6 +66,9 @@ from .certify import MIN_TOL, c_transform, cmax, threshold_pairs
 from .sparse_kernels import (
     absorb,
     best_partner,
+    expand_count,
+    expand_fill,
+    expand_thresholds,
     gibbs,
     pattern_costs,
     plan_cost,
@@ -85,6 +94,11 @@ RATIO = 4
 HANDOVER = 10.0
 #: L1 error of the marginals at which an eps level hands over to the next (halved) one
 LEVEL_ERR = 1e-3
+#: the hand-over's coarse cell pairs: those within (TAU + MARGIN) eps of their row's or
+#: column's best at the coarse level's last eps.  A fine atom sits up to a cell radius r from
+#: its cell's centre, which moves its slack by about 2 r sqrt(TAU eps) relative to the
+#: cell's (about 8 eps per side at the hand-over, where r^2 is about eps)
+MARGIN = 16.0
 
 
 # -- input checks ---------------------------------------------------------------------------
@@ -212,6 +226,12 @@ class _Pattern:
         self.cptr = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(np.bincount(self.cols, minlength=m), out=self.cptr[1:])
         self.nnz = self.cols.size
+
+    @classmethod
+    def from_csr(cls, ptr, cols, m):
+        """The pattern of CSR rows ``ptr``, ``cols`` (each row's columns distinct)."""
+        n = ptr.size - 1
+        return cls(np.repeat(np.arange(n), np.diff(ptr)), cols, n, m)
 
     @classmethod
     def union(cls, rows_i, rows_j, n, m):
@@ -409,6 +429,10 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
     )
     state = {"levels": 0, "passes": 0, "t_start": t_start}
     result: dict = {}
+    # the dense level's cell pairs that the first sparse level expands
+    nc, mc = cc.shape
+    full = _Pattern(np.repeat(np.arange(nc), mc), np.tile(np.arange(mc), nc), nc, mc)
+    wide = _narrow(full, cc.ravel(), f, g, eps, tau=TAU + MARGIN)[0]
     for lev in range(1, len(hier)):
         xp, ap, yp, bp = hier[lev - 1]
         x, a, y, b = hier[lev]
@@ -422,8 +446,9 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
         # a level of N atoms keeps O(N eps) partners per atom: it anneals down to about ten
         # times its spacing squared (whatever reg is), then hands over to the finer level
         eps_end = reg if last else HANDOVER / min(len(a), len(b)) * (area / (4 * math.pi))
-        (f, g, th_x, th_y), eps, result = _sparse_level(
-            hier[lev], (f, g, th_x, th_y), eps, eps_end, last, opts, state
+        co = _links(wide, hier[lev], hier[lev - 1])
+        (f, g, th_x, th_y), eps, result, wide = _sparse_level(
+            hier[lev], (f, g, th_x, th_y), eps, eps_end, last, opts, state, co
         )
     return result
 
@@ -437,7 +462,63 @@ def _truncate(x, y, f, g, th_x, th_y, eps, neighbours, geodesic):
     return pat, c, c[pat.perm]
 
 
-def _narrow(pat, c, f, g, eps, k_min=16):
+@dataclass(frozen=True)
+class _Coarse:
+    """What a finer level needs of the coarser one: its kept cell pairs (``pat``, coarse
+    indices) and each fine atom's cell (``par_x``, ``par_y``) with the cells' children
+    (CSR ``chx_ptr``, ``chx`` and ``chy_ptr``, ``chy``)."""
+
+    pat: _Pattern
+    par_x: np.ndarray
+    chx_ptr: np.ndarray
+    chx: np.ndarray
+    par_y: np.ndarray
+    chy_ptr: np.ndarray
+    chy: np.ndarray
+
+
+def _children(par, k):
+    ptr = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(np.bincount(par, minlength=k), out=ptr[1:])
+    return ptr, np.argsort(par, kind="stable").astype(np.int64)
+
+
+def _links(pat, fine, coarse):
+    """:class:`_Coarse` from the coarse pattern and the two levels' atoms: a fine atom's
+    cell is its nearest coarse atom."""
+    x, _, y, _ = fine
+    xc, _, yc, _ = coarse
+    par_x = cKDTree(xc).query(x, workers=2)[1].astype(np.int64)
+    par_y = cKDTree(yc).query(y, workers=2)[1].astype(np.int64)
+    return _Coarse(pat, par_x, *_children(par_x, len(xc)), par_y, *_children(par_y, len(yc)))
+
+
+def _expand(x, y, f, g, eps, co: _Coarse, geodesic, k_min=16):
+    r"""Kept pairs of a fine level from the coarse level's kept cell pairs (Schmitzer 2019).
+
+    Atom i in cell I and atom j in cell J are candidates iff (I, J) is in ``co.pat``; of
+    those, the rule of :func:`_truncate` keeps the pairs within ``TAU eps`` of the row's or
+    the column's reference (and each row's and column's ``k_min`` best).  O(candidates),
+    no k-d search.  A coarse pattern that misses real partners only widens the bracket (the
+    certificate does not rely on the pattern): the caller then searches.
+    """
+    slack = TAU * eps
+    cp = co.pat
+    thr_r = expand_thresholds(
+        cp.ptr, cp.cols, co.chy_ptr, co.chy, co.par_x, x, y, f, g, slack, k_min, geodesic
+    )
+    thr_c = expand_thresholds(
+        cp.cptr, cp.crows, co.chx_ptr, co.chx, co.par_y, y, x, g, f, slack, k_min, geodesic
+    )
+    args = (cp.ptr, cp.cols, co.chy_ptr, co.chy, co.par_x, x, y, f, g, thr_r, thr_c, geodesic)
+    ptr = np.zeros(x.shape[0] + 1, dtype=np.int64)
+    np.cumsum(expand_count(*args), out=ptr[1:])
+    cols, c = expand_fill(*args, ptr)
+    pat = _Pattern.from_csr(ptr, cols, y.shape[0])
+    return pat, c, c[pat.perm]
+
+
+def _narrow(pat, c, f, g, eps, k_min=16, tau=TAU):
     r"""The kept pairs at a smaller ``eps``, taken from the previous eps step's pattern.
 
     The rule of :func:`_truncate` (pairs within ``TAU eps`` of the row's or the column's
@@ -448,7 +529,7 @@ def _narrow(pat, c, f, g, eps, k_min=16):
     (the margin :func:`_truncate` keeps too).  A stalled scaling searches anew.
     """
     n, m = pat.ptr.size - 1, pat.cptr.size - 1
-    slack = TAU * eps
+    slack = tau * eps
     val_r = c - g[pat.cols]  # c_ij - g_j, CSR order
     t_r = np.maximum(f, np.minimum.reduceat(val_r, pat.ptr[:-1]))
     keep = val_r <= t_r[pat.rows] + slack
@@ -517,12 +598,13 @@ class _Scaling:
         return "budget"
 
 
-def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
+def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _Coarse):
     """The eps-halving loop on one level of atoms (kernel truncation); certifies on the last one.
 
     ``meas`` is ``(x, a, y, b)``, ``duals`` ``(f, g, th_x, th_y)`` (potentials and each
-    atom's expected transport angle).  Returns the updated ``duals``, the final eps and,
-    on the last level, the certificate.
+    atom's expected transport angle), ``co`` the coarser level's kept cell pairs.  Returns
+    the updated ``duals``, the final eps, on the last level the certificate, and on the
+    others the kept pairs (with margin ``MARGIN``) that the finer level expands.
     """
     x, a, y, b = meas
     f, g, th_x, th_y = duals
@@ -532,8 +614,10 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
     la, lb_ = np.log(a), np.log(b)
     result: dict = {}
     pat = c = c_csc = None
-    # the pairs are searched anew on the level's first two eps (the hand-over's potentials
-    # have not settled) and after a bracket wider than tol; the other steps filter them
+    first = None  # the first eps step's pairs: the widest window on this level
+    # the pairs are expanded from the coarse level's cell pairs on the level's first two eps
+    # (the hand-over's potentials have not settled), searched anew after a bracket wider
+    # than tol or a stall; the other steps filter the previous step's pairs
     step, wide = 0, False
     while True:
         search = step <= 1 or wide
@@ -548,9 +632,13 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
                 sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
             if not search and rebuild == 0:  # a later eps step on this level: filter its pairs
                 narrowed = _narrow(pat, c, f, g, eps)
+            elif not wide and rebuild == 0:  # the first two: from the coarse cell pairs
+                narrowed = _expand(x, y, f, g, eps, co, geodesic)
             else:
                 narrowed = _truncate(x, y, f, g, th_x, th_y, eps, opts.neighbours, geodesic)
             pat, c, c_csc = narrowed
+            if first is None and not last:
+                first = (pat, c)
             sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
             sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
             sk = _Scaling(pat, c, c_csc, a, b, f, g, eps, opts.omega, state)
@@ -622,4 +710,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state):
             break
         eps = max(0.5 * eps, eps_end) if eps > eps_end else 0.5 * eps
         step += 1
-    return (f, g, th_x, th_y), eps, result
+    handed = None
+    if first is not None:  # the pairs the finer level expands, with the hand-over's margin
+        handed = _narrow(*first, f, g, eps, tau=TAU + MARGIN)[0]
+    return (f, g, th_x, th_y), eps, result, handed

@@ -33,6 +33,9 @@ __all__ = [
     "candidate_values",
     "walk_support",
     "walk_fill",
+    "expand_thresholds",
+    "expand_count",
+    "expand_fill",
 ]
 
 
@@ -285,3 +288,91 @@ def walk_fill(y, x, psi, nbr, best, gap, ptr, rows, atoms, costs):
                 atoms[p] = i
                 costs[p] = c
                 p += 1
+
+
+# -- the hand-over: a fine level's pairs from the coarse level's kept cell pairs ---------------
+# Fine row i lies in coarse cell par[i]; its candidates are the children j (``ch`` in CSR
+# ``ch_ptr``) of every coarse column J of row par[i] in the coarse pattern (``ptr_c``,
+# ``cols_c``).  Each candidate pair is met once (a child has one parent).
+
+
+@njit(cache=True, parallel=True)
+def expand_thresholds(ptr_c, cols_c, ch_ptr, ch, par, x, y, f, g, slack, k_min, geodesic):
+    r"""Each fine row's cut on :math:`c_{ij} - g_j` over its candidates.
+
+    :math:`\max(\max(f_i, \min_j (c_{ij} - g_j)) + slack,\ v_{(k_{min})})`, with
+    :math:`v_{(k)}` the row's k-th smallest :math:`c_{ij} - g_j` (the rule of
+    :func:`wflow.transport.certify.threshold_pairs`); ``inf`` for a row with at most
+    ``k_min`` candidates (it keeps them all).
+    """
+    n = x.shape[0]
+    out = np.empty(n)
+    for i in prange(n):
+        big = par[i]
+        cnt = 0
+        for p in range(ptr_c[big], ptr_c[big + 1]):
+            jc = cols_c[p]
+            cnt += ch_ptr[jc + 1] - ch_ptr[jc]
+        if cnt <= k_min:
+            out[i] = np.inf
+            continue
+        buf = np.empty(cnt)
+        t = 0
+        lo = np.inf
+        for p in range(ptr_c[big], ptr_c[big + 1]):
+            jc = cols_c[p]
+            for q in range(ch_ptr[jc], ch_ptr[jc + 1]):
+                j = ch[q]
+                v = pair_cost(x, y, i, j, geodesic) - g[j]
+                buf[t] = v
+                t += 1
+                if v < lo:
+                    lo = v
+        kth = np.partition(buf, k_min - 1)[k_min - 1]
+        out[i] = max(max(f[i], lo) + slack, kth)
+    return out
+
+
+@njit(cache=True, parallel=True)
+def expand_count(ptr_c, cols_c, ch_ptr, ch, par, x, y, f, g, thr_r, thr_c, geodesic):
+    r"""Number of kept candidates of each fine row: :math:`c_{ij} - g_j \le thr_r[i]` or
+    :math:`c_{ij} - f_i \le thr_c[j]`."""
+    n = x.shape[0]
+    out = np.zeros(n, dtype=np.int64)
+    for i in prange(n):
+        big = par[i]
+        cnt = 0
+        for p in range(ptr_c[big], ptr_c[big + 1]):
+            jc = cols_c[p]
+            for q in range(ch_ptr[jc], ch_ptr[jc + 1]):
+                j = ch[q]
+                c = pair_cost(x, y, i, j, geodesic)
+                if c - g[j] <= thr_r[i] or c - f[i] <= thr_c[j]:
+                    cnt += 1
+        out[i] = cnt
+    return out
+
+
+@njit(cache=True, parallel=True)
+def expand_fill(ptr_c, cols_c, ch_ptr, ch, par, x, y, f, g, thr_r, thr_c, geodesic, ptr):
+    r"""The kept candidates counted by :func:`expand_count`: columns and costs, CSR order
+    (``ptr`` from the counts), each row's columns ascending."""
+    n = x.shape[0]
+    cols = np.empty(ptr[n], dtype=np.int64)
+    cost = np.empty(ptr[n])
+    for i in prange(n):
+        big = par[i]
+        t = ptr[i]
+        for p in range(ptr_c[big], ptr_c[big + 1]):
+            jc = cols_c[p]
+            for q in range(ch_ptr[jc], ch_ptr[jc + 1]):
+                j = ch[q]
+                c = pair_cost(x, y, i, j, geodesic)
+                if c - g[j] <= thr_r[i] or c - f[i] <= thr_c[j]:
+                    cols[t] = j
+                    cost[t] = c
+                    t += 1
+        order = np.argsort(cols[ptr[i] : t])
+        cols[ptr[i] : t] = cols[ptr[i] : t][order]
+        cost[ptr[i] : t] = cost[ptr[i] : t][order]
+    return cols, cost
