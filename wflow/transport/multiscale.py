@@ -144,7 +144,7 @@ def check_measure(points: Any, weights: Any, name: str, d: int | None = None):
 
 
 # -- the coarse level ---------------------------------------------------------------------------
-def _cluster(x, w, k, rng):
+def cluster_measure(x, w, k, rng):
     """Cluster labels (nearest of ``k`` random atoms), normalized cluster means and masses."""
     n = x.shape[0]
     if n <= k:
@@ -408,8 +408,8 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
         sizes.append(max(sizes[-1] // RATIO, n_coarse))
     hier = [] if len(sizes) > 1 else [(x, a, y, b)]  # coarsest first: (x, a, y, b)
     for k in sizes[:0:-1]:
-        _, xc, ac = _cluster(x, a, k, rng)
-        _, yc, bc = _cluster(y, b, k, rng)
+        _, xc, ac = cluster_measure(x, a, k, rng)
+        _, yc, bc = cluster_measure(y, b, k, rng)
         hier.append((xc, ac, yc, bc))
     hier.append((x, a, y, b))
 

@@ -513,11 +513,11 @@ def _coarse_start(s: _Solver, tol: float, workers: int, walk: bool) -> np.ndarra
     c-transform on the fine atoms of nu, and that one's c-transform on the atoms of mu_N."""
     from scipy.spatial import cKDTree
 
-    from .multiscale import _cluster
+    from .multiscale import cluster_measure
 
     rng = np.random.default_rng(0)
-    _, xc, ac = _cluster(s.x, s.a, s.N // 4, rng)
-    _, yc, wc = _cluster(s.y, s.w, s.M // 4, rng)
+    _, xc, ac = cluster_measure(s.x, s.a, s.N // 4, rng)
+    _, yc, wc = cluster_measure(s.y, s.w, s.M // 4, rng)
     coarse = semidiscrete_w2(xc, ac, yc, wc, tol=max(tol, 1e-5), workers=workers, walk=walk)
     log.debug("coarse start: N=%d in %.1f s", xc.shape[0], coarse["seconds"])
     # the coarse potential interpolated at the atoms: a Gaussian-weighted mean over the 4 nearest
