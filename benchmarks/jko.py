@@ -31,14 +31,9 @@ from wflow.solvers.jko import JKOStepper
 from wflow.solvers.jko.step import default_eps, support
 
 
-def run(name, rho0, model, tau, kappa, backend="auto"):
-    x, a, r, _ = support(rho0, None)
-    eps = default_eps(x, r)
-    t0 = time.perf_counter()
-    model.first_variation(x, Atoms._trusted(x, a), backend=backend)  # first call: compilation
-    t_compile = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    st = JKOStepper(
+def _stepper(model, x, r, tau, eps, kappa, backend):
+    """The benchmark's JKO stepper: geodesic cost, debiased Sinkhorn, tol 1e-6."""
+    return JKOStepper(
         model,
         x,
         r,
@@ -54,6 +49,16 @@ def run(name, rho0, model, tau, kappa, backend="auto"):
         max_sinkhorn=5000,
         backend=backend,
     )
+
+
+def run(name, rho0, model, tau, kappa, backend="auto"):
+    x, a, r, _ = support(rho0, None)
+    eps = default_eps(x, r)
+    t0 = time.perf_counter()
+    model.first_variation(x, Atoms._trusted(x, a), backend=backend)  # first call: compilation
+    t_compile = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    st = _stepper(model, x, r, tau, eps, kappa, backend)
     t_setup = time.perf_counter() - t0
     rows = []
     w = a
@@ -96,22 +101,7 @@ def one(res: int, what: str) -> dict:
         eps = default_eps(x, r)
         model.first_variation(x, Atoms._trusted(x, a), backend="auto")  # compilation apart
         t0 = time.perf_counter()
-        st = JKOStepper(
-            model,
-            x,
-            r,
-            tau=tau,
-            eps=eps,
-            cost="geodesic",
-            kappa=kappa,
-            method="sinkhorn",
-            debias=True,
-            eps_scaling=None,
-            tol=1e-6,
-            max_iter=200,
-            max_sinkhorn=5000,
-            backend="auto",
-        )
+        st = _stepper(model, x, r, tau, eps, kappa, "auto")
         t_setup = time.perf_counter() - t0
         t0 = time.perf_counter()
         w, s = st.step(a)

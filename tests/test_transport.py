@@ -305,19 +305,24 @@ def test_semidiscrete_uneven_fine_measure(seed):
     assert r.info["converged"] and not r.info["stalled"]
 
 
+def _two_caps(seed, n=800):
+    """n i.i.d. atoms of a two-cap von Mises-Fisher mixture, equal weights, against 16 n
+    Fibonacci nodes weighted by its density."""
+    rng = np.random.default_rng(seed)
+    x = vmf_mixture(n, [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], [3.0, 3.0], None, rng)
+    y = fibonacci_nodes(16 * n)
+    w = np.exp(3.0 * y[:, 2]) + np.exp(3.0 * y[:, 0])
+    return x, np.full(n, 1.0 / n), y, w / w.sum()
+
+
 def test_semidiscrete_walk_gives_the_queried_bracket_with_few_queries():
     """Supports from the walk on the atoms' graph (the default) against supports from k-d
     queries only (walk=False), 800 atoms of a two-cap mixture against 12800 weighted Fibonacci
     nodes: the same certified bracket to 1e-9 relative, and the walk builds at most half the
     k-d trees (it needs them only to check itself and for the rows it missed)."""
-    rng = np.random.default_rng(5)
-    n = 800
-    x = vmf_mixture(n, [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], [3.0, 3.0], None, rng)
-    y = fibonacci_nodes(16 * n)
-    w = np.exp(3.0 * y[:, 2]) + np.exp(3.0 * y[:, 0])
-    a = np.full(n, 1.0 / n)
-    walked = semidiscrete_w2(x, a, y, w / w.sum())
-    queried = semidiscrete_w2(x, a, y, w / w.sum(), walk=False)
+    x, a, y, w = _two_caps(5)
+    walked = semidiscrete_w2(x, a, y, w)
+    queried = semidiscrete_w2(x, a, y, w, walk=False)
     for r in (walked, queried):
         assert r["converged"] and not r["stalled"]
         assert r["hi"] - r["lo"] <= 5e-4 * r["lo"]
@@ -332,15 +337,10 @@ def test_semidiscrete_coarse_start_reaches_the_same_bracket(monkeypatch):
     bracket as the solve from zero, to 1e-9."""
     import wflow.transport.semidiscrete as sd
 
-    rng = np.random.default_rng(6)
-    n = 800
-    x = vmf_mixture(n, [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], [3.0, 3.0], None, rng)
-    y = fibonacci_nodes(16 * n)
-    w = np.exp(3.0 * y[:, 2]) + np.exp(3.0 * y[:, 0])
-    a = np.full(n, 1.0 / n)
-    plain = semidiscrete_w2(x, a, y, w / w.sum())
+    x, a, y, w = _two_caps(6)
+    plain = semidiscrete_w2(x, a, y, w)
     monkeypatch.setattr(sd, "MULTISCALE_MIN", 200)
-    started = semidiscrete_w2(x, a, y, w / w.sum())
+    started = semidiscrete_w2(x, a, y, w)
     assert started["converged"] and started["hi"] - started["lo"] <= 5e-4 * started["lo"]
     assert started["lo"] == pytest.approx(plain["lo"], rel=1e-9)
     assert started["hi"] == pytest.approx(plain["hi"], rel=1e-7)
