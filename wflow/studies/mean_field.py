@@ -427,9 +427,7 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
                 d == 3 and not quick
             ):  # S^2 W2 by semi-discrete transport, with its slope (full mode only)
                 sd_plan = {**S2_SD_PLAN, **({100_000: 1} if int(s2_max_n) >= 100_000 else {})}
-                _s2_semidiscrete_w2(
-                    rep, name, model, quad, sd_plan, np.array(S2_SD_TIMES), rk4_dt
-                )
+                _s2_semidiscrete_w2(rep, name, model, quad, sd_plan, np.array(S2_SD_TIMES), rk4_dt)
             if (
                 d == 3 and quick
             ):  # S^2 W2 at t_end by EMD against the Fibonacci push-forward (reported, not asserted)
