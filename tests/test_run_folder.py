@@ -139,8 +139,10 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(delay, tmp_path):
     cmd = [
         sys.executable,
         "-c",
-        "import sys; from wflow.cli import main; print('main', file=sys.stderr, flush=True); "
-        "sys.exit(main())",
+        # Ctrl-C as a terminal delivers it, also where this test runs with SIGINT ignored (a
+        # background job inherits SIG_IGN, and wflow then keeps its caller's choice)
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from wflow.cli import main; print('main', file=sys.stderr, flush=True); sys.exit(main())",
     ]
     p = subprocess.Popen(
         [*cmd, "run", "--out", str(out), "--no-progress", "--set", "run.t_end=5"],
@@ -227,8 +229,10 @@ def test_a_file_size_limit_in_a_real_process_is_one_line_and_resumable(tmp_path)
     cmd = [
         sys.executable,
         "-c",
-        "import sys; from wflow.cli import main; print('main', file=sys.stderr, flush=True); "
-        "sys.exit(main())",
+        # Ctrl-C as a terminal delivers it, also where this test runs with SIGINT ignored (a
+        # background job inherits SIG_IGN, and wflow then keeps its caller's choice)
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from wflow.cli import main; print('main', file=sys.stderr, flush=True); sys.exit(main())",
     ]
     run = ["run", "--no-progress", "--set", "init.n=10", "--set", "run.n_saves=101"]
     # the same run without the limit first, so that the limited one compiles nothing (numba's cache

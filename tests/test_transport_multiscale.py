@@ -136,14 +136,14 @@ def test_prolongation_is_the_exact_soft_c_transform(cost):
     # far from the expected angle); the fine iteration then diverged at N >= 5000.
     from scipy.special import logsumexp
 
-    from wflow.transport.multiscale import TAU, _angle, _cluster, _coarse, _extrapolate
+    from wflow.transport.multiscale import TAU, _angle, _coarse, _extrapolate, cluster_measure
 
     geodesic = cost == "geodesic"
     x, y = _pair(1000)
     a = np.full(1000, 1e-3)
     rng = np.random.default_rng(0)
-    _, xc, ac = _cluster(x, a, 300, rng)
-    _, yc, bc = _cluster(y, a, 300, rng)
+    _, xc, ac = cluster_measure(x, a, 300, rng)
+    _, yc, bc = cluster_measure(y, a, 300, rng)
     eps = 4 * np.pi / 300  # the coarse spacing squared, where the hand-over happens
     f, g, cc = _coarse(xc, ac, yc, bc, geodesic, [np.pi**2 / 4**k for k in range(5)] + [eps], 10)
     th = _angle(cc[np.arange(len(ac)), np.argmin(cc - g[None, :], axis=1)], geodesic)

@@ -121,7 +121,7 @@ def check_options(names: list[str], options: dict[str, str] | None) -> dict[str,
     >>> check_options(["mean-shift"], {"convention": "code"})
     Traceback (most recent call last):
     ...
-    ValueError: no study among mean-shift takes the option 'convention' (options: perceptron: convention)
+    ValueError: no study among mean-shift takes the option 'convention' (options: mean-field: s2_max_n; perceptron: convention)
     """
     studies = list(dict.fromkeys(m for n in names for m in GROUPS.get(n, [n])))
     out: dict[str, dict[str, str]] = {}
