@@ -128,7 +128,7 @@ def check_options(names: list[str], options: dict[str, str] | None) -> dict[str,
     for key, value in (options or {}).items():
         takers = [n for n in studies if key in OPTIONS.get(n, {})]
         if not takers:
-            known = "; ".join(f"{n}: {', '.join(o)}" for n, o in OPTIONS.items()) or "none"
+            known = "; ".join(f"{n}: {', '.join(o)}" for n, o in sorted(OPTIONS.items())) or "none"
             raise ValueError(
                 f"no study among {', '.join(studies)} takes the option {key!r} (options: {known})"
             )
