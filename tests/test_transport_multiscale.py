@@ -191,10 +191,28 @@ def test_c_transform_is_exact_minimum():
     x, y = _pair(400, seed=7)
     f = np.random.default_rng(1).normal(0, 1, 400)  # any potential: a rough one stresses the search
     for cost in ("geodesic", "chordal"):
-        g, stats = c_transform(y, x, f, None, cost == "geodesic")
+        g, stats = c_transform(y, x, f, cost == "geodesic")
         exact = (cost_matrix(y, x, cost=cost) - f[None, :]).min(axis=1)
         assert np.all(g <= exact)  # feasible: f_i + g_j <= c_ij for every pair
         assert np.max(exact - g) < 1e-11
+
+
+@pytest.mark.parametrize("cost", ["geodesic", "chordal"])
+def test_c_transform_on_cells_prunes_and_stays_exact(cost):
+    """Clustered points with repeated atoms (empty cells) and the c-transform of a smooth
+    potential: the minimum over all points, while scanning a small part of them."""
+    rng = np.random.default_rng(3)
+    x = vmf_mixture(4000, np.eye(3)[:2], [40.0, 5.0], None, rng)
+    x = np.concatenate([x, x[:50]])  # repeated atoms: some centres have no point of their own
+    y = uniform(3000, 3, seed=4)
+    geodesic = cost == "geodesic"
+    f = 0.3 * x[:, 0] - 0.2 * x[:, 2] ** 2
+    g, stats = c_transform(y, x, f, geodesic)
+    exact = (cost_matrix(y, x, cost=cost) - f[None, :]).min(axis=1)
+    assert np.all(g <= exact) and np.max(exact - g) < 1e-11
+    assert stats["scanned"] < 0.25 * len(
+        x
+    )  # the bounds prune (17 % scanned here; no pruning: 100 %)
 
 
 @pytest.mark.parametrize(

@@ -4,25 +4,28 @@ Lower bound.  Any pair :math:`(f, g)` with :math:`f_i + g_j \le c_{ij}` for **al
 dual-feasible, so :math:`\sum_i a_i f_i + \sum_j b_j g_j \le W_2^2`.  Given any ``f`` (e.g.
 Sinkhorn's potential), :math:`g = f^c`, :math:`g_j = \min_i (c_{ij} - f_i)`, makes it so:
 :func:`c_transform` computes that minimum over all :math:`i` exactly, without the
-:math:`N^2` pairs, by a k-d tree in a lifted space.
+:math:`N^2` pairs: the points are grouped in cells around centres drawn from them, and a
+cell is scanned for a query only when a lower bound of its points' values, the cost at the
+query's distance to the cell minus the cell's radius, less the cell's largest potential, is
+below the best value found so far.  Since the cost is an increasing function of the chord,
+the bound holds for any potential; a smooth one keeps the scan to a few cells per query.
 
-The lift.  With :math:`s = |x - y|^2` the squared chord, the cost is :math:`c = h(s)`:
-:math:`h(s) = s` (chordal) or :math:`h(s) = \theta^2 = (2\arcsin(\sqrt s/2))^2` (geodesic),
-which is convex and increasing.  Every tangent is a lower bound,
-:math:`h(s) \ge h(s_b) + k_b (s - s_b)` with :math:`k_b = h'(s_b) = \theta_b/\sin\theta_b`,
-so for the lifted points :math:`\tilde x_i = (x_i, \sqrt{F - f_i/k_b})`,
-:math:`F = \max_i f_i/k_b`, and :math:`\tilde y = (y, 0)`,
+Pairs within a threshold (:func:`threshold_pairs`, the kernel truncation) are found by a
+k-d tree in a lifted space.  With :math:`s = |x - y|^2` the squared chord, the cost is
+:math:`c = h(s)`: :math:`h(s) = s` (chordal) or :math:`h(s) = \theta^2 =
+(2\arcsin(\sqrt s/2))^2` (geodesic), which is convex and increasing.  Every tangent is a
+lower bound, :math:`h(s) \ge h(s_b) + k_b (s - s_b)` with :math:`k_b = h'(s_b) =
+\theta_b/\sin\theta_b`, so for the lifted points :math:`\tilde x_i = (x_i, \sqrt{F -
+f_i/k_b})`, :math:`F = \max_i f_i/k_b`, and :math:`\tilde y = (y, 0)`,
 
 .. math::
     c_{ij} - f_i \;\ge\; h(s_b) - k_b s_b + k_b\,(|\tilde x_i - \tilde y_j|^2 - F).
 
 The k nearest lifted points of :math:`\tilde y_j` hold the candidates; every other
 :math:`i` is at lifted distance at least the k-th one, which bounds its
-:math:`c_{ij} - f_i` from below.  When that bound is at least the best candidate's exact
-value, the minimum is certified; otherwise k grows (4x) and, at the end, the remaining
-queries are scanned over all points.  The queries are grouped by the angle
-:math:`\theta_b` of their expected partner (bins of 0.15 rad), so the tangent is tight
-where it matters.  For the chordal cost :math:`h` is linear and the first k-NN is exact.
+:math:`c_{ij} - f_i` from below, and k grows (4x) until that bound clears the threshold.
+The queries are grouped by the angle :math:`\theta_b` of their expected partner (bins of
+0.15 rad), so the tangent is tight where it matters.
 
 Upper bound.  Any plan with the exact marginals costs at least :math:`W_2^2`:
 :func:`wflow.transport.sparse_kernels.rounded_plan_cost` rounds the sparse entropic plan
@@ -42,7 +45,7 @@ import math
 import numpy as np
 from scipy.spatial import cKDTree
 
-from .sparse_kernels import brute_c_transform, candidate_values
+from .sparse_kernels import candidate_values, cell_c_transform
 
 __all__ = [
     "BIN",
@@ -133,18 +136,37 @@ def lifted_knn(
     return idx, lb
 
 
+def _cells(pts: np.ndarray, centres: np.ndarray, workers: int) -> tuple[np.ndarray, ...]:
+    """``pts`` grouped by nearest centre: the order, the cells' row pointers and radii."""
+    _, lab = cKDTree(centres).query(pts, workers=workers)
+    order = np.argsort(lab, kind="stable")
+    ptr = np.zeros(centres.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(lab, minlength=centres.shape[0]), out=ptr[1:])
+    rad = np.zeros(centres.shape[0])
+    dist = np.linalg.norm(pts[order] - centres[lab[order]], axis=1)
+    full = ptr[1:] > ptr[:-1]
+    rad[full] = np.maximum.reduceat(dist, ptr[:-1][full])
+    return order, ptr, rad
+
+
 def c_transform(
     q: np.ndarray,
     pts: np.ndarray,
     pot: np.ndarray,
-    theta0: np.ndarray | None,
     geodesic: bool,
-    k: int = 16,
+    per_cell: int = 32,
+    workers: int = 2,
 ) -> tuple[np.ndarray, dict]:
     r"""Certified :math:`\min_p (c(q, p) - pot_p)` over ALL points ``pts``, lowered by ``ROUNDOFF``.
 
-    Returns the values, shape ``(nq,)``, and statistics (``rounds``, ``brute``: queries that
-    fell back to a full scan).  O(nq k log n) when the tangents are tight.
+    The points are grouped in cells (about ``per_cell`` each, around centres drawn from them);
+    a cell is scanned for a query only if a lower bound of its points' values, from the
+    cell's radius and largest potential, is below the best value found
+    (:func:`wflow.transport.sparse_kernels.cell_c_transform`).  Exact: no point is skipped
+    that could be the minimum, whatever the potential.  Returns the values, shape
+    ``(nq,)``, and statistics (``cells``; ``scanned``: points scanned per query, on average).
+    O(cells² + nq · scanned); a smooth (c-concave-like) potential keeps ``scanned`` at a few
+    cells' worth.
 
     Examples
     --------
@@ -153,29 +175,34 @@ def c_transform(
     >>> from wflow.sphere import cost_matrix
     >>> x, y = wflow.sphere.uniform(300, 3, seed=0), wflow.sphere.uniform(200, 3, seed=1)
     >>> f = np.random.default_rng(0).uniform(0, 1, 300)
-    >>> g, _ = c_transform(y, x, f, None, geodesic=True)
+    >>> g, _ = c_transform(y, x, f, geodesic=True)
     >>> exact = (cost_matrix(y, x) - f[None, :]).min(axis=1)
     >>> bool(np.all(g <= exact) and np.allclose(g, exact, atol=1e-11))
     True
     """
-    nq, n = q.shape[0], pts.shape[0]
-    out = np.empty(nq)
-    todo = np.arange(nq)
-    rounds = 0
-    while todo.size and k < n and rounds < 4:
-        th = None if theta0 is None else theta0[todo]
-        idx, lb = lifted_knn(q[todo], pts, pot, th, k, geodesic)
-        vals = candidate_values(q[todo], pts, pot, idx, geodesic)
-        best = vals.min(axis=1)
-        ok = lb >= best
-        out[todo[ok]] = best[ok]
-        todo = todo[~ok]
-        k *= 4
-        rounds += 1
-    n_brute = int(todo.size)
-    if todo.size:
-        out[todo] = brute_c_transform(q, pts, pot, todo, geodesic)
-    return out - ROUNDOFF, {"rounds": rounds, "brute": n_brute}
+    n = pts.shape[0]
+    nc = int(np.clip(n // per_cell, 1, 20_000))
+    centres = pts[np.random.default_rng(0).choice(n, nc, replace=False)]
+    po, pptr, prad = _cells(pts, centres, workers)
+    ps, pv = np.ascontiguousarray(pts[po]), np.ascontiguousarray(pot[po], dtype=np.float64)
+    full = pptr[1:] > pptr[:-1]
+    ptop = np.full(nc, -np.inf)
+    parg = np.minimum(pptr[:-1], n - 1)
+    ptop[full] = np.maximum.reduceat(pv, pptr[:-1][full])
+    # the row of each cell's largest potential (the first one of equal values)
+    hit = pv == np.repeat(ptop, np.diff(pptr))
+    first = np.flatnonzero(hit)
+    cell_of = np.repeat(np.arange(nc), np.diff(pptr))[first]
+    parg[cell_of[::-1]] = first[::-1]
+    qo, qptr, qrad = _cells(q, centres, workers)
+    qs = np.ascontiguousarray(q[qo])
+    # empty cells of points: no bound (never scanned); of queries: no rows
+    vals, scanned = cell_c_transform(
+        qs, qptr, centres, qrad, ps, pv, pptr, centres, prad, ptop, parg, geodesic
+    )
+    out = np.empty(q.shape[0])
+    out[qo] = vals
+    return out - ROUNDOFF, {"cells": nc, "scanned": float(scanned) / max(q.shape[0], 1)}
 
 
 def threshold_pairs(

@@ -29,8 +29,8 @@ __all__ = [
     "plan_cost",
     "rounded_plan_cost",
     "best_partner",
-    "brute_c_transform",
     "candidate_values",
+    "cell_c_transform",
     "walk_support",
     "walk_fill",
     "expand_thresholds",
@@ -202,19 +202,74 @@ def best_partner(ptr, idx, c, h):
     return best_v, best_c
 
 
+@njit(cache=True, inline="always")
+def _chord_cost(chord, geodesic):
+    """The cost at chord length ``chord`` (``min(chord, 2)`` on the unit sphere)."""
+    ch = min(chord, 2.0)
+    if geodesic:
+        th = 2.0 * math.asin(0.5 * ch)
+        return th * th
+    return ch * ch
+
+
 @njit(cache=True, parallel=True)
-def brute_c_transform(q, pts, pot, rows, geodesic):
-    r""":math:`\min_k (c(q_r, p_k) - pot_k)` over ALL points, for the query rows ``rows``."""
-    out = np.empty(rows.shape[0])
-    for r in prange(rows.shape[0]):
-        i = rows[r]
-        m = np.inf
-        for k in range(pts.shape[0]):
-            v = pair_cost(q, pts, i, k, geodesic) - pot[k]
-            if v < m:
-                m = v
-        out[r] = m
-    return out
+def cell_c_transform(q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg, geodesic):
+    r""":math:`\min_k (c(q_r, p_k) - pot_k)` over ALL points, by bounds on cells of points.
+
+    ``q`` and ``pts`` are sorted by cell: cell ``D`` of the queries holds rows
+    ``qptr[D]:qptr[D + 1]``, within ``qrad[D]`` of ``qcen[D]``; cell ``C`` of the points rows
+    ``pptr[C]:pptr[C + 1]``, within ``prad[C]`` of ``pcen[C]``, largest potential ``ptop[C]``, at
+    row ``parg[C]``.  Every point of ``C`` costs a query ``y`` at least
+    ``h(max(0, |y - pcen[C]| - prad[C])) - ptop[C]`` (``h``: the cost of a chord, increasing), so
+    cells whose bound exceeds the best value found are never scanned; the others are scanned
+    exactly (:func:`pair_cost`).  Returns the values (query order) and the points scanned.
+    """
+    nd, nc = qptr.shape[0] - 1, pptr.shape[0] - 1
+    d = q.shape[1]
+    out = np.empty(q.shape[0])
+    scanned = np.zeros(nd, dtype=np.int64)
+    slack = 1e-9  # chord lengths: far above their rounding, far below any cell
+    for D in prange(nd):
+        lb = np.empty(nc)
+        up = np.inf  # a value every query of D can reach: the cell's top point, from afar
+        for C in range(nc):
+            dc = 0.0
+            dt = 0.0
+            for k in range(d):
+                e = qcen[D, k] - pcen[C, k]
+                dc += e * e
+                e = qcen[D, k] - pts[parg[C], k]
+                dt += e * e
+            dc = math.sqrt(dc)
+            lb[C] = _chord_cost(max(dc - qrad[D] - prad[C] - slack, 0.0), geodesic) - ptop[C]
+            u = _chord_cost(math.sqrt(dt) + qrad[D] + slack, geodesic) - ptop[C]
+            if u < up:
+                up = u
+        cand = np.flatnonzero(lb <= up)
+        cand = cand[np.argsort(lb[cand])]
+        cnt = 0
+        for r in range(qptr[D], qptr[D + 1]):
+            best = np.inf
+            for C in cand:
+                if lb[C] > best:
+                    break  # sorted: no later cell can hold a better point
+                dc = 0.0
+                for k in range(d):
+                    e = q[r, k] - pcen[C, k]
+                    dc += e * e
+                if (
+                    _chord_cost(max(math.sqrt(dc) - prad[C] - slack, 0.0), geodesic) - ptop[C]
+                    > best
+                ):
+                    continue
+                for p in range(pptr[C], pptr[C + 1]):
+                    v = pair_cost(q, pts, r, p, geodesic) - pot[p]
+                    if v < best:
+                        best = v
+                cnt += pptr[C + 1] - pptr[C]
+            out[r] = best
+        scanned[D] = cnt
+    return out, scanned.sum()
 
 
 @njit(cache=True, parallel=True)
