@@ -8,7 +8,7 @@ import pytest
 import wflow
 from wflow.sphere import cost_matrix, uniform, vmf_mixture
 from wflow.transport import wasserstein_result
-from wflow.transport.certify import c_transform
+from wflow.transport.certify import Cells, c_transform
 from wflow.transport.multiscale import certified_w2
 
 
@@ -210,9 +210,27 @@ def test_c_transform_on_cells_prunes_and_stays_exact(cost):
     g, stats = c_transform(y, x, f, geodesic)
     exact = (cost_matrix(y, x, cost=cost) - f[None, :]).min(axis=1)
     assert np.all(g <= exact) and np.max(exact - g) < 1e-11
-    assert stats["scanned"] < 0.25 * len(
-        x
-    )  # the bounds prune (17 % scanned here; no pruning: 100 %)
+    # the bounds prune: 17 % of the atoms scanned here (100 % without them)
+    assert stats["scanned"] < 0.25 * len(x)
+
+
+@pytest.mark.parametrize("cost", ["geodesic", "chordal"])
+def test_cells_within_is_the_exact_threshold_set(cost):
+    """Every pair within each query's own gap of its best value, and no other: against the dense
+    reduced costs, for a smooth and a rough potential on clustered atoms."""
+    rng = np.random.default_rng(5)
+    x = vmf_mixture(3000, np.eye(3)[:2], [40.0, 5.0], None, rng)
+    y = uniform(2000, 3, seed=6)
+    geodesic = cost == "geodesic"
+    C = cost_matrix(y, x, cost=cost)
+    cells = Cells(x)
+    for f in (0.3 * x[:, 0] - 0.2 * x[:, 2] ** 2, rng.uniform(0.0, 1.0, len(x))):
+        gap = rng.uniform(0.0, 0.05, len(y))
+        j, i, c = cells.within(y, f, gap, geodesic)
+        R = C - f[None, :]
+        jj, ii = np.nonzero(R <= (R.min(axis=1) + gap)[:, None])
+        assert sorted(zip(j.tolist(), i.tolist())) == sorted(zip(jj.tolist(), ii.tolist()))
+        assert np.max(np.abs(c - C[j, i])) < 1e-12
 
 
 @pytest.mark.parametrize(

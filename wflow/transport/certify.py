@@ -45,7 +45,7 @@ import math
 import numpy as np
 from scipy.spatial import cKDTree
 
-from .sparse_kernels import candidate_values, cell_c_transform
+from .sparse_kernels import candidate_values, cell_c_transform, cell_within
 
 __all__ = [
     "BIN",
@@ -54,6 +54,7 @@ __all__ = [
     "tangent",
     "lifted_knn",
     "c_transform",
+    "Cells",
     "cmax",
     "threshold_pairs",
 ]
@@ -136,7 +137,7 @@ def lifted_knn(
     return idx, lb
 
 
-def _cells(pts: np.ndarray, centres: np.ndarray, workers: int) -> tuple[np.ndarray, ...]:
+def _group(pts: np.ndarray, centres: np.ndarray, workers: int) -> tuple[np.ndarray, ...]:
     """``pts`` grouped by nearest centre: the order, the cells' row pointers and radii."""
     _, lab = cKDTree(centres).query(pts, workers=workers)
     order = np.argsort(lab, kind="stable")
@@ -149,6 +150,70 @@ def _cells(pts: np.ndarray, centres: np.ndarray, workers: int) -> tuple[np.ndarr
     return order, ptr, rad
 
 
+class Cells:
+    r"""Points on the sphere grouped in cells, for exact searches of :math:`c(q, p) - pot_p`.
+
+    About ``per_cell`` points per cell, around centres drawn from the points (the first
+    ``rng(0)`` draw, so the grouping is reproducible); built once, searched with any
+    potential.  Every point of a cell costs a query at least the cost at the query's
+    distance to the centre less the cell's radius, minus the cell's largest potential
+    (the cost is an increasing function of the chord), so only the cells whose bound beats
+    the best value found are scanned (:func:`wflow.transport.sparse_kernels.cell_c_transform`,
+    :func:`~wflow.transport.sparse_kernels.cell_within`): exact whatever the potential, and
+    a smooth (c-concave-like) potential keeps the scan to a few cells per query.  O(cells²
+    + queries · scanned) per search.
+    """
+
+    def __init__(self, pts: np.ndarray, per_cell: int = 32, workers: int = 2):
+        n = pts.shape[0]
+        nc = int(np.clip(n // per_cell, 1, 20_000))
+        self.n, self.workers = n, workers
+        self.centres = np.ascontiguousarray(pts[np.random.default_rng(0).choice(n, nc, False)])
+        self.order, self.ptr, self.radius = _group(pts, self.centres, workers)
+        self.pts = np.ascontiguousarray(pts[self.order])
+        self.size = np.diff(self.ptr)
+        self.cell_of = np.repeat(np.arange(nc), self.size)
+
+    def group(self, q: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Queries grouped by the same centres: ``(order, ptr, radius, sorted queries)``; pass it
+        instead of ``q`` to search the same queries again."""
+        order, ptr, rad = _group(q, self.centres, self.workers)
+        return order, ptr, rad, np.ascontiguousarray(q[order])
+
+    def _args(self, q, pot: np.ndarray, geodesic: bool) -> tuple:
+        qo, qptr, qrad, qs = q if isinstance(q, tuple) else self.group(q)
+        pv = np.ascontiguousarray(pot[self.order], dtype=np.float64)
+        full = self.size > 0
+        top = np.full(self.size.shape[0], -np.inf)  # an empty cell: never scanned
+        top[full] = np.maximum.reduceat(pv, self.ptr[:-1][full])
+        # the row of each cell's largest potential (the first of equal ones)
+        arg = np.minimum(self.ptr[:-1], self.n - 1)
+        first = np.flatnonzero(pv == top[self.cell_of])
+        arg[self.cell_of[first][::-1]] = first[::-1]
+        cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg)
+        return qo, (qs, qptr, self.centres, qrad) + cells
+
+    def c_transform(self, q, pot: np.ndarray, geodesic: bool) -> tuple[np.ndarray, float]:
+        r""":math:`\min_p (c(q_r, p) - pot_p)` for every query (exact; not lowered), and the
+        points scanned per query."""
+        qo, args = self._args(q, pot, geodesic)
+        vals, scanned = cell_c_transform(*args, geodesic)
+        out = np.empty(qo.shape[0])
+        out[qo] = vals
+        return out, float(scanned) / max(qo.shape[0], 1)
+
+    def within(self, q, pot: np.ndarray, gap: np.ndarray, geodesic: bool) -> tuple[np.ndarray, ...]:
+        r"""Every pair with :math:`c(q_r, p) - pot_p \le \min_k (c(q_r, p_k) - pot_k) + gap_r`:
+        the query rows, the points (indices into the points given) and the costs, grouped by query."""
+        qo, args = self._args(q, pot, geodesic)
+        gs = np.ascontiguousarray(gap[qo], dtype=np.float64)
+        count, _, _ = cell_within(*args, gs, geodesic, np.empty(0, np.int64))
+        ptr = np.zeros(count.shape[0] + 1, dtype=np.int64)
+        np.cumsum(count, out=ptr[1:])
+        _, p, c = cell_within(*args, gs, geodesic, ptr)
+        return np.repeat(qo, count), self.order[p], c
+
+
 def c_transform(
     q: np.ndarray,
     pts: np.ndarray,
@@ -159,14 +224,9 @@ def c_transform(
 ) -> tuple[np.ndarray, dict]:
     r"""Certified :math:`\min_p (c(q, p) - pot_p)` over ALL points ``pts``, lowered by ``ROUNDOFF``.
 
-    The points are grouped in cells (about ``per_cell`` each, around centres drawn from them);
-    a cell is scanned for a query only if a lower bound of its points' values, from the
-    cell's radius and largest potential, is below the best value found
-    (:func:`wflow.transport.sparse_kernels.cell_c_transform`).  Exact: no point is skipped
-    that could be the minimum, whatever the potential.  Returns the values, shape
+    Exact by the cells' bounds of :class:`Cells` (about ``per_cell`` points each): no point
+    that could be the minimum is skipped, whatever the potential.  Returns the values, shape
     ``(nq,)``, and statistics (``cells``; ``scanned``: points scanned per query, on average).
-    O(cells² + nq · scanned); a smooth (c-concave-like) potential keeps ``scanned`` at a few
-    cells' worth.
 
     Examples
     --------
@@ -180,29 +240,9 @@ def c_transform(
     >>> bool(np.all(g <= exact) and np.allclose(g, exact, atol=1e-11))
     True
     """
-    n = pts.shape[0]
-    nc = int(np.clip(n // per_cell, 1, 20_000))
-    centres = pts[np.random.default_rng(0).choice(n, nc, replace=False)]
-    po, pptr, prad = _cells(pts, centres, workers)
-    ps, pv = np.ascontiguousarray(pts[po]), np.ascontiguousarray(pot[po], dtype=np.float64)
-    full = pptr[1:] > pptr[:-1]
-    ptop = np.full(nc, -np.inf)
-    parg = np.minimum(pptr[:-1], n - 1)
-    ptop[full] = np.maximum.reduceat(pv, pptr[:-1][full])
-    # the row of each cell's largest potential (the first one of equal values)
-    hit = pv == np.repeat(ptop, np.diff(pptr))
-    first = np.flatnonzero(hit)
-    cell_of = np.repeat(np.arange(nc), np.diff(pptr))[first]
-    parg[cell_of[::-1]] = first[::-1]
-    qo, qptr, qrad = _cells(q, centres, workers)
-    qs = np.ascontiguousarray(q[qo])
-    # empty cells of points: no bound (never scanned); of queries: no rows
-    vals, scanned = cell_c_transform(
-        qs, qptr, centres, qrad, ps, pv, pptr, centres, prad, ptop, parg, geodesic
-    )
-    out = np.empty(q.shape[0])
-    out[qo] = vals
-    return out - ROUNDOFF, {"cells": nc, "scanned": float(scanned) / max(q.shape[0], 1)}
+    cells = Cells(pts, per_cell, workers)
+    vals, scanned = cells.c_transform(q, pot, geodesic)
+    return vals - ROUNDOFF, {"cells": cells.size.shape[0], "scanned": scanned}
 
 
 def threshold_pairs(

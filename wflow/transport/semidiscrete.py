@@ -10,10 +10,10 @@ function of one potential :math:`\psi \in \mathbb R^N`,
     F_0(\psi) = \sum_i a_i\psi_i + \sum_j w_j \min_i\big(|y_j - x_i|^2 - \psi_i\big)
     \le W_2^2(\mu_N, \nu) \quad\text{for every } \psi,
 
-and :math:`\max_\psi F_0 = W_2^2`.  The inner minimum is a nearest-neighbour query in
-:math:`\mathbb R^{d+1}` after lifting :math:`x_i \mapsto (x_i, \sqrt{H - \psi_i})`,
-:math:`y_j \mapsto (y_j, 0)`, :math:`H \ge \max\psi` (``scipy.spatial.cKDTree``), so
-:math:`F_0(\psi)` is evaluated exactly.
+and :math:`\max_\psi F_0 = W_2^2`.  The inner minimum is found exactly by a search over
+cells of atoms that scans only the cells whose bound (the distance to the cell less its
+radius, minus its largest :math:`\psi_i`) can beat the best value found
+(:class:`wflow.transport.certify.Cells`), so :math:`F_0(\psi)` is evaluated exactly.
 
 :math:`\psi` is found by damped Newton steps (Kitagawa, Mérigot & Thibert, JEMS 2019) on
 the entropic semi-dual, with one :math:`\varepsilon_j` per fine atom,
@@ -35,8 +35,7 @@ Fibonacci set): where the flow has clustered both, :math:`\varepsilon_j` shrinks
 cells, so the blur stays a fixed fraction of the local spacing.
 
 :math:`K_j` holds every atom whose reduced cost :math:`|y_j - x_i|^2 - \psi_i` is within
-:math:`(\log(10/\mathrm{tol}_\mathrm{stage}) + 6)\,\varepsilon_j` of the best (the ``k`` best by one
-lifted query, all of them by one ball query where atoms cluster): the dropped weights stay
+:math:`(\log(10/\mathrm{tol}_\mathrm{stage}) + 6)\,\varepsilon_j` of the best (the same exact search over cells of atoms): the dropped weights stay
 below :math:`e^{-\mathrm{cut}}` of the best while :math:`\max_i|\psi_i - \psi^q_i| \le
 3\min_j\varepsilon_j` (:math:`\psi^q`: where the support was queried), and the support is
 re-queried only when :math:`\psi` leaves that ball.  (A fixed number of candidates, as
@@ -72,12 +71,9 @@ used by the plan, :math:`W_2^{\mathrm{chord}} \le W_2^{\mathrm{geo}} \le
 \frac{2\arcsin(c_\max/2)}{c_\max}\sqrt{\mathrm{hi}}`: at the :math:`N^{-1/2}` scales of
 the mean-field study the factor is :math:`1 + c_\max^2/24 \approx 1 + 10^{-4}`.
 
-Cost: one lifted k-d tree per support (a k-nearest query, plus a ball query where atoms
-cluster), re-queried only when :math:`\psi` leaves the support's ball; 20--55 Newton steps.
-The queries dominate, and slow down as the range of :math:`\psi` grows (the lifted coordinate
-spreads: range 0.4 against :math:`\ell^2 = 0.013` for USA at :math:`t = 1`, :math:`N = 10^3`).
-2-core machine, shared, mean per solve: :math:`N = 10^3`: 2.4--4.8 s; :math:`N = 10^4`:
-67 s at :math:`t = 0`, 238 s (SA) and 544 s (USA, up to 881 s) at :math:`t = 1`.
+Cost: supports from a walk on the atoms' neighbour graph, checked by an exact search (above)
+at the end and after a failed line search; 20--90 Newton steps.  Measured times: the table of
+docs/transport.md.
 """
 
 from __future__ import annotations
@@ -126,19 +122,21 @@ def _graph(x: np.ndarray, knn: np.ndarray) -> np.ndarray:
 class _Solver:
     """State of one semi-discrete solve: the data, and the support of the current entropic plan."""
 
-    def __init__(
-        self, x: np.ndarray, a: np.ndarray, y: np.ndarray, w: np.ndarray, k: int, workers: int
-    ):
+    def __init__(self, x: np.ndarray, a: np.ndarray, y: np.ndarray, w: np.ndarray, workers: int):
         self.x, self.a, self.y, self.w = x, a, y, w
         self.N, self.M = x.shape[0], y.shape[0]
-        self.k = min(k, self.N)
         self.workers = workers
-        self.y_lift = np.hstack([y, np.zeros((self.M, 1))])
         self.log_a = np.log(a)
         self.log_a_range = float(np.log(a.max() / a.min()))
-        self.queries = 0  # k-d queries of every fine atom (:meth:`support`, :meth:`nearest`)
+        self.queries = 0  # exact searches of every fine atom (:meth:`support`, :meth:`lower`)
         self.partial_queries = 0  # ... of the fine atoms the walk cannot take (:meth:`walk`)
         from scipy.spatial import cKDTree
+
+        from .certify import Cells
+
+        # the atoms in cells, for exact searches (:meth:`_queried`), and the fine atoms by cell
+        self.cells = Cells(x, workers=workers)
+        self.y_cells = self.cells.group(y)
 
         # the atoms' neighbour graph (each atom first in its own row) and every fine atom's nearest
         # atom, where the walks of :meth:`walk` start
@@ -153,53 +151,29 @@ class _Solver:
             (self.nbr >= 0).sum(axis=1) < self.N, (self.nbr >= 0).sum(axis=1), self.N + 1
         )
 
-    def _tree(self, psi: np.ndarray):
-        from scipy.spatial import cKDTree
+    def lower(self, psi: np.ndarray) -> float:
+        """The dual value ``F_0(psi)`` with the exact c-transform: a lower bound of ``W_2^2``."""
+        from .certify import ROUNDOFF
 
-        H = float(psi.max()) + 1e-9
-        return cKDTree(np.hstack([self.x, np.sqrt(H - psi)[:, None]])), H
-
-    def nearest(self, psi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Exact c-transform: for every ``j`` the atom minimizing ``|y_j - x_i|^2 - psi_i``, and ``|y_j - x_i|^2``."""
         self.queries += 1
-        tree, H = self._tree(psi)
-        dist, idx = tree.query(self.y_lift, k=1, workers=self.workers)
-        # lifted squared distance = |y - x_i|^2 + H - psi_i
-        return idx, np.maximum(dist**2 - H + psi[idx], 0.0)
+        g, _ = self.cells.c_transform(self.y_cells, psi, False)
+        return float(self.a @ psi + self.w @ (g - ROUNDOFF))
 
     def _queried(self, psi: np.ndarray, gap: np.ndarray, rows: np.ndarray | None = None):
-        """Rows ``j`` and atoms ``i`` of the exact supports of the fine atoms ``rows`` (all when
-        ``None``): the ``k`` best by one lifted query; fine atoms whose ``k``-th is still within
-        the gap (a cluster of atoms) get all of theirs by one ball query."""
+        """Rows ``j``, atoms ``i`` and costs ``|y_j - x_i|^2`` of the exact supports of the fine
+        atoms ``rows`` (all when ``None``): every atom whose reduced cost is within ``gap_j`` of the
+        best (:meth:`wflow.transport.certify.Cells.within`)."""
         if rows is None:
             self.queries += 1
-            rows = np.arange(self.M)
-        else:
-            self.partial_queries += 1
-        tree, H = self._tree(psi)
-        yq, gq = self.y_lift[rows], gap[rows]
-        dist, idx = tree.query(yq, k=self.k, workers=self.workers)
-        if self.k == 1:
-            dist, idx = dist[:, None], idx[:, None]
-        d2 = dist**2
-        keep = d2 - d2[:, :1] <= gq[:, None]
-        todo = np.nonzero(keep[:, -1])[0] if self.k < self.N else np.empty(0, int)
-        keep[todo] = False
-        js, atoms = [rows[np.nonzero(keep)[0]]], [idx[keep]]
-        if todo.size:  # lifted radius^2 = best^2 + gap
-            lists = tree.query_ball_point(
-                yq[todo], np.sqrt(d2[todo, 0] + gq[todo]), workers=self.workers, return_sorted=False
-            )
-            count = np.fromiter((len(lst) for lst in lists), int, todo.size)
-            js.append(np.repeat(rows[todo], count))
-            atoms.append(np.fromiter((i for lst in lists for i in lst), int, int(count.sum())))
-        return np.concatenate(js), np.concatenate(atoms)
+            return self.cells.within(self.y_cells, psi, gap, False)
+        self.partial_queries += 1
+        j, i, C = self.cells.within(self.y[rows], psi, gap[rows], False)
+        return rows[j], i, C
 
-    def _csr(self, j: np.ndarray, i: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _csr(self, j: np.ndarray, i: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, ...]:
         order = np.argsort(j, kind="stable")
-        j, i = j[order], i[order]
-        C = np.sum((self.x[i] - self.y[j]) ** 2, axis=1)
-        return np.searchsorted(j, np.arange(self.M + 1)), j, i, C
+        j = j[order]
+        return np.searchsorted(j, np.arange(self.M + 1)), j, i[order], C[order]
 
     def support(self, psi: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, ...]:
         """For every ``j``, every atom whose reduced cost ``|y_j - x_i|^2 - psi_i`` is within ``gap_j`` of the best.
@@ -229,8 +203,8 @@ class _Solver:
         walk_fill(self.y, self.x, psi, self.nbr, self.best, gap, indptr, j, i, C)
         if not full.size:
             return indptr, j, i, C
-        jq, iq = self._queried(psi, gap, full)
-        return self._csr(np.concatenate([j, jq]), np.concatenate([i, iq]))
+        jq, iq, Cq = self._queried(psi, gap, full)
+        return self._csr(np.concatenate([j, jq]), np.concatenate([i, iq]), np.concatenate([C, Cq]))
 
     def check(self, psi: np.ndarray, gap: np.ndarray, sup: tuple[np.ndarray, ...]) -> int:
         """Compare the walk's support ``sup`` at ``psi`` with the exact one; the fine atoms where
@@ -279,7 +253,6 @@ def semidiscrete_w2(
     y: np.ndarray,
     w: np.ndarray,
     *,
-    k: int = 5,
     tol: float = 1e-8,
     eps_start: float = 0.05,
     eps_final: float = 0.02,
@@ -304,9 +277,6 @@ def semidiscrete_w2(
         :math:`\mu_N` for a tight bracket).
     w : ndarray, shape (M,)
         Their weights (non-negative, sum 1).
-    k : int
-        Candidate atoms per fine atom in the first nearest-neighbour query of each support
-        (more where atoms cluster: every atom within the support's gap is taken).
     tol : float
         Target :math:`\|m - a\|_1` of the plan's marginal at the final :math:`\varepsilon`.
     eps_start, eps_final : float
@@ -325,19 +295,19 @@ def semidiscrete_w2(
         Failed line searches (a step damped below 1/16, or no acceptable step at all) after
         which the solve stops and returns the bracket of the current plan (``stalled``).
     workers : int
-        Threads of the nearest-neighbour queries.
+        Threads of the exact searches and of the nearest-neighbour queries.
     walk : bool
         Take the supports from a local search on the atoms' neighbour graph (nearest atoms and
-        the spherical Delaunay triangulation), checked against a k-d query at the end of each
+        the spherical Delaunay triangulation), checked against an exact search at the end of each
         stage and after a failed line search, and replaced by it where they differ.  ``False``:
-        every support from a k-d query (4--5x slower at ``N = 10^4``; the same bracket).
+        every support from an exact search (the same bracket).
 
     Returns
     -------
     dict
         ``lo``, ``hi`` (bounds on :math:`W_2^2`, chordal), ``chord_max`` (longest chord the
         plan uses), ``eps`` (median final :math:`\varepsilon_j`), ``marginal_error``
-        (:math:`\|m-a\|_1`), ``newton_steps``, ``queries`` (lifted k-d queries of every fine
+        (:math:`\|m-a\|_1`), ``newton_steps``, ``queries`` (exact searches of every fine
         atom), ``partial_queries`` (of the fine atoms the walk does not take), ``support`` (mean
         entries per fine atom of the final plan), ``converged`` (the final marginal error is
         within ``100 * tol``; if not, the bracket is still valid, only wider),
@@ -360,7 +330,7 @@ def semidiscrete_w2(
     from scipy.spatial import cKDTree
 
     t0 = time.perf_counter()
-    s = _Solver(x, a, y, w, k, workers)
+    s = _Solver(x, a, y, w, workers)
     N, M = s.N, s.M
     ell2, h2 = 4.0 * math.pi / N, 4.0 * math.pi / M
     # local squared scales around each fine atom, relative to the quasi-uniform values (Fibonacci
@@ -487,8 +457,7 @@ def semidiscrete_w2(
     hi = float(np.sum(w[j] * P * C)) + 2.0 * marginal_error
     used = P > 1e-12
     chord_max = float(np.sqrt(C[used].max())) if used.any() else 0.0
-    i1, C1 = s.nearest(psi)
-    lo = float(a @ psi + w @ (C1 - psi[i1]))
+    lo = s.lower(psi)
     return {
         "lo": lo,
         "hi": max(hi, lo),

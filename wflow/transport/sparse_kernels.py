@@ -31,6 +31,7 @@ __all__ = [
     "best_partner",
     "candidate_values",
     "cell_c_transform",
+    "cell_within",
     "walk_support",
     "walk_fill",
     "expand_thresholds",
@@ -202,6 +203,10 @@ def best_partner(ptr, idx, c, h):
     return best_v, best_c
 
 
+#: subtracted from chord lengths in the cells' bounds: far above their rounding, far below any cell
+_SLACK = 1e-9
+
+
 @njit(cache=True, inline="always")
 def _chord_cost(chord, geodesic):
     """The cost at chord length ``chord`` (``min(chord, 2)`` on the unit sphere)."""
@@ -210,6 +215,60 @@ def _chord_cost(chord, geodesic):
         th = 2.0 * math.asin(0.5 * ch)
         return th * th
     return ch * ch
+
+
+@njit(cache=True)
+def _cell_candidates(D, qcen, qrad, pts, pcen, prad, ptop, parg, geodesic, extra):
+    """Bounds of query cell ``D`` against every point cell: each one's lower bound ``lb`` (for
+    any query of ``D``), and the cells whose bound is within ``extra`` of a value every query of
+    ``D`` can reach (its top point seen from afar), sorted by bound."""
+    nc, d = pcen.shape[0], pcen.shape[1]
+    lb = np.empty(nc)
+    up = np.inf
+    for C in range(nc):
+        dc = 0.0
+        dt = 0.0
+        for k in range(d):
+            e = qcen[D, k] - pcen[C, k]
+            dc += e * e
+            e = qcen[D, k] - pts[parg[C], k]
+            dt += e * e
+        lb[C] = (
+            _chord_cost(max(math.sqrt(dc) - qrad[D] - prad[C] - _SLACK, 0.0), geodesic) - ptop[C]
+        )
+        u = _chord_cost(math.sqrt(dt) + qrad[D] + _SLACK, geodesic) - ptop[C]
+        if u < up:
+            up = u
+    cand = np.flatnonzero(lb <= up + extra)
+    return lb, cand[np.argsort(lb[cand])]
+
+
+@njit(cache=True, inline="always")
+def _query_bound(q, r, C, pcen, prad, ptop, geodesic):
+    """A lower bound of ``c(q_r, p) - pot_p`` over the points ``p`` of cell ``C``."""
+    dc = 0.0
+    for k in range(q.shape[1]):
+        e = q[r, k] - pcen[C, k]
+        dc += e * e
+    return _chord_cost(max(math.sqrt(dc) - prad[C] - _SLACK, 0.0), geodesic) - ptop[C]
+
+
+@njit(cache=True)
+def _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, geodesic):
+    """``min_p (c(q_r, p) - pot_p)`` over the candidate cells, and the points scanned."""
+    best = np.inf
+    cnt = 0
+    for C in cand:
+        if lb[C] > best:
+            break  # sorted: no later cell can hold a better point
+        if _query_bound(q, r, C, pcen, prad, ptop, geodesic) > best:
+            continue
+        for p in range(pptr[C], pptr[C + 1]):
+            v = pair_cost(q, pts, r, p, geodesic) - pot[p]
+            if v < best:
+                best = v
+        cnt += pptr[C + 1] - pptr[C]
+    return best, cnt
 
 
 @njit(cache=True, parallel=True)
@@ -224,52 +283,56 @@ def cell_c_transform(q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg
     cells whose bound exceeds the best value found are never scanned; the others are scanned
     exactly (:func:`pair_cost`).  Returns the values (query order) and the points scanned.
     """
-    nd, nc = qptr.shape[0] - 1, pptr.shape[0] - 1
-    d = q.shape[1]
+    nd = qptr.shape[0] - 1
     out = np.empty(q.shape[0])
     scanned = np.zeros(nd, dtype=np.int64)
-    slack = 1e-9  # chord lengths: far above their rounding, far below any cell
     for D in prange(nd):
-        lb = np.empty(nc)
-        up = np.inf  # a value every query of D can reach: the cell's top point, from afar
-        for C in range(nc):
-            dc = 0.0
-            dt = 0.0
-            for k in range(d):
-                e = qcen[D, k] - pcen[C, k]
-                dc += e * e
-                e = qcen[D, k] - pts[parg[C], k]
-                dt += e * e
-            dc = math.sqrt(dc)
-            lb[C] = _chord_cost(max(dc - qrad[D] - prad[C] - slack, 0.0), geodesic) - ptop[C]
-            u = _chord_cost(math.sqrt(dt) + qrad[D] + slack, geodesic) - ptop[C]
-            if u < up:
-                up = u
-        cand = np.flatnonzero(lb <= up)
-        cand = cand[np.argsort(lb[cand])]
-        cnt = 0
+        lb, cand = _cell_candidates(D, qcen, qrad, pts, pcen, prad, ptop, parg, geodesic, 0.0)
         for r in range(qptr[D], qptr[D + 1]):
-            best = np.inf
+            out[r], cnt = _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, geodesic)
+            scanned[D] += cnt
+    return out, scanned.sum()
+
+
+@njit(cache=True, parallel=True)
+def cell_within(
+    q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg, gap, geodesic, out_ptr
+):
+    r"""Every point within ``gap[r]`` of query ``r``'s best: ``c(q_r, p) - pot_p \le
+    \min_k (c(q_r, p_k) - pot_k) + gap_r``, by the bounds of :func:`cell_c_transform`.
+
+    With ``out_ptr`` empty: returns the count per query (query order).  With ``out_ptr`` the
+    counts' row pointers (length ``nq + 1``): returns the points (rows of ``pts``) and their costs
+    ``c(q_r, p)``, grouped by query.
+    """
+    nd, nq = qptr.shape[0] - 1, q.shape[0]
+    fill = out_ptr.shape[0] == nq + 1
+    count = np.zeros(nq, dtype=np.int64)
+    pts_out = np.empty(out_ptr[-1] if fill else 0, dtype=np.int64)
+    cost_out = np.empty(out_ptr[-1] if fill else 0)
+    for D in prange(nd):
+        gmax = 0.0
+        for r in range(qptr[D], qptr[D + 1]):
+            gmax = max(gmax, gap[r])
+        lb, cand = _cell_candidates(D, qcen, qrad, pts, pcen, prad, ptop, parg, geodesic, gmax)
+        for r in range(qptr[D], qptr[D + 1]):
+            best, _ = _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, geodesic)
+            top = best + gap[r]
+            t = out_ptr[r] if fill else 0
             for C in cand:
-                if lb[C] > best:
-                    break  # sorted: no later cell can hold a better point
-                dc = 0.0
-                for k in range(d):
-                    e = q[r, k] - pcen[C, k]
-                    dc += e * e
-                if (
-                    _chord_cost(max(math.sqrt(dc) - prad[C] - slack, 0.0), geodesic) - ptop[C]
-                    > best
-                ):
+                if lb[C] > top:
+                    break
+                if _query_bound(q, r, C, pcen, prad, ptop, geodesic) > top:
                     continue
                 for p in range(pptr[C], pptr[C + 1]):
-                    v = pair_cost(q, pts, r, p, geodesic) - pot[p]
-                    if v < best:
-                        best = v
-                cnt += pptr[C + 1] - pptr[C]
-            out[r] = best
-        scanned[D] = cnt
-    return out, scanned.sum()
+                    c = pair_cost(q, pts, r, p, geodesic)
+                    if c - pot[p] <= top:
+                        if fill:
+                            pts_out[t] = p
+                            cost_out[t] = c
+                        t += 1
+            count[r] = t - (out_ptr[r] if fill else 0)
+    return count, pts_out, cost_out
 
 
 @njit(cache=True, parallel=True)
