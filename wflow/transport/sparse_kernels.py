@@ -23,6 +23,7 @@ __all__ = [
     "pattern_costs",
     "sparse_softmin",
     "gibbs",
+    "gibbs_into",
     "scale_rows",
     "scale_cols",
     "absorb",
@@ -84,13 +85,19 @@ def sparse_softmin(ptr, idx, c, h, logw, eps, out):
 
 
 @njit(cache=True, parallel=True)
-def gibbs(ptr, cols, c, f, g, eps):
-    r"""Kernel :math:`K_p = e^{(f_i + g_j - c_p)/\varepsilon}` in CSR order."""
-    out = np.empty(c.shape[0])
+def gibbs_into(ptr, cols, c, f, g, eps, out):
+    r"""Kernel :math:`K_p = e^{(f_i + g_j - c_p)/\varepsilon}` in CSR order, into ``out`` (any float
+    type: the exponent is taken in float64)."""
     for i in prange(ptr.shape[0] - 1):
         for p in range(ptr[i], ptr[i + 1]):
             out[p] = math.exp((f[i] + g[cols[p]] - c[p]) / eps)
     return out
+
+
+@njit(cache=True)
+def gibbs(ptr, cols, c, f, g, eps):
+    r"""Kernel :math:`K_p = e^{(f_i + g_j - c_p)/\varepsilon}` in CSR order (float64)."""
+    return gibbs_into(ptr, cols, c, f, g, eps, np.empty(c.shape[0]))
 
 
 @njit(cache=True, parallel=True)
