@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import ot
 import pytest
 
 import wflow
 from wflow import Atoms, sphere
 from wflow.sphere import (
     angles_to_points,
+    cost_matrix,
     fibonacci_nodes,
     normalize,
     random_rotation,
@@ -331,22 +333,28 @@ def test_semidiscrete_walk_gives_the_queried_bracket_with_few_queries():
     assert walked["queries"] <= queried["queries"] / 2, (walked["queries"], queried["queries"])
 
 
-def test_semidiscrete_coarse_start_reaches_the_same_bracket(monkeypatch):
-    """Above MULTISCALE_MIN atoms a solve starts from the problem clustered four to one (lowered
-    here to 200, so that 800 atoms start from 200, which start from zero): the same certified
-    bracket as the solve from zero, to 1e-9."""
+def test_semidiscrete_uneven_atom_weights_converge_to_the_exact_value():
+    """Atoms of uneven weight (a_i from 0.33 to 1 of the largest) against a fine quasi-uniform
+    measure: the bracket holds ot.emd2 and is 1e-3 wide.  The entropic semi-dual weighs its
+    softmax by a_i; it had a_i^(1/eps) (the log-weights divided by eps with the potential), and
+    the solve stopped after 7 steps with the bracket [0.020, 0.872] around 0.0497."""
+    x = uniform(200, 3, seed=2)
+    a = 1.0 + 0.5 * x[:, 2]
+    a /= a.sum()
+    y = fibonacci_nodes(3200)
+    w = np.full(3200, 1.0 / 3200)
+    r = semidiscrete_w2(x, a, y, w)
+    exact = ot.emd2(a, w, cost_matrix(x, y, cost="chordal"))
+    assert r["converged"] and not r["stalled"]
+    assert r["lo"] - 1e-12 <= exact <= r["hi"] + 1e-12
+    assert r["hi"] - r["lo"] <= 1e-3 * exact
+
+
+def test_semidiscrete_bracket_always_valid_and_bad_input(monkeypatch):
+    import functools
+
     import wflow.transport.semidiscrete as sd
 
-    x, a, y, w = _two_caps(6)
-    plain = semidiscrete_w2(x, a, y, w)
-    monkeypatch.setattr(sd, "MULTISCALE_MIN", 200)
-    started = semidiscrete_w2(x, a, y, w)
-    assert started["converged"] and started["hi"] - started["lo"] <= 5e-4 * started["lo"]
-    assert started["lo"] == pytest.approx(plain["lo"], rel=1e-9)
-    assert started["hi"] == pytest.approx(plain["hi"], rel=1e-7)
-
-
-def test_semidiscrete_bracket_always_valid_and_bad_input():
     rng = np.random.default_rng(3)
     mu = Atoms(uniform(40, 3, rng))
     fine = Atoms(fibonacci_nodes(1600), 1.0 + 0.5 * fibonacci_nodes(1600)[:, 0])
@@ -354,18 +362,22 @@ def test_semidiscrete_bracket_always_valid_and_bad_input():
     exact = wasserstein(mu, fine, method="emd", cost="chordal")
     assert r.info["lower"] - 1e-12 <= exact <= r.info["upper"] + 1e-12
     assert r.error_bound <= 1e-3 * exact
-    # uneven atom weights against i.i.d. fine atoms (outside the design: quasi-uniform fine
-    # quadrature): Newton may stop early, with a warning; the bracket is still valid
+    # uneven atom weights (0.1 to 1) against i.i.d. fine atoms: converged, 3e-5 wide (when the
+    # softmax weighed atoms by a_i^(1/eps) these stalled after 5 failed line searches)
     hard = _random_sphere(rng, 1600)
     for nu in (hard, Atoms(uniform(1600, 3, rng))):
         atoms = _random_sphere(rng, 40)
-        with pytest.warns(UserWarning, match="stalled after 5 failed line searches"):
-            r = wasserstein_result(atoms, nu, method="semidiscrete", cost="chordal")
+        r = wasserstein_result(atoms, nu, method="semidiscrete", cost="chordal")
         exact = wasserstein(atoms, nu, method="emd", cost="chordal")
         assert r.info["lower"] - 1e-12 <= exact <= r.info["upper"] + 1e-12
-        # a stalled Newton iteration stops after max_failed=5 failed line searches, not max_steps=300
-        assert r.info["stalled"] and r.info["failed_line_searches"] == 5
-        assert r.info["newton_steps"] < 40 and r.info["queries"] < 200
+        assert r.info["converged"] and not r.info["stalled"]
+        assert r.error_bound <= 1e-3 * exact
+    # a solve stopped early warns; its bracket is still valid, only wide
+    monkeypatch.setattr(sd, "semidiscrete_w2", functools.partial(sd.semidiscrete_w2, max_steps=3))
+    with pytest.warns(UserWarning, match=r"Newton stopped early \(3 steps"):
+        r = wasserstein_result(atoms, nu, method="semidiscrete", cost="chordal")
+    assert r.info["lower"] - 1e-12 <= exact <= r.info["upper"] + 1e-12
+    assert r.error_bound > 1e-3 * exact
     # within the design no line search fails
     assert not r_design.info["stalled"] and r_design.info["failed_line_searches"] <= 1
     with pytest.raises(ValueError, match="p=1"):
