@@ -180,8 +180,8 @@ class Cells:
         order, ptr, rad = _group(q, self.centres, self.workers)
         return order, ptr, rad, np.ascontiguousarray(q[order])
 
-    def _args(self, q, pot: np.ndarray, geodesic: bool) -> tuple:
-        qo, qptr, qrad, qs = q if isinstance(q, tuple) else self.group(q)
+    def _top(self, pot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The potential in cell order, each cell's largest value and the row holding it."""
         pv = np.ascontiguousarray(pot[self.order], dtype=np.float64)
         full = self.size > 0
         top = np.full(self.size.shape[0], -np.inf)  # an empty cell: never scanned
@@ -190,14 +190,15 @@ class Cells:
         arg = np.minimum(self.ptr[:-1], self.n - 1)
         first = np.flatnonzero(pv == top[self.cell_of])
         arg[self.cell_of[first][::-1]] = first[::-1]
-        cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg)
-        return qo, (qs, qptr, self.centres, qrad) + cells
+        return pv, top, arg
 
     def c_transform(self, q, pot: np.ndarray, geodesic: bool) -> tuple[np.ndarray, float]:
         r""":math:`\min_p (c(q_r, p) - pot_p)` for every query (exact; not lowered), and the
         points scanned per query."""
-        qo, args = self._args(q, pot, geodesic)
-        vals, scanned = cell_c_transform(*args, geodesic)
+        qo, qptr, qrad, qs = q if isinstance(q, tuple) else self.group(q)
+        pv, top, arg = self._top(pot)
+        cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg)
+        vals, scanned = cell_c_transform(qs, qptr, self.centres, qrad, *cells, geodesic)
         out = np.empty(qo.shape[0])
         out[qo] = vals
         return out, float(scanned) / max(qo.shape[0], 1)
@@ -205,12 +206,15 @@ class Cells:
     def within(self, q, pot: np.ndarray, gap: np.ndarray, geodesic: bool) -> tuple[np.ndarray, ...]:
         r"""Every pair with :math:`c(q_r, p) - pot_p \le \min_k (c(q_r, p_k) - pot_k) + gap_r`:
         the query rows, the points (indices into the points given) and the costs, grouped by query."""
-        qo, args = self._args(q, pot, geodesic)
+        qo, qptr, qrad, qs = q if isinstance(q, tuple) else self.group(q)
+        pv, top, arg = self._top(pot)
+        cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg)
         gs = np.ascontiguousarray(gap[qo], dtype=np.float64)
-        count, _, _ = cell_within(*args, gs, geodesic, np.empty(0, np.int64))
+        args = (qs, qptr, self.centres, qrad, *cells, gs, geodesic)
+        count, _, _ = cell_within(*args, np.empty(0, np.int64))
         ptr = np.zeros(count.shape[0] + 1, dtype=np.int64)
         np.cumsum(count, out=ptr[1:])
-        _, p, c = cell_within(*args, gs, geodesic, ptr)
+        _, p, c = cell_within(*args, ptr)
         return np.repeat(qo, count), self.order[p], c
 
 
