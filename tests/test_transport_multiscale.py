@@ -133,7 +133,8 @@ def test_prolongation_is_the_exact_soft_c_transform(cost):
     # a finer level starts from the soft c-transform of the coarser level's potentials over
     # ALL coarse atoms.  A fixed number (64) of lifted k-d candidates missed the true
     # partners of 40 % of the atoms (off by up to 1.6, 100 eps: the tangent bound is loose
-    # far from the expected angle); the fine iteration then diverged at N >= 5000.
+    # far from the expected angle); the fine iteration then diverged at N >= 5000.  The
+    # search is now exact by cells.
     from scipy.special import logsumexp
 
     from wflow.transport.multiscale import TAU, _angle, _coarse, _extrapolate, cluster_measure
@@ -146,13 +147,93 @@ def test_prolongation_is_the_exact_soft_c_transform(cost):
     _, yc, bc = cluster_measure(y, a, 300, rng)
     eps = 4 * np.pi / 300  # the coarse spacing squared, where the hand-over happens
     f, g, cc = _coarse(xc, ac, yc, bc, geodesic, [np.pi**2 / 4**k for k in range(5)] + [eps], 10)
-    th = _angle(cc[np.arange(len(ac)), np.argmin(cc - g[None, :], axis=1)], geodesic)
-    fn, _ = _extrapolate(x, yc, g, np.log(bc), eps, geodesic, th, xc)
+    fn, th = _extrapolate(x, yc, g, np.log(bc), eps, geodesic)
     exact = -eps * logsumexp((g[None, :] - cost_matrix(x, yc, cost=cost)) / eps, b=bc, axis=1)
     # dropped terms are each below e^-TAU of the largest: they can only raise the soft-min,
     # by at most eps log(1 + 300 e^-TAU) (7.7e-5 here; measured 1.5e-6)
     assert np.all(fn >= exact - 1e-12)
     assert np.max(fn - exact) <= eps * np.log1p(len(bc) * np.exp(-TAU))
+    # the transport angle returned is that of the best partner
+    best = np.argmin(cost_matrix(x, yc, cost=cost) - g[None, :], axis=1)
+    assert np.allclose(th, _angle(cost_matrix(x, yc, cost=cost)[np.arange(1000), best], geodesic))
+
+
+@pytest.mark.parametrize("cost", ["geodesic", "chordal"])
+def test_rounded_plan_cost_bounds_the_rounded_plan(cost):
+    # the upper bound is the cost of a feasible plan: the sparse plan rounded into Pi(a, b)
+    # plus the rank-one plan e_a e_b^T / delta, whose chordal cost is exact in O(n) and
+    # bounds the geodesic one by (pi/2)^2 x chordal; formed densely here
+    from wflow.transport.multiscale import _Pattern
+    from wflow.transport.sparse_kernels import rounded_plan_cost
+
+    geodesic = cost == "geodesic"
+    rng = np.random.default_rng(4)
+    x, y = _pair(120, seed=5)
+    a, b = rng.uniform(0.5, 1, 120), rng.uniform(0.5, 1, 120)
+    a, b = a / a.sum(), b / b.sum()
+    C = cost_matrix(x, y, cost=cost)
+    keep = C < np.quantile(C, 0.3)  # a sparse pattern
+    i, j = np.nonzero(keep)
+    pat = _Pattern(i, j, 120, 120)
+    kv = np.exp(-C[pat.rows, pat.cols] / 0.1)
+    u, v = rng.uniform(0.5, 2, 120) * a, rng.uniform(0.5, 2, 120) * b  # far from the marginals
+    ub, delta = rounded_plan_cost(
+        pat.ptr, pat.cols, kv, C[pat.rows, pat.cols], u, v, a, b, x, y, geodesic
+    )
+    P = np.zeros((120, 120))
+    P[pat.rows, pat.cols] = u[pat.rows] * kv * v[pat.cols]
+    P *= np.minimum(1, a / P.sum(1))[:, None]
+    P *= np.minimum(1, b / P.sum(0))[None, :]
+    ea, eb = a - P.sum(1), b - P.sum(0)
+    assert delta == pytest.approx(ea.sum(), rel=1e-12) and delta > 0.05
+    plan = P + np.outer(ea, eb) / eb.sum()
+    assert np.allclose(plan.sum(1), a, atol=1e-15) and np.allclose(plan.sum(0), b, atol=1e-15)
+    exact = float((plan * C).sum())
+    assert exact <= ub * (1 + 1e-12)
+    rank_one = float((np.outer(ea, eb) / eb.sum() * C).sum())
+    if geodesic:  # the bound (pi/2)^2 chordal, well below delta c_max = delta pi^2
+        chord = float((np.outer(ea, eb) / eb.sum() * cost_matrix(x, y, cost="chordal")).sum())
+        assert ub - (exact - rank_one) == pytest.approx(np.pi**2 / 4 * chord, rel=1e-9)
+        assert ub - (exact - rank_one) < 0.6 * delta * np.pi**2
+    else:  # exact
+        assert ub == pytest.approx(exact, rel=1e-12)
+        assert ub - (exact - rank_one) < 0.6 * delta * 4.0
+
+
+def test_scaling_backs_off_a_diverging_relaxation_and_rides_out_a_spike(monkeypatch):
+    # over-relaxed Sinkhorn converges only near its fixed point.  Started at omega = 1.99
+    # far from it, the error blows up: the scaling must back off (omega halved towards 1),
+    # restore the best scalings and converge, finite throughout (the relaxation may come
+    # back once the error is small).  A single pass whose error
+    # jumps (as the relaxation ramps up) must not cost the relaxation: halving omega on one
+    # such pass made the N = 1e5 tightening 7x slower.
+    import wflow.transport.multiscale as ms
+
+    x, y = _pair(400, seed=6)
+    a = np.full(400, 1 / 400)
+    eps = 0.01
+    f, g, cc = ms._coarse(x, a, y, a, False, [eps], 0)  # one log-domain pass: far from converged
+    pat = ms._Pattern(np.repeat(np.arange(400), 400), np.tile(np.arange(400), 400), 400, 400)
+    c = cc.ravel()
+    state = {"passes": 0}
+    sk = ms._Scaling(pat, c, c[pat.perm], a, a, f.copy(), g.copy(), eps, 1.99, state)
+    status = sk.run(1e-6, 3000)
+    assert status == "ok" and sk.err <= 1e-6
+    assert sk.backoffs >= 1
+    assert np.all(np.isfinite(sk.u)) and np.all(np.isfinite(sk.f))
+
+    sk = ms._Scaling(pat, c, c[pat.perm], a, a, f.copy(), g.copy(), eps, 1.5, state)
+    real = ms.scale_rows
+    calls = []
+
+    def spiky(*args):
+        err = real(*args)
+        calls.append(err)
+        return 1e3 * err if len(calls) == 30 else err  # one pass reports a jump
+
+    monkeypatch.setattr(ms, "scale_rows", spiky)
+    assert sk.run(1e-6, 3000) == "ok"
+    assert sk.backoffs == 0 and sk.relax == 1.5
 
 
 def test_truncation_keeps_every_pair_that_carries_the_plan():

@@ -11,11 +11,13 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    normalized cluster means.  A dense log-domain Sinkhorn on the clusters anneals
    :math:`\varepsilon` from :math:`\mathrm{diam}^2` down to the square of the cluster
    spacing.  Between it and the atoms, clusterings with ``RATIO`` (4) times more cells
-   per level; a level of :math:`N_\ell` cells anneals down to :math:`10/N_\ell` (about
-   its spacing squared), then hands over.
+   per level; a level of :math:`N_\ell` cells anneals down to :math:`2.5/N_\ell` (a fifth
+   of its spacing squared), then hands over: the finest level starts at the
+   :math:`\varepsilon` where it keeps about 150 partners per atom, whatever N.
 2. **Finer levels, kernel truncation.**  Each atom's potential is the soft c-transform of
-   the coarser level's potentials, summed over every coarse atom that carries weight (a
-   complete lifted k-d search, not a fixed number of candidates).  For each
+   the coarser level's potentials, summed over every coarse atom that carries weight (an
+   exact search by cells, :meth:`wflow.transport.certify.Cells.within`, not a fixed number
+   of candidates).  For each
    :math:`\varepsilon` (halved per step) the kept pairs are those with
    :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU`` = 12), found from both sides
    by a k-d tree in a lifted space (:func:`wflow.transport.certify.threshold_pairs`), at
@@ -24,7 +26,7 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    potentials have not settled) the candidates are not searched but expanded from the
    coarser level's kept cell pairs (Schmitzer 2019; GeomLoss's block-sparse truncation):
    atom i in cell I and atom j in cell J are candidates iff (I, J) was within
-   :math:`(\tau + 16)\varepsilon` (``MARGIN`` = 16) at the coarser level's last
+   :math:`(\tau + 40)\varepsilon` (``MARGIN`` = 40) at the coarser level's last
    :math:`\varepsilon`; the same rule then filters them, in O(candidates).  The search
    runs after a bracket wider than ``tol`` and when the scaling stalls (a coarse pattern
    that misses partners can only widen the bracket); the other steps filter the previous
@@ -62,7 +64,7 @@ from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
 from ..errors import short_repr
-from .certify import MIN_TOL, c_transform, cmax, threshold_pairs
+from .certify import MIN_TOL, Cells, c_transform, cmax, threshold_pairs
 from .sparse_kernels import (
     absorb,
     best_partner,
@@ -87,18 +89,19 @@ TAU = 12.0
 #: the hierarchy: each level has RATIO times fewer atoms than the next finer one
 RATIO = 4
 #: a level of N atoms (not the last) anneals down to eps = HANDOVER / N (S^2: HANDOVER / (4 pi)
-#: times its spacing squared), then hands over to the finer level.  Measured on a vMF mixture
-#: against uniform: 5 is 1.4x faster at N = 1e4, but 2.5 stalls at N = 2.5e4 (the clusters'
-#: potentials are then too coarse for the truncation at the finer eps); 10 is what was
-#: measured up to N = 1e5
-HANDOVER = 10.0
+#: times its spacing squared), then hands over to the finer level.  The finest level's pairs
+#: per atom are then about proportional to HANDOVER (RATIO x N_coarse x eps): measured on a
+#: vMF mixture against uniform (tol 1e-3), 2.5 against 10 is 1.7-2.3x faster at N = 2.5e4 -
+#: 1e5 (chordal 1e5: 36 s against 64 s), 1.1-1.8x at 1e4; no difference below
+HANDOVER = 2.5
 #: L1 error of the marginals at which an eps level hands over to the next (halved) one
 LEVEL_ERR = 1e-3
 #: the hand-over's coarse cell pairs: those within (TAU + MARGIN) eps of their row's or
 #: column's best at the coarse level's last eps.  A fine atom sits up to a cell radius r from
 #: its cell's centre, which moves its slack by about 2 r sqrt(TAU eps) relative to the
-#: cell's (about 8 eps per side at the hand-over, where r^2 is about eps)
-MARGIN = 16.0
+#: cell's, per side; at the hand-over r^2 is several eps (HANDOVER = 2.5).  Measured (1500
+#: atoms, 375 cells): 40 keeps every pair the exact rule keeps, 32 misses 7e-4 of a row's mass
+MARGIN = 40.0
 
 
 # -- input checks ---------------------------------------------------------------------------
@@ -186,24 +189,21 @@ def _coarse(xc, ac, yc, bc, geodesic, eps_list, n_final, need=1e-3):
     return f, g, c
 
 
-def _extrapolate(q, pts, pot, logw, eps, geodesic, th_coarse, q_coarse):
+def _extrapolate(q, pts, pot, logw, eps, geodesic):
     r"""Soft c-transform :math:`-\varepsilon\log\sum_J w_J e^{(pot_J - c(q_i, p_J))/\varepsilon}` of each query.
 
     The sum runs over every :math:`J` whose term is within :math:`e^{-\tau}` (``TAU``) of
-    the query's largest one: the lifted k-d search grows until its lower bound certifies
-    that no other term is larger (:func:`wflow.transport.certify.threshold_pairs`).  A fixed
-    number of lifted candidates is not enough: the tangent bound is loose far from the
-    expected angle, so distant atoms with large potentials can crowd out the true partners.
-    Returns the potentials and each query's transport angle (its best partner's).
+    the query's largest one, found exactly by the cells' bounds
+    (:meth:`wflow.transport.certify.Cells.within`): distant atoms with large potentials are
+    not missed.  Returns the potentials and each query's transport angle (its best
+    partner's).
     """
-    # the expected angle of a query: that of its nearest coarse atom
-    _, near = cKDTree(q_coarse).query(q, workers=2)
-    rows, cols = threshold_pairs(q, pts, pot + eps * logw, th_coarse[near], geodesic, TAU * eps)
+    h = pot + eps * logw
+    rows, cols, c = Cells(pts).within(q, h, np.full(q.shape[0], TAU * eps), geodesic)
     order = np.argsort(rows, kind="stable")
-    cols = cols[order].astype(np.int64)
+    cols, c = cols[order].astype(np.int64), c[order]
     ptr = np.zeros(q.shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=q.shape[0]), out=ptr[1:])
-    c = pattern_costs(q, pts, ptr, cols, geodesic)
     out = np.empty(q.shape[0])
     sparse_softmin(ptr, cols, c, pot, logw, eps, out)
     return out, _angle(best_partner(ptr, cols, c, pot)[1], geodesic)
@@ -440,12 +440,12 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
         # extrapolate: each atom's potential is the soft c-transform of the coarser level's
         # other side (Feydy 2020)
         (f, th_x), (g, th_y) = (
-            _extrapolate(x, yp, g, np.log(bp), eps, geodesic, th_x, xp),
-            _extrapolate(y, xp, f, np.log(ap), eps, geodesic, th_y, yp),
+            _extrapolate(x, yp, g, np.log(bp), eps, geodesic),
+            _extrapolate(y, xp, f, np.log(ap), eps, geodesic),
         )
         last = lev == len(hier) - 1
-        # a level of N atoms keeps O(N eps) partners per atom: it anneals down to about ten
-        # times its spacing squared (whatever reg is), then hands over to the finer level
+        # a level of N atoms keeps O(N eps) partners per atom: it anneals down to a fifth of
+        # its spacing squared (whatever reg is), then hands over to the finer level
         eps_end = reg if last else HANDOVER / min(len(a), len(b)) * (area / (4 * math.pi))
         co = _links(wide, hier[lev], hier[lev - 1])
         (f, g, th_x, th_y), eps, result, wide = _sparse_level(
@@ -559,6 +559,7 @@ class _Scaling:
         self.pat, self.c, self.c_csc, self.a, self.b = pat, c, c_csc, a, b
         self.f, self.g, self.eps, self.omega, self.state = f, g, eps, omega, state
         self.err = np.inf
+        self.relax, self.backoffs = omega, 0  # the relaxation in use, and how often it was halved
         self._kernel()
 
     def _kernel(self):
@@ -579,19 +580,50 @@ class _Scaling:
         self._kernel()
 
     def run(self, need, it_max):
-        """Returns ``"ok"`` (error <= need), ``"stalled"`` (less than 10 % gained in 200 passes) or ``"budget"``."""
+        """Returns ``"ok"`` (error <= need), ``"stalled"`` (less than 10 % gained in 200 passes) or ``"budget"``.
+
+        Over-relaxed Sinkhorn converges only near its fixed point: far from it the error can
+        grow without bound.  A pass whose error jumps (as the relaxation ramps up) is ridden
+        out; divergence is a whole window of 20 passes whose smallest error is 10 times the
+        best before it, or an error that is not finite.  Then the scalings go back to the
+        best ones and the relaxation is halved towards 1; it doubles back towards ``omega``
+        each time the error has fallen tenfold since (closer to the fixed point, where the
+        larger relaxation is stable and converges many times faster).
+        """
         pat, a, b = self.pat, self.a, self.b
-        best, mark = np.inf, np.inf
+        best, mark, window, since = np.inf, np.inf, np.inf, np.inf
+        saved = None
         for it in range(it_max):
-            w = 1.0 + (self.omega - 1.0) * min(1.0, (it + 1) / 20.0)
+            w = 1.0 + (self.relax - 1.0) * min(1.0, (it + 1) / 20.0)
             self.err = scale_rows(pat.ptr, pat.cols, self.kv, self.v, a, self.u, w)
             scale_cols(pat.cptr, pat.crows, self.kv_csc, self.u, b, self.v, w)
             self.state["passes"] += 1
             if self.err <= need:
                 return "ok"
-            if it >= 20 and self.err > 10 * best and self.omega > 1:
-                self.omega = 1.0 + 0.5 * (self.omega - 1.0)  # diverging: relax less
-            best = min(best, self.err)
+            finite = math.isfinite(self.err)
+            window = min(window, self.err) if finite else np.nan
+            if not finite or it % 20 == 19:
+                if not window <= 10 * best:  # diverging: back to the best scalings, relax less
+                    self.relax = 1.0 + 0.5 * (self.relax - 1.0)
+                    self.backoffs += 1
+                    log.debug(
+                        "pass %d: err %.3g, best %.3g, omega -> %.3g", it, window, best, self.relax
+                    )
+                    if saved is None:
+                        raise FloatingPointError(
+                            f"the Sinkhorn scaling at eps={self.eps:.3g} diverged on its first passes"
+                        )
+                    self.f[:], self.g[:] = saved[0], saved[1]
+                    self._kernel()
+                    self.u[:], self.v[:] = saved[2], saved[3]
+                    since = best
+                elif window <= best:
+                    best = window
+                    saved = (self.f.copy(), self.g.copy(), self.u.copy(), self.v.copy())
+                    if best < 0.1 * since and self.relax < self.omega:
+                        self.relax = min(self.omega, 1.0 + 2.0 * (self.relax - 1.0))
+                        since = best
+                window = np.inf
             if it % 200 == 199:
                 if best > 0.9 * mark:
                     return "stalled"
@@ -600,7 +632,7 @@ class _Scaling:
                 it % 10 == 9
                 and max(np.abs(np.log(self.u / a)).max(), np.abs(np.log(self.v / b)).max()) > 30
             ):
-                self.absorb()
+                self.absorb()  # a saved state stays valid: it holds its own potentials
         return "budget"
 
 
@@ -650,6 +682,13 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             sk = _Scaling(pat, c, c_csc, a, b, f, g, eps, opts.omega, state)
             status = sk.run(LEVEL_ERR, opts.max_iter)
             sk.absorb()
+            log.debug(
+                "scaling to %.0e: %s, err %.2g, passes %d",
+                LEVEL_ERR,
+                status,
+                sk.err,
+                state["passes"],
+            )
             if status != "stalled":
                 break
             log.debug("level %d eps %.3g: stalled at err %.2g, new pattern", levels, eps, sk.err)
@@ -661,9 +700,18 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             gs, _ = best_partner(pat.cptr, pat.crows, c_csc, f)
             optimistic = primal - float(a @ f + b @ gs)
             certify = optimistic <= tol * primal or levels >= opts.max_levels
-            if certify:  # marginals to the precision the rounding needs: delta c_max << tol W^2
-                sk.run(0.1 * tol * primal / diam2, opts.max_iter)
-                pc, delta = rounded_plan_cost(pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v, a, b)
+            if certify:
+                # marginals to the precision the rounding needs: the bracket on W^2 may be
+                # about 2 tol W^2 wide; the rounding moves at most the marginals' L1 error of
+                # mass, at cost at most c_max each, into half of what the dual gap leaves
+                need = 0.5 * (2.0 * tol * primal - max(optimistic, 0.0)) / diam2
+                st = sk.run(need, opts.max_iter)
+                log.debug(
+                    "tightening to %.2g: %s, err %.2g, passes %d", need, st, sk.err, state["passes"]
+                )
+                pc, delta = rounded_plan_cost(
+                    pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v, a, b, x, y, geodesic
+                )
                 sk.absorb()
         log.debug(
             "level %d (%d x %d atoms) eps %.3g pairs %d passes %d err %.2g certify %s t %.1f",
@@ -680,7 +728,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
         th_x = _angle(best_partner(pat.ptr, pat.cols, c, g)[1], geodesic)
         th_y = _angle(best_partner(pat.cptr, pat.crows, c_csc, f)[1], geodesic)
         if certify:
-            up2 = pc + delta * diam2
+            up2 = pc
             gt, st1 = c_transform(y, x, f, geodesic)
             ft, st2 = c_transform(x, y, g, geodesic)
             lo2 = max(float(a @ f + b @ gt), float(a @ ft + b @ g))

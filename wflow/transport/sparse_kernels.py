@@ -157,13 +157,21 @@ def plan_cost(ptr, cols, kv, c, u, v):
 
 
 @njit(cache=True)
-def rounded_plan_cost(ptr, cols, kv, c, u, v, a, b):
-    r"""Cost of the plan :math:`u_i K_{ij} v_j` rounded into :math:`\Pi(a, b)` (Altschuler et al. 2017).
+def rounded_plan_cost(ptr, cols, kv, c, u, v, a, b, x, y, geodesic):
+    r"""An upper bound on the cost of the plan :math:`u_i K_{ij} v_j` rounded into :math:`\Pi(a, b)`.
 
-    Rows are scaled down to at most ``a``, then columns to at most ``b``; the missing mass
-    :math:`\delta` is then moved by the rank-one plan :math:`e_a e_b^\top/\delta`, whose
-    cost is at most :math:`\delta\,c_{\max}`.  Returns ``(cost of the sparse part, delta)``:
-    the feasible plan costs at most ``cost + delta * c_max``.
+    The rounding is Altschuler et al. (2017): rows are scaled down to at most ``a``, then
+    columns to at most ``b``; the missing mass, :math:`e_a = a - q\mathbf 1` and
+    :math:`e_b = b - q^\top\mathbf 1` with :math:`\delta = \sum e_a`, is moved by the
+    rank-one plan :math:`e_a e_b^\top/\delta`.  That plan's chordal cost is exact in O(n + m),
+
+    .. math::
+        \frac1\delta\sum_{ij} e_{a,i} e_{b,j} |x_i - y_j|^2
+        = 2\delta - \frac2\delta \Big(\sum_i e_{a,i} x_i\Big)\cdot\Big(\sum_j e_{b,j} y_j\Big),
+
+    and bounds the geodesic one through :math:`\theta \le \tfrac\pi2 |x - y|`.  Returns
+    ``(cost, delta)``: the feasible plan costs at most ``cost``, of which the rank-one part
+    is at most :math:`\delta\,c_{\max}`.
     """
     n = ptr.shape[0] - 1
     m = b.shape[0]
@@ -180,14 +188,26 @@ def rounded_plan_cost(ptr, cols, kv, c, u, v, a, b):
     for j in range(m):
         col[j] = min(1.0, b[j] / col[j]) if col[j] > 0 else 0.0
     cost = 0.0
-    mass = 0.0
+    ea = a.copy()
+    eb = b.copy()
     for i in range(n):
         for p in range(ptr[i], ptr[i + 1]):
             j = cols[p]
             q = row[i] * u[i] * kv[p] * v[j] * col[j]
             cost += q * c[p]
-            mass += q
-    return cost, max(a.sum() - mass, 0.0)
+            ea[i] -= q
+            eb[j] -= q
+    ea = np.maximum(ea, 0.0)  # q <= a and q <= b entrywise in sums: round-off only
+    eb = np.maximum(eb, 0.0)
+    delta = ea.sum()
+    if delta <= 0.0:
+        return cost, 0.0
+    cmax = math.pi**2 if geodesic else 4.0
+    sa = ea @ x
+    sb = eb @ y
+    chordal = max(2.0 * delta - 2.0 * (sa @ sb) / eb.sum(), 0.0) if eb.sum() > 0 else 4.0 * delta
+    rank_one = min(cmax * delta, (0.25 * math.pi**2 if geodesic else 1.0) * chordal)
+    return cost + rank_one, delta
 
 
 @njit(cache=True, parallel=True)
