@@ -342,3 +342,26 @@ def test_wasserstein_refuses_p_other_than_2():
     x, y = _pair(20)
     with pytest.raises(ValueError, match="p=2"):
         wasserstein_result(x, y, 1, method="multiscale")
+
+
+def test_scaling_passes_stay_finite_with_a_massless_row():
+    # a row whose kept kernel values all underflowed (float32) carries no mass: the
+    # over-relaxed step divided by max(0, 1e-300), the scaling became infinite and the next
+    # column pass multiplied it by the zero kernel values: NaN in every column it touched.
+    # The row must keep its scaling and report its whole mass as error.
+    from wflow.transport.multiscale import _Pattern
+    from wflow.transport.sparse_kernels import scale_cols, scale_rows
+
+    n = 50
+    i, j = np.nonzero(np.ones((n, n), dtype=bool))
+    pat = _Pattern(i, j, n, n)
+    kv = np.random.default_rng(0).uniform(0.5, 1.5, n * n).astype(np.float32)
+    kv[pat.rows == 7] = 0.0  # row 7: no mass
+    a = np.full(n, 1.0 / n)
+    u, v = a.copy(), a.copy()
+    for _ in range(30):
+        err = scale_rows(pat.ptr, pat.cols, kv, v, a, u, 1.9)
+        scale_cols(pat.cptr, pat.crows, kv[pat.perm], u, a, v, 1.9)
+    assert np.all(np.isfinite(u)) and np.all(np.isfinite(v))
+    assert u[7] == a[7]  # untouched
+    assert err >= a[7]  # the massless row's error is counted

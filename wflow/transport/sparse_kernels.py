@@ -106,7 +106,9 @@ def scale_rows(ptr, cols, kv, v, a, u, omega):
 
     ``omega = 1`` is Sinkhorn's step; ``1 < omega < 2`` over-relaxes it (Thibault et al.
     2017), which converges to the same fixed point in far fewer passes at small
-    :math:`\varepsilon`.
+    :math:`\varepsilon`.  A row whose kept pairs carry no mass (every kernel value underflowed)
+    keeps its scaling: dividing by zero would carry an infinite scaling, then NaN, into every
+    other row; its error stays and the caller's stall check searches new pairs.
     """
     n = ptr.shape[0] - 1
     err = np.empty(n)
@@ -116,10 +118,12 @@ def scale_rows(ptr, cols, kv, v, a, u, omega):
             s += kv[p] * v[cols[p]]
         r = u[i] * s
         err[i] = abs(r - a[i])
-        if omega == 1.0:
-            u[i] = a[i] / max(s, 1e-300)
+        if not s > 0.0:  # no kept pair carries mass (kernel underflow): left to the stall check
+            continue
+        if omega == 1.0 or not r > 0.0:
+            u[i] = a[i] / s
         else:
-            u[i] = u[i] * (a[i] / max(r, 1e-300)) ** omega
+            u[i] = u[i] * (a[i] / r) ** omega
     return err.sum()
 
 
@@ -131,10 +135,12 @@ def scale_cols(cptr, crows, kv_csc, u, b, v, omega):
         s = 0.0
         for q in range(cptr[j], cptr[j + 1]):
             s += kv_csc[q] * u[crows[q]]
-        if omega == 1.0:
-            v[j] = b[j] / max(s, 1e-300)
+        if not s > 0.0:
+            continue
+        if omega == 1.0 or not v[j] > 0.0:
+            v[j] = b[j] / s
         else:
-            v[j] = v[j] * (b[j] / max(v[j] * s, 1e-300)) ** omega
+            v[j] = v[j] * (b[j] / (v[j] * s)) ** omega
 
 
 @njit(cache=True)
