@@ -299,7 +299,8 @@ def certified_w2(
         Seed of the random cluster centres.
     omega : float in [1, 2)
         Over-relaxation of the Sinkhorn passes (1: plain Sinkhorn), reached over the first
-        20 passes of each step and halved towards 1 when the error grows.
+        20 passes of each step, halved towards 1 when 20 passes in a row diverge (the scalings
+        then go back to the best ones) and raised again once the error has fallen tenfold.
     threads : int, optional
         numba threads (default: 1 when ``512 (n + m) < 2·10^6``, where thread start-up
         dominates, else numba's default).
@@ -551,7 +552,7 @@ class _Scaling:
 
     :meth:`run` iterates until the row marginals' L1 error is at most ``need``; the
     over-relaxation ramps up from 1 to ``omega`` over the first passes and backs off when
-    the error grows (over-relaxed Sinkhorn converges only locally); the scalings are
+    the error diverges (over-relaxed Sinkhorn converges only locally); the scalings are
     absorbed into the potentials before they leave float64's range.
     """
 
