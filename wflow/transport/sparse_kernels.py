@@ -106,9 +106,10 @@ def scale_rows(ptr, cols, kv, v, a, u, omega):
 
     ``omega = 1`` is Sinkhorn's step; ``1 < omega < 2`` over-relaxes it (Thibault et al.
     2017), which converges to the same fixed point in far fewer passes at small
-    :math:`\varepsilon`.  A row whose kept pairs carry no mass (every kernel value underflowed)
-    keeps its scaling: dividing by zero would carry an infinite scaling, then NaN, into every
-    other row; its error stays and the caller's stall check searches new pairs.
+    :math:`\varepsilon`.  A row whose kept pairs carry no mass (every kernel value underflowed),
+    or whose new scaling would over- or underflow, keeps its scaling: an infinite or zero
+    scaling would carry NaN (0 x inf) into every row it touches; its error stays and the
+    caller's stall check searches new pairs.
     """
     n = ptr.shape[0] - 1
     err = np.empty(n)
@@ -120,10 +121,9 @@ def scale_rows(ptr, cols, kv, v, a, u, omega):
         err[i] = abs(r - a[i])
         if not s > 0.0:  # no kept pair carries mass (kernel underflow): left to the stall check
             continue
-        if omega == 1.0 or not r > 0.0:
-            u[i] = a[i] / s
-        else:
-            u[i] = u[i] * (a[i] / r) ** omega
+        new = a[i] / s if omega == 1.0 or not r > 0.0 else u[i] * (a[i] / r) ** omega
+        if 0.0 < new < np.inf:  # a scaling that over- or underflows is left as it is
+            u[i] = new
     return err.sum()
 
 
@@ -137,10 +137,9 @@ def scale_cols(cptr, crows, kv_csc, u, b, v, omega):
             s += kv_csc[q] * u[crows[q]]
         if not s > 0.0:
             continue
-        if omega == 1.0 or not v[j] > 0.0:
-            v[j] = b[j] / s
-        else:
-            v[j] = v[j] * (b[j] / (v[j] * s)) ** omega
+        new = b[j] / s if omega == 1.0 or not v[j] > 0.0 else v[j] * (b[j] / (v[j] * s)) ** omega
+        if 0.0 < new < np.inf:
+            v[j] = new
 
 
 @njit(cache=True)
