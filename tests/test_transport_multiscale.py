@@ -365,3 +365,18 @@ def test_scaling_passes_stay_finite_with_a_massless_row():
     assert np.all(np.isfinite(u)) and np.all(np.isfinite(v))
     assert u[7] == a[7]  # untouched
     assert err >= a[7]  # the massless row's error is counted
+
+
+def test_soft_min_keeps_the_potential_of_a_row_without_pairs():
+    # an atom with no kept pair: the soft-min over nothing is +inf, and the kernel built on
+    # it made every later Sinkhorn pass NaN (seen at N = 1e6); the row keeps its potential
+    from wflow.transport.sparse_kernels import sparse_softmin
+
+    ptr = np.array([0, 2, 2, 3])  # row 1 has no pairs
+    idx = np.array([0, 1, 1])
+    c, h, logw = np.array([0.1, 0.2, 0.3]), np.zeros(2), np.log(np.full(2, 0.5))
+    out = np.full(3, 7.0)
+    sparse_softmin(ptr, idx, c, h, logw, 0.05, out)
+    assert out[1] == 7.0
+    assert out[0] == pytest.approx(-0.05 * np.log(0.5 * np.exp(-2) + 0.5 * np.exp(-4)), rel=1e-12)
+    assert out[2] == pytest.approx(0.3 + 0.05 * np.log(2), rel=1e-12)

@@ -68,7 +68,11 @@ def pattern_costs(x, y, ptr, cols, geodesic):
 
 @njit(cache=True, parallel=True)
 def sparse_softmin(ptr, idx, c, h, logw, eps, out):
-    r""":math:`out_i = -\varepsilon\log\sum_{p} w_{j_p} e^{(h_{j_p} - c_p)/\varepsilon}` over row i's pairs."""
+    r""":math:`out_i = -\varepsilon\log\sum_{p} w_{j_p} e^{(h_{j_p} - c_p)/\varepsilon}` over row i's pairs.
+
+    A row without pairs keeps ``out_i`` (the soft-min over nothing is :math:`+\infty`, whose
+    kernel values would turn every pass into NaN).
+    """
     n = ptr.shape[0] - 1
     for i in prange(n):
         m = -np.inf
@@ -77,6 +81,8 @@ def sparse_softmin(ptr, idx, c, h, logw, eps, out):
             v = (h[j] - c[p]) / eps + logw[j]
             if v > m:
                 m = v
+        if m == -np.inf:
+            continue
         s = 0.0
         for p in range(ptr[i], ptr[i + 1]):
             j = idx[p]
