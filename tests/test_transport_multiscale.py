@@ -380,3 +380,22 @@ def test_soft_min_keeps_the_potential_of_a_row_without_pairs():
     assert out[1] == 7.0
     assert out[0] == pytest.approx(-0.05 * np.log(0.5 * np.exp(-2) + 0.5 * np.exp(-4)), rel=1e-12)
     assert out[2] == pytest.approx(0.3 + 0.05 * np.log(2), rel=1e-12)
+
+
+def test_scaling_kernel_stays_finite_for_dual_infeasible_potentials():
+    # potentials absorbed from a diverging iterate can exceed the cost by more than 88 eps
+    # on a pair, where the float32 kernel overflowed to inf and every later pass was
+    # non-finite (seen at N = 1e6); the kernel is clamped and the passes stay finite
+    import wflow.transport.multiscale as ms
+
+    x, y = _pair(60, seed=8)
+    a = np.full(60, 1 / 60)
+    pat = ms._Pattern(np.repeat(np.arange(60), 60), np.tile(np.arange(60), 60), 60, 60)
+    c = cost_matrix(x, y).ravel()
+    eps = 0.01
+    f, g = np.zeros(60), np.zeros(60)
+    f[3] = c[pat.ptr[3] : pat.ptr[4]].max() + 100 * eps  # 100 eps above every cost of row 3
+    sk = ms._Scaling(pat, c, c[pat.perm], a, a, f, g, eps, 1.0, {"passes": 0})
+    assert np.all(np.isfinite(sk.kv))
+    sk.run(1e-3, 5)
+    assert np.isfinite(sk.err) and np.all(np.isfinite(sk.u)) and np.all(np.isfinite(sk.v))

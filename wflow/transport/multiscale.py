@@ -571,6 +571,10 @@ class _Scaling:
         self.kv = gibbs_into(
             pat.ptr, pat.cols, self.c, self.f, self.g, self.eps, np.empty(pat.nnz, np.float32)
         )
+        # potentials absorbed from a diverging iterate can be dual-infeasible by more than
+        # 88 eps, where float32 overflows: an infinite kernel value would make every pass
+        # non-finite.  Any nonnegative kernel still gives a plan (the bracket stays valid)
+        np.minimum(self.kv, np.finfo(np.float32).max, out=self.kv)
         self.kv_csc = self.kv[pat.perm]
         self.u, self.v = self.a.copy(), self.b.copy()
 
