@@ -633,12 +633,19 @@ class _Scaling:
                 if best > 0.9 * mark:
                     return "stalled"
                 mark = best
-            if (
-                it % 10 == 9
-                and max(np.abs(np.log(self.u / a)).max(), np.abs(np.log(self.v / b)).max()) > 30
-            ):
-                self.absorb()  # a saved state stays valid: it holds its own potentials
+            if _far(self.u, a) or _far(self.v, b):  # checked every pass: a scaling can leave
+                self.absorb()  # float64's range within a few (a saved state stays valid)
         return "budget"
+
+
+#: a scaling u_i / a_i outside [1/FAR, FAR] is absorbed into its potential
+FAR = math.exp(30)
+
+
+def _far(u, a):
+    """Whether some scaling ``u_i / a_i`` lies outside ``[1/FAR, FAR]``."""
+    r = u / a
+    return bool(r.max() > FAR or r.min() < 1.0 / FAR)
 
 
 def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _Coarse):
