@@ -163,6 +163,7 @@ def test_rounded_plan_cost_bounds_the_rounded_plan(cost):
     # the upper bound is the cost of a feasible plan: the sparse plan rounded into Pi(a, b)
     # plus the rank-one plan e_a e_b^T / delta, whose chordal cost is exact in O(n) and
     # bounds the geodesic one by (pi/2)^2 x chordal; formed densely here
+    from wflow.transport.certify import cmax
     from wflow.transport.multiscale import _Pattern
     from wflow.transport.sparse_kernels import rounded_plan_cost
 
@@ -178,7 +179,7 @@ def test_rounded_plan_cost_bounds_the_rounded_plan(cost):
     kv = np.exp(-C[pat.rows, pat.cols] / 0.1)
     u, v = rng.uniform(0.5, 2, 120) * a, rng.uniform(0.5, 2, 120) * b  # far from the marginals
     ub, delta = rounded_plan_cost(
-        pat.ptr, pat.cols, kv, C[pat.rows, pat.cols], u, v, a, b, x, y, geodesic
+        pat.ptr, pat.cols, kv, C[pat.rows, pat.cols], u, v, a, b, x, y, geodesic, cmax(geodesic)
     )
     P = np.zeros((120, 120))
     P[pat.rows, pat.cols] = u[pat.rows] * kv * v[pat.cols]

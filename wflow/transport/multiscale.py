@@ -424,8 +424,6 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
         eps_list.append(eps_list[-1] * 0.25)
     eps_list.append(eps)
     f, g, cc = _coarse(xc, ac, yc, bc, geodesic, eps_list, 100)
-    th_x = _angle(cc[np.arange(len(ac)), np.argmin(cc - g[None, :], axis=1)], geodesic)
-    th_y = _angle(cc[np.argmin(cc - f[:, None], axis=0), np.arange(len(bc))], geodesic)
     log.debug(
         "coarse %d x %d, eps %.3g, t %.1f", len(ac), len(bc), eps, time.perf_counter() - t_start
     )
@@ -449,7 +447,7 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
         # its spacing squared (whatever reg is), then hands over to the finer level
         eps_end = reg if last else HANDOVER / min(len(a), len(b)) * (area / (4 * math.pi))
         co = _links(wide, hier[lev], hier[lev - 1])
-        (f, g, th_x, th_y), eps, result, wide = _sparse_level(
+        (f, g), eps, result, wide = _sparse_level(
             hier[lev], (f, g, th_x, th_y), eps, eps_end, last, opts, state, co
         )
     return result
@@ -653,7 +651,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
 
     ``meas`` is ``(x, a, y, b)``, ``duals`` ``(f, g, th_x, th_y)`` (potentials and each
     atom's expected transport angle), ``co`` the coarser level's kept cell pairs.  Returns
-    the updated ``duals``, the final eps, on the last level the certificate, and on the
+    the updated potentials ``(f, g)``, the final eps, on the last level the certificate, and on the
     others the kept pairs (with margin ``MARGIN``) that the finer level expands.
     """
     x, a, y, b = meas
@@ -722,7 +720,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
                     "tightening to %.2g: %s, err %.2g, passes %d", need, st, sk.err, state["passes"]
                 )
                 pc, delta = rounded_plan_cost(
-                    pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v, a, b, x, y, geodesic
+                    pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v, a, b, x, y, geodesic, diam2
                 )
                 sk.absorb()
         log.debug(
@@ -779,4 +777,4 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
     handed = None
     if first is not None:  # the pairs the finer level expands, with the hand-over's margin
         handed = _narrow(*first, f, g, eps, tau=TAU + MARGIN)[0]
-    return (f, g, th_x, th_y), eps, result, handed
+    return (f, g), eps, result, handed

@@ -168,7 +168,7 @@ def plan_cost(ptr, cols, kv, c, u, v):
 
 
 @njit(cache=True)
-def rounded_plan_cost(ptr, cols, kv, c, u, v, a, b, x, y, geodesic):
+def rounded_plan_cost(ptr, cols, kv, c, u, v, a, b, x, y, geodesic, cmax):
     r"""An upper bound on the cost of the plan :math:`u_i K_{ij} v_j` rounded into :math:`\Pi(a, b)`.
 
     The rounding is Altschuler et al. (2017): rows are scaled down to at most ``a``, then
@@ -182,7 +182,7 @@ def rounded_plan_cost(ptr, cols, kv, c, u, v, a, b, x, y, geodesic):
 
     and bounds the geodesic one through :math:`\theta \le \tfrac\pi2 |x - y|`.  Returns
     ``(cost, delta)``: the feasible plan costs at most ``cost``, of which the rank-one part
-    is at most :math:`\delta\,c_{\max}`.
+    is at most :math:`\delta\,c_{\max}` (``cmax``, :func:`wflow.transport.certify.cmax`).
     """
     n = ptr.shape[0] - 1
     m = b.shape[0]
@@ -213,7 +213,6 @@ def rounded_plan_cost(ptr, cols, kv, c, u, v, a, b, x, y, geodesic):
     delta = ea.sum()
     if delta <= 0.0:
         return cost, 0.0
-    cmax = math.pi**2 if geodesic else 4.0
     sa = ea @ x
     sb = eb @ y
     chordal = max(2.0 * delta - 2.0 * (sa @ sb) / eb.sum(), 0.0) if eb.sum() > 0 else 4.0 * delta
