@@ -19,10 +19,11 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    exact search by cells, :meth:`wflow.transport.certify.Cells.within`, not a fixed number
    of candidates).  For each
    :math:`\varepsilon` (halved per step) the kept pairs are those with
-   :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU`` = 12), found from both sides
-   by a k-d tree in a lifted space (:func:`wflow.transport.certify.threshold_pairs`), at
-   most ``neighbours`` per atom: the dropped entries carry at most :math:`e^{-\tau}` of
-   each atom's mass.  On a level's first two :math:`\varepsilon` (the hand-over's
+   :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU`` = 12), each atom's reference
+   :math:`f_i` taken at most :math:`\tau\varepsilon` above its best
+   :math:`\min_j (c_{ij} - g_j)`; they are searched from both sides, exactly, by cells
+   (:meth:`wflow.transport.certify.Cells.within`): the dropped entries carry at most
+   :math:`e^{-\tau}` of each atom's mass.  On a level's first two :math:`\varepsilon` (the hand-over's
    potentials have not settled) the candidates are not searched but expanded from the
    coarser level's kept cell pairs (Schmitzer 2019; GeomLoss's block-sparse truncation):
    atom i in cell I and atom j in cell J are candidates iff (I, J) was within
@@ -64,7 +65,7 @@ from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
 from ..errors import short_repr
-from .certify import MIN_TOL, Cells, c_transform, cmax, threshold_pairs
+from .certify import MIN_TOL, Cells, c_transform, cmax
 from .sparse_kernels import (
     absorb,
     best_partner,
@@ -195,8 +196,7 @@ def _extrapolate(q, pts, pot, logw, eps, geodesic):
     The sum runs over every :math:`J` whose term is within :math:`e^{-\tau}` (``TAU``) of
     the query's largest one, found exactly by the cells' bounds
     (:meth:`wflow.transport.certify.Cells.within`): distant atoms with large potentials are
-    not missed.  Returns the potentials and each query's transport angle (its best
-    partner's).
+    not missed.
     """
     h = pot + eps * logw
     rows, cols, c = Cells(pts).within(q, h, np.full(q.shape[0], TAU * eps), geodesic)
@@ -206,7 +206,7 @@ def _extrapolate(q, pts, pot, logw, eps, geodesic):
     np.cumsum(np.bincount(rows, minlength=q.shape[0]), out=ptr[1:])
     out = np.empty(q.shape[0])
     sparse_softmin(ptr, cols, c, pot, logw, eps, out)
-    return out, _angle(best_partner(ptr, cols, c, pot)[1], geodesic)
+    return out
 
 
 # -- the fine level -------------------------------------------------------------------------------
@@ -241,10 +241,6 @@ class _Pattern:
         return cls(key // m, key % m, n, m)
 
 
-def _angle(cst, geodesic):
-    return np.sqrt(cst) if geodesic else 2.0 * np.arcsin(np.minimum(np.sqrt(cst) / 2.0, 1.0))
-
-
 def certified_w2(
     x: Any,
     y: Any,
@@ -254,7 +250,6 @@ def certified_w2(
     cost: str = "geodesic",
     reg: float = 1e-2,
     tol: float = 1e-3,
-    neighbours: int = 2048,
     n_coarse: int = 1000,
     max_levels: int = 30,
     max_iter: int = 2000,
@@ -286,11 +281,6 @@ def certified_w2(
     tol : float
         Target relative width of the bracket, ``(upper - lower) <= tol * upper``;
         at least 1e-9 (float64 certifies no less).
-    neighbours : int
-        The most partners kept per atom and side (memory guard): each pass costs
-        O(kept pairs).  A row that needs more (strongly expanding maps at large
-        :math:`\varepsilon N`) keeps the best by the lifted bound only, and its level
-        may stall.
     n_coarse : int
         Clusters per measure on the coarsest (dense) level.
     max_levels, max_iter : int
@@ -353,7 +343,6 @@ def certified_w2(
             f"tol must be in [{MIN_TOL:g}, 1): float64 cannot certify a relative width below {MIN_TOL:g}, got {tol!r}"
         )
     for v, name in (
-        (neighbours, "neighbours"),
         (n_coarse, "n_coarse"),
         (max_levels, "max_levels"),
         (max_iter, "max_iter"),
@@ -374,12 +363,12 @@ def certified_w2(
         max(1, min(int(wanted), int(getattr(numba.config, "NUMBA_NUM_THREADS", before))))
     )
     try:
-        opts = _Settings(geodesic, reg, tol, neighbours, max_levels, max_iter, omega)
+        opts = _Settings(geodesic, reg, tol, max_levels, max_iter, omega)
         result = _solve(x, a, y, b, opts, n_coarse, seed)
     finally:
         numba.set_num_threads(before)
     result["seconds"] = time.perf_counter() - t0
-    result.update(n=n, m=m, cost=cost, reg=reg, tol=tol, neighbours=neighbours)
+    result.update(n=n, m=m, cost=cost, reg=reg, tol=tol)
     return result
 
 
@@ -390,7 +379,6 @@ class _Settings:
     geodesic: bool
     reg: float
     tol: float
-    neighbours: int
     max_levels: int
     max_iter: int
     omega: float
@@ -438,7 +426,7 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
         x, a, y, b = hier[lev]
         # extrapolate: each atom's potential is the soft c-transform of the coarser level's
         # other side (Feydy 2020)
-        (f, th_x), (g, th_y) = (
+        f, g = (
             _extrapolate(x, yp, g, np.log(bp), eps, geodesic),
             _extrapolate(y, xp, f, np.log(ap), eps, geodesic),
         )
@@ -448,15 +436,43 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
         eps_end = reg if last else HANDOVER / min(len(a), len(b)) * (area / (4 * math.pi))
         co = _links(wide, hier[lev], hier[lev - 1])
         (f, g), eps, result, wide = _sparse_level(
-            hier[lev], (f, g, th_x, th_y), eps, eps_end, last, opts, state, co
+            hier[lev], (f, g), eps, eps_end, last, opts, state, co
         )
     return result
 
 
-def _truncate(x, y, f, g, th_x, th_y, eps, neighbours, geodesic):
-    """Kept pairs (each atom's partners within ``TAU eps`` of its best) and their costs."""
-    rx, cx = threshold_pairs(x, y, g, th_x, geodesic, TAU * eps, k_max=neighbours, ref=f)
-    ry, cy = threshold_pairs(y, x, f, th_y, geodesic, TAU * eps, k_max=neighbours, ref=g)
+def _search(x, y, f, g, eps, geodesic, k_min=16):
+    r"""Kept pairs searched anew, exactly, from both sides, and their costs.
+
+    Row i keeps the pairs with :math:`c_{ij} - g_j \le t_i + \tau\varepsilon`,
+    :math:`t_i = \min(\max(f_i, m_i), m_i + \tau\varepsilon)`, :math:`m_i = \min_j (c_{ij} -
+    g_j)` over all atoms (the rule of :func:`_narrow`, with a reference at most
+    :math:`\tau\varepsilon` above the best: an infeasible potential widens no window beyond
+    twice the usual); a row left with fewer than ``k_min`` partners (few atoms within
+    :math:`2\tau\varepsilon`) widens its window fourfold until it has them, as
+    :func:`_narrow` keeps a margin; the columns likewise.  Both by cells
+    (:meth:`~wflow.transport.certify.Cells.within`), whatever the potentials.
+    """
+    slack = TAU * eps
+    found = []
+    for q, pts, pot, ref in ((x, y, g, f), (y, x, f, g)):
+        cells = Cells(pts)
+        grouped = cells.group(q)
+        best, _ = cells.c_transform(grouped, pot, geodesic)
+        gap = slack + np.clip(ref - best, 0.0, slack)
+        rows, cols, _ = cells.within(grouped, pot, gap, geodesic)
+        for _ in range(8):  # at most 4^8 times the area: every row reaches k_min
+            short = np.flatnonzero(
+                np.bincount(rows, minlength=q.shape[0]) < min(k_min, pts.shape[0])
+            )
+            if short.size == 0:
+                break
+            keep = ~np.isin(rows, short)
+            gap[short] *= 4.0
+            r2, c2, _ = cells.within(q[short], pot, gap[short], geodesic)
+            rows, cols = np.concatenate([rows[keep], short[r2]]), np.concatenate([cols[keep], c2])
+        found.append((rows, cols))
+    (rx, cx), (ry, cy) = found
     pat = _Pattern.union(np.concatenate([rx, cy]), np.concatenate([cx, ry]), x.shape[0], y.shape[0])
     c = pattern_costs(x, y, pat.ptr, pat.cols, geodesic)
     return pat, c, c[pat.perm]
@@ -497,7 +513,7 @@ def _expand(x, y, f, g, eps, co: _Coarse, geodesic, k_min=16):
     r"""Kept pairs of a fine level from the coarse level's kept cell pairs (Schmitzer 2019).
 
     Atom i in cell I and atom j in cell J are candidates iff (I, J) is in ``co.pat``; of
-    those, the rule of :func:`_truncate` keeps the pairs within ``TAU eps`` of the row's or
+    those, the rule of :func:`_narrow` keeps the pairs within ``TAU eps`` of the row's or
     the column's reference (and each row's and column's ``k_min`` best).  O(candidates),
     no k-d search.  A coarse pattern that misses real partners only widens the bracket (the
     certificate does not rely on the pattern): the caller then searches.
@@ -521,12 +537,12 @@ def _expand(x, y, f, g, eps, co: _Coarse, geodesic, k_min=16):
 def _narrow(pat, c, f, g, eps, k_min=16, tau=TAU):
     r"""The kept pairs at a smaller ``eps``, taken from the previous eps step's pattern.
 
-    The rule of :func:`_truncate` (pairs within ``TAU eps`` of the row's or the column's
+    The rule of :func:`_search` (pairs within ``TAU eps`` of the row's or the column's
     reference, :math:`t_i = \max(f_i, \min_j (c_{ij} - g_j))`) applied to the pairs kept at
     the previous (doubled) eps instead of a new k-d search: while the potentials move by
     less than ``TAU eps`` between the steps, the window at the new eps lies inside the old
     one.  A row or column left with fewer than ``k_min`` partners keeps all its old ones
-    (the margin :func:`_truncate` keeps too).  A stalled scaling searches anew.
+    (a margin for the potentials' move).  A stalled scaling searches anew.
     """
     n, m = pat.ptr.size - 1, pat.cptr.size - 1
     slack = tau * eps
@@ -649,13 +665,12 @@ def _far(u, a):
 def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _Coarse):
     """The eps-halving loop on one level of atoms (kernel truncation); certifies on the last one.
 
-    ``meas`` is ``(x, a, y, b)``, ``duals`` ``(f, g, th_x, th_y)`` (potentials and each
-    atom's expected transport angle), ``co`` the coarser level's kept cell pairs.  Returns
+    ``meas`` is ``(x, a, y, b)``, ``duals`` ``(f, g)`` the potentials, ``co`` the coarser level's kept cell pairs.  Returns
     the updated potentials ``(f, g)``, the final eps, on the last level the certificate, and on the
     others the kept pairs (with margin ``MARGIN``) that the finer level expands.
     """
     x, a, y, b = meas
-    f, g, th_x, th_y = duals
+    f, g = duals
     geodesic, tol = opts.geodesic, opts.tol
     diam2 = cmax(geodesic)
     t_start = state["t_start"]
@@ -673,8 +688,8 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
         levels = state["levels"]
         final = last and eps <= opts.reg * (1 + 1e-12)
         for rebuild in range(3):
-            # kept pairs: f_i + g_j - c_ij >= -TAU eps, found in the lifted space around the
-            # current potentials (searched anew when the scaling stalls: they have moved)
+            # kept pairs: f_i + g_j - c_ij >= -TAU eps around the current potentials
+            # (searched anew when the scaling stalls: they have moved)
             if pat is not None:  # the soft-min at this eps on the previous pairs: the reference
                 sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
                 sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
@@ -683,7 +698,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             elif not wide and rebuild == 0:  # the first two: from the coarse cell pairs
                 narrowed = _expand(x, y, f, g, eps, co, geodesic)
             else:
-                narrowed = _truncate(x, y, f, g, th_x, th_y, eps, opts.neighbours, geodesic)
+                narrowed = _search(x, y, f, g, eps, geodesic)
             pat, c, c_csc = narrowed
             if first is None and not last:
                 first = (pat, c)
@@ -735,8 +750,6 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             certify,
             time.perf_counter() - t_start,
         )
-        th_x = _angle(best_partner(pat.ptr, pat.cols, c, g)[1], geodesic)
-        th_y = _angle(best_partner(pat.cptr, pat.crows, c_csc, f)[1], geodesic)
         if certify:
             up2 = pc
             gt, st1 = c_transform(y, x, f, geodesic)
