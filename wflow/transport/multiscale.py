@@ -448,10 +448,11 @@ def _search(x, y, f, g, eps, geodesic, k_min=16):
     :math:`t_i = \min(\max(f_i, m_i), m_i + \tau\varepsilon)`, :math:`m_i = \min_j (c_{ij} -
     g_j)` over all atoms (the rule of :func:`_narrow`, with a reference at most
     :math:`\tau\varepsilon` above the best: an infeasible potential widens no window beyond
-    twice the usual); a row left with fewer than ``k_min`` partners (few atoms within
-    :math:`2\tau\varepsilon`) widens its window fourfold until it has them, as
-    :func:`_narrow` keeps a margin; the columns likewise.  Both by cells
-    (:meth:`~wflow.transport.certify.Cells.within`), whatever the potentials.
+    twice the usual), found by cells (:meth:`~wflow.transport.certify.Cells.within`), whatever
+    the potentials; the columns likewise.  A row whose window holds fewer than ``k_min``
+    atoms (a steep potential) also keeps the ``k_min`` atoms nearest its best partner, as
+    :func:`_narrow` keeps a margin: a pattern with a partner or two per row may admit no plan
+    with the marginals, and the scaling then stalls.
     """
     slack = TAU * eps
     found = []
@@ -460,17 +461,17 @@ def _search(x, y, f, g, eps, geodesic, k_min=16):
         grouped = cells.group(q)
         best, _ = cells.c_transform(grouped, pot, geodesic)
         gap = slack + np.clip(ref - best, 0.0, slack)
-        rows, cols, _ = cells.within(grouped, pot, gap, geodesic)
-        for _ in range(8):  # at most 4^8 times the area: every row reaches k_min
-            short = np.flatnonzero(
-                np.bincount(rows, minlength=q.shape[0]) < min(k_min, pts.shape[0])
-            )
-            if short.size == 0:
-                break
-            keep = ~np.isin(rows, short)
-            gap[short] *= 4.0
-            r2, c2, _ = cells.within(q[short], pot, gap[short], geodesic)
-            rows, cols = np.concatenate([rows[keep], short[r2]]), np.concatenate([cols[keep], c2])
+        rows, cols, c = cells.within(grouped, pot, gap, geodesic)
+        k = min(k_min, pts.shape[0])
+        short = np.bincount(rows, minlength=q.shape[0]) < k
+        if short.any():
+            sel = np.flatnonzero(short[rows])
+            # each short row's best partner (the first of its pairs by value), then its neighbours
+            order = sel[np.lexsort((c[sel] - pot[cols[sel]], rows[sel]))]
+            first = order[np.r_[True, rows[order][1:] != rows[order][:-1]]]
+            near = cKDTree(pts).query(pts[cols[first]], k=k, workers=2)[1].reshape(-1, k)
+            rows = np.concatenate([rows, np.repeat(rows[first], k)])
+            cols = np.concatenate([cols, near.ravel()])
         found.append((rows, cols))
     (rx, cx), (ry, cy) = found
     pat = _Pattern.union(np.concatenate([rx, cy]), np.concatenate([cx, ry]), x.shape[0], y.shape[0])
