@@ -326,8 +326,8 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
       semi-discrete transport against 16 N pushed Fibonacci nodes per N, with the slope's
       99 % CI against :math:`\sqrt{\log N/N}` (:func:`_s2_semidiscrete_w2`); N up to
       :math:`10^4`, and one seed at :math:`10^5` with ``s2_max_n="100000"`` (``wflow validate
-      mean-field --option s2_max_n=100000``: about 10 minutes a solve; the full mode with it
-      has not been run end to end);
+      mean-field --option s2_max_n=100000``: 7-10 minutes a solve; the full mode with it took
+      96 minutes on two cores, partly beside other jobs);
     * from a deterministic start (trapezoid nodes with weights :math:`\rho_0/N`) the
       :math:`W_2` error falls like :math:`N^{-1}` (the atoms' spacing) while smooth
       moments are exact to spectral accuracy;
