@@ -203,14 +203,23 @@ class Cells:
         out[qo] = vals
         return out, float(scanned) / max(qo.shape[0], 1)
 
-    def within(self, q, pot: np.ndarray, gap: np.ndarray, geodesic: bool) -> tuple[np.ndarray, ...]:
-        r"""Every pair with :math:`c(q_r, p) - pot_p \le \min_k (c(q_r, p_k) - pot_k) + gap_r`:
-        the query rows, the points (indices into the points given) and the costs, grouped by query."""
+    def within(
+        self, q, pot: np.ndarray, gap: np.ndarray, geodesic: bool, ref: np.ndarray | None = None
+    ) -> tuple[np.ndarray, ...]:
+        r"""Every pair with :math:`c(q_r, p) - pot_p \le t_r + gap_r`, :math:`t_r` the query's
+        best :math:`m_r = \min_k (c(q_r, p_k) - pot_k)`, or with ``ref`` the reference
+        :math:`\max(m_r, \min(ref_r, m_r + gap_r))`: the query rows, the points (indices into the
+        points given) and the costs, grouped by query."""
         qo, qptr, qrad, qs = q if isinstance(q, tuple) else self.group(q)
         pv, top, arg = self._top(pot)
         cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg)
         gs = np.ascontiguousarray(gap[qo], dtype=np.float64)
-        args = (qs, qptr, self.centres, qrad, *cells, gs, geodesic)
+        rs = (
+            np.full(qo.shape[0], -np.inf)
+            if ref is None
+            else np.ascontiguousarray(ref[qo], dtype=np.float64)
+        )
+        args = (qs, qptr, self.centres, qrad, *cells, gs, rs, geodesic)
         count, _, _ = cell_within(*args, np.empty(0, np.int64))
         ptr = np.zeros(count.shape[0] + 1, dtype=np.int64)
         np.cumsum(count, out=ptr[1:])

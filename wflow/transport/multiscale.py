@@ -458,10 +458,7 @@ def _search(x, y, f, g, eps, geodesic, k_min=16):
     found = []
     for q, pts, pot, ref in ((x, y, g, f), (y, x, f, g)):
         cells = Cells(pts)
-        grouped = cells.group(q)
-        best, _ = cells.c_transform(grouped, pot, geodesic)
-        gap = slack + np.clip(ref - best, 0.0, slack)
-        rows, cols, c = cells.within(grouped, pot, gap, geodesic)
+        rows, cols, c = cells.within(q, pot, np.full(q.shape[0], slack), geodesic, ref=ref)
         k = min(k_min, pts.shape[0])
         short = np.bincount(rows, minlength=q.shape[0]) < k
         if short.any():

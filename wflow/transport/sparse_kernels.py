@@ -333,10 +333,12 @@ def cell_c_transform(q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg
 
 @njit(cache=True, parallel=True)
 def cell_within(
-    q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg, gap, geodesic, out_ptr
+    q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg, gap, ref, geodesic, out_ptr
 ):
-    r"""Every point within ``gap[r]`` of query ``r``'s best: ``c(q_r, p) - pot_p \le
-    \min_k (c(q_r, p_k) - pot_k) + gap_r``, by the bounds of :func:`cell_c_transform`.
+    r"""Every point within ``gap[r]`` of query ``r``'s reference: ``c(q_r, p) - pot_p \le
+    t_r + gap_r``, :math:`t_r = \max(m_r, \min(ref_r, m_r + gap_r))`, :math:`m_r = \min_k
+    (c(q_r, p_k) - pot_k)` the best (:math:`t_r = m_r` for ``ref[r] = -inf``), by the bounds of
+    :func:`cell_c_transform`.
 
     With ``out_ptr`` empty: returns the count per query (query order).  With ``out_ptr`` the
     counts' row pointers (length ``nq + 1``): returns the points (rows of ``pts``) and their costs
@@ -348,13 +350,13 @@ def cell_within(
     pts_out = np.empty(out_ptr[-1] if fill else 0, dtype=np.int64)
     cost_out = np.empty(out_ptr[-1] if fill else 0)
     for D in prange(nd):
-        gmax = 0.0
+        reach = 0.0  # the widest window of the cell's queries above their best
         for r in range(qptr[D], qptr[D + 1]):
-            gmax = max(gmax, gap[r])
-        lb, cand = _cell_candidates(D, qcen, qrad, pts, pcen, prad, ptop, parg, geodesic, gmax)
+            reach = max(reach, (2.0 if ref[r] > -np.inf else 1.0) * gap[r])
+        lb, cand = _cell_candidates(D, qcen, qrad, pts, pcen, prad, ptop, parg, geodesic, reach)
         for r in range(qptr[D], qptr[D + 1]):
             best, _ = _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, geodesic)
-            top = best + gap[r]
+            top = max(best, min(ref[r], best + gap[r])) + gap[r]
             t = out_ptr[r] if fill else 0
             for C in cand:
                 if lb[C] > top:
