@@ -395,3 +395,42 @@ def test_scaling_kernel_stays_finite_for_dual_infeasible_potentials():
     assert np.all(np.isfinite(sk.kv))
     sk.run(1e-3, 5)
     assert np.isfinite(sk.err) and np.all(np.isfinite(sk.u)) and np.all(np.isfinite(sk.v))
+
+
+def test_intermediate_levels_hand_over_their_atoms_best_partners():
+    # a level's pairs handed to the finer one should hold each atom's best partner (over all
+    # atoms, at the level's final potentials): the finer level expands its pairs from these,
+    # and a level that lost partners hands its error on.  The first two levels lose none; the
+    # third ended 62 eps above its exact best with MARGIN = 40 and 22 eps with MARGIN = 100
+    # (the coarse cell pairs widened; at 1e5 atoms the 6250-atom level went from 103 lost rows
+    # to none).  The remaining loss is a known limitation (the certificate does not rely on
+    # the pairs: the bracket stays valid and tol is met)
+    import wflow.transport.multiscale as ms
+    from wflow.transport.sparse_kernels import best_partner
+
+    x, y = _pair(20000, seed=11)
+    worst = []
+    real = ms._sparse_level
+
+    def spy(meas, duals, eps, eps_end, last, opts, state, co):
+        out = real(meas, duals, eps, eps_end, last, opts, state, co)
+        if not last:
+            xl, _, yl, _ = meas
+            (f, g), e = out[0], out[1]
+            pat = out[3]
+            exact_r, _ = c_transform(xl, yl, g, False)
+            exact_c, _ = c_transform(yl, xl, f, False)
+            cr = ms.pattern_costs(xl, yl, pat.ptr, pat.cols, False)
+            on_r, _ = best_partner(pat.ptr, pat.cols, cr, g)
+            on_c, _ = best_partner(pat.cptr, pat.crows, cr[pat.perm], f)
+            worst.append(max((on_r - exact_r).max(), (on_c - exact_c).max()) / e)
+        return out
+
+    ms._sparse_level = spy
+    try:
+        r = certified_w2(x, y, cost="chordal", tol=1e-3, n_coarse=100)
+    finally:
+        ms._sparse_level = real
+    assert r["certified"]
+    assert len(worst) == 3
+    assert max(worst[:2]) <= 1e-6 and worst[2] <= 30, worst
