@@ -95,11 +95,12 @@ def test_handover_expansion_keeps_the_pairs_of_the_search():
     assert np.max(missed) <= np.exp(-ms.TAU)
 
 
-def test_handover_with_missing_pairs_falls_back_to_the_search(monkeypatch):
+def test_handover_with_missing_pairs_is_repaired(monkeypatch):
     # a hand-over pattern that misses real partners (a third of the pairs, (i + j) % 3 == 0,
     # dropped) must not break the certificate: the bracket still holds the exact value and,
-    # once it comes out wider than tol, the solver searches the pairs anew until it is
-    # within tol
+    # once it comes out wider than tol, the solver adds the windows of the rows and columns
+    # that lost their best partners (found by the certificate's exact c-transforms) until it
+    # is within tol
     import wflow.transport.multiscale as ms
 
     x, y = _pair(1500, seed=2)
@@ -397,6 +398,65 @@ def test_scaling_kernel_stays_finite_for_dual_infeasible_potentials():
     assert np.isfinite(sk.err) and np.all(np.isfinite(sk.u)) and np.all(np.isfinite(sk.v))
 
 
+def test_repair_adds_the_windows_of_rows_and_columns_that_lost_their_partners():
+    # a pattern that misses the best partner of some rows and columns: _repair flags exactly
+    # those more than LOST eps above their exact best and adds their full windows (the exact
+    # rule, checked densely); the others' pairs stay as they were
+    from scipy.special import logsumexp
+
+    import wflow.transport.multiscale as ms
+
+    n = 300
+    x, y = _pair(n, seed=5)
+    a = np.full(n, 1 / n)
+    c = cost_matrix(x, y, cost="chordal")
+    eps = 0.01
+    f, g = np.zeros(n), np.zeros(n)
+    for _ in range(300):
+        f = -eps * logsumexp((g[None, :] - c) / eps, b=a[None, :], axis=1)
+        g = -eps * logsumexp((f[:, None] - c) / eps, b=a[:, None], axis=0)
+    full, cf, _ = ms._search(x, y, f, g, eps, False)
+    best_col = np.argmin(c - g[None, :], axis=1)  # each row's exact best partner
+    best_row = np.argmin(c - f[:, None], axis=0)
+    holed_rows, holed_cols = np.arange(0, n, 10), np.arange(5, n, 20)
+    drop = np.isin(full.rows, holed_rows) & (full.cols == best_col[full.rows])
+    drop |= np.isin(full.cols, holed_cols) & (full.rows == best_row[full.cols])
+    pat = ms._Pattern(full.rows[~drop], full.cols[~drop], n, n)
+    cp = cf[~drop]
+    on_r = np.full(n, np.inf)
+    np.minimum.at(on_r, pat.rows, cp - g[pat.cols])
+    on_c = np.full(n, np.inf)
+    np.minimum.at(on_c, pat.cols, cp - f[pat.rows])
+    lost_r = on_r - (c - g[None, :]).min(axis=1) > ms.LOST * eps
+    lost_c = on_c - (c - f[:, None]).min(axis=0) > ms.LOST * eps
+    assert 0 < lost_r.sum() <= holed_rows.size and 0 < lost_c.sum() <= holed_cols.size
+
+    (new, cn, cn_csc), n_lost = ms._repair(x, y, f, g, eps, (pat, cp, cp[pat.perm]), False)
+    assert n_lost == lost_r.sum() + lost_c.sum()
+    assert np.allclose(cn, c[new.rows, new.cols], atol=1e-12)
+    assert np.array_equal(cn_csc, cn[new.perm])
+    kept = np.zeros((n, n), dtype=bool)
+    kept[new.rows, new.cols] = True
+    before = np.zeros((n, n), dtype=bool)
+    before[pat.rows, pat.cols] = True
+    assert np.all(kept >= before)  # nothing removed
+    # a lost row's window, c_ij - g_j <= min(f_i, best_i + TAU eps) + TAU eps, is all in
+    slack = ms.TAU * eps
+    vr = c - g[None, :]
+    br = vr.min(axis=1, keepdims=True)
+    win_r = vr <= np.maximum(br, np.minimum(f[:, None], br + slack)) + slack
+    assert not np.any((win_r & ~kept)[lost_r])
+    vc = c - f[:, None]
+    bc = vc.min(axis=0, keepdims=True)
+    win_c = vc <= np.maximum(bc, np.minimum(g[None, :], bc + slack)) + slack
+    assert not np.any((win_c & ~kept)[:, lost_c])
+    # rows and columns not lost gained only the pairs of lost ones
+    gained = kept & ~before
+    assert not np.any(gained[~lost_r][:, ~lost_c])
+    # the repaired pattern has lost nothing
+    assert ms._repair(x, y, f, g, eps, (new, cn, cn_csc), False) is None
+
+
 def test_intermediate_levels_hand_over_their_atoms_best_partners():
     # a level's pairs handed to the finer one should hold each atom's best partner (over all
     # atoms, at the level's final potentials): the finer level expands its pairs from these,
@@ -434,3 +494,21 @@ def test_intermediate_levels_hand_over_their_atoms_best_partners():
     assert r["certified"]
     assert len(worst) == 3
     assert max(worst[:2]) <= 1e-6 and worst[2] <= 30, worst
+
+
+def test_pattern_with_pairs_is_the_union():
+    import wflow.transport.multiscale as ms
+
+    rng = np.random.default_rng(3)
+    n, m = 50, 70
+    i, j = rng.integers(0, n, 400), rng.integers(0, m, 400)
+    pat = ms._Pattern.union(i, j, n, m)
+    ai, aj = rng.integers(0, n, 60), rng.integers(0, m, 60)
+    ai[:10], aj[:10] = i[:10], j[:10]  # some already present, and repeats
+    both = pat.with_pairs(np.r_[ai, ai[:5]], np.r_[aj, aj[:5]])
+    ref = ms._Pattern.union(np.r_[i, ai], np.r_[j, aj], n, m)
+    for name in ("ptr", "rows", "cols", "perm", "crows", "cptr"):
+        assert np.array_equal(getattr(both, name), getattr(ref, name)), name
+    dense = np.zeros((n, m), dtype=bool)
+    dense[np.r_[i, ai], np.r_[j, aj]] = True
+    assert both.nnz == dense.sum()
