@@ -39,7 +39,7 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    were off by more than the margin); the scaling then converges on the pattern to
    potentials far from the optimum's, or stalls.  After a stall, and after a bracket wider
    than ``tol``, each row's best kept partner is compared with its exact best over all
-   atoms (the certificate's c-transforms); the rows and columns more than ``LOST`` (1) eps
+   atoms (exact c-transforms by cells; after a wide bracket, the certificate's); the rows and columns more than ``LOST`` (1) eps
    apart have *lost* their partners, and their windows, searched exactly by cells, are
    added to the pattern (:func:`_repair`) at the same :math:`\varepsilon`.  Only when
    nothing is lost are all the pairs searched anew (:func:`_search`).
@@ -551,14 +551,15 @@ def _repair(x, y, f, g, eps, narrowed, geodesic, exact=(None, None)):
     added, n_lost = [], 0
     sides = ((x, y, g, f, pat.ptr, pat.cols, c), (y, x, f, g, pat.cptr, pat.crows, c_csc))
     for side, (q, pts, pot, ref, ptr, idx, cq) in enumerate(sides):
-        cells = Cells(pts)
-        best = exact[side]
+        best, cells = exact[side], None
         if best is None:
+            cells = Cells(pts)
             best, _ = cells.c_transform(q, pot, geodesic)
         on, _ = best_partner(ptr, idx, cq, pot)
         lost = np.flatnonzero(on - best > LOST * eps)
         n_lost += lost.size
         if lost.size:
+            cells = cells if cells is not None else Cells(pts)
             r, p, _ = cells.within(
                 q[lost], pot, np.full(lost.size, TAU * eps), geodesic, ref=ref[lost]
             )
