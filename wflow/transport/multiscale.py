@@ -251,8 +251,7 @@ class _Pattern:
         allowed): a merge into the sorted keys, O(nnz) for a few added pairs."""
         n, m = self.ptr.size - 1, self.cptr.size - 1
         key = self.rows.astype(np.int64) * m + self.cols  # sorted, distinct
-        add = np.sort(rows_i.astype(np.int64) * m + rows_j)
-        add = add[np.r_[True, add[1:] != add[:-1]]] if add.size else add
+        add = _sorted_keys(rows_i, rows_j, m)
         at = np.searchsorted(key, add)
         new = add[(at == key.size) | (key[np.minimum(at, key.size - 1)] != add)]
         key = np.insert(key, np.searchsorted(key, new), new)
@@ -261,10 +260,15 @@ class _Pattern:
     @classmethod
     def union(cls, rows_i, rows_j, n, m):
         """The pattern of the pairs ``(rows_i[k], rows_j[k])``, in any order, repeats allowed."""
-        # sort and drop repeats: np.unique (NumPy 2.4) hashes first, 20x slower at 3e7 keys
-        key = np.sort(rows_i.astype(np.int64) * m + rows_j)
-        key = key[np.r_[True, key[1:] != key[:-1]]] if key.size else key
+        key = _sorted_keys(rows_i, rows_j, m)
         return cls(key // m, key % m, n, m)
+
+
+def _sorted_keys(rows_i, rows_j, m):
+    """The distinct keys ``rows_i * m + rows_j``, ascending: sorted, repeats dropped (np.unique
+    in NumPy 2.4 hashes first, 20x slower at 3e7 keys)."""
+    key = np.sort(rows_i.astype(np.int64) * m + rows_j)
+    return key[np.r_[True, key[1:] != key[:-1]]] if key.size else key
 
 
 def certified_w2(
@@ -566,6 +570,7 @@ def _repair(x, y, f, g, eps, narrowed, geodesic, exact=(None, None)):
             added.append((lost[r], p) if side == 0 else (p, lost[r]))
     if not n_lost:
         return None
+    log.debug("eps %.3g: %d rows and columns lost their partners, repaired", eps, n_lost)
     new = pat.with_pairs(
         np.concatenate([r for r, _ in added]), np.concatenate([p for _, p in added])
     )
@@ -787,11 +792,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             # that have since moved) stall the scaling: add their windows, or search anew
             log.debug("level %d eps %.3g: stalled at err %.2g, new pattern", levels, eps, sk.err)
             checked = _repair(x, y, f, g, eps, narrowed, geodesic)
-            if checked is not None:
-                repaired, lost = checked
-                log.debug(
-                    "level %d eps %.3g: %d rows and columns lost, repaired", levels, eps, lost
-                )
+            repaired = None if checked is None else checked[0]
         assert pat is not None  # the loop above ran at least once
         certify = False
         if final:
@@ -859,10 +860,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
                 break
             checked = _repair(x, y, f, g, eps, (pat, c, c_csc), geodesic, exact=(ft, gt))
             if checked is not None:  # rows that lost their partners: at the same eps, repaired
-                repaired, lost = checked
-                log.debug(
-                    "level %d eps %.3g: %d rows and columns lost, repaired", levels, eps, lost
-                )
+                repaired = checked[0]
                 continue
             wide = True  # the pairs may be incomplete: search them anew at the next eps
         if not last and eps <= 1.5 * eps_end:  # close enough: the finer level takes over

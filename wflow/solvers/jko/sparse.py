@@ -11,7 +11,7 @@ disc of :math:`\pi\Theta\varepsilon/h^2` cells around where row ``i``'s mass goe
 
     C_{ij} - \bar g_j - \varepsilon\log r_j \le \min_k\big(C_{ik} - \bar g_k - \varepsilon\log r_k\big) + \Theta\varepsilon ,
 
-with the k-d tree search of the multiscale transport (:func:`wflow.transport.certify.threshold_pairs`,
+with a k-d tree search in a lifted space (:func:`wflow.transport.certify.threshold_pairs`,
 Schmitzer 2019), and stores them in CSR form: memory and work per kernel build
 :math:`O(n\,\Theta\varepsilon/h^2)`, linear in the cells at fixed :math:`\varepsilon/h^2`.
 
