@@ -293,6 +293,47 @@ def test_c_transform_on_cells_prunes_and_stays_exact(cost):
 
 
 @pytest.mark.parametrize("cost", ["geodesic", "chordal"])
+def test_cell_model_bound_is_a_lower_bound_and_tight_for_a_smooth_potential(cost):
+    """The cells' linear-model bound never exceeds the minimum of c(q, p) - pot_p over a cell's
+    points (any potential), and for the potential of a smooth map it is several times tighter
+    than the radius bound at the cell holding the query's best partner (first-order terms
+    cancel there): 0.17x here, the median gaps 0.014 against 0.080."""
+    from numba import njit
+
+    from wflow.transport.sparse_kernels import _model_bound, _query_bound
+
+    @njit(cache=False)
+    def bounds(q, cen, rad, top, mod, geodesic):
+        out = np.empty((2, q.shape[0], cen.shape[0]))
+        for r in range(q.shape[0]):
+            for C in range(cen.shape[0]):
+                out[0, r, C] = _model_bound(q, r, C, cen, mod, geodesic)
+                out[1, r, C] = _query_bound(q, r, C, cen, rad, top, geodesic)
+        return out
+
+    geodesic = cost == "geodesic"
+    x, q = uniform(20000, 3, seed=4), uniform(300, 3, seed=5)
+    cells = Cells(x)
+    rough = np.random.default_rng(0).uniform(0.0, 0.5, len(x))
+    for name, f in (("smooth", 0.6 * x[:, 0]), ("rough", rough)):
+        pv, top, _, mod = cells._top(f)
+        model, radius = bounds(q, cells.centres, cells.radius, top, mod, geodesic)
+        R = cost_matrix(q, cells.pts, cost=cost) - pv[None, :]
+        true = np.full(model.shape, np.inf)
+        for C in range(len(cells.centres)):
+            if cells.ptr[C + 1] > cells.ptr[C]:
+                true[:, C] = R[:, cells.ptr[C] : cells.ptr[C + 1]].min(axis=1)
+        full = np.isfinite(true)
+        assert np.all(model[full] <= true[full]), name
+        assert np.all(model[~full] == np.inf)
+        if name == "smooth":
+            best = (np.arange(len(q)), true.argmin(axis=1))
+            gap_model = np.median(true[best] - model[best])
+            gap_radius = np.median(true[best] - radius[best])
+            assert gap_model <= 0.25 * gap_radius, (gap_model, gap_radius)
+
+
+@pytest.mark.parametrize("cost", ["geodesic", "chordal"])
 def test_cells_within_is_the_exact_threshold_set(cost):
     """Every pair within each query's own gap of its best value, and no other: against the dense
     reduced costs, for a smooth and a rough potential on clustered atoms."""

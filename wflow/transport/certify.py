@@ -45,7 +45,7 @@ import math
 import numpy as np
 from scipy.spatial import cKDTree
 
-from .sparse_kernels import candidate_values, cell_c_transform, cell_within
+from .sparse_kernels import candidate_values, cell_c_transform, cell_models, cell_within
 
 __all__ = [
     "BIN",
@@ -157,8 +157,12 @@ class Cells:
     ``rng(0)`` draw, so the grouping is reproducible); built once, searched with any
     potential.  Every point of a cell costs a query at least the cost at the query's
     distance to the centre less the cell's radius, minus the cell's largest potential
-    (the cost is an increasing function of the chord), so only the cells whose bound beats
-    the best value found are scanned (:func:`wflow.transport.sparse_kernels.cell_c_transform`,
+    (the cost is an increasing function of the chord); a second bound fits the potential
+    linearly over each cell's tangent offsets and adds the fit's exact largest excess
+    (:func:`~wflow.transport.sparse_kernels.cell_models`), tight to second order in the
+    cell's size near a query's best partner, where the first bound is loose by the transport
+    distance times the radius.  Only the cells whose bounds beat the best value found are
+    scanned (:func:`wflow.transport.sparse_kernels.cell_c_transform`,
     :func:`~wflow.transport.sparse_kernels.cell_within`): exact whatever the potential, and
     a smooth (c-concave-like) potential keeps the scan to a few cells per query.  O(cells²
     + queries · scanned) per search.
@@ -180,8 +184,9 @@ class Cells:
         order, ptr, rad = _group(q, self.centres, self.workers)
         return order, ptr, rad, np.ascontiguousarray(q[order])
 
-    def _top(self, pot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The potential in cell order, each cell's largest value and the row holding it."""
+    def _top(self, pot: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The potential in cell order, each cell's largest value, the row holding it and the
+        cell's linear model of the potential (:func:`~wflow.transport.sparse_kernels.cell_models`)."""
         pv = np.ascontiguousarray(pot[self.order], dtype=np.float64)
         full = self.size > 0
         top = np.full(self.size.shape[0], -np.inf)  # an empty cell: never scanned
@@ -190,14 +195,14 @@ class Cells:
         arg = np.minimum(self.ptr[:-1], self.n - 1)
         first = np.flatnonzero(pv == top[self.cell_of])
         arg[self.cell_of[first][::-1]] = first[::-1]
-        return pv, top, arg
+        return pv, top, arg, cell_models(self.pts, pv, self.ptr, self.centres)
 
     def c_transform(self, q, pot: np.ndarray, geodesic: bool) -> tuple[np.ndarray, float]:
         r""":math:`\min_p (c(q_r, p) - pot_p)` for every query (exact; not lowered), and the
         points scanned per query."""
         qo, qptr, qrad, qs = q if isinstance(q, tuple) else self.group(q)
-        pv, top, arg = self._top(pot)
-        cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg)
+        pv, top, arg, mod = self._top(pot)
+        cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg, mod)
         vals, scanned = cell_c_transform(qs, qptr, self.centres, qrad, *cells, geodesic)
         out = np.empty(qo.shape[0])
         out[qo] = vals
@@ -211,8 +216,8 @@ class Cells:
         :math:`\max(m_r, \min(ref_r, m_r + gap_r))`: the query rows, the points (indices into the
         points given) and the costs, grouped by query."""
         qo, qptr, qrad, qs = q if isinstance(q, tuple) else self.group(q)
-        pv, top, arg = self._top(pot)
-        cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg)
+        pv, top, arg, mod = self._top(pot)
+        cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg, mod)
         gs = np.ascontiguousarray(gap[qo], dtype=np.float64)
         rs = (
             np.full(qo.shape[0], -np.inf)

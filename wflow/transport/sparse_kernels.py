@@ -31,6 +31,7 @@ __all__ = [
     "rounded_plan_cost",
     "best_partner",
     "candidate_values",
+    "cell_models",
     "cell_c_transform",
     "cell_within",
     "walk_support",
@@ -290,8 +291,133 @@ def _query_bound(q, r, C, pcen, prad, ptop, geodesic):
     return _chord_cost(max(math.sqrt(dc) - prad[C] - _SLACK, 0.0), geodesic) - ptop[C]
 
 
+#: the model bound's values are lowered by this much: far above their rounding (values are O(10))
+_MSLACK = 1e-9
+
+
+@njit(cache=True, parallel=True)
+def cell_models(pts, pot, ptr, cen):
+    r"""Each cell's linear model of the potential, for the bound of :func:`_model_bound`.
+
+    A point of cell C is :math:`p = o + t + \delta o` (:math:`o` the unit centre, :math:`t
+    \perp o` its tangent offset, :math:`\delta = (p - o)\cdot o \le 0`).  The least-squares
+    fit :math:`pot_p \approx \alpha + \beta\cdot t` (:math:`\beta \perp o`) and the exact
+    excess :math:`\rho = \max_p (pot_p - \alpha - \beta\cdot t_p)` make
+    :math:`pot_p \le \alpha + \beta\cdot t_p + \rho` hold for every point of the cell,
+    whatever the fit.  Returns ``mod``, shape ``(cells, d + 5)``: :math:`\alpha, \rho`, the
+    largest :math:`|t|`, the range of :math:`\delta`, then :math:`\beta`; an empty cell has
+    :math:`\rho = -\infty` (never scanned).
+    """
+    nc, d = cen.shape
+    mod = np.zeros((nc, d + 5))
+    for C in prange(nc):
+        s, e = ptr[C], ptr[C + 1]
+        if e == s:
+            mod[C, 1] = -np.inf
+            continue
+        m = d + 1
+        A = np.zeros((m, m + 1))  # the normal equations of the fit, augmented
+        t = np.empty(d)
+        for p in range(s, e):
+            dot = 0.0
+            for k in range(d):
+                dot += (pts[p, k] - cen[C, k]) * cen[C, k]
+            for k in range(d):
+                t[k] = pts[p, k] - cen[C, k] - dot * cen[C, k]
+            for i in range(m):
+                ri = 1.0 if i == 0 else t[i - 1]
+                for j in range(m):
+                    A[i, j] += ri * (1.0 if j == 0 else t[j - 1])
+                A[i, m] += ri * pot[p]
+        # a small ridge: the offsets span the tangent plane only (and one point spans nothing)
+        for i in range(1, m):
+            A[i, i] += 1e-12 * A[0, 0]
+        for i in range(m):  # Gaussian elimination with partial pivoting
+            piv = i
+            for j in range(i + 1, m):
+                if abs(A[j, i]) > abs(A[piv, i]):
+                    piv = j
+            for j in range(m + 1):
+                A[i, j], A[piv, j] = A[piv, j], A[i, j]
+            for j in range(i + 1, m):
+                fac = A[j, i] / A[i, i]
+                for k in range(i, m + 1):
+                    A[j, k] -= fac * A[i, k]
+        sol = np.zeros(m)
+        for i in range(m - 1, -1, -1):
+            acc = A[i, m]
+            for j in range(i + 1, m):
+                acc -= A[i, j] * sol[j]
+            sol[i] = acc / A[i, i]
+        bn = 0.0
+        for k in range(d):
+            bn += sol[1 + k] * cen[C, k]
+        for k in range(d):
+            mod[C, 5 + k] = sol[1 + k] - bn * cen[C, k]  # beta, tangent
+        alpha = sol[0]
+        rho, rt, lo, hi = -np.inf, 0.0, np.inf, -np.inf
+        for p in range(s, e):
+            dot = 0.0
+            for k in range(d):
+                dot += (pts[p, k] - cen[C, k]) * cen[C, k]
+            lin, tt = 0.0, 0.0
+            for k in range(d):
+                tk = pts[p, k] - cen[C, k] - dot * cen[C, k]
+                lin += mod[C, 5 + k] * tk
+                tt += tk * tk
+            rho = max(rho, pot[p] - alpha - lin)
+            rt = max(rt, math.sqrt(tt))
+            lo = min(lo, dot)
+            hi = max(hi, dot)
+        mod[C, 0], mod[C, 1], mod[C, 2], mod[C, 3], mod[C, 4] = alpha, rho, rt, lo, hi
+    return mod
+
+
+@njit(cache=True, inline="always")
+def _model_bound(q, r, C, pcen, mod, geodesic):
+    r"""A lower bound of ``c(q_r, p) - pot_p`` over the points of cell ``C`` from its linear
+    model (:func:`cell_models`): tight to second order in the cell's size near the query's
+    best partner, where the cost's and the potential's gradients cancel.
+
+    With :math:`k` the slope of a tangent of the cost :math:`h(s)` in the squared chord
+    :math:`s = 2 - 2 q\cdot p` (at the centre's chord; 1 for the chordal cost),
+    :math:`c - pot \ge h(s_0) + k(2 - s_0) - (2k\,q\cdot p + pot_p)` and
+    :math:`2k\,q\cdot p + pot_p \le 2k\,q\cdot o + \alpha + \rho + |P_o^\perp(2kq + \beta)|
+    \max|t| + 2k \max_\delta (q\cdot o)\,\delta`.
+    """
+    d = q.shape[1]
+    qo = 0.0
+    for k in range(d):
+        qo += q[r, k] * pcen[C, k]
+    if geodesic:
+        s0 = max(2.0 - 2.0 * qo, 0.0)
+        th = 2.0 * math.asin(min(0.5 * math.sqrt(s0), 1.0))
+        if th > 3.0:
+            th = 3.0
+            s0 = 2.0 - 2.0 * math.cos(th)
+        kk = th / math.sin(th) if th > 1e-6 else 1.0
+        base = th * th + kk * (2.0 - s0)
+    else:
+        kk = 1.0
+        base = 2.0
+    vv, vn = 0.0, 0.0
+    for k in range(d):
+        v = 2.0 * kk * q[r, k] + mod[C, 5 + k]
+        vv += v * v
+        vn += v * pcen[C, k]
+    nt = math.sqrt(max(vv - vn * vn, 0.0))
+    up = (
+        2.0 * kk * qo
+        + mod[C, 0]
+        + mod[C, 1]
+        + nt * mod[C, 2]
+        + 2.0 * kk * max(qo * mod[C, 3], qo * mod[C, 4])
+    )
+    return base - up - _MSLACK
+
+
 @njit(cache=True)
-def _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, geodesic):
+def _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, mod, geodesic):
     """``min_p (c(q_r, p) - pot_p)`` over the candidate cells, and the points scanned."""
     best = np.inf
     cnt = 0
@@ -299,6 +425,8 @@ def _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, geodesic):
         if lb[C] > best:
             break  # sorted: no later cell can hold a better point
         if _query_bound(q, r, C, pcen, prad, ptop, geodesic) > best:
+            continue
+        if _model_bound(q, r, C, pcen, mod, geodesic) > best:
             continue
         for p in range(pptr[C], pptr[C + 1]):
             v = pair_cost(q, pts, r, p, geodesic) - pot[p]
@@ -309,7 +437,7 @@ def _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, geodesic):
 
 
 @njit(cache=True, parallel=True)
-def cell_c_transform(q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg, geodesic):
+def cell_c_transform(q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg, mod, geodesic):
     r""":math:`\min_k (c(q_r, p_k) - pot_k)` over ALL points, by bounds on cells of points.
 
     ``q`` and ``pts`` are sorted by cell: cell ``D`` of the queries holds rows
@@ -326,14 +454,16 @@ def cell_c_transform(q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg
     for D in prange(nd):
         lb, cand = _cell_candidates(D, qcen, qrad, pts, pcen, prad, ptop, parg, geodesic, 0.0)
         for r in range(qptr[D], qptr[D + 1]):
-            out[r], cnt = _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, geodesic)
+            out[r], cnt = _cell_best(
+                q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, mod, geodesic
+            )
             scanned[D] += cnt
     return out, scanned.sum()
 
 
 @njit(cache=True, parallel=True)
 def cell_within(
-    q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg, gap, ref, geodesic, out_ptr
+    q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg, mod, gap, ref, geodesic, out_ptr
 ):
     r"""Every point within ``gap[r]`` of query ``r``'s reference: ``c(q_r, p) - pot_p \le
     t_r + gap_r``, :math:`t_r = \max(m_r, \min(ref_r, m_r + gap_r))`, :math:`m_r = \min_k
@@ -355,13 +485,15 @@ def cell_within(
             reach = max(reach, (2.0 if ref[r] > -np.inf else 1.0) * gap[r])
         lb, cand = _cell_candidates(D, qcen, qrad, pts, pcen, prad, ptop, parg, geodesic, reach)
         for r in range(qptr[D], qptr[D + 1]):
-            best, _ = _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, geodesic)
+            best, _ = _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, mod, geodesic)
             top = max(best, min(ref[r], best + gap[r])) + gap[r]
             t = out_ptr[r] if fill else 0
             for C in cand:
                 if lb[C] > top:
                     break
                 if _query_bound(q, r, C, pcen, prad, ptop, geodesic) > top:
+                    continue
+                if _model_bound(q, r, C, pcen, mod, geodesic) > top:
                     continue
                 for p in range(pptr[C], pptr[C + 1]):
                     c = pair_cost(q, pts, r, p, geodesic)
