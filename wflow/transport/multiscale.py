@@ -28,21 +28,26 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    coarser level's kept cell pairs (Schmitzer 2019; GeomLoss's block-sparse truncation):
    atom i in cell I and atom j in cell J are candidates iff (I, J) was within
    :math:`(\tau + 100)\varepsilon` (``MARGIN`` = 100) at the coarser level's last
-   :math:`\varepsilon`; the same rule then filters them, in O(candidates).  The other
+   :math:`\varepsilon`; the same rule then filters them, in O(candidates), and the expansion
+   is repaired (below) against the exact c-transforms of the hand-over's potentials.  The other
    steps filter the previous step's pairs by the same rule (the window at
    :math:`\varepsilon/2` lies inside the one at :math:`\varepsilon` while the potentials
    move by less than :math:`\tau\varepsilon/2`).  One O(pairs) log-domain update, one
    exponential per pair (the Gibbs kernel), then over-relaxed Sinkhorn scaling passes
    (multiply-adds only) until the marginals' L1 error is below ``LEVEL_ERR`` (1e-3), with
    absorption of the scalings into the potentials.
-   **Repair.**  A pattern can miss the support of the plan (the hand-over's potentials
-   were off by more than the margin); the scaling then converges on the pattern to
-   potentials far from the optimum's, or stalls.  After a stall, and after a bracket wider
-   than ``tol``, each row's best kept partner is compared with its exact best over all
-   atoms (exact c-transforms by cells; after a wide bracket, the certificate's); the rows and columns more than ``LOST`` (1) eps
-   apart have *lost* their partners, and their windows, searched exactly by cells, are
-   added to the pattern (:func:`_repair`) at the same :math:`\varepsilon`.  Only when
-   nothing is lost are all the pairs searched anew (:func:`_search`).
+   **Repair.**  A pattern can miss the support of the plan: near a discontinuity of the
+   transport map (where the atoms' partners jump from one region to another, as between
+   the basins of two caps) a coarse cell's pairs lie on one side while some of its atoms'
+   partners lie on the other, off by far more than any margin.  The scaling then converges
+   on the pattern to potentials far from the optimum's (those atoms' potentials rise until
+   distant atoms feed them), or stalls.  So after each expansion, after a stall and after a
+   bracket wider than ``tol``, each row's best kept partner is compared with its exact best
+   over all atoms (exact c-transforms by cells; after a wide bracket, the certificate's);
+   the rows and columns more than ``LOST`` (1) eps apart have *lost* their partners, and
+   their windows, searched exactly by cells, are added to the pattern (:func:`_repair`) at
+   the same :math:`\varepsilon`.  Only when nothing is lost after a wide bracket are all the
+   pairs searched anew (:func:`_search`).
 3. **Certificate.**  Once :math:`\varepsilon \le` ``reg`` and the marginals are met to
    the precision the bracket needs: the lower bound is the dual value of the exact
    c-transform of each potential (:func:`wflow.transport.certify.c_transform`), the upper
@@ -543,11 +548,15 @@ def _repair(x, y, f, g, eps, narrowed, geodesic, exact=(None, None)):
     Row i is *lost* when the best of its pairs, :math:`\min_{j \in P_i} (c_{ij} - g_j)`, lies
     more than ``LOST`` eps above the exact best over all atoms (``exact[0]``, computed by
     cells when not given); its window (the rule of :func:`_search`) is searched and added,
-    and the columns likewise.  A pattern expanded from the coarser level's cell pairs can
-    miss the support of the plan where the hand-over's potentials were off by more than the
-    margin, and the scaling then converges on the pattern to potentials hundreds of eps from
-    the optimum's: measured on a vMF mixture against uniform, 16 % of the rows of a
-    62 500-atom level (up to 240 eps), which the next level's cell pairs inherit.  Returns
+    and the columns likewise.  A pattern expanded from the coarser level's cell pairs misses
+    the support of the plan near the transport map's discontinuities: measured on a vMF
+    mixture against uniform at 10^6 atoms, 85 columns of the 62 500-atom level, between two
+    caps' basins, whose coarse cells were paired with the other cap only (their best kept
+    partner 0.06 = 300 eps above their exact best).  Unrepaired, the scaling raised those
+    columns' potentials until atoms across the sphere fed them: 6821 rows then had a
+    distant, dual-infeasible column as their exact best, the finer levels inherited the
+    error, and the 250 000-atom level stalled.  Repaired before the scaling, 33 rows and
+    columns, the level ended with 4 (up to 27 eps).  Returns
     ``None`` when nothing is lost, else the new ``(pattern, c, c_csc)`` and the number of
     lost rows and columns.
     """
@@ -584,8 +593,7 @@ def _expand(x, y, f, g, eps, co: _Coarse, geodesic, k_min=16):
     Atom i in cell I and atom j in cell J are candidates iff (I, J) is in ``co.pat``; of
     those, the rule of :func:`_narrow` keeps the pairs within ``TAU eps`` of the row's or
     the column's reference (and each row's and column's ``k_min`` best).  O(candidates),
-    no k-d search.  A coarse pattern that misses real partners only widens the bracket (the
-    certificate does not rely on the pattern): the caller then repairs it (:func:`_repair`).
+    no k-d search.  The caller repairs the atoms whose best partner it misses (:func:`_repair`).
     """
     slack = TAU * eps
     cp = co.pat
@@ -767,8 +775,13 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
                 narrowed, repaired = repaired, None
             elif not search and rebuild == 0:  # a later eps step on this level: filter its pairs
                 narrowed = _narrow(pat, c, f, g, eps)
-            elif not wide and rebuild == 0:  # the first two: from the coarse cell pairs
+            elif not wide and rebuild == 0:  # the first two: from the coarse cell pairs,
                 narrowed = _expand(x, y, f, g, eps, co, geodesic)
+                # with the windows of the atoms whose best partner they miss (near the
+                # transport map's discontinuities the coarse cells' pairs are off by far
+                # more than any margin)
+                checked = _repair(x, y, f, g, eps, narrowed, geodesic)
+                narrowed = narrowed if checked is None else checked[0]
             else:
                 narrowed = _search(x, y, f, g, eps, geodesic)
             pat, c, c_csc = narrowed
