@@ -597,13 +597,11 @@ def _expand(x, y, f, g, eps, co: _Coarse, geodesic, k_min=16):
     """
     slack = TAU * eps
     cp = co.pat
-    thr_r = expand_thresholds(
-        cp.ptr, cp.cols, co.chy_ptr, co.chy, co.par_x, x, y, f, g, slack, k_min, geodesic
-    )
-    thr_c = expand_thresholds(
-        cp.cptr, cp.crows, co.chx_ptr, co.chx, co.par_y, y, x, g, f, slack, k_min, geodesic
-    )
-    args = (cp.ptr, cp.cols, co.chy_ptr, co.chy, co.par_x, x, y, f, g, thr_r, thr_c, geodesic)
+    rows_side = (cp.ptr, cp.cols, co.chy_ptr, co.chy, co.chx_ptr, co.chx)
+    thr_r = expand_thresholds(*rows_side, x, y, f, g, slack, k_min, geodesic)
+    cols_side = (cp.cptr, cp.crows, co.chx_ptr, co.chx, co.chy_ptr, co.chy)
+    thr_c = expand_thresholds(*cols_side, y, x, g, f, slack, k_min, geodesic)
+    args = (*rows_side, x, y, f, g, thr_r, thr_c, geodesic)
     ptr = np.zeros(x.shape[0] + 1, dtype=np.int64)
     np.cumsum(expand_count(*args), out=ptr[1:])
     cols, c = expand_fill(*args, ptr)

@@ -585,83 +585,100 @@ def walk_fill(y, x, psi, nbr, best, gap, ptr, rows, atoms, costs):
 # ``cols_c``).  Each candidate pair is met once (a child has one parent).
 
 
+@njit(cache=True)
+def _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g, thr):
+    """The candidates of coarse cell ``big``: the fine children of its kept coarse partners,
+    ascending, with their points, potentials and thresholds in contiguous arrays."""
+    cnt = 0
+    for p in range(ptr_c[big], ptr_c[big + 1]):
+        jc = cols_c[p]
+        cnt += ch_ptr[jc + 1] - ch_ptr[jc]
+    js = np.empty(cnt, dtype=np.int64)
+    t = 0
+    for p in range(ptr_c[big], ptr_c[big + 1]):
+        jc = cols_c[p]
+        for q in range(ch_ptr[jc], ch_ptr[jc + 1]):
+            js[t] = ch[q]
+            t += 1
+    js.sort()
+    yy = np.empty((cnt, y.shape[1]))
+    gg = np.empty(cnt)
+    tt = np.empty(cnt)
+    for t in range(cnt):
+        j = js[t]
+        for k in range(y.shape[1]):
+            yy[t, k] = y[j, k]
+        gg[t] = g[j]
+        tt[t] = thr[j]
+    return js, yy, gg, tt
+
+
 @njit(cache=True, parallel=True)
-def expand_thresholds(ptr_c, cols_c, ch_ptr, ch, par, x, y, f, g, slack, k_min, geodesic):
+def expand_thresholds(ptr_c, cols_c, ch_ptr, ch, own_ptr, own, x, y, f, g, slack, k_min, geodesic):
     r"""Each fine row's cut on :math:`c_{ij} - g_j` over its candidates.
 
     :math:`\max(\max(f_i, \min_j (c_{ij} - g_j)) + slack,\ v_{(k_{min})})`, with
     :math:`v_{(k)}` the row's k-th smallest :math:`c_{ij} - g_j` (the rule of
     :func:`wflow.transport.certify.threshold_pairs`); ``inf`` for a row with at most
-    ``k_min`` candidates (it keeps them all).
+    ``k_min`` candidates (it keeps them all).  The rows are taken by coarse cell (``own``,
+    CSR ``own_ptr``: each coarse cell's fine rows), whose candidates they share
+    (:func:`_gather`, once per cell).
     """
-    n = x.shape[0]
-    out = np.empty(n)
-    for i in prange(n):
-        big = par[i]
-        cnt = 0
-        for p in range(ptr_c[big], ptr_c[big + 1]):
-            jc = cols_c[p]
-            cnt += ch_ptr[jc + 1] - ch_ptr[jc]
-        if cnt <= k_min:
-            out[i] = np.inf
-            continue
+    out = np.empty(x.shape[0])
+    for big in prange(own_ptr.shape[0] - 1):
+        js, yy, gg, _ = _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g, g)
+        cnt = js.shape[0]
         buf = np.empty(cnt)
-        t = 0
-        lo = np.inf
-        for p in range(ptr_c[big], ptr_c[big + 1]):
-            jc = cols_c[p]
-            for q in range(ch_ptr[jc], ch_ptr[jc + 1]):
-                j = ch[q]
-                v = pair_cost(x, y, i, j, geodesic) - g[j]
+        for r in range(own_ptr[big], own_ptr[big + 1]):
+            i = own[r]
+            if cnt <= k_min:
+                out[i] = np.inf
+                continue
+            lo = np.inf
+            for t in range(cnt):
+                v = pair_cost(x, yy, i, t, geodesic) - gg[t]
                 buf[t] = v
-                t += 1
                 if v < lo:
                     lo = v
-        kth = np.partition(buf, k_min - 1)[k_min - 1]
-        out[i] = max(max(f[i], lo) + slack, kth)
+            kth = np.partition(buf, k_min - 1)[k_min - 1]
+            out[i] = max(max(f[i], lo) + slack, kth)
     return out
 
 
 @njit(cache=True, parallel=True)
-def expand_count(ptr_c, cols_c, ch_ptr, ch, par, x, y, f, g, thr_r, thr_c, geodesic):
+def expand_count(ptr_c, cols_c, ch_ptr, ch, own_ptr, own, x, y, f, g, thr_r, thr_c, geodesic):
     r"""Number of kept candidates of each fine row: :math:`c_{ij} - g_j \le thr_r[i]` or
-    :math:`c_{ij} - f_i \le thr_c[j]`."""
-    n = x.shape[0]
-    out = np.zeros(n, dtype=np.int64)
-    for i in prange(n):
-        big = par[i]
-        cnt = 0
-        for p in range(ptr_c[big], ptr_c[big + 1]):
-            jc = cols_c[p]
-            for q in range(ch_ptr[jc], ch_ptr[jc + 1]):
-                j = ch[q]
-                c = pair_cost(x, y, i, j, geodesic)
-                if c - g[j] <= thr_r[i] or c - f[i] <= thr_c[j]:
+    :math:`c_{ij} - f_i \le thr_c[j]` (rows by coarse cell, as :func:`expand_thresholds`)."""
+    out = np.zeros(x.shape[0], dtype=np.int64)
+    for big in prange(own_ptr.shape[0] - 1):
+        js, yy, gg, tt = _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g, thr_c)
+        for r in range(own_ptr[big], own_ptr[big + 1]):
+            i = own[r]
+            cnt = 0
+            for t in range(js.shape[0]):
+                c = pair_cost(x, yy, i, t, geodesic)
+                if c - gg[t] <= thr_r[i] or c - f[i] <= tt[t]:
                     cnt += 1
-        out[i] = cnt
+            out[i] = cnt
     return out
 
 
 @njit(cache=True, parallel=True)
-def expand_fill(ptr_c, cols_c, ch_ptr, ch, par, x, y, f, g, thr_r, thr_c, geodesic, ptr):
+def expand_fill(ptr_c, cols_c, ch_ptr, ch, own_ptr, own, x, y, f, g, thr_r, thr_c, geodesic, ptr):
     r"""The kept candidates counted by :func:`expand_count`: columns and costs, CSR order
     (``ptr`` from the counts), each row's columns ascending."""
     n = x.shape[0]
     cols = np.empty(ptr[n], dtype=np.int64)
     cost = np.empty(ptr[n])
-    for i in prange(n):
-        big = par[i]
-        t = ptr[i]
-        for p in range(ptr_c[big], ptr_c[big + 1]):
-            jc = cols_c[p]
-            for q in range(ch_ptr[jc], ch_ptr[jc + 1]):
-                j = ch[q]
-                c = pair_cost(x, y, i, j, geodesic)
-                if c - g[j] <= thr_r[i] or c - f[i] <= thr_c[j]:
-                    cols[t] = j
+    for big in prange(own_ptr.shape[0] - 1):
+        js, yy, gg, tt = _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g, thr_c)
+        for r in range(own_ptr[big], own_ptr[big + 1]):
+            i = own[r]
+            t = ptr[i]
+            for s in range(js.shape[0]):
+                c = pair_cost(x, yy, i, s, geodesic)
+                if c - gg[s] <= thr_r[i] or c - f[i] <= tt[s]:
+                    cols[t] = js[s]
                     cost[t] = c
                     t += 1
-        order = np.argsort(cols[ptr[i] : t])
-        cols[ptr[i] : t] = cols[ptr[i] : t][order]
-        cost[ptr[i] : t] = cost[ptr[i] : t][order]
     return cols, cost
