@@ -552,3 +552,12 @@ def test_pattern_with_pairs_is_the_union():
     dense = np.zeros((n, m), dtype=bool)
     dense[np.r_[i, ai], np.r_[j, aj]] = True
     assert both.nnz == dense.sum()
+
+
+def test_csc_order_is_the_stable_order_by_column():
+    from wflow.transport.sparse_kernels import csc_order
+
+    cols = np.random.default_rng(4).integers(0, 70, 5000).astype(np.int32)
+    perm, cptr = csc_order(cols, 80)  # the last 10 columns empty
+    assert np.array_equal(perm, np.argsort(cols, kind="stable"))
+    assert np.array_equal(cptr, np.r_[0, np.cumsum(np.bincount(cols, minlength=80))])

@@ -21,6 +21,7 @@ from numba import njit, prange
 __all__ = [
     "pair_cost",
     "pattern_costs",
+    "csc_order",
     "sparse_softmin",
     "gibbs",
     "gibbs_into",
@@ -65,6 +66,24 @@ def pattern_costs(x, y, ptr, cols, geodesic):
         for p in range(ptr[i], ptr[i + 1]):
             out[p] = pair_cost(x, y, i, cols[p], geodesic)
     return out
+
+
+@njit(cache=True)
+def csc_order(cols, m):
+    """The pairs' stable order by column (a counting sort, O(pairs + m)): ``perm``, the CSR
+    position of each CSC entry, and the CSC row pointers ``cptr``."""
+    cptr = np.zeros(m + 1, dtype=np.int64)
+    for p in range(cols.shape[0]):
+        cptr[cols[p] + 1] += 1
+    for j in range(m):
+        cptr[j + 1] += cptr[j]
+    pos = cptr[:-1].copy()
+    perm = np.empty(cols.shape[0], dtype=np.int64)
+    for p in range(cols.shape[0]):
+        j = cols[p]
+        perm[pos[j]] = p
+        pos[j] += 1
+    return perm, cptr
 
 
 @njit(cache=True, parallel=True)
