@@ -545,10 +545,13 @@ def test_pattern_with_pairs_is_the_union():
     pat = ms._Pattern.union(i, j, n, m)
     ai, aj = rng.integers(0, n, 60), rng.integers(0, m, 60)
     ai[:10], aj[:10] = i[:10], j[:10]  # some already present, and repeats
-    both = pat.with_pairs(np.r_[ai, ai[:5]], np.r_[aj, aj[:5]])
+    x, y = uniform(n, 3, seed=1), uniform(m, 3, seed=2)
+    c = ms.pattern_costs(x, y, pat.ptr, pat.cols, True)
+    both, cb = pat.with_pairs(c, np.r_[ai, ai[:5]], np.r_[aj, aj[:5]], x, y, True)
     ref = ms._Pattern.union(np.r_[i, ai], np.r_[j, aj], n, m)
     for name in ("ptr", "rows", "cols", "perm", "crows", "cptr"):
         assert np.array_equal(getattr(both, name), getattr(ref, name)), name
+    assert np.array_equal(cb, ms.pattern_costs(x, y, ref.ptr, ref.cols, True))
     dense = np.zeros((n, m), dtype=bool)
     dense[np.r_[i, ai], np.r_[j, aj]] = True
     assert both.nnz == dense.sum()

@@ -22,6 +22,7 @@ __all__ = [
     "pair_cost",
     "pattern_costs",
     "csc_order",
+    "merge_pairs",
     "sparse_softmin",
     "gibbs",
     "gibbs_into",
@@ -84,6 +85,46 @@ def csc_order(cols, m):
         perm[pos[j]] = p
         pos[j] += 1
     return perm, cptr
+
+
+@njit(cache=True)
+def merge_pairs(ptr, cols, c, add_ptr, add_cols, x, y, geodesic):
+    """The CSR pattern ``ptr``, ``cols`` (costs ``c``) with the pairs of ``add_ptr``,
+    ``add_cols`` merged in (each row's columns ascending and distinct on both sides; pairs
+    already present are kept once): the new row pointers, columns (int32) and costs, the
+    added pairs' costs computed, the others copied."""
+    n = ptr.shape[0] - 1
+    new_ptr = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        p, b = ptr[i], ptr[i + 1]
+        k = 0
+        for q in range(add_ptr[i], add_ptr[i + 1]):
+            j = add_cols[q]
+            while p < b and cols[p] < j:
+                p += 1
+            if p < b and cols[p] == j:
+                continue
+            k += 1
+        new_ptr[i + 1] = new_ptr[i] + (b - ptr[i]) + k
+    out_cols = np.empty(new_ptr[n], dtype=np.int32)
+    out_c = np.empty(new_ptr[n])
+    for i in range(n):
+        p, b = ptr[i], ptr[i + 1]
+        q, e = add_ptr[i], add_ptr[i + 1]
+        t = new_ptr[i]
+        while p < b or q < e:
+            if q == e or (p < b and cols[p] <= add_cols[q]):
+                if q < e and cols[p] == add_cols[q]:
+                    q += 1
+                out_cols[t] = cols[p]
+                out_c[t] = c[p]
+                p += 1
+            else:
+                out_cols[t] = add_cols[q]
+                out_c[t] = pair_cost(x, y, i, add_cols[q], geodesic)
+                q += 1
+            t += 1
+    return new_ptr, out_cols, out_c
 
 
 @njit(cache=True, parallel=True)
