@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import signal
 import sys
 import threading
@@ -572,7 +573,29 @@ def _on_interrupt(signum, frame) -> None:
     # Ctrl-C raises KeyboardInterrupt where Python happens to be; inside a callback from C (numba's
     # compiler calls one while caching) the exception is swallowed, so it is remembered as well
     _INTERRUPTED.set()
+    if _in_compiler(frame):
+        # inside numba's compiler an exception can leave LLVM's lock held (llvmlite takes it
+        # outside a try), and a worker thread compiling beside it then waits for it forever: 1 in
+        # 25 Ctrl-Cs of a cold-cache `wflow run` hung so.  Delivered again once the compiler is out
+        threading.Timer(0.1, _redeliver).start()
+        return
     raise KeyboardInterrupt
+
+
+def _in_compiler(frame) -> bool:
+    """Whether ``frame`` or one of its callers runs numba's or llvmlite's code."""
+    marks = (f"{os.sep}numba{os.sep}", f"{os.sep}llvmlite{os.sep}")
+    while frame is not None:
+        if any(m in frame.f_code.co_filename for m in marks):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver() -> None:
+    """Ctrl-C again, while :func:`main` still handles it and it was not yet acted on."""
+    if _INTERRUPTED.is_set() and signal.getsignal(signal.SIGINT) is _on_interrupt:
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def _quiet_interrupts(hook):
