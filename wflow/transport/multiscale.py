@@ -518,14 +518,12 @@ def _search(x, y, f, g, eps, geodesic, k_min=16):
 @dataclass(frozen=True)
 class _Coarse:
     """What a finer level needs of the coarser one: its kept cell pairs (``pat``, coarse
-    indices) and each fine atom's cell (``par_x``, ``par_y``) with the cells' children
-    (CSR ``chx_ptr``, ``chx`` and ``chy_ptr``, ``chy``)."""
+    indices) and each coarse cell's fine atoms, its children (CSR ``chx_ptr``, ``chx`` and
+    ``chy_ptr``, ``chy``)."""
 
     pat: _Pattern
-    par_x: np.ndarray
     chx_ptr: np.ndarray
     chx: np.ndarray
-    par_y: np.ndarray
     chy_ptr: np.ndarray
     chy: np.ndarray
 
@@ -543,7 +541,7 @@ def _links(pat, fine, coarse):
     xc, _, yc, _ = coarse
     par_x = cKDTree(xc).query(x, workers=2)[1].astype(np.int64)
     par_y = cKDTree(yc).query(y, workers=2)[1].astype(np.int64)
-    return _Coarse(pat, par_x, *_children(par_x, len(xc)), par_y, *_children(par_y, len(yc)))
+    return _Coarse(pat, *_children(par_x, len(xc)), *_children(par_y, len(yc)))
 
 
 def _repair(x, y, f, g, eps, narrowed, geodesic, exact=(None, None)):

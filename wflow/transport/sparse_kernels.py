@@ -355,6 +355,18 @@ def _query_bound(q, r, C, pcen, prad, ptop, geodesic):
 _MSLACK = 1e-9
 
 
+@njit(cache=True, inline="always")
+def _offset(pts, p, cen, C, t):
+    r"""Point ``p``'s tangent offset from unit centre ``C`` into ``t``; returns its normal part
+    :math:`\delta = (p - o)\cdot o`."""
+    dot = 0.0
+    for k in range(t.shape[0]):
+        dot += (pts[p, k] - cen[C, k]) * cen[C, k]
+    for k in range(t.shape[0]):
+        t[k] = pts[p, k] - cen[C, k] - dot * cen[C, k]
+    return dot
+
+
 @njit(cache=True, parallel=True)
 def cell_models(pts, pot, ptr, cen):
     r"""Each cell's linear model of the potential, for the bound of :func:`_model_bound`.
@@ -379,11 +391,7 @@ def cell_models(pts, pot, ptr, cen):
         A = np.zeros((m, m + 1))  # the normal equations of the fit, augmented
         t = np.empty(d)
         for p in range(s, e):
-            dot = 0.0
-            for k in range(d):
-                dot += (pts[p, k] - cen[C, k]) * cen[C, k]
-            for k in range(d):
-                t[k] = pts[p, k] - cen[C, k] - dot * cen[C, k]
+            _offset(pts, p, cen, C, t)
             for i in range(m):
                 ri = 1.0 if i == 0 else t[i - 1]
                 for j in range(m):
@@ -417,14 +425,11 @@ def cell_models(pts, pot, ptr, cen):
         alpha = sol[0]
         rho, rt, lo, hi = -np.inf, 0.0, np.inf, -np.inf
         for p in range(s, e):
-            dot = 0.0
-            for k in range(d):
-                dot += (pts[p, k] - cen[C, k]) * cen[C, k]
+            dot = _offset(pts, p, cen, C, t)
             lin, tt = 0.0, 0.0
             for k in range(d):
-                tk = pts[p, k] - cen[C, k] - dot * cen[C, k]
-                lin += mod[C, 5 + k] * tk
-                tt += tk * tk
+                lin += mod[C, 5 + k] * t[k]
+                tt += t[k] * t[k]
             rho = max(rho, pot[p] - alpha - lin)
             rt = max(rt, math.sqrt(tt))
             lo = min(lo, dot)
@@ -646,9 +651,9 @@ def walk_fill(y, x, psi, nbr, best, gap, ptr, rows, atoms, costs):
 
 
 @njit(cache=True)
-def _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g, thr):
+def _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g):
     """The candidates of coarse cell ``big``: the fine children of its kept coarse partners,
-    ascending, with their points, potentials and thresholds in contiguous arrays."""
+    ascending, with their points and potentials in contiguous arrays."""
     cnt = 0
     for p in range(ptr_c[big], ptr_c[big + 1]):
         jc = cols_c[p]
@@ -663,14 +668,12 @@ def _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g, thr):
     js.sort()
     yy = np.empty((cnt, y.shape[1]))
     gg = np.empty(cnt)
-    tt = np.empty(cnt)
     for t in range(cnt):
         j = js[t]
         for k in range(y.shape[1]):
             yy[t, k] = y[j, k]
         gg[t] = g[j]
-        tt[t] = thr[j]
-    return js, yy, gg, tt
+    return js, yy, gg
 
 
 @njit(cache=True, parallel=True)
@@ -686,7 +689,7 @@ def expand_thresholds(ptr_c, cols_c, ch_ptr, ch, own_ptr, own, x, y, f, g, slack
     """
     out = np.empty(x.shape[0])
     for big in prange(own_ptr.shape[0] - 1):
-        js, yy, gg, _ = _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g, g)
+        js, yy, gg = _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g)
         cnt = js.shape[0]
         buf = np.empty(cnt)
         for r in range(own_ptr[big], own_ptr[big + 1]):
@@ -711,7 +714,8 @@ def expand_count(ptr_c, cols_c, ch_ptr, ch, own_ptr, own, x, y, f, g, thr_r, thr
     :math:`c_{ij} - f_i \le thr_c[j]` (rows by coarse cell, as :func:`expand_thresholds`)."""
     out = np.zeros(x.shape[0], dtype=np.int64)
     for big in prange(own_ptr.shape[0] - 1):
-        js, yy, gg, tt = _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g, thr_c)
+        js, yy, gg = _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g)
+        tt = thr_c[js]
         for r in range(own_ptr[big], own_ptr[big + 1]):
             i = own[r]
             cnt = 0
@@ -731,7 +735,8 @@ def expand_fill(ptr_c, cols_c, ch_ptr, ch, own_ptr, own, x, y, f, g, thr_r, thr_
     cols = np.empty(ptr[n], dtype=np.int64)
     cost = np.empty(ptr[n])
     for big in prange(own_ptr.shape[0] - 1):
-        js, yy, gg, tt = _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g, thr_c)
+        js, yy, gg = _gather(big, ptr_c, cols_c, ch_ptr, ch, y, g)
+        tt = thr_c[js]
         for r in range(own_ptr[big], own_ptr[big + 1]):
             i = own[r]
             t = ptr[i]
