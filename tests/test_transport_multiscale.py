@@ -215,14 +215,16 @@ def test_scaling_backs_off_a_diverging_relaxation_and_rides_out_a_spike(monkeypa
     pat = ms._Pattern(np.repeat(np.arange(400), 400), np.tile(np.arange(400), 400), 400, 400)
     c = cc.ravel()
     state = {"passes": 0}
-    sk = ms._Scaling(pat, c, c[pat.perm], a, a, f.copy(), g.copy(), eps, 1.99, state)
+    sk = ms.Scaling(pat, c, c[pat.perm], a, a, f.copy(), g.copy(), eps, 1.99, state)
     status = sk.run(1e-6, 3000)
     assert status == "ok" and sk.err <= 1e-6
     assert sk.backoffs >= 1
     assert np.all(np.isfinite(sk.u)) and np.all(np.isfinite(sk.f))
 
-    sk = ms._Scaling(pat, c, c[pat.perm], a, a, f.copy(), g.copy(), eps, 1.5, state)
-    real = ms.scale_rows
+    sk = ms.Scaling(pat, c, c[pat.perm], a, a, f.copy(), g.copy(), eps, 1.5, state)
+    import wflow.transport._scaling as scaling
+
+    real = scaling.scale_rows
     calls = []
 
     def spiky(*args):
@@ -230,7 +232,7 @@ def test_scaling_backs_off_a_diverging_relaxation_and_rides_out_a_spike(monkeypa
         calls.append(err)
         return 1e3 * err if len(calls) == 30 else err  # one pass reports a jump
 
-    monkeypatch.setattr(ms, "scale_rows", spiky)
+    monkeypatch.setattr(scaling, "scale_rows", spiky)
     assert sk.run(1e-6, 3000) == "ok"
     assert sk.backoffs == 0 and sk.relax == 1.5
 
@@ -433,7 +435,7 @@ def test_scaling_kernel_stays_finite_for_dual_infeasible_potentials():
     eps = 0.01
     f, g = np.zeros(60), np.zeros(60)
     f[3] = c[pat.ptr[3] : pat.ptr[4]].max() + 100 * eps  # 100 eps above every cost of row 3
-    sk = ms._Scaling(pat, c, c[pat.perm], a, a, f, g, eps, 1.0, {"passes": 0})
+    sk = ms.Scaling(pat, c, c[pat.perm], a, a, f, g, eps, 1.0, {"passes": 0})
     assert np.all(np.isfinite(sk.kv))
     sk.run(1e-3, 5)
     assert np.isfinite(sk.err) and np.all(np.isfinite(sk.u)) and np.all(np.isfinite(sk.v))
@@ -564,3 +566,82 @@ def test_csc_order_is_the_stable_order_by_column():
     perm, cptr = csc_order(cols, 80)  # the last 10 columns empty
     assert np.array_equal(perm, np.argsort(cols, kind="stable"))
     assert np.array_equal(cptr, np.r_[0, np.cumsum(np.bincount(cols, minlength=80))])
+
+
+def test_gpu_engine_follows_the_cpu_engine():
+    # the passes on a torch device (here the CPU: the code a GPU runs, cuSPARSE aside) are
+    # those of the numba engine, with float64 kernel values instead of float32: the same
+    # number of passes and the same bracket to round-off, through every level of a deep
+    # hierarchy (expansions, repairs, the certificate)
+    torch = pytest.importorskip("torch")
+    import wflow.transport.multiscale as ms
+
+    x, y = _pair(3000, seed=4)
+    a = np.full(3000, 1 / 3000)
+    runs = []
+    for engine in (None, torch.device("cpu")):
+        opts = ms._Settings(False, 1e-2, 1e-3, 30, 2000, 1.9, engine)
+        runs.append(ms._solve(x, a, y, a.copy(), opts, 100, 0))
+    cpu, dev = runs
+    assert cpu["certified"] and dev["certified"]
+    assert dev["passes"] == cpu["passes"] and dev["pairs"] == cpu["pairs"]
+    assert dev["lower"] == pytest.approx(cpu["lower"], rel=1e-10)
+    assert dev["upper"] == pytest.approx(cpu["upper"], rel=1e-10)
+
+
+def test_gpu_engine_scalings_and_absorption_match_the_cpu_engine():
+    # one scaling on a fixed pattern, then the absorption into the potentials: the device's
+    # scalings and potentials are the numba engine's to the float32 rounding of its kernel
+    torch = pytest.importorskip("torch")
+    from wflow.transport._cuda import CudaScaling
+    from wflow.transport._scaling import Scaling
+    from wflow.transport.multiscale import _coarse, _search
+
+    x, y = _pair(800, seed=6)
+    a = np.full(800, 1 / 800)
+    eps = 0.01
+    # rough potentials (a dense Sinkhorn to 5 % marginal error) and their kept pairs
+    f0, g0, _ = _coarse(x, a, y, a, True, [4.0, 1.0, 0.25, 0.06, eps], 200, need=0.05)
+    pat, c, c_csc = _search(x, y, f0, g0, eps, geodesic=True)
+    out = []
+    for make in (
+        lambda f, g: Scaling(pat, c, c_csc, a, a, f, g, eps, 1.9, {"passes": 0}),
+        lambda f, g: CudaScaling(
+            pat, c, c_csc, a, a, f, g, eps, 1.9, {"passes": 0}, torch.device("cpu")
+        ),
+    ):
+        f, g = f0.copy(), g0.copy()
+        sk = make(f, g)
+        assert sk.run(1e-6, 2000) == "ok"
+        u, v, passes = sk.u.copy(), sk.v.copy(), sk.state["passes"]
+        row = np.bincount(pat.rows, weights=u[pat.rows] * sk.kv * v[pat.cols], minlength=800)
+        sk.absorb()
+        out.append((u, v, passes, row, f, g))
+    (u0, v0, p0, r0, f0_, g0_), (u1, v1, p1, r1, f1, g1) = out
+    assert p0 == p1
+    assert np.abs(r0 - a).sum() <= 1e-6 and np.abs(r1 - a).sum() <= 1e-6  # the row marginals
+    np.testing.assert_allclose(u1, u0, rtol=1e-5)
+    np.testing.assert_allclose(v1, v0, rtol=1e-5)
+    np.testing.assert_allclose(f1, f0_, rtol=0, atol=1e-6 * eps)
+    np.testing.assert_allclose(g1, g0_, rtol=0, atol=1e-6 * eps)
+    assert np.ptp(f1) > 10 * eps  # the absorption moved the potentials (not a no-op)
+
+
+@pytest.mark.parametrize(
+    ("device", "match"),
+    [("gpu", "device must be 'auto', 'cpu' or 'cuda', got 'gpu'"), (0, "got 0")],
+)
+def test_bad_device(device, match):
+    x, y = _pair(20)
+    with pytest.raises(ValueError, match=match):
+        certified_w2(x, y, device=device)
+
+
+def test_cuda_without_a_gpu_is_a_one_line_error():
+    from wflow.transport._cuda import cuda_device
+
+    if cuda_device() is not None:
+        pytest.skip("this machine has a GPU")
+    x, y = _pair(20)
+    with pytest.raises(ValueError, match="device='cuda' needs PyTorch with a GPU"):
+        certified_w2(x, y, device="cuda")

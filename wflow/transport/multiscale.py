@@ -76,21 +76,18 @@ from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
 from ..errors import short_repr
+from ._scaling import Scaling
 from .certify import MIN_TOL, Cells, c_transform, cmax
 from .sparse_kernels import (
-    absorb,
     best_partner,
     csc_order,
     expand_count,
     expand_fill,
     expand_thresholds,
-    gibbs_into,
     merge_pairs,
     pattern_costs,
     plan_cost,
     rounded_plan_cost,
-    scale_cols,
-    scale_rows,
     sparse_softmin,
 )
 
@@ -295,6 +292,7 @@ def certified_w2(
     seed: int = 0,
     omega: float = 1.9,
     threads: int | None = None,
+    device: str = "auto",
 ) -> dict:
     r"""Certified :math:`W_2` between :math:`\sum_i a_i\delta_{x_i}` and :math:`\sum_j b_j\delta_{y_j}` on :math:`S^{d-1}`.
 
@@ -333,6 +331,10 @@ def certified_w2(
     threads : int, optional
         numba threads (default: 1 when ``512 (n + m) < 2·10^6``, where thread start-up
         dominates, else numba's default).
+    device : {"auto", "cpu", "cuda"}
+        Where the Sinkhorn passes run: ``"cuda"`` on the GPU through PyTorch (CSR tensors,
+        cuSPARSE; the searches and the certificate stay on the CPU), ``"cpu"`` with numba;
+        ``"auto"`` takes the GPU when PyTorch imports and sees one.
 
     Returns
     -------
@@ -341,13 +343,15 @@ def certified_w2(
         certified up to float64 round-off), ``rel_width``, ``certified`` (width <= tol),
         ``eps`` (final :math:`\varepsilon`), ``levels``, ``passes``, ``pairs`` (kept pairs
         at the end), ``marginal_error`` (L1, before rounding), ``scanned`` (points the
-        certificate's c-transforms scanned per atom, on average), ``seconds``.
+        certificate's c-transforms scanned per atom, on average), ``device`` (where the
+        passes ran), ``seconds``.
 
     Raises
     ------
     ValueError
         Empty or zero-mass measures, masses that differ, points off the sphere or of
-        different dimensions, ``reg <= 0``, ``tol`` outside ``[1e-9, 1)``.
+        different dimensions, ``reg <= 0``, ``tol`` outside ``[1e-9, 1)``, ``device`` not
+        one of the three, or ``"cuda"`` where PyTorch sees no GPU.
 
     Examples
     --------
@@ -391,6 +395,7 @@ def certified_w2(
     omega = _real(omega, "omega")
     if not 1 <= omega < 2:
         raise ValueError(f"omega must be in [1, 2), got {omega!r}")
+    engine = _engine(device)
     a, b = a / a.sum(), b / b.sum()
     n, m = x.shape[0], y.shape[0]
     import numba
@@ -402,13 +407,30 @@ def certified_w2(
         max(1, min(int(wanted), int(getattr(numba.config, "NUMBA_NUM_THREADS", before))))
     )
     try:
-        opts = _Settings(geodesic, reg, tol, max_levels, max_iter, omega)
+        opts = _Settings(geodesic, reg, tol, max_levels, max_iter, omega, engine)
         result = _solve(x, a, y, b, opts, n_coarse, seed)
     finally:
         numba.set_num_threads(before)
     result["seconds"] = time.perf_counter() - t0
-    result.update(n=n, m=m, cost=cost, reg=reg, tol=tol)
+    result.update(n=n, m=m, cost=cost, reg=reg, tol=tol, device="cpu" if engine is None else "cuda")
     return result
+
+
+def _engine(device):
+    """The ``torch.device`` on which the passes run, or ``None`` for numba on the CPU."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {short_repr(device)}")
+    if device == "cpu":
+        return None
+    from ._cuda import cuda_device
+
+    gpu = cuda_device()
+    if gpu is None and device == "cuda":
+        raise ValueError(
+            "device='cuda' needs PyTorch with a GPU it can see (torch.cuda.is_available() is False "
+            "or torch is not installed); use device='cpu'"
+        )
+    return gpu
 
 
 @dataclass(frozen=True)
@@ -421,6 +443,8 @@ class _Settings:
     max_levels: int
     max_iter: int
     omega: float
+    #: where the Sinkhorn passes run: None (numba, the CPU) or a torch.device (:mod:`._cuda`)
+    engine: Any = None
 
 
 def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
@@ -637,105 +661,13 @@ def _narrow(pat, c, f, g, eps, k_min=16, tau=TAU):
     return new, cn, cn[new.perm]
 
 
-class _Scaling:
-    """Sinkhorn scaling on a fixed pattern: ``pi_ij = u_i K_ij v_j``, ``K = e^{(f+g-c)/eps}``.
+def _scaling(opts: _Settings, pat, c, c_csc, a, b, f, g, eps, state) -> Scaling:
+    """The scaling on ``opts.engine``: numba's on the CPU, or PyTorch's on a device."""
+    if opts.engine is None:
+        return Scaling(pat, c, c_csc, a, b, f, g, eps, opts.omega, state)
+    from ._cuda import CudaScaling
 
-    :meth:`run` iterates until the row marginals' L1 error is at most ``need``; the
-    over-relaxation ramps up from 1 to ``omega`` over the first passes and backs off when
-    the error diverges (over-relaxed Sinkhorn converges only locally); the scalings are
-    absorbed into the potentials before they leave float64's range.
-    """
-
-    def __init__(self, pat, c, c_csc, a, b, f, g, eps, omega, state):
-        self.pat, self.c, self.c_csc, self.a, self.b = pat, c, c_csc, a, b
-        self.f, self.g, self.eps, self.omega, self.state = f, g, eps, omega, state
-        self.err = np.inf
-        self.relax, self.backoffs = omega, 0  # the relaxation in use, and how often it was halved
-        self._kernel()
-
-    def _kernel(self):
-        pat = self.pat
-        # float32 kernel values: the passes are bound by memory traffic; the plan u K v is a plan
-        # whatever K's rounding (the upper bound rounds it onto the exact marginals), and the
-        # marginals' float64 sums reach ~1e-7, far below the 1e-3 and 0.1 tol W^2 / c_max sought
-        self.kv = gibbs_into(
-            pat.ptr, pat.cols, self.c, self.f, self.g, self.eps, np.empty(pat.nnz, np.float32)
-        )
-        # potentials absorbed from a diverging iterate can be dual-infeasible by more than
-        # 88 eps, where float32 overflows: an infinite kernel value would make every pass
-        # non-finite.  Any nonnegative kernel still gives a plan (the bracket stays valid)
-        np.minimum(self.kv, np.finfo(np.float32).max, out=self.kv)
-        self.kv_csc = self.kv[pat.perm]
-        self.u, self.v = self.a.copy(), self.b.copy()
-
-    def absorb(self):
-        """Move the scalings into the potentials (the plan is unchanged)."""
-        absorb(self.f, self.u, self.a, self.eps)
-        absorb(self.g, self.v, self.b, self.eps)
-        self._kernel()
-
-    def run(self, need, it_max):
-        """Returns ``"ok"`` (error <= need), ``"stalled"`` (less than 10 % gained in 200 passes) or ``"budget"``.
-
-        Over-relaxed Sinkhorn converges only near its fixed point: far from it the error can
-        grow without bound.  A pass whose error jumps (as the relaxation ramps up) is ridden
-        out; divergence is a whole window of 20 passes whose smallest error is 10 times the
-        best before it, or an error that is not finite.  Then the scalings go back to the
-        best ones and the relaxation is halved towards 1; it doubles back towards ``omega``
-        each time the error has fallen tenfold since (closer to the fixed point, where the
-        larger relaxation is stable and converges many times faster).
-        """
-        pat, a, b = self.pat, self.a, self.b
-        best, mark, window, since = np.inf, np.inf, np.inf, np.inf
-        saved = None
-        for it in range(it_max):
-            w = 1.0 + (self.relax - 1.0) * min(1.0, (it + 1) / 20.0)
-            self.err = scale_rows(pat.ptr, pat.cols, self.kv, self.v, a, self.u, w)
-            scale_cols(pat.cptr, pat.crows, self.kv_csc, self.u, b, self.v, w)
-            self.state["passes"] += 1
-            if self.err <= need:
-                return "ok"
-            finite = math.isfinite(self.err)
-            window = min(window, self.err) if finite else np.nan
-            if not finite or it % 20 == 19:
-                if not window <= 10 * best:  # diverging: back to the best scalings, relax less
-                    self.relax = 1.0 + 0.5 * (self.relax - 1.0)
-                    self.backoffs += 1
-                    log.debug(
-                        "pass %d: err %.3g, best %.3g, omega -> %.3g", it, window, best, self.relax
-                    )
-                    if saved is None:
-                        raise FloatingPointError(
-                            f"the Sinkhorn scaling at eps={self.eps:.3g} diverged on its first passes"
-                        )
-                    self.f[:], self.g[:] = saved[0], saved[1]
-                    self._kernel()
-                    self.u[:], self.v[:] = saved[2], saved[3]
-                    since = best
-                elif window <= best:
-                    best = window
-                    saved = (self.f.copy(), self.g.copy(), self.u.copy(), self.v.copy())
-                    if best < 0.1 * since and self.relax < self.omega:
-                        self.relax = min(self.omega, 1.0 + 2.0 * (self.relax - 1.0))
-                        since = best
-                window = np.inf
-            if it % 200 == 199:
-                if best > 0.9 * mark:
-                    return "stalled"
-                mark = best
-            if _far(self.u, a) or _far(self.v, b):  # checked every pass: a scaling can leave
-                self.absorb()  # float64's range within a few (a saved state stays valid)
-        return "budget"
-
-
-#: a scaling u_i / a_i outside [1/FAR, FAR] is absorbed into its potential
-FAR = math.exp(30)
-
-
-def _far(u, a):
-    """Whether some scaling ``u_i / a_i`` lies outside ``[1/FAR, FAR]``."""
-    r = u / a
-    return bool(r.max() > FAR or r.min() < 1.0 / FAR)
+    return CudaScaling(pat, c, c_csc, a, b, f, g, eps, opts.omega, state, opts.engine)
 
 
 def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _Coarse):
@@ -788,7 +720,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
                 first = (pat, c)
             sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
             sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
-            sk = _Scaling(pat, c, c_csc, a, b, f, g, eps, opts.omega, state)
+            sk = _scaling(opts, pat, c, c_csc, a, b, f, g, eps, state)
             status = sk.run(LEVEL_ERR, opts.max_iter)
             sk.absorb()
             log.debug(
