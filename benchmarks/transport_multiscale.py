@@ -1,8 +1,10 @@
 """W_2 on S^2 side by side: wflow's certified multiscale solver, POT and GeomLoss.
 
-Run: ``nice -n 10 python -m benchmarks.transport_multiscale [N ...] [--repeats R]``
+Run: ``nice -n 10 python -m benchmarks.transport_multiscale [N ...] [--repeats R] [--gpu]``
 (default N = 1000 2000; each case runs in its own process, so peak memory is that
-process's maximum resident set).
+process's maximum resident set).  ``--gpu`` (a machine where PyTorch sees a GPU): wflow with
+its passes on the GPU (``device="cuda"``) beside wflow on the CPU, and GeomLoss on the GPU
+(KeOps), chordal cost only; POT is left out.
 
 Same samples for every method: a von Mises--Fisher mixture (kappa 20 and 5) against uniform
 samples on S^2, N each.  Costs: chordal |x - y|^2 (the only one GeomLoss has) and geodesic
@@ -31,16 +33,20 @@ def samples(n: int):
 
 
 def run_case(method: str, n: int, cost: str) -> dict:
-    """One measurement in this process: value, seconds, and details."""
+    """One measurement in this process: value, seconds, and details.
+
+    ``method`` may end in ``@cuda`` (the GPU) or ``@cpu``; wflow's default is ``device="auto"``.
+    """
     import numpy as np
 
+    method, _, where = method.partition("@")
     x, y = samples(n)
     out: dict = {}
     t0 = time.perf_counter()
     if method == "wflow-multiscale":
         from wflow.transport.multiscale import certified_w2
 
-        r = certified_w2(x, y, cost=cost, reg=EPS, tol=1e-3)
+        r = certified_w2(x, y, cost=cost, reg=EPS, tol=1e-3, device=where or "auto")
         out.update(value=r["value"], lower=r["lower"], upper=r["upper"], certified=r["certified"])
     elif method == "pot-emd2":
         import ot
@@ -63,8 +69,8 @@ def run_case(method: str, n: int, cost: str) -> dict:
         from geomloss import SamplesLoss
 
         backend = method.split("-", 1)[1]
-        X = torch.tensor(x, dtype=torch.float64)
-        Y = torch.tensor(y, dtype=torch.float64)
+        X = torch.tensor(x, dtype=torch.float64, device=where or "cpu")
+        Y = torch.tensor(y, dtype=torch.float64, device=where or "cpu")
         loss = SamplesLoss("sinkhorn", p=2, blur=(EPS / 2) ** 0.5, scaling=0.9, backend=backend)
         out["value"] = float(np.sqrt(max(2.0 * float(loss(X, Y)), 0.0)))
     else:
@@ -88,7 +94,10 @@ def _subprocess(method: str, n: int, cost: str, timeout: float) -> dict:
     except subprocess.TimeoutExpired:
         return {"error": f"not finished in {timeout:.0f} s"}
     if p.returncode:
-        return {"error": p.stderr.strip().splitlines()[-1][:120]}
+        lines = p.stderr.strip().splitlines()
+        return {
+            "error": lines[-1][:120] if lines else f"exit status {p.returncode} (signal: a crash)"
+        }
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -98,12 +107,14 @@ def main(argv: list[str]) -> None:
         i = argv.index("--repeats")
         repeats = int(argv[i + 1])
         argv = argv[:i] + argv[i + 2 :]
+    gpu = "--gpu" in argv
+    argv = [a for a in argv if a != "--gpu"]
     sizes = [int(float(a)) for a in argv] or [1000, 2000]
     print(f"load average at start: {os.getloadavg()}")
     print("| N | cost | method | time (s) | peak MB | W_2 | bracket | abs. error vs emd2 |")
     print("|---|---|---|---|---|---|---|---|")
     for n in sizes:
-        for cost in ("chordal", "geodesic") if n < 10**5 else ("chordal",):
+        for cost in ("chordal", "geodesic") if n < 10**5 and not gpu else ("chordal",):
             methods = ["pot-emd2"] if n <= 5000 else []
             methods += ["wflow-multiscale"]
             if n <= 2000:
@@ -114,6 +125,12 @@ def main(argv: list[str]) -> None:
                 methods += ["geomloss-multiscale"]
                 if 10**4 <= n < 10**5:
                     methods += ["geomloss-online"]
+            if gpu:  # both engines of wflow, GeomLoss multiscale on the GPU
+                methods = [
+                    "wflow-multiscale@cuda",
+                    "wflow-multiscale@cpu",
+                    "geomloss-multiscale@cuda",
+                ]
             exact = None
             for method in methods:
                 runs = [_subprocess(method, n, cost, 1800) for _ in range(repeats)]
