@@ -601,6 +601,53 @@ def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
         fused.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=float("nan"))
 
 
+def test_scratch_arrays_lie_apart_from_every_other_array():
+    """scratch(): np.empty with SCRATCH_PAD bytes of its own allocation free before and after its data, in
+    Python and in compiled code (C-contiguous, of the shape and dtype asked), so that two of them lie at
+    least 2 SCRATCH_PAD bytes apart wherever malloc puts them."""
+    from numba import njit
+
+    from wflow.kernels.jit import SCRATCH_PAD, scratch
+
+    @njit
+    def three(n, r, dtype):
+        return scratch((n, r), dtype), scratch((r,), np.float64), scratch((n,), np.int64)
+
+    for dtype in (np.float32, np.float64):
+        a = scratch((5, 3), dtype)
+        whole = a.base  # (the allocation: numpy points a view at the array owning the memory)
+        assert a.shape == (5, 3) and a.dtype == dtype and a.flags.c_contiguous
+        assert a.ctypes.data - whole.ctypes.data == SCRATCH_PAD
+        assert whole.ctypes.data + whole.nbytes - (a.ctypes.data + a.nbytes) == SCRATCH_PAD
+        arrs = three(5, 3, np.dtype(dtype))
+        assert [(b.shape, b.dtype) for b in arrs] == [
+            ((5, 3), dtype),
+            ((3,), np.float64),
+            ((5,), np.int64),
+        ]
+        assert all(b.flags.c_contiguous for b in arrs)
+        spans = sorted((b.ctypes.data, b.ctypes.data + b.nbytes) for b in arrs)
+        assert all(s1[0] - s0[1] >= 2 * SCRATCH_PAD for s0, s1 in zip(spans, spans[1:]))
+
+
+def test_fused_step_work_arrays_are_scratch_arrays():
+    """Every work array of the fused step's compiled passes and of its GEMM route's chunks is a scratch
+    array: the passes' vectorized loops check at run time that the array they write does not start within
+    256 bytes after one they read and otherwise take their scalar versions, which sum in another order,
+    so work arrays placed side by side by malloc changed the step by an ulp with the heap's history
+    (9 of 1536 numbers in test_sa_euler_step_counts_the_pairs_of_its_input, one run of the whole suite in
+    many); scratch arrays always take the vector path.  Only gemm's argument arrays, which no loop
+    touches, are plain."""
+    import inspect
+    import re
+
+    from wflow.solvers import fused, fused_kernels
+
+    src = inspect.getsource(fused_kernels) + inspect.getsource(fused._sa_step_gemm)
+    plain = re.findall(r"^\s*(\w+) = np\.(?:empty|zeros|ones|full)\w*\(", src, re.M)
+    assert sorted(plain) == ["chars", "ints", "scal"]
+
+
 def _near_threshold_pairs(rng, B, n, r, t):
     """B systems of n points in R^r: pairs (2k, 2k + 1) at geodesic distance t (1 + eps), eps within 5e-11 of 0,
     in random planes (the cluster decisions Gram rounding cannot make), rows scaled off the sphere by up to

@@ -1,5 +1,6 @@
 r"""numba primitives shared by the compiled kernels: the fast-math flags, a vectorizable exponential,
-the 512-bit vector hint, and notices of what numba compiles (:func:`compile_notices`).
+the 512-bit vector hint, work arrays apart from every other array (:func:`scratch`), and notices of
+what numba compiles (:func:`compile_notices`).
 
 numba has no SVML here, so ``np.exp`` inside a loop is a scalar libm call.  :func:`exp64` and
 :func:`exp32` write the exponential with plain arithmetic -- Cody--Waite range reduction
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +40,8 @@ __all__ = [
     "exp",
     "exp_as",
     "round_as",
+    "SCRATCH_PAD",
+    "scratch",
     "compile_notices",
 ]
 
@@ -177,6 +181,44 @@ def _exp_as_overload(x, zero):
     if zero == _types.float32:
         return lambda x, zero: exp32(np.float32(x))
     return lambda x, zero: exp64(np.float64(x))
+
+
+#: Bytes left unused before and after the data of a :func:`scratch` array.
+SCRATCH_PAD = 512
+
+
+def scratch(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose data lies at least :data:`SCRATCH_PAD` bytes from any other
+    array's: the work arrays of the fused SA step's passes (:mod:`wflow.solvers.fused_kernels`, and
+    the GEMM route's chunk arrays, made in Python).  Callable from Python and from compiled code
+    (``shape`` a tuple).
+
+    LLVM cannot prove that two arrays do not overlap, so a vectorized loop that writes one array while
+    reading another first checks, at run time, that the written data does not start within 256 bytes
+    (vector width x unroll) after the data read, and otherwise runs its scalar version instead.  With
+    the "reassoc" flag (:data:`FM_SUM`) the two versions sum in different orders, so a result would
+    change by an ulp or two with where malloc happened to put the work arrays (one allocated right
+    after another: the heap's history), and a run resumed from a snapshot would not repeat the
+    uninterrupted run bit for bit (:mod:`wflow.solvers.driver`).  Arrays this far apart always pass the
+    check: the vector path, whatever the heap."""
+    dtype = np.dtype(dtype)
+    k = math.prod(shape)
+    pad = SCRATCH_PAD // dtype.itemsize
+    return np.empty(k + 2 * pad, dtype)[pad : pad + k].reshape(shape)
+
+
+@overload(scratch)
+def _scratch_overload(shape, dtype):
+    ty = dtype.dtype if isinstance(dtype, _types.DType) else dtype.instance_type  # or a NumberClass
+    pad = SCRATCH_PAD // (ty.bitwidth // 8)
+
+    def impl(shape, dtype):  # pragma: no cover - compiled
+        k = 1
+        for s in shape:
+            k *= s
+        return np.empty(k + 2 * pad, dtype)[pad : pad + k].reshape(shape)
+
+    return impl
 
 
 # --------------------------------------------------------------------------- compile notices

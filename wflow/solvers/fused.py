@@ -19,7 +19,7 @@ import numpy as np
 
 from ..diagnostics import pairs
 from ..kernels import dense, exp_floor, small
-from ..kernels.jit import LOG_ZERO
+from ..kernels.jit import LOG_ZERO, scratch
 from ..kernels.precision import float32_logits_bound
 from ..kernels.threads import blas_threads, chunk_bounds, num_threads, parallel, run_chunks, shares
 from ..linkage import link_bounds
@@ -355,16 +355,17 @@ def _sa_step_gemm(
     w, means), the statistics arguments of the compiled passes (what a save asks of the input)."""
 
     # the Gram matrices and the averages of a chunk of systems by batched GEMMs (BLAS on one thread
-    # inside each worker), the directions, exponentials and the move in compiled passes
+    # inside each worker), the directions, exponentials and the move in compiled passes; the chunk's
+    # arrays apart from all others, as the passes' own (scratch: the same bits wherever they lie)
     n, r = xf.shape[1:]
     size = chunks[0][1] - chunks[0][0]
 
     def gemm_work(t: int) -> None:
-        T = np.empty((size, n, r), lw.dtype)
-        G = np.empty((size, n, n), lw.dtype)
-        A = np.empty((size, n, r), lw.dtype)
-        inv_s = np.empty((size, n))
-        dls = np.empty(size)
+        T = scratch((size, n, r), lw.dtype)
+        G = scratch((size, n, n), lw.dtype)
+        A = scratch((size, n, r), lw.dtype)
+        inv_s = scratch((size, n), np.float64)
+        dls = scratch((size,), np.float64)
         for b0, b1 in chunks[t::threads]:
             C = b1 - b0
             Tc, Gc, Ac, ic = T[:C], G[:C], A[:C], inv_s[:C]

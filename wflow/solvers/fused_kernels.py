@@ -5,7 +5,9 @@ save reads off the same Gram matrix (pair count, cluster count, energy sums, bar
 One idea, many loops: every function here is one stage of that pass or of its two fallback routes
 (numba's own products, batched GEMMs per chunk), inlined into the pass; the products come from
 :mod:`wflow.kernels.dense`, the exponential from :mod:`wflow.kernels.jit` and the link rule of the
-cluster count from :mod:`wflow.linkage`.  Imported only when numba imports.
+cluster count from :mod:`wflow.linkage`.  Every work array is a :func:`~wflow.kernels.jit.scratch`
+array, apart from all others, so that the vectorized loops run whatever the heap (bit for bit the
+same step wherever malloc puts them).  Imported only when numba imports.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..kernels.dense import (
     mm,
     softmax_row,
 )
-from ..kernels.jit import FM_SUM, exp_as, prefer_wide_vectors
+from ..kernels.jit import FM_SUM, exp_as, prefer_wide_vectors, scratch
 from ..linkage import linked, squared_distance
 
 __all__ = [
@@ -210,7 +212,7 @@ _from8 = _compare8(">=")
 def _cluster_buffers(n):  # pragma: no cover - compiled
     """The work arrays of :func:`gram_clusters` for n points."""
     W = (n + 63) // 64
-    return np.empty((n, W), np.uint64), np.empty(W, np.uint64), np.empty(n, np.int64)
+    return scratch((n, W), np.uint64), scratch((W,), np.uint64), scratch((n,), np.int64)
 
 
 @njit(cache=True, fastmath=FM_SUM)
@@ -463,12 +465,14 @@ def sa_euler(
     fw = wdt.type(floor)
     blocked = 4 < r <= BLOCKED_MAX_R
     rp = -(-r // GRAM_BLOCK) * GRAM_BLOCK if blocked else r
-    T = np.zeros((n, rp), wdt)  # (zero padding beyond r)
-    TT = np.zeros((rp, n), wdt)
-    G = np.empty((n, n), wdt)
-    A = np.empty((n, r), wdt)
-    y = np.empty(r)
-    inv_s = np.empty(n)
+    T = scratch((n, rp), wdt)
+    T.fill(0)  # (zero padding beyond r)
+    TT = scratch((rp, n), wdt)
+    TT.fill(0)
+    G = scratch((n, n), wdt)
+    A = scratch((n, r), wdt)
+    y = scratch((r,), np.float64)
+    inv_s = scratch((n,), np.float64)
     bufs = _cluster_buffers(n)
     for k in range(k0, k1):
         xk = x[k]
@@ -527,10 +531,10 @@ def sa_euler_blas(
     zero = wdt.type(0)
     bw = wdt.type(beta)
     fw = wdt.type(floor)
-    G = np.empty((n, n), wdt)
-    inv_s = np.empty(n)
+    G = scratch((n, n), wdt)
+    inv_s = scratch((n,), np.float64)
     bufs = _cluster_buffers(n)
-    ints = np.empty(6, np.int32)
+    ints = np.empty(6, np.int32)  # (gemm's arguments: read by BLAS only)
     chars = np.empty(2, np.uint8)
     chars[0] = 78  # 'N'
     chars[1] = 84  # 'T'
@@ -541,12 +545,12 @@ def sa_euler_blas(
         # the transposed layout: the directions and averages as columns TT, AT (r, n), which BLAS reads
         # as the n x r matrices T and A; G = T T^T = gemm('N', 'T', n, n, r) (exactly symmetric, as
         # below), A = E T = gemm('T', 'N', n, r, n) of the row-major E and T
-        X = np.empty((r, n))
-        TT = np.empty((r, n), wdt)
-        AT = np.empty((r, n), wdt)
-        Y = np.empty((r, n))
-        nrm = np.empty(n)
-        xa = np.empty(n)
+        X = scratch((r, n), np.float64)
+        TT = scratch((r, n), wdt)
+        AT = scratch((r, n), wdt)
+        Y = scratch((r, n), np.float64)
+        nrm = scratch((n,), np.float64)
+        xa = scratch((n,), np.float64)
         for k in range(k0, k1):
             dl = _sa_directions_t(x[k], X, TT, nrm)
             gemm(fn, 0, 1, n, n, r, TT, n, TT, n, G, n, ints, chars, scal)
@@ -559,9 +563,9 @@ def sa_euler_blas(
             gemm(fn, 0 if sym else 1, 0, n, r, n, G, n, TT, n, AT, n, ints, chars, scal)
             health[k] = _sa_move_t(X, TT, AT, inv_s, dt, proj, Y, nrm, xa, out[k])
         return
-    T = np.empty((n, r), wdt)
-    A = np.empty((n, r), wdt)
-    y = np.empty(r)
+    T = scratch((n, r), wdt)
+    A = scratch((n, r), wdt)
+    y = scratch((r,), np.float64)
     for k in range(k0, k1):
         xk = x[k]
         dl = _sa_directions(xk, T)
@@ -614,6 +618,6 @@ def sa_exps_chunk(
 @njit(cache=True, nogil=True, fastmath=FM_SUM, error_model="numpy")
 def sa_move_chunk(x, T, A, inv_s, dt, proj, k0, out, health):  # pragma: no cover - compiled
     """:func:`_sa_move` for the systems k0 + k (GEMM route)."""
-    y = np.empty(x.shape[2])
+    y = scratch((x.shape[2],), np.float64)
     for k in range(T.shape[0]):
         health[k0 + k] = _sa_move(x[k0 + k], T[k], A[k], inv_s[k], dt, proj, y, out[k0 + k])
