@@ -17,6 +17,8 @@ follow the same iterates up to the CPU's float32 rounding of the kernel values.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -27,8 +29,15 @@ from .sparse_kernels import absorb
 __all__ = ["CudaScaling", "cuda_device"]
 
 
+#: where an NVIDIA driver shows itself (Linux, WSL): without one, PyTorch is not imported
+#: (1.6 s) only to find no GPU
+_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg")
+
+
 def cuda_device():
     """``torch.device("cuda")`` when PyTorch imports and sees a GPU, else ``None``."""
+    if "torch" not in sys.modules and not any(os.path.exists(p) for p in _DRIVER_PATHS):
+        return None
     try:
         import torch
     except ImportError:
