@@ -356,6 +356,34 @@ _MSLACK = 1e-9
 
 
 @njit(cache=True, inline="always")
+def _tangent(q, r, C, pcen, geodesic):
+    r"""``(b, k)``: :math:`c(q_r, p) \ge b + k\,|q_r - p|^2` for every point ``p`` (a tangent
+    of the cost, convex in the squared chord, at the chord to cell ``C``'s centre, capped at
+    3 rad); ``(0, 1)`` for the chordal cost (exact).  One dot product then bounds a point's
+    cost from below, before the geodesic's arctangent is taken."""
+    if not geodesic:
+        return 0.0, 1.0
+    qo = 0.0
+    for k in range(q.shape[1]):
+        qo += q[r, k] * pcen[C, k]
+    s0 = max(2.0 - 2.0 * qo, 0.0)
+    th = min(2.0 * math.asin(min(0.5 * math.sqrt(s0), 1.0)), 3.0)
+    if th < 1e-6:
+        return 0.0, 1.0
+    kk = th / math.sin(th)
+    return th * th - kk * (2.0 - 2.0 * math.cos(th)), kk
+
+
+@njit(cache=True, inline="always")
+def _sq_chord(q, pts, r, p):
+    s = 0.0
+    for k in range(q.shape[1]):
+        e = q[r, k] - pts[p, k]
+        s += e * e
+    return s
+
+
+@njit(cache=True, inline="always")
 def _offset(pts, p, cen, C, t):
     r"""Point ``p``'s tangent offset from unit centre ``C`` into ``t``; returns its normal part
     :math:`\delta = (p - o)\cdot o`."""
@@ -493,7 +521,10 @@ def _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, mod, geodesic):
             continue
         if _model_bound(q, r, C, pcen, mod, geodesic) > best:
             continue
+        b0, kk = _tangent(q, r, C, pcen, geodesic)
         for p in range(pptr[C], pptr[C + 1]):
+            if geodesic and b0 + kk * _sq_chord(q, pts, r, p) - pot[p] - _MSLACK > best:
+                continue  # the tangent's bound already exceeds the best: no arctangent
             v = pair_cost(q, pts, r, p, geodesic) - pot[p]
             if v < best:
                 best = v
@@ -560,7 +591,10 @@ def cell_within(
                     continue
                 if _model_bound(q, r, C, pcen, mod, geodesic) > top:
                     continue
+                b0, kk = _tangent(q, r, C, pcen, geodesic)
                 for p in range(pptr[C], pptr[C + 1]):
+                    if geodesic and b0 + kk * _sq_chord(q, pts, r, p) - pot[p] - _MSLACK > top:
+                        continue
                     c = pair_cost(q, pts, r, p, geodesic)
                     if c - pot[p] <= top:
                         if fill:
