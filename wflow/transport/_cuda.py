@@ -3,8 +3,9 @@ r"""The multiscale solver's Sinkhorn passes on a GPU (PyTorch, cuSPARSE).
 :func:`wflow.transport.multiscale.certified_w2` keeps, per atom, the pairs within
 :math:`\tau\varepsilon` of its best partner: about 230 per atom at :math:`10^6` atoms, a
 sparse pattern of no particular block structure.  Each Sinkhorn pass is then two sparse
-matrix--vector products with the Gibbs kernel :math:`K` and :math:`K^\top`, a memory-bound
-operation that a GPU runs 20--100 times faster than two CPU cores.  This module runs those
+matrix--vector products with the Gibbs kernel :math:`K` and :math:`K^\top`, bound by memory
+traffic: at :math:`10^6` atoms the finest level's passes took about 25 s on an H100 against
+about 180 s on two CPU cores (numba).  This module runs those
 passes (and the kernel's exponentials) on the GPU with PyTorch's CSR tensors (cuSPARSE); the
 rest of the solver (the hierarchy, the searches by cells, the certificate) stays on the
 CPU.  KeOps is not used here: it reduces dense or block-sparse kernels, and the pattern's

@@ -54,7 +54,9 @@ The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss mu
    bound the cost of the sparse plan rounded to the exact marginals.  If the bracket is
    wider than ``tol`` and no row lost its partners, :math:`\varepsilon` is halved again.
 
-Each pass costs O(pairs), memory is O(pairs): about :math:`\tau\varepsilon N\lambda/4`
+The passes run with numba on the CPU, or on a GPU through PyTorch (``device``;
+:mod:`wflow.transport._cuda`); the rest always on the CPU.  Each pass costs O(pairs), memory
+is O(pairs): about :math:`\tau\varepsilon N\lambda/4`
 pairs per atom on :math:`S^2`, :math:`\lambda` the local expansion of the transport map (6
 for a von Mises--Fisher cap with :math:`\kappa = 20` spread to uniform).  The cost is
 :math:`\theta^2` (geodesic) or :math:`|x-y|^2` (chordal), as in the rest of
