@@ -641,11 +641,15 @@ def test_fused_step_work_arrays_are_scratch_arrays():
     import inspect
     import re
 
+    from wflow.diagnostics import pairs
     from wflow.solvers import fused, fused_kernels
 
     src = inspect.getsource(fused_kernels) + inspect.getsource(fused._sa_step_gemm)
     plain = re.findall(r"^\s*(\w+) = np\.(?:empty|zeros|ones|full)\w*\(", src, re.M)
     assert sorted(plain) == ["chars", "ints", "scal"]
+    # the pair counts' passes (the same Gram matrices: a count near the threshold)
+    src = inspect.getsource(pairs._pair_counts) + inspect.getsource(pairs.pair_counts)
+    assert re.findall(r"^\s*(\w+) = np\.(?:empty|zeros|ones|full)\w*\(", src, re.M) == ["out"]
 
 
 def _near_threshold_pairs(rng, B, n, r, t):

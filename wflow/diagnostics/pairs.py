@@ -9,7 +9,7 @@ from numba import njit
 
 from ..kernels import small
 from ..kernels.dense import BLOCKED_MAX_R, GRAM_BLOCK, count_off_diagonal, gram_blocked, mm
-from ..kernels.jit import FM_SUM
+from ..kernels.jit import FM_SUM, scratch
 from ..kernels.small import bmm
 from ..kernels.threads import blas_threads, chunk_bounds, num_threads, parallel, run_chunks, shares
 from .batch import as_batch, batch_chunks
@@ -125,7 +125,7 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
         _pair_counts(xf, cf, *share[t], out)
 
     def gemm_work(t: int) -> None:  # larger r: the Gram matrices of a chunk by a batched GEMM
-        G = np.empty((chunks[0][1] - chunks[0][0], n, n))
+        G = scratch((chunks[0][1] - chunks[0][0], n, n), np.float64)
         for b0, b1 in chunks[t::threads]:
             xc = xf[b0:b1].astype(np.float64, copy=False)
             np.matmul(xc, xc.swapaxes(1, 2), out=G[: b1 - b0])
@@ -154,9 +154,13 @@ def _pair_counts(x, c, k0, k1, out):  # pragma: no cover - compiled
     B, n, r = x.shape
     blocked = 4 < r <= BLOCKED_MAX_R
     rp = -(-r // GRAM_BLOCK) * GRAM_BLOCK if blocked else r
-    T = np.zeros((n, rp))
-    TT = np.zeros((rp, n))
-    G = np.empty((n, n))
+    # work arrays apart from all others (scratch): the vectorized loops' overlap checks then
+    # always take the vector path, so a count never depends on where malloc put them
+    T = scratch((n, rp), np.float64)
+    T.fill(0.0)
+    TT = scratch((rp, n), np.float64)
+    TT.fill(0.0)
+    G = scratch((n, n), np.float64)
     for k in range(k0, k1):
         for i in range(n):
             for l in range(r):
