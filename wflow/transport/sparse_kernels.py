@@ -467,14 +467,14 @@ def cell_models(pts, pot, ptr, cen):
 
 
 @njit(cache=True, inline="always")
-def _model_bound(q, r, C, pcen, mod, geodesic):
+def _model_bound(q, r, C, pcen, mod, b0, kk):
     r"""A lower bound of ``c(q_r, p) - pot_p`` over the points of cell ``C`` from its linear
     model (:func:`cell_models`): tight to second order in the cell's size near the query's
     best partner, where the cost's and the potential's gradients cancel.
 
-    With :math:`k` the slope of a tangent of the cost :math:`h(s)` in the squared chord
-    :math:`s = 2 - 2 q\cdot p` (at the centre's chord; 1 for the chordal cost),
-    :math:`c - pot \ge h(s_0) + k(2 - s_0) - (2k\,q\cdot p + pot_p)` and
+    With the tangent :math:`c \ge b_0 + k s` of the cost in the squared chord
+    :math:`s = 2 - 2 q\cdot p` (:func:`_tangent`, at the centre's chord),
+    :math:`c - pot \ge b_0 + 2k - (2k\,q\cdot p + pot_p)` and
     :math:`2k\,q\cdot p + pot_p \le 2k\,q\cdot o + \alpha + \rho + |P_o^\perp(2kq + \beta)|
     \max|t| + 2k \max_\delta (q\cdot o)\,\delta`.
     """
@@ -482,17 +482,6 @@ def _model_bound(q, r, C, pcen, mod, geodesic):
     qo = 0.0
     for k in range(d):
         qo += q[r, k] * pcen[C, k]
-    if geodesic:
-        s0 = max(2.0 - 2.0 * qo, 0.0)
-        th = 2.0 * math.asin(min(0.5 * math.sqrt(s0), 1.0))
-        if th > 3.0:
-            th = 3.0
-            s0 = 2.0 - 2.0 * math.cos(th)
-        kk = th / math.sin(th) if th > 1e-6 else 1.0
-        base = th * th + kk * (2.0 - s0)
-    else:
-        kk = 1.0
-        base = 2.0
     vv, vn = 0.0, 0.0
     for k in range(d):
         v = 2.0 * kk * q[r, k] + mod[C, 5 + k]
@@ -506,7 +495,7 @@ def _model_bound(q, r, C, pcen, mod, geodesic):
         + nt * mod[C, 2]
         + 2.0 * kk * max(qo * mod[C, 3], qo * mod[C, 4])
     )
-    return base - up - _MSLACK
+    return b0 + 2.0 * kk - up - _MSLACK
 
 
 @njit(cache=True)
@@ -519,9 +508,9 @@ def _cell_best(q, r, cand, lb, pts, pot, pptr, pcen, prad, ptop, mod, geodesic):
             break  # sorted: no later cell can hold a better point
         if _query_bound(q, r, C, pcen, prad, ptop, geodesic) > best:
             continue
-        if _model_bound(q, r, C, pcen, mod, geodesic) > best:
-            continue
         b0, kk = _tangent(q, r, C, pcen, geodesic)
+        if _model_bound(q, r, C, pcen, mod, b0, kk) > best:
+            continue
         for p in range(pptr[C], pptr[C + 1]):
             if geodesic and b0 + kk * _sq_chord(q, pts, r, p) - pot[p] - _MSLACK > best:
                 continue  # the tangent's bound already exceeds the best: no arctangent
@@ -589,9 +578,9 @@ def cell_within(
                     break
                 if _query_bound(q, r, C, pcen, prad, ptop, geodesic) > top:
                     continue
-                if _model_bound(q, r, C, pcen, mod, geodesic) > top:
-                    continue
                 b0, kk = _tangent(q, r, C, pcen, geodesic)
+                if _model_bound(q, r, C, pcen, mod, b0, kk) > top:
+                    continue
                 for p in range(pptr[C], pptr[C + 1]):
                     if geodesic and b0 + kk * _sq_chord(q, pts, r, p) - pot[p] - _MSLACK > top:
                         continue
