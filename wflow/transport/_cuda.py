@@ -129,8 +129,8 @@ class CudaScaling(Scaling):
     def _far(self):
         torch = self.torch
         ru, rv = self._u / self._a, self._v / self._b
-        ext = torch.stack([ru.max(), rv.max(), -ru.min(), -rv.min()]).tolist()
-        return max(ext[0], ext[1]) > FAR or -max(ext[2], ext[3]) < 1.0 / FAR
+        hi_u, hi_v, lo_u, lo_v = torch.stack([ru.max(), rv.max(), ru.min(), rv.min()]).tolist()
+        return max(hi_u, hi_v) > FAR or min(lo_u, lo_v) < 1.0 / FAR
 
     def _save(self):
         return (self.f.copy(), self.g.copy(), self._u.clone(), self._v.clone())
