@@ -65,6 +65,8 @@ BIN = 0.15
 ROUNDOFF = 1e-12
 #: the smallest relative bracket width on W_2 accepted (float64 certifies no less)
 MIN_TOL = 1e-9
+#: the most cells of points (or of queries) a search makes: its bounds cost cells² operations
+MAX_CELLS = 20_000
 
 
 def cmax(geodesic: bool) -> float:
@@ -170,8 +172,8 @@ class Cells:
 
     def __init__(self, pts: np.ndarray, per_cell: int = 32, workers: int = 2):
         n = pts.shape[0]
-        nc = int(np.clip(n // per_cell, 1, 20_000))
-        self.n, self.workers = n, workers
+        nc = int(np.clip(n // per_cell, 1, MAX_CELLS))
+        self.n, self.per_cell, self.workers = n, per_cell, workers
         self.centres = np.ascontiguousarray(pts[np.random.default_rng(0).choice(n, nc, False)])
         self.order, self.ptr, self.radius = _group(pts, self.centres, workers)
         self.pts = np.ascontiguousarray(pts[self.order])
@@ -179,10 +181,29 @@ class Cells:
         self.cell_of = np.repeat(np.arange(nc), self.size)
 
     def group(self, q: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Queries grouped by the same centres: ``(order, ptr, radius, sorted queries)``; pass it
-        instead of ``q`` to search the same queries again."""
-        order, ptr, rad = _group(q, self.centres, self.workers)
-        return order, ptr, rad, np.ascontiguousarray(q[order])
+        """The queries in cells of their own, about ``per_cell`` each (at least 64 cells, or one
+        per query): ``(order, ptr, radius, sorted queries, centres)``; pass it instead of ``q`` to
+        search the same queries again.
+
+        A query cell's bounds hold for all its queries, less its radius, so small query cells
+        keep them tight.  Grouped around the points' centres instead, queries spread where the
+        points are concentrated (uniform queries, clustered points) fell in a few cells of wide
+        radius, whose loose bounds made each query visit most cells: on a 62 500-atom level
+        of a von Mises-Fisher mixture against uniform atoms, 929 cells visited per uniform query
+        (1.6 s for the geodesic c-transform) against 186 (0.39 s) in their own cells."""
+        nq = q.shape[0]
+        nd = int(np.clip(nq // self.per_cell, min(nq, 64), MAX_CELLS))
+        centres = np.ascontiguousarray(q[np.random.default_rng(1).choice(nq, nd, False)])
+        if nq == 0:
+            return (
+                np.zeros(0, np.int64),
+                np.zeros(1, np.int64),
+                np.zeros(0),
+                np.ascontiguousarray(q),
+                centres,
+            )
+        order, ptr, rad = _group(q, centres, self.workers)
+        return order, ptr, rad, np.ascontiguousarray(q[order]), centres
 
     def _top(self, pot: np.ndarray) -> tuple[np.ndarray, ...]:
         """The potential in cell order, each cell's largest value, the row holding it and the
@@ -200,10 +221,10 @@ class Cells:
     def c_transform(self, q, pot: np.ndarray, geodesic: bool) -> tuple[np.ndarray, float]:
         r""":math:`\min_p (c(q_r, p) - pot_p)` for every query (exact; not lowered), and the
         points scanned per query."""
-        qo, qptr, qrad, qs = q if isinstance(q, tuple) else self.group(q)
+        qo, qptr, qrad, qs, qcen = q if isinstance(q, tuple) else self.group(q)
         pv, top, arg, mod = self._top(pot)
         cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg, mod)
-        vals, scanned = cell_c_transform(qs, qptr, self.centres, qrad, *cells, geodesic)
+        vals, scanned = cell_c_transform(qs, qptr, qcen, qrad, *cells, geodesic)
         out = np.empty(qo.shape[0])
         out[qo] = vals
         return out, float(scanned) / max(qo.shape[0], 1)
@@ -215,7 +236,7 @@ class Cells:
         best :math:`m_r = \min_k (c(q_r, p_k) - pot_k)`, or with ``ref`` the reference
         :math:`\max(m_r, \min(ref_r, m_r + gap_r))`: the query rows, the points (indices into the
         points given) and the costs, grouped by query."""
-        qo, qptr, qrad, qs = q if isinstance(q, tuple) else self.group(q)
+        qo, qptr, qrad, qs, qcen = q if isinstance(q, tuple) else self.group(q)
         pv, top, arg, mod = self._top(pot)
         cells = (self.pts, pv, self.ptr, self.centres, self.radius, top, arg, mod)
         gs = np.ascontiguousarray(gap[qo], dtype=np.float64)
@@ -224,7 +245,7 @@ class Cells:
             if ref is None
             else np.ascontiguousarray(ref[qo], dtype=np.float64)
         )
-        args = (qs, qptr, self.centres, qrad, *cells, gs, rs, geodesic)
+        args = (qs, qptr, qcen, qrad, *cells, gs, rs, geodesic)
         count, _, _ = cell_within(*args, np.empty(0, np.int64))
         ptr = np.zeros(count.shape[0] + 1, dtype=np.int64)
         np.cumsum(count, out=ptr[1:])
