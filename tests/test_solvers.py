@@ -6,6 +6,7 @@ import platform
 import re
 import resource
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from wflow import SA, USA, CircleMesh, Density, sphere
 from wflow.errors import SolverError
 from wflow.solvers import SOLVERS
 from wflow.solvers.base import Problem, Tracker, integrate
-from wflow.solvers.driver import _prefault
+from wflow.solvers.driver import _kept_buffer, _prefault
 from wflow.solvers.particles import ParticleProblem
 
 BK = "numpy"
@@ -371,6 +372,25 @@ def test_kept_map_is_faulted_in_ahead_without_touching_what_is_written():
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     np.testing.assert_array_equal(a[: a.size // 2], np.arange(a.size // 2))
     assert faults < 100, faults
+
+
+def test_dropped_kept_map_is_unmapped_by_a_thread_once_no_view_holds_it():
+    """A kept buffer's map is unmapped by a thread of its own (wflow.solvers.driver._unmap_later)
+    once the last view of it is dropped, not while one lives."""
+    kept = _kept_buffer("points", 10, np.zeros((1 << 22) // 8))  # 40 MB: a map of its own
+    region = kept.base.base.obj  # (the reshaped array, the flat one, its memoryview)
+    assert isinstance(region, mmap.mmap)
+    kept[3] = 7.0
+    view = kept[3]
+    del kept
+    time.sleep(0.3)
+    assert not region.closed and np.all(view == 7.0)
+    del view
+    for _ in range(200):
+        if region.closed:
+            break
+        time.sleep(0.01)
+    assert region.closed
 
 
 def test_failures_set_status_or_raise():
