@@ -702,8 +702,10 @@ def _tightened(sk: Scaling, meas, narrowed, opts: _Settings, primal, optimistic)
         )
         if sk.err <= need:
             return pc, delta
-        # the dual on the kept pairs with the scalings' potentials (the exact c-transform's is lower)
-        fu, gv = sk.f + sk.eps * np.log(sk.u / a), sk.g + sk.eps * np.log(sk.v / b)
+        # the dual on the kept pairs with the scalings' potentials (the exact c-transform's is
+        # lower); a scaling of 0 makes it -inf, and the estimate asks for the worst case's error
+        with np.errstate(divide="ignore"):
+            fu, gv = sk.f + sk.eps * np.log(sk.u / a), sk.g + sk.eps * np.log(sk.v / b)
         gs, _ = best_partner(pat.cptr, pat.crows, c_csc, fu)
         fs, _ = best_partner(pat.ptr, pat.cols, c, gv)
         lo = max(float(a @ fu + b @ gs), float(a @ fs + b @ gv))
