@@ -696,11 +696,12 @@ def _tightened(sk: Scaling, meas, narrowed, opts: _Settings, primal, optimistic)
     pat, c, c_csc = narrowed
     tol, diam2 = opts.tol, cmax(opts.geodesic)
     need = 0.5 * (2.0 * tol * primal - max(optimistic, 0.0)) / diam2
+    settled = False  # the last tightening stalled or ran out of passes: round as it is
     while True:
         pc, delta = rounded_plan_cost(
             pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v, a, b, x, y, opts.geodesic, diam2
         )
-        if sk.err <= need:
+        if settled or sk.err <= need:
             return pc, delta
         # the dual on the kept pairs with the scalings' potentials (the exact c-transform's is
         # lower); a scaling of 0 makes it -inf, and the estimate asks for the worst case's error
@@ -724,10 +725,7 @@ def _tightened(sk: Scaling, meas, narrowed, opts: _Settings, primal, optimistic)
             sk.err,
             sk.state["passes"],
         )
-        if st != "ok":
-            return rounded_plan_cost(
-                pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v, a, b, x, y, opts.geodesic, diam2
-            )
+        settled = st != "ok"
 
 
 def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _Coarse):
