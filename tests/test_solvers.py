@@ -16,8 +16,9 @@ import wflow
 from wflow import SA, USA, CircleMesh, Density, sphere
 from wflow.errors import SolverError
 from wflow.solvers import SOLVERS
+from wflow.solvers import kept as kept_maps
 from wflow.solvers.base import Problem, Tracker, integrate
-from wflow.solvers.driver import _kept_buffer, _prefault
+from wflow.solvers.kept import kept_buffer, prefault
 from wflow.solvers.particles import ParticleProblem
 
 BK = "numpy"
@@ -303,9 +304,7 @@ def test_kept_snapshots_equal_the_states_saved_whatever_their_size_and_dtype(map
     result must hold exactly what each save saw, and a variable whose dtype or shape changes between
     saves (here from the fourth save on) must be stacked as before, with nothing cast.  Both ways
     of allocating the array (``np.empty``, and a memory map from 32 MB on) are checked."""
-    import wflow.solvers.driver as driver
-
-    monkeypatch.setattr(driver, "_MAPPED_BYTES", 0 if mapped else 1 << 62)
+    monkeypatch.setattr(kept_maps, "MAPPED_BYTES", 0 if mapped else 1 << 62)
 
     class Growth(Problem):  # y' = y, with a large variable that turns float32 at t > 0.25
         kind = "ode"
@@ -359,12 +358,12 @@ def test_kept_saves_beyond_the_machine_say_what_to_pass_instead():
     reason="MADV_POPULATE_WRITE needs Linux 5.14",
 )
 def test_kept_map_is_faulted_in_ahead_without_touching_what_is_written():
-    """The kept saves' map is faulted in by a thread of its own (wflow.solvers.driver._prefault)
+    """The kept saves' map is faulted in by a thread of its own (wflow.solvers.kept.prefault)
     while the run writes into it: what was written survives the thread, and once it is done writing
     the whole map costs no page fault (each 4 KiB page would cost one: 32768 here)."""
-    region = mmap.mmap(-1, 1 << 27)
+    region = mmap.mmap(-1, 1 << 27, flags=mmap.MAP_PRIVATE)
     a = np.frombuffer(region)
-    thread = _prefault(region)
+    thread = prefault(region)
     a[: a.size // 2] = np.arange(a.size // 2)  # written while the thread works
     thread.join()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -374,10 +373,18 @@ def test_kept_map_is_faulted_in_ahead_without_touching_what_is_written():
     assert faults < 100, faults
 
 
-def test_dropped_kept_map_is_unmapped_by_a_thread_once_no_view_holds_it():
-    """A kept buffer's map is unmapped by a thread of its own (wflow.solvers.driver._unmap_later)
-    once the last view of it is dropped, not while one lives."""
-    kept = _kept_buffer("points", 10, np.zeros((1 << 22) // 8))  # 40 MB: a map of its own
+def _wait_for(cond, seconds=5.0):
+    end = time.monotonic() + seconds
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    return cond()
+
+
+def test_dropped_kept_map_is_unmapped_by_a_thread_once_no_view_holds_it(monkeypatch):
+    """A kept buffer's map goes to a thread of its own (wflow.solvers.kept.release) once the last
+    view of it is dropped, not while one lives; with no time to wait for reuse it is unmapped."""
+    monkeypatch.setattr(kept_maps, "RETAIN_S", 0.0)
+    kept = kept_buffer("points", 10, np.zeros((1 << 22) // 8))  # 40 MB: a map of its own
     region = kept.base.base.obj  # (the reshaped array, the flat one, its memoryview)
     assert isinstance(region, mmap.mmap)
     kept[3] = 7.0
@@ -386,11 +393,71 @@ def test_dropped_kept_map_is_unmapped_by_a_thread_once_no_view_holds_it():
     time.sleep(0.3)
     assert not region.closed and np.all(view == 7.0)
     del view
-    for _ in range(200):
-        if region.closed:
-            break
-        time.sleep(0.01)
-    assert region.closed
+    assert _wait_for(lambda: region.closed)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_FREE is Linux's")
+def test_dropped_kept_map_is_taken_back_by_a_run_of_its_size_then_unmapped(monkeypatch):
+    """A dropped kept buffer's map waits (its pages marked free for the kernel) for a run that needs
+    a buffer of the same size: a loop of runs faults its buffers in once.  What the new owner writes
+    stays, a buffer of another size gets a map of its own, and a map nobody takes back is unmapped
+    after RETAIN_S seconds."""
+    monkeypatch.setattr(kept_maps, "RETAIN_S", 0.5)
+    row = np.zeros((1 << 22) // 8)
+    first = kept_buffer("points", 10, row)
+    region = first.base.base.obj
+    first[:] = 1.0
+    del first
+    maps = kept_maps._maps()
+    assert _wait_for(lambda: any(r is region for _, r in maps.waiting))
+    other = kept_buffer("points", 11, row)  # 44 MB: not the waiting map
+    assert other.base.base.obj is not region
+    again = kept_buffer("points", 10, row)
+    assert again.base.base.obj is region and not region.closed
+    time.sleep(0.2)  # (the prefault thread is done with 40 MB)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    again[:] = np.arange(10.0)[:, None]
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 100, faults  # a fresh 40 MB map takes 10240
+    time.sleep(0.6)  # past RETAIN_S: a map in use is not unmapped
+    assert not region.closed
+    np.testing.assert_array_equal(again[:, :: 1 << 12], np.arange(10.0)[:, None] * np.ones(128))
+    del again
+    assert _wait_for(lambda: region.closed)
+    del other
+
+
+def _map_of(arr):
+    while not isinstance(arr, mmap.mmap):
+        arr = arr.obj if isinstance(arr, memoryview) else arr.base
+    return arr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_FREE is Linux's")
+def test_a_loop_of_runs_keeps_its_saves_in_the_memory_of_the_results_it_dropped(monkeypatch):
+    """``tr = simulate(...)`` in a loop drops each result once the next run is done: the run after
+    takes its map back (a loop faults fresh memory in for its first two runs only), and what it
+    keeps is exactly what a run in fresh memory keeps."""
+    monkeypatch.setattr(kept_maps, "MAPPED_BYTES", 1 << 19)  # 64 kB a save, 11 saves: a map
+    x0 = sphere.uniform(16, 8, 0, batch=(64,))
+
+    def run(beta):
+        return wflow.simulate(
+            SA(beta), x0, 1.0, dt=0.1, save_at=np.linspace(0.0, 1.0, 11), method="euler-average"
+        )
+
+    maps = []
+    tr = None
+    for beta in (1.0, 2.0, 3.0):
+        tr = run(beta)
+        maps.append(_map_of(tr.data["points"][1]))
+        time.sleep(0.2)
+    assert maps[1] is not maps[0] and maps[2] is maps[0] and not maps[0].closed
+    kept = np.array(tr.points)
+    monkeypatch.setattr(kept_maps, "RETAIN_S", 0.0)
+    fresh = run(3.0)
+    assert _map_of(fresh.data["points"][1]) not in maps
+    np.testing.assert_array_equal(kept, fresh.points)
 
 
 def test_failures_set_status_or_raise():

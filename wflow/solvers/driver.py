@@ -16,16 +16,8 @@ so a run resumed after any saved snapshot repeats the uninterrupted run bit for 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
-import mmap
-import os
-import queue
-import sys
-import threading
-import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +28,7 @@ from .._version import __version__
 from ..errors import SolverError, check_int, short_repr
 from .contract import Problem, Solver, Variable, get_solver
 from .control import StepSizeController, make_controller
+from .kept import kept_buffer
 from .result import Result, Status
 from .saveat import SaveAt
 from .trackers import RunInfo, Snapshot, Tracker
@@ -375,110 +368,6 @@ def _loop(
 _BUFFER_BYTES = 1 << 16
 
 
-#: kept buffers of at least this many bytes are anonymous memory maps rather than ``np.empty``
-_MAPPED_BYTES = 1 << 25
-
-
-#: Linux's madvise(MADV_POPULATE_WRITE) (5.14 on): fault pages in, writable, leaving their contents
-_MADV_POPULATE_WRITE = 23
-#: the pages :func:`_prefault` faults in per call, front to back
-_PREFAULT_CHUNK = 1 << 24
-
-
-def _prefault(region: mmap.mmap) -> threading.Thread | None:
-    """Fault the pages of an anonymous map in on a thread of their own, front to back, and return
-    the thread (``None`` where the kernel cannot: not Linux).
-
-    Writing kept saves into fresh memory costs one page fault per 4 KiB page, taken by the loop
-    between two steps: 839 MB of saves (d = 8, 2048 systems of 32 tokens, 200 saves) spent about
-    1 s of a 2.2 s run in ``_keep``.  ``MADV_POPULATE_WRITE`` faults a range in with one call,
-    without touching what is already written, so it may run while the saves are written; the
-    foreign call releases the GIL, so it runs beside the steps.  The default call on that workload
-    went from 2.0-2.2 s to 1.5-1.6 s on the 2-core development VM.  A kernel that does not know the
-    advice (before 5.14) refuses the first call and the pages are faulted on first write, as before.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    # the ctypes view holds the map alive until the thread is done with it
-    buf = (ctypes.c_char * len(region)).from_buffer(region)
-
-    def work() -> None:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        addr, size = ctypes.addressof(buf), len(buf)
-        for start in range(0, size, _PREFAULT_CHUNK):
-            if madvise(addr + start, min(_PREFAULT_CHUNK, size - start), _MADV_POPULATE_WRITE):
-                return
-
-    thread = threading.Thread(target=work, name="wflow-prefault", daemon=True)
-    thread.start()
-    return thread
-
-
-#: the maps of dropped kept buffers, each unmapped by the thread :func:`_unmapper` (process id, queue)
-_UNMAP: tuple[int, queue.SimpleQueue] | None = None
-_UNMAP_LOCK = threading.Lock()
-
-
-def _unmap_later(region: mmap.mmap) -> None:
-    """Hand a kept buffer's map to the unmapping thread (its array has just been dropped).
-
-    Unmapping returns every page to the kernel: 0.18-0.21 s for 855 MB on the 2-core development
-    VM, which the caller that drops a trajectory (a loop over runs that rebinds its result, say)
-    would otherwise wait for; ``mmap.close`` releases the GIL, so it runs beside the caller.
-    """
-    global _UNMAP
-    with _UNMAP_LOCK:
-        if _UNMAP is None or _UNMAP[0] != os.getpid():  # (a forked child has no such thread)
-            _UNMAP = (os.getpid(), queue.SimpleQueue())
-            threading.Thread(
-                target=_unmapper, args=(_UNMAP[1],), name="wflow-unmap", daemon=True
-            ).start()
-        _UNMAP[1].put(region)
-
-
-def _unmapper(todo: queue.SimpleQueue) -> None:
-    while True:
-        region = todo.get()
-        for _ in range(100):  # the array's hold on the map ends once its deallocation does
-            try:
-                region.close()
-                break
-            except BufferError:
-                time.sleep(0.01)
-        del region  # (still held elsewhere: unmapped when its last holder goes)
-
-
-def _kept_buffer(name: str, capacity: int, arr: np.ndarray) -> np.ndarray:
-    """An empty array for ``capacity`` saves of ``arr``; a size the machine cannot hold is a
-    ``MemoryError`` that says what to pass instead.
-
-    From 32 MB on the array lives in an anonymous memory map of its own (freed, like any array,
-    when the last view of it goes).  ``np.empty`` asks the kernel for transparent huge pages on
-    large arrays, and where the kernel compacts memory to find them on first touch (``defrag =
-    madvise``, the common default) writing the saves stalls: on the 2-core development VM 839 MB of
-    kept points took 1.6-1.9 s to fill through ``np.empty`` in four of twelve fresh processes and
-    0.36-0.47 s through a plain map in all twelve.  A thread faults the map's pages in ahead of
-    the saves (:func:`_prefault`), beside the steps instead of between them, and another unmaps
-    the map once the array is dropped (:func:`_unmap_later`).
-    """
-    shape, need = (capacity, *arr.shape), capacity * arr.nbytes
-    try:
-        if need < _MAPPED_BYTES:
-            return np.empty(shape, arr.dtype)
-        region = mmap.mmap(-1, need)
-        _prefault(region)
-        buf = np.frombuffer(region, arr.dtype)
-        weakref.finalize(buf, _unmap_later, region).atexit = False
-        return buf.reshape(shape)
-    except (MemoryError, OSError, OverflowError):
-        raise MemoryError(
-            f"keeping {capacity} saves of {name!r} (shape {arr.shape}, {arr.dtype}) needs "
-            f"{need / 2**30:.3g} GiB, more than this machine can allocate: pass keep=False with a "
-            "writer (wflow.io.ZarrRecorder) to hold the saves on disk, or fewer save times"
-        ) from None
-
-
 class _Saved:
     """The snapshots a run keeps in memory (all, or with ``keep=False`` the last) and shows its trackers."""
 
@@ -552,7 +441,7 @@ class _Saved:
             arr = np.asarray(value)
             buf = self.buffers.get(name)
             if buf is None and k == 0 and arr.nbytes >= _BUFFER_BYTES and k < self.capacity:
-                buf = self.buffers[name] = _kept_buffer(name, self.capacity, arr)
+                buf = self.buffers[name] = kept_buffer(name, self.capacity, arr)
             if buf is None:
                 continue
             if k < len(buf) and arr.shape == buf.shape[1:] and arr.dtype == buf.dtype:
