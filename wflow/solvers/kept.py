@@ -52,9 +52,12 @@ def _madvise(region: mmap.mmap, advice: int) -> bool:
     """``madvise(advice)`` over the whole map, ``_PREFAULT_CHUNK`` bytes per call, front to back,
     without the GIL (a foreign call releases it; ``mmap.madvise`` does not): whether the kernel took
     the advice.  Not on Linux: False."""
-    if not sys.platform.startswith("linux") or region.closed:
+    if not sys.platform.startswith("linux"):
         return False
-    buf = (ctypes.c_char * len(region)).from_buffer(region)  # (holds the map while it works)
+    try:  # (the view holds the map while it works)
+        buf = (ctypes.c_char * len(region)).from_buffer(region)
+    except (ValueError, TypeError):  # closed meanwhile
+        return False
     try:
         madvise = ctypes.CDLL(None, use_errno=True).madvise
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
