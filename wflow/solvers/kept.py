@@ -2,7 +2,7 @@
 every save time, so that a save is one copy into place.
 
 Fresh memory costs a page fault per 4 KiB page on first write, and on a virtual machine these
-are slow: 839 MB of kept points (d = 8, 2048 systems of 32 tokens, 200 saves) took 0.35-1.3 s to
+are slow: 839 MB of kept points (d = 8, 2048 systems of 32 tokens, 200 saves) took 0.3-1.2 s to
 write into fresh memory on the 2-core development VM, against 0.05 s into memory already faulted
 in -- as long as the 300 steps that produce them.  Three things bring that cost down:
 
