@@ -373,6 +373,12 @@ def test_kept_map_is_faulted_in_ahead_without_touching_what_is_written():
     assert faults < 100, faults
 
 
+def _map_of(arr):
+    while not isinstance(arr, mmap.mmap):
+        arr = arr.obj if isinstance(arr, memoryview) else arr.base
+    return arr
+
+
 def _wait_for(cond, seconds=5.0):
     end = time.monotonic() + seconds
     while not cond() and time.monotonic() < end:
@@ -385,8 +391,7 @@ def test_dropped_kept_map_is_unmapped_by_a_thread_once_no_view_holds_it(monkeypa
     view of it is dropped, not while one lives; with no time to wait for reuse it is unmapped."""
     monkeypatch.setattr(kept_maps, "RETAIN_S", 0.0)
     kept = kept_buffer("points", 10, np.zeros((1 << 22) // 8))  # 40 MB: a map of its own
-    region = kept.base.base.obj  # (the reshaped array, the flat one, its memoryview)
-    assert isinstance(region, mmap.mmap)
+    region = _map_of(kept)
     kept[3] = 7.0
     view = kept[3]
     del kept
@@ -405,15 +410,15 @@ def test_dropped_kept_map_is_taken_back_by_a_run_of_its_size_then_unmapped(monke
     monkeypatch.setattr(kept_maps, "RETAIN_S", 0.5)
     row = np.zeros((1 << 22) // 8)
     first = kept_buffer("points", 10, row)
-    region = first.base.base.obj
+    region = _map_of(first)
     first[:] = 1.0
     del first
     maps = kept_maps._maps()
     assert _wait_for(lambda: any(r is region for _, r in maps.waiting))
     other = kept_buffer("points", 11, row)  # 44 MB: not the waiting map
-    assert other.base.base.obj is not region
+    assert _map_of(other) is not region
     again = kept_buffer("points", 10, row)
-    assert again.base.base.obj is region and not region.closed
+    assert _map_of(again) is region and not region.closed
     time.sleep(0.2)  # (the prefault thread is done with 40 MB)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     again[:] = np.arange(10.0)[:, None]
@@ -425,12 +430,6 @@ def test_dropped_kept_map_is_taken_back_by_a_run_of_its_size_then_unmapped(monke
     del again
     assert _wait_for(lambda: region.closed)
     del other
-
-
-def _map_of(arr):
-    while not isinstance(arr, mmap.mmap):
-        arr = arr.obj if isinstance(arr, memoryview) else arr.base
-    return arr
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_FREE is Linux's")

@@ -94,7 +94,6 @@ class _Maps:
     for reuse, then is unmapped."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.cond = threading.Condition()
         self.dropped: list[mmap.mmap] = []  # not yet marked free
         self.waiting: list[tuple[float, mmap.mmap]] = []  # (unmap after, map), oldest first
@@ -164,10 +163,11 @@ _MAPS_LOCK = threading.Lock()
 
 
 def _maps() -> _Maps:
-    """This process's :class:`_Maps`, started on first use."""
+    """This process's :class:`_Maps`, started on first use (in a forked child, anew:
+    :func:`_forget_after_fork`)."""
     global _MAPS
     with _MAPS_LOCK:
-        if _MAPS is None or _MAPS.pid != os.getpid():
+        if _MAPS is None:
             _MAPS = _Maps()
         return _MAPS
 
