@@ -181,7 +181,8 @@ class Backend(Protocol):
 
     A backend may also define ``accepts_auto(problem)``, asked instead of ``accepts``
     when ``backend="auto"`` (e.g. KeOps takes every problem but is chosen
-    automatically only on a GPU).
+    automatically only on a GPU), and ``on_device(device)``, the same backend on
+    another device, which ``backend="<name>:<device>"`` asks for (``"torch:cuda"``).
 
     Examples
     --------
@@ -315,7 +316,8 @@ def kernel_sums(
     values : bool
         Also compute the vector sum :math:`s^1`.
     backend : str
-        A name in :data:`BACKENDS` or ``"auto"``.
+        A name in :data:`BACKENDS`, ``"<name>:<device>"`` for a backend with devices
+        (``"torch:cuda"``, ``"torch:cpu"``), or ``"auto"``.
     tol : float, optional
         Requested relative accuracy for approximate backends (``"spectral"``).  The numba
         backend's tiny-systems route (:mod:`wflow.kernels.small`) uses it to allow float32
@@ -431,9 +433,15 @@ def _select(backend: str, problem: KernelProblem) -> Backend:
             if getattr(b, "accepts_auto", b.accepts)(problem) and b.available():
                 return b
         return BACKENDS["numpy"]
-    if backend not in BACKENDS:
+    name, colon, device = backend.partition(":")
+    if name not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
-    b = BACKENDS[backend]
+    b = BACKENDS[name]
+    if colon:  # "torch:cuda": the backend on a device
+        on_device = getattr(b, "on_device", None)
+        if on_device is None:
+            raise ValueError(f"backend {name!r} takes no device, got backend={backend!r}")
+        b = on_device(device)
     if not b.available():
         raise ValueError(
             f"backend {backend!r} is not available on this machine: {getattr(b, 'reason', '')}".rstrip(
