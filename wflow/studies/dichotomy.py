@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from scipy import stats
@@ -69,8 +69,21 @@ HEMI_MARGIN = 0.1
 #: RK4 step (relative error of a fitted rate ~ (lambda dt)^4 / 120 < 1e-5)
 DT = 0.05
 SAVE_EVERY = 0.25  # the fit window spans log(1e6)/lambda: ~55 saves at rate 1
+
+
+class Plan(TypedDict):
+    """The study's sizes: tokens ``n``, seeds, dimensions, betas (uniform and hemisphere starts), final time."""
+
+    n: int
+    seeds: int
+    dims: tuple[int, ...]
+    betas: tuple[float, ...]
+    hemi_betas: tuple[float, ...]
+    T: float
+
+
 #: final time T (divided by :func:`run_scale` for USA)
-QUICK = {
+QUICK: Plan = {
     "n": 16,
     "seeds": 48,
     "dims": (3, 8),
@@ -78,7 +91,7 @@ QUICK = {
     "hemi_betas": (1.0, 4.0),
     "T": 30.0,
 }
-FULL = {
+FULL: Plan = {
     "n": 32,
     "seeds": 256,
     "dims": (3, 8),

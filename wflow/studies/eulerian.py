@@ -126,7 +126,7 @@ def _heat(backend: str) -> list[tuple]:
     for mesh in (CircleMesh(256), SphereMesh(16)):
         d = mesh.d
         for ell in (1, 2, 3):
-            if d == 2:
+            if isinstance(mesh, CircleMesh):
                 g = lambda x: np.cos(ell * points_to_angles(x))  # noqa: E731
                 basis = np.cos(ell * mesh.center_angles)
             else:

@@ -123,15 +123,15 @@ def plot_phase_diagram(
         else [(f"d = {int(v)}", da.sel(d=v)) for v in da["d"].values]
     )
     if ax is None:
-        size = dict(figsize=(4.2 * len(panels), 3.6), layout="constrained")
+        figsize = (4.2 * len(panels), 3.6)
         if path is None:  # a pyplot figure (shown by notebooks and galleries)
             import matplotlib.pyplot as plt
 
-            fig = plt.figure(**size)
+            fig = plt.figure(figsize=figsize, layout="constrained")
         else:  # written to a file: no pyplot, no backend
             from matplotlib.figure import Figure
 
-            fig = Figure(**size)
+            fig = Figure(figsize=figsize, layout="constrained")
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
     else:
         axes, fig = [ax], ax.figure

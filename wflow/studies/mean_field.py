@@ -20,7 +20,7 @@ from scipy import special
 
 from .. import sphere
 from ..measure import Atoms
-from ..models import SA, USA
+from ..models import SA, USA, Model
 from ..solvers.particles import simulate
 from .mean_field_time import CHAOS_BETAS, w2_in_time
 from .parts import Parts
@@ -125,7 +125,7 @@ def _s2_semidiscrete_w2(
 
     t0 = time.perf_counter()
     n_ref = min(sd_plan)
-    sizes = {
+    sizes: dict[int | str, int] = {
         **{N: S2_ATOMS_PER_PARTICLE * N for N in sd_plan},
         "refined": S2_REFINED_ATOMS_PER_PARTICLE * n_ref,
     }
@@ -134,6 +134,7 @@ def _s2_semidiscrete_w2(
     tracers = np.concatenate(list(ref_sets.values()))
     # RK4 at dt = 0.05: error ~1e-7, far below the W2 values (>= 1e-2) and the brackets' widths
     ref = simulate(model, quad, times[-1], save_at=times, dt=0.05, tracers=tracers)
+    assert ref.tracers is not None  # tracers= asked for them
     offsets = np.cumsum([0] + [len(z) for z in ref_sets.values()])
     pushed = {
         key: [
@@ -149,7 +150,7 @@ def _s2_semidiscrete_w2(
             x0 = _sample(3, N, np.random.default_rng([3, N, s]))
             traj = simulate(model, Atoms(x0), times[-1], save_at=times, dt=rk4_dt)
             for i, t in enumerate(times):
-                targets = [N, "refined"] if N == n_ref else [N]
+                targets: list[int | str] = [N, "refined"] if N == n_ref else [N]
                 res = {}
                 for key in targets:
                     with warnings.catch_warnings(record=True) as caught:
@@ -280,6 +281,7 @@ def _iid_block(
             atol=1e-12,
             tracers=tracers,
         )
+    assert ref.tracers is not None  # tracers= asked for them
     offsets = np.cumsum([0] + [len(p) for p in parts])
     fine = [Atoms._trusted(ref.tracers[i, offsets[-2] :], fine_w) for i in range(len(times))]
     cols: dict[str, list] = {"N": [], "seed": [], "t": [], "coupling": [], "W2": []}
@@ -352,6 +354,8 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
     times = np.array([0.0, 1.0, 2.0])
     # samples per N: the slope's error is dominated by the spread of log W at each N, which
     # hardly depends on N, so small N (cheap) get more seeds
+    plan: dict[int, dict[int, int]]
+    models: dict[int, dict[str, Model]]
     if quick:
         plan = {2: {100: 40, 400: 30, 1600: 20, 6400: 12}, 3: {100: 16, 400: 12, 1600: 8}}
         models = {2: {"SA": SA(1.0), "USA": USA(1.0)}, 3: {"SA": SA(1.0)}}
@@ -588,8 +592,8 @@ def _figure(rep: StudyReport, out: Path) -> Path:
                 Ns = sorted({p[0] for p in pts})
                 means = [np.mean([v for n, v in pts if n == N]) for N in Ns]
                 ax.loglog(Ns, means, style, label=f"{key}, t={t:g}", ms=4)
-        Ns = np.array(sorted({r["N"] for r in rows}), float)
-        ax.loglog(Ns, 0.5 * Ns**-0.5, "k:", label="N^-1/2")
+        n_axis = np.array(sorted({r["N"] for r in rows}), float)
+        ax.loglog(n_axis, 0.5 * n_axis**-0.5, "k:", label="N^-1/2")
         ax.set_title(f"{sph}, {name}, i.i.d. start")
         ax.set_xlabel("N")
         ax.legend(fontsize=7)
@@ -605,8 +609,8 @@ def _figure(rep: StudyReport, out: Path) -> Path:
             label=f"|moment error|, {name}",
         )
     if q:
-        Ns = np.array(sorted({r["N"] for r in q}), float)
-        ax.loglog(Ns, 1.0 / Ns, "k:", label="N^-1")
+        n_axis = np.array(sorted({r["N"] for r in q}), float)
+        ax.loglog(n_axis, 1.0 / n_axis, "k:", label="N^-1")
     ax.set_title("S1, quadrature start, t = 2")
     ax.set_xlabel("N")
     ax.legend(fontsize=7)

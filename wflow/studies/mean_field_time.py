@@ -150,7 +150,7 @@ def _part(
     fx, fq = sphere.circle_nodes(n_fine, offset=np.pi / n_fine)
     fw = fq * density(fx)
     fw /= fw.sum()
-    pushed = {}
+    pushed: dict[int, np.ndarray] = {}
     for M in (n_quad, n_quad // 2):
         ref = simulate(
             model,
@@ -163,6 +163,7 @@ def _part(
             tracers=fx,
             diagnostics=(),
         )
+        assert ref.tracers is not None  # tracers=fx asked for them
         pushed[M] = ref.tracers
     ref_err = np.array(
         [circle_w2(pushed[n_quad][i], fw, pushed[n_quad // 2][i], fw) for i in range(len(times))]

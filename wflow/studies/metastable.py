@@ -523,7 +523,9 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
     parts = Parts(out, "metastable", quick)
     ks = np.arange(1, K_MAX + 1)
     results: dict[tuple, dict[str, Any]] = {}
-    expected_matches, matches, n_runs, errors, errors_all = 0.0, 0, 0, [], []
+    expected_matches, matches, n_runs = 0.0, 0, 0
+    errors: list[float] = []
+    errors_all: list[float] = []
     for beta in plan["betas"]:
         k_star = most_unstable_mode(beta, 2, "SA")
         lam = growth_rate(ks, beta, 2, "SA")

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -74,8 +74,16 @@ __all__ = [
     "MERGED_ANGLE",
 ]
 
+
+class SchemeOptions(TypedDict, total=False):
+    """A scheme's extra parameters: the Mix-LN switch time ``tau``, the nGPT step ``alpha``."""
+
+    tau: float
+    alpha: float
+
+
 #: the schemes' extra parameters (Mix-LN switch time, nGPT step)
-SCHEME_OPTIONS: dict[str, dict[str, float]] = {"mix-ln": {"tau": 2.0}, "ngpt": {"alpha": 0.5}}
+SCHEME_OPTIONS: dict[str, SchemeOptions] = {"mix-ln": {"tau": 2.0}, "ngpt": {"alpha": 0.5}}
 #: the clock in which each scheme's late-time law is linear: log(1-rho) = log C - rate * clock(t)
 CLOCKS = {
     "exponential": lambda t: t,
@@ -385,8 +393,9 @@ def collapse_part(
     def collapsed(t, y):
         return float(np.log(_pair_gaps_each(y.reshape(n, r)).max() / COLLAPSED_GAP))
 
-    collapsed.terminal = True
-    collapsed.direction = -1
+    # solve_ivp's event protocol: attributes set on the function, which mypy cannot type
+    collapsed.terminal = True  # type: ignore[attr-defined]
+    collapsed.direction = -1  # type: ignore[attr-defined]
     t0 = time.perf_counter()
     with blas_threads(1):
         sol = solve_ivp(
@@ -633,7 +642,9 @@ def study_normalization(out: Path, quick: bool) -> StudyReport:
                 **COLLAPSE_TOL,
                 **SCHEME_OPTIONS.get(scheme, {}),
             },
-            lambda: collapse_part(scheme, n_r, d_c, beta_c, 0, **COLLAPSE_TOL),
+            lambda: collapse_part(
+                scheme, n_r, d_c, beta_c, 0, rtol=COLLAPSE_TOL["rtol"], atol=COLLAPSE_TOL["atol"]
+            ),
         )
         col[scheme] = p
         law = _law(beta_c, n_r, scheme, p["rho0"])

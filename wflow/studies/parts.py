@@ -133,7 +133,9 @@ class Parts:
             raise TypeError(f"a part must return a dict of arrays, got {type(value).__name__}")
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{name}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, __key__=np.array(text), **{k: np.asarray(v) for k, v in value.items()})
+        # Any: savez's signature types its other keywords (allow_pickle) beside **arrays
+        arrays: dict[str, Any] = {k: np.asarray(v) for k, v in value.items()}
+        np.savez(tmp, __key__=np.array(text), **arrays)
         os.replace(tmp, path)
         self.computed += 1
         return {

@@ -37,6 +37,7 @@ from the dopri5 curve.  Every :math:`(d, \beta, \text{scheme}, \text{chunk})` is
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -170,15 +171,15 @@ def pair_fraction_curves(
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {list(SCHEMES)}, got {scheme!r}")
-    save_at = checkpoints(t_end) if save_at is None else np.asarray(save_at, dtype=float)
+    saves = checkpoints(t_end) if save_at is None else np.asarray(save_at, dtype=float)
     record = Record("pair_fraction")
     # span coordinates: n = 32 numbers per token whatever d (exact for SA with Q = K = V = I; the pair
     # fraction is computed from them), so d = 1024 costs what d = 32 does
     simulate(
         SA(beta),
         x0,
-        float(save_at[-1]),
-        save_at=save_at,
+        float(saves[-1]),
+        save_at=saves,
         diagnostics=("pair_fraction",),
         trackers=[record],
         keep=False,
@@ -270,7 +271,7 @@ def density_curve(
     for c, size in _chunks(systems, chunk):
         p = parts.get(
             _part_key(d, beta, scheme, c, size),
-            lambda c=c, size=size: curve_part(d, beta, scheme, c, size),
+            functools.partial(curve_part, d, beta, scheme, c, size),
         )
         times = p["times"]
         total, total2, count = total + p["sum"], total2 + p["sum2"], count + int(p["count"])

@@ -29,6 +29,7 @@ Quick mode: rtol 1e-4 (about 5 s per beta); full: rtol 1e-6 (about 25 s per beta
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -232,7 +233,9 @@ def study(out: Path, quick: bool) -> StudyReport:
     parts = Parts(out, "staircase", quick)
     rtol = 1e-4 if quick else 1e-6
     runs = {
-        b: parts.get({"beta": b, "rtol": rtol, "t_end": T_END}, lambda b=b: run_staircase(b, rtol))
+        b: parts.get(
+            {"beta": b, "rtol": rtol, "t_end": T_END}, functools.partial(run_staircase, b, rtol)
+        )
         for b in BETAS
     }
     all_merges, worst_log, levels_err, monotone = [], 0.0, 0.0, True

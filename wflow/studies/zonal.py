@@ -183,7 +183,9 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
                         half,
                         -0.5,
                     )
-            w2_max_n = np.mean([r["W2"] for r in rows if r["t"] == T_END and r["N"] == max(plan)])
+            w2_max_n = float(
+                np.mean([r["W2"] for r in rows if r["t"] == T_END and r["N"] == max(plan)])
+            )
             rep.expect(
                 f"d={d} {name}: reference error W2({bands} bands, {bands // 2} bands) / mean W2 at N={max(plan)}",
                 ref_err / w2_max_n,
