@@ -100,6 +100,10 @@ class Mesh(ABC):
         mean = float(np.mean(self.areas))
         return mean if self.d == 2 else float(np.sqrt(mean))
 
+    @abstractmethod
+    def to_dict(self) -> dict:
+        """The specification that rebuilds this mesh exactly (:func:`mesh_from_dict`)."""
+
     # -- derived connectivity -------------------------------------------------
     def _finish(self) -> None:
         """Padded per-cell arrays from the edge lists."""

@@ -658,27 +658,15 @@ def stationary(
         w = _perturb(x, w, H.points, mode, atom_width)
         st.first = True
     breakdowns = sum(st.ot.breakdowns.values()) if st.ot is not None else 0
-    notes = out.notes
-    msg = "converged" if out.fields["converged"] else "NOT converged"
-    msg += f" (test: {out.fields['test']})"
     if stopped:
-        msg += f" after {steps} steps (tau={tau / unit:.3g} T, T={unit:.3g})"
+        msg = f" after {steps} steps (tau={tau / unit:.3g} T, T={unit:.3g})"
     else:
-        msg += (
+        msg = (
             f": max_steps={max_steps} reached; last change {hist['change'][-1]:.3g} "
             f"(tol {tol_now * min(1.0, tau / unit):.3g})"
         )
-    msg += out.note
-    if perturbations:
-        notes = [*perturbations, *notes]
-        if restarts and verdict is not None and verdict.stable:
-            notes.append("the state reached is stable")
-    if breakdowns:
-        notes.append(
-            f"{breakdowns} inner-solver breakdown(s) handled (zero curvature or non-finite iterates)"
-        )
-    msg += "".join(f"; {n}" for n in notes)
     return StationaryResult(
+        message=_message(out, msg, perturbations, restarts > 0, breakdowns),
         weights=w,
         points=x,
         energy=st.energy.F(w),
@@ -686,13 +674,34 @@ def stationary(
         tau=tau,
         history=hist,
         mesh=mesh,
-        message=msg,
         stopped=stopped,
         time_unit=unit,
         perturbations=perturbations,
         breakdowns=breakdowns,
         **out.fields,
     )
+
+
+def _message(
+    out: _Analysis, stop: str, perturbations: list[str], restarted: bool, breakdowns: int
+) -> str:
+    """The verdict of :func:`stationary`: converged or not, how the steps stopped (``stop``), then
+    the analysis' notes, the perturbations and the inner solver's breakdowns."""
+    msg = "converged" if out.fields["converged"] else "NOT converged"
+    msg += f" (test: {out.fields['test']})"
+    msg += stop
+    msg += out.note
+    notes = out.notes
+    if perturbations:
+        notes = [*perturbations, *notes]
+        verdict = out.fields["stability"]
+        if restarted and verdict is not None and verdict.stable:
+            notes.append("the state reached is stable")
+    if breakdowns:
+        notes.append(
+            f"{breakdowns} inner-solver breakdown(s) handled (zero curvature or non-finite iterates)"
+        )
+    return msg + "".join(f"; {n}" for n in notes)
 
 
 def _iterate(
@@ -765,97 +774,39 @@ class _Analysis:
 
 def _analyse(setting: _Setting, w: np.ndarray, stopped: bool) -> _Analysis:
     """Atoms, residuals, resolution and the verdict of a settled support measure."""
-    model, x, mesh, h, unit = setting.model, setting.x, setting.mesh, setting.h, setting.unit
-    atom_width, stray_mass, polish = setting.atom_width, setting.stray_mass, setting.polish
-    residual_tol, backend = setting.residual_tol, setting.backend
-    groups = atom_groups(
-        x, w, neighbors=None if mesh is None else mesh.cell_neighbors, threshold=setting.threshold
-    )
-    # groups wider than an atom carrying at most stray_mass in all are strays (tails still draining)
-    wide = groups.spread > atom_width
-    stray = wide if groups.masses[wide].sum() <= stray_mass else np.zeros_like(wide)
-    atomic = not np.any(wide & ~stray) and groups.masses.size < max(2, x.shape[0] // 4)
-    notes = []
-    if atomic:
-        keep = ~stray
-        residual_mass = float(groups.masses[stray].sum())
-        if stray.any():
-            notes.append(
-                f"residual_mass {residual_mass:.2g} left outside the atoms ({int(stray.sum())} "
-                f"group(s) wider than atom_width)"
-            )
-    else:
-        keep = np.ones_like(stray)
-        residual_mass = 0.0
+    model, h, unit = setting.model, setting.h, setting.unit
+    atom_width, residual_tol = setting.atom_width, setting.residual_tol
+    groups, atomic, keep, residual_mass, notes = _split_groups(setting, w)
     atoms, masses, spread = groups.atoms[keep], groups.masses[keep], groups.spread[keep]
     residual_grid = None
     polished = False
     if model is not None and atomic:
-        residual_grid = _max_speed(model, atoms, masses, backend)
-        if polish:
+        residual_grid = _max_speed(model, atoms, masses, setting.backend)
+        if setting.polish:
             p = polish_atoms(
                 model,
                 Atoms._trusted(atoms, masses / masses.sum()),
                 max_move=min(atom_width, 2.0 * h),
-                backend=backend,
+                backend=setting.backend,
             )
             polished = p.applied
             if not p.applied:
                 notes.append(p.message)
             atoms = p.points
-    hess = _second_order(model, atoms, masses, backend)
-    if model is None:
-        residual, res_support, speed_max, gap = 0.0, 0.0, 0.0, 0.0
-    else:
-        residual = _max_speed(model, atoms, masses, backend)
-        v = model.velocity(x, Atoms._trusted(x, w), backend=backend)
-        speed = np.linalg.norm(v, axis=-1)
-        res_support = float(np.dot(w, speed))
-        # mass still draining far from the atoms is little mass but moves fast: the test takes the
-        # largest speed where there is mass, not the mass-weighted mean
-        speed_max = float(speed[w >= 1e-3 * w.max()].max())
-        mu_atoms = Atoms._trusted(atoms, masses / masses.sum())
-        psi_x = model.first_variation(x, mu_atoms, backend=backend)
-        psi_a = model.first_variation(atoms, mu_atoms, backend=backend)
-        gap = float(psi_x.max() - psi_a.min())
+    hess = _second_order(model, atoms, masses, setting.backend)
+    residual, res_support, speed_max, gap = _residuals(setting, w, atoms, masses)
     test = "atoms" if atomic and model is not None else "support"
     if residual_tol is None:
-        if test == "atoms":
+        if model is not None and test == "atoms":
             tol_atoms = _atoms_tolerance(model, atoms, masses, h)
             residual_tol = max(tol_atoms, 1e-9 * h / unit) if np.isfinite(tol_atoms) else 0.0
         else:
             residual_tol = 0.01 * h / unit
     value = residual if test == "atoms" else speed_max
-    # resolution: the spacing against the clusters' width 1/sqrt(beta) and the atoms found
-    beta = _max_beta(model)
-    width = 1.0 / np.sqrt(beta) if beta > 0 else np.inf
-    if atoms.shape[0] > 1:
-        gaps = np.arccos(np.clip(atoms @ atoms.T, -1.0, 1.0))
-        gaps[np.diag_indices(atoms.shape[0])] = np.inf
-        closest = float(gaps.min())
-    else:
-        closest = np.inf
-    # a group wider than an atom but no wider than a cluster (2/sqrt(beta), at most pi/4) is atoms
-    # the support cannot tell apart (beta = 50 descent on 256 cells: two atoms 0.14 rad apart)
-    wide_groups = groups.spread[groups.spread > atom_width]
-    blurred = (
-        float(wide_groups.min())
-        if not atomic and wide_groups.size and wide_groups.min() <= min(2 * width, np.pi / 4)
-        else None
-    )
-    resolved = bool(h <= width and (not atomic or 3.0 * h <= closest) and blurred is None)
+    width, resolved, why = _resolution(setting, groups, atoms, atomic)
     converged = bool(stopped and resolved and value <= residual_tol)
     note = ""
     if not resolved:
-        if h > width:
-            why = f"spacing {h:.3g} > 1/sqrt(beta) = {width:.3g}, the width of a cluster at beta={beta:g}"
-        elif blurred is not None:
-            why = (
-                f"a group of spread {blurred:.3g} rad, wider than an atom ({atom_width:.3g}) and "
-                f"narrower than a cluster ({min(2 * width, np.pi / 4):.3g}), is not resolved into atoms"
-            )
-        else:
-            why = f"two atoms {closest:.3g} rad apart, less than 3 spacings ({3 * h:.3g})"
         note += (
             f"; resolved=False: the support is too coarse for the clusters ({why}); refine the mesh"
         )
@@ -896,3 +847,100 @@ def _analyse(setting: _Setting, w: np.ndarray, stopped: bool) -> _Analysis:
         separation_threshold=groups.threshold,
     )
     return _Analysis(fields, coarse=h > width, notes=notes, note=note)
+
+
+def _split_groups(
+    setting: _Setting, w: np.ndarray
+) -> tuple[AtomGroups, bool, np.ndarray, float, list[str]]:
+    """The mass groups of ``w`` and which are atoms: ``(groups, atomic, keep, residual_mass, notes)``.
+
+    Groups wider than an atom carrying at most ``stray_mass`` in all are strays (tails still
+    draining); the measure is atomic when every other group is an atom and there are few groups.
+    """
+    x, mesh = setting.x, setting.mesh
+    groups = atom_groups(
+        x, w, neighbors=None if mesh is None else mesh.cell_neighbors, threshold=setting.threshold
+    )
+    wide = groups.spread > setting.atom_width
+    stray = wide if groups.masses[wide].sum() <= setting.stray_mass else np.zeros_like(wide)
+    atomic = not np.any(wide & ~stray) and groups.masses.size < max(2, x.shape[0] // 4)
+    notes = []
+    if atomic:
+        keep = ~stray
+        residual_mass = float(groups.masses[stray].sum())
+        if stray.any():
+            notes.append(
+                f"residual_mass {residual_mass:.2g} left outside the atoms ({int(stray.sum())} "
+                f"group(s) wider than atom_width)"
+            )
+    else:
+        keep = np.ones_like(stray)
+        residual_mass = 0.0
+    return groups, atomic, keep, residual_mass, notes
+
+
+def _residuals(
+    setting: _Setting, w: np.ndarray, atoms: np.ndarray, masses: np.ndarray
+) -> tuple[float, float, float, float]:
+    """``(residual, residual_support, speed_max, potential_gap)``: all zero without a model.
+
+    The atoms' largest velocity, the mass-weighted and the largest speed on the support (where the
+    weight is at least 1e-3 of the largest), and the spread of the first variation.
+    """
+    model, x, backend = setting.model, setting.x, setting.backend
+    if model is None:
+        return 0.0, 0.0, 0.0, 0.0
+    residual = _max_speed(model, atoms, masses, backend)
+    v = model.velocity(x, Atoms._trusted(x, w), backend=backend)
+    speed = np.linalg.norm(v, axis=-1)
+    res_support = float(np.dot(w, speed))
+    # mass still draining far from the atoms is little mass but moves fast: the test takes the
+    # largest speed where there is mass, not the mass-weighted mean
+    speed_max = float(speed[w >= 1e-3 * w.max()].max())
+    mu_atoms = Atoms._trusted(atoms, masses / masses.sum())
+    psi_x = model.first_variation(x, mu_atoms, backend=backend)
+    psi_a = model.first_variation(atoms, mu_atoms, backend=backend)
+    gap = float(psi_x.max() - psi_a.min())
+    return residual, res_support, speed_max, gap
+
+
+def _resolution(
+    setting: _Setting, groups: AtomGroups, atoms: np.ndarray, atomic: bool
+) -> tuple[float, bool, str]:
+    r"""Whether the support resolves the clusters: ``(width, resolved, why not)``.
+
+    The spacing ``h`` against the clusters' width :math:`1/\sqrt\beta` and against a third of the
+    closest two atoms' distance; a group wider than an atom but no wider than a cluster is atoms
+    the support cannot tell apart.
+    """
+    h, atom_width = setting.h, setting.atom_width
+    beta = _max_beta(setting.model)
+    width = 1.0 / np.sqrt(beta) if beta > 0 else np.inf
+    if atoms.shape[0] > 1:
+        gaps = np.arccos(np.clip(atoms @ atoms.T, -1.0, 1.0))
+        gaps[np.diag_indices(atoms.shape[0])] = np.inf
+        closest = float(gaps.min())
+    else:
+        closest = np.inf
+    # a group wider than an atom but no wider than a cluster (2/sqrt(beta), at most pi/4) is atoms
+    # the support cannot tell apart (beta = 50 descent on 256 cells: two atoms 0.14 rad apart)
+    wide_groups = groups.spread[groups.spread > atom_width]
+    blurred = (
+        float(wide_groups.min())
+        if not atomic and wide_groups.size and wide_groups.min() <= min(2 * width, np.pi / 4)
+        else None
+    )
+    resolved = bool(h <= width and (not atomic or 3.0 * h <= closest) and blurred is None)
+    why = ""
+    if h > width:
+        why = (
+            f"spacing {h:.3g} > 1/sqrt(beta) = {width:.3g}, the width of a cluster at beta={beta:g}"
+        )
+    elif blurred is not None:
+        why = (
+            f"a group of spread {blurred:.3g} rad, wider than an atom ({atom_width:.3g}) and "
+            f"narrower than a cluster ({min(2 * width, np.pi / 4):.3g}), is not resolved into atoms"
+        )
+    elif not resolved:
+        why = f"two atoms {closest:.3g} rad apart, less than 3 spacings ({3 * h:.3g})"
+    return width, resolved, why

@@ -19,7 +19,7 @@ from here as well.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -194,7 +194,9 @@ class JKO(Solver):
             "max_sinkhorn": self.max_sinkhorn,
         }
 
-    def init(self, problem: JKOProblem, t0: float, y0: np.ndarray) -> JKOStepper:
+    def init(self, problem: Problem, t0: float, y0: np.ndarray) -> JKOStepper:
+        if not isinstance(problem, JKOProblem):
+            raise TypeError(f"the jko solver steps a JKOProblem, got {short_repr(problem)}")
         eps = default_eps(problem.x, problem.r) if self.eps is None else self.eps
         st = JKOStepper(
             problem.model,
@@ -557,8 +559,10 @@ def jko(
         throw=throw,
         result_class=JKOResult,
     )
-    res._mesh = mesh
-    return res
+    # integrate builds result_class
+    jres = cast(JKOResult, res)
+    jres._mesh = mesh
+    return jres
 
 
 def jko_step(model: Model | None, rho0: Density | Atoms, tau: float, **kwargs: Any) -> JKOResult:

@@ -470,9 +470,9 @@ class JKOStepper:
         return min(float(self.C.max()), s2)
 
     def step(self, a: np.ndarray) -> tuple[np.ndarray, StepStats]:
-        if self.method == "emd":
-            return self._emd_step(a)
         ot, E = self.ot, self.energy
+        if ot is None:  # method="emd" keeps no scaling solver
+            return self._emd_step(a)
         broke = sum(ot.breakdowns.values())
         t_ot = 0.0
         t0e = E.time
@@ -554,7 +554,7 @@ class JKOStepper:
             sink,
             res,
             res_max,
-            float(ot.eps),
+            float(self.eps_target),  # where the eps schedule ends
             L,
             J_m,
             converged,

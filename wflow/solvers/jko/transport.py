@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 from scipy import sparse
@@ -44,31 +45,47 @@ class SemiRelaxed:
         self.sparse = isinstance(C, SparseCost)
         self.logr = np.log(r)
         self.n = C.n if isinstance(C, SparseCost) else C.shape[0]
-        self.eps = None
+        self.eps: float | None = None
         self.gbar = np.zeros(self.n)
         self.fbar = np.zeros(self.n)
         self.v = np.ones(self.n)
         self.u = np.ones(self.n)
-        self.K = None
-        self._KT2 = None
+        # the truncated kernel, its transpose and its squared entries transposed (Newton--CG):
+        # dense arrays or scipy sparse matrices, built on demand by build()
+        self.K: np.ndarray | sparse.csr_matrix | None = None
+        self.KT: np.ndarray | sparse.csr_matrix | None = None
+        self._KT2: np.ndarray | sparse.csr_matrix | None = None
         self.builds = 0
         self.build_time = 0.0
         #: inner-loop breakdowns handled so far: zero curvature in CG, non-finite iterates
         self.breakdowns = {"curvature": 0, "nonfinite": 0}
 
     @property
+    def _eps(self) -> float:
+        """The regularization in force (``set_eps`` fixes it before any kernel is built)."""
+        if self.eps is None:
+            raise RuntimeError("SemiRelaxed: call set_eps before using the kernel")
+        return self.eps
+
+    def _kernels(self) -> tuple[np.ndarray | sparse.csr_matrix, np.ndarray | sparse.csr_matrix]:
+        """The kernel and its transpose, ``(K, K^T)``, built by :meth:`build`."""
+        if self.K is None or self.KT is None:
+            raise RuntimeError("SemiRelaxed: call set_eps before using the kernel")
+        return self.K, self.KT
+
+    @property
     def g(self) -> np.ndarray:
-        return self.gbar + self.eps * np.log(self.v)
+        return self.gbar + self._eps * np.log(self.v)
 
     @property
     def f(self) -> np.ndarray:
-        return self.fbar + self.eps * np.log(self.u)
+        return self.fbar + self._eps * np.log(self.u)
 
     def build(self, g: np.ndarray | None = None) -> None:
         """Absorb the scalings and rebuild the truncated kernel (row maxima normalized to 1)."""
         t0 = time.perf_counter()
         self.gbar = self.g if g is None else np.array(g, dtype=float)
-        n, eps = self.n, self.eps
+        n, eps = self.n, self._eps
         if isinstance(self.C, SparseCost):
             self.K = self.KT = self._KT2 = None  # free the old kernel before the new one is built
             self.K, self.fbar = self.C.kernel(self.gbar, self.logr, eps)
@@ -133,28 +150,30 @@ class SemiRelaxed:
             self.build(g)
 
     def row_update(self) -> None:
-        Kv = self.K @ self.v
+        K, _ = self._kernels()
+        Kv = K @ self.v
         self.u = 1.0 / Kv
 
     def column_log_sums(self, a: np.ndarray) -> np.ndarray:
         r""":math:`\log\sum_i a_i e^{(f_i - C_{ij})/\varepsilon}` (exact in the log domain where the kernel is empty)."""
-        s = self.KT @ (a * self.u)
+        eps = self._eps
+        s = self._kernels()[1] @ (a * self.u)
         with np.errstate(divide="ignore"):
-            out = np.log(s) - self.logr - self.gbar / self.eps
+            out = np.log(s) - self.logr - self.gbar / eps
         bad = ~(s > TINY)
         if np.any(bad):
             f = self.f
             cols = np.flatnonzero(bad)
             if isinstance(self.C, SparseCost):
-                out[cols] = self.C.column_logsumexp(f, np.log(np.maximum(a, TINY)), self.eps, cols)
+                out[cols] = self.C.column_logsumexp(f, np.log(np.maximum(a, TINY)), eps, cols)
                 return out
-            E = (f[:, None] - self.C[:, cols]) / self.eps + np.log(np.maximum(a, TINY))[:, None]
+            E = (f[:, None] - self.C[:, cols]) / eps + np.log(np.maximum(a, TINY))[:, None]
             m = E.max(axis=0)
             out[cols] = m + np.log(np.sum(np.exp(E - m[None, :]), axis=0))
         return out
 
     def nu(self, a: np.ndarray) -> np.ndarray:
-        return self.v * (self.KT @ (a * self.u))
+        return self.v * (self._kernels()[1] @ (a * self.u))
 
     def solve(
         self,
@@ -170,7 +189,7 @@ class SemiRelaxed:
         When the scaling map contracts slowly (:math:`\\zeta > 1/2`) and ``newton``, hands over to
         :meth:`newton` instead.
         """
-        eps = self.eps
+        eps = self._eps
         zeta = lam / (eps + lam)
         if newton and zeta > 0.5:
             return self.newton(a, V, lam, tol, max_iter)
@@ -206,7 +225,7 @@ class SemiRelaxed:
 
     def _set_g(self, g: np.ndarray, a: np.ndarray) -> np.ndarray:
         """Move to the potential ``g`` (exact row update; rebuild if the scaling leaves its range); returns nu."""
-        logv = (g - self.gbar) / self.eps
+        logv = (g - self.gbar) / self._eps
         if np.max(np.abs(logv)) > _ABSORB or not np.all(np.isfinite(logv)):
             self.build(g)
         else:
@@ -232,7 +251,7 @@ class SemiRelaxed:
         :math:`\sum_j\nu_j|g_j + V_j + \lambda\log(\nu_j/r_j)| \le` ``tol`` (the linearized optimality
         condition, units of ``g``) or after ``max_iter`` products.
         """
-        eps = self.eps
+        eps = self._eps
         logr = self.logr
 
         def dual(nu: np.ndarray) -> tuple[float, np.ndarray | None]:
@@ -262,82 +281,123 @@ class SemiRelaxed:
             grad = q - nu
             u, v = self.u, self.v
             au2 = a * u * u
-            if self._KT2 is None:
-                if isinstance(self.KT, np.ndarray):
-                    self._KT2 = self.KT * self.KT
-                elif self.sparse:  # the squared entries on K's own pattern, read transposed
-                    K = self.K
-                    self._KT2 = sparse.csr_matrix(
-                        (K.data * K.data, K.indices, K.indptr), shape=K.shape, copy=False
-                    ).T
-                else:
-                    self._KT2 = self.KT.multiply(self.KT).tocsr()
-            diag = (nu - v * v * (self._KT2 @ au2)) / eps + q / lam
+            K, KT = self._kernels()
+            diag = (nu - v * v * (self._squared_kernel_t() @ au2)) / eps + q / lam
             diag = np.maximum(diag, q / lam)
             # a Jacobi preconditioner only needs to be positive: floor it so that rows whose mass and
             # q underflow do not blow the CG iterates up (the overflow before the ZeroDivisionError)
             diag = np.maximum(diag, 1e-12 * float(np.max(diag, initial=0.0)))
 
             def hess(x: np.ndarray) -> np.ndarray:
-                return (nu * x - v * (self.KT @ (au2 * (self.K @ (v * x))))) / eps + q * x / lam
+                return (nu * x - v * (KT @ (au2 * (K @ (v * x))))) / eps + q * x / lam
 
             if not (np.all(np.isfinite(grad)) and np.all(np.isfinite(diag)) and np.all(diag > 0)):
                 self.breakdowns["nonfinite"] += 1
                 logger.debug("Newton-CG: non-finite gradient or preconditioner; stopped")
                 return products, res
-            # preconditioned CG for H d = grad, relative tolerance 1e-3 (inexact Newton)
-            d = np.zeros_like(g)
-            rcg = grad.copy()
-            z = rcg / diag
-            p = z.copy()
-            rz = float(np.dot(rcg, z))
-            stop = 1e-6 * rz
-            for _ in range(max(1, max_iter - products)):
-                with np.errstate(over="ignore", invalid="ignore"):
-                    Hp = hess(p)
-                    pHp = float(np.dot(p, Hp))
-                    pp = float(np.dot(p, p))
-                products += 1
-                if not (np.isfinite(pHp) and np.isfinite(pp) and pHp > 1e-300 * max(1.0, pp)):
-                    # zero (or, by round-off, negative) curvature along p, or an overflow: CG cannot
-                    # go on; keep the direction found so far (the preconditioned gradient at first)
-                    self.breakdowns["curvature" if np.isfinite(pHp) else "nonfinite"] += 1
-                    if not np.any(d):
-                        d = z if np.all(np.isfinite(z)) else np.zeros_like(g)
-                    break
-                alpha = rz / pHp
-                with np.errstate(over="ignore", invalid="ignore"):
-                    d += alpha * p
-                    rcg -= alpha * Hp
-                    z = rcg / diag
-                    rz_new = float(np.dot(rcg, z))
-                if not np.isfinite(rz_new):
-                    self.breakdowns["nonfinite"] += 1
-                    d -= alpha * p
-                    break
-                if rz_new <= stop:
-                    break
-                p = z + (rz_new / rz) * p
-                rz = rz_new
+            d, used = self._cg(hess, grad, diag, max(1, max_iter - products))
+            products += used
             if not (np.any(d) and np.all(np.isfinite(d))):
                 logger.debug("Newton-CG: no finite descent direction at residual %.3g", res)
                 return products, res
-            slope = float(np.dot(grad, d))
-            t = 1.0
-            while True:
-                nu_t = self._set_g(g + t * d, a)
-                D_t, q_t = dual(nu_t)
-                if q_t is not None and D_t >= D + 1e-4 * t * slope - 1e-14 * abs(D):
-                    break
-                t *= 0.5
-                if t < 1e-8:
-                    self._set_g(g, a)
-                    logger.debug("Newton line search failed at residual %.3g", res)
-                    return products, res
+            step = self._line_search(a, g, d, float(np.dot(grad, d)), D, dual)
+            if step is None:
+                logger.debug("Newton line search failed at residual %.3g", res)
+                return products, res
             products += 1
-            g, nu, D, q = g + t * d, nu_t, D_t, q_t
+            t, nu, D, q = step
+            g = g + t * d
             res = residual(nu, q)
         return products, res
+
+    def _squared_kernel_t(self) -> np.ndarray | sparse.csr_matrix:
+        r"""The squared kernel entries, transposed (:math:`(K\circ K)^\top`, the Hessian's diagonal)."""
+        if self._KT2 is None:
+            K, KT = self._kernels()
+            if isinstance(KT, np.ndarray):
+                self._KT2 = KT * KT
+            elif self.sparse and not isinstance(K, np.ndarray):
+                # the squared entries on K's own pattern, read transposed
+                self._KT2 = sparse.csr_matrix(
+                    (K.data * K.data, K.indices, K.indptr), shape=K.shape, copy=False
+                ).T
+            else:
+                self._KT2 = KT.multiply(KT).tocsr()
+        return self._KT2
+
+    def _cg(
+        self,
+        hess: Callable[[np.ndarray], np.ndarray],
+        grad: np.ndarray,
+        diag: np.ndarray,
+        max_products: int,
+    ) -> tuple[np.ndarray, int]:
+        """Jacobi-preconditioned CG for ``H d = grad`` to relative tolerance 1e-3 (inexact Newton).
+
+        Returns the direction and the Hessian products used (at most ``max_products``). On zero
+        curvature or an overflow, keeps the direction found so far (the preconditioned gradient at
+        first) and counts the breakdown.
+        """
+        d = np.zeros_like(grad)
+        rcg = grad.copy()
+        z = rcg / diag
+        p = z.copy()
+        rz = float(np.dot(rcg, z))
+        stop = 1e-6 * rz
+        products = 0
+        for _ in range(max_products):
+            with np.errstate(over="ignore", invalid="ignore"):
+                Hp = hess(p)
+                pHp = float(np.dot(p, Hp))
+                pp = float(np.dot(p, p))
+            products += 1
+            if not (np.isfinite(pHp) and np.isfinite(pp) and pHp > 1e-300 * max(1.0, pp)):
+                # zero (or, by round-off, negative) curvature along p, or an overflow: CG cannot
+                # go on; keep the direction found so far (the preconditioned gradient at first)
+                self.breakdowns["curvature" if np.isfinite(pHp) else "nonfinite"] += 1
+                if not np.any(d):
+                    d = z if np.all(np.isfinite(z)) else np.zeros_like(grad)
+                break
+            alpha = rz / pHp
+            with np.errstate(over="ignore", invalid="ignore"):
+                d += alpha * p
+                rcg -= alpha * Hp
+                z = rcg / diag
+                rz_new = float(np.dot(rcg, z))
+            if not np.isfinite(rz_new):
+                self.breakdowns["nonfinite"] += 1
+                d -= alpha * p
+                break
+            if rz_new <= stop:
+                break
+            p = z + (rz_new / rz) * p
+            rz = rz_new
+        return d, products
+
+    def _line_search(
+        self,
+        a: np.ndarray,
+        g: np.ndarray,
+        d: np.ndarray,
+        slope: float,
+        D: float,
+        dual: Callable[[np.ndarray], tuple[float, np.ndarray | None]],
+    ) -> tuple[float, np.ndarray, float, np.ndarray] | None:
+        """Armijo backtracking on the dual from ``g`` along ``d``: ``(t, nu, D, q)`` at the step taken.
+
+        Halves the step until the dual rises enough; below ``t = 1e-8`` moves back to ``g`` and
+        returns None.
+        """
+        t = 1.0
+        while True:
+            nu_t = self._set_g(g + t * d, a)
+            D_t, q_t = dual(nu_t)
+            if q_t is not None and D_t >= D + 1e-4 * t * slope - 1e-14 * abs(D):
+                return t, nu_t, D_t, q_t
+            t *= 0.5
+            if t < 1e-8:
+                self._set_g(g, a)
+                return None
 
     def transport(self, a: np.ndarray, nu: np.ndarray) -> float:
         r""":math:`T_\varepsilon(a,\nu) = \langle a, f\rangle + \langle\nu, g\rangle` for the current plan (exact marginals)."""
