@@ -56,10 +56,11 @@ def test_every_run_is_a_part_and_is_reused(tmp_path):
     """The plan lists each run of the study once (131 in quick mode, 362 in full); a run through the study's
     parts equals run_paper and a second request reads it back without running."""
     from wflow.studies.parts import Parts
+    from wflow.studies.perceptron_plan import study_plan
 
-    quick, full = P._plan(True), P._plan(False)
+    quick, full = study_plan(True), study_plan(False)
     for plan, count in ((quick, 131), (full, 362)):
-        keys = {str(P.Runs._key(P.Runs._args(*c, **kw))) for c, kw in plan["calls"]}
+        keys = {str(P.Runs.key(*c, **kw)) for c, kw in plan["calls"]}
         assert len(plan["calls"]) == count == len(keys)
     parts = Parts(tmp_path, "perceptron", quick=True)
     runs = P.Runs(parts)
@@ -165,8 +166,6 @@ def test_count_rules_and_the_stopping_slope():
 @pytest.mark.parametrize("beta", [-1.0, 0.0, float("nan"), float("inf")])
 def test_cluster_threshold_refuses_a_beta_it_cannot_use(beta):
     """cluster_threshold(-1, 2) returned NaN; every beta that is not finite and > 0 is named."""
-    from wflow.studies.perceptron_runs import cluster_threshold
-
     with pytest.raises(ValueError, match="beta must be a finite number > 0"):
-        cluster_threshold(beta, 2)
-    assert cluster_threshold(4.0, 2) == 0.25
+        P.cluster_threshold(beta, 2)
+    assert P.cluster_threshold(4.0, 2) == 0.25

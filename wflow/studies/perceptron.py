@@ -1,9 +1,11 @@
 r"""The perceptron paper's experiments as a study: ``wflow validate perceptron [--quick] [--option convention=poster]``.
 
 Álvarez-López, Geshkovski & Ruiz-Balet, *Perceptrons and localization of attention's mean-field
-landscape* (ICML 2026).  The model, its conversion to wflow's kernel and time, the two sign
-conventions of descent and the stopping rule are :mod:`wflow.studies.perceptron_runs`'s (this module
-re-exports them); the paper's statements the study checks are :mod:`wflow.studies.perceptron_checks`'s.
+landscape* (ICML 2026).  The model, its conversion to wflow's kernel and time and the two sign
+conventions of descent are :mod:`wflow.studies.perceptron_model`'s, the runs and their stopping rule
+:mod:`wflow.studies.perceptron_runs`'s (this module re-exports both); the paper's statements the study
+checks are :mod:`wflow.studies.perceptron_checks`'s, the runs it makes
+:mod:`wflow.studies.perceptron_plan`'s, its figures :mod:`wflow.studies.perceptron_figures`'s.
 The study runs in the convention of the authors' code unless ``convention="poster"``:
 
 * **E1** attention alone on :math:`S^1`; **E2/E3** ReLU and GELU at fixed weights, the atoms'
@@ -30,169 +32,59 @@ from ..stability import ANTICONCENTRATION_LIMIT, anticoncentration_bound
 from .parts import Parts
 from .perceptron_checks import (
     CONVENTION_DRAW,
-    COUNT_BETAS,
     COUNT_RULES,
-    E4_DIMS,
     POSTER_E4,
     count_matches,
-    draw_e4_masses,
-    draw_sweep,
     e4_threshold,
     heavy_count,
     stopping_slope,
 )
-
-# the runs' public names (perceptron_runs.__all__) stay importable from here, where the docs point
-from .perceptron_runs import *  # noqa: F403
-from .perceptron_runs import (
+from .perceptron_figures import (
+    draw_e1,
+    draw_e4_masses,
+    draw_e5,
+    draw_e23,
+    draw_sweep,
+    save_figure,
+)
+from .perceptron_model import (
     BETAS,
     CONVENTIONS,
-    Runs,
     check_convention,
+    cluster_threshold,
+    paper_model,
     paper_perceptron,
 )
+from .perceptron_plan import (
+    c9_call,
+    convention_call,
+    count_call,
+    e1_call,
+    e4_call,
+    e5_call,
+    e23_call,
+    study_plan,
+    sweep_call,
+    sweep_grid,
+)
+from .perceptron_runs import Runs, SettleStop, clusters_of, paper_part, run_paper
 from .report import StudyReport, register
 
-__all__ = ["study_perceptron"]
-
-
-def _plan(quick: bool, convention: str = "code") -> dict[str, Any]:
-    """The study's parameters and every run it makes, as ``((beta, sign), keywords)`` (for :meth:`Runs.prefetch`)."""
-    conv = check_convention(convention)
-    betas = (0.1, 1.0, 5.0, 25.0) if quick else BETAS
-    plan: dict[str, Any] = {
-        "convention": conv,
-        "betas": betas,
-        "seeds": 4 if quick else 10,
-        "N": 128 if quick else 512,
-        "t_max": 100.0 if quick else 1000.0,
-        "betas_few": (1.0, 25.0) if quick else BETAS,
-        "dims": (2, 5) if quick else E4_DIMS,
-        "N4": 200 if quick else 1000,
-        "betas4": (0.5, 1.0, 7.0, 25.0) if quick else BETAS,
-        "t_max4": 300.0 if quick else 1000.0,
-        "A2": paper_perceptron(2, 1.0, seed=1, activation="relu"),
-        "A3": paper_perceptron(3, 1.0, seed=3, activation="gelu"),
-        "a1": (np.array([[0.0, 0.0, 1.0]]), np.array([1.0])),
-        # the cluster counts over weight draws (COUNT_RULES)
-        "draws": 10,
-        "count_betas": COUNT_BETAS,
-        "Nc": 64 if quick else 256,
-        "t_maxc": 300.0 if quick else 1000.0,
-        # the MLP-scale sweep and the convention check: one fixed draw, |omega| = 1 before scaling
-        "scales": (0.25, 1.0, 4.0, 16.0) if quick else (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0),
-        "sweep_signs": (1,) if quick else (1, -1),
-        "sweep_beta": 5.0,
-    }
-    plan["A4"] = {d: paper_perceptron(d, 1.0, seed=2, activation="gelu") for d in plan["dims"]}
-    plan["draws_w"] = {
-        act: [paper_perceptron(2, 1.0, seed=100 + k, activation=act) for k in range(plan["draws"])]
-        for act in ("relu", "gelu")
-    }
-    A6, om6 = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
-    plan["A6"] = (A6, om6 / np.linalg.norm(om6))
-    N, seeds, t_max = plan["N"], plan["seeds"], plan["t_max"]
-    calls = [((b, s), dict(d=2, N=N, seeds=seeds, t_max=t_max)) for s in (1, -1) for b in betas]
-    calls += [
-        ((b, s), _e23_call(plan, act, conv))
-        for act in ("relu", "gelu")
-        for s in (1, -1)
-        for b in plan["betas_few"]
-    ]
-    calls += [((b, -1), _e4_call(plan, d, b, conv)) for d in plan["dims"] for b in plan["betas4"]]
-    calls += [
-        ((b, s), _e5_call(plan, att, p, conv))
-        for att in ("USA", "SA")
-        for s in (1, -1)
-        for p in (False, True)
-        for b in plan["betas_few"]
-    ]
-    calls += [
-        (
-            (5.0, -1),
-            dict(
-                d=3,
-                N=4 * N,
-                seeds=1,
-                A=plan["a1"][0],
-                omega=plan["a1"][1],
-                activation="gelu",
-                t_max=t_max,
-                convention=conv,
-            ),
-        )
-    ]
-    calls += [
-        ((b, s), _count_call(plan, act, k, conv))
-        for act in ("relu", "gelu")
-        for s in (1, -1)
-        for b in plan["count_betas"]
-        for k in range(plan["draws"])
-    ]
-    calls += [
-        ((plan["sweep_beta"], s), _sweep_call(plan, att, sc, conv))
-        for att, s, sc in _sweep_grid(plan)
-    ]
-    calls += [((5.0, -1), _convention_call(plan, c)) for c in CONVENTIONS]
-    plan["calls"] = calls
-    return plan
-
-
-def _weights_call(
-    weights: tuple, conv: str, *, d: int, N: int, seeds: int, t_max: float, **extra: Any
-) -> dict[str, Any]:
-    """Keywords of one :meth:`Runs.__call__` at fixed perceptron ``weights = (A, omega)`` (or ``(None, None)``)."""
-    A, om = weights
-    return dict(d=d, N=N, seeds=seeds, A=A, omega=om, t_max=t_max, convention=conv, **extra)
-
-
-def _e23_call(plan: dict[str, Any], act: str, conv: str) -> dict[str, Any]:
-    n, seeds, t_max = plan["N"], plan["seeds"], plan["t_max"]
-    return _weights_call(plan["A2"], conv, d=2, N=n, seeds=seeds, t_max=t_max, activation=act)
-
-
-def _e4_call(plan: dict[str, Any], d: int, beta: float, conv: str) -> dict[str, Any]:
-    return _weights_call(
-        plan["A4"][d],
-        conv,
-        d=d,
-        N=plan["N4"],
-        seeds=1,
-        t_max=plan["t_max4"],
-        activation="gelu",
-        threshold=e4_threshold(beta),
-    )
-
-
-def _e5_call(plan: dict[str, Any], attention: str, with_p: bool, conv: str) -> dict[str, Any]:
-    w = plan["A3"] if with_p else (None, None)
-    return _weights_call(
-        w, conv, d=3, N=plan["N"], seeds=2, t_max=plan["t_max"], attention=attention
-    )
-
-
-def _count_call(plan: dict[str, Any], act: str, k: int, conv: str) -> dict[str, Any]:
-    w, n, t_max = plan["draws_w"][act][k], plan["Nc"], plan["t_maxc"]
-    return _weights_call(w, conv, d=2, N=n, seeds=1, t_max=t_max, activation=act)
-
-
-def _sweep_grid(plan: dict[str, Any]) -> list[tuple[str, int, float]]:
-    return [
-        (att, s, sc) for att in ("USA", "SA") for s in plan["sweep_signs"] for sc in plan["scales"]
-    ]
-
-
-def _sweep_call(plan: dict[str, Any], att: str, scale: float, conv: str) -> dict[str, Any]:
-    A, om = plan["A6"]
-    n = plan["Nc"]
-    return _weights_call(
-        (A, scale * om), conv, d=2, N=n, seeds=1, t_max=1000.0, attention=att, activation="gelu"
-    )
-
-
-def _convention_call(plan: dict[str, Any], conv: str) -> dict[str, Any]:
-    w = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
-    return _weights_call(w, conv, d=2, N=128, seeds=2, t_max=300.0, activation="gelu")
+# the model's and the runs' public names stay importable from here, where the docs and users import them
+__all__ = [
+    "study_perceptron",
+    "BETAS",
+    "CONVENTIONS",
+    "check_convention",
+    "cluster_threshold",
+    "paper_perceptron",
+    "paper_model",
+    "SettleStop",
+    "clusters_of",
+    "run_paper",
+    "paper_part",
+    "Runs",
+]
 
 
 def _angle(p: np.ndarray) -> np.ndarray:
@@ -212,22 +104,128 @@ def _location_spread(clusters: list, min_mass: float) -> float:
     return worst
 
 
-def _figure(out: Path, name: str, draw) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.2, 3.8), layout="constrained")
-    draw(ax)
-    path = out / f"perceptron_{name}.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
-
-
 def _regime(act: str, sign: int) -> str:
     return f"{act} {'ascent' if sign > 0 else 'descent'}"
+
+
+def _mode_note(plan: dict[str, Any], quick: bool) -> str:
+    conv = plan["convention"]
+    return (
+        f"{'quick' if quick else 'full'} mode: betas {list(plan['betas'])}, {plan['seeds']} particle "
+        f"seeds, N = {plan['N']}, t_max = {plan['t_max']:g} (paper time), Euler dt = 0.1; USA runs use "
+        f"wflow's plain kernel with the perceptron's omega times e^beta for wflow time e^-beta s (the "
+        f"rescaled kernel's time change); convention {conv!r}: "
+        + (
+            "descent flips the whole velocity, perceptron included (the authors' code)"
+            if conv == "code"
+            else "descent flips only the attention (the poster's statement of the model)"
+        )
+    )
+
+
+def _e1(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[tuple[int, float], tuple]:
+    """E1, pure attention on S^1: one atom in ascent at beta <= 1 (located by the seed), equidistribution
+    in descent; returns ``(sign, beta) -> (cluster counts by seed, |mean of x|, heaviest atoms, run)``."""
+    betas = plan["betas"]
+    e1 = {}
+    for sign in (1, -1):
+        for beta in betas:
+            r = runs(beta, sign, **e1_call(plan))
+            x = r["x"]
+            k = [len(cl[1]) for cl in r["clusters"]]
+            order = float(np.max(np.linalg.norm(x.mean(axis=1), axis=-1)))
+            heavy = [cl[0][0] for cl in r["clusters"]]
+            e1[(sign, beta)] = (k, order, heavy, r)
+            rep.rows.append(
+                {
+                    "experiment": "E1",
+                    "regime": "ascent" if sign > 0 else "descent",
+                    "d": 2,
+                    "beta": beta,
+                    "clusters_mean": float(np.mean(k)),
+                    "order_parameter_max": order,
+                    "settled": r["settled"],
+                    "t_stop": r["t_stop"],
+                }
+            )
+    ones = [e1[(1, b)][0] for b in betas if b <= 1.0]
+    rep.expect(
+        "E1 ascent (beta <= 1): every seed ends in one atom (fraction)",
+        float(np.mean([np.mean(np.array(k) == 1) for k in ones])),
+        1.0,
+        1.0,
+    )
+    locs = [np.ptp(_angle(np.array(e1[(1, b)][2]))) for b in betas if b <= 1.0]
+    rep.expect(
+        "E1 ascent: the atom's location changes with the seed (range of angles, rad)",
+        float(np.min(locs)),
+        0.1,
+        np.inf,
+    )
+    rep.expect(
+        "E1 descent (beta <= 5): equidistribution, largest |mean of x| over seeds",
+        float(max(e1[(-1, b)][1] for b in betas if b <= 5.0)),
+        0.0,
+        0.05,
+    )
+    rep.notes.append(
+        "E1 descent |mean of x| by beta (the rescaled kernel's repulsion is local at large beta, so "
+        "equidistribution is slow there): "
+        + ", ".join(f"{b:g}: {e1[(-1, b)][1]:.3f}" for b in betas)
+    )
+    meta = [np.mean(e1[(1, b)][0]) for b in betas if b >= 25.0]
+    rep.notes.append(
+        f"E1 ascent at beta >= 25: {[float(m) for m in meta]} clusters on average at the stop (metastable clusters before one atom)"
+    )
+    return e1
+
+
+def _e23(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[str, list]:
+    """E2/E3, ReLU and GELU perceptrons on S^1 at fixed weights: finitely many atoms, at locations that do
+    not depend on the particle seed; returns the heavy atoms' angles, ``regime -> [(beta, per seed)]``."""
+    conv, N = plan["convention"], plan["N"]
+    spread_ok = []
+    locs_fig: dict[str, list] = {}
+    for act in ("relu", "gelu"):
+        for sign in (1, -1):
+            for beta in plan["betas_few"]:
+                r = runs(beta, sign, **e23_call(plan, act, conv))
+                cl = r["clusters"]
+                k = [len(c[1]) for c in cl]
+                sp = _location_spread(cl, min_mass=0.05)
+                spread_ok.append(bool(sp <= r["threshold"]))
+                tag = f"{act} {'ascent' if sign > 0 else 'descent'}"
+                locs_fig.setdefault(tag, []).append(
+                    (beta, [_angle(c[0][c[1] >= 0.05]) for c in cl])
+                )
+                rep.rows.append(
+                    {
+                        "experiment": "E2" if act == "relu" else "E3",
+                        "regime": tag,
+                        "d": 2,
+                        "beta": beta,
+                        "clusters_mean": float(np.mean(k)),
+                        "clusters_max": int(np.max(k)),
+                        "location_spread": sp,
+                        "threshold": r["threshold"],
+                        "settled": r["settled"],
+                        "t_stop": r["t_stop"],
+                        "heaviest_mass": float(np.mean([c[1][0] for c in cl])),
+                    }
+                )
+                rep.expect(
+                    f"E2/E3 {tag} beta={beta:g}: finitely many atoms (max clusters <= N/4)",
+                    float(np.max(k)),
+                    1,
+                    N / 4,
+                )
+    rep.expect(
+        "E2/E3: heavy-atom locations agree across seeds within the cluster threshold (fraction of cases)",
+        float(np.mean(spread_ok)),
+        0.75,
+        1.0,
+    )
+    return locs_fig
 
 
 def _e4(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[int, list]:
@@ -239,7 +237,7 @@ def _e4(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[int, list]:
     for d in plan["dims"]:
         A4, om4 = plan["A4"][d]
         for beta in plan["betas4"]:
-            r = runs(beta, -1, **_e4_call(plan, d, beta, conv))
+            r = runs(beta, -1, **e4_call(plan, d, beta, conv))
             masses = r["clusters"][0][1]
             bound = float(anticoncentration_bound(beta, om4, A4))
             e4.setdefault(d, []).append((beta, masses[:3].tolist(), bound))
@@ -300,6 +298,81 @@ def _e4(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[int, list]:
     return e4
 
 
+def _e5(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[str, list]:
+    """E5 on S^2, USA/SA, ascent/descent, with and without the perceptron; returns the heavy-cluster counts,
+    ``regime -> [(beta, mean over seeds)]``."""
+    conv = plan["convention"]
+    e5: dict[str, list] = {}
+    for attention in ("USA", "SA"):
+        for sign in (1, -1):
+            for with_p in (False, True):
+                tag = f"{attention} {'ascent' if sign > 0 else 'descent'}{' + GELU' if with_p else ''}"
+                for beta in plan["betas_few"]:
+                    r = runs(beta, sign, **e5_call(plan, attention, with_p, conv))
+                    heavy = [int(np.sum(c[1] >= 0.05)) for c in r["clusters"]]
+                    e5.setdefault(tag, []).append((beta, float(np.mean(heavy))))
+                    rep.rows.append(
+                        {
+                            "experiment": "E5",
+                            "regime": tag,
+                            "d": 3,
+                            "beta": beta,
+                            "heavy_clusters": float(np.mean(heavy)),
+                            "clusters_mean": float(np.mean([len(c[1]) for c in r["clusters"]])),
+                            "settled": r["settled"],
+                            "t_stop": r["t_stop"],
+                        }
+                    )
+    return e5
+
+
+def _corollary(rep: StudyReport, e5: dict[str, list]) -> None:
+    """The corollary: heavy atoms (mass >= 0.05) grow at most like sqrt(beta), over E2, E3 and E5."""
+    ratios = [h / (1 + np.sqrt(b)) for rows in e5.values() for b, h in rows]
+    ratios += [
+        row["clusters_mean"] / (1 + np.sqrt(row["beta"]))
+        for row in rep.rows
+        if row["experiment"] in ("E2", "E3")
+    ]
+    rep.expect(
+        "corollary: heavy clusters / (1 + sqrt(beta)), largest over E2, E3, E5",
+        float(max(ratios)),
+        0.0,
+        4.0,
+    )
+
+
+def _c9(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> None:
+    """C9, one active neuron, descent: the limit is invariant under rotations about a_1."""
+    r = runs(5.0, -1, **c9_call(plan, plan["convention"]))
+    x = r["x"][0]
+    # a measure invariant under rotations about a_1 = e_3 has a zero horizontal first moment and an
+    # isotropic horizontal second moment: the defect is |E x_h| + (lambda_max - lambda_min)(E x_h x_h^T)
+    xh = x[:, :2]
+    lam = np.linalg.eigvalsh(xh.T @ xh / xh.shape[0])
+    asym = float(np.linalg.norm(xh.mean(0)) + lam[-1] - lam[0])
+    rep.notes.append(
+        f"C9: latitudes <x, a_1> of the descent limit, histogram on [-1, 1] in 8 bins: "
+        f"{np.histogram(x[:, 2], bins=8, range=(-1, 1))[0].tolist()}"
+    )
+    rep.expect(
+        "C9 one neuron, descent: rotation defect |E x_h| + anisotropy of E x_h x_h^T about a_1",
+        asym,
+        0.0,
+        0.1,
+    )
+    rep.rows.append(
+        {
+            "experiment": "C9",
+            "d": 3,
+            "beta": 5.0,
+            "N": 4 * plan["N"],
+            "rotation_defect": asym,
+            "settled": r["settled"],
+        }
+    )
+
+
 def _counts(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> None:
     """The paper's cluster counts (:data:`COUNT_RULES`) over ``plan["draws"]`` weight draws on S^1: the
     fraction of draws that match, at each beta of COUNT_BETAS; asserted (bounded below) at the rule's beta."""
@@ -319,7 +392,7 @@ def _counts(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> None:
                 hits, ks = [], []
                 for k in range(plan["draws"]):
                     A, om = plan["draws_w"][act][k]
-                    r = runs(beta, sign, **_count_call(plan, act, k, conv))
+                    r = runs(beta, sign, **count_call(plan, act, k, conv))
                     means, masses = r["clusters"][0]
                     v = Perceptron.conservative(A, om, activation=act).potential(means)
                     hits.append(count_matches(act, sign, masses, v))
@@ -368,7 +441,7 @@ def _convention_check(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> Non
     (whatever the study's convention), each on two particle seeds."""
     found = {}
     for conv in CONVENTIONS:
-        r = runs(5.0, -1, **_convention_call(plan, conv))
+        r = runs(5.0, -1, **convention_call(plan, conv))
         found[conv] = [heavy_count(c[1]) for c in r["clusters"]]
         rep.rows.append(
             {
@@ -395,8 +468,8 @@ def _sweep(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[tuple[str
     """The MLP-scale sweep: stopping time against |omega| (GELU, S^1, beta = plan["sweep_beta"]), USA and SA."""
     conv, beta = plan["convention"], plan["sweep_beta"]
     sweep: dict[tuple[str, int], list] = {}
-    for att, sign, sc in _sweep_grid(plan):
-        r = runs(beta, sign, **_sweep_call(plan, att, sc, conv))
+    for att, sign, sc in sweep_grid(plan):
+        r = runs(beta, sign, **sweep_call(plan, att, sc, conv))
         sweep.setdefault((att, sign), []).append((sc, r["t_stop"], r["settled"]))
         rep.rows.append(
             {
@@ -414,12 +487,12 @@ def _sweep(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[tuple[str
         )
     for att in ("USA", "SA"):
         rows = sweep[(att, 1)]
-        sc = np.array([x[0] for x in rows])
+        scales = np.array([x[0] for x in rows])
         t = np.array([x[1] for x in rows])
-        big = sc >= 1.0
+        big = scales >= 1.0
         rep.expect(
             f"sweep {att} ascent: slope of log t_stop against log |omega| for |omega| >= 1",
-            stopping_slope(sc[big], t[big]),
+            stopping_slope(scales[big], t[big]),
             -1.0,
             -0.4,
         )
@@ -448,266 +521,28 @@ def study_perceptron(out: Path, quick: bool, convention: str = "code") -> StudyR
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rep = StudyReport("perceptron")
-    plan = _plan(quick, conv)
-    betas, seeds, N, t_max, betas_few = (
-        plan["betas"],
-        plan["seeds"],
-        plan["N"],
-        plan["t_max"],
-        plan["betas_few"],
-    )
+    plan = study_plan(quick, conv)
     parts = Parts(out, "perceptron", quick)
     runs = Runs(parts)  # run_paper through stored parts: an interrupted study resumes
     runs.prefetch(plan["calls"])
-    rep.notes.append(
-        f"{'quick' if quick else 'full'} mode: betas {list(betas)}, {seeds} particle seeds, N = {N}, "
-        f"t_max = {t_max:g} (paper time), Euler dt = 0.1; USA runs use wflow's plain kernel with the "
-        f"perceptron's omega times e^beta for wflow time e^-beta s (the rescaled kernel's time change); "
-        f"convention {conv!r}: "
-        + (
-            "descent flips the whole velocity, perceptron included (the authors' code)"
-            if conv == "code"
-            else "descent flips only the attention (the poster's statement of the model)"
-        )
-    )
-
-    # E1: pure attention on S^1
-    e1 = {}
-    for sign in (1, -1):
-        for beta in betas:
-            r = runs(beta, sign, d=2, N=N, seeds=seeds, t_max=t_max)
-            x = r["x"]
-            k = [len(cl[1]) for cl in r["clusters"]]
-            order = float(np.max(np.linalg.norm(x.mean(axis=1), axis=-1)))
-            heavy = [cl[0][0] for cl in r["clusters"]]
-            e1[(sign, beta)] = (k, order, heavy, r)
-            rep.rows.append(
-                {
-                    "experiment": "E1",
-                    "regime": "ascent" if sign > 0 else "descent",
-                    "d": 2,
-                    "beta": beta,
-                    "clusters_mean": float(np.mean(k)),
-                    "order_parameter_max": order,
-                    "settled": r["settled"],
-                    "t_stop": r["t_stop"],
-                }
-            )
-    ones = [e1[(1, b)][0] for b in betas if b <= 1.0]
-    rep.expect(
-        "E1 ascent (beta <= 1): every seed ends in one atom (fraction)",
-        float(np.mean([np.mean(np.array(k) == 1) for k in ones])),
-        1.0,
-        1.0,
-    )
-    locs = [np.ptp(_angle(np.array(e1[(1, b)][2]))) for b in betas if b <= 1.0]
-    rep.expect(
-        "E1 ascent: the atom's location changes with the seed (range of angles, rad)",
-        float(np.min(locs)),
-        0.1,
-        np.inf,
-    )
-    rep.expect(
-        "E1 descent (beta <= 5): equidistribution, largest |mean of x| over seeds",
-        float(max(e1[(-1, b)][1] for b in betas if b <= 5.0)),
-        0.0,
-        0.05,
-    )
-    rep.notes.append(
-        "E1 descent |mean of x| by beta (the rescaled kernel's repulsion is local at large beta, so "
-        "equidistribution is slow there): "
-        + ", ".join(f"{b:g}: {e1[(-1, b)][1]:.3f}" for b in betas)
-    )
-    meta = [np.mean(e1[(1, b)][0]) for b in betas if b >= 25.0]
-    rep.notes.append(
-        f"E1 ascent at beta >= 25: {[float(m) for m in meta]} clusters on average at the stop (metastable clusters before one atom)"
-    )
-
-    # E2/E3: ReLU and GELU perceptrons on S^1, 'seeds' particle seeds at fixed weights
-    spread_ok = []
-    locs_fig: dict[str, list] = {}
-    for act in ("relu", "gelu"):
-        for sign in (1, -1):
-            for beta in betas_few:
-                r = runs(beta, sign, **_e23_call(plan, act, conv))
-                cl = r["clusters"]
-                k = [len(c[1]) for c in cl]
-                sp = _location_spread(cl, min_mass=0.05)
-                spread_ok.append(bool(sp <= r["threshold"]))
-                tag = f"{act} {'ascent' if sign > 0 else 'descent'}"
-                locs_fig.setdefault(tag, []).append(
-                    (beta, [_angle(c[0][c[1] >= 0.05]) for c in cl])
-                )
-                rep.rows.append(
-                    {
-                        "experiment": "E2" if act == "relu" else "E3",
-                        "regime": tag,
-                        "d": 2,
-                        "beta": beta,
-                        "clusters_mean": float(np.mean(k)),
-                        "clusters_max": int(np.max(k)),
-                        "location_spread": sp,
-                        "threshold": r["threshold"],
-                        "settled": r["settled"],
-                        "t_stop": r["t_stop"],
-                        "heaviest_mass": float(np.mean([c[1][0] for c in cl])),
-                    }
-                )
-                rep.expect(
-                    f"E2/E3 {tag} beta={beta:g}: finitely many atoms (max clusters <= N/4)",
-                    float(np.max(k)),
-                    1,
-                    N / 4,
-                )
-    rep.expect(
-        "E2/E3: heavy-atom locations agree across seeds within the cluster threshold (fraction of cases)",
-        float(np.mean(spread_ok)),
-        0.75,
-        1.0,
-    )
-
+    rep.notes.append(_mode_note(plan, quick))
+    e1 = _e1(rep, runs, plan)
+    locs = _e23(rep, runs, plan)
     e4 = _e4(rep, runs, plan)
-
-    # E5: S^2, USA/SA, ascent/descent, with and without the perceptron
-    e5: dict[str, list] = {}
-    for attention in ("USA", "SA"):
-        for sign in (1, -1):
-            for with_p in (False, True):
-                tag = f"{attention} {'ascent' if sign > 0 else 'descent'}{' + GELU' if with_p else ''}"
-                for beta in betas_few:
-                    r = runs(beta, sign, **_e5_call(plan, attention, with_p, conv))
-                    heavy = [int(np.sum(c[1] >= 0.05)) for c in r["clusters"]]
-                    e5.setdefault(tag, []).append((beta, float(np.mean(heavy))))
-                    rep.rows.append(
-                        {
-                            "experiment": "E5",
-                            "regime": tag,
-                            "d": 3,
-                            "beta": beta,
-                            "heavy_clusters": float(np.mean(heavy)),
-                            "clusters_mean": float(np.mean([len(c[1]) for c in r["clusters"]])),
-                            "settled": r["settled"],
-                            "t_stop": r["t_stop"],
-                        }
-                    )
-    # corollary: heavy atoms (mass >= 0.05) grow at most like sqrt(beta): ratio to 1 + sqrt(beta) bounded
-    ratios = [h / (1 + np.sqrt(b)) for rows in e5.values() for b, h in rows]
-    ratios += [
-        row["clusters_mean"] / (1 + np.sqrt(row["beta"]))
-        for row in rep.rows
-        if row["experiment"] in ("E2", "E3")
-    ]
-    rep.expect(
-        "corollary: heavy clusters / (1 + sqrt(beta)), largest over E2, E3, E5",
-        float(max(ratios)),
-        0.0,
-        4.0,
-    )
-
-    # C9: one active neuron, descent: the limit is invariant under rotations about a_1
-    a1, w1 = plan["a1"]
-    r = runs(
-        5.0,
-        -1,
-        d=3,
-        N=4 * N,
-        seeds=1,
-        A=a1,
-        omega=w1,
-        activation="gelu",
-        t_max=t_max,
-        convention=conv,
-    )
-    x = r["x"][0]
-    # a measure invariant under rotations about a_1 = e_3 has a zero horizontal first moment and an
-    # isotropic horizontal second moment: the defect is |E x_h| + (lambda_max - lambda_min)(E x_h x_h^T)
-    xh = x[:, :2]
-    lam = np.linalg.eigvalsh(xh.T @ xh / xh.shape[0])
-    asym = float(np.linalg.norm(xh.mean(0)) + lam[-1] - lam[0])
-    rep.notes.append(
-        f"C9: latitudes <x, a_1> of the descent limit, histogram on [-1, 1] in 8 bins: "
-        f"{np.histogram(x[:, 2], bins=8, range=(-1, 1))[0].tolist()}"
-    )
-    rep.expect(
-        "C9 one neuron, descent: rotation defect |E x_h| + anisotropy of E x_h x_h^T about a_1",
-        asym,
-        0.0,
-        0.1,
-    )
-    rep.rows.append(
-        {
-            "experiment": "C9",
-            "d": 3,
-            "beta": 5.0,
-            "N": 4 * N,
-            "rotation_defect": asym,
-            "settled": r["settled"],
-        }
-    )
-
+    e5 = _e5(rep, runs, plan)
+    _corollary(rep, e5)
+    _c9(rep, runs, plan)
     _counts(rep, runs, plan)
     _convention_check(rep, runs, plan)
     sweep = _sweep(rep, runs, plan)
-
-    # figures
-    def e1fig(ax):
-        for sign, mk in ((1, "o"), (-1, "x")):
-            ax.plot(
-                np.sqrt(betas),
-                [np.mean(e1[(sign, b)][0]) for b in betas],
-                mk + "-",
-                label="ascent" if sign > 0 else "descent",
-            )
-        ax.set(
-            xlabel="sqrt(beta)",
-            ylabel="clusters at the stop (mean over seeds)",
-            yscale="log",
-            title="E1: attention on S^1",
-        )
-        ax.legend()
-
-    def e23fig(ax):
-        for i, (tag, rows) in enumerate(locs_fig.items()):
-            for beta, per_seed in rows:
-                for th in per_seed:
-                    ax.plot(
-                        np.full(th.size, np.sqrt(beta)) + 0.04 * i, th, ".", ms=3, color=f"C{i}"
-                    )
-            ax.plot([], [], ".", color=f"C{i}", label=tag)
-        ax.set(
-            xlabel="sqrt(beta)",
-            ylabel="heavy atom angle (rad), all seeds",
-            title="E2/E3: atoms across seeds",
-        )
-        ax.legend(fontsize=7)
-
-    def e4fig(ax):
-        draw_e4_masses(ax, e4, ANTICONCENTRATION_LIMIT)
-
-    def sweepfig(ax):
-        draw_sweep(ax, sweep)
-
-    def e5fig(ax):
-        for tag, rows in e5.items():
-            ax.plot([np.sqrt(b) for b, _ in rows], [h for _, h in rows], "o-", ms=3, label=tag)
-        s = np.sqrt(np.array(betas_few))
-        ax.plot(s, 4 * (1 + s), "k--", label="4 (1 + sqrt beta)")
-        ax.set(
-            xlabel="sqrt(beta)",
-            ylabel="heavy clusters (mass >= 0.05)",
-            title="E5: S^2",
-            yscale="log",
-        )
-        ax.legend(fontsize=6)
-
-    for name, draw in (
-        ("e1", e1fig),
-        ("e2e3", e23fig),
-        ("e4", e4fig),
-        ("e5", e5fig),
-        ("sweep", sweepfig),
-    ):
-        rep.figures.append(_figure(out, name, draw))
+    figures: dict[str, Any] = {
+        "e1": lambda ax: draw_e1(ax, e1, plan["betas"]),
+        "e2e3": lambda ax: draw_e23(ax, locs),
+        "e4": lambda ax: draw_e4_masses(ax, e4, ANTICONCENTRATION_LIMIT),
+        "e5": lambda ax: draw_e5(ax, e5, plan["betas_few"]),
+        "sweep": lambda ax: draw_sweep(ax, sweep),
+    }
+    rep.figures += [save_figure(out, name, draw) for name, draw in figures.items()]
     rep.notes.append(
         f"compute seconds of the {len(plan['calls'])} runs (whenever and wherever computed): "
         f"{runs.seconds:.0f}; {parts.note()}"

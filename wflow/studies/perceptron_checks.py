@@ -1,6 +1,6 @@
 r"""What the perceptron study checks against the paper, apart from running it: the paper's statements on
-cluster counts, the values read from its E4 figure, the stopping-time fit of the MLP-scale sweep and
-the figures drawn beside them (:mod:`wflow.studies.perceptron` runs the particles).
+cluster counts, the values read from its E4 figure, the stopping-time fit of the MLP-scale sweep
+(:mod:`wflow.studies.perceptron` runs the particles, :mod:`wflow.studies.perceptron_figures` draws).
 
 Álvarez-López, Geshkovski & Ruiz-Balet, *Perceptrons and localization of attention's mean-field
 landscape* (ICML 2026), in the convention of the authors' code (descent flips the whole velocity).
@@ -22,8 +22,6 @@ __all__ = [
     "heavy_count",
     "count_matches",
     "stopping_slope",
-    "draw_e4_masses",
-    "draw_sweep",
 ]
 
 #: E4's dimensions (the paper's figure)
@@ -127,47 +125,3 @@ def stopping_slope(scales: np.ndarray, t_stop: np.ndarray) -> float:
     -1.0
     """
     return float(np.polyfit(np.log(scales), np.log(t_stop), 1)[0])
-
-
-def draw_e4_masses(ax, e4: dict[int, list], limit: float) -> None:
-    """E4's three masses against sqrt(beta), one colour per d, beside :data:`POSTER_E4` (grey)."""
-    allb = sorted({b for rows in e4.values() for b, *_ in rows})
-    lo = np.sqrt(max(POSTER_E4["beta_min"], min(allb)))
-    hi = np.sqrt(max(allb))
-    ax.axhspan(*POSTER_E4["largest"], color="0.85", label="poster: largest")
-    for key, ls in (("second", "--"), ("third", ":")):
-        ax.plot([lo, hi], POSTER_E4[key], color="0.4", ls=ls, lw=2, label=f"poster: {key}")
-    for i, (d, rows) in enumerate(sorted(e4.items())):
-        s = np.sqrt([b for b, *_ in rows])
-        for j, mk in enumerate(("o-", "x--", "^:")):
-            m = [r[1][j] if len(r[1]) > j else 0.0 for r in rows]
-            ax.plot(s, m, mk, color=f"C{i}", ms=3, label=f"d={d}" if j == 0 else None)
-    ax.axhline(limit, color="k", lw=0.8, label=f"limit {limit:.4f}")
-    ax.set(
-        xlabel="sqrt(beta)",
-        ylabel="mass of the 1st (o), 2nd (x), 3rd (^) cluster",
-        title="E4: descent + GELU, threshold 1/(2 sqrt beta)",
-        ylim=(0, 1),
-    )
-    ax.legend(fontsize=6, ncol=2)
-
-
-def draw_sweep(ax, sweep: dict[tuple[str, int], list]) -> None:
-    """The MLP-scale sweep: stopping time against |omega|, log-log, one line per attention and sign."""
-    for (att, sign), rows in sweep.items():
-        sc = [r[0] for r in rows]
-        ax.plot(
-            sc,
-            [r[1] for r in rows],
-            "o-" if att == "USA" else "s--",
-            ms=3,
-            label=f"{att} {'ascent' if sign > 0 else 'descent'}",
-        )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="|omega|",
-        ylabel="stopping time (paper time)",
-        title="MLP-scale sweep, GELU, S^1",
-    )
-    ax.legend(fontsize=7)

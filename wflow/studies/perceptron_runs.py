@@ -1,27 +1,15 @@
-r"""The perceptron paper's model and runs in wflow: its conventions, the stopping rule, the study's parts.
-
-Used by the study ``wflow validate perceptron`` (:mod:`wflow.studies.perceptron`).
+r"""The perceptron paper's runs in wflow: the stopping rule, the clusters, the study's stored parts.
 
 Álvarez-López, Geshkovski & Ruiz-Balet, *Perceptrons and localization of attention's mean-field
-landscape* (ICML 2026), in the paper's conventions, converted to wflow's explicitly here:
+landscape* (ICML 2026); the model and its conventions are :mod:`wflow.studies.perceptron_model`'s.
 
-* **kernel.** The paper's code uses :math:`e^{\beta(\langle x,y\rangle-1)}`; wflow's models
-  :math:`e^{\beta\langle x,y\rangle}`.  For SA the factor :math:`e^{-\beta}` cancels in the softmax:
-  nothing changes.  For USA the paper's field is :math:`e^{-\beta}` times wflow's attention plus the
-  perceptron, so the paper's run of time :math:`s` is wflow's run of ``USA(beta) + e^beta * perceptron``
-  (output weights :math:`e^\beta\omega`) for the time :math:`t = e^{-\beta}s` (:func:`paper_model`).
-* **sign.** "Ascent" is attraction (``V = I``), "descent" repulsion (``V = -I``): the gradient
-  ascent or descent of the interaction energy :math:`E_\beta`.  Two conventions for the perceptron
-  in descent (``convention``): ``"code"`` (default), as the authors' simulation code, flips the
-  whole velocity, perceptron included (its weights enter as :math:`-\omega`); ``"poster"``, the
-  poster's statement of the model, flips only the attention.  Ascent is the same in both.
 * **time.** Every time below is the paper's :math:`s`; the Euler step is ``dt = 0.1`` of it.
-* **perceptron.** :math:`d` units, :math:`a_j` uniform on :math:`S^{d-1}`,
-  :math:`\omega_j\sim N(0, \text{scale}^2)`, :math:`b = 0`, :math:`W = A^\top\mathrm{diag}(\omega)`.
-* **clusters.** Threshold :math:`\min(1/(2\sqrt\beta), \pi/(2d))`; a run stops once the cluster
-  count has been the same for three saves, every cluster's diameter is below the threshold
-  and the particles' drift (largest displacement per unit time between saves) is below 1e-4
-  (:class:`SettleStop`, a ``callback`` of :func:`wflow.simulate`), or at ``t_max``.
+* **stop.** A run stops once the cluster count has been the same for three saves, every
+  cluster's diameter is below the threshold and the particles' drift (largest displacement per
+  unit time between saves) is below 1e-4 (:class:`SettleStop`, a ``callback`` of
+  :func:`wflow.simulate`), or at ``t_max``.
+* **parts.** :class:`Runs` reads each run of the study ``wflow validate perceptron``
+  (:mod:`wflow.studies.perceptron`) from a stored part when an earlier run computed it.
 """
 
 from __future__ import annotations
@@ -33,160 +21,19 @@ from typing import Any
 import numpy as np
 
 from ..diagnostics import batched_cluster_labels
-from ..errors import check_int, check_positive
 from ..measure import Atoms
-from ..models import SA, USA, Model, Perceptron
 from ..solvers.particles import simulate
 from ..sphere import uniform
 from .parts import Parts
+from .perceptron_model import check_convention, cluster_threshold, paper_model
 
 __all__ = [
-    "BETAS",
-    "CONVENTIONS",
-    "check_convention",
-    "cluster_threshold",
-    "paper_perceptron",
-    "paper_model",
     "SettleStop",
     "clusters_of",
     "run_paper",
     "paper_part",
     "Runs",
 ]
-
-#: the paper's beta grid
-BETAS = (0.01, 0.05, 0.1, 0.5, 1.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0, 35.0, 50.0)
-
-
-#: the two sign conventions of descent (:func:`paper_model`)
-CONVENTIONS = ("code", "poster")
-
-
-def check_convention(convention: Any) -> str:
-    """``convention`` if it is one of :data:`CONVENTIONS`, else a one-line ``ValueError`` naming it.
-
-    Examples
-    --------
-    >>> check_convention("poster")
-    'poster'
-    >>> check_convention("paper")
-    Traceback (most recent call last):
-    ...
-    ValueError: convention must be 'code' or 'poster', got 'paper'
-    """
-    if not isinstance(convention, str) or convention not in CONVENTIONS:
-        raise ValueError(f"convention must be 'code' or 'poster', got {convention!r}")
-    return convention
-
-
-def cluster_threshold(beta: float, d: int) -> float:
-    r"""The paper's cluster threshold :math:`\min(1/(2\sqrt\beta), \pi/(2d))`.
-
-    Examples
-    --------
-    >>> cluster_threshold(1.0, 2), round(cluster_threshold(100.0, 2), 4), round(cluster_threshold(1.0, 8), 4)
-    (0.5, 0.05, 0.1963)
-    >>> cluster_threshold(-1.0, 2)
-    Traceback (most recent call last):
-    ...
-    ValueError: beta must be a finite number > 0, got -1.0
-    """
-    beta = check_positive(beta, "beta")
-    d = check_int(d, "d", minimum=2)
-    return float(min(1.0 / (2.0 * np.sqrt(beta)), np.pi / (2 * d)))
-
-
-def paper_perceptron(
-    d: int, scale: float, seed: int, activation: str, units: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The paper's sampling: ``units`` (default d) rows a_j uniform on the sphere, omega_j ~ N(0, scale^2).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> A, omega = paper_perceptron(4, 2.0, seed=0, activation="gelu")
-    >>> A.shape, omega.shape, bool(np.allclose(np.linalg.norm(A, axis=1), 1))
-    ((4, 4), (4,), True)
-    """
-    rng = np.random.default_rng(seed)
-    m = d if units is None else units
-    A = uniform(m, d, seed=rng)
-    omega = scale * rng.standard_normal(m)
-    return A, omega
-
-
-def paper_model(
-    beta: float,
-    sign: int,
-    d: int,
-    *,
-    attention: str = "USA",
-    A: np.ndarray | None = None,
-    omega: np.ndarray | None = None,
-    activation: str = "gelu",
-    convention: str = "code",
-) -> tuple[Model, float]:
-    r"""The paper's model in wflow's convention, and the factor ``c`` with :math:`t_{\rm wflow} = c\,s_{\rm paper}`.
-
-    USA: the paper's field :math:`e^{-\beta}\,\mathrm{USA}_{\rm wflow} + u_\omega` is
-    :math:`e^{-\beta}(\mathrm{USA}_{\rm wflow} + u_{e^\beta\omega})`, a time change ``c = e^-beta``
-    (the perceptron's output weights times :math:`e^\beta`).  SA: unchanged, ``c = 1``.
-
-    Parameters
-    ----------
-    beta : float
-        Inverse temperature of the paper's rescaled kernel :math:`e^{\beta(\langle x,y\rangle-1)}`.
-    sign : {1, -1}
-        1: ascent (attraction, ``V = I``), -1: descent (repulsion, ``V = -I``).
-    d : int
-        Dimension of the ambient space (the sphere is :math:`S^{d-1}`).
-    attention : {"USA", "SA"}
-    A, omega : ndarray, shape (m, d) and (m,), optional
-        The conservative perceptron :math:`W = A^\top\mathrm{diag}(\omega)`; none when ``A`` is None.
-    activation : str
-    convention : {"code", "poster"}
-        Where the descent's sign goes.  ``"code"`` (default): as in the authors' simulation code,
-        descent flips the whole velocity, :math:`\dot x = -(v_{\rm attn} + u_\omega)`, so the
-        perceptron's weights enter as :math:`\text{sign}\cdot\omega` (the paper's figures).
-        ``"poster"``: as in the poster's statement of the model, descent flips only the attention,
-        :math:`\dot x = -v_{\rm attn} + u_\omega`.  Ascent is the same in both.
-
-    Examples
-    --------
-    >>> model, c = paper_model(2.0, -1, 2)     # descent (repulsion), USA
-    >>> model, round(c, 6)
-    (USA(beta=2, V=-I), 0.135335)
-    >>> paper_model(2.0, 1, 2, attention="SA")
-    (SA(beta=2), 1.0)
-
-    Descent with a perceptron: the code's convention flips the perceptron too.
-
-    >>> import numpy as np, wflow
-    >>> A, omega = np.eye(2), np.array([1.0, -0.5])
-    >>> x = np.array([[0.6, 0.8]])
-    >>> code, _ = paper_model(1.0, -1, 2, A=A, omega=omega, convention="code")
-    >>> poster, _ = paper_model(1.0, -1, 2, A=A, omega=omega, convention="poster")
-    >>> attention, _ = paper_model(1.0, -1, 2)
-    >>> mu = wflow.Atoms(x)
-    >>> bool(np.allclose(code.velocity(x, mu) + poster.velocity(x, mu), 2 * attention.velocity(x, mu)))
-    True
-    """
-    conv = check_convention(convention)
-    V = None if sign > 0 else -np.eye(d)
-    if attention == "USA":
-        model: Model = USA(beta, V=V)
-        factor = float(np.exp(-beta))
-    elif attention == "SA":
-        model = SA(beta, V=V)
-        factor = 1.0
-    else:
-        raise ValueError(f"attention must be 'USA' or 'SA', got {attention!r}")
-    if A is not None:
-        flip = -1.0 if (sign < 0 and conv == "code") else 1.0
-        model = model + Perceptron.conservative(
-            A, flip * np.asarray(omega) / factor, activation=activation
-        )
-    return model, factor
 
 
 class SettleStop:
@@ -388,7 +235,12 @@ def _digest(a: np.ndarray | None) -> str | None:
 
 class Runs:
     """The study's runs through its parts: ``runs(beta, sign, d=..., ...)`` is :func:`run_paper`'s result, read
-    from a stored part when an earlier (or parallel, :meth:`prefetch`) run computed it."""
+    from a stored part when an earlier (or parallel, :meth:`prefetch`) run computed it.
+
+    The keywords are :func:`paper_part`'s (``d``, ``N``, ``seeds`` required; ``attention="USA"``,
+    ``A=None``, ``omega=None``, ``activation="gelu"``, ``t_max=200.0``, ``convention="code"``,
+    ``threshold=None``, ``seed0=0``); :meth:`key` names the part a call reads.
+    """
 
     def __init__(self, parts: Parts):
         self.parts = parts
@@ -396,21 +248,21 @@ class Runs:
 
     @staticmethod
     def _args(
-        beta,
-        sign,
+        beta: float,
+        sign: int,
         *,
-        d,
-        N,
-        seeds,
-        attention="USA",
-        A=None,
-        omega=None,
-        activation="gelu",
-        t_max=200.0,
-        convention="code",
-        threshold=None,
-        seed0=0,
-    ):
+        d: int,
+        N: int,
+        seeds: int,
+        attention: str = "USA",
+        A: np.ndarray | None = None,
+        omega: np.ndarray | None = None,
+        activation: str = "gelu",
+        t_max: float = 200.0,
+        convention: str = "code",
+        threshold: float | None = None,
+        seed0: int = 0,
+    ) -> tuple[Any, ...]:
         return (
             float(beta),
             int(sign),
@@ -428,7 +280,7 @@ class Runs:
         )
 
     @staticmethod
-    def _key(args) -> dict[str, Any]:
+    def _key(args: tuple[Any, ...]) -> dict[str, Any]:
         beta, sign, d, N, seeds, attention, A, omega, activation, t_max = args[:10]
         convention, threshold, seed0 = args[10:]
         extra: dict[str, Any] = {}
@@ -453,12 +305,27 @@ class Runs:
             **extra,
         }
 
+    @classmethod
+    def key(cls, beta: float, sign: int, **kw: Any) -> dict[str, Any]:
+        """The key of the part that ``runs(beta, sign, **kw)`` reads: the run's parameters, the
+        perceptron's weights by digest, the convention only where it changes the run.
+
+        Examples
+        --------
+        >>> Runs.key(1.0, 1, d=2, N=8, seeds=2, t_max=5.0)["t_max"]
+        5.0
+        >>> Runs.key(1.0, 1, d=2, N=8, seeds=2) == Runs.key(1, 1, d=2, N=8, seeds=2, convention="poster")
+        True
+        """
+        return cls._key(cls._args(beta, sign, **kw))
+
     def prefetch(self, calls: list[tuple[tuple, dict]]) -> None:
+        """Compute (or find stored) every run of ``calls``, ``((beta, sign), keywords)`` each, largest first."""
         jobs = [(self._key(a), paper_part, a) for a in (self._args(*c, **kw) for c, kw in calls)]
         jobs.sort(key=lambda j: -(j[2][3] ** 2) * j[2][4])  # the largest systems first
         self.parts.prefetch(jobs)
 
-    def __call__(self, beta, sign, **kw) -> dict[str, Any]:
+    def __call__(self, beta: float, sign: int, **kw: Any) -> dict[str, Any]:
         args = self._args(beta, sign, **kw)
         p = self.parts.get(self._key(args), lambda: paper_part(*args))
         self.seconds += float(p["seconds"])
