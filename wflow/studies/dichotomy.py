@@ -263,7 +263,7 @@ def _run(
     t0 = time.perf_counter()
     tr = simulate(model, x0, T, save_at=times, dt=DT / scale, method="rk4", diagnostics=())
     seconds = time.perf_counter() - t0
-    x = tr.points  # (k, seeds, n, d)
+    x = np.asarray(tr.points)  # (k, seeds, n, d)
     dev = deviation_from_mean(x)  # (k, seeds)
     diam = np.stack([diameter(xi) for xi in x])
     margin = x[..., -1].min(axis=-1)  # min_i <x_i, e_d>, (k, seeds)

@@ -347,39 +347,17 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
     >>> rep.passed  # doctest: +SKIP
     True
     """
-    from ..transport import wasserstein
-
     t0 = time.perf_counter()
     rep = StudyReport("mean-field")
     times = np.array([0.0, 1.0, 2.0])
-    # samples per N: the slope's error is dominated by the spread of log W at each N, which
-    # hardly depends on N, so small N (cheap) get more seeds
-    plan: dict[int, dict[int, int]]
-    models: dict[int, dict[str, Model]]
-    if quick:
-        plan = {2: {100: 40, 400: 30, 1600: 20, 6400: 12}, 3: {100: 16, 400: 12, 1600: 8}}
-        models = {2: {"SA": SA(1.0), "USA": USA(1.0)}, 3: {"SA": SA(1.0)}}
-        quad_N = [16, 32, 64, 128]
-    else:
-        plan = {
-            2: {100: 64, 1000: 32, 10_000: 16, 100_000: 8},
-            3: {100: 32, 1000: 16, 10_000: 8, 100_000: 4},
-        }
-        models = {2: {"SA": SA(1.0), "USA": USA(1.0)}, 3: {"SA": SA(1.0), "USA": USA(1.0)}}
-        quad_N = [16, 32, 64, 128, 256, 512, 1024]
+    plan, models, quad_N = _plan(quick)
     ref_nodes = {2: 512, 3: 24}
     rk4_dt = 0.1  # RK4 error ~1e-6, far below the N^{-1/2} effects measured
     parts = Parts(out, rep.name, quick)
     for d, seeds_per_N in plan.items():
         quad = _quadrature(d, ref_nodes[d])
         for name, model in models[d].items():
-            if d == 2:
-                fx, fq = sphere.circle_nodes(2**15, offset=np.pi / 2**15)
-            else:  # S^2: a Fibonacci set (quasi-Monte Carlo weights), for an EMD reference at t_end
-                fx = sphere.fibonacci_nodes(S2_REFERENCE_ATOMS)
-                fq = np.full(len(fx), 1.0 / len(fx))
-            fine_w = fq * (_circle_density(fx) if d == 2 else _sphere_density(fx))
-            fine_w /= fine_w.sum()
+            fx, fine_w = _fine_reference_nodes(d)
             # the block of runs (one reference, every sample) is one part: an interrupted study keeps it
             key = {
                 "part": "iid",
@@ -398,163 +376,16 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
                 i: Atoms._trusted(block[f"fine_{e}"], fine_w)
                 for i, e in ((0, "start"), (-1, "end"))
             }
-            per_t: dict[float, list[tuple[int, float, float]]] = {t: [] for t in times}
-            for N, s, t, coupling, w2 in zip(
-                block["N"], block["seed"], block["t"], block["coupling"], block["W2"]
-            ):
-                per_t[float(t)].append((int(N), float(coupling), float(w2)))
-                rep.rows.append(
-                    {
-                        "sphere": f"S{d - 1}",
-                        "model": name,
-                        "start": "iid",
-                        "N": int(N),
-                        "seed": int(s),
-                        "t": float(t),
-                        "coupling": float(coupling),
-                        "W2": float(w2),
-                    }
-                )
-            for t in times:
-                arr = np.array(per_t[t])
-                if t > 0:
-                    slope, half = fit_slope(arr[:, 0], arr[:, 1])
-                    rep.expect_slope(
-                        f"S{d - 1} {name} coupling error D_N slope in N at t={t:g}",
-                        slope,
-                        half,
-                        -0.5,
-                    )
-                if d == 2:
-                    slope, half = fit_slope(arr[:, 0], arr[:, 2])
-                    rep.expect_slope(f"S1 {name} W2 slope in N at t={t:g}", slope, half, -0.5)
-            if (
-                d == 3 and not quick
-            ):  # S^2 W2 by semi-discrete transport, with its slope (full mode only)
+            _iid_rates(rep, d, name, block, times)
+            if d == 3 and not quick:  # S^2 W2 by semi-discrete transport, with its slope
                 sd_plan = {**S2_SD_PLAN, **({100_000: 1} if int(s2_max_n) >= 100_000 else {})}
                 _s2_semidiscrete_w2(rep, name, model, quad, sd_plan, np.array(S2_SD_TIMES), rk4_dt)
-            if (
-                d == 3 and quick
-            ):  # S^2 W2 at t_end by EMD against the Fibonacci push-forward (reported, not asserted)
-                R = sphere.random_rotation(3, np.random.default_rng(7))
-                rx = sphere.fibonacci_nodes(S2_REFERENCE_ATOMS) @ R.T
-                other = Atoms(rx, _sphere_density(rx))
-                floor = wasserstein(other, fine[0], method="emd")
-                rep.notes.append(
-                    f"S2 {name}: W2(mu_N(t_end), mu(t_end)) by EMD against the push-forward of {S2_REFERENCE_ATOMS} "
-                    f"Fibonacci atoms (N <= {S2_EMD_MAX_N}; CSV column W2). The reference's own discretization, "
-                    f"measured as W2 between two rotated {S2_REFERENCE_ATOMS}-atom representations of rho_0, is "
-                    f"{floor:.3g}: W2 values near it are floored, so no slope is asserted on S2; the coupling "
-                    f"error D_N carries the rate there."
-                )
-            for t in times:  # growth of the error with t, at the largest N
-                Nmax = max(seeds_per_N)
-                vals = [
-                    r
-                    for r in rep.rows
-                    if r["sphere"] == f"S{d - 1}"
-                    and r["model"] == name
-                    and r["start"] == "iid"
-                    and r["N"] == Nmax
-                    and r["t"] == t
-                ]
-                rep.notes.append(
-                    f"S{d - 1} {name} N={Nmax} t={t:g}: mean D_N = "
-                    f"{np.mean([r['coupling'] for r in vals]):.4g}, mean W2 = "
-                    f"{np.nanmean([r['W2'] for r in vals]) if any(np.isfinite(r['W2']) for r in vals) else float('nan'):.4g}"
-                )
-            if d == 2:  # the continuum reference cross-checked with the finite-volume solver
-                from ..density import Density
-                from ..mesh import CircleMesh
-                from ..solvers.eulerian import solve_density
-
-                gaps = []
-                for M in (
-                    256,
-                    512,
-                ):  # orders 1.80 / 2.18 (SA / USA) at 128..256, 1.90 / 2.13 at 256..512
-                    fv = (
-                        solve_density(
-                            model,
-                            Density.from_function(CircleMesh(M), _circle_density),
-                            times[-1],
-                            save_at=[0.0, times[-1]],
-                        )
-                        .density(-1)
-                        .to_atoms()
-                    )
-                    ks = np.arange(1, 4)
-                    mom = lambda mu: (
-                        np.exp(
-                            1j * ks[:, None] * np.arctan2(mu.points[:, 1], mu.points[:, 0])[None]
-                        )
-                        @ mu.weights
-                    )  # noqa: E731
-                    gaps.append(float(np.abs(mom(fv) - mom(fine[-1])).max()))
-                rep.expect(
-                    f"S1 {name} Lagrangian vs finite volume (M=512), Fourier moments 1..3 at t={times[-1]:g}",
-                    gaps[1],
-                    0.0,
-                    2e-4,
-                )
-                rep.expect(
-                    f"S1 {name} Lagrangian vs finite volume, observed order M=256..512",
-                    np.log2(gaps[0] / gaps[1]),
-                    1.8,
-                    2.3,
-                )
-            if d == 2:  # deterministic quadrature start
-                errs, moms = [], []
-                for N in quad_N:
-                    qx, qq = sphere.circle_nodes(N, offset=np.pi / N)
-                    start = Atoms(qx, qq * _circle_density(qx))
-                    tr = simulate(
-                        model,
-                        start,
-                        times[-1],
-                        save_at=times,
-                        method="dopri5",
-                        rtol=1e-11,
-                        atol=1e-13,
-                    )
-                    w2 = wasserstein(tr.atoms(-1), fine[-1], method="circle")
-                    m_err = float(np.abs(tr.atoms(-1).mean() - fine[-1].mean()).max())
-                    errs.append(w2)
-                    moms.append(m_err)
-                    rep.rows.append(
-                        {
-                            "sphere": "S1",
-                            "model": name,
-                            "start": "quadrature",
-                            "N": N,
-                            "seed": -1,
-                            "t": times[-1],
-                            "coupling": np.nan,
-                            "W2": w2,
-                            "moment_error": m_err,
-                        }
-                    )
-                slope, half = fit_slope(np.array(quad_N, float), np.array(errs))
-                rep.expect(
-                    f"S1 {name} quadrature-start W2 slope at t={times[-1]:g} ({slope:.3f} ± {half:.3f})",
-                    slope,
-                    -1.1,
-                    -0.9,
-                )
-                # smooth moments converge spectrally until the time-stepping tolerance (~1e-11)
-                order = np.log(moms[0] / moms[2]) / np.log(quad_N[2] / quad_N[0])
-                rep.expect(
-                    f"S1 {name} quadrature-start moment error, observed order N={quad_N[0]}..{quad_N[2]}",
-                    order,
-                    6.0,
-                    np.inf,
-                )
-                rep.expect(
-                    f"S1 {name} quadrature-start moment error at N={quad_N[-1]}",
-                    moms[-1],
-                    0.0,
-                    1e-10,
-                )
+            if d == 3 and quick:  # S^2 W2 at t_end by EMD (reported, not asserted)
+                _s2_emd_note(rep, name, fine[0])
+            _largest_n_notes(rep, d, name, max(seeds_per_N), times)
+            if d == 2:
+                _finite_volume_check(rep, name, model, fine[-1], times)
+                _quadrature_start(rep, name, model, fine[-1], times, quad_N)
     t_chaos = time.perf_counter()
     rep.figures.append(_figure(rep, out))
     rep.figures.append(w2_in_time(rep, out, quick, _circle_density))
@@ -564,6 +395,217 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
     )
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def _plan(
+    quick: bool,
+) -> tuple[dict[int, dict[int, int]], dict[int, dict[str, Model]], list[int]]:
+    """Seeds per N for each d, the models for each d, the N of the quadrature start.
+
+    Samples per N: the slope's error is dominated by the spread of log W at each N, which hardly
+    depends on N, so small N (cheap) get more seeds."""
+    if quick:
+        plan = {2: {100: 40, 400: 30, 1600: 20, 6400: 12}, 3: {100: 16, 400: 12, 1600: 8}}
+        models: dict[int, dict[str, Model]] = {
+            2: {"SA": SA(1.0), "USA": USA(1.0)},
+            3: {"SA": SA(1.0)},
+        }
+        return plan, models, [16, 32, 64, 128]
+    plan = {
+        2: {100: 64, 1000: 32, 10_000: 16, 100_000: 8},
+        3: {100: 32, 1000: 16, 10_000: 8, 100_000: 4},
+    }
+    models = {2: {"SA": SA(1.0), "USA": USA(1.0)}, 3: {"SA": SA(1.0), "USA": USA(1.0)}}
+    return plan, models, [16, 32, 64, 128, 256, 512, 1024]
+
+
+def _fine_reference_nodes(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes pushed by the reference run and their weights (rho_0 times the quadrature weights)."""
+    if d == 2:
+        fx, fq = sphere.circle_nodes(2**15, offset=np.pi / 2**15)
+    else:  # S^2: a Fibonacci set (quasi-Monte Carlo weights), for an EMD reference at t_end
+        fx = sphere.fibonacci_nodes(S2_REFERENCE_ATOMS)
+        fq = np.full(len(fx), 1.0 / len(fx))
+    fine_w = fq * (_circle_density(fx) if d == 2 else _sphere_density(fx))
+    fine_w /= fine_w.sum()
+    return fx, fine_w
+
+
+def _iid_rates(
+    rep: StudyReport, d: int, name: str, block: dict[str, Any], times: np.ndarray
+) -> None:
+    """The i.i.d. block's rows, and the slopes in N of D_N (t > 0) and, on S^1, of W2."""
+    per_t: dict[float, list[tuple[int, float, float]]] = {t: [] for t in times}
+    for N, s, t, coupling, w2 in zip(
+        block["N"], block["seed"], block["t"], block["coupling"], block["W2"]
+    ):
+        per_t[float(t)].append((int(N), float(coupling), float(w2)))
+        rep.rows.append(
+            {
+                "sphere": f"S{d - 1}",
+                "model": name,
+                "start": "iid",
+                "N": int(N),
+                "seed": int(s),
+                "t": float(t),
+                "coupling": float(coupling),
+                "W2": float(w2),
+            }
+        )
+    for t in times:
+        arr = np.array(per_t[t])
+        if t > 0:
+            slope, half = fit_slope(arr[:, 0], arr[:, 1])
+            rep.expect_slope(
+                f"S{d - 1} {name} coupling error D_N slope in N at t={t:g}",
+                slope,
+                half,
+                -0.5,
+            )
+        if d == 2:
+            slope, half = fit_slope(arr[:, 0], arr[:, 2])
+            rep.expect_slope(f"S1 {name} W2 slope in N at t={t:g}", slope, half, -0.5)
+
+
+def _s2_emd_note(rep: StudyReport, name: str, fine_start: Atoms) -> None:
+    """Quick mode on S^2: the EMD reference's own floor, beside the W2 column (no slope asserted)."""
+    from ..transport import wasserstein
+
+    R = sphere.random_rotation(3, np.random.default_rng(7))
+    rx = sphere.fibonacci_nodes(S2_REFERENCE_ATOMS) @ R.T
+    other = Atoms(rx, _sphere_density(rx))
+    floor = wasserstein(other, fine_start, method="emd")
+    rep.notes.append(
+        f"S2 {name}: W2(mu_N(t_end), mu(t_end)) by EMD against the push-forward of {S2_REFERENCE_ATOMS} "
+        f"Fibonacci atoms (N <= {S2_EMD_MAX_N}; CSV column W2). The reference's own discretization, "
+        f"measured as W2 between two rotated {S2_REFERENCE_ATOMS}-atom representations of rho_0, is "
+        f"{floor:.3g}: W2 values near it are floored, so no slope is asserted on S2; the coupling "
+        f"error D_N carries the rate there."
+    )
+
+
+def _largest_n_notes(rep: StudyReport, d: int, name: str, n_max: int, times: np.ndarray) -> None:
+    """The growth of the error with t, at the largest N: mean D_N and mean W2 at each save."""
+    for t in times:
+        vals = [
+            r
+            for r in rep.rows
+            if r["sphere"] == f"S{d - 1}"
+            and r["model"] == name
+            and r["start"] == "iid"
+            and r["N"] == n_max
+            and r["t"] == t
+        ]
+        rep.notes.append(
+            f"S{d - 1} {name} N={n_max} t={t:g}: mean D_N = "
+            f"{np.mean([r['coupling'] for r in vals]):.4g}, mean W2 = "
+            f"{np.nanmean([r['W2'] for r in vals]) if any(np.isfinite(r['W2']) for r in vals) else float('nan'):.4g}"
+        )
+
+
+def _finite_volume_check(
+    rep: StudyReport, name: str, model: Model, fine_end: Atoms, times: np.ndarray
+) -> None:
+    """S^1: the continuum reference cross-checked with the finite-volume solver (Fourier moments 1..3)."""
+    from ..density import Density
+    from ..mesh import CircleMesh
+    from ..solvers.eulerian import solve_density
+
+    ks = np.arange(1, 4)
+
+    def moments(mu: Atoms) -> np.ndarray:
+        angles = np.arctan2(mu.points[:, 1], mu.points[:, 0])
+        return np.exp(1j * ks[:, None] * angles[None]) @ mu.weights
+
+    gaps = []
+    for M in (256, 512):  # orders 1.80 / 2.18 (SA / USA) at 128..256, 1.90 / 2.13 at 256..512
+        fv = (
+            solve_density(
+                model,
+                Density.from_function(CircleMesh(M), _circle_density),
+                times[-1],
+                save_at=[0.0, times[-1]],
+            )
+            .density(-1)
+            .to_atoms()
+        )
+        gaps.append(float(np.abs(moments(fv) - moments(fine_end)).max()))
+    rep.expect(
+        f"S1 {name} Lagrangian vs finite volume (M=512), Fourier moments 1..3 at t={times[-1]:g}",
+        gaps[1],
+        0.0,
+        2e-4,
+    )
+    rep.expect(
+        f"S1 {name} Lagrangian vs finite volume, observed order M=256..512",
+        np.log2(gaps[0] / gaps[1]),
+        1.8,
+        2.3,
+    )
+
+
+def _quadrature_start(
+    rep: StudyReport,
+    name: str,
+    model: Model,
+    fine_end: Atoms,
+    times: np.ndarray,
+    quad_N: list[int],
+) -> None:
+    """S^1 from a deterministic start (trapezoid nodes, weights rho_0/N): W2 like 1/N, moments spectral."""
+    from ..transport import wasserstein
+
+    errs, moms = [], []
+    for N in quad_N:
+        qx, qq = sphere.circle_nodes(N, offset=np.pi / N)
+        start = Atoms(qx, qq * _circle_density(qx))
+        tr = simulate(
+            model,
+            start,
+            times[-1],
+            save_at=times,
+            method="dopri5",
+            rtol=1e-11,
+            atol=1e-13,
+        )
+        w2 = wasserstein(tr.atoms(-1), fine_end, method="circle")
+        m_err = float(np.abs(tr.atoms(-1).mean() - fine_end.mean()).max())
+        errs.append(w2)
+        moms.append(m_err)
+        rep.rows.append(
+            {
+                "sphere": "S1",
+                "model": name,
+                "start": "quadrature",
+                "N": N,
+                "seed": -1,
+                "t": times[-1],
+                "coupling": np.nan,
+                "W2": w2,
+                "moment_error": m_err,
+            }
+        )
+    slope, half = fit_slope(np.array(quad_N, float), np.array(errs))
+    rep.expect(
+        f"S1 {name} quadrature-start W2 slope at t={times[-1]:g} ({slope:.3f} ± {half:.3f})",
+        slope,
+        -1.1,
+        -0.9,
+    )
+    # smooth moments converge spectrally until the time-stepping tolerance (~1e-11)
+    order = np.log(moms[0] / moms[2]) / np.log(quad_N[2] / quad_N[0])
+    rep.expect(
+        f"S1 {name} quadrature-start moment error, observed order N={quad_N[0]}..{quad_N[2]}",
+        order,
+        6.0,
+        np.inf,
+    )
+    rep.expect(
+        f"S1 {name} quadrature-start moment error at N={quad_N[-1]}",
+        moms[-1],
+        0.0,
+        1e-10,
+    )
 
 
 def _figure(rep: StudyReport, out: Path) -> Path:

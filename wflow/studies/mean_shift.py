@@ -195,8 +195,9 @@ def run_gap(beta: float, x0: np.ndarray, t_end: float, n_saves: int = 5) -> dict
         diagnostics=(),
     )
     t_sa = time.perf_counter() - t_sa
-    gaps = np.abs(ms.points - sa.points).max(axis=tuple(range(1, ms.points.ndim)))
-    moved = np.abs(ms.points[-1] - ms.points[0]).max()
+    x_ms, x_sa = np.asarray(ms.points), np.asarray(sa.points)
+    gaps = np.abs(x_ms - x_sa).max(axis=tuple(range(1, x_ms.ndim)))
+    moved = np.abs(x_ms[-1] - x_ms[0]).max()
     return {
         "times": times,
         "gaps": gaps,

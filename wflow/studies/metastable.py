@@ -504,6 +504,90 @@ def run_sphere(beta: float, n: int, seed: int) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 
 
+def _sphere(
+    rep: StudyReport,
+    parts: Parts,
+    plan: dict[str, Any],
+    results: dict[tuple, dict[str, Any]],
+    quick: bool,
+) -> None:
+    """S^2: the growth of A_l* over the linear phase against 2 lambda_l*, the dominant degree against the
+    degrees the linear theory does not separate, and (full mode) how often l* wins against the theory."""
+    s2_matches, s2_expected, s2_var = 0, 0.0, 0.0
+    ells = np.arange(1, L_MAX + 1)
+    for beta in plan["s2_betas"]:
+        l_star = most_unstable_mode(beta, 3, "SA")
+        lam3 = growth_rate(ells, beta, 3, "SA")
+        for seed in range(plan["s2_seeds"]):
+            t0 = time.perf_counter()
+            s = parts.get(
+                {
+                    "solver": "particles-s2",
+                    "beta": beta,
+                    "n": plan["s2_n"],
+                    "seed": seed,
+                    "dt": DT,
+                    "amplitude": AMPLITUDE,
+                },
+                lambda: run_sphere(beta, plan["s2_n"], seed),
+            )
+            results[("s2", beta, seed)] = s
+            slope = fit_growth(s["series"], s["times"])[l_star]
+            pred = linear_prediction(s["spectrum0"], lam3, s["t_lin"])
+            pred_set = [int(x) for x in ells[pred >= SEPARATION * pred.max()]]
+            prob = selection_probability(lam3, s["t_lin"], shape=(2 * ells + 1) / 2)
+            s2_matches += int(s["l_dom"] == l_star)
+            s2_expected += prob
+            s2_var += prob * (1 - prob)
+            rep.rows.append(
+                {
+                    "solver": "particles-s2",
+                    "beta": beta,
+                    "seed": seed,
+                    "size": plan["s2_n"],
+                    "k_star": l_star,
+                    "t_lin": s["t_lin"],
+                    "k_dom": s["l_dom"],
+                    "rate_kdom": float(lam3[s["l_dom"] - 1]),
+                    "rate_kstar": float(lam3[l_star - 1]),
+                    "p_kstar": prob,
+                    "slope_kstar": float(slope),
+                    "k_pred": int(np.argmax(pred) + 1),
+                }
+            )
+            rep.expect(
+                f"S^2 beta={beta:g} seed {seed}: growth of A_l* (l*={l_star}) over the linear phase "
+                f"(max A_l <= {FIT_MAX:g}) / 2 lambda_l*",
+                slope / (2 * lam3[l_star - 1]),
+                1 - FIT_TOL,
+                1 + FIT_TOL,
+            )
+            rep.expect(
+                f"S^2 beta={beta:g} seed {seed}: dominant degree {s['l_dom']} among the degrees the linear theory "
+                f"from the measured initial spectrum does not separate at t_lin, {pred_set} (1 = yes)",
+                float(s["l_dom"] in pred_set),
+                1,
+                1,
+            )
+            rep.notes.append(
+                f"S^2 beta={beta:g} seed {seed}: l*={l_star}, dominant {s['l_dom']}, predicted from "
+                f"N A_l(0) = {', '.join(f'{x:.2f}' for x in s['spectrum0'][1:7] * plan['s2_n'])}: "
+                f"{int(np.argmax(pred) + 1)}; P(l* wins) {prob:.2f}; t_lin={s['t_lin']:.1f}, A_l = "
+                f"{', '.join(f'{x:.3f}' for x in s['spectrum'][1:9])} ({time.perf_counter() - t0:.1f} s)"
+            )
+    if not quick:
+        # like the circle: l* at least as often as the linear theory with chi^2_{2l+1} initial powers expects
+        sd = np.sqrt(max(s2_var, 0.25))
+        n_s2 = len(plan["s2_betas"]) * plan["s2_seeds"]
+        rep.expect(
+            f"S^2 particles: runs selecting l* ({s2_matches}/{n_s2}) - linear-theory expectation "
+            f"({s2_expected:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",
+            (s2_matches - s2_expected) / sd,
+            -2.0,
+            np.inf,
+        )
+
+
 @register("metastable", group="papers")
 def metastable(out: Path, quick: bool = True) -> StudyReport:
     """Number of clusters at the end of the linear phase against k* = argmax k^2 I_k(beta) (module docstring).
@@ -622,79 +706,7 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
             f"angle error / (pi/k*) over all {len(errors_all)} runs with k* peaks and dominant mode k*, "
             f"separated or not: median {np.median(errors_all):.2f}, max {max(errors_all):.2f}"
         )
-    s2_matches, s2_expected, s2_var = 0, 0.0, 0.0
-    ells = np.arange(1, L_MAX + 1)
-    for beta in plan["s2_betas"]:
-        l_star = most_unstable_mode(beta, 3, "SA")
-        lam3 = growth_rate(ells, beta, 3, "SA")
-        for seed in range(plan["s2_seeds"]):
-            t0 = time.perf_counter()
-            s = parts.get(
-                {
-                    "solver": "particles-s2",
-                    "beta": beta,
-                    "n": plan["s2_n"],
-                    "seed": seed,
-                    "dt": DT,
-                    "amplitude": AMPLITUDE,
-                },
-                lambda: run_sphere(beta, plan["s2_n"], seed),
-            )
-            results[("s2", beta, seed)] = s
-            slope = fit_growth(s["series"], s["times"])[l_star]
-            pred = linear_prediction(s["spectrum0"], lam3, s["t_lin"])
-            pred_set = [int(x) for x in ells[pred >= SEPARATION * pred.max()]]
-            prob = selection_probability(lam3, s["t_lin"], shape=(2 * ells + 1) / 2)
-            s2_matches += int(s["l_dom"] == l_star)
-            s2_expected += prob
-            s2_var += prob * (1 - prob)
-            rep.rows.append(
-                {
-                    "solver": "particles-s2",
-                    "beta": beta,
-                    "seed": seed,
-                    "size": plan["s2_n"],
-                    "k_star": l_star,
-                    "t_lin": s["t_lin"],
-                    "k_dom": s["l_dom"],
-                    "rate_kdom": float(lam3[s["l_dom"] - 1]),
-                    "rate_kstar": float(lam3[l_star - 1]),
-                    "p_kstar": prob,
-                    "slope_kstar": float(slope),
-                    "k_pred": int(np.argmax(pred) + 1),
-                }
-            )
-            rep.expect(
-                f"S^2 beta={beta:g} seed {seed}: growth of A_l* (l*={l_star}) over the linear phase "
-                f"(max A_l <= {FIT_MAX:g}) / 2 lambda_l*",
-                slope / (2 * lam3[l_star - 1]),
-                1 - FIT_TOL,
-                1 + FIT_TOL,
-            )
-            rep.expect(
-                f"S^2 beta={beta:g} seed {seed}: dominant degree {s['l_dom']} among the degrees the linear theory "
-                f"from the measured initial spectrum does not separate at t_lin, {pred_set} (1 = yes)",
-                float(s["l_dom"] in pred_set),
-                1,
-                1,
-            )
-            rep.notes.append(
-                f"S^2 beta={beta:g} seed {seed}: l*={l_star}, dominant {s['l_dom']}, predicted from "
-                f"N A_l(0) = {', '.join(f'{x:.2f}' for x in s['spectrum0'][1:7] * plan['s2_n'])}: "
-                f"{int(np.argmax(pred) + 1)}; P(l* wins) {prob:.2f}; t_lin={s['t_lin']:.1f}, A_l = "
-                f"{', '.join(f'{x:.3f}' for x in s['spectrum'][1:9])} ({time.perf_counter() - t0:.1f} s)"
-            )
-    if not quick:
-        # like the circle: l* at least as often as the linear theory with chi^2_{2l+1} initial powers expects
-        sd = np.sqrt(max(s2_var, 0.25))
-        n_s2 = len(plan["s2_betas"]) * plan["s2_seeds"]
-        rep.expect(
-            f"S^2 particles: runs selecting l* ({s2_matches}/{n_s2}) - linear-theory expectation "
-            f"({s2_expected:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",
-            (s2_matches - s2_expected) / sd,
-            -2.0,
-            np.inf,
-        )
+    _sphere(rep, parts, plan, results, quick)
     rep.notes.append(parts.note())
     rep.figures.append(_figure(results, plan, out))
     rep.seconds = time.perf_counter() - start

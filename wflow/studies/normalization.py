@@ -453,27 +453,16 @@ def collapse_part(
 # --------------------------------------------------------------------------------------
 
 
-@register("normalization", group="papers")
-def study_normalization(out: Path, quick: bool) -> StudyReport:
-    """Speeds of the six normalization schemes (module docstring)."""
-    t_start = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    rep = StudyReport("normalization")
-    parts = Parts(out, "normalization", quick)
-    n, beta, rho0 = 8, 1.0, 0.0
-    d_r = 512
-    n_r, beta_r = 32, float(np.sqrt(d_r))
-    seeds = (0, 1) if quick else tuple(range(6))
-    horizon = (
-        dict(EQ_HORIZON) if quick else {**EQ_HORIZON, "pre-ln": 1e6, "peri-ln": 1e6, "mix-ln": 1e6}
-    )
-    rep.notes.append(
-        f"{'quick' if quick else 'full'} mode: equiangular n = {n}, beta = {beta:g}, rho0 = {rho0:g} "
-        f"(particles in R^{n}, dopri5 rtol 1e-10); random starts n = {n_r}, d = {d_r}, "
-        f"beta = sqrt(d) = {beta_r:.3f}, seeds {list(seeds)}; Mix-LN tau = 2, nGPT alpha = 0.5"
-    )
-
+def _equiangular(
+    rep: StudyReport,
+    parts: Parts,
+    n: int,
+    beta: float,
+    rho0: float,
+    horizon: dict[str, float],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The equiangular start, every scheme: particles against the reduced ODE, the late law's rate and
+    constant against :func:`wflow.theory.equiangular_asymptotics`; returns the parts and the laws."""
     eq, laws = {}, {}
     for scheme in SCHEMES:
         p = parts.get(
@@ -551,10 +540,21 @@ def study_normalization(out: Path, quick: bool) -> StudyReport:
         "sqrt(t+1), log t, alpha t); for the power laws the window is the last decade(s) of t "
         "where 1-rho lies in it"
     )
+    return eq, laws
 
-    # random starts: the early phase
+
+def _random_starts(
+    rep: StudyReport,
+    parts: Parts,
+    n_r: int,
+    d_r: int,
+    seeds: tuple[int, ...],
+    t_end_random: float,
+) -> dict[str, list]:
+    """Random starts, the early phase: the change of the mean gap, tokens against the equiangular ODE from
+    the measured mean cosine, over c_0; returns each scheme's parts (one per seed)."""
+    beta_r = float(np.sqrt(d_r))
     rnd: dict[str, list] = {}
-    t_end_random = 1e6 if quick else 2e6
     c0 = float(theory.funk_hecke(0, beta_r, d_r))
     for scheme in SCHEMES:
         runs = []
@@ -625,8 +625,12 @@ def study_normalization(out: Path, quick: bool) -> StudyReport:
         "random starts are not equiangular: what is measured is how the single equiangular ODE from the "
         "measured mean cosine predicts the early growth of the mean cosine, and by which factor it errs"
     )
-    # random starts: the whole staircase to one point (the sphere schemes; BDF with the exact Jacobian)
-    d_c = 64 if quick else d_r
+    return rnd
+
+
+def _collapse(rep: StudyReport, parts: Parts, n_r: int, d_c: int) -> dict[str, dict[str, Any]]:
+    """Random starts followed through the whole staircase to one point (the sphere schemes): collapsed,
+    the late rate against theory, the radii kept; returns each scheme's part."""
     beta_c = float(np.sqrt(d_c))
     col, half_ode = {}, {}
     for scheme in SPHERE_SCHEMES:
@@ -720,6 +724,37 @@ def study_normalization(out: Path, quick: bool) -> StudyReport:
         "d(theta)/d(log t) ~ n e^-beta, so the same staircase takes log t ~ e^beta / n (t beyond "
         "any float); their late laws are checked from the equiangular start only"
     )
+    return col
+
+
+@register("normalization", group="papers")
+def study_normalization(out: Path, quick: bool) -> StudyReport:
+    """Speeds of the six normalization schemes (module docstring)."""
+    t_start = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rep = StudyReport("normalization")
+    parts = Parts(out, "normalization", quick)
+    n, beta, rho0 = 8, 1.0, 0.0
+    d_r = 512
+    n_r, beta_r = 32, float(np.sqrt(d_r))
+    seeds = (0, 1) if quick else tuple(range(6))
+    horizon = (
+        dict(EQ_HORIZON) if quick else {**EQ_HORIZON, "pre-ln": 1e6, "peri-ln": 1e6, "mix-ln": 1e6}
+    )
+    rep.notes.append(
+        f"{'quick' if quick else 'full'} mode: equiangular n = {n}, beta = {beta:g}, rho0 = {rho0:g} "
+        f"(particles in R^{n}, dopri5 rtol 1e-10); random starts n = {n_r}, d = {d_r}, "
+        f"beta = sqrt(d) = {beta_r:.3f}, seeds {list(seeds)}; Mix-LN tau = 2, nGPT alpha = 0.5"
+    )
+
+    eq, laws = _equiangular(rep, parts, n, beta, rho0, horizon)
+    # random starts: the early phase
+    t_end_random = 1e6 if quick else 2e6
+    rnd = _random_starts(rep, parts, n_r, d_r, seeds, t_end_random)
+    # random starts: the whole staircase to one point (the sphere schemes; BDF with the exact Jacobian)
+    d_c = 64 if quick else d_r
+    col = _collapse(rep, parts, n_r, d_c)
     rep.figures.append(collapse_figure(out, col, n_r, d_c))
     rep.figures.extend(study_figures(out, eq, rnd, laws, beta_r, n_r, d_r))
     rep.notes.append(parts.note())

@@ -307,23 +307,11 @@ def _distance(a: dict, b: dict) -> float:
     return float(np.max(np.abs(a["mean"][:m] - b["mean"][:m])))
 
 
-@register("phase-diagram", group="papers")
-def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
-    """The GLPR phase diagram, three schemes beside the published one, and its gap to t*(beta) (module docstring).
-
-    Examples
-    --------
-    Even the quick plan runs 24 systems for many (d, beta, scheme) parts (too slow for a doctest), so it is
-    not run here:
-
-    >>> rep = phase_diagram_study("out/phase-diagram", quick=True)  # doctest: +SKIP
-    >>> rep.name  # doctest: +SKIP
-    'phase-diagram'
-    """
-    start = time.perf_counter()
-    rep = StudyReport("phase-diagram")
-    plan = QUICK if quick else FULL
-    parts = Parts(out, "phase-diagram", quick)
+def _curves(
+    parts: Parts, plan: dict[str, Any]
+) -> tuple[dict[tuple[int, float], dict], dict[tuple[int, float, str], dict], dict[str, float]]:
+    """Every (d, beta, scheme) mean curve of the plan through the stored parts (computed costliest first):
+    the heat map's curves, the compared curves (every scheme on the same starts), compute seconds."""
     heat: dict[tuple[int, float], dict] = {}
     curves: dict[tuple[int, float, str], dict] = {}
     seconds: dict[str, float] = {}
@@ -359,8 +347,12 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
                 seconds=0.0,
             )
         curves[(d, beta, s)] = c
+    return heat, curves, seconds
 
-    # -- t*: the event root against the solution of the ODE and a quadrature of 1/F
+
+def _tstar(rep: StudyReport, plan: dict[str, Any]) -> dict[float, float]:
+    """t*(beta) of the equiangular ODE (the event root), checked against the ODE's solution and a
+    quadrature of 1/F."""
     from scipy.integrate import quad
 
     from ..theory import equiangular_rhs, equiangular_solution
@@ -386,8 +378,17 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     )
     rep.expect("t*: |rho(t*) - 0.999| on the ODE solution (max over beta)", root_err, 0.0, 1e-9)
     rep.expect("t*: |t* - quadrature of 1/F| (max over beta)", quad_err, 0.0, 1e-6)
+    return tstar
 
-    # -- rows: crossing times, gaps, delays, distances
+
+def _rows(
+    rep: StudyReport,
+    plan: dict[str, Any],
+    heat: dict[tuple[int, float], dict],
+    curves: dict[tuple[int, float, str], dict],
+    tstar: dict[float, float],
+) -> None:
+    """One row per curve: crossing time, gap to t*, delays, distance to the ODE's curve."""
     for (d, beta, s), c in curves.items():
         t_half = crossing_time(c["times"], c["mean"])
         ref = curves.get((d, beta, "dopri5"))
@@ -415,6 +416,28 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
             row["heat_systems"] = plan["systems"]
             row["t_half_heat"] = crossing_time(heat[(d, beta)]["times"], heat[(d, beta)]["mean"])
         rep.rows.append(row)
+
+
+@register("phase-diagram", group="papers")
+def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
+    """The GLPR phase diagram, three schemes beside the published one, and its gap to t*(beta) (module docstring).
+
+    Examples
+    --------
+    Even the quick plan runs 24 systems for many (d, beta, scheme) parts (too slow for a doctest), so it is
+    not run here:
+
+    >>> rep = phase_diagram_study("out/phase-diagram", quick=True)  # doctest: +SKIP
+    >>> rep.name  # doctest: +SKIP
+    'phase-diagram'
+    """
+    start = time.perf_counter()
+    rep = StudyReport("phase-diagram")
+    plan = QUICK if quick else FULL
+    parts = Parts(out, "phase-diagram", quick)
+    heat, curves, seconds = _curves(parts, plan)
+    tstar = _tstar(rep, plan)
+    _rows(rep, plan, heat, curves, tstar)
     rows = {(r["d"], r["beta"], r["scheme"]): r for r in rep.rows}
     cb = plan["compare_betas"]
 
