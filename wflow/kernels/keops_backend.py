@@ -9,16 +9,30 @@ the environment variable ``WFLOW_KEOPS_CACHE``), one folder per KeOps version, s
 new machine or a new host name does not silently recompile into ``~/.cache``.  The
 first use of each (dimension, dtype) compiles with g++ for 10--25 s; a file lock
 keeps two processes from compiling the same formula at once.
+
+A compiler that crashes (KeOps 2.3 with CUDA 13 died of a segmentation fault compiling
+its first formula) would kill the Python process, where no ``try`` catches it.  So on a
+machine with an NVIDIA driver, before the first KeOps sum, :func:`keops_probe` compiles
+and runs a small formula of the same family in a child process and records its verdict
+in ``<cache folder>/probe/``, one file per KeOps version, CUDA version and formula family.
+Where the child crashed, failed or hung, ``backend="auto"`` does not pick KeOps on that
+machine (a warning says so once, in one line) and ``backend="keops"`` raises that line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import json
 import logging
 import os
 import pickle
+import signal
+import subprocess
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +40,14 @@ import numpy as np
 from ..errors import WflowError
 from .sums import KernelProblem, KernelSums, register_backend
 
-__all__ = ["KeopsBackend", "import_pykeops", "keops_cache_dir", "nvidia_driver_present"]
+__all__ = [
+    "KeopsBackend",
+    "ProbeVerdict",
+    "import_pykeops",
+    "keops_cache_dir",
+    "keops_probe",
+    "nvidia_driver_present",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +71,29 @@ def keops_cache_dir() -> Path:
     if root:
         return Path(root)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "wflow" / f"keops-{_pykeops_version()}"
+
+
+def _pykeops_version() -> str:
     try:
         from importlib.metadata import version
 
-        v = version("pykeops")
+        return version("pykeops")
     except Exception:
-        v = "unknown"
-    return Path(base) / "wflow" / f"keops-{v}"
+        return "unknown"
+
+
+def _check_writable(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"no write permission on {folder}")
+
+
+def _unwritable(folder: Path, exc: OSError) -> str:
+    return (
+        f"the KeOps cache folder {folder} cannot be written ({type(exc).__name__}: {exc}): set "
+        f"WFLOW_KEOPS_CACHE to a writable folder, or choose backend='torch' or 'numba'"
+    )
 
 
 def import_pykeops():
@@ -76,6 +113,11 @@ def import_pykeops():
     if _PYKEOPS is not None or _IMPORT_ERROR is not None:
         return _PYKEOPS
     folder = keops_cache_dir()
+    try:
+        _check_writable(folder)
+    except OSError as exc:
+        _IMPORT_ERROR = _unwritable(folder, exc)
+        return None
     for attempt in (1, 2):
         try:
             _PYKEOPS = _import_quietly(folder)
@@ -100,7 +142,6 @@ def import_pykeops():
 
 
 def _import_quietly(folder: Path):
-    folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("KEOPS_CACHE_FOLDER", str(folder))
     os.environ.setdefault("PYKEOPS_VERBOSE", "0")
     sink = io.StringIO()
@@ -137,14 +178,15 @@ def _gpu_available(pykeops) -> bool:
 
 
 @contextlib.contextmanager
-def compile_lock(folder: Path):
+def compile_lock(folder: Path, name: str = "wflow-compile.lock"):
+    """Hold the file lock ``folder / name`` (none where ``fcntl`` is missing)."""
     try:
         import fcntl
     except ImportError:  # not on POSIX: no lock
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "wflow-compile.lock", "w") as fh:
+    with open(folder / name, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -152,11 +194,240 @@ def compile_lock(folder: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+# ---------------------------------------------------------------------------------------------
+# The probe: a KeOps formula compiled and run in a child process, whose crash cannot hurt.
+
+#: Formula families the probe knows; the kernel sums' ``Max_SumShiftExpWeight`` reduction.
+PROBE_FAMILIES = ("kernel_sums",)
+#: Seconds the child may take (a first compile takes 10--25 s on a CPU) before it counts as hung.
+PROBE_TIMEOUT = 300.0
+#: Environment variable for tests: ``1`` makes the child abort at once, ``hang`` makes it sleep.
+PROBE_CRASH_ENV = "WFLOW_KEOPS_PROBE_CRASH"
+_CHILD = f"""
+import os, sys, time
+if os.environ.get("{PROBE_CRASH_ENV}") == "1":
+    os.abort()
+if os.environ.get("{PROBE_CRASH_ENV}") == "hang":
+    time.sleep(3600)
+from wflow.kernels.keops_backend import _probe_child
+_probe_child(sys.argv[1])
+"""
+_VERDICTS: dict[Path, ProbeVerdict | None] = {}  # this process's, by verdict file
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeVerdict:
+    """What the KeOps probe found on this machine.
+
+    Attributes
+    ----------
+    ok : bool
+        The child compiled the formula, ran it and matched a NumPy sum.
+    gpu : bool
+        KeOps ran it on a GPU.
+    line : str
+        One line: what happened and, where it failed, what to use instead.
+    path : Path
+        The file where the verdict is recorded.
+    fresh : bool
+        Measured by this call (``False``: read from ``path`` or from this process's memory).
+    """
+
+    ok: bool
+    gpu: bool
+    line: str
+    path: Path
+    fresh: bool = False
+
+
+def _cuda_version() -> str:
+    """The CUDA driver's version (``"13.0"``), ``"none"`` without one; asks no CUDA context."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 and v.value > 0:
+            return f"{v.value // 1000}.{v.value % 1000 // 10}"
+    except (OSError, AttributeError):
+        pass
+    return "none"
+
+
+def _verdict_path(family: str, folder: Path) -> Path:
+    return folder / "probe" / f"{family}-keops{_pykeops_version()}-cuda{_cuda_version()}.json"
+
+
+def recorded_verdict(
+    family: str = "kernel_sums", folder: Path | None = None
+) -> ProbeVerdict | None:
+    """The verdict recorded for this machine, or ``None``; runs nothing."""
+    path = _verdict_path(family, keops_cache_dir() if folder is None else Path(folder))
+    if path not in _VERDICTS:
+        try:
+            data = json.loads(path.read_text())
+            _VERDICTS[path] = ProbeVerdict(
+                bool(data["ok"]), bool(data["gpu"]), str(data["line"]), path
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # none yet (not remembered: another process may write it)
+    return _VERDICTS[path]
+
+
+def keops_probe(
+    family: str = "kernel_sums",
+    *,
+    folder: Path | str | None = None,
+    refresh: bool = False,
+    timeout: float = PROBE_TIMEOUT,
+) -> ProbeVerdict:
+    """Whether KeOps compiles and runs a formula of ``family`` here, tried once in a child process.
+
+    The verdict is recorded in ``folder / "probe"`` (default :func:`keops_cache_dir`), one file per
+    KeOps version, CUDA version and family, and read from there by later calls and processes.
+    Where the child crashed, failed or hung, a :class:`UserWarning` says so once, in the
+    verdict's one line.
+
+    Parameters
+    ----------
+    family : str
+        A formula family of :data:`PROBE_FAMILIES`.
+    folder : path, optional
+        Where the verdict is recorded (the child compiles into :func:`keops_cache_dir`).
+    refresh : bool
+        Probe again even where a verdict is recorded.
+    timeout : float
+        Seconds the child may take.
+
+    Returns
+    -------
+    ProbeVerdict
+
+    Examples
+    --------
+    The child imports pykeops and may compile a formula (seconds to minutes), so the example is
+    not run (``tests/test_keops_probe.py`` runs it):
+
+    >>> from wflow.kernels.keops_backend import keops_probe  # doctest: +SKIP
+    >>> verdict = keops_probe()  # doctest: +SKIP
+    >>> verdict.ok, verdict.path.parent.name  # doctest: +SKIP
+    (True, 'probe')
+    """
+    if family not in PROBE_FAMILIES:
+        raise ValueError(f"family must be one of {PROBE_FAMILIES}, got {family!r}")
+    root = keops_cache_dir() if folder is None else Path(folder)
+    path = _verdict_path(family, root)
+    if not refresh and (known := recorded_verdict(family, root)) is not None:
+        return known
+    try:
+        _check_writable(path.parent)
+        with compile_lock(path.parent, "wflow-probe.lock"):
+            known = None if refresh else recorded_verdict(family, root)  # probed meanwhile?
+            verdict = known or _run_child(family, path, timeout)
+            if known is None:
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                record = {"ok": verdict.ok, "gpu": verdict.gpu, "line": verdict.line}
+                tmp.write_text(json.dumps(record, indent=1) + "\n")
+                os.replace(tmp, path)
+    except OSError as exc:
+        verdict = ProbeVerdict(False, False, _unwritable(root, exc), path, fresh=True)
+    _VERDICTS[path] = dataclasses.replace(verdict, fresh=False)
+    if verdict.fresh and not verdict.ok:
+        warnings.warn(verdict.line, UserWarning, stacklevel=2)
+    return verdict
+
+
+def _run_child(family: str, path: Path, timeout: float) -> ProbeVerdict:
+    """Run :data:`_CHILD` once and read its verdict."""
+    env = dict(os.environ)  # the child imports this same wflow and compiles into the same folder
+    here = str(Path(__file__).resolve().parents[2])  # the folder holding wflow/
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    env.setdefault("WFLOW_KEOPS_CACHE", str(keops_cache_dir()))
+    who = f"KeOps {_pykeops_version()} (CUDA {_cuda_version()})"
+    what = "the kernel-sum formula" if family == "kernel_sums" else f"a {family} formula"
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, family],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        found = f"did not compile and run {what} in {timeout:g} s"
+        return _failed(who, found, path)
+    seconds = time.perf_counter() - t0
+    if done.returncode < 0:
+        try:
+            sig = signal.Signals(-done.returncode).name
+        except ValueError:
+            sig = f"signal {-done.returncode}"
+        return _failed(who, f"crashed ({sig}) compiling {what} in a child process", path)
+    said = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    try:
+        report = json.loads(said[-1])
+    except (IndexError, ValueError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return _failed(
+            who, f"failed on {what} in a child process (exit {done.returncode}: {last})", path
+        )
+    if not report.get("ok"):
+        return _failed(who, f"failed on {what}: {report.get('error', '?')}", path)
+    where = "a GPU" if report.get("gpu") else "the CPU"
+    line = f"{who} compiled and ran {what} on {where} in {seconds:.1f} s"
+    return ProbeVerdict(True, bool(report.get("gpu")), line, path, fresh=True)
+
+
+def _failed(who: str, found: str, path: Path) -> ProbeVerdict:
+    line = (
+        f"{who} {found}: wflow does not use KeOps on this machine; choose backend='torch' "
+        f"(pip install \".[torch]\") or 'numba' (verdict in {path}; delete it to probe again)"
+    )
+    return ProbeVerdict(False, False, line, path, fresh=True)
+
+
+def _probe_child(family: str) -> None:
+    """In the child: compile and run a small formula of ``family``; print one JSON line."""
+    report: dict[str, object] = {"ok": False, "gpu": False}
+    try:
+        pykeops = import_pykeops()
+        if pykeops is None:
+            report["error"] = f"pykeops cannot be imported ({_IMPORT_ERROR})"
+        else:
+            report["gpu"] = _gpu_available(pykeops)
+            rng = np.random.default_rng(0)
+            x = rng.standard_normal((1, 20, 3))
+            x /= np.linalg.norm(x, axis=-1, keepdims=True)
+            w = np.full((1, 20), 1 / 20)
+            problem = KernelProblem(
+                x=x, y=x, weights=w, beta=3.0, Q=None, K=None, V=None, values=True
+            )
+            got = _backend(problem)
+            assert got.vector is not None  # values=True
+            dense = np.exp(3.0 * x[0] @ x[0].T) / 20  # the sums, unshifted
+            s0 = np.exp(got.log_scale[0]) * got.mass[0]
+            s1 = np.exp(got.log_scale[0])[:, None] * got.vector[0]
+            err = max(
+                float(np.max(np.abs(s0 / dense.sum(axis=1) - 1))),
+                float(np.max(np.abs(s1 - dense @ x[0]) / dense.sum(axis=1)[:, None])),
+            )
+            report["ok"] = bool(err < 1e-10)
+            if not report["ok"]:
+                report["error"] = f"its sums differ from NumPy's by {err:.2g} relative"
+    except Exception as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+    print(json.dumps(report))
+
+
 class KeopsBackend:
     """Kernel sums with pykeops ``LazyTensor`` (see module docstring).
 
-    ``"auto"`` picks it only when a GPU is present and the problem has at least
-    ``min_pairs_auto`` pairs; on a CPU the dense and fast CPU backends are faster.
+    ``"auto"`` picks it only when a GPU is present, the problem has at least
+    ``min_pairs_auto`` pairs and :func:`keops_probe` found KeOps working on this machine; on a
+    CPU the dense and fast CPU backends are faster.  It is not :meth:`available` where the
+    probe failed (its line is the :attr:`reason`).
 
     Examples
     --------
@@ -179,11 +450,20 @@ class KeopsBackend:
 
     @property
     def reason(self) -> str:
+        failure = self.probe_failure()
+        if failure:
+            return failure
         import_pykeops()
         return _IMPORT_ERROR or ""
 
     def available(self) -> bool:
-        return import_pykeops() is not None
+        return not self.probe_failure() and import_pykeops() is not None
+
+    def probe_failure(self) -> str:
+        """The failed probe's line, or ``""``.  With an NVIDIA driver the probe runs (once per
+        machine); without one only a verdict already recorded counts."""
+        verdict = keops_probe() if nvidia_driver_present() else recorded_verdict()
+        return "" if verdict is None or verdict.ok else verdict.line
 
     def gpu(self) -> bool:
         if not nvidia_driver_present():
@@ -195,7 +475,10 @@ class KeopsBackend:
         return True
 
     def accepts_auto(self, problem: KernelProblem) -> bool:
-        return problem.pairs >= self.min_pairs_auto and self.gpu()
+        if problem.pairs < self.min_pairs_auto or not nvidia_driver_present():
+            return False
+        verdict = keops_probe()  # before pykeops compiles anything in this process
+        return verdict.ok and verdict.gpu and self.gpu()
 
     def __call__(self, problem: KernelProblem) -> KernelSums:
         pykeops = import_pykeops()
