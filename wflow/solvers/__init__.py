@@ -1,13 +1,18 @@
 """Solvers: one contract (:mod:`~wflow.solvers.base`) under particles, finite volume, Lagrangian nodes and JKO.
 
-Importing this package registers every solver in :data:`~wflow.solvers.base.SOLVERS` and
-every result kind in :data:`~wflow.solvers.base.KINDS`.
+:data:`~wflow.solvers.base.SOLVERS` and :data:`~wflow.solvers.base.KINDS` name every solver and
+every kind of result from the start; the module that defines one is imported when it is first
+looked up (``get_solver("jko")`` imports :mod:`wflow.solvers.jko`), and a submodule when it is
+first read as an attribute (``wflow.solvers.zonal``).  Importing this package loads the contract
+and the driver only.
 """
 
-# the schemes register their model types (a stored run of any model is rebuilt by model_from_dict);
-# steppers registers euler, rk4, dopri5, euler-maruyama, ssprk3; each other module its kind and solvers
-from .. import schemes  # noqa: F401
-from . import eulerian, jko, lagrangian, particles, runs, steppers, zonal  # noqa: F401
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
 from .base import (
     KINDS,
     SOLVERS,
@@ -31,3 +36,9 @@ __all__ = [
     "integrate",
     "get_solver",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return importlib.import_module(f".{name}", __name__)

@@ -12,11 +12,12 @@ looked up by name in :data:`SOLVERS`.  The one time loop that drives them is
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -27,6 +28,7 @@ __all__ = [
     "StepResult",
     "Solver",
     "SOLVERS",
+    "Registry",
     "register_solver",
     "get_solver",
 ]
@@ -278,8 +280,79 @@ class Solver(ABC):
         return f"{type(self).__name__}({opts})"
 
 
-#: every solver of wflow, by name (``get_solver(name, **options)`` builds one)
-SOLVERS: dict[str, type[Solver]] = {}
+_Entry = TypeVar("_Entry")
+
+
+class Registry(MutableMapping[str, _Entry]):
+    """A dict by name whose entries are loaded on first use.
+
+    ``modules`` names, for each entry wflow defines, the module that registers it when imported:
+    listing, counting and testing names imports nothing; reading an entry imports its module
+    once.  Entries registered elsewhere (a user's solver) are plain entries.
+
+    Examples
+    --------
+    >>> from wflow.solvers.base import SOLVERS
+    >>> "jko" in SOLVERS, SOLVERS.modules["jko"]  # known before wflow.solvers.jko is imported
+    (True, 'wflow.solvers.jko.step')
+    >>> SOLVERS["jko"].order  # imports it
+    1
+    """
+
+    def __init__(self, modules: dict[str, str]) -> None:
+        #: entry name -> the module that registers it
+        self.modules = dict(modules)
+        self._entries: dict[str, _Entry] = {}
+
+    def __getitem__(self, name: str) -> _Entry:
+        if name not in self._entries and name in self.modules:
+            importlib.import_module(self.modules[name])
+            if name not in self._entries:
+                raise KeyError(f"{self.modules[name]} does not register {name!r}")
+        return self._entries[name]
+
+    def __setitem__(self, name: str, value: _Entry) -> None:
+        self._entries[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self.modules.pop(name, None)
+        self._entries.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries or name in self.modules
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self.modules, *self._entries]))
+
+    def __len__(self) -> int:
+        return len(self.modules.keys() | self._entries.keys())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({sorted(self)})"
+
+
+#: every solver of wflow, by name (``get_solver(name, **options)`` builds one); each is loaded
+#: with the module that defines it, on first use
+SOLVERS: Registry[type[Solver]] = Registry(
+    {
+        **dict.fromkeys(
+            (
+                "euler",
+                "euler-average",
+                "rk4",
+                "dopri5",
+                "euler-maruyama",
+                "ssprk3",
+                "ros2",
+                "remap",
+            ),
+            "wflow.solvers.steppers",
+        ),
+        "jko": "wflow.solvers.jko.step",
+    }
+)
 
 
 def register_solver(cls: type[Solver]) -> type[Solver]:

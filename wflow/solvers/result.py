@@ -2,9 +2,9 @@
 
 The status codes live here and only here (as diffrax's ``RESULTS``): the driver sets them,
 :attr:`Result.success` reads them, stores and sweeps record them as plain integers.
-:data:`KINDS` lists every kind of result (filled by the solver modules through
-:func:`register_kind`) with what a resume needs to rebuild its run.  Import these names
-from :mod:`wflow.solvers.base`.
+:data:`KINDS` lists every kind of result (each registered through :func:`register_kind` by its
+solver module, imported when the kind is first looked up) with what a resume needs to rebuild
+its run.  Import these names from :mod:`wflow.solvers.base`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .contract import Problem, Solver, Variable
+from .contract import Problem, Registry, Solver, Variable
 
 __all__ = ["Status", "Result", "Kind", "KINDS", "register_kind"]
 
@@ -158,8 +158,16 @@ class Kind:
     rebuild: Callable[[dict[str, Any], dict[str, Any]], tuple[Problem, Solver, np.ndarray]]
 
 
-#: every kind of result, by name (filled by the solver modules)
-KINDS: dict[str, Kind] = {}
+#: every kind of result, by name; each is loaded with the solver module that registers it, on first use
+KINDS: Registry[Kind] = Registry(
+    {
+        "particles": "wflow.solvers.particles",
+        "density": "wflow.solvers.eulerian",
+        "lagrangian": "wflow.solvers.lagrangian",
+        "jko": "wflow.solvers.jko.step",
+        "zonal": "wflow.solvers.zonal",
+    }
+)
 
 
 def register_kind(name: str, result_class: type[Result], rebuild) -> None:

@@ -19,7 +19,6 @@ import numpy as np
 
 from .. import io
 from ..errors import WflowError
-from . import eulerian, jko, lagrangian, particles, zonal  # noqa: F401  (each registers its kind)
 from .base import KINDS, Result, ResumeState, Tracker, integrate
 from .trackers import ProgressBar
 
@@ -153,6 +152,8 @@ def resume(
     if not np.array_equal(prev.times, all_times[:done]):
         raise WflowError(f"{path}: saved times do not match the configured save_at; cannot resume")
     kind = KINDS[stored["kind"]]
+    from .. import schemes  # noqa: F401  (registers the schemes' model types that rebuild may meet)
+
     problem, solver, y = kind.rebuild(cfg, stored)
     state = ResumeState(
         index=done - 1,
