@@ -20,20 +20,15 @@ systems, d in {8, 128, 1024}, B in {256, 2048}.  One explicit Euler step of step
 The whole workload (``--e2e``): 300 steps to t = 30 and the pair fraction (cosine > 0.999)
 at 200 save times, side by side, medians of 3 round-robin runs: "torch" (the loop above with
 ``torch.bmm`` for the pair fraction, at its faster thread count measured first on 10 steps);
-"wflow.simulate" (``method="euler", dt=0.1, backend="auto"``, the pair fraction as the only
-diagnostic, ``keep=False`` with a tracker keeping the pair fractions: ``keep=True`` would also
-stack 200 copies of the points, 1.7 GB at d = 128), which takes the fused small-system step
-(``ParticleProblem.euler_step`` -> :func:`wflow.solvers.fused.sa_euler_step`); and the same with
-``coordinates="span"`` (:class:`wflow.solvers.particles.SpanProblem`: the n = 32 coordinates of
-the tokens in an orthonormal basis of the initial span instead of d).  Before timing, the final
-points of the span run are checked against the plain run's.  At d = 1024
-a tenth of the workload (30 steps, 20 saves) is timed.
-
-The fused routes (``--fused-routes``): the fused SA step and the pair counts through each of
-their routes -- one compiled pass per system with numba's own products, or batched GEMMs per chunk
-of systems, and for the step the default, BLAS's GEMM from inside the compiled pass -- at
-dimensions around the switch of the first two (``wflow.solvers.fused.SA_STEP_FUSED_MAX_DIM`` and
-``wflow.diagnostics.pairs.PAIR_COUNTS_FUSED_MAX_DIM``), with the route wflow chooses and the fastest.
+"default call" (``simulate(SA(5), Atoms(x0), 30, save_at=times, method="euler-average", dt=0.1)``
+and nothing else: the default diagnostics and every save's points kept, 839 MB at d = 8 with 2048
+systems); "save spec" (the same with ``save_at=SaveAt(times, points=False,
+diagnostics=("pair_fraction",))``: the pair fractions and the last points only), and the same in
+``coordinates="cartesian"`` (the default picks span coordinates for d > n).  Both take the fused
+small-system step (:class:`wflow.solvers.fused.FusedEuler`).  "fresh write" writes the default
+call's kept bytes into fresh memory one save at a time: the machine's floor for keeping them.
+Before timing, the final points are checked against each other and against the authors' loop.  At
+d = 1024 a tenth of the workload (30 steps, 20 saves) is timed.
 
 Save-time diagnostics for 256 systems: the fraction of pairs with cosine > 0.999 (torch,
 and :func:`wflow.diagnostics.pair_fraction`) and the cluster count at threshold 0.1
@@ -52,7 +47,6 @@ more reliable than absolute times).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -75,9 +69,8 @@ from wflow.kernels import (
 )
 from wflow.measure import Atoms  # noqa: E402
 from wflow.models import SA  # noqa: E402
-from wflow.solvers import kept  # noqa: E402
 from wflow.solvers.particles import simulate  # noqa: E402
-from wflow.solvers.trackers import Record  # noqa: E402
+from wflow.solvers.saveat import SaveAt  # noqa: E402
 
 BETA = 5.0
 ETA = 0.1
@@ -438,84 +431,6 @@ def cost_table(repeat):
     return fitted, check
 
 
-def fused_route_table(repeat):
-    """The fused SA step and the pair counts through each of their routes (one compiled pass per
-    system with numba's own products, or batched GEMMs per chunk of systems; for the step also the
-    default, BLAS's GEMM called from the compiled pass, ``SA_STEP_BLAS``), against the dimension where
-    the first two switch (``SA_STEP_FUSED_MAX_DIM``, ``PAIR_COUNTS_FUSED_MAX_DIM``): n = 32, float64,
-    each timed call 5 consecutive calls (threads stay awake, as in a run)."""
-    from wflow.diagnostics import pairs
-    from wflow.solvers import fused
-
-    def home(name):  # the module whose switch ``name`` is
-        return fused if name.startswith("SA_STEP") else pairs
-
-    def routed(name, limit, f, blas=False):
-        def g():
-            old = getattr(home(name), name), fused.SA_STEP_BLAS
-            setattr(home(name), name, limit)
-            fused.SA_STEP_BLAS = blas
-            try:
-                for _ in range(5):
-                    f()
-            finally:
-                setattr(home(name), name, old[0])
-                fused.SA_STEP_BLAS = old[1]
-
-        return g
-
-    rows = []
-    print(f"<!-- fused route table: start {_load()} -->", flush=True)
-    cases = [("step", "SA_STEP_FUSED_MAX_DIM", r) for r in (8, 9, 12, 16, 24, 32)]
-    cases += [("pair counts", "PAIR_COUNTS_FUSED_MAX_DIM", r) for r in (16, 20, 24, 28, 32, 48)]
-    for B in (256, 2048):
-        for what, name, r in cases:
-            x = sphere.uniform(N, r, 0, batch=(B,))
-            w = np.full((B, N), 1.0 / N)
-            lw = fused.step_log_weights(w)
-            out = np.empty_like(x)
-            if what == "step":
-
-                def f(x=x, w=w, lw=lw, out=out):
-                    fused.sa_euler_step(x, w, BETA, ETA, out=out, log_weights=lw)
-            else:
-
-                def f(x=x):
-                    pairs.pair_counts(x, 0.999)
-
-            fns = {"one pass": routed(name, 10**6, f), "GEMM": routed(name, 0, f)}
-            if what == "step":
-                fns["BLAS pass"] = routed(name, 0, f, blas=True)
-            t = _interleaved_medians(fns, repeat)
-            chosen = (
-                "BLAS pass"
-                if what == "step" and fused.SA_STEP_BLAS
-                else "one pass"
-                if r <= getattr(home(name), name)
-                else "GEMM"
-            )
-            rows.append((what, B, r, t, chosen))
-            print(
-                f"<!-- {what} B={B} r={r}: "
-                + " | ".join(f"{k} {1e3 * v / 5:.2f}" for k, v in t.items())
-                + " ms -->",
-                flush=True,
-            )
-    print(f"<!-- fused route table: end {_load()} -->", flush=True)
-    print(
-        "\n### The fused step and the pair counts by route (ms per call, median), n = 32, float64\n"
-    )
-    print("| what | batch | r | one pass | GEMM | BLAS pass | chosen | fastest |")
-    print("|---|---|---|---|---|---|---|---|")
-    for what, B, r, t, chosen in rows:
-        blas = _ms(t["BLAS pass"] / 5) if "BLAS pass" in t else "-"
-        print(
-            f"| {what} | {B} | {r} | {_ms(t['one pass'] / 5)} | {_ms(t['GEMM'] / 5)} | {blas} | {chosen} | "
-            f"{min(t, key=t.get)} |"
-        )
-    return rows
-
-
 def projection_table(repeat):
     print(f"<!-- projection table: start {_load()} -->", flush=True)
     rows = []
@@ -560,35 +475,28 @@ def e2e_torch(x0, steps, save_steps, beta=BETA):
     return x, torch.stack(out)
 
 
-def e2e_wflow(
-    x0, t_end, save_at, coordinates="cartesian", beta=BETA, diagnostics=("pair_fraction",)
-):
-    """``wflow.simulate(..., method="euler", dt=0.1, diagnostics=("pair_fraction",), backend="auto")``
-    (keep=False, the pair fractions recorded by a tracker, with the other ``diagnostics``); Euler takes
-    the fused small-system step (``ParticleProblem.euler_step``), and ``coordinates="span"`` integrates
-    in the initial span."""
-    rec = Record(*diagnostics)
+def e2e_spec(x0, t_end, save_at, coordinates="auto", beta=BETA, diagnostics=("pair_fraction",)):
+    """``simulate(SA(beta), Atoms(x0), t_end, method="euler-average", dt=0.1, save_at=SaveAt(save_at,
+    points=False, diagnostics=diagnostics))``: the diagnostics of every save, the points of the last.
+    Returns the final points and the pair fractions."""
+    spec = SaveAt(save_at, points=False, diagnostics=diagnostics)
     tr = simulate(
         SA(beta),
         Atoms(x0),
         t_end,
-        method="euler",
+        method="euler-average",
         dt=ETA,
-        save_at=save_at,
-        backend="auto",
-        keep=False,
-        trackers=[rec],
-        diagnostics=diagnostics,
+        save_at=spec,
         coordinates=coordinates,
     )
-    return tr.points[-1], np.array(rec.values["pair_fraction"])
+    return tr.final.points, tr.diagnostics["pair_fraction"]
 
 
 def e2e_default(x0, t_end, save_at, beta=BETA):
     """The call a new user writes: ``simulate(SA(beta), Atoms(x0), t_end, save_at=save_at,
     method="euler-average", dt=0.1)`` and nothing else -- the default diagnostics, coordinates
-    (``"auto"``), backend and ``keep=True``.  Returns the final points and the saved
-    diagnostics."""
+    (``"auto"``), backend, and every save's points kept.  Returns the final points, the saved
+    diagnostics and the bytes kept."""
     tr = simulate(SA(beta), Atoms(x0), t_end, save_at=save_at, method="euler-average", dt=ETA)
     return tr.final.points, tr.diagnostics, kept_bytes(tr)
 
@@ -600,32 +508,12 @@ def kept_bytes(tr) -> int:
 
 
 def fresh_write(nbytes: int, n_saves: int) -> None:
-    """The machine's floor for keeping ``nbytes`` in fresh memory: write them into memory allocated
-    as the driver allocates kept saves (:func:`wflow.solvers.kept.kept_buffer`) with no dropped map
-    to take back (``fresh_memory``), one save's share at a time, as a run that keeps its points
-    does.  Fresh memory costs page faults on first write; on this VM they are slow."""
+    """The machine's floor for keeping ``nbytes``: write them into fresh memory (``np.empty``, as the
+    driver allocates kept saves), one save's share at a time, as a run that keeps its points does."""
     src = np.ones(max(1, nbytes // 8 // n_saves))
-    with fresh_memory():
-        buf = kept.kept_buffer("fresh write", n_saves, src)
+    buf = np.empty((n_saves, src.size))
     for k in range(n_saves):
         buf[k] = src
-
-
-@contextlib.contextmanager
-def fresh_memory():
-    """Kept buffers allocated meanwhile are fresh maps: no dropped one is taken back
-    (``wflow.solvers.kept.RETAIN_S`` = 0), as in the first run of a process."""
-    retain, kept.RETAIN_S = kept.RETAIN_S, 0.0
-    try:
-        yield
-    finally:
-        kept.RETAIN_S = retain
-
-
-def e2e_default_fresh(x0, t_end, save_at, beta=BETA):
-    """:func:`e2e_default` as the first run of a process: its kept saves in fresh memory."""
-    with fresh_memory():
-        return e2e_default(x0, t_end, save_at, beta)
 
 
 #: ``--diagnostics default``: what a sweep records by default (``wflow.sweep.DEFAULT_OBSERVABLES``)
@@ -675,31 +563,23 @@ def e2e_table(
                 _threads(1),
                 lambda x0=x0: [e2e_default(x0, t_end, save_at, b) for b in betas],
             )
-            fns["wflow.simulate"] = (
+            fns["save spec"] = (
+                _threads(1),
+                lambda x0=x0: [e2e_spec(x0, t_end, save_at, "auto", b, diagnostics) for b in betas],
+            )
+            fns["save spec, cartesian"] = (
                 _threads(1),
                 lambda x0=x0: [
-                    e2e_wflow(x0, t_end, save_at, "cartesian", b, diagnostics) for b in betas
+                    e2e_spec(x0, t_end, save_at, "cartesian", b, diagnostics) for b in betas
                 ],
             )
-            fns["simulate span"] = (
-                _threads(1),
-                lambda x0=x0: [
-                    e2e_wflow(x0, t_end, save_at, "span", b, diagnostics) for b in betas
-                ],
-            )
-            # the same answer: final points and pair fractions of the span run against the plain one's
-            ref, ref_pf = e2e_wflow(x0, t_end, save_at, "cartesian", betas[0], diagnostics)
-            y, pf = fns["simulate span"][1]()[0]
-            err = float(np.max(np.abs(y - ref)))
-            assert err < (1e-9 if dtype == np.float64 else 1e-3), ("span", err)
-            assert pf.shape == ref_pf.shape
-            # the default call runs the authors' unprojected scheme (euler-average): the same
-            # final points as their loop, to rounding
+            # the same answer: final points of every wflow call against each other and the authors' loop
             yd, _, nbytes = fns["default call"][1]()[0]
-            fns["default call, fresh memory"] = (
-                _threads(1),
-                lambda x0=x0: [e2e_default_fresh(x0, t_end, save_at, b) for b in betas],
-            )
+            ys, pf = fns["save spec"][1]()[0]
+            yc, pfc = fns["save spec, cartesian"][1]()[0]
+            tol = 1e-9 if dtype == np.float64 else 1e-3
+            assert float(np.max(np.abs(ys - yd))) < tol and float(np.max(np.abs(yc - yd))) < tol
+            assert pf.shape == pfc.shape == (n_saves, B)
             fns["fresh write"] = (
                 _threads(1),
                 lambda nbytes=nbytes, n_saves=n_saves: fresh_write(nbytes, n_saves),
@@ -707,7 +587,7 @@ def e2e_table(
             if torch is not None:
                 yt = e2e_torch(torch.from_numpy(x0), steps, save_steps, betas[0])[0].numpy()
                 err = float(np.max(np.abs(yd - yt)))
-                assert err < (1e-9 if dtype == np.float64 else 1e-3), ("default", err)
+                assert err < tol, ("default", err)
             t = _round_robin_once(fns, repeat)
             rows.append(
                 (
@@ -736,23 +616,22 @@ def e2e_table(
     )
     print(
         "| d | dtype | steps / saves | torch (threads) | default call | torch / default | "
-        "default call, fresh memory | torch / fresh | "
-        "kept MB: fresh write | tuned: wflow.simulate (fused step) | torch / wflow | "
-        "tuned, coordinates='span' | torch / span |"
+        "save spec | torch / spec | save spec, cartesian | torch / cartesian | "
+        "kept MB: fresh write |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for d, B_, dt, steps, n_saves, nt, t, nbytes in rows:
         tt = t.get("torch")
 
         def ratio(k):
             return f"{tt / t[k]:.2f}" if tt else "-"
 
+        torch_cell = f"{tt:.2f} ({nt})" if tt else "-"
         print(
-            f"| {d} | {dt} | {steps} / {n_saves} | {tt:.2f} ({nt}) | {t['default call']:.2f} | "
-            f"{ratio('default call')} | {t['default call, fresh memory']:.2f} | "
-            f"{ratio('default call, fresh memory')} | {nbytes / 1e6:.0f}: {t['fresh write']:.2f} | "
-            f"{t['wflow.simulate']:.2f} | "
-            f"{ratio('wflow.simulate')} | {t['simulate span']:.2f} | {ratio('simulate span')} |"
+            f"| {d} | {dt} | {steps} / {n_saves} | {torch_cell} | {t['default call']:.2f} | "
+            f"{ratio('default call')} | {t['save spec']:.2f} | {ratio('save spec')} | "
+            f"{t['save spec, cartesian']:.2f} | {ratio('save spec, cartesian')} | "
+            f"{nbytes / 1e6:.0f}: {t['fresh write']:.2f} |"
         )
     return rows
 
@@ -820,12 +699,6 @@ def main(argv=None) -> int:
         help="only the cost model of wflow.kernels.cost: fit it on "
         "one grid of shapes, check it on another (~5 minutes)",
     )
-    ap.add_argument(
-        "--fused-routes",
-        action="store_true",
-        help="only the fused step's and the pair counts' "
-        "two routes against the dimension where they switch (~2 minutes)",
-    )
     args = ap.parse_args(argv)
     if args.costs:
         print(
@@ -835,13 +708,6 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         cost_table(args.repeat)
         print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
-        return 0
-    if args.fused_routes:
-        print(
-            f"# small systems, fused routes: numpy {np.__version__}, {os.cpu_count()} cpus, {_load()}",
-            flush=True,
-        )
-        fused_route_table(args.repeat)
         return 0
     if args.e2e:
         dtypes = tuple(np.dtype(t).type for t in args.dtypes)
@@ -874,7 +740,6 @@ def main(argv=None) -> int:
     print_diagnostics_table(diags)
     projection_table(args.repeat)
     route_table(args.repeat, args.quick)
-    fused_route_table(args.repeat)
     print(f"\n({time.perf_counter() - t0:.0f} s; {_load()})")
     return 0
 

@@ -383,19 +383,6 @@ def test_small_route_methods_agree_with_numpy(rng, dtype, method, monkeypatch):
         _check(got, _reference(x, y, w, beta, mats, values=False), dtype, values=False)
 
 
-#: the fused SA step's routes: BLAS products inside the compiled pass (the default), numba's own products in one
-#: pass, batched NumPy GEMMs per chunk of systems
-_STEP_ROUTES = {"blas": (True, 0), "one pass": (False, 10**6), "gemm": (False, 0)}
-
-
-def _step_route(monkeypatch, route):
-    from wflow.solvers import fused
-
-    blas, limit = _STEP_ROUTES[route]
-    monkeypatch.setattr(fused, "SA_STEP_BLAS", blas)
-    monkeypatch.setattr(fused, "SA_STEP_FUSED_MAX_DIM", limit)
-
-
 def _dense_sa_euler(x, w, beta, dt, projected=True):
     """The projected SA Euler step (or GLPR's unprojected one) in dense float64 NumPy (the reference of the
     fused step)."""
@@ -489,13 +476,10 @@ def test_sa_euler_step_in_span_coordinates(rng):
     assert y3 is x3 and b3 is None
 
 
-@pytest.mark.parametrize("route", list(_STEP_ROUTES))
 @pytest.mark.parametrize(
     "r, rounding", [(8, "nearest"), (20, "nearest"), (40, "nearest"), (8, "outward")]
 )
-def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(
-    rng, route, r, rounding, monkeypatch
-):
+def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(rng, r, rounding, monkeypatch):
     """float32 points whose step forms float64 logits (beta = 5, r >= 7): the pairs are counted on the step's
     Gram matrix of their directions, except in systems with a pair within _pair_band (about 1e-7 here) of the
     threshold, which pair_counts counts from the input after the step; the counts equal pair_counts'
@@ -506,7 +490,6 @@ def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(
     from wflow.diagnostics import pairs
     from wflow.solvers import fused
 
-    _step_route(monkeypatch, route)
     x = _sphere(rng, (40, 32, r), np.float64)
     x[:, 16:] = x[:, :16] + 0.03 * np.sqrt(8 / r) * rng.standard_normal(
         (40, 16, r)
@@ -560,7 +543,7 @@ def test_sa_euler_step_float32_pairs_from_the_step_equal_pair_counts(
 @pytest.mark.parametrize("n, r", [(32, 3), (32, 8), (17, 13), (32, 40)])
 def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
     """count_pairs_above: the ordered pairs i != j of the input above the cosine, counted on the Gram matrix
-    the step forms (one-pass and GEMM routes, one shift per system and row maxima), equal to the dense count
+    the step forms (one shift per system and row maxima), equal to the dense count
     at thresholds between neighbouring inner products; the step itself unchanged bit for bit; float32
     points counted by pair_counts."""
     from wflow.diagnostics import pairs
@@ -579,14 +562,12 @@ def test_sa_euler_step_counts_the_pairs_of_its_input(rng, n, r, monkeypatch):
     vals = np.unique(G[:, off])
     cuts = (0.5 * (vals[:-1] + vals[1:]))[np.diff(vals) > 1e-9]
     monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
-    for route in _STEP_ROUTES:
-        _step_route(monkeypatch, route)
-        plain = fused.sa_euler_step(x, w, 5.0, 0.1)
-        for c in [-2.0, 0.999, *cuts[:: max(1, cuts.size // 6)]]:
-            y, counts = fused.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=c)
-            np.testing.assert_array_equal(y, plain)
-            np.testing.assert_array_equal(counts, ((G > c) & off).sum(axis=(1, 2)))
-        assert fused.sa_euler_step(x[:0], w[:0], 5.0, 0.1, count_pairs_above=0.5)[1].shape == (0,)
+    plain = fused.sa_euler_step(x, w, 5.0, 0.1)
+    for c in [-2.0, 0.999, *cuts[:: max(1, cuts.size // 6)]]:
+        y, counts = fused.sa_euler_step(x, w, 5.0, 0.1, count_pairs_above=c)
+        np.testing.assert_array_equal(y, plain)
+        np.testing.assert_array_equal(counts, ((G > c) & off).sum(axis=(1, 2)))
+    assert fused.sa_euler_step(x[:0], w[:0], 5.0, 0.1, count_pairs_above=0.5)[1].shape == (0,)
     x32 = x.astype(np.float32)
     y32, c32 = fused.sa_euler_step(x32, w, 2.0, 0.1, count_pairs_above=0.999)
     np.testing.assert_array_equal(y32, fused.sa_euler_step(x32, w, 2.0, 0.1))
@@ -631,8 +612,7 @@ def test_scratch_arrays_lie_apart_from_every_other_array():
 
 
 def test_fused_step_work_arrays_are_scratch_arrays():
-    """Every work array of the fused step's compiled passes and of its GEMM route's chunks is a scratch
-    array: the passes' vectorized loops check at run time that the array they write does not start within
+    """Every work array of the fused step's compiled passes is a scratch array: the passes' vectorized loops check at run time that the array they write does not start within
     256 bytes after one they read and otherwise take their scalar versions, which sum in another order,
     so work arrays placed side by side by malloc changed the step by an ulp with the heap's history
     (9 of 1536 numbers in test_sa_euler_step_counts_the_pairs_of_its_input, one run of the whole suite in
@@ -642,9 +622,9 @@ def test_fused_step_work_arrays_are_scratch_arrays():
     import re
 
     from wflow.diagnostics import pairs
-    from wflow.solvers import fused, fused_kernels
+    from wflow.solvers import fused_kernels
 
-    src = inspect.getsource(fused_kernels) + inspect.getsource(fused._sa_step_gemm)
+    src = inspect.getsource(fused_kernels)
     plain = re.findall(r"^\s*(\w+) = np\.(?:empty|zeros|ones|full)\w*\(", src, re.M)
     assert sorted(plain) == ["chars", "ints", "scal"]
     # the pair counts' passes (the same Gram matrices: a count near the threshold)
@@ -688,7 +668,7 @@ def _near_threshold_pairs(rng, B, n, r, t):
 @pytest.mark.parametrize("n, r", [(32, 3), (32, 8), (17, 13), (32, 40), (100, 5), (256, 8)])
 def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, r, monkeypatch):
     """cluster_threshold: count_clusters' count of the input, exactly, read off the Gram matrix the step
-    forms (pairs within rounding of the threshold decided from the coordinates), on every route, for
+    forms (pairs within rounding of the threshold decided from the coordinates), for
     clustered points and for pairs at the threshold to 5e-11 (rows off the sphere by 1e-10), up to n = 256 (bit
     masks of several words, the last one partial at n = 100); means: Atoms.mean to rounding; the step itself
     unchanged bit for bit; the input's, not the output's, in place; float64 points only."""
@@ -711,24 +691,22 @@ def test_sa_euler_step_counts_the_clusters_and_barycentres_of_its_input(rng, n, 
     w = rng.random(x.shape[:2])
     w /= w.sum(axis=-1, keepdims=True)
     monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
-    for route in _STEP_ROUTES:
-        _step_route(monkeypatch, route)
-        plain = fused.sa_euler_step(x, w, 5.0, 0.1)
-        for th in (0.03, t, 0.5):
-            st = fused.fused_step(x, w, 5.0, 0.1, cluster_threshold=th, means=True)
-            np.testing.assert_array_equal(st.points, plain)
-            ref = count_clusters(Atoms(x, w), th)
-            np.testing.assert_array_equal(st.n_clusters, ref)
-            if th == t:  # the pairs at the threshold: some linked, some not
-                assert len(np.unique(ref[40:])) > 2
-            # (two sums of n terms of total size <= sum w = 1, in different orders: n u apart at most)
-            np.testing.assert_allclose(st.means, Atoms(x, w).mean(), rtol=0, atol=n * 1.2e-16)
-        xs = x.copy()
-        st = fused.fused_step(xs, w, 50.0, 0.5, out=xs, cluster_threshold=t)
-        np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x, w), t))
-        assert not np.array_equal(
-            count_clusters(Atoms(xs, w), t), st.n_clusters
-        )  # the step changed the clusters
+    plain = fused.sa_euler_step(x, w, 5.0, 0.1)
+    for th in (0.03, t, 0.5):
+        st = fused.fused_step(x, w, 5.0, 0.1, cluster_threshold=th, means=True)
+        np.testing.assert_array_equal(st.points, plain)
+        ref = count_clusters(Atoms(x, w), th)
+        np.testing.assert_array_equal(st.n_clusters, ref)
+        if th == t:  # the pairs at the threshold: some linked, some not
+            assert len(np.unique(ref[40:])) > 2
+        # (two sums of n terms of total size <= sum w = 1, in different orders: n u apart at most)
+        np.testing.assert_allclose(st.means, Atoms(x, w).mean(), rtol=0, atol=n * 1.2e-16)
+    xs = x.copy()
+    st = fused.fused_step(xs, w, 50.0, 0.5, out=xs, cluster_threshold=t)
+    np.testing.assert_array_equal(st.n_clusters, count_clusters(Atoms(x, w), t))
+    assert not np.array_equal(
+        count_clusters(Atoms(xs, w), t), st.n_clusters
+    )  # the step changed the clusters
     # float32 points: read off the step when the float32 rule keeps its logits in float64 (beta = 50), the same
     # count as count_clusters' of the float32 points; with float32 logits (beta = 0.01) an error, or None
     x32 = x.astype(np.float32)
@@ -759,16 +737,14 @@ def test_sa_euler_step_at_large_beta_of_either_sign(rng, beta, monkeypatch):
     for d in (8, 40):
         x = _sphere(rng, (3, 32, d), np.float64)
         w = rng.random((3, 32))
-        for route in _STEP_ROUTES:
-            _step_route(monkeypatch, route)
-            y = fused.sa_euler_step(x, w, beta, 0.1)
-            np.testing.assert_allclose(y, _dense_sa_euler(x, w, beta, 0.1), rtol=0, atol=3e-15)
+        y = fused.sa_euler_step(x, w, beta, 0.1)
+        np.testing.assert_allclose(y, _dense_sa_euler(x, w, beta, 0.1), rtol=0, atol=3e-15)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_sa_euler_step_knows_whether_its_output_is_finite(monkeypatch, dtype):
     """The fused step's finiteness flag (what lets the driver skip its scan of the state) agrees with a scan
-    of the output on every route: finite steps, a system with a NaN coordinate, and a token stepped onto
+    of the output: finite steps, a system with a NaN coordinate, and a token stepped onto
     the origin (GLPR's unprojected step with h = 1, its only weighted neighbour antipodal: x + h A x = 0)."""
     from wflow import sphere
     from wflow.solvers import fused
@@ -779,18 +755,14 @@ def test_sa_euler_step_knows_whether_its_output_is_finite(monkeypatch, dtype):
     bad[3, 2, 1] = np.nan
     e = np.array([1.0, 0.0, 0.0])
     pair = np.stack([e, -e]).astype(dtype)[None]
-    for route in _STEP_ROUTES:
-        _step_route(monkeypatch, route)
-        y, finite, counts = fused.fused_step(x, w, 5.0, 0.1)[:3]
-        assert finite and counts is None and np.isfinite(y).all()
-        y, finite = fused.fused_step(bad, w, 5.0, 0.1)[:2]
-        assert not finite and not np.isfinite(y[3]).all() and np.isfinite(y[[0, 1, 2, 4]]).all()
-        y, finite = fused.fused_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)[:2]
-        assert not finite and not np.isfinite(y[0, 0]).all()
-        y, finite = fused.fused_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)[
-            :2
-        ]  # projected: no move
-        assert finite and np.array_equal(y, pair)
+    y, finite, counts = fused.fused_step(x, w, 5.0, 0.1)[:3]
+    assert finite and counts is None and np.isfinite(y).all()
+    y, finite = fused.fused_step(bad, w, 5.0, 0.1)[:2]
+    assert not finite and not np.isfinite(y[3]).all() and np.isfinite(y[[0, 1, 2, 4]]).all()
+    y, finite = fused.fused_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0, projected=False)[:2]
+    assert not finite and not np.isfinite(y[0, 0]).all()
+    y, finite = fused.fused_step(pair, np.array([[0.0, 1.0]]), 0.0, 1.0)[:2]  # projected: no move
+    assert finite and np.array_equal(y, pair)
 
 
 def test_sa_euler_step_rejects_bad_input():
@@ -910,12 +882,11 @@ def test_float32_logits_rule_against_numpy(rng):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("d, n", [(13, 32), (17, 32), (33, 9), (64, 5)])
-def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
-    """The step's three routes (BLAS products in the compiled pass, numba's own products in one pass, batched
-    GEMMs per chunk of systems) give the same numbers (to rounding: the products are summed in other
-    orders), with zero weights (each row shifted by its maximum) and without, both schemes, float32
-    logits at small beta; beyond PAIR_COUNTS_FUSED_MAX_DIM the pair counts take batched GEMMs: exact counts
-    on both of their routes."""
+def test_sa_step_and_pair_counts_agree_with_dense(rng, dtype, d, n, monkeypatch):
+    """The step equals the dense step (to rounding: the products are summed in other orders), with zero
+    weights (each row shifted by its maximum) and without, both schemes, float32 logits at small beta;
+    beyond PAIR_COUNTS_FUSED_MAX_DIM the pair counts take batched GEMMs: exact counts on both of their
+    routes."""
     from wflow.diagnostics import pairs
     from wflow.kernels import small
     from wflow.solvers import fused
@@ -925,25 +896,13 @@ def test_sa_step_and_pair_counts_routes_agree(rng, dtype, d, n, monkeypatch):
     w[::2, ::3] = 0.0
     monkeypatch.setattr(small, "CHUNK_PAIRS", 2 * n * n)  # several chunks
     for beta, projected in ((5.0, True), (-3.0, False), (0.05, True)):
-        steps = {}
-        for route in _STEP_ROUTES:
-            with monkeypatch.context() as m:
-                _step_route(m, route)
-                steps[route] = fused.sa_euler_step(x, w, beta, 0.1, projected=projected)
-        for route in ("one pass", "gemm"):
-            np.testing.assert_allclose(
-                steps["blas"], steps[route], rtol=0, atol=2e-15 if dtype == np.float64 else 1e-7
-            )
         np.testing.assert_allclose(
-            steps["blas"],
+            fused.sa_euler_step(x, w, beta, 0.1, projected=projected),
             _dense_sa_euler(x, w, beta, 0.1, projected=projected),
             rtol=0,
             atol=2e-15 if dtype == np.float64 else 1.5e-7,
         )
-    for route, limit in zip(
-        _STEP_ROUTES, (0, 10**6, 0)
-    ):  # no systems: empty results on every route
-        _step_route(monkeypatch, route)
+    for limit in (0, 10**6):  # no systems: empty results
         monkeypatch.setattr(pairs, "PAIR_COUNTS_FUSED_MAX_DIM", limit)
         assert fused.sa_euler_step(x[:0], w[:0], 1.0, 0.1).shape == (0, n, d)
         assert pairs.pair_counts(x[:0], 0.5).shape == (0,)

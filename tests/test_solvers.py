@@ -1,12 +1,7 @@
 """The solver contract (wflow.solvers.base): every registered solver's observed order against its
 declared one, the driver's step control and save times, resume of every kind, bad input."""
 
-import mmap
-import platform
 import re
-import resource
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -16,9 +11,7 @@ import wflow
 from wflow import SA, USA, CircleMesh, Density, sphere
 from wflow.errors import SolverError
 from wflow.solvers import SOLVERS
-from wflow.solvers import kept as kept_maps
 from wflow.solvers.base import Problem, Tracker, integrate
-from wflow.solvers.kept import kept_buffer, prefault
 from wflow.solvers.particles import ParticleProblem
 
 BK = "numpy"
@@ -29,20 +22,23 @@ def _slope(h, err):
 
 
 # ------------------------------------------------------------------------------ orders
-def _particle_problem():
+def _particle_problem(backend=BK):
     rng = np.random.default_rng(1)
     x0 = sphere.uniform(8, 3, rng)
-    return ParticleProblem(SA(1.5), np.full(8, 1 / 8), 3, backend=BK, diagnostics=()), x0
+    return ParticleProblem(SA(1.5), np.full(8, 1 / 8), 3, backend=backend, diagnostics=()), x0
 
 
 def _deterministic_order(name):
-    problem, x0 = _particle_problem()
+    # (the fused Euler step fuses with the numba kernels only: its problem must ask for them)
+    problem, x0 = _particle_problem("numba" if name == "fused-euler" else BK)
+    assert name != "fused-euler" or problem.fused_spec(0.0, x0) is not None
     ref = integrate(problem, "dopri5", x0, 0.0, 1.0, save_at=[0, 1], rtol=1e-13, atol=1e-14).data[
         "points"
     ][1][-1]
     hs = {
         "euler": [0.05, 0.025, 0.0125],
         "euler-average": [0.05, 0.025, 0.0125],
+        "fused-euler": [0.05, 0.025, 0.0125],
         "rk4": [0.2, 0.1, 0.05],
         "dopri5": [0.5, 0.25, 0.125],
         "ssprk3": [0.1, 0.05, 0.025],
@@ -298,13 +294,10 @@ def test_recorder_streams_and_keep_false_holds_only_the_last(tmp_path):
     np.testing.assert_array_equal(r.points[0], full.points[-1])
 
 
-@pytest.mark.parametrize("mapped", [False, True], ids=["np.empty", "memory map"])
-def test_kept_snapshots_equal_the_states_saved_whatever_their_size_and_dtype(mapped, monkeypatch):
+def test_kept_snapshots_equal_the_states_saved_whatever_their_size_and_dtype():
     """Large kept variables go into one preallocated array instead of being stacked at the end; the
     result must hold exactly what each save saw, and a variable whose dtype or shape changes between
-    saves (here from the fourth save on) must be stacked as before, with nothing cast.  Both ways
-    of allocating the array (``np.empty``, and a memory map from 32 MB on) are checked."""
-    monkeypatch.setattr(kept_maps, "MAPPED_BYTES", 0 if mapped else 1 << 62)
+    saves (here from the fourth save on) must be stacked as before, with nothing cast."""
 
     class Growth(Problem):  # y' = y, with a large variable that turns float32 at t > 0.25
         kind = "ode"
@@ -324,19 +317,14 @@ def test_kept_snapshots_equal_the_states_saved_whatever_their_size_and_dtype(map
     assert big.shape == (6, 4, 8192) and big.dtype == np.float64
     np.testing.assert_array_equal(big[:, 0, 0], [np.float32(x) if x > 0.25 else x for x in t])
     state = res.data["state"][1]
-    owner = state
-    while isinstance(owner, np.ndarray) and owner.base is not None:
-        owner = owner.base
-    owner = owner.obj if isinstance(owner, memoryview) else owner
-    assert isinstance(owner, mmap.mmap) == mapped
     del res  # the kept rows outlive the result that made them
     np.testing.assert_allclose(state[-1], np.exp(0.5) * y0, rtol=1e-9)
 
 
 def test_kept_saves_beyond_the_machine_say_what_to_pass_instead():
     """Keeping every save of a variable too large for memory fails at the first save, before any
-    step, with a MemoryError that names the variable, the size and the way out (keep=False with a
-    writer) -- not numpy's bare "Unable to allocate".  The variable is a broadcast view of 8 GB (no
+    step, with a MemoryError that names the variable, the size and the way out (SaveAt(points=False)
+    with a recorder) -- not numpy's bare "Unable to allocate".  The variable is a broadcast view of 8 GB (no
     memory of its own); 10^5 saves of it exceed any machine's address space."""
 
     class Huge(Problem):
@@ -348,115 +336,8 @@ def test_kept_saves_beyond_the_machine_say_what_to_pass_instead():
         def snapshot(self, t, y):
             return {"field": (("i",), np.broadcast_to(t, (10**9,)))}
 
-    with pytest.raises(MemoryError, match=r"keeping 100000 saves of 'field' .* keep=False"):
+    with pytest.raises(MemoryError, match=r"keeping 100000 saves of 'field' .* points=False"):
         integrate(Huge(), "rk4", np.ones(3), 0.0, 1.0, save_at=np.linspace(0, 1, 10**5), dt=1e-6)
-
-
-@pytest.mark.skipif(
-    not sys.platform.startswith("linux")
-    or tuple(int(p) for p in re.findall(r"\d+", platform.release())[:2]) < (5, 14),
-    reason="MADV_POPULATE_WRITE needs Linux 5.14",
-)
-def test_kept_map_is_faulted_in_ahead_without_touching_what_is_written():
-    """The kept saves' map is faulted in by a thread of its own (wflow.solvers.kept.prefault)
-    while the run writes into it: what was written survives the thread, and once it is done writing
-    the whole map costs no page fault (each 4 KiB page would cost one: 32768 here)."""
-    region = mmap.mmap(-1, 1 << 27, flags=mmap.MAP_PRIVATE)
-    a = np.frombuffer(region)
-    thread = prefault(region)
-    a[: a.size // 2] = np.arange(a.size // 2)  # written while the thread works
-    thread.join()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    a[a.size // 2 :] = 1.0
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    np.testing.assert_array_equal(a[: a.size // 2], np.arange(a.size // 2))
-    assert faults < 100, faults
-
-
-def _map_of(arr):
-    while not isinstance(arr, mmap.mmap):
-        arr = arr.obj if isinstance(arr, memoryview) else arr.base
-    return arr
-
-
-def _wait_for(cond, seconds=5.0):
-    end = time.monotonic() + seconds
-    while not cond() and time.monotonic() < end:
-        time.sleep(0.01)
-    return cond()
-
-
-def test_dropped_kept_map_is_unmapped_by_a_thread_once_no_view_holds_it(monkeypatch):
-    """A kept buffer's map goes to a thread of its own (wflow.solvers.kept.release) once the last
-    view of it is dropped, not while one lives; with no time to wait for reuse it is unmapped."""
-    monkeypatch.setattr(kept_maps, "RETAIN_S", 0.0)
-    kept = kept_buffer("points", 10, np.zeros((1 << 22) // 8))  # 40 MB: a map of its own
-    region = _map_of(kept)
-    kept[3] = 7.0
-    view = kept[3]
-    del kept
-    time.sleep(0.3)
-    assert not region.closed and np.all(view == 7.0)
-    del view
-    assert _wait_for(lambda: region.closed)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_FREE is Linux's")
-def test_dropped_kept_map_is_taken_back_by_a_run_of_its_size_then_unmapped(monkeypatch):
-    """A dropped kept buffer's map waits (its pages marked free for the kernel) for a run that needs
-    a buffer of the same size: a loop of runs faults its buffers in once.  What the new owner writes
-    stays, a buffer of another size gets a map of its own, and a map nobody takes back is unmapped
-    after RETAIN_S seconds."""
-    monkeypatch.setattr(kept_maps, "RETAIN_S", 0.5)
-    row = np.zeros((1 << 22) // 8)
-    first = kept_buffer("points", 10, row)
-    region = _map_of(first)
-    first[:] = 1.0
-    del first
-    maps = kept_maps._maps()
-    assert _wait_for(lambda: any(r is region for _, r in maps.waiting))
-    other = kept_buffer("points", 11, row)  # 44 MB: not the waiting map
-    assert _map_of(other) is not region
-    again = kept_buffer("points", 10, row)
-    assert _map_of(again) is region and not region.closed
-    time.sleep(0.2)  # (the prefault thread is done with 40 MB)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    again[:] = np.arange(10.0)[:, None]
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    assert faults < 100, faults  # a fresh 40 MB map takes 10240
-    time.sleep(0.6)  # past RETAIN_S: a map in use is not unmapped
-    assert not region.closed
-    np.testing.assert_array_equal(again[:, :: 1 << 12], np.arange(10.0)[:, None] * np.ones(128))
-    del again
-    assert _wait_for(lambda: region.closed)
-    del other
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_FREE is Linux's")
-def test_a_loop_of_runs_keeps_its_saves_in_the_memory_of_the_results_it_dropped(monkeypatch):
-    """``tr = simulate(...)`` in a loop drops each result once the next run is done: the run after
-    takes its map back (a loop faults fresh memory in for its first two runs only), and what it
-    keeps is exactly what a run in fresh memory keeps."""
-    monkeypatch.setattr(kept_maps, "MAPPED_BYTES", 1 << 19)  # 64 kB a save, 11 saves: a map
-    x0 = sphere.uniform(16, 8, 0, batch=(64,))
-
-    def run(beta):
-        return wflow.simulate(
-            SA(beta), x0, 1.0, dt=0.1, save_at=np.linspace(0.0, 1.0, 11), method="euler-average"
-        )
-
-    maps = []
-    tr = None
-    for beta in (1.0, 2.0, 3.0):
-        tr = run(beta)
-        maps.append(_map_of(tr.data["points"][1]))
-        time.sleep(0.2)
-    assert maps[1] is not maps[0] and maps[2] is maps[0] and not maps[0].closed
-    kept = np.array(tr.points)
-    monkeypatch.setattr(kept_maps, "RETAIN_S", 0.0)
-    fresh = run(3.0)
-    assert _map_of(fresh.data["points"][1]) not in maps
-    np.testing.assert_array_equal(kept, fresh.points)
 
 
 def test_failures_set_status_or_raise():
@@ -512,7 +393,6 @@ def test_the_worked_example_of_the_docs_runs(capsys):
     """docs/solvers.md: the ~30-line solver added through the contract runs the finite-volume problem,
     conserving mass and positivity with error control."""
     import pathlib
-    import re
 
     text = (pathlib.Path(__file__).parents[1] / "docs" / "solvers.md").read_text()
     blocks = [

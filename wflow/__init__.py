@@ -26,6 +26,8 @@ _NAMES = {
     "Model": ".models",
     "simulate": ".solvers.particles",
     "Trajectory": ".solvers.particles",
+    "SaveAt": ".solvers.saveat",
+    "StepControl": ".solvers.control",
     "Density": ".density",
     "CircleMesh": ".mesh",
     "SphereMesh": ".mesh",
@@ -59,6 +61,8 @@ __all__ = [
     "Model",
     "simulate",
     "Trajectory",
+    "SaveAt",
+    "StepControl",
     "Density",
     "CircleMesh",
     "SphereMesh",
@@ -116,9 +120,11 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from .mesh import CircleMesh, SphereMesh
     from .models import SA, USA, Model, Perceptron
     from .solvers.base import Result, integrate
+    from .solvers.control import StepControl
     from .solvers.eulerian import DensityTrajectory, solve_density
     from .solvers.lagrangian import LagrangianSolution, solve_lagrangian
     from .solvers.particles import Trajectory, simulate
     from .solvers.runs import load, resume, save
+    from .solvers.saveat import SaveAt
     from .solvers.zonal import ZonalTrajectory, solve_zonal
     from .transport import wasserstein, wasserstein_result

@@ -81,11 +81,6 @@ class Problem:
         """Map a stepped state back onto the state manifold (identity in flat space)."""
         return y
 
-    def known_finite(self, y: np.ndarray) -> bool:
-        """Whether the problem already knows the state ``y`` it returned from a step is finite (e.g. a fused
-        step that saw every row's norm); the driver then skips its own scan of the state.  ``False``: scan."""
-        return False
-
     def noise(self, t: float, y: np.ndarray, dt: float, rng: np.random.Generator) -> np.ndarray:
         """The noise increment of one step (stochastic problems only)."""
         raise TypeError(f"{type(self).__name__} has no noise; use a deterministic solver")
@@ -104,6 +99,18 @@ class Problem:
     def snapshot(self, t: float, y: np.ndarray) -> dict[str, Variable]:
         """The variables saved at a save time (state and diagnostics), without the time axis."""
         return {"state": (tuple(f"dim_{i}" for i in range(np.ndim(y))), np.array(y, copy=True))}
+
+    #: the names of the snapshot variables that hold the state (kept for the last save only when a
+    #: :class:`~wflow.solvers.saveat.SaveAt` asks ``points=False``)
+    state_variables: ClassVar[frozenset[str]] = frozenset({"state"})
+
+    def points_shape(self, y: np.ndarray) -> tuple[int, ...] | None:
+        """The shape of the points a snapshot of state ``y`` holds (:meth:`saved_points`); None when it holds none."""
+        return None
+
+    def saved_points(self, data: dict[str, Variable]) -> Variable:
+        """The points of a snapshot's variables ``data``, as ``(dims, array)`` (problems with points only)."""
+        raise TypeError(f"{type(self).__name__} saves no points")
 
     def static(self) -> dict[str, Variable]:
         """Variables written once (weights, mesh arrays, ...)."""
@@ -190,6 +197,13 @@ class StepResult:
         optimality residual stayed above tolerance): the driver stops with a failure status.
     info : dict
         Per-step statistics the solver wants recorded (e.g. a JKO step's residual).
+    finite : bool or None
+        Whether the solver already knows every number of ``y`` is finite (a fused step that saw every
+        row's norm); None: the driver scans ``y`` itself.
+    diagnostics : dict or None
+        Save-time diagnostics of ``y`` that the step formed on its way (a solver declaring
+        :attr:`Solver.forms_diagnostics`, asked with ``save=True``); the save then does not form them
+        again.  None when the step formed none.
 
     Examples
     --------
@@ -211,6 +225,8 @@ class StepResult:
     limit: float = math.inf
     failure: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    finite: bool | None = None
+    diagnostics: dict[str, np.ndarray] | None = None
 
 
 class Solver(ABC):
@@ -233,6 +249,10 @@ class Solver(ABC):
     #: order of the embedded error estimate; None when the solver has none (fixed steps only)
     error_order: ClassVar[float | None] = None
     stochastic: ClassVar[bool] = False
+    #: whether :meth:`step` takes the keyword ``save`` (True when the step ends on a save time) and may then
+    #: return the saved state's diagnostics in :attr:`StepResult.diagnostics` (a fused step forms them on
+    #: its way); the driver passes ``save`` only to such solvers
+    forms_diagnostics: ClassVar[bool] = False
 
     @property
     def adaptive(self) -> bool:
@@ -350,6 +370,7 @@ SOLVERS: Registry[type[Solver]] = Registry(
             ),
             "wflow.solvers.steppers",
         ),
+        "fused-euler": "wflow.solvers.fused",
         "jko": "wflow.solvers.jko.step",
     }
 )

@@ -12,7 +12,7 @@ stability limit) and :meth:`~StepSizeController.advance` (the time after a kept 
 or ``adaptive=False``): steps of exactly ``dt`` on the grid :math:`t_k = t_0 + k\,dt`
 (:class:`~wflow.solvers.saveat.StepGrid`); the last step ends at ``t_end`` (it is stretched
 by at most :math:`10^{-6}dt` rather than followed by a round-off step).  Save times are
-snapped to the grid (:class:`~wflow.solvers.saveat.SaveAt`).  Every stage of a step sees the piece
+snapped to the grid (:class:`~wflow.solvers.saveat.SaveTimes`).  Every stage of a step sees the piece
 of a piecewise-in-time model the step lies in (:meth:`~wflow.solvers.base.Problem.stepping`); a grid
 that straddles a breakpoint of the problem (a layer boundary) warns: that step has one layer.
 
@@ -32,15 +32,17 @@ from __future__ import annotations
 import math
 import warnings
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import SolverError, check_positive
+from ..errors import SolverError, check_int, check_positive
 from .contract import Problem, Solver
-from .saveat import SaveAt, StepGrid
+from .saveat import SaveTimes, StepGrid
 
 __all__ = [
+    "StepControl",
     "MAX_REJECTIONS",
     "StepSizeController",
     "ConstantSteps",
@@ -53,6 +55,39 @@ __all__ = [
 _EPS = float(np.finfo(np.float64).eps)
 #: consecutive rejected steps after which an autonomous problem's run stops with "step size underflow"
 MAX_REJECTIONS = 60
+
+
+@dataclass(frozen=True)
+class StepControl:
+    """How adaptive steps are controlled and how many a run may take (the step itself is ``dt``).
+
+    Parameters
+    ----------
+    rtol, atol : float, optional
+        Relative and absolute tolerances of an error-controlled method (``"dopri5"``; default 1e-6 and
+        1e-9 for particles); not accepted by fixed-step methods.
+    max_steps : int
+        Attempted steps (accepted + rejected) before the run fails.
+
+    Examples
+    --------
+    >>> import wflow
+    >>> traj = wflow.simulate(wflow.SA(4.0), wflow.sphere.uniform(32, 3, seed=0), 1.0,
+    ...                       control=wflow.StepControl(rtol=1e-8, atol=1e-10))
+    >>> traj.config["rtol"], traj.config["atol"], traj.status
+    (1e-08, 1e-10, 0)
+    """
+
+    rtol: float | None = None
+    atol: float | None = None
+    max_steps: int = 10**7
+
+    def __post_init__(self) -> None:
+        if self.rtol is not None:
+            object.__setattr__(self, "rtol", check_tolerance(self.rtol, "StepControl: rtol"))
+        if self.atol is not None:
+            object.__setattr__(self, "atol", check_tolerance(self.atol, "StepControl: atol"))
+        object.__setattr__(self, "max_steps", check_int(self.max_steps, "StepControl: max_steps"))
 
 
 class StepSizeController(ABC):
@@ -77,7 +112,7 @@ class StepSizeController(ABC):
     grid: StepGrid | None = None
 
     def init(
-        self, problem: Problem, solver: Solver, saves: SaveAt, t: float, y: np.ndarray, h: Any
+        self, problem: Problem, solver: Solver, saves: SaveTimes, t: float, y: np.ndarray, h: Any
     ) -> None:
         """Before the first step of this call (a fresh run or a resume at ``t``); ``h``: the first trial step or None."""
         self.saves = saves

@@ -2,7 +2,7 @@ r"""The driver: :func:`integrate`, the one time loop of wflow (the *when*).
 
 The loop asks a step-size controller (:mod:`~wflow.solvers.control`) for each trial step,
 the solver (:mod:`~wflow.solvers.contract`) for the step itself, and saves at the times of
-a :class:`~wflow.solvers.saveat.SaveAt`; it owns ``max_steps``, the detection of
+a :class:`~wflow.solvers.saveat.SaveAt` (the times of :class:`~wflow.solvers.saveat.SaveTimes`); it owns ``max_steps``, the detection of
 non-finite states, the trackers (progress bar, callbacks, recorders,
 :mod:`~wflow.solvers.trackers`) and resume, and ends with a status of
 :class:`~wflow.solvers.result.Status` in a :class:`~wflow.solvers.result.Result`.  Import
@@ -28,9 +28,8 @@ from .._version import __version__
 from ..errors import SolverError, check_int, short_repr
 from .contract import Problem, Solver, Variable, get_solver
 from .control import StepSizeController, make_controller
-from .kept import kept_buffer
 from .result import Result, Status
-from .saveat import SaveAt
+from .saveat import SaveAt, SaveTimes
 from .trackers import RunInfo, Snapshot, Tracker
 
 __all__ = ["integrate", "ResumeState", "seed_entropy", "read_only"]
@@ -135,10 +134,12 @@ def integrate(
         Initial state.
     t0, t_end : float
         The interval, ``t_end > t0``.
-    save_at : array_like, optional
+    save_at : array_like or SaveAt, optional
         Save times in ``[t0, t_end]`` (``t0`` is always saved); default 11 equally spaced
         (with fixed steps: at most 11 step times spread over the interval).  With fixed steps
-        each is snapped to the nearest step time (:mod:`~wflow.solvers.saveat`).
+        each is snapped to the nearest step time (:mod:`~wflow.solvers.saveat`).  A
+        :class:`~wflow.solvers.saveat.SaveAt` also says what is kept: its ``points``, ``dtype`` and
+        ``out`` apply to a problem whose snapshots hold points (:meth:`Problem.saved_points`).
     dt : float, optional
         Fixed step, or the first trial step of an adaptive solver (default: Hairer's estimate).
     rtol, atol : float, optional
@@ -194,7 +195,9 @@ def integrate(
     max_steps = check_int(max_steps, "max_steps")
     _check_noise(problem, solver)
     control = make_controller(problem, solver, t0, t_end, dt, rtol, atol, adaptive)
-    saves = SaveAt.make(save_at, t0, t_end, control.grid)
+    spec = SaveAt.of(save_at)
+    saves = SaveTimes.make(spec.ts, t0, t_end, control.grid)
+    _check_points_spec(problem, spec, len(saves.times), y0)
     entropy = seed_entropy(seed) if solver.stochastic else None
     cfg = _run_config(problem, solver, control, saves, config, entropy, t0, t_end, max_steps)
 
@@ -221,7 +224,7 @@ def integrate(
         for tr in trackers:
             tr.start(run)
             started.append(tr)
-        saved = _Saved(problem, solver, control, trackers, keep, capacity=len(saves.times))
+        saved = _Saved(problem, solver, control, trackers, keep, spec, capacity=len(saves.times))
         try:
             status, message = _loop(
                 problem,
@@ -261,7 +264,7 @@ def _loop(
     problem: Problem,
     solver: Solver,
     control: StepSizeController,
-    saves: SaveAt,
+    saves: SaveTimes,
     trackers: Sequence[Tracker],
     saved: _Saved,
     t: float,
@@ -285,9 +288,9 @@ def _loop(
     stats_base_ev = stats["evaluations"]
     rtol, atol = control.rtol or 0.0, control.atol or 0.0
 
-    def save(index: int, t: float, y: np.ndarray, state: Any) -> bool:
+    def save(index: int, t: float, y: np.ndarray, state: Any, known: Any = None) -> bool:
         stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
-        return saved.save(index, t, y, state, stats)
+        return saved.save(index, t, y, state, stats, known)
 
     stopped_by = None
     if fresh and save(0, t, y, state):
@@ -312,14 +315,15 @@ def _loop(
         rng = None
         if solver.stochastic:
             rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(step_no,)))
+        at_save = land and stop == target
+        # a solver that forms the saved state's diagnostics on its way is told when the step ends on a save
+        kw = {"save": at_save} if solver.forms_diagnostics else {}
         # every stage of the step sees the piece (layer) of the model the step lies in: a step that ends on a
-        # layer boundary does not evaluate its last stage with the next layer (Problem.stepping, inlined:
-        # the context manager costs 1 us a step, this 0.05 us)
-        problem.step_span = (t, t + h_try)
-        try:
-            res, new_state = solver.step(problem, t, y, h_try, state, rtol=rtol, atol=atol, rng=rng)
-        finally:
-            problem.step_span = None
+        # layer boundary does not evaluate its last stage with the next layer
+        with problem.stepping(t, h_try):
+            res, new_state = solver.step(
+                problem, t, y, h_try, state, rtol=rtol, atol=atol, rng=rng, **kw
+            )
         stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
         if not res.ok:
             stats["rejected"] += 1
@@ -328,7 +332,7 @@ def _loop(
         if not control.accept(h_try, res.error):
             stats["rejected"] += 1
             continue
-        if not (problem.known_finite(res.y) or _finite(res.y)):
+        if not (res.finite if res.finite is not None else _finite(res.y)):
             raise SolverError(
                 f"the state became non-finite in the step from t={t:.6g} with dt={h_try:.3g} "
                 f"({solver.name}); snapshots written so far are kept. Reduce dt (or rtol), or "
@@ -340,7 +344,6 @@ def _loop(
         state = new_state
         stats["steps"] += 1
         step_no += 1
-        at_save = land and stop == target
         t = control.advance(t, h_try, land, stop, step_no)
         if res.info:
             saved.step_info.append({"step": step_no, "t": t, "dt": h_try, **res.info})
@@ -349,10 +352,10 @@ def _loop(
                 stopped_by = stopped_by or getattr(tr, "name", "a tracker")
         if res.failure is not None:
             if at_save:
-                save(k_save, t, y, state)
+                save(k_save, t, y, state, res.diagnostics)
             raise SolverError(f"{res.failure} (step {step_no}, t={t:.6g})")
         if at_save:
-            if save(k_save, t, y, state):
+            if save(k_save, t, y, state, res.diagnostics):
                 stopped_by = stopped_by or "a tracker"
             k_save += 1
         elif stopped_by is not None:
@@ -362,14 +365,20 @@ def _loop(
     return int(Status.SUCCESS), Status.SUCCESS.message
 
 
-#: kept variables of at least this many bytes a snapshot go straight into one array preallocated for
-#: every save (no stacking copy at the end: 84 MB of points took 0.6-2.8 s to stack on a loaded
-#: 2-core machine, most of it page faults); smaller ones are stacked at the end
+#: kept variables of at least this many bytes a snapshot go straight into one array allocated for every save
+#: (no stacking copy at the end); smaller ones are stacked at the end
 _BUFFER_BYTES = 1 << 16
 
 
 class _Saved:
-    """The snapshots a run keeps in memory (all, or with ``keep=False`` the last) and shows its trackers."""
+    """The snapshots a run keeps in memory and shows its trackers.
+
+    ``keep=False``: the last snapshot only.  Otherwise as the :class:`~wflow.solvers.saveat.SaveAt` says:
+    every variable of every save (``points=True``), or the state variables
+    (:attr:`~wflow.solvers.contract.Problem.state_variables`) of the last save only (``points=False``); with a
+    ``dtype`` or an ``out`` the points (:meth:`~wflow.solvers.contract.Problem.saved_points`) go into that
+    array or dtype.
+    """
 
     def __init__(
         self,
@@ -378,14 +387,19 @@ class _Saved:
         control: StepSizeController,
         trackers: Sequence[Tracker],
         keep: bool,
+        spec: SaveAt,
         capacity: int = 0,
     ) -> None:
         self.problem, self.solver, self.control = problem, solver, control
-        self.trackers, self.keep, self.capacity = trackers, keep, capacity
+        self.trackers, self.keep, self.spec, self.capacity = trackers, keep, spec, capacity
         self.times: list[float] = []
         self.kept: list[dict[str, Variable]] = []
+        #: the state variables of the last save, when the spec keeps them for the last save only
+        self.last_state: dict[str, Variable] = {}
         # name -> array of shape (capacity, ...): the large kept variables, written in place
         self.buffers: dict[str, np.ndarray] = {}
+        if spec.out is not None:
+            self.buffers["points"] = spec.out
         self.stats: dict[str, list] = {
             "steps": [],
             "rejected": [],
@@ -395,15 +409,21 @@ class _Saved:
         self.step_info: list[dict[str, Any]] = []
         self.last: Snapshot | None = None
 
-    def save(self, index: int, t: float, y: np.ndarray, state: Any, stats: dict[str, int]) -> bool:
-        """Save snapshot ``index`` at ``(t, y)``; True when a tracker asks to stop."""
+    def save(
+        self,
+        index: int,
+        t: float,
+        y: np.ndarray,
+        state: Any,
+        stats: dict[str, int],
+        known: dict[str, np.ndarray] | None = None,
+    ) -> bool:
+        """Save snapshot ``index`` at ``(t, y)``; ``known``: the diagnostics of ``y`` the step formed.  True when
+        a tracker asks to stop."""
         problem = self.problem
-        ev = problem.evaluations
-        data = problem.snapshot(t, y)
-        # a save's diagnostics are not the solver's evaluations: left uncounted, a resumed run (which
-        # loads the saved snapshot instead of computing it) counts what the uninterrupted one counts
-        if problem.evaluations != ev:
-            problem.evaluations = ev
+        # (only a problem whose solver forms diagnostics, a particle problem, gets ``known``)
+        extra: dict[str, Any] = {} if known is None else {"known": known}
+        data = problem.snapshot(t, y, **extra)
         snap = Snapshot(
             index,
             t,
@@ -433,15 +453,30 @@ class _Saved:
         return stop
 
     def _keep(self, data: dict[str, Variable]) -> dict[str, Variable]:
-        """``data`` with its large arrays copied into their preallocated buffers (and replaced by the
-        buffer's row); a variable whose shape or dtype changes between saves goes back to stacking."""
-        k = len(self.kept)
+        """What is kept of a snapshot's ``data``: its large arrays copied into their buffers (and replaced by the
+        buffer's row), the points as the spec asks; a variable whose shape or dtype changes between saves goes
+        back to stacking."""
+        spec, k = self.spec, len(self.kept)
         out = dict(data)
-        for name, (dims, value) in data.items():
+        if not spec.points:
+            state = self.problem.state_variables
+            self.last_state = {name: v for name, v in data.items() if name in state}
+            out = {name: v for name, v in data.items() if name not in state}
+        elif spec.out is not None or spec.dtype is not None:
+            dims, points = self.problem.saved_points(data)
+            buf = self.buffers.get("points")
+            if buf is None:
+                buf = self.buffers["points"] = _buffer(
+                    "points", self.capacity, points.shape, spec.dtype
+                )
+            buf[k] = points
+            out["points"] = (dims, read_only(buf[k]))
+            return out
+        for name, (dims, value) in out.items():
             arr = np.asarray(value)
             buf = self.buffers.get(name)
             if buf is None and k == 0 and arr.nbytes >= _BUFFER_BYTES and k < self.capacity:
-                buf = self.buffers[name] = kept_buffer(name, self.capacity, arr)
+                buf = self.buffers[name] = _buffer(name, self.capacity, arr.shape, arr.dtype)
             if buf is None:
                 continue
             if k < len(buf) and arr.shape == buf.shape[1:] and arr.dtype == buf.dtype:
@@ -469,12 +504,12 @@ class _Saved:
             n = len(self.kept)
             for name, (dims, _) in self.kept[0].items():
                 buf = self.buffers.get(name)
-                data[name] = (
-                    dims,
-                    buf[:n]
-                    if buf is not None
-                    else np.stack([np.asarray(s[name][1]) for s in self.kept]),
-                )
+                if buf is not None and buf is self.spec.out and n == len(buf):
+                    data[name] = (dims, buf)  # the caller's own array, whole
+                elif buf is not None:
+                    data[name] = (dims, buf[:n])
+                else:
+                    data[name] = (dims, np.stack([np.asarray(s[name][1]) for s in self.kept]))
         stats = {
             k: np.asarray(v, dtype=np.float64 if k == "dt_next" else np.int64)
             for k, v in self.stats.items()
@@ -492,7 +527,36 @@ class _Saved:
             order=solver.order,
             checkpoint=self.last.checkpoint if self.last is not None else {},
             step_info=self.step_info,
+            last_state=self.last_state,
         )
+
+
+def _buffer(name: str, capacity: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An empty array for ``capacity`` saves of a variable; a size the machine cannot hold is a
+    ``MemoryError`` that says what to pass instead."""
+    try:
+        return np.empty((capacity, *shape), dtype)
+    except (MemoryError, ValueError):
+        need = capacity * math.prod(shape) * np.dtype(dtype).itemsize
+        raise MemoryError(
+            f"keeping {capacity} saves of {name!r} (shape {shape}, {np.dtype(dtype)}) needs "
+            f"{need / 2**30:.3g} GiB, more than this machine can allocate: keep the points of the last "
+            f"save only (save_at=wflow.SaveAt(ts, points=False)) with a recorder (wflow.io.ZarrRecorder) "
+            f"in trackers to hold the saves on disk, or save fewer times"
+        ) from None
+
+
+def _check_points_spec(problem: Problem, spec: SaveAt, n_saves: int, y0: np.ndarray) -> None:
+    """Raise before any step when ``spec`` asks of the points what this run cannot give (module docstring)."""
+    if spec.out is None and spec.dtype is None:
+        return
+    shape = problem.points_shape(y0)
+    if shape is None:
+        raise ValueError(
+            f"SaveAt: dtype= and out= apply to runs whose snapshots hold points on the sphere; this "
+            f"{problem.kind} problem ({type(problem).__name__}) holds none"
+        )
+    spec.check_out(n_saves, shape)
 
 
 def _check_interval(t0: Any, t_end: Any) -> tuple[float, float]:
@@ -524,7 +588,7 @@ def _run_config(
     problem: Problem,
     solver: Solver,
     control: StepSizeController,
-    saves: SaveAt,
+    saves: SaveTimes,
     config: dict[str, Any] | None,
     entropy: int | None,
     t0: float,

@@ -11,27 +11,27 @@ instead of the model's velocity and the kernel sums.  The compiled passes are in
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..diagnostics import pairs
 from ..kernels import dense, exp_floor, small
-from ..kernels.jit import LOG_ZERO, scratch
+from ..kernels.jit import LOG_ZERO
 from ..kernels.precision import float32_logits_bound
-from ..kernels.threads import blas_threads, chunk_bounds, num_threads, parallel, run_chunks, shares
+from ..kernels.threads import blas_threads, chunk_bounds, num_threads, parallel, shares
 from ..linkage import link_bounds
 from . import fused_kernels as fk
+from .contract import Problem, Solver, StepResult, register_solver
 
 __all__ = [
     "sa_euler_step",
     "fused_step",
     "step_log_weights",
     "MAX_TOKENS",
-    "SA_STEP_BLAS",
-    "SA_STEP_FUSED_MAX_DIM",
+    "FusedEuler",
 ]
 
 # FusedStep (what fused_step returns) is public but left out of __all__: the API reference documents
@@ -47,17 +47,6 @@ MAX_TOKENS = small.SMALL_MAX
 _FIXED_SHIFT_SPREAD = 600.0
 #: the same in float32 (exponent floor -80)
 _FIXED_SHIFT_SPREAD_32 = 60.0
-
-#: :func:`sa_euler_step` takes each system's two products by BLAS from inside one compiled pass
-#: (:func:`~wflow.solvers.fused_kernels.sa_euler_blas`); ``False`` selects the two routes below, numba's own products or batched NumPy
-#: GEMMs (kept to check against).  At n = 32, one thread, round-robin medians of 15: 256 systems
-#: r = 8 0.61 against 0.92 ms (one pass), r = 16 1.29 against 1.78 ms, r = 32 2.01 against 2.51 ms,
-#: r = 64 3.25 against 4.20 ms (GEMM route); 2048 systems r = 2 3.7 against 4.3 ms, r = 8 5.3 against 7.8 ms.
-SA_STEP_BLAS = True
-#: With :data:`SA_STEP_BLAS` off, the largest dimension r for which :func:`sa_euler_step` forms each system's
-#: products in numba's own loops in one compiled pass; beyond it batched GEMMs per chunk of systems.  Measured at n = 32 (two threads, 256 and 2048 systems,
-#: round-robin medians): the one pass 0.80-0.92x of the GEMM route's time at r = 8, 1.0-1.25x at r = 9...16.
-SA_STEP_FUSED_MAX_DIM = 8
 
 
 def sa_euler_step(
@@ -83,13 +72,10 @@ def sa_euler_step(
     ``rhs`` (velocity at :math:`\theta`, the SA average projected on the tangent plane) and
     ``retract``, but in one compiled pass per system (worker threads take chunks of systems)
     with no array of the batch's size in between: the Gram matrix and the averages by BLAS's gemm
-    called from the compiled pass (OpenBLAS's small-matrix kernels; :data:`SA_STEP_BLAS`), the
+    called from the compiled pass (OpenBLAS's small-matrix kernels), the
     softmax (shifted by :math:`|\beta|` + the largest log-weight, a bound of every logit, or by each
     row's maximum when the log-weights span more than :math:`600 - 2\max(-\beta, 0)`, 60 in place of
-    600 in float32), the projection and the retraction, in float64 (1.2-1.5x faster steps than
-    numba's own products or batched NumPy GEMMs, the two earlier routes, which ``SA_STEP_BLAS =
-    False`` selects: products in the pass up to :data:`SA_STEP_FUSED_MAX_DIM`, batched GEMMs per
-    chunk of systems beyond).  float32 input: the directions, logits, exponentials and averages in
+    600 in float32), the projection and the retraction, in float64.  float32 input: the directions, logits, exponentials and averages in
     float32 when the logits' rounding is provably small,
     :math:`2^{-24}\big((r+4)|\beta| + 2\,\mathrm{span}\log w\big) \le 3\cdot 10^{-6}` (the rule
     of the kernel sums, :math:`|\theta| = 1` bounding every logit by :math:`|\beta|`, with
@@ -273,18 +259,12 @@ def fused_step(
         nclust = np.zeros(B, dtype=np.int64)
     wm = w.reshape(-1, n) if means else np.zeros((0, n))
     mf = np.zeros((B if means else 0, r))
-    if B == 0:
-        pass
-    elif SA_STEP_BLAS or r <= SA_STEP_FUSED_MAX_DIM:
+    if B:
         share = shares(B, min(threads, len(chunks)))
-        # BLAS inside the compiled pass (dgemm or sgemm at the address passed last), one thread each; or
-        # numba's own products
-        kernel, blas = (
-            (fk.sa_euler_blas, (dense.GEMM[lw.dtype],)) if SA_STEP_BLAS else (fk.sa_euler, ())
-        )
 
+        # BLAS's gemm (dgemm or sgemm at the address passed last) inside the compiled pass, one thread each
         def work(t: int) -> None:
-            kernel(
+            fk.sa_euler_blas(
                 xf,
                 lw,
                 be,
@@ -303,30 +283,11 @@ def fused_step(
                 nclust,
                 wm,
                 mf,
-                *blas,
+                dense.GEMM[lw.dtype],
             )
 
-        with blas_threads(1) if blas else contextlib.nullcontext():
+        with blas_threads(1):
             parallel(work, len(share))
-    else:
-        _sa_step_gemm(
-            xf,
-            lw,
-            be,
-            h,
-            fl,
-            spread,
-            proj,
-            c,
-            pb,
-            chunks,
-            threads,
-            of,
-            kcounts,
-            health,
-            lses,
-            (cl, nclust, wm, mf),
-        )
     finite = np.isfinite(health)
     all_finite = bool(finite.all())
     if pb:
@@ -348,37 +309,6 @@ def fused_step(
     )
 
 
-def _sa_step_gemm(
-    xf, lw, be, h, fl, spread, proj, c, pb, chunks, threads, of, counts, health, lses, stats
-) -> None:
-    """The GEMM route of :func:`sa_euler_step` (``r >`` :data:`SA_STEP_FUSED_MAX_DIM`); ``stats`` = (cl, nclust,
-    w, means), the statistics arguments of the compiled passes (what a save asks of the input)."""
-
-    # the Gram matrices and the averages of a chunk of systems by batched GEMMs (BLAS on one thread
-    # inside each worker), the directions, exponentials and the move in compiled passes; the chunk's
-    # arrays apart from all others, as the passes' own (scratch: the same bits wherever they lie)
-    n, r = xf.shape[1:]
-    size = chunks[0][1] - chunks[0][0]
-
-    def gemm_work(t: int) -> None:
-        T = scratch((size, n, r), lw.dtype)
-        G = scratch((size, n, n), lw.dtype)
-        A = scratch((size, n, r), lw.dtype)
-        inv_s = scratch((size, n), np.float64)
-        dls = scratch((size,), np.float64)
-        for b0, b1 in chunks[t::threads]:
-            C = b1 - b0
-            Tc, Gc, Ac, ic = T[:C], G[:C], A[:C], inv_s[:C]
-            fk.sa_directions_chunk(xf, b0, Tc, dls)
-            np.matmul(Tc, Tc.swapaxes(1, 2), out=Gc)
-            fk.sa_exps_chunk(Gc, lw, b0, be, fl, spread, ic, c, pb, counts, lses, xf, dls, *stats)
-            np.matmul(Gc, Tc, out=Ac)
-            fk.sa_move_chunk(xf, Tc, Ac, ic, h, proj, b0, of, health)
-
-    with blas_threads(1):
-        run_chunks(gemm_work, threads, len(chunks))
-
-
 def step_log_weights(weights: np.ndarray) -> np.ndarray:
     """The log-weights :func:`sa_euler_step` takes: ``max(log w, -1e300)`` in float64 (zero weights finite).
 
@@ -389,3 +319,139 @@ def step_log_weights(weights: np.ndarray) -> np.ndarray:
     """
     with np.errstate(divide="ignore"):
         return np.maximum(np.log(np.asarray(weights, dtype=np.float64)), LOG_ZERO)
+
+
+# ------------------------------------------------------------------------------ the solver
+@dataclass(frozen=True)
+class _Ahead:
+    """A fused step taken from a saved state (to read the save's diagnostics off it), for the next step."""
+
+    dt: float
+    beta: float
+    points: np.ndarray
+    finite: bool
+
+
+@dataclass(frozen=True)
+class _FusedState:
+    log_weights: np.ndarray
+    ahead: _Ahead | None = None
+
+
+@register_solver
+class FusedEuler(Solver):
+    r"""Euler's step of SA with :math:`Q = K = V = I` on many tiny systems, fused (order 1): :func:`fused_step`,
+    one compiled pass per system, instead of the model's velocity and the kernel sums.
+
+    The same step as ``euler`` (``projected=True``: :math:`y \mapsto R(y + h\,v(y))`) or as ``euler-average``
+    (``projected=False``: GLPR's :math:`x \mapsto (x + hAx)/|x + hAx|`), to rounding (1e-14); what
+    :func:`wflow.simulate` runs in their place when the particle problem can fuse its step
+    (:meth:`~wflow.solvers.particle_problem.ParticleProblem.fused_spec`: SA with :math:`Q = K = V = I` on the
+    sphere, no noise or tracers, at most :data:`MAX_TOKENS` tokens, the ``auto`` or ``numba`` backend).  A step
+    the problem cannot fuse (a layer of another kind) is taken as ``euler`` takes it.
+
+    At a save (``save=True``) the diagnostics of the new state that a save would form by a pass of its own --
+    the pair fraction, the energy's double sums (energy, :math:`N_{\mathrm{eff}}`), the cluster count, the
+    barycentre -- are read off the *next* step, taken now with the same step size and returned in
+    :attr:`~wflow.solvers.contract.StepResult.diagnostics`; the next call takes that step from the state
+    (when its step size is the same), so the save costs a compare per pair instead of a second Gram matrix.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> x0 = wflow.sphere.uniform(8, 3, seed=0, batch=(4,))
+    >>> fused = wflow.simulate(wflow.SA(5.0), x0, 1.0, method="euler", dt=0.1)
+    >>> fused.solver, fused.config["solver_options"]
+    ('fused-euler', {'projected': True})
+    >>> plain = wflow.simulate(wflow.SA(5.0), x0, 1.0, method="euler", dt=0.1, backend="numpy")
+    >>> plain.solver, bool(np.abs(fused.points[-1] - plain.points[-1]).max() < 1e-13)
+    ('euler', True)
+    """
+
+    name = "fused-euler"
+    order = 1
+    forms_diagnostics = True
+
+    def __init__(self, projected: bool = True) -> None:
+        self.projected = bool(projected)
+
+    def options(self) -> dict[str, Any]:
+        return {"projected": self.projected}
+
+    def init(self, problem: Problem, t0: float, y0: np.ndarray) -> _FusedState:
+        return _FusedState(step_log_weights(problem.weights))  # type: ignore[attr-defined]
+
+    def step(
+        self,
+        problem: Any,
+        t: float,
+        y: np.ndarray,
+        dt: float,
+        state: _FusedState,
+        *,
+        save: bool = False,
+        **_: Any,
+    ) -> tuple[StepResult, _FusedState]:
+        spec = problem.fused_spec(t, y)
+        if spec is None:  # a piece of the model (a layer) that is not fused: the plain step
+            if self.projected:
+                y_new = problem.retract(y + dt * problem.rhs(t, y))
+            else:
+                y_new = problem.retract(y + dt * problem.average(t, y))
+            return StepResult(y_new), _FusedState(state.log_weights)
+        problem.evaluations += 1
+        ahead = state.ahead
+        if ahead is not None and ahead.dt == dt and ahead.beta == spec.beta:
+            points, finite = ahead.points, ahead.finite
+        else:
+            st = fused_step(
+                y,
+                problem.weights,
+                spec.beta,
+                dt,
+                projected=self.projected,
+                log_weights=state.log_weights,
+            )
+            points, finite = st.points, st.finite
+        if not save:
+            return StepResult(points, finite=finite), _FusedState(state.log_weights)
+        known, ahead = self._ahead(problem, spec.beta, points, dt, state.log_weights)
+        return StepResult(points, finite=finite, diagnostics=known), _FusedState(
+            state.log_weights, ahead
+        )
+
+    def _ahead(
+        self, problem: Any, beta: float, y: np.ndarray, dt: float, log_weights: np.ndarray
+    ) -> tuple[dict[str, np.ndarray] | None, _Ahead | None]:
+        """The diagnostics of the saved state ``y`` that the step from it forms, and that step; ``(None, None)``
+        when the save asks for none of them (the barycentre alone costs less than a step taken in vain)."""
+        want = {"energy" if name == "log_energy" else name for name in problem.diagnostics}
+        pairs = "pair_fraction" in want and problem.n >= 2
+        energy = ("energy" in want or "n_eff" in want) and beta != 0
+        clusters = "n_clusters" in want
+        if not (pairs or energy or clusters):
+            return None, None
+        st = fused_step(
+            y,
+            problem.weights,
+            beta,
+            dt,
+            projected=self.projected,
+            log_weights=log_weights,
+            count_pairs_above=problem.pair_cosine if pairs else None,
+            energy_sums=energy,
+            cluster_threshold=problem.cluster_threshold if clusters else None,
+            means="order_parameter" in want,
+            strict=False,
+        )
+        known = {}
+        if pairs:
+            known["pair_fraction"] = st.counts / (problem.n * (problem.n - 1))
+        for key, value in (
+            ("energy_sums", st.energy_sums),
+            ("n_clusters", st.n_clusters),
+            ("means", st.means),
+        ):
+            if value is not None:  # (None: float32 logits, too coarse; the save forms it itself)
+                known[key] = value
+        return known, _Ahead(dt, beta, st.points, st.finite)

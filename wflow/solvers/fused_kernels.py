@@ -2,8 +2,7 @@ r"""The compiled passes of the fused SA step (:mod:`wflow.solvers.fused`): per s
 the Gram matrix, the softmax, the average, the projection and the retraction in one pass, and what a
 save reads off the same Gram matrix (pair count, cluster count, energy sums, barycentre).
 
-One idea, many loops: every function here is one stage of that pass or of its two fallback routes
-(numba's own products, batched GEMMs per chunk), inlined into the pass; the products come from
+One idea, many loops: every function here is one stage of that pass, inlined into it; the products come from
 :mod:`wflow.kernels.dense`, the exponential from :mod:`wflow.kernels.jit` and the link rule of the
 cluster count from :mod:`wflow.linkage`.  Every work array is a :func:`~wflow.kernels.jit.scratch`
 array, apart from all others, so that the vectorized loops run whatever the heap (bit for bit the
@@ -20,13 +19,8 @@ from numba.cpython.unsafe.numbers import trailing_zeros as _trailing_zeros
 from numba.extending import intrinsic
 
 from ..kernels.dense import (
-    BLOCKED_MAX_R,
-    GRAM_BLOCK,
-    avg_dots,
     count_off_diagonal,
     gemm,
-    gram_blocked,
-    mm,
     softmax_row,
 )
 from ..kernels.jit import FM_SUM, exp_as, prefer_wide_vectors, scratch
@@ -34,11 +28,7 @@ from ..linkage import linked, squared_distance
 
 __all__ = [
     "SA_STEP_TRANSPOSED_MAX_DIM",
-    "sa_euler",
     "sa_euler_blas",
-    "sa_directions_chunk",
-    "sa_exps_chunk",
-    "sa_move_chunk",
     "gram_clusters",
 ]
 
@@ -424,76 +414,6 @@ def _sa_move_t(X, TT, AT, inv_s, dt, proj, Y, nrm, xa, outk):  # pragma: no cove
 
 
 @njit(cache=True, nogil=True, fastmath=FM_SUM, error_model="numpy")
-def sa_euler(
-    x,
-    lw,
-    beta,
-    dt,
-    floor,
-    spread,
-    proj,
-    c,
-    pb,
-    k0,
-    k1,
-    out,
-    counts,
-    health,
-    lses,
-    cl,
-    nclust,
-    w,
-    means,
-):  # pragma: no cover - compiled
-    """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and
-    without the GIL, in L1/L2 (see :func:`~wflow.solvers.fused.sa_euler_step`): the directions theta = x/|x| (norms in
-    float64), the Gram matrix (:func:`gram_blocked` for 4 < r <= 16, else :func:`mm`), the
-    exponentials (:func:`_sa_exps`), the averages A = E theta / s (:func:`avg_dots` for r <= 16,
-    else :func:`mm`), then out = (x + dt P A) / |x + dt P A| in float64 (:func:`_sa_move`), written
-    in out's dtype, with P the tangent projection at theta when proj is 1.0 and the identity when
-    proj is 0.0 (GLPR's scheme).  The directions, the Gram matrix, the exponentials and the
-    averages are in the dtype of lw (float64, or float32 when the caller has checked that float32
-    logits are accurate enough); row sums in float64.  counts[k] (when counts is not empty) = the
-    ordered pairs i != j of the input's directions with <theta_i, theta_j> > c, from the same Gram
-    matrix; health[k] finite exactly when out[k] is (:func:`_sa_move`); lses[k] (when lses is not empty)
-    log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>) of the input (:func:`_sa_exps`); nclust[k] and
-    means[k] the input's cluster count and barycentre when those arrays are not empty (:func:`_sa_stats_at`)."""
-    B, n, r = x.shape
-    wdt = lw.dtype
-    zero = wdt.type(0)
-    bw = wdt.type(beta)
-    fw = wdt.type(floor)
-    blocked = 4 < r <= BLOCKED_MAX_R
-    rp = -(-r // GRAM_BLOCK) * GRAM_BLOCK if blocked else r
-    T = scratch((n, rp), wdt)
-    T.fill(0)  # (zero padding beyond r)
-    TT = scratch((rp, n), wdt)
-    TT.fill(0)
-    G = scratch((n, n), wdt)
-    A = scratch((n, r), wdt)
-    y = scratch((r,), np.float64)
-    inv_s = scratch((n,), np.float64)
-    bufs = _cluster_buffers(n)
-    for k in range(k0, k1):
-        xk = x[k]
-        dl = _sa_directions(xk, T)
-        for i in range(n):
-            for l in range(r):
-                TT[l, i] = T[i, l]
-        if blocked:
-            gram_blocked(T, TT, G)
-        else:
-            mm(T, TT, G)
-        _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means)
-        _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses)
-        if r <= BLOCKED_MAX_R:
-            avg_dots(G, TT, r, A)
-        else:
-            mm(G, T, A)
-        health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
-
-
-@njit(cache=True, nogil=True, fastmath=FM_SUM, error_model="numpy")
 def sa_euler_blas(
     x,
     lw,
@@ -516,13 +436,24 @@ def sa_euler_blas(
     means,
     fn,
 ):  # pragma: no cover - compiled
-    """:func:`sa_euler` with the two products of each system by BLAS (``fn`` the address of dgemm, or
-    sgemm for float32 logits): the row-major directions T (n, r) are T^T in BLAS's column-major terms,
-    so G = T T^T is gemm('T', 'N', n, n, r) of T with itself (exactly symmetric: the same products in the
-    same order for G_ij and G_ji) and the averages A = E T, row-major (n, r), are
-    A^T = T^T E^T = gemm('N', 'N', r, n, n) of T and E.  OpenBLAS's small-matrix kernels do these
-    products 1.3-1.5x faster than :func:`gram_blocked` / :func:`avg_dots` (r = 8) or batched NumPy
-    matmuls (r = 16...64), n = 32, one AVX-512 core.  Up to r = :data:`SA_STEP_TRANSPOSED_MAX_DIM` the
+    """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and without the GIL, in
+    L1/L2 (see :func:`~wflow.solvers.fused.sa_euler_step`): the directions theta = x/|x| (norms in float64),
+    the Gram matrix, the exponentials (:func:`_sa_exps`), the averages A = E theta / s, then
+    out = (x + dt P A) / |x + dt P A| in float64 (:func:`_sa_move`), written in out's dtype, with P the
+    tangent projection at theta when proj is 1.0 and the identity when proj is 0.0 (GLPR's scheme).  The
+    directions, the Gram matrix, the exponentials and the averages are in the dtype of lw (float64, or
+    float32 when the caller has checked that float32 logits are accurate enough); row sums in float64.
+    counts[k] (when counts is not empty) = the ordered pairs i != j of the input's directions with
+    <theta_i, theta_j> > c, from the same Gram matrix; health[k] finite exactly when out[k] is
+    (:func:`_sa_move`); lses[k] (when lses is not empty) log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>)
+    of the input (:func:`_sa_exps`); nclust[k] and means[k] the input's cluster count and barycentre when
+    those arrays are not empty (:func:`_sa_stats_at`).
+
+    The two products of each system are BLAS's (``fn`` the address of dgemm, or sgemm for float32 logits):
+    the row-major directions T (n, r) are T^T in BLAS's column-major terms, so G = T T^T is
+    gemm('T', 'N', n, n, r) of T with itself (exactly symmetric: the same products in the same order for
+    G_ij and G_ji) and the averages A = E T, row-major (n, r), are A^T = T^T E^T = gemm('N', 'N', r, n, n)
+    of T and E (OpenBLAS's small-matrix kernels).  Up to r = :data:`SA_STEP_TRANSPOSED_MAX_DIM` the
     directions and averages are kept as columns (:func:`_sa_directions_t`, :func:`_sa_move_t`).  Its loops are vectorized 512 bits wide where the
     core has AVX-512 (:func:`~wflow.kernels.numba_backend._prefer_wide_vectors`)."""
     prefer_wide_vectors()
@@ -574,50 +505,3 @@ def sa_euler_blas(
         _sa_exps_at(G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses)
         gemm(fn, 0, 0, r, n, n, T, r, G, n, A, r, ints, chars, scal)
         health[k] = _sa_move(xk, T, A, inv_s, dt, proj, y, out[k])
-
-
-@njit(cache=True, nogil=True, fastmath=FM_SUM, error_model="numpy")
-def sa_directions_chunk(x, k0, T, dls):  # pragma: no cover - compiled
-    """T[k] = the directions of the system k0 + k and dls[k] what :func:`_sa_directions` returns of it, for
-    the GEMM route of :func:`~wflow.solvers.fused.sa_euler_step`."""
-    for k in range(T.shape[0]):
-        dls[k] = _sa_directions(x[k0 + k], T[k])
-
-
-@njit(cache=True, nogil=True, fastmath=FM_SUM, error_model="numpy")
-def sa_exps_chunk(
-    G, lw, k0, beta, floor, spread, inv_s, c, pb, counts, lses, x, dls, cl, nclust, w, means
-):  # pragma: no cover - compiled
-    """:func:`_sa_exps` for each Gram matrix G[k] of the systems k0 + k (GEMM route); their pair counts
-    in counts[k0 + k] when counts is not empty, their energy sums in lses[k0 + k] when lses is not, their
-    inputs' cluster counts and barycentres (:func:`_sa_stats_at`, dls from :func:`sa_directions_chunk`)
-    when nclust and means are not."""
-    wdt = G.dtype
-    zero = wdt.type(0)
-    bw = wdt.type(beta)
-    fw = wdt.type(floor)
-    bufs = _cluster_buffers(G.shape[1])
-    for k in range(G.shape[0]):
-        _sa_stats_at(G[k], x, k0 + k, dls[k], cl, bufs, nclust, w, means)
-        _sa_exps_at(
-            G[k],
-            lw,
-            k0 + k,
-            bw,
-            fw,
-            spread,
-            zero,
-            inv_s[k],
-            c,
-            _pair_band(pb, dls[k], x.shape[2]),
-            counts,
-            lses,
-        )
-
-
-@njit(cache=True, nogil=True, fastmath=FM_SUM, error_model="numpy")
-def sa_move_chunk(x, T, A, inv_s, dt, proj, k0, out, health):  # pragma: no cover - compiled
-    """:func:`_sa_move` for the systems k0 + k (GEMM route)."""
-    y = scratch((x.shape[2],), np.float64)
-    for k in range(T.shape[0]):
-        health[k0 + k] = _sa_move(x[k0 + k], T[k], A[k], inv_s[k], dt, proj, y, out[k0 + k])

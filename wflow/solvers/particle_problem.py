@@ -10,7 +10,6 @@ says its step can be fused.  :func:`wflow.simulate` (:mod:`wflow.solvers.particl
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -148,12 +147,16 @@ class ParticleProblem(Problem):
         if bad:
             raise ValueError(
                 f"diagnostics must be names from {KNOWN_DIAGNOSTICS}, got {bad} "
-                f"(pass functions in extra_diagnostics)"
+                f"(save functions of the measure with SaveAt(fn={{name: f}}))"
             )
         self.diagnostics = tuple(diagnostics)
         self.cluster_threshold = check_positive(cluster_threshold, "cluster_threshold")
         self.extra = dict(extra_diagnostics or {})
         for name, f in self.extra.items():
+            if name in KNOWN_DIAGNOSTICS or name in self.state_variables:
+                raise ValueError(
+                    f"SaveAt: fn[{name!r}] would replace wflow's own variable {name!r}; choose another name"
+                )
             if not callable(f):
                 raise TypeError(
                     f"extra_diagnostics[{name!r}] must be callable f(mu), got {short_repr(f)}"
@@ -162,14 +165,8 @@ class ParticleProblem(Problem):
         self._batch = batch_dims(weights.shape[:-1])
         #: free space: tokens x = r theta in R^d (normalization schemes with radii), no projection
         self.free = model.space == "free"
-        #: (dt, projected) of the last fused Euler step, and the step from a saved state taken ahead
-        #: (:meth:`_step_ahead`): (y, t, dt, projected, beta, the new state, whether it is finite)
-        self._last_fused: tuple[float, bool] | None = None
-        self._ahead: tuple | None = None
-        #: the last state a fused step returned (a new array nothing else holds or writes: a snapshot
-        #: takes a read-only view of it, not a copy), and whether the step found it finite
-        self._fused_out: np.ndarray | None = None
-        self._fused_out_finite = False
+        #: the cosine of the ``pair_fraction`` diagnostic
+        self.pair_cosine = PAIR_COSINE
 
     def model_at(self, t: float) -> Model:
         """The model acting at time ``t``; inside a step, the piece (layer) the step lies in (:meth:`piece_time`)."""
@@ -190,59 +187,13 @@ class ParticleProblem(Problem):
         # in free space the model sees the tokens with their radii and the measure of their directions
         theta = project_to_sphere(y)
         self.evaluations += 1
-        self._last_fused = (
-            None  # the solver does not take fused steps: no step from a save is taken ahead
-        )
         mu = Atoms._trusted(theta[..., : self.n, :], self.weights)
         return self.model_at(t).velocity(y if self.free else theta, mu, backend=self.backend)
 
-    def euler_step(
-        self, t: float, y: np.ndarray, dt: float, projected: bool = True
-    ) -> np.ndarray | None:
-        r"""The whole Euler step fused (:func:`wflow.solvers.fused.sa_euler_step`), or ``None``: projected
-        Euler, or with ``projected=False`` GLPR's scheme (``method="euler-average"``).
-
-        Offered when the model says its step can be fused (:meth:`~wflow.models.Model.fused_attention`: SA
-        with :math:`Q = K = V = I`), on the sphere without noise or tracers, for systems of at most
-        :data:`~wflow.solvers.fused.MAX_TOKENS` tokens and the ``auto`` or ``numba`` backend: one
-        compiled pass per system (Gram matrix, softmax, average, projection, retraction) instead of
-        eight passes over the batch; equal to ``retract(y + dt * rhs(t, y))`` (or to
-        ``retract(y + dt * average(t, y))``) to rounding (tested to 1e-14).  When the step from ``y``
-        was taken ahead for the diagnostics of a saved state (:meth:`_step_ahead`), it is that
-        step, bit for bit.
-        """
-        ahead, self._ahead = self._ahead, None
-        spec = self._fused_spec(t, y)
-        if spec is None:
-            return None
-        # (the step taken ahead at a save saw the layer that starts there; a fixed step straddling a layer
-        # boundary may see the next one: then the step is taken afresh)
-        if ahead is not None and ahead[0] is y and ahead[1:5] == (t, dt, projected, spec.beta):
-            self.evaluations += 1
-            self._fused_out, self._fused_out_finite = ahead[5:7]
-            return ahead[5]
-        self._last_fused = (dt, projected)
-        self.evaluations += 1
-        st = fused.fused_step(
-            y,
-            self.weights,
-            spec.beta,
-            dt,
-            projected=projected,
-            log_weights=self._step_log_weights,
-        )
-        self._fused_out, self._fused_out_finite = st.points, st.finite
-        return st.points
-
-    def known_finite(self, y: np.ndarray) -> bool:
-        """Whether ``y`` is the state the last fused step returned and that step found it finite (its
-        compiled pass sees every row's norm), so that the driver need not scan it."""
-        return y is self._fused_out and self._fused_out_finite
-
-    def _fused_spec(self, t: float, y: np.ndarray) -> FusedAttention | None:
-        """What the model at ``t`` says of fusing its step (:meth:`~wflow.models.Model.fused_attention`) when
-        :meth:`euler_step` can fuse the step from ``y`` (on the sphere, no noise or tracers, tiny systems, the
-        numba kernels), else ``None``."""
+    def fused_spec(self, t: float, y: np.ndarray) -> FusedAttention | None:
+        """What the model at ``t`` says of fusing its step (:meth:`~wflow.models.Model.fused_attention`) when the
+        Euler step from ``y`` can be fused (:class:`~wflow.solvers.fused.FusedEuler`: on the sphere, no noise or
+        tracers, tiny systems, the numba kernels), else ``None``."""
         if (
             not self._fusable
             or self.free
@@ -254,75 +205,6 @@ class ParticleProblem(Problem):
         ):
             return None
         return self.model_at(t).fused_attention(self.n)
-
-    def _step_ahead(self, t: float, y: np.ndarray, want: set[str]) -> dict[str, np.ndarray]:
-        r"""What a saved state ``y`` needs of the diagnostics ``want`` (``pair_fraction``, ``energy``,
-        ``n_clusters``, ``order_parameter``) read off the step from it.
-
-        In a run of fused Euler steps (:meth:`euler_step`) the save-time pair count, energy and cluster
-        count each need a second Gram matrix per system (or the distances), each as costly as a third of
-        a step (n = 32, r = 32).  Instead the step from ``y`` is taken now, with the last step's size and
-        scheme, counting the pairs and the clusters on the inner products it forms, summing the
-        energy's double sum from its row sums and the barycentre from the points it reads
-        (:func:`wflow.solvers.fused.fused_step`); :meth:`euler_step` returns it when the driver asks
-        for that same step (same ``y``, ``t``, ``dt`` and scheme), and takes the step afresh otherwise
-        (after the last save: one step wasted).  The energy at beta != 0; for float32 states everything is
-        read off the step only when its logits are float64 (the float32 rule of
-        :func:`wflow.solvers.fused.sa_euler_step`: at beta = 5 from r = 7 on; they are then the float64
-        numbers of the float32 points, and the pairs are :func:`wflow.diagnostics.pair_fraction`'s
-        exactly), else the pairs are counted on their own float64 products;
-        ``{}`` when the step is not fused, or when only the order parameter is asked (the step from the
-        last save is not used: a step would cost more than the barycentre).  Returns ``pair_fraction``,
-        ``energy_sums``, ``n_clusters``, ``means`` for those asked.
-        """
-        if self._last_fused is None:
-            return {}
-        spec = self._fused_spec(t, y)
-        if spec is None:
-            return {}
-        beta = spec.beta
-        pairs = "pair_fraction" in want
-        # (fused attention is a gradient flow; n_eff is e^beta over the energy's double sums)
-        energy = ("energy" in want or "n_eff" in want) and beta != 0
-        clusters = "n_clusters" in want
-        if not (
-            pairs or energy or clusters
-        ):  # (the barycentre alone costs less than a step taken in vain)
-            return {}
-        means = "order_parameter" in want
-        dt, projected = self._last_fused
-        st = fused.fused_step(
-            y,
-            self.weights,
-            beta,
-            dt,
-            projected=projected,
-            log_weights=self._step_log_weights,
-            count_pairs_above=PAIR_COSINE if pairs else None,
-            energy_sums=energy,
-            cluster_threshold=self.cluster_threshold if clusters else None,
-            means=means,
-            strict=False,
-        )
-        self._ahead = (y, t, dt, projected, beta, st.points, st.finite)
-        out = {}
-        if pairs:
-            out["pair_fraction"] = st.counts / (self.n * (self.n - 1))
-        for key, value in (
-            ("energy_sums", st.energy_sums),
-            ("n_clusters", st.n_clusters),
-            ("means", st.means),
-        ):
-            if (
-                value is not None
-            ):  # (None: float32 logits, too coarse; the save computes it on its own)
-                out[key] = value
-        return out
-
-    @functools.cached_property
-    def _step_log_weights(self) -> np.ndarray:
-        """The fused step's log-weights, formed once (the weights of a run do not change)."""
-        return fused.step_log_weights(self.weights)
 
     def jacobian(self, t: float, y: np.ndarray) -> np.ndarray | None:
         r"""The exact Jacobian of :meth:`rhs` for one system on the sphere whose model offers one
@@ -362,9 +244,9 @@ class ParticleProblem(Problem):
             raise TypeError(f"{self.model!r} has no attention average on the sphere")
         theta = project_to_sphere(y)
         self.evaluations += 1
-        self._last_fused = None
         mu = Atoms._trusted(theta[..., : self.n, :], self.weights)
-        return self.model_at(t).average(theta, mu, backend=self.backend)
+        model: Any = self.model_at(t)  # (attention: checked above)
+        return model.average(theta, mu, backend=self.backend)
 
     def retract(self, y: np.ndarray) -> np.ndarray:
         return y if self.free else project_to_sphere(y)
@@ -378,7 +260,7 @@ class ParticleProblem(Problem):
         xi = rng.standard_normal(y.shape)
         if not self.free:
             xi -= np.einsum("...i,...i->...", y, xi)[..., None] * y
-        return math.sqrt(2 * dt / self.kappa) * xi
+        return math.sqrt(2 * dt / float(self.kappa or math.inf)) * xi  # (stochastic: kappa is set)
 
     # -- what is saved -----------------------------------------------------------
     def measure(self, y: np.ndarray) -> Atoms:
@@ -394,7 +276,7 @@ class ParticleProblem(Problem):
         known: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``); ``known``: what the
-        caller has of ``mu`` already (:meth:`_step_ahead`: ``pair_fraction``, ``energy_sums``, ``n_clusters``,
+        caller has of ``mu`` already (:class:`~wflow.solvers.fused.FusedEuler`: ``pair_fraction``, ``energy_sums``, ``n_clusters``,
         ``means``)."""
         known = known or {}
         out: dict[str, np.ndarray] = {}
@@ -436,7 +318,7 @@ class ParticleProblem(Problem):
 
     def _n_eff(
         self,
-        model: Model,
+        model: Any,
         mu: Atoms,
         energy_sums: np.ndarray | None,
         log_energy: np.ndarray | None,
@@ -463,10 +345,10 @@ class ParticleProblem(Problem):
         )
 
     def _energies(
-        self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None
+        self, model: Any, mu: Atoms, energy_sums: np.ndarray | None = None
     ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """``energy`` and ``log_energy`` from one kernel sum where the model has a log-scale energy, or from the
-        double sums ``log sum_i w_i sum_j w_j e^(beta <x_i, x_j>)`` of a fused step (:meth:`_step_ahead`); and
+        double sums ``log sum_i w_i sum_j w_j e^(beta <x_i, x_j>)`` of a fused step (:class:`~wflow.solvers.fused.FusedEuler`); and
         the log-scale energy itself (None where it is not formed)."""
         out = {}
         log_e = getattr(model, "log_energy", None)
@@ -492,45 +374,42 @@ class ParticleProblem(Problem):
             out["log_energy"] = le
         return out, (le if log_e is not None or energy_sums is not None else None)
 
-    def snapshot(self, t: float, y: np.ndarray) -> dict:
+    #: the snapshot variables that hold the state (:class:`~wflow.solvers.saveat.SaveAt` ``points=False``)
+    state_variables = frozenset(
+        {"points", "positions", "radii", "tracers", "span", "angles", "gaps"}
+    )
+
+    def points_shape(self, y: np.ndarray) -> tuple[int, ...] | None:
+        # (a state of angles or gaps on the circle is not the points: _fusable says whether it is)
+        return (*y.shape[:-2], self.n, self.d) if self._fusable and not self.free else None
+
+    def saved_points(self, data: dict) -> tuple[tuple[str, ...], np.ndarray]:
+        return data["points"]
+
+    def snapshot(self, t: float, y: np.ndarray, known: dict[str, np.ndarray] | None = None) -> dict:
+        """The saved variables of state ``y``: read-only views of it (no solver writes into a state it was
+        given or returned) and the diagnostics; ``known``: those the step formed
+        (:attr:`~wflow.solvers.contract.StepResult.diagnostics`)."""
         dims = self._batch + ("particle", "coord")
+        y = read_only(y)
+        x = y[..., : self.n, :]
         if self.free:  # the exact state (resume) and the radii; directions are positions / radii
             out = {
-                "positions": (dims, np.array(y[..., : self.n, :], copy=True)),
-                "radii": (
-                    self._batch + ("particle",),
-                    np.sqrt(np.einsum("...i,...i->...", y[..., : self.n, :], y[..., : self.n, :])),
-                ),
+                "positions": (dims, x),
+                "radii": (self._batch + ("particle",), np.sqrt(np.einsum("...i,...i->...", x, x))),
             }
-        elif (
-            y is self._fused_out
-        ):  # a fused step's output: no one writes it, a read-only view will do
-            out = {"points": (dims, read_only(y))}
         else:
-            out = {"points": (dims, np.array(y[..., : self.n, :], copy=True))}
+            out = {"points": (dims, x)}
         if self.n_tracers:
-            out["tracers"] = (
-                self._batch + ("tracer", "coord"),
-                np.array(y[..., self.n :, :], copy=True),
-            )
-        # the diagnostics (the user's among them) see the state read-only: it may be the saved points themselves
-        out.update(
-            self.diagnostic_variables(
-                self.measure(read_only(y)), t, known=self._known_at_save(t, y)
-            )
-        )
+            out["tracers"] = (self._batch + ("tracer", "coord"), y[..., self.n :, :])
+        out.update(self.diagnostic_variables(self.measure(y), t, known=self._known(known)))
         return out
 
-    def _known_at_save(self, t: float, y: np.ndarray) -> dict[str, np.ndarray]:
-        """The diagnostics of a saved state known without a pass of their own (:meth:`_step_ahead`)."""
-        want = {"energy" if name == "log_energy" else name for name in self.diagnostics}
-        known = {}
-        if (
-            "pair_fraction" in want and self.n < 2
-        ):  # no pairs (and span coordinates of one token have one coordinate)
+    def _known(self, known: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """``known`` and what needs no pass at all: the pair fraction of systems of one token (no pairs)."""
+        known = dict(known or {})
+        if "pair_fraction" in self.diagnostics and self.n < 2:
             known["pair_fraction"] = np.full(self.weights.shape[:-1], np.nan)
-            want.discard("pair_fraction")
-        known.update(self._step_ahead(t, y, want))
         return known
 
     def diagnostic_variables(
@@ -616,16 +495,18 @@ class SpanProblem(ParticleProblem):
         """The measure of the tokens :math:`x = yU` (in dimension d)."""
         return Atoms._trusted(self.full(y), self.weights)
 
-    def snapshot(self, t: float, y: np.ndarray) -> dict:
-        mu_y = Atoms._trusted(read_only(y), self.weights)
-        out = {
-            "span": (
-                self._batch + ("particle", "span_coord"),
-                read_only(y) if y is self._fused_out else np.array(y, copy=True),
-            )
-        }
+    def points_shape(self, y: np.ndarray) -> tuple[int, ...] | None:
+        return (*y.shape[:-2], self.n, self.d_full)
+
+    def saved_points(self, data: dict) -> tuple[tuple[str, ...], np.ndarray]:
+        return self._batch + ("particle", "coord"), self.full(data["span"][1])
+
+    def snapshot(self, t: float, y: np.ndarray, known: dict[str, np.ndarray] | None = None) -> dict:
+        y = read_only(y)
+        mu_y = Atoms._trusted(y, self.weights)
+        out = {"span": (self._batch + ("particle", "span_coord"), y)}
         mu_x = Atoms._trusted(self.full(y), self.weights) if self.extra else None
-        out.update(self.diagnostic_variables(mu_y, t, mu_x, self._known_at_save(t, y)))
+        out.update(self.diagnostic_variables(mu_y, t, mu_x, self._known(known)))
         return out
 
     def static(self) -> dict:

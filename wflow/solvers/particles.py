@@ -12,13 +12,16 @@ the fused small-system step), :class:`CircleAngleProblem` and :class:`CircleGapP
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import check_positive, short_repr
+from ..errors import check_positive, did_you_mean, short_repr
 from ..measure import Atoms, as_atoms
 from ..models import Model
 from .base import (
@@ -27,10 +30,14 @@ from .base import (
     check_save_at,
     get_solver,
     integrate,
+    read_only,
     register_kind,
 )
 from .circle_problems import CircleAngleProblem, CircleGapProblem
+from .control import StepControl
+from .fused import FusedEuler
 from .particle_problem import DIAGNOSTICS, ParticleProblem, SpanProblem
+from .saveat import SaveAt
 from .trackers import Callback, ProgressBar
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "default_dt",
     "default_method",
     "DIAGNOSTICS",
+    "SavedPoints",
 ]
 
 
@@ -81,20 +89,32 @@ class Trajectory(Result):
     True
     """
 
-    @property
-    def points(self) -> np.ndarray:
-        """Positions on the sphere (the directions, for a scheme with radii), shape ``(k, ..., n, d)``."""
-        if "points" in self.data:
-            return self.data["points"][1]
-        if (
-            "span" in self.data
-        ):  # coordinates="span": x = y U, U the stored basis of the initial span
-            return np.matmul(self.data["span"][1], self.static["span_basis"][1])
-        x = self.data["positions"][1]
-        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+    #: the points of a run in span coordinates, formed on demand (:class:`SavedPoints`)
+    _span_points: SavedPoints | None = None
 
     @property
-    def positions(self) -> np.ndarray:
+    def points(self) -> np.ndarray | SavedPoints:
+        """Positions on the sphere (the directions, for a scheme with radii), shape ``(k, ..., n, d)``.
+
+        A run in span coordinates holds :math:`y` and the basis :math:`U` of :math:`x = yU`: its points are a
+        :class:`SavedPoints`, which forms only the saves an index asks for (``points[-1]``, ``points[2:5]``),
+        once each, and the whole array when used as one (``np.asarray(traj.points)``)."""
+        if "points" in self.data:
+            return self.data["points"][1]
+        if "span" in self.data:
+            if self._span_points is None:
+                self._span_points = SavedPoints(self.data["span"][1], self.static["span_basis"][1])
+            return self._span_points
+        if "positions" in self.data:
+            x = self.data["positions"][1]
+            return x / np.linalg.norm(x, axis=-1, keepdims=True)
+        raise ValueError(
+            "this run kept the points of its last save only (SaveAt(points=False)): use traj.final, "
+            "or save_at=wflow.SaveAt(ts, points=True) to keep every save's points"
+        )
+
+    @property
+    def positions(self) -> np.ndarray | SavedPoints:
         """The tokens :math:`x = r\theta` (free space) or the points (sphere), shape ``(k, ..., n, d)``."""
         return self.data["positions"][1] if "positions" in self.data else self.points
 
@@ -115,11 +135,7 @@ class Trajectory(Result):
 
     @property
     def diagnostics(self) -> dict[str, np.ndarray]:
-        return {
-            k: v
-            for k, (_, v) in self.data.items()
-            if k not in ("points", "positions", "radii", "tracers")
-        }
+        return {k: v for k, (_, v) in self.data.items() if k not in ParticleProblem.state_variables}
 
     @property
     def energy(self) -> np.ndarray | None:
@@ -131,11 +147,22 @@ class Trajectory(Result):
         return self.stats["dt_next"]
 
     def points_at(self, i: int = -1) -> np.ndarray:
-        """The points of save index ``i`` alone, shape ``(..., n, d)``: ``points[i]`` without
-        forming every save's points (in span coordinates :attr:`points` forms all of them)."""
-        if "span" in self.data:
-            return np.matmul(self.data["span"][1][i], self.static["span_basis"][1])
-        return self.points[i]
+        """The points of save index ``i``, shape ``(..., n, d)`` (``points[i]``; with ``SaveAt(points=False)``
+        the last save's)."""
+        if self.last_state and not any(k in self.data for k in ("points", "span", "positions")):
+            if i not in (-1, len(self) - 1):
+                raise ValueError(
+                    f"this run kept the points of its last save only (SaveAt(points=False)), not of "
+                    f"save {i}; keep them all with save_at=wflow.SaveAt(ts, points=True)"
+                )
+            last = self.last_state
+            if "span" in last:
+                return np.matmul(last["span"][1], self.static["span_basis"][1])
+            if "positions" in last:
+                x = last["positions"][1]
+                return x / np.linalg.norm(x, axis=-1, keepdims=True)
+            return last["points"][1]
+        return np.asarray(self.points[i])
 
     def atoms(self, i: int = -1) -> Atoms:
         """The measure at save index ``i``."""
@@ -144,6 +171,95 @@ class Trajectory(Result):
     @property
     def final(self) -> Atoms:
         return self.atoms(-1)
+
+    def to_dataset(self) -> Any:
+        """This result as an :class:`xarray.Dataset`; a run in span coordinates also gets ``points`` as a
+        lazy (dask) variable, formed only where it is read."""
+        ds = super().to_dataset()
+        if "span" in self.data and "points" not in ds:
+            import dask.array as da
+
+            pts = self.points
+            chunks = (1,) + pts.shape[1:]
+            dims = ("time",) + self.data["span"][0][:-1] + ("coord",)
+            ds["points"] = (dims, da.from_array(pts, chunks=chunks, asarray=False))
+        return ds
+
+
+class SavedPoints:
+    r"""The points :math:`x = yU` of every save of a run in span coordinates, formed where an index asks.
+
+    Behaves as a read-only array of shape ``(k, ..., n, d)``: an integer, a slice or a list of save indices
+    first (``points[-1]``, ``points[::10]``, ``points[3, :, 0]``) forms only those saves, each once; anything
+    else, and NumPy functions (``np.asarray(points)``), form the whole array once.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> x0 = wflow.sphere.uniform(4, 16, seed=0, batch=(3,))
+    >>> traj = wflow.simulate(wflow.SA(2.0), x0, 1.0, dt=0.1)
+    >>> type(traj.points).__name__, traj.points.shape, traj.points[-1].shape
+    ('SavedPoints', (11, 3, 4, 16), (3, 4, 16))
+    >>> bool(np.allclose(np.asarray(traj.points)[0], x0))
+    True
+    """
+
+    def __init__(self, span: np.ndarray, basis: np.ndarray) -> None:
+        self._span, self._basis = span, basis
+        self._rows: dict[int, np.ndarray] = {}
+        self._whole: np.ndarray | None = None
+        self.shape: tuple[int, ...] = tuple(span.shape[:-1]) + (basis.shape[-1],)
+        self.dtype = np.result_type(span.dtype, basis.dtype)
+        self.ndim = len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"SavedPoints(shape={self.shape}, dtype={self.dtype}, formed={len(self._rows)} saves)"
+        )
+
+    def _row(self, i: int) -> np.ndarray:
+        i = range(len(self))[i]  # (negative indices, and an IndexError past the end)
+        row = self._rows.get(i)
+        if row is None:
+            row = self._rows[i] = read_only(np.matmul(self._span[i], self._basis))
+        return row
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if self._whole is not None:
+            return self._whole[key]
+        first, rest = (key[0], key[1:]) if isinstance(key, tuple) and key else (key, ())
+        if isinstance(first, (int, np.integer)):
+            row = self._row(int(first))
+            return row[rest] if rest else row
+        if isinstance(first, slice) or (
+            isinstance(first, (list, np.ndarray)) and np.asarray(first).dtype.kind in "iu"
+        ):
+            idx = np.arange(len(self))[first]
+            rows = np.stack([self._row(int(i)) for i in idx.ravel()]) if idx.size else None
+            if rows is None:
+                rows = np.empty((0,) + self.shape[1:], self.dtype)
+            rows = rows.reshape(idx.shape + self.shape[1:])
+            return rows[(slice(None),) * idx.ndim + rest] if rest else rows
+        return np.asarray(self)[key]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if self._whole is None:
+            self._whole = read_only(np.matmul(self._span, self._basis))
+            self._rows.clear()
+        whole = self._whole
+        if dtype is not None and np.dtype(dtype) != whole.dtype:
+            return whole.astype(dtype)
+        return np.array(whole) if copy else whole
+
+    def __getattr__(
+        self, name: str
+    ) -> Any:  # ndarray methods (max, reshape, ...) on the whole array
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(np.asarray(self), name)
 
 
 # ------------------------------------------------------------------------------ defaults
@@ -226,24 +342,17 @@ def simulate(
     save_at: Any = None,
     method: str | None = None,
     dt: float | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
+    control: StepControl | None = None,
     kappa: float | None = None,
     seed: Any = None,
     backend: str = "auto",
     t0: float = 0.0,
-    cluster_threshold: float = 0.1,
-    writer: Tracker | None = None,
-    progress: bool = False,
-    max_steps: int = 10**7,
-    callback: Callable[[float, Atoms], Any] | None = None,
     tracers: np.ndarray | None = None,
-    diagnostics: Sequence[str] = DIAGNOSTICS,
-    extra_diagnostics: dict[str, Callable[[Atoms], Any]] | None = None,
-    trackers: Sequence[Tracker] = (),
-    keep: bool = True,
+    trackers: Sequence[Tracker | Callable[[float, Atoms], Any]] = (),
+    progress: bool = False,
     throw: bool = True,
     coordinates: str = "auto",
+    **deprecated: Any,
 ) -> Trajectory:
     r"""Evolve particles :math:`\dot x_i = v[\mu_N](x_i)` on the sphere.
 
@@ -257,50 +366,45 @@ def simulate(
         tokens :math:`x = r\theta` with their radii.
     t_end : float
         Final time (> ``t0``).
-    save_at : array_like, optional
-        Save times in ``[t0, t_end]`` (``t0`` is always saved); default 11 equally spaced.
-        With a fixed step each is snapped to the nearest step time and the result holds
-        the step time (``config["save_mode"] == "snap"``).
+    save_at : array_like or SaveAt, optional
+        Save times in ``[t0, t_end]`` (``t0`` is always saved; default 11 equally spaced), or a
+        :class:`~wflow.solvers.saveat.SaveAt` that also says what is saved: the points of every save
+        or of the last one only, the diagnostics (default ``energy``, ``log_energy``,
+        ``order_parameter``, ``n_eff``, ``n_clusters``; also ``pair_fraction``), functions ``fn`` of the
+        measure, the points' dtype and a buffer of the caller's (``out``).  With a fixed step each time
+        is snapped to the nearest step time and the result holds the step time
+        (``config["save_mode"] == "snap"``).
     method : str, optional
         A solver of :data:`wflow.solvers.base.SOLVERS`: ``"dopri5"``, ``"rk4"``, ``"euler"``,
         ``"euler-average"``, ``"euler-maruyama"``, ``"ros2"``.  Default
         (:func:`default_method`): error-controlled ``"dopri5"``; ``"rk4"`` when ``dt`` is
-        given; ``"euler-maruyama"`` when ``kappa`` is given.
+        given; ``"euler-maruyama"`` when ``kappa`` is given.  ``"euler"`` and ``"euler-average"`` of SA
+        with :math:`Q = K = V = I` on systems of at most 256 tokens run fused
+        (:class:`~wflow.solvers.fused.FusedEuler`, recorded as ``"fused-euler"``).
     dt : float, optional
         Fixed step, never changed (the last step ends at ``t_end``), or the first trial step
         of ``"dopri5"``.  Default :func:`default_dt` for fixed-step methods.
-    rtol, atol : float, optional
-        Tolerances of ``"dopri5"`` (default 1e-6 and 1e-9); not accepted by fixed-step methods.
+    control : StepControl, optional
+        Tolerances of ``"dopri5"`` (default 1e-6 and 1e-9) and ``max_steps``
+        (:class:`~wflow.solvers.control.StepControl`).
     kappa : float, optional
         Noise: diffusion :math:`\kappa^{-1}\Delta_S` (``sqrt(2/kappa) dW``).
     seed : int or numpy.random.Generator, optional
         Seed of the noise (recorded in ``config["seed"]``).
     backend : str
         Kernel-sum backend (see :mod:`wflow.kernels`).
-    cluster_threshold : float
-        Geodesic linkage distance of the cluster count.
-    writer : Tracker, optional
-        A recorder (e.g. :class:`wflow.io.ZarrRecorder`); the same as adding it to ``trackers``.
-    progress : bool
-        Show a progress bar.
-    callback : callable, optional
-        ``callback(t, mu)`` after each save; a true return value stops the run (status 1).  ``mu``'s
-        points are a read-only view of the state the run continues from.
+    t0 : float
+        Initial time.
     tracers : ndarray, shape (..., m, d), optional
         Passive points carried by the flow of :math:`\mu_N` without mass of their own
         (e.g. to measure the flow map's Jacobian); returned in ``Trajectory.tracers``.
-    diagnostics : sequence of str
-        Saved at each save time; default ``("energy", "log_energy", "order_parameter", "n_eff",
-        "n_clusters")``.  ``n_eff`` (:func:`wflow.diagnostics.effective_clusters` at the model's
-        :math:`\beta`) is read off the energy's double sums, at no cost of its own where the energy is
-        recorded.  The single-linkage cluster count costs a pass per system (docs/particles.md): drop
-        it for long runs of many systems.
-    extra_diagnostics : dict, optional
-        ``name -> f(mu)`` user diagnostics, one value per system.
-    trackers : sequence of Tracker
-        Further trackers of the driver (:mod:`wflow.solvers.trackers`).
-    keep : bool
-        Hold every snapshot in memory (default); ``False`` keeps only the last one.
+    trackers : sequence of Tracker or callable
+        Recorders (:class:`wflow.io.ZarrRecorder`), progress bars and other trackers of the driver
+        (:mod:`wflow.solvers.trackers`); a plain function ``f(t, mu)`` is called after each save
+        (``mu``'s points are a read-only view of the state the run continues from) and stops the run
+        (status 1) when it returns a true value.
+    progress : bool
+        Show a progress bar.
     throw : bool
         Raise :class:`~wflow.errors.SolverError` on failure (default) or return a result with
         ``status = -1``.
@@ -316,6 +420,11 @@ def simulate(
         to :math:`t\sim10^{30}` between merges.  ``"span"``: SA/USA with Q = K = V = I for n tokens in
         d > n dimensions, integrated exactly in the n coordinates of the initial tokens' span
         (:class:`SpanProblem`): the cost of a step no longer grows with d (many small systems).
+    **deprecated
+        The spellings of earlier releases, each with a ``DeprecationWarning`` naming its successor:
+        ``rtol``, ``atol``, ``max_steps`` (``control=StepControl(...)``); ``diagnostics``,
+        ``extra_diagnostics``, ``cluster_threshold``, ``keep`` (``save_at=SaveAt(...)``); ``writer``,
+        ``callback`` (``trackers=[...]``).
 
     Returns
     -------
@@ -341,6 +450,7 @@ def simulate(
         raise TypeError(
             f"model must be a wflow Model (SA, USA, Perceptron, ...), got {short_repr(model)}"
         )
+    spec, control, trackers, keep = _upgrade(save_at, control, trackers, deprecated)
     x_free = None
     if model.space == "free" and not isinstance(mu0, Atoms):
         # a scheme with radii starts from tokens x = r theta in R^d (uniform weights)
@@ -363,6 +473,134 @@ def simulate(
     if method is None:
         method = default_method(kappa=kappa, dt=dt)
     solver = get_solver(method)
+    _check_method(model, solver, method, kappa, tracers, coordinates, control)
+    t0 = float(t0)
+    if dt is None and not solver.adaptive:
+        if (
+            isinstance(t_end, (int, float, np.integer, np.floating))
+            and not isinstance(t_end, bool)
+            and math.isfinite(float(t_end))
+            and float(t_end) > t0
+        ):
+            dt = default_dt(model, method, check_save_at(spec.ts, t0, float(t_end)))
+    x = mu0.points if x_free is None else x_free
+    n_tr = 0
+    if tracers is not None:
+        tracers = _check_tracers(tracers, x, mu0)
+        n_tr = tracers.shape[-2]
+        x = np.concatenate([x, tracers], axis=-2)
+    problem, x = _problem(model, mu0, x, n_tr, kappa, backend, spec, coordinates)
+    if method in ("euler", "euler-average") and problem.fused_spec(t0, x) is not None:
+        solver = FusedEuler(projected=method == "euler")
+    trs = [_tracker(tr, problem) for tr in trackers]
+    if progress:
+        trs.append(ProgressBar(method))
+    traj = integrate(
+        problem,
+        solver,
+        x,
+        t0,
+        t_end,
+        save_at=spec,
+        dt=dt,
+        rtol=control.rtol,
+        atol=control.atol,
+        max_steps=control.max_steps,
+        seed=seed,
+        trackers=trs,
+        keep=keep,
+        throw=throw,
+        result_class=Trajectory,
+    )
+    assert isinstance(traj, Trajectory)
+    return traj
+
+
+#: the deprecated arguments of :func:`simulate` and where each went
+_DEPRECATED = {
+    "rtol": "control=wflow.StepControl(rtol=...)",
+    "atol": "control=wflow.StepControl(atol=...)",
+    "max_steps": "control=wflow.StepControl(max_steps=...)",
+    "diagnostics": "save_at=wflow.SaveAt(ts, diagnostics=...)",
+    "extra_diagnostics": "save_at=wflow.SaveAt(ts, fn=...)",
+    "cluster_threshold": "save_at=wflow.SaveAt(ts, cluster_threshold=...)",
+    "keep": "save_at=wflow.SaveAt(ts, points=False)",
+    "writer": "trackers=[writer]",
+    "callback": "trackers=[callback]",
+}
+
+
+def _upgrade(
+    save_at: Any, control: Any, trackers: Any, old: dict[str, Any]
+) -> tuple[SaveAt, StepControl, list[Any], bool]:
+    """The save specification, step control and trackers of :func:`simulate` with the deprecated spellings
+    ``old`` folded in (each with a ``DeprecationWarning``), and whether every snapshot is kept."""
+    unknown = sorted(set(old) - set(_DEPRECATED))
+    if unknown:
+        raise TypeError(
+            f"simulate() got an unexpected keyword argument {unknown[0]!r}"
+            + did_you_mean(unknown[0], list(inspect.signature(simulate).parameters))
+        )
+    for name in old:
+        warnings.warn(
+            f"simulate: {name}= is deprecated; use {_DEPRECATED[name]}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    if control is not None and not isinstance(control, StepControl):
+        raise TypeError(f"control must be a wflow.StepControl, got {short_repr(control)}")
+    control = control or StepControl()
+    steps = {k: old[k] for k in ("rtol", "atol", "max_steps") if k in old}
+    if steps:
+        control = dataclasses.replace(control, **steps)
+    spec = SaveAt.of(save_at)
+    saving = {
+        new: old[k]
+        for k, new in (
+            ("diagnostics", "diagnostics"),
+            ("extra_diagnostics", "fn"),
+            ("cluster_threshold", "cluster_threshold"),
+        )
+        if k in old
+    }
+    if saving:
+        if isinstance(save_at, SaveAt):
+            raise ValueError(
+                f"simulate: give {sorted(saving)} inside save_at=SaveAt(...), not beside it"
+            )
+        spec = dataclasses.replace(spec, **saving)
+    if isinstance(trackers, (str, bytes)) or not isinstance(trackers, Iterable):
+        raise TypeError(f"trackers must be a sequence of trackers, got {short_repr(trackers)}")
+    trs = list(trackers)
+    if old.get("writer") is not None:
+        trs.insert(0, old["writer"])
+    if old.get("callback") is not None:
+        trs.append(old["callback"])
+    return spec, control, trs, bool(old.get("keep", True))
+
+
+def _tracker(tr: Any, problem: ParticleProblem) -> Tracker:
+    """A tracker of the driver: ``tr`` itself, or a plain function ``f(t, mu)`` called after each save."""
+    if all(callable(getattr(tr, m, None)) for m in ("start", "save", "step", "finish")):
+        return tr
+    if callable(tr):
+        return Callback(lambda t, y: tr(t, problem.measure(y)))
+    raise TypeError(
+        f"trackers must hold wflow Trackers (e.g. wflow.io.ZarrRecorder) or functions f(t, mu), "
+        f"got {short_repr(tr)}"
+    )
+
+
+def _check_method(
+    model: Model,
+    solver: Any,
+    method: str,
+    kappa: float | None,
+    tracers: Any,
+    coordinates: str,
+    control: StepControl,
+) -> None:
+    """Refuse a method that does not fit the model, the noise, the tracers or the tolerances."""
     if solver.stochastic and kappa is None:
         raise ValueError(f"method={method!r} needs a noise level kappa")
     if kappa is not None and not solver.stochastic:
@@ -379,40 +617,44 @@ def simulate(
             f"{model!r} is causal: tracers and coordinates={coordinates!r} (which reorder or add tokens) "
             f"cannot serve it; use the default cartesian coordinates without tracers"
         )
-    if not solver.adaptive and (rtol is not None or atol is not None):
+    if not solver.adaptive and (control.rtol is not None or control.atol is not None):
         raise ValueError(
             f"rtol/atol apply to the adaptive method 'dopri5', not to method={method!r}"
         )
-    t0 = float(t0)
-    if dt is None and not solver.adaptive:
-        if (
-            isinstance(t_end, (int, float, np.integer, np.floating))
-            and not isinstance(t_end, bool)
-            and math.isfinite(float(t_end))
-            and float(t_end) > t0
-        ):
-            dt = default_dt(model, method, check_save_at(save_at, t0, float(t_end)))
-    x = mu0.points if x_free is None else x_free
-    n_tr = 0
-    if tracers is not None:
-        tracers = np.asarray(tracers, dtype=x.dtype)
-        if (
-            tracers.ndim != x.ndim
-            or tracers.shape[:-2] != mu0.batch_shape
-            or tracers.shape[-1] != mu0.d
-        ):
-            raise ValueError(
-                f"tracers must have shape {mu0.batch_shape + ('m', mu0.d)}, got {tracers.shape}"
-            )
-        if (
-            not np.all(np.isfinite(tracers))
-            or np.abs(np.linalg.norm(tracers, axis=-1) - 1).max() > 1e-6
-        ):
-            raise ValueError(
-                "tracers must be finite points on the unit sphere (norms within 1e-6 of 1)"
-            )
-        n_tr = tracers.shape[-2]
-        x = np.concatenate([x, tracers], axis=-2)
+
+
+def _check_tracers(tracers: Any, x: np.ndarray, mu0: Atoms) -> np.ndarray:
+    tracers = np.asarray(tracers, dtype=x.dtype)
+    if (
+        tracers.ndim != x.ndim
+        or tracers.shape[:-2] != mu0.batch_shape
+        or tracers.shape[-1] != mu0.d
+    ):
+        raise ValueError(
+            f"tracers must have shape {mu0.batch_shape + ('m', mu0.d)}, got {tracers.shape}"
+        )
+    if (
+        not np.all(np.isfinite(tracers))
+        or np.abs(np.linalg.norm(tracers, axis=-1) - 1).max() > 1e-6
+    ):
+        raise ValueError(
+            "tracers must be finite points on the unit sphere (norms within 1e-6 of 1)"
+        )
+    return tracers
+
+
+def _problem(
+    model: Model,
+    mu0: Atoms,
+    x: np.ndarray,
+    n_tr: int,
+    kappa: float | None,
+    backend: str,
+    spec: SaveAt,
+    coordinates: str,
+) -> tuple[ParticleProblem, np.ndarray]:
+    """The particle problem in the coordinates asked for (``"auto"``: span where it is exact and smaller) and
+    its initial state."""
     if coordinates not in ("auto", "cartesian", "angles", "gaps", "span"):
         raise ValueError(
             f"coordinates must be 'auto', 'cartesian', 'angles', 'gaps' or 'span', got {coordinates!r}"
@@ -424,62 +666,31 @@ def simulate(
         why = span_is_exact(model, kappa=kappa, tracers=n_tr)
         if why is not None:
             raise ValueError(f"coordinates='span' is not exact for this run: {why}")
-    kw = dict(
+    kw: dict[str, Any] = dict(
         kappa=kappa,
         backend=backend,
-        diagnostics=diagnostics,
-        cluster_threshold=cluster_threshold,
-        extra_diagnostics=extra_diagnostics,
+        diagnostics=DIAGNOSTICS if spec.diagnostics is None else spec.diagnostics,
+        cluster_threshold=spec.cluster_threshold,
+        extra_diagnostics=spec.fn,
         n_tracers=n_tr,
     )
-    problem = None
     if coordinates == "span":
         from ..kernels.small import span_coordinates
 
         y_span, basis = span_coordinates(x)
         if basis is not None:  # else d <= n: the tokens' own coordinates already
-            problem, x = SpanProblem(model, mu0.weights, basis, **kw), np.ascontiguousarray(y_span)
+            return SpanProblem(model, mu0.weights, basis, **kw), np.ascontiguousarray(y_span)
     elif coordinates in ("angles", "gaps"):
         if mu0.d != 2 or model.space != "sphere":
             raise ValueError(
                 f"coordinates={coordinates!r} is for the circle S^1 (d = 2), got d = {mu0.d}"
             )
-        x = np.arctan2(mu0.points[..., 1], mu0.points[..., 0])
+        theta = np.arctan2(mu0.points[..., 1], mu0.points[..., 0])
         if coordinates == "angles":
-            problem = CircleAngleProblem(model, mu0.weights, **kw)
-        else:
-            order, x = CircleGapProblem.from_angles(x)
-            problem = CircleGapProblem(model, mu0.weights, order, **kw)
-    if problem is None:
-        problem = ParticleProblem(model, mu0.weights, mu0.d, **kw)
-    trs = list(trackers)
-    if writer is not None:
-        if not all(callable(getattr(writer, m, None)) for m in ("start", "save", "step", "finish")):
-            raise TypeError(
-                f"writer must be a wflow Tracker (e.g. wflow.io.ZarrRecorder), got {short_repr(writer)}"
-            )
-        trs.insert(0, writer)
-    if callback is not None:
-        trs.append(Callback(lambda t, y: callback(t, problem.measure(y))))
-    if progress:
-        trs.append(ProgressBar(method))
-    return integrate(
-        problem,
-        solver,
-        x,
-        t0,
-        t_end,
-        save_at=save_at,
-        dt=dt,
-        rtol=rtol,
-        atol=atol,
-        max_steps=max_steps,
-        seed=seed,
-        trackers=trs,
-        keep=keep,
-        throw=throw,
-        result_class=Trajectory,
-    )
+            return CircleAngleProblem(model, mu0.weights, **kw), theta
+        order, gaps = CircleGapProblem.from_angles(theta)
+        return CircleGapProblem(model, mu0.weights, order, **kw), gaps
+    return ParticleProblem(model, mu0.weights, mu0.d, **kw), x
 
 
 def _rebuild(
@@ -489,6 +700,7 @@ def _rebuild(
     from ..models import model_from_dict
 
     weights = stored["static"]["weights"][1]
+    problem: ParticleProblem
     if cfg.get("coordinates") == "span":
         problem = SpanProblem(
             model_from_dict(cfg["model"]),

@@ -84,6 +84,9 @@ class Result:
     order : float
     checkpoint : dict
         The solver's resume variables at the last save.
+    last_state : dict
+        ``name -> (dims, array)``: the state variables of the last save, when the run kept them for the
+        last save only (``SaveAt(points=False)``); empty otherwise.
 
     Examples
     --------
@@ -111,6 +114,7 @@ class Result:
     order: float = 0
     checkpoint: dict[str, Variable] = field(default_factory=dict)
     step_info: list[dict[str, Any]] = field(default_factory=list)
+    last_state: dict[str, Variable] = field(default_factory=dict)
 
     @property
     def success(self) -> bool:

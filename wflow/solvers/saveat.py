@@ -1,4 +1,5 @@
-"""When a run saves: the save times (:class:`SaveAt`, as diffrax's) and the fixed-step grid they snap to.
+"""What a run saves and when: the user's specification (:class:`SaveAt`, as diffrax's), the save times
+of one run (:class:`SaveTimes`) and the fixed-step grid they snap to (:class:`StepGrid`).
 
 *Adaptive steps* land exactly on each save time (``mode="land"``).  *Fixed steps* of size
 ``dt`` run on the grid :math:`t_k = t_0 + k\\,dt` (:class:`StepGrid`), whose last step ends
@@ -10,6 +11,7 @@ time (``mode="snap"``): ``dt`` is never changed to land on a save time.  Import
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +19,131 @@ import numpy as np
 
 from ..errors import short_repr
 
-__all__ = ["check_save_at", "StepGrid", "SaveAt"]
+__all__ = ["SaveAt", "check_save_at", "StepGrid", "SaveTimes"]
 
 #: with fixed steps and no ``save_at``: at most this many step times spread over the interval
 DEFAULT_SAVES = 11
+
+
+@dataclass(frozen=True, eq=False)
+class SaveAt:
+    r"""What a run saves and when: the save times, the variables and functions saved at each, the points'
+    dtype and, optionally, the caller's own buffer for them (diffrax's ``SaveAt``, NumPy's ``out=``).
+
+    Pass it as ``save_at`` of :func:`wflow.simulate` (a plain sequence of times means ``SaveAt(ts=times)``).
+
+    Parameters
+    ----------
+    ts : array_like, optional
+        Save times in ``[t0, t_end]``, increasing (``t0`` is always saved); default 11 equally spaced.
+        With a fixed step each is snapped to the nearest step time.
+    points : bool
+        Keep the points (the state) of every save in the result (default).  ``False``: the result keeps
+        the diagnostics of every save and the points of the last one only (:attr:`Trajectory.final
+        <wflow.solvers.particles.Trajectory.final>`); a recorder (``trackers``) still writes every save.
+    diagnostics : sequence of str, optional
+        Built-in diagnostics saved at each time (default: ``energy``, ``log_energy``,
+        ``order_parameter``, ``n_eff``, ``n_clusters``; also ``pair_fraction``); ``()`` for none.
+    fn : dict, optional
+        ``name -> f(mu)``: functions of the measure saved at each time, one value (or array) per system.
+    dtype : dtype, optional
+        The floating type of the kept points (``float32`` halves their memory); default the run's own (or
+        ``out``'s).  The run computes as before, and a recorder stores the points as computed.
+    out : ndarray, optional
+        A writeable floating array of shape ``(k, ..., n, d)``, ``k`` the number of saves (``ts`` with ``t0``
+        added when it is not among them), into which the points of every save are written (in its dtype):
+        the result's ``points`` is this array.
+    cluster_threshold : float
+        Geodesic linkage distance of the ``n_clusters`` diagnostic.
+
+    Examples
+    --------
+    >>> import numpy as np, wflow
+    >>> x0 = wflow.sphere.uniform(16, 3, seed=0)
+    >>> spec = wflow.SaveAt(ts=[0.0, 0.5, 1.0], points=False, diagnostics=("pair_fraction",))
+    >>> traj = wflow.simulate(wflow.SA(4.0), x0, 1.0, dt=0.1, save_at=spec)
+    >>> sorted(traj.diagnostics), traj.diagnostics["pair_fraction"].shape, traj.final.points.shape
+    (['pair_fraction'], (3,), (16, 3))
+    >>> out = np.empty((3, 16, 3), dtype=np.float32)
+    >>> traj = wflow.simulate(wflow.SA(4.0), x0, 1.0, dt=0.1, save_at=wflow.SaveAt([0.5, 1.0], out=out))
+    >>> traj.points is out, bool(np.allclose(out[0], x0))
+    (True, True)
+    """
+
+    ts: Any = None
+    points: bool = True
+    diagnostics: Sequence[str] | None = None
+    fn: Mapping[str, Callable[..., Any]] | None = None
+    dtype: Any = None
+    out: np.ndarray | None = None
+    cluster_threshold: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.points, (bool, np.bool_)):
+            raise TypeError(f"SaveAt: points must be True or False, got {short_repr(self.points)}")
+        if self.diagnostics is not None and (
+            isinstance(self.diagnostics, str)
+            or not all(isinstance(k, str) for k in self.diagnostics)
+        ):
+            raise TypeError(
+                f"SaveAt: diagnostics must be a sequence of names, got {short_repr(self.diagnostics)}"
+            )
+        if self.fn is not None:
+            if not isinstance(self.fn, Mapping):
+                raise TypeError(
+                    f"SaveAt: fn must be a dict name -> f(mu), got {short_repr(self.fn)}"
+                )
+            for name, f in self.fn.items():
+                if not isinstance(name, str) or not name.isidentifier():
+                    raise ValueError(f"SaveAt: fn names must be identifiers, got {name!r}")
+                if not callable(f):
+                    raise TypeError(
+                        f"SaveAt: fn[{name!r}] must be callable f(mu), got {short_repr(f)}"
+                    )
+        if self.dtype is not None:
+            object.__setattr__(self, "dtype", real_float_dtype(self.dtype, "SaveAt: dtype"))
+        if self.out is not None:
+            out = self.out
+            if not isinstance(out, np.ndarray):
+                raise TypeError(f"SaveAt: out must be a numpy array, got {short_repr(out)}")
+            real_float_dtype(out.dtype, "SaveAt: out's dtype")
+            if self.dtype is not None and out.dtype != self.dtype:
+                raise TypeError(
+                    f"SaveAt: out has dtype {out.dtype}, but dtype={self.dtype} was asked"
+                )
+            if not out.flags.writeable:
+                raise ValueError("SaveAt: out is read-only; pass a writeable array")
+            if not self.points:
+                raise ValueError(
+                    "SaveAt: out= holds the points of every save; it needs points=True"
+                )
+
+    @classmethod
+    def of(cls, save_at: Any) -> SaveAt:
+        """``save_at`` itself when it is a :class:`SaveAt`, else ``SaveAt(ts=save_at)``."""
+        return save_at if isinstance(save_at, SaveAt) else cls(ts=save_at)
+
+    def check_out(self, n_saves: int, shape: tuple[int, ...]) -> None:
+        """Raise unless :attr:`out` (when given) holds ``n_saves`` saves of points of ``shape``."""
+        out = self.out
+        if out is not None and out.shape != (n_saves, *shape):
+            raise ValueError(
+                f"SaveAt: out must have shape {(n_saves, *shape)} ({n_saves} saves of points {shape}), "
+                f"got {out.shape}"
+            )
+
+
+def real_float_dtype(dtype: Any, name: str) -> np.dtype:
+    """``np.dtype(dtype)`` when it is a real floating type (float16/32/64), else a TypeError naming ``name``."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be a real floating dtype, got {short_repr(dtype)}") from None
+    if dt.kind != "f":
+        raise TypeError(
+            f"{name} must be a real floating dtype (float32 or float64), got {dt} ({short_repr(dtype)})"
+        )
+    return dt
 
 
 def check_save_at(save_at: Any, t0: float, t_end: float, default: int = 11) -> np.ndarray:
@@ -99,7 +222,7 @@ class StepGrid:
 
 
 @dataclass(frozen=True)
-class SaveAt:
+class SaveTimes:
     """The save times of one run: ``times[0] = t0``; with fixed steps also the grid step of each.
 
     Attributes
@@ -114,11 +237,11 @@ class SaveAt:
 
     Examples
     --------
-    >>> from wflow.solvers.saveat import SaveAt, StepGrid
-    >>> s = SaveAt.make([0.26, 1.0], 0.0, 1.0, StepGrid.make(0.0, 1.0, 0.1))
+    >>> from wflow.solvers.saveat import SaveTimes, StepGrid
+    >>> s = SaveTimes.make([0.26, 1.0], 0.0, 1.0, StepGrid.make(0.0, 1.0, 0.1))
     >>> [round(float(t), 12) for t in s.times], s.steps.tolist(), s.mode
     ([0.0, 0.3, 1.0], [0, 3, 10], 'snap')
-    >>> SaveAt.make(None, 0.0, 1.0).times.size, SaveAt.make(None, 0.0, 1.0).mode  # adaptive: land
+    >>> SaveTimes.make(None, 0.0, 1.0).times.size, SaveTimes.make(None, 0.0, 1.0).mode  # adaptive: land
     (11, 'land')
     """
 
@@ -127,7 +250,7 @@ class SaveAt:
     mode: str
 
     @classmethod
-    def make(cls, save_at: Any, t0: float, t_end: float, grid: StepGrid | None = None) -> SaveAt:
+    def make(cls, save_at: Any, t0: float, t_end: float, grid: StepGrid | None = None) -> SaveTimes:
         """Check ``save_at`` (:func:`check_save_at`) and, on a fixed-step ``grid``, snap it.
 
         Raises ``ValueError`` when two save times fall within one fixed step.

@@ -68,10 +68,8 @@ def project_to_sphere(x: np.ndarray) -> np.ndarray:
 class Euler(Solver):
     """Explicit Euler, :math:`y \\mapsto R(y + h f(t, y))` (order 1).
 
-    A problem may offer the whole step fused, ``problem.euler_step(t, y, dt)`` returning the
-    new state or ``None`` when it cannot (e.g. SA with :math:`Q = K = V = I` on many tiny
-    systems: :func:`wflow.solvers.fused.sa_euler_step`, one compiled pass per system); the
-    step is then taken by it, else as :math:`R(y + h f(t, y))`.
+    For SA with :math:`Q = K = V = I` on many tiny systems :func:`wflow.simulate` takes the same step
+    fused instead (:class:`~wflow.solvers.fused.FusedEuler`, one compiled pass per system).
 
     Examples
     --------
@@ -89,11 +87,6 @@ class Euler(Solver):
     order = 1
 
     def step(self, problem, t, y, dt, state, **_):
-        fused = getattr(problem, "euler_step", None)
-        if fused is not None:
-            y_new = fused(t, y, dt)
-            if y_new is not None:
-                return StepResult(y_new), state
         return StepResult(problem.retract(y + dt * problem.rhs(t, y))), state
 
 
@@ -106,9 +99,9 @@ class EulerAverage(Solver):
     in ``euler``.  Since :math:`x + hAx = (1 + h\langle x, Ax\rangle)\,(x + h' P_x A x)` with
     :math:`h' = h / (1 + h\langle x, Ax\rangle)`, one step is projected Euler with the per-token step
     :math:`h'`: consistent with the same ODE, but it moves a token by :math:`1/(1 + h\langle x, Ax\rangle)`
-    of the projected step (up to 10 % less at :math:`h = 0.1` once tokens have gathered).  A problem's
-    fused ``euler_step(t, y, dt, projected=False)`` takes the step when it offers one (SA with
-    :math:`Q = K = V = I` on many tiny systems).  Geshkovski,
+    of the projected step (up to 10 % less at :math:`h = 0.1` once tokens have gathered).  For SA with
+    :math:`Q = K = V = I` on many tiny systems :func:`wflow.simulate` takes the same step fused instead
+    (:class:`~wflow.solvers.fused.FusedEuler` with ``projected=False``).  Geshkovski,
     Letrouit, Polyanskiy & Rigollet, *A mathematical perspective on Transformers* (phase-diagram code).
     Needs a problem with an ``average`` (particles of an attention model on the sphere).
 
@@ -134,11 +127,6 @@ class EulerAverage(Solver):
                 f"method 'euler-average' needs a problem with an attention average "
                 f"(particles of SA/USA on the sphere), got {type(problem).__name__}"
             )
-        fused = getattr(problem, "euler_step", None)
-        if fused is not None:
-            y_new = fused(t, y, dt, projected=False)
-            if y_new is not None:
-                return StepResult(y_new), state
         return StepResult(project_to_sphere(y + dt * average(t, y))), state
 
 
