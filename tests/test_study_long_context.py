@@ -47,7 +47,7 @@ def test_parts_are_reused(tmp_path):
 
     def compute():
         calls.append(1)
-        return lc._part(100.0, 0.5, g, direct=True)
+        return lc.long_context_part(100.0, 0.5, g, direct=True)
 
     a = Parts(tmp_path, "long-context", quick=True).get({"n": 100, "rho": 0.5}, compute)
     parts = Parts(tmp_path, "long-context", quick=True)

@@ -61,13 +61,13 @@ def test_collapse_part_follows_the_staircase_to_one_point(scheme):
     from wflow import SA, simulate
     from wflow.schemes import Normalized
     from wflow.sphere import uniform
-    from wflow.studies.normalization import _fit, _law, collapse_part
+    from wflow.studies.normalization import collapse_part, fit_scheme_rate, scheme_law
 
     n, d, beta = 8, 16, 4.0
     p = collapse_part(scheme, n, d, beta, 0)
     assert p["collapsed"] and p["clusters"][0] == n and p["clusters"][-1] == 1
     assert np.all(np.diff(p["clusters"]) <= 0)
-    rate = _fit(p["t_fit"], p["gap_fit"], scheme, _law(beta, n, scheme, p["rho0"]))
+    rate = fit_scheme_rate(p["t_fit"], p["gap_fit"], scheme, scheme_law(beta, n, scheme, p["rho0"]))
     assert abs(rate / (2.0 if scheme == "post-ln" else 4.0) - 1) < 1e-3
     assert p["radius_drift"] < 1e-6
     # the first merges against an explicit run on the same grid
@@ -93,7 +93,7 @@ def test_sqrt_collapse_in_its_own_clock_equals_the_run_in_t():
     """sqrt-scaling is integrated in tau = 2(sqrt(t+1) - 1), where it is Post-LN; integrated in t instead
     (the field divided by sqrt(t+1)) it gives the same staircase and collapse time up to BDF's error,
     and the tau run is Post-LN's own run with its times mapped."""
-    from wflow.studies.normalization import _sqrt_clock, collapse_part
+    from wflow.studies.normalization import collapse_part, sqrt_clock
 
     n, d, beta = 8, 16, 4.0
     tau = collapse_part("sqrt", n, d, beta, 0)
@@ -103,7 +103,7 @@ def test_sqrt_collapse_in_its_own_clock_equals_the_run_in_t():
     assert tau["t_stop"] == pytest.approx(direct["t_stop"], rel=1e-4)
     assert len(tau["merge_times"]) == len(direct["merge_times"])
     assert tau["t_half"] == pytest.approx(direct["t_half"], rel=1e-4)
-    assert _sqrt_clock(tau["t_stop"]) == pytest.approx(post["t_stop"], rel=1e-12)
+    assert sqrt_clock(tau["t_stop"]) == pytest.approx(post["t_stop"], rel=1e-12)
 
 
 def test_collapse_part_rejects_radius_schemes():

@@ -183,7 +183,7 @@ def test_parts_are_computed_on_worker_processes_then_reused(tmp_path):
 
     parts = Parts(tmp_path, "phase-diagram", quick=True)
     jobs = [
-        (pd._part_key(3, 1.0, "projected", c, 2), pd.curve_part, (3, 1.0, "projected", c, 2))
+        (pd.curve_part_key(3, 1.0, "projected", c, 2), pd.curve_part, (3, 1.0, "projected", c, 2))
         for c in range(3)
     ]
     with parts_mod.workers(2):
@@ -198,7 +198,7 @@ def test_parts_are_computed_on_worker_processes_then_reused(tmp_path):
     )  # 1 worker
     bad = [
         ({"bad": 1}, pd.curve_part, (3, 1.0, "no-such-scheme", 0, 2)),
-        (pd._part_key(3, 2.0, "projected", 0, 2), pd.curve_part, (3, 2.0, "projected", 0, 2)),
+        (pd.curve_part_key(3, 2.0, "projected", 0, 2), pd.curve_part, (3, 2.0, "projected", 0, 2)),
     ]
     with parts_mod.workers(2), pytest.raises(ValueError, match="scheme must be one of"):
         parts.prefetch(bad)
@@ -237,6 +237,6 @@ def test_scheme_comparison_reads_the_first_chunks_on_the_same_starts(tmp_path, m
     assert rows[(1.0, "dopri5")]["systems"] == rows[(1.0, "projected")]["systems"] == 2
     assert rows[(2.0, "original")]["systems"] == 4
     for s in ("projected", "dopri5"):
-        assert parts.has(pd._part_key(3, 1.0, s, 0, 2)) and not parts.has(
-            pd._part_key(3, 1.0, s, 1, 2)
+        assert parts.has(pd.curve_part_key(3, 1.0, s, 0, 2)) and not parts.has(
+            pd.curve_part_key(3, 1.0, s, 1, 2)
         )

@@ -44,7 +44,14 @@ from ..models import SA
 from .parts import Parts
 from .report import StudyReport, register
 
-__all__ = ["direct_cosines", "deviation_away", "critical_slope", "RHOS", "DELTA"]
+__all__ = [
+    "direct_cosines",
+    "deviation_away",
+    "critical_slope",
+    "long_context_part",
+    "RHOS",
+    "DELTA",
+]
 
 #: input cosines (gamma_c = 4/3, 2, 4)
 RHOS = (0.25, 0.5, 0.75)
@@ -119,7 +126,18 @@ def critical_slope(rho: float, n: float, h: float = 1e-5) -> float:
     )
 
 
-def _part(n: float, rho: float, gammas: np.ndarray, direct: bool) -> dict[str, Any]:
+def long_context_part(n: float, rho: float, gammas: np.ndarray, direct: bool) -> dict[str, Any]:
+    r"""One part of the study: the limit cosine at ``gammas``, the deviation away from
+        :math:`\gamma_c = 1/(1-
+    ho)`, the slope and the value at :math:`\gamma_c`; with ``direct``, also the
+        largest error of :func:`direct_cosines` against the theory at :math:`\gamma_c/2, \gamma_c, 3\gamma_c/2`.
+
+        Examples
+        --------
+        >>> p = long_context_part(100.0, 0.5, np.array([1.0, 2.0, 3.0]), direct=False)
+        >>> sorted(p), p["cos"].shape
+        (['at_c', 'cos', 'dev_away', 'slope_c'], (3,))
+    """
     gc = 1.0 / (1.0 - rho)
     out: dict[str, Any] = {
         "cos": theory.long_context_cosine(rho, gammas, n),
@@ -238,7 +256,7 @@ def study_long_context(out: Path, quick: bool) -> StudyReport:
             direct = int(n) in direct_ns
             p = parts.get(
                 {"n": n, "rho": rho, "gammas": [0.0, 3.0, 601], "direct": direct},
-                lambda: _part(n, rho, gammas * gc, direct),
+                lambda: long_context_part(n, rho, gammas * gc, direct),
             )
             res[(n, rho)] = p
             row = {

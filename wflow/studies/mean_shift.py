@@ -40,7 +40,15 @@ from ..sphere import uniform, vmf_mixture
 from .parts import Parts
 from .report import StudyReport, register
 
-__all__ = ["mean_shift_field", "MeanShift", "study_mean_shift", "BETAS"]
+__all__ = [
+    "mean_shift_field",
+    "MeanShift",
+    "random_configurations",
+    "field_gap",
+    "run_gap",
+    "study_mean_shift",
+    "BETAS",
+]
 
 #: inverse temperatures of the checks
 BETAS = (0.5, 3.0, 20.0)
@@ -139,8 +147,15 @@ class MeanShift(Model):
         return f"MeanShift(beta={self.beta:g})"
 
 
-def _configurations(seed: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Random clouds: uniform and clustered (vMF mixtures), d in {2, 3, 8}, random weights."""
+def random_configurations(seed: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``count`` weighted clouds ``(x, w)``, shapes ``(n, d)`` and ``(n,)``: uniform and clustered (vMF
+    mixtures) in turn, d cycling through 2, 3, 8, 5 <= n < 40, random weights summing to 1.
+
+    Examples
+    --------
+    >>> [(x.shape[1], round(float(w.sum()), 12)) for x, w in random_configurations(0, 3)]
+    [(2, 1.0), (3, 1.0), (8, 1.0)]
+    """
     rng = np.random.default_rng(seed)
     out = []
     for k in range(count):
@@ -223,7 +238,7 @@ def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
     rep = StudyReport("mean-shift")
     parts = Parts(out, "mean-shift", quick)
     n_configs = 30 if quick else 300
-    configs = _configurations(0, n_configs)
+    configs = random_configurations(0, n_configs)
     field_rows = []
     for beta in BETAS:
         g = parts.get(

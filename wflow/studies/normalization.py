@@ -45,6 +45,7 @@ Two starts, one part each per scheme (:class:`~wflow.studies.parts.Parts`):
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -56,12 +57,17 @@ from ..models import SA
 from ..schemes import SCHEMES, Normalized
 from ..solvers.particles import simulate
 from ..sphere import uniform
+from ..theory.asymptotics import EquiangularLaw
 from .normalization_figures import collapse_figure, study_figures
 from .parts import Parts
 from .report import StudyReport, register
 
 __all__ = [
     "fit_rate",
+    "scheme_law",
+    "fit_scheme_rate",
+    "sqrt_clock",
+    "sqrt_time",
     "pair_gaps",
     "equiangular_part",
     "random_part",
@@ -171,13 +177,31 @@ def _pair_gaps_each(points: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 
 
-def _law(beta: float, n: int, scheme: str, rho0: float):
+def scheme_law(beta: float, n: int, scheme: str, rho0: float) -> EquiangularLaw:
+    """The late law of ``scheme`` from ``n`` equiangular tokens of cosine ``rho0`` (SA, the study's
+    :data:`SCHEME_OPTIONS`): :func:`wflow.theory.equiangular_asymptotics`.
+
+    Examples
+    --------
+    >>> law = scheme_law(1.0, 8, "post-ln", 0.0)
+    >>> law.law, law.rate
+    ('exponential', 2.0)
+    """
     return theory.equiangular_asymptotics(
         beta, n, "SA", scheme, rho0=rho0, **SCHEME_OPTIONS.get(scheme, {})
     )
 
 
-def _fit(t, gap, scheme, law) -> float:
+def fit_scheme_rate(t: np.ndarray, gap: np.ndarray, scheme: str, law: EquiangularLaw) -> float:
+    r"""The late rate of ``gap`` = 1 - rho at times ``t`` (:func:`fit_rate`) in the clock of ``law``
+    (:func:`scheme_law`); for nGPT the clock :math:`\int_0^t \alpha`.
+
+    Examples
+    --------
+    >>> t = np.linspace(0.0, 14.0, 200)
+    >>> round(fit_scheme_rate(t, 0.5 * np.exp(-2.0 * t), "post-ln", scheme_law(1.0, 8, "post-ln", 0.0)), 9)
+    2.0
+    """
     if scheme == "ngpt":
         return fit_rate(t, gap, clock=lambda s: SCHEME_OPTIONS["ngpt"]["alpha"] * s)[0]
     return fit_rate(t, gap, law.law)[0]
@@ -316,13 +340,23 @@ def _clock_span(scheme: str, t_stop: float, units: float) -> np.ndarray:
     return np.linspace(max(0.0, t_stop - units / speed), t_stop, 401)
 
 
-def _sqrt_clock(t):
+def _copy(t: Any) -> np.ndarray:
+    return np.array(t)
+
+
+def sqrt_clock(t: Any) -> np.ndarray:
     r"""The clock in which √-scaling is autonomous: :math:`\tau = 2(\sqrt{t+1}-1)`, so :math:`d\theta/d\tau = P_\theta A`."""
     return 2.0 * (np.sqrt(1.0 + np.asarray(t, dtype=float)) - 1.0)
 
 
-def _sqrt_time(tau):
-    """Inverse of :func:`_sqrt_clock`."""
+def sqrt_time(tau: Any) -> np.ndarray:
+    """Inverse of :func:`sqrt_clock`.
+
+    Examples
+    --------
+    >>> float(sqrt_time(sqrt_clock(3.0)))
+    3.0
+    """
     return (1.0 + 0.5 * np.asarray(tau, dtype=float)) ** 2 - 1.0
 
 
@@ -381,12 +415,14 @@ def collapse_part(
     y0, basis = span_coordinates(x0)
     if basis is None:
         basis = np.eye(d)
+    clock: Callable[[Any], np.ndarray]  # the integration clock of t, and its inverse
+    time_of: Callable[[Any], np.ndarray]
     if scheme == "sqrt" and own_clock:
         model = Normalized(SA(beta), "post-ln")
-        clock, time_of = _sqrt_clock, _sqrt_time
+        clock, time_of = sqrt_clock, sqrt_time
     else:
         model = Normalized(SA(beta), scheme, **SCHEME_OPTIONS.get(scheme, {}))
-        clock = time_of = np.array  # a copy: the end point below is set on the clock's array
+        clock = time_of = _copy  # a copy: the end point below is set on the clock's array
     prob = SpanProblem(model, np.full(n, 1.0 / n), basis, backend="numpy")
     r = y0.shape[-1]
 
@@ -478,10 +514,10 @@ def _equiangular(
             lambda: equiangular_part(scheme, n, beta, rho0, horizon[scheme]),
         )
         eq[scheme] = p
-        laws[scheme] = law = _law(beta, n, scheme, rho0)
+        laws[scheme] = law = scheme_law(beta, n, scheme, rho0)
         err = float(np.max(np.abs(p["gap"] - p["gap_ode"])))
-        rate = _fit(p["t"], p["gap"], scheme, law)
-        rate_ode = _fit(p["t"], p["gap_ode"], scheme, law)
+        rate = fit_scheme_rate(p["t"], p["gap"], scheme, law)
+        rate_ode = fit_scheme_rate(p["t"], p["gap_ode"], scheme, law)
         target = 2.0 if scheme != "sqrt" else 4.0
         ratio_c = float(p["gap"][-1] / law.gap(p["t"][-1]))
         rep.rows.append(
@@ -651,8 +687,8 @@ def _collapse(rep: StudyReport, parts: Parts, n_r: int, d_c: int) -> dict[str, d
             ),
         )
         col[scheme] = p
-        law = _law(beta_c, n_r, scheme, p["rho0"])
-        rate = _fit(p["t_fit"], p["gap_fit"], scheme, law) if p["collapsed"] else np.nan
+        law = scheme_law(beta_c, n_r, scheme, p["rho0"])
+        rate = fit_scheme_rate(p["t_fit"], p["gap_fit"], scheme, law) if p["collapsed"] else np.nan
         half_ode[scheme] = t_half_ode = float(
             theory.equiangular_time(
                 beta_c,

@@ -65,6 +65,7 @@ __all__ = [
     "crossing_time",
     "density_curve",
     "curve_part",
+    "curve_part_key",
     "plot_heat",
 ]
 
@@ -210,7 +211,16 @@ def crossing_time(times: np.ndarray, curve: np.ndarray, level: float = 0.5) -> f
     return float(times[k - 1] + (level - c0) / (c1 - c0) * (times[k] - times[k - 1]))
 
 
-def _part_key(d: int, beta: float, scheme: str, chunk: int, size: int) -> dict[str, Any]:
+def curve_part_key(d: int, beta: float, scheme: str, chunk: int, size: int) -> dict[str, Any]:
+    """The key of :func:`curve_part`'s stored part (:class:`~wflow.studies.parts.Parts`): its arguments,
+    the scheme's step settings, its horizon and the number of tokens.
+
+    Examples
+    --------
+    >>> key = curve_part_key(3, 1.0, "projected", 0, 2)
+    >>> key["scheme"], key["chunk"], key["size"], key["n"]
+    ('projected', 0, 2, 32)
+    """
     return {
         "d": d,
         "beta": float(beta),
@@ -270,7 +280,7 @@ def density_curve(
     total, total2, count, seconds, times = 0.0, 0.0, 0, 0.0, None
     for c, size in _chunks(systems, chunk):
         p = parts.get(
-            _part_key(d, beta, scheme, c, size),
+            curve_part_key(d, beta, scheme, c, size),
             functools.partial(curve_part, d, beta, scheme, c, size),
         )
         times = p["times"]
@@ -323,7 +333,7 @@ def _curves(
 
     # the costliest parts first (long horizons, small steps, dopri5), so the workers finish together
     jobs = [
-        (_part_key(d, b, s, c, size), curve_part, (d, b, s, c, size))
+        (curve_part_key(d, b, s, c, size), curve_part, (d, b, s, c, size))
         for d, b, s in todo
         for c, size in _chunks(systems(b, s), plan["chunk"])
     ]
