@@ -179,3 +179,31 @@ def test_torch_missing_says_how_to_install(rng, monkeypatch):
         kernel_sums(x, y, w, 1.0, backend="torch")
     assert "\n" not in str(e.value) and "backend='numba'" in str(e.value)
     assert kernel_sums(x, y, w, 1.0).backend != "torch"  # auto never asks for it
+
+
+def test_the_device_script_runs_on_the_cpu(capsys):
+    """``python -m benchmarks.gpu --device cpu --quick``: every table filled, the sums right."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_gpu", path)
+    assert spec is not None and spec.loader is not None
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)  # the installed wflow, not the checkout's (under CI)
+    assert gpu.main(["--device", "cpu", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "## KeOps probe" in out and "not run: no NVIDIA driver" in out
+    sums = [r.split("|")[1:-1] for r in out.splitlines() if r.startswith("| 3000 |")]
+    names = ["numba", "spectral"] + (["torch:cpu"] if tb._torch_installed() else [])
+    assert sorted({r[1].strip() for r in sums}) == sorted(names)
+    for _, name, dtype, rows, *_, err in sums:
+        assert int(rows) == (2000 if name.strip() == "numba" else 3000)
+        assert float(err) < (1e-12 if dtype.strip() == "float64" else 1e-4), (name, dtype, err)
+    runs = [r.split("|")[1:-1] for r in out.splitlines() if r.startswith("| 128 |")]
+    assert len(runs) == len(names)
+    for _, name, seconds, steps, evaluations, *_, reached in runs:
+        assert int(evaluations) > 5 * int(steps) > 0, (
+            name
+        )  # dopri5: 6 stages a step, the first reused
+        assert reached.strip() == "30" or reached.strip().endswith("(budget)"), name
