@@ -140,7 +140,7 @@ def test_solve_density_with_torch_matches_numpy(torch):
         ).values
     )
     ref, got = run("numpy"), run("torch")
-    assert np.max(np.abs(ref[-1] - ref[0])) > 0.1
+    assert np.max(np.abs(ref[-1] - ref[0])) > 0.1 * np.max(ref[0])  # the density moved
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=0)
 
 
