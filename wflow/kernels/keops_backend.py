@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -74,6 +75,7 @@ def keops_cache_dir() -> Path:
     return Path(base) / "wflow" / f"keops-{_pykeops_version()}"
 
 
+@functools.cache
 def _pykeops_version() -> str:
     try:
         from importlib.metadata import version
@@ -162,6 +164,7 @@ def _import_quietly(folder: Path):
     return pykeops
 
 
+@functools.cache
 def nvidia_driver_present() -> bool:
     """Whether this machine has an NVIDIA driver at all (without importing pykeops, which takes seconds,
     prints CUDA warnings on a CPU machine and leaves a cache writer to run at exit)."""
@@ -240,6 +243,7 @@ class ProbeVerdict:
     fresh: bool = False
 
 
+@functools.cache
 def _cuda_version() -> str:
     """The CUDA driver's version (``"13.0"``), ``"none"`` without one; asks no CUDA context."""
     import ctypes
