@@ -128,15 +128,14 @@ def critical_slope(rho: float, n: float, h: float = 1e-5) -> float:
 
 def long_context_part(n: float, rho: float, gammas: np.ndarray, direct: bool) -> dict[str, Any]:
     r"""One part of the study: the limit cosine at ``gammas``, the deviation away from
-        :math:`\gamma_c = 1/(1-
-    ho)`, the slope and the value at :math:`\gamma_c`; with ``direct``, also the
-        largest error of :func:`direct_cosines` against the theory at :math:`\gamma_c/2, \gamma_c, 3\gamma_c/2`.
+    :math:`\gamma_c = 1/(1-\rho)`, the slope and the value at :math:`\gamma_c`; with ``direct``, also the
+    largest error of :func:`direct_cosines` against the theory at :math:`\gamma_c/2, \gamma_c, 3\gamma_c/2`.
 
-        Examples
-        --------
-        >>> p = long_context_part(100.0, 0.5, np.array([1.0, 2.0, 3.0]), direct=False)
-        >>> sorted(p), p["cos"].shape
-        (['at_c', 'cos', 'dev_away', 'slope_c'], (3,))
+    Examples
+    --------
+    >>> p = long_context_part(100.0, 0.5, np.array([1.0, 2.0, 3.0]), direct=False)
+    >>> sorted(p), p["cos"].shape
+    (['at_c', 'cos', 'dev_away', 'slope_c'], (3,))
     """
     gc = 1.0 / (1.0 - rho)
     out: dict[str, Any] = {
