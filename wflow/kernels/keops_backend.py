@@ -215,7 +215,7 @@ if os.environ.get("{PROBE_CRASH_ENV}") == "hang":
 from wflow.kernels.keops_backend import _probe_child
 _probe_child(sys.argv[1])
 """
-_VERDICTS: dict[Path, ProbeVerdict | None] = {}  # this process's, by verdict file
+_VERDICTS: dict[Path, ProbeVerdict] = {}  # this process's, by verdict file
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,7 +71,7 @@ class TorchBackend:
     """
 
     name = "torch"
-    #: ``"auto"`` picks this backend (on a GPU) from this many pairs ``B n m`` on
+    #: ``"auto"`` picks this backend (on a GPU) for at least this many pairs ``B n m``
     min_pairs_auto = 10**6
 
     def __init__(self, device: str = "auto") -> None:
@@ -94,7 +94,9 @@ class TorchBackend:
             )
         if device == self.device:
             return self
-        return self._variants.setdefault(device, TorchBackend(device))
+        if device not in self._variants:
+            self._variants[device] = TorchBackend(device)
+        return self._variants[device]
 
     @property
     def reason(self) -> str:
