@@ -209,6 +209,8 @@ PROBE_CRASH_ENV = "WFLOW_KEOPS_PROBE_CRASH"
 _CHILD = f"""
 import os, sys, time
 if os.environ.get("{PROBE_CRASH_ENV}") == "1":
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a test's crash leaves no core file
     os.abort()
 if os.environ.get("{PROBE_CRASH_ENV}") == "hang":
     time.sleep(3600)
@@ -358,6 +360,7 @@ def _run_child(family: str, path: Path, timeout: float) -> ProbeVerdict:
             text=True,
             timeout=timeout,
             stdin=subprocess.DEVNULL,
+            cwd=path.parent,  # where a crash's core file, if any, lands
         )
     except subprocess.TimeoutExpired:
         found = f"did not compile and run {what} in {timeout:g} s"
