@@ -360,35 +360,11 @@ def _curves(
     return heat, curves, seconds
 
 
-def _tstar(rep: StudyReport, plan: dict[str, Any]) -> dict[float, float]:
-    """t*(beta) of the equiangular ODE (the event root), checked against the ODE's solution and a
-    quadrature of 1/F."""
-    from scipy.integrate import quad
-
-    from ..theory import equiangular_rhs, equiangular_solution
-
+def _tstar(plan: dict[str, Any]) -> dict[float, float]:
+    """t*(beta, n = 32) of the equiangular ODE, for every beta of the plan (the root's accuracy against the
+    ODE's solution and a quadrature of 1/F is a fast contract, asserted by the tests, not here)."""
     betas = sorted(set(plan["heat_betas"]) | set(plan["compare_betas"]))
-    tstar = {b: float(equiangular_time(b, N_TOKENS, THRESHOLD)) for b in betas}
-    root_err = max(
-        abs(float(equiangular_solution(0.0, [tstar[b]], b, N_TOKENS)[0]) - THRESHOLD) for b in betas
-    )
-    quad_err = max(
-        abs(
-            quad(
-                lambda r, b=b: 1.0 / float(equiangular_rhs(r, b, N_TOKENS)),
-                0.0,
-                THRESHOLD,
-                epsabs=1e-12,
-                epsrel=1e-12,
-                limit=200,
-            )[0]
-            - tstar[b]
-        )
-        for b in betas
-    )
-    rep.expect("t*: |rho(t*) - 0.999| on the ODE solution (max over beta)", root_err, 0.0, 1e-9)
-    rep.expect("t*: |t* - quadrature of 1/F| (max over beta)", quad_err, 0.0, 1e-6)
-    return tstar
+    return {b: float(equiangular_time(b, N_TOKENS, THRESHOLD)) for b in betas}
 
 
 def _rows(
@@ -446,7 +422,7 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     plan = QUICK if quick else FULL
     parts = Parts(out, "phase-diagram", quick)
     heat, curves, seconds = _curves(parts, plan)
-    tstar = _tstar(rep, plan)
+    tstar = _tstar(plan)
     _rows(rep, plan, heat, curves, tstar)
     rows = {(r["d"], r["beta"], r["scheme"]): r for r in rep.rows}
     cb = plan["compare_betas"]
