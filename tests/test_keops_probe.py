@@ -123,3 +123,27 @@ def test_the_probe_passes_where_keops_works(tmp_path, monkeypatch):
         r"KeOps \S+ \(CUDA \S+\) compiled and ran the kernel-sum formula on (a GPU|the CPU) in [0-9.]+ s",
         verdict.line,
     )
+
+
+def test_backend_keops_with_a_cache_folder_that_cannot_be_written(tmp_path):
+    """In a fresh process (pykeops is imported once per process): one line naming the folder."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "file").write_text("")
+    folder = tmp_path / "file" / "keops"
+    code = (
+        "import numpy as np\n"
+        "from wflow.kernels import kernel_sums\n"
+        "try:\n"
+        "    kernel_sums(np.eye(3), np.eye(3), np.ones(3) / 3, 1.0, backend='keops')\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+    )
+    env = {**os.environ, "WFLOW_KEOPS_CACHE": str(folder)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    head = f"backend 'keops' is not available on this machine: the KeOps cache folder {folder} cannot be written ("
+    tail = "): set WFLOW_KEOPS_CACHE to a writable folder, or choose backend='torch' or 'numba'\n"
+    assert done.stdout.startswith(head) and done.stdout.endswith(tail), done.stdout
