@@ -154,9 +154,11 @@ def test_resume_rebuilds_a_scheme_model_from_a_fresh_process(tmp_path):
 
     model, x0 = Normalized(wflow.SA(2.0), "pre-ln"), wflow.sphere.uniform(8, 3, seed=0)
     path = tmp_path / "cut.zarr"
-    cut = wflow.simulate(  # stops after the save at t = 0.2
-        model, x0, 0.5, dt=0.1, writer=ZarrRecorder(path), callback=lambda t, mu: t >= 0.2
-    )
+
+    def stop(t, mu):  # stops the run after the save at t = 0.2
+        return t >= 0.2
+
+    cut = wflow.simulate(model, x0, 0.5, dt=0.1, trackers=[ZarrRecorder(path), stop])
     full = wflow.simulate(model, x0, 0.5, dt=0.1)
     got = fresh(
         f"""

@@ -130,8 +130,8 @@ def resume(
     >>> import wflow, tempfile, pathlib
     >>> from wflow.io import ZarrRecorder
     >>> x0, path = wflow.sphere.uniform(8, 3, seed=0), pathlib.Path(tempfile.mkdtemp()) / "t.zarr"
-    >>> cut = wflow.simulate(wflow.SA(2.0), x0, 1.0, dt=0.1, backend="numpy", writer=ZarrRecorder(path),
-    ...                      callback=lambda t, mu: t >= 0.4)  # stops after the save at t = 0.4
+    >>> stop = lambda t, mu: t >= 0.4  # stops the run after the save at t = 0.4
+    >>> cut = wflow.simulate(wflow.SA(2.0), x0, 1.0, dt=0.1, backend="numpy", trackers=[ZarrRecorder(path), stop])
     >>> cut.status, len(cut)
     (1, 5)
     >>> back = wflow.resume(path)
