@@ -155,9 +155,11 @@ def test_deprecated_writer_keep_and_callback_still_work(tmp_path):
     }
     assert len(r.times) == 1 and len(wflow.load(tmp_path / "r.zarr").times) == 11
     assert len(seen) == 11 and seen[-1] == (1.0, (12, 3))
-    with pytest.raises(ValueError, match="inside save_at"):
-        with pytest.warns(DeprecationWarning):
-            wflow.simulate(SA(4.0), x0, 1.0, save_at=SaveAt(), diagnostics=())
+    with pytest.warns(
+        DeprecationWarning, match="diagnostics="
+    ):  # beside a SaveAt: it replaces its own
+        r = wflow.simulate(SA(4.0), x0, 1.0, save_at=SaveAt([0, 1]), diagnostics=("energy",))
+    assert sorted(r.diagnostics) == ["energy"]
     with pytest.raises(TypeError, match="unexpected keyword argument 'save_every'"):
         wflow.simulate(SA(4.0), x0, 1.0, save_every=2)
 
@@ -238,3 +240,49 @@ def test_saves_of_a_fused_run_read_the_next_step_and_resume_bit_for_bit(tmp_path
     np.testing.assert_array_equal(again.points, fused.points)
     for name, values in fused.diagnostics.items():
         np.testing.assert_array_equal(again.diagnostics[name], values)
+
+
+def test_config_keys_of_earlier_releases_are_renamed_with_a_warning(tmp_path):
+    """run.n_saves, run.rtol, run.atol and run.cluster_threshold became save.n, control.rtol, control.atol and
+    save.cluster_threshold (the grouping of SaveAt and StepControl): in a TOML file, in --set and in a
+    sweep's grid the old names still work, each with a DeprecationWarning naming the new one."""
+    from wflow.config import apply_overrides, default_config, load_config
+    from wflow.sweep.grid import base_config
+
+    toml = tmp_path / "old.toml"
+    toml.write_text("[run]\nn_saves = 5\nrtol = 1e-7\n")
+    with pytest.warns(DeprecationWarning, match="run.n_saves is deprecated; use save.n"):
+        cfg = load_config(toml)
+    assert (cfg["save.n"], cfg["control.rtol"]) == (5, 1e-7)
+    assert "run.n_saves" not in cfg and "run.rtol" not in cfg
+    with pytest.warns(DeprecationWarning, match="use save.cluster_threshold"):
+        cfg = apply_overrides(default_config(), ["run.cluster_threshold=0.2", "run.atol=1e-11"])
+    assert (cfg["save.cluster_threshold"], cfg["control.atol"]) == (0.2, 1e-11)
+    with pytest.warns(DeprecationWarning, match="use control.atol"):
+        assert base_config({"run.atol": 1e-8})["control.atol"] == 1e-8
+    with pytest.raises(ValueError, match="unknown config key 'run.nsaves'"):
+        apply_overrides(default_config(), ["run.nsaves=3"])
+
+
+def test_cli_says_a_deprecated_key_in_one_line(tmp_path, capsys):
+    from wflow.cli import main
+
+    code = main(
+        [
+            "run",
+            "--set",
+            "init.n=8",
+            "--set",
+            "run.t_end=0.2",
+            "--set",
+            "run.n_saves=2",
+            "--set",
+            "output.figure=false",
+            "--out",
+            str(tmp_path / "r"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "wflow: warning: config key run.n_saves is deprecated; use save.n\n" in err
+    assert len(wflow.load(tmp_path / "r" / "trajectory.zarr").times) == 2

@@ -26,7 +26,6 @@ __all__ = [
     "softmax_rows",
     "mm",
     "gram_blocked",
-    "avg_dots",
     "fused_sums",
     "count_off_diagonal",
     "GRAM_BLOCK",
@@ -35,10 +34,8 @@ __all__ = [
 
 #: coordinates per block of :func:`gram_blocked` (a compile-time constant: the block's sum is unrolled)
 GRAM_BLOCK = 8
-#: the fused SA step and the pair counts use the blocked Gram matrix and the dot-product averages for
-#: dimensions 4 < r <= this (and the dot-product averages for r <= 4); :func:`mm` beyond (measured equal at r = 32),
-#: which :func:`wflow.diagnostics.pair_counts` takes up to its ``PAIR_COUNTS_FUSED_MAX_DIM`` and the fused step
-#: (:mod:`wflow.solvers.fused`) only when its ``SA_STEP_FUSED_MAX_DIM`` is raised
+#: :func:`wflow.diagnostics.pair_counts` (up to its ``PAIR_COUNTS_FUSED_MAX_DIM``) forms the Gram matrix
+#: blocked (:func:`gram_blocked`) for dimensions 4 < r <= this, by :func:`mm` beyond (equal at r = 32)
 BLOCKED_MAX_R = 16
 
 
@@ -189,36 +186,6 @@ def gram_blocked(T, TT, G):  # pragma: no cover - compiled
                 for ll in range(GRAM_BLOCK):
                     s += a[l0 + ll] * TT[l0 + ll, j]
                 Gi[j] = s
-
-
-@njit(cache=True, fastmath=FM_SUM)
-def avg_dots(E, TT, r, A):  # pragma: no cover - compiled
-    """A[:, :r] = E T for E (n, m) and TT = T^T (>= r, m): each A[i, l] a dot product of the
-    contiguous rows E[i] and TT[l] (vectorized reductions over j), two coordinates l at a time
-    sharing the loads of E[i].  Measured at n = m = 32, 2048 systems on one AVX-512 core: r = 8
-    1.7 ms against 4.3 ms for :func:`mm`, r = 16 3.1 against 6.3 ms, r = 32 equal."""
-    n, m = E.shape
-    r2 = r - r % 2
-    for l in range(0, r2, 2):
-        t = TT[l]
-        u = TT[l + 1]
-        for i in range(n):
-            g = E[i]
-            s = g[0] * t[0]
-            s2 = g[0] * u[0]
-            for j in range(1, m):
-                s += g[j] * t[j]
-                s2 += g[j] * u[j]
-            A[i, l] = s
-            A[i, l + 1] = s2
-    if r2 < r:
-        t = TT[r2]
-        for i in range(n):
-            g = E[i]
-            s = g[0] * t[0]
-            for j in range(1, m):
-                s += g[j] * t[j]
-            A[i, r2] = s
 
 
 @njit(cache=True, nogil=True, fastmath=FM_SUM)

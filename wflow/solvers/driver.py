@@ -26,7 +26,7 @@ import numpy as np
 
 from .._version import __version__
 from ..errors import SolverError, check_int, short_repr
-from .contract import Problem, Solver, Variable, get_solver
+from .contract import Problem, Solver, StepResult, Variable, get_solver
 from .control import StepSizeController, make_controller
 from .result import Result, Status
 from .saveat import SaveAt, SaveTimes
@@ -286,7 +286,6 @@ def _loop(
     times = saves.times
     n_saves = len(times)
     stats_base_ev = stats["evaluations"]
-    rtol, atol = control.rtol or 0.0, control.atol or 0.0
 
     def save(index: int, t: float, y: np.ndarray, state: Any, known: Any = None) -> bool:
         stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
@@ -300,10 +299,7 @@ def _loop(
     while stopped_by is None and k_save < n_saves:
         target = float(times[k_save])
         # ---- one attempted step
-        if stats["steps"] + stats["rejected"] >= max_steps:
-            raise SolverError(
-                f"max_steps={max_steps} exceeded at t={t:.6g}; raise max_steps or the step size"
-            )
+        _check_budget(stats, max_steps, t)
         h_try, land, stop = control.propose(problem, solver, t, y, state, step_no, k_save)
         if h_try is None:  # the previous step ended within rounding of the stop: it is the stop
             t = stop
@@ -312,33 +308,13 @@ def _loop(
                     stopped_by = "a tracker"
                 k_save += 1
             continue
-        rng = None
-        if solver.stochastic:
-            rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(step_no,)))
         at_save = land and stop == target
-        # a solver that forms the saved state's diagnostics on its way is told when the step ends on a save
-        kw = {"save": at_save} if solver.forms_diagnostics else {}
-        # every stage of the step sees the piece (layer) of the model the step lies in: a step that ends on a
-        # layer boundary does not evaluate its last stage with the next layer
-        with problem.stepping(t, h_try):
-            res, new_state = solver.step(
-                problem, t, y, h_try, state, rtol=rtol, atol=atol, rng=rng, **kw
-            )
+        attempt = _attempt(problem, solver, control, t, y, state, h_try, at_save, step_no, entropy)
         stats["evaluations"] = stats_base_ev + problem.evaluations - ev0
-        if not res.ok:
-            stats["rejected"] += 1
-            control.unstable(t, h_try, res.limit)
-            continue
-        if not control.accept(h_try, res.error):
+        if attempt is None:
             stats["rejected"] += 1
             continue
-        if not (res.finite if res.finite is not None else _finite(res.y)):
-            raise SolverError(
-                f"the state became non-finite in the step from t={t:.6g} with dt={h_try:.3g} "
-                f"({solver.name}); snapshots written so far are kept. Reduce dt (or rtol), or "
-                f"check the model's parameters (e.g. USA at large beta overflows: use the "
-                f"rescaled kernel or SA)"
-            )
+        res, new_state = attempt
         # ---- the step is kept
         y = res.y
         state = new_state
@@ -347,9 +323,7 @@ def _loop(
         t = control.advance(t, h_try, land, stop, step_no)
         if res.info:
             saved.step_info.append({"step": step_no, "t": t, "dt": h_try, **res.info})
-        for tr in trackers:
-            if tr.step(t, h_try, res):
-                stopped_by = stopped_by or getattr(tr, "name", "a tracker")
+        stopped_by = stopped_by or _shown_step(trackers, t, h_try, res)
         if res.failure is not None:
             if at_save:
                 save(k_save, t, y, state, res.diagnostics)
@@ -363,6 +337,62 @@ def _loop(
     if stopped_by is not None and k_save < n_saves:
         return int(Status.STOPPED), Status.stopped(stopped_by, t)
     return int(Status.SUCCESS), Status.SUCCESS.message
+
+
+def _check_budget(stats: dict[str, int], max_steps: int, t: float) -> None:
+    if stats["steps"] + stats["rejected"] >= max_steps:
+        raise SolverError(
+            f"max_steps={max_steps} exceeded at t={t:.6g}; raise max_steps or the step size"
+        )
+
+
+def _attempt(
+    problem: Problem,
+    solver: Solver,
+    control: StepSizeController,
+    t: float,
+    y: np.ndarray,
+    state: Any,
+    h: float,
+    at_save: bool,
+    step_no: int,
+    entropy: int | None,
+) -> tuple[StepResult, Any] | None:
+    """One attempted step of size ``h`` from ``(t, y)``: the solver's result and new state when the step is
+    kept, ``None`` when the solver or the controller rejects it.  Raises :class:`~wflow.errors.SolverError`
+    when the new state is not finite."""
+    rng = None
+    if solver.stochastic:
+        rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(step_no,)))
+    # a solver that forms the saved state's diagnostics on its way is told when the step ends on a save
+    kw = {"save": at_save} if solver.forms_diagnostics else {}
+    rtol, atol = control.rtol or 0.0, control.atol or 0.0
+    # every stage of the step sees the piece (layer) of the model the step lies in: a step that ends on a
+    # layer boundary does not evaluate its last stage with the next layer
+    with problem.stepping(t, h):
+        res, new_state = solver.step(problem, t, y, h, state, rtol=rtol, atol=atol, rng=rng, **kw)
+    if not res.ok:
+        control.unstable(t, h, res.limit)
+        return None
+    if not control.accept(h, res.error):
+        return None
+    if not (res.finite if res.finite is not None else _finite(res.y)):
+        raise SolverError(
+            f"the state became non-finite in the step from t={t:.6g} with dt={h:.3g} "
+            f"({solver.name}); snapshots written so far are kept. Reduce dt (or rtol), or "
+            f"check the model's parameters (e.g. USA at large beta overflows: use the "
+            f"rescaled kernel or SA)"
+        )
+    return res, new_state
+
+
+def _shown_step(trackers: Sequence[Tracker], t: float, h: float, res: StepResult) -> str | None:
+    """Show every tracker the kept step; the name of the first that asks to stop, if one does."""
+    stopped_by: str | None = None
+    for tr in trackers:
+        if tr.step(t, h, res) and stopped_by is None:
+            stopped_by = str(getattr(tr, "name", "a tracker"))
+    return stopped_by
 
 
 #: kept variables of at least this many bytes a snapshot go straight into one array allocated for every save

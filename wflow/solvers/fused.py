@@ -202,61 +202,15 @@ def fused_step(
     chunks = chunk_bounds(B, n * n, threads, small.CHUNK_PAIRS)
     be, h = float(beta), float(dt)
     proj = 1.0 if projected else 0.0
-    fl, spread = exp_floor(np.dtype(np.float64)), _FIXED_SHIFT_SPREAD
-    if x.dtype == np.float32:
-        # float32 directions, logits, exponentials and averages when the logits' rounding is provably
-        # small: the rule of the kernel sums for dimension r + 2 (|theta| = 1, so every logit is at most
-        # |beta| in size; the directions, formed in float64, are rounded to float32: 2 |beta| 2^-24 more)
-        fl32 = exp_floor(np.dtype(np.float32))
-        ok, lw_rel, _ = float32_logits_bound(r + 2, abs(be) * (1.0 + 1e-6), lw, fl32)
-        if ok:
-            lw = lw_rel
-            fl, spread = fl32, _FIXED_SHIFT_SPREAD_32
-
+    lw, fl, spread = _logits_precision(x.dtype, r, be, lw)
     count = count_pairs_above is not None
-    c = 2.0  # the kernels' threshold when they do not count: above every cosine (finite: no infinities there)
-    counts = kcounts = np.zeros(
-        0, dtype=np.int64
-    )  # kcounts: what the kernels count into (nothing if empty)
-    pb = 0.0  # 1.0: the kernels flag the systems with a pair near c (float32 points, see below)
-    if count:
-        cp = float(count_pairs_above)
-        if not math.isfinite(cp):
-            raise ValueError(
-                f"count_pairs_above must be a finite cosine, got {count_pairs_above!r}"
-            )
-        if x.dtype == np.float64:
-            c = cp
-            counts = kcounts = np.zeros(B, dtype=np.int64)
-        elif lw.dtype == np.float64 and not np.may_share_memory(out, xf):
-            # float32 points, float64 Gram matrix of their directions: pair_counts' count (float64 products of
-            # the points) wherever no pair lies within _pair_band of c; the systems with one (about 1e-3 of
-            # them at a save near c = 0.999) are counted by pair_counts after the step, from the input (not
-            # overwritten: out is elsewhere)
-            c, pb = cp, 1.0
-            counts = kcounts = np.zeros(B, dtype=np.int64)
-        else:  # float32 logits (a float32 Gram matrix), or in place: pair_counts' products, before out is written
-            counts = pairs.pair_counts(xf, cp)
+    c, pb, counts, kcounts = _pair_plan(count_pairs_above, x.dtype, lw.dtype, out, xf)
     health = np.zeros(B)
     if lw.dtype != np.float64:  # float32 logits: the Gram matrix is float32, too coarse for these
-        for name, asked in (
-            ("energy_sums", energy_sums),
-            ("cluster_threshold", cluster_threshold is not None),
-            ("means", means),
-        ):
-            if asked and strict:
-                raise ValueError(
-                    f"{name} needs a float64 Gram matrix: float64 points, or float32 points whose "
-                    f"logits the float32 rule keeps in float64; got float32 logits (beta={be:g}, r={r})"
-                )
+        _refuse_float32_statistics(strict, energy_sums, cluster_threshold, means, be, r)
         energy_sums, cluster_threshold, means = False, None, False
     lses = np.zeros(B if energy_sums else 0)
-    cl = np.zeros(4)
-    nclust = np.zeros(0, dtype=np.int64)
-    if cluster_threshold is not None:
-        chord, lo, hi = link_bounds(cluster_threshold)
-        cl[:] = chord, 1.0 - 0.5 * chord * chord, lo, hi
-        nclust = np.zeros(B, dtype=np.int64)
+    cl, nclust = _cluster_plan(cluster_threshold, B)
     wm = w.reshape(-1, n) if means else np.zeros((0, n))
     mf = np.zeros((B if means else 0, r))
     if B:
@@ -292,12 +246,10 @@ def fused_step(
     all_finite = bool(finite.all())
     if pb:
         near = counts < 0
-        if (
-            not all_finite
-        ):  # systems with zero, infinite or NaN rows: no decision from their Gram matrix (the
-            near |= ~finite  # kernels' fast-math compares promise nothing about NaN)
+        if not all_finite:  # systems with zero, infinite or NaN rows: no decision from their Gram
+            near |= ~finite  # matrix (the kernels' fast-math compares promise nothing about NaN)
         if near.any():
-            counts[near] = pairs.pair_counts(xf[near], cp)
+            counts[near] = pairs.pair_counts(xf[near], c)
     batch = x.shape[:-2]
     return FusedStep(
         out,
@@ -307,6 +259,85 @@ def fused_step(
         nclust.reshape(batch) if cluster_threshold is not None else None,
         mf.reshape(batch + (r,)) if means else None,
     )
+
+
+def _logits_precision(
+    dtype: np.dtype, r: int, beta: float, lw: np.ndarray
+) -> tuple[np.ndarray, float, float]:
+    """The log-weights in the dtype of the step's logits, the exponent floor and the fixed-shift spread: float32
+    for float32 points when the logits' rounding is provably small -- the rule of the kernel sums for dimension
+    r + 2 (|theta| = 1, so every logit is at most |beta| in size; the directions, formed in float64, are rounded
+    to float32: 2 |beta| 2^-24 more) -- else float64."""
+    if dtype == np.float32:
+        fl32 = exp_floor(np.dtype(np.float32))
+        ok, lw_rel, _ = float32_logits_bound(r + 2, abs(beta) * (1.0 + 1e-6), lw, fl32)
+        if ok:
+            return lw_rel, fl32, _FIXED_SHIFT_SPREAD_32
+    return lw, exp_floor(np.dtype(np.float64)), _FIXED_SHIFT_SPREAD
+
+
+def _pair_plan(
+    count_pairs_above: float | None,
+    dtype: np.dtype,
+    logits: np.dtype,
+    out: np.ndarray,
+    xf: np.ndarray,
+) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """How the pairs of the input are counted: ``(c, pb, counts, kcounts)``, the kernels' threshold ``c`` (2,
+    above every cosine, when they do not count), ``pb`` 1.0 when the kernels flag the systems with a pair near
+    ``c`` (float32 points), the counts and the array the kernels count into (empty: they count nothing)."""
+    none = np.zeros(0, dtype=np.int64)
+    if count_pairs_above is None:
+        return 2.0, 0.0, none, none
+    cp = float(count_pairs_above)
+    if not math.isfinite(cp):
+        raise ValueError(f"count_pairs_above must be a finite cosine, got {count_pairs_above!r}")
+    B = xf.shape[0]
+    if dtype == np.float64:
+        counts = np.zeros(B, dtype=np.int64)
+        return cp, 0.0, counts, counts
+    if logits == np.float64 and not np.may_share_memory(out, xf):
+        # float32 points, float64 Gram matrix of their directions: pair_counts' count (float64 products of
+        # the points) wherever no pair lies within _pair_band of c; the systems with one (about 1e-3 of
+        # them at a save near c = 0.999) are counted by pair_counts after the step, from the input (not
+        # overwritten: out is elsewhere)
+        counts = np.zeros(B, dtype=np.int64)
+        return cp, 1.0, counts, counts
+    # float32 logits (a float32 Gram matrix), or in place: pair_counts' products, before out is written
+    return 2.0, 0.0, pairs.pair_counts(xf, cp), none
+
+
+def _refuse_float32_statistics(
+    strict: bool,
+    energy_sums: bool,
+    cluster_threshold: float | None,
+    means: bool,
+    beta: float,
+    r: int,
+) -> None:
+    """With ``strict``, a ValueError for the statistics a float32 Gram matrix is too coarse for."""
+    asked = {
+        "energy_sums": energy_sums,
+        "cluster_threshold": cluster_threshold is not None,
+        "means": means,
+    }
+    for name, wanted in asked.items():
+        if wanted and strict:
+            raise ValueError(
+                f"{name} needs a float64 Gram matrix: float64 points, or float32 points whose "
+                f"logits the float32 rule keeps in float64; got float32 logits (beta={beta:g}, r={r})"
+            )
+
+
+def _cluster_plan(cluster_threshold: float | None, B: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kernels' cluster-count arguments: the link bounds (:func:`wflow.linkage.link_bounds`) and the counts
+    (empty: no count)."""
+    cl = np.zeros(4)
+    if cluster_threshold is None:
+        return cl, np.zeros(0, dtype=np.int64)
+    chord, lo, hi = link_bounds(cluster_threshold)
+    cl[:] = chord, 1.0 - 0.5 * chord * chord, lo, hi
+    return cl, np.zeros(B, dtype=np.int64)
 
 
 def step_log_weights(weights: np.ndarray) -> np.ndarray:

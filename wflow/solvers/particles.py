@@ -563,11 +563,7 @@ def _upgrade(
         )
         if k in old
     }
-    if saving:
-        if isinstance(save_at, SaveAt):
-            raise ValueError(
-                f"simulate: give {sorted(saving)} inside save_at=SaveAt(...), not beside it"
-            )
+    if saving:  # (beside a SaveAt too: what they name replaces the SaveAt's own)
         spec = dataclasses.replace(spec, **saving)
     if isinstance(trackers, (str, bytes)) or not isinstance(trackers, Iterable):
         raise TypeError(f"trackers must be a sequence of trackers, got {short_repr(trackers)}")
@@ -699,66 +695,28 @@ def _rebuild(
     """Problem, solver and last state of a stored particle run (for :func:`wflow.resume`)."""
     from ..models import model_from_dict
 
-    weights = stored["static"]["weights"][1]
+    model, weights = model_from_dict(cfg["model"]), stored["static"]["weights"][1]
+    kw = {k: cfg[k] for k in ("kappa", "backend", "diagnostics", "cluster_threshold")}
+    data, static = stored["data"], stored["static"]
+    solver = get_solver(cfg["solver"], **cfg["solver_options"])
+    coordinates = cfg.get("coordinates")
     problem: ParticleProblem
-    if cfg.get("coordinates") == "span":
-        problem = SpanProblem(
-            model_from_dict(cfg["model"]),
-            weights,
-            stored["static"]["span_basis"][1],
-            kappa=cfg["kappa"],
-            backend=cfg["backend"],
-            diagnostics=cfg["diagnostics"],
-            cluster_threshold=cfg["cluster_threshold"],
-        )
+    if coordinates == "span":
         return (
-            problem,
-            get_solver(cfg["solver"], **cfg["solver_options"]),
-            stored["data"]["span"][1][-1],
+            SpanProblem(model, weights, static["span_basis"][1], **kw),
+            solver,
+            data["span"][1][-1],
         )
-    if cfg.get("coordinates") == "gaps":
-        problem = CircleGapProblem(
-            model_from_dict(cfg["model"]),
-            weights,
-            stored["static"]["order"][1],
-            kappa=cfg["kappa"],
-            backend=cfg["backend"],
-            diagnostics=cfg["diagnostics"],
-            cluster_threshold=cfg["cluster_threshold"],
-        )
-        return (
-            problem,
-            get_solver(cfg["solver"], **cfg["solver_options"]),
-            stored["data"]["gaps"][1][-1],
-        )
-    if cfg.get("coordinates") == "angles":
-        problem = CircleAngleProblem(
-            model_from_dict(cfg["model"]),
-            weights,
-            kappa=cfg["kappa"],
-            backend=cfg["backend"],
-            diagnostics=cfg["diagnostics"],
-            cluster_threshold=cfg["cluster_threshold"],
-        )
-        return (
-            problem,
-            get_solver(cfg["solver"], **cfg["solver_options"]),
-            stored["data"]["angles"][1][-1],
-        )
-    problem = ParticleProblem(
-        model_from_dict(cfg["model"]),
-        weights,
-        cfg["d"],
-        kappa=cfg["kappa"],
-        backend=cfg["backend"],
-        diagnostics=cfg["diagnostics"],
-        cluster_threshold=cfg["cluster_threshold"],
-        n_tracers=cfg["n_tracers"],
-    )
-    y = stored["data"]["positions" if "positions" in stored["data"] else "points"][1][-1]
+    if coordinates == "gaps":
+        problem = CircleGapProblem(model, weights, static["order"][1], **kw)
+        return problem, solver, data["gaps"][1][-1]
+    if coordinates == "angles":
+        return CircleAngleProblem(model, weights, **kw), solver, data["angles"][1][-1]
+    problem = ParticleProblem(model, weights, cfg["d"], n_tracers=cfg["n_tracers"], **kw)
+    y = data["positions" if "positions" in data else "points"][1][-1]
     if cfg["n_tracers"]:
-        y = np.concatenate([y, stored["data"]["tracers"][1][-1]], axis=-2)
-    return problem, get_solver(cfg["solver"], **cfg["solver_options"]), y
+        y = np.concatenate([y, data["tracers"][1][-1]], axis=-2)
+    return problem, solver, y
 
 
 register_kind("particles", Trajectory, _rebuild)
