@@ -64,12 +64,10 @@ def run_wflow(
         x0,
         T_END,
         method="ros2",
-        rtol=rtol,
-        atol=1e-10,
-        save_at=save,
+        control=wflow.StepControl(rtol=rtol, atol=1e-10),
+        save_at=wflow.SaveAt(save, diagnostics=("log_energy",)),
         coordinates=coordinates,
         throw=False,
-        diagnostics=("log_energy",),
         trackers=[Budget()],
     )
     wall = time.perf_counter() - t

@@ -36,7 +36,7 @@ TINY = {
     "init.n": 8,
     "init.d": 3,
     "run.t_end": 1.0,
-    "run.n_saves": 2,
+    "save.n": 2,
     "run.method": "euler",
     "run.dt": 0.1,
 }
@@ -139,7 +139,7 @@ def _timed_sweep(client, cfg, grid, out: Path, batch: int) -> tuple[float, objec
         for k, v in grid.items()
     }
     sweep(
-        {**cfg, "run.t_end": 0.3, "run.n_saves": 2},
+        {**cfg, "run.t_end": 0.3, "save.n": 2},
         warm,
         out=out.with_name(out.name + "-warm"),
         scheduler=client,

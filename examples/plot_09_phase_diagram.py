@@ -38,7 +38,7 @@ with Client(
         systems=48,
         scheduler=client,
         progress=False,
-        config={"run.n_saves": 61},
+        config={"save.n": 61},
     )
 print(f"{ds.attrs['ok']} of {ds.attrs['points']} points reached t = 30")
 print(ds.pair_fraction.sel(d=8, beta=0.5).mean("seed").values[[0, 10, 60]])  # t = 0, 5, 30

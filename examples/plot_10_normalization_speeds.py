@@ -27,12 +27,10 @@ for scheme in ("post-ln", "pre-ln", "peri-ln", "mix-ln", "ngpt", "sqrt"):
         Normalized(wflow.SA(beta), scheme, **kw),
         x0,
         t[-1],
-        save_at=t,
+        save_at=wflow.SaveAt(t, diagnostics=()),
         method="dopri5",
-        rtol=1e-10,
-        atol=1e-13,
+        control=wflow.StepControl(rtol=1e-10, atol=1e-13),
         backend="numpy",
-        diagnostics=(),
     )
     P = traj.points
     rho = np.einsum("tid,tjd->tij", P, P)[:, 0, 1]

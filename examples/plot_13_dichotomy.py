@@ -35,9 +35,8 @@ for ax, (kind, x0) in zip(axes, starts.items()):
             model,
             x0,
             T,
-            save_at=np.linspace(0, T, 121),
+            save_at=wflow.SaveAt(np.linspace(0, T, 121), diagnostics=()),
             dt=0.05 / max(1.0, lam / 2),
-            diagnostics=(),
         )
         series = (
             deviation_from_mean(tr.points)

@@ -25,11 +25,11 @@ for beta in (500.0, 4000.0):
         x0,
         1e90,
         method="ros2",
-        rtol=1e-4,
-        atol=1e-10,
-        save_at=np.concatenate([[0], np.logspace(-3, 90, 280)]),
+        control=wflow.StepControl(rtol=1e-4, atol=1e-10),
+        save_at=wflow.SaveAt(
+            np.concatenate([[0], np.logspace(-3, 90, 280)]), diagnostics=("log_energy",)
+        ),
         coordinates="gaps",
-        diagnostics=("log_energy",),
     )
     e = 2 * beta * np.exp(traj.diagnostics["log_energy"])
     ax.plot(np.log10(traj.times[1:]), e[1:], label=rf"$\beta = {beta:g}$")

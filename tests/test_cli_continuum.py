@@ -13,7 +13,7 @@ BASE = [
     "--set",
     "run.t_end=2",
     "--set",
-    "run.n_saves=5",
+    "save.n=5",
     "--no-progress",
 ]
 
@@ -192,9 +192,9 @@ def test_zonal_scheme_and_layered_runs_from_the_cli(tmp_path):
     }
     for name, args in runs.items():
         out = tmp_path / name
-        assert (
-            main(["run", *args, "--set", "run.n_saves=3", "--no-progress", "--out", str(out)]) == 0
-        ), name
+        assert main(["run", *args, "--set", "save.n=3", "--no-progress", "--out", str(out)]) == 0, (
+            name
+        )
         assert (out / "summary.png").stat().st_size > 5_000
         res = wflow.load(next(out.glob("*.zarr")))
         assert len(res.times) == 3

@@ -91,7 +91,7 @@ def test_the_progress_bar_label_says_what_is_compiling(capsys):
 
 def _run(tmp_path, out: str, cache) -> subprocess.CompletedProcess:
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
-    args = ["init.n=40", "run.t_end=0.2", "run.n_saves=2", "output.figure=false"]
+    args = ["init.n=40", "run.t_end=0.2", "save.n=2", "output.figure=false"]
     cmd = [sys.executable, "-m", "wflow.cli", "run", "--no-progress", "--out", str(tmp_path / out)]
     for a in args:
         cmd += ["--set", a]

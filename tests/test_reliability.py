@@ -150,7 +150,7 @@ def test_a_kill_while_the_store_is_created_restarts_afresh(tmp_path):
         "--set",
         "run.t_end=0.5",
         "--set",
-        "run.n_saves=3",
+        "save.n=3",
         "--set",
         "run.backend=numpy",
         "--set",
@@ -305,7 +305,7 @@ def test_repair_keeps_the_sound_snapshots_and_the_run_resumes_bit_for_bit(tmp_pa
 
 def test_wflow_repair_makes_a_run_folder_resumable(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["--set", "init.n=12", "--set", "run.t_end=0.5", "--set", "run.n_saves=6"]
+    args = ["--set", "init.n=12", "--set", "run.t_end=0.5", "--set", "save.n=6"]
     assert (
         main(["run", *args, "--set", "output.figure=false", "--out", str(out), "--no-progress"])
         == 0
@@ -351,7 +351,7 @@ def test_resume_refuses_an_edited_config(tmp_path, capsys):
         "--set",
         "run.t_end=0.5",
         "--set",
-        "run.n_saves=3",
+        "save.n=3",
         "--set",
         "output.figure=false",
         "--no-progress",
@@ -371,9 +371,9 @@ def test_resume_refuses_an_edited_config(tmp_path, capsys):
     "sets,match",
     [
         (["init.n=100000000000"], "need about"),
-        (["run.n_saves=1000000000000"], "need about"),
+        (["save.n=1000000000000"], "need about"),
         (["init.kappa=1e308"], "init.kappa"),
-        (["run.rtol=1e-300"], "run.rtol"),
+        (["control.rtol=1e-300"], "control.rtol"),
         (["model.type=USA", "model.beta=700"], "model.beta"),
         (["run.backend=foo"], "run.backend"),
         (["run.coordinates=polar"], "run.coordinates"),
@@ -401,7 +401,7 @@ def test_overwrite_validates_before_deleting(tmp_path, capsys):
         "--set",
         "run.t_end=0.3",
         "--set",
-        "run.n_saves=2",
+        "save.n=2",
         "--set",
         "output.figure=false",
         "--no-progress",
@@ -493,7 +493,7 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(tmp_path):
         "--set",
         "run.t_end=20",
         "--set",
-        "run.n_saves=200",
+        "save.n=200",
         "--set",
         "run.method=rk4",
         "--set",
@@ -626,7 +626,7 @@ _DENSITY_RUN = [
     "--set",
     "run.t_end=30",
     "--set",
-    "run.n_saves=61",
+    "save.n=61",
     "--set",
     "run.backend=numpy",
     "--set",

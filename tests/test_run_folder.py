@@ -8,7 +8,7 @@ import wflow
 from wflow.cli import main
 from wflow.runfolder import MARKER, RunFolder
 
-SMALL = ["--set", "init.n=10", "--set", "run.t_end=0.5", "--set", "run.n_saves=3", "--no-progress"]
+SMALL = ["--set", "init.n=10", "--set", "run.t_end=0.5", "--set", "save.n=3", "--no-progress"]
 
 
 def _files(folder):
@@ -260,7 +260,7 @@ def test_a_file_size_limit_in_a_real_process_is_one_line_and_resumable(tmp_path)
         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
         "from wflow.cli import main; print('main', file=sys.stderr, flush=True); sys.exit(main())",
     ]
-    run = ["run", "--no-progress", "--set", "init.n=10", "--set", "run.n_saves=101"]
+    run = ["run", "--no-progress", "--set", "init.n=10", "--set", "save.n=101"]
     # the same run without the limit first, so that the limited one compiles nothing (numba's cache
     # files would outgrow the limit in a fresh environment) and writes only its store
     warm = subprocess.run(

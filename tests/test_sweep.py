@@ -7,6 +7,7 @@ default LocalCluster, one on a scheduler and two workers started as separate pro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -40,7 +41,7 @@ TINY = {
     "init.n": 8,
     "init.d": 3,
     "run.t_end": 1.0,
-    "run.n_saves": 3,
+    "save.n": 3,
     "run.method": "euler",
     "run.dt": 0.1,
     "run.backend": "numpy",
@@ -221,8 +222,8 @@ def test_store_layout_batches_and_point_config(tmp_path, client):
 def test_toml_sweep_table(tmp_path, client):
     toml = tmp_path / "s.toml"
     toml.write_text(
-        '[init]\nn = 8\nd = 3\n[run]\nt_end = 1.0\nn_saves = 3\nmethod = "euler"\ndt = 0.1\n'
-        'backend = "numpy"\n[sweep]\n"model.beta" = "linspace(1, 2, 2)"\n[sweep.init]\nseed = [0, 1]\n'
+        '[init]\nn = 8\nd = 3\n[run]\nt_end = 1.0\nmethod = "euler"\ndt = 0.1\n'
+        'backend = "numpy"\n[save]\nn = 3\n[sweep]\n"model.beta" = "linspace(1, 2, 2)"\n[sweep.init]\nseed = [0, 1]\n'
     )
     cfg, grid = load_sweep_config(toml)
     assert cfg["init.n"] == 8 and grid == {"model.beta": [1.0, 2.0], "init.seed": [0, 1]}
@@ -270,16 +271,16 @@ def test_user_observable_and_failed_point(tmp_path, client):
 
 #: small runs of the continuum solvers (a sweep runs each point as one run of the solver)
 CONTINUUM = {
-    "eulerian": {"init.d": 2, "mesh.resolution": 48, "run.t_end": 0.4, "run.n_saves": 3},
-    "zonal": {"init.d": 8, "mesh.resolution": 48, "run.t_end": 0.4, "run.n_saves": 3},
-    "lagrangian": {"init.d": 2, "mesh.resolution": 16, "run.t_end": 0.4, "run.n_saves": 3},
+    "eulerian": {"init.d": 2, "mesh.resolution": 48, "run.t_end": 0.4, "save.n": 3},
+    "zonal": {"init.d": 8, "mesh.resolution": 48, "run.t_end": 0.4, "save.n": 3},
+    "lagrangian": {"init.d": 2, "mesh.resolution": 16, "run.t_end": 0.4, "save.n": 3},
     "jko": {
         "model.type": "USA",
         "init.d": 2,
         "mesh.resolution": 48,
         "jko.tau": 0.1,
         "run.t_end": 0.3,
-        "run.n_saves": 4,
+        "save.n": 4,
     },
 }
 
@@ -379,7 +380,8 @@ def test_a_failing_system_fails_alone_in_its_batch(tmp_path, client, monkeypatch
     )
     for seed in (0, 5):
         model, mu0, kw = real({**wflow.config.default_config(), **point_config(ds, seed=seed)})
-        ref = wflow.simulate(model, mu0, cfg["run.t_end"], diagnostics=("order_parameter",), **kw)
+        kw["save_at"] = dataclasses.replace(kw["save_at"], diagnostics=("order_parameter",))
+        ref = wflow.simulate(model, mu0, cfg["run.t_end"], **kw)
         np.testing.assert_allclose(
             ds.order_parameter.sel(seed=seed).values, ref.diagnostics["order_parameter"], rtol=1e-12
         )
@@ -481,7 +483,7 @@ def test_local_cluster_default(tmp_path):
     """The default scheduler: a LocalCluster of one-thread worker processes (benchmarks/sweep.py times 100 points)."""
     t0 = time.perf_counter()
     ds = sweep(
-        {**TINY, "run.t_end": 1.0, "run.n_saves": 2},
+        {**TINY, "run.t_end": 1.0, "save.n": 2},
         {"model.beta": "linspace(0.1, 10, 20)"},
         out=tmp_path / "s.zarr",
         workers=2,
@@ -604,7 +606,7 @@ def test_external_scheduler_and_a_killed_worker(tmp_path, processes):
 
     killer = threading.Thread(target=kill_after_first_commit, daemon=True)
     killer.start()
-    cfg = {**TINY, "init.n": 32, "init.d": 16, "run.t_end": 2.0, "run.dt": 0.01, "run.n_saves": 5}
+    cfg = {**TINY, "init.n": 32, "init.d": 16, "run.t_end": 2.0, "run.dt": 0.01, "save.n": 5}
     ds = sweep(
         cfg,
         {"model.beta": "linspace(1, 8, 8)", "init.seed": "range(4)"},
@@ -656,7 +658,7 @@ def test_phase_diagram_small(tmp_path, client):
         scheduler=client,
         progress=False,
         figure=fig,
-        config={"run.t_end": 6.0, "run.n_saves": 4},
+        config={"run.t_end": 6.0, "save.n": 4},
     )
     assert dict(ds.sizes) == {"d": 2, "beta": 3, "seed": 6, "time": 4} and list(ds.data_vars).count(
         "pair_fraction"
@@ -680,8 +682,12 @@ def test_phase_diagram_small(tmp_path, client):
         model,
         mu0,
         cfg["run.t_end"],
-        **{**kw, "coordinates": "cartesian", "backend": "numpy"},
-        diagnostics=(),
+        **{
+            **kw,
+            "coordinates": "cartesian",
+            "backend": "numpy",
+            "save_at": dataclasses.replace(kw["save_at"], diagnostics=()),
+        },
     )
     x = res.points[-1]
     G = x @ x.T
@@ -714,7 +720,7 @@ def pool_size(mu):
 
 
 if __name__ == "__main__":
-    ds = sweep({"init.n": 8, "init.d": 3, "run.t_end": 0.5, "run.n_saves": 2, "run.method": "euler", "run.dt": 0.1,
+    ds = sweep({"init.n": 8, "init.d": 3, "run.t_end": 0.5, "save.n": 2, "run.method": "euler", "run.dt": 0.1,
                 "run.backend": "numpy"}, {"model.beta": [1.0, 2.0]}, out=sys.argv[1], workers=1, progress=False,
                observables={"total": compiled_in_worker, "pool": pool_size})
     print(json.dumps({"status": ds.status.values.ravel().tolist(), "pool": ds.pool.values[..., -1].ravel().tolist(),
@@ -752,7 +758,7 @@ def test_a_grid_too_large_for_the_disk_is_one_line_before_anything_starts(tmp_pa
     argv = ["sweep", "--out", str(tmp_path / "huge.zarr"), "--set", "init.n=8", "--no-progress"]
     grid = ["--grid", "model.beta=linspace(0.1,9,1000)", "--grid", "init.seed=range(10000)"]
     capsys.readouterr()
-    assert main([*argv, *grid, "--set", "run.n_saves=20000"]) == 2
+    assert main([*argv, *grid, "--set", "save.n=20000"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "1e+07 points x 20000 saves" in err and "GiB is free" in err
     assert not (tmp_path / "huge.zarr").exists()
@@ -762,7 +768,7 @@ def test_the_automatic_batch_bounds_a_tasks_results_too():
     """A task's observables (batch x saves x observables, float64) stay within the state's budget."""
     from wflow.sweep.plan import _BATCH_BYTES, make_plan
 
-    cfg = {"init.n": 4, "init.d": 3, "run.backend": "numpy", "run.n_saves": 2001, "run.t_end": 1.0}
+    cfg = {"init.n": 4, "init.d": 3, "run.backend": "numpy", "save.n": 2001, "run.t_end": 1.0}
     plan = make_plan(cfg, {"init.seed": "range(100000)"}, None, None)
     assert plan.batch_size * plan.n_time * len(plan.observables) * 8 <= _BATCH_BYTES
     assert plan.batch_size == _BATCH_BYTES // (8 * 2001 * len(plan.observables))
@@ -771,7 +777,7 @@ def test_the_automatic_batch_bounds_a_tasks_results_too():
 def test_a_finished_sweep_run_again_starts_no_cluster(tmp_path, monkeypatch):
     import wflow.sweep as sw
 
-    cfg = {"init.n": 6, "init.d": 3, "run.backend": "numpy", "run.t_end": 0.2, "run.n_saves": 3}
+    cfg = {"init.n": 6, "init.d": 3, "run.backend": "numpy", "run.t_end": 0.2, "save.n": 3}
     out = tmp_path / "s.zarr"
     first = sw.sweep(cfg, {"model.beta": [1.0, 2.0]}, out=out, workers=1, progress=False)
 

@@ -10,6 +10,7 @@ name, so ``wflow.config.start_run`` works as before.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -184,19 +185,24 @@ def build_run(cfg: dict[str, Any]):
         x = sphere.vmf_mixture(
             cfg["init.n"], sphere.uniform(k, d, rng), np.full(k, cfg["init.kappa"]), seed=rng
         )
+    from .solvers.control import StepControl
+    from .solvers.saveat import SaveAt
+
     method = run_method(cfg)
-    kwargs = dict(
-        save_at=np.linspace(0.0, cfg["run.t_end"], cfg["run.n_saves"]),
+    kwargs: dict[str, Any] = dict(
+        save_at=SaveAt(
+            np.linspace(0.0, cfg["run.t_end"], cfg["save.n"]),
+            cluster_threshold=cfg["save.cluster_threshold"],
+        ),
         method=method,
         dt=cfg["run.dt"] or None,
         kappa=cfg["run.kappa"] or None,
         seed=cfg["run.seed"],
         backend=cfg["run.backend"],
-        cluster_threshold=cfg["run.cluster_threshold"],
         coordinates=cfg["run.coordinates"],
     )
     if method == "dopri5":
-        kwargs.update(rtol=cfg["run.rtol"], atol=cfg["run.atol"])
+        kwargs["control"] = StepControl(rtol=cfg["control.rtol"], atol=cfg["control.atol"])
     return model, Atoms(x), kwargs
 
 
@@ -228,15 +234,16 @@ class Run:
     >>> from wflow.config import apply_overrides, default_config
     >>> run = start_run(apply_overrides(default_config(), ["init.n=8", "run.t_end=0.5"]))
     >>> res = run.execute([], progress=False)
-    >>> res.status, res.points.shape[-2:]
-    (0, (8, 3))
+    >>> res.status, res.final.points.shape, len(res.times)  # every save's diagnostics, the last points
+    (0, (8, 3), 31)
     """
 
     def __init__(self, cfg: dict[str, Any], describe: str, call):
         self.cfg, self.describe, self._call = cfg, describe, call
 
     def execute(self, trackers: list, *, progress: bool = True, out: Path | None = None):
-        """Run through the driver with ``trackers`` (a recorder); returns the result (``keep=False``)."""
+        """Run through the driver with ``trackers`` (a recorder); returns the result, which holds the last
+        state only (the recorder holds every save)."""
         return self._call(list(trackers), progress, out)
 
 
@@ -251,28 +258,28 @@ def _check_backend(name: str) -> None:
 
 def _jko_schedule(cfg: dict[str, Any]) -> tuple[float, int, int]:
     """``(tau, n_steps, save_every)`` of a JKO configuration: steps of ``jko.tau`` to ``run.t_end``, about
-    ``run.n_saves`` of them saved."""
+    ``save.n`` of them saved."""
     tau = cfg["jko.tau"]
     n_steps = max(1, int(np.ceil(cfg["run.t_end"] / tau - 1e-9)))
-    return tau, n_steps, max(1, n_steps // max(1, cfg["run.n_saves"] - 1))
+    return tau, n_steps, max(1, n_steps // max(1, cfg["save.n"] - 1))
 
 
 def save_times(cfg: dict[str, Any]) -> np.ndarray:
-    """The times a configuration's run saves at: ``run.n_saves`` from 0 to ``run.t_end``, or for ``solver = jko``
+    """The times a configuration's run saves at: ``save.n`` from 0 to ``run.t_end``, or for ``solver = jko``
     every ``save_every``-th step of ``jko.tau`` and the last one.
 
     Examples
     --------
     >>> from wflow.config import apply_overrides, default_config
-    >>> save_times(apply_overrides(default_config(), ["run.t_end=1", "run.n_saves=3"]))
+    >>> save_times(apply_overrides(default_config(), ["run.t_end=1", "save.n=3"]))
     array([0. , 0.5, 1. ])
-    >>> save_times(apply_overrides(default_config(), ["solver=jko", "jko.tau=0.3", "run.t_end=1", "run.n_saves=3"]))
+    >>> save_times(apply_overrides(default_config(), ["solver=jko", "jko.tau=0.3", "run.t_end=1", "save.n=3"]))
     array([0. , 0.6, 1.2])
     """
     if cfg["solver"] == "jko":
         tau, n_steps, every = _jko_schedule(cfg)
         return tau * np.array(sorted(set(range(0, n_steps + 1, every)) | {n_steps}), dtype=float)
-    return np.linspace(0.0, cfg["run.t_end"], cfg["run.n_saves"])
+    return np.linspace(0.0, cfg["run.t_end"], cfg["save.n"])
 
 
 def start_run(cfg: dict[str, Any]) -> Run:
@@ -290,12 +297,14 @@ def start_run(cfg: dict[str, Any]) -> Run:
     _check_backend(cfg["run.backend"])
     solver = cfg["solver"]
     model = build_model(cfg)
-    saves = np.linspace(0.0, cfg["run.t_end"], cfg["run.n_saves"])
+    saves = np.linspace(0.0, cfg["run.t_end"], cfg["save.n"])
     backend = cfg["run.backend"]
     if solver == "particles":
         from .solvers.particles import simulate
 
         _, mu0, kwargs = build_run(cfg)
+        # the recorder holds every save: in memory, the diagnostics and the last points only
+        kwargs["save_at"] = dataclasses.replace(kwargs["save_at"], points=False)
 
         def run_particles(trackers, progress, out):
             return simulate(
@@ -304,7 +313,6 @@ def start_run(cfg: dict[str, Any]) -> Run:
                 cfg["run.t_end"],
                 trackers=trackers,
                 progress=progress,
-                keep=False,
                 throw=False,
                 **kwargs,
             )
@@ -325,8 +333,8 @@ def start_run(cfg: dict[str, Any]) -> Run:
                 d=cfg["init.d"],
                 nodes=cfg["mesh.resolution"],
                 save_at=saves,
-                rtol=cfg["run.rtol"],
-                atol=cfg["run.atol"],
+                rtol=cfg["control.rtol"],
+                atol=cfg["control.atol"],
                 backend=backend,
                 progress=progress,
                 trackers=trackers,
@@ -429,7 +437,7 @@ def resume_run(cfg: dict[str, Any], store: str | Path, out: Path | None = None) 
     >>> from pathlib import Path
     >>> from wflow.config import apply_overrides, default_config
     >>> from wflow.io import ZarrRecorder
-    >>> cfg = apply_overrides(default_config(), ["init.n=8", "run.t_end=0.5", "run.n_saves=3"])
+    >>> cfg = apply_overrides(default_config(), ["init.n=8", "run.t_end=0.5", "save.n=3"])
     >>> store = Path(tempfile.mkdtemp()) / "t.zarr"
     >>> _ = start_run(cfg).execute([ZarrRecorder(store)], progress=False)
     >>> resume_run(cfg, store).execute([], progress=False).times.tolist()  # nothing left to do

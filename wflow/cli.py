@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -554,7 +555,11 @@ def main(argv: list[str] | None = None) -> int:
         ):  # (a caller that ignores Ctrl-C keeps its choice)
             signal.signal(signal.SIGINT, _on_interrupt)
         sys.unraisablehook = _quiet_interrupts(hook)
-        return _main(argv)
+        with warnings.catch_warnings():
+            # a deprecated spelling in a config file or --set: one line, as every other message
+            warnings.filterwarnings("default", category=DeprecationWarning, module=r"wflow(\.|$)")
+            warnings.showwarning = _one_line_warning
+            return _main(argv)
     except KeyboardInterrupt:  # before a command started: while Python imports the modules
         print("wflow: interrupted", file=sys.stderr)
         return 130
@@ -563,6 +568,11 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous)
         sys.unraisablehook = hook
         _INTERRUPTED.clear()
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as the command's other messages: ``wflow: warning: ...`` on one line of stderr."""
+    print(f"wflow: warning: {message}", file=sys.stderr, flush=True)
 
 
 #: set by Ctrl-C; the runs check it after every step (:class:`_Interrupts`)
@@ -675,7 +685,7 @@ def _main(argv: list[str] | None) -> int:
         logging.getLogger("asyncio").disabled = True
         print(
             "wflow: error: out of memory; committed snapshots are kept (a smaller init.n, "
-            "mesh.resolution or run.n_saves needs less)",
+            "mesh.resolution or save.n needs less)",
             file=sys.stderr,
         )
         return EXIT_FAILED

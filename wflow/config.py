@@ -14,6 +14,7 @@ importable from here as well.
 from __future__ import annotations
 
 import tomllib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ __all__ = [
     "resume_run",
     "STEP_LOG",
     "KEYS",
+    "RENAMED",
+    "current_key",
     "default_config",
     "load_config",
     "apply_overrides",
@@ -156,7 +159,6 @@ KEYS: dict[str, Key] = {
         "(1-p) + p * (vMF-mixture density), p = init.perturbation",
     ),
     "run.t_end": Key(float, 30.0, "final time (depth)"),
-    "run.n_saves": Key(int, 31, "number of snapshots saved, equally spaced in [0, t_end]"),
     "run.method": Key(
         str,
         "auto",
@@ -171,8 +173,6 @@ KEYS: dict[str, Key] = {
         "fixed step (rk4, euler, euler-maruyama; with method auto it selects rk4) or first "
         "trial step (dopri5); 0: default",
     ),
-    "run.rtol": Key(float, 1e-6, "dopri5 relative tolerance"),
-    "run.atol": Key(float, 1e-9, "dopri5 absolute tolerance"),
     "run.kappa": Key(
         float, 0.0, "noise: diffusion kappa^{-1} Laplacian (needs method euler-maruyama); 0: none"
     ),
@@ -186,12 +186,46 @@ KEYS: dict[str, Key] = {
         "Q = K = V = I, d > n, no noise; angles, gaps: S^1)",
         ("auto", "cartesian", "span", "angles", "gaps"),
     ),
-    "run.cluster_threshold": Key(float, 0.1, "geodesic linkage distance for the cluster count"),
+    "save.n": Key(int, 31, "number of snapshots saved, equally spaced in [0, run.t_end]"),
+    "save.cluster_threshold": Key(
+        float, 0.1, "geodesic linkage distance of the n_clusters diagnostic"
+    ),
+    "control.rtol": Key(float, 1e-6, "relative tolerance of error-controlled steps (dopri5)"),
+    "control.atol": Key(float, 1e-9, "absolute tolerance of error-controlled steps (dopri5)"),
     "output.figure": Key(bool, True, "write summary.png"),
     "output.animation": Key(
         bool, False, "write animation.gif (one frame per save; particles on S^1/S^2, densities)"
     ),
 }
+
+
+#: configuration keys of earlier releases and their names now: accepted, with a DeprecationWarning, for
+#: one release (saving and step control are grouped as in :func:`wflow.simulate`: ``SaveAt``, ``StepControl``)
+RENAMED = {
+    "run.n_saves": "save.n",
+    "run.cluster_threshold": "save.cluster_threshold",
+    "run.rtol": "control.rtol",
+    "run.atol": "control.atol",
+}
+
+
+def current_key(key: str) -> str:
+    """``key``'s name now: itself, or for a key of an earlier release (:data:`RENAMED`) its new name, with a
+    ``DeprecationWarning`` naming it.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     current_key("run.n_saves"), current_key("model.beta"), str(w[0].message)
+    ('save.n', 'model.beta', 'config key run.n_saves is deprecated; use save.n')
+    """
+    new = RENAMED.get(key)
+    if new is None:
+        return key
+    warnings.warn(f"config key {key} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+    return new
 
 
 def default_config() -> dict[str, Any]:
@@ -271,6 +305,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 def coerce(key: str, value: Any) -> Any:
     """``value`` as configuration key ``key`` takes it (unknown keys, wrong types and choices are errors)."""
+    key = current_key(key)
     _check_key(key)
     return _coerce(key, value)
 
@@ -289,6 +324,7 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
     cfg = default_config()
     if path is not None:
         for key, value in _flatten(read_toml(path)).items():
+            key = current_key(key)
             cfg[key] = coerce(key, value)
     return validate_config(cfg)
 
@@ -311,6 +347,7 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise ValueError(f"--set expects key=value, got {item!r}")
         key, raw = (s.strip() for s in item.split("=", 1))
+        key = current_key(key)
         _check_key(key)
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
@@ -328,41 +365,52 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     >>> validate_config(default_config())["run.t_end"]
     30.0
     """
+    _check_ranges(cfg)
+    _check_solver(cfg)
+    return cfg
 
-    def need(cond: bool, key: str, what: str) -> None:
-        if not cond:
-            raise ValueError(f"config key {key} must be {what}, got {cfg[key]!r}")
 
+def _need(cfg: dict[str, Any], cond: bool, key: str, what: str) -> None:
+    """ValueError naming ``key``, what it must be and the value received, unless ``cond``."""
+    if not cond:
+        raise ValueError(f"config key {key} must be {what}, got {cfg[key]!r}")
+
+
+def _check_ranges(cfg: dict[str, Any]) -> None:
+    """The values' ranges (and the weights file, the schemes with radii, USA's integrability)."""
     for key in ("model.beta", "run.dt", "run.kappa", "jko.eps", "model.gamma", "model.tau"):
-        need(np.isfinite(cfg[key]) and cfg[key] >= 0, key, "a finite number >= 0")
+        _need(cfg, np.isfinite(cfg[key]) and cfg[key] >= 0, key, "a finite number >= 0")
     for key in ("model.alpha", "model.period"):
-        need(np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
-    need(cfg["model.layers"] >= 0, "model.layers", "an integer >= 0")
+        _need(cfg, np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
+    _need(cfg, cfg["model.layers"] >= 0, "model.layers", "an integer >= 0")
     if cfg["model.weights"]:
-        need(Path(cfg["model.weights"]).is_file(), "model.weights", "an existing .npz file")
+        _need(cfg, Path(cfg["model.weights"]).is_file(), "model.weights", "an existing .npz file")
     if cfg["model.scheme"] in ("pre-ln", "peri-ln", "mix-ln"):
-        need(
+        _need(
+            cfg,
             cfg["solver"] == "particles",
             "model.scheme",
             f"post-ln, ngpt or sqrt for solver {cfg['solver']!r} ({cfg['model.scheme']} carries radii: particles only)",
         )
     for key in (
         "run.t_end",
-        "run.rtol",
-        "run.atol",
-        "run.cluster_threshold",
+        "control.rtol",
+        "control.atol",
+        "save.cluster_threshold",
         "init.kappa",
         "perceptron.scale",
         "mesh.cfl",
         "jko.tau",
     ):
-        need(np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
-    need(
-        cfg["run.rtol"] >= 1e-15,
-        "run.rtol",
+        _need(cfg, np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
+    _need(
+        cfg,
+        cfg["control.rtol"] >= 1e-15,
+        "control.rtol",
         ">= 1e-15 (below double-precision rounding nothing can be resolved)",
     )
-    need(
+    _need(
+        cfg,
         cfg["init.kappa"] <= 1e8,
         "init.kappa",
         "<= 1e8 (a von Mises-Fisher concentration beyond that is a "
@@ -377,16 +425,21 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     for key, lo in (
         ("init.n", 1),
         ("init.d", 2),
-        ("run.n_saves", 2),
+        ("save.n", 2),
         ("init.components", 1),
         ("perceptron.m", 0),
     ):
-        need(cfg[key] >= lo, key, f"an integer >= {lo}")
+        _need(cfg, cfg[key] >= lo, key, f"an integer >= {lo}")
     for key in ("init.seed", "run.seed", "perceptron.seed"):
-        need(cfg[key] >= 0, key, "a non-negative integer")
-    need(0 <= cfg["init.perturbation"] <= 1, "init.perturbation", "a number in [0, 1]")
-    need(cfg["mesh.resolution"] >= 4, "mesh.resolution", "an integer >= 4")
-    need(cfg["mesh.cfl"] <= 1, "mesh.cfl", "in (0, 1]")
+        _need(cfg, cfg[key] >= 0, key, "a non-negative integer")
+    _need(cfg, 0 <= cfg["init.perturbation"] <= 1, "init.perturbation", "a number in [0, 1]")
+    _need(cfg, cfg["mesh.resolution"] >= 4, "mesh.resolution", "an integer >= 4")
+    _need(cfg, cfg["mesh.cfl"] <= 1, "mesh.cfl", "in (0, 1]")
+
+
+def _check_solver(cfg: dict[str, Any]) -> None:
+    """What each solver admits: the keys the zonal solver leaves at their defaults, the dimensions,
+    schemes, methods and coordinates of the continuum solvers, noise only with euler-maruyama."""
     if cfg["solver"] == "zonal":
         for key, default in (
             ("model.scheme", "post-ln"),
@@ -395,21 +448,29 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
             ("perceptron.m", 0),
             ("model.gamma", 0.0),
         ):
-            need(
+            _need(
+                cfg,
                 cfg[key] == default,
                 key,
                 f"left at {default!r} for the zonal solver (Q = K = V = +-I attention)",
             )
     elif cfg["solver"] != "particles":
-        need(cfg["init.d"] in (2, 3), "init.d", f"2 or 3 for solver {cfg['solver']!r} (S^1 or S^2)")
+        _need(
+            cfg,
+            cfg["init.d"] in (2, 3),
+            "init.d",
+            f"2 or 3 for solver {cfg['solver']!r} (S^1 or S^2)",
+        )
         if cfg["solver"] == "jko":
-            need(
+            _need(
+                cfg,
                 cfg["model.scheme"] == "post-ln",
                 "model.scheme",
                 "post-ln for the jko solver (a Wasserstein gradient flow)",
             )
         if cfg["solver"] in ("eulerian", "jko"):
-            need(
+            _need(
+                cfg,
                 cfg["run.method"] in ("auto", "dopri5", "rk4"),
                 "run.method",
                 f"left at its default for the {cfg['solver']} solver (it has its own time stepping)",
@@ -419,13 +480,15 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
                 "config key run.kappa must be 0 for the lagrangian solver (characteristics carry no noise)"
             )
     if cfg["solver"] != "particles":
-        need(
+        _need(
+            cfg,
             cfg["run.coordinates"] in ("auto", "cartesian"),
             "run.coordinates",
             f"auto or cartesian for the "
             f"{cfg['solver']} solver (other coordinates are for particles)",
         )
-        need(
+        _need(
+            cfg,
             cfg["run.method"] not in ("euler-average", "ros2"),
             "run.method",
             f"one of dopri5, rk4, euler, euler-maruyama for the {cfg['solver']} solver",
@@ -439,7 +502,6 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
             f"run.kappa = {cfg['run.kappa']!r} and run.method = {cfg['run.method']!r} do not fit: "
             f"noise (kappa > 0) goes with method euler-maruyama and only with it"
         )
-    return cfg
 
 
 def to_toml(cfg: dict[str, Any]) -> str:

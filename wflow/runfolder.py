@@ -272,7 +272,7 @@ def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
     >>> round(mem / 1e6), round(disk / 1e6, 2)
     (101, 2.49)
     """
-    solver, d, saves = cfg["solver"], cfg["init.d"], cfg["run.n_saves"]
+    solver, d, saves = cfg["solver"], cfg["init.d"], cfg["save.n"]
     if solver == "particles":
         state = cfg["init.n"] * d * 8.0
     elif solver == "zonal":
@@ -308,7 +308,7 @@ def check_resources(cfg: dict[str, Any], out: str | os.PathLike) -> None:
     key = "init.n" if cfg["solver"] == "particles" else "mesh.resolution"
     if mem > 0.8 * avail:
         raise ValueError(
-            f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} need about "
+            f"config keys {key} = {cfg[key]}, save.n = {cfg['save.n']} need about "
             f"{_gb(mem)} of memory; {_gb(avail)} is available"
         )
     probe = Path(out)
@@ -325,6 +325,6 @@ def check_resources(cfg: dict[str, Any], out: str | os.PathLike) -> None:
         return
     if disk > free:
         raise ValueError(
-            f"config keys {key} = {cfg[key]}, run.n_saves = {cfg['run.n_saves']} write about "
+            f"config keys {key} = {cfg[key]}, save.n = {cfg['save.n']} write about "
             f"{_gb(disk)} of snapshots; {_gb(free)} is free under {probe}"
         )

@@ -29,7 +29,7 @@ GLPR_CONFIG: dict[str, Any] = {
     "init.kind": "uniform",
     "init.n": 32,
     "run.t_end": 30.0,
-    "run.n_saves": 200,
+    "save.n": 200,
     "run.method": "euler-average",
     "run.dt": 0.1,
     "run.backend": "auto",
@@ -83,7 +83,7 @@ def phase_diagram(
     >>> from wflow.studies.glpr import phase_diagram
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "glpr.zarr"
     >>> ds = phase_diagram(out, d=(3,), betas=[1.0, 4.0], systems=2, workers=1, progress=False,
-    ...                    config={"init.n": 8, "run.t_end": 1.0, "run.n_saves": 3})  # doctest: +SKIP
+    ...                    config={"init.n": 8, "run.t_end": 1.0, "save.n": 3})  # doctest: +SKIP
     >>> ds.pair_fraction.dims, ds.pair_fraction.shape  # doctest: +SKIP
     (('d', 'beta', 'seed', 'time'), (1, 2, 2, 3))
 

@@ -181,7 +181,7 @@ def sweep(
     --------
     >>> import tempfile, pathlib
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.zarr"
-    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler",
+    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "save.n": 3, "run.method": "euler",
     ...        "run.dt": 0.1}
     >>> ds = sweep(cfg, {"model.beta": [1, 4]}, out=out, workers=1, progress=False,
     ...            observables=["order_parameter"])  # doctest: +SKIP
@@ -239,7 +239,7 @@ def _check_disk(plan, out: Path) -> None:
         raise ValueError(
             f"the grid has {points:.3g} points x {plan.n_time} saves x {len(plan.observables)} "
             f"observables: its store needs about {need / 2**30:.3g} GiB, and {usage.free / 2**30:.3g} "
-            f"GiB is free under {probe}; sweep fewer points or saves (run.n_saves), or fewer observables"
+            f"GiB is free under {probe}; sweep fewer points or saves (save.n), or fewer observables"
         )
 
 

@@ -75,35 +75,7 @@ def parse_values(spec: Any, key: str = "value") -> list:
     if isinstance(spec, (list, tuple)):
         values = [v.item() if isinstance(v, np.generic) else v for v in spec]
     elif isinstance(spec, str):
-        m = _CALL.match(spec)
-        if m:
-            name, args = m.group(1), [a for a in m.group(2).split(",")]
-            if args == [""]:
-                args = []
-            nums = [_number(a, f"{what}={spec}") for a in args]
-            if name in ("linspace", "logspace"):
-                if len(nums) != 3 or not isinstance(nums[2], int) or nums[2] < 1:
-                    raise ValueError(
-                        f"{what}={spec!r}: {name}(a, b, n) needs two numbers and an integer n >= 1"
-                    )
-                f = np.linspace if name == "linspace" else np.logspace
-                values = _tidy(f(float(nums[0]), float(nums[1]), nums[2]))
-            else:
-                ints = [v for v in nums if isinstance(v, int)]
-                if not 1 <= len(nums) <= 3 or len(ints) != len(nums):
-                    raise ValueError(
-                        f"{what}={spec!r}: range takes 1 to 3 integers (range(n), range(a, b), "
-                        f"range(a, b, step))"
-                    )
-                if len(ints) == 3 and ints[2] == 0:
-                    raise ValueError(f"{what}={spec!r}: range step must not be zero")
-                values = list(range(*ints))
-        else:
-            try:
-                v = tomllib.loads(f"v = {spec}")["v"]
-            except tomllib.TOMLDecodeError:
-                v = spec.strip()  # a bare word: a string value
-            values = v if isinstance(v, list) else [v]
+        values = _parse_string(spec, what)
     elif isinstance(spec, (bool, int, float, np.generic)):
         values = [spec.item() if isinstance(spec, np.generic) else spec]
     else:
@@ -113,6 +85,37 @@ def parse_values(spec: Any, key: str = "value") -> list:
     if not values:
         raise ValueError(f"{what} is empty ({short_repr(spec)}): give at least one value")
     return values
+
+
+def _parse_string(spec: str, what: str) -> list:
+    """The values a string gives: a ``linspace``/``logspace``/``range`` call, else a TOML value."""
+    m = _CALL.match(spec)
+    if not m:
+        try:
+            v = tomllib.loads(f"v = {spec}")["v"]
+        except tomllib.TOMLDecodeError:
+            v = spec.strip()  # a bare word: a string value
+        return v if isinstance(v, list) else [v]
+    name, args = m.group(1), [a for a in m.group(2).split(",")]
+    if args == [""]:
+        args = []
+    nums = [_number(a, f"{what}={spec}") for a in args]
+    if name in ("linspace", "logspace"):
+        if len(nums) != 3 or not isinstance(nums[2], int) or nums[2] < 1:
+            raise ValueError(
+                f"{what}={spec!r}: {name}(a, b, n) needs two numbers and an integer n >= 1"
+            )
+        f = np.linspace if name == "linspace" else np.logspace
+        return _tidy(f(float(nums[0]), float(nums[1]), nums[2]))
+    ints = [v for v in nums if isinstance(v, int)]
+    if not 1 <= len(nums) <= 3 or len(ints) != len(nums):
+        raise ValueError(
+            f"{what}={spec!r}: range takes 1 to 3 integers (range(n), range(a, b), "
+            f"range(a, b, step))"
+        )
+    if len(ints) == 3 and ints[2] == 0:
+        raise ValueError(f"{what}={spec!r}: range step must not be zero")
+    return list(range(*ints))
 
 
 def parse_grid(spec: Mapping[str, Any]) -> dict[str, list]:
@@ -225,9 +228,17 @@ def base_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
     cfg = default_config()
     for key, value in config.items():
+        key = current_key(key)
         check_key(key, "config")
         cfg[key] = coerce_value(key, value)
     return validate_config(cfg)
+
+
+def current_key(key: str) -> str:
+    """A configuration key's name now (:func:`wflow.config.current_key`: a key of an earlier release warns)."""
+    from ..config import current_key as now
+
+    return now(key)
 
 
 def load_sweep_config(

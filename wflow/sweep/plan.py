@@ -20,7 +20,7 @@ import numpy as np
 
 from ..config import save_times
 from ..errors import short_repr
-from .grid import base_config, check_key, coerce_value, load_sweep_config, parse_grid
+from .grid import base_config, check_key, coerce_value, current_key, load_sweep_config, parse_grid
 
 __all__ = [
     "FORMAT",
@@ -52,7 +52,7 @@ OBSERVABLES: dict[str, str] = {
     "energy": "the ascended energy E_beta (gradient models; NaN otherwise)",
     "log_energy": "log E_beta (finite at any beta; gradient models)",
     "order_parameter": "|sum_i w_i x_i|",
-    "n_clusters": "single-linkage clusters at run.cluster_threshold",
+    "n_clusters": "single-linkage clusters at save.cluster_threshold",
 }
 DEFAULT_OBSERVABLES = ("pair_fraction", "energy", "order_parameter", "n_clusters")
 #: the observables of the continuum solvers: the scalars their snapshots hold (NaN where a run has none, e.g.
@@ -236,8 +236,38 @@ def make_plan(config: Any, grid: Any, observables: Any, batch_size: int | None) 
     >>> plan.shape, plan.n_tasks, plan.task_config(1)[1]  # two betas x three batches of seeds
     ((2, 5), 6, [2, 3])
     """
-    from ..config import start_run, validate_config
+    from ..config import start_run
 
+    base, spec = _base_and_grid(config, grid)
+    axes = _axes(spec)
+    solver = base["solver"]
+    obs = _observables(observables, solver)
+    clash = sorted(set(obs) & {a.dim for a in axes})
+    if clash:
+        raise ValueError(f"observables {clash} have the names of grid dimensions; rename them")
+    auto_batch = batch_size is None
+    batch_size = _batch_size(base, axes, batch_size)
+    plan = Plan(base, axes, obs, batch_size, 0, np.zeros(0), "")
+    saves = _check_tasks(plan)
+    start_run(
+        plan.task_config(0)[0]
+    )  # builds the first task's model and state: backend and the like
+    plan.n_time = max(len(t) for t in saves)
+    plan.times = (
+        np.array(next(iter(saves))) if len(saves) == 1 else np.arange(plan.n_time, dtype=float)
+    )
+    # a task's results (batch x saves x observables) are held in memory by the worker and the client:
+    # the automatic batch keeps them within the same budget as the state
+    per_point = 8 * plan.n_time * max(1, len(obs))
+    if plan.batch_axis is not None and auto_batch:
+        plan.batch_size = max(1, min(plan.batch_size, _BATCH_BYTES // per_point))
+    plan.fingerprint = _fingerprint(plan)
+    return plan
+
+
+def _base_and_grid(config: Any, grid: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The base configuration and the grid's ``key -> values``, those of a TOML file's [sweep]
+    table first; ValueError for a configuration that is neither, or an empty grid."""
     if isinstance(config, (str, os.PathLike)):
         base, toml_grid = load_sweep_config(config)
     elif isinstance(config, Mapping):
@@ -254,8 +284,14 @@ def make_plan(config: Any, grid: Any, observables: Any, batch_size: int | None) 
             "the grid is empty: give at least one key with values (grid={'model.beta': [1, 4, 9]} or "
             "a [sweep] table)"
         )
+    return base, spec
+
+
+def _axes(spec: dict[str, Any]) -> list[Axis]:
+    """The grid's axes: current keys, values coerced and distinct, dimension names; no solver axis."""
     axes: list[Axis] = []
     for key, values in spec.items():
+        key = current_key(key)
         check_key(key, "grid")
         vals = [coerce_value(key, v) for v in values]
         if len(set(vals)) != len(vals):
@@ -270,32 +306,32 @@ def make_plan(config: Any, grid: Any, observables: Any, batch_size: int | None) 
             "grid solver: a sweep runs one solver (its observables and store differ between solvers); "
             "run one sweep per solver"
         )
-    solver = base["solver"]
-    obs = _observables(observables, solver)
-    clash = sorted(set(obs) & {a.dim for a in axes})
-    if clash:
-        raise ValueError(f"observables {clash} have the names of grid dimensions; rename them")
+    return axes
+
+
+def _batch_size(base: dict[str, Any], axes: list[Axis], batch_size: Any) -> int:
+    """Seeds per task: with a seed axis of a particle sweep, ``batch_size`` checked (default: as
+    many systems as fit the state's memory budget) and at most the seeds; else 1."""
     keys = [a.key for a in axes]
-    auto_batch = batch_size is None
-    if BATCH_KEY in keys and solver == "particles":
-        seeds = axes[keys.index(BATCH_KEY)].values
-        if min(seeds) < 0:
-            raise ValueError(f"grid init.seed must be non-negative integers, got {min(seeds)}")
-        if batch_size is None:
-            n = max(
-                [base["init.n"]] + (axes[keys.index("init.n")].values if "init.n" in keys else [])
-            )
-            d = max(
-                [base["init.d"]] + (axes[keys.index("init.d")].values if "init.d" in keys else [])
-            )
-            batch_size = max(1, _BATCH_BYTES // (8 * n * d))
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {short_repr(batch_size)}")
-        batch_size = min(batch_size, len(seeds))
-    else:
-        batch_size = 1
-    plan = Plan(base, axes, obs, batch_size, 0, np.zeros(0), "")
-    # every task's configuration is valid (the seeds checked above), before anything is written
+    if BATCH_KEY not in keys or base["solver"] != "particles":
+        return 1
+    seeds = axes[keys.index(BATCH_KEY)].values
+    if min(seeds) < 0:
+        raise ValueError(f"grid init.seed must be non-negative integers, got {min(seeds)}")
+    if batch_size is None:
+        n = max([base["init.n"]] + (axes[keys.index("init.n")].values if "init.n" in keys else []))
+        d = max([base["init.d"]] + (axes[keys.index("init.d")].values if "init.d" in keys else []))
+        batch_size = max(1, _BATCH_BYTES // (8 * n * d))
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {short_repr(batch_size)}")
+    return min(batch_size, len(seeds))
+
+
+def _check_tasks(plan: Plan) -> set[tuple]:
+    """Every task's configuration is valid (ValueError naming the grid point), before anything is
+    written; returns the save times of the tasks."""
+    from ..config import validate_config
+
     saves = set()
     # the tasks along the seed axis differ only in their seeds (checked above): one of each suffices
     shape, b = plan.task_shape(), plan.batch_axis
@@ -306,23 +342,10 @@ def make_plan(config: Any, grid: Any, observables: Any, batch_size: int | None) 
         try:
             validate_config(cfg)
         except (ValueError, TypeError) as exc:
-            where = ", ".join(f"{a.key}={cfg[a.key]!r}" for a in axes if a.key != BATCH_KEY)
+            where = ", ".join(f"{a.key}={cfg[a.key]!r}" for a in plan.axes if a.key != BATCH_KEY)
             raise ValueError(f"grid point {where}: {exc}") from None
         saves.add(tuple(save_times(cfg)))
-    start_run(
-        plan.task_config(0)[0]
-    )  # builds the first task's model and state: backend and the like
-    plan.n_time = max(len(t) for t in saves)
-    plan.times = (
-        np.array(next(iter(saves))) if len(saves) == 1 else np.arange(plan.n_time, dtype=float)
-    )
-    # a task's results (batch x saves x observables) are held in memory by the worker and the client:
-    # the automatic batch keeps them within the same budget as the state
-    per_point = 8 * plan.n_time * max(1, len(obs))
-    if plan.batch_axis is not None and auto_batch:
-        plan.batch_size = max(1, min(plan.batch_size, _BATCH_BYTES // per_point))
-    plan.fingerprint = _fingerprint(plan)
-    return plan
+    return saves
 
 
 def _fingerprint(plan: Plan) -> str:

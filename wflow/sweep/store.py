@@ -350,7 +350,7 @@ def open_sweep(path: str | os.PathLike):
     >>> import wflow
     >>> from wflow.sweep import open_sweep
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.zarr"
-    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler", "run.dt": 0.1}
+    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "save.n": 3, "run.method": "euler", "run.dt": 0.1}
     >>> _ = wflow.sweep(cfg, {"model.beta": [1, 4]}, out=out, workers=1, progress=False)  # doctest: +SKIP
     >>> ds = open_sweep(out)  # doctest: +SKIP
     >>> ds.attrs["points"], ds.attrs["ok"], ds.order_parameter.sel(beta=4.0).shape  # doctest: +SKIP
@@ -389,7 +389,7 @@ def point_config(ds, **coords) -> dict[str, Any]:
     >>> import wflow
     >>> from wflow.sweep import point_config
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.zarr"
-    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "run.n_saves": 3, "run.method": "euler", "run.dt": 0.1}
+    >>> cfg = {"init.n": 8, "init.d": 3, "run.t_end": 1.0, "save.n": 3, "run.method": "euler", "run.dt": 0.1}
     >>> ds = wflow.sweep(cfg, {"model.beta": [1, 4]}, out=out, workers=1, progress=False)  # doctest: +SKIP
     >>> c = point_config(ds, beta=4.0)  # doctest: +SKIP
     >>> c["model.beta"], c["init.n"]  # doctest: +SKIP

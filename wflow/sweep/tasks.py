@@ -9,6 +9,7 @@ limits numba, BLAS and OpenMP to the task's threads (:data:`WORKER_ENV`,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -241,17 +242,11 @@ def _simulate_batch(
             x[i] = mu0.points
     extra = {k: f for k, f in observables.items() if f is not None}
     diagnostics = tuple(k for k in names if k in DRIVER_DIAGNOSTICS and observables[k] is None)
-    res = simulate(
-        model,
-        Atoms(x),
-        cfg["run.t_end"],
-        diagnostics=diagnostics,
-        extra_diagnostics=extra,
-        keep=False,
-        throw=False,
-        trackers=[coll],
-        **kwargs,
+    # the tracker collects every save's observables; in memory, the last points only
+    kwargs["save_at"] = dataclasses.replace(
+        kwargs["save_at"], points=False, diagnostics=diagnostics, fn=extra
     )
+    res = simulate(model, Atoms(x), cfg["run.t_end"], throw=False, trackers=[coll], **kwargs)
     return int(res.status), str(res.message), coll
 
 
