@@ -60,6 +60,7 @@ def test_a_solver_loads_its_module_when_first_looked_up():
             before = module in sys.modules
             solver = get_solver(name)
             seen[name] = [before, module in sys.modules, solver.name, solver.order]
+        seen["stability"] = "wflow.stability" in sys.modules  # JKO's stationary states only
         try:
             get_solver("rk5")
         except ValueError as exc:
@@ -68,8 +69,17 @@ def test_a_solver_loads_its_module_when_first_looked_up():
         """
     )
     assert got["ssprk3"] == [False, True, "ssprk3", 3]
-    assert got["jko"] == [False, True, "jko", 1]
+    assert got["jko"] == [False, True, "jko", 1] and got["stability"] is False
     assert "'jko'" in got["error"] and "(did you mean 'rk4'?)" in got["error"]
+
+
+def test_every_name_of_the_jko_package_resolves():
+    import wflow.solvers.jko as package
+
+    assert all(getattr(package, name) is not None for name in package.__all__)
+    assert package.stationary.__module__ == "wflow.solvers.jko.stationary_states"
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        package.nope  # noqa: B018
 
 
 def _stores(tmp_path):

@@ -6,27 +6,33 @@ r"""JKO scheme: implicit Wasserstein gradient-flow steps on a fixed support, sol
 * :mod:`~wflow.solvers.jko.transport` -- the inner semi-relaxed Sinkhorn / Newton--CG solver;
 * :mod:`~wflow.solvers.jko.sparse` -- its Gibbs kernel on the kept pairs only (large supports);
 * :mod:`~wflow.solvers.jko.stationary_states` -- stationary states by iterated steps, their atoms.
+
+The names below are imported when first used: a JKO run loads no stationary-state analysis.
 """
 
-from ...sphere import cost_matrix
-from .stationary_states import (
-    StationaryResult,
-    atom_groups,
-    cluster_atoms,
-    model_time_unit,
-    stationary,
-)
-from .step import (
-    JKO,
-    JKOProblem,
-    JKOResult,
-    JKOStepper,
-    StepStats,
-    WarmStart,
-    check_gradient_model,
-    jko,
-    jko_step,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: public name -> the module that defines it
+_NAMES = {
+    "jko": ".step",
+    "jko_step": ".step",
+    "JKO": ".step",
+    "JKOProblem": ".step",
+    "JKOResult": ".step",
+    "JKOStepper": ".step",
+    "StepStats": ".step",
+    "WarmStart": ".step",
+    "check_gradient_model": ".step",
+    "stationary": ".stationary_states",
+    "StationaryResult": ".stationary_states",
+    "model_time_unit": ".stationary_states",
+    "cluster_atoms": ".stationary_states",
+    "atom_groups": ".stationary_states",
+    "cost_matrix": "...sphere",
+}
 
 __all__ = [
     "jko",
@@ -45,3 +51,37 @@ __all__ = [
     "atom_groups",
     "check_gradient_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_NAMES[name], __name__), name)
+    globals()[name] = value  # the next look-up is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what static tools and IDEs see
+    from ...sphere import cost_matrix
+    from .stationary_states import (
+        StationaryResult,
+        atom_groups,
+        cluster_atoms,
+        model_time_unit,
+        stationary,
+    )
+    from .step import (
+        JKO,
+        JKOProblem,
+        JKOResult,
+        JKOStepper,
+        StepStats,
+        WarmStart,
+        check_gradient_model,
+        jko,
+        jko_step,
+    )
