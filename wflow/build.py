@@ -250,7 +250,7 @@ class Run:
 def _check_backend(name: str) -> None:
     from .kernels import BACKENDS
 
-    if name != "auto" and name not in BACKENDS:
+    if name != "auto" and name.partition(":")[0] not in BACKENDS:  # ("torch:cuda": a device too)
         raise ValueError(
             f"config key run.backend must be 'auto' or one of {sorted(BACKENDS)}, got {name!r}"
         )

@@ -9,6 +9,7 @@ normalization schemes in :mod:`wflow.schemes`; each registers its types here
 
 from __future__ import annotations
 
+import importlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -341,6 +342,11 @@ def register_model(
     MODEL_TYPES[name] = (frozenset(keys), build)
 
 
+#: model types registered by modules outside wflow.models, by the module that registers them (imported when a
+#: stored model of that type is read)
+_MODEL_MODULES = {"Normalized": "wflow.schemes", "Layered": "wflow.schemes"}
+
+
 def model_from_dict(spec: dict[str, Any]) -> Model:
     """Inverse of :meth:`Model.to_dict`; rejects unknown types and keys.
 
@@ -357,10 +363,14 @@ def model_from_dict(spec: dict[str, Any]) -> Model:
     if not isinstance(spec, dict):
         raise TypeError(f"a model description must be a dict, got {short_repr(spec)}")
     kind = spec.get("type")
+    if (
+        kind not in MODEL_TYPES and kind in _MODEL_MODULES
+    ):  # registered by a module not yet imported
+        importlib.import_module(_MODEL_MODULES[kind])
     if kind not in MODEL_TYPES:
         raise ValueError(
-            f"model type must be one of {sorted(MODEL_TYPES)}, got {kind!r} (the normalization "
-            f"schemes' types are known once wflow.schemes is imported; wflow.solvers imports it)"
+            f"model type must be one of {sorted(MODEL_TYPES.keys() | _MODEL_MODULES.keys())}, "
+            f"got {kind!r}"
         )
     keys, build = MODEL_TYPES[kind]
     unknown = set(spec) - keys

@@ -152,7 +152,6 @@ def resume(
     if not np.array_equal(prev.times, all_times[:done]):
         raise WflowError(f"{path}: saved times do not match the configured save_at; cannot resume")
     kind = KINDS[stored["kind"]]
-    from .. import schemes  # noqa: F401  (registers the schemes' model types that rebuild may meet)
 
     problem, solver, y = kind.rebuild(cfg, stored)
     state = ResumeState(

@@ -103,10 +103,15 @@ def numpy_softmin(
 
 def sinkhorn(x, a, y, b, p, cost, reg, scaling, tol, max_iter, backend) -> tuple[float, dict]:
     r"""Debiased Sinkhorn divergence :math:`S_\varepsilon` (GeomLoss's symmetric loop, Feydy et al. 2019)."""
-    if backend == "auto":
-        from ..kernels.keops_backend import import_pykeops
+    if backend in ("auto", "keops"):
+        # KeOps only where its probe passed (a compiler crash in a child, not in this process)
+        from ..kernels import BACKENDS
 
-        backend = "keops" if import_pykeops() is not None else "numpy"
+        keops = BACKENDS["keops"]
+        failure = keops.probe_failure()  # type: ignore[attr-defined]
+        if backend == "keops" and failure:
+            raise ValueError(failure)
+        backend = "keops" if backend == "keops" or keops.available() else "numpy"
     softmin = (keops_softmin if backend == "keops" else numpy_softmin)(x, y, cost, p)
     a_log, b_log = np.log(a), np.log(b)
     diam_p = (np.pi if cost == "geodesic" else 2.0) ** p
