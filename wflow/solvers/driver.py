@@ -534,7 +534,7 @@ class _Saved:
             n = len(self.kept)
             for name, (dims, _) in self.kept[0].items():
                 buf = self.buffers.get(name)
-                if buf is not None and buf is self.spec.out and n == len(buf):
+                if buf is not None and n == len(buf) and buf is self.spec.out:
                     data[name] = (dims, buf)  # the caller's own array, whole
                 elif buf is not None:
                     data[name] = (dims, buf[:n])
