@@ -196,7 +196,7 @@ def test_a_step_ending_on_a_layer_boundary_keeps_its_layer(method):
     bit for bit, dopri5 to 1e-9 without a rejected step."""
     x0 = sphere.uniform(9, 3, seed=7)
     l1, l2 = SA(1.0), SA(5.0, V=-np.eye(3))
-    kw = {"dt": 0.1} if method == "rk4" else {"rtol": 1e-10, "atol": 1e-12}
+    kw = {"dt": 0.1} if method == "rk4" else {"control": wflow.StepControl(rtol=1e-10, atol=1e-12)}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (steps of 0.1 land on the boundary: no warning)
         full = wflow.simulate(

@@ -10,6 +10,7 @@ from wflow import SA, sphere
 from wflow.diagnostics import pair_fraction
 from wflow.solvers import SOLVERS
 from wflow.solvers.base import integrate
+from wflow.solvers.fused import FusedEuler
 from wflow.solvers.particles import ParticleProblem
 from wflow.studies import phase_diagram as pd
 from wflow.studies.parts import Parts
@@ -32,23 +33,16 @@ def _softmax_average(x, beta):
     return (w / w.sum(axis=-1, keepdims=True)) @ x
 
 
-@pytest.mark.parametrize("backend", [BK, "numba"])
-def test_euler_average_is_projected_euler_with_a_shorter_step_per_token(backend, monkeypatch):
+@pytest.mark.parametrize("solver", ["euler-average", "fused-euler"])
+def test_euler_average_is_projected_euler_with_a_shorter_step_per_token(solver):
     """x + h A x = (1 + h<x,Ax>)(x + h' P_x A x), h' = h/(1 + h<x,Ax>): one step of 'euler-average' equals
-    projected Euler with the step h' token by token, and the published normalize(x + h A x); with the numba
-    backend the step is the fused kernel (``euler_step(..., projected=False)``, checked to be taken)."""
+    projected Euler with the step h' token by token, and the published normalize(x + h A x); so does the
+    fused step that simulate takes in its place (``FusedEuler(projected=False)``, numba backend)."""
+    backend = "numba" if solver == "fused-euler" else BK
     problem, x0 = _problem(batch=(2,), backend=backend)
-    fused = []
-    if backend == "numba":
-        from wflow.solvers import fused as fused_module
-
-        real = fused_module.fused_step
-        monkeypatch.setattr(
-            fused_module, "fused_step", lambda *a, **k: fused.append(k) or real(*a, **k)
-        )
+    stepper = FusedEuler(projected=False) if solver == "fused-euler" else SOLVERS[solver]()
     h = 0.1
-    step, _ = SOLVERS["euler-average"]().step(problem, 0.0, x0, h, None)
-    assert [k["projected"] for k in fused] == ([False] if backend == "numba" else [])
+    step, _ = stepper.step(problem, 0.0, x0, h, stepper.init(problem, 0.0, x0))
     A = _softmax_average(x0, 1.5)
     direct = x0 + h * A
     direct /= np.linalg.norm(direct, axis=-1, keepdims=True)

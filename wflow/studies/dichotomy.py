@@ -44,6 +44,7 @@ from scipy import stats
 from ..measure import Atoms
 from ..models import SA, USA
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from ..sphere import geodesic_distance, normalize, tangent_frame, uniform
 from .parts import Parts
 from .report import StudyReport, register
@@ -261,7 +262,7 @@ def _run(
     T = T / scale
     times = np.arange(0.0, T + 1e-9, SAVE_EVERY / scale)
     t0 = time.perf_counter()
-    tr = simulate(model, x0, T, save_at=times, dt=DT / scale, method="rk4", diagnostics=())
+    tr = simulate(model, x0, T, save_at=SaveAt(times, diagnostics=()), dt=DT / scale, method="rk4")
     seconds = time.perf_counter() - t0
     x = np.asarray(tr.points)  # (k, seeds, n, d)
     dev = deviation_from_mean(x)  # (k, seeds)

@@ -21,6 +21,7 @@ from scipy import special
 from .. import sphere
 from ..measure import Atoms
 from ..models import SA, USA, Model
+from ..solvers.control import StepControl
 from ..solvers.particles import simulate
 from .mean_field_time import CHAOS_BETAS, w2_in_time
 from .parts import Parts
@@ -277,8 +278,7 @@ def _iid_block(
             times[-1],
             save_at=times,
             method="dopri5",
-            rtol=1e-10,
-            atol=1e-12,
+            control=StepControl(rtol=1e-10, atol=1e-12),
             tracers=tracers,
         )
     assert ref.tracers is not None  # tracers= asked for them
@@ -565,8 +565,7 @@ def _quadrature_start(
             times[-1],
             save_at=times,
             method="dopri5",
-            rtol=1e-11,
-            atol=1e-13,
+            control=StepControl(rtol=1e-11, atol=1e-13),
         )
         w2 = wasserstein(tr.atoms(-1), fine_end, method="circle")
         m_err = float(np.abs(tr.atoms(-1).mean() - fine_end.mean()).max())

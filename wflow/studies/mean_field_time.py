@@ -21,7 +21,9 @@ from scipy import stats
 from .. import sphere
 from ..measure import Atoms
 from ..models import SA, USA
+from ..solvers.control import StepControl
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from .parts import Parts
 from .report import StudyReport
 
@@ -156,12 +158,10 @@ def _part(
             model,
             _quadrature(density, M),
             times[-1],
-            save_at=times,
+            save_at=SaveAt(times, diagnostics=()),
             method="dopri5",
-            rtol=1e-10,
-            atol=1e-12,
+            control=StepControl(rtol=1e-10, atol=1e-12),
             tracers=fx,
-            diagnostics=(),
         )
         assert ref.tracers is not None  # tracers=fx asked for them
         pushed[M] = ref.tracers
@@ -175,7 +175,7 @@ def _part(
         x0 = np.stack(
             [_sample(density, N, np.random.default_rng([2, N, s, 8])) for s in range(seeds)]
         )
-        tr = simulate(model, x0, times[-1], save_at=times, dt=0.05 / scale, diagnostics=())
+        tr = simulate(model, x0, times[-1], save_at=SaveAt(times, diagnostics=()), dt=0.05 / scale)
         w = np.full(N, 1.0 / N)
         out[f"W2_{N}"] = np.array(
             [

@@ -35,7 +35,9 @@ from scipy import special
 
 from ..measure import Atoms
 from ..models import SA, Model
+from ..solvers.control import StepControl
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from ..sphere import uniform, vmf_mixture
 from .parts import Parts
 from .report import StudyReport, register
@@ -191,11 +193,9 @@ def run_gap(beta: float, x0: np.ndarray, t_end: float, n_saves: int = 5) -> dict
         MeanShift(beta),
         x0,
         t_end,
-        save_at=times,
+        save_at=SaveAt(times, diagnostics=()),
         method="dopri5",
-        rtol=RTOL,
-        atol=ATOL,
-        diagnostics=(),
+        control=StepControl(rtol=RTOL, atol=ATOL),
     )
     t_ms = time.perf_counter() - t_ms
     t_sa = time.perf_counter()
@@ -203,11 +203,9 @@ def run_gap(beta: float, x0: np.ndarray, t_end: float, n_saves: int = 5) -> dict
         SA(beta),
         x0,
         beta * t_end,
-        save_at=beta * times,
+        save_at=SaveAt(beta * times, diagnostics=()),
         method="dopri5",
-        rtol=RTOL,
-        atol=ATOL,
-        diagnostics=(),
+        control=StepControl(rtol=RTOL, atol=ATOL),
     )
     t_sa = time.perf_counter() - t_sa
     x_ms, x_sa = np.asarray(ms.points), np.asarray(sa.points)

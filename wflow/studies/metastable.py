@@ -66,6 +66,7 @@ from ..mesh import CircleMesh
 from ..models import SA
 from ..solvers.eulerian import solve_density
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from ..sphere import uniform
 from ..theory import growth_rate, most_unstable_mode
 from .parts import Parts
@@ -419,13 +420,11 @@ def run_particles(beta: float, n: int, seed: int) -> dict[str, Any]:
         x0,
         T_MAX,
         dt=DT,
-        save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE),
+        save_at=SaveAt(np.arange(0.0, T_MAX + 1e-9, DT_SAVE), points=False, diagnostics=()),
         backend="spectral",
-        diagnostics=(),
-        callback=stop,
-        keep=False,
+        trackers=[stop],
     )
-    return _circle_summary(_angles(tr.points[-1]), None, c0, tr.times[-1], series, times, beta)
+    return _circle_summary(_angles(tr.points_at(-1)), None, c0, tr.times[-1], series, times, beta)
 
 
 def _fv_initial(seed: int):
@@ -482,11 +481,9 @@ def run_sphere(beta: float, n: int, seed: int) -> dict[str, Any]:
         x0,
         T_MAX,
         dt=DT,
-        save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE),
-        diagnostics=(),
+        save_at=SaveAt(np.arange(0.0, T_MAX + 1e-9, DT_SAVE), points=False, diagnostics=()),
         backend="spectral",
-        callback=stop,
-        keep=False,
+        trackers=[stop],
     )
     a = np.asarray(spectra)
     return {

@@ -55,7 +55,9 @@ from .. import theory
 from ..diagnostics import batched_cluster_labels
 from ..models import SA
 from ..schemes import SCHEMES, Normalized
+from ..solvers.control import StepControl
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from ..sphere import uniform
 from ..theory.asymptotics import EquiangularLaw
 from .normalization_figures import collapse_figure, study_figures
@@ -237,12 +239,10 @@ def equiangular_part(scheme: str, n: int, beta: float, rho0: float, t_end: float
         Normalized(SA(beta), scheme, **kw),
         x0,
         t_end,
-        save_at=t,
+        save_at=SaveAt(t, diagnostics=()),
         method="dopri5",
-        rtol=1e-10,
-        atol=1e-13,
+        control=StepControl(rtol=1e-10, atol=1e-13),
         backend="numpy",
-        diagnostics=(),
     )
     seconds = time.perf_counter() - t0
     P = np.asarray(traj.points)
@@ -292,12 +292,10 @@ def random_part(
         Normalized(SA(beta), scheme, **kw),
         x0,
         t_end,
-        save_at=t,
+        save_at=SaveAt(t, diagnostics=()),
         method="dopri5",
-        rtol=1e-10,
-        atol=1e-13,
+        control=StepControl(rtol=1e-10, atol=1e-13),
         backend="numpy",
-        diagnostics=(),
     )
     seconds = time.perf_counter() - t0
     gap = pair_gaps(np.asarray(traj.points))

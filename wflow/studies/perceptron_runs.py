@@ -23,6 +23,7 @@ import numpy as np
 from ..diagnostics import batched_cluster_labels
 from ..measure import Atoms
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from ..sphere import uniform
 from .parts import Parts
 from .perceptron_model import check_convention, cluster_threshold, paper_model
@@ -160,14 +161,12 @@ def run_paper(
         model,
         Atoms(x0),
         float(saves[-1]),
-        save_at=saves,
+        save_at=SaveAt(saves, points=False, diagnostics=()),
         method="euler",
         dt=dt * c,
-        diagnostics=(),
-        callback=stop,
-        keep=False,
+        trackers=[stop],
     )
-    x = np.asarray(traj.points[-1], dtype=np.float64)
+    x = np.asarray(traj.points_at(-1), dtype=np.float64)
     return {
         "x": x,
         "clusters": clusters_of(x, thr),

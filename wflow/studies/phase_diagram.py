@@ -48,6 +48,7 @@ import numpy as np
 
 from ..models import SA
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from ..solvers.trackers import Record
 from ..theory import equiangular_time
 from .parts import Parts
@@ -180,10 +181,8 @@ def pair_fraction_curves(
         SA(beta),
         x0,
         float(saves[-1]),
-        save_at=saves,
-        diagnostics=("pair_fraction",),
+        save_at=SaveAt(saves, points=False, diagnostics=("pair_fraction",)),
         trackers=[record],
-        keep=False,
         coordinates="span",
         **SCHEMES[scheme],
     )

@@ -36,6 +36,7 @@ from .. import pretrained
 from ..kernels.threads import blas_threads
 from ..models import PARTS, BertLayer, LayerNorm
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from .report import StudyReport, register
 
 __all__ = ["TEXT", "VARIANTS", "dense_forward", "one_layer_alignment", "directions_of"]
@@ -169,7 +170,9 @@ def _run(
     out = [th]
     for m, s in zip(layers, speeds):
         model = m.with_parts(parts, radius=radius, speed=float(s))
-        traj = simulate(model, th, 1.0, method="rk4", dt=dt, save_at=[0.0, 1.0], diagnostics=())
+        traj = simulate(
+            model, th, 1.0, method="rk4", dt=dt, save_at=SaveAt([0.0, 1.0], diagnostics=())
+        )
         th = np.asarray(traj.points)[-1]
         out.append(th)
     P = np.stack(out)

@@ -38,7 +38,9 @@ import numpy as np
 
 from ..models import USA
 from ..solvers.base import Tracker
+from ..solvers.control import StepControl
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from .parts import Parts
 from .report import StudyReport, register
 
@@ -127,11 +129,9 @@ def run_staircase(beta: float, rtol: float) -> dict[str, Any]:
         x0,
         T_END,
         method="ros2",
-        rtol=rtol,
-        atol=1e-10,
-        save_at=saves,
+        control=StepControl(rtol=rtol, atol=1e-10),
+        save_at=SaveAt(saves, diagnostics=("log_energy",)),
         coordinates="gaps",
-        diagnostics=("log_energy",),
         trackers=[steps],
         throw=False,
     )

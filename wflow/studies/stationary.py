@@ -37,6 +37,7 @@ from ..models import USA, Model, Perceptron
 from ..solvers.jko import stationary
 from ..solvers.jko.stationary_states import atom_groups
 from ..solvers.particles import simulate
+from ..solvers.saveat import SaveAt
 from ..stability import stability
 from .report import StudyReport, register
 
@@ -66,7 +67,7 @@ def particle_reference(model: Model, beta: float, mesh, s_end: float = 1500.0):
     """Atoms of one particle per cell run to paper time ``s_end``, polished; and the verdict."""
     t = float(np.exp(-beta) * s_end)
     x0 = Atoms(mesh.centers, mesh.areas / mesh.areas.sum())
-    tr = simulate(model, x0, t, method="dopri5", save_at=[0.0, t], diagnostics=())
+    tr = simulate(model, x0, t, method="dopri5", save_at=SaveAt([0.0, t], diagnostics=()))
     st = stability(model, Atoms(tr.points[-1], x0.weights))
     return st.hessian.points, st.hessian.masses, st
 
@@ -177,7 +178,7 @@ def three_ways_gelu(
     x = np.stack([np.cos(th), np.sin(th)], axis=1)
     for t, dt in ((50.0, 0.05), (t_particles - 50.0, 1.0)):
         x = simulate(
-            model, Atoms(x), t, save_at=[0.0, t], method="euler", dt=dt, diagnostics=()
+            model, Atoms(x), t, save_at=SaveAt([0.0, t], diagnostics=()), method="euler", dt=dt
         ).points[-1]
     particles = atom_groups(x, np.full(256, 1.0 / 256), radius=2 * h)
     dens = solve_density(model, rho0, t_eulerian, save_at=[0.0, t_eulerian], cfl=0.8)
