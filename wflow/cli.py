@@ -404,7 +404,8 @@ def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:
             line.append(f"clusters: {int(np.ravel(c[0])[0])} -> {int(np.ravel(c[-1])[0])}")
         print("; ".join(line))
     else:
-        mass = res.data["mass"][1] if "mass" in res.data else res.weights.sum(axis=1)  # type: ignore[attr-defined]  # (density results)
+        # density results save their mass; JKO results their weights
+        mass = res.data["mass"][1] if "mass" in res.data else res.data["weights"][1].sum(axis=1)
         print(f"mass {mass[0]:.15g} -> {mass[-1]:.15g}")
     if cfg["output.figure"]:
         from .plot import plot_trajectory

@@ -97,7 +97,7 @@ class Normalized(Model):
         tau: float | None = None,
         alpha: Any = None,
         alpha_times: ArrayLike | None = None,
-        perceptron: Perceptron | None = None,
+        perceptron: Model | None = None,
     ):
         if not isinstance(attention, Attention):
             raise TypeError(f"attention must be an SA or USA block, got {short_repr(attention)}")
@@ -115,21 +115,24 @@ class Normalized(Model):
             )
         self.dim = dims.pop() if dims else None
         self.space = "free" if scheme in _FREE else "sphere"
+        self.tau: float | None = None
         if scheme == "mix-ln":
             if tau is None:
                 raise ValueError("scheme 'mix-ln' needs the switch time tau")
             self.tau = check_nonnegative(tau, "tau")
         elif tau is not None:
             raise ValueError(f"tau is the switch time of 'mix-ln', not of {scheme!r}")
-        else:
-            self.tau = None
-        self.alpha, self.alpha_times = None, None
+        #: nGPT's step: a number, values at alpha_times, or a function of time
+        self.alpha: float | np.ndarray | Callable[[float], float] | None = None
+        self.alpha_times: np.ndarray | None = None
         if scheme == "ngpt":
             self._set_alpha(1.0 if alpha is None else alpha, alpha_times)
         elif alpha is not None:
             raise ValueError(f"alpha is the step of 'ngpt', not of {scheme!r}")
         self.t = 0.0
-        self._pre = scheme == "mix-ln" and 0.0 < self.tau  # Mix-LN before its switch (set by at())
+        self._pre = (
+            self.tau is not None and 0.0 < self.tau
+        )  # Mix-LN before its switch (set by at())
 
     def _set_alpha(self, alpha: Any, times: ArrayLike | None) -> None:
         if callable(alpha):
@@ -163,6 +166,8 @@ class Normalized(Model):
             if not np.isfinite(a) or a <= 0:
                 raise ValueError(f"alpha(t) must be positive and finite, got alpha({t:g}) = {a!r}")
             return a
+        if self.alpha is None:
+            raise ValueError(f"alpha is the step of 'ngpt', not of {self.scheme!r}")
         if self.alpha_times is None:
             return float(self.alpha)
         return float(np.interp(t, self.alpha_times, self.alpha))
@@ -180,12 +185,12 @@ class Normalized(Model):
         m = copy.copy(self)
         m.t = float(t)
         # Mix-LN's switch at tau: the side of tau is that of the piece (a step ending on tau is Pre-LN)
-        m._pre = self.scheme == "mix-ln" and (m.t if piece is None else float(piece)) < self.tau
+        m._pre = self.tau is not None and (m.t if piece is None else float(piece)) < self.tau
         return m
 
     def breakpoints(self, t0: float, t_end: float) -> np.ndarray:
-        pts = []
-        if self.scheme == "mix-ln":
+        pts: list[float] = []
+        if self.tau is not None:  # Mix-LN's switch
             pts = [self.tau]
         elif self.scheme == "ngpt" and self.alpha_times is not None:
             pts = list(self.alpha_times)
@@ -328,7 +333,7 @@ class Normalized(Model):
                 out["alpha"] = (
                     f"function {getattr(self.alpha, '__name__', 'alpha')}(t) (not serializable)"
                 )
-            elif self.alpha_times is None:
+            elif self.alpha_times is None or not isinstance(self.alpha, np.ndarray):
                 out["alpha"] = self.alpha
             else:
                 out["alpha"], out["alpha_times"] = self.alpha.tolist(), self.alpha_times.tolist()

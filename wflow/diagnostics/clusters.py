@@ -246,7 +246,7 @@ def _cell_keys(x, h):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _grid(x, key, order, stride, r2, labels):  # pragma: no cover - compiled
+def _grid(x, key, order, stride, r2, labels):  # pragma: no cover  # noqa: C901, PLR0912, PLR0915 - one compiled kernel
     """Union-find over the non-empty cubes; writes labels numbered by first appearance, returns k."""
     n = x.shape[0]
     xs = np.empty((n, 3))

@@ -85,7 +85,7 @@ def circle_eval(x, G, a, h0, per_row, extra, scale_exp, i0, i1, out):  # pragma:
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
-def sphere_moments(y, W, L, A, Bc, nchunks, ch0, ch1, acc):  # pragma: no cover - compiled
+def sphere_moments(y, W, L, A, Bc, nchunks, ch0, ch1, acc):  # pragma: no cover  # noqa: C901, PLR0912, PLR0915 - one compiled kernel
     """acc[ch, m, l, c] = sum_j W[j, c] conj(Z_l^m(y_j)) over chunk ch of nchunks, for ch0 <= ch < ch1
     and 0 <= m <= l <= L (acc: (nchunks, L+1, L+1, C, 2), zeroed; m, l, c, re/im)."""
     m, C = W.shape
@@ -164,7 +164,7 @@ def sphere_moments(y, W, L, A, Bc, nchunks, ch0, ch1, acc):  # pragma: no cover 
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
-def sphere_eval(
+def sphere_eval(  # noqa: C901, PLR0912 - one compiled kernel
     x, G, a, h0, per_row, extra, scale_exp, A, Bc, blk0, blk1, out
 ):  # pragma: no cover - compiled
     """out[i, c] = Re sum_{m,l,p} coef_i[l, p] Z_l^m(x_i) G[m, l, p, c] for the query rows of the blocks

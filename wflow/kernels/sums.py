@@ -284,6 +284,26 @@ def _writable(a: np.ndarray) -> np.ndarray:
     return v
 
 
+def _checked_weights(weights, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """``weights`` as an array of ``shape``: finite, non-negative, not all zero in any system."""
+    w = np.asarray(weights, dtype=dtype)
+    if w.shape != shape:
+        raise ValueError(f"weights must have shape {shape}, got {w.shape}")
+    # one reduction each (no temporary): a NaN or infinite entry makes the sum non-finite; a
+    # non-finite sum of finite entries (overflow) is sorted out by the exact test
+    if not (np.isfinite(np.sum(w)) and w.size and np.min(w) >= 0) and (
+        not np.isfinite(w).all() or (w < 0).any()
+    ):
+        bad = w[~(np.isfinite(w) & (w >= 0))].ravel()[0]
+        raise ValueError(f"weights must be finite and non-negative, got {float(bad)!r}")
+    if w.shape[-1] and not (w.reshape(-1, w.shape[-1]).max(axis=-1) > 0).all():
+        raise ValueError(
+            "weights: every weight of a system is zero (the sums vanish and the "
+            "softmax average is undefined); give each system a positive weight"
+        )
+    return w
+
+
 def kernel_sums(
     x: np.ndarray,
     y: np.ndarray,
@@ -371,23 +391,9 @@ def kernel_sums(
         raise ValueError(
             f"x and y must have the same batch axes, got x.shape={x.shape}, y.shape={y.shape}"
         )
-    w = np.asarray(weights, dtype=dtype)
-    if w.shape != y.shape[:-1]:
-        raise ValueError(f"weights must have shape {y.shape[:-1]}, got {w.shape}")
-    # one reduction each (no temporary): a NaN or infinite entry makes the sum non-finite; a
-    # non-finite sum of finite entries (overflow) is sorted out by the exact test
     if not (_all_finite(x) and _all_finite(y)):
         raise ValueError("x and y must be finite, got NaN or infinite coordinates")
-    if not (np.isfinite(np.sum(w)) and w.size and np.min(w) >= 0) and (
-        not np.isfinite(w).all() or (w < 0).any()
-    ):
-        bad = w[~(np.isfinite(w) & (w >= 0))].ravel()[0]
-        raise ValueError(f"weights must be finite and non-negative, got {float(bad)!r}")
-    if w.shape[-1] and not (w.reshape(-1, w.shape[-1]).max(axis=-1) > 0).all():
-        raise ValueError(
-            "weights: every weight of a system is zero (the sums vanish and the "
-            "softmax average is undefined); give each system a positive weight"
-        )
+    w = _checked_weights(weights, y.shape[:-1], dtype)
     if not np.isfinite(beta):
         raise ValueError(f"beta must be finite, got {beta!r}")
     Qm = _as_matrix(Q, "Q", d, dtype)

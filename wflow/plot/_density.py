@@ -66,72 +66,111 @@ def draw_density(
         raise ValueError(
             f"view must be one of {views} for densities on {sphere_label(d)}, got {view!r}"
         )
-    k = len(dens.times)
     if view == "heatmap":
-        ax = new_axes(ax, figsize=(6, 4))
-        scale = color_norm(dens.values, norm, vmin, vmax)
-        if dens.moving is None:
-            th = circle_angles(dens.centers)
-            order = np.argsort(th)
-            if k > 1:  # (max-pooled to the axes' pixels: one-cell clusters stay visible)
-                art = pooled_heatmap(
-                    ax,
-                    th[order],
-                    dens.times,
-                    dens.values[:, order],
-                    norm=scale,
-                    cmap=cmap,
-                    x_range=(0.0, 2 * np.pi),
-                )
-            else:
-                art = ax.scatter(
-                    th[order],
-                    np.repeat(dens.times, th.size),
-                    c=dens.values[0, order],
-                    cmap=cmap,
-                    norm=scale,
-                    s=10,
-                )
+        return _circle_heatmap(dens, ax, norm, vmin, vmax, cmap, colorbar, title)
+    if view == "profile":
+        return _circle_profiles(dens, index, ax, norm, n_snapshots, title)
+    return _sphere_maps(dens, index, ax, fig, norm, vmin, vmax, cmap, colorbar, n_snapshots, title)
+
+
+def _circle_heatmap(
+    dens: DensitiesView,
+    ax: Any,
+    norm: str,
+    vmin: float | None,
+    vmax: float | None,
+    cmap: str,
+    colorbar: bool,
+    title: str | None,
+):
+    """The density on S^1 over time: angle across, time up (fixed cells, or moving nodes)."""
+    k = len(dens.times)
+    ax = new_axes(ax, figsize=(6, 4))
+    scale = color_norm(dens.values, norm, vmin, vmax)
+    if dens.moving is None:
+        th = circle_angles(dens.cell_centers())
+        order = np.argsort(th)
+        if k > 1:  # (max-pooled to the axes' pixels: one-cell clusters stay visible)
+            art = pooled_heatmap(
+                ax,
+                th[order],
+                dens.times,
+                dens.values[:, order],
+                norm=scale,
+                cmap=cmap,
+                x_range=(0.0, 2 * np.pi),
+            )
         else:
-            th = circle_angles(dens.moving)
             art = ax.scatter(
-                th.ravel(),
-                np.repeat(dens.times, th.shape[1]),
-                c=dens.values.ravel(),
+                th[order],
+                np.repeat(dens.times, th.size),
+                c=dens.values[0, order],
                 cmap=cmap,
                 norm=scale,
-                s=4,
-                linewidths=0,
-                rasterized=True,
+                s=10,
             )
-        ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="t")
-        ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
-        if colorbar:
-            ax.figure.colorbar(art, ax=ax, label="density ρ")
-        ax.set_title(title if title is not None else "")
-        return ax
-    if view == "profile":
-        ax = new_axes(ax, figsize=(6, 4))
-        idx = (
-            snapshot_indices(k, n_snapshots)
-            if index is None
-            else [save_index(i, k) for i in np.atleast_1d(index)]
+    else:
+        th = circle_angles(dens.moving)
+        art = ax.scatter(
+            th.ravel(),
+            np.repeat(dens.times, th.shape[1]),
+            c=dens.values.ravel(),
+            cmap=cmap,
+            norm=scale,
+            s=4,
+            linewidths=0,
+            rasterized=True,
         )
-        for i in idx:
-            th = circle_angles(dens.points(i))
-            order = np.argsort(th)
-            ax.plot(th[order], dens.values[i, order], label=f"t = {dens.times[i]:.3g}")
-        if norm == "log":
-            ax.set_yscale("log")
-            top = float(np.nanmax(dens.values[idx]))
-            if top > 0:  # eight decades (a collapsed profile reaches 1e-300 between its clusters)
-                ax.set_ylim(top * 1e-8, top * 3)
-        ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="density ρ")
-        ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
-        ax.legend(fontsize="small")
-        ax.set_title(title if title is not None else "")
-        return ax
-    # S^2 maps
+    ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="t")
+    ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
+    if colorbar:
+        ax.figure.colorbar(art, ax=ax, label="density ρ")
+    ax.set_title(title if title is not None else "")
+    return ax
+
+
+def _circle_profiles(
+    dens: DensitiesView, index: Any, ax: Any, norm: str, n_snapshots: int, title: str | None
+):
+    """Profiles of the density on S^1 at a few saves (``index``, default ``n_snapshots`` of them)."""
+    k = len(dens.times)
+    ax = new_axes(ax, figsize=(6, 4))
+    idx = (
+        snapshot_indices(k, n_snapshots)
+        if index is None
+        else [save_index(i, k) for i in np.atleast_1d(index)]
+    )
+    for i in idx:
+        th = circle_angles(dens.points(i))
+        order = np.argsort(th)
+        ax.plot(th[order], dens.values[i, order], label=f"t = {dens.times[i]:.3g}")
+    if norm == "log":
+        ax.set_yscale("log")
+        top = float(np.nanmax(dens.values[idx]))
+        if top > 0:  # eight decades (a collapsed profile reaches 1e-300 between its clusters)
+            ax.set_ylim(top * 1e-8, top * 3)
+    ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="density ρ")
+    ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
+    ax.legend(fontsize="small")
+    ax.set_title(title if title is not None else "")
+    return ax
+
+
+def _sphere_maps(
+    dens: DensitiesView,
+    index: Any,
+    ax: Any,
+    fig: Any,
+    norm: str,
+    vmin: float | None,
+    vmax: float | None,
+    cmap: str,
+    colorbar: bool,
+    n_snapshots: int,
+    title: str | None,
+):
+    """Maps of the density on S^2 (Mollweide): one on ``ax`` or at one save, else a row of them."""
+    k = len(dens.times)
     single = ax is not None or (index is not None and np.isscalar(index))
     idx = (
         [save_index(index if index is not None else -1, k)]

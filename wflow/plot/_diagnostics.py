@@ -74,14 +74,14 @@ def diagnostic_series(
     if kind in ("particles", "lagrangian"):
         v = particles_view(result, system)
         return v.times, dict(v.diagnostics), v.config
-    v = densities_view(result, system)
-    diag = dict(v.diagnostics)
-    diag["max_density"] = v.values.max(axis=1)
-    v.config.setdefault("d", v.d)
-    n_eff = n_eff_from_energy(diag.get("energy"), v.config)
+    dv = densities_view(result, system)
+    diag = dict(dv.diagnostics)
+    diag["max_density"] = dv.values.max(axis=1)
+    dv.config.setdefault("d", dv.d)
+    n_eff = n_eff_from_energy(diag.get("energy"), dv.config)
     if n_eff is not None:
         diag["n_eff"] = n_eff
-    return v.times, diag, v.config
+    return dv.times, diag, dv.config
 
 
 def n_eff_from_energy(energy: Any, cfg: dict[str, Any]) -> np.ndarray | None:

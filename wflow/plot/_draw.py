@@ -340,15 +340,19 @@ def cell_polygons(mesh: Any, degrees: bool) -> tuple[list[np.ndarray], np.ndarra
                     np.concatenate([[pole, edge], la, [edge, pole]]),
                 ]
             )
-            polys.append(ring), cells.append(i)
+            polys.append(ring)
+            cells.append(i)
             continue
         lon_u = lon[0] + np.concatenate([[0.0], np.cumsum(step[:-1])])
         ring = np.column_stack([lon_u, lat])
-        polys.append(ring), cells.append(i)
+        polys.append(ring)
+        cells.append(i)
         if lon_u.max() > np.pi:
-            polys.append(ring - [full, 0.0]), cells.append(i)
+            polys.append(ring - [full, 0.0])
+            cells.append(i)
         elif lon_u.min() < -np.pi:
-            polys.append(ring + [full, 0.0]), cells.append(i)
+            polys.append(ring + [full, 0.0])
+            cells.append(i)
     if degrees:
         polys = [np.degrees(p) for p in polys]
     return polys, np.asarray(cells, dtype=np.intp)
@@ -366,7 +370,7 @@ def density_map(
         key = ("cells", degrees)
         if cache is None or key not in cache:
             polys, cells = cell_polygons(
-                dens.mesh if dens.mesh is not None else CentersMesh(dens.centers), degrees
+                dens.mesh if dens.mesh is not None else CentersMesh(dens.cell_centers()), degrees
             )
             if cache is not None:
                 cache[key] = (polys, cells)

@@ -31,6 +31,7 @@ from ._draw import (
 )
 from ._particles import plot_particles
 from ._views import (
+    DensitiesView,
     ParticlesView,
     densities_view,
     describe,
@@ -210,6 +211,7 @@ def plot_trajectory(
     idx = progress_indices(
         times, None if prog is None else prog[1], n_snapshots, log=bool(prog and prog[2])
     )
+    view: ParticlesView | DensitiesView
     if kind in ("particles", "lagrangian"):
         view = particles_view(result, system)
         ncol = len(idx) + (view.d == 2 and kind == "particles")

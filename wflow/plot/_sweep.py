@@ -87,36 +87,9 @@ def plot_sweep(
     >>> [a.get_title() for a in fig.axes if a.get_label() != "<colorbar>"]
     ['d = 8', 'd = 32']
     """
-    try:
-        dims = json.loads(ds.attrs.get("dims", "{}"))
-    except (TypeError, ValueError):
-        dims = {}
-    try:
-        base = json.loads(ds.attrs.get("base_config", "{}"))
-    except (TypeError, ValueError):
-        base = {}
-    names = [v for v in ds.data_vars if "time" in ds[v].dims]
-    if observable is None:
-        observable = next((n for n in _PREFERRED if n in names), names[0] if names else None)
-    if observable not in names:
-        raise ValueError(
-            f"observable must be one of the sweep's time series {names}, got {observable!r}"
-        )
+    dims, base = _json_attr(ds, "dims"), _json_attr(ds, "base_config")
+    observable, x, panels, grid_dims = _choose_axes(ds, dims, observable, x, panels)
     seed = dims.get("init.seed")
-    grid_dims = [dim for dim in ds[observable].dims if dim not in ("time", seed)]
-    if panels is None:
-        panels = dims.get("init.d") if dims.get("init.d") in grid_dims else None
-    if x is None:
-        beta = dims.get("model.beta")
-        x = beta if beta in grid_dims and beta != panels else None
-        x = x or next((dim for dim in grid_dims if dim != panels), None)
-    for name, value in (("x", x), ("panels", panels)):
-        if value is not None and value not in grid_dims:
-            raise ValueError(
-                f"{name} must be one of the sweep's grid dimensions {grid_dims}, got {value!r}"
-            )
-    if x is None:
-        raise ValueError(f"the sweep has no grid dimension to draw across ({grid_dims})")
     data = ds[observable]
     if "status" in ds:  # failed points are left out of the mean
         data = data.where(ds["status"] >= 0)
@@ -154,20 +127,69 @@ def plot_sweep(
         ax.set_title("" if panels is None else f"{_axis_label(panels, dims)} = {_fmt(value)}")
     fig.colorbar(art, ax=axes, label=f"{SWEEP_LABELS.get(observable, observable)} (mean)")
     if title is None:
-        model = base.get("model.type", "")
-        parts = [f"phase diagram: {SWEEP_LABELS.get(observable, observable)}"]
-        parts.append(
-            ", ".join(p for p in (model, f"n = {base['init.n']}" if "init.n" in base else "") if p)
-        )
-        if panels is None and "init.d" in base:
-            parts[-1] += f", d = {base['init.d']}"
-        parts.append(f"mean over {n_seeds} seeds" if n_seeds > 1 else "")
-        if fixed:
-            parts.append(", ".join(f"{k} = {_fmt(ds[k].values[0])}" for k in fixed))
-        title = " — ".join(p for p in parts if p)
+        title = _title(ds, base, observable, panels, n_seeds, fixed)
     fig.suptitle(title)
     save_figure(fig, path, dpi)
     return fig
+
+
+def _json_attr(ds: Any, name: str) -> dict[str, Any]:
+    """The JSON dictionary a sweep store keeps in attribute ``name`` (empty when absent or unreadable)."""
+    try:
+        return json.loads(ds.attrs.get(name, "{}"))
+    except (TypeError, ValueError):
+        return {}
+
+
+def _choose_axes(
+    ds: Any, dims: dict[str, str], observable: str | None, x: str | None, panels: str | None
+) -> tuple[str, str, str | None, list[str]]:
+    """What :func:`plot_sweep` draws: ``(observable, x, panels, grid dimensions)``, defaults filled in."""
+    names = [v for v in ds.data_vars if "time" in ds[v].dims]
+    if observable is None:
+        observable = next((n for n in _PREFERRED if n in names), names[0] if names else None)
+    if observable is None or observable not in names:
+        raise ValueError(
+            f"observable must be one of the sweep's time series {names}, got {observable!r}"
+        )
+    seed = dims.get("init.seed")
+    grid_dims = [dim for dim in ds[observable].dims if dim not in ("time", seed)]
+    if panels is None:
+        panels = dims.get("init.d") if dims.get("init.d") in grid_dims else None
+    if x is None:
+        beta = dims.get("model.beta")
+        x = beta if beta in grid_dims and beta != panels else None
+        x = x or next((dim for dim in grid_dims if dim != panels), None)
+    for name, value in (("x", x), ("panels", panels)):
+        if value is not None and value not in grid_dims:
+            raise ValueError(
+                f"{name} must be one of the sweep's grid dimensions {grid_dims}, got {value!r}"
+            )
+    if x is None:
+        raise ValueError(f"the sweep has no grid dimension to draw across ({grid_dims})")
+    return observable, x, panels, grid_dims
+
+
+def _title(
+    ds: Any,
+    base: dict[str, Any],
+    observable: str,
+    panels: str | None,
+    n_seeds: int,
+    fixed: dict[str, int],
+) -> str:
+    """The figure's title: the observable, the model, the seeds averaged and the axes held fixed."""
+    model = base.get("model.type", "")
+    parts = [f"phase diagram: {SWEEP_LABELS.get(observable, observable)}"]
+    parts.append(
+        ", ".join(p for p in (model, f"n = {base['init.n']}" if "init.n" in base else "") if p)
+    )
+    if panels is None and "init.d" in base:
+        parts[-1] += f", d = {base['init.d']}"
+    parts.append(f"mean over {n_seeds} seeds" if n_seeds > 1 else "")
+    if fixed:
+        parts.append(", ".join(f"{k} = {_fmt(ds[k].values[0])}" for k in fixed))
+    return " — ".join(p for p in parts if p)
 
 
 def _axis_label(dim: str, dims: dict[str, str]) -> str:

@@ -60,10 +60,20 @@ class DensitiesView:
 
     @property
     def d(self) -> int:
-        return int((self.centers if self.centers is not None else self.moving).shape[-1])
+        pts = self.centers if self.centers is not None else self.moving
+        if pts is None:
+            raise ValueError(f"a {self.kind!r} view has neither centres nor moving nodes")
+        return int(pts.shape[-1])
 
     def points(self, i: int) -> np.ndarray:
-        return self.moving[i] if self.moving is not None else self.centers
+        """Where the values of save ``i`` sit: the moving nodes, else the fixed centres."""
+        return self.moving[i] if self.moving is not None else self.cell_centers()
+
+    def cell_centers(self) -> np.ndarray:
+        """The fixed cells' centres or atoms, shape ``(M, d)`` (views of moving nodes have none)."""
+        if self.centers is None:
+            raise ValueError(f"a {self.kind!r} view has moving nodes, not fixed centres")
+        return self.centers
 
 
 @dataclass
@@ -182,7 +192,7 @@ def particles_view(result: Any, system: int = 0) -> ParticlesView:
         )
     w = np.asarray(result.weights, dtype=float).reshape(-1, n)
     w = w[system if w.shape[0] > 1 else 0]
-    diag = {
+    picked = {
         key: pick_system(v, k, system, key) for key, v in getattr(result, "diagnostics", {}).items()
     }
     return ParticlesView(
@@ -190,7 +200,7 @@ def particles_view(result: Any, system: int = 0) -> ParticlesView:
         times,
         flat[:, system],
         np.broadcast_to(w, (k, n)),
-        diagnostics={key: v for key, v in diag.items() if v is not None},
+        diagnostics={key: v for key, v in picked.items() if v is not None},
         config=result_config(result),
     )
 
@@ -212,13 +222,11 @@ def densities_view(result: Any, system: int = 0, *, caller: str = "plot_density"
         return result
     if kind == "density":
         mesh = result.mesh
-        diag = {
-            "energy": getattr(result, "energy", None),
-            "mass": getattr(result, "mass", None),
-            "free_energy": getattr(result, "free_energy", None),
-        }
         k = len(result.times)
-        diag = {key: pick_system(v, k, 0, key) for key, v in diag.items()}
+        picked = {
+            key: pick_system(getattr(result, key, None), k, 0, key)
+            for key in ("energy", "mass", "free_energy")
+        }
         return DensitiesView(
             kind,
             np.asarray(result.times, float),
@@ -226,7 +234,7 @@ def densities_view(result: Any, system: int = 0, *, caller: str = "plot_density"
             np.asarray(mesh.centers, float),
             mesh=mesh,
             diagnostics={
-                key: v for key, v in diag.items() if v is not None and np.any(np.isfinite(v))
+                key: v for key, v in picked.items() if v is not None and np.any(np.isfinite(v))
             },
             config=result_config(result),
         )
@@ -245,6 +253,8 @@ def densities_view(result: Any, system: int = 0, *, caller: str = "plot_density"
         )
     if kind == "lagrangian":
         view = particles_view(result, system)
+        if view.color is None:  # particles_view colours Lagrangian nodes by their density
+            raise TypeError(f"{caller}: {type_name(result)} carries no density at its nodes")
         return DensitiesView(
             kind,
             view.times,

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..measure import Atoms
 from ..models import Model
+from ..models.attention import Attention
 from .particle_problem import ParticleProblem
 
 __all__ = ["CircleAngleProblem", "CircleGapProblem"]
@@ -47,14 +48,27 @@ class CircleAngleProblem(ParticleProblem):
         super().__init__(model, weights, 2, **kw)
         if self.n_tracers:
             raise ValueError("tracers are not supported with coordinates='angles'")
-        if not hasattr(model, "angular_velocity") or model.gradient_obstruction() is not None:
+        if not isinstance(model, Attention) or model.gradient_obstruction() is not None:
             raise ValueError(
                 f"coordinates='angles' needs attention with Q = K = I and V = +-I on S^1, got {model!r}"
             )
 
+    def attention_at(self, t: float) -> Attention:
+        """The attention acting at time ``t`` (the constructor admits attention only)."""
+        model = self.model_at(t)
+        if not isinstance(model, Attention):
+            raise TypeError(f"coordinates='angles' needs attention, got {model!r} at t={t}")
+        return model
+
+    def noise_scale(self, dt: float) -> float:
+        r""":math:`\sqrt{2\,dt/\kappa}`, the size of one step's noise."""
+        if self.kappa is None:
+            raise ValueError("noise needs kappa: this problem has none")
+        return math.sqrt(2 * dt / self.kappa)
+
     def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
         self.evaluations += 1
-        return self.model_at(t).angular_velocity(y, self.weights)
+        return self.attention_at(t).angular_velocity(y, self.weights)
 
     def retract(self, y: np.ndarray) -> np.ndarray:
         return y
@@ -63,21 +77,21 @@ class CircleAngleProblem(ParticleProblem):
         """The exact Jacobian of the angle velocity (one system; implicit solvers use it)."""
         if y.ndim != 1:
             return None
-        return self.model_at(t).angular_jacobian(y, self.weights)
+        return self.attention_at(t).angular_jacobian(y, self.weights)
 
     def noise(self, t: float, y: np.ndarray, dt: float, rng: np.random.Generator) -> np.ndarray:
-        return math.sqrt(2 * dt / self.kappa) * rng.standard_normal(y.shape)
+        return self.noise_scale(dt) * rng.standard_normal(y.shape)
 
     def measure(self, y: np.ndarray) -> Atoms:
         return Atoms._trusted(np.stack([np.cos(y), np.sin(y)], axis=-1), self.weights)
 
-    def snapshot(self, t: float, y: np.ndarray) -> dict:
+    def snapshot(self, t: float, y: np.ndarray, known: dict[str, np.ndarray] | None = None) -> dict:
         mu = self.measure(y)
         out = {
             "angles": (self._batch + ("particle",), np.array(y, copy=True)),
             "points": (self._batch + ("particle", "coord"), mu.points),
         }
-        out.update(self.diagnostic_variables(mu, t))
+        out.update(self.diagnostic_variables(mu, t, known=known))
         return out
 
     def _energies(
@@ -85,6 +99,8 @@ class CircleAngleProblem(ParticleProblem):
     ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         r"""Energies from the angle differences (accurate when tokens have merged): :math:`E = \frac1{2\beta}
         \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`; and :math:`\log E` (N_eff's sums)."""
+        if not isinstance(model, Attention):  # the constructor admits attention only
+            return super()._energies(model, mu)
         th = np.arctan2(mu.points[..., 1], mu.points[..., 0])
         beta = model.beta_for(mu.n)
         if beta == 0:
@@ -185,14 +201,18 @@ class CircleGapProblem(CircleAngleProblem):
 
     def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
         self.evaluations += 1
-        f = self.model_at(t).angular_velocity_from_differences(self.differences(y), self.weights)
+        f = self.attention_at(t).angular_velocity_from_differences(
+            self.differences(y), self.weights
+        )
         return np.concatenate([f[..., :1], np.diff(f, axis=-1)], axis=-1)
 
     def jacobian(self, t: float, y: np.ndarray) -> np.ndarray | None:
         """:math:`T^{-1}J_\theta T` by one-sided partial sums (no cancellation of the O(1) entries)."""
         if y.ndim != 1:
             return None
-        J = self.model_at(t).angular_jacobian_from_differences(self.differences(y), self.weights)
+        J = self.attention_at(t).angular_jacobian_from_differences(
+            self.differences(y), self.weights
+        )
         np.fill_diagonal(J, 0.0)
         n = y.size
         right = np.cumsum(J[:, ::-1], axis=1)[:, ::-1]  # sum_{j >= m} J_ij
@@ -205,14 +225,14 @@ class CircleGapProblem(CircleAngleProblem):
         return np.concatenate([JT[:1], np.diff(JT, axis=0)], axis=0)
 
     def noise(self, t: float, y: np.ndarray, dt: float, rng: np.random.Generator) -> np.ndarray:
-        xi = math.sqrt(2 * dt / self.kappa) * rng.standard_normal(y.shape)
+        xi = self.noise_scale(dt) * rng.standard_normal(y.shape)
         return np.concatenate([xi[..., :1], np.diff(xi, axis=-1)], axis=-1)
 
     def measure(self, y: np.ndarray) -> Atoms:
         th = np.take_along_axis(self.angles(y), self.inverse, axis=-1)
         return Atoms._trusted(np.stack([np.cos(th), np.sin(th)], axis=-1), self.user_weights)
 
-    def snapshot(self, t: float, y: np.ndarray) -> dict:
+    def snapshot(self, t: float, y: np.ndarray, known: dict[str, np.ndarray] | None = None) -> dict:
         mu = self.measure(y)
         out = {
             "gaps": (self._batch + ("particle",), np.array(y, copy=True)),
@@ -222,7 +242,7 @@ class CircleGapProblem(CircleAngleProblem):
             ),
             "points": (self._batch + ("particle", "coord"), mu.points),
         }
-        out.update(self.diagnostic_variables(mu, t))
+        out.update(self.diagnostic_variables(mu, t, known=known))
         return out
 
     def static(self) -> dict:

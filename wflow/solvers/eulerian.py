@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -249,6 +249,8 @@ class FiniteVolume(Problem):
         return self.model is not None and self.model.is_gradient
 
     def energy(self, masses: np.ndarray, t: float = 0.0) -> float:
+        if self.model is None:  # no interaction: F = 0 (as for the JKO energy)
+            return 0.0
         return float(
             self.model.at(t).energy(
                 Atoms._trusted(self.mesh.centers, np.maximum(masses, 0.0)), backend=self.backend
@@ -500,9 +502,10 @@ def solve_density(
         throw=throw,
         result_class=DensityTrajectory,
     )
-    r._mesh = mesh
-    logger.debug("solve_density: %s", r)
-    return r
+    traj = cast(DensityTrajectory, r)  # integrate builds result_class
+    traj._mesh = mesh
+    logger.debug("solve_density: %s", traj)
+    return traj
 
 
 def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):

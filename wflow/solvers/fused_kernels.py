@@ -206,7 +206,7 @@ def _cluster_buffers(n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, fastmath=FM_SUM)
-def gram_clusters(G, xk, dl, cl, adj, U, stack):  # pragma: no cover - compiled
+def gram_clusters(G, xk, dl, cl, adj, U, stack):  # pragma: no cover  # noqa: C901, PLR0912, PLR0915 - one compiled kernel
     """The number of single-linkage clusters of the points xk (n, r) -- i and j linked when
     |x_i - x_j| < chord -- read off the Gram matrix G (n, n, float64) of their directions, with
     cl = (chord, 1 - chord^2 / 2, lo, hi) (lo, hi of :func:`wflow.linkage.link_bounds`) and dl >= max_i ||x_i| - 1|

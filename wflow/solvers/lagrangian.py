@@ -21,7 +21,7 @@ and the recovered density is no longer meaningful; the atoms remain a valid meas
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -167,7 +167,10 @@ class LagrangianSolution(Trajectory):
     @property
     def jacobian(self) -> np.ndarray:
         k, n, d = self.points.shape
-        T = self.tracers.reshape(k, d - 1, 2, n, d)
+        tracers = self.tracers
+        if tracers is None:  # solve_lagrangian always carries them
+            raise ValueError("this solution carries no Jacobian tracers")
+        T = tracers.reshape(k, d - 1, 2, n, d)
         D = (T[:, :, 0] - T[:, :, 1]) / (
             2 * self.eps
         )  # (k, d-1, n, d): images of the frame vectors
@@ -258,8 +261,8 @@ def solve_lagrangian(
         trs.insert(0, writer)
     if progress:
         trs.append(ProgressBar(f"lagrangian ({solver.name})"))
-    kw = dict(rtol=rtol, atol=atol) if solver.adaptive else {}
-    return integrate(
+    kw: dict[str, Any] = dict(rtol=rtol, atol=atol) if solver.adaptive else {}
+    r = integrate(
         problem,
         solver,
         np.concatenate([x, tracers], axis=0),
@@ -273,6 +276,7 @@ def solve_lagrangian(
         result_class=LagrangianSolution,
         **kw,
     )
+    return cast(LagrangianSolution, r)  # integrate builds result_class
 
 
 def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):

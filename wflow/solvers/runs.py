@@ -162,7 +162,8 @@ def resume(
         dt_next=float(np.nan_to_num(prev.stats["dt_next"][-1])),
         checkpoint={k: a for k, (_, a) in prev.checkpoint.items()},
     )
-    trs = [io.ZarrRecorder(path, append=True), *trackers]
+    # ZarrRecorder is a Tracker by duck type: wflow.io sits below wflow.solvers
+    trs: list[Any] = [io.ZarrRecorder(path, append=True), *trackers]
     if progress:
         trs.append(ProgressBar(f"{solver.name} (resumed)"))
     extra = {k: v for k, v in cfg.items() if k not in _DRIVER_KEYS}

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -143,7 +143,7 @@ class ProgressBar(Tracker):
 
     def __init__(self, label: str | None = None):
         self.label = label
-        self.bar = None
+        self.bar: Any = None  # a tqdm bar while the run lasts
         self._notices: contextlib.ExitStack | None = None
 
     def start(self, run: RunInfo) -> None:
@@ -211,7 +211,7 @@ class Callback(Tracker):
 
     name = "callback"
 
-    def __init__(self, f: Callable[[float, np.ndarray], Any], *, every_step: bool = False):
+    def __init__(self, f: Callable[..., Any], *, every_step: bool = False):
         if not callable(f):
             raise TypeError(f"callback must be callable, got {short_repr(f)}")
         self.f = f
@@ -285,9 +285,9 @@ class StepLog(Tracker):
     def __init__(self, path: str | os.PathLike, *, append: bool = False):
         self.path = Path(path)
         self.append = append
-        self.fh = None
-        self.writer = None
-        self.fields: list[str] | None = None
+        self.fh: IO[str] | None = None
+        self.writer: csv.DictWriter[str] | None = None
+        self.fields: list[str] = []
         self.step_no = 0
 
     def start(self, run: RunInfo) -> None:
@@ -304,18 +304,18 @@ class StepLog(Tracker):
                 for r in rows
                 if None not in r.values()
                 and None not in r
-                and _float(r["t"]) is not None
-                and _float(r["t"]) <= limit * (1 + 1e-12) + 1e-300
+                and (t := _float(r["t"])) is not None
+                and t <= limit * (1 + 1e-12) + 1e-300
             ]
             self.step_no = int(kept[-1]["step"]) if kept else 0
-            self.fields = list(rows[0].keys()) if rows else None
+            self.fields = list(rows[0].keys()) if rows else []
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        self.fh = open(tmp, "w", newline="")
+        self.fh = fh = open(tmp, "w", newline="")
         if kept:
-            self.writer = csv.DictWriter(self.fh, fieldnames=self.fields)
+            self.writer = csv.DictWriter(fh, fieldnames=self.fields)
             self.writer.writeheader()
             self.writer.writerows(kept)
-        self.fh.flush()
+        fh.flush()
         os.replace(tmp, self.path)
 
     def step(self, t: float, dt: float, step: StepResult) -> None:
@@ -329,6 +329,7 @@ class StepLog(Tracker):
         row.update(
             {k: (repr(float(v)) if isinstance(v, float) else v) for k, v in step.info.items()}
         )
+        assert self.fh is not None, "StepLog.step before start"
         if self.writer is None:
             self.fields = list(row)
             self.writer = csv.DictWriter(self.fh, fieldnames=self.fields, extrasaction="ignore")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -606,7 +606,7 @@ def solve_zonal(
         result_class=ZonalTrajectory,
     )
     logger.debug("solve_zonal: %s", r)
-    return r
+    return cast(ZonalTrajectory, r)  # integrate builds result_class
 
 
 def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):

@@ -159,7 +159,7 @@ def polish_atoms(
     start = np.asarray(mu.points, dtype=float)
     weights = np.asarray(mu.weights, dtype=float)
     weights = weights / weights.sum()
-    k_all, d = start.shape
+    k_all = start.shape[0]
     free = np.ones(k_all, dtype=bool) if free is None else np.asarray(free, dtype=bool)
     idx = np.flatnonzero(free)
     res0 = float(np.max(_speeds(model, start, weights, backend)[idx], initial=0.0))
@@ -171,7 +171,34 @@ def polish_atoms(
 
     if idx.size == 0:
         return out(start, False, "no free atom to polish")
-    k = idx.size
+    atoms = _newton(model, start, weights, idx, max_move, backend, max_iter)
+    refused = _refusal(atoms, start, max_move, min_gap)
+    if refused is not None:
+        return out(start, False, refused)
+    moved = np.arccos(np.clip(np.sum(atoms * start, axis=-1), -1.0, 1.0))
+    res1 = float(np.max(_speeds(model, atoms, weights, backend)[idx], initial=0.0))
+    if not res1 <= res0:
+        return out(
+            start,
+            False,
+            f"polishing would raise the velocity from {res0:.3g} to {res1:.3g}: not applied",
+        )
+    return out(atoms, True, f"polished: atoms moved by at most {moved.max():.3g} rad")
+
+
+def _newton(
+    model: Model,
+    start: np.ndarray,
+    weights: np.ndarray,
+    idx: np.ndarray,
+    max_move: float,
+    backend: str,
+    max_iter: int,
+) -> np.ndarray:
+    """Damped Newton steps on the tangent velocities of the atoms ``idx`` from ``start``, shape
+    ``(k, d)``: the whole Jacobian by forward differences, each step cut to ``max_move / 2`` per
+    atom and halved until the residual decreases (stops when it cannot)."""
+    k, d = idx.size, start.shape[1]
 
     def exp(a: np.ndarray, u: np.ndarray) -> np.ndarray:
         y = exp_map(a, u)
@@ -211,31 +238,22 @@ def polish_atoms(
         else:
             break
         atoms = trial
+    return atoms
+
+
+def _refusal(atoms: np.ndarray, start: np.ndarray, max_move: float, min_gap: float) -> str | None:
+    """Why the polished ``atoms`` are refused (non-finite, an atom moved farther than ``max_move``,
+    two atoms within ``min_gap``), or None."""
     if not np.all(np.isfinite(atoms)):
-        return out(start, False, "polishing produced non-finite atoms: not applied")
+        return "polishing produced non-finite atoms: not applied"
     moved = np.arccos(np.clip(np.sum(atoms * start, axis=-1), -1.0, 1.0))
     if moved.max() > max_move:
         i = int(np.argmax(moved))
-        return out(
-            start,
-            False,
-            f"polishing would move atom {i} by {moved[i]:.3g} rad (more than {max_move:.3g}): not applied",
-        )
+        return f"polishing would move atom {i} by {moved[i]:.3g} rad (more than {max_move:.3g}): not applied"
     if atoms.shape[0] > 1:
         gap = np.arccos(np.clip(atoms @ atoms.T, -1.0, 1.0))
         gap[np.diag_indices(atoms.shape[0])] = np.inf
         closest = float(gap.min())
         if closest <= min_gap:
-            return out(
-                start,
-                False,
-                f"polishing would bring two atoms within {closest:.3g} rad of each other: not applied",
-            )
-    res1 = float(np.max(_speeds(model, atoms, weights, backend)[idx], initial=0.0))
-    if not res1 <= res0:
-        return out(
-            start,
-            False,
-            f"polishing would raise the velocity from {res0:.3g} to {res1:.3g}: not applied",
-        )
-    return out(atoms, True, f"polished: atoms moved by at most {moved.max():.3g} rad")
+            return f"polishing would bring two atoms within {closest:.3g} rad of each other: not applied"
+    return None

@@ -728,6 +728,79 @@ def _tightened(sk: Scaling, meas, narrowed, opts: _Settings, primal, optimistic)
         settled = st != "ok"
 
 
+def _pairs(meas, f, g, eps, pat, c, co: _Coarse, geodesic, filtering, searching):
+    """The kept pairs of one scaling attempt, ``(pattern, c, c_csc)``: the previous eps step's pairs
+    filtered (``filtering``: a later eps step on a level), searched anew (``searching``: after a
+    stall or a bracket wider than tol), else expanded from the coarse level's cell pairs."""
+    x, _, y, _ = meas
+    if filtering:
+        return _narrow(pat, c, f, g, eps)
+    if not searching:  # the first two eps steps: from the coarse cell pairs,
+        narrowed = _expand(x, y, f, g, eps, co, geodesic)
+        # with the windows of the atoms whose best partner they miss (near the
+        # transport map's discontinuities the coarse cells' pairs are off by far
+        # more than any margin)
+        checked = _repair(x, y, f, g, eps, narrowed, geodesic)
+        return narrowed if checked is None else checked[0]
+    return _search(x, y, f, g, eps, geodesic)
+
+
+def _optimistic(meas, f, pattern, sk, opts: _Settings, levels):
+    """Whether to certify on the last level's final eps, ``(certify, plan cost, rounding mass)``.
+
+    The optimistic bracket, the plan's cost against the dual of the c-transform on the pattern,
+    within ``tol`` (or the levels spent): then the plan is rounded onto the marginals
+    (:func:`_tightened`) and its cost and the mass moved are returned.
+    """
+    _, a, _, b = meas
+    pat, c, c_csc = pattern
+    primal = plan_cost(pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v)
+    gs, _ = best_partner(pat.cptr, pat.crows, c_csc, f)
+    optimistic = primal - float(a @ f + b @ gs)
+    certify = optimistic <= opts.tol * primal or levels >= opts.max_levels
+    if not certify:
+        return False, math.nan, math.nan
+    pc, delta = _tightened(sk, meas, pattern, opts, primal, optimistic)
+    sk.absorb()
+    return True, pc, delta
+
+
+def _certificate(meas, f, g, eps, pat, sk, pc, delta, opts: _Settings, state):
+    """The certified bracket on the last level: ``(result, (f^c, g^c))``, the lower bound from the
+    c-transforms of both potentials, the upper from the rounded plan's cost ``pc``."""
+    x, a, y, b = meas
+    up2 = pc
+    gt, st1 = c_transform(y, x, f, opts.geodesic)
+    ft, st2 = c_transform(x, y, g, opts.geodesic)
+    lo2 = max(float(a @ f + b @ gt), float(a @ ft + b @ g))
+    lo, up = math.sqrt(max(lo2, 0.0)), math.sqrt(max(up2, 0.0))
+    width = (up - lo) / up if up > 0 else 0.0
+    result = {
+        "lower": lo,
+        "upper": up,
+        "value": 0.5 * (lo + up),
+        "rel_width": width,
+        "certified": width <= opts.tol,
+        "eps": eps,
+        "levels": state["levels"],
+        "passes": state["passes"],
+        "pairs": int(pat.nnz),
+        "marginal_error": float(sk.err),
+        "rounding_mass": float(delta),
+        "scanned": 0.5 * (st1["scanned"] + st2["scanned"]),
+        "lower_sq": lo2,
+        "upper_sq": up2,
+    }
+    log.debug(
+        "bracket [%.6f, %.6f] width %.2g t %.1f",
+        lo,
+        up,
+        width,
+        time.perf_counter() - state["t_start"],
+    )
+    return result, (ft, gt)
+
+
 def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _Coarse):
     """The eps-halving loop on one level of atoms (kernel truncation); certifies on the last one.
 
@@ -761,17 +834,10 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
                 sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
             if repaired is not None:  # the pairs with the lost rows' and columns' windows
                 narrowed, repaired = repaired, None
-            elif not search and rebuild == 0:  # a later eps step on this level: filter its pairs
-                narrowed = _narrow(pat, c, f, g, eps)
-            elif not wide and rebuild == 0:  # the first two: from the coarse cell pairs,
-                narrowed = _expand(x, y, f, g, eps, co, geodesic)
-                # with the windows of the atoms whose best partner they miss (near the
-                # transport map's discontinuities the coarse cells' pairs are off by far
-                # more than any margin)
-                checked = _repair(x, y, f, g, eps, narrowed, geodesic)
-                narrowed = narrowed if checked is None else checked[0]
             else:
-                narrowed = _search(x, y, f, g, eps, geodesic)
+                filtering = not search and rebuild == 0  # a later eps step: filter its pairs
+                searching = wide or rebuild > 0
+                narrowed = _pairs(meas, f, g, eps, pat, c, co, geodesic, filtering, searching)
             pat, c, c_csc = narrowed
             if step == 0 and not last:  # (after a stall, the pairs that replaced them)
                 first = (pat, c)
@@ -797,14 +863,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
         assert pat is not None  # the loop above ran at least once
         certify = False
         if final:
-            # optimistic bracket: plan cost against the dual of the c-transform on the pattern
-            primal = plan_cost(pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v)
-            gs, _ = best_partner(pat.cptr, pat.crows, c_csc, f)
-            optimistic = primal - float(a @ f + b @ gs)
-            certify = optimistic <= tol * primal or levels >= opts.max_levels
-            if certify:
-                pc, delta = _tightened(sk, (x, a, y, b), (pat, c, c_csc), opts, primal, optimistic)
-                sk.absorb()
+            certify, pc, delta = _optimistic(meas, f, (pat, c, c_csc), sk, opts, levels)
         log.debug(
             "level %d (%d x %d atoms) eps %.3g pairs %d passes %d err %.2g certify %s t %.1f",
             levels,
@@ -818,35 +877,8 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             time.perf_counter() - t_start,
         )
         if certify:
-            up2 = pc
-            gt, st1 = c_transform(y, x, f, geodesic)
-            ft, st2 = c_transform(x, y, g, geodesic)
-            lo2 = max(float(a @ f + b @ gt), float(a @ ft + b @ g))
-            lo, up = math.sqrt(max(lo2, 0.0)), math.sqrt(max(up2, 0.0))
-            width = (up - lo) / up if up > 0 else 0.0
-            result = {
-                "lower": lo,
-                "upper": up,
-                "value": 0.5 * (lo + up),
-                "rel_width": width,
-                "certified": width <= tol,
-                "eps": eps,
-                "levels": levels,
-                "passes": state["passes"],
-                "pairs": int(pat.nnz),
-                "marginal_error": float(sk.err),
-                "rounding_mass": float(delta),
-                "scanned": 0.5 * (st1["scanned"] + st2["scanned"]),
-                "lower_sq": lo2,
-                "upper_sq": up2,
-            }
-            log.debug(
-                "bracket [%.6f, %.6f] width %.2g t %.1f",
-                lo,
-                up,
-                width,
-                time.perf_counter() - t_start,
-            )
+            result, (ft, gt) = _certificate(meas, f, g, eps, pat, sk, pc, delta, opts, state)
+            width = result["rel_width"]
             if width <= tol or levels >= opts.max_levels:
                 break
             checked = _repair(x, y, f, g, eps, (pat, c, c_csc), geodesic, exact=(ft, gt))
@@ -858,7 +890,6 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             break
         eps = max(0.5 * eps, eps_end) if eps > eps_end else 0.5 * eps
         step += 1
-    handed = None
-    if first is not None:  # the pairs the finer level expands, with the hand-over's margin
-        handed = _narrow(*first, f, g, eps, tau=TAU + MARGIN)[0]
+    # the pairs the finer level expands, with the hand-over's margin
+    handed = None if first is None else _narrow(*first, f, g, eps, tau=TAU + MARGIN)[0]
     return (f, g), eps, result, handed

@@ -81,6 +81,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -324,28 +327,17 @@ def semidiscrete_w2(
     >>> r["converged"], bool(r["lo"] <= r["hi"] < r["lo"] + 1e-3), round(r["lo"], 3)
     (True, True, 0.106)
     """
-    from scipy import sparse
-    from scipy.sparse.linalg import LinearOperator, cg
-    from scipy.spatial import cKDTree
-
     t0 = time.perf_counter()
     s = _Solver(x, a, y, w, workers)
     N, M = s.N, s.M
     ell2, h2 = 4.0 * math.pi / N, 4.0 * math.pi / M
-    # local squared scales around each fine atom, relative to the quasi-uniform values (Fibonacci
-    # sets: 0.8 ell^2 to the 3rd nearest atom, 1.19 h^2 to the 3rd nearest other fine atom)
-    lam = np.clip(
-        cKDTree(x).query(y, k=min(3, N), workers=workers)[0][:, -1] ** 2 / (0.8 * ell2), local, 1.0
-    )
-    kap = np.clip(
-        cKDTree(y).query(y, k=min(4, M), workers=workers)[0][:, -1] ** 2 / (1.19 * h2), local, 1.0
-    )
+    lam, kap = _local_scales(x, y, N, M, ell2, h2, local, workers)
     eps_end = eps_final * np.sqrt(ell2 * lam * h2 * kap)
     e_rel = max(eps_start, eps_final * math.sqrt(h2 / ell2))
-    psi = np.zeros(N)
     final = e_rel <= eps_final * math.sqrt(h2 / ell2)
-    radius = ell2
-    steps, failed, stalled = 0, 0, False
+    st = _Newton(
+        psi=np.zeros(N), radius=ell2, ell2=ell2, max_steps=max_steps, max_failed=max_failed
+    )
 
     # supports from the walk on the atoms' graph (:meth:`_Solver.walk`), checked against the exact
     # ones after a failed line search and at the end
@@ -372,92 +364,14 @@ def semidiscrete_w2(
         # the support holds every atom whose weight can reach e^{-cut} of the best while psi stays
         # within margin * min(eps) / 2 of where it was queried
         gap = eps * (math.log(10.0 / stage_tol) + margin + s.log_a_range)
-        (F, P, m), cur = at(psi, (None, None))
-        while True:
-            g = a - m
-            L, diag = s.hessian(P, cur[0], eps)
-            done = np.abs(g).sum() < stage_tol or steps >= max_steps
-            if walking and ((done and final) or diag.max() == 0.0):
-                # the end (or a support without a split row) on the walk's support: check it against
-                # the exact one; where they differ the walk gives way to queries, and on
-                missed = s.check(psi, gap, cur[0])
-                if missed:
-                    log.debug("N=%d: the walk missed %d fine atoms at step %d", N, missed, steps)
-                    (F, P, m), cur = at(psi, cur)
-                    continue
-            if done:
-                break
-            if diag.max() == 0.0:  # no fine atom split between two atoms: no Newton direction
-                failed, stalled = max_failed, True
-                break
-            # Levenberg-Marquardt floor: a cell with (almost) no mass has an (almost) empty row
-            # (vanishes near the solution: Newton's quadratic rate returns; 1e-3 instead of 1e-5 slowed the smooth
-            # modes of N = 1e4 cells, whose smallest Hessian eigenvalues are ~1e-3 of the mean diagonal)
-            mu_lm = min(1e-5, 1e-2 * float(np.abs(g).sum()))
-            L = L + sparse.diags(mu_lm * (diag.mean() / a.mean()) * a + 1e-12 * diag.max())
-            dinv = 1.0 / np.maximum(L.diagonal(), 1e-300)
-            delta, _ = cg(
-                L, g, rtol=1e-3, maxiter=1000, M=LinearOperator((N, N), matvec=lambda u: dinv * u)
-            )
-            big = float(np.abs(delta).max())
-            if (
-                big > radius
-            ):  # trust region on max|delta|: a (nearly) empty cell asks for a huge step
-                delta *= radius / big
-            gd = float(g @ delta)
-            t = 1.0
-            while True:  # Armijo on F_eps, and no cell may lose most of its mass (KMT's damping)
-                (Fn, Pn, mn), cur_n = at(psi + t * delta, cur)
-                if Fn >= F + 0.01 * t * gd and mn.min() > 0.2 * min(m.min(), a.min()):
-                    break
-                t *= 0.5
-                if (
-                    gd < 1e-13 * abs(F) or t < 1e-4
-                ):  # round-off level, or no progress: stop this stage
-                    log.debug(
-                        "N=%d: line search stops at step %d: t=%g, g.delta=%.3g, F=%.6g",
-                        N,
-                        steps,
-                        t,
-                        gd,
-                        F,
-                    )
-                    failed += t < 1e-4
-                    t = 0.0
-                    break
-            if walking and t < 1.0 / 16.0:
-                # the walk's support may be the reason: check it at psi
-                missed = s.check(psi, gap, cur[0])
-                if missed:
-                    log.debug("N=%d: the walk missed %d fine atoms at step %d", N, missed, steps)
-                    (F, P, m), cur = at(psi, cur)
-                    continue
-            if 0.0 < t < 1.0 / 16.0:
-                failed += 1
-            if failed >= max_failed:  # stalled: more steps would cost much and gain little
-                stalled = True
-            if t > 0.0:
-                psi = psi + t * delta
-                F, P, m, cur = Fn, Pn, mn, cur_n
-                radius = (
-                    2.0 * radius if t == 1.0 else max(t * float(np.abs(delta).max()), 1e-3 * ell2)
-                )
-                steps += 1
-                log.debug(
-                    "N=%d eps=%.3g step %d t=%g |m-a|_1=%.3g",
-                    N,
-                    e_rel,
-                    steps,
-                    t,
-                    np.abs(a - m).sum(),
-                )
-            if t == 0.0 or stalled:
-                break
-        if final or stalled:
+        (st.F, st.P, st.m), st.cur = at(st.psi, (None, None))
+        _stage(st, s, at, a, eps, stage_tol, final, walking, gap, e_rel)
+        if final or st.stalled:
             break
         e_rel /= factor
         final = e_rel <= eps_final * math.sqrt(h2 / ell2)
-    _, j, i, C = cur[0]
+    _, j, i, C = st.cur[0]
+    P, m, psi = st.P, st.m, st.psi
     marginal_error = float(np.abs(m - a).sum())
     hi = float(np.sum(w[j] * P * C)) + 2.0 * marginal_error
     used = P > 1e-12
@@ -469,13 +383,183 @@ def semidiscrete_w2(
         "chord_max": chord_max,
         "eps": float(np.median(eps)),
         "marginal_error": marginal_error,
-        "newton_steps": steps,
+        "newton_steps": st.steps,
         "queries": s.queries,
         "partial_queries": s.partial_queries,
         "support": j.size / M,
         "converged": bool(marginal_error <= max(100 * tol, 1e-6)),
-        "failed_line_searches": failed,
-        "stalled": stalled,
+        "failed_line_searches": st.failed,
+        "stalled": st.stalled,
         "seconds": time.perf_counter() - t0,
         "psi": psi,
     }
+
+
+@dataclass
+class _Newton:
+    """The damped Newton iterations of :func:`semidiscrete_w2` across its stages: the potential,
+    the plan there (``F``, ``P``, ``m`` and its support ``cur``), the trust radius and the counts."""
+
+    psi: np.ndarray
+    radius: float
+    ell2: float
+    max_steps: int
+    max_failed: int
+    F: float = 0.0
+    P: Any = None
+    m: Any = None
+    cur: tuple = (None, None)
+    steps: int = 0
+    failed: int = 0
+    stalled: bool = False
+
+
+def _stage(
+    st: _Newton,
+    s: _Solver,
+    at: Callable[[np.ndarray, tuple], tuple],
+    a: np.ndarray,
+    eps: np.ndarray,
+    stage_tol: float,
+    final: bool,
+    walking: bool,
+    gap: np.ndarray,
+    e_rel: float,
+) -> None:
+    """Newton steps at one stage's ``eps`` until the marginal error is below ``stage_tol`` (or the
+    steps run out, or the line search stops); the walk's supports are checked against the exact
+    ones at the end of the last stage and after a failed line search."""
+    N = s.N
+    while True:
+        g = a - st.m
+        L, diag = s.hessian(st.P, st.cur[0], eps)
+        done = np.abs(g).sum() < stage_tol or st.steps >= st.max_steps
+        if walking and ((done and final) or diag.max() == 0.0):
+            # the end (or a support without a split row) on the walk's support: check it against
+            # the exact one; where they differ the walk gives way to queries, and on
+            missed = s.check(st.psi, gap, st.cur[0])
+            if missed:
+                log.debug("N=%d: the walk missed %d fine atoms at step %d", N, missed, st.steps)
+                (st.F, st.P, st.m), st.cur = at(st.psi, st.cur)
+                continue
+        if done:
+            return
+        if diag.max() == 0.0:  # no fine atom split between two atoms: no Newton direction
+            st.failed, st.stalled = st.max_failed, True
+            return
+        delta = _newton_direction(L, diag, g, a, st.radius)
+        t, gave_up, (Fn, Pn, mn), cur_n = _line_search(
+            lambda p: at(p, st.cur), st.psi, delta, st.F, g, st.m, a, N, st.steps
+        )
+        st.failed += gave_up
+        if walking and t < 1.0 / 16.0:
+            # the walk's support may be the reason: check it at psi
+            missed = s.check(st.psi, gap, st.cur[0])
+            if missed:
+                log.debug("N=%d: the walk missed %d fine atoms at step %d", N, missed, st.steps)
+                (st.F, st.P, st.m), st.cur = at(st.psi, st.cur)
+                continue
+        if 0.0 < t < 1.0 / 16.0:
+            st.failed += 1
+        if st.failed >= st.max_failed:  # stalled: more steps would cost much and gain little
+            st.stalled = True
+        if t > 0.0:
+            st.psi = st.psi + t * delta
+            st.F, st.P, st.m, st.cur = Fn, Pn, mn, cur_n
+            st.radius = (
+                2.0 * st.radius if t == 1.0 else max(t * float(np.abs(delta).max()), 1e-3 * st.ell2)
+            )
+            st.steps += 1
+            log.debug(
+                "N=%d eps=%.3g step %d t=%g |m-a|_1=%.3g",
+                N,
+                e_rel,
+                st.steps,
+                t,
+                np.abs(a - st.m).sum(),
+            )
+        if t == 0.0 or st.stalled:
+            return
+
+
+def _local_scales(
+    x: np.ndarray,
+    y: np.ndarray,
+    N: int,
+    M: int,
+    ell2: float,
+    h2: float,
+    local: float,
+    workers: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Local squared scales ``(lam, kappa)`` around each fine atom, shape ``(M,)`` each, relative to
+    the quasi-uniform values and floored at ``local`` (Fibonacci sets: 0.8 ell^2 to the 3rd nearest
+    atom, 1.19 h^2 to the 3rd nearest other fine atom)."""
+    from scipy.spatial import cKDTree
+
+    lam = np.clip(
+        cKDTree(x).query(y, k=min(3, N), workers=workers)[0][:, -1] ** 2 / (0.8 * ell2), local, 1.0
+    )
+    kap = np.clip(
+        cKDTree(y).query(y, k=min(4, M), workers=workers)[0][:, -1] ** 2 / (1.19 * h2), local, 1.0
+    )
+    return lam, kap
+
+
+def _newton_direction(
+    L: Any, diag: np.ndarray, g: np.ndarray, a: np.ndarray, radius: float
+) -> np.ndarray:
+    """The damped Newton step ``L delta = g`` by Jacobi-preconditioned CG, shape ``(N,)``, with a
+    Levenberg--Marquardt floor and a trust region ``max|delta| <= radius``."""
+    from scipy import sparse
+    from scipy.sparse.linalg import LinearOperator, cg
+
+    N = g.size
+    # Levenberg-Marquardt floor: a cell with (almost) no mass has an (almost) empty row
+    # (vanishes near the solution: Newton's quadratic rate returns; 1e-3 instead of 1e-5 slowed the smooth
+    # modes of N = 1e4 cells, whose smallest Hessian eigenvalues are ~1e-3 of the mean diagonal)
+    mu_lm = min(1e-5, 1e-2 * float(np.abs(g).sum()))
+    L = L + sparse.diags(mu_lm * (diag.mean() / a.mean()) * a + 1e-12 * diag.max())
+    dinv = 1.0 / np.maximum(L.diagonal(), 1e-300)
+    delta, _ = cg(
+        L, g, rtol=1e-3, maxiter=1000, M=LinearOperator((N, N), matvec=lambda u: dinv * u)
+    )
+    big = float(np.abs(delta).max())
+    if big > radius:  # trust region on max|delta|: a (nearly) empty cell asks for a huge step
+        delta *= radius / big
+    return delta
+
+
+def _line_search(
+    at: Callable[[np.ndarray], tuple],
+    psi: np.ndarray,
+    delta: np.ndarray,
+    F: float,
+    g: np.ndarray,
+    m: np.ndarray,
+    a: np.ndarray,
+    N: int,
+    steps: int,
+) -> tuple[float, bool, tuple, tuple]:
+    """Armijo on F_eps from ``psi`` along ``delta``, and no cell may lose most of its mass (KMT's
+    damping): ``(t, gave_up, (F, P, m), support)`` at the last point tried.
+
+    ``t = 0`` when the search stops (the slope at round-off level, or no progress); ``gave_up``
+    when it stopped with the step below 1e-4."""
+    gd = float(g @ delta)
+    t = 1.0
+    while True:
+        (Fn, Pn, mn), cur_n = at(psi + t * delta)
+        if Fn >= F + 0.01 * t * gd and mn.min() > 0.2 * min(m.min(), a.min()):
+            return t, False, (Fn, Pn, mn), cur_n
+        t *= 0.5
+        if gd < 1e-13 * abs(F) or t < 1e-4:  # round-off level, or no progress: stop this stage
+            log.debug(
+                "N=%d: line search stops at step %d: t=%g, g.delta=%.3g, F=%.6g",
+                N,
+                steps,
+                t,
+                gd,
+                F,
+            )
+            return 0.0, t < 1e-4, (Fn, Pn, mn), cur_n

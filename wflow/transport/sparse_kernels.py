@@ -396,7 +396,7 @@ def _offset(pts, p, cen, C, t):
 
 
 @njit(cache=True, parallel=True)
-def cell_models(pts, pot, ptr, cen):
+def cell_models(pts, pot, ptr, cen):  # noqa: C901, PLR0912, PLR0915 - one compiled kernel
     r"""Each cell's linear model of the potential, for the bound of :func:`_model_bound`.
 
     A point of cell C is :math:`p = o + t + \delta o` (:math:`o` the unit centre, :math:`t
