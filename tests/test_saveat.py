@@ -286,3 +286,21 @@ def test_cli_says_a_deprecated_key_in_one_line(tmp_path, capsys):
     assert code == 0
     assert "wflow: warning: config key run.n_saves is deprecated; use save.n\n" in err
     assert len(wflow.load(tmp_path / "r" / "trajectory.zarr").times) == 2
+
+
+def test_results_are_selected_by_saved_time():
+    """save_index finds a saved time up to rounding (0.1 * 3 is 0.30000000000000004) and refuses any other
+    time, naming its nearest saves; a density result selects by time with density(t=...)."""
+    x0 = sphere.uniform(6, 3, seed=1)
+    traj = wflow.simulate(SA(2.0), x0, 0.6, dt=0.1, save_at=[0.0, 0.1 * 3, 0.6])
+    assert traj.save_index(0.3) == 1 and traj.save_index(0.6) == 2
+    with pytest.raises(ValueError, match=r"t=0.45 is not a saved time .* nearest are 0.3 and 0.6"):
+        traj.save_index(0.45)
+    with pytest.raises(TypeError, match="t must be a real number"):
+        traj.save_index("0.3")
+    mesh = wflow.mesh.CircleMesh(32)
+    rho = wflow.density.Density.from_function(mesh, lambda x: 1 + 0.5 * x[:, 0])
+    sol = wflow.solve_density(SA(1.0), rho, 0.5, save_at=[0.25, 0.5])
+    np.testing.assert_array_equal(sol.density(t=0.25).values, sol.values[1])
+    with pytest.raises(ValueError, match="nearest are 0.25 and 0.5"):
+        sol.density(t=0.3)

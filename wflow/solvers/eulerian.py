@@ -346,9 +346,9 @@ class DensityTrajectory(Result):
     def energy(self) -> np.ndarray | None:
         return self.data["energy"][1] if "energy" in self.data else None
 
-    def density(self, i: int = -1) -> Density:
-        """The saved density number ``i``."""
-        return Density._trusted(self.mesh, self.values[i])
+    def density(self, i: int = -1, *, t: float | None = None) -> Density:
+        """The saved density number ``i``, or the one saved at time ``t`` (:meth:`save_index`)."""
+        return Density._trusted(self.mesh, self.values[i if t is None else self.save_index(t)])
 
 
 def solve_density(

@@ -177,8 +177,11 @@ class LagrangianSolution(Trajectory):
         G = np.einsum("kanj,kbnj->knab", D, D)
         return np.sqrt(np.linalg.det(G))
 
-    def density(self, i: int = -1) -> tuple[np.ndarray, np.ndarray]:
-        r"""``(points, rho)``: the density :math:`\rho_0/J_t` at the moved nodes at save index ``i``."""
+    def density(self, i: int = -1, *, t: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        r"""``(points, rho)``: the density :math:`\rho_0/J_t` at the moved nodes at save index ``i`` (or at the
+        saved time ``t``, :meth:`save_index`)."""
+        if t is not None:
+            i = self.save_index(t)
         return self.points[i], self.rho0 / self.jacobian[i]
 
 

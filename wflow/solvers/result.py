@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import short_repr
 from .contract import Problem, Registry, Solver, Variable
 
 __all__ = ["Status", "Result", "Kind", "KINDS", "register_kind"]
@@ -123,6 +124,41 @@ class Result:
 
     def __len__(self) -> int:
         return int(len(self.times))
+
+    def save_index(self, t: float) -> int:
+        """The index of the save at time ``t`` (equal to a saved time up to rounding: ``1e-9`` of the interval).
+
+        Raises ``ValueError`` naming the nearest saved times when ``t`` is not one of them.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from wflow.solvers.base import Problem, integrate
+        >>> class Decay(Problem):
+        ...     def rhs(self, t, y):
+        ...         return -y
+        >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, save_at=[0.5, 1.0])
+        >>> res.save_index(0.5), res.save_index(1.0)
+        (1, 2)
+        """
+        if isinstance(t, (bool, np.bool_)) or not isinstance(
+            t, (int, float, np.integer, np.floating)
+        ):
+            raise TypeError(f"t must be a real number (a saved time), got {short_repr(t)}")
+        times = np.asarray(self.times, dtype=np.float64)
+        if not len(times):
+            raise ValueError("this result holds no saves")
+        span = float(times[-1] - times[0]) if len(times) > 1 else 0.0
+        tol = 1e-9 * max(span, abs(float(times[-1])), 1e-300)
+        i = int(np.argmin(np.abs(times - float(t))))
+        if abs(times[i] - float(t)) > tol:
+            j = int(np.searchsorted(times, float(t)))
+            near = [f"{times[k]:.6g}" for k in (j - 1, j) if 0 <= k < len(times)]
+            raise ValueError(
+                f"t={float(t)!r} is not a saved time of this result; the nearest are {' and '.join(near)} "
+                f"(saves at {short_repr(times)})"
+            )
+        return i
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name in self.data:

@@ -371,9 +371,10 @@ class ZonalTrajectory(Result):
         with np.errstate(divide="ignore", over="ignore", under="ignore"):
             return np.exp(np.log(self.masses) - self.log_volumes)
 
-    def density(self, i: int = -1) -> np.ndarray:
-        r"""Cell averages :math:`\bar f_i` (w.r.t. :math:`\sigma`) of saved density number ``i``."""
-        return self.values[i]
+    def density(self, i: int = -1, *, t: float | None = None) -> np.ndarray:
+        r"""Cell averages :math:`\bar f_i` (w.r.t. :math:`\sigma`) of saved density number ``i`` (or of the one
+        saved at time ``t``, :meth:`save_index`)."""
+        return self.values[i if t is None else self.save_index(t)]
 
     def law_density(self, i: int = -1) -> np.ndarray:
         r"""The density of the law of :math:`z` on the bands, :math:`m_j/(z_{j+1} - z_j)`, shape ``(M,)``."""
