@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -436,6 +437,260 @@ def test_resume_skips_committed_and_reruns_torn_points(tmp_path, client):
     assert (ds.status.values == 0).all()
     with pytest.raises(FileExistsError, match="resume=True"):
         sweep(TINY, grid, out=out, scheduler=client, progress=False, observables=obs, resume=False)
+
+
+# ------------------------------------------------------------------------------ resume by coordinates
+def _stop_after(monkeypatch, k):
+    """Make the next sweep run only its first ``k`` tasks still to do (a sweep killed after k commits)."""
+    import wflow.sweep as sw
+
+    run = sw.run_tasks
+
+    def first_k(client, plan, store, todo, *args):
+        return run(client, plan, store, todo[:k], *args)
+
+    monkeypatch.setattr(sw, "run_tasks", first_k)
+    return lambda: monkeypatch.setattr(sw, "run_tasks", run)
+
+
+def _counting(log: Path):
+    """A user observable recording which points ran: (init.n, init.d) of every system it sees."""
+
+    def counted(mu):
+        with open(log, "a") as fh:
+            fh.write(f"{mu.n},{mu.points.shape[-1]}\n")
+        return np.zeros(mu.batch_shape)
+
+    def calls():
+        return {tuple(int(v) for v in line.split(",")) for line in log.read_text().split()}
+
+    log.write_text("")
+    return {"order_parameter": None, "counted": counted}, calls
+
+
+def _counts(ds):
+    return {k: ds.attrs[k] for k in ("points", "done", "ok", "failed", "not_run")}
+
+
+@pytest.mark.parametrize("n_values", [[4, 5, 6], [6, 4, 5]])
+def test_a_sweep_resumed_with_its_axes_in_the_other_order_runs_exactly_the_missing_points(
+    tmp_path, client, monkeypatch, n_values
+):
+    """Killed after 2 of 6 tasks, run again with the grid's axes swapped (and the values of one in
+    another order): the 4 missing points run, no other, every point ends filled, the values are
+    those of an uninterrupted sweep and the counts come from the store."""
+    out = tmp_path / "s.zarr"
+    obs, calls = _counting(tmp_path / "calls.txt")
+    resume = _stop_after(monkeypatch, 2)
+    first = sweep(
+        TINY,
+        {"init.n": [4, 5, 6], "init.d": [2, 3]},
+        out=out,
+        scheduler=client,
+        progress=False,
+        observables=obs,
+    )
+    assert calls() == {(4, 2), (4, 3)}
+    assert _counts(first) == {"points": 6, "done": 2, "ok": 2, "failed": 0, "not_run": 4}
+    resume()
+    obs, calls = _counting(tmp_path / "calls.txt")
+    ds = sweep(
+        TINY,
+        {"init.d": [2, 3], "init.n": n_values},
+        out=out,
+        scheduler=client,
+        progress=False,
+        observables=obs,
+    )
+    assert calls() == {(5, 2), (5, 3), (6, 2), (6, 3)}
+    assert ds.status.dims == ("n", "d") and ds.n.values.tolist() == [4, 5, 6]  # the store's layout
+    assert (ds.status.values == 0).all() and np.isfinite(ds.order_parameter.values).all()
+    assert _counts(ds) == {"points": 6, "done": 6, "ok": 6, "failed": 0, "not_run": 0}
+    ref = sweep(
+        TINY,
+        {"init.n": [4, 5, 6], "init.d": [2, 3]},
+        out=tmp_path / "ref.zarr",
+        scheduler=client,
+        progress=False,
+        observables=["order_parameter"],
+    )
+    np.testing.assert_array_equal(ds.order_parameter.values, ref.order_parameter.values)
+    for n in (4, 5, 6):
+        for d in (2, 3):
+            assert point_config(ds, n=n, d=d)["init.n"] == n
+            assert json.loads(str(ds.config.sel(n=n, d=d).values))["init.d"] == d
+
+
+def test_the_cli_resumes_a_sweep_given_its_grid_options_in_the_other_order(
+    tmp_path, client, monkeypatch, capsys
+):
+    import wflow.sweep as sw
+    from wflow.cli import main
+
+    monkeypatch.setattr(sw, "connect", lambda *a, **k: (client, None, False))
+    out = tmp_path / "s.zarr"
+    args = ["sweep", "--out", str(out), "--no-progress", "--observable", "order_parameter"]
+    args += [f"--set={k}={v}" for k, v in TINY.items()]
+    resume = _stop_after(monkeypatch, 3)
+    main([*args, "--grid", "model.beta=[1, 2, 3]", "--grid", "init.n=[4, 5]"])
+    assert capsys.readouterr().out.startswith(f"sweep: {out}: 3 of 6 points reached t_end")
+    resume()
+    assert main([*args, "--grid", "init.n=[4, 5]", "--grid", "model.beta=[1, 2, 3]"]) == 0
+    assert capsys.readouterr().out.startswith(
+        f"sweep: {out}: 6 of 6 points reached t_end, 0 failed"
+    )
+    ds = open_sweep(out)
+    assert (ds.status.values == 0).all() and np.isfinite(ds.order_parameter.values).all()
+
+
+@pytest.mark.parametrize(
+    "grid, match",
+    [
+        (
+            {"init.n": [4, 5, 7], "init.d": [3]},
+            r"grid init\.n: the store has \[4, 5, 6\], given \[4, 5, 7\]",
+        ),
+        (
+            {"init.n": [4, 5, 6], "init.d": [3], "model.beta": [1]},
+            r"grid: model\.beta is not an axis",
+        ),
+        ({"init.n": [4, 5, 6]}, r"grid: the store's axis init\.d is missing"),
+        (
+            {"init.n": [4, 5, 6], "init.d": [3], "run.dt": 0.05},
+            r"config run\.dt: the store has 0\.1, given 0\.05",
+        ),
+    ],
+)
+def test_a_grid_that_differs_from_the_stores_is_refused_naming_the_difference(
+    tmp_path, client, monkeypatch, grid, match
+):
+    out = tmp_path / "s.zarr"
+    resume = _stop_after(monkeypatch, 1)
+    sweep(
+        TINY,
+        {"init.n": [4, 5, 6], "init.d": [3]},
+        out=out,
+        scheduler=client,
+        progress=False,
+        observables=["order_parameter"],
+    )
+    resume()
+    config = {**TINY, "run.dt": grid.pop("run.dt", TINY["run.dt"])}
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    with pytest.raises(ValueError, match=f"^{out} holds a different sweep: {match}") as exc:
+        sweep(
+            config,
+            grid,
+            out=out,
+            scheduler="tcp://127.0.0.1:1",
+            timeout=0.5,
+            progress=False,
+            observables=["order_parameter"],
+        )
+    assert "\n" not in str(exc.value)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_counts_are_those_committed_in_the_store(tmp_path, client):
+    """A point whose status chunk says 'reached t_end' but whose task was never committed (a sweep
+    killed between the two) counts as not run, and its status reads -2."""
+    out = tmp_path / "s.zarr"
+    sweep(
+        TINY,
+        {"init.n": [4, 5, 6]},
+        out=out,
+        scheduler=client,
+        progress=False,
+        observables=["order_parameter"],
+    )
+    rec = json.loads((out / COMMIT).read_text())
+    rec["done"].remove(1)
+    (out / COMMIT).write_text(json.dumps(rec))
+    ds = open_sweep(out)
+    assert ds.status.values.tolist() == [0, -2, 0]
+    assert _counts(ds) == {"points": 3, "done": 2, "ok": 2, "failed": 0, "not_run": 1}
+
+
+@pytest.mark.parametrize(
+    "mine, named",
+    [
+        ("notes.txt", "notes.txt"),
+        ("plots/a.png", "plots"),
+        ("status/notes.txt", "status/notes.txt"),
+        ("order_parameter/c/mine", "order_parameter/c/mine"),
+        ("link", "link"),
+    ],
+)
+def test_overwrite_refuses_a_store_holding_files_of_the_users(tmp_path, client, mine, named):
+    out = tmp_path / "s.zarr"
+    sweep(
+        TINY,
+        {"init.n": [4, 5]},
+        out=out,
+        scheduler=client,
+        progress=False,
+        observables=["order_parameter"],
+    )
+    path = out / mine
+    if mine == "link":
+        (tmp_path / "target.txt").write_text("mine")
+        path.symlink_to(tmp_path / "target.txt")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("mine")
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    with pytest.raises(ValueError, match=re.escape(str(out / named))) as exc:
+        sweep(
+            TINY,
+            {"init.n": [7]},
+            out=out,
+            scheduler="tcp://127.0.0.1:1",
+            timeout=0.5,
+            progress=False,
+            overwrite=True,
+            observables=["order_parameter"],
+        )
+    assert "\n" not in str(exc.value)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_overwrite_replaces_what_wflow_wrote(tmp_path, client):
+    out = tmp_path / "s.zarr"
+    sweep(
+        TINY,
+        {"init.n": [4, 5], "init.seed": [0, 1]},
+        out=out,
+        scheduler=client,
+        progress=False,
+        observables=["order_parameter", "energy"],
+    )
+    (out / (COMMIT + ".tmp")).write_text("{}")  # a commit record left half-written by a kill
+    ds = sweep(
+        TINY,
+        {"model.beta": [2.0]},
+        out=out,
+        scheduler=client,
+        progress=False,
+        overwrite=True,
+        observables=["order_parameter"],
+    )
+    assert ds.beta.values.tolist() == [2.0] and ds.attrs["ok"] == 1
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            "zarr.json",
+            COMMIT,
+            "beta",
+            "time",
+            "order_parameter",
+            "status",
+            "message",
+            "seconds",
+            "cpu_seconds",
+            "worker",
+            "config",
+            "save_time",
+        ]
+    )
 
 
 def test_store_with_another_sweep(tmp_path, client):

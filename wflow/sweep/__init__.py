@@ -31,9 +31,11 @@ writes a finished task's region (observables, then message and timing, then stat
 and then *commits* it by atomically replacing ``wflow_sweep.json`` (the list of
 finished tasks; write, ``fsync``, rename), with the commit protocol of every wflow store
 (:func:`wflow.io.write_commit`): a sweep killed at any instant never counts a half-written
-point as done, and running it again skips every committed point.  Chunks carry CRC32C
-checksums (:func:`wflow.io.chunk_codecs`).  One process writes a store at a time (an OS
-lock next to it, :class:`wflow.io.FolderLock`).
+point as done, and running it again skips every committed point (matched by its
+coordinates: the grid's axes and values may be given in another order; a grid with other
+values or axes is refused).  ``open_sweep`` counts points from the commit record.  Chunks
+carry CRC32C checksums (:func:`wflow.io.chunk_codecs`).  One process writes a store at a time
+(an OS lock next to it, :class:`wflow.io.FolderLock`).
 
 Tasks run on the workers and send their observables back to the client, which is
 the only writer: workers need no shared file system (a cluster on other hosts, on
@@ -151,9 +153,12 @@ def sweep(
         cell densities ``snapshot.data["density"][1]`` of ``eulerian``) -> one number.  States are
         not stored.
     resume : bool
-        Continue a store of the same sweep, skipping its committed points (default).
+        Continue a store of the same sweep, skipping its committed points (default).  Points are
+        matched by their coordinates: the grid's axes and values may come in any order.  A grid
+        with other values or axes is refused, naming the difference.
     overwrite : bool
-        Replace an existing sweep store.
+        Replace an existing sweep store: what wflow wrote in it is removed; a file or folder of
+        anyone else's in it is refused, naming it, and nothing is touched.
     batch_size : int, optional
         Seeds per task (default: as many as keep a task's state near 64 MB).
     threads_per_task : int
@@ -200,7 +205,10 @@ def sweep(
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries must be an integer >= 0, got {short_repr(retries)}")
     out = Path(out)
-    what = Store(out, plan).check(resume, overwrite)  # another sweep's store: before any cluster
+    checked = Store(out, plan)
+    what = checked.check(resume, overwrite)  # another sweep's store: before any cluster
+    # resuming: the store's order of axes and values (points are matched by their coordinates)
+    plan = checked.plan
     if what == "resume" and store_is_complete(out, plan):  # nothing to do: no cluster to start
         log.info("%s: every point is committed", out)
         return open_sweep(out)

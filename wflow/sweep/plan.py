@@ -8,6 +8,7 @@ the store.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -36,6 +37,7 @@ __all__ = [
     "Axis",
     "Plan",
     "make_plan",
+    "grid_difference",
 ]
 
 #: the ``wflow_format`` attribute of a sweep store (part of every sweep's fingerprint)
@@ -168,6 +170,39 @@ class Plan:
 
     def points(self, task: int) -> int:
         return int(np.prod([s.stop - s.start for s in self.region(task)]))
+
+    def point_mask(self, tasks: Iterable[int]) -> np.ndarray:
+        """The points of ``tasks``: bool, shape :attr:`shape` (task numbers outside the plan are ignored).
+
+        Examples
+        --------
+        >>> from wflow.sweep.plan import make_plan
+        >>> plan = make_plan({"init.n": 8, "init.d": 3, "run.backend": "numpy"},
+        ...                  {"model.beta": [1.0, 4.0], "init.seed": "range(5)"}, ["order_parameter"], 2)
+        >>> plan.point_mask([1, 5]).astype(int)  # task 1: beta 1, seeds 2 and 3; task 5: beta 4, seed 4
+        array([[0, 0, 1, 1, 0],
+               [0, 0, 0, 0, 1]])
+        """
+        mask = np.zeros(self.task_shape(), dtype=bool)
+        idx = np.fromiter(tasks, dtype=np.int64)
+        mask.flat[idx[(idx >= 0) & (idx < mask.size)]] = True
+        b = self.batch_axis
+        if b is not None:  # a task holds batch_size seeds along the seed axis
+            mask = np.repeat(mask, self.batch_size, axis=b).take(range(self.shape[b]), axis=b)
+        return mask
+
+    def in_layout(self, grid: Mapping[str, list]) -> Plan:
+        """This plan with its axes and their values in the order of ``grid`` (a store's), which holds the
+        same points (:func:`grid_difference` is None): task numbers and regions then are the store's."""
+        by_key = {a.key: a for a in self.axes}
+        axes = []
+        for key, stored in grid.items():
+            ax = by_key[key]
+            rank = {v: i for i, v in enumerate(stored)}
+            axes.append(Axis(key, ax.dim, sorted(ax.values, key=rank.__getitem__)))
+        plan = dataclasses.replace(self, axes=axes)
+        plan.fingerprint = _fingerprint(plan)
+        return plan
 
     def store_bytes(self) -> int:
         """About how many bytes the store's observables take (float64, uncompressed), for the disk check."""
@@ -346,6 +381,37 @@ def _check_tasks(plan: Plan) -> set[tuple]:
             raise ValueError(f"grid point {where}: {exc}") from None
         saves.add(tuple(save_times(cfg)))
     return saves
+
+
+def grid_difference(stored: Mapping[str, list], axes: Sequence[Axis]) -> str | None:
+    """How the grid of ``axes`` differs from a store's grid ``stored`` (key -> values), in one phrase;
+    None when both hold the same points, whatever the order of their axes and of their values.
+
+    Examples
+    --------
+    >>> from wflow.sweep.plan import Axis, grid_difference
+    >>> axes = [Axis("init.d", "d", [2, 3]), Axis("init.n", "n", [6, 4])]
+    >>> grid_difference({"init.n": [4, 6], "init.d": [2, 3]}, axes) is None
+    True
+    >>> grid_difference({"init.n": [4, 5], "init.d": [2, 3]}, axes)
+    'grid init.n: the store has [4, 5], given [6, 4] (not in the store: [6]; missing: [5])'
+    """
+    given = {a.key: a.values for a in axes}
+    extra = [k for k in given if k not in stored]
+    if extra:
+        return f"grid: {extra[0]} is not an axis of the store (its axes: {', '.join(stored)})"
+    missing = [k for k in stored if k not in given]
+    if missing:
+        return f"grid: the store's axis {missing[0]} is missing (its axes: {', '.join(stored)})"
+    for key, values in stored.items():
+        new = [v for v in given[key] if v not in values]
+        gone = [v for v in values if v not in given[key]]
+        if new or gone:
+            return (
+                f"grid {key}: the store has {short_repr(values)}, given {short_repr(given[key])} "
+                f"(not in the store: {short_repr(new)}; missing: {short_repr(gone)})"
+            )
+    return None
 
 
 def _fingerprint(plan: Plan) -> str:

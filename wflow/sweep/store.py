@@ -20,7 +20,7 @@ import numpy as np
 from .._version import __version__
 from ..errors import WflowError
 from ..io import chunk_codecs, read_commit, write_commit
-from .plan import BATCH_KEY, FAILED, FORMAT, OBSERVABLES, OK, PENDING, Plan
+from .plan import BATCH_KEY, FAILED, FORMAT, OBSERVABLES, OK, PENDING, Axis, Plan, grid_difference
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +52,87 @@ def _commit(path: Path, fingerprint: str, done: set[int]) -> None:
     write_commit(path, {"fingerprint": fingerprint, "done": sorted(done)}, name=COMMIT)
 
 
+def _attrs(path: Path) -> dict[str, Any]:
+    """The attributes of the Zarr group at ``path``; ``{}`` where there is none."""
+    import zarr
+
+    try:
+        return dict(zarr.open_group(path, mode="r").attrs)
+    except Exception:  # noqa: BLE001 - not a Zarr group: the caller says so
+        return {}
+
+
+def _difference(attrs: dict[str, Any], plan: Plan) -> str | None:
+    """How ``plan``'s sweep differs from the one whose store has ``attrs``, in one phrase (None: the
+    same grid points, configuration, observables and batch size)."""
+    diff = grid_difference(json.loads(attrs["grid"]), plan.axes)
+    if diff is not None:
+        return diff
+    base = json.loads(attrs["base_config"])
+    for key in sorted(set(base) | set(plan.base)):
+        if base.get(key) != plan.base.get(key):
+            return f"config {key}: the store has {base.get(key)!r}, given {plan.base.get(key)!r}"
+    if set(attrs["observables"]) != set(plan.observables):
+        return f"observables: the store has {attrs['observables']}, given {list(plan.observables)}"
+    if attrs.get("batch_size") != plan.batch_size:
+        return f"batch size: the store has {attrs.get('batch_size')}, given {plan.batch_size}"
+    return None
+
+
+#: the arrays of every sweep store besides its axes and observables
+_ARRAYS = ("time", "status", "message", "seconds", "cpu_seconds", "worker", "config", "save_time")
+
+
+def _written_by_wflow(path: Path, attrs: dict[str, Any]) -> list[Path]:
+    """The entries of the sweep store at ``path``, every one of which wflow wrote: the group's metadata,
+    its commit record and the arrays its attributes name (each its metadata and a tree of numbered
+    chunks).  ValueError naming the first entry that is not (a file or folder of the user's, a link)."""
+    arrays = {*json.loads(attrs["dims"]).values(), *attrs["observables"], *_ARRAYS}
+    files = {"zarr.json", COMMIT, COMMIT + ".tmp"}
+    entries = sorted(path.iterdir())
+    for entry in entries:
+        if entry.is_symlink() or not (
+            (entry.name in files and entry.is_file())
+            or (entry.name in arrays and entry.is_dir() and _is_array(entry))
+        ):
+            bad = entry if entry.is_symlink() or entry.name not in arrays else _foreign(entry)
+            raise ValueError(
+                f"{path}: {bad} was not written by wflow; move it out of the store to overwrite it"
+            )
+    return entries
+
+
+def _foreign(array: Path) -> Path:
+    """The first entry inside an array's folder that is not its metadata or a numbered chunk (or folder)."""
+    for entry in sorted(array.iterdir()):
+        if entry.is_symlink() or not (
+            (entry.name == "zarr.json" and entry.is_file())
+            or (entry.name == "c" and entry.is_dir())
+        ):
+            return entry
+    for root, dirs, names in os.walk(array / "c"):
+        for name in sorted(dirs) + sorted(names):
+            entry = Path(root) / name
+            if not name.isdigit() or entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
+                return entry
+    return array
+
+
+def _is_array(array: Path) -> bool:
+    return _foreign(array) == array
+
+
+def _remove(path: Path, entries: list[Path]) -> None:
+    """Remove ``entries`` of the store at ``path`` (those :func:`_written_by_wflow` listed)."""
+    import shutil
+
+    for entry in entries:
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 class Store:
     """The sweep's Zarr group: created pre-sized, written task by task, each task committed atomically."""
 
@@ -62,17 +143,19 @@ class Store:
         self._pool: ThreadPoolExecutor | None = None
 
     def check(self, resume: bool, overwrite: bool) -> str:
-        """What opening the store will do (``"create"``, ``"replace"`` or ``"resume"``); errors change nothing."""
-        import zarr
+        """What opening the store will do (``"create"``, ``"replace"`` or ``"resume"``); errors change nothing.
 
+        Resuming, the plan takes the store's layout (:meth:`~wflow.sweep.plan.Plan.in_layout`): points are
+        matched by their coordinates, whatever the order in which the grid's axes and values were given.
+        """
         p = self.path
-        if not p.exists():
+        if not p.exists() and not p.is_symlink():
             return "create"
-        attrs = {}
-        try:
-            attrs = dict(zarr.open_group(p, mode="r").attrs)
-        except Exception:  # noqa: BLE001 - not a Zarr group: reported below
-            pass
+        if p.is_symlink():
+            raise ValueError(
+                f"{p} is a symbolic link; give the sweep store's own path (or another out)"
+            )
+        attrs = _attrs(p)
         ours = attrs.get("wflow_format") == FORMAT
         if overwrite:
             if not ours and not (
@@ -81,13 +164,18 @@ class Store:
                 raise ValueError(
                     f"{p} exists and is not a wflow sweep store; refusing to overwrite it"
                 )
+            if ours:
+                _written_by_wflow(p, attrs)  # anything else in it: refused, nothing touched
             return "replace"
         if not ours:
             raise ValueError(f"{p} exists and is not a wflow sweep store; choose another out")
-        if attrs.get("fingerprint") != self.plan.fingerprint:
+        diff = _difference(attrs, self.plan)
+        if diff is None:
+            self.plan = self.plan.in_layout(json.loads(attrs["grid"]))
+        if diff is not None or attrs.get("fingerprint") != self.plan.fingerprint:
             raise ValueError(
-                f"{p} holds a different sweep (other configuration, grid, observables or batch size); "
-                f"choose another out, or pass overwrite=True (--overwrite) to replace it"
+                f"{p} holds a different sweep: {diff or 'other observable functions'}; choose another "
+                f"out, or pass overwrite=True (--overwrite) to replace it"
             )
         if not resume:
             raise FileExistsError(
@@ -113,9 +201,7 @@ class Store:
             }
             return
         if what == "replace":
-            import shutil
-
-            shutil.rmtree(self.path)
+            _remove(self.path, _written_by_wflow(self.path, _attrs(self.path)))
         self._create()
 
     def _create(self) -> None:
@@ -341,8 +427,11 @@ def store_is_complete(path: str | os.PathLike, plan: Plan) -> bool:
 def open_sweep(path: str | os.PathLike):
     """The store of a sweep as a lazy :class:`xarray.Dataset` (``ds.sel(beta=4.0)``).
 
-    ``attrs`` count the ``points``, those ``done`` (run, whatever their status), ``ok``
-    (reached ``t_end``) and ``failed``.
+    ``attrs`` count, as committed in the store, the ``points``, those ``done`` (committed, whatever
+    their status), ``ok`` (reached ``t_end``), ``failed`` (their task failed, or the cluster could not
+    run it: such a task is not committed and the next run of the sweep retries it) and ``not_run``.
+    A point whose task is not committed has ``status`` -2 (not run yet) or -1 (failed), whatever a
+    chunk written before the commit says.
 
     Examples
     --------
@@ -373,11 +462,25 @@ def open_sweep(path: str | os.PathLike):
     status = np.asarray(
         zarr.open_array(p / "status", mode="r")[...]
     )  # read here, not on a Dask cluster
+    fp, done = _committed(p)
+    committed = _layout(attrs).point_mask(done if fp == attrs["fingerprint"] else ())
+    # a point counts once its task is committed; one the cluster could not run is failed, not committed
+    status = np.where(committed | (status == FAILED), status, PENDING).astype(np.int8)
+    ds["status"] = ds["status"].copy(data=status)
     ds.attrs["points"] = int(status.size)
-    ds.attrs["done"] = int(np.count_nonzero(status != PENDING))
+    ds.attrs["done"] = int(np.count_nonzero(committed))
     ds.attrs["ok"] = int(np.count_nonzero(status == OK))
     ds.attrs["failed"] = int(np.count_nonzero(status == FAILED))
+    ds.attrs["not_run"] = int(np.count_nonzero(status == PENDING))
     return ds
+
+
+def _layout(attrs: dict[str, Any]) -> Plan:
+    """The layout of a sweep store (its axes and tasks) from its attributes."""
+    dims = json.loads(attrs["dims"])
+    axes = [Axis(k, dims[k], v) for k, v in json.loads(attrs["grid"]).items()]
+    base = json.loads(attrs["base_config"])
+    return Plan(base, axes, {}, int(attrs["batch_size"]), 0, np.zeros(0), attrs["fingerprint"])
 
 
 def point_config(ds, **coords) -> dict[str, Any]:
