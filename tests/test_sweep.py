@@ -665,6 +665,9 @@ def test_overwrite_replaces_what_wflow_wrote(tmp_path, client):
         observables=["order_parameter", "energy"],
     )
     (out / (COMMIT + ".tmp")).write_text("{}")  # a commit record left half-written by a kill
+    (out / "status" / "c" / "0" / f"0.{'ab' * 16}.partial").write_bytes(
+        b"\x00"
+    )  # and a chunk, by Zarr
     ds = sweep(
         TINY,
         {"model.beta": [2.0]},

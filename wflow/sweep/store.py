@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,6 +80,8 @@ def _difference(attrs: dict[str, Any], plan: Plan) -> str | None:
     return None
 
 
+#: a temporary file Zarr was writing when its process died (``<name>.<uuid hex>.partial``)
+_PARTIAL = re.compile(r".+\.[0-9a-f]{32}\.partial")
 #: the arrays of every sweep store besides its axes and observables
 _ARRAYS = ("time", "status", "message", "seconds", "cpu_seconds", "worker", "config", "save_time")
 
@@ -86,7 +89,7 @@ _ARRAYS = ("time", "status", "message", "seconds", "cpu_seconds", "worker", "con
 def _written_by_wflow(path: Path, attrs: dict[str, Any]) -> list[Path]:
     """The entries of the sweep store at ``path``, every one of which wflow wrote: the group's metadata,
     its commit record and the arrays its attributes name (each its metadata and a tree of numbered
-    chunks).  ValueError naming the first entry that is not (a file or folder of the user's, a link)."""
+    chunks, and what Zarr left half-written).  ValueError naming the first entry that is not (a file or folder of the user's, a link)."""
     arrays = {*json.loads(attrs["dims"]).values(), *attrs["observables"], *_ARRAYS}
     files = {"zarr.json", COMMIT, COMMIT + ".tmp"}
     entries = sorted(path.iterdir())
@@ -108,12 +111,16 @@ def _foreign(array: Path) -> Path:
         if entry.is_symlink() or not (
             (entry.name == "zarr.json" and entry.is_file())
             or (entry.name == "c" and entry.is_dir())
+            or (_PARTIAL.fullmatch(entry.name) and entry.is_file())
         ):
             return entry
     for root, dirs, names in os.walk(array / "c"):
         for name in sorted(dirs) + sorted(names):
             entry = Path(root) / name
-            if not name.isdigit() or entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
+            if entry.is_symlink() or not (
+                (name.isdigit() and (entry.is_file() or entry.is_dir()))
+                or (_PARTIAL.fullmatch(name) and entry.is_file())
+            ):
                 return entry
     return array
 
