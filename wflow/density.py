@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ._typing import ArrayLike
-from .errors import check_positive, short_repr
+from .errors import check_positive, real_float_dtype, short_repr
 from .kernels import kernel_sums
 from .measure import Atoms, as_atoms
 from .mesh import Mesh
@@ -127,7 +127,13 @@ class Density:
         """
         if not callable(f):
             raise TypeError(f"f must be a callable of points (n, d) -> (n,), got {short_repr(f)}")
-        return cls(mesh, mesh.cell_averages(f), normalize=normalize)
+
+        def real_f(points: np.ndarray) -> np.ndarray:  # complex or object values refused, not cast
+            values = np.asarray(f(points))
+            real_float_dtype(values.dtype, "f's values", integers=True)
+            return values
+
+        return cls(mesh, mesh.cell_averages(real_f), normalize=normalize)
 
     @classmethod
     def from_samples(
@@ -215,7 +221,9 @@ class Density:
 
     def integrate(self, f: ArrayLike) -> float:
         r""":math:`\int f\rho\,dA \approx \sum_i f_i\rho_i|C_i|` for values ``f`` at the cell centres."""
-        return float(np.dot(np.asarray(f, dtype=float), self.masses()))
+        values = np.asarray(f)
+        real_float_dtype(values.dtype, "f", integers=True)
+        return float(np.dot(values.astype(np.float64, copy=False), self.masses()))
 
     def __repr__(self) -> str:
         return f"Density({self.mesh!r}, min={self.values.min():.4g}, max={self.values.max():.4g})"

@@ -25,6 +25,7 @@ __all__ = [
     "did_you_mean",
     "check_int",
     "short_repr",
+    "real_float_dtype",
 ]
 
 
@@ -159,6 +160,40 @@ def as_points(
             f"(use wflow.sphere.normalize first)"
         )
     return arr
+
+
+def real_float_dtype(dtype: Any, name: str, *, integers: bool = False) -> np.dtype:
+    """``np.dtype(dtype)`` when it is a real floating type (float16/32/64), else a TypeError naming ``name``
+    and the dtype.  The one dtype rule of every public entry: complex and object inputs are refused alike
+    (NumPy would drop an imaginary part with a warning, and convert an object array silently).
+
+    ``integers=True`` also takes integer and boolean dtypes (values that convert to float64, e.g. points
+    written as ``[[1, 0], [0, 1]]``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow.errors import real_float_dtype
+    >>> real_float_dtype(np.float32, "SaveAt: dtype"), real_float_dtype(np.int64, "x", integers=True)
+    (dtype('float32'), dtype('int64'))
+    >>> real_float_dtype(np.asarray([1j]).dtype, "x", integers=True)
+    Traceback (most recent call last):
+        ...
+    TypeError: x must be real (a float or integer dtype), got complex128
+    """
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be a real floating dtype, got {short_repr(dtype)}") from None
+    if integers and dt.kind in "biu":
+        return dt
+    if dt.kind != "f":
+        if integers:
+            raise TypeError(f"{name} must be real (a float or integer dtype), got {dt}")
+        raise TypeError(
+            f"{name} must be a real floating dtype (float32 or float64), got {dt} ({short_repr(dtype)})"
+        )
+    return dt
 
 
 def _is_real_number(value: Any) -> bool:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import WflowError, short_repr
+from ..errors import WflowError, real_float_dtype, short_repr
 
 # The numba backends' OpenMP workers otherwise spin for a while after each parallel loop (GNU
 # libgomp's default), stealing a core from the NumPy work that follows a kernel sum in every
@@ -286,7 +286,9 @@ def _writable(a: np.ndarray) -> np.ndarray:
 
 def _checked_weights(weights, shape: tuple[int, ...], dtype) -> np.ndarray:
     """``weights`` as an array of ``shape``: finite, non-negative, not all zero in any system."""
-    w = np.asarray(weights, dtype=dtype)
+    w = np.asarray(weights)
+    real_float_dtype(w.dtype, "weights", integers=True)  # complex and object alike
+    w = w.astype(dtype, copy=False)
     if w.shape != shape:
         raise ValueError(f"weights must have shape {shape}, got {w.shape}")
     # one reduction each (no temporary): a NaN or infinite entry makes the sum non-finite; a

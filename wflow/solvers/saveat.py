@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import real_float_dtype as real_float_dtype
 from ..errors import short_repr
 
 __all__ = ["SaveAt", "check_save_at", "StepGrid", "SaveTimes"]
@@ -131,19 +132,6 @@ class SaveAt:
                 f"SaveAt: out must have shape {(n_saves, *shape)} ({n_saves} saves of points {shape}), "
                 f"got {out.shape}"
             )
-
-
-def real_float_dtype(dtype: Any, name: str) -> np.dtype:
-    """``np.dtype(dtype)`` when it is a real floating type (float16/32/64), else a TypeError naming ``name``."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{name} must be a real floating dtype, got {short_repr(dtype)}") from None
-    if dt.kind != "f":
-        raise TypeError(
-            f"{name} must be a real floating dtype (float32 or float64), got {dt} ({short_repr(dtype)})"
-        )
-    return dt
 
 
 def check_save_at(save_at: Any, t0: float, t_end: float, default: int = 11) -> np.ndarray:

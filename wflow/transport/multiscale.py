@@ -77,7 +77,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
-from ..errors import short_repr
+from ..errors import real_float_dtype, short_repr
 from ._scaling import Scaling
 from .certify import MIN_TOL, Cells, c_transform, cmax
 from .sparse_kernels import (
@@ -136,7 +136,9 @@ def _real(value: Any, name: str) -> float:
 
 def check_measure(points: Any, weights: Any, name: str, d: int | None = None):
     """Points ``(n, d)`` on the unit sphere and weights ``(n,)`` >= 0 with positive mass, float64."""
-    x = np.asarray(points, dtype=np.float64)
+    x = np.asarray(points)
+    real_float_dtype(x.dtype, f"{name}: points", integers=True)  # complex and object alike
+    x = x.astype(np.float64, copy=False)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] < 2:
         raise ValueError(
             f"{name} must be a non-empty array of points of shape (n, d), d >= 2, got shape {x.shape}"
@@ -157,7 +159,9 @@ def check_measure(points: Any, weights: Any, name: str, d: int | None = None):
     if weights is None:
         w = np.full(x.shape[0], 1.0 / x.shape[0])
     else:
-        w = np.asarray(weights, dtype=np.float64)
+        w = np.asarray(weights)
+        real_float_dtype(w.dtype, f"{name}: weights", integers=True)
+        w = w.astype(np.float64, copy=False)
         if w.shape != (x.shape[0],):
             raise ValueError(f"{name} weights must have shape ({x.shape[0]},), got shape {w.shape}")
         if not np.all(np.isfinite(w)) or np.any(w < 0):

@@ -87,6 +87,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import real_float_dtype
+
 __all__ = ["semidiscrete_w2"]
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,13 @@ def _graph(x: np.ndarray, knn: np.ndarray) -> np.ndarray:
     out[:, 0] = np.arange(n)
     out[pairs[:, 0], np.arange(len(pairs)) - np.repeat(np.cumsum(deg) - deg, deg) + 1] = pairs[:, 1]
     return out
+
+
+def _real(values: Any, name: str) -> np.ndarray:
+    """``values`` as float64, refused (TypeError) when complex or object."""
+    arr = np.asarray(values)
+    real_float_dtype(arr.dtype, name, integers=True)
+    return arr.astype(np.float64, copy=False)
 
 
 class _Solver:
@@ -328,6 +337,7 @@ def semidiscrete_w2(
     (True, True, 0.106)
     """
     t0 = time.perf_counter()
+    x, a, y, w = (_real(v, name) for v, name in ((x, "x"), (a, "a"), (y, "y"), (w, "w")))
     s = _Solver(x, a, y, w, workers)
     N, M = s.N, s.M
     ell2, h2 = 4.0 * math.pi / N, 4.0 * math.pi / M
