@@ -90,6 +90,7 @@ result and the front door :func:`~wflow.solvers.jko.jko` are :mod:`wflow.solvers
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,7 +98,13 @@ from typing import Any
 import numpy as np
 
 from ...density import Density
-from ...errors import NotAGradientFlowError, SolverError, check_positive, short_repr
+from ...errors import (
+    NotAGradientFlowError,
+    SolverError,
+    check_positive,
+    real_float_dtype,
+    short_repr,
+)
 from ...measure import Atoms
 from ...mesh import Mesh
 from ...models import WASSERSTEIN, Model
@@ -117,6 +124,9 @@ __all__ = [
     "JKOStepper",
     "check_eps_scaling",
     "default_eps",
+    "smallest_eps",
+    "check_eps",
+    "check_tau",
 ]
 
 # the channel the step logged on before it moved here from step.py (filters on it keep working)
@@ -206,7 +216,9 @@ def support(rho0: Any, reference: Any) -> tuple[np.ndarray, np.ndarray, np.ndarr
             f"rho0 must be a wflow Density (mesh) or Atoms (point cloud), got {short_repr(rho0)}"
         )
     if reference is not None:
-        r = np.asarray(reference, dtype=float)
+        r = np.asarray(reference)
+        real_float_dtype(r.dtype, "reference", integers=True)
+        r = r.astype(np.float64, copy=False)
         if r.shape != a.shape or not np.all(np.isfinite(r)) or np.any(r <= 0):
             raise ValueError(
                 f"reference must hold {a.shape[0]} positive volumes, got {short_repr(reference)}"
@@ -377,6 +389,8 @@ class JKOStepper:
             if method == "sinkhorn" and x.shape[0] > DENSE_MAX_CELLS
             else cost_matrix(x, cost=cost)
         )
+        if method == "sinkhorn":
+            check_eps(eps, x, r, cost)
         self.eps_target = eps if method == "sinkhorn" else 0.0
         self.eps_scaling = eps_scaling
         self.debias = debias and method == "sinkhorn"
@@ -386,6 +400,7 @@ class JKOStepper:
             self.sigma2 = sparse_blur_variance(self.C, r, eps, self.dim)
         else:
             self.sigma2 = blur_variance(self.C, r, eps, self.dim)
+        self.c_max = float(self.C.max())  # (the largest cost: the potentials' range)
         self.time_cost = time.perf_counter() - t0
         self.ot = SemiRelaxed(self.C, r) if method == "sinkhorn" else None
         self.first = True
@@ -432,6 +447,7 @@ class JKOStepper:
         self.first = False
 
     def set_tau(self, tau: float) -> None:
+        check_tau(tau, self.c_max, self.tol)
         self.tau = tau
         self.c_blur = self.sigma2 / (2 * tau)
         self.coef = self.kappa_inv - self.c_blur  # entropy weight of the debiased step
@@ -658,3 +674,105 @@ def default_eps(x: np.ndarray, r: np.ndarray) -> float:
     (0.077106, 0.077106)
     """
     return 2.0 * spacing(x, r) ** 2
+
+
+#: float64's unit round-off :math:`u = 2^{-53}`: a term below :math:`u` times the largest term of a
+#: sum of non-negative numbers does not change the sum's value
+UNIT_ROUNDOFF = 2.0**-53
+
+
+def smallest_eps(x: np.ndarray, cost: str = "geodesic") -> tuple[float, float]:
+    r"""``(eps_min, c_nn)``: the smallest :math:`\varepsilon` whose Gibbs kernel can move mass between
+    neighbouring support points in float64, and the nearest-neighbour cost it comes from.
+
+    A step's plan is :math:`\pi_{ij} \propto e^{(f_i + g_j - C_{ij})/\varepsilon}`; the diagonal entry of
+    row ``i`` of the kernel :math:`e^{-C_{ij}/\varepsilon}` is 1 and its largest off-diagonal entry is
+    :math:`e^{-c_i/\varepsilon}`, :math:`c_i = \min_{j\ne i} C_{ij}` the cost to the nearest other
+    point.  When that entry is below float64's unit round-off :math:`u = 2^{-53}` of the diagonal,
+
+    .. math::
+
+        e^{-c_i/\varepsilon} < u \iff \varepsilon < \frac{c_i}{53\log 2} = \frac{c_i}{36.74},
+
+    every sum over the row rounds to its diagonal term: the mass of cell ``i`` cannot leave it (the
+    sparse kernel of large supports drops the pair altogether, :mod:`~wflow.solvers.jko.sparse`), and
+    each step "converges" in one iteration having moved nothing.  ``eps_min`` is
+    :math:`\max_i c_i/(53\log 2)`: every cell can pass mass to its nearest neighbour.  On a uniform
+    circle of ``n`` cells :math:`c_i = h^2`, :math:`h = 2\pi/n` (32 cells: ``eps_min = 1.05e-3``).
+    It is a floor, not a recommendation: below about :math:`h^2` the entropic plan tends to the exact
+    discrete one, which keeps mass in its cell while :math:`\tau|v| < h/2` (module docstring); the
+    default :math:`2h^2` avoids both.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n, d)
+        Support points on the sphere.
+    cost : {"geodesic", "chordal"}
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow import CircleMesh
+    >>> eps_min, c_nn = smallest_eps(CircleMesh(32).centers)
+    >>> round(c_nn, 6), round((2 * np.pi / 32) ** 2, 6), round(eps_min, 7)
+    (0.038553, 0.038553, 0.0010494)
+    """
+    from scipy.spatial import cKDTree
+
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape[0] < 2:
+        return 0.0, 0.0
+    chord, _ = cKDTree(x).query(x, k=2)
+    c = float(np.max(chord[:, 1]))  # the largest nearest-neighbour chord
+    if cost == "geodesic":
+        c = 2.0 * float(np.arcsin(min(1.0, c / 2.0)))
+    c_nn = c * c
+    return c_nn / -math.log(UNIT_ROUNDOFF), c_nn
+
+
+def check_eps(eps: float, x: np.ndarray, r: np.ndarray, cost: str = "geodesic") -> None:
+    """Raise ValueError when ``eps`` is below :func:`smallest_eps` (it would lock every cell's mass).
+
+    Examples
+    --------
+    >>> from wflow import CircleMesh
+    >>> mesh = CircleMesh(32)
+    >>> check_eps(1e-3, mesh.centers, mesh.areas)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    ValueError: eps=0.001 is below 0.00104944, the smallest eps that can move mass on this support: ...
+    """
+    eps_min, c_nn = smallest_eps(x, cost)
+    if eps < eps_min:
+        h2 = spacing(x, r) ** 2
+        raise ValueError(
+            f"eps={eps!r} is below {eps_min:.6g}, the smallest eps that can move mass on this support: "
+            f"the Gibbs kernel's entry between nearest cells, e^(-{c_nn:.4g}/eps), is below float64's "
+            f"round-off 2^-53 of the diagonal (eps < {c_nn:.4g}/(53 log 2)), so every step would keep "
+            f"the mass in its cells (the mesh's h^2 = {h2:.4g}); use eps >= {eps_min:.3g}, preferably "
+            f"about h^2 or more (the default is 2 h^2 = {2 * h2:.4g})"
+        )
+
+
+def check_tau(tau: float, c_max: float, tol: float) -> None:
+    r"""Raise ValueError when the step's first-order residual cannot reach ``tol`` in float64.
+
+    The residual holds :math:`g/(2\tau)`, :math:`g` the transport potential, whose values span the
+    cost's range :math:`C_{\max}` and carry its rounding, about :math:`u\,C_{\max}`
+    (:math:`u = 2^{-53}`): below :math:`\tau = u\,C_{\max}/(2\,\mathrm{tol})` that rounding alone
+    exceeds the tolerance (:math:`5.5\cdot10^{-10}` for the geodesic cost and ``tol = 1e-6``).
+
+    Examples
+    --------
+    >>> check_tau(1e-300, float(np.pi) ** 2, 1e-6)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    ValueError: tau=1e-300 is below 5.48e-10: ...
+    """
+    tau_min = UNIT_ROUNDOFF * c_max / (2.0 * tol)
+    if tau < tau_min:
+        raise ValueError(
+            f"tau={tau!r} is below {tau_min:.3g}: the JKO step's residual holds g/(2 tau), g a transport "
+            f"potential of size up to {c_max:.4g} rounded in float64 (2^-53), so tol={tol:g} cannot be "
+            f"reached; use tau >= {tau_min:.3g} or a larger tol"
+        )

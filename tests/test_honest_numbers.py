@@ -1,0 +1,115 @@
+"""Parameters float64 cannot honour are refused up front, inputs of the wrong dtype are refused
+alike everywhere, stores keep the run's precision, and compiled kernels give the same bits whatever
+numba's cache holds (issue 51, items 3-5)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from wflow import USA, CircleMesh, Density
+from wflow.solvers.jko import jko
+from wflow.solvers.jko.stepper import smallest_eps
+
+BK = "numpy"
+
+
+@pytest.fixture(scope="module")
+def bump32():
+    return Density.from_function(CircleMesh(32), lambda x: 1 + 0.5 * x[:, 0])
+
+
+# --------------------------------------------------------------------------- item 3: jko's eps and tau
+def test_jko_eps_floor_is_the_float64_rounding_of_the_neighbour_kernel_entry():
+    """32 cells on the circle: c_nn = h^2 = (2 pi / 32)^2 and e^(-c_nn/eps) = 2^-53 at
+    eps = h^2 / (53 log 2) = 1.04944e-3."""
+    eps_min, c_nn = smallest_eps(CircleMesh(32).centers)
+    h2 = (2 * np.pi / 32) ** 2
+    assert c_nn == pytest.approx(h2, rel=1e-12)
+    assert eps_min == pytest.approx(h2 / (53 * math.log(2)), rel=1e-12)
+    assert math.exp(-c_nn / eps_min) == pytest.approx(2.0**-53, rel=1e-12)
+    eps_chord, c_chord = smallest_eps(CircleMesh(32).centers, "chordal")
+    assert c_chord == pytest.approx(4 * math.sin(np.pi / 32) ** 2, rel=1e-12)
+
+
+def test_jko_refuses_an_eps_that_locks_every_cell(bump32):
+    """eps = 1e-3 on 32 cells moved an L1 mass of 1e-13 in 20 'converged' steps: refused up front,
+    naming eps, its value, h^2 and the smallest eps that moves mass."""
+    with pytest.raises(ValueError) as err:
+        jko(USA(2.0), bump32, 0.05, 20, eps=1e-3, backend=BK)
+    msg = str(err.value)
+    for part in ("eps=0.001", "0.00104944", "h^2 = 0.03855", "eps >= 0.00105"):
+        assert part in msg, msg
+    # just above the floor the run is taken (and moves mass, if little: 1e-3 of the default's)
+    r = jko(USA(2.0), bump32, 0.05, 2, eps=1.06e-3, backend=BK)
+    assert r.status == 0
+    assert 0 < np.abs(r.weights[-1] - r.weights[0]).sum() < 1e-9
+
+
+def test_jko_refuses_a_tau_whose_residual_float64_cannot_resolve(bump32):
+    """tau = 1e-300 ran to a residual of 3e+282 and advised a smaller tau; the residual's rounding
+    u C_max / (2 tau) exceeds tol below tau = 2^-53 pi^2 / (2 tol) = 5.48e-10."""
+    with pytest.raises(ValueError, match=r"tau=1e-300 is below 5\.48e-10"):
+        jko(USA(2.0), bump32, 1e-300, 1, backend=BK)
+    with pytest.raises(ValueError, match=r"tau=1e-12 is below 5\.48e-08"):
+        jko(USA(2.0), bump32, 1e-12, 1, tol=1e-8, backend=BK)
+    assert jko(USA(2.0), bump32, 1e-9, 1, backend=BK).status == 0
+
+
+# --------------------------------------------------------------------------- item 4: one dtype rule
+def _entries():
+    """(argument, call) pairs: each call gets one bad array ``bad`` in the argument named."""
+    import wflow
+    from wflow.kernels import kernel_sums
+    from wflow.transport.multiscale import certified_w2
+    from wflow.transport.semidiscrete import semidiscrete_w2
+
+    x = wflow.sphere.fibonacci_nodes(20)
+    y = wflow.sphere.fibonacci_nodes(200)
+    a, w = np.full(20, 0.05), np.full(200, 0.005)
+    mesh = CircleMesh(16)
+    return [
+        ("x: points", lambda bad: certified_w2(x.astype(bad), y)),
+        ("y: weights", lambda bad: certified_w2(x, y, None, w.astype(bad))),
+        ("a", lambda bad: semidiscrete_w2(x, a.astype(bad), y, w)),
+        ("y", lambda bad: semidiscrete_w2(x, a, y.astype(bad), w)),
+        (
+            "f's values",
+            lambda bad: Density.from_function(mesh, lambda p: (1 + p[:, 0]).astype(bad)),
+        ),
+        ("f", lambda bad: Density.uniform(mesh).integrate(np.ones(16).astype(bad))),
+        ("weights", lambda bad: kernel_sums(x, x, a.astype(bad), 1.0, backend="numpy")),
+        (
+            "reference",
+            lambda bad: jko(
+                None, Density.uniform(mesh), 0.05, 1, kappa=1.0, reference=mesh.areas.astype(bad)
+            ),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("bad", [complex, object])
+def test_complex_and_object_inputs_are_refused_alike(bad):
+    """certified_w2 certified the distance between the real parts of complex points (a NumPy
+    ComplexWarning the only sign) and took object arrays; so did the others listed here."""
+    import warnings
+
+    name = np.dtype(bad).name
+    for arg, call in _entries():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no ComplexWarning on the way to the error)
+            with pytest.raises(TypeError) as err:
+                call(bad)
+        assert str(err.value) == f"{arg} must be real (a float or integer dtype), got {name}", arg
+
+
+def test_integer_inputs_are_still_taken():
+    """The rule refuses complex and object, not integers: points written [[1, 0], [0, 1]] convert."""
+    from wflow.transport.multiscale import certified_w2
+
+    x = np.array([[1, 0], [0, 1], [-1, 0], [0, -1]])
+    y = np.sqrt(0.5) * np.array([[1.0, 1.0], [-1.0, 1.0], [-1.0, -1.0], [1.0, -1.0]])
+    r = certified_w2(x, y, tol=1e-3)  # each atom moves by pi/4
+    assert r["certified"] and r["lower"] <= np.pi / 4 <= r["upper"] < np.pi / 4 * (1 + 1e-3)
