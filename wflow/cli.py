@@ -18,7 +18,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ._version import __version__
 
@@ -266,6 +266,7 @@ def _run(args: argparse.Namespace) -> int:
     (one writer) for the whole run.
     """
     from .config import apply_overrides, load_config, start_run
+    from .io.paths import refuse_special_file
     from .runfolder import RunFolder, check_resources
 
     folder = RunFolder(args.out)
@@ -279,6 +280,8 @@ def _run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--resume: no interrupted run in {folder.path}")
         with folder.lock():
             return _resume(folder, progress)
+    if args.config:
+        refuse_special_file(args.config)  # a FIFO is refused, never waited on
     cfg = apply_overrides(load_config(args.config), args.overrides)
     check_resources(cfg, folder.path)  # memory and disk, before anything is allocated
     run = start_run(
@@ -299,10 +302,11 @@ def _fresh(cfg: dict, run, folder, progress: bool, existing: Path | None) -> int
 
     t_start = time.perf_counter()
     store = folder.store_for(cfg)
-    print(f"wflow {__version__}: {run.describe} -> {store}", flush=True)
-    # what an earlier run wrote is replaced at the first save: a run the driver refuses deletes nothing
+    # what an earlier run wrote is replaced at the first save: a run the driver refuses deletes nothing;
+    # only what wflow wrote goes (anything else in a store is refused here, before the run)
     recorder = io.ZarrRecorder(store, overwrite=True, attrs={"run_config": cfg})
     trackers = [folder.replacing(cfg, existing), recorder]
+    print(f"wflow {__version__}: {run.describe} -> {store}", flush=True)
     with _compile_notices():
         result = run.execute([*trackers, _interrupts()], progress=progress, out=folder.path)
     return _finish(result, store, folder.path, cfg, t_start)
@@ -324,9 +328,11 @@ def _compile_notices():
 def _resume(folder, progress: bool) -> int:
     """Continue the run in ``folder`` from its last committed snapshot (or afresh when none was committed)."""
     from .config import load_config, resume_run, start_run
+    from .io.paths import refuse_special_file
 
     t_start = time.perf_counter()
     toml = folder.config_file
+    refuse_special_file(toml)  # a FIFO is refused, never waited on
     store = folder.store
     committed = folder.committed()
     if store is None or committed == 0:
@@ -407,16 +413,33 @@ def _summary(store: Path, out: Path, cfg: dict, elapsed: float) -> None:
         # density results save their mass; JKO results their weights
         mass = res.data["mass"][1] if "mass" in res.data else res.data["weights"][1].sum(axis=1)
         print(f"mass {mass[0]:.15g} -> {mass[-1]:.15g}")
-    if cfg["output.figure"]:
+    if cfg["output.figure"] and _writable(out / "summary.png"):
         from .plot import plot_trajectory
 
         plot_trajectory(res, out / "summary.png")
         print(f"figure: {out / 'summary.png'}")
-    if cfg.get("output.animation"):
+    if cfg.get("output.animation") and _writable(out / "animation.gif"):
         from .plot import animate
 
         animate(res, out / "animation.gif")
         print(f"animation: {out / 'animation.gif'}")
+
+
+def _writable(path: Path) -> bool:
+    """Whether a run's figure may be written at ``path``: nothing there or a regular file (a link or a
+    special file is left as it is, with a warning line)."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return True
+    if stat.S_ISREG(mode):
+        return True
+    from .io.paths import kind_of
+
+    print(f"wflow: no figure: {path} is {kind_of(mode)}; it is left as it is", file=sys.stderr)
+    return False
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -434,6 +457,10 @@ def _sweep(args: argparse.Namespace) -> int:
             "distributed.diskutils",
         ):
             logging.getLogger(name).setLevel(logging.WARNING)
+    from .io.paths import refuse_special_file
+
+    if args.config:
+        refuse_special_file(args.config)  # a FIFO is refused, never waited on
     cfg, grid = load_sweep_config(args.config) if args.config else (default_config(), {})
     cfg = apply_overrides(cfg, args.overrides)
     grid.update(parse_grid_args(args.grid))
@@ -460,13 +487,20 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def sweep_figure(ds: Any, store: Path) -> Path | None:
     """Draw a sweep's default figure (:func:`wflow.plot.plot_sweep`) beside its store: ``sweep.png`` for
-    ``sweep.zarr``; None (with a warning line) when the sweep has nothing to draw."""
+    ``sweep.zarr``; None (with a warning line) when the sweep has nothing to draw, or when a file
+    wflow did not write is there (the user's figure, a link: left as it is).  The figure carries
+    wflow's mark (:func:`wflow.io.paths.write_figure`), so a later run replaces it."""
+    import io as _io
+
+    from .io.paths import write_figure
     from .plot import plot_sweep
 
     path = store.with_suffix(".png")
+    png = _io.BytesIO()
     try:
-        plot_sweep(ds, path)
-    except ValueError as exc:
+        plot_sweep(ds, cast(Any, png))  # (savefig takes a file object as well as a path)
+        write_figure(path, png.getvalue(), "sweep figure")
+    except (ValueError, FileExistsError) as exc:
         print(f"wflow sweep: no figure: {exc}", file=sys.stderr)
         return None
     return path

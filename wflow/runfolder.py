@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from . import io
 from ._version import __version__
 from .config import STEP_LOG, to_toml
 from .errors import WflowError
+from .io.commit import remove_store, store_files
+from .io.paths import create_new
 from .solvers.base import Tracker
 
 __all__ = [
@@ -47,6 +50,14 @@ RUN_FILES = ("config.toml", STEP_LOG, "summary.png", "animation.gif")
 MARKER = ".wflow-run"
 #: what a run leaves beside its files: the folder's and the store's locks
 _LOCKS = (".wflow.lock", *(name + ".lock" for name in STORE_NAMES.values()))
+
+
+def _is_regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself (not a link to one)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 class RunFolder:
@@ -100,7 +111,7 @@ class RunFolder:
                 return
             if not p.is_dir():
                 raise ValueError(f"--out {p} is a file, not a folder; choose a folder")
-            if (p / MARKER).is_file():
+            if _is_regular(p / MARKER):
                 return
             entries = sorted(os.listdir(p))
         except OSError as exc:
@@ -147,8 +158,9 @@ class RunFolder:
             ) from None
         try:  # marked once it is ours to write: a busy folder is left as it was
             marker = self.path / MARKER
-            if not marker.is_file():
-                marker.write_text(json.dumps({"wflow": "run folder", "version": __version__}))
+            if not _is_regular(marker):  # (created anew: never through a link)
+                mark = json.dumps({"wflow": "run folder", "version": __version__})
+                create_new(marker, mark.encode())
         except OSError as exc:
             lock.release()
             raise ValueError(
@@ -160,8 +172,13 @@ class RunFolder:
         """A tracker, first in a fresh run's list, that replaces what an earlier run wrote here only when the
         driver starts the run (every argument checked: step and save times, tolerances, solver): the
         earlier store ``existing`` when the new one has another name (the recorder replaces a store of
-        the same name at its first save), and the run's files, ``config.toml`` written anew."""
+        the same name at its first save), and the run's files, ``config.toml`` written anew.  Only what
+        wflow wrote in the earlier store goes (:func:`wflow.io.remove_store`): anything else in it is
+        refused (``ValueError`` naming it) now, before the run."""
         folder, new = self, self.store_for(cfg)
+        replaced = existing if existing is not None and existing != new else None
+        if replaced is not None:  # only what wflow wrote goes: anything else there is refused now
+            store_files(replaced)
 
         class _Replace(Tracker):
             name = "run folder"
@@ -169,8 +186,8 @@ class RunFolder:
             def start(
                 self, run
             ):  # the driver has checked every argument before it starts a tracker
-                if existing is not None and existing != new:
-                    shutil.rmtree(existing)
+                if replaced is not None:
+                    remove_store(replaced)
                 for name in RUN_FILES:
                     (folder.path / name).unlink(missing_ok=True)
                 folder.config_file.write_text(to_toml(cfg))

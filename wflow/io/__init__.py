@@ -26,7 +26,11 @@ This module only re-exports; the code lives in one module per job:
 
 * :mod:`wflow.io.commit`: the commit protocol (:func:`write_commit`, :func:`read_commit`,
   :func:`committed_length`), the snapshot digests and their hash chain, the chunk codecs
-  (:func:`chunk_codecs`) and the one-writer lock (:class:`FolderLock`);
+  (:func:`chunk_codecs`), the one-writer lock (:class:`FolderLock`) and the removal of a store,
+  which removes only what wflow wrote (:func:`remove_store`);
+* :mod:`wflow.io.paths`: the files wflow reads and writes never through a link and never a
+  FIFO, socket or device (:func:`~wflow.io.paths.read_regular`,
+  :func:`~wflow.io.paths.write_figure`);
 * :mod:`wflow.io.recorder`: :class:`ZarrRecorder`, the variables' attributes
   (:data:`VARIABLE_ATTRS`, :func:`~wflow.io.recorder.variable_attributes`: definitions and their
   parameters), the store's attributes (the equation and the velocity field in words) and its
@@ -43,6 +47,7 @@ from .commit import (
     chunk_codecs,
     committed_length,
     read_commit,
+    remove_store,
     write_commit,
 )
 from .read import read_store, repair, result_dataset, store_attrs, write_result
@@ -72,4 +77,5 @@ __all__ = [
     "write_commit",
     "read_commit",
     "chunk_codecs",
+    "remove_store",
 ]

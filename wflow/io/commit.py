@@ -12,13 +12,17 @@ functions.  Nothing here knows a store's variables: :mod:`wflow.io.recorder` wri
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
-from collections.abc import Callable
+import re
+import stat
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ..errors import StoreBusyError, WflowError
+from .paths import create_new, kind_of, open_regular, read_regular, special_file_error
 
 FORMAT = "wflow.result/2"
 COMMIT = "wflow_commit.json"
@@ -84,12 +88,16 @@ def write_commit(folder: str | os.PathLike, record: Any, *, name: str = COMMIT) 
     """
     folder = Path(folder)
     tmp = folder / (name + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(record, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, folder / name)
+    _replace_with(tmp, folder / name, json.dumps(record).encode())
     _fsync_dir(folder)
+
+
+def _replace_with(tmp: Path, path: Path, data: bytes) -> None:
+    """Replace ``path`` by a file holding ``data``, written whole to ``tmp`` first (never through a link)."""
+    if os.path.lexists(tmp):  # what an interrupted commit left (a name of the store's own)
+        os.unlink(tmp)
+    create_new(tmp, data)
+    os.replace(tmp, path)
 
 
 def read_commit(
@@ -123,11 +131,11 @@ def read_commit(
     WflowError True
     """
     folder = Path(folder)
-    p = folder / name
-    if not p.exists():
+    data = read_regular(folder / name)  # (a FIFO there is refused, never waited on)
+    if data is None:
         return default
     try:
-        record = json.loads(p.read_text())
+        record = json.loads(data)
         return record if decode is None else decode(record)
     except (ValueError, KeyError, TypeError) as exc:
         raise WflowError(f"{folder}: unreadable commit record {name}: {exc}") from None
@@ -173,9 +181,9 @@ def snapshot_digests(store: Path, index: int, ndims: dict[str, int]) -> dict[str
 
 def read_digest_lines(store: Path, length: int, chain: str) -> list[dict[str, str]]:
     """The digests of the first ``length`` snapshots, checked against the committed hash ``chain``."""
-    p = store / DIGESTS
     try:
-        lines = p.read_text().splitlines()[:length] if p.is_file() else []
+        data = read_regular(store / DIGESTS)
+        lines = data.decode().splitlines()[:length] if data is not None else []
     except (OSError, UnicodeDecodeError) as exc:
         raise WflowError(f"{store}: the digests {DIGESTS} cannot be read ({exc})") from None
     h = ""
@@ -199,10 +207,10 @@ def digest_line(index: int, digests: dict[str, str]) -> str:
 
 def digest_end(store: Path, length: int) -> int:
     """The byte offset where the lines of the first ``length`` snapshots end in :data:`DIGESTS`."""
-    p = store / DIGESTS
-    if not length or not p.is_file():
+    data = read_regular(store / DIGESTS) if length else None
+    if not data:
         return 0
-    return sum(len(line) for line in p.read_bytes().splitlines(keepends=True)[:length])
+    return sum(len(line) for line in data.splitlines(keepends=True)[:length])
 
 
 def append_digest(store: Path, line: str, chain: str, end: int) -> tuple[str, int]:
@@ -213,7 +221,7 @@ def append_digest(store: Path, line: str, chain: str, end: int) -> tuple[str, in
     disk before this returns.  Returns the chain to commit with the line and the new end.
     """
     data = line.encode() + b"\n"
-    fd = os.open(store / DIGESTS, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_regular(store / DIGESTS, os.O_RDWR | os.O_CREAT)
     try:
         os.ftruncate(fd, end)
         os.lseek(fd, end, os.SEEK_SET)
@@ -228,16 +236,16 @@ def append_digest(store: Path, line: str, chain: str, end: int) -> tuple[str, in
 
 def write_digests(store: Path, lines: list[str]) -> str:
     """Replace :data:`DIGESTS` by ``lines`` at once (a temporary file renamed over it); their chain."""
-    tmp = store / (DIGESTS + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(b"".join(line.encode() + b"\n" for line in lines))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, store / DIGESTS)
+    data = b"".join(line.encode() + b"\n" for line in lines)
+    _replace_with(store / (DIGESTS + ".tmp"), store / DIGESTS, data)
     chain = ""
     for line in lines:
         chain = chain_next(chain, line)
     return chain
+
+
+#: what wflow writes in a lock file: its owner's PID (nothing yet for the instant after creating it)
+_LOCK_TEXT = re.compile(r"(process \d+)?")
 
 
 class FolderLock:
@@ -245,10 +253,16 @@ class FolderLock:
 
     The lock belongs to the open file, so the operating system releases it when the process
     dies, however it dies; the file (holding the owner's PID) is then left in place, and the
-    next writer takes it over.  A clean release removes the file.  A second holder gets
+    next writer takes it over.  A clean release removes the file, and only while the path still
+    names the file this lock created or took over.  A second holder gets
     :class:`~wflow.errors.StoreBusyError` naming the path and the PID.  A writer that locked a
     file which a release removed meanwhile notices (the path no longer names its file) and
     locks afresh, so two writers never both hold the lock.
+
+    The lock file is created without following a symbolic link and never taken from the user:
+    a link, a FIFO, socket or device, or a regular file that is not a wflow lock (it holds
+    anything but ``process N``) at the path is refused (``ValueError`` naming the path), left
+    as it is.
 
     Examples
     --------
@@ -263,59 +277,104 @@ class FolderLock:
     ...         print("busy")
     busy
     >>> FolderLock(path).acquire().release()  # free again once the first one is released
+    >>> _ = path.write_text("my own notes")
+    >>> FolderLock(path).acquire()
+    Traceback (most recent call last):
+    ...
+    ValueError: .../run.lock is not a lock wflow wrote (it holds 'my own notes'); ...
     """
 
     def __init__(self, path: str | os.PathLike, what: str | None = None):
         self.path = Path(path)
         self.what = what or str(self.path)
-        self.fh: IO[str] | None = None
+        self.fd: int | None = None
+
+    def _open(self) -> int:
+        """A descriptor of the lock file, created if absent; never through a link, never a special file."""
+        while True:
+            try:
+                mode = os.lstat(self.path).st_mode
+            except FileNotFoundError:
+                try:
+                    return open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+                except FileExistsError:
+                    continue  # created meanwhile by another writer: open theirs
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(self.path))
+            if stat.S_ISLNK(mode):
+                raise ValueError(
+                    f"{self.path} is a symbolic link; wflow does not follow links at its lock paths "
+                    f"(nor writes where they point): remove the link or choose another path"
+                )
+            if not stat.S_ISREG(mode):
+                raise special_file_error(self.path, mode)
+            try:
+                return open_regular(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                continue  # released (removed) meanwhile: create it afresh
 
     def acquire(self) -> FolderLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fh = open(self.path, "a+")
+            fd = self._open()
             try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                fh.seek(0)
-                owner = fh.read().strip() or "another process"
-                fh.close()
+                owner = _read_text(fd).strip() or "another process"
+                os.close(fd)
                 raise StoreBusyError(
                     f"{self.what} is in use by {owner} (one writer at a time); wait for it to finish "
                     f"or choose another output"
                 ) from None
-            try:  # the file we locked must still be the one at the path (a release removes it)
-                same = os.stat(self.path).st_ino == os.fstat(fh.fileno()).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
+            if _names(self.path, fd):  # the file we locked must still be the one at the path
                 break
-            fh.close()
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"process {os.getpid()}")
-        fh.flush()
-        self.fh = fh
+            os.close(fd)
+        text = _read_text(fd).strip()
+        if not _LOCK_TEXT.fullmatch(text):
+            os.close(fd)  # (unlocks it)
+            raise ValueError(
+                f"{self.path} is not a lock wflow wrote (it holds {text[:40]!r}); wflow neither "
+                f"overwrites nor removes it: move it away or choose another path"
+            )
+        if text:  # a lock whose process died: its PID goes
+            os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()}".encode(), 0)
+        self.fd = fd
         return self
 
     def release(self) -> None:
-        """Remove the lock file (while still holding it), then unlock."""
-        if self.fh is not None:
+        """Remove the lock file (while still holding it, and only if the path still names it), then unlock."""
+        if self.fd is not None:
             import fcntl
 
-            with contextlib.suppress(OSError):  # (a read-only folder keeps it: harmless)
-                os.unlink(self.path)
-            fcntl.flock(self.fh.fileno(), fcntl.LOCK_UN)
-            self.fh.close()
-            self.fh = None
+            if _names(self.path, self.fd):
+                with contextlib.suppress(OSError):  # (a read-only folder keeps it: harmless)
+                    os.unlink(self.path)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
 
     def __enter__(self) -> FolderLock:
-        return self if self.fh is not None else self.acquire()
+        return self if self.fd is not None else self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _read_text(fd: int) -> str:
+    """The start of the file ``fd`` as text (a lock holds one short line)."""
+    return os.pread(fd, 256, 0).decode(errors="replace")
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` names the open file ``fd`` (not a link, not another file put there)."""
+    try:
+        st, mine = os.lstat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_ino, st.st_dev) == (mine.st_ino, mine.st_dev)
 
 
 def committed_length(path: str | os.PathLike) -> int:
@@ -366,3 +425,165 @@ def chunk_path(store: Path, name: str, index: int, ndim: int) -> Path:
 def is_snapshot(arr) -> bool:
     """Whether a store's array has one chunk per snapshot (a leading ``time`` axis)."""
     return tuple(arr.metadata.dimension_names or ())[:1] == ("time",)
+
+
+# ------------------------------------------------------------------------------ what a store holds
+#: a temporary file Zarr was writing when its process died (``<name>.<uuid hex>.partial``)
+_PARTIAL = re.compile(r".+\.[0-9a-f]{32}\.partial")
+#: the records of a run's store (the commit record and the snapshot digests)
+RUN_RECORDS = (COMMIT, DIGESTS)
+
+
+def refuse_special_metadata(store: Path, records: Iterable[str] = RUN_RECORDS) -> None:
+    """Refuse (``ValueError`` naming the path) a FIFO, socket or device in place of a store's metadata:
+    its ``zarr.json``, its ``records`` and every array's ``zarr.json``.  Nothing is opened."""
+    from .paths import refuse_special_file
+
+    for name in ("zarr.json", *records):
+        refuse_special_file(store / name)
+    with os.scandir(store) as entries:
+        for entry in entries:
+            if entry.is_dir():  # (follows a link, as Zarr would)
+                refuse_special_file(Path(entry.path) / "zarr.json")
+
+
+def _json(path: Path) -> Any:
+    """The JSON in ``path``, ``None`` when absent, a folder or not JSON (a special file: refused)."""
+    try:
+        data = read_regular(path)
+    except IsADirectoryError:
+        return None
+    try:
+        return json.loads(data) if data is not None else None
+    except ValueError:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        return None
+
+
+def store_files(path: str | os.PathLike, records: Iterable[str] = RUN_RECORDS) -> list[Path]:
+    """Everything in the store ``path`` that wflow wrote, folders after their contents; refuse anything else.
+
+    What wflow wrote is what the store's own record lists: its ``zarr.json`` (a wflow store:
+    ``wflow_format``), the arrays its consolidated metadata names (each array's ``zarr.json``
+    and chunk files ``c/0/...``, and what Zarr left half-written), and ``records`` (a run's
+    commit record and digests, with their temporaries).  Anything else in the folder (a
+    user's notes, a folder of plots, a link, a FIFO) is refused with ``ValueError`` naming
+    its path, before anything is touched; so is a ``path`` that is a link or not a wflow store.
+    An empty folder is one to remove; nothing at ``path`` gives ``[]``.
+    """
+    p = Path(path)
+    try:
+        mode = os.lstat(p).st_mode
+    except FileNotFoundError:
+        return []
+    if stat.S_ISLNK(mode):
+        raise ValueError(
+            f"{p} is a symbolic link; wflow replaces only a store folder of its own, not what a "
+            f"link points to: remove the link or choose another path"
+        )
+    if not stat.S_ISDIR(mode):
+        raise ValueError(f"{p} is {kind_of(mode)}, not a store folder: choose another path")
+    records = tuple(records)
+    meta = _json(p / "zarr.json")
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    ours = isinstance(attrs, dict) and attrs.get("wflow_format") == FORMAT
+    if not ours and any(os.path.lexists(p / r) for r in records):
+        ours = True  # (a store whose root metadata is lost, with its commit record)
+    if not ours:
+        if not os.listdir(p):
+            return [p]
+        raise ValueError(
+            f"{p} is not a wflow result store; overwrite=True replaces only wflow's own stores "
+            f"(or an empty folder): choose another path"
+        )
+    listed = (meta or {}).get("consolidated_metadata") or {}
+    arrays = {n for n in (listed.get("metadata") or {}) if "/" not in n} if listed else None
+    files = ["zarr.json", *records, *(r + ".tmp" for r in records)]
+    out: list[Path] = []
+    for entry in sorted(os.listdir(p)):
+        q = p / entry
+        mode = _own_mode(q)
+        if stat.S_ISREG(mode) and (entry in files or _PARTIAL.fullmatch(entry)):
+            out.append(q)
+        elif stat.S_ISDIR(mode) and (entry in arrays if arrays is not None else _is_array(q)):
+            out += _array_files(q)
+        else:
+            raise _foreign(q, p)
+    return [*out, p]
+
+
+def _own_mode(q: Path) -> int:
+    """``st_mode`` of ``q``, refusing a link or a special file in a store (``ValueError``)."""
+    mode = os.lstat(q).st_mode
+    if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError(
+            f"{q} is {kind_of(mode)}; an overwrite removes only the files wflow wrote in a store "
+            f"(none of them is a link or a special file): remove it or choose another path"
+        )
+    return mode
+
+
+def _foreign(q: Path, store: Path) -> ValueError:
+    return ValueError(
+        f"{q}: wflow did not write it, and an overwrite removes only what wflow wrote in {store}: "
+        f"move it out of the store, or choose another path"
+    )
+
+
+def _is_array(folder: Path) -> bool:
+    meta = _json(folder / "zarr.json")
+    return isinstance(meta, dict) and meta.get("node_type") == "array"
+
+
+def _array_files(folder: Path) -> list[Path]:
+    """An array's ``zarr.json`` and chunk files (``c/<i>/<j>...``), folders after their contents."""
+    out: list[Path] = []
+    for entry in sorted(os.listdir(folder)):
+        q = folder / entry
+        mode = _own_mode(q)
+        if stat.S_ISREG(mode) and (entry == "zarr.json" or _PARTIAL.fullmatch(entry)):
+            out.append(q)
+        elif stat.S_ISDIR(mode) and entry == "c":
+            out += _chunk_files(q, folder)
+        else:
+            raise _foreign(q, folder.parent)
+    return [*out, folder]
+
+
+def _chunk_files(folder: Path, array: Path) -> list[Path]:
+    out: list[Path] = []
+    for entry in sorted(os.listdir(folder)):
+        q = folder / entry
+        mode = _own_mode(q)
+        if not (entry.isdigit() or (stat.S_ISREG(mode) and _PARTIAL.fullmatch(entry))):
+            raise _foreign(q, array.parent)
+        out += _chunk_files(q, array) if stat.S_ISDIR(mode) else [q]
+    return [*out, folder]
+
+
+def remove_store(path: str | os.PathLike, records: Iterable[str] = RUN_RECORDS) -> None:
+    """Remove the store ``path``: only what wflow wrote there (:func:`store_files`), checked before
+    anything is removed; anything else in it is refused with ``ValueError`` naming its path.
+
+    ``records`` are the store's own record files beside its arrays (a sweep's store:
+    ``("wflow_sweep.json",)``).  Nothing at ``path``: nothing to do.
+
+    Examples
+    --------
+    >>> import wflow, tempfile, pathlib
+    >>> from wflow.io import remove_store
+    >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy")
+    >>> path = wflow.save(traj, pathlib.Path(tempfile.mkdtemp()) / "t.zarr")
+    >>> _ = (path / "notes.txt").write_text("mine")
+    >>> remove_store(path)
+    Traceback (most recent call last):
+    ...
+    ValueError: .../t.zarr/notes.txt: wflow did not write it, and an overwrite removes only what wflow wrote in ...
+    >>> (path / "notes.txt").unlink()
+    >>> remove_store(path); path.exists()
+    False
+    """
+    for q in store_files(path, records):
+        if q.is_dir() and not q.is_symlink():
+            os.rmdir(q)
+        else:
+            os.unlink(q)

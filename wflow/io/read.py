@@ -32,6 +32,7 @@ from .commit import (
     is_snapshot,
     read_commit,
     read_digest_lines,
+    refuse_special_metadata,
     snapshot_digests,
     stored_snapshots,
     write_digests,
@@ -56,6 +57,8 @@ def _open_result(p: Path):
     zarr = import_zarr()
     if not p.exists():
         raise FileNotFoundError(f"no wflow result at {p}")
+    if p.is_dir():  # a FIFO in place of its metadata is refused, never waited on
+        refuse_special_metadata(p)
     if not (p / "zarr.json").is_file():
         raise WflowError(
             f"{p} is not a wflow result store: it has no zarr.json ("

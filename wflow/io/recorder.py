@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,9 @@ from .commit import (
     is_snapshot,
     read_commit,
     read_digest_lines,
+    remove_store,
     snapshot_digests,
+    store_files,
 )
 
 log = logging.getLogger("wflow.io")  # the name the messages had before io became a package
@@ -345,24 +346,6 @@ def index_coordinates(dims: set[str]) -> dict[str, dict[str, str]]:
     }
 
 
-def _check_replaceable(path: Path) -> None:
-    """Refuse to replace anything but a wflow result store or an empty folder (overwrite=True)."""
-    if path.is_dir() and not any(path.iterdir()):
-        return
-    if (path / COMMIT).is_file():
-        return
-    try:
-        meta = json.loads((path / "zarr.json").read_text())
-        if meta.get("attributes", {}).get("wflow_format") == FORMAT:
-            return
-    except (OSError, ValueError, AttributeError):
-        pass
-    raise ValueError(
-        f"{path} is not a wflow result store; overwrite=True replaces only wflow's own stores "
-        f"(or an empty folder): choose another path"
-    )
-
-
 class ZarrRecorder:
     """The tracker that writes a run to a Zarr store, one atomic commit per snapshot.
 
@@ -374,7 +357,9 @@ class ZarrRecorder:
         Continue an existing store (:func:`wflow.resume`): snapshots from the resumed one on
         are written over the uncommitted tail.
     overwrite : bool
-        Replace an existing store; otherwise an existing store is an error.
+        Replace an existing store; otherwise an existing store is an error.  Only what wflow
+        wrote there is removed (:func:`wflow.io.remove_store`): anything else in the store
+        folder, or a store that is a link, is refused when the recorder is made.
     attrs : dict, optional
         Further JSON-serializable attributes of the store (``wflow run`` records its flat
         configuration as ``run_config``).
@@ -406,13 +391,13 @@ class ZarrRecorder:
         if append:
             if not (self.path / COMMIT).exists() and not self.path.exists():
                 raise FileNotFoundError(f"cannot append: no store at {self.path}")
-        elif self.path.exists() and not overwrite:
+        elif os.path.lexists(self.path) and not overwrite:
             raise FileExistsError(
                 f"{self.path} exists; pass overwrite=True (CLI: choose another --out, --resume "
                 f"or --overwrite)"
             )
-        elif self.path.exists():
-            _check_replaceable(self.path)
+        else:  # what an overwrite would remove is checked now, before the run: only what wflow wrote
+            store_files(self.path)
         self.overwrite = overwrite
         self.count = 0
         self.group = None
@@ -504,8 +489,7 @@ class ZarrRecorder:
 
     def _create(self, snap) -> None:
         zarr = import_zarr()
-        if self.path.exists():  # (overwrite=True: checked when the recorder was made)
-            shutil.rmtree(self.path)
+        remove_store(self.path)  # (overwrite=True: only what wflow wrote, checked again)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         group = zarr.open_group(
             self.path,
