@@ -113,3 +113,40 @@ def test_integer_inputs_are_still_taken():
     y = np.sqrt(0.5) * np.array([[1.0, 1.0], [-1.0, 1.0], [-1.0, -1.0], [1.0, -1.0]])
     r = certified_w2(x, y, tol=1e-3)  # each atom moves by pi/4
     assert r["certified"] and r["lower"] <= np.pi / 4 <= r["upper"] < np.pi / 4 * (1 + 1e-3)
+
+
+# --------------------------------------------------------------------------- item 4: stores keep the precision
+@pytest.mark.parametrize(
+    "method, kw", [("dopri5", {}), ("euler-maruyama", {"dt": 0.05, "kappa": 8.0, "seed": 3})]
+)
+def test_float32_points_store_and_resume_what_the_run_computed(tmp_path, method, kw):
+    """float32 initial points, a solver that computes in float64: the store held float32 (the first
+    snapshot's dtype), so load and resume differed from the run by 3e-8 at every save."""
+    import wflow
+    from wflow.io import ZarrRecorder
+
+    x0 = wflow.sphere.uniform(12, 3, seed=0).astype(np.float32)
+    ts = [0.0, 0.25, 0.5, 0.75, 1.0]
+    run = dict(save_at=ts, method=method, backend=BK, **kw)
+    full = wflow.simulate(wflow.SA(2.0), x0, 1.0, **run)
+    assert np.asarray(full.points).dtype == np.float64
+    path = tmp_path / "cut.zarr"
+    cut = wflow.simulate(
+        wflow.SA(2.0), x0, 1.0, trackers=[ZarrRecorder(path), lambda t, mu: t >= 0.5], **run
+    )
+    assert cut.status == 1 and len(cut) == 3
+    loaded = wflow.load(path)
+    assert np.asarray(loaded.points).dtype == np.float64
+    np.testing.assert_array_equal(np.asarray(loaded.points), np.asarray(full.points)[:3])
+    back = wflow.resume(path)
+    np.testing.assert_array_equal(np.asarray(back.points), np.asarray(full.points))
+
+
+def test_saveat_dtype_still_asks_for_float32(tmp_path):
+    """The store's precision changes only when a save specification asks for it."""
+    import wflow
+
+    x0 = wflow.sphere.uniform(12, 3, seed=0)
+    spec = wflow.SaveAt(ts=[0.0, 0.5], dtype=np.float32)
+    tr = wflow.simulate(wflow.SA(2.0), x0, 0.5, save_at=spec, backend=BK)
+    assert np.asarray(tr.points).dtype == np.float32

@@ -489,6 +489,10 @@ def simulate(
         tracers = _check_tracers(tracers, x, mu0)
         n_tr = tracers.shape[-2]
         x = np.concatenate([x, tracers], axis=-2)
+    if x.dtype != np.float64 and method in FLOAT64_SOLVERS:
+        # the run computes in float64: so does every snapshot, the first included, and a store keeps
+        # that precision (SaveAt(dtype=...) asks for another); resume then repeats it bit for bit
+        x = x.astype(np.float64)
     problem, x = _problem(model, mu0, x, n_tr, kappa, backend, spec, coordinates)
     if method in ("euler", "euler-average") and problem.fused_spec(t0, x) is not None:
         solver = FusedEuler(projected=method == "euler")
@@ -515,6 +519,14 @@ def simulate(
     assert isinstance(traj, Trajectory)
     return traj
 
+
+#: particle solvers whose steps compute in float64 whatever the points' dtype, and why; :func:`simulate`
+#: starts them from float64 points, so that the initial snapshot and a store written during the run
+#: (which takes its dtype from the first snapshot) hold the precision the run computed in
+FLOAT64_SOLVERS = {
+    "dopri5": "its error control (the default atol 1e-9 lies below float32's resolution)",
+    "euler-maruyama": "its noise increments are drawn in float64",
+}
 
 #: the deprecated arguments of :func:`simulate` and where each went
 _DEPRECATED = {
