@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +19,8 @@ import numpy as np
 
 from .._version import __version__
 from ..errors import WflowError
-from ..io import chunk_codecs, read_commit, write_commit
+from ..io import chunk_codecs, read_commit, remove_store, write_commit
+from ..io.commit import store_files
 from .plan import BATCH_KEY, FAILED, FORMAT, OBSERVABLES, OK, PENDING, Axis, Plan, grid_difference
 
 if TYPE_CHECKING:
@@ -80,66 +80,6 @@ def _difference(attrs: dict[str, Any], plan: Plan) -> str | None:
     return None
 
 
-#: a temporary file Zarr was writing when its process died (``<name>.<uuid hex>.partial``)
-_PARTIAL = re.compile(r".+\.[0-9a-f]{32}\.partial")
-#: the arrays of every sweep store besides its axes and observables
-_ARRAYS = ("time", "status", "message", "seconds", "cpu_seconds", "worker", "config", "save_time")
-
-
-def _written_by_wflow(path: Path, attrs: dict[str, Any]) -> list[Path]:
-    """The entries of the sweep store at ``path``, every one of which wflow wrote: the group's metadata,
-    its commit record and the arrays its attributes name (each its metadata and a tree of numbered
-    chunks, and what Zarr left half-written).  ValueError naming the first entry that is not (a file or folder of the user's, a link)."""
-    arrays = {*json.loads(attrs["dims"]).values(), *attrs["observables"], *_ARRAYS}
-    files = {"zarr.json", COMMIT, COMMIT + ".tmp"}
-    entries = sorted(path.iterdir())
-    for entry in entries:
-        if entry.is_symlink() or not (
-            (entry.name in files and entry.is_file())
-            or (entry.name in arrays and entry.is_dir() and _is_array(entry))
-        ):
-            bad = entry if entry.is_symlink() or entry.name not in arrays else _foreign(entry)
-            raise ValueError(
-                f"{path}: {bad} was not written by wflow; move it out of the store to overwrite it"
-            )
-    return entries
-
-
-def _foreign(array: Path) -> Path:
-    """The first entry inside an array's folder that is not its metadata or a numbered chunk (or folder)."""
-    for entry in sorted(array.iterdir()):
-        if entry.is_symlink() or not (
-            (entry.name == "zarr.json" and entry.is_file())
-            or (entry.name == "c" and entry.is_dir())
-            or (_PARTIAL.fullmatch(entry.name) and entry.is_file())
-        ):
-            return entry
-    for root, dirs, names in os.walk(array / "c"):
-        for name in sorted(dirs) + sorted(names):
-            entry = Path(root) / name
-            if entry.is_symlink() or not (
-                (name.isdigit() and (entry.is_file() or entry.is_dir()))
-                or (_PARTIAL.fullmatch(name) and entry.is_file())
-            ):
-                return entry
-    return array
-
-
-def _is_array(array: Path) -> bool:
-    return _foreign(array) == array
-
-
-def _remove(path: Path, entries: list[Path]) -> None:
-    """Remove ``entries`` of the store at ``path`` (those :func:`_written_by_wflow` listed)."""
-    import shutil
-
-    for entry in entries:
-        if entry.is_dir():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-
-
 class Store:
     """The sweep's Zarr group: created pre-sized, written task by task, each task committed atomically."""
 
@@ -172,7 +112,7 @@ class Store:
                     f"{p} exists and is not a wflow sweep store; refusing to overwrite it"
                 )
             if ours:
-                _written_by_wflow(p, attrs)  # anything else in it: refused, nothing touched
+                store_files(p, (COMMIT,))  # anything else in it: refused, nothing touched
             return "replace"
         if not ours:
             raise ValueError(f"{p} exists and is not a wflow sweep store; choose another out")
@@ -208,7 +148,7 @@ class Store:
             }
             return
         if what == "replace":
-            _remove(self.path, _written_by_wflow(self.path, _attrs(self.path)))
+            remove_store(self.path, (COMMIT,))  # only what wflow wrote
         self._create()
 
     def _create(self) -> None:
