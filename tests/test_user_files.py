@@ -66,7 +66,7 @@ def precious(tmp_path):
 def client():
     distributed = pytest.importorskip("distributed")
     c = distributed.Client(
-        processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None
+        processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0"
     )
     yield c
     c.close()
@@ -371,3 +371,33 @@ def test_special_files_in_a_run_folder_are_refused(tmp_path, capsys, watchdog):
     err = _one_line_error(capsys, 2, ["run", "--resume", "--no-progress", "--out", str(out)])
     assert f"{out / 'config.toml'} is a FIFO" in err
     assert watchdog.freed == []
+
+
+def test_a_special_chunk_of_a_static_variable_is_refused(tmp_path, watchdog):
+    path = wflow.save(_traj(), tmp_path / "t.zarr")
+    chunk = path / "weights" / "c" / "0"
+    chunk.unlink()
+    watchdog.fifo(chunk)
+    with pytest.raises(ValueError, match=r"weights/c/0 is a FIFO"):
+        wflow.load(path)
+    assert watchdog.freed == []
+
+
+def test_a_dangling_link_as_out_is_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.symlink_to(tmp_path / "nowhere")
+    err = _one_line_error(capsys, 2, ["run", *QUICK, "--out", str(out)])
+    assert f"--out {out} is a symbolic link to nothing" in err
+    assert not (tmp_path / "nowhere").exists() and out.is_symlink()
+
+
+def test_a_link_in_place_of_a_runs_figure_is_not_followed(tmp_path, capsys, precious):
+    out = tmp_path / "run"
+    assert main(["run", *SMALL, "--set", "init.d=2", "--out", str(out)]) == 0
+    (out / "summary.png").unlink()
+    (out / "summary.png").symlink_to(precious)
+    capsys.readouterr()
+    assert main(["run", "--resume", "--no-progress", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"{out / 'summary.png'} is a symbolic link" in err
+    assert precious.read_text() == "my notes" and (out / "summary.png").is_symlink()

@@ -107,6 +107,11 @@ class RunFolder:
         """
         p = self.path
         try:
+            if p.is_symlink() and not p.exists():
+                raise ValueError(
+                    f"--out {p} is a symbolic link to nothing ({os.readlink(p)}); wflow does not "
+                    f"create folders through links: choose another --out"
+                )
             if not p.exists():
                 return
             if not p.is_dir():

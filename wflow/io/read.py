@@ -37,6 +37,7 @@ from .commit import (
     stored_snapshots,
     write_digests,
 )
+from .paths import refuse_special_file
 from .recorder import (
     CHECKPOINT_PREFIX,
     COORDINATE_ROLE,
@@ -189,6 +190,7 @@ def read_store(path: str | os.PathLike, *, recover: bool = False) -> dict[str, A
         elif arr.attrs.get(COORDINATE_ROLE) in ("index", "cell-coordinate"):
             continue
         else:
+            _refuse_special_chunks(p / name)  # (a FIFO there would block Zarr's read)
             try:
                 out["static"][name] = (dims, np.asarray(arr[...]))
             except Exception as exc:  # noqa: BLE001
@@ -196,6 +198,13 @@ def read_store(path: str | os.PathLike, *, recover: bool = False) -> dict[str, A
                     f"{p}: variable {name!r} cannot be read ({type(exc).__name__}: {exc})"
                 ) from None
     return out
+
+
+def _refuse_special_chunks(folder: Path) -> None:
+    """Refuse (``ValueError``) a FIFO, socket or device among the chunk files of the array ``folder``."""
+    for root, _, names in os.walk(folder / "c"):
+        for name in names:
+            refuse_special_file(Path(root) / name)
 
 
 def _unreadable(arr, i: int) -> bool:
