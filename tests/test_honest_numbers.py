@@ -150,3 +150,36 @@ def test_saveat_dtype_still_asks_for_float32(tmp_path):
     spec = wflow.SaveAt(ts=[0.0, 0.5], dtype=np.float32)
     tr = wflow.simulate(wflow.SA(2.0), x0, 0.5, save_at=spec, backend=BK)
     assert np.asarray(tr.points).dtype == np.float32
+
+
+# --------------------------------------------------------------------------- item 3: transport parameters
+def test_certified_w2_refuses_a_reg_float64_cannot_resolve():
+    """reg=1e-300 ran to an uncertified "diverged" answer at eps = 1.9e-309 (subnormal); refused up front
+    by wasserstein(method="sinkhorn")'s rule: potentials of size pi^2 carry 2^-46 pi^2 = 1.40e-13 of
+    rounding, so reg >= 1.40e-12 keeps each kernel entry within 10 %."""
+    import wflow
+    from wflow.transport.multiscale import certified_w2
+
+    x, y = wflow.sphere.fibonacci_nodes(20), wflow.sphere.fibonacci_nodes(200)
+    floor = 2.0**-46 * np.pi**2
+    assert f"{10 * floor:.1e}" == "1.4e-12"
+    for reg in (1e-300, 1.3e-12):
+        with pytest.raises(ValueError, match=rf"reg={reg!r}.*use reg >= 1\.4e-12"):
+            certified_w2(x, y, reg=reg)
+    with pytest.raises(ValueError, match=r"use reg >= 5\.7e-13"):  # chordal: 2^-46 * 4
+        certified_w2(x, y, reg=1e-13, cost="chordal")
+
+
+def test_wasserstein_refuses_a_p_whose_cost_overflows():
+    """p=1e6: emd spoke of "measures this large" at n = 20 and sinkhorn raised a bare OverflowError;
+    pi^p overflows float64 above p = log(max float) / log(pi) = 620.044 (chordal: 2^p, 1024)."""
+    import wflow
+    from wflow.transport import wasserstein
+
+    x, y = wflow.sphere.uniform(20, 3, seed=0), wflow.sphere.uniform(20, 3, seed=1)
+    for method in ("auto", "sinkhorn", "emd"):
+        with pytest.raises(ValueError, match=r"p=1000000\.0 is above 620\.044"):
+            wasserstein(x, y, p=1e6, method=method)
+    with pytest.raises(ValueError, match=r"p=1025\.0 is above 1024"):
+        wasserstein(x, y, p=1025.0, cost="chordal")
+    assert np.isfinite(wasserstein(x, y, p=620.0))

@@ -7,6 +7,7 @@ points and weights with zero-weight atoms dropped.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,23 @@ class WassersteinResult:
 
 
 # -- input checks ---------------------------------------------------------------------
+#: the smallest residual tolerance of Sinkhorn's potentials, relative to diam^p, that float64 resolves
+SINKHORN_RESOLUTION = 2.0**-46
+
+
+def max_p(cost: str) -> float:
+    """The largest order ``p`` whose cost ``diam^p`` is a finite float64: ``log(max float) / log(diam)``,
+    ``diam`` = pi (geodesic) or 2 (chordal).
+
+    Examples
+    --------
+    >>> round(max_p("geodesic"), 2), round(max_p("chordal"), 2)
+    (620.04, 1024.0)
+    """
+    diam = math.pi if cost == "geodesic" else 2.0
+    return math.log(float(np.finfo(np.float64).max)) / math.log(diam)
+
+
 def check_p(p: Any) -> float:
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"p must be a real number >= 1, got {short_repr(p)}")

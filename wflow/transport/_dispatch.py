@@ -20,7 +20,15 @@ import numpy as np
 from .._typing import SeedLike
 from ..errors import check_int, check_positive, short_repr
 from ._circle import circle_wpp, w2_to_uniform_circle
-from ._common import COSTS, WassersteinResult, as_single, check_choice, check_p
+from ._common import (
+    COSTS,
+    SINKHORN_RESOLUTION,
+    WassersteinResult,
+    as_single,
+    check_choice,
+    check_p,
+    max_p,
+)
 from ._emd import emd_wpp
 from ._sinkhorn import sinkhorn
 from ._sliced import sliced_ssw
@@ -175,9 +183,6 @@ def _run_sinkhorn(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     return WassersteinResult(max(div, 0.0) ** (1 / p), p, "sinkhorn", cost, False, bound, info)
 
 
-#: the smallest residual tolerance of Sinkhorn's potentials, relative to diam^p, that float64 resolves
-SINKHORN_RESOLUTION = 2.0**-46
-
 #: the methods of :func:`wasserstein` (besides ``"auto"``) and their runners
 RUNNERS: dict[str, Runner] = {
     "circle": _run_circle,
@@ -267,6 +272,12 @@ def wasserstein_result(
     p = check_p(p)
     method = check_choice(method, "method", METHODS)
     cost = check_choice(cost, "cost", COSTS)
+    if p > max_p(cost):
+        raise ValueError(
+            f"p={p!r} is above {max_p(cost):.6g}: the {cost} cost d^p of the sphere's diameter "
+            f"({'pi' if cost == 'geodesic' else '2'}) overflows float64, so W_p^p is not representable; "
+            f"use p <= {max_p(cost):.6g}"
+        )
     max_emd = check_int(max_emd, "max_emd")
     if not isinstance(allow_large, (bool, np.bool_)):
         raise TypeError(f"allow_large must be True or False, got {short_repr(allow_large)}")

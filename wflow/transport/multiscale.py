@@ -78,6 +78,7 @@ from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
 from ..errors import real_float_dtype, short_repr
+from ._common import SINKHORN_RESOLUTION
 from ._scaling import Scaling
 from .certify import MIN_TOL, Cells, c_transform, cmax
 from .sparse_kernels import (
@@ -390,6 +391,14 @@ def certified_w2(
     reg = _real(reg, "reg")
     if not (reg > 0 and math.isfinite(reg)):
         raise ValueError(f"reg (epsilon) must be a finite number > 0, got {reg!r}")
+    floor = SINKHORN_RESOLUTION * cmax(geodesic)
+    if reg < 10 * floor:  # the rule wasserstein(method="sinkhorn") applies to tol = 0.1 reg
+        raise ValueError(
+            f"certified_w2 cannot resolve reg={reg!r}: its dual potentials, of size up to "
+            f"{cmax(geodesic):.4g} (the largest {cost} cost), carry float64 rounding of about "
+            f"{floor:.1e}, so below reg = {10 * floor:.1e} each kernel entry e^((f + g - c)/reg) is "
+            f"off by more than 10 %; use reg >= {10 * floor:.1e}"
+        )
     tol = _real(tol, "tol")
     if not (MIN_TOL <= tol < 1):
         raise ValueError(
