@@ -401,3 +401,28 @@ def test_a_link_in_place_of_a_runs_figure_is_not_followed(tmp_path, capsys, prec
     err = capsys.readouterr().err
     assert f"{out / 'summary.png'} is a symbolic link" in err
     assert precious.read_text() == "my notes" and (out / "summary.png").is_symlink()
+
+
+def test_a_figure_torn_while_written_over_is_still_wflows(tmp_path):
+    from wflow.io.paths import png_is_wflows, write_figure
+
+    png = tmp_path / "s.png"
+    old = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\x0dIHDR" + bytes(17) + b"\x00" * 50
+    write_figure(png, old + b"\x00\x00\x00\x00IEND\xaeB`\x82", "sweep figure")
+    first = png.read_bytes()
+    # a process killed while writing a new figure over it leaves the new start and the old tail
+    assert png_is_wflows(first[:60] + b"torn") and png_is_wflows(first)
+    png.write_bytes(first[:60] + b"torn")
+    write_figure(png, old + b"\x00\x00\x00\x00IEND\xaeB`\x82", "sweep figure")
+    assert png.read_bytes() == first
+
+
+def test_a_link_as_a_report_folders_marker_is_not_followed(tmp_path, precious):
+    from wflow.runfolder import claim_report_folder
+
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / ".wflow-validation").symlink_to(precious)
+    with pytest.raises(ValueError, match="holds files wflow did not write"):
+        claim_report_folder(out, ["dichotomy"])
+    assert precious.read_text() == "my notes"

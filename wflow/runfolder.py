@@ -195,7 +195,7 @@ class RunFolder:
                     remove_store(replaced)
                 for name in RUN_FILES:
                     (folder.path / name).unlink(missing_ok=True)
-                folder.config_file.write_text(to_toml(cfg))
+                create_new(folder.config_file, to_toml(cfg).encode())
 
         return _Replace()
 
@@ -242,7 +242,7 @@ def claim_report_folder(path: str | os.PathLike, studies: Sequence[str] = ()) ->
         entries = sorted(os.listdir(p)) if p.exists() else []
     except OSError as exc:
         raise ValueError(f"--out {p}: cannot read the folder ({exc.strerror or exc})") from None
-    if entries and REPORT_MARKER not in entries:
+    if entries and not _is_regular(p / REPORT_MARKER):
         reports = all(e == "parts" or e.endswith(_REPORT_SUFFIXES) for e in entries)
         if not (reports and any(f"{name}.md" in entries for name in studies)):
             shown = ", ".join(entries[:4]) + (
@@ -255,8 +255,9 @@ def claim_report_folder(path: str | os.PathLike, studies: Sequence[str] = ()) ->
     try:
         p.mkdir(parents=True, exist_ok=True)
         marker = p / REPORT_MARKER
-        if not marker.is_file():
-            marker.write_text(json.dumps({"wflow": "report folder", "version": __version__}))
+        if not _is_regular(marker):  # (created anew: never through a link)
+            mark = json.dumps({"wflow": "report folder", "version": __version__})
+            create_new(marker, mark.encode())
     except OSError as exc:
         raise ValueError(
             f"--out {p}: cannot create or write the folder ({exc.strerror or exc})"

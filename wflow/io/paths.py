@@ -106,10 +106,13 @@ def create_new(path: str | os.PathLike, data: bytes) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+    """Write all of ``data`` to ``fd`` (at ``offset`` when given, else where the file stands)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset = None if offset is None else offset + n
 
 
 def open_regular(path: str | os.PathLike, flags: int) -> int:
@@ -147,10 +150,12 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
 
 
 def mark_png(data: bytes, what: str) -> bytes:
-    """The PNG ``data`` with a text chunk ``wflow = what`` (before its end), which marks it as wflow's."""
-    if not data.startswith(_PNG) or data[-8:-4] != b"IEND":
-        raise ValueError("mark_png expects a whole PNG file")
-    return data[:-12] + _png_chunk(b"tEXt", FIGURE_MARK + b"\0" + what.encode()) + data[-12:]
+    """The PNG ``data`` with a text chunk ``wflow = what`` right after its header, which marks it as
+    wflow's (near the start: a figure torn while it was written over still carries it)."""
+    end = len(_PNG) + 25  # the signature, then the IHDR chunk (13 bytes of data)
+    if not data.startswith(_PNG) or data[len(_PNG) + 4 : len(_PNG) + 8] != b"IHDR":
+        raise ValueError("mark_png expects a PNG file")
+    return data[:end] + _png_chunk(b"tEXt", FIGURE_MARK + b"\0" + what.encode()) + data[end:]
 
 
 def png_is_wflows(data: bytes) -> bool:
@@ -193,8 +198,7 @@ def write_figure(path: str | os.PathLike, png: bytes, what: str) -> None:
         old = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
         if not png_is_wflows(old):
             raise ValueError(f"{p} exists and was not written by wflow; it is left as it is")
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        _write_all(fd, data)
+        _write_all(fd, data, 0)  # over the old figure, then cut: its start always carries the mark
+        os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
