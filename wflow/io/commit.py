@@ -112,7 +112,8 @@ def read_commit(
     Returns ``default`` when there is no record (nothing committed yet) and ``decode(record)``
     (the parsed JSON itself when ``decode`` is None) otherwise.  A record that is not JSON, or
     that ``decode`` rejects (``ValueError``, ``KeyError``, ``TypeError``), is a
-    :class:`~wflow.errors.WflowError` naming the store and the record.
+    :class:`~wflow.errors.WflowError` naming the store and the record; a FIFO, socket or device
+    in its place is refused (``ValueError`` naming it) without being waited on.
 
     Examples
     --------
