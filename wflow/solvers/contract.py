@@ -49,6 +49,10 @@ class Problem:
     kind : str
         The result kind (``"particles"``, ``"lagrangian"``, ``"density"``, ``"jko"``, ...):
         how snapshots are stored and which result class is returned.
+    limit_slack : float
+        How far past the limit of :meth:`rhs_with_limit` a Runge--Kutta *stage* may go and stay stable:
+        ``1 / cfl`` when that limit is a CFL fraction of the true one.  Steps are proposed within the limit;
+        a stage is rejected only beyond ``limit_slack`` times it (1 by default).
 
     Examples
     --------
@@ -63,6 +67,7 @@ class Problem:
     """
 
     kind: ClassVar[str] = "ode"
+    limit_slack: float = 1.0
 
     def __init__(self) -> None:
         self.evaluations = 0

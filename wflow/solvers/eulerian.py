@@ -33,7 +33,7 @@ Positivity.  One forward-Euler step keeps :math:`m_i\ge0` when
 :math:`\Delta t \le \Delta t_{\max} = \min_i |C_i| / \big(2\sum_{e}\ell_e (s_{ie}u_e)^+ + \kappa^{-1}\sum_e \ell_e/\mathrm{dist}_e\big)`
 (outflow bounded by :math:`2\rho_i`, explicit diffusion included: the parabolic restriction
 is part of the same limit).  The time stepper (``ssprk3`` of the solver contract) caps every
-step at ``cfl * dt_max`` and checks each Runge--Kutta stage against its own limit: a
+step at ``cfl * dt_max`` and checks each Runge--Kutta stage against its own ``dt_max``: a
 violation rejects the step and retries with the smaller limit.  A fixed ``dt`` must stay
 below ``dt_max``.  Hence densities stay non-negative for every ``cfl <= 1``.
 
@@ -132,6 +132,7 @@ class FiniteVolume(Problem):
             )
         self.kappa = kappa
         self.cfl = cfl
+        self.limit_slack = 1.0 / cfl  # stages are checked against dt_max itself
         self.max_step = max_step
         self.mesh = mesh
         self.model = model

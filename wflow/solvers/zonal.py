@@ -105,6 +105,7 @@ class ZonalProblem(Problem):
         )
         self.grid = grid if isinstance(grid, str) else [float(z) for z in self.fv.edges]
         self.cfl = float(cfl)
+        self.limit_slack = 1.0 / self.cfl  # stages are checked against dt_max itself
         self.max_step = max_step
 
     # -- the right-hand side -------------------------------------------------------------------------
