@@ -453,7 +453,11 @@ class _Saved:
         problem = self.problem
         # (only a problem whose solver forms diagnostics, a particle problem, gets ``known``)
         extra: dict[str, Any] = {} if known is None else {"known": known}
+        ev = problem.evaluations
         data = problem.snapshot(t, y, **extra)
+        # a save's diagnostics are not the solver's evaluations: left uncounted, a resumed run (which
+        # loads the saved snapshot instead of computing it) counts what the uninterrupted one counts
+        problem.evaluations = ev
         snap = Snapshot(
             index,
             t,
