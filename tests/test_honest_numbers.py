@@ -183,3 +183,39 @@ def test_wasserstein_refuses_a_p_whose_cost_overflows():
     with pytest.raises(ValueError, match=r"p=1025\.0 is above 1024"):
         wasserstein(x, y, p=1025.0, cost="chordal")
     assert np.isfinite(wasserstein(x, y, p=620.0))
+
+
+# --------------------------------------------------------------------------- item 5: the same bits always
+_BITS = """
+import hashlib
+import numpy as np
+from wflow.kernels import kernel_sums
+from wflow.sphere import uniform
+for n, m, d in ((12, 12, 3), (300, 7, 3), (40, 5000, 64)):  # the small, direct and BLAS routes
+    x, y = uniform(n, d, seed=1), uniform(m, d, seed=2)
+    s = kernel_sums(x, y, np.full(m, 1.0 / m), 5.0, backend="numba")
+    print(n, m, d, hashlib.sha1(s.log_scale.tobytes() + s.mass.tobytes() + s.vector.tobytes()).hexdigest())
+"""
+
+
+def test_numba_kernel_sums_same_bits_cold_cache_warm_cache_and_one_thread(tmp_path):
+    """kernel_sums(backend="numba") from an empty numba cache (compiling, default threads) and again
+    from the warm cache with NUMBA_NUM_THREADS=1: the same bits on each route.  The BLAS route split
+    its columns by the thread count (its partial sums merged in another order: 5.6e-16 apart)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    env.pop("NUMBA_NUM_THREADS", None)
+    cmd = [sys.executable, "-c", _BITS]
+    cold = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert cold.returncode == 0, cold.stderr[-2000:]
+    assert any((tmp_path / "numba-cache").rglob("*.nbi"))  # it compiled into the fresh cache
+    warm = subprocess.run(
+        cmd, env=dict(env, NUMBA_NUM_THREADS="1"), capture_output=True, text=True, timeout=600
+    )
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    lines = cold.stdout.splitlines()
+    assert len(lines) == 3
+    assert warm.stdout.splitlines() == lines

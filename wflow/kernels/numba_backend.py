@@ -74,6 +74,7 @@ __all__ = [
     "TILE_COLS",
     "BLAS_MIN_DIM",
     "BLAS_BLOCK",
+    "BLAS_TASKS",
     "SMALL_MIN_DIM",
 ]
 
@@ -94,6 +95,11 @@ BLAS_MIN_DIM = 48
 #: (rows, columns) of one block of the BLAS route (2 MB of float64 logits, one block per
 #: thread at a time; each thread runs single-threaded GEMMs on its own blocks).
 BLAS_BLOCK = (256, 1024)
+
+#: The BLAS route splits the columns of a problem with fewer row blocks than this into chunks (at
+#: most this many tasks in all), so that every thread has work; a constant, not the thread count,
+#: so that the partial sums, hence the bits, are the same whatever the threads.
+BLAS_TASKS = 32
 
 #: Force one route of the numba backend ("direct", "blas" or "small"; None: :func:`choose_route`).
 #: For benchmarks and tests.
@@ -310,12 +316,14 @@ class NumbaBackend:
         threads = max(1, numba.get_num_threads())
         rows, cols = BLAS_BLOCK
         # tasks: (system, row block, column chunk); columns are split only when there are
-        # too few row blocks to keep every thread busy, and the partial sums merged after
+        # fewer than BLAS_TASKS row blocks, and the partial sums merged after in a fixed order.
+        # The split depends on the shape alone, never on the thread count: the same bits on
+        # every machine and under any NUMBA_NUM_THREADS
         row_blocks = [(k, i0, min(i0 + rows, n)) for k in range(B) for i0 in range(0, n, rows)]
         n_split = (
             1
-            if len(row_blocks) >= 4 * threads
-            else max(1, min(-(-4 * threads // len(row_blocks)), -(-m // cols)))
+            if len(row_blocks) >= BLAS_TASKS
+            else max(1, min(-(-BLAS_TASKS // len(row_blocks)), -(-m // cols)))
         )
         edges = [m * s // n_split for s in range(n_split + 1)]
         tasks = [
