@@ -110,6 +110,7 @@ def test_a_users_file_named_like_a_stores_lock_is_kept(tmp_path, capsys):
     err = _one_line_error(capsys, 2, ["run", *QUICK, "--out", str(out)])
     assert str(out / "trajectory.zarr.lock") in err
     assert (out / "trajectory.zarr.lock").read_text() == "mine"
+    assert os.listdir(out) == ["trajectory.zarr.lock"]  # nothing written beside it
     # a lock that wflow left behind (its process died) is still taken over and removed at the end
     (out / "trajectory.zarr.lock").write_text("process 999999999")
     assert main(["run", *QUICK, "--out", str(out)]) == 0

@@ -155,6 +155,10 @@ class RunFolder:
         """
         self.check_ours()
         try:
+            for (
+                name
+            ) in _LOCKS:  # a link or the user's file at a lock path: refused, nothing written
+                io.FolderLock(self.path / name).check()
             self.path.mkdir(parents=True, exist_ok=True)
             lock = io.FolderLock(self.path / ".wflow.lock", f"output folder {self.path}").acquire()
         except OSError as exc:

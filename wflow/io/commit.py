@@ -290,6 +290,27 @@ class FolderLock:
         self.what = what or str(self.path)
         self.fd: int | None = None
 
+    def check(self) -> FolderLock:
+        """Refuse now (``ValueError``), without writing anything, a lock path :meth:`acquire` would refuse:
+        a link, a special file, or a file that is not a wflow lock."""
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            return self
+        if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            os.close(self._open())  # (raises: the same message as acquire)
+        if stat.S_ISREG(mode):
+            text = (read_regular(self.path) or b"")[:256].decode(errors="replace").strip()
+            self._check_text(text)
+        return self
+
+    def _check_text(self, text: str) -> None:
+        if not _LOCK_TEXT.fullmatch(text):
+            raise ValueError(
+                f"{self.path} is not a lock wflow wrote (it holds {text[:40]!r}); wflow neither "
+                f"overwrites nor removes it: move it away or choose another path"
+            )
+
     def _open(self) -> int:
         """A descriptor of the lock file, created if absent; never through a link, never a special file."""
         while True:
@@ -333,12 +354,11 @@ class FolderLock:
                 break
             os.close(fd)
         text = _read_text(fd).strip()
-        if not _LOCK_TEXT.fullmatch(text):
+        try:
+            self._check_text(text)
+        except ValueError:
             os.close(fd)  # (unlocks it)
-            raise ValueError(
-                f"{self.path} is not a lock wflow wrote (it holds {text[:40]!r}); wflow neither "
-                f"overwrites nor removes it: move it away or choose another path"
-            )
+            raise
         if text:  # a lock whose process died: its PID goes
             os.ftruncate(fd, 0)
         os.pwrite(fd, f"process {os.getpid()}".encode(), 0)

@@ -398,6 +398,7 @@ class ZarrRecorder:
             )
         else:  # what an overwrite would remove is checked now, before the run: only what wflow wrote
             store_files(self.path)
+        self._lock_path().check()  # (a link or the user's file there: refused now, nothing written)
         self.overwrite = overwrite
         self.count = 0
         self.group = None
@@ -405,12 +406,13 @@ class ZarrRecorder:
         self._chain: str | None = ""  # the hash chain of the snapshot digests committed so far
         self._digest_end = 0  # where their lines end in the digests file
 
+    def _lock_path(self) -> FolderLock:
+        return FolderLock(self.path.with_name(self.path.name + ".lock"), f"store {self.path}")
+
     # -- tracker protocol -----------------------------------------------------------
     def start(self, run) -> None:
         zarr = import_zarr()
-        self.lock = FolderLock(
-            self.path.with_name(self.path.name + ".lock"), f"store {self.path}"
-        ).acquire()
+        self.lock = self._lock_path().acquire()
         self.n_saves = len(run.save_times)
         self.kind = run.problem.kind
         self.solver = run.solver.name
