@@ -219,3 +219,59 @@ def test_numba_kernel_sums_same_bits_cold_cache_warm_cache_and_one_thread(tmp_pa
     lines = cold.stdout.splitlines()
     assert len(lines) == 3
     assert warm.stdout.splitlines() == lines
+
+
+_SMALL_BITS = """
+import hashlib
+import numpy as np
+import wflow
+from wflow.kernels import kernel_sums
+x = wflow.sphere.uniform(12, 3, seed=1)
+s = kernel_sums(x, x, np.full(12, 1 / 12), 5.0, backend="numba")  # the small route: one compiled pass
+print(wflow.__file__, hashlib.sha1(s.log_scale.tobytes() + s.mass.tobytes() + s.vector.tobytes()).hexdigest())
+"""
+
+
+def test_a_warm_numba_cache_is_not_reused_once_a_callee_changed(tmp_path):
+    """numba keys a cached kernel on its own file; the small route's pass (wflow/kernels/dense.py) inlines
+    the exponential of wflow/kernels/jit.py.  Change one coefficient of that exponential in a copy of
+    the package: the warm cache served the old pass (the bits of before the change), an empty cache
+    the new one.  Now every wflow kernel's cache entry is stamped with all compiled sources (about
+    15 s: three runs, each compiling the pass)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import wflow
+
+    src = tmp_path / "src"
+    shutil.copytree(
+        os.path.dirname(wflow.__file__), src / "wflow", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    env = dict(os.environ, PYTHONPATH=str(src), NUMBA_CACHE_DIR=str(tmp_path / "warm"))
+
+    def bits(cache: str) -> str:
+        run = subprocess.run(
+            [sys.executable, "-c", _SMALL_BITS],
+            env=dict(env, NUMBA_CACHE_DIR=str(tmp_path / cache)),
+            cwd=tmp_path,  # (not the checkout: python -c looks in the working folder first)
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        where, digest = run.stdout.split()
+        assert where.startswith(str(src))  # the copy ran
+        return digest
+
+    before = bits("warm")
+    jit = src / "wflow" / "kernels" / "jit.py"
+    text = jit.read_text()
+    assert text.count("p = p * r + 1.0000000000000004\n") == 1
+    jit.write_text(
+        text.replace("p = p * r + 1.0000000000000004\n", "p = p * r + 1.0000000000000007\n")
+    )
+    after_warm, after_cold = bits("warm"), bits("cold")
+    assert after_cold != before  # the change moves the last bits
+    assert after_warm == after_cold

@@ -11,16 +11,27 @@ vectorizes the loops over columns (AVX2: 4 float64 or 8 float32 lanes).  Callers
 :func:`~wflow.kernels.exp_floor`, so :math:`k` stays in the normal range and no subnormal number
 appears.  Every compiled pass of :mod:`wflow.kernels` and of the fused step
 (:mod:`wflow.solvers.fused`) takes its exponential and its fast-math flags from here.
+
+Importing this module also makes numba's on-disk cache of every wflow kernel depend on the sources
+of all of wflow's compiled modules, not on the kernel's own file alone (:func:`kernel_sources_digest`):
+a kernel inlines what it calls from other files (:func:`exp64` into every pass), and numba would
+otherwise serve a cached kernel with the callee it was compiled against, so that the same
+installation gave other bits from a warm cache than from an empty one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from llvmlite import ir as _ir
@@ -43,7 +54,74 @@ __all__ = [
     "SCRATCH_PAD",
     "scratch",
     "compile_notices",
+    "kernel_sources_digest",
 ]
+
+# --------------------------------------------------------------------------- numba's cache stamp
+#: the wflow package folder: kernels defined in files below it get the stamp of :func:`kernel_sources_digest`
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def kernel_sources_digest(root: str = str(_PACKAGE)) -> str:
+    """SHA-256 of the contents of every module under ``root`` that uses numba, in path order.
+
+    numba keys a cached kernel on its own file's contents only, but a kernel carries the code of what
+    it calls from other files (inlined by LLVM: the exponential of this module, the products of
+    :mod:`wflow.kernels.dense`, constants such as :data:`LOG_ZERO`).  After an upgrade that changed
+    only a callee's file, a warm cache served kernels built on the old callee: other bits than from
+    an empty cache.  Every wflow kernel's cache entry is therefore stamped with this digest too, so it
+    is reused only by the very sources it was compiled from.  Contents, not modification times: a
+    reinstall of the same version keeps the cache.
+
+    Examples
+    --------
+    >>> d = kernel_sources_digest()
+    >>> len(d), d == kernel_sources_digest()
+    (64, True)
+    """
+    h = hashlib.sha256()
+    base = Path(root)
+    for path in sorted(base.rglob("*.py")):
+        text = path.read_bytes()
+        if b"numba" in text:
+            h.update(path.relative_to(base).as_posix().encode() + b"\0" + text + b"\0")
+    return h.hexdigest()
+
+
+def _stamped(locator: Any) -> Any:
+    """``locator`` (a numba cache locator class) for wflow's files only, its source stamp extended by
+    :func:`kernel_sources_digest`."""
+
+    class Stamped(locator):
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if not os.path.abspath(py_file).startswith(str(_PACKAGE) + os.sep):
+                return None  # not wflow's: numba's own locators take it
+            return super().from_function(py_func, py_file)
+
+        def get_source_stamp(self):
+            return (super().get_source_stamp(), kernel_sources_digest())
+
+    Stamped.__name__ = Stamped.__qualname__ = f"Wflow{locator.__name__}"
+    return Stamped
+
+
+def _install_cache_stamp() -> None:
+    """Put :func:`_stamped` versions of numba's cache locators ahead of its own (once per process)."""
+    try:
+        from numba.core.caching import CacheImpl
+
+        classes: list[Any] = CacheImpl._locator_classes
+    except (ImportError, AttributeError):  # pragma: no cover - another numba: its own stamps
+        return
+    if any(c.__name__.startswith("Wflow") for c in classes):
+        return
+    classes[:0] = [_stamped(c) for c in list(classes)]
+
+
+_install_cache_stamp()
+
 
 #: Stands for log(0) so that every number the kernels see is finite (they are
 #: compiled with the no-inf/no-nan fast-math flags); e^(-1e300 - c) is clamped to
