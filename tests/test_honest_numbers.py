@@ -275,3 +275,15 @@ def test_a_warm_numba_cache_is_not_reused_once_a_callee_changed(tmp_path):
     after_warm, after_cold = bits("warm"), bits("cold")
     assert after_cold != before  # the change moves the last bits
     assert after_warm == after_cold
+
+
+def test_jko_emd_says_it_stalled_instead_of_asking_for_more_iterations(bump32):
+    """method="emd" on 32 cells kept stepping by 1e-16 (J unchanged) until max_iter and then advised
+    raising it; whatever max_iter, it now stops at the first step that cannot lower J and says so."""
+    for max_iter in (200, 1000):
+        r = jko(USA(2.0), bump32, 0.05, 1, method="emd", max_iter=max_iter, backend=BK, throw=False)
+        s = r.steps[0]
+        assert r.status == -1 and s.stalled and not s.converged
+        assert s.iterations == 1
+        assert "stalled" in r.message and "max_iter would not help" in r.message
+        assert "raise max_iter" not in r.message

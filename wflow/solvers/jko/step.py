@@ -241,12 +241,19 @@ class JKO(Solver):
                 "L",
                 "objective",
                 "converged",
+                "stalled",
                 "time_ot",
                 "time_energy",
             )
         }
         failure = None
-        if not s.converged:
+        if s.stalled:
+            failure = (
+                f"JKO step (method='emd') stalled at first-order residual {s.residual:.3g} > tol={self.tol:g} "
+                f"after {s.iterations} iterations: no mirror-descent step lowers the objective in float64, "
+                f"so a larger max_iter would not help; use method='sinkhorn' or a larger tol"
+            )
+        elif not s.converged:
             failure = (
                 f"JKO step missed its tolerance: first-order residual {s.residual:.3g} > tol={self.tol:g} "
                 f"after {s.iterations} outer iterations; raise max_iter, or use a smaller tau or a larger eps"
@@ -401,6 +408,7 @@ _STEP_FIELDS = (
     "L",
     "objective",
     "converged",
+    "stalled",
     "time_ot",
     "time_energy",
 )

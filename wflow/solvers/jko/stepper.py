@@ -335,6 +335,9 @@ class StepStats:
     time_energy: float = 0.0
     #: inner-solver breakdowns handled in this step (zero curvature in CG, non-finite iterates)
     breakdowns: int = 0
+    #: method="emd": the mirror descent stopped because no step lowered the objective in float64
+    #: (more iterations would not help)
+    stalled: bool = False
     #: the inner solver's state after this step, kept at the saved steps (None elsewhere and for emd)
     warm_start: WarmStart | None = field(default=None, repr=False)
 
@@ -610,17 +613,24 @@ class JKOStepper:
         J, grad = evaluate(nu)
         s = 1.0 / (float(np.dot(nu, np.abs(grad))) + 1e-300)
         it, res = 0, float(np.dot(nu, np.abs(grad)))
+        stalled = False
         while res > self.tol and it < self.max_iter:
             it += 1
+            accepted = False
             for _ in range(60):
                 z = np.log(np.maximum(nu, TINY)) - s * grad
                 trial = np.exp(z - z.max())
                 trial /= trial.sum()
                 Jt, gt = evaluate(trial)
                 if Jt <= J - 1e-4 * float(np.dot(grad, nu - trial)):
+                    accepted = True
                     break
                 s *= 0.5
-            else:
+            if not (accepted and Jt < J):
+                # no step lowers J in float64 (on a fixed support the exact transport locks mass in
+                # its cells while tau |v| < h/2: nu = a is then the step's answer, and the residual,
+                # built on one of the exact dual's many potentials, stays above tol)
+                stalled = True
                 break
             nu, J, grad = trial, Jt, gt
             s *= 1.5
@@ -637,6 +647,7 @@ class JKOStepper:
             res <= self.tol,
             time_ot=t_ot,
             time_energy=E.time - t0e,
+            stalled=stalled and res > self.tol,
         )
 
 
