@@ -287,3 +287,33 @@ def test_jko_emd_says_it_stalled_instead_of_asking_for_more_iterations(bump32):
         assert s.iterations == 1
         assert "stalled" in r.message and "max_iter would not help" in r.message
         assert "raise max_iter" not in r.message
+
+
+def test_the_cli_key_jko_eps_is_refused_before_the_run_starts(tmp_path):
+    """`wflow run --set jko.eps=1e-3` on 32 circle cells: one line, exit 2, no run folder."""
+    import subprocess
+    import sys
+
+    sets = ["solver=jko", "jko.eps=1e-3", "mesh.resolution=32", "init.d=2", "model.type=USA"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wflow.cli",
+        "run",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    for s in sets:
+        cmd += ["--set", s]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [
+        "wflow: error: config key jko.eps: "
+        + str(
+            pytest.raises(
+                ValueError, jko, USA(2.0), Density.uniform(CircleMesh(32)), 0.05, 1, eps=1e-3
+            ).value
+        )
+    ]
+    assert not (tmp_path / "out").exists()

@@ -405,6 +405,20 @@ def start_run(cfg: dict[str, Any]) -> Run:
 
     check_gradient_model(model, mesh.d)
     tau, n_steps, save_every = _jko_schedule(cfg)
+    from .solvers.jko.stepper import check_eps, check_tau
+
+    # what float64 cannot honour is refused before the run starts (the step checks it again)
+    if cfg["jko.method"] == "sinkhorn" and cfg["jko.eps"]:
+        try:
+            check_eps(cfg["jko.eps"], mesh.centers, mesh.areas)
+        except ValueError as err:
+            raise ValueError(f"config key jko.eps: {err}") from None
+    try:
+        check_tau(
+            tau, float(np.pi) ** 2, 1e-6
+        )  # the geodesic cost's largest value, jko's default tol
+    except ValueError as err:
+        raise ValueError(f"config key jko.tau: {err}") from None
 
     def run_jko(trackers, progress, out):
         log = [StepLog(out / STEP_LOG)] if out is not None else []
