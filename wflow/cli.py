@@ -156,8 +156,9 @@ def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
         "validate",
         help="run validation studies and write a report folder",
         description="Run validation studies (all, or those named), write Markdown, CSV and PNG "
-        "into --out, print a summary, exit 1 if an expectation fails or a study cannot run "
-        "(it raises, or its module cannot be imported; the other studies still run).",
+        "into --out, print a summary, exit 1 if an expectation fails, a study cannot run "
+        "(it raises, or its module cannot be imported; the other studies still run) or a study "
+        "is skipped (an optional package or data set is missing) without --allow-skips.",
     )
     names = ": " + ", ".join(_study_names()) if list_studies else ""
     v.add_argument("studies", nargs="*", help="studies to run (default: all)" + names)
@@ -172,6 +173,12 @@ def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="an option of the named studies, repeatable (perceptron: convention=code|poster, "
         "the descent's sign convention; default code)",
+    )
+    v.add_argument(
+        "--allow-skips",
+        action="store_true",
+        help="exit 0 when studies are skipped for a missing optional package or data set "
+        "(they are still reported as skipped)",
     )
     v.add_argument(
         "--workers",
@@ -250,12 +257,21 @@ def _validate(args: argparse.Namespace) -> int:
         on_start=start,
         on_done=done,
     )
+    skipped = [rep.name for rep in reports if rep.skipped is not None and rep.error is None]
     failed = [rep.name for rep in reports if not rep.passed]
+    passed = len(reports) - len(failed) - len(skipped)
     print(
-        f"{len(reports) - len(failed)} of {len(reports)} studies passed"
-        + (f"; failed: {', '.join(failed)}" if failed else "")
+        f"{passed} passed"
+        + (f", {len(failed)} failed ({', '.join(failed)})" if failed else "")
+        + (f", {len(skipped)} skipped ({', '.join(skipped)})" if skipped else "")
+        + (" (skips allowed)" if skipped and args.allow_skips else "")
     )
-    return EXIT_FAILED if failed else 0
+    if skipped and not failed and not args.allow_skips:
+        print(
+            "wflow validate: studies were skipped; install what they name, or pass --allow-skips",
+            file=sys.stderr,
+        )
+    return EXIT_FAILED if failed or (skipped and not args.allow_skips) else 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -475,14 +491,16 @@ def _sweep(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
+    not_run = int(ds.attrs.get("not_run", 0))
     print(
         f"sweep: {args.out}: {ds.attrs['ok']} of {ds.attrs['points']} points reached t_end, "
         f"{ds.attrs['failed']} failed"
+        + (f", {not_run} not run (run the same command again to finish them)" if not_run else "")
     )
     figure = sweep_figure(ds, Path(args.out))
     if figure is not None:
         print(f"figure: {figure}")
-    return EXIT_FAILED if ds.attrs["failed"] else 0
+    return EXIT_FAILED if ds.attrs["failed"] or not_run else 0
 
 
 def sweep_figure(ds: Any, store: Path) -> Path | None:
@@ -618,6 +636,10 @@ def _on_interrupt(signum, frame) -> None:
     # Ctrl-C raises KeyboardInterrupt where Python happens to be; inside a callback from C (numba's
     # compiler calls one while caching) the exception is swallowed, so it is remembered as well
     _INTERRUPTED.set()
+    recorder = sys.modules.get("wflow.io.recorder")  # (not loaded: no snapshot is being written)
+    if recorder is not None and recorder.writing_snapshot():
+        recorder.defer_interrupt()  # raised once the snapshot being written is committed
+        return
     if _in_compiler(frame):
         # inside numba's compiler an exception can leave LLVM's lock held (llvmlite takes it
         # outside a try), and a worker thread compiling beside it then waits for it forever: 1 in
