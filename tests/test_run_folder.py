@@ -162,6 +162,53 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(delay, tmp_path):
         assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
 
 
+@pytest.mark.parametrize("write", [3, 12, 30])
+def test_ctrl_c_inside_a_zarr_write_is_one_line_and_exit_130(write, tmp_path):
+    """Ctrl-C delivered from inside Zarr's asynchronous write of a store file (the ``write``-th, through a
+    hook on the store's ``set`` that then waits 0.2 s): the snapshot being written is completed and
+    committed first (an interrupt inside the write left a torn snapshot and Zarr's coroutines to be
+    collected after their event loop closed), then one line, status 130, and the folder resumes to the
+    uninterrupted run's end."""
+    import os
+    import subprocess
+    import sys
+
+    from wflow.io.commit import committed_length, stored_snapshots
+
+    hook = (
+        "import asyncio, os, signal, sys, zarr.storage\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "orig, n = zarr.storage.LocalStore.set, [0]\n"
+        "async def set_(self, key, value, *a, **k):\n"
+        "    n[0] += 1\n"
+        f"    if n[0] == {write}:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        await asyncio.sleep(0.2)\n"
+        "    return await orig(self, key, value, *a, **k)\n"
+        "zarr.storage.LocalStore.set = set_\n"
+        "from wflow.cli import main; sys.exit(main())\n"
+    )
+    out = tmp_path / "run"
+    args = ["run", "--out", str(out), "--no-progress", "--set", "init.n=16", "--set", "run.t_end=2"]
+    p = subprocess.run(
+        [sys.executable, "-c", hook, *args, "--set", "output.figure=false"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        timeout=600,
+    )
+    assert p.returncode == 130, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1].startswith("wflow: interrupted")
+    store = out / "trajectory.zarr"
+    assert committed_length(store) == stored_snapshots(store) >= 1  # no torn snapshot
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
+    full = tmp_path / "full"
+    assert main([*args[:1], "--out", str(full), *args[3:], "--set", "output.figure=false"]) == 0
+    a, b = wflow.load(out / "trajectory.zarr"), wflow.load(full / "trajectory.zarr")
+    np.testing.assert_array_equal(a.points, b.points)
+
+
 def test_ctrl_c_inside_numbas_compiler_is_recorded_and_delivered_after_it():
     """A KeyboardInterrupt raised inside numba's compiler can leave LLVM's lock held, and a worker
     thread compiling beside it then waits forever: 1 in 25 Ctrl-Cs of a cold-cache run hung in

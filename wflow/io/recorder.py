@@ -10,6 +10,7 @@ commits it (:mod:`wflow.io.commit`).  :func:`store_attributes` and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -46,6 +47,37 @@ log = logging.getLogger("wflow.io")  # the name the messages had before io becam
 STATS = ("steps", "rejected", "evaluations")
 #: the prefix of the solver's resume variables in a store
 CHECKPOINT_PREFIX = "checkpoint_"
+
+
+# Ctrl-C during a snapshot's writes: a SIGINT handler that sees writing_snapshot() true calls
+# defer_interrupt(), and the write raises KeyboardInterrupt once the snapshot is committed.  An
+# interrupt in the middle of Zarr's asynchronous writes left coroutines that were collected after
+# their event loop had closed ("Exception ignored ... Event loop is closed" after the one line).
+_WRITES = {"depth": 0, "deferred": False}
+
+
+def writing_snapshot() -> bool:
+    """Whether a recorder is writing a snapshot now (in this process)."""
+    return _WRITES["depth"] > 0
+
+
+def defer_interrupt() -> None:
+    """Raise KeyboardInterrupt when the snapshot being written is committed, not now."""
+    _WRITES["deferred"] = True
+
+
+@contextlib.contextmanager
+def _one_write():
+    _WRITES["depth"] += 1
+    raise_after = False
+    try:
+        yield
+    finally:
+        _WRITES["depth"] -= 1
+        if _WRITES["depth"] == 0:
+            raise_after, _WRITES["deferred"] = bool(_WRITES["deferred"]), False
+    if raise_after:
+        raise KeyboardInterrupt
 
 
 # The recorder's two writes, looked up here at each call so that a test or a benchmark can
@@ -370,7 +402,7 @@ class ZarrRecorder:
     >>> from wflow.io import ZarrRecorder, committed_length
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "t.zarr"
     >>> traj = wflow.simulate(wflow.SA(2.0), wflow.sphere.uniform(8, 3, seed=0), 0.5, dt=0.1, backend="numpy",
-    ...                       writer=ZarrRecorder(path))
+    ...                       trackers=[ZarrRecorder(path)])
     >>> committed_length(path), bool((wflow.load(path).points == traj.points).all())
     (6, True)
     """
@@ -438,6 +470,10 @@ class ZarrRecorder:
             self.group = None
 
     def save(self, snap) -> None:
+        with _one_write():  # a Ctrl-C meanwhile is delivered once the snapshot is committed
+            self._save(snap)
+
+    def _save(self, snap) -> None:
         if self.group is None:
             self._create(snap)
         i = snap.index
