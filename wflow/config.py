@@ -285,13 +285,16 @@ def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     """The table of a TOML file; one-line errors for a missing file or invalid TOML."""
+    from .io.paths import read_regular
+
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"config file {p} is a folder, not a TOML file")
-    if not p.is_file():
-        raise FileNotFoundError(f"config file not found: {p}")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        data = read_regular(p)  # a FIFO or device is refused, never waited on
+        if data is None:
+            raise FileNotFoundError(f"config file not found: {p}")
+        return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ValueError(
             f"config file {p} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "

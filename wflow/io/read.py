@@ -359,8 +359,14 @@ def write_result(result, path: str | os.PathLike, *, overwrite: bool = False) ->
     """
     p = Path(path)
     rec = ZarrRecorder(p, overwrite=overwrite)
+    # a run stopped early (by a tracker, or failed) is stored with room for every save time it was
+    # configured with, as its recorder would have: wflow.resume continues it into the same store
+    times = np.asarray(result.times, dtype=np.float64)
+    planned = np.asarray(result.config.get("save_at", times), dtype=np.float64).reshape(-1)
+    if not (len(planned) >= len(times) and np.array_equal(planned[: len(times)], times)):
+        planned = times
     run = SimpleNamespace(
-        save_times=result.times,
+        save_times=planned,
         problem=SimpleNamespace(kind=result.kind),
         solver=SimpleNamespace(name=result.solver),
         config=result.config,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -293,9 +294,11 @@ class StepLog(Tracker):
     def start(self, run: RunInfo) -> None:
         kept: list[dict] = []
         self.step_no = 0
-        if self.append and self.path.exists() and run.resumed_at > 0:
-            with open(self.path, newline="") as fh:
-                rows = list(csv.DictReader(fh))
+        from ..io.paths import read_regular
+
+        old = read_regular(self.path) if self.append and run.resumed_at > 0 else None
+        if old is not None:  # (a FIFO in its place is refused, never waited on)
+            rows = list(csv.DictReader(io.StringIO(old.decode("utf-8"), newline="")))
             # complete rows of the steps up to the resumed snapshot are kept; the rest (and a row torn by
             # a kill) are redone
             limit = float(run.save_times[run.resumed_at])
@@ -310,7 +313,13 @@ class StepLog(Tracker):
             self.step_no = int(kept[-1]["step"]) if kept else 0
             self.fields = list(rows[0].keys()) if rows else []
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        self.fh = fh = open(tmp, "w", newline="")
+        tmp.unlink(
+            missing_ok=True
+        )  # a killed run's leftover (a link there is removed, not followed)
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644
+        )
+        self.fh = fh = os.fdopen(fd, "w", newline="")
         if kept:
             self.writer = csv.DictWriter(fh, fieldnames=self.fields)
             self.writer.writeheader()
