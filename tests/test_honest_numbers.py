@@ -317,3 +317,15 @@ def test_the_cli_key_jko_eps_is_refused_before_the_run_starts(tmp_path):
         )
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_cost_matrix_refuses_complex_and_object_points():
+    """cost_matrix cast complex points to their real parts with a ComplexWarning and took object arrays."""
+    from wflow.sphere import cost_matrix
+
+    for bad in (np.array([[1j, 0.0]]), np.array([[1.0, 0.0]], dtype=object)):
+        with pytest.raises(TypeError, match=r"x must be real .*got (complex128|object)"):
+            cost_matrix(bad)
+        with pytest.raises(TypeError, match=r"y must be real"):
+            cost_matrix([[1.0, 0.0]], bad)
+    np.testing.assert_allclose(cost_matrix([[1, 0], [0, 1]], p=1), [[0, np.pi / 2], [np.pi / 2, 0]])

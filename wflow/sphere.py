@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from ._typing import ArrayLike, SeedLike
-from .errors import as_points, check_int, check_nonnegative, short_repr
+from .errors import as_points, check_int, check_nonnegative, real_float_dtype, short_repr
 
 __all__ = [
     "as_generator",
@@ -321,7 +321,12 @@ def cost_matrix(
     ):
         raise ValueError(f"p must be a finite number > 0, got {p!r}")
     same = y is None
-    x = np.asarray(x, dtype=np.float64)
+    x = np.asarray(x)
+    real_float_dtype(x.dtype, "x", integers=True)  # complex or object: refused, not cast
+    x = x.astype(np.float64, copy=False)
+    if not same:
+        y = np.asarray(y)
+        real_float_dtype(y.dtype, "y", integers=True)
     y = x if same else np.asarray(y, dtype=np.float64)
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must have shapes (n, d) and (m, d), got {x.shape} and {y.shape}")

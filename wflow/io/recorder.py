@@ -484,6 +484,12 @@ class ZarrRecorder:
                     f"{self.path}: variable {name!r} is not in the store; it was written by another "
                     f"configuration"
                 )
+            kind = np.asarray(value).dtype
+            if kind.kind == "f" and kind != arr.dtype:  # a cast would store other bits than the run's
+                raise WflowError(
+                    f"{self.path}: snapshot {i} of {name!r} has dtype {kind}, the store holds "
+                    f"{arr.dtype}; a run resumed or written into it must compute in {arr.dtype}"
+                )
             arr[i] = value
         if self._chain is not None:
             ndims = {name: arr.ndim for name, arr in self._arrays.items() if is_snapshot(arr)}
