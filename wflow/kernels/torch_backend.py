@@ -8,7 +8,7 @@ product), their row maximum :math:`c_i` is the log-scale, and one more product w
 ``block_elements`` pairs (or one full row of sources, if that is more), so memory stays
 linear in the number of points.
 
-PyTorch is an optional dependency (``pip install "wflow[torch]"``, or ``pip install ".[torch]"``
+PyTorch is an optional dependency (``pip install ".[torch]"`` in a checkout, or ``pip install "wflow-meanfield[torch]"``
 in a checkout) and is imported on the first sum, never when wflow is imported.
 ``backend="torch"`` runs on the GPU when PyTorch sees one, else on the CPU;
 ``backend="torch:cuda"`` and ``backend="torch:cpu"`` choose the device.
@@ -33,7 +33,7 @@ __all__ = ["TorchBackend", "DEVICES", "INSTALL_HINT"]
 #: Devices ``backend="torch:<device>"`` accepts; ``"auto"`` is the GPU when PyTorch sees one.
 DEVICES = ("auto", "cpu", "cuda")
 #: How to get PyTorch, in the error raised where it is missing.
-INSTALL_HINT = 'pip install "wflow[torch]" (or pip install ".[torch]" in a checkout)'
+INSTALL_HINT = 'pip install ".[torch]" in a checkout of wflow (or "wflow-meanfield[torch]")'
 
 
 def _import_torch() -> Any:
