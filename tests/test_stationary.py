@@ -147,7 +147,12 @@ def test_three_ways_agree():
     th = 2 * np.pi * (np.arange(N) + 0.5) / N
     x0 = np.stack([np.cos(th), np.sin(th)], axis=1)
     traj = wflow.simulate(
-        model, wflow.Atoms(x0), 150.0, save_at=[0.0, 150.0], method="euler", dt=0.1, diagnostics=()
+        model,
+        wflow.Atoms(x0),
+        150.0,
+        save_at=wflow.SaveAt([0.0, 150.0], diagnostics=()),
+        method="euler",
+        dt=0.1,
     )
     gp = atom_groups(traj.points[-1], np.full(N, 1.0 / N), radius=2 * h)
     dens = wflow.solve_density(model, rho0, 60.0, save_at=[0.0, 60.0])
@@ -173,8 +178,7 @@ def particle_atoms(model, beta, n=256, s_end=1500.0):
         wflow.Atoms(np.stack([np.cos(th), np.sin(th)], axis=1)),
         t,
         method="dopri5",
-        save_at=[0.0, t],
-        diagnostics=(),
+        save_at=wflow.SaveAt([0.0, t], diagnostics=()),
         backend=BK,
     ).points[-1]
     st = wflow.stability.stability(model, wflow.Atoms(x))
@@ -257,6 +261,10 @@ def test_stationary_bad_input(uniform256):
         stationary(USA(1.0), uniform256, time_unit=-1.0)
     with pytest.raises(ValueError, match="max_restarts"):
         stationary(USA(1.0), uniform256, max_restarts=-1)
+    with pytest.raises(ValueError, match="t_max must be a finite number > 0, got 0"):
+        stationary(USA(1.0), uniform256, t_max=0)
+    with pytest.raises(ValueError, match="max_steps must be an integer >= 1, got 0"):
+        stationary(USA(1.0), uniform256, max_steps=0)
 
 
 def test_kernel_convention_does_not_change_the_answer(uniform256):
@@ -302,7 +310,11 @@ def test_default_call_agrees_with_particles_on_s2():
     t = np.exp(-5.0) * 100.0
     w0 = mesh.areas / mesh.areas.sum()
     x = wflow.simulate(
-        model, wflow.Atoms(mesh.centers, w0), t, method="dopri5", save_at=[0.0, t], diagnostics=()
+        model,
+        wflow.Atoms(mesh.centers, w0),
+        t,
+        method="dopri5",
+        save_at=wflow.SaveAt([0.0, t], diagnostics=()),
     ).points[-1]
     st = wflow.stability.stability(model, wflow.Atoms(x, w0))
     assert st.strictly_stable, st.message
@@ -313,3 +325,46 @@ def test_default_call_agrees_with_particles_on_s2():
     assert len(set(j.tolist())) == 2
     assert d[np.arange(2), j].max() <= 2 * h
     assert np.abs(s.masses - pm[j]).max() <= 0.02
+
+
+# --------------------------------------------------------------------------- issue 51: a budget in time
+def test_default_budget_is_model_time_and_reaches_the_particles_atoms(mesh256, uniform256):
+    # issue 51: the default budget is model time, pi / (e 0.01 h) T (4709 T on 256 cells), the
+    # longest a linear mode needs to slow below the support test's speed 0.01 h / T.  S^1, beta = 1,
+    # ReLU descent (code convention): 3 strictly stable atoms, 0.16 spacings and 0.0033 in mass
+    # from the particles' (0.387 / 0.316 / 0.297)
+    model = reference_model(1.0, -1, "relu")
+    s = stationary(model, uniform256, backend=BK)
+    h = mesh256.spacing
+    assert s.t_max == pytest.approx(100 * np.pi / (np.e * h), rel=1e-12)
+    assert s.converged and s.stopped and s.test == "atoms", s.message
+    assert s.stability is not None and s.stability.strictly_stable
+    assert s.t == pytest.approx(sum(s.history["tau"]), rel=1e-12) and s.t < s.t_max * s.time_unit
+    pa, pm = particle_atoms(model, 1.0, s_end=200.0)  # the atoms of paper time 1500 to 1e-6 rad
+    assert s.atoms.shape[0] == pa.shape[0] == 3, (s.masses, pm)
+    d = np.arccos(np.clip(s.atoms @ pa.T, -1, 1))
+    j = np.argmin(d, axis=1)
+    assert len(set(j.tolist())) == 3
+    assert d[np.arange(3), j].max() <= 0.5 * h
+    assert np.abs(s.masses - pm[j]).max() <= 0.01
+
+
+def test_slow_tails_are_waited_for_by_default():
+    # ReLU descent, poster convention, seed 29, CircleMesh(160): five atoms, the slowest eigenvalue
+    # -0.037; the tails drain for more than 1000 T, where the step count of before (1000 steps of
+    # at most 1 T) stopped it NOT converged.  The same masses on 128, 192 and 256 cells.
+    rho0 = Density.from_function(CircleMesh(160), lambda x: np.ones(len(x)))
+    s = stationary(paper_model(29, "relu"), rho0, backend=BK)
+    assert s.converged and s.stability is not None and s.stability.strictly_stable, s.message
+    assert 1000 < s.t / s.time_unit < s.t_max
+    assert np.abs(s.masses - [0.248, 0.244, 0.194, 0.189, 0.122]).max() < 0.005, s.masses
+
+
+def test_a_spent_time_budget_says_not_converged_and_why(uniform256):
+    # the configuration of the first test with a budget of 50 T (it needs 72 T): still moving
+    s = stationary(reference_model(1.0, -1, "relu"), uniform256, t_max=50.0, backend=BK)
+    assert not s.converged and not s.stopped
+    assert 50.0 <= s.t / s.time_unit < 51.0  # the last step (tau_max = 1 T) crosses the budget
+    assert s.message.startswith("NOT converged") and "budget spent at t=" in s.message
+    assert "of t_max=50 T" in s.message and "still moving: last change" in s.message
+    assert "residual_tol" in s.message, s.message  # the residual of the test, against its tolerance

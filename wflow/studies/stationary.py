@@ -119,6 +119,7 @@ def _one(
             "residual_mass": s.residual_mass,
             "restarts": sum("critical but unstable" in p for p in s.perturbations),
             "steps": s.steps,
+            "model_time_T": s.t / s.time_unit,
             "seconds": seconds,
             "reference_strictly_stable": verdict.strictly_stable,
             "expected": expect,

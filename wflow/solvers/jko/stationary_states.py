@@ -10,6 +10,7 @@ its mass and does not raise the residual (``polished`` and the message say which
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -331,6 +332,10 @@ class StationaryResult:
         ``stopped``, ``resolved``, and the residual of ``test`` at most ``residual_tol``.
     breakdowns : int
         Inner-solver breakdowns handled (zero curvature in CG, non-finite iterates).
+    t : float
+        Model time the steps covered, :math:`\\sum_k \\tau_k` (``t / time_unit`` in units of ``T``).
+    t_max : float
+        The budget of model time in units of ``T`` (:func:`stationary`).
 
     Examples
     --------
@@ -356,6 +361,8 @@ class StationaryResult:
     steps: int
     tau: float
     converged: bool
+    t: float = 0.0
+    t_max: float = 0.0
     history: dict[str, list] = field(default_factory=dict)
     mesh: Mesh | None = None
     message: str = ""
@@ -508,7 +515,8 @@ def stationary(
     cost: str = "geodesic",
     method: str = "sinkhorn",
     tol: float = 1e-3,
-    max_steps: int = 1000,
+    t_max: float | None = None,
+    max_steps: int | None = None,
     threshold: float = 1e-3,
     step_tol: float = 1e-5,
     polish: bool = True,
@@ -528,9 +536,26 @@ def stationary(
     (perceptrons add their rate).  The steps are
     :math:`\tau_{k+1} = \min(\tau_{\max}, \text{growth}\cdot\tau_k)\,T` from ``tau0 T`` until the
     measure stops moving, :math:`\|\nu_{k+1}-\nu_k\|_1 \le \text{tol}\cdot\min(1, \tau_k/T)` (a
-    Wasserstein speed below ``tol`` in units of :math:`1/T`), or ``max_steps``.  A step much longer
-    than ``T`` would jump over the basins of the flow to the global maximiser of the energy;
-    ``time_unit=1.0`` gives the model-time steps of wflow 0.x.
+    Wasserstein speed below ``tol`` in units of :math:`1/T`).  A step much longer than ``T`` would
+    jump over the basins of the flow to the global maximiser of the energy; ``time_unit=1.0`` gives
+    the model-time steps of wflow 0.x.
+
+    **Budget.**  The steps cover at most ``t_max`` units of ``T`` of model time in all (restarts
+    included); ``max_steps`` optionally caps their number too.  The default ``t_max`` is the longest
+    time a linearised mode of the flow can need to pass the convergence test below, whose speed
+    tolerance is :math:`v = 0.01\,h/T` (or ``residual_tol``).  A mode of rate :math:`\lambda` decays
+    like :math:`e^{-\lambda t}` from a displacement of at most :math:`\pi` (the diameter of the
+    sphere): its speed :math:`\lambda\pi e^{-\lambda t}` falls below :math:`v` after
+    :math:`\log(\lambda\pi/v)/\lambda`, and modes slower than :math:`v/\pi` never fail the test.
+    The longest of these times, at :math:`\lambda = e v/\pi`, is the default
+
+    .. math:: t_{\max} = \frac{\pi}{e\,v} = \frac{100\,\pi}{e\,h}\,T,
+
+    4709 T on ``CircleMesh(256)`` and 826 T on ``SphereMesh(8)``.  Tails draining slowly
+    from an unstable point between atoms are such modes: a budget counted in steps stops their
+    draining at an arbitrary point.  When the measure is still moving as the budget runs out, the
+    result says ``converged=False``, and ``message`` gives the budget spent, the last change and
+    the residual.
 
     Then it reads the mass groups off the final measure (:func:`atom_groups`) and decides:
 
@@ -554,6 +579,14 @@ def stationary(
       ``perturb``, the mass of each atom is moved by ``atom_width`` along the unstable mode and the
       steps resume, at most ``max_restarts`` times (``perturbations`` lists them).
 
+    Parameters
+    ----------
+    t_max : float, optional
+        Budget of model time in units of ``T``; default :math:`\pi/(e v)` (above), reported as
+        ``StationaryResult.t_max``.
+    max_steps : int, optional
+        Cap on the number of steps; none by default.
+
     Other keywords go to the JKO stepper (``tol`` there is ``step_tol``).
 
     Examples
@@ -565,7 +598,7 @@ def stationary(
     >>> s.converged, np.round(s.masses, 6).tolist(), np.round(s.atoms, 4) + 0.0
     (True, [1.0], array([[1., 0.]]))
     >>> s.message.split(";")[0]
-    'converged (test: atoms) after 87 steps (tau=1 T, T=0.0183)'
+    'converged (test: atoms) after 87 steps, t=83.08 T (tau=1 T, T=0.0183)'
     """
     x, a, r, mesh = support(rho0, kwargs.pop("reference", None))
     check_gradient_model(model, x.shape[1], name="rho0")
@@ -579,13 +612,16 @@ def stationary(
         raise ValueError("model=None (pure diffusion) needs a finite kappa")
     if kappa is not None:
         kappa = check_positive(kappa, "kappa", allow_inf=True)
-    max_steps = check_int(max_steps, "max_steps")
+    cap_steps = sys.maxsize if max_steps is None else check_int(max_steps, "max_steps")
     max_restarts = check_int(max_restarts, "max_restarts", minimum=0)
     stray_mass = check_nonnegative(stray_mass, "stray_mass")
     h = spacing(x, r)
     atom_width = 3.0 * h if atom_width is None else check_positive(atom_width, "atom_width")
     if residual_tol is not None:
         residual_tol = check_positive(residual_tol, "residual_tol")
+    # the default budget: the longest time a linear mode needs to fall below the test's speed
+    speed_tol = 0.01 * h / unit if residual_tol is None else residual_tol
+    t_max = np.pi / (np.e * speed_tol) / unit if t_max is None else check_positive(t_max, "t_max")
     eps = default_eps(x, r) if eps is None else check_positive(eps, "eps")
     st = JKOStepper(
         model,
@@ -613,13 +649,15 @@ def stationary(
     w = a
     steps, raised, restarts = 0, 0, 0
     cap, start = tau_max * unit, tau0 * unit
+    budget = (t_max * unit, cap_steps)  # model time and steps, for all the steps of the run
     safe = cap  # a step that fails comes back to at most this
     tol_now = tol
     while True:
         w, stopped, tau, k, failed = _iterate(
-            st, w, start, tau0 * unit, cap, safe, growth, tol_now, unit, max_steps - steps, hist
+            st, w, start, tau0 * unit, cap, safe, growth, tol_now, unit, budget, hist
         )
         steps += k
+        spent = steps >= cap_steps or sum(hist["tau"]) >= budget[0]
         start = tau0 * unit
         out = _analyse(setting, w, stopped)
         verdict = out.fields["stability"]
@@ -629,7 +667,7 @@ def stationary(
             and not out.fields["converged"]
             and not out.coarse
             and raised < 3
-            and steps < max_steps
+            and not spent
         ):
             # stopped moving off a critical point: mass far from every atom feels exponentially weak
             # forces and drifts slowly; go on with the same steps and a stricter stopping rule (longer
@@ -645,7 +683,7 @@ def stationary(
             or verdict is None
             or verdict.stable
             or restarts >= max_restarts
-            or steps >= max_steps
+            or spent
         ):
             break
         H = verdict.hessian
@@ -658,20 +696,23 @@ def stationary(
         w = _perturb(x, w, H.points, mode, atom_width)
         st.first = True
     breakdowns = sum(st.ot.breakdowns.values()) if st.ot is not None else 0
-    if stopped:
-        msg = f" after {steps} steps (tau={tau / unit:.3g} T, T={unit:.3g})"
-    else:
-        msg = (
-            f": max_steps={max_steps} reached; last change {hist['change'][-1]:.3g} "
-            f"(tol {tol_now * min(1.0, tau / unit):.3g})"
+    t = float(sum(hist["tau"]))
+    end = (
+        f" after {steps} steps, t={t / unit:.4g} T (tau={tau / unit:.3g} T, T={unit:.3g})"
+        if stopped
+        else _budget_note(
+            steps, max_steps, t / unit, t_max, hist["change"][-1], tol_now, tau / unit
         )
+    )
     return StationaryResult(
-        message=_message(out, msg, perturbations, restarts > 0, breakdowns),
+        message=_message(out, end, perturbations, restarts > 0, breakdowns),
         weights=w,
         points=x,
         energy=st.energy.F(w),
         steps=steps,
         tau=tau,
+        t=t,
+        t_max=t_max,
         history=hist,
         mesh=mesh,
         stopped=stopped,
@@ -679,6 +720,22 @@ def stationary(
         perturbations=perturbations,
         breakdowns=breakdowns,
         **out.fields,
+    )
+
+
+def _budget_note(
+    steps: int, max_steps: int | None, t: float, t_max: float, change: float, tol: float, tau: float
+) -> str:
+    """How a run that did not stop moving ended: which budget ran out, when, and how fast the
+    measure still moved (times in units of ``T``)."""
+    why = (
+        "budget spent"
+        if max_steps is None or steps < max_steps
+        else f"max_steps={max_steps} reached"
+    )
+    return (
+        f": {why} at t={t:.4g} T of t_max={t_max:.4g} T ({steps} steps) with the measure still "
+        f"moving: last change {change:.3g} (tol {tol * min(1.0, tau):.3g})"
     )
 
 
@@ -714,20 +771,24 @@ def _iterate(
     growth: float,
     tol: float,
     unit: float,
-    max_steps: int,
+    budget: tuple[float, int],
     hist: dict[str, list],
 ) -> tuple[np.ndarray, bool, float, int, int]:
-    """JKO steps with growing tau until the measure stops moving; ``(w, stopped, tau, steps, failed)``.
+    """JKO steps with growing tau until the measure stops moving or the ``budget`` (model time,
+    steps) of the whole run is spent; ``(w, stopped, tau, steps, failed)``.
 
     A step that fails (not converged, or 30 re-linearizations) brings tau back to at most ``safe``.
     """
     stopped, k, failed = False, 0, 0
-    for k in range(1, max(max_steps, 0) + 1):
+    t, steps = float(sum(hist["tau"])), len(hist["tau"])
+    while t < budget[0] and steps + k < budget[1]:
+        k += 1
         st.set_tau(tau)
         w_new, s = st.step(w)
         change = float(np.abs(w_new - w).sum())
         w = w_new
         hist["tau"].append(tau)
+        t += tau
         hist["change"].append(change)
         hist["free_energy"].append(-st.energy.F(w) + st.kappa_inv * st.energy.kl(w))
         hist["residual"].append(s.residual)
