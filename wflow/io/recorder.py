@@ -485,7 +485,8 @@ class ZarrRecorder:
                     f"configuration"
                 )
             kind = np.asarray(value).dtype
-            if kind.kind == "f" and kind != arr.dtype:  # a cast would store other bits than the run's
+            # a cast would store other bits than the run computed
+            if kind.kind == "f" and kind != arr.dtype:
                 raise WflowError(
                     f"{self.path}: snapshot {i} of {name!r} has dtype {kind}, the store holds "
                     f"{arr.dtype}; a run resumed or written into it must compute in {arr.dtype}"
