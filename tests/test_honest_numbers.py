@@ -329,3 +329,15 @@ def test_cost_matrix_refuses_complex_and_object_points():
         with pytest.raises(TypeError, match=r"y must be real"):
             cost_matrix([[1.0, 0.0]], bad)
     np.testing.assert_allclose(cost_matrix([[1, 0], [0, 1]], p=1), [[0, np.pi / 2], [np.pi / 2, 0]])
+
+
+def test_bert_layer_random_refuses_heads_that_do_not_divide_d():
+    """BertLayer.random(3, 0, 4) raised a bare ZeroDivisionError."""
+    from wflow.models import BertLayer
+
+    with pytest.raises(ValueError, match="heads must be an integer >= 1, got 0"):
+        BertLayer.random(3, 0, 4)
+    with pytest.raises(ValueError, match=r"heads must divide d .* d=3, heads=2"):
+        BertLayer.random(3, 2, 4)
+    layer = BertLayer.random(4, 2, 3, seed=0)
+    assert layer.attention.Q.shape == (2, 2, 4)

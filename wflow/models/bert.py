@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .._typing import ArrayLike
-from ..errors import check_positive, short_repr
+from ..errors import check_int, check_positive, short_repr
 from ..measure import Atoms
 from ..sphere import project
 from .base import Model, register_model
@@ -186,6 +186,13 @@ class BertLayer(Model):
     @classmethod
     def random(cls, d: int, heads: int, m: int, *, seed: Any = None, **kw: Any) -> BertLayer:
         """A layer with random weights of BERT's initial scale (for examples and tests)."""
+        d = check_int(d, "d", minimum=1)
+        heads = check_int(heads, "heads", minimum=1)
+        m = check_int(m, "m", minimum=1)
+        if d % heads:
+            raise ValueError(
+                f"heads must divide d (BERT's head size is d / heads), got d={d}, heads={heads}"
+            )
         rng = np.random.default_rng(seed)
         p = d // heads
         s = 1.0 / np.sqrt(d)
