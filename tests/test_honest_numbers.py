@@ -341,3 +341,20 @@ def test_bert_layer_random_refuses_heads_that_do_not_divide_d():
         BertLayer.random(3, 2, 4)
     layer = BertLayer.random(4, 2, 3, seed=0)
     assert layer.attention.Q.shape == (2, 2, 4)
+
+
+def test_a_perceptron_too_large_for_float64_is_refused_in_one_line(tmp_path, capsys):
+    """perceptron.scale=1e150 printed six lines of NumPy overflow warnings, then "x and y must be finite";
+    weights whose velocity bound |W|(|A| + |b|) has no finite square are refused up front."""
+    import wflow
+    from wflow.cli import main
+
+    A = np.eye(3)[:2]
+    with pytest.raises(ValueError, match=r"too large for float64: its velocity can reach"):
+        wflow.Perceptron(1e80 * A.T, 1e80 * A)
+    assert wflow.Perceptron(1e70 * A.T, 1e70 * A).W.shape == (3, 2)  # 1e140: its square is finite
+    args = ["run", "--out", str(tmp_path / "r"), "--set", "perceptron.m=8"]
+    assert main([*args, "--set", "perceptron.scale=1e150"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too large for float64" in err[0], err
+    assert not (tmp_path / "r").exists()

@@ -105,7 +105,29 @@ class Perceptron(Model):
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
         self.dim = d
+        self._check_speed()
         self._omega = self._conservative_weights()
+
+    def _check_speed(self) -> None:
+        r"""Refuse weights whose velocity float64 cannot hold: the bound
+        :math:`|W\sigma(Ax+b)| \le \|W\|_F(\|A\|_F + |b|)` (:math:`|\sigma(s)| \le |s|`; tanh:
+        :math:`\|W\|_F\sqrt m`) must have a finite square, as the solvers' norms and error estimates form
+        squares of velocities."""
+        big = float(np.sqrt(np.finfo(np.float64).max))  # 1.34e154
+        with np.errstate(over="ignore"):
+            w = float(np.linalg.norm(self.W))
+            reach = (
+                np.sqrt(self.A.shape[0])
+                if self.activation == "tanh"
+                else (float(np.linalg.norm(self.A)) + float(np.linalg.norm(self.b)))
+            )
+            bound = w * reach
+        if not (np.isfinite(bound) and bound < big):
+            raise ValueError(
+                f"the perceptron's weights are too large for float64: its velocity can reach "
+                f"|W||A| = {bound:.3g} (|W| = {w:.3g}), whose square overflows (it must stay below "
+                f"{big:.3g}); scale the weights down (perceptron.scale in a configuration)"
+            )
 
     @classmethod
     def conservative(
