@@ -1068,3 +1068,24 @@ def test_the_clusters_shutdown_is_quiet_and_restores_the_loggers(caplog):
     assert [r.levelname for r in caplog.records] == ["ERROR"]
     assert nanny.level == logging.INFO
     nanny.setLevel(logging.NOTSET)
+
+
+def test_a_grid_beyond_float64_and_an_out_under_a_file_are_one_line(tmp_path, capsys):
+    """'logspace(0,400,2)' printed NumPy's overflow warning before the error; '--out /dev/null/x' said
+    "[Errno 17] File exists: '/dev/null'". Each is now one line naming what was given, exit 2."""
+    from wflow.cli import main
+
+    grid = ["--grid", "model.beta=logspace(0,400,2)"]
+    assert main(["sweep", "--out", str(tmp_path / "s.zarr"), *grid]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "wflow: error: grid model.beta='logspace(0,400,2)': logspace gives values beyond float64 "
+        "(10**400 overflows)"
+    ]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    out = blocker / "x.zarr"
+    assert main(["sweep", "--out", str(out), "--grid", "model.beta=[1,2]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"wflow: error: {blocker} is not a folder: nothing can be written under it"]
+    assert blocker.read_text() == "mine"

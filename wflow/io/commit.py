@@ -249,6 +249,17 @@ def write_digests(store: Path, lines: list[str]) -> str:
 _LOCK_TEXT = re.compile(r"(process \d+)?")
 
 
+def _make_folder(folder: Path) -> None:
+    """``folder`` and its parents, made where missing; one that is a file (``/dev/null/x``) is refused,
+    naming it, instead of "[Errno 17] File exists"."""
+    for p in (folder, *folder.parents):
+        if os.path.lexists(p):
+            if not p.is_dir():
+                raise ValueError(f"{p} is not a folder: nothing can be written under it")
+            break
+    folder.mkdir(parents=True, exist_ok=True)
+
+
 class FolderLock:
     """An exclusive OS lock (``fcntl.flock``) on a lock file: one writer per store or output folder.
 
@@ -338,7 +349,7 @@ class FolderLock:
     def acquire(self) -> FolderLock:
         import fcntl
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _make_folder(self.path.parent)
         while True:
             fd = self._open()
             try:

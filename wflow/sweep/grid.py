@@ -106,7 +106,15 @@ def _parse_string(spec: str, what: str) -> list:
                 f"{what}={spec!r}: {name}(a, b, n) needs two numbers and an integer n >= 1"
             )
         f = np.linspace if name == "linspace" else np.logspace
-        return _tidy(f(float(nums[0]), float(nums[1]), nums[2]))
+        with np.errstate(over="ignore"):  # 10**400: inf, refused below in one line
+            values = f(float(nums[0]), float(nums[1]), nums[2])
+        if not np.all(np.isfinite(values)):
+            raise ValueError(
+                f"{what}={spec!r}: {name} gives values beyond float64 (10**{max(nums[:2])} overflows)"
+                if name == "logspace"
+                else f"{what}={spec!r}: linspace needs finite ends"
+            )
+        return _tidy(values)
     ints = [v for v in nums if isinstance(v, int)]
     if not 1 <= len(nums) <= 3 or len(ints) != len(nums):
         raise ValueError(
