@@ -418,3 +418,23 @@ def test_a_clean_exit_leaves_no_lock_files_and_a_killed_runs_lock_is_taken_over(
         main(["run", *SMALL, "--set", "output.figure=false", "--overwrite", "--out", str(out)]) == 0
     )
     assert not (out / ".wflow.lock").exists()
+
+
+def test_a_path_the_terminal_cannot_encode_does_not_stop_the_run(tmp_path):
+    """PYTHONIOENCODING=ascii with a non-ASCII --out: the banner's codec error aborted the run after its
+    folder was claimed; now the path is printed escaped and the run completes."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "étude"
+    p = subprocess.run(
+        [sys.executable, "-m", "wflow.cli", "run", "--out", str(out), "--no-progress"]
+        + ["--set", "init.n=8", "--set", "run.t_end=0.1", "--set", "output.figure=false"],
+        capture_output=True,
+        env=dict(os.environ, PYTHONIOENCODING="ascii"),
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr.decode("ascii", "replace")[-2000:]
+    assert b"\\xe9tude" in p.stdout
+    assert len(wflow.load(out / "trajectory.zarr")) >= 2

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import warnings
+from io import TextIOWrapper
 from pathlib import Path
 from typing import Any, cast
 
@@ -602,6 +603,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     previous = signal.getsignal(signal.SIGINT)
     hook = sys.unraisablehook
+    # a path or a value the terminal's encoding cannot show (PYTHONIOENCODING=ascii, a non-ASCII
+    # --out) is printed escaped, never an error that stops the run after its folder is claimed
+    streams = [(s, s.errors) for s in (sys.stdout, sys.stderr) if isinstance(s, TextIOWrapper)]
+    for s, _ in streams:
+        s.reconfigure(errors="backslashreplace")
     try:
         if (
             previous is signal.default_int_handler
@@ -621,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous)
         sys.unraisablehook = hook
         _INTERRUPTED.clear()
+        for s, errors in streams:
+            s.reconfigure(errors=errors)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
