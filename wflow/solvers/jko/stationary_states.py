@@ -10,6 +10,7 @@ its mass and does not raise the residual (``polished`` and the message say which
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -621,7 +622,7 @@ def stationary(
         residual_tol = check_positive(residual_tol, "residual_tol")
     # the default budget: the longest time a linear mode needs to fall below the test's speed
     speed_tol = 0.01 * h / unit if residual_tol is None else residual_tol
-    t_max = np.pi / (np.e * speed_tol) / unit if t_max is None else check_positive(t_max, "t_max")
+    t_max = math.pi / (math.e * speed_tol) / unit if t_max is None else check_positive(t_max, "t_max")
     eps = default_eps(x, r) if eps is None else check_positive(eps, "eps")
     st = JKOStepper(
         model,
