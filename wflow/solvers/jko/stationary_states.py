@@ -622,7 +622,9 @@ def stationary(
         residual_tol = check_positive(residual_tol, "residual_tol")
     # the default budget: the longest time a linear mode needs to fall below the test's speed
     speed_tol = 0.01 * h / unit if residual_tol is None else residual_tol
-    t_max = math.pi / (math.e * speed_tol) / unit if t_max is None else check_positive(t_max, "t_max")
+    t_max = (
+        math.pi / (math.e * speed_tol) / unit if t_max is None else check_positive(t_max, "t_max")
+    )
     eps = default_eps(x, r) if eps is None else check_positive(eps, "eps")
     st = JKOStepper(
         model,
