@@ -283,7 +283,6 @@ def _run(args: argparse.Namespace) -> int:
     (one writer) for the whole run.
     """
     from .config import apply_overrides, load_config, start_run
-    from .io.paths import refuse_special_file
     from .runfolder import RunFolder, check_resources
 
     folder = RunFolder(args.out)
@@ -297,9 +296,7 @@ def _run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--resume: no interrupted run in {folder.path}")
         with folder.lock():
             return _resume(folder, progress)
-    if args.config:
-        refuse_special_file(args.config)  # a FIFO is refused, never waited on
-    cfg = apply_overrides(load_config(args.config), args.overrides)
+    cfg = apply_overrides(load_config(args.config), args.overrides)  # (a FIFO there: refused)
     check_resources(cfg, folder.path)  # memory and disk, before anything is allocated
     run = start_run(
         cfg
@@ -474,10 +471,6 @@ def _sweep(args: argparse.Namespace) -> int:
             "distributed.diskutils",
         ):
             logging.getLogger(name).setLevel(logging.WARNING)
-    from .io.paths import refuse_special_file
-
-    if args.config:
-        refuse_special_file(args.config)  # a FIFO is refused, never waited on
     cfg, grid = load_sweep_config(args.config) if args.config else (default_config(), {})
     cfg = apply_overrides(cfg, args.overrides)
     grid.update(parse_grid_args(args.grid))
