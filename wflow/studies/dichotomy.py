@@ -47,7 +47,7 @@ from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
 from ..sphere import geodesic_distance, normalize, tangent_frame, uniform
 from .parts import Parts
-from .report import StudyReport, register
+from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
     "linearized_rate",
@@ -432,12 +432,7 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
 
 
 def _figure(out: Path, curves) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
+    fig, axes = subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
     for ax, kind in zip(axes, ("uniform", "hemisphere")):
         for (k, name, d, beta), (t, series, lam) in curves.items():
             if k != kind or d != min(dd for (kk, _, dd, _) in curves if kk == kind):
@@ -462,7 +457,4 @@ def _figure(out: Path, curves) -> Path:
             fontsize=9,
         )
         ax.legend(fontsize=7)
-    path = Path(out) / "dichotomy.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, Path(out) / "dichotomy.png", dpi=110)

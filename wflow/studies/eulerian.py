@@ -32,7 +32,7 @@ from ..mesh import CircleMesh, SphereMesh
 from ..models import SA, USA
 from ..solvers.eulerian import solve_density
 from ..sphere import points_to_angles
-from .report import StudyReport, register
+from .report import StudyReport, register, save_figure, subplots
 
 __all__ = ["eulerian", "circle_growth_rates", "circle_order_errors", "heat_decay_rates"]
 
@@ -212,11 +212,6 @@ def heat_decay_rates(
 
 
 def _clusters(M: int, backend: str, out: Path, T: float = 30.0) -> dict:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     beta = 9.0
     kstar = theory.most_unstable_mode(beta, 2, "SA")
     mesh = CircleMesh(M)
@@ -253,7 +248,7 @@ def _clusters(M: int, backend: str, out: Path, T: float = 30.0) -> dict:
         "min_density": float(r.values.min()),
         "steps": int(r.stats["steps"][-1]),
     }
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     im = ax.pcolormesh(
         mesh.center_angles,
         r.times,
@@ -267,18 +262,12 @@ def _clusters(M: int, backend: str, out: Path, T: float = 30.0) -> dict:
     ax.set_title(f"SA, beta={beta:g}, M={M}: log10 density; most unstable mode k*={kstar}")
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
-    fig.savefig(out / "eulerian_clusters.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "eulerian_clusters.png", dpi=120)
     return res
 
 
 def _growth_figure(growth: list[tuple], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, axes = subplots(1, 2, figsize=(9, 3.5))
     for ax, sph in zip(axes, ("S^1", "S^2")):
         for m, mk in (("SA", "o"), ("USA", "s")):
             for b in sorted({g[2] for g in growth if g[0] == sph}):
@@ -291,21 +280,13 @@ def _growth_figure(growth: list[tuple], out: Path) -> Path:
         ax.set_title(f"{sph}: measured (markers) vs theory (lines)")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path = out / "eulerian_growth.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "eulerian_growth.png", dpi=120)
 
 
 def _order_table(orders: list[list[tuple]], out: Path) -> tuple[list[str], Path]:
     """Markdown rows (errors, pairwise orders, the fitted slope) and the log-log figure."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     lines = []
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = subplots(figsize=(5, 3.5))
     for rows in orders:
         prev = None
         for s, M, h, e in rows:
@@ -322,8 +303,7 @@ def _order_table(orders: list[list[tuple]], out: Path) -> tuple[list[str], Path]
     ax.legend()
     fig.tight_layout()
     path = out / "eulerian_order.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return lines, path
 
 

@@ -42,7 +42,7 @@ from .. import theory
 from ..measure import Atoms
 from ..models import SA
 from .parts import Parts
-from .report import StudyReport, register
+from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
     "direct_cosines",
@@ -158,19 +158,16 @@ def long_context_part(n: float, rho: float, gammas: np.ndarray, direct: bool) ->
 
 
 def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
 
     paths = []
-    fig, axes = plt.subplots(1, len(RHOS), figsize=(11, 3.8), layout="constrained", sharey=False)
+    fig, axes = subplots(1, len(RHOS), figsize=(11, 3.8), layout="constrained", sharey=False)
     for ax, rho in zip(axes, RHOS):
         for k, n in enumerate(ns):
             ax.plot(
                 gammas,
                 res[(n, rho)]["cos"],
-                color=plt.cm.viridis(k / max(len(ns) - 1, 1)),
+                color=colormaps["viridis"](k / max(len(ns) - 1, 1)),
                 label=f"n = {n:.0e}",
             )
         ax.plot([0, 1], [1, 1], "k--", lw=1)
@@ -187,11 +184,9 @@ def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -
         "gamma_c = 1/(1-rho): the transition sharpens with n",
         fontsize=9,
     )
-    paths.append(out / "long_context_transition.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "long_context_transition.png", dpi=90))
 
-    fig, ax = plt.subplots(figsize=(6, 4.2), layout="constrained")
+    fig, ax = subplots(figsize=(6, 4.2), layout="constrained")
     for k, rho in enumerate(RHOS):
         dev = [res[(n, rho)]["dev_away"] for n in ns]
         ax.loglog(
@@ -206,11 +201,9 @@ def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -
         title="deviation from the limit away from gamma_c",
     )
     ax.legend(fontsize=7)
-    paths.append(out / "long_context_deviation.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "long_context_deviation.png", dpi=90))
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+    fig, axes = subplots(1, 2, figsize=(10, 4), layout="constrained")
     r = np.linspace(0.02, 0.98, 193)
     g = np.linspace(0.01, 10.0, 200)
     R, Gm = np.meshgrid(r, g)
@@ -226,9 +219,7 @@ def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -
         )
         ax.legend(fontsize=7, loc="upper left")
     fig.colorbar(im, ax=axes, label="(cos - rho) / (1 - rho): 1 collapse, 0 identity")
-    paths.append(out / "long_context_map.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "long_context_map.png", dpi=90))
     return paths
 
 

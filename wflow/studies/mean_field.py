@@ -25,7 +25,7 @@ from ..solvers.control import StepControl
 from ..solvers.particles import simulate
 from .mean_field_time import CHAOS_BETAS, w2_in_time
 from .parts import Parts
-from .report import Expectation, StudyReport, fit_slope, register
+from .report import Expectation, StudyReport, fit_slope, register, save_figure, subplots
 
 __all__ = [
     "mean_field",
@@ -608,13 +608,8 @@ def _quadrature_start(
 
 
 def _figure(rep: StudyReport, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     groups = sorted({(r["sphere"], r["model"]) for r in rep.rows if r["start"] == "iid"})
-    fig, axes = plt.subplots(
+    fig, axes = subplots(
         1, len(groups) + 1, figsize=(4.2 * (len(groups) + 1), 3.8), constrained_layout=True
     )
     for ax, (sph, name) in zip(axes, groups):
@@ -655,10 +650,7 @@ def _figure(rep: StudyReport, out: Path) -> Path:
     ax.set_title("S1, quadrature start, t = 2")
     ax.set_xlabel("N")
     ax.legend(fontsize=7)
-    path = out / "mean_field.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "mean_field.png", dpi=110)
 
 
 register("mean-field", options={"s2_max_n": ("10000", "100000")})(mean_field)

@@ -25,7 +25,7 @@ from ..solvers.control import StepControl
 from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
 from .parts import Parts
-from .report import StudyReport
+from .report import StudyReport, save_figure, subplots
 
 __all__ = [
     "CHAOS_BETAS",
@@ -295,14 +295,7 @@ def w2_in_time(rep: StudyReport, out: Path, quick: bool, density: CircleDensity)
 
 
 def _figure(curves, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, len(curves), figsize=(4.0 * len(curves), 3.6), constrained_layout=True
-    )
+    fig, axes = subplots(1, len(curves), figsize=(4.0 * len(curves), 3.6), constrained_layout=True)
     for ax, ((name, beta), (times, W, fits, L)) in zip(np.atleast_1d(axes), curves.items()):
         for N, w in W.items():
             g = np.exp(np.mean(np.log(w), axis=0))
@@ -323,7 +316,4 @@ def _figure(curves, out: Path) -> Path:
             ax.set_ylabel("W2(μ_N(t), μ(t)) (rad), geometric mean over seeds")
         ax.set_title(f"S1, {name}, β={beta:g}", fontsize=9)
         ax.legend(fontsize=6)
-    path = Path(out) / "mean_field_time.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, Path(out) / "mean_field_time.png", dpi=110)

@@ -40,7 +40,7 @@ from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
 from ..sphere import uniform, vmf_mixture
 from .parts import Parts
-from .report import StudyReport, register
+from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
     "mean_shift_field",
@@ -317,12 +317,7 @@ def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
 
 
 def _figure(out: Path, field_rows, runs) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
+    fig, axes = subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
     b = [r[0] for r in field_rows]
     axes[0].semilogy(b, [max(r[1], 1e-18) for r in field_rows], "o-", label="max |v_MS - β v_SA|")
     axes[0].semilogy(b, [r[2] for r in field_rows], "s--", label="max |v_MS|")
@@ -341,7 +336,4 @@ def _figure(out: Path, field_rows, runs) -> Path:
     axes[1].set_ylabel("max |x_MS(t) - x_SA(βt)| (chordal)")
     axes[1].set_title("runs, dopri5 rtol 1e-11")
     axes[1].legend(fontsize=7)
-    path = Path(out) / "mean_shift.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, Path(out) / "mean_shift.png", dpi=110)

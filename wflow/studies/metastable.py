@@ -70,7 +70,7 @@ from ..solvers.saveat import SaveAt
 from ..sphere import uniform
 from ..theory import growth_rate, most_unstable_mode
 from .parts import Parts
-from .report import StudyReport, register
+from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
     "metastable",
@@ -742,13 +742,8 @@ def _row(solver, beta, seed, size, k_star, r, lam) -> dict[str, Any]:
 
 
 def _figure(results, plan, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     betas = plan["betas"]
-    fig, axes = plt.subplots(2, len(betas), figsize=(3.2 * len(betas), 6.2), squeeze=False)
+    fig, axes = subplots(2, len(betas), figsize=(3.2 * len(betas), 6.2), squeeze=False)
     ks = np.arange(1, K_MAX + 1)
     for j, beta in enumerate(betas):
         k_star = most_unstable_mode(beta, 2, "SA")
@@ -794,7 +789,4 @@ def _figure(results, plan, out: Path) -> Path:
             ax2.legend(fontsize=6, loc="upper right")
     axes[0, 0].set_ylabel("density at end of linear phase (1/rad)")
     fig.tight_layout()
-    path = Path(out) / "metastable.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, Path(out) / "metastable.png", dpi=100)

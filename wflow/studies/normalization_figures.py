@@ -11,17 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .report import save_figure, subplots
+
 __all__ = ["collapse_figure", "study_figures"]
 
 
 def collapse_figure(out: Path, col: dict, n: int, d: int) -> Path:
     """``normalization_collapse.png``: the mean pair gap and the cluster count along each collapse."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.5, 6.0), layout="constrained", sharex=True)
+    fig, (ax, ax2) = subplots(2, 1, figsize=(6.5, 6.0), layout="constrained", sharex=True)
     for k, (scheme, p) in enumerate(col.items()):
         t = np.maximum(p["t"], 1e-1)
         ax.loglog(t, p["gap"], f"C{k}", label=scheme)
@@ -31,23 +28,15 @@ def collapse_figure(out: Path, col: dict, n: int, d: int) -> Path:
     ax.legend()
     ax2.set_xlabel("t (each scheme's own time)")
     ax2.set_ylabel("clusters (1 - cos < 1e-3 joined)")
-    path = out / "normalization_collapse.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "normalization_collapse.png", dpi=80)
 
 
 def study_figures(
     out: Path, eq: dict, rnd: dict, laws: dict, beta_r: float, n_r: int, d: int
 ) -> list[Path]:
     """The equiangular, compensated and random-start figures (``normalization_*.png``)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     paths = []
-    fig, ax = plt.subplots(figsize=(6.5, 4.5), layout="constrained")
+    fig, ax = subplots(figsize=(6.5, 4.5), layout="constrained")
     for k, (scheme, p) in enumerate(eq.items()):
         c = f"C{k}"
         ax.loglog(
@@ -62,11 +51,9 @@ def study_figures(
         title="n = 8 equiangular, SA beta = 1: lines reduced ODE, dots particles",
     )
     ax.legend(fontsize=7)
-    paths.append(out / "normalization_equiangular.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "normalization_equiangular.png", dpi=90))
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5), layout="constrained")
+    fig, ax = subplots(figsize=(6.5, 4.5), layout="constrained")
     for k, (scheme, p) in enumerate(eq.items()):
         law = laws[scheme]
         ok = (p["t"] > 0) & (p["gap"] > 1e-11)
@@ -81,11 +68,9 @@ def study_figures(
         title="particles over the asymptotic law of equiangular_asymptotics: -> 1",
     )
     ax.legend(fontsize=7)
-    paths.append(out / "normalization_compensated.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "normalization_compensated.png", dpi=90))
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5), layout="constrained")
+    fig, ax = subplots(figsize=(6.5, 4.5), layout="constrained")
     for k, (scheme, runs) in enumerate(rnd.items()):
         for s, p in enumerate(runs):
             ax.loglog(
@@ -103,7 +88,5 @@ def study_figures(
         title=f"n = {n_r} random tokens, d = {d}, beta = sqrt(d): solid tokens, dashed ODE",
     )
     ax.legend(fontsize=7)
-    paths.append(out / "normalization_random.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "normalization_random.png", dpi=90))
     return paths

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from . import report
 from .perceptron_checks import POSTER_E4
 
 __all__ = ["save_figure", "draw_e1", "draw_e23", "draw_e4_masses", "draw_e5", "draw_sweep"]
@@ -16,17 +17,9 @@ __all__ = ["save_figure", "draw_e1", "draw_e23", "draw_e4_masses", "draw_e5", "d
 
 def save_figure(out: Path, name: str, draw: Callable[[Any], None]) -> Path:
     """``draw(ax)`` on a new figure, written to ``out / f"perceptron_{name}.png"``; returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.2, 3.8), layout="constrained")
+    fig, ax = report.subplots(figsize=(5.2, 3.8), layout="constrained")
     draw(ax)
-    path = out / f"perceptron_{name}.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return report.save_figure(fig, out / f"perceptron_{name}.png", dpi=80)
 
 
 def draw_e1(ax: Any, e1: dict[tuple[int, float], tuple], betas: tuple[float, ...]) -> None:

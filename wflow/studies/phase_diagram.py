@@ -52,7 +52,7 @@ from ..solvers.saveat import SaveAt
 from ..solvers.trackers import Record
 from ..theory import equiangular_time
 from .parts import Parts
-from .report import StudyReport, register
+from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
     "phase_diagram_study",
@@ -565,17 +565,10 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
 
 
 def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     paths = []
     dims = plan["dims"]
     hb = sorted(plan["heat_betas"])
-    fig, axes = plt.subplots(
-        1, len(dims), figsize=(4.2 * len(dims), 3.8), sharey=True, squeeze=False
-    )
+    fig, axes = subplots(1, len(dims), figsize=(4.2 * len(dims), 3.8), sharey=True, squeeze=False)
     for ax, d in zip(axes[0], dims):
         m = len(checkpoints(T_PUBLISHED))
         z = np.array([heat[(d, b)]["mean"][:m] for b in hb])
@@ -599,14 +592,11 @@ def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
     fig.colorbar(
         im, ax=axes[0].tolist(), label="fraction of pairs with $\\langle x_i, x_j\\rangle > 0.999$"
     )
-    p = Path(out) / "phase_diagram_heat.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(save_figure(fig, Path(out) / "phase_diagram_heat.png", dpi=110))
 
     cb = plan["compare_betas"]
     d = plan["fine_dims"][0] if plan["fine_dims"] else dims[0]
-    fig, axes = plt.subplots(1, len(cb), figsize=(4.0 * len(cb), 3.4), squeeze=False)
+    fig, axes = subplots(1, len(cb), figsize=(4.0 * len(cb), 3.4), squeeze=False)
     for ax, b in zip(axes[0], cb):
         for s, style in (
             ("original", "-"),
@@ -625,12 +615,9 @@ def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
     axes[0][0].set_ylabel("mean fraction of pairs > 0.999")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    p = Path(out) / "phase_diagram_schemes.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(save_figure(fig, Path(out) / "phase_diagram_schemes.png", dpi=110))
 
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    fig, ax = subplots(figsize=(5.2, 3.6))
     for dd in dims:
         for s, mk in (("original", "o-"), ("dopri5", "s--")):
             g = [rows[(dd, b, s)]["gap"] for b in cb]
@@ -641,10 +628,7 @@ def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
     ax.set_title("gap of the 0.5 level to the equiangular curve")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    p = Path(out) / "phase_diagram_gap.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(save_figure(fig, Path(out) / "phase_diagram_gap.png", dpi=110))
     return paths
 
 

@@ -37,7 +37,7 @@ from ..kernels.threads import blas_threads
 from ..models import PARTS, BertLayer, LayerNorm
 from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
-from .report import StudyReport, register
+from .report import StudyReport, register, save_figure, subplots
 
 __all__ = ["TEXT", "VARIANTS", "dense_forward", "one_layer_alignment", "directions_of"]
 
@@ -188,15 +188,12 @@ def _run(
 
 
 def _figure(measures: dict[str, Any], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
 
     names = list(measures)
     ncols = 4
     nrows = -(-(len(names) + 2) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.8 * nrows), squeeze=False)
+    fig, axes = subplots(nrows, ncols, figsize=(3.2 * ncols, 2.8 * nrows), squeeze=False)
     flat = list(axes.ravel())
     ax_m, ax_c = flat[0], flat[1]
     for name in names:
@@ -207,7 +204,7 @@ def _figure(measures: dict[str, Any], out: Path) -> Path:
     ax_m.set(xlabel="layer (depth)", ylabel="mean pairwise cosine")
     ax_c.set(xlabel="layer (depth)", ylabel="clusters at cosine 0.9")
     ax_m.legend(fontsize=6)
-    cmap = plt.get_cmap("viridis")
+    cmap = colormaps["viridis"]
     for ax, name in zip(flat[2:], names):
         ds = measures[name]
         L = ds.layer.size - 1
@@ -219,10 +216,7 @@ def _figure(measures: dict[str, Any], out: Path) -> Path:
         ax.axis("off")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "real-transformer.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "real-transformer.png", dpi=110)
 
 
 @register("real-transformer")

@@ -38,6 +38,8 @@ __all__ = [
     "GROUPS",
     "OPTIONS",
     "check_options",
+    "subplots",
+    "save_figure",
 ]
 
 log = logging.getLogger(__name__)
@@ -167,6 +169,25 @@ def load_all() -> dict[str, str]:
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def subplots(*args: Any, **kwargs: Any) -> Any:
+    """``matplotlib.pyplot.subplots(*args, **kwargs)`` on the Agg backend (a study only writes files)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Write ``fig`` to ``path`` at ``dpi`` and close it; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
 
 
 def fit_slope(N: np.ndarray, err: np.ndarray, level: float = 0.99) -> tuple[float, float]:

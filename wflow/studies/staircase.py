@@ -42,7 +42,7 @@ from ..solvers.control import StepControl
 from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
 from .parts import Parts
-from .report import StudyReport, register
+from .report import StudyReport, register, save_figure, subplots
 
 __all__ = ["initial_angles", "run_staircase", "two_cluster_log_time", "plateau_energies", "BETAS"]
 
@@ -311,12 +311,7 @@ def study(out: Path, quick: bool) -> StudyReport:
 
 
 def _figure(out: Path, runs: dict[float, dict[str, Any]]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.0, 3.8), layout="constrained")
+    fig, ax = subplots(figsize=(6.0, 3.8), layout="constrained")
     for beta, part in runs.items():
         t, le = part["times"][1:], part["log_energy"][1:]
         ax.plot(np.log10(t), np.exp(le) * 2 * beta, label=rf"$\beta={beta:g}$")
@@ -326,7 +321,4 @@ def _figure(out: Path, runs: dict[float, dict[str, Any]]) -> Path:
     ax.set_ylabel(r"$2\beta\,E_\beta$ (rescaled energy)")
     ax.set_title("GKPR staircase: USA on $S^1$, n = 5")
     ax.legend(fontsize=8)
-    path = out / "staircase.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "staircase.png", dpi=90)

@@ -27,7 +27,7 @@ import numpy as np
 from ..models import SA, USA
 from ..solvers.particles import simulate
 from ..solvers.zonal import law_quantile, solve_zonal
-from .report import StudyReport, fit_slope, register
+from .report import StudyReport, fit_slope, register, save_figure, subplots
 
 __all__ = ["mean_field_zonal", "sample_zonal", "initial_density"]
 
@@ -204,12 +204,7 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
 
 
 def _figure(results, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(DIMENSIONS), figsize=(10, 3.8), sharey=False)
+    fig, axes = subplots(1, len(DIMENSIONS), figsize=(10, 3.8), sharey=False)
     for ax, d in zip(np.atleast_1d(axes), DIMENSIONS):
         for (dd, name, t), (Ns, w2, slope, half) in results.items():
             if dd != d or t != T_END:
@@ -230,7 +225,4 @@ def _figure(results, out: Path) -> Path:
         ax.legend(fontsize=8)
     np.atleast_1d(axes)[0].set_ylabel("$W_2(\\mu_N^z(t), \\mu^z(t))$")
     fig.tight_layout()
-    path = Path(out) / "mean_field_zonal.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, Path(out) / "mean_field_zonal.png", dpi=110)
