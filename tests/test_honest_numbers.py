@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from wflow import USA, CircleMesh, Density
+from wflow.errors import SolverError
 from wflow.solvers.jko import jko
 from wflow.solvers.jko.stepper import smallest_eps
 
@@ -42,10 +43,26 @@ def test_jko_refuses_an_eps_that_locks_every_cell(bump32):
     msg = str(err.value)
     for part in ("eps=0.001", "0.00104944", "h^2 = 0.03855", "eps >= 0.00105"):
         assert part in msg, msg
-    # just above the floor the run is taken (and moves mass, if little: 1e-3 of the default's)
-    r = jko(USA(2.0), bump32, 0.05, 2, eps=1.06e-3, backend=BK)
-    assert r.status == 0
-    assert 0 < np.abs(r.weights[-1] - r.weights[0]).sum() < 1e-9
+
+
+def test_jko_flags_a_step_whose_eps_locks_the_mass_in_its_cells(bump32):
+    """Above the float64 floor but well below h^2 (tau |v| < h/2) the entropic plan keeps the mass in
+    its cells: eps = 1.06e-3 moved an L1 mass of 1e-10 in 'converged' steps, status 0.  The step
+    compares the mass its plan moved between cells with what the flow moves out of them."""
+    with pytest.raises(SolverError) as err:
+        jko(USA(2.0), bump32, 0.05, 2, eps=1.06e-3, backend=BK)
+    msg = str(err.value)
+    for part in ("locked the mass in its cells", "eps=0.00106", "h^2 = 0.03855", "2 h^2 = 0.07711"):
+        assert part in msg, msg
+    r = jko(USA(2.0), bump32, 0.05, 2, eps=1.06e-3, backend=BK, throw=False)
+    assert r.status == -1 and "locked" in r.message
+    # a fifth of h^2 moves a third of the default's mass per step: still flagged; half of h^2 moves
+    # 0.9 of it and is taken, as is any eps when tau |v| > h (exact transport moves whole cells)
+    h2 = (2 * np.pi / 32) ** 2
+    with pytest.raises(SolverError, match="locked"):
+        jko(USA(2.0), bump32, 0.05, 1, eps=0.2 * h2, backend=BK)
+    for eps, tau in ((0.5 * h2, 0.05), (0.1 * h2, 0.4)):
+        assert jko(USA(2.0), bump32, tau, 1, eps=eps, backend=BK).status == 0
 
 
 def test_jko_refuses_a_tau_whose_residual_float64_cannot_resolve(bump32):

@@ -246,7 +246,7 @@ class JKO(Solver):
                 "time_energy",
             )
         }
-        failure = None
+        failure = s.locked
         if s.stalled:
             failure = (
                 f"JKO step (method='emd') stalled at first-order residual {s.residual:.3g} > tol={self.tol:g} "

@@ -340,6 +340,9 @@ class StepStats:
     stalled: bool = False
     #: the inner solver's state after this step, kept at the saved steps (None elsewhere and for emd)
     warm_start: WarmStart | None = field(default=None, repr=False)
+    #: eps below h^2 only: the plan kept nearly all the mass in its cells although the velocity moves
+    #: it (the step "converged" to a measure that did not move); the message says by how much
+    locked: str | None = None
 
 
 class JKOStepper:
@@ -404,6 +407,7 @@ class JKOStepper:
         else:
             self.sigma2 = blur_variance(self.C, r, eps, self.dim)
         self.c_max = float(self.C.max())  # (the largest cost: the potentials' range)
+        self.h = spacing(x, r)
         self.time_cost = time.perf_counter() - t0
         self.ot = SemiRelaxed(self.C, r) if method == "sinkhorn" else None
         self.first = True
@@ -487,6 +491,29 @@ class JKOStepper:
             v = model.velocity(self.x, Atoms._trusted(self.x, a), backend=self.energy.backend)
             s2 += self.tau**2 * float(np.dot(a, np.sum(v * v, axis=-1)))
         return min(float(self.C.max()), s2)
+
+    def _locked(self, a: np.ndarray) -> str | None:
+        r"""Below :math:`\varepsilon = h^2` exact-like transport may keep the mass in its cells: compare
+        the mass the plan moved between cells with what one step of the flow moves out of them,
+        :math:`\sum_i a_i\min(1, (\tau|v_i| + \sqrt{2\tau/\kappa})/h)`; ``None`` when it moved at
+        least half of that (always when :math:`\varepsilon \ge h^2`: the blur alone moves more)."""
+        if self.ot is None or self.eps_target >= self.h**2:
+            return None
+        step = np.full(a.shape, np.sqrt(2 * self.tau * self.kappa_inv))
+        model = self.energy.model
+        if model is not None:
+            v = model.velocity(self.x, Atoms._trusted(self.x, a), backend=self.energy.backend)
+            step += self.tau * np.linalg.norm(v, axis=-1)
+        expected = float(np.dot(a, np.minimum(1.0, step / self.h)))
+        moved = max(0.0, 1.0 - self.ot.kept(a) / float(a.sum()))
+        if expected < 1e-12 or moved >= 0.5 * expected:
+            return None
+        return (
+            f"JKO step locked the mass in its cells: its plan moved {moved:.3g} of it between cells "
+            f"where one step of the flow moves about {expected:.3g}; eps={self.eps_target:g} is below "
+            f"the support's h^2 = {self.h**2:.4g} (spacing h = {self.h:.4g}); use the default "
+            f"eps = 2 h^2 = {2 * self.h**2:.4g}, or a larger tau"
+        )
 
     def step(self, a: np.ndarray) -> tuple[np.ndarray, StepStats]:
         ot, E = self.ot, self.energy
@@ -580,6 +607,7 @@ class JKOStepper:
             time_ot=t_ot,
             time_energy=E.time - t0e,
             breakdowns=sum(ot.breakdowns.values()) - broke,
+            locked=self._locked(a),
         )
 
     # -- exact step (POT emd) ------------------------------------------------------

@@ -399,6 +399,12 @@ class SemiRelaxed:
                 self._set_g(g, a)
                 return None
 
+    def kept(self, a: np.ndarray) -> float:
+        r"""Mass the plan keeps in place, :math:`\sum_i \pi_{ii} = \sum_i a_i u_i K_{ii} v_i` (source and
+        target share the support)."""
+        K = self._kernels()[0]
+        return float(np.dot(a * self.u * self.v, K.diagonal()))
+
     def transport(self, a: np.ndarray, nu: np.ndarray) -> float:
         r""":math:`T_\varepsilon(a,\nu) = \langle a, f\rangle + \langle\nu, g\rangle` for the current plan (exact marginals)."""
         return float(np.dot(a, self.f) + np.dot(nu, self.g))
