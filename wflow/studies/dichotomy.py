@@ -299,7 +299,6 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
     >>> rep.name  # doctest: +SKIP
     'dichotomy'
     """
-    start = time.perf_counter()
     cfg = QUICK if quick else FULL
     rep = StudyReport("dichotomy")
     parts = Parts(out, "dichotomy", quick)
@@ -427,7 +426,6 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
     )
     rep.notes.append(parts.note())
     rep.figures.append(_figure(out, curves))
-    rep.seconds = time.perf_counter() - start
     return rep
 
 

@@ -226,7 +226,6 @@ def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -
 @register("long-context", group="papers")
 def study_long_context(out: Path, quick: bool) -> StudyReport:
     """The long-context transition of one Pre-LN layer (module docstring)."""
-    t_start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rep = StudyReport("long-context")
@@ -335,5 +334,4 @@ def study_long_context(out: Path, quick: bool) -> StudyReport:
         )
     rep.figures.extend(_figures(out, res, ns, gammas, slopes))
     rep.notes.append(parts.note())
-    rep.seconds = time.perf_counter() - t_start
     return rep

@@ -232,7 +232,6 @@ def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
     >>> rep.name  # doctest: +SKIP
     'mean-shift'
     """
-    start = time.perf_counter()
     rep = StudyReport("mean-shift")
     parts = Parts(out, "mean-shift", quick)
     n_configs = 30 if quick else 300
@@ -312,7 +311,6 @@ def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
         "trajectories at time beta t."
     )
     rep.figures.append(_figure(out, field_rows, runs))
-    rep.seconds = time.perf_counter() - start
     return rep
 
 

@@ -598,7 +598,6 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
     >>> rep.name  # doctest: +SKIP
     'metastable'
     """
-    start = time.perf_counter()
     rep = StudyReport("metastable")
     plan = PLANS["quick" if quick else "full"]
     parts = Parts(out, "metastable", quick)
@@ -706,7 +705,6 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
     _sphere(rep, parts, plan, results, quick)
     rep.notes.append(parts.note())
     rep.figures.append(_figure(results, plan, out))
-    rep.seconds = time.perf_counter() - start
     return rep
 
 

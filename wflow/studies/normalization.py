@@ -764,7 +764,6 @@ def _collapse(rep: StudyReport, parts: Parts, n_r: int, d_c: int) -> dict[str, d
 @register("normalization", group="papers")
 def study_normalization(out: Path, quick: bool) -> StudyReport:
     """Speeds of the six normalization schemes (module docstring)."""
-    t_start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rep = StudyReport("normalization")
@@ -792,5 +791,4 @@ def study_normalization(out: Path, quick: bool) -> StudyReport:
     rep.figures.append(collapse_figure(out, col, n_r, d_c))
     rep.figures.extend(study_figures(out, eq, rnd, laws, beta_r, n_r, d_r))
     rep.notes.append(parts.note())
-    rep.seconds = time.perf_counter() - t_start
     return rep

@@ -22,7 +22,6 @@ The study runs in the convention of the authors' code unless ``convention="poste
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -516,7 +515,6 @@ def _sweep(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[tuple[str
 def study_perceptron(out: Path, quick: bool, convention: str = "code") -> StudyReport:
     """E1-E5 of the perceptron paper, its corollary, the cluster counts over weight draws and the MLP-scale
     sweep (module docstring), in the ``convention`` of :func:`paper_model` (``--option convention=poster``)."""
-    t0 = time.perf_counter()
     conv = check_convention(convention)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -547,5 +545,4 @@ def study_perceptron(out: Path, quick: bool, convention: str = "code") -> StudyR
         f"compute seconds of the {len(plan['calls'])} runs (whenever and wherever computed): "
         f"{runs.seconds:.0f}; {parts.note()}"
     )
-    rep.seconds = time.perf_counter() - t0
     return rep

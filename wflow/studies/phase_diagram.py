@@ -416,7 +416,6 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     >>> rep.name  # doctest: +SKIP
     'phase-diagram'
     """
-    start = time.perf_counter()
     rep = StudyReport("phase-diagram")
     plan = QUICK if quick else FULL
     parts = Parts(out, "phase-diagram", quick)
@@ -560,7 +559,6 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     )
     rep.notes.append(parts.note())
     rep.figures += _figures(out, plan, heat, curves, tstar, rows)
-    rep.seconds = time.perf_counter() - start
     return rep
 
 

@@ -26,7 +26,6 @@ naming the install command.  Quick: the first 64 tokens, RK4 with step 0.1; full
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -226,13 +225,9 @@ def real_transformer(out: Path, quick: bool) -> StudyReport:
     if why is not None:
         rep.skipped = why
         return rep
-    start = time.perf_counter()
-    # these products are small (n <= 262 tokens): one BLAS thread each wastes nothing, and spinning
-    # threads on a shared machine made them several times slower (measured: 75 ms for a 64-token
-    # feed-forward block against 2 ms)
+    # these products are small (n <= 262 tokens): BLAS threads only add overhead
     with blas_threads(1):
         _study(rep, out, quick)
-    rep.seconds = time.perf_counter() - start
     return rep
 
 

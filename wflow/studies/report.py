@@ -418,6 +418,7 @@ def run_studies(
             start = time.perf_counter()
             try:
                 rep = STUDIES[n](out, quick, **per_study.get(n, {}))
+                rep.seconds = time.perf_counter() - start
             except Exception as exc:  # this study cannot run; the next one still can
                 log.debug("study %s raised", n, exc_info=True)
                 frame = traceback.extract_tb(exc.__traceback__)[-1]
