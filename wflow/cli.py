@@ -199,20 +199,13 @@ def _study_names() -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .errors import did_you_mean
     from .runfolder import claim_report_folder
     from .studies import STUDIES, load_all, run_studies
-    from .studies.report import GROUPS, check_options
+    from .studies.report import check_options, unknown_studies
 
     if args.workers < 1:
         raise ValueError(f"--workers must be an integer >= 1, got {args.workers}")
-    import_errors = load_all()
-    unknown = [n for n in args.studies if n not in STUDIES and n not in GROUPS]
-    if unknown and not import_errors:  # (before the report folder is made)
-        raise ValueError(
-            f"unknown validation study {unknown[0]!r}{did_you_mean(unknown[0], [*STUDIES, *GROUPS])}; "
-            f"known: {', '.join([*STUDIES, *GROUPS])}"
-        )
+    unknown = unknown_studies(args.studies, load_all())  # (before the report folder is made)
     options = {}
     for item in args.option:
         key, eq, value = item.partition("=")
@@ -695,15 +688,8 @@ def _interrupts():
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "run":
-        return _run(args)
-    if args.command == "validate":
-        return _validate(args)
-    if args.command == "sweep":
-        return _sweep(args)
-    if args.command == "repair":
-        return _repair(args)
-    return EXIT_USAGE  # pragma: no cover
+    commands = {"run": _run, "validate": _validate, "sweep": _sweep, "repair": _repair}
+    return commands[args.command](args)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -725,10 +711,7 @@ def _main(argv: list[str] | None) -> int:
             if _INTERRUPTED.is_set():  # a Ctrl-C that numba's compiler swallowed left this error
                 raise KeyboardInterrupt from None  # (a half-compiled kernel): it is the interrupt
             raise
-    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as exc:
-        print(f"wflow: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except StoreBusyError as exc:
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError, StoreBusyError) as exc:
         print(f"wflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except WflowError as exc:
@@ -762,7 +745,6 @@ def _main(argv: list[str] | None) -> int:
             )
             print(f"wflow: interrupted; committed snapshots are kept ({again})", file=sys.stderr)
         return 130
-    return EXIT_USAGE  # pragma: no cover
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,6 +14,7 @@ landscape* (ICML 2026); the model and its conventions are :mod:`wflow.studies.pe
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from typing import Any
@@ -176,46 +177,18 @@ def run_paper(
     }
 
 
-def paper_part(
-    beta: float,
-    sign: int,
-    d: int,
-    N: int,
-    seeds: int,
-    attention: str,
-    A: np.ndarray | None,
-    omega: np.ndarray | None,
-    activation: str,
-    t_max: float,
-    convention: str = "code",
-    threshold: float | None = None,
-    seed0: int = 0,
-) -> dict[str, Any]:
+def paper_part(beta: float, sign: int, **kw: Any) -> dict[str, Any]:
     """:func:`run_paper` as a part of the study (:class:`~wflow.studies.parts.Parts`): the final points, whether
     every system settled, and the stopping time (the clusters are recomputed from the points).
 
     Examples
     --------
-    >>> p = paper_part(1.0, 1, 2, 16, 2, "USA", None, None, "gelu", 50.0)  # doctest: +SKIP
+    >>> p = paper_part(1.0, 1, d=2, N=16, seeds=2, t_max=50.0)  # doctest: +SKIP
     >>> sorted(p), p["x"].shape  # doctest: +SKIP
     (['seconds', 'settled', 't_stop', 'x'], (2, 16, 2))
     """
     start = time.perf_counter()
-    r = run_paper(
-        beta,
-        sign,
-        d=d,
-        N=N,
-        seeds=seeds,
-        attention=attention,
-        A=A,
-        omega=omega,
-        activation=activation,
-        t_max=t_max,
-        convention=convention,
-        threshold=threshold,
-        seed0=seed0,
-    )
+    r = run_paper(beta, sign, **kw)
     return {
         "x": r["x"],
         "settled": r["settled"],
@@ -261,48 +234,37 @@ class Runs:
         convention: str = "code",
         threshold: float | None = None,
         seed0: int = 0,
-    ) -> tuple[Any, ...]:
-        return (
-            float(beta),
-            int(sign),
-            int(d),
-            int(N),
-            int(seeds),
-            attention,
-            A,
-            omega,
-            activation,
-            float(t_max),
-            check_convention(convention),
-            None if threshold is None else float(threshold),
-            int(seed0),
-        )
+    ) -> dict[str, Any]:
+        return {
+            "beta": float(beta),
+            "sign": int(sign),
+            "d": int(d),
+            "N": int(N),
+            "seeds": int(seeds),
+            "attention": attention,
+            "A": A,
+            "omega": omega,
+            "activation": activation,
+            "t_max": float(t_max),
+            "convention": check_convention(convention),
+            "threshold": None if threshold is None else float(threshold),
+            "seed0": int(seed0),
+        }
 
     @staticmethod
-    def _key(args: tuple[Any, ...]) -> dict[str, Any]:
-        beta, sign, d, N, seeds, attention, A, omega, activation, t_max = args[:10]
-        convention, threshold, seed0 = args[10:]
-        extra: dict[str, Any] = {}
-        if A is not None and sign < 0:  # (the conventions differ only in descent with a perceptron)
-            extra["convention"] = convention
-        if threshold is not None:
-            extra["threshold"] = threshold
-        if seed0:
-            extra["seed0"] = seed0
-        return {
-            "beta": beta,
-            "sign": sign,
-            "d": d,
-            "N": N,
-            "seeds": seeds,
-            "attention": attention,
-            "A": _digest(A),
-            "omega": _digest(omega),
-            "activation": activation,
-            "t_max": t_max,
-            "dt": 0.1,
-            **extra,
-        }
+    def _key(args: dict[str, Any]) -> dict[str, Any]:
+        key = {k: args[k] for k in ("beta", "sign", "d", "N", "seeds", "attention")}
+        key |= {"A": _digest(args["A"]), "omega": _digest(args["omega"])}
+        key |= {"activation": args["activation"], "t_max": args["t_max"], "dt": 0.1}
+        if (
+            args["A"] is not None and args["sign"] < 0
+        ):  # (the conventions differ only in descent with a perceptron)
+            key["convention"] = args["convention"]
+        if args["threshold"] is not None:
+            key["threshold"] = args["threshold"]
+        if args["seed0"]:
+            key["seed0"] = args["seed0"]
+        return key
 
     @classmethod
     def key(cls, beta: float, sign: int, **kw: Any) -> dict[str, Any]:
@@ -320,15 +282,17 @@ class Runs:
 
     def prefetch(self, calls: list[tuple[tuple, dict]]) -> None:
         """Compute (or find stored) every run of ``calls``, ``((beta, sign), keywords)`` each, largest first."""
-        jobs = [(self._key(a), paper_part, a) for a in (self._args(*c, **kw) for c, kw in calls)]
-        jobs.sort(key=lambda j: -(j[2][3] ** 2) * j[2][4])  # the largest systems first
-        self.parts.prefetch(jobs)
+        runs = sorted(
+            (self._args(*c, **kw) for c, kw in calls), key=lambda a: -(a["N"] ** 2) * a["seeds"]
+        )
+        self.parts.prefetch([(self._key(a), functools.partial(paper_part, **a), ()) for a in runs])
 
     def __call__(self, beta: float, sign: int, **kw: Any) -> dict[str, Any]:
         args = self._args(beta, sign, **kw)
-        p = self.parts.get(self._key(args), lambda: paper_part(*args))
+        p = self.parts.get(self._key(args), lambda: paper_part(**args))
         self.seconds += float(p["seconds"])
-        thr = cluster_threshold(args[0], args[2]) if args[11] is None else args[11]
+        thr = args["threshold"]
+        thr = cluster_threshold(args["beta"], args["d"]) if thr is None else thr
         return {
             "x": p["x"],
             "clusters": clusters_of(p["x"], thr),

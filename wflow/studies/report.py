@@ -38,6 +38,7 @@ __all__ = [
     "GROUPS",
     "OPTIONS",
     "check_options",
+    "unknown_studies",
     "subplots",
     "save_figure",
 ]
@@ -164,6 +165,18 @@ def load_all() -> dict[str, str]:
             log.debug("importing %s failed", mod, exc_info=True)
             failed[mod] = _one_line(exc)
     return failed
+
+
+def unknown_studies(names: list[str], import_errors: dict[str, str]) -> list[str]:
+    """The names that are neither a study nor a group: a ``ValueError`` when every study module
+    imported (the registry is complete), else returned (they may live in a module that failed)."""
+    unknown = [n for n in names if n not in STUDIES and n not in GROUPS]
+    if unknown and not import_errors:
+        raise ValueError(
+            f"unknown validation study {unknown[0]!r}"
+            f"{did_you_mean(unknown[0], [*STUDIES, *GROUPS])}; known: {', '.join([*STUDIES, *GROUPS])}"
+        )
+    return unknown
 
 
 def _one_line(exc: BaseException) -> str:
@@ -383,12 +396,7 @@ def run_studies(
     """
     import_errors = load_all()
     names = list(STUDIES) if not names else names
-    unknown = [n for n in names if n not in STUDIES and n not in GROUPS]
-    if unknown and not import_errors:
-        raise ValueError(
-            f"unknown validation study {unknown[0]!r}"
-            f"{did_you_mean(unknown[0], [*STUDIES, *GROUPS])}; known: {', '.join(list(STUDIES) + list(GROUPS))}"
-        )
+    unknown = unknown_studies(names, import_errors)
     per_study = check_options(names, options)
     from .parts import workers as _workers
 
