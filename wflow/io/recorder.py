@@ -82,6 +82,16 @@ def _one_write():
 
 # The recorder's two writes, looked up here at each call so that a test or a benchmark can
 # replace them (tests/test_reliability.py counts the commits, benchmarks/store.py drops them).
+def _identity(path: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of the folder at ``path`` (``None`` if nothing is there): a folder moved
+    away, or replaced, is no longer the one a recorder writes into."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _codecs() -> tuple:
     return chunk_codecs()
 
@@ -437,6 +447,10 @@ class ZarrRecorder:
         self._arrays: dict[str, Any] = {}
         self._chain: str | None = ""  # the hash chain of the snapshot digests committed so far
         self._digest_end = 0  # where their lines end in the digests file
+        self._folder: tuple[int, int] | None = (
+            None  # the store folder's (device, inode) once written
+        )
+        self._parent = _identity(self.path.parent)  # the folder it goes into, if it exists yet
 
     def _lock_path(self) -> FolderLock:
         return FolderLock(self.path.with_name(self.path.name + ".lock"), f"store {self.path}")
@@ -457,6 +471,7 @@ class ZarrRecorder:
                 name: arr.with_config({"write_empty_chunks": True}) for name, arr in group.arrays()
             }
             group.attrs.update(store_attributes(self.kind, self.solver, self.config))
+            self._folder = _identity(self.path)
             record = read_commit(self.path, default={})
             self._chain = record.get("chain")  # None: a store written before the digests
             if self._chain is not None:  # checked: the continuation extends a sound chain
@@ -475,7 +490,20 @@ class ZarrRecorder:
 
     def _save(self, snap) -> None:
         if self.group is None:
+            if self._parent is not None and _identity(self.path.parent) != self._parent:
+                raise WflowError(
+                    f"{self.path.parent}: the folder was moved or removed before the run's first "
+                    f"snapshot; nothing was written (run again where it is now)"
+                )
             self._create(snap)
+            self._folder = _identity(self.path)
+        elif _identity(self.path) != self._folder:
+            # writing on would create a new store at the old path (stray chunks, no metadata)
+            raise WflowError(
+                f"{self.path}: the store was moved or removed during the run; the "
+                f"{self.count} snapshot(s) committed before are wherever it went (continue there with --resume or "
+                f"wflow.resume); nothing was written at {self.path}"
+            )
         i = snap.index
         for name, (dims, value) in self._variables(snap).items():
             arr = self._arrays.get(name)
