@@ -92,14 +92,7 @@ QUICK: Plan = {
     "hemi_betas": (1.0, 4.0),
     "T": 30.0,
 }
-FULL: Plan = {
-    "n": 32,
-    "seeds": 256,
-    "dims": (3, 8),
-    "betas": (0.5, 1.0),
-    "hemi_betas": (1.0, 4.0),
-    "T": 45.0,
-}
+FULL: Plan = {**QUICK, "n": 32, "seeds": 256, "T": 45.0}
 #: least fraction of seeds synchronized by T (measured in quick mode: 1.0 from uniform starts at beta <= 1
 #: and from the hemisphere at beta = 1; from the hemisphere at beta = 4 a few seeds sit near two clusters
 #: for a long time -- metastability -- and collapse later: 0.92..0.96 by T, 47/48 by t = 40 in d = 8)

@@ -403,17 +403,15 @@ def _circle_summary(theta_lin, weights, c0, t_lin, series, times, beta) -> dict[
     }
 
 
-def run_particles(beta: float, n: int, seed: int) -> dict[str, Any]:
-    """SA particles from ``n`` i.i.d. uniform tokens on S^1 until the end of the linear phase."""
-    x0 = uniform(n, 2, seed=np.random.default_rng([int(round(10 * beta)), seed, 15]))
-    c0 = fourier_coefficients(_angles(x0))
+def _until(beta: float, x0: np.ndarray, measure, reached) -> tuple[Any, np.ndarray, np.ndarray]:
+    """SA particles from ``x0`` (spectral backend) until ``reached(measure(points))`` or T_MAX: the
+    run, and the measure at every step with its time."""
     series, times = [], []
 
     def stop(t, mu):
-        c = np.abs(fourier_coefficients(_angles(mu.points)))
-        series.append(c)
+        series.append(measure(mu.points))
         times.append(t)
-        return c.max() >= AMPLITUDE
+        return reached(series[-1])
 
     tr = simulate(
         SA(beta),
@@ -424,6 +422,16 @@ def run_particles(beta: float, n: int, seed: int) -> dict[str, Any]:
         backend="spectral",
         trackers=[stop],
     )
+    return tr, np.asarray(series), np.asarray(times)
+
+
+def run_particles(beta: float, n: int, seed: int) -> dict[str, Any]:
+    """SA particles from ``n`` i.i.d. uniform tokens on S^1 until the end of the linear phase."""
+    x0 = uniform(n, 2, seed=np.random.default_rng([int(round(10 * beta)), seed, 15]))
+    tr, series, times = _until(
+        beta, x0, lambda x: np.abs(fourier_coefficients(_angles(x))), lambda c: c.max() >= AMPLITUDE
+    )
+    c0 = fourier_coefficients(_angles(x0))
     return _circle_summary(_angles(tr.points_at(-1)), None, c0, tr.times[-1], series, times, beta)
 
 
@@ -468,31 +476,14 @@ def run_fv(beta: float, cells: int, seed: int) -> dict[str, Any]:
 def run_sphere(beta: float, n: int, seed: int) -> dict[str, Any]:
     """SA particles from ``n`` i.i.d. uniform tokens on S^2 until the largest A_l (l >= 1) reaches AMPLITUDE^2."""
     x0 = uniform(n, 3, seed=np.random.default_rng([int(round(10 * beta)), seed, 17]))
-    spectra, times = [], []
-
-    def stop(t, mu):
-        a = degree_spectrum(mu.points)
-        spectra.append(a)
-        times.append(t)
-        return a[1:].max() >= AMPLITUDE**2
-
-    tr = simulate(
-        SA(beta),
-        x0,
-        T_MAX,
-        dt=DT,
-        save_at=SaveAt(np.arange(0.0, T_MAX + 1e-9, DT_SAVE), points=False, diagnostics=()),
-        backend="spectral",
-        trackers=[stop],
-    )
-    a = np.asarray(spectra)
+    tr, a, times = _until(beta, x0, degree_spectrum, lambda a: a[1:].max() >= AMPLITUDE**2)
     return {
         "t_lin": float(tr.times[-1]),
         "l_dom": int(np.argmax(a[-1, 1:]) + 1),
         "spectrum0": a[0],
         "spectrum": a[-1],
         "series": a,
-        "times": np.asarray(times),
+        "times": times,
     }
 
 

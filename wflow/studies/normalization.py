@@ -220,6 +220,21 @@ EQ_HORIZON = {
 }
 
 
+def _scheme_run(scheme: str, beta: float, x0: np.ndarray, t_end: float, t: np.ndarray):
+    """The particles of ``scheme`` (SA) from ``x0``, saved at ``t`` (dopri5, rtol 1e-10), and the seconds taken."""
+    t0 = time.perf_counter()
+    traj = simulate(
+        Normalized(SA(beta), scheme, **SCHEME_OPTIONS.get(scheme, {})),
+        x0,
+        t_end,
+        save_at=SaveAt(t, diagnostics=()),
+        method="dopri5",
+        control=StepControl(rtol=1e-10, atol=1e-13),
+        backend="numpy",
+    )
+    return traj, time.perf_counter() - t0
+
+
 def equiangular_part(scheme: str, n: int, beta: float, rho0: float, t_end: float) -> dict[str, Any]:
     """Particles from ``n`` equiangular tokens against the reduced ODE at the same times.
 
@@ -234,17 +249,7 @@ def equiangular_part(scheme: str, n: int, beta: float, rho0: float, t_end: float
     t = np.unique(
         np.concatenate([[0.0], np.logspace(-2, np.log10(t_end), 120), np.linspace(0, t_end, 120)])
     )
-    t0 = time.perf_counter()
-    traj = simulate(
-        Normalized(SA(beta), scheme, **kw),
-        x0,
-        t_end,
-        save_at=SaveAt(t, diagnostics=()),
-        method="dopri5",
-        control=StepControl(rtol=1e-10, atol=1e-13),
-        backend="numpy",
-    )
-    seconds = time.perf_counter() - t0
+    traj, seconds = _scheme_run(scheme, beta, x0, t_end, t)
     P = np.asarray(traj.points)
     gap = pair_gaps(P)
     cos = np.einsum("tid,tjd->tij", P, P)
@@ -287,17 +292,7 @@ def random_part(
     G = x0 @ x0.T
     rho0 = float(G[iu].mean())
     t = np.concatenate([[0.0], np.logspace(0, np.log10(t_end), 25)])
-    t0 = time.perf_counter()
-    traj = simulate(
-        Normalized(SA(beta), scheme, **kw),
-        x0,
-        t_end,
-        save_at=SaveAt(t, diagnostics=()),
-        method="dopri5",
-        control=StepControl(rtol=1e-10, atol=1e-13),
-        backend="numpy",
-    )
-    seconds = time.perf_counter() - t0
+    traj, seconds = _scheme_run(scheme, beta, x0, t_end, t)
     gap = pair_gaps(np.asarray(traj.points))
     ref = theory.equiangular_scheme_solution(t, beta, n, "SA", scheme, rho0=rho0, **kw)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -383,9 +378,8 @@ def collapse_part(
     :math:`d\theta/d\tau = P_\theta A`, autonomous.  With ``own_clock=True`` (the default) it is
     integrated in :math:`\tau` and every time is mapped back, exactly; ``own_clock=False`` integrates
     :math:`P_\theta A/\sqrt{t+1}` in :math:`t` (the same trajectory up to BDF's error, but at
-    :math:`t \sim 10^{15}`, where d = 512 collapses, BDF's steps in :math:`t` are far costlier: that run
-    had not finished after 60 CPU-minutes, against 5 minutes in :math:`\tau`).  The other schemes are
-    autonomous already and ignore the flag.
+    :math:`t \sim 10^{15}`, where d = 512 collapses, BDF's steps in :math:`t` are far costlier).  The
+    other schemes are autonomous already and ignore the flag.
 
     Returns the mean pair gap and the number of clusters (:func:`~wflow.diagnostics.batched_cluster_labels`
     at :data:`MERGED_ANGLE`, i.e. pairs closer than ``1 - cos = 1e-3`` joined)

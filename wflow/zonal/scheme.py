@@ -218,11 +218,9 @@ class ZonalFV:
         self.theta_edges = th
         self._sin_faces = np.sqrt(np.maximum((1.0 - z[1:-1]) * (1.0 + z[1:-1]), 0.0))
 
-    def _cell_spread(self, nodes: int = 8) -> np.ndarray:
-        r"""Standard deviation :math:`\varsigma_i` of :math:`z` under :math:`\sigma` restricted to cell ``i``.
-
-        Gauss--Legendre in the polar angle (log-scale weights); no cancellation near the poles.
-        """
+    def _polar_nodes(self, nodes: int) -> tuple[np.ndarray, np.ndarray]:
+        r"""Gauss--Legendre polar angles ``(cells, nodes)`` in every cell and their weights under
+        :math:`\sin^{d-2}\varphi\,d\varphi`, normalized per cell (log-scale: no underflow near the poles)."""
         x, w = np.polynomial.legendre.leggauss(nodes)
         phi_lo, phi_hi = np.arccos(self.edges[1:]), np.arccos(self.edges[:-1])
         phi = 0.5 * (phi_lo + phi_hi)[:, None] + 0.5 * (phi_hi - phi_lo)[:, None] * x[None, :]
@@ -232,6 +230,14 @@ class ZonalFV:
         with np.errstate(under="ignore"):
             wt = np.exp(logw)
         wt /= wt.sum(axis=1, keepdims=True)
+        return phi, wt
+
+    def _cell_spread(self, nodes: int = 8) -> np.ndarray:
+        r"""Standard deviation :math:`\varsigma_i` of :math:`z` under :math:`\sigma` restricted to cell ``i``.
+
+        Gauss--Legendre in the polar angle (log-scale weights); no cancellation near the poles.
+        """
+        phi, wt = self._polar_nodes(nodes)
         zq = np.cos(phi)
         mean = np.sum(wt * zq, axis=1)
         return np.sqrt(np.sum(wt * (zq - mean[:, None]) ** 2, axis=1))
@@ -291,15 +297,7 @@ class ZonalFV:
         """
         if not callable(f):
             raise TypeError(f"f must be a callable of z in [-1, 1], got {short_repr(f)}")
-        x, w = np.polynomial.legendre.leggauss(check_int(nodes, "nodes", minimum=1))
-        phi_lo, phi_hi = np.arccos(self.edges[1:]), np.arccos(self.edges[:-1])
-        phi = 0.5 * (phi_lo + phi_hi)[:, None] + 0.5 * (phi_hi - phi_lo)[:, None] * x[None, :]
-        with np.errstate(divide="ignore"):
-            logw = np.log(w)[None, :] + (self.d - 2) * np.log(np.sin(phi))
-        logw -= logw.max(axis=1, keepdims=True)
-        with np.errstate(under="ignore"):
-            wt = np.exp(logw)
-        wt /= wt.sum(axis=1, keepdims=True)
+        phi, wt = self._polar_nodes(check_int(nodes, "nodes", minimum=1))
         vals = np.asarray(f(np.cos(phi)), dtype=float)
         if vals.shape != phi.shape:
             raise ValueError(
