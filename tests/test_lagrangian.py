@@ -21,9 +21,9 @@ def test_circle_growth_rates(kind, beta):
         f = lambda x: 1 + a * np.cos(k * np.arctan2(x[:, 1], x[:, 0]))  # noqa: E731
         model = SA(beta) if kind == "SA" else USA(beta)
         sol = solve_lagrangian(model, f, t, d=2, nodes=64, save_at=[0, t], rtol=1e-9)
-        pts, rho = sol.density(-1)
+        pts, rho = sol.density(-1)  # w.r.t. the surface measure: uniform 1 / (2 pi)
         th = np.arctan2(pts[:, 1], pts[:, 0])
-        c = _fit(rho, [np.ones_like(th), np.cos(k * th), np.sin(k * th)])
+        c = _fit(2 * np.pi * rho, [np.ones_like(th), np.cos(k * th), np.sin(k * th)])
         rate = np.log(np.hypot(c[1], c[2]) / a) / t
         assert abs(rate - expected) < 1e-4 * max(expected, 0.1), (k, rate, expected)
 
@@ -36,9 +36,9 @@ def test_sphere_growth_rates(kind):
         f = lambda x: 1 + a * special.eval_legendre(ell, x[:, 2])  # noqa: E731
         model = SA(beta) if kind == "SA" else USA(beta)
         sol = solve_lagrangian(model, f, t, d=3, nodes=12, save_at=[0, t])
-        pts, rho = sol.density(-1)
+        pts, rho = sol.density(-1)  # uniform 1 / (4 pi)
         z = pts[:, 2]
-        c = _fit(rho, [special.eval_legendre(j, z) for j in range(6)])
+        c = _fit(4 * np.pi * rho, [special.eval_legendre(j, z) for j in range(6)])
         rate = np.log(c[ell] / a) / t
         expected = theory.growth_rate(ell, beta, 3, kind)
         assert abs(rate - expected) < 1e-4 * expected, (ell, rate, expected)
@@ -57,7 +57,7 @@ def test_density_is_consistent_with_transported_mass():
     th, r = th[order], rho[order]
     th = np.append(th, th[0] + 2 * np.pi)
     r = np.append(r, r[0])
-    mass = np.sum(0.5 * (r[1:] + r[:-1]) * np.diff(th)) / (2 * np.pi)
+    mass = np.sum(0.5 * (r[1:] + r[:-1]) * np.diff(th))  # w.r.t. arc length
     assert abs(mass - 1) < 1e-3  # trapezoid on the moved (non-uniform) nodes
 
 

@@ -1,8 +1,9 @@
 r"""Lagrangian quadrature solver: the continuum equation along characteristics.
 
-A smooth initial density :math:`\rho_0` (with respect to the normalized surface
-measure :math:`\sigma`) is represented by a quadrature rule, :math:`\mu_0 \approx
-\sum_k w_k\rho_0(x_k)\delta_{x_k}` -- the trapezoid rule on :math:`S^1` (spectrally
+A smooth initial density :math:`\rho_0` (a probability density with respect to the
+surface measure, as everywhere in wflow: the uniform one is :math:`1/(2\pi)` on :math:`S^1`,
+:math:`1/(4\pi)` on :math:`S^2`) is represented by a quadrature rule, :math:`\mu_0 \approx
+\sum_k w_k\rho_0(x_k)\delta_{x_k}` (:math:`\sum_k w_k = |S^{d-1}|`) -- the trapezoid rule on :math:`S^1` (spectrally
 accurate for smooth periodic data) and the product Gauss--Legendre x trapezoid rule on
 :math:`S^2`.  The nodes are carried by the particle solver, which is exact for the
 continuity equation with a quadrature-discretized velocity:
@@ -43,15 +44,15 @@ def quadrature_measure(
 
     ``nodes`` is the number of trapezoid nodes on :math:`S^1` or of Gauss--Legendre
     latitudes on :math:`S^2` (with ``2 nodes`` longitudes).  Returns the atoms
-    (weights normalized) and the density values at the nodes, normalized so that
-    :math:`\sum_k w_k\rho_0(x_k) = 1`.
+    (weights normalized) and the values at the nodes of the probability density with respect to
+    the surface measure: :math:`\sum_k w_k\rho_0(x_k) = 1` with :math:`\sum_k w_k = |S^{d-1}|`.
 
     Examples
     --------
     >>> import numpy as np
     >>> from wflow.solvers.lagrangian import quadrature_measure
     >>> mu, rho = quadrature_measure(lambda x: 1 + 0.5 * x[:, 0], 2, 16)
-    >>> mu.points.shape, round(float(mu.weights.sum()), 12), round(float(rho[0]), 6)  # rho(1, 0) = 1.5
+    >>> mu.points.shape, round(float(mu.weights.sum()), 12), round(float(rho[0] * 2 * np.pi), 6)
     ((16, 2), 1.0, 1.5)
     """
     if not callable(density):
@@ -78,7 +79,8 @@ def quadrature_measure(
     if mass <= 0:
         raise ValueError("density integrates to 0")
     rho = rho / mass
-    return Atoms(x, q * rho), rho
+    area = 2 * np.pi if d == 2 else 4 * np.pi  # |S^{d-1}|: rho w.r.t. the surface measure
+    return Atoms(x, q * rho), rho / area
 
 
 class LagrangianProblem(ParticleProblem):
@@ -134,7 +136,7 @@ class LagrangianSolution(Trajectory):
     points : ndarray, shape (k, n, d)
         The quadrature atoms at the save times (a valid measure at every time).
     rho0 : ndarray, shape (n,)
-        Initial density at the nodes (normalized measure).
+        Initial density at the nodes (a probability density w.r.t. the surface measure).
     jacobian : ndarray, shape (k, n)
         :math:`J_t` at each node and save time.
     eps : float
@@ -211,8 +213,8 @@ def solve_lagrangian(
     ----------
     model : Model
     density0 : callable
-        :math:`\rho_0(x)` for points of shape ``(n, d)``, with respect to the normalized
-        surface measure (need not be normalized).
+        :math:`\rho_0(x)` for points of shape ``(n, d)``; normalized to a probability density with
+        respect to the surface measure (uniform: :math:`1/|S^{d-1}|`).
     t_end : float
     d : {2, 3}
         Circle or sphere.

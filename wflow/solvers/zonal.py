@@ -25,6 +25,7 @@ Saving, loading and resuming go through :func:`wflow.save`, :func:`wflow.load`,
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -310,8 +311,10 @@ class ZonalTrajectory(Result):
     masses : ndarray, shape (n_saves, M)
         Band masses (the law of :math:`z` on the bands).
     values : ndarray, shape (n_saves, M)
-        Cell averages :math:`\bar f_i = m_i/V_i` of the density w.r.t. the normalized :math:`\sigma`
-        (uniform: 1); ``inf`` where a polar band's volume underflows (large ``d``) and holds mass.
+        Cell averages :math:`m_i/(|S^{d-1}|\,V_i)` of the probability density w.r.t. the surface
+        measure (uniform: :math:`1/|S^{d-1}|`, as everywhere in wflow); ``inf`` where that does not
+        fit in float64 (:math:`1/|S^{d-1}|` passes 1e308 near ``d = 340``; a polar band's volume
+        underflows sooner): at large ``d`` read :attr:`masses` or :meth:`law_density`.
     mass, energy, mean_z : ndarray, shape (n_saves,)
         Total mass, :math:`\pm E_\beta` (the functional the flow ascends), :math:`\int z\,d\mu`.
     edges : ndarray, shape (M+1,)
@@ -370,11 +373,11 @@ class ZonalTrajectory(Result):
     @property
     def values(self) -> np.ndarray:
         with np.errstate(divide="ignore", over="ignore", under="ignore"):
-            return np.exp(np.log(self.masses) - self.log_volumes)
+            return np.exp(np.log(self.masses) - self.log_volumes - log_sphere_area(self.d))
 
     def density(self, i: int = -1, *, t: float | None = None) -> np.ndarray:
-        r"""Cell averages :math:`\bar f_i` (w.r.t. :math:`\sigma`) of saved density number ``i`` (or of the one
-        saved at time ``t``, :meth:`save_index`)."""
+        r"""Cell averages of saved density number ``i`` (or of the one saved at time ``t``,
+        :meth:`save_index`), w.r.t. the surface measure (:attr:`values`)."""
         return self.values[i if t is None else self.save_index(t)]
 
     def law_density(self, i: int = -1) -> np.ndarray:
@@ -420,6 +423,19 @@ def _spec(model_or_spec: Any, d: int) -> dict[str, Any]:
     return {"attention": fv.attention, "beta": fv.beta, "sign": fv.sign}
 
 
+def log_sphere_area(d: int) -> float:
+    r""":math:`\log|S^{d-1}| = \log 2 + \tfrac d2\log\pi - \log\Gamma(\tfrac d2)`.
+
+    Examples
+    --------
+    >>> import math
+    >>> from wflow.solvers.zonal import log_sphere_area
+    >>> round(math.exp(log_sphere_area(3)) / math.pi, 12), round(log_sphere_area(10_000), 3)
+    (4.0, -31858.284)
+    """
+    return math.log(2.0) + 0.5 * d * math.log(math.pi) - math.lgamma(0.5 * d)
+
+
 def _initial_masses(rho0: Any, fv: ZonalFV, normalize: bool) -> np.ndarray:
     from ..density import Density
 
@@ -443,7 +459,13 @@ def _initial_masses(rho0: Any, fv: ZonalFV, normalize: bool) -> np.ndarray:
                 f"rho0 must be a function of z = <x, e> returning one value per z; for z of shape "
                 f"(7,) it returned shape {out.shape} (a function of points x is not zonal)"
             )
-        return fv.masses_from_function(rho0, normalize=normalize)
+        if normalize:
+            return fv.masses_from_function(rho0, normalize=True)
+        # f is a density w.r.t. the surface measure; the bands' volumes are those of sigma
+        area = math.exp(log_sphere_area(fv.d))
+        return fv.masses_from_function(
+            lambda z: area * np.asarray(rho0(z), dtype=float), normalize=False
+        )
     arr = np.asarray(rho0)
     if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
         raise TypeError(
@@ -493,9 +515,10 @@ def solve_zonal(
         A wflow SA/USA model with :math:`Q = K = I`, :math:`V = \pm I` (anything else is not
         zonal), or ``{"attention": "SA"|"USA", "beta": float, "sign": 1|-1}``.
     rho0 : callable or ndarray
-        The initial density :math:`f(z)` w.r.t. the normalized surface measure (a function of
-        the height :math:`z = \langle x, e\rangle`, normalized to mass 1 unless
-        ``normalize=False``), or the band masses, shape ``(n_cells,)``, summing to 1.
+        The initial density :math:`f(z)`, a function of the height :math:`z = \langle x, e\rangle`
+        (normalized to mass 1 unless ``normalize=False``: then a probability density w.r.t. the
+        surface measure, uniform :math:`1/|S^{d-1}|`), or the band masses, shape ``(n_cells,)``,
+        summing to 1.
     t_end : float
         Final time, ``> 0``.
     d : int
