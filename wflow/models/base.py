@@ -214,17 +214,19 @@ def _parts(m: Model) -> list[Model]:
     return list(m.parts)
 
 
-def as_matrix(M: Any, name: str) -> np.ndarray | None:
-    """``M`` as a finite real 2-d float64 matrix (``None`` stays ``None``); a TypeError or ValueError naming
-    ``name`` otherwise.  The check of every model's matrices (Q, K, V, W, A)."""
+def as_matrix(M: Any, name: str, ndim: int = 2) -> np.ndarray | None:
+    """``M`` as a finite real float64 array of ``ndim`` axes (``None`` stays ``None``); a TypeError or
+    ValueError naming ``name`` otherwise.  The check of every model's matrices (Q, K, V, W, A) and
+    stacks of them (a multi-head model's, ``ndim=3``)."""
     if M is None:
         return None
     A = np.asarray(M)
     if A.dtype == object or not (np.issubdtype(A.dtype, np.number)) or np.iscomplexobj(A):
-        raise TypeError(f"{name} must be a real matrix, got {short_repr(M)}")
+        what = "matrix" if ndim == 2 else "array"
+        raise TypeError(f"{name} must be a real {what}, got {short_repr(M)}")
     A = A.astype(np.float64)
-    if A.ndim != 2:
-        raise ValueError(f"{name} must be a 2-d matrix, got shape {A.shape}")
+    if A.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} axes, got shape {A.shape}")
     if not np.all(np.isfinite(A)):
         raise ValueError(f"{name} contains non-finite values: {short_repr(A)}")
     return A

@@ -29,26 +29,12 @@ from .._typing import ArrayLike
 from ..errors import check_nonnegative, short_repr
 from ..measure import Atoms
 from ..sphere import project
-from .base import Model, register_model
+from .base import Model, as_matrix, register_model
 
 __all__ = ["MultiHead"]
 
 #: query rows per block, so that one head's (rows, n) logits stay near 1 million numbers
 _BLOCK_NUMBERS = 1_000_000
-
-
-def _stack(M: Any, name: str, ndim: int) -> np.ndarray | None:
-    if M is None:
-        return None
-    A = np.asarray(M)
-    if A.dtype == object or not np.issubdtype(A.dtype, np.number) or np.iscomplexobj(A):
-        raise TypeError(f"{name} must be a real array, got {short_repr(M)}")
-    A = A.astype(np.float64)
-    if A.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} axes, got shape {A.shape}")
-    if not np.all(np.isfinite(A)):
-        raise ValueError(f"{name} contains non-finite values: {short_repr(A)}")
-    return A
 
 
 class MultiHead(Model):
@@ -105,8 +91,8 @@ class MultiHead(Model):
         causal: bool = False,
     ):
         self.beta = check_nonnegative(beta, "beta")
-        Q_, K_ = _stack(Q, "Q", 3), _stack(K, "K", 3)
-        V_, O_ = _stack(V, "V", 3), _stack(O, "O", 3)
+        Q_, K_ = as_matrix(Q, "Q", 3), as_matrix(K, "K", 3)
+        V_, O_ = as_matrix(V, "V", 3), as_matrix(O, "O", 3)
         if Q_ is None or K_ is None or V_ is None or O_ is None:
             raise TypeError("MultiHead needs Q, K, V and O (per-head stacks), got None")
         H, p, d = Q_.shape
@@ -125,7 +111,7 @@ class MultiHead(Model):
         given = {"bias_q": bias_q, "bias_k": bias_k, "bias_v": bias_v, "bias_o": bias_o}
         checked: dict[str, np.ndarray | None] = {}
         for name, b in given.items():
-            bb = _stack(b, name, len(shapes[name]))
+            bb = as_matrix(b, name, len(shapes[name]))
             if bb is not None and bb.shape != shapes[name]:
                 raise ValueError(f"{name} must have shape {shapes[name]}, got {bb.shape}")
             checked[name] = bb
@@ -167,7 +153,7 @@ class MultiHead(Model):
         cls, beta: float, Q: ArrayLike, K: ArrayLike, V: ArrayLike, **kw: Any
     ) -> MultiHead:
         """Heads with dense value matrices ``V`` of shape ``(H, d, d)`` (``O`` the identity, ``r = d``)."""
-        V_ = _stack(V, "V", 3)
+        V_ = as_matrix(V, "V", 3)
         if V_ is None:
             raise TypeError("V must be given")
         eye = np.broadcast_to(np.eye(V_.shape[-1]), V_.shape)

@@ -230,52 +230,20 @@ class Store:
                 dims + ("time",),
                 description=desc,
             )
-        array(
-            "status",
-            shape,
-            chunks,
-            np.int8,
-            PENDING,
-            dims,
-            description=attrs["status_codes"],
-        )
-        array(
-            "message",
-            shape,
-            chunks,
-            str,
-            "",
-            dims,
-            description="the solver's message, or the error",
-        )
-        array(
-            "seconds",
-            shape,
-            chunks,
-            np.float64,
-            np.nan,
-            dims,
-            description="wall time of the task (batch) that ran the point",
-        )
-        array(
-            "cpu_seconds",
-            shape,
-            chunks,
-            np.float64,
-            np.nan,
-            dims,
-            description="CPU time of the worker process "
-            "during the task (wall time well above it: the cores were shared)",
-        )
-        array(
-            "worker",
-            shape,
-            chunks,
-            str,
-            "",
-            dims,
-            description="the Dask worker that ran the point",
-        )
+        per_point = {
+            "status": (np.int8, PENDING, attrs["status_codes"]),
+            "message": (str, "", "the solver's message, or the error"),
+            "seconds": (np.float64, np.nan, "wall time of the task (batch) that ran the point"),
+            "cpu_seconds": (
+                np.float64,
+                np.nan,
+                "CPU time of the worker process during the task (wall time well above it: the "
+                "cores were shared)",
+            ),
+            "worker": (str, "", "the Dask worker that ran the point"),
+        }
+        for name, (dtype, fill, desc) in per_point.items():
+            array(name, shape, chunks, dtype, fill, dims, description=desc)
         task_dims = tuple(a.dim for i, a in enumerate(plan.axes) if i != plan.batch_axis)
         task_shape = tuple(len(a.values) for i, a in enumerate(plan.axes) if i != plan.batch_axis)
         ones = tuple(1 for _ in task_dims)
