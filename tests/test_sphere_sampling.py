@@ -3,7 +3,7 @@ density on a SphereMesh: moments against exact values, goodness of fit with fixe
 
 import numpy as np
 import pytest
-from scipy import integrate, special, stats
+from scipy import integrate, spatial, special, stats
 
 from wflow import CircleMesh, Density, SphereMesh
 from wflow.sphere import (
@@ -150,7 +150,12 @@ def test_density_quadrature_masses_moments_radius():
         errors.append(np.abs(w @ y - exact).max())
         radii.append(r)
     assert errors[1] < 1e-4 and 3.5 < errors[0] / errors[1] < 4.5  # second order in 1/refine
-    assert 1.9 < radii[0] / radii[1] < 2.1 and radii[1] < 0.6 * mesh.spacing / 4
+    assert 1.9 < radii[0] / radii[1] < 2.1
+    # r^2 is the mean squared distance of the density to its own triangle's atom: the nearest
+    # atom is a little closer on average (measured: 2 % at refine = 4)
+    x = sample_sphere_density(rho, 200_000, seed=7)
+    d2 = spatial.cKDTree(y).query(x)[0] ** 2
+    assert 0.95 * r**2 < d2.mean() < r**2
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -750,38 +750,39 @@ def _sample_mesh_density(density: Any, n: int, rng: np.random.Generator) -> np.n
 def density_quadrature(density: Any, refine: int = 4) -> tuple[np.ndarray, np.ndarray, float]:
     r"""Fine atoms of the piecewise-constant density of a ``Density`` on a ``SphereMesh``.
 
-        Each triangle of the fan of each Voronoi cell (generator, two consecutive vertices) is
-        cut into ``refine**2`` triangles; each carries its exact mass at its centroid.
+    Each triangle of the fan of each Voronoi cell (generator, two consecutive vertices) is
+    cut into ``refine**2`` triangles; each carries its exact mass at its spherical centroid.
 
-        Parameters
-        ----------
-        density : Density
-            On a :class:`wflow.mesh.SphereMesh`.
-        refine : int
-            Subdivisions of each side of a fan triangle.
+    Parameters
+    ----------
+    density : Density
+        On a :class:`wflow.mesh.SphereMesh`.
+    refine : int
+        Subdivisions of each side of a fan triangle.
 
-        Returns
-        -------
-        points : ndarray, shape (Q, 3)
-        weights : ndarray, shape (Q,)
-            Sum to 1.
-        radius : float
-            :math:`r = (\sum_T m_T R_T^2)^{1/2}`, :math:`R_T` the largest chord from an atom to a
-            corner of its triangle: a bound on the :math:`W_2` distance (chordal, hence also
-            geodesic to :math:`1 + R^2/24`) between the atoms and the density, since moving each
-            triangle's mass to its atom is a transport plan.  For any measure :math:`\mu`,
-            :math:`|W_2(\mu,
-    ho) - W_2(\mu, 	ext{atoms})| \le r`.
+    Returns
+    -------
+    points : ndarray, shape (Q, 3)
+    weights : ndarray, shape (Q,)
+        Sum to 1.
+    radius : float
+        :math:`r = (\sum_T m_T\,E_T|x - c_T|^2)^{1/2}`, :math:`E_T` the mean over the triangle
+        :math:`T` and :math:`c_T` its atom: the cost of the transport plan that moves each
+        triangle's mass to its atom, so a bound on the chordal :math:`W_2` distance between the
+        atoms and the density, and for any measure :math:`\mu`,
+        :math:`|W_2(\mu, \rho) - W_2(\mu, \mathrm{atoms})| \le r`.  In closed form:
+        :math:`c_T = \int_T x\,dA / |\int_T x\,dA|` and
+        :math:`E_T|x - c_T|^2 = 2 - 2|\int_T x\,dA| / |T|`.
 
-        Examples
-        --------
-        >>> import numpy as np
-        >>> from wflow import Density, SphereMesh
-        >>> from wflow.sphere import density_quadrature
-        >>> rho = Density.from_function(SphereMesh(4), lambda x: np.exp(2 * x[:, 2]))
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wflow import Density, SphereMesh
+    >>> from wflow.sphere import density_quadrature
+    >>> rho = Density.from_function(SphereMesh(4), lambda x: np.exp(2 * x[:, 2]))
     >>> y, w, r = density_quadrature(rho, refine=4)
     >>> y.shape, round(float(w.sum()), 12), round(r, 4)
-    ((15360, 3), 1.0, 0.0266)
+    ((15360, 3), 1.0, 0.0127)
     """
     mesh, values = density.mesh, np.asarray(density.values, dtype=float)
     if getattr(mesh, "d", None) != 3:
@@ -801,12 +802,35 @@ def density_quadrature(density: Any, refine: int = 4) -> tuple[np.ndarray, np.nd
     )
     corners /= np.linalg.norm(corners, axis=-1, keepdims=True)  # (F, k^2, 3, 3)
     c = corners.reshape(-1, 3, 3)
-    centroid = c.sum(axis=1)
+    area = _solid_angle(c[:, 0], c[:, 1], c[:, 2])
+    va = _vector_area(c[:, 0], c[:, 1], c[:, 2])
+    norm = np.linalg.norm(va, axis=1)
+    flat = norm <= 1e-3 * area  # degenerate (zero-area) triangles: the mean of the corners
+    centroid = np.where(flat[:, None], c.sum(axis=1), va)
     centroid /= np.linalg.norm(centroid, axis=1, keepdims=True)
-    mass = np.repeat(values[cell], k * k) * _solid_angle(c[:, 0], c[:, 1], c[:, 2])
-    reach = np.max(np.linalg.norm(c - centroid[:, None], axis=-1), axis=1)
+    # cost of moving T's uniform mass to c: E|x - c|^2 = 2 - 2<E x, c> = 2 - 2|va|/|T|, at most
+    # the largest squared chord to a corner (the bound kept where round-off would dominate)
+    reach2 = np.max(np.sum((c - centroid[:, None]) ** 2, axis=-1), axis=1)
+    spread = np.where(flat, reach2, 2 - 2 * norm / np.where(flat, 1.0, area))
+    mass = np.repeat(values[cell], k * k) * area
     mass /= mass.sum()
-    return centroid, mass, float(np.sqrt(mass @ reach**2))
+    return centroid, mass, float(np.sqrt(mass @ np.clip(spread, 0.0, reach2)))
+
+
+def _vector_area(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    r""":math:`\int_T x\,dA` over the spherical triangles ``(a, b, c)``: :math:`\tfrac12\sum_e \ell_e \hat n_e`.
+
+    :math:`\ell_e` is the length of edge :math:`e` and :math:`\hat n_e` the unit normal of its
+    great circle, oriented towards the triangle (divergence theorem with
+    :math:`\mathrm{div}_S(P_x u) = -2\langle u, x\rangle`).  Shape ``(n, 3)``.
+    """
+    total = np.zeros_like(a)
+    for p, q in ((a, b), (b, c), (c, a)):
+        cross = np.cross(p, q)
+        n = np.linalg.norm(cross, axis=1)
+        ell = 2 * np.arcsin(np.minimum(0.5 * np.linalg.norm(p - q, axis=1), 1.0))
+        total += (0.5 * ell / np.where(n > 0, n, 1.0))[:, None] * cross
+    return total * np.sign(np.einsum("ij,ij->i", total, a + b + c))[:, None]
 
 
 def _solid_angle(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
