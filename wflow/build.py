@@ -247,6 +247,12 @@ class Run:
         return self._call(list(trackers), progress, out)
 
 
+def _quiet(trackers: list, progress: bool) -> dict[str, Any]:
+    """The driver keywords of every ``wflow run`` solver: the recorder among ``trackers`` keeps the saves
+    (none in memory), and a failure is returned in the result, not raised."""
+    return {"trackers": trackers, "progress": progress, "keep": False, "throw": False}
+
+
 def _check_backend(name: str) -> None:
     from .kernels import BACKENDS
 
@@ -336,10 +342,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
                 rtol=cfg["control.rtol"],
                 atol=cfg["control.atol"],
                 backend=backend,
-                progress=progress,
-                trackers=trackers,
-                keep=False,
-                throw=False,
+                **_quiet(trackers, progress),
             )
 
         return Run(
@@ -368,10 +371,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
                 save_at=saves,
                 kappa=kappa,
                 kernel=cfg["model.kernel"],
-                progress=progress,
-                trackers=trackers,
-                keep=False,
-                throw=False,
+                **_quiet(trackers, progress),
             )
 
         return Run(
@@ -393,10 +393,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
                 cfl=cfg["mesh.cfl"],
                 kappa=kappa,
                 backend=backend,
-                progress=progress,
-                trackers=trackers,
-                keep=False,
-                throw=False,
+                **_quiet(trackers, progress),
             )
 
         return Run(cfg, f"eulerian, {model!r}, {mesh!r}", run_eulerian)
@@ -432,10 +429,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
             method=cfg["jko.method"],
             backend=backend,
             save_every=save_every,
-            progress=progress,
-            trackers=[*trackers, *log],
-            keep=False,
-            throw=False,
+            **_quiet([*trackers, *log], progress),
         )
 
     return Run(cfg, f"jko, {model!r}, {mesh!r}, tau={tau:g}, {n_steps} steps", run_jko)

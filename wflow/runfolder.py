@@ -128,11 +128,8 @@ class RunFolder:
         ours = set(RUN_FILES) | set(STORE_NAMES.values()) | set(_LOCKS)
         if set(entries) <= ours and self._holds_a_wflow_store():
             return
-        shown = ", ".join(entries[:4]) + (
-            f" and {len(entries) - 4} more" if len(entries) > 4 else ""
-        )
         raise ValueError(
-            f"--out {p} holds files wflow did not write ({shown}); wflow writes only into a new or "
+            f"--out {p} holds files wflow did not write ({_listing(entries)}); wflow writes only into a new or "
             f"empty folder or one of its own run folders: choose another --out"
         )
 
@@ -230,6 +227,11 @@ REPORT_MARKER = ".wflow-validation"
 _REPORT_SUFFIXES = (".md", ".csv", ".png", ".gif", ".json")
 
 
+def _listing(entries: list[str]) -> str:
+    """The first four of a folder's ``entries`` and how many more there are."""
+    return ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+
+
 def claim_report_folder(path: str | os.PathLike, studies: Sequence[str] = ()) -> Path:
     """Check that ``path`` may receive validation reports, then create and mark it; returns it.
 
@@ -249,11 +251,8 @@ def claim_report_folder(path: str | os.PathLike, studies: Sequence[str] = ()) ->
     if entries and not _is_regular(p / REPORT_MARKER):
         reports = all(e == "parts" or e.endswith(_REPORT_SUFFIXES) for e in entries)
         if not (reports and any(f"{name}.md" in entries for name in studies)):
-            shown = ", ".join(entries[:4]) + (
-                f" and {len(entries) - 4} more" if len(entries) > 4 else ""
-            )
             raise ValueError(
-                f"--out {p} holds files wflow did not write ({shown}); reports go into a new or empty "
+                f"--out {p} holds files wflow did not write ({_listing(entries)}); reports go into a new or empty "
                 f"folder or an earlier report folder: choose another --out"
             )
     try:

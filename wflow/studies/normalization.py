@@ -541,21 +541,13 @@ def _equiangular(
             0.0,
             1e-8,
         )
-        if law.law != "power":
-            rep.expect(
-                f"equiangular {scheme}: fitted rate / theory ({law.formula}, rate {target:g}"
-                f"{' in int alpha' if scheme == 'ngpt' else ''})",
-                rate / law.rate,
-                0.98,
-                1.02,
-            )
-        else:
-            rep.expect(
-                f"equiangular {scheme}: fitted exponent of t in the late window / theory (-2)",
-                rate / law.rate,
-                0.98,
-                1.02,
-            )
+        what = (
+            f"fitted rate / theory ({law.formula}, rate {target:g}"
+            f"{' in int alpha' if scheme == 'ngpt' else ''})"
+            if law.law != "power"
+            else "fitted exponent of t in the late window / theory (-2)"
+        )
+        rep.expect(f"equiangular {scheme}: {what}", rate / law.rate, 0.98, 1.02)
         rep.expect(
             f"equiangular {scheme}: (1-rho) / (C f(t)) at t = {p['t'][-1]:g}, C = {law.constant:.6g} "
             "from equiangular_asymptotics",

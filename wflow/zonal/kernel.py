@@ -336,21 +336,17 @@ def _betacf(a: float, b: float, x: np.ndarray) -> np.ndarray:
     dd = np.where(np.abs(dd) < tiny, tiny, dd)
     dd = 1.0 / dd
     h = dd.copy()
+
+    def lentz(aa, dd, c):  # one term of the fraction: the new D and C (never zero)
+        dd = 1.0 + aa * dd
+        c = 1.0 + aa / c
+        return 1.0 / np.where(np.abs(dd) < tiny, tiny, dd), np.where(np.abs(c) < tiny, tiny, c)
+
     for m in range(1, 10000):
         m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        dd = 1.0 + aa * dd
-        dd = np.where(np.abs(dd) < tiny, tiny, dd)
-        c = 1.0 + aa / c
-        c = np.where(np.abs(c) < tiny, tiny, c)
-        dd = 1.0 / dd
+        dd, c = lentz(m * (b - m) * x / ((qam + m2) * (a + m2)), dd, c)
         h *= dd * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        dd = 1.0 + aa * dd
-        dd = np.where(np.abs(dd) < tiny, tiny, dd)
-        c = 1.0 + aa / c
-        c = np.where(np.abs(c) < tiny, tiny, c)
-        dd = 1.0 / dd
+        dd, c = lentz(-(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)), dd, c)
         delta = dd * c
         h *= delta
         if np.all(np.abs(delta - 1.0) < 1e-15):
