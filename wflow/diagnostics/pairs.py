@@ -17,9 +17,8 @@ from .batch import as_batch, batch_chunks
 __all__ = ["pair_fraction", "pair_counts", "PAIR_COUNTS_FUSED_MAX_DIM"]
 
 #: The largest dimension r for which :func:`pair_counts` forms each system's Gram matrix in numba's own
-#: loops in one compiled pass; beyond it a batched GEMM per chunk of systems.  Measured at n = 32 (two
-#: threads, 256 and 2048 systems, round-robin medians): the one pass 0.66-0.88x of the
-#: GEMM route's time at r = 16...20, 0.95-1.02x at r = 24, 1.01-1.19x at r = 28...32, 1.3x at r = 48.
+#: loops in one compiled pass; beyond it a batched GEMM per chunk of systems (the faster of the two
+#: there at n = 32).
 PAIR_COUNTS_FUSED_MAX_DIM = 24
 
 

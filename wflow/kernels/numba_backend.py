@@ -87,8 +87,7 @@ TILE_COLS = 256
 #: block's maximum lies more than this above it; the rounding error of a term is at most
 #: ``2^-24 (|l - max l| + MIXED_JUMP)``.
 MIXED_JUMP = 8.0
-#: Columns of one block of that mixed-precision kernel (its float32 buffers are half the size;
-#: 1024 ran 7 % (d = 3) and 15 % (d = 16) faster than 256, measured side by side).
+#: Columns of one block of that mixed-precision kernel (its float32 buffers are half the size).
 MIXED_TILE_COLS = 1024
 #: From this dimension of :math:`Qx` on, inner products are computed by BLAS.
 BLAS_MIN_DIM = 48

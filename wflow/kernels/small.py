@@ -203,8 +203,7 @@ def small_sums(
     shift = np.empty((B, n))
     mass = np.empty((B, n), dtype=wdt)
     vec = np.empty((B, n, q), dtype=wdt) if q else None
-    # small problems run in the calling thread: waking worker threads on a loaded 2-core
-    # machine was measured to cost milliseconds, more than the whole sum
+    # small problems run in the calling thread: waking worker threads costs more than the sum
     threads = num_threads() if B * n * m * (p + q) >= SERIAL_MAX_FLOPS else 1
     chunks = chunk_bounds(B, n * m, threads, CHUNK_PAIRS)
     if choose_method(n, m, p, q, B, np.dtype(dtype)) == "fused":
@@ -286,13 +285,9 @@ def span_coordinates(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     n, d = x.shape[-2:]
     if d <= n:
         return x, None
-    with blas_threads(
-        1
-    ):  # (OpenBLAS splitting each small factorization over a loaded machine's cores:
-        # measured 30 s for 256 systems at d = 1024)
-        q, rr = np.linalg.qr(
-            np.swapaxes(x, -1, -2)
-        )  # x^T = q rr, q (..., d, n) orthonormal columns
+    # one BLAS thread: OpenBLAS splitting each small factorization over loaded cores is far slower
+    with blas_threads(1):
+        q, rr = np.linalg.qr(np.swapaxes(x, -1, -2))  # x^T = q rr, q orthonormal columns
     return np.ascontiguousarray(np.swapaxes(rr, -1, -2)), np.ascontiguousarray(
         np.swapaxes(q, -1, -2)
     )

@@ -18,8 +18,7 @@ from ..errors import WflowError, real_float_dtype, short_repr
 
 # The numba backends' OpenMP workers otherwise spin for a while after each parallel loop (GNU
 # libgomp's default), stealing a core from the NumPy work that follows a kernel sum in every
-# solver step: on the 2-core development machine that made a batched velocity evaluation
-# 1.5-2x slower.  libgomp reads this when numba first starts its threads; a user's value wins.
+# solver step.  libgomp reads this when numba first starts its threads; a user's value wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __all__ = [

@@ -70,9 +70,7 @@ S2_EMD_MAX_N = 1600
 S2_SD_PLAN = {100: 16, 1000: 8, 10_000: 2}
 #: ... at these times; expectations only up to S2_SD_ASSERT_UNTIL (later times are reported).  Not
 #: t = 2: by then the pushed Fibonacci set is far from quasi-uniform (SA: nearest-neighbour spacing
-#: 0.029..0.39 against 0.077..0.088 at t = 0); the solver converges there at N <= 1000 (one seed:
-#: brackets 5e-5..7.4e-4 wide, USA up to 35 s a solve), but N = 1e4 solves already take 544 s
-#: (USA, mean) at t = 1 and would take much longer at t = 2
+#: 0.029..0.39 against 0.077..0.088 at t = 0), and solves at N = 1e4 take minutes already at t = 1
 S2_SD_TIMES = (0.0, 1.0)
 S2_SD_ASSERT_UNTIL = 1.0
 S2_ATOMS_PER_PARTICLE = 16
