@@ -71,14 +71,7 @@ def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
         description="Run a configuration and write the trajectory, its config and a figure.",
     )
     r.add_argument("config", nargs="?", help="TOML file with configuration keys (see below)")
-    r.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a configuration key, e.g. --set model.beta=4 (repeatable)",
-    )
+    _add_set(r, "override a configuration key, e.g. --set model.beta=4 (repeatable)")
     r.add_argument("--out", default="wflow-out", help="output folder (default: wflow-out)")
     r.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     r.add_argument("--overwrite", action="store_true", help="replace an existing result in --out")
@@ -103,14 +96,7 @@ def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
         help="a grid axis: a list [1,4,9], linspace(a,b,n), logspace(a,b,n), range(n) or range(a,b), "
         "e.g. --grid 'model.beta=linspace(0.1,9,90)' --grid 'init.seed=range(2048)' (repeatable)",
     )
-    w.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key of the base configuration (repeatable)",
-    )
+    _add_set(w, "override a key of the base configuration (repeatable)")
     w.add_argument("--out", default="sweep.zarr", help="the sweep's store (default: sweep.zarr)")
     w.add_argument(
         "--scheduler",
@@ -189,6 +175,13 @@ def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
         "default 1: in order, in this process)",
     )
     return p
+
+
+def _add_set(parser: argparse.ArgumentParser, text: str) -> None:
+    """The repeatable ``--set KEY=VALUE`` of ``run`` and ``sweep``."""
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=text
+    )
 
 
 def _study_names() -> list[str]:

@@ -290,6 +290,7 @@ def _iid_block(
             coupling = float(
                 np.sqrt(np.mean(sphere.geodesic_distance(traj.points[i], chars[i]) ** 2))
             )
+            w2: float
             if d == 2:
                 w2 = wasserstein(traj.atoms(i), fine[i], method="circle")
             elif quick and i == len(times) - 1 and N <= S2_EMD_MAX_N:
