@@ -342,8 +342,7 @@ def describe(result: Any) -> str:
         spec = {"type": cfg.get("attention", ""), "beta": cfg.get("beta", 0.0)}
         if cfg.get("sign", 1) < 0:
             spec["V"] = (-np.eye(2)).tolist()
-        parts = ["zonal", model_label(spec), where_label(bands, "bands in z", d)]
-        return " — ".join(p for p in parts if p)
+        return _title("zonal", model_label(spec), where_label(bands, "bands in z", d))
     kind = result_kind(result)
     cfg = (
         particles_view(result).config
@@ -359,18 +358,10 @@ def describe(result: Any) -> str:
             parts[-1] += f", {method}"
         if cfg.get("kappa"):
             parts.append(f"κ = {float(cfg['kappa']):g}")
-        return " — ".join(p for p in parts if p)
+        return _title(*parts)
     if kind == "lagrangian":
         view = particles_view(result)
-        return " — ".join(
-            p
-            for p in (
-                "Lagrangian",
-                model,
-                where_label(view.points.shape[1], "nodes", view.d),
-            )
-            if p
-        )
+        return _title("Lagrangian", model, where_label(view.points.shape[1], "nodes", view.d))
     dens = densities_view(result)
     mesh = dens.mesh
     if mesh is not None and hasattr(mesh, "n_cells"):
@@ -381,4 +372,8 @@ def describe(result: Any) -> str:
         solver = f"JKO, τ = {float(cfg['tau']):g}" if cfg.get("tau") else "JKO"
     else:
         solver = "finite volume"
-    return " — ".join(p for p in (solver, model, where) if p)
+    return _title(solver, model, where)
+
+
+def _title(*parts: str) -> str:
+    return " — ".join(p for p in parts if p)
