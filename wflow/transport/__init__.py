@@ -11,7 +11,8 @@ over :math:`[0, \pi]` and the circumference is :math:`2\pi`.  Since
 factor :math:`\pi/2` of each other, and within a factor :math:`1 - O(\theta^2/24)` when
 the mass moves by small angles :math:`\theta`.
 
-:func:`wasserstein` returns the distance :math:`W_p` (not :math:`W_p^p`) as a float;
+:func:`wasserstein` returns the distance :math:`W_p` (not :math:`W_p^p`) as a :class:`Distance`,
+a float whose ``repr`` shows the interval known to hold it;
 :func:`wasserstein_result` returns a :class:`WassersteinResult` that also says which
 method ran, whether the value is exact and a bound on its error.  Methods:
 
@@ -35,7 +36,8 @@ method            what it computes                        accuracy
 ================  ======================================  =====================================
 
 ``method="auto"`` takes ``circle`` on :math:`S^1` (geodesic cost), ``emd`` while both
-measures have at most ``max_emd`` atoms, else ``sinkhorn``.
+measures have at most ``max_emd`` atoms; beyond, the certified ``multiscale`` bracket for
+:math:`W_2` and ``sinkhorn`` for other ``p``.
 
 A density (any object with a ``to_atoms()`` method, e.g. ``wflow.Density``) is replaced
 by its cell-centre quantization :math:`\sum_k m_k \delta_{c_k}` (cell masses at cell
@@ -52,13 +54,14 @@ This module only re-exports.  The front doors and the one dispatch on ``method``
 """
 
 from ._circle import w2_to_uniform_circle
-from ._common import COSTS, WassersteinResult
+from ._common import COSTS, Distance, WassersteinResult
 from ._dispatch import METHODS, sinkhorn_divergence, wasserstein, wasserstein_result
 
 __all__ = [
     "METHODS",
     "COSTS",
     "WassersteinResult",
+    "Distance",
     "wasserstein",
     "wasserstein_result",
     "sinkhorn_divergence",

@@ -68,6 +68,55 @@ class WassersteinResult:
         return self.value
 
 
+class Distance(float):
+    """A Wasserstein distance that is a float and shows how far it can be trusted.
+
+    :func:`~wflow.transport.wasserstein` returns one: it computes like the float ``value``
+    and its ``repr`` shows the bracket of a certified method, the bias bound of Sinkhorn, or
+    that the value is exact.  The full :class:`WassersteinResult` is ``.result``.
+
+    Examples
+    --------
+    >>> from wflow.transport import Distance, WassersteinResult
+    >>> d = Distance(WassersteinResult(0.25, 2, "multiscale", "geodesic", False, 1e-4))
+    >>> d, round(d * 2, 6), d.lower, d.upper
+    (0.25 (W_2 in [0.2499, 0.2501], multiscale), 0.5, 0.2499, 0.2501)
+    """
+
+    result: WassersteinResult
+
+    def __new__(cls, result: WassersteinResult) -> Distance:
+        obj = super().__new__(cls, result.value)
+        obj.result = result
+        return obj
+
+    def __reduce__(self):
+        return (Distance, (self.result,))
+
+    @property
+    def lower(self) -> float:
+        """Lower end of the interval known to hold :math:`W_p` (``nan`` where none is known)."""
+        return float(self.result.info.get("lower", self.result.value - self.result.error_bound))
+
+    @property
+    def upper(self) -> float:
+        """Upper end of that interval."""
+        return float(self.result.info.get("upper", self.result.value + self.result.error_bound))
+
+    @property
+    def method(self) -> str:
+        return self.result.method
+
+    def __repr__(self) -> str:
+        r = self.result
+        w = f"W_{r.p:g}"
+        if r.exact:
+            return f"{r.value!r} ({w} exact, {r.method})"
+        if not math.isfinite(r.error_bound):
+            return f"{r.value:.6g} ({w} not bounded, {r.method})"
+        return f"{r.value:.6g} ({w} in [{self.lower:.6g}, {self.upper:.6g}], {r.method})"
+
+
 # -- input checks ---------------------------------------------------------------------
 #: the smallest residual tolerance of Sinkhorn's potentials, relative to diam^p, that float64 resolves
 SINKHORN_RESOLUTION = 2.0**-46

@@ -23,6 +23,7 @@ from ._circle import circle_wpp, w2_to_uniform_circle
 from ._common import (
     COSTS,
     SINKHORN_RESOLUTION,
+    Distance,
     WassersteinResult,
     as_single,
     check_choice,
@@ -195,22 +196,24 @@ RUNNERS: dict[str, Runner] = {
 METHODS = ("auto", *RUNNERS)
 
 
-def auto_method(d: int, n: int, m: int, cost: str, max_emd: int) -> str:
-    """What ``method="auto"`` runs: ``circle`` on S^1 (geodesic cost), ``emd`` up to ``max_emd`` atoms, else ``sinkhorn``.
+def auto_method(d: int, n: int, m: int, cost: str, max_emd: int, p: float = 2) -> str:
+    """What ``method="auto"`` runs: ``circle`` on S^1 (geodesic cost), ``emd`` up to ``max_emd`` atoms;
+    beyond, ``multiscale`` for :math:`W_2` (a certified bracket of relative width 1e-3) and
+    ``sinkhorn`` for other ``p``.
 
     Examples
     --------
     >>> from wflow.transport._dispatch import auto_method
     >>> auto_method(2, 10, 10, "geodesic", 5000), auto_method(3, 10, 10, "geodesic", 5000)
     ('circle', 'emd')
-    >>> auto_method(3, 10**4, 10, "chordal", 5000)
-    'sinkhorn'
+    >>> auto_method(3, 10**4, 10**4, "chordal", 5000), auto_method(3, 10**4, 10**4, "geodesic", 5000, p=1)
+    ('multiscale', 'sinkhorn')
     """
     if d == 2 and cost == "geodesic":
         return "circle"
     if max(n, m) <= max_emd:
         return "emd"
-    return "sinkhorn"
+    return "multiscale" if p == 2 else "sinkhorn"
 
 
 def _to_uniform(mu: Any, nu: Any, p: float, method: str, cost: str) -> WassersteinResult:
@@ -293,7 +296,7 @@ def wasserstein_result(
         )
     d, n, m = x.shape[1], x.shape[0], y.shape[0]
     if method == "auto":
-        method = auto_method(d, n, m, cost, max_emd)
+        method = auto_method(d, n, m, cost, max_emd, p)
     options = {
         "max_emd": max_emd,
         "allow_large": allow_large,
@@ -324,7 +327,7 @@ def wasserstein(
     tol: float | None = None,
     max_iter: int = 200,
     backend: str = "auto",
-) -> float:
+) -> Distance:
     r"""Wasserstein distance :math:`W_p(\mu, \nu)` on :math:`S^{d-1}`, in radians of the unit sphere.
 
     Parameters
@@ -361,7 +364,9 @@ def wasserstein(
         ``tol`` (default 1e-3), returned as its midpoint with ``error_bound`` the
         half-width (:func:`wflow.transport.multiscale.certified_w2`: truncated multiscale
         Sinkhorn, exact c-transform lower bound, rounded-plan upper bound).
-        ``"auto"``: circle for d = 2 (geodesic), emd up to ``max_emd`` atoms, else sinkhorn.
+        ``"auto"``: circle for d = 2 (geodesic), emd up to ``max_emd`` atoms; beyond, multiscale
+        for p = 2 (certified), sinkhorn for other p.  Between particles and a fine quadrature of
+        a density, ``"semidiscrete"`` is the faster certified choice.
     cost : {"geodesic", "chordal"}
         Ground distance :math:`\theta = \arccos\langle x,y\rangle` or :math:`|x-y| = 2\sin(\theta/2)`.
     max_emd : int
@@ -381,9 +386,10 @@ def wasserstein(
 
     Returns
     -------
-    float
-        :math:`W_p` (not :math:`W_p^p`).  Use :func:`wasserstein_result` to also get the
-        method that ran, whether the value is exact and an error bound.
+    Distance
+        :math:`W_p` (not :math:`W_p^p`), a float whose ``repr`` shows the method and the
+        interval known to hold :math:`W_p` (``.lower``, ``.upper``; ``.result`` is the
+        :class:`WassersteinResult` of :func:`wasserstein_result`).
 
     Examples
     --------
@@ -394,7 +400,7 @@ def wasserstein(
     >>> round(wasserstein(mu, nu), 12) == round(np.pi / 2, 12)
     True
     """
-    return wasserstein_result(
+    result = wasserstein_result(
         mu,
         nu,
         p,
@@ -409,7 +415,8 @@ def wasserstein(
         tol=tol,
         max_iter=max_iter,
         backend=backend,
-    ).value
+    )
+    return Distance(result)
 
 
 def sinkhorn_divergence(
