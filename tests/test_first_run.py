@@ -33,7 +33,9 @@ def test_compile_notices_name_the_called_function_once_per_compilation():
     with compile_notices(sink):
         outer(np.int64(3))  # a new signature is a new compilation
     assert len(heard) == 4 and heard[2][:2] == ("outer", False) and heard[2][2] is None
-    outer(np.float32(1.0))  # outside a block: nobody is told
+    outer(
+        np.float32(1.0)
+    )  # outside a block: the block is not told (nor stderr: not a wflow kernel)
     assert len(heard) == 4
 
 
@@ -119,3 +121,27 @@ def test_wflow_run_says_what_it_compiles_on_a_cold_cache_and_nothing_after(tmp_p
     assert "compiling" not in second.stderr, second.stderr[-2000:]
     # (the same run: the same numbers)
     assert first.stdout.splitlines()[-1] == second.stdout.splitlines()[-1]
+
+
+def test_outside_any_block_wflows_own_kernels_are_announced_on_stderr(capsys, monkeypatch):
+    """The multiscale example compiled for 36 s from an empty cache with nothing printed (issue 52,
+    item 6): a kernel of wflow's that numba starts compiling outside any block prints one line; a
+    user's own numba function prints nothing, and WFLOW_COMPILE_NOTICES=0 silences wflow's."""
+
+    def make(module):
+        def kernel(x):
+            return x * 7.0
+
+        kernel.__module__ = module
+        return njit(kernel)
+
+    mine, ours, quiet = make("my_project"), make("wflow.fake"), make("wflow.fake")
+    capsys.readouterr()
+    mine(1.0)
+    assert capsys.readouterr().err == ""
+    ours(1.0)
+    ours(2.0)  # compiled: nothing more
+    assert capsys.readouterr().err == "wflow: compiling kernel with numba\n"
+    monkeypatch.setenv("WFLOW_COMPILE_NOTICES", "0")
+    quiet(1.0)
+    assert capsys.readouterr().err == ""

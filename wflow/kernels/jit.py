@@ -27,6 +27,7 @@ import hashlib
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -316,11 +317,11 @@ class _CompileListener(_event.Listener):
         self.depth = (
             0  # compilations nest (callees, overloads); numba's compiler lock serializes them
         )
-        self.outer: tuple[str, bool, float] | None = None
+        self.outer: tuple[str, bool, float, bool] | None = None
 
     @staticmethod
-    def _tell(name: str, cached: bool, seconds: float | None) -> None:
-        sink = _SINKS[-1] if _SINKS else None
+    def _tell(name: str, cached: bool, seconds: float | None, ours: bool = True) -> None:
+        sink = _SINKS[-1] if _SINKS else (_announce if ours else None)
         if sink is not None:
             try:
                 sink(name, cached, seconds)
@@ -336,18 +337,28 @@ class _CompileListener(_event.Listener):
             # cache=True functions keep a disk cache: compiled once, loaded by later processes
             cache = getattr(disp, "_cache", None)
             cached = cache is not None and type(cache).__name__ != "NullCache"
-            self.outer = (name, cached, time.perf_counter())
-            self._tell(name, cached, None)
+            ours = str(getattr(func, "__module__", "")).startswith("wflow.")
+            self.outer = (name, cached, time.perf_counter(), ours)
+            self._tell(name, cached, None, ours)
 
     def on_end(self, event) -> None:
         self.depth = max(0, self.depth - 1)
         if self.depth == 0 and self.outer is not None:
-            name, cached, t0 = self.outer
+            name, cached, t0, ours = self.outer
             self.outer = None
-            self._tell(name, cached, time.perf_counter() - t0)
+            self._tell(name, cached, time.perf_counter() - t0, ours)
+
+
+def _announce(name: str, cached: bool, seconds: float | None) -> None:
+    """Outside any :func:`compile_notices` block: one line on stderr when numba starts compiling one of
+    wflow's kernels (seconds to a minute on a first run; ``WFLOW_COMPILE_NOTICES=0`` silences it)."""
+    if seconds is None and os.environ.get("WFLOW_COMPILE_NOTICES", "1") != "0":
+        once = " (first run only: cached for later runs)" if cached else ""
+        print(f"wflow: compiling {name} with numba{once}", file=sys.stderr, flush=True)
 
 
 _LISTENER = _CompileListener()
+_event.register("numba:compile", _LISTENER)  # (numba fires it only when it compiles)
 
 
 @contextlib.contextmanager
@@ -376,14 +387,9 @@ def compile_notices(callback: Callable[[str, bool, float | None], None]) -> Iter
     [('twice', False, True), ('twice', False, False)]
     """
     with _SINKS_LOCK:
-        if not _SINKS:
-            _LISTENER.depth, _LISTENER.outer = 0, None
-            _event.register("numba:compile", _LISTENER)
         _SINKS.append(callback)
     try:
         yield
     finally:
         with _SINKS_LOCK:
             del _SINKS[len(_SINKS) - 1 - _SINKS[::-1].index(callback)]  # (its own entry: the last)
-            if not _SINKS:
-                _event.unregister("numba:compile", _LISTENER)

@@ -45,6 +45,7 @@ import math
 import numpy as np
 from scipy.spatial import cKDTree
 
+from ..kernels import jit  # noqa: F401  (registers the notices of what numba compiles)
 from .sparse_kernels import candidate_values, cell_c_transform, cell_models, cell_within
 
 __all__ = [
