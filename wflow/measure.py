@@ -96,10 +96,6 @@ class Atoms:
         return np.einsum("...n,...n->...", self.weights, np.asarray(f))
 
     # -- transformations -------------------------------------------------------
-    def with_points(self, points: np.ndarray) -> Atoms:
-        """Same weights, new locations (not validated: for solvers)."""
-        return Atoms._trusted(points, self.weights)
-
     def rotate(self, R: ArrayLike) -> Atoms:
         """Image under the orthogonal map ``x -> R x``."""
         R = np.asarray(R, dtype=self.points.dtype)

@@ -142,7 +142,6 @@ class FiniteVolume(Problem):
         M = mesh.n_cells
         valid = mesh.cell_edges >= 0
         e = np.where(valid, mesh.cell_edges, 0)
-        self._valid = valid
         self._ell = np.where(valid, mesh.edge_length[e], 0.0)
         self._sign = mesh.cell_edge_sign.astype(float)
         self._e = e

@@ -217,7 +217,6 @@ class Callback(Tracker):
             raise TypeError(f"callback must be callable, got {short_repr(f)}")
         self.f = f
         self.every_step = every_step
-        self._y = None
 
     def save(self, snap: Snapshot) -> bool:
         return bool(self.f(snap.t, snap.state)) if not self.every_step else False

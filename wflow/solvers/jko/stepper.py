@@ -387,7 +387,6 @@ class JKOStepper:
         self.tol, self.max_iter, self.max_sinkhorn = tol, max_iter, max_sinkhorn
         self.kappa_inv = 0.0 if kappa is None or np.isinf(kappa) else 1.0 / kappa
         self.energy = energy if energy is not None else JKOEnergy(model, x, r, backend)
-        t0 = time.perf_counter()
         # above DENSE_MAX_CELLS points the kernel is built on its kept pairs only (linear memory);
         # the exact transport of method="emd" needs every pair
         self.C: np.ndarray | SparseCost = (
@@ -408,7 +407,6 @@ class JKOStepper:
             self.sigma2 = blur_variance(self.C, r, eps, self.dim)
         self.c_max = float(self.C.max())  # (the largest cost: the potentials' range)
         self.h = spacing(x, r)
-        self.time_cost = time.perf_counter() - t0
         self.ot = SemiRelaxed(self.C, r) if method == "sinkhorn" else None
         self.first = True
         self.L = 0.0
