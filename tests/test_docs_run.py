@@ -3,8 +3,8 @@
 Each page runs in a fresh Python process with a temporary working directory of its own:
 its ``python`` blocks share one namespace (a block sees the names and files of the blocks
 before it), ``>>>`` blocks run as doctests in that namespace, and its command blocks
-(``bash``/``console``, or unlabelled blocks whose lines are ``wflow ...``, ``python ...``,
-``pip ...`` commands) run in order with ``bash -e`` in the same directory. One test per block.
+(``bash``, or unlabelled blocks whose first line is a ``wflow``, ``python`` or ``pip``
+command) run in order with ``bash -e`` in the same directory. One test per block.
 
 What a page shows is checked: a ``>>>`` example against the lines under it, a block followed
 directly by a ``text`` block (only blank lines between) against what it printed. Text must
@@ -47,8 +47,8 @@ PAGE_TIMEOUT_S = 600
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)")
 _MARKER = re.compile(r"^\s*(?:%|<!--)\s*docs-runner:\s*(.*?)\s*(?:-->)?\s*$")
-_SHELL = {"bash", "sh", "shell", "console", "shell-session"}
-_COMMANDS = ("wflow ", "python ", "pip ", "$ ")
+_SHELL = {"bash", "sh", "shell"}
+_COMMANDS = ("wflow ", "python ", "pip ")
 
 
 @dataclass
