@@ -153,21 +153,29 @@ def test_every_solver_has_its_declared_order(name):
 
 
 # ------------------------------------------------------------------------------ the driver
-def test_fixed_steps_keep_dt_and_snap_saves():
-    """The published Euler scheme at eta = 0.1 to t = 30 with 200 save times is 300 steps of 0.1
-    (was: 398 steps of 0.075); every save time is a step time within dt/2 of the requested one."""
+def test_fixed_steps_keep_dt_and_land_on_saves():
+    """`simulate(SA(4), x0, 2, save_at=[0, 1, 2], method="rk4", dt=0.3).times` was [0, 0.9, 2]: save
+    times snapped to the grid (issue 52, item 4).  The step crossing a save time is now split in two
+    (to it, then on to the grid time): the times are those asked for, every other step is dt, and on
+    a linear problem the state at a save is Euler's exact product over the split steps."""
     x0 = sphere.uniform(6, 3, np.random.default_rng(0), batch=(2,))
-    req = np.linspace(0, 30, 200)
-    traj = wflow.simulate(
-        SA(2.0), x0, 30.0, method="euler", dt=0.1, save_at=req, backend=BK, diagnostics=()
-    )
-    assert int(traj.stats["steps"][-1]) == 300 and traj.config["save_mode"] == "snap"
-    k = np.round(traj.times / 0.1)
-    assert (
-        np.abs(traj.times - k * 0.1).max() < 1e-12
-        and np.abs(traj.times - req).max() <= 0.05 + 1e-12
-    )
-    assert traj.times[-1] == 30.0 and len(traj.times) == 200
+    req = np.linspace(0, 30, 200)  # 198 of them between grid times
+    traj = wflow.simulate(SA(2.0), x0, 30.0, method="euler", dt=0.1, save_at=req, backend=BK)
+    np.testing.assert_array_equal(traj.times, req)
+    on_grid = np.abs(req / 0.1 - np.round(req / 0.1)) < 1e-9
+    assert int(traj.stats["steps"][-1]) == 300 + int((~on_grid).sum())
+    grid_saves = np.arange(0, 151) * 0.2  # on the grid (to 1e-9 dt): no step is split
+    traj = wflow.simulate(SA(2.0), x0, 30.0, method="euler", dt=0.1, save_at=grid_saves, backend=BK)
+    assert int(traj.stats["steps"][-1]) == 300
+
+    class Decay(Problem):
+        def rhs(self, t, y):
+            return -y
+
+    res = integrate(Decay(), "euler", np.array([1.0]), 0.0, 1.0, dt=0.3, save_at=[0.5, 0.65, 1.0])
+    hs = {0.5: [0.3, 0.2], 0.65: [0.3, 0.2, 0.1, 0.05], 1.0: [0.3, 0.2, 0.1, 0.05, 0.25, 0.1]}
+    for t, y in zip(res.times[1:], res["state"][1:, 0]):
+        assert y == pytest.approx(np.prod([1 - h for h in hs[round(float(t), 12)]]), rel=1e-14)
 
 
 def test_finite_volume_defaults_resolve_linear_growth():
@@ -205,6 +213,16 @@ def _runs(tmp_path):
         "particles-dopri5": lambda tr: wflow.simulate(
             SA(3.0), x0, 1.5, method="dopri5", rtol=1e-8, backend=BK, trackers=tr
         ),
+        "particles-split": lambda tr: wflow.simulate(
+            SA(3.0),
+            x0,
+            1.5,
+            method="rk4",
+            dt=0.2,
+            save_at=[0, 0.25, 0.5, 0.7, 1.1, 1.5],
+            backend=BK,
+            trackers=tr,
+        ),
         "particles-noise": lambda tr: wflow.simulate(
             SA(3.0), x0, 1.5, kappa=4.0, dt=0.01, seed=2, backend=BK, trackers=tr
         ),
@@ -232,7 +250,15 @@ def _runs(tmp_path):
 
 @pytest.mark.parametrize(
     "kind",
-    ["particles-dopri5", "particles-noise", "particles-gaps", "lagrangian", "density", "jko"],
+    [
+        "particles-dopri5",
+        "particles-split",
+        "particles-noise",
+        "particles-gaps",
+        "lagrangian",
+        "density",
+        "jko",
+    ],
 )
 def test_resume_repeats_the_uninterrupted_run(kind, tmp_path):
     """Interrupted after the third committed snapshot, wflow.resume finishes bit for bit equal to the

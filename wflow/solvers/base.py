@@ -34,8 +34,8 @@ Step-size control
 *Fixed steps* (``dt`` given and the solver has no error estimate, or ``adaptive=False``):
 steps of exactly ``dt`` on the grid :math:`t_k = t_0 + k\,dt`; the last step ends at
 ``t_end`` (it is stretched by at most :math:`10^{-6}dt` rather than followed by a
-round-off step).  A save time is *snapped* to the nearest grid time and the result
-records the grid time: ``dt`` is never changed to land on a save time.
+round-off step).  A save time between two grid times splits the step that crosses it in
+two (to the save time, then on to the grid time): the result holds the times asked for.
 
 *Adaptive steps* (a solver with an error estimate): the step is accepted when the
 solver's scaled error norm is :math:`\le 1`, and the next step is

@@ -11,8 +11,8 @@ stability limit) and :meth:`~StepSizeController.advance` (the time after a kept 
 *Fixed steps* (:class:`ConstantSteps`: ``dt`` given and the solver has no error estimate,
 or ``adaptive=False``): steps of exactly ``dt`` on the grid :math:`t_k = t_0 + k\,dt`
 (:class:`~wflow.solvers.saveat.StepGrid`); the last step ends at ``t_end`` (it is stretched
-by at most :math:`10^{-6}dt` rather than followed by a round-off step).  Save times are
-snapped to the grid (:class:`~wflow.solvers.saveat.SaveTimes`).  Every stage of a step sees the piece
+by at most :math:`10^{-6}dt` rather than followed by a round-off step).  The step crossing a save
+time is split in two to land on it (:class:`~wflow.solvers.saveat.SaveTimes`).  Every stage of a step sees the piece
 of a piecewise-in-time model the step lies in (:meth:`~wflow.solvers.base.Problem.stepping`); a grid
 that straddles a breakpoint of the problem (a layer boundary) warns: that step has one layer.
 
@@ -154,7 +154,8 @@ class StepSizeController(ABC):
 
 
 class ConstantSteps(StepSizeController):
-    """Steps of exactly ``dt`` on a :class:`~wflow.solvers.saveat.StepGrid`; every step is kept.
+    """Steps of exactly ``dt`` on a :class:`~wflow.solvers.saveat.StepGrid`, the one crossing a save time split
+    in two to land on it; every step is kept.
 
     Examples
     --------
@@ -164,8 +165,8 @@ class ConstantSteps(StepSizeController):
     ...     def rhs(self, t, y):
     ...         return -y
     >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 0.9, dt=0.3, save_at=[0.5, 0.9])
-    >>> [round(float(t), 12) for t in res.times], res.config["save_mode"]  # 0.5 snapped to 0.6
-    ([0.0, 0.6, 0.9], 'snap')
+    >>> [round(float(t), 12) for t in res.times], res.stats["steps"].tolist()  # 0.3 -> 0.5 -> 0.6 -> 0.9
+    ([0.0, 0.5, 0.9], [0, 2, 4])
     """
 
     def __init__(self, grid: StepGrid) -> None:
@@ -189,14 +190,16 @@ class ConstantSteps(StepSizeController):
             )
 
     def propose(self, problem, solver, t, y, state, step_no, k_save):
-        return (
-            self.grid.step(step_no),
-            step_no + 1 >= self.saves.steps[k_save],
-            float(self.saves.times[k_save]),
-        )
+        g, stop = self.grid, float(self.saves.times[k_save])
+        k = g.interval(t)
+        end = g.time(k + 1)
+        h = g.step(k) if t == g.time(k) else end - t  # exactly dt from a grid time
+        if stop < end:
+            return stop - t, True, stop
+        return h, stop == end, stop
 
     def advance(self, t, h, land, stop, step_no):
-        return stop if land else self.grid.time(step_no)
+        return stop if land else self.grid.time(self.grid.interval(t) + 1)
 
 
 class AdaptiveSteps(StepSizeController):

@@ -137,7 +137,7 @@ def integrate(
     save_at : array_like or SaveAt, optional
         Save times in ``[t0, t_end]`` (``t0`` is always saved); default 11 equally spaced
         (with fixed steps: at most 11 step times spread over the interval).  With fixed steps
-        each is snapped to the nearest step time (:mod:`~wflow.solvers.saveat`).  A
+        the step crossing a save time is split to land on it (:mod:`~wflow.solvers.saveat`).  A
         :class:`~wflow.solvers.saveat.SaveAt` also says what is kept: its ``points``, ``dtype`` and
         ``out`` apply to a problem whose snapshots hold points (:meth:`Problem.saved_points`).
     dt : float, optional

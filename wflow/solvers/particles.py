@@ -371,9 +371,8 @@ def simulate(
         :class:`~wflow.solvers.saveat.SaveAt` that also says what is saved: the points of every save
         or of the last one only, the diagnostics (default ``energy``, ``log_energy``,
         ``order_parameter``, ``n_eff``, ``n_clusters``; also ``pair_fraction``), functions ``fn`` of the
-        measure, the points' dtype and a buffer of the caller's (``out``).  With a fixed step each time
-        is snapped to the nearest step time and the result holds the step time
-        (``config["save_mode"] == "snap"``).
+        measure, the points' dtype and a buffer of the caller's (``out``).  With a fixed step the step
+        crossing a save time is split in two to land on it: the result holds the times asked for.
     method : str, optional
         A solver of :data:`wflow.solvers.base.SOLVERS`: ``"dopri5"``, ``"rk4"``, ``"euler"``,
         ``"euler-average"``, ``"euler-maruyama"``, ``"ros2"``.  Default

@@ -1,10 +1,11 @@
 """What a run saves and when: the user's specification (:class:`SaveAt`, as diffrax's), the save times
 of one run (:class:`SaveTimes`) and the fixed-step grid they snap to (:class:`StepGrid`).
 
-*Adaptive steps* land exactly on each save time (``mode="land"``).  *Fixed steps* of size
-``dt`` run on the grid :math:`t_k = t_0 + k\\,dt` (:class:`StepGrid`), whose last step ends
-at ``t_end``; a save time is *snapped* to the nearest grid time and the run records the grid
-time (``mode="snap"``): ``dt`` is never changed to land on a save time.  Import
+Every run saves at the times asked for.  *Adaptive steps* land on each save time.  *Fixed steps*
+of size ``dt`` run on the grid :math:`t_k = t_0 + k\\,dt` (:class:`StepGrid`), whose last step
+ends at ``t_end``; a save time between two grid times splits the step that crosses it in two
+(to the save time, then on to the grid time), so the grid, and the steps away from the saves,
+are those of ``dt``.  A save time within :math:`10^{-9} dt` of a grid time is that grid time.  Import
 :func:`check_save_at` from :mod:`wflow.solvers.base`.
 """
 
@@ -24,6 +25,8 @@ __all__ = ["SaveAt", "check_save_at", "StepGrid", "SaveTimes"]
 
 #: with fixed steps and no ``save_at``: at most this many step times spread over the interval
 DEFAULT_SAVES = 11
+#: a time within this many steps of a grid time is that grid time
+GRID_SNAP = 1e-9
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,7 +40,7 @@ class SaveAt:
     ----------
     ts : array_like, optional
         Save times in ``[t0, t_end]``, increasing (``t0`` is always saved); default 11 equally spaced.
-        With a fixed step each is snapped to the nearest step time.
+        With a fixed step, the step that crosses a save time is split to land on it.
     points : bool
         Keep the points (the state) of every save in the result (default).  ``False``: the result keeps
         the diagnostics of every save and the points of the last one only (:attr:`Trajectory.final
@@ -208,52 +211,49 @@ class StepGrid:
     def index(self, s: float) -> int:
         return min(self.n, max(0, int(round((s - self.t0) / self.dt))))
 
+    def interval(self, t: float) -> int:
+        """The step ``k`` whose interval :math:`[t_k, t_{k+1})` holds ``t``."""
+        return min(self.n - 1, max(0, math.floor((t - self.t0) / self.dt + GRID_SNAP)))
+
+    def snap(self, s: float) -> float:
+        """The grid time within :data:`GRID_SNAP` steps of ``s``, or ``s`` itself."""
+        k = self.index(s)
+        return self.time(k) if abs(self.time(k) - s) <= GRID_SNAP * self.dt else s
+
 
 @dataclass(frozen=True)
 class SaveTimes:
-    """The save times of one run: ``times[0] = t0``; with fixed steps also the grid step of each.
+    """The save times of one run: ``times[0] = t0``.
 
     Attributes
     ----------
     times : ndarray, shape (k,)
-        The times saved (with fixed steps: grid times).
-    steps : ndarray of int, shape (k,), or None
-        Fixed steps: the number of steps taken at each save time; None with adaptive steps.
+        The times saved: those asked for (with fixed steps, one within :data:`GRID_SNAP` steps of a
+        grid time is that grid time).
     mode : str
-        ``"land"`` (adaptive steps land on each time) or ``"snap"`` (fixed steps, times
-        snapped to the grid), recorded in the run's configuration as ``save_mode``.
+        ``"land"``: the run lands on each time (recorded in its configuration as ``save_mode``).
 
     Examples
     --------
     >>> from wflow.solvers.saveat import SaveTimes, StepGrid
     >>> s = SaveTimes.make([0.26, 1.0], 0.0, 1.0, StepGrid.make(0.0, 1.0, 0.1))
-    >>> [round(float(t), 12) for t in s.times], s.steps.tolist(), s.mode
-    ([0.0, 0.3, 1.0], [0, 3, 10], 'snap')
-    >>> SaveTimes.make(None, 0.0, 1.0).times.size, SaveTimes.make(None, 0.0, 1.0).mode  # adaptive: land
-    (11, 'land')
+    >>> [round(float(t), 12) for t in s.times], s.mode
+    ([0.0, 0.26, 1.0], 'land')
+    >>> SaveTimes.make(None, 0.0, 1.0).times.size  # adaptive steps: 11 equally spaced by default
+    11
     """
 
     times: np.ndarray
-    steps: np.ndarray | None
-    mode: str
+    mode: str = "land"
 
     @classmethod
     def make(cls, save_at: Any, t0: float, t_end: float, grid: StepGrid | None = None) -> SaveTimes:
-        """Check ``save_at`` (:func:`check_save_at`) and, on a fixed-step ``grid``, snap it.
-
-        Raises ``ValueError`` when two save times fall within one fixed step.
-        """
+        """Check ``save_at`` (:func:`check_save_at`); on a fixed-step ``grid`` the default is (at most) 11
+        grid times spread over the interval."""
         saves = check_save_at(save_at, t0, t_end)
         if grid is None:
-            return cls(saves, None, "land")
-        if save_at is None:  # the default: (at most) 11 step times spread over the interval
+            return cls(saves)
+        if save_at is None:
             steps = np.unique(np.round(np.linspace(0, grid.n, DEFAULT_SAVES)).astype(int))
-        else:
-            steps = np.array([grid.index(s) for s in saves])
-        if np.any(np.diff(steps) <= 0):
-            i = int(np.flatnonzero(np.diff(steps) <= 0)[0])
-            raise ValueError(
-                f"save_at has two times ({saves[i]:g}, {saves[i + 1]:g}) within one step dt={grid.dt:g}; "
-                f"use a smaller dt or fewer save times"
-            )
-        return cls(np.array([grid.time(int(k)) for k in steps]), steps, "snap")
+            return cls(np.array([grid.time(int(k)) for k in steps]))
+        return cls(np.array([grid.snap(float(s)) for s in saves]))

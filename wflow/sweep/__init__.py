@@ -22,7 +22,7 @@ times).  Variables:
   point), ``worker``, per point;
 * ``config`` (the flat configuration as JSON, with ``init.seed`` set to the first seed of
   the point's batch: a point's own configuration is that with its ``seed`` coordinate)
-  and ``save_time`` (the times the solver saved, snapped to its step grid), per
+  and ``save_time`` (the times the solver saved), per
   combination of the non-seed keys;
 * attributes: ``base_config`` (JSON), ``grid``, ``observables``, ``fingerprint``.
 

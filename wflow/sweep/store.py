@@ -263,7 +263,7 @@ class Store:
             np.float64,
             np.nan,
             task_dims + ("time",),
-            description="times the solver saved (snapped to its step grid)",
+            description="times the solver saved",
         )
         with warnings.catch_warnings():  # consolidated metadata is not in the Zarr v3 spec (yet)
             warnings.simplefilter("ignore")
