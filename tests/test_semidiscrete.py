@@ -58,9 +58,10 @@ def test_multigrid_preconditioner_solves_a_graph_laplacian():
 
 
 def test_multigrid_newton_brackets_emd(monkeypatch):
-    """With the multigrid levels in use (COARSEST = 50, so 400 atoms make two levels) the
+    """With the multigrid levels in use (JACOBI_MAX = 0, COARSEST = 50: 400 atoms make two levels) the
     certified bracket of 400 atoms against 6400 weighted nodes holds ot.emd2 and is 1e-3 wide."""
     monkeypatch.setattr(sd, "COARSEST", 50)
+    monkeypatch.setattr(sd, "JACOBI_MAX", 0)
     x, a, y, w = _problem(400)
     r = semidiscrete_w2(x, a, y, w)
     exact = ot.emd2(a, w, cost_matrix(x, y, cost="chordal"), numItermax=10**7)

@@ -45,7 +45,7 @@ functions and stalled.)  The Hessian is the sparse weighted graph Laplacian
 plus a Levenberg--Marquardt floor :math:`\min(10^{-5}, 10^{-2}\|a - m\|_1)\,\bar L\,a_i/\bar a`
 (an empty cell has an empty row), solved by conjugate gradients preconditioned with one
 V-cycle of smoothed-aggregation multigrid built on the atoms' positions (Jacobi below
-``COARSEST`` atoms); steps are capped by an adaptive trust radius on :math:`\max_i|\delta\psi_i|`, then
+``JACOBI_MAX`` atoms); steps are capped by an adaptive trust radius on :math:`\max_i|\delta\psi_i|`, then
 backtracked (Armijo, and no cell may lose 80 % of its smallest mass).
 
 Certified bracket.  At the end, :math:`\mathrm{lo} = F_0(\psi)` is a lower bound, and the
@@ -609,7 +609,7 @@ def _newton_direction(
 ) -> np.ndarray:
     """The damped Newton step ``L delta = g``, shape ``(N,)``, by conjugate gradients
     preconditioned with one V-cycle of smoothed aggregation (:func:`_multigrid`; Jacobi for
-    ``COARSEST`` atoms or fewer), with a
+    ``JACOBI_MAX`` atoms or fewer), with a
     Levenberg--Marquardt floor and a trust region ``max|delta| <= radius``."""
     from scipy import sparse
 
@@ -618,8 +618,8 @@ def _newton_direction(
     # modes of N = 1e4 cells, whose smallest Hessian eigenvalues are ~1e-3 of the mean diagonal)
     mu_lm = min(1e-5, 1e-2 * float(np.abs(g).sum()))
     L = (L + sparse.diags(mu_lm * (diag.mean() / a.mean()) * a + 1e-12 * diag.max())).tocsr()
-    if L.shape[0] > COARSEST:
-        delta = _pcg(L, g, _multigrid(L, x), rtol=1e-3, maxiter=200)
+    if L.shape[0] > JACOBI_MAX:
+        delta = _pcg(L, g, _multigrid(L, x), rtol=CG_RTOL, maxiter=200)
     else:  # few atoms: Jacobi's 100-300 iterations cost less than a factorization
         dinv = 1.0 / np.maximum(L.diagonal(), 1e-300)
         delta = _pcg(L, g, lambda r: dinv * r, rtol=1e-3, maxiter=1000)
@@ -629,8 +629,12 @@ def _newton_direction(
     return delta
 
 
-#: smoothed aggregation: atoms per aggregate, and the size solved directly (dense Cholesky)
-COARSENING, COARSEST = 8, 1500
+#: smoothed aggregation: atoms per aggregate, and the size solved directly (sparse LU; 1500
+#: with a dense Cholesky cost more than all the CG iterations at N = 1e4)
+COARSENING, COARSEST = 8, 300
+#: Newton systems of this many atoms or fewer: Jacobi-preconditioned CG (cheaper than the setup)
+JACOBI_MAX = 1500
+CG_RTOL = 1e-3
 
 
 def _multigrid(A: Any, x: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
@@ -638,10 +642,10 @@ def _multigrid(A: Any, x: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     (Vaněk, Mandel & Brezina 1996): aggregates are the atoms nearest to every ``COARSENING``-th
     atom of ``x`` (shape (N, d)), the tentative prolongation is smoothed by one damped Jacobi
     step, two damped Jacobi sweeps before and after the coarse correction, and the coarsest
-    level (``COARSEST`` unknowns or fewer) is solved by Cholesky.  Conjugate gradients with it
+    level (``COARSEST`` unknowns or fewer) is solved by sparse LU.  Conjugate gradients with it
     take 10--20 iterations whatever N, where Jacobi alone took 275 at N = 1e4 and 440 at 3e4."""
     from scipy import sparse
-    from scipy.linalg import cho_factor, cho_solve
+    from scipy.sparse.linalg import splu
     from scipy.spatial import cKDTree
 
     levels = []
@@ -657,14 +661,12 @@ def _multigrid(A: Any, x: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         levels.append((A, dinv, P, R))
         A = (R @ A @ P).tocsr()
         pts = seeds
-    dense = A.toarray()
-    dense[np.diag_indices_from(dense)] += 1e-14 * float(np.trace(dense)) / dense.shape[0]
-    coarse = cho_factor(dense, check_finite=False)
+    coarse = splu(A.tocsc()).solve
     omega = 0.6
 
     def cycle(b: np.ndarray, k: int = 0) -> np.ndarray:
         if k == len(levels):
-            return cho_solve(coarse, b, check_finite=False)
+            return coarse(b)
         A, dinv, P, R = levels[k]
         u = omega * dinv * b
         u += omega * dinv * (b - A @ u)
