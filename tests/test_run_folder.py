@@ -50,14 +50,8 @@ def test_a_file_as_out_is_an_error(tmp_path, capsys):
     assert f.read_text() == "keep me"
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        ["--set", "run.method=euler", "--set", "run.dt=100"],  # two save times within one step
-        ["--set", "run.method=rk4", "--set", "run.dt=1e-300"],  # a step below the times' rounding
-    ],
-)
-def test_overwrite_deletes_nothing_when_the_driver_refuses_the_run(bad, tmp_path, capsys):
+def test_overwrite_deletes_nothing_when_the_driver_refuses_the_run(tmp_path, capsys):
+    bad = ["--set", "run.method=rk4", "--set", "run.dt=1e-300"]  # a step below the times' rounding
     out = tmp_path / "run"
     assert main(["run", *SMALL, "--out", str(out)]) == 0
     before = _files(out)
@@ -72,7 +66,7 @@ def test_overwrite_deletes_nothing_when_the_driver_refuses_the_run(bad, tmp_path
 def test_a_refused_run_in_a_new_folder_writes_no_config(tmp_path, capsys):
     out = tmp_path / "new"
     assert main(
-        ["run", *SMALL, "--set", "run.method=euler", "--set", "run.dt=100", "--out", str(out)]
+        ["run", *SMALL, "--set", "run.method=rk4", "--set", "run.dt=1e-300", "--out", str(out)]
     )
     assert not (out / "config.toml").exists()
 
