@@ -132,7 +132,7 @@ def test_bad_input_one_line_naming_the_argument(change, message):
 
 def test_refuses_a_problem_larger_than_the_memory_left(monkeypatch):
     """Estimated before any work: here with 10 MB said to be available."""
-    monkeypatch.setattr(sd, "_available_memory", lambda: 1e7)
+    monkeypatch.setattr(sd, "available_memory", lambda: 1e7)
     with pytest.raises(
         ValueError, match=r"^y: N=20 atoms against M=20000 fine atoms need about"
     ) as info:

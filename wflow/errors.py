@@ -9,6 +9,7 @@ message that says what to change.
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
 import numpy as np
@@ -303,3 +304,15 @@ def check_int(value: Any, name: str, *, minimum: int = 1) -> int:
     if v < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {v}")
     return v
+
+
+def available_memory() -> float:
+    """Bytes of memory available now (``MemAvailable``), or the physical memory where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

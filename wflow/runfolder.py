@@ -21,7 +21,7 @@ from typing import Any
 from . import io
 from ._version import __version__
 from .config import STEP_LOG, to_toml
-from .errors import WflowError
+from .errors import WflowError, available_memory
 from .io.commit import remove_store, store_files
 from .io.paths import create_new
 from .solvers.base import Tracker
@@ -269,18 +269,6 @@ def claim_report_folder(path: str | os.PathLike, studies: Sequence[str] = ()) ->
 
 
 # ------------------------------------------------------------------------------ resources
-def _available_memory() -> float:
-    """Bytes of memory available now (``MemAvailable``), or the physical memory where that is unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
 def _gb(b: float) -> str:
     return f"{b / 2**30:.3g} GiB"
 
@@ -330,7 +318,7 @@ def check_resources(cfg: dict[str, Any], out: str | os.PathLike) -> None:
     ValueError: config keys init.n = 10000000000, ...
     """
     mem, disk = estimate_resources(cfg)
-    avail = _available_memory()
+    avail = available_memory()
     key = "init.n" if cfg["solver"] == "particles" else "mesh.resolution"
     if mem > 0.8 * avail:
         raise ValueError(

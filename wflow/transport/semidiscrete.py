@@ -92,7 +92,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,7 +99,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import real_float_dtype
+from ..errors import available_memory, real_float_dtype
 
 __all__ = ["semidiscrete_w2"]
 
@@ -150,18 +149,6 @@ def _real(values: Any, name: str) -> np.ndarray:
 BYTES_PER_FINE_ATOM, BYTES_PER_ATOM = 800, 2000
 
 
-def _available_memory() -> float:
-    """Bytes of memory available now (``MemAvailable``), or the physical memory where unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
 def _first_bad(values: np.ndarray, bad: np.ndarray) -> str:
     k = int(np.argmax(bad))
     return f"{int(bad.sum())} entries, e.g. [{k}] = {float(values[k])!r}"
@@ -199,7 +186,7 @@ def _checked(
             f"a: the atoms' weights sum to {ma:.12g}, but the fine measure's w to {mw:.12g}"
         )
     N, M = x.shape[0], y.shape[0]
-    need, avail = BYTES_PER_FINE_ATOM * M + BYTES_PER_ATOM * N, _available_memory()
+    need, avail = BYTES_PER_FINE_ATOM * M + BYTES_PER_ATOM * N, available_memory()
     if need > 0.8 * avail:
         raise ValueError(
             f"y: N={N} atoms against M={M} fine atoms need about {need / 2**30:.3g} GiB of memory; "
