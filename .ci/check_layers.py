@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("wflow.models", "wflow.schemes", "wflow.zonal"),
     ("wflow.diagnostics", "wflow.stability", "wflow.pretrained"),
     ("wflow.solvers",),
-    ("wflow.config", "wflow.build", "wflow.runfolder", "wflow.plot"),
+    ("wflow.config", "wflow.build", "wflow.runfolder", "wflow.plot", "wflow.perceptron_paper"),
     ("wflow.sweep",),
     ("wflow.studies",),
     ("wflow.cli", "wflow"),

@@ -2,8 +2,8 @@ r"""The perceptron paper's experiments as a study: ``wflow validate perceptron [
 
 Álvarez-López, Geshkovski & Ruiz-Balet, *Perceptrons and localization of attention's mean-field
 landscape* (ICML 2026).  The model, its conversion to wflow's kernel and time and the two sign
-conventions of descent are :mod:`wflow.studies.perceptron_model`'s, the runs and their stopping rule
-:mod:`wflow.studies.perceptron_runs`'s (this module re-exports both); the paper's statements the study
+conventions of descent, the runs and their stopping rule are the public :mod:`wflow.perceptron_paper`'s
+(this module re-exports them; stored runs: :mod:`wflow.studies.perceptron_runs`); the paper's statements the study
 checks are :mod:`wflow.studies.perceptron_checks`'s, the runs it makes
 :mod:`wflow.studies.perceptron_plan`'s, its figures :mod:`wflow.studies.perceptron_figures`'s.
 The study runs in the convention of the authors' code unless ``convention="poster"``:
@@ -27,6 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from ..perceptron_paper import (
+    BETAS,
+    CONVENTIONS,
+    SettleStop,
+    check_convention,
+    cluster_threshold,
+    clusters_of,
+    paper_model,
+    paper_perceptron,
+    run_paper,
+)
 from ..stability import ANTICONCENTRATION_LIMIT, anticoncentration_bound
 from .parts import Parts
 from .perceptron_checks import (
@@ -46,14 +57,6 @@ from .perceptron_figures import (
     draw_sweep,
     save_figure,
 )
-from .perceptron_model import (
-    BETAS,
-    CONVENTIONS,
-    check_convention,
-    cluster_threshold,
-    paper_model,
-    paper_perceptron,
-)
 from .perceptron_plan import (
     c9_call,
     convention_call,
@@ -66,7 +69,7 @@ from .perceptron_plan import (
     sweep_call,
     sweep_grid,
 )
-from .perceptron_runs import Runs, SettleStop, clusters_of, paper_part, run_paper
+from .perceptron_runs import Runs, paper_part
 from .report import StudyReport, register
 
 # the model's and the runs' public names stay importable from here, where the docs and users import them

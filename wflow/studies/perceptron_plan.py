@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ..perceptron_paper import BETAS, CONVENTIONS, check_convention, paper_perceptron
 from .perceptron_checks import CONVENTION_DRAW, COUNT_BETAS, E4_DIMS, e4_threshold
-from .perceptron_model import BETAS, CONVENTIONS, check_convention, paper_perceptron
 
 __all__ = [
     "study_plan",

@@ -1,8 +1,8 @@
-r"""The perceptron paper's model in wflow: its conventions, its weight draws, its cluster threshold.
+r"""The perceptron paper in wflow: its model and conventions, its weight draws, its runs and clusters.
 
 Álvarez-López, Geshkovski & Ruiz-Balet, *Perceptrons and localization of attention's mean-field
-landscape* (ICML 2026), in the paper's conventions, converted to wflow's explicitly here (the runs:
-:mod:`wflow.studies.perceptron_runs`; the study: :mod:`wflow.studies.perceptron`):
+landscape* (ICML 2026), in the paper's conventions, converted to wflow's explicitly here (the study
+that reproduces its experiments: :mod:`wflow.studies.perceptron`, ``wflow validate perceptron``):
 
 * **kernel.** The paper's code uses :math:`e^{\beta(\langle x,y\rangle-1)}`; wflow's models
   :math:`e^{\beta\langle x,y\rangle}`.  For SA the factor :math:`e^{-\beta}` cancels in the softmax:
@@ -17,6 +17,10 @@ landscape* (ICML 2026), in the paper's conventions, converted to wflow's explici
 * **perceptron.** :math:`d` units, :math:`a_j` uniform on :math:`S^{d-1}`,
   :math:`\omega_j\sim N(0, \text{scale}^2)`, :math:`b = 0`, :math:`W = A^\top\mathrm{diag}(\omega)`.
 * **clusters.** Threshold :math:`\min(1/(2\sqrt\beta), \pi/(2d))` (:func:`cluster_threshold`).
+* **runs.** :func:`run_paper` runs a batch of particle systems in paper time :math:`s` (Euler,
+  ``dt = 0.1``) until every system has settled -- the cluster count the same for three saves, every
+  cluster's diameter below the threshold, the drift (largest displacement per unit time between
+  saves) below 1e-4 (:class:`SettleStop`) -- or ``t_max``.
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import check_int, check_positive
-from ..models import SA, USA, Model, Perceptron
-from ..sphere import uniform
+from .diagnostics import batched_cluster_labels
+from .errors import check_int, check_positive
+from .measure import Atoms
+from .models import SA, USA, Model, Perceptron
+from .solvers.particles import simulate
+from .solvers.saveat import SaveAt
+from .sphere import uniform
 
 __all__ = [
     "BETAS",
@@ -36,6 +44,9 @@ __all__ = [
     "cluster_threshold",
     "paper_perceptron",
     "paper_model",
+    "run_paper",
+    "clusters_of",
+    "SettleStop",
 ]
 
 #: the paper's beta grid
@@ -171,3 +182,142 @@ def paper_model(
             A, flip * np.asarray(omega) / factor, activation=activation
         )
     return model, factor
+
+
+class SettleStop:
+    """``callback(t, mu)`` of :func:`wflow.simulate`: true once every system has settled (module docstring).
+
+    Times are wflow's; ``factor`` converts them to the paper's (``s = t / factor``).
+
+    Examples
+    --------
+    Two systems already collapsed to one point each settle at the third save (same cluster count
+    three times, zero drift):
+
+    >>> import numpy as np, wflow
+    >>> x = np.stack([np.tile([[1.0, 0.0]], (5, 1)), np.tile([[0.0, 1.0]], (5, 1))])
+    >>> stop = SettleStop(threshold=0.1, factor=1.0)
+    >>> [stop(t, wflow.Atoms(x)) for t in (0.0, 1.0, 2.0)], stop.settled_at
+    ([False, False, True], 2.0)
+    """
+
+    def __init__(
+        self, threshold: float, factor: float, drift_tol: float = 1e-4, stable_saves: int = 3
+    ):
+        self.threshold, self.factor, self.drift_tol, self.stable = (
+            threshold,
+            factor,
+            drift_tol,
+            stable_saves,
+        )
+        self.prev: tuple[float, np.ndarray] | None = None
+        self.history: list[np.ndarray] = []
+        self.settled_at: float | None = None
+
+    def __call__(self, t: float, mu: Atoms) -> bool:
+        x = np.asarray(mu.points, dtype=np.float64)
+        k, labels = batched_cluster_labels(x, self.threshold)
+        self.history.append(np.asarray(k))
+        drift = np.inf
+        if self.prev is not None and t > self.prev[0]:
+            ds = (t - self.prev[0]) / self.factor
+            drift = float(np.max(np.linalg.norm(x - self.prev[1], axis=-1))) / ds
+        self.prev = (t, x.copy())
+        if len(self.history) < self.stable or drift > self.drift_tol:
+            return False
+        if not all(np.array_equal(h, self.history[-1]) for h in self.history[-self.stable :]):
+            return False
+        if _max_diameter(x, labels) >= self.threshold:
+            return False
+        self.settled_at = t / self.factor
+        return True
+
+
+def _max_diameter(x: np.ndarray, labels: np.ndarray) -> float:
+    """Largest geodesic distance of a point to its cluster's mean direction, times 2."""
+    worst = 0.0
+    for b in range(x.shape[0]):
+        for c in np.unique(labels[b]):
+            pts = x[b, labels[b] == c]
+            m = pts.sum(0)
+            m /= np.linalg.norm(m)
+            worst = max(worst, 2 * float(np.arccos(np.clip(pts @ m, -1, 1)).max()))
+    return worst
+
+
+def clusters_of(x: np.ndarray, threshold: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per system: cluster mean directions ``(k, d)`` and masses ``(k,)``, heaviest first."""
+    k, labels = batched_cluster_labels(x, threshold)
+    out = []
+    for b in range(x.shape[0]):
+        n = x.shape[1]
+        masses = np.bincount(labels[b], minlength=k[b]) / n
+        means = np.stack([x[b, labels[b] == c].sum(0) for c in range(k[b])])
+        means /= np.linalg.norm(means, axis=1, keepdims=True)
+        order = np.argsort(-masses, kind="stable")
+        out.append((means[order], masses[order]))
+    return out
+
+
+def run_paper(
+    beta: float,
+    sign: int,
+    *,
+    d: int,
+    N: int,
+    seeds: int,
+    attention: str = "USA",
+    A: np.ndarray | None = None,
+    omega: np.ndarray | None = None,
+    activation: str = "gelu",
+    t_max: float = 200.0,
+    dt: float = 0.1,
+    save_every: float = 1.0,
+    seed0: int = 0,
+    convention: str = "code",
+    threshold: float | None = None,
+) -> dict[str, Any]:
+    """``seeds`` particle systems (a batch) of the paper's model, run until settled or ``t_max`` (paper time).
+
+    ``convention`` is :func:`paper_model`'s; ``threshold`` the cluster threshold (default
+    :func:`cluster_threshold`).
+
+    Examples
+    --------
+    Two systems of 16 tokens on the circle, ascent: about 4 s, so not run here.
+
+    >>> r = run_paper(1.0, 1, d=2, N=16, seeds=2, t_max=50.0)  # doctest: +SKIP
+    >>> sorted(r)  # doctest: +SKIP
+    ['clusters', 'settled', 't_stop', 'threshold', 'x']
+    """
+    model, c = paper_model(
+        beta,
+        sign,
+        d,
+        attention=attention,
+        A=A,
+        omega=omega,
+        activation=activation,
+        convention=convention,
+    )
+    thr = cluster_threshold(beta, d) if threshold is None else float(threshold)
+    x0 = np.stack([uniform(N, d, seed=seed0 + s) for s in range(seeds)])
+    stop = SettleStop(thr, c)
+    saves = np.arange(0.0, t_max + 0.5 * save_every, save_every) * c
+    traj = simulate(
+        model,
+        Atoms(x0),
+        float(saves[-1]),
+        save_at=SaveAt(saves, points=False, diagnostics=()),
+        method="euler",
+        dt=dt * c,
+        trackers=[stop],
+    )
+    x = np.asarray(traj.points_at(-1), dtype=np.float64)
+    return {
+        "x": x,
+        "clusters": clusters_of(x, thr),
+        "threshold": thr,
+        "settled": stop.settled_at is not None,
+        "t_stop": stop.settled_at if stop.settled_at is not None else t_max,
+    }
