@@ -19,9 +19,9 @@ from ._draw import (
     save_index,
     snapshot_indices,
 )
-from ._views import CentersMesh, DensitiesView, densities_view, sphere_label
+from ._views import CentersMesh, DensitiesView
 
-__all__ = ["legacy_density", "draw_density"]
+__all__ = ["legacy_density", "circle_heatmap", "circle_profiles", "sphere_maps"]
 
 
 def legacy_density(times: Any, values: Any, centers: Any, energy: Any) -> DensitiesView:
@@ -41,39 +41,7 @@ def legacy_density(times: Any, values: Any, centers: Any, energy: Any) -> Densit
     )
 
 
-def draw_density(
-    result: Any,
-    index: Any = None,
-    *,
-    ax: Any = None,
-    fig: Any = None,
-    view: str | None = None,
-    norm: str = "log",
-    vmin: float | None = None,
-    vmax: float | None = None,
-    cmap: str = "magma",
-    colorbar: bool = True,
-    n_snapshots: int = 4,
-    system: int = 0,
-    title: str | None = None,
-):
-    """:func:`wflow.plot.plot_density` of a result (its older call form with raw arrays aside)."""
-    dens = densities_view(result, system)
-    d = dens.d
-    views = ("heatmap", "profile") if d == 2 else ("map",)
-    view = view or views[0]
-    if view not in views:
-        raise ValueError(
-            f"view must be one of {views} for densities on {sphere_label(d)}, got {view!r}"
-        )
-    if view == "heatmap":
-        return _circle_heatmap(dens, ax, norm, vmin, vmax, cmap, colorbar, title)
-    if view == "profile":
-        return _circle_profiles(dens, index, ax, norm, n_snapshots, title)
-    return _sphere_maps(dens, index, ax, fig, norm, vmin, vmax, cmap, colorbar, n_snapshots, title)
-
-
-def _circle_heatmap(
+def circle_heatmap(
     dens: DensitiesView,
     ax: Any,
     norm: str,
@@ -129,7 +97,7 @@ def _circle_heatmap(
     return ax
 
 
-def _circle_profiles(
+def circle_profiles(
     dens: DensitiesView, index: Any, ax: Any, norm: str, n_snapshots: int, title: str | None
 ):
     """Profiles of the density on S^1 at a few saves (``index``, default ``n_snapshots`` of them)."""
@@ -156,7 +124,7 @@ def _circle_profiles(
     return ax
 
 
-def _sphere_maps(
+def sphere_maps(
     dens: DensitiesView,
     index: Any,
     ax: Any,

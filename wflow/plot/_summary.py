@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ._density import draw_density, legacy_density
+from ._density import circle_heatmap, circle_profiles, legacy_density, sphere_maps
 from ._diagnostics import (
     diag_panel,
     diagnostic_series,
@@ -38,6 +38,7 @@ from ._views import (
     particles_view,
     result_config,
     result_kind,
+    sphere_label,
     type_name,
 )
 
@@ -128,21 +129,18 @@ def plot_density(
         raise TypeError(
             "plot_density(result, index=None, *, ax=None, ...) takes one result and an index"
         )
-    return draw_density(
-        result,
-        index,
-        ax=ax,
-        fig=fig,
-        view=view,
-        norm=norm,
-        vmin=vmin,
-        vmax=vmax,
-        cmap=cmap,
-        colorbar=colorbar,
-        n_snapshots=n_snapshots,
-        system=system,
-        title=title,
-    )
+    dens = densities_view(result, system)
+    views = ("heatmap", "profile") if dens.d == 2 else ("map",)
+    view = view or views[0]
+    if view not in views:
+        raise ValueError(
+            f"view must be one of {views} for densities on {sphere_label(dens.d)}, got {view!r}"
+        )
+    if view == "heatmap":
+        return circle_heatmap(dens, ax, norm, vmin, vmax, cmap, colorbar, title)
+    if view == "profile":
+        return circle_profiles(dens, index, ax, norm, n_snapshots, title)
+    return sphere_maps(dens, index, ax, fig, norm, vmin, vmax, cmap, colorbar, n_snapshots, title)
 
 
 def plot_trajectory(
