@@ -28,7 +28,7 @@ _UNDERFLOW = 1e-200
 
 
 class ZonalFV:
-    r"""Finite-volume right-hand side of the zonal mean-field equation on :math:`S^{d-1}` (module docstring).
+    r"""Finite-volume right-hand side of the zonal mean-field equation on :math:`S^{d-1}` (:mod:`wflow.zonal`).
 
     The state is the vector of band masses :math:`m_i = \mu(\{z_i \le \langle x, e\rangle \le z_{i+1}\})`,
     a probability vector.  :meth:`rhs` returns :math:`dm/dt` and the positivity limit of one
@@ -49,19 +49,9 @@ class ZonalFV:
     :math:`\Delta t \le \Delta t_{\max} = 1/\max_i\big(2\sum_{f\in\partial i}(\ell_f/V_i)(g_f)_{\rm out}
     + \kappa^{-1}\sum_f \ell_f/(V_i\,\Delta\bar z_f)\big)` keeps every :math:`m_i \ge 0`.
 
-    Why :math:`z` and not the polar angle: a smooth zonal function is a smooth function of
-    :math:`z` up to the poles (no parity condition, no ghost cells), the exact band volumes,
-    centroids and face weights are closed forms in :math:`z`, and :math:`\ell_{\pm1} = 0` makes
-    the pole flux exactly zero.  The cells may still be uniform in angle (``grid="angle"``, the
-    default: resolves clusters at the poles) or in :math:`z` (``grid="z"``).  Every volume ratio
-    is formed in log scale, so cells whose :math:`\sigma`-volume underflows (polar cells for
-    large :math:`d`) still carry mass correctly.
-
-    Velocity :math:`g_f` at the interior faces: the centroid rule
-    :math:`\sum_j m_j k(z_f,\bar z_j)h(z_f,\bar z_j)` (and the SA normalizer
-    :math:`\sum_j m_j k(z_f,\bar z_j)`), with the two dense :math:`(M-1)\times M` matrices built once
-    (:func:`zonal_kernel`, row-shifted in log scale); memory :math:`16M^2` bytes
-    (270 MB at :math:`M = 4096`).
+    The velocity :math:`g_f` at the interior faces is a two-node quadrature of the kernel in every band
+    (:meth:`face_velocity`); volumes are formed in log scale, so polar bands whose :math:`\sigma`-volume
+    underflows still carry mass.  Why :math:`z` and not the polar angle: ``docs/zonal.md`` §6.
 
     Parameters
     ----------
