@@ -42,7 +42,7 @@ def _interrupt_and_resume(monkeypatch, args, cut):
 
 def test_eulerian_run_writes_densities_and_resumes(tmp_path, monkeypatch):
     full = tmp_path / "full"
-    assert main(["run", "--set", "solver=eulerian", *BASE, "--out", str(full)]) == 0
+    assert main(["run", "--set", "problem=eulerian", *BASE, "--out", str(full)]) == 0
     ref = wflow.load(full / "density.zarr")
     assert ref.values.shape == (5, 64)
     np.testing.assert_allclose(ref.mass, 1, rtol=1e-13)
@@ -50,7 +50,7 @@ def test_eulerian_run_writes_densities_and_resumes(tmp_path, monkeypatch):
     assert (full / "summary.png").stat().st_size > 10_000
     # interrupt after the third snapshot, then resume
     back = _interrupt_and_resume(
-        monkeypatch, ["run", "--set", "solver=eulerian", *BASE], tmp_path / "cut"
+        monkeypatch, ["run", "--set", "problem=eulerian", *BASE], tmp_path / "cut"
     )
     np.testing.assert_array_equal(back.times, ref.times)
     # restarting from cell averages (values * areas) instead of masses costs only round-off
@@ -59,14 +59,14 @@ def test_eulerian_run_writes_densities_and_resumes(tmp_path, monkeypatch):
 
 def test_lagrangian_run_is_written_incrementally_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "lag"
-    assert main(["run", "--set", "solver=lagrangian", *BASE, "--out", str(out)]) == 0
+    assert main(["run", "--set", "problem=lagrangian", *BASE, "--out", str(out)]) == 0
     traj = wflow.load(out / "trajectory.zarr")
     assert traj.points.shape == (5, 64, 2) and traj.kind == "lagrangian"
     assert traj.tracers.shape == (5, 128, 2)  # two Jacobian tracers per node on S^1
     assert np.all(np.diff(traj.energy) >= -1e-12 * traj.energy.max())
     back = _interrupt(
         monkeypatch,
-        ["run", "--set", "solver=lagrangian", *BASE],
+        ["run", "--set", "problem=lagrangian", *BASE],
         tmp_path / "cut",
         "trajectory.zarr",
         k=2,
@@ -86,7 +86,7 @@ def test_lagrangian_run_is_written_incrementally_and_resumes(tmp_path, monkeypat
 )
 def test_continuum_bad_config(extra, match, tmp_path, capsys):
     assert (
-        main(["run", "--set", "solver=eulerian", *BASE, *extra, "--out", str(tmp_path / "o")]) == 2
+        main(["run", "--set", "problem=eulerian", *BASE, *extra, "--out", str(tmp_path / "o")]) == 2
     )
     assert match in capsys.readouterr().err
 
@@ -96,7 +96,7 @@ def test_jko_run_writes_densities_and_step_statistics(tmp_path, capsys):
     args = [
         "run",
         "--set",
-        "solver=jko",
+        "problem=jko",
         "--set",
         "model.type=USA",
         "--set",
@@ -116,7 +116,7 @@ def test_jko_run_writes_densities_and_step_statistics(tmp_path, capsys):
     lines = (out / "steps.csv").read_text().splitlines()
     assert len(lines) == 1 + 8 and lines[0].startswith("step,t,dt,error,iterations")
     # SA is not a Wasserstein gradient flow
-    assert main(["run", "--set", "solver=jko", *BASE, "--out", str(tmp_path / "sa")]) == 2
+    assert main(["run", "--set", "problem=jko", *BASE, "--out", str(tmp_path / "sa")]) == 2
     assert "reweighted by Z_mu" in capsys.readouterr().err
 
 
@@ -125,7 +125,7 @@ def test_jko_run_resumes_from_its_warm_start(kappa, tmp_path, monkeypatch):
     args = [
         "run",
         "--set",
-        "solver=jko",
+        "problem=jko",
         "--set",
         "model.type=USA",
         "--set",
@@ -157,12 +157,12 @@ def test_jko_run_resumes_from_its_warm_start(kappa, tmp_path, monkeypatch):
 
 
 def test_zonal_scheme_and_layered_runs_from_the_cli(tmp_path):
-    """solver=zonal in d = 128, a Pre-LN scheme, random layers in the rescaled kernel: each runs, resumes
+    """problem=zonal in d = 128, a Pre-LN scheme, random layers in the rescaled kernel: each runs, resumes
     through the one path, and writes its figure."""
     runs = {
         "zonal": [
             "--set",
-            "solver=zonal",
+            "problem=zonal",
             "--set",
             "init.d=128",
             "--set",
@@ -206,7 +206,7 @@ def test_zonal_scheme_and_layered_runs_from_the_cli(tmp_path):
                 "--set",
                 "model.scheme=pre-ln",
                 "--set",
-                "solver=eulerian",
+                "problem=eulerian",
                 "--set",
                 "init.d=2",
                 "--out",

@@ -55,7 +55,7 @@ def test_misspelt_names_get_a_did_you_mean(tmp_path, capsys):
 def test_misspelt_config_keys_and_choices_get_a_did_you_mean(tmp_path, capsys):
     code, err = _cli(capsys, ["run", "--set", "model.bata=3", "--out", str(tmp_path / "r")])
     assert code == 2 and "did you mean 'model.beta'?" in err
-    code, err = _cli(capsys, ["run", "--set", "solver=eulerain", "--out", str(tmp_path / "r")])
+    code, err = _cli(capsys, ["run", "--set", "problem=eulerain", "--out", str(tmp_path / "r")])
     assert code == 2 and "did you mean 'eulerian'?" in err
 
 
@@ -77,3 +77,28 @@ def test_wflow_run_takes_the_same_exact_coordinates_as_simulate(tmp_path, capsys
         == 0
     )
     assert "points" in wflow.load(tmp_path / "m" / "trajectory.zarr").data
+
+
+def test_the_key_solver_of_earlier_releases_reads_as_problem_with_a_warning(tmp_path, capsys):
+    """`solver` named the kind of problem (run.method names the time stepper): in a TOML file, in --set
+    and in a sweep's base it still works as `problem`, with a DeprecationWarning naming the new key; the
+    command line says so in one line, runs, and writes the new key to the folder's config.toml."""
+    from wflow.config import apply_overrides, default_config, load_config
+    from wflow.sweep.grid import base_config
+
+    toml = tmp_path / "old.toml"
+    toml.write_text('solver = "jko"\n\n[jko]\ntau = 0.1\n')
+    with pytest.warns(DeprecationWarning, match="config key solver is deprecated; use problem"):
+        cfg = load_config(toml)
+    assert (cfg["problem"], cfg["jko.tau"]) == ("jko", 0.1) and "solver" not in cfg
+    with pytest.warns(DeprecationWarning, match="use problem"):
+        assert apply_overrides(default_config(), ["solver=zonal"])["problem"] == "zonal"
+    with pytest.warns(DeprecationWarning, match="use problem"):
+        assert base_config({"solver": "eulerian", "init.d": 2})["problem"] == "eulerian"
+    out = tmp_path / "r"
+    sets = ["solver=eulerian", "init.d=2", "mesh.resolution=16", "run.t_end=0.2", "save.n=2"]
+    argv = ["run", *(a for s in sets for a in ("--set", s)), "--set", "output.figure=false"]
+    code, err = _cli(capsys, [*argv, "--no-progress", "--out", str(out)])
+    assert code == 0 and "wflow: warning: config key solver is deprecated; use problem\n" in err
+    assert len(wflow.load(out / "density.zarr").times) == 2
+    assert 'problem = "eulerian"' in (out / "config.toml").read_text()

@@ -311,7 +311,7 @@ def test_the_cli_key_jko_eps_is_refused_before_the_run_starts(tmp_path):
     import subprocess
     import sys
 
-    sets = ["solver=jko", "jko.eps=1e-3", "mesh.resolution=32", "init.d=2", "model.type=USA"]
+    sets = ["problem=jko", "jko.eps=1e-3", "mesh.resolution=32", "init.d=2", "model.type=USA"]
     cmd = [
         sys.executable,
         "-m",

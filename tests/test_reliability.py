@@ -377,8 +377,8 @@ def test_resume_refuses_an_edited_config(tmp_path, capsys):
         (["model.type=USA", "model.beta=700"], "model.beta"),
         (["run.backend=foo"], "run.backend"),
         (["run.coordinates=polar"], "run.coordinates"),
-        (["solver=eulerian", "run.coordinates=span"], "run.coordinates"),
-        (["solver=eulerian", "run.method=euler-average"], "run.method"),
+        (["problem=eulerian", "run.coordinates=span"], "run.coordinates"),
+        (["problem=eulerian", "run.method=euler-average"], "run.method"),
     ],
 )
 def test_bad_input_leaves_nothing_behind(sets, match, tmp_path, capsys):
@@ -416,7 +416,7 @@ def test_overwrite_validates_before_deleting(tmp_path, capsys):
     capsys.readouterr()
     assert (
         main(
-            [*base, "--set", "solver=eulerian", "--set", "init.d=2", "--set", "mesh.resolution=32"]
+            [*base, "--set", "problem=eulerian", "--set", "init.d=2", "--set", "mesh.resolution=32"]
         )
         == 2
     )
@@ -618,7 +618,7 @@ def test_density_stores_hold_the_mesh_as_arrays(tmp_path):
 _DENSITY_RUN = [
     "run",
     "--set",
-    "solver=eulerian",
+    "problem=eulerian",
     "--set",
     "init.d=2",
     "--set",

@@ -79,8 +79,8 @@ def test_a_run_folder_is_marked_and_overwrite_replaces_only_wflows_files(tmp_pat
     assert main(["run", *SMALL, "--set", "model.beta=2", "--overwrite", "--out", str(out)]) == 0
     assert (out / "notes.md").read_text() == "my notes on this run"
     assert "beta = 2.0" in (out / "config.toml").read_text()
-    # another solver kind: the old store goes, the new one comes
-    density = ["--set", "solver=eulerian", "--set", "init.d=2", "--set", "mesh.resolution=16"]
+    # another kind of problem: the old store goes, the new one comes
+    density = ["--set", "problem=eulerian", "--set", "init.d=2", "--set", "mesh.resolution=16"]
     assert main(["run", *SMALL, *density, "--overwrite", "--out", str(out)]) == 0
     assert not (out / "trajectory.zarr").exists() and (out / "density.zarr").is_dir()
 
@@ -432,3 +432,42 @@ def test_a_path_the_terminal_cannot_encode_does_not_stop_the_run(tmp_path):
     assert p.returncode == 0, p.stderr.decode("ascii", "replace")[-2000:]
     assert b"\\xe9tude" in p.stdout
     assert len(wflow.load(out / "trajectory.zarr")) >= 2
+
+
+def test_a_run_folder_written_with_the_key_solver_resumes(tmp_path, capsys, monkeypatch):
+    """A run folder of the release before `problem` (its store's run_config and its config.toml say
+    `solver`) resumes where it stopped, as the same run: the saves of an uninterrupted one."""
+    import json
+
+    from wflow import io
+
+    sets = ["problem=eulerian", "init.d=2", "mesh.resolution=16", "run.t_end=0.4", "save.n=4"]
+    argv = ["run", *(a for s in sets for a in ("--set", s)), "--set", "output.figure=false"]
+    assert main([*argv, "--no-progress", "--out", str(tmp_path / "full")]) == 0
+    ref = wflow.load(tmp_path / "full" / "density.zarr")
+    out = tmp_path / "old"
+    save = io.ZarrRecorder.save
+
+    def stop_after_two(self, snap):
+        save(self, snap)
+        if self.count == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(io.ZarrRecorder, "save", stop_after_two)
+    assert main([*argv, "--no-progress", "--out", str(out)]) == 130
+    monkeypatch.undo()
+    meta = out / "density.zarr" / "zarr.json"
+    root = json.loads(meta.read_text())
+    cfg = json.loads(root["attributes"]["run_config"])
+    old = {("solver" if k == "problem" else k): v for k, v in cfg.items()}
+    root["attributes"]["run_config"] = json.dumps(old)
+    meta.write_text(json.dumps(root))
+    toml = out / "config.toml"
+    toml.write_text(toml.read_text().replace('problem = "eulerian"', 'solver = "eulerian"'))
+    assert RunFolder(out).stored_config() == cfg
+    capsys.readouterr()
+    assert main(["run", "--resume", "--no-progress", "--out", str(out)]) == 0
+    assert "(2 snapshots committed)" in capsys.readouterr().out
+    back = wflow.load(out / "density.zarr")
+    np.testing.assert_array_equal(back.times, ref.times)
+    np.testing.assert_allclose(back.values, ref.values, rtol=1e-12, atol=1e-14)

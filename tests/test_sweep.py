@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -150,15 +151,20 @@ def test_bad_config_and_observables(tmp_path):
         sweep({"model.bta": 1.0}, {"model.beta": [1.0]}, out=tmp_path / "s.zarr")
     with pytest.raises(ValueError, match="unknown observable 'entropy'"):
         sweep(TINY, {"model.beta": [1.0]}, out=tmp_path / "s.zarr", observables=["entropy"])
-    with pytest.raises(ValueError, match="grid solver: a sweep runs one solver"):
+    with pytest.raises(ValueError, match="grid problem: a sweep runs one kind of problem"):
+        sweep(TINY, {"problem": ["particles", "eulerian"]}, out=tmp_path / "s.zarr")
+    with (
+        pytest.warns(DeprecationWarning, match="config key solver is deprecated; use problem"),
+        pytest.raises(ValueError, match="grid problem: a sweep runs one kind of problem"),
+    ):
         sweep(TINY, {"solver": ["particles", "eulerian"]}, out=tmp_path / "s.zarr")
     with pytest.raises(
         ValueError,
-        match=r"unknown observable 'pair_fraction': built in for solver = eulerian are "
+        match=r"unknown observable 'pair_fraction': built in for problem = eulerian are "
         r"\['mass', 'energy'\]",
     ):
         sweep(
-            {"solver": "eulerian", "init.d": 2},
+            {"problem": "eulerian", "init.d": 2},
             {"model.beta": [1.0]},
             out=tmp_path / "s.zarr",
             observables=["pair_fraction"],
@@ -295,7 +301,7 @@ def test_continuum_solvers_sweep(tmp_path, client, solver):
     from wflow.solvers.trackers import Record
     from wflow.sweep import KIND_OBSERVABLES
 
-    cfg = {**default_config(), "solver": solver, **CONTINUUM[solver]}
+    cfg = {**default_config(), "problem": solver, **CONTINUUM[solver]}
     out = tmp_path / "s.zarr"
     ds = sweep(
         cfg,
@@ -310,7 +316,7 @@ def test_continuum_solvers_sweep(tmp_path, client, solver):
         len(json.loads((out / COMMIT).read_text())["done"]) == 4
     )  # continuum seeds are not batched
     cfg_p = point_config(ds, beta=3.0, seed=1)
-    assert cfg_p["solver"] == solver and cfg_p["model.beta"] == 3.0 and cfg_p["init.seed"] == 1
+    assert cfg_p["problem"] == solver and cfg_p["model.beta"] == 3.0 and cfg_p["init.seed"] == 1
     names = KIND_OBSERVABLES[solver] + (("density",) if solver == "eulerian" else ())
     rec = Record(*names)
     start_run({**default_config(), **cfg_p}).execute([rec], progress=False)
@@ -519,6 +525,69 @@ def test_a_sweep_resumed_with_its_axes_in_the_other_order_runs_exactly_the_missi
         for d in (2, 3):
             assert point_config(ds, n=n, d=d)["init.n"] == n
             assert json.loads(str(ds.config.sel(n=n, d=d).values))["init.d"] == d
+
+
+@pytest.mark.parametrize("spelling", [{}, {"solver": "particles"}])
+def test_a_sweep_store_written_with_the_key_solver_resumes_as_the_same_sweep(
+    tmp_path, client, monkeypatch, spelling
+):
+    """A store of the release before `problem` (its base and its points' configurations say `solver`,
+    its fingerprint hashes that base) is the same sweep: resumed with the key spelt either way, the
+    missing points run and no other, and its points' configurations read with `problem`."""
+    import hashlib
+
+    import zarr
+
+    from wflow.sweep.plan import FORMAT
+
+    out = tmp_path / "s.zarr"
+    obs, calls = _counting(tmp_path / "calls.txt")
+    resume = _stop_after(monkeypatch, 1)
+    sweep(TINY, {"init.n": [4, 5, 6]}, out=out, scheduler=client, progress=False, observables=obs)
+    resume()
+    meta = out / "zarr.json"
+    root = json.loads(meta.read_text())
+    attrs = root["attributes"]
+    old = {
+        ("solver" if k == "problem" else k): v for k, v in json.loads(attrs["base_config"]).items()
+    }
+    attrs["base_config"] = json.dumps(old)
+    meta.write_text(json.dumps(root))
+    points = zarr.open_array(out / "config", mode="r+")
+    points[...] = np.vectorize(lambda c: c.replace('"problem"', '"solver"'), otypes=[object])(
+        points[...]
+    )
+    # the fingerprint of that release: the hash of the base with the key `solver`
+    counted = f"{obs['counted'].__module__}.{obs['counted'].__qualname__}"
+    text = json.dumps(
+        {
+            "format": FORMAT,
+            "base": old,
+            "grid": {"init.n": [4, 5, 6]},
+            "observables": {"order_parameter": None, "counted": counted},
+            "batch_size": 1,
+        },
+        sort_keys=True,
+    )
+    assert attrs["fingerprint"] == hashlib.sha256(text.encode()).hexdigest()[:16]
+    obs, calls = _counting(tmp_path / "calls.txt")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", DeprecationWarning)
+        ds = sweep(
+            {**TINY, **spelling},
+            {"init.n": [4, 5, 6]},
+            out=out,
+            scheduler=client,
+            progress=False,
+            observables=obs,
+        )
+    assert [str(w.message) for w in said if w.category is DeprecationWarning] == (
+        ["config key solver is deprecated; use problem"] if spelling else []
+    )
+    assert calls() == {(5, 3), (6, 3)}
+    assert _counts(ds) == {"points": 3, "done": 3, "ok": 3, "failed": 0, "not_run": 0}
+    cfg = point_config(ds, n=4)
+    assert cfg["problem"] == "particles" and "solver" not in cfg and cfg["init.n"] == 4
 
 
 def test_the_cli_resumes_a_sweep_given_its_grid_options_in_the_other_order(

@@ -223,7 +223,7 @@ def test_run_overwrite_with_another_store_keeps_the_users_files(tmp_path, capsys
     assert main(["run", *QUICK, "--out", str(out)]) == 0
     (out / "trajectory.zarr" / "notes.txt").write_text("mine")
     before = _files(out)
-    argv = ["run", *QUICK, "--set", "solver=zonal", "--set", "mesh.resolution=16", "--overwrite"]
+    argv = ["run", *QUICK, "--set", "problem=zonal", "--set", "mesh.resolution=16", "--overwrite"]
     err = _one_line_error(capsys, 2, [*argv, "--out", str(out)])
     assert str(out / "trajectory.zarr" / "notes.txt") in err
     assert _files(out) == before

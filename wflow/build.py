@@ -271,7 +271,7 @@ def _jko_schedule(cfg: dict[str, Any]) -> tuple[float, int, int]:
 
 
 def save_times(cfg: dict[str, Any]) -> np.ndarray:
-    """The times a configuration's run saves at: ``save.n`` from 0 to ``run.t_end``, or for ``solver = jko``
+    """The times a configuration's run saves at: ``save.n`` from 0 to ``run.t_end``, or for ``problem = jko``
     every ``save_every``-th step of ``jko.tau`` and the last one.
 
     Examples
@@ -279,10 +279,10 @@ def save_times(cfg: dict[str, Any]) -> np.ndarray:
     >>> from wflow.config import apply_overrides, default_config
     >>> save_times(apply_overrides(default_config(), ["run.t_end=1", "save.n=3"]))
     array([0. , 0.5, 1. ])
-    >>> save_times(apply_overrides(default_config(), ["solver=jko", "jko.tau=0.3", "run.t_end=1", "save.n=3"]))
+    >>> save_times(apply_overrides(default_config(), ["problem=jko", "jko.tau=0.3", "run.t_end=1", "save.n=3"]))
     array([0. , 0.6, 1.2])
     """
-    if cfg["solver"] == "jko":
+    if cfg["problem"] == "jko":
         tau, n_steps, every = _jko_schedule(cfg)
         return tau * np.array(sorted(set(range(0, n_steps + 1, every)) | {n_steps}), dtype=float)
     return np.linspace(0.0, cfg["run.t_end"], cfg["save.n"])
@@ -301,11 +301,11 @@ def start_run(cfg: dict[str, Any]) -> Run:
     from .density import Density
 
     _check_backend(cfg["run.backend"])
-    solver = cfg["solver"]
+    problem = cfg["problem"]
     model = build_model(cfg)
     saves = np.linspace(0.0, cfg["run.t_end"], cfg["save.n"])
     backend = cfg["run.backend"]
-    if solver == "particles":
+    if problem == "particles":
         from .solvers.particles import simulate
 
         _, mu0, kwargs = build_run(cfg)
@@ -328,7 +328,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
             f"{model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, method={kwargs['method']}",
             run_particles,
         )
-    if solver == "lagrangian":
+    if problem == "lagrangian":
         from .solvers.lagrangian import solve_lagrangian
 
         def run_lagrangian(trackers, progress, out):
@@ -351,7 +351,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
             run_lagrangian,
         )
     kappa = cfg["run.kappa"] or None
-    if solver == "zonal":
+    if problem == "zonal":
         from .solvers.zonal import solve_zonal
 
         kap = cfg["init.kappa"]
@@ -381,7 +381,7 @@ def start_run(cfg: dict[str, Any]) -> Run:
         )
     mesh = build_mesh(cfg)
     rho = Density.from_function(mesh, initial_density(cfg))
-    if solver == "eulerian":
+    if problem == "eulerian":
         from .solvers.eulerian import solve_density
 
         def run_eulerian(trackers, progress, out):
@@ -456,7 +456,7 @@ def resume_run(cfg: dict[str, Any], store: str | Path, out: Path | None = None) 
     store = Path(store)
 
     def call(trackers, progress, out_):
-        if cfg["solver"] == "jko" and out is not None:
+        if cfg["problem"] == "jko" and out is not None:
             from .solvers.trackers import StepLog
 
             trackers = [*trackers, StepLog(out / STEP_LOG, append=True)]

@@ -44,12 +44,6 @@ def _keys_help() -> str:
         "",
         "The default runs SA on S^2 with 2000 uniform tokens at beta = 9 until t = 30:",
         "metastable clusters that later merge.",
-        "",
-        "Two words: the key `solver` names the kind of solver (particles, eulerian, lagrangian, jko,",
-        "zonal: what is discretized); run.method names the time-stepping method, a Solver of",
-        "wflow.solvers.SOLVERS (euler, rk4, dopri5, euler-maruyama, ssprk3, ros2, jko: how one step",
-        "is taken). Every kind runs through one contract (docs/solvers.md): a problem (what moves),",
-        "a method and one driver (when: saves, step control, failures, recorder, --resume).",
     ]
     return "\n".join(lines)
 

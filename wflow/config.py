@@ -40,6 +40,7 @@ __all__ = [
     "KEYS",
     "RENAMED",
     "current_key",
+    "current_config",
     "default_config",
     "load_config",
     "apply_overrides",
@@ -61,13 +62,12 @@ class Key:
 
 
 KEYS: dict[str, Key] = {
-    "solver": Key(
+    "problem": Key(
         str,
         "particles",
-        "particles (finite-N system), eulerian (finite volume on a mesh), "
-        "lagrangian (quadrature nodes along characteristics), jko (implicit Wasserstein steps with POT; "
-        "USA with V = +-I and conservative perceptrons), or zonal (densities of <x, e> in any dimension "
-        "init.d; Q = K = V = +-I)",
+        "what is solved: particles (the finite-N system), or the density by eulerian (finite volume), "
+        "lagrangian (characteristics), jko (implicit Wasserstein steps) or zonal (densities of <x, e>, "
+        "any init.d); run.method is the time stepper",
         ("particles", "eulerian", "lagrangian", "jko", "zonal"),
     ),
     "mesh.resolution": Key(
@@ -200,8 +200,10 @@ KEYS: dict[str, Key] = {
 
 
 #: configuration keys of earlier releases and their names now: accepted, with a DeprecationWarning, for
-#: one release (saving and step control are grouped as in :func:`wflow.simulate`: ``SaveAt``, ``StepControl``)
+#: one release (saving and step control are grouped as in :func:`wflow.simulate`: ``SaveAt``, ``StepControl``;
+#: ``solver`` named the kind of problem, not the time stepper ``run.method``)
 RENAMED = {
+    "solver": "problem",
     "run.n_saves": "save.n",
     "run.cluster_threshold": "save.cluster_threshold",
     "run.rtol": "control.rtol",
@@ -228,13 +230,25 @@ def current_key(key: str) -> str:
     return new
 
 
+def current_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A configuration that wflow stored (a run folder's store, a sweep store) with every key under its
+    name now (:data:`RENAMED`), silently: a store written by an earlier release reads and resumes as it was.
+
+    Examples
+    --------
+    >>> current_config({"solver": "jko", "run.n_saves": 5})
+    {'problem': 'jko', 'save.n': 5}
+    """
+    return {RENAMED.get(k, k): v for k, v in cfg.items()}
+
+
 def default_config() -> dict[str, Any]:
     """The embedded default: SA on S^2, 2000 uniform tokens, beta = 9, t_end = 30.
 
     Examples
     --------
     >>> cfg = default_config()
-    >>> cfg["solver"], cfg["model.beta"], cfg["init.n"], cfg["init.d"]
+    >>> cfg["problem"], cfg["model.beta"], cfg["init.n"], cfg["init.d"]
     ('particles', 9.0, 2000, 3)
     """
     return {k: v.default for k, v in KEYS.items()}
@@ -369,7 +383,7 @@ def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
     30.0
     """
     _check_ranges(cfg)
-    _check_solver(cfg)
+    _check_problem(cfg)
     return cfg
 
 
@@ -391,9 +405,9 @@ def _check_ranges(cfg: dict[str, Any]) -> None:
     if cfg["model.scheme"] in ("pre-ln", "peri-ln", "mix-ln"):
         _need(
             cfg,
-            cfg["solver"] == "particles",
+            cfg["problem"] == "particles",
             "model.scheme",
-            f"post-ln, ngpt or sqrt for solver {cfg['solver']!r} ({cfg['model.scheme']} carries radii: particles only)",
+            f"post-ln, ngpt or sqrt for problem {cfg['problem']!r} ({cfg['model.scheme']} carries radii: particles only)",
         )
     for key in (
         "run.t_end",
@@ -440,10 +454,10 @@ def _check_ranges(cfg: dict[str, Any]) -> None:
     _need(cfg, cfg["mesh.cfl"] <= 1, "mesh.cfl", "in (0, 1]")
 
 
-def _check_solver(cfg: dict[str, Any]) -> None:
-    """What each solver admits: the keys the zonal solver leaves at their defaults, the dimensions,
+def _check_problem(cfg: dict[str, Any]) -> None:
+    """What each kind of problem admits: the keys the zonal solver leaves at their defaults, the dimensions,
     schemes, methods and coordinates of the continuum solvers, noise only with euler-maruyama."""
-    if cfg["solver"] == "zonal":
+    if cfg["problem"] == "zonal":
         for key, default in (
             ("model.scheme", "post-ln"),
             ("model.layers", 0),
@@ -457,47 +471,47 @@ def _check_solver(cfg: dict[str, Any]) -> None:
                 key,
                 f"left at {default!r} for the zonal solver (Q = K = V = +-I attention)",
             )
-    elif cfg["solver"] != "particles":
+    elif cfg["problem"] != "particles":
         _need(
             cfg,
             cfg["init.d"] in (2, 3),
             "init.d",
-            f"2 or 3 for solver {cfg['solver']!r} (S^1 or S^2)",
+            f"2 or 3 for problem {cfg['problem']!r} (S^1 or S^2)",
         )
-        if cfg["solver"] == "jko":
+        if cfg["problem"] == "jko":
             _need(
                 cfg,
                 cfg["model.scheme"] == "post-ln",
                 "model.scheme",
                 "post-ln for the jko solver (a Wasserstein gradient flow)",
             )
-        if cfg["solver"] in ("eulerian", "jko"):
+        if cfg["problem"] in ("eulerian", "jko"):
             _need(
                 cfg,
                 cfg["run.method"] in ("auto", "dopri5", "rk4"),
                 "run.method",
-                f"left at its default for the {cfg['solver']} solver (it has its own time stepping)",
+                f"left at its default for the {cfg['problem']} solver (it has its own time stepping)",
             )
-        if cfg["run.kappa"] > 0 and cfg["solver"] == "lagrangian":
+        if cfg["run.kappa"] > 0 and cfg["problem"] == "lagrangian":
             raise ValueError(
                 "config key run.kappa must be 0 for the lagrangian solver (characteristics carry no noise)"
             )
-    if cfg["solver"] != "particles":
+    if cfg["problem"] != "particles":
         _need(
             cfg,
             cfg["run.coordinates"] in ("auto", "cartesian"),
             "run.coordinates",
             f"auto or cartesian for the "
-            f"{cfg['solver']} solver (other coordinates are for particles)",
+            f"{cfg['problem']} solver (other coordinates are for particles)",
         )
         _need(
             cfg,
             cfg["run.method"] not in ("euler-average", "ros2"),
             "run.method",
-            f"one of dopri5, rk4, euler, euler-maruyama for the {cfg['solver']} solver",
+            f"one of dopri5, rk4, euler, euler-maruyama for the {cfg['problem']} solver",
         )
     if (
-        cfg["solver"] == "particles"
+        cfg["problem"] == "particles"
         and cfg["run.method"] != "auto"
         and (cfg["run.kappa"] > 0) != (cfg["run.method"] == "euler-maruyama")
     ):
@@ -513,7 +527,7 @@ def to_toml(cfg: dict[str, Any]) -> str:
     Examples
     --------
     >>> print("\\n".join(to_toml(default_config()).splitlines()[:4]))
-    solver = "particles"
+    problem = "particles"
     <BLANKLINE>
     [mesh]
     resolution = 512

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import io
 from ._version import __version__
-from .config import STEP_LOG, to_toml
+from .config import STEP_LOG, current_config, to_toml
 from .errors import WflowError, available_memory
 from .io.commit import remove_store, store_files
 from .io.paths import create_new
@@ -36,7 +36,7 @@ __all__ = [
     "check_resources",
 ]
 
-#: the store a run of each solver kind writes in its folder
+#: the store a run of each kind of problem writes in its folder
 STORE_NAMES = {
     "particles": "trajectory.zarr",
     "lagrangian": "trajectory.zarr",
@@ -67,7 +67,7 @@ class RunFolder:
     --------
     >>> import tempfile
     >>> folder = RunFolder(tempfile.mkdtemp())
-    >>> folder.store is None, folder.store_for({"solver": "jko"}).name
+    >>> folder.store is None, folder.store_for({"problem": "jko"}).name
     (True, 'density.zarr')
     """
 
@@ -96,7 +96,7 @@ class RunFolder:
 
     def store_for(self, cfg: dict[str, Any]) -> Path:
         """Where a run of the configuration ``cfg`` writes its store."""
-        return self.path / STORE_NAMES[cfg["solver"]]
+        return self.path / STORE_NAMES[cfg["problem"]]
 
     def check_ours(self) -> None:
         """Refuse a folder wflow did not make: wflow writes and deletes only in a new or empty folder,
@@ -206,7 +206,8 @@ class RunFolder:
         return io.committed_length(store) if store is not None else 0
 
     def stored_config(self) -> dict[str, Any]:
-        """The configuration the folder's store was written with (its ``run_config`` attribute).
+        """The configuration the folder's store was written with (its ``run_config`` attribute), keys
+        under their names now (:func:`~wflow.config.current_config`: a store of an earlier release resumes).
 
         Raises :class:`~wflow.errors.WflowError` for a store not written by ``wflow run``.
         """
@@ -218,7 +219,7 @@ class RunFolder:
             raise WflowError(
                 f"{store} was not written by `wflow run` (no run_config); resume it with wflow.resume()"
             )
-        return json.loads(rc) if isinstance(rc, str) else rc
+        return current_config(json.loads(rc) if isinstance(rc, str) else rc)
 
 
 # ------------------------------------------------------------------------------ report folders
@@ -286,22 +287,23 @@ def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
     >>> round(mem / 1e6), round(disk / 1e6, 2)
     (101, 2.49)
     """
-    solver, d, saves = cfg["solver"], cfg["init.d"], cfg["save.n"]
-    if solver == "particles":
+    problem, d, saves = cfg["problem"], cfg["init.d"], cfg["save.n"]
+    if problem == "particles":
         state = cfg["init.n"] * d * 8.0
-    elif solver == "zonal":
+    elif problem == "zonal":
         state = (
             cfg["mesh.resolution"] * 8.0 * 64
         )  # bands, their geometry and the kernel's panel factors
-    elif solver == "lagrangian":
+    elif problem == "lagrangian":
         nodes = cfg["mesh.resolution"] * (1 if d == 2 else 2 * cfg["mesh.resolution"])
         state = nodes * (1 + 2 * (d - 1)) * d * 8.0
     else:
         cells = cfg["mesh.resolution"] if d == 2 else 10 * cfg["mesh.resolution"] ** 2 + 2
         state = cells * 8.0 * (50 if d == 3 else 4)  # mesh connectivity and geometry arrays
-        if solver == "jko":
+        if problem == "jko":
             state += 3 * cells * cells * 8.0  # dense cost matrix and kernel
-    return 12 * state + 1e8 + 32.0 * saves, saves * (state / 12 if solver == "jko" else state) + 1e6
+    stored = state / 12 if problem == "jko" else state
+    return 12 * state + 1e8 + 32.0 * saves, saves * stored + 1e6
 
 
 def check_resources(cfg: dict[str, Any], out: str | os.PathLike) -> None:
@@ -319,7 +321,7 @@ def check_resources(cfg: dict[str, Any], out: str | os.PathLike) -> None:
     """
     mem, disk = estimate_resources(cfg)
     avail = available_memory()
-    key = "init.n" if cfg["solver"] == "particles" else "mesh.resolution"
+    key = "init.n" if cfg["problem"] == "particles" else "mesh.resolution"
     if mem > 0.8 * avail:
         raise ValueError(
             f"config keys {key} = {cfg[key]}, save.n = {cfg['save.n']} need about "

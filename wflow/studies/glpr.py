@@ -23,7 +23,7 @@ __all__ = ["GLPR_CONFIG", "glpr_grid", "phase_diagram", "plot_phase_diagram"]
 #: their scheme ``x <- (x + 0.1 A x) / norm(x + 0.1 A x)`` (``euler-average``) until t = 30, 200 checkpoints, in the
 #: coordinates of the initial span (exact; ``run.method`` and ``run.coordinates`` may be swept too)
 GLPR_CONFIG: dict[str, Any] = {
-    "solver": "particles",
+    "problem": "particles",
     "model.type": "SA",
     "model.value": "identity",
     "init.kind": "uniform",

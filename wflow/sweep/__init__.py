@@ -145,7 +145,7 @@ def sweep(
         Recorded at every save time, one number per system: names from
         :data:`~wflow.sweep.plan.OBSERVABLES` and/or ``name -> f(mu)`` (an
         :class:`~wflow.measure.Atoms` with a batch axis -> array, shape ``(systems,)``); default
-        :data:`~wflow.sweep.plan.DEFAULT_OBSERVABLES`.  For the continuum solvers (``solver`` =
+        :data:`~wflow.sweep.plan.DEFAULT_OBSERVABLES`.  For the continuum problems (``problem`` =
         ``eulerian``, ``lagrangian``, ``zonal``, ``jko``: one run per point) the names of
         :data:`~wflow.sweep.plan.KIND_OBSERVABLES` (the scalars their snapshots hold; all of them
         by default) and/or ``name -> f(snapshot)`` (the save's

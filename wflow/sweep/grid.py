@@ -229,7 +229,7 @@ def base_config(config: Mapping[str, Any]) -> dict[str, Any]:
     --------
     >>> from wflow.sweep.grid import base_config
     >>> cfg = base_config({"model.beta": 4, "init.n": 8})
-    >>> cfg["model.beta"], cfg["init.n"], cfg["solver"]
+    >>> cfg["model.beta"], cfg["init.n"], cfg["problem"]
     (4.0, 8, 'particles')
     """
     from ..config import default_config, validate_config

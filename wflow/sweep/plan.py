@@ -122,7 +122,7 @@ class Plan:
         keys = [a.key for a in self.axes]
         return (
             keys.index(BATCH_KEY)
-            if BATCH_KEY in keys and self.base["solver"] == "particles"
+            if BATCH_KEY in keys and self.base["problem"] == "particles"
             else None
         )
 
@@ -219,14 +219,14 @@ def _dims(keys: Sequence[str]) -> list[str]:
     ]
 
 
-def _observables(observables: Any, solver: str = "particles") -> dict[str, Callable | None]:
+def _observables(observables: Any, problem: str = "particles") -> dict[str, Callable | None]:
     """``name -> None`` (built in) or ``name -> f(mu)`` (user function, one value per system; ``f(snapshot)``,
-    one value, for the continuum solvers)."""
-    particles = solver == "particles"
-    builtin = list(OBSERVABLES) if particles else list(KIND_OBSERVABLES[solver])
+    one value, for the continuum problems)."""
+    particles = problem == "particles"
+    builtin = list(OBSERVABLES) if particles else list(KIND_OBSERVABLES[problem])
     arg = "f(mu) -> one value per system" if particles else "f(snapshot) -> one value"
     if observables is None:
-        observables = DEFAULT_OBSERVABLES if particles else KIND_OBSERVABLES[solver]
+        observables = DEFAULT_OBSERVABLES if particles else KIND_OBSERVABLES[problem]
     if isinstance(observables, str):
         observables = (observables,)
     if isinstance(observables, Mapping):
@@ -246,7 +246,7 @@ def _observables(observables: Any, solver: str = "particles") -> dict[str, Calla
             )
         if f is None and name not in builtin:
             raise ValueError(
-                f"unknown observable {name!r}: built in for solver = {solver} are {builtin}; pass a "
+                f"unknown observable {name!r}: built in for problem = {problem} are {builtin}; pass a "
                 f"function as observables={{{name!r}: f}} ({arg})"
             )
         if f is not None and not callable(f):
@@ -275,8 +275,7 @@ def make_plan(config: Any, grid: Any, observables: Any, batch_size: int | None) 
 
     base, spec = _base_and_grid(config, grid)
     axes = _axes(spec)
-    solver = base["solver"]
-    obs = _observables(observables, solver)
+    obs = _observables(observables, base["problem"])
     clash = sorted(set(obs) & {a.dim for a in axes})
     if clash:
         raise ValueError(f"observables {clash} have the names of grid dimensions; rename them")
@@ -323,7 +322,7 @@ def _base_and_grid(config: Any, grid: Any) -> tuple[dict[str, Any], dict[str, An
 
 
 def _axes(spec: dict[str, Any]) -> list[Axis]:
-    """The grid's axes: current keys, values coerced and distinct, dimension names; no solver axis."""
+    """The grid's axes: current keys, values coerced and distinct, dimension names; no problem axis."""
     axes: list[Axis] = []
     for key, values in spec.items():
         key = current_key(key)
@@ -336,10 +335,10 @@ def _axes(spec: dict[str, Any]) -> list[Axis]:
         axes.append(Axis(key, "", vals))
     for ax, dim in zip(axes, _dims([a.key for a in axes])):
         ax.dim = dim
-    if "solver" in [a.key for a in axes]:
+    if "problem" in [a.key for a in axes]:
         raise ValueError(
-            "grid solver: a sweep runs one solver (its observables and store differ between solvers); "
-            "run one sweep per solver"
+            "grid problem: a sweep runs one kind of problem (their observables and stores differ); "
+            "run one sweep per problem"
         )
     return axes
 
@@ -348,7 +347,7 @@ def _batch_size(base: dict[str, Any], axes: list[Axis], batch_size: Any) -> int:
     """Seeds per task: with a seed axis of a particle sweep, ``batch_size`` checked (default: as
     many systems as fit the state's memory budget) and at most the seeds; else 1."""
     keys = [a.key for a in axes]
-    if BATCH_KEY not in keys or base["solver"] != "particles":
+    if BATCH_KEY not in keys or base["problem"] != "particles":
         return 1
     seeds = axes[keys.index(BATCH_KEY)].values
     if min(seeds) < 0:
@@ -414,6 +413,11 @@ def grid_difference(stored: Mapping[str, list], axes: Sequence[Axis]) -> str | N
     return None
 
 
+#: keys the fingerprint hashes under the name of the release that wrote the first sweep stores, so that a
+#: renamed key (:data:`wflow.config.RENAMED`) leaves a stored sweep the same sweep: it resumes
+_HASHED_AS = {"problem": "solver"}
+
+
 def _fingerprint(plan: Plan) -> str:
     obs = {
         k: (
@@ -426,7 +430,7 @@ def _fingerprint(plan: Plan) -> str:
     text = json.dumps(
         {
             "format": FORMAT,
-            "base": plan.base,
+            "base": {_HASHED_AS.get(k, k): v for k, v in plan.base.items()},
             "grid": {a.key: a.values for a in plan.axes},
             "observables": obs,
             "batch_size": plan.batch_size,

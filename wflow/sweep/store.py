@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._version import __version__
+from ..config import current_config
 from ..errors import WflowError
 from ..io import chunk_codecs, read_commit, remove_store, write_commit
 from ..io.commit import store_files
@@ -69,7 +70,8 @@ def _difference(attrs: dict[str, Any], plan: Plan) -> str | None:
     diff = grid_difference(json.loads(attrs["grid"]), plan.axes)
     if diff is not None:
         return diff
-    base = json.loads(attrs["base_config"])
+    # a store of an earlier release compares under its keys' names now
+    base = current_config(json.loads(attrs["base_config"]))
     for key in sorted(set(base) | set(plan.base)):
         if base.get(key) != plan.base.get(key):
             return f"config {key}: the store has {base.get(key)!r}, given {plan.base.get(key)!r}"
@@ -211,15 +213,15 @@ class Store:
         a[:] = plan.times
         dims = tuple(a.dim for a in plan.axes)
         shape, chunks = plan.shape, plan.chunks()
-        solver = plan.base["solver"]
+        problem = plan.base["problem"]
         for name, f in plan.observables.items():
             if f is not None:
                 desc = f"user observable {getattr(f, '__qualname__', name)}"
             else:
                 desc = (
                     OBSERVABLES[name]
-                    if solver == "particles"
-                    else f"the {solver} run's {name} at each save"
+                    if problem == "particles"
+                    else f"the {problem} run's {name} at each save"
                 )
             array(
                 name,
@@ -394,7 +396,7 @@ def _layout(attrs: dict[str, Any]) -> Plan:
     """The layout of a sweep store (its axes and tasks) from its attributes."""
     dims = json.loads(attrs["dims"])
     axes = [Axis(k, dims[k], v) for k, v in json.loads(attrs["grid"]).items()]
-    base = json.loads(attrs["base_config"])
+    base = current_config(json.loads(attrs["base_config"]))
     return Plan(base, axes, {}, int(attrs["batch_size"]), 0, np.zeros(0), attrs["fingerprint"])
 
 
@@ -430,7 +432,7 @@ def point_config(ds, **coords) -> dict[str, Any]:
     task = {
         k: v for k, v in coords.items() if k in ds["config"].dims
     }  # (a batched seed axis is not one)
-    cfg = json.loads(str(ds["config"].sel(task).values))
+    cfg = current_config(json.loads(str(ds["config"].sel(task).values)))
     for dim, v in coords.items():
         cfg[key_of[dim]] = v.item() if isinstance(v, np.generic) else v
     return cfg

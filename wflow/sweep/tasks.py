@@ -146,7 +146,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     t_start, c_start = time.perf_counter(), time.process_time()
     cfg, seeds, names = task["config"], task["seeds"], list(task["observables"])
     systems = 1 if seeds is None else len(seeds)
-    particles = cfg["solver"] == "particles"
+    particles = cfg["problem"] == "particles"
     coll = _Collect(
         names,
         systems,
@@ -157,7 +157,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     try:
         _limit_threads(task["threads"])
         with _blas_limit(task["threads"]):
-            if not particles:  # a continuum solver: one run, its snapshots' scalars
+            if not particles:  # a continuum problem: one run, its snapshots' scalars
                 from ..config import start_run
 
                 res = start_run(cfg).execute([coll], progress=False)
