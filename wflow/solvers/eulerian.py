@@ -442,14 +442,7 @@ def solve_density(
         if not isinstance(model, Model):
             raise TypeError(f"model must be a wflow Model or None, got {short_repr(model)}")
         model.check_dimension(mesh.d)
-    if (
-        isinstance(t_end, bool)
-        or not isinstance(t_end, (int, float, np.integer, np.floating))
-        or not np.isfinite(t_end)
-        or t_end <= 0
-    ):
-        raise ValueError(f"t_end must be a finite number > 0, got {t_end!r}")
-    t_end = float(t_end)
+    t_end = check_positive(t_end, "t_end")
     cfl = check_positive(cfl, "cfl")
     if cfl > 1:
         raise ValueError(f"cfl must be in (0, 1] (positivity needs dt <= dt_max), got {cfl}")

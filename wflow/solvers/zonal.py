@@ -577,13 +577,7 @@ def solve_zonal(
     (True, True, True)
     """
     d = check_int(d, "d", minimum=2)
-    if (
-        isinstance(t_end, bool)
-        or not isinstance(t_end, (int, float, np.integer, np.floating))
-        or not np.isfinite(t_end)
-        or t_end <= 0
-    ):
-        raise ValueError(f"t_end must be a finite number > 0, got {t_end!r}")
+    t_end = check_positive(t_end, "t_end")
     spec = _spec(model_or_spec, d)
     if kappa is not None:
         kappa = check_positive(kappa, "kappa", allow_inf=True)
@@ -619,8 +613,8 @@ def solve_zonal(
         solver,
         m0,
         0.0,
-        float(t_end),
-        save_at=[0.0, float(t_end)] if save_at is None else save_at,
+        t_end,
+        save_at=[0.0, t_end] if save_at is None else save_at,
         rtol=rtol,
         atol=atol,
         adaptive=solver.adaptive,
