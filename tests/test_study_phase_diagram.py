@@ -13,6 +13,7 @@ from wflow.solvers.base import integrate
 from wflow.solvers.fused import FusedEuler
 from wflow.solvers.particles import ParticleProblem
 from wflow.studies import phase_diagram as pd
+from wflow.studies import run_studies
 from wflow.studies.parts import Parts
 from wflow.theory import equiangular_rhs, equiangular_solution, equiangular_time
 
@@ -170,7 +171,15 @@ def test_density_curve_parts_are_reused(tmp_path, monkeypatch):
     np.testing.assert_allclose(a["mean"], f.mean(axis=1), atol=1e-15)
 
 
-def test_parts_are_computed_on_worker_processes_then_reused(tmp_path):
+def test_a_part_is_announced_when_computed_not_when_reused(tmp_path, capsys):
+    """Parts.get(..., what=) writes one line on stderr before it computes a part, none when it reads it."""
+    parts = Parts(tmp_path, "demo", quick=True)
+    for _ in range(2):
+        assert parts.get({"a": 1}, lambda: {"x": 2.5}, what="one part (1/1)")["x"] == 2.5
+    assert capsys.readouterr().err.splitlines() == ["demo: one part (1/1)"]
+
+
+def test_parts_are_computed_on_worker_processes_then_reused(tmp_path, capsys):
     """prefetch on two Dask worker processes stores every missing part (the same numbers as computed here);
     a later get computes nothing; a failing part raises after the others are stored."""
     from wflow.studies import parts as parts_mod
@@ -183,6 +192,10 @@ def test_parts_are_computed_on_worker_processes_then_reused(tmp_path):
     with parts_mod.workers(2):
         assert parts.prefetch(jobs) == 3
         assert parts.prefetch(jobs) == 0
+    # the parent announces the parts in flight (the workers announce nothing)
+    assert capsys.readouterr().err.splitlines() == [
+        "phase-diagram: 3 parts on 2 worker processes (3)"
+    ]
     for key, fn, args in jobs:
         got = parts.get(key, lambda: pytest.fail("a prefetched part was computed again"))
         np.testing.assert_array_equal(got["sum"], fn(*args)["sum"])
@@ -202,7 +215,7 @@ def test_parts_are_computed_on_worker_processes_then_reused(tmp_path):
             pass
 
 
-def test_scheme_comparison_reads_the_first_chunks_on_the_same_starts(tmp_path, monkeypatch):
+def test_scheme_comparison_reads_the_first_chunks_on_the_same_starts(tmp_path, monkeypatch, capsys):
     """The heat map runs every system, the scheme comparison only the first ``compare_systems`` (every scheme,
     the published one included, on the same starts): the published row's t_half is the crossing of the
     first chunk's curve, its t_half_heat that of all chunks, and no other scheme runs beyond the first chunk."""
@@ -218,6 +231,15 @@ def test_scheme_comparison_reads_the_first_chunks_on_the_same_starts(tmp_path, m
     monkeypatch.setattr(pd, "QUICK", tiny)
     monkeypatch.setattr(pd, "t_end_for", lambda beta, scheme="original", n=32: 60 * pd.SPACING)
     rep = pd.phase_diagram_study(tmp_path, quick=True)
+    # where the study is: one line on stderr for its loop of parts (not a terminal: no bar), none on stdout
+    captured = capsys.readouterr()  # (beside numba's compilation notices on a first run)
+    assert [line for line in captured.err.splitlines() if line.startswith("phase-diagram")] == [
+        "phase-diagram: pair-fraction curves of 4 (d, beta, scheme), 6 parts (4)"
+    ]
+    assert captured.out == ""
+    # silenced: run_studies(progress=False) (wflow validate's switch) writes none (the parts are stored)
+    assert run_studies(["phase-diagram"], tmp_path, quick=True, progress=False)[0].rows == rep.rows
+    assert "phase-diagram" not in capsys.readouterr().err
     rows = {(r["beta"], r["scheme"]): r for r in rep.rows}
     parts = Parts(tmp_path, "phase-diagram", quick=True)
     first = pd.density_curve(parts, 3, 1.0, "original", 2, 2)

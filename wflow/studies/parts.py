@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from .progress import phase, shown, steps
+
 __all__ = ["Parts", "workers"]
 
 #: worker processes for :meth:`Parts.prefetch` (set by :func:`workers`; 1: compute in order, in this process)
@@ -68,7 +70,8 @@ def _compute_part(
     import time
 
     start = time.perf_counter()
-    Parts(Path(out), study, quick).get(key, lambda: fn(*args))
+    with shown(False):  # (the parent process shows a bar over the parts)
+        Parts(Path(out), study, quick).get(key, lambda: fn(*args))
     return time.perf_counter() - start
 
 
@@ -108,11 +111,18 @@ class Parts:
         text = json.dumps({"quick": self.quick, **key}, sort_keys=True, default=str)
         return hashlib.sha1(text.encode()).hexdigest()[:16], text
 
-    def get(self, key: dict[str, Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    def get(
+        self,
+        key: dict[str, Any],
+        compute: Callable[[], dict[str, Any]],
+        what: str | None = None,
+    ) -> dict[str, Any]:
         """The stored part ``key`` or ``compute()``'s result, stored before it is returned.
 
         ``compute`` returns a dict of names to arrays or numbers; they come back as arrays (numbers as
-        0-d arrays converted back with ``.item()``)."""
+        0-d arrays converted back with ``.item()``).  ``what`` (``"S1 SA: 102 particle runs"``) is
+        announced on stderr before ``compute`` runs (:func:`wflow.studies.progress.phase`); a part
+        found stored is not announced."""
         if not isinstance(key, dict):
             raise TypeError(
                 f"key must be a dict of the part's parameters, got {type(key).__name__}"
@@ -128,6 +138,8 @@ class Parts:
                         for k in z.files
                         if k != "__key__"
                     }
+        if what is not None:
+            phase(self.study, what)
         value = compute()
         if not isinstance(value, dict):
             raise TypeError(f"a part must return a dict of arrays, got {type(value).__name__}")
@@ -189,7 +201,8 @@ class Parts:
                 )
                 for k, f, a in missing
             ]
-            for fut in as_completed(futures):
+            running = f"{len(missing)} parts on {min(_WORKERS, len(missing))} worker processes"
+            for fut in steps(self.study, running, as_completed(futures), total=len(futures)):
                 try:
                     fut.result()
                 except Exception as exc:  # noqa: BLE001 - the other parts go on; the first error is raised

@@ -52,6 +52,7 @@ from ..solvers.saveat import SaveAt
 from ..solvers.trackers import Record
 from ..theory import equiangular_time
 from .parts import Parts
+from .progress import steps
 from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
@@ -342,7 +343,8 @@ def _curves(
     weight = {"original": 1, "projected": 1, "dopri5": 6, "original-fine": 10, "projected-fine": 10}
     jobs.sort(key=lambda j: -weight[j[2][2]] * t_end_for(j[2][1], j[2][2]))
     parts.prefetch(jobs)
-    for d, beta, s in todo:
+    what = f"pair-fraction curves of {len(todo)} (d, beta, scheme), {len(jobs)} parts"
+    for d, beta, s in steps(parts.study, what, todo):
         c = density_curve(parts, d, beta, s, systems(beta, s), plan["chunk"])
         seconds[f"d={d} {s}"] = seconds.get(f"d={d} {s}", 0.0) + c["seconds"]
         if s == "original" and beta in plan["heat_betas"]:

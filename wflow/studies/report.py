@@ -358,13 +358,16 @@ def run_studies(
     *,
     on_start: Callable[[str, int, int], Any] | None = None,
     on_done: Callable[[StudyReport], Any] | None = None,
+    progress: bool = True,
 ) -> list[StudyReport]:
     """Run the named studies (all when ``None``), writing each report into ``out``.
 
     ``options`` (``{"convention": "poster"}``) go to the studies that take them (:func:`check_options`).
     ``on_start(name, k, total)`` is called before the ``k``-th of ``total`` studies runs and
     ``on_done(report)`` as soon as each report is written (``wflow validate`` prints a line for
-    each, so that a long run shows where it is).
+    each, so that a long run shows where it is).  ``progress``: the studies announce each phase
+    that may take seconds with one line on stderr, or a bar for loops of many items
+    (:mod:`wflow.studies.progress`); ``False`` writes none.
 
     Names may be groups (``"papers"``); an unknown name is a ``ValueError`` listing the known ones.
     ``workers > 1``: studies split into parts compute them on that many Dask worker processes
@@ -399,8 +402,9 @@ def run_studies(
     unknown = unknown_studies(names, import_errors)
     per_study = check_options(names, options)
     from .parts import workers as _workers
+    from .progress import shown
 
-    with _workers(workers):
+    with _workers(workers), shown(progress):
         out.mkdir(parents=True, exist_ok=True)
         reports = [
             StudyReport(mod, error=f"cannot be imported ({why})")
