@@ -47,6 +47,7 @@ from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
 from ..sphere import geodesic_distance, normalize, tangent_frame, uniform
 from .parts import Parts
+from .progress import steps
 from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
@@ -324,85 +325,88 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
                 0.0,
                 1e-6,
             )
-    for start_kind, betas in (("uniform", cfg["betas"]), ("hemisphere", cfg["hemi_betas"])):
-        for name in MODELS:
-            for d in cfg["dims"]:
-                for beta in betas:
-                    key = {
-                        "start": start_kind,
-                        "model": name,
-                        "beta": beta,
-                        "d": d,
-                        "n": n,
-                        "seeds": seeds,
-                        "T": T,
-                        "dt": DT,
-                        "save": SAVE_EVERY,
-                        "scale": run_scale(name, beta),
-                    }
-                    r = parts.get(key, lambda: _run(name, beta, d, n, seeds, T, start_kind))
-                    lam = linearized_rate(name, beta)
-                    series = r["deviation"] if start_kind == "uniform" else r["diameter"]
-                    fits = np.array([late_rate(r["times"], series[:, s]) for s in range(seeds)])
-                    rates = fits[:, 0]
-                    mean, half = _ci_mean(rates)
-                    frac = float(np.mean(r["synced"]))
-                    curves[(start_kind, name, d, beta)] = (r["times"], series, lam)
-                    label = f"{start_kind} start, {name}, d={d}, beta={beta:g}"
-                    row = {
-                        "part": start_kind,
-                        "model": name,
-                        "beta": beta,
-                        "d": d,
-                        "n": n,
-                        "seeds": seeds,
-                        "T": T,
-                        "fraction_synchronized": frac,
-                        "theory_rate": lam,
-                        "rate_mean": mean,
-                        "rate_ci99": half,
-                        "rate_min": float(np.nanmin(rates)),
-                        "rate_max": float(np.nanmax(rates)),
-                        "fitted_seeds": int(np.isfinite(rates).sum()),
-                        "median_fit_halfwidth": float(np.nanmedian(fits[:, 1])),
-                        "seconds": r["seconds"],
-                    }
-                    if start_kind == "hemisphere":
-                        drop = float(
-                            np.max(r["margin"][0] - np.minimum.accumulate(r["margin"], axis=0)[-1])
-                        )
-                        row["margin_drop"] = drop
-                        # the time to shrink the diameter by 1e-4 (average rate over the whole approach)
-                        hit = np.argmax(r["diameter"] < 1e-4 * r["diameter"][0], axis=0)
-                        ok = r["diameter"][-1] < 1e-4 * r["diameter"][0]
-                        avg = np.log(1e4) / r["times"][hit[ok]] if ok.any() else np.array([np.nan])
-                        row["average_rate_1e-4_mean"] = float(np.mean(avg))
-                        row["average_rate_1e-4_min"] = float(np.min(avg))
-                    rep.rows.append(row)
-                    t_end = float(r["T"])
-                    row["T"] = t_end
-                    row["final_spread_max"] = float(series[-1].max())
-                    rep.expect(
-                        f"{label}: fraction of {seeds} seeds synchronized (all cosines > 1 - 1e-6) by "
-                        f"t={t_end:.3g}",
-                        frac,
-                        MIN_FRACTION[start_kind],
-                        1.0,
-                    )
-                    rep.expect(
-                        f"{label}: late rate {mean:.5f} ± {half:.1e} (99% CI over seeds) / linearization "
-                        f"{lam:.5f} - 1",
-                        abs(mean / lam - 1),
-                        0.0,
-                        1e-3,
-                    )
-                    if start_kind == "hemisphere":
-                        rep.expect(
-                            f"{label}: largest decrease of min_i <x_i(t), e> (cone invariance)",
-                            row["margin_drop"],
-                            0.0,
-                            1e-9,
-                        )
+    configs = [
+        (start_kind, name, d, beta)
+        for start_kind, betas in (("uniform", cfg["betas"]), ("hemisphere", cfg["hemi_betas"]))
+        for name in MODELS
+        for d in cfg["dims"]
+        for beta in betas
+    ]
+    what = f"{len(configs)} configurations of {seeds} seeds, n = {n}, RK4 to t = {T:g}"
+    for start_kind, name, d, beta in steps("dichotomy", what, configs):
+        key = {
+            "start": start_kind,
+            "model": name,
+            "beta": beta,
+            "d": d,
+            "n": n,
+            "seeds": seeds,
+            "T": T,
+            "dt": DT,
+            "save": SAVE_EVERY,
+            "scale": run_scale(name, beta),
+        }
+        r = parts.get(key, lambda: _run(name, beta, d, n, seeds, T, start_kind))
+        lam = linearized_rate(name, beta)
+        series = r["deviation"] if start_kind == "uniform" else r["diameter"]
+        fits = np.array([late_rate(r["times"], series[:, s]) for s in range(seeds)])
+        rates = fits[:, 0]
+        mean, half = _ci_mean(rates)
+        frac = float(np.mean(r["synced"]))
+        curves[(start_kind, name, d, beta)] = (r["times"], series, lam)
+        label = f"{start_kind} start, {name}, d={d}, beta={beta:g}"
+        row = {
+            "part": start_kind,
+            "model": name,
+            "beta": beta,
+            "d": d,
+            "n": n,
+            "seeds": seeds,
+            "T": T,
+            "fraction_synchronized": frac,
+            "theory_rate": lam,
+            "rate_mean": mean,
+            "rate_ci99": half,
+            "rate_min": float(np.nanmin(rates)),
+            "rate_max": float(np.nanmax(rates)),
+            "fitted_seeds": int(np.isfinite(rates).sum()),
+            "median_fit_halfwidth": float(np.nanmedian(fits[:, 1])),
+            "seconds": r["seconds"],
+        }
+        if start_kind == "hemisphere":
+            drop = float(np.max(r["margin"][0] - np.minimum.accumulate(r["margin"], axis=0)[-1]))
+            row["margin_drop"] = drop
+            # the time to shrink the diameter by 1e-4 (average rate over the whole approach)
+            hit = np.argmax(r["diameter"] < 1e-4 * r["diameter"][0], axis=0)
+            ok = r["diameter"][-1] < 1e-4 * r["diameter"][0]
+            avg = np.log(1e4) / r["times"][hit[ok]] if ok.any() else np.array([np.nan])
+            row["average_rate_1e-4_mean"] = float(np.mean(avg))
+            row["average_rate_1e-4_min"] = float(np.min(avg))
+        rep.rows.append(row)
+        t_end = float(r["T"])
+        row["T"] = t_end
+        row["final_spread_max"] = float(series[-1].max())
+        rep.expect(
+            f"{label}: fraction of {seeds} seeds synchronized (all cosines > 1 - 1e-6) by "
+            f"t={t_end:.3g}",
+            frac,
+            MIN_FRACTION[start_kind],
+            1.0,
+        )
+        rep.expect(
+            f"{label}: late rate {mean:.5f} ± {half:.1e} (99% CI over seeds) / linearization "
+            f"{lam:.5f} - 1",
+            abs(mean / lam - 1),
+            0.0,
+            1e-3,
+        )
+        if start_kind == "hemisphere":
+            rep.expect(
+                f"{label}: largest decrease of min_i <x_i(t), e> (cone invariance)",
+                row["margin_drop"],
+                0.0,
+                1e-9,
+            )
     rep.notes.append(
         "Rates: per seed, OLS slope of log(deviation) against t over the saves with deviation in "
         f"[{FIT_WINDOW[0]:g}, {FIT_WINDOW[1]:g}] (uniform start: max_i geodesic distance to the normalized mean; "

@@ -31,6 +31,7 @@ from ..mesh import CircleMesh, SphereMesh
 from ..models import SA, USA
 from ..solvers.eulerian import solve_density
 from ..sphere import points_to_angles
+from .progress import numbered, phase
 from .report import StudyReport, register, save_figure, subplots
 
 __all__ = ["eulerian", "circle_growth_rates", "circle_order_errors", "heat_decay_rates"]
@@ -321,6 +322,8 @@ def eulerian(out: Path, quick: bool = True) -> StudyReport:
     True
     """
     rep = StudyReport("eulerian")
+    label = numbered(4)
+    phase(rep.name, label("growth rates around the uniform density, S1 and S2"))
     # S^2 at 1442 cells in both modes: mode 4 is off by 1.4 % at 642 cells (discretization), 0.6 % at 1442
     growth = circle_growth_rates(128 if quick else 256) + _sphere_growth(12, "auto")
     for sph, m, b, k, lam, meas in growth:
@@ -351,6 +354,7 @@ def eulerian(out: Path, quick: bool = True) -> StudyReport:
         )
     ]
     rep.figures.append(_growth_figure(growth, out))
+    phase(rep.name, label("observed order of convergence" + ("" if quick else ", S1 and S2")))
     o1 = circle_order_errors(
         [32, 64, 128, 256] if quick else [64, 128, 256, 512], 1024 if quick else 2048, "auto"
     )
@@ -382,6 +386,7 @@ def eulerian(out: Path, quick: bool = True) -> StudyReport:
         + "\n".join(table)
     )
     rep.figures.append(figure)
+    phase(rep.name, label("heat equation decay rates, S1 and S2"))
     hrows = heat_decay_rates((CircleMesh(256), SphereMesh(16)))
     for sph, M, ell, lam, meas in hrows:
         rep.rows.append(
@@ -409,6 +414,7 @@ def eulerian(out: Path, quick: bool = True) -> StudyReport:
             for s, M, ell, lam, meas in hrows
         )
     )
+    phase(rep.name, label(f"cluster formation, SA beta = 9 on S1 to t = {20 if quick else 30}"))
     c = _clusters(256 if quick else 512, "auto", out, T=20.0 if quick else 30.0)
     rep.rows.append({"kind": "clusters", **c})
     rep.expect(

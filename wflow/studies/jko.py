@@ -27,6 +27,7 @@ from ..mesh import CircleMesh
 from ..models import USA
 from ..solvers.eulerian import solve_density
 from ..solvers.jko import jko
+from .progress import numbered, phase
 from .report import StudyReport, register
 
 __all__ = ["jko_study"]
@@ -121,8 +122,10 @@ def jko_study(out: Path, quick: bool = True) -> StudyReport:
     th = mesh.center_angles
     rho0 = Density.from_function(mesh, _smooth)
     T, kappa, model = 0.4, 4.0, USA(2.0)
-    ref = solve_density(model, rho0, T, kappa=kappa).density().masses()
     taus = np.array([0.1, 0.05, 0.025] if quick else [0.1, 0.05, 0.025, 0.0125])
+    label = numbered(2 if quick else 3)
+    phase(rep.name, label(f"JKO against the finite-volume solver, tau = {taus[0]:g}..{taus[-1]:g}"))
+    ref = solve_density(model, rho0, T, kappa=kappa).density().masses()
     errs, lines = [], []
     for tau in taus:
         start = time.perf_counter()
@@ -156,6 +159,7 @@ def jko_study(out: Path, quick: bool = True) -> StudyReport:
     k, kap, t_heat = 2, 1.0, 0.2
     rho_h = Density.from_function(mesh, lambda x: 1 + 0.5 * np.cos(k * _theta(x)))
     lines = []
+    phase(rep.name, label("JKO steps of the heat equation"))
     for tau in (0.02, 0.01) if quick else (0.02, 0.01, 0.005):
         n = int(round(t_heat / tau))
         r = jko(None, rho_h, tau, n, kappa=kap)
@@ -190,5 +194,6 @@ def jko_study(out: Path, quick: bool = True) -> StudyReport:
         "|---|---|---|---|---|\n" + "\n".join(lines)
     )
     if not quick:
+        phase(rep.name, label("small entropic epsilon against the finite-volume solver"))
         _small_eps(rep)
     return rep

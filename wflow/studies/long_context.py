@@ -42,6 +42,7 @@ from .. import theory
 from ..measure import Atoms
 from ..models import SA
 from .parts import Parts
+from .progress import steps
 from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
@@ -239,32 +240,33 @@ def study_long_context(out: Path, quick: bool) -> StudyReport:
         f"{list(direct_ns)} at gamma = gamma_c/2, gamma_c, 3 gamma_c/2"
     )
     res: dict[tuple[float, float], dict] = {}
-    for rho in RHOS:
+    todo = [(rho, n) for rho in RHOS for n in sorted(set(ns) | set(float(m) for m in direct_ns))]
+    what = f"the closed form at 601 gammas for {len(todo)} (rho, n), kernel sums for n <= {max(direct_ns)}"
+    for rho, n in steps(rep.name, what, todo):
         gc = 1.0 / (1.0 - rho)
-        for n in sorted(set(ns) | set(float(m) for m in direct_ns)):
-            direct = int(n) in direct_ns
-            p = parts.get(
-                {"n": n, "rho": rho, "gammas": [0.0, 3.0, 601], "direct": direct},
-                lambda: long_context_part(n, rho, gammas * gc, direct),
+        direct = int(n) in direct_ns
+        p = parts.get(
+            {"n": n, "rho": rho, "gammas": [0.0, 3.0, 601], "direct": direct},
+            lambda: long_context_part(n, rho, gammas * gc, direct),
+        )
+        res[(n, rho)] = p
+        row = {
+            "rho": rho,
+            "gamma_c": gc,
+            "n": n,
+            "dev_away": p["dev_away"],
+            "slope_at_gamma_c": p["slope_c"],
+            "slope_over_log_n": p["slope_c"] / np.log(n),
+            "cos_at_gamma_c": p["at_c"],
+            "limit_at_gamma_c": 4 * rho / (1 + 3 * rho),
+        }
+        if direct:
+            row.update(
+                direct_error=p["direct_err"],
+                direct_spread=p["direct_spread"],
+                direct_seconds=p["direct_seconds"],
             )
-            res[(n, rho)] = p
-            row = {
-                "rho": rho,
-                "gamma_c": gc,
-                "n": n,
-                "dev_away": p["dev_away"],
-                "slope_at_gamma_c": p["slope_c"],
-                "slope_over_log_n": p["slope_c"] / np.log(n),
-                "cos_at_gamma_c": p["at_c"],
-                "limit_at_gamma_c": 4 * rho / (1 + 3 * rho),
-            }
-            if direct:
-                row.update(
-                    direct_error=p["direct_err"],
-                    direct_spread=p["direct_spread"],
-                    direct_seconds=p["direct_seconds"],
-                )
-            rep.rows.append(row)
+        rep.rows.append(row)
     # 1. the closed form against kernel sums
     err = max(r["direct_error"] for r in rep.rows if "direct_error" in r)
     rep.expect(

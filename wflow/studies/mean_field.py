@@ -25,6 +25,7 @@ from ..solvers.control import StepControl
 from ..solvers.particles import simulate
 from .mean_field_time import CHAOS_BETAS, w2_in_time
 from .parts import Parts
+from .progress import numbered, phase, steps
 from .report import Expectation, StudyReport, fit_slope, register, save_figure, subplots
 
 __all__ = [
@@ -131,6 +132,7 @@ def _s2_semidiscrete_w2(
     ref_sets = {key: sphere.fibonacci_nodes(M) for key, M in sizes.items()}
     ref_w = {key: _sphere_density(z) / _sphere_density(z).sum() for key, z in ref_sets.items()}
     tracers = np.concatenate(list(ref_sets.values()))
+    phase(rep.name, f"S2 {name}: reference run carrying {len(tracers)} nodes to t = {times[-1]:g}")
     # RK4 at dt = 0.05: error ~1e-7, far below the W2 values (>= 1e-2) and the brackets' widths
     ref = simulate(model, quad, times[-1], save_at=times, dt=0.05, tracers=tracers)
     assert ref.tracers is not None  # tracers= asked for them
@@ -144,39 +146,42 @@ def _s2_semidiscrete_w2(
     }
     t_ref = time.perf_counter() - t0
     rows, n_stalled = [], 0
-    for N, seeds in sd_plan.items():
-        for s in range(seeds):  # the same samples as the main loop (seeds [3, N, s])
-            x0 = _sample(3, N, np.random.default_rng([3, N, s]))
-            traj = simulate(model, Atoms(x0), times[-1], save_at=times, dt=rk4_dt)
-            for i, t in enumerate(times):
-                targets: list[int | str] = [N, "refined"] if N == n_ref else [N]
-                res = {}
-                for key in targets:
-                    with warnings.catch_warnings(record=True) as caught:
-                        warnings.simplefilter("always", UserWarning)
-                        res[key] = wasserstein_result(
-                            traj.atoms(i), pushed[key][i], method="semidiscrete", cost="chordal"
-                        )
-                    n_stalled += bool(caught)
-                r = res[N]
-                row = {
-                    "sphere": "S2",
-                    "model": name,
-                    "start": "iid",
-                    "N": N,
-                    "seed": s,
-                    "t": float(t),
-                    "coupling": np.nan,
-                    "W2": r.value,
-                    "W2_method": "semidiscrete",
-                    "W2_lower": r.info["lower"],
-                    "W2_upper": r.info["upper"],
-                    "sd_seconds": r.info["seconds"],
-                }
-                if "refined" in res:
-                    row["W2_refined"] = res["refined"].value
-                    row["sd_seconds_refined"] = res["refined"].info["seconds"]
-                rows.append(row)
+    runs = [(N, s) for N, seeds in sd_plan.items() for s in range(seeds)]
+    what = (
+        f"S2 {name}: particle runs and semi-discrete W2 solves, N = {min(sd_plan)}..{max(sd_plan)}"
+    )
+    for N, s in steps(rep.name, what, runs):  # the same samples as the main loop (seeds [3, N, s])
+        x0 = _sample(3, N, np.random.default_rng([3, N, s]))
+        traj = simulate(model, Atoms(x0), times[-1], save_at=times, dt=rk4_dt)
+        for i, t in enumerate(times):
+            targets: list[int | str] = [N, "refined"] if N == n_ref else [N]
+            res = {}
+            for key in targets:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", UserWarning)
+                    res[key] = wasserstein_result(
+                        traj.atoms(i), pushed[key][i], method="semidiscrete", cost="chordal"
+                    )
+                n_stalled += bool(caught)
+            r = res[N]
+            row = {
+                "sphere": "S2",
+                "model": name,
+                "start": "iid",
+                "N": N,
+                "seed": s,
+                "t": float(t),
+                "coupling": np.nan,
+                "W2": r.value,
+                "W2_method": "semidiscrete",
+                "W2_lower": r.info["lower"],
+                "W2_upper": r.info["upper"],
+                "sd_seconds": r.info["seconds"],
+            }
+            if "refined" in res:
+                row["W2_refined"] = res["refined"].value
+                row["sd_seconds_refined"] = res["refined"].info["seconds"]
+            rows.append(row)
     rep.rows.extend(rows)
     later = []
     for t in times:
@@ -352,6 +357,7 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
     ref_nodes = {2: 512, 3: 24}
     rk4_dt = 0.1  # RK4 error ~1e-6, far below the N^{-1/2} effects measured
     parts = Parts(out, rep.name, quick)
+    label = numbered(_phase_count(plan, models))
     for d, seeds_per_N in plan.items():
         quad = _quadrature(d, ref_nodes[d])
         for name, model in models[d].items():
@@ -366,9 +372,14 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
                 "nodes": ref_nodes[d],
                 "dt": rk4_dt,
             }
+            runs = sum(seeds_per_N.values())
             block = parts.get(
                 key,
                 lambda: _iid_block(d, model, seeds_per_N, quad, times, fx, fine_w, quick, rk4_dt),
+                what=label(
+                    f"S{d - 1} {name}: reference run and {runs} particle runs, "
+                    f"N = {min(seeds_per_N)}..{max(seeds_per_N)}, to t = {times[-1]:g}"
+                ),
             )
             fine = {
                 i: Atoms._trusted(block[f"fine_{e}"], fine_w)
@@ -377,21 +388,35 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
             _iid_rates(rep, d, name, block, times)
             if d == 3 and not quick:  # S^2 W2 by semi-discrete transport, with its slope
                 sd_plan = {**S2_SD_PLAN, **({100_000: 1} if int(s2_max_n) >= 100_000 else {})}
+                phase(rep.name, label(f"S2 {name}: W2 by semi-discrete transport"))
                 _s2_semidiscrete_w2(rep, name, model, quad, sd_plan, np.array(S2_SD_TIMES), rk4_dt)
             if d == 3 and quick:  # S^2 W2 at t_end by EMD (reported, not asserted)
+                phase(rep.name, label(f"S2 {name}: the EMD reference's own W2 floor"))
                 _s2_emd_note(rep, name, fine[0])
             _largest_n_notes(rep, d, name, max(seeds_per_N), times)
             if d == 2:
+                phase(rep.name, label(f"S1 {name}: finite-volume cross-check, M = 256, 512"))
                 _finite_volume_check(rep, name, model, fine[-1], times)
+                phase(
+                    rep.name, label(f"S1 {name}: quadrature starts, N = {quad_N[0]}..{quad_N[-1]}")
+                )
                 _quadrature_start(rep, name, model, fine[-1], times, quad_N)
     t_chaos = time.perf_counter()
     rep.figures.append(_figure(rep, out))
-    rep.figures.append(w2_in_time(rep, out, quick, _circle_density))
+    rep.figures.append(w2_in_time(rep, out, quick, _circle_density, label))
     rep.notes.append(
         f"W2 in time on S1 (SA, USA, beta = {', '.join(f'{b:g}' for b in CHAOS_BETAS)}): "
         f"{time.perf_counter() - t_chaos:.0f} s"
     )
     return rep
+
+
+def _phase_count(plan: dict[int, dict[int, int]], models: dict[int, dict[str, Model]]) -> int:
+    """The phases :func:`mean_field` announces: per sphere and model the i.i.d. block, then the finite-volume
+    check and the quadrature start on S^1, the EMD floor (quick) or the semi-discrete W2 (full) on S^2; and
+    the parts of :func:`~wflow.studies.mean_field_time.w2_in_time`."""
+    per_model = {2: 3, 3: 2}
+    return sum(per_model[d] * len(models[d]) for d in plan) + 2 * len(CHAOS_BETAS)
 
 
 def _plan(

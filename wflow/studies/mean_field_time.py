@@ -187,7 +187,13 @@ def _part(
     return out
 
 
-def w2_in_time(rep: StudyReport, out: Path, quick: bool, density: CircleDensity) -> Path:
+def w2_in_time(
+    rep: StudyReport,
+    out: Path,
+    quick: bool,
+    density: CircleDensity,
+    label: Callable[[str], str] = str,
+) -> Path:
     r"""Propagation of chaos in time on :math:`S^1`: :math:`W_2(\mu_N(t), \mu(t))` against Dobrushin's :math:`e^{Lt}`.
 
     SA and USA at :math:`\beta \in \{1, 5\}`; :math:`\mu(t)` is the push-forward of ``CHAOS_FINE``
@@ -200,7 +206,8 @@ def w2_in_time(rep: StudyReport, out: Path, quick: bool, density: CircleDensity)
 
     ``density`` is :math:`\rho_0` (points of :math:`S^1` -> values relative to the uniform measure);
     rows, expectations and notes go to ``rep``, the finished parts to ``out/parts/<rep.name>``;
-    returns the path of the figure.
+    returns the path of the figure.  Each part is announced on stderr (:mod:`wflow.studies.progress`),
+    its line made by ``label`` (the calling study's count of its phases).
     """
     parts = Parts(out, rep.name, quick)
     plan = CHAOS_PLAN[quick]
@@ -223,6 +230,10 @@ def w2_in_time(rep: StudyReport, out: Path, quick: bool, density: CircleDensity)
                 key,
                 lambda: _part(
                     density, name, beta, plan, times, CHAOS_FINE[quick], CHAOS_QUAD[quick]
+                ),
+                what=label(
+                    f"S1 {name}, beta = {beta:g}: W2 in time, {sum(plan.values())} particle runs "
+                    f"to t = {T:.3g}"
                 ),
             )
             L1, L2 = lipschitz_bound(name, beta)

@@ -40,6 +40,7 @@ from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
 from ..sphere import uniform, vmf_mixture
 from .parts import Parts
+from .progress import numbered
 from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
@@ -237,10 +238,12 @@ def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
     n_configs = 30 if quick else 300
     configs = random_configurations(0, n_configs)
     field_rows = []
+    label = numbered(2 * len(BETAS))
     for beta in BETAS:
         g = parts.get(
             {"part": "field", "beta": beta, "configs": n_configs},
             lambda: dict(zip(("gap", "size"), field_gap(beta, configs))),
+            what=label(f"beta = {beta:g}: the fields on {n_configs} random clouds"),
         )
         field_rows.append((beta, g["gap"], g["size"]))
         rep.rows.append(
@@ -278,6 +281,9 @@ def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
                 "rtol": RTOL,
             },
             lambda: run_gap(beta, x0, t_end),
+            what=label(
+                f"beta = {beta:g}: mean shift to t = {t_end:g} against SA to t = {beta * t_end:g}"
+            ),
         )
         runs[beta] = r
         for t, g in zip(r["times"], r["gaps"]):

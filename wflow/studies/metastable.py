@@ -54,6 +54,7 @@ largest Fourier coefficient reaches :data:`AMPLITUDE` (density modulation :math:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ from ..solvers.saveat import SaveAt
 from ..sphere import uniform
 from ..theory import growth_rate, most_unstable_mode
 from .parts import Parts
+from .progress import numbered
 from .report import StudyReport, register, save_figure, subplots
 
 __all__ = [
@@ -498,6 +500,7 @@ def _sphere(
     plan: dict[str, Any],
     results: dict[tuple, dict[str, Any]],
     quick: bool,
+    label: Callable[[str], str] = str,
 ) -> None:
     """S^2: the growth of A_l* over the linear phase against 2 lambda_l*, the dominant degree against the
     degrees the linear theory does not separate, and (full mode) how often l* wins against the theory."""
@@ -518,6 +521,7 @@ def _sphere(
                     "amplitude": AMPLITUDE,
                 },
                 lambda: run_sphere(beta, plan["s2_n"], seed),
+                what=label(f"S2, beta = {beta:g}: {plan['s2_n']} particles, seed {seed}"),
             )
             results[("s2", beta, seed)] = s
             slope = fit_growth(s["series"], s["times"])[l_star]
@@ -597,6 +601,9 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
     expected_matches, matches, n_runs = 0.0, 0, 0
     errors: list[float] = []
     errors_all: list[float] = []
+    label = numbered(
+        len(plan["betas"]) * (1 + plan["seeds"]) + len(plan["s2_betas"]) * plan["s2_seeds"]
+    )
     for beta in plan["betas"]:
         k_star = most_unstable_mode(beta, 2, "SA")
         lam = growth_rate(ks, beta, 2, "SA")
@@ -613,6 +620,7 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
                 "prominence": PROMINENCE,
             },
             lambda: run_fv(beta, plan["fv_cells"], 0),
+            what=label(f"S1, beta = {beta:g}: finite volume, {plan['fv_cells']} cells"),
         )
         t_fv = time.perf_counter() - t0
         results[("fv", beta, 0)] = fv
@@ -647,6 +655,7 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
                     "prominence": PROMINENCE,
                 },
                 lambda: run_particles(beta, plan["n"], seed),
+                what=label(f"S1, beta = {beta:g}: {plan['n']} particles, seed {seed}"),
             )
             results[("particles", beta, seed)] = p
             rep.rows.append(_row("particles", beta, seed, plan["n"], k_star, p, lam))
@@ -693,7 +702,7 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
             f"angle error / (pi/k*) over all {len(errors_all)} runs with k* peaks and dominant mode k*, "
             f"separated or not: median {np.median(errors_all):.2f}, max {max(errors_all):.2f}"
         )
-    _sphere(rep, parts, plan, results, quick)
+    _sphere(rep, parts, plan, results, quick, label)
     rep.notes.append(parts.note())
     rep.figures.append(_figure(results, plan, out))
     return rep

@@ -62,6 +62,7 @@ from ..sphere import uniform
 from ..theory.asymptotics import EquiangularLaw
 from .normalization_figures import collapse_figure, study_figures
 from .parts import Parts
+from .progress import steps
 from .report import StudyReport, register
 
 __all__ = [
@@ -492,7 +493,8 @@ def _equiangular(
     """The equiangular start, every scheme: particles against the reduced ODE, the late law's rate and
     constant against :func:`wflow.theory.equiangular_asymptotics`; returns the parts and the laws."""
     eq, laws = {}, {}
-    for scheme in SCHEMES:
+    what = f"equiangular start, n = {n}: the schemes against the reduced ODE"
+    for scheme in steps(rep.name, what, SCHEMES):
         p = parts.get(
             {
                 "start": "equiangular",
@@ -576,7 +578,8 @@ def _random_starts(
     beta_r = float(np.sqrt(d_r))
     rnd: dict[str, list] = {}
     c0 = float(theory.funk_hecke(0, beta_r, d_r))
-    for scheme in SCHEMES:
+    what = f"random starts, n = {n_r}, d = {d_r}: the schemes, {len(seeds)} seeds each"
+    for scheme in steps(rep.name, what, SCHEMES):
         runs = []
         for seed in seeds:
             p = parts.get(
@@ -653,7 +656,8 @@ def _collapse(rep: StudyReport, parts: Parts, n_r: int, d_c: int) -> dict[str, d
     the late rate against theory, the radii kept; returns each scheme's part."""
     beta_c = float(np.sqrt(d_c))
     col, half_ode = {}, {}
-    for scheme in SPHERE_SCHEMES:
+    what = f"random starts, n = {n_r}, d = {d_c}: the sphere schemes through the staircase (BDF)"
+    for scheme in steps(rep.name, what, SPHERE_SCHEMES):
         p = parts.get(
             {
                 "start": "collapse",

@@ -70,6 +70,7 @@ from .perceptron_plan import (
     sweep_grid,
 )
 from .perceptron_runs import Runs, paper_part
+from .progress import numbered, phase
 from .report import StudyReport, register
 
 # the model's and the runs' public names stay importable from here, where the docs and users import them
@@ -527,14 +528,23 @@ def study_perceptron(out: Path, quick: bool, convention: str = "code") -> StudyR
     runs = Runs(parts)  # run_paper through stored parts: an interrupted study resumes
     runs.prefetch(plan["calls"])
     rep.notes.append(_mode_note(plan, quick))
+    label = numbered(8)  # (the runs not yet stored are computed where a phase first needs them)
+    phase(rep.name, label("E1: attention alone on S1"))
     e1 = _e1(rep, runs, plan)
+    phase(rep.name, label("E2/E3: ReLU and GELU at fixed weights, the atoms' locations"))
     locs = _e23(rep, runs, plan)
+    phase(rep.name, label("E4: descent with GELU, the largest masses against sqrt(beta)"))
     e4 = _e4(rep, runs, plan)
+    phase(rep.name, label("E5: S2, USA and SA, with and without GELU"))
     e5 = _e5(rep, runs, plan)
     _corollary(rep, e5)
+    phase(rep.name, label("C9: one neuron"))
     _c9(rep, runs, plan)
+    phase(rep.name, label("cluster counts over weight draws"))
     _counts(rep, runs, plan)
+    phase(rep.name, label("the conventions on one weight draw"))
     _convention_check(rep, runs, plan)
+    phase(rep.name, label("the MLP-scale sweep: stopping time against |omega|"))
     sweep = _sweep(rep, runs, plan)
     figures: dict[str, Any] = {
         "e1": lambda ax: draw_e1(ax, e1, plan["betas"]),

@@ -36,6 +36,7 @@ from ..kernels.threads import blas_threads
 from ..models import PARTS, BertLayer, LayerNorm
 from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
+from .progress import numbered, phase
 from .report import StudyReport, register, save_figure, subplots
 
 __all__ = ["TEXT", "VARIANTS", "dense_forward", "one_layer_alignment", "directions_of"]
@@ -232,6 +233,8 @@ def real_transformer(out: Path, quick: bool) -> StudyReport:
 
 
 def _study(rep: StudyReport, out: Path, quick: bool) -> None:
+    label = numbered(4)
+    phase(rep.name, label("the pretrained model: loading, forward pass, dense check"))
     bert = pretrained.Bert()
     ids = bert.tokenize(TEXT)
     if quick:
@@ -250,6 +253,7 @@ def _study(rep: StudyReport, out: Path, quick: bool) -> None:
     measures = {"real": pretrained.layer_measures(states)}
     rows: list[dict[str, Any]] = []
     align, best = {}, {}
+    phase(rep.name, label(f"one layer at a time, {len(VARIANTS)} idealisations, {L} layers"))
     for name, parts in VARIANTS.items():
         align[name], best[name] = one_layer_alignment(layers, states, parts, radius)
         for ell in range(L):
@@ -257,6 +261,7 @@ def _study(rep: StudyReport, out: Path, quick: bool) -> None:
                 {"kind": "one-layer", "model": name, "layer": ell, "alignment": align[name][ell],
                  "best_step": best[name][ell]}
             )  # fmt: skip
+    phase(rep.name, label(f"the idealisations through depth, {n} tokens, RK4 dt = {dt:g}"))
     for name, parts in VARIANTS.items():
         measures[name] = pretrained.layer_measures(
             _run(layers, states, parts, radius, np.ones(L), dt)
@@ -268,6 +273,7 @@ def _study(rep: StudyReport, out: Path, quick: bool) -> None:
             )
     # the stiffest idealisation (the feed-forward block without LayerNorm) under step halving
     ff = VARIANTS["+feed-forward"]
+    phase(rep.name, label("the +feed-forward run under step halving"))
     fine = _run(layers, states, ff, radius, np.ones(L), dt / 2)
     coarse = _run(layers, states, ff, radius, np.ones(L), dt)
     rep.expect(f"RK4 dt = {dt:g} against dt/2, +feed-forward run, max |change| / max |x|",

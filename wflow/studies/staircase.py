@@ -42,6 +42,7 @@ from ..solvers.control import StepControl
 from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
 from .parts import Parts
+from .progress import numbered
 from .report import StudyReport, register, save_figure, subplots
 
 __all__ = ["initial_angles", "run_staircase", "two_cluster_log_time", "plateau_energies", "BETAS"]
@@ -231,9 +232,12 @@ def study(out: Path, quick: bool) -> StudyReport:
     rep = StudyReport("staircase")
     parts = Parts(out, "staircase", quick)
     rtol = 1e-4 if quick else 1e-6
+    label = numbered(len(BETAS))
     runs = {
         b: parts.get(
-            {"beta": b, "rtol": rtol, "t_end": T_END}, functools.partial(run_staircase, b, rtol)
+            {"beta": b, "rtol": rtol, "t_end": T_END},
+            functools.partial(run_staircase, b, rtol),
+            what=label(f"beta = {b:g}: five tokens through the staircase to t = {T_END:g}"),
         )
         for b in BETAS
     }

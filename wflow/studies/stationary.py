@@ -39,6 +39,7 @@ from ..solvers.jko.stationary_states import atom_groups
 from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
 from ..stability import stability
+from .progress import phase, steps
 from .report import StudyReport, register
 
 __all__ = ["reference_model", "particle_reference", "three_ways_gelu", "stationary_study"]
@@ -215,14 +216,19 @@ def stationary_study(out: Path, quick: bool = True) -> StudyReport:
         "| particles strictly stable | seconds |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for beta in betas:
-        for act in ("relu", "gelu"):
-            for sign in (1, -1):
-                lines.append(_one(rep, beta, sign, act, 2))
+    configs = [(b, sign, act) for b in betas for act in ("relu", "gelu") for sign in (1, -1)]
+    what = "S1: stationary states against particle runs, (beta, activation, sign)"
+    for beta, sign, act in steps(rep.name, what, configs):
+        lines.append(_one(rep, beta, sign, act, 2))
     # S^2: GELU ascent settles into two atoms by paper time 100 (the particles at 1500 and 6000 agree)
-    for beta in (5.0,) if quick else (1.0, 5.0):
+    s2_betas = (5.0,) if quick else (1.0, 5.0)
+    phase(
+        rep.name, f"S2: GELU ascent against particle runs, beta = {', '.join(map(str, s2_betas))}"
+    )
+    for beta in s2_betas:
         lines.append(_one(rep, beta, 1, "gelu", 3))
     if not quick:
+        phase(rep.name, "S1: beta = 50 on 512 and 1024 cells, S2: GELU descent at beta = 5")
         # beta = 50 on 1024 cells: two descent atoms 0.14 rad apart need h sqrt(beta) <= 0.12, and the
         # ReLU descent's four light atoms split as the particles' only at h sqrt(beta) ~ 0.04 (512
         # cells: another stable state, reported; docs/perceptron.md); on 256 cells the default call
@@ -242,6 +248,7 @@ def stationary_study(out: Path, quick: bool = True) -> StudyReport:
             )
         # reported: the particles spread out (576 groups of 642 at paper time 1500), no clusters
         lines.append(_one(rep, 5.0, -1, "gelu", 3, expect=False))
+    phase(rep.name, "three ways, GELU descent: stationary, particles, Eulerian solver")
     for (dl, dm), other in zip(three_ways_gelu(), ("particles", "Eulerian solver")):
         rep.expect(
             f"three ways, GELU descent: location gap to the {other} (mesh spacings)", dl, 0, 1

@@ -27,6 +27,7 @@ import numpy as np
 from ..models import SA, USA
 from ..solvers.particles import simulate
 from ..solvers.zonal import law_quantile, solve_zonal
+from .progress import numbered, phase
 from .report import StudyReport, fit_slope, register, save_figure, subplots
 
 __all__ = ["mean_field_zonal", "sample_zonal", "initial_density"]
@@ -118,11 +119,13 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
     rep = StudyReport("mean-field-zonal")
     plan = QUICK_PLAN if quick else FULL_PLAN
     results = {}
+    label = numbered(4 * len(DIMENSIONS))
     for d in DIMENSIONS:
         f = initial_density(d)
         for name, model in (("SA", SA(BETA)), ("USA", USA(BETA))):
             t0 = time.perf_counter()
             bands, grid = ZONAL_GRID[d]
+            phase(rep.name, label(f"d = {d} {name}: zonal solves, {bands} and {bands // 2} bands"))
             ref = solve_zonal(
                 model,
                 f,
@@ -147,6 +150,8 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
             t_zonal = time.perf_counter() - t0
             rows = []
             t1 = time.perf_counter()
+            runs = f"{sum(plan.values())} particle runs, N = {min(plan)}..{max(plan)}"
+            phase(rep.name, label(f"d = {d} {name}: {runs}, to t = {T_END:g}"))
             for N, seeds in plan.items():
                 for s in range(seeds):
                     rng = np.random.default_rng([d, N, s, 18])
