@@ -92,10 +92,6 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _codecs() -> tuple:
-    return chunk_codecs()
-
-
 def _write_commit(path: Path, length: int, chain: str | None = None) -> None:
     commit_length(path, length, chain)
 
@@ -573,7 +569,7 @@ class ZarrRecorder:
                 **self.extra_attrs,
             },
         )
-        codecs = _codecs()
+        codecs = chunk_codecs()
         cells = cell_coordinates(self.static)
         on_cells = " ".join(cells)
 
