@@ -20,23 +20,10 @@ snapshot; the solver's resume variables (``checkpoint_*``); variables written on
 This package knows nothing about solvers: it stores what the driver hands to its
 recorder (:class:`ZarrRecorder`) and reads it back as plain arrays (:func:`read_store`).
 
-The package
------------
-This module only re-exports; the code lives in one module per job:
-
-* :mod:`wflow.io.commit`: the commit protocol (:func:`write_commit`, :func:`read_commit`,
-  :func:`committed_length`), the snapshot digests and their hash chain, the chunk codecs
-  (:func:`chunk_codecs`), the one-writer lock (:class:`FolderLock`) and the removal of a store,
-  which removes only what wflow wrote (:func:`remove_store`);
-* :mod:`wflow.io.paths`: the files wflow reads and writes never through a link and never a
-  FIFO, socket or device (:func:`~wflow.io.paths.read_regular`,
-  :func:`~wflow.io.paths.write_figure`);
-* :mod:`wflow.io.recorder`: :class:`ZarrRecorder`, the variables' attributes
-  (:data:`VARIABLE_ATTRS`, :func:`~wflow.io.recorder.variable_attributes`: definitions and their
-  parameters), the store's attributes (the equation and the velocity field in words) and its
-  coordinates (an index for every dimension; ``angle`` or ``longitude``/``latitude`` for cells);
-* :mod:`wflow.io.read`: :func:`read_store`, :func:`store_attrs`, :func:`repair`,
-  :func:`result_dataset` and :func:`write_result`.
+This module re-exports the code of :mod:`~wflow.io.commit` (the commit protocol, digests, the
+one-writer lock, removing what wflow wrote), :mod:`~wflow.io.paths` (files never through a link or
+special file), :mod:`~wflow.io.recorder` (:class:`ZarrRecorder`, the variables' and the store's
+attributes) and :mod:`~wflow.io.read` (:func:`read_store`, :func:`repair`, :func:`write_result`).
 """
 
 from .commit import (

@@ -25,23 +25,10 @@ attention's mean-field landscape", ICML 2026) writes the same dynamics as the
 *descent* of :math:`\mathsf E = -F`; every "positive (semi-)definite" of the paper is a
 "negative (semi-)definite" here.
 
-The package
------------
-This module only re-exports (``wflow.stability.X`` for every name below); the code lives
-in one module per job:
-
-* :mod:`wflow.stability.hessian`: :class:`WassersteinHessian`, :func:`wasserstein_hessian`;
-* :mod:`wflow.stability.verdict`: :class:`Stability`, :func:`stability`, :func:`is_stable`;
-* :mod:`wflow.stability.circle`: :class:`CircleCondition`, :func:`circle_condition`,
-  :func:`circle_threshold`;
-* :mod:`wflow.stability.supremum`: :class:`PotentialMaximum`, :func:`potential_maximum`,
-  :class:`EnergySupremum`, :func:`energy_supremum`;
-* :mod:`wflow.stability.polish`: :func:`merge_atoms`, :func:`polish_atoms`, :class:`Polished`
-  (from a particle run's or a mesh's settled state to the critical point next to it);
-* :mod:`wflow.stability.anticoncentration`: :func:`anticoncentration_bound`,
-  :data:`ANTICONCENTRATION_LIMIT`;
-* :mod:`wflow.stability.blocks`: the checks and pieces they share (the model's blocks,
-  :math:`\sigma'`, the checked atoms, tangent bases).
+This module re-exports the code of :mod:`~wflow.stability.hessian`, :mod:`~wflow.stability.verdict`,
+:mod:`~wflow.stability.circle`, :mod:`~wflow.stability.supremum`, :mod:`~wflow.stability.polish`
+(from a run's settled state to the critical point next to it) and
+:mod:`~wflow.stability.anticoncentration`; :mod:`~wflow.stability.blocks` holds what they share.
 """
 
 from .anticoncentration import ANTICONCENTRATION_LIMIT, anticoncentration_bound
