@@ -237,7 +237,7 @@ def test_scheme_comparison_reads_the_first_chunks_on_the_same_starts(tmp_path, m
         "phase-diagram: pair-fraction curves of 4 (d, beta, scheme), 6 parts (4)"
     ]
     assert captured.out == ""
-    # silenced: run_studies(progress=False) (wflow validate's switch) writes none (the parts are stored)
+    # silenced: run_studies(progress=False) writes none (the parts are stored: nothing is computed)
     assert run_studies(["phase-diagram"], tmp_path, quick=True, progress=False)[0].rows == rep.rows
     assert "phase-diagram" not in capsys.readouterr().err
     rows = {(r["beta"], r["scheme"]): r for r in rep.rows}
