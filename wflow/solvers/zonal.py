@@ -40,6 +40,9 @@ __all__ = ["ZonalProblem", "ZonalTrajectory", "solve_zonal", "w2_to_law", "law_q
 
 logger = logging.getLogger(__name__)
 
+#: what a zonal run's configuration holds of its problem (:meth:`ZonalProblem.config`)
+_CONFIG_KEYS = "d n_cells attention beta sign kappa kernel grid kernel_method cfl max_step".split()
+
 
 class ZonalProblem(Problem):
     r"""The zonal finite-volume scheme as a :class:`~wflow.solvers.base.Problem` (kind ``"zonal"``).
@@ -77,15 +80,9 @@ class ZonalProblem(Problem):
         d: int,
         n_cells: int,
         *,
-        attention: str = "SA",
-        beta: float = 1.0,
-        sign: int = 1,
-        kappa: float | None = None,
-        kernel: str = "plain",
-        grid: Any = "angle",
-        kernel_method: str = "auto",
         cfl: float = 0.9,
         max_step: float | None = None,
+        **fv_options: Any,
     ):
         super().__init__()
         cfl = check_positive(cfl, "cfl")
@@ -93,17 +90,8 @@ class ZonalProblem(Problem):
             raise ValueError(f"cfl must be in (0, 1] (positivity needs dt <= dt_max), got {cfl}")
         if max_step is not None:
             max_step = check_positive(max_step, "max_step")
-        self.fv = ZonalFV(
-            d,
-            n_cells,
-            attention=attention,
-            beta=beta,
-            sign=sign,
-            kappa=kappa,
-            kernel=kernel,
-            grid=grid,
-            kernel_method=kernel_method,
-        )
+        self.fv = ZonalFV(d, n_cells, **fv_options)
+        grid = fv_options.get("grid", "angle")
         self.grid = grid if isinstance(grid, str) else [float(z) for z in self.fv.edges]
         self.cfl = float(cfl)
         self.limit_slack = 1.0 / self.cfl  # stages are checked against dt_max itself
@@ -204,38 +192,15 @@ class ZonalProblem(Problem):
         }
 
     def config(self) -> dict[str, Any]:
-        fv = self.fv
-        return {
-            "kind": self.kind,
-            "d": fv.d,
-            "n_cells": fv.n_cells,
-            "attention": fv.attention,
-            "beta": fv.beta,
-            "sign": fv.sign,
-            "kappa": fv.kappa,
-            "kernel": fv.kernel,
-            "grid": self.grid,
-            "kernel_method": fv.kernel_method,
-            "cfl": self.cfl,
-            "max_step": self.max_step,
+        own = {"grid": self.grid, "cfl": self.cfl, "max_step": self.max_step}
+        return {"kind": self.kind} | {
+            k: own[k] if k in own else getattr(self.fv, k) for k in _CONFIG_KEYS
         }
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ZonalProblem:
         """The problem a run's configuration describes (exactly the same grid and kernel)."""
-        return cls(
-            cfg["d"],
-            cfg["n_cells"],
-            attention=cfg["attention"],
-            beta=cfg["beta"],
-            sign=cfg["sign"],
-            kappa=cfg["kappa"],
-            kernel=cfg["kernel"],
-            grid=cfg["grid"],
-            kernel_method=cfg["kernel_method"],
-            cfl=cfg["cfl"],
-            max_step=cfg["max_step"],
-        )
+        return cls(**{k: cfg[k] for k in _CONFIG_KEYS})
 
     def __repr__(self) -> str:
         return f"ZonalProblem({self.fv!r}, cfl={self.cfl:g})"
