@@ -21,16 +21,8 @@ except when a ``path`` is given: then the figure is a plain
 Asking a function for a picture it cannot draw (a particle plot of a density, say)
 raises :class:`TypeError` naming the result kind and the function that draws it.
 
-The package
------------
-This module only re-exports.  The figures live in one module per kind of picture:
-``_particles.py`` (:func:`plot_particles`), ``_density.py`` (:func:`plot_density`'s
-drawing), ``_diagnostics.py`` (:func:`plot_energy`, :func:`plot_diagnostics`),
-``_summary.py`` (:func:`plot_trajectory`, :func:`plot_zonal`, :func:`zonal_heatmap`,
-:func:`plot_density`'s front door), ``_sweep.py`` (:func:`plot_sweep`, a sweep's phase diagram)
-and ``_animate.py`` (:func:`animate`), over ``_views.py`` (every result seen as
-particles or densities; :func:`describe`) and ``_draw.py`` (figures, axes, colour scales,
-cell maps).
+This module re-exports the figures of its private modules, one per kind of picture, drawn over
+``_views.py`` (every result seen as particles or densities) and ``_draw.py`` (axes, colour scales, maps).
 """
 
 from ._animate import animate

@@ -18,21 +18,9 @@ r"""Analytic results that the solvers must reproduce (the conventions page of th
 * Kernel conventions :math:`e^{\beta\langle x,y\rangle}` and :math:`e^{\beta(\langle x,y\rangle-1)}`:
   :func:`rescaled_time`, :func:`plain_time`, :func:`rescaled_energy`, :func:`plain_energy`.
 
-The package
------------
-This module only re-exports (``wflow.theory.X`` for every name below); the code lives in
-one module per idea:
-
-* :mod:`wflow.theory.spectrum`: :func:`funk_hecke`, :func:`growth_rate`,
-  :func:`most_unstable_mode`, :func:`heat_decay_rate`;
-* :mod:`wflow.theory.equiangular`: the equiangular ODE of every scheme and its solutions,
-  :func:`equiangular_time`, :func:`equiangular_configuration`;
-* :mod:`wflow.theory.asymptotics`: :func:`equiangular_asymptotics`, :class:`EquiangularLaw`;
-* :mod:`wflow.theory.long_context`: :func:`long_context_limit`, :func:`long_context_gap`,
-  :func:`long_context_cosine`;
-* :mod:`wflow.theory.conventions`: the kernel conventions' time and energy changes and
-  :func:`kuramoto_velocity`;
-* :mod:`wflow.theory.checks`: :data:`SCHEMES` and the argument checks the modules share.
+This module re-exports the code of :mod:`~wflow.theory.spectrum`, :mod:`~wflow.theory.equiangular`,
+:mod:`~wflow.theory.asymptotics`, :mod:`~wflow.theory.long_context` and
+:mod:`~wflow.theory.conventions`; :mod:`~wflow.theory.checks` holds :data:`SCHEMES` and the checks they share.
 """
 
 from .asymptotics import EquiangularLaw, equiangular_asymptotics
