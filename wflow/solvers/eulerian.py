@@ -506,15 +506,8 @@ def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):
 
     mesh = mesh_from_dict(cfg["mesh"])
     model = None if cfg["model"] is None else model_from_dict(cfg["model"])
-    problem = FiniteVolume(
-        mesh,
-        model,
-        kappa=cfg["kappa"],
-        backend=cfg["backend"],
-        limiter=cfg["limiter"],
-        cfl=cfg["cfl"],
-        max_step=cfg["max_step"],
-    )
+    kw = {k: cfg[k] for k in ("kappa", "backend", "limiter", "cfl", "max_step")}
+    problem = FiniteVolume(mesh, model, **kw)
     data = stored["data"]
     if (
         "values" in data and "density" not in data

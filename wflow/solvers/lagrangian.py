@@ -291,9 +291,7 @@ def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):
         weights,
         cfg["d"],
         stored["static"]["rho0"][1],
-        eps=cfg["eps"],
-        nodes=cfg["nodes"],
-        backend=cfg["backend"],
+        **{k: cfg[k] for k in ("eps", "nodes", "backend")},
     )
     y = np.concatenate([stored["data"]["points"][1][-1], stored["data"]["tracers"][1][-1]], axis=-2)
     return problem, get_solver(cfg["solver"], **cfg["solver_options"]), y
