@@ -258,10 +258,12 @@ def _iid_block(
     fine_w: np.ndarray,
     quick: bool,
     rk4_dt: float,
+    study: str = "mean-field",
 ) -> dict[str, np.ndarray]:
     """One sphere and model of the study: the continuum reference run carrying every i.i.d. sample (and the
     fine reference set ``fx``) as passive tracers, then each sample's particle run; the coupling error and
-    W2 of every sample at every time, as columns, and the fine set at t_end."""
+    W2 of every sample at every time, as columns, and the fine set at t_end.  On a terminal, a bar of
+    ``study`` over the particle runs (:func:`~wflow.studies.progress.steps`)."""
     from ..transport import wasserstein
 
     samples = {
@@ -288,7 +290,8 @@ def _iid_block(
     offsets = np.cumsum([0] + [len(p) for p in parts])
     fine = [Atoms._trusted(ref.tracers[i, offsets[-2] :], fine_w) for i in range(len(times))]
     cols: dict[str, list] = {"N": [], "seed": [], "t": [], "coupling": [], "W2": []}
-    for k, ((N, s), x0) in enumerate(samples.items()):
+    runs = steps(study, f"S{d - 1} particle runs", samples.items(), announced=True)
+    for k, ((N, s), x0) in enumerate(runs):
         traj = simulate(model, Atoms(x0), times[-1], save_at=times, dt=rk4_dt)
         chars = ref.tracers[:, offsets[k] : offsets[k + 1]]
         for i, t in enumerate(times):
@@ -375,7 +378,9 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
             runs = sum(seeds_per_N.values())
             block = parts.get(
                 key,
-                lambda: _iid_block(d, model, seeds_per_N, quad, times, fx, fine_w, quick, rk4_dt),
+                lambda: _iid_block(
+                    d, model, seeds_per_N, quad, times, fx, fine_w, quick, rk4_dt, rep.name
+                ),
                 what=label(
                     f"S{d - 1} {name}: reference run and {runs} particle runs, "
                     f"N = {min(seeds_per_N)}..{max(seeds_per_N)}, to t = {times[-1]:g}"

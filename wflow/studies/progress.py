@@ -77,11 +77,19 @@ def numbered(total: int) -> Callable[[str], str]:
     return lambda what: f"{what} ({next(count)}/{total})"
 
 
-def steps(study: str, what: str, items: Iterable[T], total: int | None = None) -> Iterator[T]:
+def steps(
+    study: str,
+    what: str,
+    items: Iterable[T],
+    total: int | None = None,
+    *,
+    announced: bool = False,
+) -> Iterator[T]:
     """Iterate over ``items`` (a loop of many similar steps) with a tqdm bar ``"{study}: {what}"`` on
     stderr when it is a terminal, else one :func:`phase` line ``"{study}: {what} ({total})"``.
 
-    ``total`` defaults to ``len(items)``.  While the bar is drawn, numba compilations show in its
+    ``total`` defaults to ``len(items)``.  ``announced``: the loop is part of a phase whose line is
+    written already (:func:`phase`, ``Parts.get(..., what=)``): the bar on a terminal, no second line.  While the bar is drawn, numba compilations show in its
     label (:func:`wflow.kernels.jit.compile_notices`) instead of lines that would break it.
     """
     if total is None and hasattr(items, "__len__"):
@@ -90,7 +98,8 @@ def steps(study: str, what: str, items: Iterable[T], total: int | None = None) -
         yield from items
         return
     if not getattr(sys.stderr, "isatty", lambda: False)():
-        phase(study, what if total is None else f"{what} ({total})")
+        if not announced:
+            phase(study, what if total is None else f"{what} ({total})")
         yield from items
         return
     from tqdm import tqdm
