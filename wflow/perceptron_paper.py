@@ -204,12 +204,8 @@ class SettleStop:
     def __init__(
         self, threshold: float, factor: float, drift_tol: float = 1e-4, stable_saves: int = 3
     ):
-        self.threshold, self.factor, self.drift_tol, self.stable = (
-            threshold,
-            factor,
-            drift_tol,
-            stable_saves,
-        )
+        self.threshold, self.factor = threshold, factor
+        self.drift_tol, self.stable = drift_tol, stable_saves
         self.prev: tuple[float, np.ndarray] | None = None
         self.history: list[np.ndarray] = []
         self.settled_at: float | None = None
