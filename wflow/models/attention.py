@@ -149,10 +149,6 @@ class Attention(Model):
     @property
     def sign(self) -> int:
         """+1 (V = I, attraction), -1 (V = -I, repulsion) when Q = K = I; 0 when not a gradient case."""
-        return self._sign()
-
-    def _sign(self) -> int:
-        """+1 (V = I), -1 (V = -I) when Q = K = I; 0 when not a gradient case."""
         if _identity_sign(self.Q) != 1 or _identity_sign(self.K) != 1:
             return 0
         return _identity_sign(self.V)
@@ -176,13 +172,13 @@ class Attention(Model):
         return s.mass * _exp_checked(s.log_scale - self.offset(beta), "the energy", beta) / beta
 
     def _first_variation(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
-        return self._sign() * self._interaction(x, mu, backend)
+        return self.sign * self._interaction(x, mu, backend)
 
     def _energy(self, mu: Atoms, backend: str) -> np.ndarray:
         if self.beta_for(mu.n) == 0:
-            return self._sign() * 0.5 * np.sum(mu.mean() ** 2, axis=-1)
+            return self.sign * 0.5 * np.sum(mu.mean() ** 2, axis=-1)
         fv = self._interaction(mu.points, mu, backend)
-        return self._sign() * 0.5 * mu.integrate(fv)
+        return self.sign * 0.5 * mu.integrate(fv)
 
     def plain_attention(self) -> bool:
         """True when :math:`Q = K = V = I` (each omitted or the identity): the fused small-system paths apply."""
@@ -388,12 +384,12 @@ class Attention(Model):
             for n in ("Q", "K", "V")
             if getattr(self, n) is not None
         )
-        if self.V is not None and self._sign() != 0:
+        if self.V is not None and self.sign != 0:
             extra = "".join(
                 f", {n}=<{getattr(self, n).shape[0]}x{getattr(self, n).shape[1]}>"
                 for n in ("Q", "K")
                 if getattr(self, n) is not None
-            ) + (", V=-I" if self._sign() < 0 else ", V=I")
+            ) + (", V=-I" if self.sign < 0 else ", V=I")
         temp = f"gamma={self.gamma:g}" if self.gamma is not None else f"beta={self.beta:g}"
         kern = ", kernel='rescaled'" if self.kernel == "rescaled" else ""
         return f"{type(self).__name__}({temp}{extra}{kern})"

@@ -178,7 +178,7 @@ class Model(ABC):
     def __add__(self, other: Model) -> SumModel:
         if not isinstance(other, Model):
             return NotImplemented
-        return SumModel([*_parts(self), *_parts(other)])
+        return SumModel([*self.parts, *other.parts])
 
     @property
     def parts(self) -> list[Model]:
@@ -208,10 +208,6 @@ class Model(ABC):
         """Raise ``ValueError`` if the model cannot act on points of dimension ``d``."""
         if self.dim is not None and d != self.dim:
             raise ValueError(f"{self!r} works in dimension d={self.dim}, but the measure has d={d}")
-
-
-def _parts(m: Model) -> list[Model]:
-    return list(m.parts)
 
 
 def as_matrix(M: Any, name: str, ndim: int = 2) -> np.ndarray | None:
