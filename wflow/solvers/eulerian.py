@@ -15,27 +15,12 @@ vector of cell masses :math:`m_i = \rho_i|C_i|`, updated by
     F_e = \ell_e\big(u_e^+\rho_L^e + u_e^-\rho_R^e\big) - \kappa^{-1}\ell_e\frac{\rho_R - \rho_L}{\mathrm{dist}_e},
 
 with :math:`s_{ie} = \pm1` the orientation of edge ``e`` seen from cell ``i``.  Each flux is
-computed once and added to one cell and subtracted from the other, so the total mass is
-conserved to round-off.  Ingredients (Carrillo, Chertock & Huang 2015, *Commun. Comput.
-Phys.* 17, on an unstructured mesh):
-
-* **velocity** :math:`u_e = \langle v[\mu_h](x_e), n_e\rangle` at the edge midpoints, with
-  :math:`\mu_h` = the cell masses at the cell centroids (``Density.to_atoms``) through
-  ``model.velocity`` and hence the shared kernel sums (the spectral fast path when
-  :math:`Q = K = I`);
-* **reconstruction** :math:`\rho_i^e = \rho_i + \phi_i\,\langle g_i, \log_{c_i}(x_e)\rangle`,
-  :math:`g_i` the least-squares gradient from the neighbours, :math:`\phi_i` the
-  Barth--Jespersen limiter with bounds :math:`[\min_{\mathcal N(i)}\rho,\ \min(\max_{\mathcal N(i)}\rho, 2\rho_i)]`
-  (on the circle it is the monotonized-central MUSCL slope).  So :math:`0\le\rho_i^e\le 2\rho_i`;
-* **time** SSP-RK3 (Shu & Osher 1988), a convex combination of forward-Euler steps.
-
-Positivity.  One forward-Euler step keeps :math:`m_i\ge0` when
-:math:`\Delta t \le \Delta t_{\max} = \min_i |C_i| / \big(2\sum_{e}\ell_e (s_{ie}u_e)^+ + \kappa^{-1}\sum_e \ell_e/\mathrm{dist}_e\big)`
-(outflow bounded by :math:`2\rho_i`, explicit diffusion included: the parabolic restriction
-is part of the same limit).  The time stepper (``ssprk3`` of the solver contract) caps every
-step at ``cfl * dt_max`` and checks each Runge--Kutta stage against its own ``dt_max``: a
-violation rejects the step and retries with the smaller limit.  A fixed ``dt`` must stay
-below ``dt_max``.  Hence densities stay non-negative for every ``cfl <= 1``.
+added to one cell and subtracted from the other, so the total mass is conserved to
+round-off.  The velocity comes from ``model.velocity`` at the edge midpoints, the edge values
+:math:`0 \le \rho_i^e \le 2\rho_i` from a limited linear reconstruction (Carrillo, Chertock &
+Huang 2015), the time steps from SSP-RK3 with every stage below its forward-Euler positivity
+limit :math:`\Delta t_{\max}`, so densities stay non-negative for every ``cfl <= 1``; the
+ingredients and the limit are in ``docs/continuum.md`` (the finite-volume scheme).
 
 Step control.  Near a uniform state the velocities, and with them the positivity limit's
 restriction, vanish: the step must come from an error estimate.  SSP-RK3 carries an
