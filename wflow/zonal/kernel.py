@@ -1,7 +1,7 @@
 r"""The zonal kernel on :math:`S^{d-1}` in log scale: normalized Bessel functions, the kernel
 :math:`k(z, z')` and its velocity factor :math:`h(z, z')`, the law of :math:`z` and cap volumes.
 
-The mathematics is in :mod:`wflow.zonal` (and ``docs/zonal.md``); this module computes it
+The mathematics is in ``docs/zonal.md`` (§2, its computation §5); this module computes it
 stably for :math:`\beta \le 10^3` and :math:`d \le 10^4`.
 """
 

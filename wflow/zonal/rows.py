@@ -8,28 +8,12 @@ The velocity of the zonal scheme needs, at every right-hand side, the sums
 
 over fixed rows :math:`z_f` (the faces) and fixed sources :math:`y_j` (two quadrature nodes per
 band) with weights :math:`w_j \ge 0` that change every step, :math:`t_f` a row shift (the
-maximum of :math:`\log k(z_f,\cdot)`).  Dense matrices cost :math:`16 R S` bytes and
-:math:`O(RS)` a call (512 MB and ~0.1 s at 4096 bands).
-
-:math:`k` and :math:`kh` are entire functions of :math:`z'` (:math:`\Lambda_\nu` and
-:math:`r_\nu(a)/a` depend on :math:`a^2 = \beta^2(1-z^2)(1-z'^2)`), so each row is replaced
-by its interpolant on :math:`P` panels of :math:`[-1, 1]` with :math:`r` Chebyshev points
-each (*panel Chebyshev factorization*):
-
-.. math::
-
-    k(z_f, y)e^{-t_f} \approx \sum_{q} k(z_f, c_{pq})e^{-t_f}\,L_{pq}(y), \qquad y \in \text{panel } p,
-
-so :math:`S_0 = \Phi\,\mu` with :math:`\Phi_{f,pq} = k(z_f, c_{pq})e^{-t_f}` (:math:`R\times Pr`)
-and the moments :math:`\mu_{pq} = \sum_{y_j\in p} w_j L_{pq}(y_j)` (:math:`O(Sr)`).  On a
-panel the kernel varies by a factor :math:`e^{O(\beta/P)}` at most, so the interpolation
-error, measured relative to the panel's own largest value, bounds the *relative* error of
-each panel's contribution: a panel holding little of the row's mass is as accurate as
-one near the row's maximum.  The factorization is **verified** when built: on 48 rows
-(the extremes included) it is compared entry by entry with the dense kernel at every
-source, and accepted only when every entry is within ``tol`` (default :math:`10^{-13}`)
-of the panel's scale; otherwise more points, then more panels, and, when nothing cheaper
-than a quarter of the dense cost passes, the dense matrices.
+maximum of :math:`\log k(z_f,\cdot)`).  Each row is replaced by its interpolant on :math:`P`
+panels of :math:`[-1, 1]` with :math:`r` Chebyshev points each, so that :math:`S_0 = \Phi\,\mu`
+with :math:`\Phi_{f,pq} = k(z_f, c_{pq})e^{-t_f}` and the moments
+:math:`\mu_{pq} = \sum_{y_j\in p} w_j L_{pq}(y_j)`.  The factorization is verified against the dense
+kernel when it is built, to ``tol`` of each panel's scale, and falls back to dense matrices when
+nothing cheaper passes; why a panel's error is relative, and the costs: ``docs/zonal.md``.
 """
 
 from __future__ import annotations
