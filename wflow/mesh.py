@@ -32,13 +32,6 @@ The areas are for the plain (un-normalized) surface measure: they sum to
   segment joining the two generators it separates, which makes the two-point
   diffusive flux :math:`(\rho_R - \rho_L)/\mathrm{dist}` consistent.
 
-Geometry identity used by the tests: the co-normal is constant along a great-circle
-arc, and the surface divergence theorem applied to the tangent field :math:`P_x c`
-(:math:`\mathrm{div}_S P_x c = -(d-1)\langle c, x\rangle`) gives, for every cell :math:`C`,
-
-.. math::
-
-    \sum_{e \in \partial C} \ell_e\, n_e = -(d-1) \int_C x \, dA(x).
 """
 
 from __future__ import annotations
