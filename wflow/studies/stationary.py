@@ -223,7 +223,8 @@ def stationary_study(out: Path, quick: bool = True) -> StudyReport:
     # S^2: GELU ascent settles into two atoms by paper time 100 (the particles at 1500 and 6000 agree)
     s2_betas = (5.0,) if quick else (1.0, 5.0)
     phase(
-        rep.name, f"S2: GELU ascent against particle runs, beta = {', '.join(map(str, s2_betas))}"
+        rep.name,
+        f"S2: GELU ascent against particle runs, beta = {', '.join(f'{b:g}' for b in s2_betas)}",
     )
     for beta in s2_betas:
         lines.append(_one(rep, beta, 1, "gelu", 3))
