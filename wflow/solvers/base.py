@@ -29,26 +29,11 @@ This module is where programs import these names from; the code lives in one mod
   :class:`~wflow.solvers.trackers.Snapshot`, :class:`~wflow.solvers.trackers.RunInfo` and the
   progress bar, callbacks and step logs.
 
-Step-size control
------------------
-*Fixed steps* (``dt`` given and the solver has no error estimate, or ``adaptive=False``):
-steps of exactly ``dt`` on the grid :math:`t_k = t_0 + k\,dt`; the last step ends at
-``t_end`` (it is stretched by at most :math:`10^{-6}dt` rather than followed by a
-round-off step).  A save time between two grid times splits the step that crosses it in
-two (to the save time, then on to the grid time): the result holds the times asked for.
-
-*Adaptive steps* (a solver with an error estimate): the step is accepted when the
-solver's scaled error norm is :math:`\le 1`, and the next step is
-:math:`h\min(5, \max(0.2, 0.9\,\mathrm{err}^{-1/(q+1)}))` with :math:`q` the order of the
-error estimate (Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4).  The step is capped by
-the solver's stability limit (e.g. the positivity CFL limit of a finite-volume scheme)
-and lands exactly on each save time; a remainder below :math:`10^{-3}` of a step is
-absorbed by stretching that step, so no step is shorter than the problem warrants.
-
-Randomness
-----------
-The noise of step ``k`` is drawn from ``default_rng(SeedSequence(seed, spawn_key=(k,)))``,
-so a run resumed after any saved snapshot repeats the uninterrupted run bit for bit.
+Step-size control (fixed steps on the grid :math:`t_0 + k\,dt`, split to land on save times;
+adaptive steps of Hairer, Nørsett & Wanner, II.4, capped by the solver's stability limit) is
+described in ``docs/solvers.md``.  The noise of step ``k`` is drawn from
+``default_rng(SeedSequence(seed, spawn_key=(k,)))``, so a run resumed after any saved snapshot
+repeats the uninterrupted run bit for bit.
 """
 
 from __future__ import annotations
