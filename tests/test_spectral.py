@@ -204,3 +204,91 @@ def test_coefficients_and_tails():
     for beta in (10.0, 100.0, 1000.0):
         K = spectral_plan(3, beta, 0.0, 1e-12).degree
         assert K < 1.25 * np.sqrt(2 * beta * np.log(1e12)) + 10
+
+
+def _with_backend(backend, *args, **kw):
+    BACKENDS["spectral"], old = backend, BACKENDS["spectral"]
+    try:
+        return kernel_sums(*args, backend="spectral", **kw)
+    finally:
+        BACKENDS["spectral"] = old
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("beta", [5.0, -20.0])
+def test_streamed_blocks_change_no_bit(d, beta):
+    """Many small blocks per worker give the same numbers as one block per worker, bit for bit: the
+    moments are added in the same order (blocks are multiples of the kernels' 32 lanes) and every
+    query row is evaluated on its own.  Points off the sphere (Runge--Kutta stages) use the radial
+    series (P > 0) and per-row coefficients."""
+    rng = np.random.default_rng(3)
+    x = _sphere(rng, 1000, d) * (1 + 1e-3 * rng.uniform(-1, 1, (1000, 1)))
+    w = rng.random(1000)
+    one = SpectralBackend()
+    many = SpectralBackend()
+    many.stream_block = 96
+    assert one.plan(_problem(x, x, w, beta, None, None)).radial_terms > 0
+    for values in (True, False):
+        a = _with_backend(one, x, x, w, beta, values=values)
+        b = _with_backend(many, x, x, w, beta, values=values)
+        assert np.array_equal(a.log_scale, b.log_scale) and np.array_equal(a.mass, b.mass)
+        assert values == (a.vector is not None) and (
+            not values or np.array_equal(a.vector, b.vector)
+        )
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_streamed_blocks_against_dense_sum(d):
+    """Several blocks per worker, points off the sphere, V = -I: the dense sum to 1e-12 of e^{c_i}."""
+    rng = np.random.default_rng(4)
+    x = _sphere(rng, 700, d) * (1 + 1e-3 * rng.uniform(-1, 1, (700, 1)))
+    y = _sphere(rng, 500, d) * (1 + 1e-3 * rng.uniform(-1, 1, (500, 1)))
+    w = rng.random(500)
+    backend = SpectralBackend()
+    backend.stream_block = 64
+    beta = 8.0
+    s = _with_backend(backend, x, y, w, beta, V=-np.eye(d))
+    G = np.exp(beta * x @ y.T)  # the dense kernel, in float64 (beta small: no overflow)
+    scale = np.exp(s.log_scale)
+    assert np.abs(scale * s.mass - G @ w).max() / scale.max() < 1e-12
+    assert np.abs(scale[:, None] * s.vector + (G * w) @ y).max() / scale.max() < 1e-12
+    # and the numpy engine (whole arrays), the reference implementation, to rounding
+    ref = _with_backend(SpectralBackend("numpy"), x, y, w, beta, V=-np.eye(d))
+    np.testing.assert_allclose(s.mass, ref.mass, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(s.vector, ref.vector, rtol=1e-13, atol=1e-15)
+
+
+def test_memory_estimate_and_refusal(monkeypatch):
+    """The footprint is the output plus a work space that does not grow with N; a problem whose
+    footprint exceeds the memory left is refused before anything is allocated."""
+    from wflow.kernels import spectral
+
+    def problem(n, d=3, values=True):
+        x = np.broadcast_to(np.eye(d)[-1], (1, n, d))
+        return _problem_arrays(x, values)
+
+    b = BACKENDS["spectral"]
+    out = lambda n, d=3: 8 * n * (2 + d)  # noqa: E731 - log_scale, mass, vector in float64
+    for n in (10**6, 10**7, 10**8):
+        assert out(n) < b.memory_bytes(problem(n)) < out(n) + 64 * 2**20
+    assert b.memory_bytes(problem(10**8, values=False)) < 8 * 2 * 10**8 + 64 * 2**20
+    monkeypatch.setattr(spectral, "available_memory", lambda: 1e9)
+    with pytest.raises(
+        ValueError, match=r"^x: 100000000 query points need about 3\.7\d* GiB.*0\.931 GiB"
+    ):
+        b(problem(10**8))
+
+
+def _problem_arrays(x, values=True):
+    from wflow.kernels import KernelProblem
+
+    return KernelProblem(
+        x=x,
+        y=x,
+        weights=np.broadcast_to(1.0, x.shape[:-1]),
+        beta=10.0,
+        Q=None,
+        K=None,
+        V=None,
+        values=values,
+    )

@@ -75,10 +75,12 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy import special
 
+from ..errors import available_memory
 from . import threads as _threads
 from .sums import BACKENDS, KernelProblem, KernelSums, register_backend
 
@@ -365,13 +367,119 @@ def _numba_kernels():
     return _NUMBA
 
 
-def _on_workers(kernel, n_items: int, args: tuple, out: np.ndarray) -> np.ndarray:
-    """``kernel(*args, lo, hi, out)`` for contiguous shares ``[lo, hi)`` of ``n_items`` items, one share
-    per worker thread of :mod:`wflow.kernels.threads` (the compiled kernels release the GIL); returns
-    ``out``."""
-    parts = _threads.shares(n_items, _threads.num_threads())
-    _threads.parallel(lambda t: kernel(*args, *parts[t], out), len(parts))
-    return out
+class _Radii(NamedTuple):
+    """Of the rows of one system's points: the largest norm, the largest ``| |p| - 1 |`` and
+    ``| |p|^2 - 1 |``."""
+
+    r_max: float
+    dev: float
+    dev2: float
+
+
+def _radii(p: np.ndarray, block: int) -> _Radii:
+    """:class:`_Radii` of the rows of ``p``, shape (n, d), read ``block`` rows at a time."""
+    r_max = dev = dev2 = 0.0
+    for i0 in range(0, p.shape[0], block):
+        r = np.linalg.norm(p[i0 : i0 + block].astype(np.float64, copy=False), axis=1)
+        r_max = max(r_max, float(r.max(initial=0.0)))
+        dev = max(dev, float(np.abs(r - 1.0).max(initial=0.0)))
+        dev2 = max(dev2, float(np.abs(r * r - 1.0).max(initial=0.0)))
+    return _Radii(r_max, dev, dev2)
+
+
+def _same_view(p: np.ndarray, q: np.ndarray) -> bool:
+    """Whether ``p`` and ``q`` are the same numbers (one memory, shape, strides and dtype)."""
+    return (
+        p.__array_interface__["data"][0] == q.__array_interface__["data"][0]
+        and p.shape == q.shape
+        and p.strides == q.strides
+        and p.dtype == q.dtype
+    )
+
+
+@dataclass(frozen=True)
+class _System:
+    """What both passes over one system need: truncation, scales and the shared coefficients."""
+
+    d: int
+    K: int
+    P: int
+    C: int  # weight columns: 1 (mass) + d (vector)
+    beta: float  # |beta|
+    reflect: bool  # beta < 0: sources reflected in the logits
+    W: float  # total weight
+    rho_bar: float
+    shared: bool  # every query on the sphere
+    h: np.ndarray  # h_k(|beta|) e^{|beta|(1 - rho_bar)}, k = 0..K+P
+    fp: np.ndarray  # (|beta|/2)^p / p!
+    extra: int  # Miller start above the degree
+
+
+def _weight_columns(sys: _System, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    r"""Weight columns of the sources ``y`` (float64, not reflected), shape ``(m, (P+1) C)``:
+    :math:`(w_j/W)(1, y_j)(\rho_j^2 - 1)^p` for p = 0..P."""
+    wn = w.astype(np.float64) / sys.W
+    W0 = np.concatenate([wn[:, None]] + ([wn[:, None] * y] if sys.C > 1 else []), axis=1)
+    if sys.P == 0:
+        return W0
+    rho = np.linalg.norm(y, axis=1)
+    return np.concatenate(
+        [W0 * ((rho * rho - 1.0) ** p)[:, None] for p in range(sys.P + 1)], axis=1
+    )
+
+
+def _unit_rows(sys: _System, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Directions :math:`\hat x_i` (the pole where :math:`x_i = 0`) and :math:`a_i = |\beta| |x_i|`."""
+    x = x.astype(np.float64, copy=False)
+    r = np.linalg.norm(x, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xhat = np.where(r[:, None] > 0, x / r[:, None], np.eye(sys.d)[-1])
+    return xhat, sys.beta * r
+
+
+def _query_rows(sys: _System, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_unit_rows` and the per-row :math:`h_0(a_i) e^{-a_i}` (empty when every query is on the sphere)."""
+    xhat, a = _unit_rows(sys, x)
+    if sys.shared:
+        h0 = np.ones(0)
+    elif sys.d == 2:
+        h0 = special.ive(0, a)
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h0 = np.where(a > 0, -np.expm1(-2.0 * a) / (2.0 * a), 1.0)
+    return xhat, a, h0
+
+
+def _fold(sys: _System, M: np.ndarray) -> np.ndarray:
+    """Moments to the series' coefficients: the factor 2 of the orders > 0 and, when every query is
+    on the sphere, the one coefficient vector folded in (the p axis then has length 1)."""
+    K, P, C = sys.K, sys.P, sys.C
+    H = np.stack([sys.h[p : p + K + 1] for p in range(P + 1)], 1)  # (k or l, p)
+    if sys.d == 2:
+        M = M.reshape(K + 1, P + 1, C, 2)
+        M[1:] *= 2.0  # e^{ik psi} + e^{-ik psi}, k >= 1
+        G = np.einsum("p,kp,kpcz->kcz", sys.fp, H, M)[:, None] if sys.shared else M
+    else:
+        M = M.reshape(K + 1, K + 1, P + 1, C, 2)  # (m, l, p, c, re/im)
+        M[1:] *= 2.0  # epsilon_m
+        G = np.einsum("p,lp,mlpcz->mlcz", sys.fp, H, M)[:, :, None] if sys.shared else M
+    return np.ascontiguousarray(G)
+
+
+def _write_rows(
+    sys: _System, out, i0: int, c: np.ndarray, s: np.ndarray, v: float, plan
+) -> np.ndarray:
+    r"""Rows ``i0 ...`` of ``out = (log_scale, mass, vector)`` from the shifts ``c`` and the sums ``s``
+    (mass, vector); returns those of them whose softmax bound exceeds :math:`\sqrt{tol}`."""
+    log_scale, mass, vector = out
+    i1 = i0 + c.shape[0]
+    log_scale[i0:i1] = c
+    mass[i0:i1] = s[:, 0]
+    if vector is not None:
+        vector[i0:i1] = v * s[:, 1:]
+    bound = plan.bound
+    bad = np.nonzero(2.0 * sys.rho_bar * bound > math.sqrt(plan.tol) * (s[:, 0] - bound))[0]
+    return bad + i0 if np.isfinite(c).all() else bad[:0]
 
 
 def _legendre_tables(L: int) -> tuple[np.ndarray, np.ndarray]:
@@ -407,8 +515,11 @@ class SpectralBackend:
         #: "numba" (fused loops) or "numpy" (blocked arrays)
         self.engine = engine
 
-    #: rows per block (temporaries stay near ``block * K`` complex numbers)
+    #: rows per block of the numpy engine (temporaries stay near ``block * K`` complex numbers)
     block = 4096
+    #: points per block of the numba engine's passes: its work space is about ``(4d + 8) * stream_block``
+    #: float64 numbers per worker thread, whatever the number of points
+    stream_block = 1 << 16
     #: worker threads over query blocks (NumPy releases the GIL in its loops)
     threads = max(1, min(2, os.cpu_count() or 1))
     #: recompute rows with tiny local mass by direct summation (module docstring)
@@ -461,33 +572,71 @@ class SpectralBackend:
 
     def plan(self, problem: KernelProblem) -> SpectralPlan:
         """The truncation (and a-priori bound) this backend uses for ``problem``."""
+        return self._plan(problem)[0]
+
+    def _plan(self, problem: KernelProblem) -> tuple[SpectralPlan, list[tuple[_Radii, _Radii]]]:
+        """The plan and the radii of each system's queries and sources (read in blocks: no temporaries
+        of the size of the points)."""
         why = self.why_not(problem)
         if why:
             raise ValueError(f"backend 'spectral' cannot compute this kernel sum: {why}")
-        r = np.linalg.norm(problem.x.astype(np.float64), axis=-1)
-        rho = np.linalg.norm(problem.y.astype(np.float64), axis=-1)
-        rho_bar = max(1.0, float(rho.max(initial=0.0)))
-        a_max = abs(problem.beta) * float(r.max(initial=0.0))
-        u = 0.5 * a_max * float(np.abs(rho * rho - 1.0).max(initial=0.0))
-        return spectral_plan(problem.x.shape[-1], a_max * rho_bar, u, self._tol(problem))
+        radii = []
+        for b in range(problem.x.shape[0]):
+            rx = _radii(problem.x[b], self.stream_block)
+            same = problem.y[b] is problem.x[b] or _same_view(problem.y[b], problem.x[b])
+            radii.append((rx, rx if same else _radii(problem.y[b], self.stream_block)))
+        r_max = max(rx.r_max for rx, _ in radii)
+        rho_bar = max([1.0] + [ry.r_max for _, ry in radii])
+        a_max = abs(problem.beta) * r_max
+        u = 0.5 * a_max * max(ry.dev2 for _, ry in radii)
+        return spectral_plan(problem.x.shape[-1], a_max * rho_bar, u, self._tol(problem)), radii
+
+    def memory_bytes(self, problem: KernelProblem) -> int:
+        """Bytes this backend allocates for ``problem`` beyond its input: the output arrays and the
+        per-thread work space of the streaming passes (the numba engine), estimated before starting.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from wflow.kernels import BACKENDS, KernelProblem
+        >>> x = np.broadcast_to([0.0, 0.0, 1.0], (1, 10**8, 3))  # 10^8 points on S^2 (one in memory)
+        >>> p = KernelProblem(x=x, y=x, weights=np.ones((1, 10**8)), beta=10.0, Q=None, K=None, V=None,
+        ...                   values=True)
+        >>> round(BACKENDS["spectral"].memory_bytes(p) / 1e9, 2)  # 4 GB of output: log_scale, mass, vector
+        4.02
+        """
+        B, n, d = problem.x.shape
+        out = B * n * (2 + (d if problem.values else 0)) * problem.dtype.itemsize
+        if self.engine == "numpy":  # whole-array temporaries: about 12 numbers a point (+ columns)
+            return out + 8 * (12 + 2 * d) * (n + problem.y.shape[1])
+        rows = min(self.stream_block, max(n, problem.y.shape[1]))
+        return out + _threads.num_threads() * rows * 8 * (4 * d + 8)
+
+    def _check_memory(self, problem: KernelProblem) -> None:
+        need = self.memory_bytes(problem)
+        if need < 2**28:  # a quarter GB: not worth reading /proc/meminfo at every step
+            return
+        avail = available_memory()
+        if need > 0.9 * avail:
+            raise ValueError(
+                f"x: {problem.x.shape[0] * problem.x.shape[1]} query points need about {need / 2**30:.3g} GiB "
+                f"for the spectral sums' output and work space; {avail / 2**30:.3g} GiB is available"
+            )
 
     def __call__(self, problem: KernelProblem) -> KernelSums:
-        plan = self.plan(problem)
+        self._check_memory(problem)  # before anything is read or allocated
+        plan, radii = self._plan(problem)
         dtype = problem.dtype
         B, n, d = problem.x.shape
         v = 1.0 if problem.V is None else float(problem.V[0, 0])
-        log_scale = np.empty((B, n))
-        mass = np.empty((B, n))
-        vector = np.empty((B, n, d)) if problem.values else None
-        sqrt_tol = math.sqrt(plan.tol)
+        # outputs in the problem's dtype, written block by block (no float64 copies to convert)
+        log_scale = np.empty((B, n), dtype)
+        mass = np.empty((B, n), dtype)
+        vector = np.empty((B, n, d), dtype) if problem.values else None
         for b in range(B):
-            c, s0, s1, rho_bar = self._one(problem, b, plan)
-            log_scale[b], mass[b] = c, s0
-            if vector is not None:
-                vector[b] = v * s1
-            # rows where the softmax bound 2|v| rho_bar eps / (s0 - eps) exceeds sqrt(tol): direct sums
-            bad = np.nonzero(2.0 * rho_bar * plan.bound > sqrt_tol * (s0 - plan.bound))[0]
-            if self.direct_fallback and bad.size and np.isfinite(c).all():
+            out = (log_scale[b], mass[b], None if vector is None else vector[b])
+            bad = self._one(problem, b, plan, radii[b], out, v)
+            if self.direct_fallback and bad.size:
                 log.debug(
                     "spectral: %d of %d rows recomputed directly (tiny local mass)", bad.size, n
                 )
@@ -502,115 +651,111 @@ class SpectralBackend:
                     values=problem.values,
                     tol=problem.tol,
                 )
-                out = BACKENDS["numpy"](sub)
-                log_scale[b, bad], mass[b, bad] = out.log_scale[0], out.mass[0]
-                if vector is not None and out.vector is not None:  # (both: problem.values)
-                    vector[b, bad] = out.vector[0]
-        return KernelSums(
-            log_scale.astype(dtype),
-            mass.astype(dtype),
-            None if vector is None else vector.astype(dtype),
-            self.name,
-        )
+                direct = BACKENDS["numpy"](sub)
+                log_scale[b, bad], mass[b, bad] = direct.log_scale[0], direct.mass[0]
+                if vector is not None and direct.vector is not None:  # (both: problem.values)
+                    vector[b, bad] = direct.vector[0]
+        return KernelSums(log_scale, mass, vector, self.name)
 
     # ------------------------------------------------------------------ one system
-    def _one(self, problem: KernelProblem, b: int, plan: SpectralPlan):
-        d = plan.d
-        K, P = plan.degree, plan.radial_terms
-        x = problem.x[b].astype(np.float64)
-        y = problem.y[b].astype(np.float64)
-        w = problem.weights[b].astype(np.float64)
-        n = x.shape[0]
-        W = float(w.sum())
+    def _one(self, problem: KernelProblem, b: int, plan: SpectralPlan, radii, out, v: float):
+        """System ``b`` into ``out = (log_scale, mass, vector)``; returns the rows whose softmax bound
+        :math:`2|v|\\bar\\rho\\varepsilon/(s^0_i - \\varepsilon)` exceeds :math:`\\sqrt{tol}` (module docstring)."""
+        d, K, P = plan.d, plan.degree, plan.radial_terms
+        rx, ry = radii
+        w = problem.weights[b]
+        W = float(np.sum(w, dtype=np.float64))
         if W <= 0.0:
-            zeros = np.zeros(n)
-            return zeros, zeros.copy(), np.zeros((n, d)), 1.0
+            for o in out:
+                if o is not None:
+                    o[...] = 0.0
+            return np.arange(problem.x.shape[1])
         beta = abs(problem.beta)
-        ybasis = -y if problem.beta < 0 else y  # e^{beta<x,y>} = e^{|beta|<x,-y>} for beta < 0
-        rho = np.linalg.norm(y, axis=1)
-        rho_bar = max(1.0, float(rho.max(initial=0.0)))
-        # weight columns: w (mass), w*y (vector); radial series term p multiplies by (rho^2-1)^p
-        wn = w / W
-        cols = [wn[:, None]] + ([wn[:, None] * y] if problem.values else [])
-        W0 = np.concatenate(cols, axis=1)
-        C = W0.shape[1]
-        Wcols = np.concatenate(
-            [W0 * ((rho * rho - 1.0) ** p)[:, None] for p in range(P + 1)], axis=1
-        )
-        r = np.linalg.norm(x, axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            xhat = np.where(r[:, None] > 0, x / r[:, None], np.eye(d)[-1])
-        a = beta * r
-        log_scale = a * rho_bar + math.log(W)
-        shared = bool(np.all(np.abs(r - 1.0) <= 8 * _EPS))
-        fact = np.array([1.0 / math.factorial(p) for p in range(P + 1)])
-        # shared coefficients (all queries on the sphere): (a/2)^p/p! h_{k+p}(a) e^{-a rho_bar}
+        rho_bar = max(1.0, ry.r_max)
+        shared = rx.dev <= 8 * _EPS  # every query on the sphere: one coefficient vector
         h = _scaled_bessel(d, beta, K + P) * math.exp(beta * (1.0 - rho_bar))
+        fact = np.array([1.0 / math.factorial(p) for p in range(P + 1)])
         fp = fact * (0.5 * beta) ** np.arange(P + 1)
-        extra = _miller_extra(plan.z_max)
-        kern = _numba_kernels() if self.engine == "numba" else None
-        if kern is not None:
-            out = self._numba_one(
-                kern, d, K, P, C, ybasis, Wcols, xhat, a, rho_bar, shared, h, fp, extra
-            )
-        else:
-            out = self._numpy_one(
-                d, K, P, C, ybasis, rho, Wcols, xhat, a, rho_bar, shared, h, fp, fact, extra
-            )
-        s0 = out[:, 0]
-        s1 = out[:, 1:] if problem.values else None
-        return log_scale, s0, s1, rho_bar
-
-    def _numba_one(self, kern, d, K, P, C, ybasis, Wcols, xhat, a, rho_bar, shared, h, fp, extra):
-        nchunks = max(1, min(4 * _threads.num_threads(), ybasis.shape[0] // 256))
-        Wc = np.ascontiguousarray(Wcols)
-        y = np.ascontiguousarray(ybasis)
-        n = xhat.shape[0]
-        xq = np.ascontiguousarray(xhat)
-        if shared:
-            h0 = np.ones(0)
-        elif d == 2:
-            h0 = special.ive(0, a)
-        else:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                h0 = np.where(a > 0, -np.expm1(-2.0 * a) / (2.0 * a), 1.0)
-        scale_exp = 1.0 - rho_bar
-        if d == 2:
-            acc = np.zeros((nchunks, K + 1, Wc.shape[1], 2))
-            M = _on_workers(kern["circle_moments"], nchunks, (y, Wc, K, nchunks), acc).sum(axis=0)
-            # (K+1, (P+1)C, 2)
-            M = M.reshape(K + 1, P + 1, C, 2)
-            M[1:] *= 2.0  # e^{ik psi} + e^{-ik psi}, k >= 1
-            if shared:
-                G = np.einsum(
-                    "p,kp,kpcz->kcz", fp, np.stack([h[p : p + K + 1] for p in range(P + 1)], 1), M
-                )[:, None]
-            else:
-                G = M
-            G = np.ascontiguousarray(G)
-            args = (xq, G, a, h0, not shared, extra, scale_exp)
-            return _on_workers(kern["circle_eval"], n, args, np.zeros((n, G.shape[2])))
-        A, Bc = _legendre_tables(K)
-        acc = np.zeros((nchunks, K + 1, K + 1, Wc.shape[1], 2))
-        M = _on_workers(kern["sphere_moments"], nchunks, (y, Wc, K, A, Bc, nchunks), acc).sum(
-            axis=0
+        C = 1 + d if problem.values else 1
+        sys = _System(
+            d, K, P, C, beta, problem.beta < 0, W, rho_bar, shared, h, fp, _miller_extra(plan.z_max)
         )
-        M = M.reshape(K + 1, K + 1, P + 1, C, 2)  # (m, l, p, c, re/im)
-        M[1:] *= 2.0  # epsilon_m
-        if shared:
-            H = np.stack([h[p : p + K + 1] for p in range(P + 1)], 1)  # (l, p)
-            G = np.einsum("p,lp,mlpcz->mlcz", fp, H, M)[:, :, None]
-        else:
-            G = M
-        G = np.ascontiguousarray(G)
-        args = (xq, G, a, h0, not shared, extra, scale_exp, A, Bc)
-        n_blocks = -(-n // kern["block"])
-        return _on_workers(kern["sphere_eval"], n_blocks, args, np.zeros((n, G.shape[3])))
+        if self.engine == "numba":
+            moments = self._numba_moments(sys, problem.y[b], w)
+            G = _fold(sys, moments)
+            return self._numba_eval(sys, G, problem.x[b], out, v, plan)
+        c, s = self._numpy_one(sys, problem.x[b], problem.y[b], w)
+        return _write_rows(sys, out, 0, c, s, v, plan)
 
-    def _numpy_one(
-        self, d, K, P, C, ybasis, rho, Wcols, xhat, a, rho_bar, shared, h, fp, fact, extra
-    ):
+    def _numba_moments(self, sys: _System, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Source moments, ``(K+1, [K+1,] (P+1) C, 2)``: one pass over the sources in blocks, one
+        accumulator per worker thread."""
+        kern = _numba_kernels()
+        K, S = sys.K, self.stream_block
+        parts = _threads.shares(y.shape[0], _threads.num_threads())
+        shape = (K + 1,) if sys.d == 2 else (K + 1, K + 1)
+        acc = np.zeros((len(parts), *shape, sys.C * (sys.P + 1), 2))
+        if sys.d == 3:
+            A, Bc = _legendre_tables(K)
+
+        def work(t: int) -> None:
+            lo, hi = parts[t]
+            for j0 in range(lo, hi, S):
+                yb = y[j0 : min(hi, j0 + S)].astype(np.float64)  # (a copy: negated for beta < 0)
+                cols = _weight_columns(sys, yb, w[j0 : j0 + yb.shape[0]])
+                if sys.reflect:
+                    np.negative(yb, out=yb)
+                if sys.d == 2:
+                    kern["circle_moments"](yb, cols, K, 1, 0, 1, acc[t : t + 1])
+                else:
+                    kern["sphere_moments"](yb, cols, K, A, Bc, 1, 0, 1, acc[t : t + 1])
+
+        _threads.parallel(work, len(parts))
+        return acc.sum(axis=0)
+
+    def _numba_eval(self, sys: _System, G: np.ndarray, x: np.ndarray, out, v: float, plan):
+        """Evaluate the series at the queries in blocks, each worker thread a contiguous share, writing
+        into ``out``; returns the rows for the direct fallback."""
+        kern = _numba_kernels()
+        S = self.stream_block
+        parts = _threads.shares(x.shape[0], _threads.num_threads())
+        found: list[list[np.ndarray]] = [[] for _ in parts]
+        if sys.d == 3:
+            A, Bc = _legendre_tables(sys.K)
+        scale_exp = 1.0 - sys.rho_bar
+
+        def work(t: int) -> None:
+            lo, hi = parts[t]
+            for i0 in range(lo, hi, S):
+                xhat, a, h0 = _query_rows(sys, x[i0 : min(hi, i0 + S)])
+                nb = xhat.shape[0]
+                s = np.zeros((nb, G.shape[-2]))
+                if sys.d == 2:
+                    kern["circle_eval"](
+                        xhat, G, a, h0, not sys.shared, sys.extra, scale_exp, 0, nb, s
+                    )
+                else:
+                    blocks = -(-nb // kern["block"])
+                    args = (xhat, G, a, h0, not sys.shared, sys.extra, scale_exp, A, Bc)
+                    kern["sphere_eval"](*args, 0, blocks, s)
+                c = a * sys.rho_bar + math.log(sys.W)
+                found[t].append(_write_rows(sys, out, i0, c, s, v, plan))
+
+        _threads.parallel(work, len(parts))
+        return np.concatenate([r for rows in found for r in rows] or [np.zeros(0, np.intp)])
+
+    def _numpy_one(self, sys: _System, x: np.ndarray, y: np.ndarray, w: np.ndarray):
+        """The reference engine (blocked NumPy arrays over whole systems): ``(log_scale, sums)``."""
+        d, K, P, C, rho_bar, shared = sys.d, sys.K, sys.P, sys.C, sys.rho_bar, sys.shared
+        h, fp, extra = sys.h, sys.fp, sys.extra
+        fact = np.array([1.0 / math.factorial(p) for p in range(P + 1)])
+        y = y.astype(np.float64)
+        rho = np.linalg.norm(y, axis=1)
+        Wcols = _weight_columns(sys, y, w)
+        ybasis = -y if sys.reflect else y  # e^{beta<x,y>} = e^{|beta|<x,-y>} for beta < 0
+        xhat, a = _unit_rows(sys, x)
         n = xhat.shape[0]
+        moments: Any  # (K+1, C) on S^1, one (l+1, C) array per l on S^2
         if d == 2:
             moments = _circle_moments(ybasis, Wcols, K, self.block)
             moments[1:] *= 2.0  # e^{ik psi} + e^{-ik psi} for k >= 1
@@ -669,7 +814,8 @@ class SpectralBackend:
                 parts = list(pool.map(rows, starts))
         else:
             parts = [rows(i0) for i0 in starts]
-        return np.concatenate(parts, axis=0) if parts else np.zeros((0, C))
+        sums = np.concatenate(parts, axis=0) if parts else np.zeros((0, C))
+        return a * rho_bar + math.log(sys.W), sums
 
 
 register_backend(SpectralBackend(), auto_priority=1)
