@@ -218,7 +218,7 @@ def _with_backend(backend, *args, **kw):
 @pytest.mark.parametrize("beta", [5.0, -20.0])
 def test_streamed_blocks_change_no_bit(d, beta):
     """Many small blocks per worker give the same numbers as one block per worker, bit for bit: the
-    moments are added in the same order (blocks are multiples of the kernels' 32 lanes) and every
+    moments are added in the same order (blocks are multiples of the kernels' 128 lanes) and every
     query row is evaluated on its own.  Points off the sphere (Runge--Kutta stages) use the radial
     series (P > 0) and per-row coefficients."""
     rng = np.random.default_rng(3)
@@ -226,7 +226,7 @@ def test_streamed_blocks_change_no_bit(d, beta):
     w = rng.random(1000)
     one = SpectralBackend()
     many = SpectralBackend()
-    many.stream_block = 96
+    many.stream_block = 256
     assert one.plan(_problem(x, x, w, beta, None, None)).radial_terms > 0
     for values in (True, False):
         a = _with_backend(one, x, x, w, beta, values=values)

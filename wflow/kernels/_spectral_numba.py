@@ -20,8 +20,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-#: Points per vectorized block of the S^2 kernels.
-BLOCK = 32
+#: Points per vectorized block of the S^2 kernels: the moments' sums over a block cost about as much
+#: as 32 of its points, and the block's work arrays stay in the L1/L2 caches.
+BLOCK = 128
 # contraction into FMAs and vectorized reductions; no reassociation of the recurrences
 # themselves is needed (each lane runs its own), but the block sums need "reassoc"
 _FM = {"nnan", "ninf", "nsz", "contract", "reassoc"}
