@@ -193,11 +193,32 @@ def test_python_m_validation_runs_a_study_and_heads_its_report(tmp_path):
     cmd = ["-m", "validation", "mean-shift", "--quick", "--out", str(out)]
     r = subprocess.run([sys.executable, *cmd], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+    # the study's phases on stderr, the results on stdout
+    assert "mean-shift: beta = 0.5: the fields on 30 random clouds (1/6)" in r.stderr.splitlines()
+    assert not any(line.startswith("mean-shift: beta") for line in r.stdout.splitlines())
     lines = (out / "mean-shift.md").read_text().splitlines()
     assert lines[0] == "# mean-shift"
     assert lines[2] == f"Command: `python -m validation {' '.join(cmd[2:])}`"
     assert lines[4].startswith("Commit: `unknown` (not run from a git checkout); wflow ")
     assert lines[6].startswith("PASSED in ")
+
+
+def test_no_progress_silences_the_phase_lines_and_keeps_the_results(tmp_path, monkeypatch, capsys):
+    """`wflow validate --no-progress`: no phase line on stderr; stdout unchanged."""
+    from wflow.studies.progress import phase
+
+    def talking(out, quick):
+        phase("talking", "a phase that takes seconds (1/1)")
+        return _passing("talking")(out, quick)
+
+    monkeypatch.setitem(report.STUDIES, "talking", talking)
+    assert main(["validate", "talking", "--out", str(tmp_path / "a")]) == 0
+    shown = capsys.readouterr()
+    assert shown.err.splitlines() == ["talking: a phase that takes seconds (1/1)"]
+    assert main(["validate", "talking", "--no-progress", "--out", str(tmp_path / "b")]) == 0
+    quiet = capsys.readouterr()
+    assert quiet.err == ""
+    assert quiet.out == shown.out.replace(str(tmp_path / "a"), str(tmp_path / "b"))
 
 
 def test_a_kept_report_names_the_package_relative_to_its_checkout(tmp_path, monkeypatch):

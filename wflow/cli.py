@@ -168,6 +168,11 @@ def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
         help="Dask worker processes for studies split into parts (phase-diagram, perceptron; "
         "default 1: in order, in this process)",
     )
+    v.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress lines on stderr (the studies' phases)",
+    )
     return p
 
 
@@ -237,6 +242,7 @@ def _validate(args: argparse.Namespace) -> int:
         options=options,
         on_start=start,
         on_done=done,
+        progress=not args.no_progress,
     )
     skipped = [rep.name for rep in reports if rep.skipped is not None and rep.error is None]
     failed = [rep.name for rep in reports if not rep.passed]
