@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import time
 from typing import Any
 
@@ -48,13 +49,18 @@ def _digest(a: np.ndarray | None) -> str | None:
     )
 
 
+#: :func:`run_paper`'s parameters; the study runs every part at the defaults of those in ``_FIXED``
+_RUN_PAPER = inspect.signature(run_paper)
+_FIXED = ("dt", "save_every")
+_DT = _RUN_PAPER.parameters["dt"].default
+
+
 class Runs:
     """The study's runs through its parts: ``runs(beta, sign, d=..., ...)`` is :func:`run_paper`'s result, read
     from a stored part when an earlier (or parallel, :meth:`prefetch`) run computed it.
 
-    The keywords are :func:`paper_part`'s (``d``, ``N``, ``seeds`` required; ``attention="USA"``,
-    ``A=None``, ``omega=None``, ``activation="gelu"``, ``t_max=200.0``, ``convention="code"``,
-    ``threshold=None``, ``seed0=0``); :meth:`key` names the part a call reads.
+    The keywords are :func:`run_paper`'s but ``dt`` and ``save_every``, which every run takes at
+    their defaults; :meth:`key` names the part a call reads.
     """
 
     def __init__(self, parts: Parts):
@@ -62,43 +68,25 @@ class Runs:
         self.seconds = 0.0
 
     @staticmethod
-    def _args(
-        beta: float,
-        sign: int,
-        *,
-        d: int,
-        N: int,
-        seeds: int,
-        attention: str = "USA",
-        A: np.ndarray | None = None,
-        omega: np.ndarray | None = None,
-        activation: str = "gelu",
-        t_max: float = 200.0,
-        convention: str = "code",
-        threshold: float | None = None,
-        seed0: int = 0,
-    ) -> dict[str, Any]:
-        return {
-            "beta": float(beta),
-            "sign": int(sign),
-            "d": int(d),
-            "N": int(N),
-            "seeds": int(seeds),
-            "attention": attention,
-            "A": A,
-            "omega": omega,
-            "activation": activation,
-            "t_max": float(t_max),
-            "convention": check_convention(convention),
-            "threshold": None if threshold is None else float(threshold),
-            "seed0": int(seed0),
-        }
+    def _args(beta: float, sign: int, **kw: Any) -> dict[str, Any]:
+        for name in _FIXED:  # (every part runs at their defaults)
+            if name in kw:
+                raise TypeError(f"Runs._args() got an unexpected keyword argument {name!r}")
+        bound = _RUN_PAPER.bind(beta, sign, **kw)
+        bound.apply_defaults()
+        args = {k: v for k, v in bound.arguments.items() if k not in _FIXED}
+        args |= {k: float(args[k]) for k in ("beta", "t_max")}
+        args |= {k: int(args[k]) for k in ("sign", "d", "N", "seeds", "seed0")}
+        args["convention"] = check_convention(args["convention"])
+        if args["threshold"] is not None:
+            args["threshold"] = float(args["threshold"])
+        return args
 
     @staticmethod
     def _key(args: dict[str, Any]) -> dict[str, Any]:
         key = {k: args[k] for k in ("beta", "sign", "d", "N", "seeds", "attention")}
         key |= {"A": _digest(args["A"]), "omega": _digest(args["omega"])}
-        key |= {"activation": args["activation"], "t_max": args["t_max"], "dt": 0.1}
+        key |= {"activation": args["activation"], "t_max": args["t_max"], "dt": _DT}
         if (
             args["A"] is not None and args["sign"] < 0
         ):  # (the conventions differ only in descent with a perceptron)
