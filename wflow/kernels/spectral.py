@@ -585,10 +585,10 @@ class SpectralBackend:
             rx = _radii(problem.x[b], self.stream_block)
             same = problem.y[b] is problem.x[b] or _same_view(problem.y[b], problem.x[b])
             radii.append((rx, rx if same else _radii(problem.y[b], self.stream_block)))
-        r_max = max(rx.r_max for rx, _ in radii)
+        r_max = max((rx.r_max for rx, _ in radii), default=0.0)
         rho_bar = max([1.0] + [ry.r_max for _, ry in radii])
         a_max = abs(problem.beta) * r_max
-        u = 0.5 * a_max * max(ry.dev2 for _, ry in radii)
+        u = 0.5 * a_max * max((ry.dev2 for _, ry in radii), default=0.0)
         return spectral_plan(problem.x.shape[-1], a_max * rho_bar, u, self._tol(problem)), radii
 
     def memory_bytes(self, problem: KernelProblem) -> int:
