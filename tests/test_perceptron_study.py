@@ -15,7 +15,7 @@ def test_paper_model_is_the_rescaled_field_in_wflow_time(sign, convention):
     # paper: e^{beta(<x,y>-1)} attention + u_omega; wflow: factor * (USA_plain + u_{omega/factor});
     # descent flips the whole field in the code's convention, only the attention in the poster's
     beta, d = 7.0, 2
-    A, omega = P.paper_perceptron(d, 1.0, seed=0, activation="gelu")
+    A, omega = P.paper_perceptron(d, 1.0, seed=0)
     model, factor = P.paper_model(
         beta, sign, d, A=A, omega=omega, activation="gelu", convention=convention
     )
@@ -40,7 +40,7 @@ def test_threshold_sampling_and_registry():
     assert P.cluster_threshold(1.0, 2) == pytest.approx(0.5)
     assert P.cluster_threshold(100.0, 2) == pytest.approx(0.05)
     assert P.cluster_threshold(0.01, 10) == pytest.approx(np.pi / 20)
-    A, omega = P.paper_perceptron(5, 2.0, seed=3, activation="relu")
+    A, omega = P.paper_perceptron(5, 2.0, seed=3)
     assert A.shape == (5, 5) and omega.shape == (5,)
     assert np.allclose(np.linalg.norm(A, axis=1), 1.0)
     assert "wflow.studies.perceptron" in STUDY_MODULES
@@ -84,7 +84,7 @@ def test_the_conventions_part_on_the_reference_draw():
     their draw); fails if the perceptron's sign is not flipped with the attention's."""
     from wflow.studies.perceptron_checks import CONVENTION_DRAW
 
-    A, omega = P.paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
+    A, omega = P.paper_perceptron(2, 1.0, seed=CONVENTION_DRAW)
     masses = {}
     for conv in P.CONVENTIONS:
         r = P.run_paper(
@@ -99,7 +99,7 @@ def test_the_conventions_part_on_the_reference_draw():
 
 def test_atom_locations_do_not_depend_on_the_particle_seed():
     # GELU ascent, beta = 5, fixed weights: two atoms at the two local maxima of v_omega, whatever the seed
-    A, omega = P.paper_perceptron(2, 1.0, seed=100, activation="gelu")
+    A, omega = P.paper_perceptron(2, 1.0, seed=100)
     r = P.run_paper(5.0, 1, d=2, N=64, seeds=3, A=A, omega=omega, t_max=300.0)
     assert r["settled"]
     means = [c[0] for c in r["clusters"]]

@@ -547,7 +547,7 @@ def _particle_state():
     convention: output weights -e^beta omega), run to paper time 300 (wflow time e^-1 300)."""
     from wflow.studies.perceptron import paper_perceptron
 
-    A, omega = paper_perceptron(2, 1.0, seed=1, activation="gelu")
+    A, omega = paper_perceptron(2, 1.0, seed=1)
     model = wflow.USA(1.0, V=-np.eye(2)) + wflow.Perceptron.conservative(
         A, -np.e * omega, activation="gelu"
     )

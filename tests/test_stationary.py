@@ -273,7 +273,7 @@ def test_kernel_convention_does_not_change_the_answer(uniform256):
     # the same steps and finds the same atoms
     from wflow.studies.perceptron import paper_perceptron
 
-    A, omega = paper_perceptron(2, 1.0, seed=1, activation="gelu")
+    A, omega = paper_perceptron(2, 1.0, seed=1)
     plain = reference_model(25.0, 1, "gelu")
     rescaled = USA(25.0, kernel="rescaled") + Perceptron.conservative(A, omega, activation="gelu")
     a, b = stationary(plain, uniform256, backend=BK), stationary(rescaled, uniform256, backend=BK)

@@ -92,14 +92,14 @@ def cluster_threshold(beta: float, d: int) -> float:
 
 
 def paper_perceptron(
-    d: int, scale: float, seed: int, activation: str, units: int | None = None
+    d: int, scale: float, seed: int, *, units: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The paper's sampling: ``units`` (default d) rows a_j uniform on the sphere, omega_j ~ N(0, scale^2).
 
     Examples
     --------
     >>> import numpy as np
-    >>> A, omega = paper_perceptron(4, 2.0, seed=0, activation="gelu")
+    >>> A, omega = paper_perceptron(4, 2.0, seed=0)
     >>> A.shape, omega.shape, bool(np.allclose(np.linalg.norm(A, axis=1), 1))
     ((4, 4), (4,), True)
     """

@@ -52,8 +52,8 @@ def study_plan(quick: bool, convention: str = "code") -> dict[str, Any]:
         "N4": 200 if quick else 1000,
         "betas4": (0.5, 1.0, 7.0, 25.0) if quick else BETAS,
         "t_max4": 300.0 if quick else 1000.0,
-        "A2": paper_perceptron(2, 1.0, seed=1, activation="relu"),
-        "A3": paper_perceptron(3, 1.0, seed=3, activation="gelu"),
+        "A2": paper_perceptron(2, 1.0, seed=1),
+        "A3": paper_perceptron(3, 1.0, seed=3),
         "a1": (np.array([[0.0, 0.0, 1.0]]), np.array([1.0])),
         # the cluster counts over weight draws (COUNT_RULES)
         "draws": 10,
@@ -65,12 +65,12 @@ def study_plan(quick: bool, convention: str = "code") -> dict[str, Any]:
         "sweep_signs": (1,) if quick else (1, -1),
         "sweep_beta": 5.0,
     }
-    plan["A4"] = {d: paper_perceptron(d, 1.0, seed=2, activation="gelu") for d in plan["dims"]}
+    plan["A4"] = {d: paper_perceptron(d, 1.0, seed=2) for d in plan["dims"]}
     plan["draws_w"] = {
-        act: [paper_perceptron(2, 1.0, seed=100 + k, activation=act) for k in range(plan["draws"])]
+        act: [paper_perceptron(2, 1.0, seed=100 + k) for k in range(plan["draws"])]
         for act in ("relu", "gelu")
     }
-    A6, om6 = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
+    A6, om6 = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW)
     plan["A6"] = (A6, om6 / np.linalg.norm(om6))
     calls = [((b, s), e1_call(plan)) for s in (1, -1) for b in betas]
     calls += [
@@ -164,7 +164,7 @@ def sweep_call(plan: dict[str, Any], att: str, scale: float, conv: str) -> dict[
 
 def convention_call(plan: dict[str, Any], conv: str) -> dict[str, Any]:
     """The conventions check: the draw :data:`~.perceptron_checks.CONVENTION_DRAW` in convention ``conv``."""
-    w = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")
+    w = paper_perceptron(2, 1.0, seed=CONVENTION_DRAW)
     return weights_call(w, conv, d=2, N=128, seeds=2, t_max=300.0, activation="gelu")
 
 

@@ -57,7 +57,7 @@ def reference_model(beta: float, sign: int, activation: str, d: int = 2) -> Mode
     """
     from .perceptron import paper_perceptron
 
-    A, omega = paper_perceptron(d, 1.0, seed=1 if d == 2 else 3, activation=activation)
+    A, omega = paper_perceptron(d, 1.0, seed=1 if d == 2 else 3)
     V = None if sign > 0 else -np.eye(d)
     return USA(beta, V=V) + Perceptron.conservative(
         A, sign * np.exp(beta) * omega, activation=activation
