@@ -11,8 +11,8 @@ On S^2 the harmonics are complex solid harmonics Z_l^m = rho^l P~_l^m e^{+-im ph
 sectoral start Z_m^m = sqrt((2m+1)/2m) (y1 +- i y2) Z_{m-1}^{m-1} needs no trigonometry and
 the recurrence Z_l^m = a_lm y3 Z_{l-1}^m - b_lm rho^2 Z_{l-2}^m carries the radius.  The S^2
 kernels run the recurrences for a block of :data:`BLOCK` points at once, innermost loop over
-the block, so that LLVM vectorizes them (4 float64 lanes with AVX2); the circle kernels are
-scalar per point (K ~ sqrt(beta) terms: cheap already).
+the block, so that LLVM vectorizes them (4 float64 lanes with AVX2); so do the circle kernels
+(powers of z = y1 - i y2), 4-9x faster than one point at a time.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-#: Points per vectorized block of the S^2 kernels: the moments' sums over a block cost about as much
+#: Points per vectorized block of the kernels: the moments' sums over a block cost about as much
 #: as 32 of its points, and the block's work arrays stay in the L1/L2 caches.
 BLOCK = 128
 # contraction into FMAs and vectorized reductions; no reassociation of the recurrences
@@ -48,41 +48,99 @@ def coefficients(a, h0, K, P, extra, nu0, scale, out, h):  # pragma: no cover - 
             out[k, p] = f * h[k + p]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FM)
 def circle_moments(y, W, K, nchunks, ch0, ch1, acc):  # pragma: no cover - compiled
-    """acc[ch, k, c] = sum_j W[j, c] conj(z_j)^k over chunk ch of nchunks, for ch0 <= ch < ch1."""
+    """acc[ch, k, c] = sum_j W[j, c] conj(z_j)^k over chunk ch of nchunks, for ch0 <= ch < ch1
+    (acc: (nchunks, K+1, C, 2), zeroed; k, c, re/im); :data:`BLOCK` points at a time."""
     m, C = W.shape
     for ch in range(ch0, ch1):
-        for j in range(ch * m // nchunks, (ch + 1) * m // nchunks):
-            ur, ui = y[j, 0], -y[j, 1]
-            zr, zi = 1.0, 0.0
+        j_lo = ch * m // nchunks
+        j_hi = (ch + 1) * m // nchunks
+        ur = np.empty(BLOCK)
+        ui = np.empty(BLOCK)
+        zr = np.empty(BLOCK)
+        zi = np.empty(BLOCK)
+        Wb = np.zeros((C, BLOCK))
+        for j0 in range(j_lo, j_hi, BLOCK):
+            nb = min(BLOCK, j_hi - j0)
+            for jj in range(BLOCK):  # padding lanes carry zero weight
+                if jj < nb:
+                    ur[jj] = y[j0 + jj, 0]
+                    ui[jj] = -y[j0 + jj, 1]
+                    for c in range(C):
+                        Wb[c, jj] = W[j0 + jj, c]
+                else:
+                    ur[jj] = 0.0
+                    ui[jj] = 0.0
+                    for c in range(C):
+                        Wb[c, jj] = 0.0
+                zr[jj] = 1.0
+                zi[jj] = 0.0
             for k in range(K + 1):
                 for c in range(C):
-                    acc[ch, k, c, 0] += zr * W[j, c]
-                    acc[ch, k, c, 1] += zi * W[j, c]
-                zr, zi = zr * ur - zi * ui, zr * ui + zi * ur
+                    wc = Wb[c]
+                    s_r = 0.0
+                    s_i = 0.0
+                    for jj in range(BLOCK):
+                        s_r += zr[jj] * wc[jj]
+                        s_i += zi[jj] * wc[jj]
+                    acc[ch, k, c, 0] += s_r
+                    acc[ch, k, c, 1] += s_i
+                for jj in range(BLOCK):
+                    a_, b_ = zr[jj], zi[jj]
+                    zr[jj] = a_ * ur[jj] - b_ * ui[jj]
+                    zi[jj] = a_ * ui[jj] + b_ * ur[jj]
 
 
-@njit(cache=True, nogil=True)
-def circle_eval(x, G, a, h0, per_row, extra, scale_exp, i0, i1, out):  # pragma: no cover - compiled
-    """out[i] for the query rows i0 <= i < i1 (out zeroed)."""
+@njit(cache=True, nogil=True, fastmath=_FM)
+def circle_eval(x, G, a, h0, per_row, extra, scale_exp, i0, i1, out):  # pragma: no cover  # noqa: C901, PLR0912 - one compiled kernel
+    """out[i] for the query rows i0 <= i < i1 (out: (n, C)), :data:`BLOCK` rows at a time."""
     K1, P1, C = G.shape[0], G.shape[1], G.shape[2]
-    if i1 > i0:
-        coef = np.ones((K1, P1))
-        work = np.empty(K1 + P1)
-        for i in range(i0, i1):
-            if per_row:
+    coef = np.ones((K1, P1, BLOCK))
+    one = np.empty((K1, P1))
+    work = np.empty(K1 + P1)
+    ur = np.empty(BLOCK)
+    ui = np.empty(BLOCK)
+    zr = np.empty(BLOCK)
+    zi = np.empty(BLOCK)
+    acc = np.empty((C, BLOCK))
+    for b0 in range(i0, i1, BLOCK):
+        nb = min(BLOCK, i1 - b0)
+        for ii in range(BLOCK):
+            ur[ii] = x[b0 + ii, 0] if ii < nb else 0.0
+            ui[ii] = x[b0 + ii, 1] if ii < nb else 0.0
+            zr[ii] = 1.0
+            zi[ii] = 0.0
+            for c in range(C):
+                acc[c, ii] = 0.0
+        if per_row:
+            for ii in range(nb):
+                i = b0 + ii
                 coefficients(
-                    a[i], h0[i], K1 - 1, P1 - 1, extra, 0.0, np.exp(a[i] * scale_exp), coef, work
+                    a[i], h0[i], K1 - 1, P1 - 1, extra, 0.0, np.exp(a[i] * scale_exp), one, work
                 )
-            ur, ui = x[i, 0], x[i, 1]
-            zr, zi = 1.0, 0.0
-            for k in range(K1):
-                for p in range(P1):
-                    f = coef[k, p]
-                    for c in range(C):
-                        out[i, c] += f * (zr * G[k, p, c, 0] - zi * G[k, p, c, 1])
-                zr, zi = zr * ur - zi * ui, zr * ui + zi * ur
+                for k in range(K1):
+                    for p in range(P1):
+                        coef[k, p, ii] = one[k, p]
+        for k in range(K1):
+            for p in range(P1):
+                cl = coef[k, p]
+                for c in range(C):
+                    gr, gi = G[k, p, c, 0], G[k, p, c, 1]
+                    ac = acc[c]
+                    if per_row:
+                        for ii in range(BLOCK):
+                            ac[ii] += cl[ii] * (zr[ii] * gr - zi[ii] * gi)
+                    else:
+                        for ii in range(BLOCK):
+                            ac[ii] += zr[ii] * gr - zi[ii] * gi
+            for ii in range(BLOCK):
+                a_, b_ = zr[ii], zi[ii]
+                zr[ii] = a_ * ur[ii] - b_ * ui[ii]
+                zi[ii] = a_ * ui[ii] + b_ * ur[ii]
+        for ii in range(nb):
+            for c in range(C):
+                out[b0 + ii, c] = acc[c, ii]
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
