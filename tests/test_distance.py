@@ -53,3 +53,21 @@ def test_a_distance_is_a_float():
     assert isinstance(back, Distance) and back == d and back.method == "emd"
     assert np.asarray([d, 2 * d]).dtype == np.float64 and 2 * d == 2 * float(d)
     assert f"{d:.3f}" == f"{float(d):.3f}"
+
+
+def test_a_distance_solve_that_takes_seconds_says_so_on_stderr(monkeypatch, capsys):
+    """One line on stderr before a solve of at least NOTICE_PAIRS[method] pairs; none below it,
+    none with WFLOW_NOTICES=0, and the value is unchanged."""
+    from wflow.transport import _dispatch
+
+    x, y = wflow.sphere.uniform(30, 3, seed=0), wflow.sphere.uniform(20, 3, seed=1)
+    quiet = wasserstein(x, y)
+    assert capsys.readouterr().err == ""  # 600 pairs: far below the exact solver's threshold
+    monkeypatch.setitem(_dispatch.NOTICE_PAIRS, "emd", 600)
+    assert wasserstein(x, y) == quiet
+    assert (
+        capsys.readouterr().err == "wflow: W_2 by emd between 30 and 20 atoms (seconds or more)\n"
+    )
+    monkeypatch.setenv("WFLOW_NOTICES", "0")
+    assert wasserstein(x, y) == quiet
+    assert capsys.readouterr().err == ""

@@ -126,7 +126,7 @@ def test_wflow_run_says_what_it_compiles_on_a_cold_cache_and_nothing_after(tmp_p
 def test_outside_any_block_wflows_own_kernels_are_announced_on_stderr(capsys, monkeypatch):
     """The multiscale example compiled for 36 s from an empty cache with nothing printed (issue 52,
     item 6): a kernel of wflow's that numba starts compiling outside any block prints one line; a
-    user's own numba function prints nothing, and WFLOW_COMPILE_NOTICES=0 silences wflow's."""
+    user's own numba function prints nothing, and WFLOW_NOTICES=0 silences wflow's."""
 
     def make(module):
         def kernel(x):
@@ -142,6 +142,6 @@ def test_outside_any_block_wflows_own_kernels_are_announced_on_stderr(capsys, mo
     ours(1.0)
     ours(2.0)  # compiled: nothing more
     assert capsys.readouterr().err == "wflow: compiling kernel with numba\n"
-    monkeypatch.setenv("WFLOW_COMPILE_NOTICES", "0")
+    monkeypatch.setenv("WFLOW_NOTICES", "0")
     quiet(1.0)
     assert capsys.readouterr().err == ""

@@ -51,6 +51,22 @@ def test_bracket_through_a_deep_hierarchy_contains_emd():
     assert r["marginal_error"] < 1e-4  # the scaling converged; it did not hit its budget
 
 
+@pytest.mark.parametrize(("cost", "n"), [("geodesic", 2000), ("chordal", 1000)])
+def test_two_close_clouds_are_bracketed_by_the_simplex_on_the_kept_pairs(cost, n):
+    """Two samples of the same law, closer than their spacing (W_2^2 below the first eps's
+    reach): the kept pairs go to the exact network simplex, whose plan and the exact
+    c-transforms of its duals meet to round-off around ot.emd2's value."""
+    x, y = uniform(n, 3, seed=0), uniform(n, 3, seed=1)
+    a = np.full(n, 1 / n)
+    exact = _emd(x, y, a, a, cost)
+    r = certified_w2(x, y, cost=cost, tol=1e-3)
+    assert r["simplex"] and r["certified"]
+    assert r["lower"] <= exact * (1 + 1e-12) and exact <= r["upper"] * (1 + 1e-12)
+    assert r["rel_width"] < 1e-8  # both ends of an exact solve (the scaling's rounding: 0.5 here)
+    # measures far apart in W_2 keep the scaling's bracket (the simplex is not tried)
+    assert not certified_w2(*_pair(500), cost=cost)["simplex"]
+
+
 def test_weighted_unequal_sizes_through_wasserstein():
     rng = np.random.default_rng(3)
     x = vmf_mixture(300, [[0, 0, 1.0], [0, 1.0, 0]], [15.0, 4.0], seed=4)

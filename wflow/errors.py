@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ __all__ = [
     "check_int",
     "short_repr",
     "real_float_dtype",
+    "notice",
 ]
 
 
@@ -316,3 +318,10 @@ def available_memory() -> float:
     except OSError:
         pass
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def notice(text: str) -> None:
+    """One line ``wflow: text`` on stderr: a step that takes seconds starts (a numba compilation, a
+    large distance solve).  ``WFLOW_NOTICES=0`` in the environment silences them."""
+    if os.environ.get("WFLOW_NOTICES", "1") != "0":
+        print(f"wflow: {text}", file=sys.stderr, flush=True)

@@ -27,7 +27,6 @@ import hashlib
 import logging
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +39,8 @@ from numba import njit
 from numba.core import event as _event
 from numba.core import types as _types
 from numba.extending import intrinsic, overload
+
+from ..errors import notice
 
 __all__ = [
     "LOG_ZERO",
@@ -351,10 +352,10 @@ class _CompileListener(_event.Listener):
 
 def _announce(name: str, cached: bool, seconds: float | None) -> None:
     """Outside any :func:`compile_notices` block: one line on stderr when numba starts compiling one of
-    wflow's kernels (seconds to a minute on a first run; ``WFLOW_COMPILE_NOTICES=0`` silences it)."""
-    if seconds is None and os.environ.get("WFLOW_COMPILE_NOTICES", "1") != "0":
+    wflow's kernels (seconds to a minute on a first run; ``WFLOW_NOTICES=0`` silences it)."""
+    if seconds is None:
         once = " (first run only: cached for later runs)" if cached else ""
-        print(f"wflow: compiling {name} with numba{once}", file=sys.stderr, flush=True)
+        notice(f"compiling {name} with numba{once}")
 
 
 _LISTENER = _CompileListener()

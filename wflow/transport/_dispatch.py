@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._typing import SeedLike
-from ..errors import check_int, check_positive, short_repr
+from ..errors import check_int, check_positive, notice, short_repr
 from ._circle import circle_wpp, w2_to_uniform_circle
 from ._common import (
     COSTS,
@@ -196,6 +196,10 @@ RUNNERS: dict[str, Runner] = {
 METHODS = ("auto", *RUNNERS)
 
 
+#: solves of n x m atoms that take seconds or more announce themselves on stderr (``notice``)
+NOTICE_PAIRS = {"emd": 4_000_000, "sinkhorn": 4_000_000, "multiscale": 10**8, "semidiscrete": 10**7}
+
+
 def auto_method(d: int, n: int, m: int, cost: str, max_emd: int, p: float = 2) -> str:
     """What ``method="auto"`` runs: ``circle`` on S^1 (geodesic cost), ``emd`` up to ``max_emd`` atoms;
     beyond, ``multiscale`` for :math:`W_2` (a certified bracket of relative width 1e-3) and
@@ -308,6 +312,8 @@ def wasserstein_result(
         "max_iter": max_iter,
         "backend": backend,
     }
+    if n * m >= NOTICE_PAIRS.get(method, math.inf):
+        notice(f"W_{p:g} by {method} between {n} and {m} atoms (seconds or more)")
     return RUNNERS[method](x, a, y, b, p, cost, {"n": n, "m": m}, options)
 
 
