@@ -42,7 +42,7 @@ COUNT_RULES: dict[tuple[str, int], tuple[float, int, int, float]] = {
     ("gelu", -1): (5.0, 3, 3, 0.2),
 }
 
-#: the weight draw (``paper_perceptron(2, 1.0, seed=CONVENTION_DRAW, activation="gelu")``) on which the two
+#: the weight draw (``paper_perceptron(2, 1.0, seed=CONVENTION_DRAW)``) on which the two
 #: conventions part at beta = 5, GELU descent: three atoms in the code's, two in the poster's
 CONVENTION_DRAW = 106
 
