@@ -26,7 +26,15 @@ from ..solvers.particles import simulate
 from .mean_field_time import CHAOS_BETAS, w2_in_time
 from .parts import Parts
 from .progress import numbered, phase, steps
-from .report import Expectation, StudyReport, fit_slope, register, save_figure, subplots
+from .report import (
+    Expectation,
+    StudyReport,
+    fit_rate_models,
+    fit_slope,
+    register,
+    save_figure,
+    subplots,
+)
 
 __all__ = [
     "mean_field",
@@ -406,6 +414,7 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
                     rep.name, label(f"S1 {name}: quadrature starts, N = {quad_N[0]}..{quad_N[-1]}")
                 )
                 _quadrature_start(rep, name, model, fine[-1], times, quad_N)
+    rep.sections.append(_rate_models_section(rep.rows))
     t_chaos = time.perf_counter()
     rep.figures.append(_figure(rep, out))
     rep.figures.append(w2_in_time(rep, out, quick, _circle_density, label))
@@ -414,6 +423,54 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
         f"{time.perf_counter() - t_chaos:.0f} s"
     )
     return rep
+
+
+def _rate_models_section(rows: list[dict[str, Any]]) -> str:
+    r"""The report's table of every fitted series of :math:`W_2` against N: slope with its 95 % CI, and
+    the fits of :math:`C N^{-1/2}` and :math:`C \sqrt{\log N / N}` (:func:`~wflow.studies.report.fit_rate_models`).
+
+    A series is one sphere, model and time: the i.i.d. rows on S^1, the semi-discrete rows on S^2
+    (the quick mode's EMD values on S^2 are floored by their reference and not fitted).
+
+    Examples
+    --------
+    >>> rows = [
+    ...     {"sphere": "S1", "model": "SA", "start": "iid", "t": 0.0, "N": N, "W2": 0.5 * g / N**0.5}
+    ...     for N, g in zip((100, 400, 1600, 6400), (1.02, 0.97, 1.01, 0.99))
+    ... ]
+    >>> print(_rate_models_section(rows).splitlines()[-1])
+    | S1 SA t=0 | 100..6400 | 4 | -0.504 | [-0.540, -0.467] | 0.4987 | 0.01931 | 0.1956 | 0.1277 | N^-1/2 |
+    """
+    series: dict[tuple[str, str, float], list[tuple[float, float]]] = {}
+    for r in rows:
+        fitted = r["sphere"] == "S1" or r.get("W2_method") == "semidiscrete"
+        if r.get("start") == "iid" and fitted and np.isfinite(r["W2"]):
+            series.setdefault((r["sphere"], r["model"], r["t"]), []).append((r["N"], r["W2"]))
+    lines = [
+        "## W2 against N: slope and rate models",
+        "",
+        "Each series (one sphere, model and time; every sample at every N) fitted by least squares "
+        "in log-log: the slope with its 95 % confidence interval (Student's t from the residuals; none "
+        "with two points), and the two rate models W2 ~ C N^-1/2 and W2 ~ C (log N / N)^1/2, one free "
+        "constant each fitted in log space, with the RMS of their log residuals; the better model has "
+        "the smaller RMS.",
+        "",
+        "| series | N | points | slope | 95% CI | C, N^-1/2 | RMS | C, sqrt(log N/N) | RMS | better |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for (sph, model, t), pts in series.items():
+        N, w2 = np.array(pts, dtype=float).T
+        f = fit_rate_models(N, w2)
+        ci = (
+            f"[{f.slope - f.half:.3f}, {f.slope + f.half:.3f}]"
+            if np.isfinite(f.half)
+            else "none (2 points)"
+        )
+        lines.append(
+            f"| {sph} {model} t={t:g} | {int(N.min())}..{int(N.max())} | {len(N)} | {f.slope:.3f} | "
+            f"{ci} | {f.C_sqrt:.4g} | {f.rms_sqrt:.4g} | {f.C_log:.4g} | {f.rms_log:.4g} | {f.better} |"
+        )
+    return "\n".join(lines)
 
 
 def _phase_count(plan: dict[int, dict[int, int]], models: dict[int, dict[str, Model]]) -> int:

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy import stats
@@ -34,6 +34,8 @@ __all__ = [
     "run_studies",
     "load_all",
     "fit_slope",
+    "RateFit",
+    "fit_rate_models",
     "STUDY_MODULES",
     "GROUPS",
     "OPTIONS",
@@ -219,6 +221,74 @@ def fit_slope(N: np.ndarray, err: np.ndarray, level: float = 0.99) -> tuple[floa
     res = stats.linregress(np.log(N), np.log(err))
     half = stats.t.ppf(0.5 + level / 2, len(N) - 2) * res.stderr if len(N) > 2 else np.inf
     return float(res.slope), float(half)
+
+
+class RateFit(NamedTuple):
+    """What :func:`fit_rate_models` returns: the free slope and the two one-constant rate models."""
+
+    #: OLS slope of ``log err`` against ``log N``
+    slope: float
+    #: half-width of its ``level`` confidence interval (``inf`` with two points: no interval)
+    half: float
+    #: ``C`` of ``err ~ C N^{-1/2}`` and the RMS of its log residuals
+    C_sqrt: float
+    rms_sqrt: float
+    #: ``C`` of ``err ~ C (log N / N)^{1/2}`` and the RMS of its log residuals
+    C_log: float
+    rms_log: float
+    #: the model with the smaller RMS: ``"N^-1/2"`` or ``"sqrt(log N/N)"`` (``"N^-1/2"`` on a tie)
+    better: str
+
+
+def fit_rate_models(N: np.ndarray, err: np.ndarray, level: float = 0.95) -> RateFit:
+    r"""The slope of ``err`` against ``N`` with its confidence interval, and the fits of two rate models.
+
+    The slope is :func:`fit_slope`'s (least squares in log-log, Student's t interval at ``level``
+    from the residuals).  Each model :math:`e_i \approx C f(N_i)`, with
+    :math:`f(N) = N^{-1/2}` (the i.i.d. empirical rate in dimension 1) or
+    :math:`f(N) = (\log N / N)^{1/2}` (Ajtai--Komlós--Tusnády on a 2-dimensional sphere), has one
+    free constant fitted by least squares in log space,
+    :math:`\log C = \overline{\log e_i - \log f(N_i)}`; its residual is the RMS of
+    :math:`\log e_i - \log(C f(N_i))`.
+
+    Parameters
+    ----------
+    N : ndarray, shape (n,)
+        Sizes, each > 1 (at least two distinct values).
+    err : ndarray, shape (n,)
+        Errors at those sizes, positive and finite.
+    level : float
+        Confidence level of the slope's interval, in (0, 1).
+
+    Examples
+    --------
+    >>> N = np.array([100.0, 1000.0, 10_000.0, 100_000.0])
+    >>> fit = fit_rate_models(N, 0.3 * np.sqrt(np.log(N) / N))
+    >>> fit.better, round(fit.C_log, 6), round(fit.rms_log, 12), round(fit.rms_sqrt, 4)
+    ('sqrt(log N/N)', 0.3, 0.0, 0.1713)
+    >>> round(fit.slope, 3), bool(0 < fit.half < 0.05)
+    (-0.434, True)
+    """
+    N = np.asarray(N, dtype=float)
+    err = np.asarray(err, dtype=float)
+    if N.ndim != 1 or N.shape != err.shape:
+        raise ValueError(
+            f"N and err must be 1-D of the same length, got shapes N={N.shape}, err={err.shape}"
+        )
+    if len(np.unique(N)) < 2 or not np.all(np.isfinite(N) & (N > 1)):
+        raise ValueError(f"N must hold finite sizes > 1, at least two distinct, got N={N}")
+    if not np.all(np.isfinite(err) & (err > 0)):
+        raise ValueError(f"err must be positive and finite, got err={err}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got level={level!r}")
+    slope, half = fit_slope(N, err, level)
+    fitted = []
+    for log_f in (-0.5 * np.log(N), 0.5 * np.log(np.log(N) / N)):
+        r = np.log(err) - log_f
+        fitted.append((float(np.exp(r.mean())), float(np.sqrt(np.mean((r - r.mean()) ** 2)))))
+    (C_sqrt, rms_sqrt), (C_log, rms_log) = fitted
+    better = "N^-1/2" if rms_sqrt <= rms_log else "sqrt(log N/N)"
+    return RateFit(slope, half, C_sqrt, rms_sqrt, C_log, rms_log, better)
 
 
 @dataclass
