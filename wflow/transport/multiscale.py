@@ -846,40 +846,20 @@ def _simplex(meas, duals, eps, pattern, sk, opts: _Settings, state):
     if lg["warning"] is not None or lg.get("result_code", 1) != 1:
         return None
     u, v = np.asarray(lg["u"], float), np.asarray(lg["v"], float)
-    gt, st1 = c_transform(y, x, u, opts.geodesic)
-    ft, st2 = c_transform(x, y, v, opts.geodesic)
-    lo2 = max(float(a @ u + b @ gt), float(a @ ft + b @ v))
-    up2 = float(lg["cost"])
-    lo, up = math.sqrt(max(lo2, 0.0)), math.sqrt(max(up2, 0.0))
-    width = max(up - lo, 0.0) / up if up > 0 else 0.0
-    result = {
-        "lower": min(lo, up),
-        "upper": up,
-        "value": 0.5 * (min(lo, up) + up),
-        "rel_width": width,
-        "certified": width <= opts.tol,
-        "eps": eps,
-        "levels": state["levels"],
-        "passes": state["passes"],
-        "pairs": int(pat.nnz),
-        "marginal_error": 0.0,
-        "rounding_mass": 0.0,
-        "scanned": 0.5 * (st1["scanned"] + st2["scanned"]),
-        "lower_sq": min(lo2, up2),
-        "upper_sq": up2,
-        "simplex": True,
-    }
+    result, _ = _certificate(meas, (u, v), eps, pat, float(lg["cost"]), opts, state)
+    result["simplex"] = True
     return result if result["certified"] else None
 
 
-def _certificate(meas, f, g, eps, pat, sk, pc, delta, opts: _Settings, state):
+def _certificate(meas, duals, eps, pat, up2, opts: _Settings, state, **details):
     """The certified bracket on the last level: ``(result, (f^c, g^c))``, the lower bound from the
-    c-transforms of both potentials, the upper from the rounded plan's cost ``pc``."""
+    c-transforms of both potentials ``duals``, the upper from a feasible plan's cost ``up2``; ``details``
+    (the marginal error and rounded mass of the scaling's plan) go into the result."""
     x, a, y, b = meas
-    up2 = pc
+    f, g = duals
     gt, st1 = c_transform(y, x, f, opts.geodesic)
     ft, st2 = c_transform(x, y, g, opts.geodesic)
-    lo2 = max(float(a @ f + b @ gt), float(a @ ft + b @ g))
+    lo2 = min(max(float(a @ f + b @ gt), float(a @ ft + b @ g)), up2)  # (round-off: lo <= up)
     lo, up = math.sqrt(max(lo2, 0.0)), math.sqrt(max(up2, 0.0))
     width = (up - lo) / up if up > 0 else 0.0
     result = {
@@ -892,12 +872,13 @@ def _certificate(meas, f, g, eps, pat, sk, pc, delta, opts: _Settings, state):
         "levels": state["levels"],
         "passes": state["passes"],
         "pairs": int(pat.nnz),
-        "marginal_error": float(sk.err),
-        "rounding_mass": float(delta),
+        "marginal_error": 0.0,
+        "rounding_mass": 0.0,
         "scanned": 0.5 * (st1["scanned"] + st2["scanned"]),
         "lower_sq": lo2,
         "upper_sq": up2,
         "simplex": False,
+        **{k: float(v) for k, v in details.items()},
     }
     log.debug(
         "bracket [%.6f, %.6f] width %.2g t %.1f",
@@ -988,7 +969,9 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             time.perf_counter() - state["t_start"],
         )
         if certify:
-            result, (ft, gt) = _certificate(meas, f, g, eps, pat, sk, pc, delta, opts, state)
+            result, (ft, gt) = _certificate(
+                meas, (f, g), eps, pat, pc, opts, state, marginal_error=sk.err, rounding_mass=delta
+            )
             width = result["rel_width"]
             if width <= opts.tol or levels >= opts.max_levels:
                 break
