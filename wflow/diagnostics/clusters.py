@@ -465,6 +465,23 @@ def mass_clusters(
     ([0.5, 0.5], [[0.952, 0.305], [-0.924, -0.383]])
     """
     x, w = check_points_weights(points, weights)
+    keep, k, label = mass_components(x, w, neighbors, radius, threshold)
+    masses = np.bincount(label, weights=w[keep], minlength=k)
+    bary = np.stack(
+        [np.bincount(label, weights=w[keep] * x[keep, c], minlength=k) for c in range(x.shape[1])],
+        axis=1,
+    )
+    atoms = bary / np.linalg.norm(bary, axis=1, keepdims=True)
+    order = np.argsort(-masses, kind="stable")
+    return atoms[order], masses[order]
+
+
+def mass_components(
+    x: np.ndarray, w: np.ndarray, neighbors: Any, radius: float | None, threshold: float
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """The components of :func:`mass_clusters` (``x`` (n, d), ``w`` (n,) checked):
+    ``(keep, k, label)``, ``keep`` the indices of the points with ``w >= threshold max(w)``,
+    ``label[i]`` in ``0..k-1`` the component of point ``keep[i]``."""
     n, d = x.shape
     keep = np.flatnonzero(w >= threshold * w.max())
     idx = -np.ones(n, dtype=np.intp)
@@ -488,10 +505,4 @@ def mass_clusters(
     ok = cols >= 0
     G = coo_matrix((np.ones(int(ok.sum())), (rows[ok], cols[ok])), shape=(keep.size, keep.size))
     k, label = connected_components(G, directed=False)
-    masses = np.bincount(label, weights=w[keep], minlength=k)
-    bary = np.stack(
-        [np.bincount(label, weights=w[keep] * x[keep, c], minlength=k) for c in range(d)], axis=1
-    )
-    atoms = bary / np.linalg.norm(bary, axis=1, keepdims=True)
-    order = np.argsort(-masses, kind="stable")
-    return atoms[order], masses[order]
+    return keep, int(k), label

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from ...density import Density
-from ...diagnostics import check_points_weights, mass_clusters
+from ...diagnostics import check_points_weights
+from ...diagnostics.clusters import mass_components
 from ...errors import WflowError, check_int, check_nonnegative, check_positive
 from ...measure import Atoms
 from ...mesh import Mesh
@@ -82,43 +83,6 @@ class AtomGroups:
     counts: dict[float, int]
 
 
-def _neighbor_array(
-    x: np.ndarray, neighbors: np.ndarray | None, radius: float | None
-) -> np.ndarray:
-    """Mesh neighbours, or the neighbours of a point cloud within ``radius`` (padded with -1)."""
-    if neighbors is not None:
-        nb = np.asarray(neighbors)
-        if nb.ndim != 2 or nb.shape[0] != x.shape[0] or not np.issubdtype(nb.dtype, np.integer):
-            raise ValueError(
-                f"neighbors must be an integer array of shape ({x.shape[0]}, k), got {nb.dtype} {nb.shape}"
-            )
-        return nb
-    from scipy.spatial import cKDTree
-
-    n, d = x.shape
-    if radius is None:
-        radius = 2.5 * (2 * np.pi / n if d == 2 else np.sqrt(4 * np.pi / n))
-    radius = check_positive(radius, "radius")
-    lists = cKDTree(x).query_ball_point(x, radius)
-    width = max(len(row) for row in lists)
-    nb = -np.ones((n, width), dtype=np.intp)
-    for i, row in enumerate(lists):
-        nb[i, : len(row)] = row
-    return nb
-
-
-def _components(w: np.ndarray, nb: np.ndarray, t: float) -> list[np.ndarray]:
-    """Members of each component of the points with ``w >= t max(w)`` (single linkage along ``nb``).
-
-    :func:`wflow.diagnostics.mass_clusters` returns each component's normalized barycentre;
-    given the indicator vectors :math:`e_i` as points, the barycentre of a component is supported
-    exactly on its members (their weights are positive), so the one cluster finder of the
-    package also gives the membership.
-    """
-    bary, _ = mass_clusters(np.eye(w.size), w, neighbors=nb, threshold=t)
-    return [np.flatnonzero(b > 0) for b in bary]
-
-
 def atom_groups(
     points: np.ndarray,
     weights: np.ndarray,
@@ -178,15 +142,12 @@ def atom_groups(
     if not threshold <= top < 1:
         raise ValueError(f"need 0 < threshold <= top < 1, got threshold={threshold:g}, top={top:g}")
     ladder = np.geomspace(threshold, top, levels) if top > threshold else np.array([threshold])
-    nb = _neighbor_array(x, neighbors, radius)
-    # work on the points above the lowest threshold only (the rest never joins a component)
-    keep = np.flatnonzero(w >= threshold * w.max())
-    idx = -np.ones(x.shape[0], dtype=np.intp)
-    idx[keep] = np.arange(keep.size)
-    sub = nb[keep]
-    sub = np.where(sub >= 0, idx[np.maximum(sub, 0)], -1)
-    ws = w[keep] / w.max()
-    comps = [_components(ws, sub, float(t)) for t in ladder]
+    ws = w / w.max()
+    comps = []  # at each threshold, the members of each component, by decreasing mass
+    for t in ladder:
+        keep, k, label = mass_components(x, ws, neighbors, radius, float(t))
+        mass = np.bincount(label, weights=ws[keep], minlength=k)
+        comps.append([keep[label == j] for j in np.argsort(-mass, kind="stable")])
     counts = {float(t): len(c) for t, c in zip(ladder, comps)}
     # follow each component up the ladder: split -> several groups, vanish -> a group (its last core)
     cores: list[np.ndarray] = []
@@ -205,7 +166,7 @@ def atom_groups(
             level_of.append(i)
         else:
             stack.extend((i + 1, ch) for ch in children)
-    bary = np.stack([ws[c] @ x[keep[c]] for c in cores])
+    bary = np.stack([ws[c] @ x[c] for c in cores])
     atoms = bary / np.linalg.norm(bary, axis=1, keepdims=True)
     # every point's mass to its nearest atom (largest inner product)
     cos = np.clip(x @ atoms.T, -1.0, 1.0)
@@ -471,9 +432,7 @@ def _atoms_tolerance(model: Model, atoms: np.ndarray, masses: np.ndarray, h: flo
     r""":math:`h\max_i\sum_j|H_{ij}|/m_i`: how fast the atoms' velocities change when each moves by ``h``.
 
     :math:`H` is the Wasserstein Hessian's form (:func:`wflow.stability.wasserstein_hessian`),
-    which leaves out each atom's interaction with itself (a constant on the sphere): the old
-    tolerance :math:`h|\mathrm{Hess}\,\delta F/\delta\mu|` kept it, :math:`e^\beta m_i`, and passed
-    states that are not critical points.
+    which leaves out each atom's interaction with itself (a constant on the sphere).
     """
     try:
         H = wasserstein_hessian(model, Atoms._trusted(atoms, masses / masses.sum()))
@@ -531,32 +490,17 @@ def stationary(
 ) -> StationaryResult:
     r"""A stable critical point of the free energy by iterated JKO steps with growing :math:`\tau`.
 
-    **Time.**  Steps and tolerances are in the model's own time unit ``T``
-    (:func:`model_time_unit`, default): :math:`T = e^{-\beta}` for USA at :math:`\beta` in the plain kernel
-    :math:`e^{\beta\langle x,y\rangle}`, 1 in the rescaled kernel :math:`e^{\beta(\langle x,y\rangle-1)}`
-    (perceptrons add their rate).  The steps are
-    :math:`\tau_{k+1} = \min(\tau_{\max}, \text{growth}\cdot\tau_k)\,T` from ``tau0 T`` until the
-    measure stops moving, :math:`\|\nu_{k+1}-\nu_k\|_1 \le \text{tol}\cdot\min(1, \tau_k/T)` (a
-    Wasserstein speed below ``tol`` in units of :math:`1/T`).  A step much longer than ``T`` would
-    jump over the basins of the flow to the global maximiser of the energy; ``time_unit=1.0`` gives
-    the model-time steps of wflow 0.x.
+    **Time** (``docs/jko.md``).  Steps, tolerances and the budget are in the model's own time
+    unit ``T`` (:func:`model_time_unit`; ``time_unit=1.0`` gives model-time steps):
+    :math:`\tau_{k+1} = \min(\tau_{\max}, \text{growth}\cdot\tau_k)\,T` from ``tau0 T`` until
+    :math:`\|\nu_{k+1}-\nu_k\|_1 \le \text{tol}\cdot\min(1, \tau_k/T)`, within ``t_max`` units of
+    ``T`` in all (restarts included).  A mode of rate :math:`\lambda` slows below the test's speed
+    :math:`v = 0.01\,h/T` after at most :math:`\log(\lambda\pi/v)/\lambda`, longest at
+    :math:`\lambda = e v/\pi`: the default
 
-    **Budget.**  The steps cover at most ``t_max`` units of ``T`` of model time in all (restarts
-    included); ``max_steps`` optionally caps their number too.  The default ``t_max`` is the longest
-    time a linearised mode of the flow can need to pass the convergence test below, whose speed
-    tolerance is :math:`v = 0.01\,h/T` (or ``residual_tol``).  A mode of rate :math:`\lambda` decays
-    like :math:`e^{-\lambda t}` from a displacement of at most :math:`\pi` (the diameter of the
-    sphere): its speed :math:`\lambda\pi e^{-\lambda t}` falls below :math:`v` after
-    :math:`\log(\lambda\pi/v)/\lambda`, and modes slower than :math:`v/\pi` never fail the test.
-    The longest of these times, at :math:`\lambda = e v/\pi`, is the default
+    .. math:: t_{\max} = \frac{\pi}{e\,v} = \frac{100\,\pi}{e\,h}\,T .
 
-    .. math:: t_{\max} = \frac{\pi}{e\,v} = \frac{100\,\pi}{e\,h}\,T,
-
-    4709 T on ``CircleMesh(256)`` and 826 T on ``SphereMesh(8)``.  Tails draining slowly
-    from an unstable point between atoms are such modes: a budget counted in steps stops their
-    draining at an arbitrary point.  When the measure is still moving as the budget runs out, the
-    result says ``converged=False``, and ``message`` gives the budget spent, the last change and
-    the residual.
+    A run still moving when the budget is spent says ``converged=False`` and why in ``message``.
 
     Then it reads the mass groups off the final measure (:func:`atom_groups`) and decides:
 
