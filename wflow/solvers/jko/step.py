@@ -230,22 +230,7 @@ class JKO(Solver):
             raise SolverError(
                 f"non-finite weights in the JKO step from t={t:.6g}; try a larger eps or a smaller tau"
             )
-        info = {
-            k: getattr(s, k)
-            for k in (
-                "iterations",
-                "sinkhorn",
-                "residual",
-                "residual_max",
-                "eps",
-                "L",
-                "objective",
-                "converged",
-                "stalled",
-                "time_ot",
-                "time_energy",
-            )
-        }
+        info = {k: getattr(s, k) for k in _STEP_FIELDS}
         failure = s.locked
         if s.stalled:
             failure = (
@@ -264,14 +249,9 @@ class JKO(Solver):
         if state.ot is None:  # emd keeps no state between steps
             return {}
         ws = state.warm_start()
-        n = state.x.shape[0]
-        if ws is None:
-            return {
-                "gbar": (("cell",), np.full(n, np.nan)),
-                "v": (("cell",), np.full(n, np.nan)),
-                "L": ((), np.float64(np.nan)),
-                "eps": ((), np.float64(np.nan)),
-            }
+        if ws is None:  # before the first step: NaN marks "no warm start"
+            n = state.x.shape[0]
+            ws = WarmStart(np.full(n, np.nan), np.full(n, np.nan), np.nan, np.nan)
         return {
             "gbar": (("cell",), ws.gbar),
             "v": (("cell",), ws.v),

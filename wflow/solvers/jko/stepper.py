@@ -15,76 +15,46 @@ here over the measures carried by a fixed support :math:`x_1..x_n` (a mesh's cel
 any point cloud) with reference volumes :math:`r_j` (cell areas), :math:`\int\nu\log\nu \approx
 \sum_j\nu_j\log(\nu_j/r_j)`, and ground cost :math:`C_{ij} = d(x_i, x_j)^2` (geodesic, or chordal).
 
-Algorithm (``method="sinkhorn"``), one step.  The transport term is entropic,
+Algorithm (``method="sinkhorn"``; ``docs/jko.md`` explains it at length, with its accuracy).
+The transport term is entropic,
 :math:`T_\varepsilon(a,\nu) = \min_{\pi\in\Pi(a,\nu)}\langle C,\pi\rangle + \varepsilon\,\mathrm{KL}(\pi\,|\,a\otimes r)`
-(Peyré 2015, *SIAM J. Imaging Sci.* 8), and the step minimizes over plans whose first marginal
-is :math:`a = \mu_k`:
+(Peyré 2015), and the step minimizes over plans whose first marginal is :math:`a = \mu_k`
 
 .. math::
 
     J(\pi) = \frac{T_\varepsilon}{2\tau} - F(\nu) + (\kappa^{-1} - c_\varepsilon)\,\mathrm{KL}(\nu\,|\,r),
     \qquad \nu = \pi^\top\mathbb 1 .
 
-* **Outer loop (energy).**  :math:`-F` and a negative entropy coefficient are linearized at the
-  current iterate :math:`\nu^m` (exact majorization for concave parts, e.g. attraction
-  :math:`-E_\beta`: the convex--concave procedure); a convex remainder (repulsion :math:`+E_\beta`)
-  gets a proximal term :math:`L\,\mathrm{KL}(\nu|\nu^m)` whose weight :math:`L` starts at 0 and
-  doubles whenever :math:`J` fails to decrease.  So :math:`J` decreases at every outer iteration.
-* **Inner loop (OT).**  The linearized problem (linear potential :math:`V`, entropy weight
-  :math:`\lambda`) is solved in the stabilized log domain (potentials absorbed into a kernel
-  truncated below :math:`e^{-50}` of each row's maximum, rebuilt when the scalings leave
-  :math:`[e^{-10}, e^{10}]`; above ``DENSE_MAX_CELLS`` = 5000 points no dense cost matrix is
-  formed: the kernel is built on the pairs within :math:`e^{-36}` of their row's maximum only,
-  found by a k-d tree search, in memory linear in the points -- :mod:`wflow.solvers.jko.sparse`).
-  The semi-relaxed Sinkhorn scaling iterations of Chizat, Peyré, Schmitzer & Vialard (2018,
-  *Math. Comp.* 87),
+* **Outer loop.**  :math:`-F` and a negative entropy coefficient are linearized at
+  :math:`\nu^m` (the convex--concave procedure); a convex remainder (repulsion) gets a proximal
+  term :math:`L\,\mathrm{KL}(\nu|\nu^m)`, :math:`L` doubled whenever :math:`J` fails to decrease.
+* **Inner loop.**  The linearized problem (potential :math:`V`, entropy weight :math:`\lambda`)
+  is solved in the stabilized log domain with a truncated kernel (above ``DENSE_MAX_CELLS``
+  points on the kept pairs only, :mod:`wflow.solvers.jko.sparse`).  Semi-relaxed Sinkhorn
+  (Chizat, Peyré, Schmitzer & Vialard 2018),
   :math:`f_i = -\varepsilon\log\sum_j r_j e^{(g_j - C_{ij})/\varepsilon}`,
   :math:`g_j = -\frac{\varepsilon}{\varepsilon+\lambda}\big(\lambda\log\sum_i a_i e^{(f_i-C_{ij})/\varepsilon} + V_j\big)`,
-  contract by :math:`\zeta = \lambda/(\lambda+\varepsilon)` per iteration on every smooth mode of
-  :math:`g` (not only the translation mode that translation-invariant Sinkhorn removes): fast
-  when :math:`\lambda \le \varepsilon` (with :math:`\lambda = 0`, no noise and no proximal term, one
-  iteration is exact), hopeless when noise makes :math:`\lambda = 2\tau/\kappa \gg \varepsilon`
-  (:math:`\lambda/\varepsilon \approx 1300` on a 2048-cell circle at :math:`\tau = 0.05`,
-  :math:`\kappa = 4`).  For :math:`\zeta > 1/2` the step therefore runs damped Newton--CG on the
-  semi-dual :math:`D(g) = \langle a, f(g)\rangle - \lambda\sum_j r_j e^{-(g_j+V_j)/\lambda}`
-  (:meth:`_SemiRelaxed.newton`), whose Hessian has condition number :math:`\approx\lambda/\varepsilon`:
-  :math:`O(\sqrt{\lambda/\varepsilon})` sparse kernel products per Newton step, a few Newton steps.
-  Every step starts at the target :math:`\varepsilon` from the previous step's potentials (the
-  first from :math:`g = -V - \lambda\log(\mu_k/r)`); :math:`\varepsilon`-scaling (``eps_scaling``,
-  off by default) would start the first step at the squared displacement of one step,
-  :math:`\tau^2\langle\mu_k, |\nabla_S\delta F/\delta\mu|^2\rangle + 2(d-1)\tau/\kappa`: neither
-  solver's rate depends on :math:`\varepsilon` the way balanced Sinkhorn's does, so it is not needed.
+  contracts by :math:`\zeta = \lambda/(\lambda+\varepsilon)`; for :math:`\zeta > 1/2` damped
+  Newton--CG on the semi-dual
+  :math:`D(g) = \langle a, f(g)\rangle - \lambda\sum_j r_j e^{-(g_j+V_j)/\lambda}`
+  (:meth:`~wflow.solvers.jko.transport.SemiRelaxed.newton`).  The first step starts from :math:`g = -V - \lambda\log(\mu_k/r)`,
+  later ones from the previous potentials; ``eps_scaling`` (off by default) starts the first
+  step at :math:`\varepsilon = \tau^2\langle\mu_k, |\nabla_S\delta F/\delta\mu|^2\rangle + 2(d-1)\tau/\kappa`.
+* **Stopping rule.**  The residual
+  :math:`\sum_j\nu_j|g_j/(2\tau) + \delta\Phi_\varepsilon/\delta\nu_j|` (the first-order
+  condition, :math:`g` the OT dual potential of :math:`\nu`) below ``tol``, or ``max_iter``
+  outer iterations (flagged in the statistics).
+* **Debiasing.**  The entropic plan blurs a step by :math:`e^{-d^2/\varepsilon}`, a spurious
+  diffusion :math:`\varepsilon/(4\tau)`; ``debias=True`` removes it to leading order with
+  :math:`c_\varepsilon = \sigma^2/(2\tau)`, :math:`\sigma^2` the blur's per-direction variance
+  measured on the support.  Keep :math:`\varepsilon \gtrsim h^2` (the default is :math:`2h^2`):
+  the exact discrete transport locks mass in its cell when :math:`\tau|v| < h/2`.
 
-Stopping rule.  The step's first-order condition is
-:math:`g_j/(2\tau) + \delta\Phi_\varepsilon/\delta\nu_j = 0` for every support point, :math:`g` the
-OT dual potential of :math:`\nu` (the row multipliers :math:`f` carry the mass constraint).  The
-*residual* is its :math:`\nu`-weighted mean :math:`\sum_j\nu_j|g_j/(2\tau) + \delta\Phi_\varepsilon/\delta\nu_j|`,
-in units of :math:`\delta F/\delta\mu`; the outer loop stops when it is below ``tol`` (or after
-``max_iter`` iterations, flagged in the statistics).
+``method="emd"``: the exact transport of POT's ``ot.emd`` (small supports), mirror descent on
+the weights with Armijo backtracking along :math:`g/(2\tau) + \delta\Phi/\delta\nu`.
 
-What :math:`\varepsilon` does.  Entropic transport blurs each step's plan by a kernel
-:math:`e^{-d^2/\varepsilon}`: a displacement spread of :math:`\sqrt{\varepsilon/2}` per direction
-(the *entropic blur* :math:`\sim\sqrt\varepsilon`), which on its own is a spurious diffusion
-:math:`\varepsilon/(4\tau)`.  With ``debias=True`` (default) it is removed to leading order by
-the entropy correction :math:`c_\varepsilon = \sigma^2/(2\tau)`, :math:`\sigma^2` the blur's
-per-direction variance measured on the discrete support (:math:`\to\varepsilon/2` when
-:math:`\varepsilon \gg h^2`, :math:`\to 0` when :math:`\varepsilon \ll h^2`, ``h`` the spacing).
-What remains is :math:`O(\tau)` from the implicit step, :math:`O(h)`--:math:`O(h^2)` from the
-support, and an :math:`O(\varepsilon)` blur of sharp features (atoms are smeared over
-:math:`\sim\sqrt\varepsilon`).  Without debiasing the error is :math:`O(\tau) + O(\varepsilon/\tau)`.
-Keep :math:`\varepsilon \gtrsim h^2`: with :math:`\varepsilon \ll h^2` the transport becomes the
-exact discrete one, which locks mass in its cell whenever :math:`\tau|v| < h/2`.  The default
-:math:`\varepsilon = 2h^2` is the smallest that avoids locking; with noise it does not depend on
-:math:`\kappa` (the Newton inner solve makes :math:`\lambda/\varepsilon` cost only
-:math:`\sqrt{\lambda/\varepsilon}`), and a larger :math:`\varepsilon` only adds blur.
-
-``method="emd"`` solves the same step with the exact transport of POT's ``ot.emd`` (no blur, small
-supports only): mirror descent on the weights with Armijo backtracking, the gradient being
-:math:`g/(2\tau) + \delta\Phi/\delta\nu`, :math:`g` the exact dual potential of :math:`W_2^2(a,\nu)`.
-
-This module is the step itself (:class:`JKOStepper`, its inputs and statistics): one idea,
-the algorithm above, in about 600 lines.  The solver of the contract, its problem and
-result and the front door :func:`~wflow.solvers.jko.jko` are :mod:`wflow.solvers.jko.step`.
+The solver of the contract, its result and the front door :func:`~wflow.solvers.jko.jko` are
+:mod:`wflow.solvers.jko.step`.
 """
 
 from __future__ import annotations
