@@ -7,22 +7,11 @@ The default cluster measure is the effective number of clusters
 
 These are what trackers record along a run; they know nothing about solvers.
 
-Two regimes, two algorithms for single-linkage clusters (connected components of the
-graph linking points closer than a geodesic threshold :math:`\theta`, i.e. at chordal
-distance below :math:`r = 2\sin(\theta/2)`):
-
-* **many small systems** (``n <=`` :data:`BATCHED_MAX_N`, the phase-diagram regime):
-  :func:`batched_cluster_labels` builds every system's adjacency matrix from one batched
-  GEMM and finds the components of all systems at once by min-label propagation with
-  pointer jumping -- no Python loop over systems;
-* **one large system**: :func:`cluster_labels` (angular order on :math:`S^1`, a grid of
-  cells of side :math:`r/\sqrt 3` with a union--find over cells on :math:`S^2`, a k-d tree
-  otherwise).
-
-:func:`pair_fraction` is the observable of the phase diagram of Geshkovski, Letrouit,
-Polyanskiy and Rigollet (the fraction of token pairs with :math:`\langle x_i, x_j\rangle`
-above a cosine), batched the same way (:func:`pair_counts`: one compiled pass per system).  :func:`mass_clusters` groups the mass-carrying
-points of a measure on a mesh or a point cloud into atoms (JKO's stationary states).
+Single-linkage clusters (components of the graph of points closer than a geodesic threshold):
+:func:`batched_cluster_labels` for many small systems at once (``n <=`` :data:`BATCHED_MAX_N`),
+:func:`cluster_labels` for one large system.  :func:`pair_fraction` is the observable of the
+phase diagram of Geshkovski, Letrouit, Polyanskiy and Rigollet.  :func:`mass_clusters` groups
+the mass-carrying points of a measure on a mesh or a point cloud into atoms.
 """
 
 from __future__ import annotations

@@ -109,11 +109,8 @@ def cluster_labels(points: np.ndarray, threshold: float = 0.1) -> tuple[int, np.
       non-empty cubes; two cubes at most two apart along each axis are joined when their
       points' bounding boxes are closer than :math:`r` at their farthest corners, skipped
       when the boxes are :math:`r` apart or the cubes already joined, and otherwise by
-      scanning the points near the other box.  About :math:`O(n\log n)`: 10--100 ms at
-      :math:`n = 10^5` on the 2-core development machine for uniform, clustered and collapsed
-      points and thresholds from :math:`10^{-3}` to 0.1 (Delaunay on the convex hull, used
-      before, took 0.9--3 s; a spectral velocity evaluation takes about 0.12 s).  The first
-      call compiles it (numba, cached on disk afterwards).  Its worst case is two dense
+      scanning the points near the other box.  About :math:`O(n\log n)`; the first call
+      compiles it (numba, cached on disk afterwards).  Its worst case is two dense
       clusters whose boxes come within :math:`r` without any pair doing so (then a scan of
       their pairs);
     * otherwise all pairs within :math:`r` from a k-d tree (beware of dense clusters: the

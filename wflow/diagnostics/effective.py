@@ -5,22 +5,11 @@ r"""The effective number of clusters of a measure at inverse temperature :math:`
     N_{\mathrm{eff}}(\mu; \beta) = \Big(\iint e^{\beta(\langle x, y\rangle - 1)}\,d\mu(x)\,d\mu(y)\Big)^{-1}
     = \frac{e^{\beta}}{2\beta E_\beta(\mu)}, \qquad E_\beta(\mu) = \frac{1}{2\beta}\iint e^{\beta\langle x,y\rangle}d\mu\,d\mu .
 
-Each pair of points counts with the attention kernel's weight: 1 for coincident points,
-:math:`e^{-2\beta}` for antipodal ones, so two points "see" each other when they are within
-about :math:`1/\sqrt\beta` (the width of the kernel).  Hence
-
-* :math:`k` clusters of equal mass much farther apart than :math:`1/\sqrt\beta`, each much
-  narrower: :math:`N_{\mathrm{eff}} \to k` (masses :math:`m_k`: :math:`1/\sum_k m_k^2`);
-* :math:`n` distinct equal atoms: at most :math:`n`;
-* the uniform measure on :math:`S^{d-1}`: the closed form
-  :math:`N_{\mathrm{eff}} = e^{\beta}\Gamma(d/2)^{-1}(\beta/2)^{d/2-1}/I_{d/2-1}(\beta)`
-  (:func:`uniform_effective_clusters`), :math:`e^\beta/I_0(\beta)` on :math:`S^1`,
-  :math:`2\beta/(1-e^{-2\beta})` on :math:`S^2`: about the number of kernel widths that fit on the
-  sphere, a smooth function of :math:`\beta` that does not depend on the number of points
-  (single-linkage counts at a fixed angle percolate through a uniform cloud instead).
-
-It is a function of the state and :math:`\beta` only, continuous in both, and costs one kernel
-sum (the energy's); it is the same number in the plain and the rescaled kernel conventions.
+Each pair of points counts with the attention kernel's weight (1 for coincident points,
+:math:`e^{-2\beta}` for antipodal ones): :math:`k` separated clusters of equal mass, each much
+narrower than :math:`1/\sqrt\beta`, give :math:`N_{\mathrm{eff}} \to k`; the uniform measure a
+closed form (:func:`uniform_effective_clusters`) that does not depend on the number of points.
+It costs one kernel sum and is the same in the plain and the rescaled kernel conventions.
 """
 
 from __future__ import annotations

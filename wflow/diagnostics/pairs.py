@@ -81,8 +81,8 @@ def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
     r"""Ordered pairs :math:`i \ne j` with :math:`\langle x_i, x_j\rangle > c`, per system, for batches of tiny systems.
 
     One compiled pass per system (the Gram matrix in float64, then the count off its diagonal), or for
-    ``r >`` :data:`PAIR_COUNTS_FUSED_MAX_DIM` a batched GEMM per chunk of systems and a compiled count
-    (1.2-1.7x faster at r = 32...128, n = 32), worker threads over chunks of systems;
+    ``r >`` :data:`PAIR_COUNTS_FUSED_MAX_DIM` a batched GEMM per chunk of systems and a compiled count,
+    worker threads over chunks of systems;
     :func:`pair_fraction` takes it for ``n <=`` :data:`~wflow.kernels.small.SMALL_MAX`.
 
     Parameters
