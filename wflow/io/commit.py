@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -22,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreBusyError, WflowError
-from .paths import create_new, kind_of, open_regular, read_regular, special_file_error
+from .paths import (
+    create_new,
+    kind_of,
+    open_regular,
+    read_regular,
+    special_file_error,
+    write_all,
+)
 
 FORMAT = "wflow.result/2"
 COMMIT = "wflow_commit.json"
@@ -187,10 +195,7 @@ def read_digest_lines(store: Path, length: int, chain: str) -> list[dict[str, st
         lines = data.decode().splitlines()[:length] if data is not None else []
     except (OSError, UnicodeDecodeError) as exc:
         raise WflowError(f"{store}: the digests {DIGESTS} cannot be read ({exc})") from None
-    h = ""
-    for line in lines:
-        h = chain_next(h, line)
-    if len(lines) < length or h != chain:
+    if len(lines) < length or functools.reduce(chain_next, lines, "") != chain:
         raise WflowError(
             f"{store}: the snapshot digests {DIGESTS} do not match the commit record "
             f"({len(lines)} lines for {length} committed snapshots): the store is damaged"
@@ -225,10 +230,7 @@ def append_digest(store: Path, line: str, chain: str, end: int) -> tuple[str, in
     fd = open_regular(store / DIGESTS, os.O_RDWR | os.O_CREAT)
     try:
         os.ftruncate(fd, end)
-        os.lseek(fd, end, os.SEEK_SET)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data, end)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -239,10 +241,7 @@ def write_digests(store: Path, lines: list[str]) -> str:
     """Replace :data:`DIGESTS` by ``lines`` at once (a temporary file renamed over it); their chain."""
     data = b"".join(line.encode() + b"\n" for line in lines)
     _replace_with(store / (DIGESTS + ".tmp"), store / DIGESTS, data)
-    chain = ""
-    for line in lines:
-        chain = chain_next(chain, line)
-    return chain
+    return functools.reduce(chain_next, lines, "")
 
 
 #: what wflow writes in a lock file: its owner's PID (nothing yet for the instant after creating it)

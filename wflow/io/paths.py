@@ -100,13 +100,13 @@ def create_new(path: str | os.PathLike, data: bytes) -> None:
     """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
     try:
-        _write_all(fd, data)
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+def write_all(fd: int, data: bytes, offset: int | None = None) -> None:
     """Write all of ``data`` to ``fd`` (at ``offset`` when given, else where the file stands)."""
     view = memoryview(data)
     while view:
@@ -198,7 +198,7 @@ def write_figure(path: str | os.PathLike, png: bytes, what: str) -> None:
         old = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
         if not png_is_wflows(old):
             raise ValueError(f"{p} exists and was not written by wflow; it is left as it is")
-        _write_all(fd, data, 0)  # over the old figure, then cut: its start always carries the mark
+        write_all(fd, data, 0)  # over the old figure, then cut: its start always carries the mark
         os.ftruncate(fd, len(data))
     finally:
         os.close(fd)

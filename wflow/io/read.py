@@ -50,7 +50,7 @@ from .recorder import (
     variable_attributes,
 )
 
-log = logging.getLogger("wflow.io")  # the name the messages had before io became a package
+log = logging.getLogger("wflow.io")
 
 
 def _open_result(p: Path):
@@ -262,8 +262,8 @@ def _sound_prefix(p: Path, arrays) -> tuple[int, dict[str, Any]]:
     k, reason = 0, ""
     while k < limit:
         why = _snapshot_fault(p, k, arrays, lines[k] if lines is not None else None)
-        if why is None and any(_unreadable(arr, k) for _, arr in arrays):
-            bad = next(name for name, arr in arrays if _unreadable(arr, k))
+        bad = None if why else next((n for n, arr in arrays if _unreadable(arr, k)), None)
+        if bad is not None:
             why = f"variable {bad!r} snapshot {k}: the chunk fails its checksum"
         if why is not None:
             reason = why
@@ -301,15 +301,12 @@ def repair(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     group, _ = _open_result(p)
     arrays = [(name, arr) for name, arr in group.arrays() if is_snapshot(arr)]
-    lock = FolderLock(p.with_name(p.name + ".lock"), f"store {p}").acquire()
-    try:
+    with FolderLock(p.with_name(p.name + ".lock"), f"store {p}"):
         length, report = _sound_prefix(p, arrays)
         ndims = {name: arr.ndim for name, arr in arrays}
         lines = [digest_line(i, snapshot_digests(p, i, ndims)) for i in range(length)]
         chain = write_digests(p, lines)  # (the old file stays until the new one is complete)
         commit_length(p, length, chain)
-    finally:
-        lock.release()
     log.info("repaired %s: %s", p, report)
     return report
 

@@ -41,7 +41,7 @@ from .commit import (
     store_files,
 )
 
-log = logging.getLogger("wflow.io")  # the name the messages had before io became a package
+log = logging.getLogger("wflow.io")
 
 #: the counters stored per snapshot
 STATS = ("steps", "rejected", "evaluations")
@@ -593,53 +593,37 @@ class ZarrRecorder:
                 config={"write_empty_chunks": True},
                 attributes=attributes(name, tuple(dims)),
             )
-        sizes: dict[str, int] = {}
-        for name, (dims, value) in self.static.items():
-            value = np.asarray(value)
-            sizes.update(zip(dims, value.shape))
+
+        def whole(name: str, dims: tuple[str, ...], value: np.ndarray, attrs: dict, chunks=None):
             arr = group.create_array(
                 name,
                 shape=value.shape,
-                chunks=value.shape or None,
+                chunks=chunks or value.shape or None,
                 dtype=value.dtype,
                 compressors=codecs,
                 dimension_names=tuple(dims),
                 config={"write_empty_chunks": True},
-                attributes=attributes(name, tuple(dims)),
-            )
-            arr[...] = value
-        for name, (dims, value, attrs) in cells.items():
-            arr = group.create_array(
-                name,
-                shape=value.shape,
-                chunks=value.shape,
-                dtype=value.dtype,
-                compressors=codecs,
-                dimension_names=dims,
-                config={"write_empty_chunks": True},
                 attributes=attrs,
             )
             arr[...] = value
+
+        sizes: dict[str, int] = {}
+        for name, (dims, value) in self.static.items():
+            value = np.asarray(value)
+            sizes.update(zip(dims, value.shape))
+            whole(name, dims, value, attributes(name, tuple(dims)))
+        for name, (dims, value, attrs) in cells.items():
+            whole(name, dims, value, attrs)
         for name, (dims, value) in self._variables(snap).items():
             sizes.update(zip(dims, np.shape(value)))
         # every dimension gets a coordinate (xarray: ds.sel(particle=3)); marked so that reading skips them
         for dim, attrs in index_coordinates(
             set(sizes) - set(self._arrays) - set(self.static) - set(cells)
         ).items():
-            arr = group.create_array(
-                dim,
-                shape=(sizes[dim],),
-                chunks=(max(sizes[dim], 1),),
-                dtype=np.int64,
-                compressors=codecs,
-                dimension_names=(dim,),
-                attributes=attrs,
-                config={"write_empty_chunks": True},
-            )
-            arr[...] = np.arange(sizes[dim])
-        with (
-            warnings.catch_warnings()
-        ):  # zarr notes that consolidated metadata is not in the v3 spec (yet)
+            n = sizes[dim]
+            whole(dim, (dim,), np.arange(n, dtype=np.int64), attrs, chunks=(max(n, 1),))
+        # zarr notes that consolidated metadata is not in the v3 spec (yet)
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             zarr.consolidate_metadata(self.path)
         self.group = group
