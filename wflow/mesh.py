@@ -250,49 +250,18 @@ class CircleMesh(Mesh):
 
 
 def _icosahedron() -> tuple[np.ndarray, np.ndarray]:
+    """The 12 unit vertices (cyclic permutations of (0, +-1, +-phi)) and the 20 faces."""
     p = (1 + np.sqrt(5)) / 2
-    v = np.array(
-        [
-            [-1, p, 0],
-            [1, p, 0],
-            [-1, -p, 0],
-            [1, -p, 0],
-            [0, -1, p],
-            [0, 1, p],
-            [0, -1, -p],
-            [0, 1, -p],
-            [p, 0, -1],
-            [p, 0, 1],
-            [-p, 0, -1],
-            [-p, 0, 1],
-        ],
-        dtype=float,
-    )
+    # fmt: off
+    v = np.array([[-1, p, 0], [1, p, 0], [-1, -p, 0], [1, -p, 0],
+                  [0, -1, p], [0, 1, p], [0, -1, -p], [0, 1, -p],
+                  [p, 0, -1], [p, 0, 1], [-p, 0, -1], [-p, 0, 1]], dtype=float)
+    f = np.array([[0, 11, 5], [0, 5, 1], [0, 1, 7], [0, 7, 10], [0, 10, 11],
+                  [1, 5, 9], [5, 11, 4], [11, 10, 2], [10, 7, 6], [7, 1, 8],
+                  [3, 9, 4], [3, 4, 2], [3, 2, 6], [3, 6, 8], [3, 8, 9],
+                  [4, 9, 5], [2, 4, 11], [6, 2, 10], [8, 6, 7], [9, 8, 1]])
+    # fmt: on
     v /= np.linalg.norm(v, axis=1, keepdims=True)
-    f = np.array(
-        [
-            [0, 11, 5],
-            [0, 5, 1],
-            [0, 1, 7],
-            [0, 7, 10],
-            [0, 10, 11],
-            [1, 5, 9],
-            [5, 11, 4],
-            [11, 10, 2],
-            [10, 7, 6],
-            [7, 1, 8],
-            [3, 9, 4],
-            [3, 4, 2],
-            [3, 2, 6],
-            [3, 6, 8],
-            [3, 8, 9],
-            [4, 9, 5],
-            [2, 4, 11],
-            [6, 2, 10],
-            [8, 6, 7],
-            [9, 8, 1],
-        ]
-    )
     return v, f
 
 
@@ -453,7 +422,7 @@ class SphereMesh(Mesh):
         # edges: each arc (a, b) appears in exactly two regions
         lo, hi = np.minimum(vert, nxt), np.maximum(vert, nxt)
         key = lo * verts.shape[0] + hi
-        uniq, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
+        _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
         if np.any(cnt != 2):
             raise ValueError(
                 "spherical Voronoi regions do not close (an edge is not shared by exactly two cells); "
