@@ -20,14 +20,10 @@ direction :math:`\theta_i \in S^{d-1}`.  The block's update is computed from the
 * ``ngpt`` (step α(t)): :math:`s = |U_i|/\alpha(t)`, :math:`r' = 0` (on the sphere);
 * ``sqrt``: :math:`s = \sqrt{t+1}`, :math:`r' = 0` (on the sphere).
 
-Post-LN, nGPT and √-scaling never look at radii: they are velocity fields on the sphere
-(√-scaling a time change of Post-LN, nGPT the field :math:`\alpha(t)P_\theta U/|U|`), so the
-finite-volume, Lagrangian and JKO solvers run them too.  Pre-, Peri- and Mix-LN carry radii:
-their state lives in :math:`\mathbb{R}^d` (``space = "free"``) and the particle solver
-integrates it without projection.  With :math:`Q = K = I`, :math:`V = \pm I` and no perceptron,
-the attention energy :math:`\pm E_\beta` of the *directions* is a Lyapunov function of every
-scheme (each moves :math:`\theta_i` along :math:`P_{\theta_i}U_i`, the gradient direction, at a
-positive speed), and ``energy`` returns it.
+Post-LN, nGPT and √-scaling are velocity fields on the sphere; Pre-, Peri- and Mix-LN carry
+radii (``space = "free"``, the state in :math:`\mathbb{R}^d`).  With :math:`Q = K = I`,
+:math:`V = \pm I` and no perceptron, ``energy`` is the attention energy :math:`\pm E_\beta` of
+the directions, a Lyapunov function of every scheme (``docs/schemes.md``).
 
 Layer-dependent parameters: :class:`Layered` (a list of models, one per unit of depth, or
 random weights redrawn every ``period``) and :class:`TimeDependent` (any function of t).
@@ -130,9 +126,7 @@ class Normalized(Model):
         elif alpha is not None:
             raise ValueError(f"alpha is the step of 'ngpt', not of {scheme!r}")
         self.t = 0.0
-        self._pre = (
-            self.tau is not None and 0.0 < self.tau
-        )  # Mix-LN before its switch (set by at())
+        self._pre = self.tau is not None and 0.0 < self.tau  # Mix-LN before its switch (at())
 
     def _set_alpha(self, alpha: Any, times: ArrayLike | None) -> None:
         if callable(alpha):
