@@ -15,12 +15,9 @@ with a k-d tree search in a lifted space (:func:`wflow.transport.certify.thresho
 Schmitzer 2019), and stores them in CSR form: memory and work per kernel build
 :math:`O(n\,\Theta\varepsilon/h^2)`, linear in the cells at fixed :math:`\varepsilon/h^2`.
 
-What the truncation drops.  Near its maximum a row of the kernel is a Gaussian
-:math:`e^{-|y - y_i|^2/\varepsilon}` on the (two-dimensional) sphere, and the mass of a planar
-Gaussian outside its level set :math:`e^{-\Theta}` is exactly the fraction :math:`e^{-\Theta}` of
-its total.  With :math:`\Theta =` ``THETA_SPARSE`` :math:`= 36` that is :math:`2.3\cdot10^{-16}`
-of each row's mass, the unit round-off of float64: the truncated plan's marginals, potentials and
-the step's weights agree with the untruncated ones to round-off times the number of products.
+A row dropped at :math:`\Theta =` ``THETA_SPARSE`` :math:`= 36` loses :math:`e^{-36} = 2.3\cdot10^{-16}`
+of its mass (a planar Gaussian outside its :math:`e^{-\Theta}` level set), float64's round-off
+(``docs/jko.md``, "Large meshes").
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 r"""JKO scheme: the :class:`JKO` solver of the contract, its problem and result, and the front door :func:`jko`.
 
-For a gradient model the mean-field equation with noise is the Wasserstein-2 gradient flow
-of the free energy :math:`\Phi = -F + \kappa^{-1}\int\mu\log\mu`; the
-Jordan--Kinderlehrer--Otto scheme takes implicit steps
-
-.. math::
-
-    \mu_{k+1} = \arg\min_\nu \frac{W_2^2(\mu_k, \nu)}{2\tau} - F(\nu) + \kappa^{-1}\int\nu\log\nu
-
-on a fixed support.  One step -- the algorithm, its stopping rule, what :math:`\varepsilon`
-does -- is :mod:`wflow.solvers.jko.stepper` (:class:`JKOStepper`); this module runs such steps
-through the driver of the solver contract: :class:`JKOProblem` (the state: weights on the
-support), :class:`JKO` (the solver: one stepper per run, checkpointed for a bit-exact resume),
-:class:`JKOResult` and :func:`jko` / :func:`jko_step`.  The stepper's names are importable
-from here as well.
+One step -- the scheme, its algorithm, its stopping rule -- is :mod:`wflow.solvers.jko.stepper`
+(:class:`JKOStepper`, whose names are importable from here too); this module runs such steps
+through the driver of the solver contract: :class:`JKOProblem` (the weights on the support),
+:class:`JKO` (one stepper per run, checkpointed for a bit-exact resume), :class:`JKOResult`,
+:func:`jko` and :func:`jko_step`.
 """
 
 from __future__ import annotations
@@ -133,7 +124,7 @@ class JKOProblem(Problem):
 
 @register_solver
 class JKO(Solver):
-    """Implicit JKO steps (module docstring) as a solver of the contract: order 1, fixed step ``dt = tau``.
+    """Implicit JKO steps (:mod:`~wflow.solvers.jko.stepper`) as a solver of the contract: order 1, fixed step ``dt = tau``.
 
     Each step is :meth:`JKOStepper.step`; a step whose first-order residual stays above
     ``tol`` after ``max_iter`` outer iterations is a failure (status -1 with ``throw=False``).
@@ -433,7 +424,7 @@ def jko(
 ) -> JKOResult:
     r"""Run ``n_steps`` JKO steps :math:`\mu_{k+1} = \arg\min_\nu W_2^2(\mu_k,\nu)/(2\tau) - F(\nu) + \kappa^{-1}\int\nu\log\nu`.
 
-    Algorithm, stopping rule and the role of :math:`\varepsilon`: module docstring.  The steps
+    Algorithm, stopping rule and the role of :math:`\varepsilon`: :mod:`~wflow.solvers.jko.stepper`.  The steps
     run through the driver of the solver contract (:func:`wflow.solvers.base.integrate`) with
     the :class:`JKO` solver and a fixed step ``tau``.
 
@@ -451,8 +442,8 @@ def jko(
         Number of steps; the result holds times ``0, tau, ..., n_steps tau`` (every ``save_every``).
     eps : float, optional
         Entropic regularization (units of squared distance); default ``2 h^2``, ``h`` the spacing of
-        the support.  It blurs each step's plan over ~sqrt(eps) (debiased to leading order, module
-        docstring); smaller than ``h^2`` locks mass in its cell.  With noise the inner solve costs
+        the support.  It blurs each step's plan over ~sqrt(eps) (debiased to leading order);
+        smaller than ``h^2`` locks mass in its cell.  With noise the inner solve costs
         ~sqrt(2 tau / (kappa eps)) kernel products per Newton step.
     cost : {"geodesic", "chordal"}
         :math:`C = d^2` with the great-circle or the chordal distance.
@@ -461,7 +452,7 @@ def jko(
     method : {"sinkhorn", "emd"}
         Entropic semi-relaxed Sinkhorn (any size) or exact ``ot.emd`` mirror descent (small supports).
     debias : bool
-        Remove the blur's spurious diffusion to leading order (module docstring).
+        Remove the blur's spurious diffusion to leading order (:mod:`~wflow.solvers.jko.stepper`).
     eps_scaling : float, optional
         ``None`` (default): every step is solved at ``eps`` directly.  A factor in ``(0, 1)``: the
         first step runs an eps-scaling schedule from the squared displacement of one step down to ``eps``.
