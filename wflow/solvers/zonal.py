@@ -4,22 +4,9 @@ A zonal measure :math:`\mu = f(\langle x, e\rangle)\sigma` stays zonal under SA 
 :math:`Q = K = I`, :math:`V = \pm I`, and the continuity equation becomes a conservation law
 for the law of :math:`z = \langle x, e\rangle` on :math:`[-1, 1]` (:mod:`wflow.zonal`,
 ``docs/zonal.md``).  This module puts its finite-volume discretization
-(:class:`~wflow.zonal.ZonalFV`) under the solver contract:
-
-* :class:`ZonalProblem` -- a :class:`~wflow.solvers.base.Problem` of kind ``"zonal"``: the band
-  masses are the state, ``rhs_with_limit`` gives :math:`dm/dt` with the positivity limit of
-  forward Euler (times ``cfl``), the error is measured per unit of change as for
-  :class:`~wflow.solvers.eulerian.FiniteVolume`;
-* :class:`ZonalTrajectory` -- its result: times, band masses, cell averages, total mass,
-  energy, the grid, the law of :math:`z` (CDF, quantiles, exact 1-D :math:`W_2` to samples);
-* :func:`solve_zonal` -- the front door: ``integrate(problem, "ssprk3", ...)``, positivity
-  preserving (every stage a forward-Euler step below its limit) with error-controlled steps, or
-  ``method="remap"``: characteristics traced back over a step and the old masses remapped onto the
-  bands (:meth:`ZonalProblem.remap_step`), positive and conservative for steps far beyond the
-  positivity limit.
-
-Saving, loading and resuming go through :func:`wflow.save`, :func:`wflow.load`,
-:func:`wflow.resume` and :class:`wflow.io.ZarrRecorder` like every other kind.
+(:class:`~wflow.zonal.ZonalFV`) under the solver contract: :class:`ZonalProblem` (kind
+``"zonal"``, the band masses as state), its result :class:`ZonalTrajectory` and the front door
+:func:`solve_zonal`.
 """
 
 from __future__ import annotations

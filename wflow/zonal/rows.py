@@ -112,7 +112,7 @@ class KernelRows:
         self.panels = self.points = 0
         self.error = 0.0
         self.method = "dense"
-        R, S = self.rows.size, self.sources.size
+        S = self.sources.size
         if method != "dense" and self._try_panels():
             self.method = "panel"
         elif method == "panel":
@@ -123,7 +123,6 @@ class KernelRows:
         else:
             self._build_dense()
         self.nbytes = sum(a.nbytes for a in self._arrays())
-        del R
 
     # -- construction ------------------------------------------------------------------------------
     def _exact(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
