@@ -90,35 +90,31 @@ class SemiRelaxed:
             self.K = self.KT = self._KT2 = None  # free the old kernel before the new one is built
             self.K, self.fbar = self.C.kernel(self.gbar, self.logr, eps)
             self.KT = self.K.T  # a CSC view: no second copy
-            self.u = np.ones(n)
-            self.v = np.ones(n)
-            self._KT2 = None
-            self.builds += 1
-            self.build_time += time.perf_counter() - t0
-            return
-        inv = 1.0 / eps
-        rows_per = max(1, 2**21 // n)
-        data, indices, indptr = [], [], [np.zeros(1, dtype=np.int64)]
-        fbar = np.empty(n)
-        h = self.gbar * inv + self.logr
-        nnz = 0
-        for i in range(0, n, rows_per):
-            E = h[None, :] - self.C[i : i + rows_per] * inv
-            m = E.max(axis=1)
-            E -= m[:, None]
-            fbar[i : i + rows_per] = -eps * m
-            keep = E > -THETA
-            cnt = keep.sum(axis=1)
-            data.append(np.exp(E[keep]))
-            indices.append(np.nonzero(keep)[1])
-            indptr.append(nnz + np.cumsum(cnt))
-            nnz += int(cnt.sum())
-        K = sparse.csr_matrix(
-            (np.concatenate(data), np.concatenate(indices), np.concatenate(indptr)), shape=(n, n)
-        )
-        self.K = K.toarray() if nnz > 0.3 * n * n else K
-        self.KT = self.K.T if isinstance(self.K, np.ndarray) else K.T.tocsr()
-        self.fbar = fbar
+        else:
+            inv = 1.0 / eps
+            rows_per = max(1, 2**21 // n)
+            data, indices, indptr = [], [], [np.zeros(1, dtype=np.int64)]
+            fbar = np.empty(n)
+            h = self.gbar * inv + self.logr
+            nnz = 0
+            for i in range(0, n, rows_per):
+                E = h[None, :] - self.C[i : i + rows_per] * inv
+                m = E.max(axis=1)
+                E -= m[:, None]
+                fbar[i : i + rows_per] = -eps * m
+                keep = E > -THETA
+                cnt = keep.sum(axis=1)
+                data.append(np.exp(E[keep]))
+                indices.append(np.nonzero(keep)[1])
+                indptr.append(nnz + np.cumsum(cnt))
+                nnz += int(cnt.sum())
+            K = sparse.csr_matrix(
+                (np.concatenate(data), np.concatenate(indices), np.concatenate(indptr)),
+                shape=(n, n),
+            )
+            self.K = K.toarray() if nnz > 0.3 * n * n else K
+            self.KT = self.K.T if isinstance(self.K, np.ndarray) else K.T.tocsr()
+            self.fbar = fbar
         self.u = np.ones(n)
         self.v = np.ones(n)
         self._KT2 = None
@@ -206,14 +202,7 @@ class SemiRelaxed:
             if zeta > 0.5 and it > 1:
                 # over-relaxation (Thibault, Chizat, Dossal & Papadakis 2021): g <- g + w (T(g) - g)
                 g_new = g_old + self.omega * (g_new - g_old)
-            logv = (g_new - self.gbar) / eps
-            if np.max(np.abs(logv)) > _ABSORB or not np.all(np.isfinite(logv)):
-                self.build(g_new)
-                self.row_update()
-            else:
-                self.v = np.exp(logv)
-                self.row_update()
-            nu = self.nu(a)
+            nu = self._set_g(g_new, a)
             # a-posteriori bound change/(1-zeta), capped: the outer loop checks the true residual anyway
             change = float(np.dot(nu, np.abs(g_new - g_old))) / max(1.0 - zeta, 0.02)
             if change > prev:
