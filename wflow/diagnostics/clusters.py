@@ -383,9 +383,7 @@ def count_clusters(mu: Atoms, threshold: float = 0.1, *, min_mass: float = 0.0) 
         if min_mass <= 0:  # the roots suffice: one per cluster
             roots = _batched_roots(pts, threshold)
             return (roots == np.arange(mu.n)).sum(axis=-1).astype(np.int64).reshape(mu.batch_shape)
-        _, labels = batched_cluster_labels(
-            pts, threshold
-        )  # clusters with mass: the labels are needed
+        _, labels = batched_cluster_labels(pts, threshold)  # clusters with mass: labels needed
         B, n = labels.shape
         masses = np.bincount(
             (labels + n * np.arange(B)[:, None]).ravel(), weights=w.ravel(), minlength=B * n

@@ -213,9 +213,7 @@ class EquiangularSystem:
         inner = 1.0 + (n - 1) * q * rho  # <theta, A> / a
         if phase == "pre-ln":
             return -push / r, a * inner
-        norm = sqrt(
-            1.0 + 2 * (n - 1) * q * rho + q * q * (n - 1) * (1 + (n - 2) * rho)
-        )  # ||A|| / a
+        norm = sqrt(1.0 + 2 * (n - 1) * q * rho + q * q * (n - 1) * (1 + (n - 2) * rho))  # |A|/a
         if phase == "peri-ln":
             return -push / (r * a * norm), inner / norm
         # ngpt: speed divisor ||A|| / alpha(t)

@@ -351,6 +351,5 @@ def _betacf(a: float, b: float, x: np.ndarray) -> np.ndarray:
         h *= delta
         if np.all(np.abs(delta - 1.0) < 1e-15):
             return h
-    raise SolverError(
-        f"incomplete beta continued fraction did not converge (a={a}, b={b})"
-    )  # pragma: no cover
+    msg = f"incomplete beta continued fraction did not converge (a={a}, b={b})"
+    raise SolverError(msg)  # pragma: no cover

@@ -196,10 +196,7 @@ class ZonalFV:
         self._off_right = z[1:] - self.centers  # face offsets from the centroid
         self._off_left = z[:-1] - self.centers
         reach = np.maximum(self._off_right, -self._off_left)
-        reach[0], reach[-1] = (
-            self._off_right[0],
-            -self._off_left[-1],
-        )  # the pole faces carry no flux
+        reach[0], reach[-1] = self._off_right[0], -self._off_left[-1]  # no flux at the poles
         self._reach = reach
         self.spread = self._cell_spread()
         # polar angle from the lower pole, theta = arccos(-z) in [0, pi] (the variable of the remap step)
@@ -528,9 +525,8 @@ class ZonalFV:
         w = np.diff(self.theta_edges)
         with np.errstate(divide="ignore"):
             logq = np.log(m) - np.log(w)
-        slope = _mc_log_slopes(
-            logq, m > 0, 0.5 * (w[1:] + w[:-1])
-        )  # centres' distances across the faces
+        # (the centres' distances across the faces)
+        slope = _mc_log_slopes(logq, m > 0, 0.5 * (w[1:] + w[:-1]))
         return np.clip(slope * w, -2.0, 2.0)
 
     def remap(self, masses: np.ndarray, departure: np.ndarray) -> np.ndarray:
@@ -597,14 +593,12 @@ class ZonalFV:
             )
         rows = self._energy_rows
         s0 = rows(m)[0]  # sum_j m_j k(c_i, c_j) e^{-top_i}
-        with np.errstate(divide="ignore"):
-            lm = np.log(m)
         bad = (m > 0) & ~(s0 > _UNDERFLOW)
         with np.errstate(divide="ignore"):
+            lm = np.log(m)
             x = lm + rows.top + np.log(np.maximum(s0, 0.0))
-        if np.any(
-            bad
-        ):  # rows whose shifted sum underflowed: in log scale with the masses in the shift
+        # rows whose shifted sum underflowed: in log scale with the masses in the shift
+        if np.any(bad):
             lk = zonal_kernel_unchecked(
                 self.centers[bad, None], self.centers[None, :], self.beta, self.d
             )[0]
