@@ -61,18 +61,14 @@ def pair_fraction(points, cos_threshold: float = 0.999) -> np.ndarray:
     xf = x.reshape(-1, n, d)
     if n <= small.SMALL_MAX:
         # tiny systems: one compiled pass per system (float64 Gram blocks), worker threads over systems
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return (
-                (pair_counts(xf, c) / (n * (n - 1))).reshape(batch)
-                if n > 1
-                else np.full(batch, np.nan)
-            )
-    count = np.empty(xf.shape[0])
-    for s in batch_chunks(xf.shape[0], n):
-        xs = xf[s]
-        G = bmm(xs, np.swapaxes(xs, -1, -2))
-        diag = np.einsum("bii->bi", G) > c
-        count[s] = np.count_nonzero(G > c, axis=(-1, -2)) - np.count_nonzero(diag, axis=-1)
+        count = pair_counts(xf, c)
+    else:
+        count = np.empty(xf.shape[0])
+        for s in batch_chunks(xf.shape[0], n):
+            xs = xf[s]
+            G = bmm(xs, np.swapaxes(xs, -1, -2))
+            diag = np.einsum("bii->bi", G) > c
+            count[s] = np.count_nonzero(G > c, axis=(-1, -2)) - np.count_nonzero(diag, axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return (count / (n * (n - 1))).reshape(batch) if n > 1 else np.full(batch, np.nan)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ..errors import WflowError
@@ -40,13 +42,10 @@ def snapshot_diagnostics(
     >>> sorted(out), int(out["n_clusters"]), round(float(out["order_parameter"]), 6)  # |(2, 0, 1)| / 3
     (['energy', 'n_clusters', 'order_parameter'], 2, 0.745356)
     """
+    energy = np.full(mu.batch_shape, np.nan)
     if model.is_gradient:
-        try:
+        with contextlib.suppress(WflowError):  # e.g. USA energy beyond float range at large beta
             energy = np.asarray(model.energy(mu, backend=backend), dtype=np.float64)
-        except WflowError:  # e.g. USA energy beyond float range at very large beta
-            energy = np.full(mu.batch_shape, np.nan)
-    else:
-        energy = np.full(mu.batch_shape, np.nan)
     return {
         "energy": energy,
         "order_parameter": np.asarray(order_parameter(mu), dtype=np.float64),

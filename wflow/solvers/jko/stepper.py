@@ -292,9 +292,8 @@ class StepStats:
     """
 
     iterations: int  #: outer (re-linearization) iterations
-    sinkhorn: (
-        int  #: inner iterations: scaling iterations, Newton-CG kernel products and Newton steps
-    )
+    #: inner iterations: scaling iterations, Newton-CG kernel products and Newton steps
+    sinkhorn: int
     residual: float  #: nu-weighted first-order residual, units of dF/dmu
     residual_max: float  #: max over support points with nu_j >= 1e-8 max(nu)
     eps: float  #: regularization at the end of the step (0 for emd)
