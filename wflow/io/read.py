@@ -61,14 +61,12 @@ def _open_result(p: Path):
     if p.is_dir():  # a FIFO in place of its metadata is refused, never waited on
         refuse_special_metadata(p)
     if not (p / "zarr.json").is_file():
-        raise WflowError(
-            f"{p} is not a wflow result store: it has no zarr.json ("
-            + (
-                "a file, not a store folder)"
-                if p.is_file()
-                else "not a Zarr store, or its root metadata is lost)"
-            )
+        why = (
+            "a file, not a store folder"
+            if p.is_file()
+            else "not a Zarr store, or its root metadata is lost"
         )
+        raise WflowError(f"{p} is not a wflow result store: it has no zarr.json ({why})")
     try:
         group = zarr.open_group(p, mode="r")
         attrs = dict(group.attrs)

@@ -443,9 +443,8 @@ class ZarrRecorder:
         self._arrays: dict[str, Any] = {}
         self._chain: str | None = ""  # the hash chain of the snapshot digests committed so far
         self._digest_end = 0  # where their lines end in the digests file
-        self._folder: tuple[int, int] | None = (
-            None  # the store folder's (device, inode) once written
-        )
+        # the store folder's (device, inode) once written
+        self._folder: tuple[int, int] | None = None
         self._parent = _identity(self.path.parent)  # the folder it goes into, if it exists yet
 
     def _lock_path(self) -> FolderLock:
