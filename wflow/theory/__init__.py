@@ -1,22 +1,17 @@
 r"""Analytic results that the solvers must reproduce (the conventions page of the documentation).
 
-* Funk--Hecke eigenvalues of :math:`e^{\beta\langle x,y\rangle}` on :math:`S^{d-1}`:
-  :math:`c_\ell(\beta) = \Gamma(d/2)(2/\beta)^{d/2-1} I_{\ell+d/2-1}(\beta)`, i.e. the
-  kernel acts on a degree-:math:`\ell` spherical harmonic (normalized measure) as
-  multiplication by :math:`c_\ell`.
-* Linear growth rates around the uniform measure (Rigollet 2025, §5):
-  USA :math:`\lambda_\ell = \ell(\ell+d-2)c_\ell/\beta`, SA
-  :math:`\lambda_\ell = \ell(\ell+d-2)c_\ell/(\beta c_0)`.
+* Funk--Hecke eigenvalues of :math:`e^{\beta\langle x,y\rangle}` on :math:`S^{d-1}` and the
+  linear growth rates around the uniform measure (Rigollet 2025, §5): :func:`funk_hecke`,
+  :func:`growth_rate`, :func:`most_unstable_mode`, :func:`heat_decay_rate`.
 * The equiangular reduction (all pairwise inner products equal :math:`\rho`, all radii
-  equal :math:`r`) for every normalization scheme (Post-LN, Pre-LN, Peri-LN, Mix-LN, nGPT,
-  :math:`\sqrt{}`-scaling; Rigollet §5, Karagodin--Geshkovski--Polyanskiy--Rigollet 2025):
-  :func:`equiangular_scheme_rhs`, :func:`equiangular_scheme_solution`, the late-time laws
-  :func:`equiangular_asymptotics` and the time to a cosine :func:`equiangular_time`.
-* The Kuramoto form on the circle.
-* Long context: one attention layer at :math:`\beta = \gamma\log n`, its limit and its
-  finite-:math:`n` value (:func:`long_context_limit`, :func:`long_context_cosine`).
-* Kernel conventions :math:`e^{\beta\langle x,y\rangle}` and :math:`e^{\beta(\langle x,y\rangle-1)}`:
-  :func:`rescaled_time`, :func:`plain_time`, :func:`rescaled_energy`, :func:`plain_energy`.
+  equal :math:`r`) for every normalization scheme (Rigollet §5,
+  Karagodin--Geshkovski--Polyanskiy--Rigollet 2025): :func:`equiangular_scheme_rhs`,
+  :func:`equiangular_scheme_solution`, the late-time laws :func:`equiangular_asymptotics` and
+  the time to a cosine :func:`equiangular_time`.
+* Long context: one attention layer at :math:`\beta = \gamma\log n`
+  (:func:`long_context_limit`, :func:`long_context_cosine`).
+* Kernel conventions and the Kuramoto form: :func:`rescaled_time`, :func:`plain_time`,
+  :func:`rescaled_energy`, :func:`plain_energy`, :func:`kuramoto_velocity`.
 
 This module re-exports the code of :mod:`~wflow.theory.spectrum`, :mod:`~wflow.theory.equiangular`,
 :mod:`~wflow.theory.asymptotics`, :mod:`~wflow.theory.long_context` and

@@ -502,30 +502,24 @@ def stationary(
 
     A run still moving when the budget is spent says ``converged=False`` and why in ``message``.
 
-    Then it reads the mass groups off the final measure (:func:`atom_groups`) and decides:
-
-    * ``atomic``: every group's RMS spread is at most ``atom_width`` (default ``3 h``, ``h`` the
-      spacing of the support), except wider groups of total mass at most ``stray_mass``: tails
-      still draining, reported as ``residual_mass``, not as atoms;
-    * ``polished`` (``polish=True``, atomic limits only): the atoms, masses fixed, are moved off
-      the grid to the nearby critical point of the finite-atom flow
-      (:func:`wflow.stability.polish_atoms`); refused when an atom would move farther than
-      ``atom_width`` or meet another atom, or when the velocity would rise;
-    * ``converged``: the measure stopped moving, the support resolves the clusters (``resolved``:
-      :math:`h \le 1/\sqrt\beta` and a third of the closest two atoms' distance), and the residual
-      of one test is at most its tolerance: for an atomic limit the atoms' velocity against
-      :math:`h\max_i\sum_j|H_{ij}|/m_i` (the Wasserstein Hessian without self-interaction;
-      ``test="atoms"``), otherwise the largest speed :math:`|\nabla_S\delta F/\delta\mu(x_j)|` over
-      the support points holding at least 1e-3 of the largest weight against :math:`0.01\,h/T`
-      (``test="support"``: mass still draining is little mass that moves fast).
-      ``residual_tol`` overrides the tolerance; ``message`` names the test that decided;
-    * **stability**: a converged atomic limit is judged by :func:`wflow.stability.stability`; when it
-      is a critical point that is not stable (a symmetric start can stop on a saddle) and
-      ``perturb``, the mass of each atom is moved by ``atom_width`` along the unstable mode and the
-      steps resume, at most ``max_restarts`` times (``perturbations`` lists them).
+    Then it reads the mass groups off the final measure (:func:`atom_groups`) and judges them as
+    :class:`StationaryResult`'s ``atomic``, ``polished``, ``resolved``, ``test`` and
+    ``converged`` say; a converged atomic limit is judged by :func:`wflow.stability.stability`.
 
     Parameters
     ----------
+    atom_width : float, optional
+        Largest RMS spread of an atom; default ``3 h``, ``h`` the spacing of the support.
+    stray_mass : float
+        Wider groups of at most this mass in all are tails still draining (``residual_mass``).
+    polish : bool
+        Move the atoms (masses fixed) to the nearby critical point of the finite-atom flow.
+    residual_tol : float, optional
+        Overrides the tolerance of the convergence test.
+    perturb, max_restarts
+        At a critical point that is not stable (a symmetric start can stop on a saddle), move
+        each atom's mass by ``atom_width`` along the unstable mode and resume, at most
+        ``max_restarts`` times (``perturbations``).
     t_max : float, optional
         Budget of model time in units of ``T``; default :math:`\pi/(e v)` (above), reported as
         ``StationaryResult.t_max``.
