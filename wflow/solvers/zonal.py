@@ -354,16 +354,13 @@ class ZonalTrajectory(Result):
 def _spec(model_or_spec: Any, d: int) -> dict[str, Any]:
     """``attention``, ``beta``, ``sign`` from a wflow SA/USA model or a dict ``{"attention", "beta", "sign"}``."""
     if isinstance(model_or_spec, dict):
-        unknown = set(model_or_spec) - {"attention", "beta", "sign"}
+        defaults = {"attention": "SA", "beta": 1.0, "sign": 1}
+        unknown = set(model_or_spec) - set(defaults)
         if unknown:
             raise ValueError(
                 f"model spec has unknown keys {sorted(unknown)}; known: attention, beta, sign"
             )
-        return {
-            "attention": model_or_spec.get("attention", "SA"),
-            "beta": model_or_spec.get("beta", 1.0),
-            "sign": model_or_spec.get("sign", 1),
-        }
+        return {k: model_or_spec.get(k, v) for k, v in defaults.items()}
     from ..models import Model
 
     if not isinstance(model_or_spec, Model):
