@@ -309,14 +309,8 @@ def _regions(sv: SphericalVoronoi) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _solid_angle(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """Area of the spherical triangle (a, b, c) (Van Oosterom & Strackee 1983), unsigned."""
-    num = np.abs(np.einsum("...i,...i->...", a, np.cross(b, c)))
-    den = (
-        1
-        + np.einsum("...i,...i->...", a, b)
-        + np.einsum("...i,...i->...", b, c)
-        + np.einsum("...i,...i->...", c, a)
-    )
-    return 2 * np.arctan2(num, den)
+    dot = lambda u, v: np.einsum("...i,...i->...", u, v)
+    return 2 * np.arctan2(np.abs(dot(a, np.cross(b, c))), 1 + dot(a, b) + dot(b, c) + dot(c, a))
 
 
 def _vector_areas(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import json
 import os
 import re
@@ -166,8 +167,6 @@ def commit_length(path: Path, length: int, chain: str | None = None) -> None:
 # reader checks the chain up to the committed length, then every chunk against its line.
 def chunk_digest(name: str, index: int, data: bytes) -> str:
     """The digest of a chunk file's bytes ``data``, keyed by its variable ``name`` and snapshot ``index``."""
-    import hashlib
-
     h = hashlib.blake2b(f"{name}\0{index}\0".encode(), digest_size=12)
     h.update(data)
     return h.hexdigest()
@@ -175,8 +174,6 @@ def chunk_digest(name: str, index: int, data: bytes) -> str:
 
 def chain_next(chain: str, line: str) -> str:
     """The hash chain ``chain`` extended by one line of :data:`DIGESTS`."""
-    import hashlib
-
     return hashlib.blake2b((chain + line).encode(), digest_size=16).hexdigest()
 
 
