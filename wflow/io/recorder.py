@@ -310,17 +310,10 @@ def cell_coordinates(static: dict[str, Any]) -> dict[str, tuple[tuple[str, ...],
         r = np.linalg.norm(value, axis=1)
         lon = np.degrees(np.arctan2(value[:, 1], value[:, 0]))
         lat = np.degrees(np.arcsin(np.clip(value[:, 2] / r, -1.0, 1.0)))
+        of = lambda name, units: {"long_name": f"{name} of the cell centre", "units": units, **role}
         return {
-            "longitude": (
-                ("cell",),
-                lon,
-                {"long_name": "longitude of the cell centre", "units": "degrees_east", **role},
-            ),
-            "latitude": (
-                ("cell",),
-                lat,
-                {"long_name": "latitude of the cell centre", "units": "degrees_north", **role},
-            ),
+            "longitude": (("cell",), lon, of("longitude", "degrees_east")),
+            "latitude": (("cell",), lat, of("latitude", "degrees_north")),
         }
     return {}
 
