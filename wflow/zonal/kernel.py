@@ -56,16 +56,9 @@ _DEBYE_MAX = [
     for u in _DEBYE
 ]
 # Stirling: lgamma(nu + 1) - (nu log nu - nu + log(2 pi nu)/2) = sum_k B_2k / (2k (2k-1) nu^(2k-1))
-_STIRLING = [
-    1 / 12,
-    -1 / 360,
-    1 / 1260,
-    -1 / 1680,
-    1 / 1188,
-    -691 / 360360,
-    1 / 156,
-    -3617 / 122400,
-]
+# fmt: off
+_STIRLING = [1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360, 1 / 156, -3617 / 122400]
+# fmt: on
 
 
 def _debye_terms(nu: float) -> int:
