@@ -370,18 +370,10 @@ class JKOResult(Result):
         return Atoms._trusted(self.points, self.weights[i])
 
 
-_STEP_FIELDS = (
-    "iterations",
-    "sinkhorn",
-    "residual",
-    "residual_max",
-    "eps",
-    "L",
-    "objective",
-    "converged",
-    "stalled",
-    "time_ot",
-    "time_energy",
+#: the step statistics a step's info and a JKOResult's steps carry (StepStats' fields)
+_STEP_FIELDS = tuple(
+    "iterations sinkhorn residual residual_max eps L objective converged stalled time_ot "
+    "time_energy".split()
 )
 
 
