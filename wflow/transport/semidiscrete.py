@@ -313,18 +313,15 @@ class _Solver:
         return F, Z, m
 
     def hessian(self, P: np.ndarray, sup: tuple[np.ndarray, ...], eps: np.ndarray):
-        """``-D^2 F_eps = sum_j (w_j / eps_j) (diag P_j - P_j P_j^T)`` (rows sum to zero), from the split rows."""
+        """``-D^2 F_eps = sum_j (w_j / eps_j) (diag P_j - P_j P_j^T)`` (rows sum to zero), from the
+        split rows (:func:`~wflow.transport.sparse_kernels.split_pairs`)."""
         from scipy import sparse
 
-        _, j, i, _ = sup
-        sel = (P > 1e-15) & (P < 1.0 - 1e-13)
-        js = j[sel]
-        S = sparse.csr_matrix(
-            (np.sqrt(self.w[js] / eps[js]) * P[sel], (js, i[sel])), shape=(self.M, self.N)
-        )
-        G = (S.T @ S).tocsr()
-        G.setdiag(0.0)
-        G.eliminate_zeros()
+        from .sparse_kernels import split_pairs
+
+        indptr, _, i, _ = sup
+        r, c, v = split_pairs(indptr, i, P, self.w / eps, 1e-15, 1.0 - 1e-13)
+        G = sparse.csr_matrix((v, (r, c)), shape=(self.N, self.N))
         diag = np.asarray(G.sum(axis=1)).ravel()
         return sparse.diags(diag) - G, diag
 

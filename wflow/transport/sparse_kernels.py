@@ -605,6 +605,20 @@ def candidate_values(q, pts, pot, idx, geodesic):
     return out
 
 
+@njit(cache=True, inline="always")
+def _chord2(x, i, y, j):
+    """``|x_i - y_j|^2``."""
+    s = 0.0
+    for k in range(x.shape[1]):
+        dk = x[i, k] - y[j, k]
+        s += dk * dk
+    return s
+
+
+#: fine atoms per block of :func:`walk_support` (one scratch row of reduced costs per block)
+WALK_BLOCK = 4096
+
+
 @njit(cache=True, parallel=True)
 def walk_support(y, x, psi, nbr, best, gap, count):
     """Each fine atom's best atom and how many atoms lie near it, by a walk on the atoms' graph.
@@ -612,36 +626,39 @@ def walk_support(y, x, psi, nbr, best, gap, count):
     For fine atom ``j``: from ``best[j]`` (updated in place), move to the neighbour
     (``nbr[b]``: the atom ``b`` itself, then its neighbours, padded with -1) of least reduced cost
     ``|y_j - x_i|^2 - psi_i`` until none is lower; ``count[j]`` = the atoms of ``nbr[best[j]]``
-    within ``gap[j]`` of that least cost (:func:`walk_fill` lists them).  A local search: the
-    caller certifies what it needs with an exact query.
+    within ``gap[j]`` of that least cost (:func:`walk_fill` lists them), counted from the reduced
+    costs of the walk's last scan.  A local search: the caller certifies what it needs with an
+    exact query.
     """
-    K = nbr.shape[1]
-    for j in prange(y.shape[0]):
-        b = best[j]
-        rb = pair_cost(x, y, b, j, False) - psi[b]
-        while True:
-            nb = b
-            for q in range(K):
-                i = nbr[b, q]
-                if i < 0:
+    M, K = y.shape[0], nbr.shape[1]
+    for blk in prange((M + WALK_BLOCK - 1) // WALK_BLOCK):
+        red = np.empty(K)
+        for j in range(blk * WALK_BLOCK, min(M, (blk + 1) * WALK_BLOCK)):
+            b = best[j]
+            rb = _chord2(x, b, y, j) - psi[b]
+            while True:
+                nb = b
+                for q in range(K):
+                    i = nbr[b, q]
+                    if i < 0:
+                        break
+                    r = _chord2(x, i, y, j) - psi[i]
+                    red[q] = r
+                    if r < rb:
+                        rb = r
+                        nb = i
+                if nb == b:
                     break
-                r = pair_cost(x, y, i, j, False) - psi[i]
-                if r < rb:
-                    rb = r
-                    nb = i
-            if nb == b:
-                break
-            b = nb
-        best[j] = b
-        c = 0
-        lim = rb + gap[j]
-        for q in range(K):
-            i = nbr[b, q]
-            if i < 0:
-                break
-            if pair_cost(x, y, i, j, False) - psi[i] <= lim:
-                c += 1
-        count[j] = c
+                b = nb
+            best[j] = b
+            c = 0
+            lim = rb + gap[j]
+            for q in range(K):
+                if nbr[b, q] < 0:
+                    break
+                if red[q] <= lim:
+                    c += 1
+            count[j] = c
 
 
 @njit(cache=True, parallel=True)
@@ -653,18 +670,48 @@ def walk_fill(y, x, psi, nbr, best, gap, ptr, rows, atoms, costs):
         if ptr[j + 1] == ptr[j]:  # a row the caller takes elsewhere
             continue
         b = best[j]
-        lim = pair_cost(x, y, b, j, False) - psi[b] + gap[j]
+        lim = _chord2(x, b, y, j) - psi[b] + gap[j]
         p = ptr[j]
         for q in range(K):
             i = nbr[b, q]
             if i < 0:
                 break
-            c = pair_cost(x, y, i, j, False)
+            c = _chord2(x, i, y, j)
             if c - psi[i] <= lim:
                 rows[p] = j
                 atoms[p] = i
                 costs[p] = c
                 p += 1
+
+
+@njit(cache=True)
+def split_pairs(indptr, atoms, P, coef, lo, hi):
+    """The off-diagonal terms ``coef_j P_p P_q`` of ``sum_j coef_j P_j P_j^T`` over the entries
+    ``p != q`` of each row ``j`` (CSR ``indptr``, atoms ``atoms``) whose weights lie in
+    ``(lo, hi)``: flat arrays ``(row atom, column atom, value)``, duplicates not summed."""
+    M = indptr.size - 1
+    n = 0
+    for j in range(M):
+        s = 0
+        for p in range(indptr[j], indptr[j + 1]):
+            if lo < P[p] < hi:
+                s += 1
+        n += s * (s - 1)
+    r = np.empty(n, np.int64)
+    c = np.empty(n, np.int64)
+    v = np.empty(n)
+    t = 0
+    for j in range(M):
+        for p in range(indptr[j], indptr[j + 1]):
+            if not lo < P[p] < hi:
+                continue
+            for q in range(indptr[j], indptr[j + 1]):
+                if q != p and lo < P[q] < hi:
+                    r[t] = atoms[p]
+                    c[t] = atoms[q]
+                    v[t] = coef[j] * P[p] * P[q]
+                    t += 1
+    return r, c, v
 
 
 # -- the hand-over: a fine level's pairs from the coarse level's kept cell pairs ---------------
