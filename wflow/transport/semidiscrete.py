@@ -448,6 +448,10 @@ def semidiscrete_w2(
         # within margin * min(eps) / 2 of where it was queried
         gap = eps * (math.log(10.0 / stage_tol) + margin + s.log_a_range)
         (st.F, st.P, st.m), st.cur = at(st.psi, (None, None))
+        if walking and final and s.check(st.psi, gap, st.cur[0]):
+            # the walk's misses found at the last stage's start are queried during its steps,
+            # not after its convergence (which they would undo)
+            (st.F, st.P, st.m), st.cur = at(st.psi, st.cur)
         _stage(st, s, at, a, eps, stage_tol, final, walking, gap, e_rel)
         if final or st.stalled:
             break
