@@ -46,7 +46,8 @@ plus a Levenberg--Marquardt floor :math:`\min(10^{-5}, 10^{-2}\|a - m\|_1)\,\bar
 (an empty cell has an empty row), solved by conjugate gradients preconditioned with one
 V-cycle of smoothed-aggregation multigrid built on the atoms' positions (Jacobi below
 ``JACOBI_MAX`` atoms); steps are capped by an adaptive trust radius on :math:`\max_i|\delta\psi_i|`, then
-backtracked (Armijo, and no cell may lose 80 % of its smallest mass).
+backtracked (Armijo, and no cell may lose 80 % of its smallest mass; the step is cut to the
+secant root of the slope along it, within a tenth to a half, where that slope turned negative).
 
 Certified bracket.  At the end, :math:`\mathrm{lo} = F_0(\psi)` is a lower bound, and the
 entropic plan :math:`\pi_{ij} = w_j P_{ji}` (exact :math:`\nu`-marginal, :math:`\mu_N`-marginal
@@ -711,7 +712,8 @@ def _line_search(
     steps: int,
 ) -> tuple[float, bool, tuple, tuple]:
     """Armijo on F_eps from ``psi`` along ``delta``, and no cell may lose most of its mass (KMT's
-    damping): ``(t, gave_up, (F, P, m), support)`` at the last point tried.
+    damping), backtracking by the secant of the slope (halving when the slope is still positive):
+    ``(t, gave_up, (F, P, m), support)`` at the last point tried.
 
     ``t = 0`` when the search stops (the slope at round-off level, or no progress); ``gave_up``
     when it stopped with the step below 1e-4."""
@@ -721,7 +723,10 @@ def _line_search(
         (Fn, Pn, mn), cur_n = at(psi + t * delta)
         if Fn >= F + 0.01 * t * gd and mn.min() > 0.2 * min(m.min(), a.min()):
             return t, False, (Fn, Pn, mn), cur_n
-        t *= 0.5
+        # F_eps is concave along the line: where its slope at t is negative (an overshoot), its
+        # maximum is near the secant root of the slope between 0 and t (within [t/10, t/2])
+        slope = float((a - mn) @ delta)
+        t *= min(0.5, max(0.1, gd / (gd - slope))) if slope < 0.0 else 0.5
         if gd < 1e-13 * abs(F) or t < 1e-4:  # round-off level, or no progress: stop this stage
             log.debug(
                 "N=%d: line search stops at step %d: t=%g, g.delta=%.3g, F=%.6g",
