@@ -605,16 +605,6 @@ def candidate_values(q, pts, pot, idx, geodesic):
     return out
 
 
-@njit(cache=True, inline="always")
-def _chord2(x, i, y, j):
-    """``|x_i - y_j|^2``."""
-    s = 0.0
-    for k in range(x.shape[1]):
-        dk = x[i, k] - y[j, k]
-        s += dk * dk
-    return s
-
-
 #: fine atoms per block of :func:`walk_support` (one scratch row of reduced costs per block)
 WALK_BLOCK = 4096
 
@@ -635,14 +625,14 @@ def walk_support(y, x, psi, nbr, best, gap, count):
         red = np.empty(K)
         for j in range(blk * WALK_BLOCK, min(M, (blk + 1) * WALK_BLOCK)):
             b = best[j]
-            rb = _chord2(x, b, y, j) - psi[b]
+            rb = _sq_chord(x, y, b, j) - psi[b]
             while True:
                 nb = b
                 for q in range(K):
                     i = nbr[b, q]
                     if i < 0:
                         break
-                    r = _chord2(x, i, y, j) - psi[i]
+                    r = _sq_chord(x, y, i, j) - psi[i]
                     red[q] = r
                     if r < rb:
                         rb = r
@@ -670,13 +660,13 @@ def walk_fill(y, x, psi, nbr, best, gap, ptr, rows, atoms, costs):
         if ptr[j + 1] == ptr[j]:  # a row the caller takes elsewhere
             continue
         b = best[j]
-        lim = _chord2(x, b, y, j) - psi[b] + gap[j]
+        lim = _sq_chord(x, y, b, j) - psi[b] + gap[j]
         p = ptr[j]
         for q in range(K):
             i = nbr[b, q]
             if i < 0:
                 break
-            c = _chord2(x, i, y, j)
+            c = _sq_chord(x, y, i, j)
             if c - psi[i] <= lim:
                 rows[p] = j
                 atoms[p] = i
