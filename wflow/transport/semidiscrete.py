@@ -223,7 +223,13 @@ class _Solver:
         # the atoms' neighbour graph (each atom first in its own row) and every fine atom's nearest
         # atom, where the walks of :meth:`walk` start
         tree = cKDTree(x)
-        self.nbr = _graph(x, tree.query(x, k=min(NEIGHBOURS, self.N), workers=workers)[1])
+        nbr = _graph(x, tree.query(x, k=min(NEIGHBOURS, self.N), workers=workers)[1])
+        # each row by increasing chord from its atom (itself first), padding last: the walks'
+        # scans stop where the rest cannot come within the gap
+        dist = np.where(nbr >= 0, np.linalg.norm(x[nbr] - x[:, None, :], axis=2), np.inf)
+        order = np.argsort(dist, axis=1, kind="stable")
+        self.nbr = np.take_along_axis(nbr, order, axis=1)
+        self.dist = np.take_along_axis(dist, order, axis=1)
         self.best = tree.query(y, k=1, workers=workers)[1].astype(np.intp)
         # fine atoms whose walk once missed part of their support: queried from then on
         self.forced = np.zeros(self.M, bool)
@@ -275,14 +281,16 @@ class _Solver:
         from .sparse_kernels import walk_fill, walk_support
 
         count = np.empty(self.M, np.intp)
-        walk_support(self.y, self.x, psi, self.nbr, self.best, gap, count)
+        top = np.where(self.nbr >= 0, psi[self.nbr], -np.inf).max(axis=1)
+        graph = (self.nbr, self.dist, top)
+        walk_support(self.y, self.x, psi, *graph, self.best, gap, count)
         full = np.nonzero((count >= self.degree[self.best]) | self.forced)[0]
         count[full] = 0
         indptr = np.zeros(self.M + 1, np.intp)
         np.cumsum(count, out=indptr[1:])
         n = int(indptr[-1])
         j, i, C = np.empty(n, np.intp), np.empty(n, np.intp), np.empty(n)
-        walk_fill(self.y, self.x, psi, self.nbr, self.best, gap, indptr, j, i, C)
+        walk_fill(self.y, self.x, psi, *graph, self.best, gap, indptr, j, i, C)
         if not full.size:
             return indptr, j, i, C
         jq, iq, Cq = self._queried(psi, gap, full)

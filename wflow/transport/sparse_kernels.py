@@ -609,16 +609,26 @@ def candidate_values(q, pts, pot, idx, geodesic):
 WALK_BLOCK = 4096
 
 
+@njit(cache=True, inline="always")
+def _beyond(dist, top, b, q, d_yb, lim):
+    """Whether every neighbour ``nbr[b, q:]`` of atom ``b`` (rows sorted by their chord ``dist``
+    to ``b``) has a reduced cost above ``lim`` for a fine atom at chord ``d_yb`` from ``b``:
+    ``|y - x_i| >= dist - d_yb`` and ``psi_i <= top[b]``, the row's largest potential."""
+    e = dist[b, q] - d_yb
+    return e >= 0.0 and e * e - top[b] > lim
+
+
 @njit(cache=True, parallel=True)
-def walk_support(y, x, psi, nbr, best, gap, count):
+def walk_support(y, x, psi, nbr, dist, top, best, gap, count):
     """Each fine atom's best atom and how many atoms lie near it, by a walk on the atoms' graph.
 
     For fine atom ``j``: from ``best[j]`` (updated in place), move to the neighbour
-    (``nbr[b]``: the atom ``b`` itself, then its neighbours, padded with -1) of least reduced cost
-    ``|y_j - x_i|^2 - psi_i`` until none is lower; ``count[j]`` = the atoms of ``nbr[best[j]]``
-    within ``gap[j]`` of that least cost (:func:`walk_fill` lists them), counted from the reduced
-    costs of the walk's last scan.  A local search: the caller certifies what it needs with an
-    exact query.
+    (``nbr[b]``: the atom ``b`` itself, then its neighbours by increasing chord ``dist``, padded
+    with -1) of least reduced cost ``|y_j - x_i|^2 - psi_i`` until none is lower; ``count[j]`` =
+    the atoms of ``nbr[best[j]]`` within ``gap[j]`` of that least cost (:func:`walk_fill` lists
+    them), counted from the reduced costs of the walk's last scan.  A scan stops where the
+    neighbours left cannot come within the gap (:func:`_beyond`; ``top``: the largest ``psi`` of
+    each row).  A local search: the caller certifies what it needs with an exact query.
     """
     M, K = y.shape[0], nbr.shape[1]
     for blk in prange((M + WALK_BLOCK - 1) // WALK_BLOCK):
@@ -628,9 +638,12 @@ def walk_support(y, x, psi, nbr, best, gap, count):
             rb = _sq_chord(x, y, b, j) - psi[b]
             while True:
                 nb = b
+                d_yb = math.sqrt(_sq_chord(x, y, b, j))  # as walk_fill computes it: same rows
+                n = K
                 for q in range(K):
                     i = nbr[b, q]
-                    if i < 0:
+                    if i < 0 or _beyond(dist, top, b, q, d_yb, rb + gap[j]):
+                        n = q
                         break
                     r = _sq_chord(x, y, i, j) - psi[i]
                     red[q] = r
@@ -643,16 +656,14 @@ def walk_support(y, x, psi, nbr, best, gap, count):
             best[j] = b
             c = 0
             lim = rb + gap[j]
-            for q in range(K):
-                if nbr[b, q] < 0:
-                    break
+            for q in range(n):
                 if red[q] <= lim:
                     c += 1
             count[j] = c
 
 
 @njit(cache=True, parallel=True)
-def walk_fill(y, x, psi, nbr, best, gap, ptr, rows, atoms, costs):
+def walk_fill(y, x, psi, nbr, dist, top, best, gap, ptr, rows, atoms, costs):
     """The supports :func:`walk_support` counted, flat in ``ptr`` order: each entry's fine atom
     ``rows``, atom ``atoms`` and cost ``|y_j - x_i|^2`` ``costs`` (rows with no entries skipped)."""
     K = nbr.shape[1]
@@ -660,14 +671,16 @@ def walk_fill(y, x, psi, nbr, best, gap, ptr, rows, atoms, costs):
         if ptr[j + 1] == ptr[j]:  # a row the caller takes elsewhere
             continue
         b = best[j]
-        lim = _sq_chord(x, y, b, j) - psi[b] + gap[j]
+        c_b = _sq_chord(x, y, b, j)
+        d_yb = math.sqrt(c_b)
+        lim = c_b - psi[b] + gap[j]
         p = ptr[j]
         for q in range(K):
             i = nbr[b, q]
-            if i < 0:
+            if i < 0 or _beyond(dist, top, b, q, d_yb, lim):
                 break
             c = _sq_chord(x, y, i, j)
-            if c - psi[i] <= lim:
+            if c - psi[i] <= lim and p < ptr[j + 1]:
                 rows[p] = j
                 atoms[p] = i
                 costs[p] = c
