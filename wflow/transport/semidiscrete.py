@@ -38,9 +38,7 @@ cells, so the blur stays a fixed fraction of the local spacing.
 :math:`(\log(10/\mathrm{tol}_\mathrm{stage}) + 6)\,\varepsilon_j` of the best (the same exact search over cells of atoms): the dropped weights stay
 below :math:`e^{-\mathrm{cut}}` of the best while :math:`\max_i|\psi_i - \psi^q_i| \le
 3\min_j\varepsilon_j` (:math:`\psi^q`: where the support was queried), and the support is
-re-queried only when :math:`\psi` leaves that ball.  (A fixed number of candidates, as
-before, truncated clustered cells: the line search then compared values of different
-functions and stalled.)  The Hessian is the sparse weighted graph Laplacian
+re-queried only when :math:`\psi` leaves that ball.  The Hessian is the sparse weighted graph Laplacian
 :math:`\sum_j (w_j/\varepsilon_j)(\operatorname{diag} P_j - P_j P_j^\top)`
 plus a Levenberg--Marquardt floor :math:`\min(10^{-5}, 10^{-2}\|a - m\|_1)\,\bar L\,a_i/\bar a`
 (an empty cell has an empty row), solved by conjugate gradients preconditioned with one
@@ -54,11 +52,8 @@ entropic plan :math:`\pi_{ij} = w_j P_{ji}` (exact :math:`\nu`-marginal, :math:`
 :math:`m` with :math:`\|m - a\|_1` below ``tol``) gives the upper bound
 :math:`\mathrm{hi} = \sum_{ij}\pi_{ij}|x_i - y_j|^2 + 2\|m - a\|_1` (re-routing the mass
 mismatch costs at most :math:`\mathrm{diam}^2 = 4` per unit, half of it moves).  So
-:math:`\mathrm{lo} \le W_2^2(\mu_N,\nu) \le \mathrm{hi}`, whatever the solver did.
-Measured (cases of the mean-field study's S^2 semi-discrete check, ``wflow.studies.mean_field``, SA and USA, t = 0 and 1, 16 fine
-atoms per atom): relative width of the :math:`W_2` bracket
-:math:`(\sqrt{\mathrm{hi}}-\sqrt{\mathrm{lo}})/W_2 \approx 3\cdot10^{-5}\text{--}1.7\cdot10^{-4}`
-(docs/validation.md).
+:math:`\mathrm{lo} \le W_2^2(\mu_N,\nu) \le \mathrm{hi}`, whatever the solver did
+(measured widths: docs/validation.md).
 
 Scope.  Atoms against a fine quadrature with a smooth density:
 Fibonacci nodes pushed forward by a smooth flow, also after the flow has clustered nodes
@@ -73,20 +68,13 @@ used by the plan, :math:`W_2^{\mathrm{chord}} \le W_2^{\mathrm{geo}} \le
 \frac{2\arcsin(c_\max/2)}{c_\max}\sqrt{\mathrm{hi}}`: at the :math:`N^{-1/2}` scales of
 the mean-field study the factor is :math:`1 + c_\max^2/24 \approx 1 + 10^{-4}`.
 
-Linear solver.  The Hessian is a graph Laplacian on the atoms (about 18 entries a row), so
-Jacobi-preconditioned CG needs a number of iterations that grows with N (275 at
-:math:`N = 10^4`, 440 at :math:`3\cdot10^4`), each with BLAS dot products that spin on a
-loaded machine.  Measured on one :math:`N = 3\cdot10^4` Newton system (``rtol`` 1e-3,
-one thread): Jacobi CG 2.0 s; SuperLU (``splu``, minimum degree on :math:`A + A^\top`) 2.1 s
-with 207 factor entries a row (column AMD: 6.0 s, 400 a row), and the fill grows with N;
-smoothed aggregation 0.35 s to build and 14 iterations, 0.23 s, with an iteration count that
-does not grow with N.  Warm starts (``psi0``) from the same atoms a little earlier save few
-steps (22 against 26 after a rotation by 0.02 of 300 atoms), and starting them at a smaller
-:math:`\varepsilon` cost more (40--46 steps).
+Linear solver.  The Hessian is a graph Laplacian on the atoms (about 18 entries a row):
+Jacobi-preconditioned CG needs iterations that grow with N and a sparse LU fills in, while
+smoothed aggregation keeps CG at 10--20 iterations whatever N.
 
 Cost: supports from a walk on the atoms' neighbour graph, checked by an exact search (above)
-at the end and after a failed line search; 20--90 Newton steps.  Measured times: the table of
-docs/transport.md.
+when the last stage starts, at its end and after a failed line search; 20--130 Newton steps.
+Measured times: the table of docs/transport.md.
 """
 
 from __future__ import annotations
@@ -627,11 +615,10 @@ def _newton_direction(
     return delta
 
 
-#: smoothed aggregation: atoms per aggregate, and the size solved directly (sparse LU; 1500
-#: with a dense Cholesky cost more than all the CG iterations at N = 1e4)
+#: smoothed aggregation: atoms per aggregate, and the size solved directly (sparse LU)
 COARSENING, COARSEST = 8, 300
 #: Newton systems of this many atoms or fewer: Jacobi-preconditioned CG (cheaper than the
-#: multigrid's setup there: N = 1e4, one process, 27.9 s with Jacobi against 49.6 s)
+#: multigrid's set-up at that size)
 JACOBI_MAX = 20_000
 CG_RTOL = 1e-3
 
