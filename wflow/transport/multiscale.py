@@ -104,21 +104,17 @@ TAU = 12.0
 #: the hierarchy: each level has RATIO times fewer atoms than the next finer one
 RATIO = 4
 #: a level of N atoms (not the last) anneals down to eps = HANDOVER / N (S^2: HANDOVER / (4 pi)
-#: times its spacing squared), then hands over to the finer level.  The finest level's pairs
-#: per atom are then about proportional to HANDOVER (RATIO x N_coarse x eps): measured on a
-#: vMF mixture against uniform (tol 1e-3), 2.5 against 10 is 1.7-2.3x faster at N = 2.5e4 -
-#: 1e5 (chordal 1e5: 36 s against 64 s), 1.1-1.8x at 1e4; no difference below
+#: times its spacing squared), then hands over to the finer level, whose pairs per atom are
+#: then about proportional to HANDOVER (RATIO x N_coarse x eps)
 HANDOVER = 2.5
 #: L1 error of the marginals at which an eps level hands over to the next (halved) one
 LEVEL_ERR = 1e-3
 #: the hand-over's coarse cell pairs: those within (TAU + MARGIN) eps of their row's or
 #: column's best at the coarse level's last eps.  A fine atom sits up to a cell radius r from
 #: its cell's centre, which moves its slack by about 2 r sqrt(TAU eps) relative to the
-#: cell's, per side; at the hand-over r^2 is several eps (HANDOVER = 2.5).  Measured on a vMF
-#: mixture against uniform (10^5 atoms, chordal): with 40 the scaling on the 6250-atom level
-#: converged with 103 rows more than 12 eps from their exact best partner (the pattern had
-#: lost them; the finer levels inherit and widen such losses), with 100 none; 100 and 150 give
-#: the same run (961 Sinkhorn passes, bracket 2.1e-4 wide), 40 took 1167 passes for 4.3e-4
+#: cell's, per side; at the hand-over r^2 is several eps (HANDOVER = 2.5).  A narrower margin
+#: loses rows' best partners on the coarse levels, and the finer levels inherit and widen the
+#: losses
 MARGIN = 100.0
 #: a row (column) whose best partner in the kept pairs is more than LOST eps above its exact
 #: best over all atoms has lost its partners: its window is searched and added
@@ -616,14 +612,10 @@ def _repair(x, y, f, g, eps, narrowed, geodesic, exact=(None, None)):
     more than ``LOST`` eps above the exact best over all atoms (``exact[0]``, computed by
     cells when not given); its window (the rule of :func:`_search`) is searched and added,
     and the columns likewise.  A pattern expanded from the coarser level's cell pairs misses
-    the support of the plan near the transport map's discontinuities: measured on a vMF
-    mixture against uniform at 10^6 atoms, 85 columns of the 62 500-atom level, between two
-    caps' basins, whose coarse cells were paired with the other cap only (their best kept
-    partner 0.06 = 300 eps above their exact best).  Unrepaired, the scaling raised those
-    columns' potentials until atoms across the sphere fed them: 6821 rows then had a
-    distant, dual-infeasible column as their exact best, the finer levels inherited the
-    error, and the 250 000-atom level stalled.  Repaired before the scaling, 33 rows and
-    columns, the level ended with 4 (up to 27 eps).  Returns
+    the support of the plan near the transport map's discontinuities (atoms between two
+    basins whose coarse cells were paired with one basin only); unrepaired, the scaling
+    raises those columns' potentials until distant atoms feed them, and the finer levels
+    inherit the error.  Returns
     ``None`` when nothing is lost, else the new ``(pattern, c, c_csc)`` and the number of
     lost rows and columns.
     """
@@ -722,10 +714,7 @@ def _tightened(sk: Scaling, meas, narrowed, opts: _Settings, primal, optimistic)
     the bracket estimated at the current error, the rounded cost against the dual on the kept
     pairs (:func:`best_partner`), takes at most ``SAFE`` of the width allowed; otherwise it
     aims at the error at which that estimate, taken as proportional to the error, would, and
-    never below ``need``.  Measured on a von Mises-Fisher mixture against uniform atoms
-    (tol 1e-3, geodesic): the worst case asked for 6.3e-5 at 10^5 atoms (400 more passes, a
-    bracket 1.8e-4 wide) and 8e-5 at 10^6, where the scaling stalled at 6.2e-4 after 400
-    passes (324 s).
+    never below ``need``.
     """
     x, a, y, b = meas
     pat, c, c_csc = narrowed
