@@ -73,7 +73,7 @@ Jacobi-preconditioned CG needs iterations that grow with N and a sparse LU fills
 smoothed aggregation keeps CG at 10--20 iterations whatever N.
 
 Cost: supports from a walk on the atoms' neighbour graph, checked by an exact search (above)
-when the last stage starts, at its end and after a failed line search; 20--130 Newton steps.
+when the last stage starts, at its end and after a failed line search; 20--160 Newton steps.
 Measured times: the table of docs/transport.md.
 """
 
