@@ -635,24 +635,26 @@ def walk_support(y, x, psi, nbr, dist, top, best, gap, count):
         red = np.empty(K)
         for j in range(blk * WALK_BLOCK, min(M, (blk + 1) * WALK_BLOCK)):
             b = best[j]
-            rb = _sq_chord(x, y, b, j) - psi[b]
+            c_b = _sq_chord(x, y, b, j)
+            rb = c_b - psi[b]
             while True:
-                nb = b
-                d_yb = math.sqrt(_sq_chord(x, y, b, j))  # as walk_fill computes it: same rows
+                nb, c_nb = b, c_b
+                d_yb = math.sqrt(c_b)  # as walk_fill computes it: the same rows
+                red[0] = rb  # nbr[b, 0] is b itself
                 n = K
-                for q in range(K):
+                for q in range(1, K):
                     i = nbr[b, q]
                     if i < 0 or _beyond(dist, top, b, q, d_yb, rb + gap[j]):
                         n = q
                         break
-                    r = _sq_chord(x, y, i, j) - psi[i]
+                    c = _sq_chord(x, y, i, j)
+                    r = c - psi[i]
                     red[q] = r
                     if r < rb:
-                        rb = r
-                        nb = i
+                        rb, nb, c_nb = r, i, c
                 if nb == b:
                     break
-                b = nb
+                b, c_b = nb, c_nb
             best[j] = b
             c = 0
             lim = rb + gap[j]
