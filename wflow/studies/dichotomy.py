@@ -1,35 +1,19 @@
 r"""Synchronization for small β in d ≥ 3 and the collapse of a hemisphere (``wflow validate dichotomy``).
 
-Statements checked (SA and USA, :math:`Q = K = V = I`, equal weights :math:`1/n`):
+Geshkovski--Letrouit--Polyanskiy--Rigollet, *A mathematical perspective on Transformers* (Bull. AMS
+2025), Theorem 4.1 and §6; Markdahl--Thunberg--Gonçalves, IEEE TAC 2018 (the dichotomy between
+:math:`d = 2` and :math:`d \ge 3`).  SA and USA, :math:`Q = K = V = I`, weights :math:`1/n`:
 
-* **Synchronization** (Geshkovski--Letrouit--Polyanskiy--Rigollet, *A mathematical perspective on
-  Transformers*, Bull. AMS 2025, §4, Theorem 4.1; Rigollet 2025 survey; for :math:`\beta = 0` it is the
-  almost-global consensus on :math:`S^{d-1}`, :math:`d \ge 3`, of Markdahl--Thunberg--Gonçalves,
-  IEEE TAC 2018, which fails on the circle for some interaction graphs -- the *dichotomy* between
-  :math:`d = 2` and :math:`d \ge 3`): for :math:`d \ge 3` and β small, from Lebesgue-almost every
-  start all tokens converge to one point.  Measured: the fraction of random starts (uniform on the
-  sphere) whose pairwise cosines all exceed :math:`1 - 10^{-6}` by the time ``T``.
-* **The final approach rate** is the linearization at a synchronized state
-  :math:`x_1 = \dots = x_n = x^*`.  Write :math:`x_i = x^* + \varepsilon_i` with
-  :math:`\varepsilon_i \perp x^*` small.  Then :math:`\langle x_i, x_j\rangle = 1 - O(\varepsilon^2)`,
-  so the softmax weights are :math:`1/n + O(\varepsilon^2)` and
-  :math:`\sum_j p_{ij} x_j = \bar x + O(\varepsilon^3)` (the weight errors multiply
-  :math:`x_j - x_i = O(\varepsilon)`); projecting, :math:`\dot\varepsilon_i = \bar\varepsilon - \varepsilon_i + O(\varepsilon^3)`.
-  The mean direction moves at :math:`O(\varepsilon^2)` only, so the deviations from it decay at rate
-  :math:`\lambda_{SA} = 1` (for every β, n, d).  USA carries the unnormalized factor
-  :math:`\frac1n\sum_j e^{\beta\langle x_i, x_j\rangle} = e^{\beta}(1 + O(\varepsilon^2))`:
-  :math:`\lambda_{USA} = e^{\beta}`.  The Jacobian of the whole system at :math:`x^*` has the
-  eigenvalue 0 (moving :math:`x^*`, multiplicity :math:`d-1`) and :math:`-\lambda` (multiplicity
-  :math:`(n-1)(d-1)`); :func:`jacobian_spectrum` computes it by finite differences of
-  :meth:`wflow.models.Model.velocity`.  The equiangular reduction of DESIGN §1 agrees:
-  :math:`1 - \rho \sim e^{-2\lambda t}`.  Measured: the slope of
-  :math:`\log \max_i d(x_i(t), m(t))` (:math:`m` the normalized mean) at late times.
-* **Hemisphere collapse** (GLPR §6, the cone-collapse lemma; also GLPR, *The emergence of clusters in
-  self-attention dynamics*, NeurIPS 2023): tokens that start in an open hemisphere converge to one
-  point, exponentially fast, for every β ≥ 0 and every d ≥ 2.  The velocity of each token points into
-  the convex cone of the tokens, so the cone shrinks and :math:`\min_i\langle x_i(t), e\rangle` never
-  decreases.  Measured: that monotonicity, the fraction that collapses, and the late-time rate of the
-  diameter :math:`\max_{ij} d(x_i, x_j)` against :math:`\lambda`.
+* for :math:`d \ge 3` and small β almost every start synchronizes: the fraction of uniform starts
+  whose pairwise cosines all exceed :math:`1 - 10^{-6}` by ``T``;
+* at the synchronized state the deviations decay at :math:`\lambda_{SA} = 1`,
+  :math:`\lambda_{USA} = e^{\beta}` (:func:`linearized_rate`; the Jacobian's spectrum is
+  :math:`-\lambda` and 0, :func:`jacobian_spectrum`): the late slope of
+  :math:`\log\max_i d(x_i(t), m(t))`;
+* tokens in an open hemisphere collapse to one point for every β, and
+  :math:`\min_i\langle x_i(t), e\rangle` never decreases.
+
+The derivation and the measured values: docs/papers/dichotomy.md.
 """
 
 from __future__ import annotations
@@ -286,9 +270,6 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
 
     Examples
     --------
-    Even the quick study integrates 48 seeds in each of 32 configurations (too slow for a doctest), so it
-    is not run here:
-
     >>> rep = study_dichotomy("out/dichotomy", quick=True)  # doctest: +SKIP
     >>> rep.name  # doctest: +SKIP
     'dichotomy'

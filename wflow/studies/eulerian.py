@@ -315,8 +315,6 @@ def eulerian(out: Path, quick: bool = True) -> StudyReport:
 
     Examples
     --------
-    The quick mode takes about a minute, so it is not run here:
-
     >>> import pathlib, tempfile
     >>> eulerian(pathlib.Path(tempfile.mkdtemp()), quick=True).passed  # doctest: +SKIP
     True

@@ -1,33 +1,15 @@
-r"""The long-context phase transition: ``wflow validate long-context [--quick]`` (issue #15, item 5).
+r"""The long-context phase transition: ``wflow validate long-context [--quick]``.
 
-Rigollet, *The Mean-Field Dynamics of Transformers* (2025, arXiv:2512.01868), long-context section
-(after *Critical attention scaling in long-context transformers*, arXiv:2510.05554): one Pre-LN
-softmax attention layer (:math:`Q = K = V = I`) with :math:`\beta = \gamma\log n` on :math:`n`
-equiangular unit tokens of cosine :math:`\rho\in(0,1)` returns outputs whose cosine tends, as
-:math:`n\to\infty`, to 1, :math:`4\rho/(1+3\rho)` or :math:`\rho` as :math:`\gamma` is below, at or
-above :math:`\gamma_c = 1/(1-\rho)` (DESIGN.md §1, :func:`wflow.theory.long_context_limit`).
-
-By symmetry every token sees itself with weight :math:`e^{\beta}` and the :math:`n-1` others with
-:math:`e^{\beta\rho}`, so the output cosine at finite :math:`n` is a closed form
-(:func:`wflow.theory.long_context_cosine`, formed in log scale: exact for :math:`n` up to
-:math:`10^{12}`).  The study
-
-1. checks that closed form against wflow's kernel sums (``SA(gamma=...).average``, NumPy backend) on
-   explicit equiangular tokens (:func:`wflow.theory.equiangular_configuration`, :math:`d = n`) for
-   :math:`n` up to 1000 (quick) or 3000 (full), below, at and above :math:`\gamma_c` -- these need
-   :math:`n^2` memory; no realization of :math:`n` equiangular tokens lives in fewer than
-   :math:`n-1` dimensions, so beyond that only the closed form speaks;
-2. evaluates it for :math:`n = 10^2\ldots10^6` (full: to :math:`10^{12}`) on a grid of
-   :math:`\gamma` for :math:`\rho\in\{1/4, 1/2, 3/4\}`: the largest deviation from the limit at
-   :math:`|\gamma-\gamma_c|\ge\delta\gamma_c` decays like :math:`n^{-\delta}` (above
-   :math:`\gamma_c`, :math:`\cos-\rho\simeq 2\rho(1-\rho)n^{-(c-1)}`, :math:`c = \gamma(1-\rho)`,
-   dominates the :math:`n^{-2(1-c)}` below), and the slope at :math:`\gamma_c` grows like
-   :math:`\log n`: :math:`\partial_\gamma\cos = -\frac{4\rho(1-\rho)^2}{(1+3\rho)^2}\log n + O(1/n)`
-   (from :math:`1-\cos\simeq(1-\rho)/(1+2s\rho+s^2\rho)`, :math:`s = n^{1-c}`);
-3. draws the :math:`(\rho, \gamma)` map of :math:`(\cos-\rho)/(1-\rho)` (1: tokens collapse, 0:
-   attention is the identity) with the line :math:`\gamma = 1/(1-\rho)`.
-
-One part per :math:`(n, \rho)` (:class:`~wflow.studies.parts.Parts`).
+Rigollet, *The Mean-Field Dynamics of Transformers* (2025, arXiv:2512.01868), after *Critical
+attention scaling in long-context transformers* (arXiv:2510.05554): one Pre-LN softmax attention
+layer with :math:`\beta = \gamma\log n` on :math:`n` equiangular tokens of cosine :math:`\rho` returns
+outputs whose cosine tends to 1, :math:`4\rho/(1+3\rho)` or :math:`\rho` as :math:`\gamma` is below,
+at or above :math:`\gamma_c = 1/(1-\rho)` (:func:`wflow.theory.long_context_limit`).  The study checks
+the closed form at finite :math:`n` (:func:`wflow.theory.long_context_cosine`) against wflow's kernel
+sums (:func:`direct_cosines`), the decay :math:`n^{-\delta}` of the deviation from the limit away
+from :math:`\gamma_c` (:func:`deviation_away`) and the :math:`\log n` growth of the slope at
+:math:`\gamma_c` (:func:`critical_slope`), and draws the :math:`(\rho, \gamma)` map; one part per
+:math:`(n, \rho)`.  Details and measured values: docs/papers/long_context.md.
 """
 
 from __future__ import annotations

@@ -354,9 +354,6 @@ def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyR
 
     Examples
     --------
-    The quick mode takes 3-6 minutes on two cores (``wflow validate mean-field --quick``), so it is
-    not run here:
-
     >>> import pathlib, tempfile
     >>> rep = mean_field(pathlib.Path(tempfile.mkdtemp()), quick=True)  # doctest: +SKIP
     >>> rep.passed  # doctest: +SKIP

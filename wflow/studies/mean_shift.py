@@ -1,27 +1,18 @@
 r"""Blurring mean shift on the sphere is softmax self-attention at another clock (``wflow validate mean-shift``).
 
-The von Mises--Fisher kernel density estimate of a weighted point cloud
-:math:`\mu = \sum_j w_j\delta_{x_j}` on :math:`S^{d-1}` is
-:math:`\hat f(x) = \sum_j w_j e^{\beta\langle x, x_j\rangle}` (up to the normalizing constant).
-Mean shift (Fukunaga--Hostetler 1975; Cheng 1995, *Mean shift, mode seeking, and clustering*)
-moves a point up the gradient of :math:`\log\hat f`; on the sphere the gradient is the
-Riemannian one, the tangent projection of the Euclidean gradient:
+Mean shift (Fukunaga--Hostetler 1975; Cheng 1995) moves a point up the Riemannian gradient of the
+log of the von Mises--Fisher density estimate :math:`\hat f(x) = \sum_j w_j e^{\beta\langle x, x_j\rangle}`:
 
 .. math::
 
-    v_{MS}[\mu](x) = P_x \nabla_x \log \sum_j w_j e^{\beta\langle x, x_j\rangle}
+    v_{MS}[\mu](x) = P_x \nabla_x \log \hat f(x)
                    = \beta\, P_x \frac{\sum_j w_j e^{\beta\langle x, x_j\rangle} x_j}{\sum_k w_k e^{\beta\langle x, x_k\rangle}}
-                   = \beta\, v_{SA}[\mu](x).
+                   = \beta\, v_{SA}[\mu](x),
 
-*Blurring* mean shift moves the data themselves (Cheng 1995, §4): :math:`\dot x_i = v_{MS}[\mu_N](x_i)`
-with :math:`\mu_N` the current cloud.  This is the SA particle system (Q = K = V = I) with every
-velocity multiplied by β, hence the same trajectories at the time :math:`\beta t`:
-:math:`x^{MS}(t) = x^{SA}(\beta t)` (SA as in Rigollet 2025, *The Mean-Field Dynamics of Transformers*).
-
-The field here is computed independently of wflow's kernel code: softmax weights by
-:func:`scipy.special.softmax` (a log-sum-exp shift) over :math:`\beta\langle x, x_j\rangle + \log w_j`.
-The study checks the identity of the fields to 1e-12 and the identity of the runs (dopri5, same
-tolerances) at the matched times.
+so blurring mean shift (the data move) is the SA particle system at the time :math:`\beta t`:
+:math:`x^{MS}(t) = x^{SA}(\beta t)`.  :func:`mean_shift_field` computes the field independently of
+wflow's kernel code; the study checks the identity of the fields to 1e-12 and of the runs (dopri5)
+at matched times (docs/papers/mean_shift.md).
 """
 
 from __future__ import annotations
@@ -227,8 +218,6 @@ def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
 
     Examples
     --------
-    The study runs many adaptive dopri5 integrations (too slow for a doctest), so it is not run here:
-
     >>> rep = study_mean_shift("out/mean-shift", quick=True)  # doctest: +SKIP
     >>> rep.name  # doctest: +SKIP
     'mean-shift'

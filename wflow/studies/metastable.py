@@ -1,54 +1,17 @@
 r"""Metastable clusters: the linear phase selects the number of clusters (``metastable``).
 
 Bruno, Pasqualotto and Agazzi, *Emergence of meta-stable clustering in mean-field transformer models*
-(ICLR 2025, arXiv:2410.23228), linear phase (their Theorem 4.3 and Figure 4); Rigollet, *The mean-field
-dynamics of transformers* (2025), the section on the linear instability of the uniform state.  Around
-the uniform measure on :math:`S^1` a Fourier mode :math:`k` of the density grows at the rate
-
-.. math::
-
-    \lambda_k = \frac{k^2 I_k(\beta)}{\beta\, I_0(\beta)} \quad\text{(SA)}, \qquad
-    \lambda_k = \frac{k^2 I_k(\beta)}{\beta} \quad\text{(USA)}
-
-(:func:`wflow.theory.growth_rate`); both have the same maximiser :math:`k^* = \arg\max_k k^2 I_k(\beta)`,
-the number of clusters the linear phase leaves behind, at the angles of the maxima of
-:math:`\cos(k^*\theta + \arg\hat c_{k^*}(0))`, :math:`\hat c_k = \int e^{-ik\theta}\,d\mu_0`.  On
-:math:`S^2` the degree :math:`\ell^*` of largest
-:math:`\lambda_\ell = \ell(\ell+1) c_\ell(\beta)/(\beta c_0(\beta))` should dominate the spectrum.
-
-The study runs SA (:math:`Q = K = V = I`; its linearisation is USA's up to the constant time change
-:math:`I_0(\beta)`) and measures, at the *end of the linear phase* -- the first save time at which the
-largest Fourier coefficient reaches :data:`AMPLITUDE` (density modulation :math:`\pm 50\,\%`):
-
-* the dominant Fourier mode :math:`k_{\rm dom} = \arg\max_k |\hat c_k|` and the number of density peaks
-  (:func:`count_peaks` of a wrapped-Gaussian smoothing, :func:`smoothed_density`);
-* the angle error of the peaks against :func:`predicted_angles` from the initial phase of mode
-  :math:`k^*`;
-* finite volume (:func:`wflow.solve_density`): uniform plus :math:`\varepsilon\sum_{k\le 24}\cos(k\theta - \phi_k)`,
-  equal amplitudes, random phases, so the selected mode is the dynamics' choice;
-* particles (:func:`wflow.simulate`): :math:`N` i.i.d. uniform tokens, the paper's initialisation: the
-  perturbation is the sampling noise, :math:`|\hat c_k(0)|^2` independent exponentials of mean
-  :math:`1/N`.  Which mode wins is then random when rates nearly tie; the linear theory gives the
-  probability :func:`selection_probability` that :math:`k^*` wins by the time :math:`t` (tending to 1
-  as :math:`N \to \infty`, since the linear phase lasts :math:`\sim \log N / 2\lambda_{k^*}`);
-* the angle error is checked on the runs where the linear phase has separated :math:`k^*`: every
-  other mode below :data:`SEPARATION` times :math:`|\hat c_{k^*}|` at the end of the linear phase
-  (:func:`competitor_ratio`).  One competitor of relative amplitude :math:`r` moves the maxima of
-  :math:`\cos k\theta + r\cos(j\theta + \phi)` by at most 0.32 half-spacings :math:`\pi/k` at
-  :math:`r = 1/2` (worst phase, :math:`|j - k| \le 2`), 0.52 at :math:`r = 0.9`: with a near tie the
-  prediction from the phase of mode :math:`k^*` alone does not hold, whatever the solver;
-* on :math:`S^2`: particles, the degree spectrum :func:`degree_spectrum` by Legendre sums
-  (:math:`A_\ell` is the power per component, :math:`1/N` in expectation for every degree at
-  :math:`t = 0`).  The initial :math:`N A_\ell` is a :math:`\chi^2_{2\ell+1}/(2\ell+1)` variable: at
-  :math:`N = 3000` it ranges over a factor 2--3 between neighbouring degrees, while the rate gaps
-  (:math:`2(\lambda_{\ell^*} - \lambda_{\ell^*\pm1}) \approx 0.09`--0.14) over a linear phase of
-  length :math:`t \approx 4` give a factor 1.4--1.7.  So which degree dominates is random
-  (:func:`selection_probability` with ``shape`` :math:`(2\ell+1)/2`: :math:`P(\ell^*) \approx 0.7`),
-  and the checks are (i) the measured growth rate of :math:`A_{\ell^*}` over the linear phase
-  (:func:`fit_growth`) against :math:`2\lambda_{\ell^*}`, (ii) the dominant degree against the linear
-  prediction from the measured initial spectrum, :math:`A_\ell(0)e^{2\lambda_\ell t}`
-  (:func:`linear_prediction`), and in the full mode (iii) the number of runs selecting
-  :math:`\ell^*` against :func:`selection_probability`.
+(ICLR 2025, arXiv:2410.23228), Theorem 4.3 and Figure 4; Rigollet, *The mean-field dynamics of
+transformers* (2025).  Around the uniform measure on :math:`S^1` Fourier mode :math:`k` grows at
+:math:`\lambda_k = k^2 I_k(\beta)/(\beta I_0(\beta))` (SA, :func:`wflow.theory.growth_rate`), so the
+linear phase leaves :math:`k^* = \arg\max_k k^2 I_k(\beta)` clusters at the maxima of
+:math:`\cos(k^*\theta + \arg\hat c_{k^*}(0))`; on :math:`S^2` the degree :math:`\ell^*` of largest
+rate should dominate.  The study measures, at the end of the linear phase (the first save at which
+the largest Fourier coefficient reaches :data:`AMPLITUDE`), the dominant mode, the density peaks
+and their angles, for finite volume and particles on :math:`S^1` and the degree spectrum of
+particles on :math:`S^2`; near ties are judged by :func:`selection_probability`,
+:func:`resolved_modes` and :func:`competitor_ratio`.  Method, measured values and why:
+docs/papers/metastable.md.
 """
 
 from __future__ import annotations
@@ -133,11 +96,6 @@ PLANS: dict[str, dict[str, Any]] = {
         "s2_seeds": 2,
     },
 }
-
-
-# ----------------------------------------------------------------------------------------------------
-# measurements
-# ----------------------------------------------------------------------------------------------------
 
 
 def fourier_coefficients(theta, k_max: int = K_MAX, weights=None) -> np.ndarray:
@@ -371,11 +329,6 @@ def fit_growth(series, times, max_power: float = FIT_MAX) -> np.ndarray:
     return np.polyfit(t[m], np.log(a[m]), 1)[0]
 
 
-# ----------------------------------------------------------------------------------------------------
-# runs (one part each)
-# ----------------------------------------------------------------------------------------------------
-
-
 def _angles(points: np.ndarray) -> np.ndarray:
     return np.arctan2(points[..., 1], points[..., 0]).ravel()
 
@@ -489,11 +442,6 @@ def run_sphere(beta: float, n: int, seed: int) -> dict[str, Any]:
     }
 
 
-# ----------------------------------------------------------------------------------------------------
-# the study
-# ----------------------------------------------------------------------------------------------------
-
-
 def _sphere(
     rep: StudyReport,
     parts: Parts,
@@ -586,15 +534,13 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
 
     Examples
     --------
-    Even the quick plan runs 5000-token particle systems and finite-volume solves (too slow for a
-    doctest), so it is not run here:
-
     >>> rep = metastable("out/metastable", quick=True)  # doctest: +SKIP
     >>> rep.name  # doctest: +SKIP
     'metastable'
     """
     rep = StudyReport("metastable")
     plan = PLANS["quick" if quick else "full"]
+    detection = {"amplitude": AMPLITUDE, "sigma": SIGMA, "prominence": PROMINENCE}
     parts = Parts(out, "metastable", quick)
     ks = np.arange(1, K_MAX + 1)
     results: dict[tuple, dict[str, Any]] = {}
@@ -609,16 +555,8 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
         lam = growth_rate(ks, beta, 2, "SA")
         t0 = time.perf_counter()
         fv = parts.get(
-            {
-                "solver": "fv",
-                "beta": beta,
-                "cells": plan["fv_cells"],
-                "seed": 0,
-                "eps": FV_EPS,
-                "amplitude": AMPLITUDE,
-                "sigma": SIGMA,
-                "prominence": PROMINENCE,
-            },
+            {"solver": "fv", "beta": beta, "cells": plan["fv_cells"], "seed": 0, "eps": FV_EPS}
+            | detection,
             lambda: run_fv(beta, plan["fv_cells"], 0),
             what=label(f"S1, beta = {beta:g}: finite volume, {plan['fv_cells']} cells"),
         )
@@ -644,16 +582,8 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
         agree, probs = [], []
         for seed in range(plan["seeds"]):
             p = parts.get(
-                {
-                    "solver": "particles",
-                    "beta": beta,
-                    "n": plan["n"],
-                    "seed": seed,
-                    "dt": DT,
-                    "amplitude": AMPLITUDE,
-                    "sigma": SIGMA,
-                    "prominence": PROMINENCE,
-                },
+                {"solver": "particles", "beta": beta, "n": plan["n"], "seed": seed, "dt": DT}
+                | detection,
                 lambda: run_particles(beta, plan["n"], seed),
                 what=label(f"S1, beta = {beta:g}: {plan['n']} particles, seed {seed}"),
             )

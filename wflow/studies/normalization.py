@@ -1,45 +1,22 @@
-r"""Normalization as speed regulation: ``wflow validate normalization [--quick]`` (issue #15, item 4).
+r"""Normalization as speed regulation: ``wflow validate normalization [--quick]``.
 
-Rigollet, *The Mean-Field Dynamics of Transformers* (2025, arXiv:2512.01868), §5 (normalization
-schemes; Karagodin, Geshkovski, Polyanskiy & Rigollet 2025): softmax attention (SA,
-:math:`Q = K = V = I`) under Post-LN, Pre-LN, Peri-LN, Mix-LN, nGPT and :math:`\sqrt{}`-scaling
-clusters tokens at speeds the scheme sets -- :math:`1-\rho\sim e^{-2t}` (Post-LN; nGPT
-:math:`e^{-2\int\alpha}`), :math:`e^{-4\sqrt{t+1}}` (:math:`\sqrt{}`-scaling) and :math:`t^{-2}`
-(Pre-, Peri-, Mix-LN); :func:`wflow.theory.equiangular_asymptotics` gives the rates and constants.
+Rigollet, *The Mean-Field Dynamics of Transformers* (2025, arXiv:2512.01868), §5 (Karagodin,
+Geshkovski, Polyanskiy & Rigollet 2025): SA (:math:`Q = K = V = I`) under Post-LN, Pre-LN, Peri-LN,
+Mix-LN, nGPT and :math:`\sqrt{}`-scaling clusters tokens at speeds the scheme sets --
+:math:`1-\rho\sim e^{-2t}` (Post-LN; nGPT :math:`e^{-2\int\alpha}`), :math:`e^{-4\sqrt{t+1}}`
+(:math:`\sqrt{}`-scaling), :math:`t^{-2}` (Pre-, Peri-, Mix-LN), with the constants of
+:func:`wflow.theory.equiangular_asymptotics`.  Three starts, one part each per scheme:
 
-Two starts, one part each per scheme (:class:`~wflow.studies.parts.Parts`):
+* **equiangular** (:func:`equiangular_part`): particles against the reduced ODE, the fitted late
+  rate (:func:`fit_rate`) and constant against the theory;
+* **random** (:func:`random_part`, ``n = 32`` tokens in ``d = 512``, :math:`\beta = \sqrt d`): the
+  early change of the mean cosine against the equiangular ODE from the measured mean cosine, whose
+  ratio should be the Funk--Hecke constant :math:`c_0(\beta)` (:func:`wflow.theory.funk_hecke`);
+* **collapse** (:func:`collapse_part`, the sphere schemes): the same tokens through the whole
+  metastable staircase to one point by SciPy's BDF with the exact Jacobian, the late rate and the
+  radii kept.
 
-* **equiangular** (``n = 8``, :math:`\beta = 1`, :math:`\rho_0 = 0`, in :math:`\mathbb{R}^8`): the
-  particles (:func:`wflow.simulate`, dopri5, rtol 1e-10) against the reduced ODE
-  (:func:`wflow.theory.equiangular_scheme_solution`); rates fitted on the particles
-  (:func:`fit_rate`) against the theory, and :math:`t^2(1-\rho)` against the constant.
-* **random** (``n = 32`` uniform tokens in ``d = 512``, :math:`\beta = \sqrt d`): the mean pairwise
-  cosine :math:`\bar\rho` against the equiangular ODE started at the measured :math:`\bar\rho(0)`.
-  Random tokens are not equiangular: their cosines spread by :math:`d^{-1/2}`, and
-  :math:`\beta = \sqrt d` turns this spread into attention weights :math:`e^{\beta\rho_{ij}}` spread
-  by a factor :math:`e^{\pm 1}`.  The mean of :math:`e^{\beta\rho}` over uniform pairs is the
-  Funk--Hecke constant :math:`c_0(\beta) = \Gamma(d/2)(2/\beta)^{d/2-1}I_{d/2-1}(\beta)\approx e^{\beta^2/2d}
-  = e^{1/2}` (:func:`wflow.theory.funk_hecke`), so the mean cosine starts to grow
-  :math:`c_0` times faster than the equiangular ODE's -- a prediction the study checks.
-
-  The study runs the tokens (:func:`wflow.simulate`, dopri5) to ``t = 1e6`` (full: ``2e6``) and
-  compares the change of the mean gap with the ODE's: their ratio should be :math:`c_0` in this early
-  phase, for every scheme (each divides the same field by a speed that is the same to first order
-  for tokens and ODE).
-
-* **collapse** (the sphere schemes Post-LN, nGPT, sqrt-scaling; ``n = 32``, ``d = 512`` (quick: 64),
-  :math:`\beta = \sqrt d`, seed 0): the same random tokens followed through the whole metastable
-  staircase to one point (:func:`collapse_part`).  It takes :math:`t\sim e^{\beta}/n` (about
-  :math:`10^8` at d = 512): the closest pairs merge first, after which the merged clusters' gaps decay
-  at rates O(1) while the rest moves at :math:`ne^{-\beta}` -- a stiffness ratio that holds every
-  explicit method (and wflow's error-controlled ``ros2``, whose first-order error estimate asks for
-  steps :math:`\sim\sqrt{\mathrm{rtol}}` through each merge) to short steps.  SciPy's variable-order
-  BDF with the field's exact Jacobian (:meth:`wflow.models.SA.sphere_jacobian`) in span coordinates
-  takes it whole.  Checked: every pair within :math:`1-\cos < 10^{-11}` at the end, the late rate (2 in
-  t, 2 in :math:`\int\alpha`, 4 in :math:`\sqrt{t+1}`) within 1 %, and the radii kept (BDF's drift).
-  Pre-, Peri- and Mix-LN, whose radii grow like t, move their directions like
-  :math:`d\theta/d\log t\sim ne^{-\beta}`: the staircase takes :math:`\log t\sim e^{\beta}/n`, beyond
-  any floating-point time, and their late laws are checked from the equiangular start.
+Why each check and the measured values: docs/papers/normalization.md.
 """
 
 from __future__ import annotations
@@ -175,11 +152,6 @@ def _pair_gaps_each(points: np.ndarray) -> np.ndarray:
     return 0.5 * np.sum((x[..., i, :] - x[..., j, :]) ** 2, axis=-1)
 
 
-# --------------------------------------------------------------------------------------
-# The parts
-# --------------------------------------------------------------------------------------
-
-
 def scheme_law(beta: float, n: int, scheme: str, rho0: float) -> EquiangularLaw:
     """The late law of ``scheme`` from ``n`` equiangular tokens of cosine ``rho0`` (SA, the study's
     :data:`SCHEME_OPTIONS`): :func:`wflow.theory.equiangular_asymptotics`.
@@ -255,9 +227,7 @@ def equiangular_part(scheme: str, n: int, beta: float, rho0: float, t_end: float
     gap = pair_gaps(P)
     cos = np.einsum("tid,tjd->tij", P, P)
     iu = np.triu_indices(n, 1)
-    spread = np.ptp(
-        cos[:, iu[0], iu[1]], axis=1
-    )  # equiangular symmetry kept: spread of the cosines
+    spread = np.ptp(cos[:, iu[0], iu[1]], axis=1)  # zero while the equiangular symmetry is kept
     radii = (
         np.asarray(traj.radii).mean(axis=1)
         if getattr(traj, "radii", None) is not None
@@ -367,26 +337,18 @@ def collapse_part(
 ) -> dict[str, Any]:
     r"""``n`` uniform tokens in ``d`` dimensions followed through the whole metastable staircase to one point.
 
-    The tokens evolve in the coordinates of their initial span (exact for attention with
-    :math:`Q = K = V = I`, :class:`~wflow.solvers.particles.SpanProblem`), integrated by SciPy's
-    variable-order BDF (``solve_ivp(method="BDF")``) with the field's exact Jacobian
-    (:meth:`~wflow.solvers.particles.ParticleProblem.jacobian`): the merged clusters' O(1) decay rates
-    beside inter-cluster forces of size :math:`ne^{-\beta}` make every explicit method crawl, while
-    BDF takes steps as long as the slow drift allows.  The run stops when every pair's gap
-    :math:`1-\langle\theta_i,\theta_j\rangle` is below :data:`COLLAPSED_GAP` (or at ``t_end``).
+    The tokens evolve in the coordinates of their initial span (:class:`~wflow.solvers.particles.SpanProblem`),
+    integrated by SciPy's BDF with the field's exact Jacobian (the merged clusters' O(1) decay beside
+    inter-cluster forces of size :math:`ne^{-\beta}` make explicit methods crawl), until every pair's
+    gap :math:`1-\langle\theta_i,\theta_j\rangle` is below :data:`COLLAPSED_GAP` (or ``t_end``).
+    With ``own_clock`` (the default) √-scaling is integrated in its autonomous clock
+    :math:`\tau = 2(\sqrt{t+1}-1)` (:func:`sqrt_clock`) and its times mapped back exactly; the other
+    schemes ignore the flag.
 
-    √-scaling is a pure time change of Post-LN: with :math:`\tau = 2(\sqrt{t+1}-1)` its field is
-    :math:`d\theta/d\tau = P_\theta A`, autonomous.  With ``own_clock=True`` (the default) it is
-    integrated in :math:`\tau` and every time is mapped back, exactly; ``own_clock=False`` integrates
-    :math:`P_\theta A/\sqrt{t+1}` in :math:`t` (the same trajectory up to BDF's error, but at
-    :math:`t \sim 10^{15}`, where d = 512 collapses, BDF's steps in :math:`t` are far costlier).  The
-    other schemes are autonomous already and ignore the flag.
-
-    Returns the mean pair gap and the number of clusters (:func:`~wflow.diagnostics.batched_cluster_labels`
-    at :data:`MERGED_ANGLE`, i.e. pairs closer than ``1 - cos = 1e-3`` joined)
-    at log-spaced times, the merge times (each drop of the cluster count), the mean gap on a dense grid
-    over the last 40 units of the scheme's clock (for the late rate), the time the mean cosine crosses
-    1/2, and the largest drift of the radii (the field keeps them: it is BDF's error).
+    Returns the mean pair gap and the number of clusters (joined below :data:`MERGED_ANGLE`) at
+    log-spaced times, the merge times, the mean gap over the last 40 units of the scheme's clock (for
+    the late rate), the time the mean cosine crosses 1/2, and the largest drift of the radii (BDF's
+    error: the field keeps them).
 
     Examples
     --------
@@ -475,11 +437,6 @@ def collapse_part(
         "njev": int(sol.njev),
         "seconds": seconds,
     }
-
-
-# --------------------------------------------------------------------------------------
-# The study
-# --------------------------------------------------------------------------------------
 
 
 def _equiangular(

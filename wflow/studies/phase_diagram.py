@@ -1,38 +1,15 @@
 r"""The GLPR phase diagram of clustering, and how much of it is the discretization (``phase-diagram``).
 
 Geshkovski, Letrouit, Polyanskiy & Rigollet, *A mathematical perspective on Transformers* (GLPR,
-2023/2025; the phase-diagram figure, also in Rigollet's 2025 survey) run SA with :math:`Q = K = V = I`
-on :math:`n = 32` tokens drawn i.i.d. uniformly on :math:`S^{d-1}`, :math:`d \in \{8, 128, 1024\}`,
-for a batch of independent systems, and draw over :math:`(t, \beta)`, :math:`t \in [0, 30]` with 200
-checkpoints, the fraction of ordered pairs :math:`i \ne j` with :math:`\langle x_i, x_j\rangle > 0.999`
-(:func:`wflow.diagnostics.pair_fraction`).  Their scheme is
-:math:`x \leftarrow (x + \eta A x)/|x + \eta A x|`, :math:`\eta = 0.1`, with :math:`A x` the softmax
-average itself (wflow's ``method="euler-average"``); overlaid is the equiangular curve
-:math:`t^*(\beta, n)`, the time at which the equiangular ODE from :math:`\rho = 0` reaches
-:math:`\rho = 0.999` (:func:`wflow.theory.equiangular_time`).  GLPR bound the deviation of the
-empirical dynamics from the equiangular one by :math:`\min\{2c(\beta)^{nt}\sqrt{\log d/d}, Ce^{-\lambda t}\}`:
-the 0.5-level of the heat map should approach :math:`t^*(\beta)` as :math:`d` grows.
-
-This study runs, on the *same* initial conditions (one seed per dimension and chunk of systems):
-
-============  ==================  =====  ===================================================
-scheme        ``method``          step   role
-============  ==================  =====  ===================================================
-original      ``euler-average``   0.1    the published figure, reproduced exactly
-projected     ``euler``           0.1    wflow's projected Euler, :math:`x + \eta P_x A x`
-dopri5        ``dopri5``          rtol   the ODE itself (error-controlled, rtol 1e-6)
-original-fine ``euler-average``   0.01   both Euler variants at a 10x smaller step
-projected-fine ``euler``          0.01
-============  ==================  =====  ===================================================
-
-The original scheme moves a token by :math:`1/(1 + \eta\langle x, Ax\rangle)` of the projected step
-(:class:`wflow.solvers.steppers.EulerAverage`): its diagram is a time-dilated picture of the ODE's.
-Reported per :math:`(d, \beta)`: the time :math:`t_{1/2}` at which the mean pair fraction first
-reaches 0.5 (linear interpolation between checkpoints, the checkpoint spacing :math:`30/199` kept
-beyond :math:`t = 30` where :math:`t^*` is later), its gap to :math:`t^*`, the delay of the
-original scheme behind the projected one in checkpoints, and the largest distance of each curve
-from the dopri5 curve.  Every :math:`(d, \beta, \text{scheme}, \text{chunk})` is one part of
-:class:`~wflow.studies.parts.Parts`: an interrupted full run resumes where it stopped.
+2023/2025): SA with :math:`Q = K = V = I` on :math:`n = 32` i.i.d. uniform tokens on :math:`S^{d-1}`,
+the fraction of pairs with cosine above 0.999 (:func:`wflow.diagnostics.pair_fraction`) over
+:math:`(t, \beta)`, whose 0.5-level should approach the equiangular curve :math:`t^*(\beta)`
+(:func:`wflow.theory.equiangular_time`) as :math:`d` grows.  On the same starts the study runs the
+published scheme (``euler-average``, step 0.1), projected Euler (``euler``), ``dopri5`` and both
+Euler variants at step 0.01 (:data:`SCHEMES`), and reports per :math:`(d, \beta)` the crossing time
+:math:`t_{1/2}` of the mean pair fraction, its gap to :math:`t^*` and each scheme's delay.  Every
+:math:`(d, \beta, \text{scheme}, \text{chunk})` is one part of :class:`~wflow.studies.parts.Parts`.
+Details and measured values: docs/papers/phase_diagram.md.
 """
 
 from __future__ import annotations
@@ -272,8 +249,6 @@ def density_curve(
 
     Examples
     --------
-    Even two systems of 32 tokens take seconds (300 Euler steps to t = 30), so the example is not run:
-
     >>> import pathlib, tempfile  # doctest: +SKIP
     >>> parts = Parts(pathlib.Path(tempfile.mkdtemp()), "pd", quick=True)  # doctest: +SKIP
     >>> c = density_curve(parts, 3, 1.0, "original", 2)  # doctest: +SKIP
@@ -414,9 +389,6 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
 
     Examples
     --------
-    Even the quick plan runs 24 systems for many (d, beta, scheme) parts (too slow for a doctest), so it is
-    not run here:
-
     >>> rep = phase_diagram_study("out/phase-diagram", quick=True)  # doctest: +SKIP
     >>> rep.name  # doctest: +SKIP
     'phase-diagram'
