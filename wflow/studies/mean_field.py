@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 
-# ------------------------------------------------------------------------------ problem
 def _circle_density(x: np.ndarray) -> np.ndarray:
     """Smooth initial density on S^1: two von Mises bumps (kappa = 2) at theta = 0 and 2.2, mean 1."""
     th = np.arctan2(x[..., 1], x[..., 0])
@@ -322,35 +321,17 @@ def _iid_block(
     }
 
 
-# ------------------------------------------------------------------------------ study
 def mean_field(out: Path, quick: bool = True, s2_max_n: str = "10000") -> StudyReport:
     r"""Finite-N particle systems against the continuum solution (Lagrangian quadrature).
 
-    For a smooth initial density :math:`\rho_0` on :math:`S^1` and :math:`S^2` and the SA
-    and USA models (:math:`\beta = 1`):
-
-    * the continuum flow map :math:`X_t` is computed by the Lagrangian quadrature solver
-      (trapezoid rule with 512 nodes on :math:`S^1`, Gauss--Legendre 24 x 48 on
-      :math:`S^2`; ``dopri5`` at rtol 1e-10) and applied to any point as a passive tracer;
-    * particles start from :math:`N` i.i.d. samples of :math:`\rho_0` (several seeds);
-    * the *coupling error* :math:`D_N(t) = (\frac1N\sum_i d(x_i(t), X_t(x_i(0)))^2)^{1/2}`
-      bounds :math:`W_2(\mu_N(t), X_t\#\mu_N(0))` and should fall like :math:`N^{-1/2}`
-      (propagation of chaos) in every dimension;
-    * on :math:`S^1` also the exact :math:`W_2(\mu_N(t), \mu(t))` (POT's circle solver),
-      with :math:`\mu(t)` the push-forward of :math:`2^{15}` equispaced weighted nodes:
-      the i.i.d. empirical rate :math:`N^{-1/2}`;
-    * on :math:`S^2`, full mode only, :math:`W_2(\mu_N(t), \mu(t))` (chordal) by
-      semi-discrete transport against 16 N pushed Fibonacci nodes per N, with the slope's
-      99 % CI against :math:`\sqrt{\log N/N}` (:func:`_s2_semidiscrete_w2`); N up to
-      :math:`10^4`, and one seed at :math:`10^5` with ``s2_max_n="100000"`` (``wflow validate
-      mean-field --option s2_max_n=100000``: 7-10 minutes a solve; the full mode with it took
-      96 minutes on two cores, partly beside other jobs);
-    * from a deterministic start (trapezoid nodes with weights :math:`\rho_0/N`) the
-      :math:`W_2` error falls like :math:`N^{-1}` (the atoms' spacing) while smooth
-      moments are exact to spectral accuracy;
-    * on :math:`S^1`, SA and USA at :math:`\beta \in \{1, 5\}`: :math:`W_2(\mu_N(t), \mu(t))` as a
-      function of :math:`t` against Dobrushin's :math:`e^{Lt}W_2(\mu_N(0), \mu(0))`, with the fitted
-      growth rates (:func:`~wflow.studies.mean_field_time.w2_in_time`; resumable parts in ``out/parts/mean-field``).
+    SA and USA (:math:`\beta = 1`) from a smooth density :math:`\rho_0` on :math:`S^1` and
+    :math:`S^2`; the continuum flow map carries every sample as a passive tracer.  Expected: the
+    coupling error :math:`D_N(t)` falls like :math:`N^{-1/2}` on both spheres, the exact circle
+    :math:`W_2(\mu_N(t), \mu(t))` too; in full mode the semi-discrete :math:`W_2` on :math:`S^2`
+    (:func:`_s2_semidiscrete_w2`, up to :math:`N = 10^5` with ``s2_max_n="100000"``) like
+    :math:`\sqrt{\log N/N}`; from a quadrature start :math:`W_2` like :math:`N^{-1}` and smooth
+    moments spectrally; on :math:`S^1` :math:`W_2` in time within Dobrushin's bound
+    (:func:`~wflow.studies.mean_field_time.w2_in_time`).  Details: docs/validation.md.
 
     Examples
     --------

@@ -430,25 +430,18 @@ def run_studies(
     on_done: Callable[[StudyReport], Any] | None = None,
     progress: bool = True,
 ) -> list[StudyReport]:
-    """Run the named studies (all when ``None``), writing each report into ``out``.
+    """Run the named studies (all when ``None``; names may be groups), writing each report into ``out``.
 
-    ``options`` (``{"convention": "poster"}``) go to the studies that take them (:func:`check_options`).
-    ``on_start(name, k, total)`` is called before the ``k``-th of ``total`` studies runs and
-    ``on_done(report)`` as soon as each report is written (``wflow validate`` prints a line for
-    each, so that a long run shows where it is).  ``progress``: the studies announce each phase
-    that may take seconds with one line on stderr, or a bar for loops of many items
-    (:mod:`wflow.studies.progress`); ``False`` writes none.
+    ``options`` go to the studies that take them (:func:`check_options`).  ``on_start(name, k,
+    total)`` is called before the ``k``-th of ``total`` studies runs, ``on_done(report)`` as soon as
+    each report is written.  ``progress=False`` silences the studies' lines on stderr
+    (:mod:`wflow.studies.progress`); ``workers > 1`` computes parts on that many Dask worker
+    processes (:meth:`wflow.studies.parts.Parts.prefetch`).
 
-    Names may be groups (``"papers"``); an unknown name is a ``ValueError`` listing the known ones.
-    ``workers > 1``: studies split into parts compute them on that many Dask worker processes
-    (:meth:`wflow.studies.parts.Parts.prefetch`).
-
-    A study that raises (any ``Exception``; an interruption still stops the run) gets a report
-    with its :attr:`~StudyReport.error` and the next study runs.  A module of
-    :data:`STUDY_MODULES` that cannot be imported is reported as a study named after the module
-    that could not run, whatever names were asked for (the registry is incomplete), and a name
-    that is unknown while such a module exists is reported as not able to run, not as a
-    ``ValueError``.
+    An unknown name is a ``ValueError`` listing the known ones.  A study that raises (any
+    ``Exception``) gets a report with its :attr:`~StudyReport.error` and the next study runs; a
+    module of :data:`STUDY_MODULES` that cannot be imported is reported as a study that could not
+    run, and so is an unknown name while such a module exists.
 
     Examples
     --------
