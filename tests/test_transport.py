@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -397,3 +398,38 @@ def test_sinkhorn_refuses_a_tolerance_below_float64_resolution(kw, name):
     X, Y = sphere.uniform(60, 3, seed=0), sphere.uniform(60, 3, seed=1)
     with pytest.raises(ValueError, match=f"sinkhorn cannot resolve {re.escape(name)}"):
         wflow.wasserstein(X, Y, method="sinkhorn", reg=kw.pop("reg"), backend="numpy", **kw)
+
+
+def test_pot_imported_quietly_with_wflows_keops_folder(tmp_path):
+    """POT imports GeomLoss where installed, and GeomLoss imports pykeops, which prints a CUDA
+    warning on stdout and picks its own cache folder: wflow's first POT use prints nothing and
+    hands pykeops wflow's folder.  A stand-in GeomLoss (on the path first) prints and records
+    the folder it was given, as the real one's pykeops import does."""
+    import subprocess
+    import sys
+
+    fake = tmp_path / "geomloss"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import os\n"
+        "print('[KeOps] Warning : CUDA libraries not found or could not be loaded')\n"
+        "with open(os.environ['PROBE_FILE'], 'w') as f:\n"
+        "    f.write(os.environ.get('KEOPS_CACHE_FOLDER', ''))\n"
+    )
+    code = (
+        "import numpy as np\n"
+        "from wflow.transport import wasserstein\n"
+        "from wflow.kernels.keops_backend import keops_cache_dir\n"
+        "x = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])\n"
+        "v = wasserstein(x, x[::-1], method='emd')\n"
+        "print(round(v, 12), keops_cache_dir())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KEOPS", "PYKEOPS"))}
+    env.update(PYTHONPATH=str(tmp_path), PROBE_FILE=str(tmp_path / "folder.txt"))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    value, folder = out.split()
+    assert float(value) == 0.0  # the same two points: W_2 = 0, from POT's exact solver
+    assert "KeOps" not in out
+    assert (tmp_path / "folder.txt").read_text() == folder

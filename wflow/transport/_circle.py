@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..sphere import points_to_angles
-from ._common import TWO_PI, as_single
+from ._common import TWO_PI, as_single, import_pot
 
 __all__ = ["CIRCLE_EPS", "circle_coords", "circle_wpp", "w2_to_uniform_circle"]
 
@@ -32,7 +32,7 @@ def circle_wpp(x, a, y, b, p: float) -> float:
     POT returns :math:`W_p^p` for the circle of length 1; distances scale by
     :math:`2\pi`, so :math:`W_p^p` scales by :math:`(2\pi)^p`.
     """
-    import ot
+    ot = import_pot()
 
     u, v = circle_coords(x), circle_coords(y)
     # POT divides by zero in a branch whose result it then masks out (its issue #738).
@@ -74,7 +74,7 @@ def w2_to_uniform_circle(mu: Any) -> float:
     >>> round(w2_to_uniform_circle(grid), 6)  # pi / (sqrt(3) N) for N equispaced atoms
     0.001814
     """
-    import ot
+    ot = import_pot()
 
     x, a = as_single(mu, "mu")
     if x.shape[-1] != 2:

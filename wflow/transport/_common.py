@@ -7,8 +7,13 @@ points and weights with zero-weight atoms dropped.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import math
 import numbers
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +22,17 @@ import numpy as np
 from ..errors import short_repr
 from ..measure import Atoms, as_atoms
 
-__all__ = ["COSTS", "TWO_PI", "WassersteinResult", "check_p", "check_choice", "as_single"]
+__all__ = [
+    "COSTS",
+    "TWO_PI",
+    "WassersteinResult",
+    "check_p",
+    "check_choice",
+    "as_single",
+    "import_pot",
+]
+
+log = logging.getLogger(__name__)
 
 COSTS = ("geodesic", "chordal")
 TWO_PI = 2.0 * np.pi
@@ -184,3 +199,25 @@ def as_single(mu: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     if not np.all(keep):
         x, w = x[keep], w[keep]
     return x, w / w.sum()
+
+
+def import_pot() -> Any:
+    """The POT module ``ot``, imported with wflow's KeOps settings.
+
+    Where GeomLoss is installed, ``import ot`` imports it and with it pykeops, which on a
+    machine without CUDA prints a warning on stdout and picks its own cache folder.  Imported
+    here, pykeops uses wflow's folder (:func:`wflow.kernels.keops_backend.keops_cache_dir`) and
+    what it prints goes to the debug log.
+    """
+    if "ot" in sys.modules:
+        return sys.modules["ot"]
+    from ..kernels.keops_backend import keops_cache_dir
+
+    os.environ.setdefault("KEOPS_CACHE_FOLDER", str(keops_cache_dir()))
+    os.environ.setdefault("PYKEOPS_VERBOSE", "0")
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        import ot
+    if sink.getvalue().strip():
+        log.debug("importing POT said: %s", sink.getvalue().strip())
+    return ot

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from ..errors import WflowError
 from ..sphere import cost_matrix
+from ._common import import_pot
 
 __all__ = ["emd_wpp"]
 
 
 def emd_wpp(x, a, y, b, p: float, cost: str) -> tuple[float, dict]:
-    import ot
+    ot = import_pot()
 
     M = cost_matrix(x, y, cost=cost, p=p)
     n, m = M.shape

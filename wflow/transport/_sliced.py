@@ -10,14 +10,14 @@ import numpy as np
 
 from .._typing import SeedLike
 from ..sphere import as_generator
-from ._common import TWO_PI
+from ._common import TWO_PI, import_pot
 
 __all__ = ["sliced_ssw"]
 
 
 def sliced_ssw(x, a, y, b, p: float, n_projections: int, seed: SeedLike) -> float:
     r"""Spherical sliced :math:`SSW_p` in radians (POT returns it on the unit-length circle)."""
-    import ot
+    ot = import_pot()
 
     d = x.shape[1]
     rng = as_generator(seed)

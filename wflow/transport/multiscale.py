@@ -79,7 +79,7 @@ from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
 from ..errors import real_float_dtype, short_repr
-from ._common import SINKHORN_RESOLUTION
+from ._common import SINKHORN_RESOLUTION, import_pot
 from ._scaling import Scaling
 from .certify import MIN_TOL, Cells, c_transform, cmax
 from .sparse_kernels import (
@@ -812,7 +812,7 @@ def _simplex(meas, duals, eps, pattern, sk, opts: _Settings, state):
     primal = plan_cost(pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v)
     if eps <= SIMPLEX_GAP * opts.tol * primal:
         return None
-    import ot
+    ot = import_pot()
     from scipy.sparse import coo_array
 
     x, a, y, b = meas

@@ -579,7 +579,9 @@ class JKOStepper:
 
     # -- exact step (POT emd) ------------------------------------------------------
     def _emd_step(self, a: np.ndarray) -> tuple[np.ndarray, StepStats]:
-        import ot as pot
+        from ...transport._common import import_pot
+
+        pot = import_pot()
 
         E = self.energy
         t_ot = 0.0
