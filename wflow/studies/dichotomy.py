@@ -78,9 +78,8 @@ QUICK: Plan = {
     "T": 30.0,
 }
 FULL: Plan = {**QUICK, "n": 32, "seeds": 256, "T": 45.0}
-#: least fraction of seeds synchronized by T (measured in quick mode: 1.0 from uniform starts at beta <= 1
-#: and from the hemisphere at beta = 1; from the hemisphere at beta = 4 a few seeds sit near two clusters
-#: for a long time -- metastability -- and collapse later: 0.92..0.96 by T, 47/48 by t = 40 in d = 8)
+#: least fraction of seeds synchronized by T (from the hemisphere at beta = 4 a few seeds sit near two
+#: clusters for a long time -- metastability -- and collapse later)
 MIN_FRACTION = {"uniform": 0.95, "hemisphere": 0.8}
 MODELS = {"SA": SA, "USA": USA}
 
@@ -219,9 +218,8 @@ def hemisphere_start(
 def run_scale(model_name: str, beta: float) -> float:
     r"""Time scale of a run: step, save interval and final time are divided by :math:`\max(1, \lambda/2)`.
 
-    USA moves on the time scale :math:`e^{-\beta}`; a fixed RK4 step of 0.05 at :math:`\lambda = e^4`
-    would sit at the edge of RK4's stability interval and damp the measured rate (it gave 1.68 for
-    54.6)."""
+    USA moves on the time scale :math:`e^{-\beta}`: a fixed RK4 step of 0.05 at :math:`\lambda = e^4`
+    would sit at the edge of RK4's stability interval and damp the measured rate."""
     return max(1.0, linearized_rate(model_name, beta) / 2.0)
 
 

@@ -1,20 +1,11 @@
 """The finite-volume solver against theory (``eulerian``): growth rates, orders, heat equation, clusters.
 
-``wflow validate eulerian [--quick]`` (:func:`eulerian`) checks the Eulerian finite-volume solver
-(:func:`wflow.solvers.eulerian.solve_density`):
-
-1. growth rates of modes k = 1..4 around the uniform density on S^1 (beta = 1, 5; M = 128 cells in
-   quick mode, 256 in full) and l = 1..4 on S^2 (beta = 4, 1442 cells), SA and USA, against
-   DESIGN.md §1 (:func:`wflow.theory.growth_rate`): relative error <= 1 %;
-2. observed order of convergence on a smooth problem before clustering, S^1 (fitted over the
-   refinements: in [1.8, 2.6]); in full mode also S^2 (moments of degree <= 3, reported);
-3. heat equation (model None, kappa = 1) against exp(-l(l+d-2) t / kappa): relative error <= 1 %;
-4. cluster formation, SA beta = 9 on S^1 from a small random perturbation of the uniform
-   density: mass and positivity through the run, and the number of clusters at the end of the
-   linear phase against the most unstable mode (k* +- 1).
-
-The report carries the tables of every measured value and three figures (growth rates, orders,
-the clustering run).  Quick mode: about a minute; full mode: docs/validation.md.
+``wflow validate eulerian [--quick]`` (:func:`eulerian`) checks
+:func:`wflow.solvers.eulerian.solve_density` on S^1 and S^2: growth rates of modes 1..4 around the
+uniform density against :func:`wflow.theory.growth_rate` (within 1 %), the observed order on a
+smooth problem before clustering (S^1: in [1.8, 2.6]; S^2 reported in full mode), heat-equation
+decay rates (within 1 %), and cluster formation at SA beta = 9 on S^1 (mass, positivity, k* +- 1
+clusters at the end of the linear phase).  Sizes and measured values: docs/validation.md.
 """
 
 from __future__ import annotations
@@ -37,6 +28,9 @@ from .report import StudyReport, register, save_figure, subplots
 __all__ = ["eulerian", "circle_growth_rates", "circle_order_errors", "heat_decay_rates"]
 
 MODELS = {"SA": SA, "USA": USA}
+#: the report's columns of the rows of :func:`circle_growth_rates` and :func:`heat_decay_rates`
+GROWTH_COLUMNS = ("sphere", "model", "beta", "mode", "theory", "measured")
+HEAT_COLUMNS = ("sphere", "cells", "mode", "theory", "measured")
 
 
 def circle_growth_rates(
@@ -275,9 +269,7 @@ def _growth_figure(growth: list[tuple], out: Path) -> Path:
                 ks = [g[3] for g in sel]
                 ax.plot(ks, [g[4] for g in sel], "-", color="0.7")
                 ax.plot(ks, [g[5] for g in sel], mk, label=f"{m} beta={b:g}")
-        ax.set_yscale("log")
-        ax.set_xlabel("mode")
-        ax.set_title(f"{sph}: measured (markers) vs theory (lines)")
+        ax.set(yscale="log", xlabel="mode", title=f"{sph}: measured (markers) vs theory (lines)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, out / "eulerian_growth.png", dpi=120)
@@ -298,8 +290,7 @@ def _order_table(orders: list[list[tuple]], out: Path) -> tuple[list[str], Path]
         lines.append(f"| {rows[0][0]} | fit | | | **{slope:.2f}** |")
         ax.loglog(hs, es, "o-", label=f"{rows[0][0]} (slope {slope:.2f})")
     ax.loglog(hs, es[-1] * (hs / hs[-1]) ** 2, "k--", lw=0.8, label="h^2")
-    ax.set_xlabel("h")
-    ax.set_ylabel("error")
+    ax.set(xlabel="h", ylabel="error")
     ax.legend()
     fig.tight_layout()
     path = out / "eulerian_order.png"
@@ -309,9 +300,7 @@ def _order_table(orders: list[list[tuple]], out: Path) -> tuple[list[str], Path]
 
 @register("eulerian")
 def eulerian(out: Path, quick: bool = True) -> StudyReport:
-    """Finite volume against theory: growth rates, orders, heat equation, cluster formation.
-
-    See the module docstring for what is computed and expected.
+    """Finite volume against theory: growth rates, orders, heat equation, cluster formation (module docstring).
 
     Examples
     --------
@@ -324,18 +313,9 @@ def eulerian(out: Path, quick: bool = True) -> StudyReport:
     phase(rep.name, label("growth rates around the uniform density, S1 and S2"))
     # S^2 at 1442 cells in both modes: mode 4 is off by 1.4 % at 642 cells (discretization), 0.6 % at 1442
     growth = circle_growth_rates(128 if quick else 256) + _sphere_growth(12, "auto")
-    for sph, m, b, k, lam, meas in growth:
-        rep.rows.append(
-            {
-                "kind": "growth",
-                "sphere": sph,
-                "model": m,
-                "beta": b,
-                "mode": k,
-                "theory": lam,
-                "measured": meas,
-            }
-        )
+    for g in growth:
+        sph, m, b, k, lam, meas = g
+        rep.rows.append({"kind": "growth", **dict(zip(GROWTH_COLUMNS, g))})
         rep.expect(
             f"{sph} {m} beta={b:g} mode {k}: growth rate relative error",
             abs(meas / lam - 1),
@@ -386,17 +366,9 @@ def eulerian(out: Path, quick: bool = True) -> StudyReport:
     rep.figures.append(figure)
     phase(rep.name, label("heat equation decay rates, S1 and S2"))
     hrows = heat_decay_rates((CircleMesh(256), SphereMesh(16)))
-    for sph, M, ell, lam, meas in hrows:
-        rep.rows.append(
-            {
-                "kind": "heat",
-                "sphere": sph,
-                "cells": M,
-                "mode": ell,
-                "theory": lam,
-                "measured": meas,
-            }
-        )
+    for g in hrows:
+        sph, M, ell, lam, meas = g
+        rep.rows.append({"kind": "heat", **dict(zip(HEAT_COLUMNS, g))})
         rep.expect(
             f"{sph} heat equation, M={M}, degree {ell}: decay rate relative error",
             abs(meas / lam - 1),

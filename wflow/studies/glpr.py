@@ -142,9 +142,7 @@ def plot_phase_diagram(
         im = a.pcolormesh(
             t, p["beta"].values, p.values, shading="nearest", vmin=0, vmax=1, cmap="viridis"
         )
-        a.set_xlabel("t")
-        a.set_ylabel(r"$\beta$")
-        a.set_title(title)
+        a.set(xlabel="t", ylabel=r"$\beta$", title=title)
     fig.colorbar(im, ax=list(axes), label=f"{observable} (mean over systems)")
     if path is not None:
         fig.savefig(path, dpi=120)

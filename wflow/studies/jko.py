@@ -1,18 +1,11 @@
 """JKO against the finite-volume solver as tau -> 0, and against the heat equation (``jko``).
 
 ``wflow validate jko [--quick]`` (:func:`jko_study`) checks :func:`wflow.solvers.jko.jko` on a
-128-cell circle:
-
-1. USA(2) with noise kappa = 4, smooth initial density, T = 0.4, against
-   :func:`~wflow.solvers.eulerian.solve_density` on the same mesh: the L1 gap of the cell masses at
-   T for tau = 0.1, 0.05, 0.025 (full mode also 0.0125) has a fitted order in tau in [0.8, 1.2];
-2. heat equation (no model, kappa = 1, mode k = 2, t = 0.2): a JKO step of the entropy is an
-   implicit Euler step of the heat equation, so the mode's decay matches (1 + k^2 tau/kappa)^(-n)
-   to 5e-3 at tau = 0.02 and 0.01 (full mode also reports tau = 0.005).
-
-Full mode adds, reported only, noise with eps << 2 tau / kappa on a 2048-cell circle against the
-Eulerian solver (:func:`_small_eps`, about 2 minutes): whether every step reaches tol, the L1 error
-and its order in tau, and the step's sensitivity to tol and eps.
+128-cell circle: with USA(2) and noise kappa = 4 the L1 gap to
+:func:`~wflow.solvers.eulerian.solve_density` at T = 0.4 has a fitted order in tau in [0.8, 1.2];
+without a model a JKO step is an implicit Euler step of the heat equation, so a mode decays like
+(1 + k^2 tau/kappa)^(-n) (within 5e-3).  Full mode adds, reported only, noise with
+eps << 2 tau / kappa on 2048 cells (:func:`_small_eps`).  Details: docs/validation.md.
 """
 
 from __future__ import annotations
@@ -107,9 +100,7 @@ def _small_eps(rep: StudyReport) -> None:
 
 @register("jko")
 def jko_study(out: Path, quick: bool = True) -> StudyReport:
-    """JKO against the finite-volume solver as tau -> 0, and against the heat equation (S^1, 128 cells).
-
-    See the module docstring for what is computed and expected.
+    """JKO against the finite-volume solver as tau -> 0, and against the heat equation (module docstring).
 
     Examples
     --------

@@ -692,8 +692,7 @@ def _figure(rep: StudyReport, out: Path) -> Path:
                 ax.loglog(Ns, means, style, label=f"{key}, t={t:g}", ms=4)
         n_axis = np.array(sorted({r["N"] for r in rows}), float)
         ax.loglog(n_axis, 0.5 * n_axis**-0.5, "k:", label="N^-1/2")
-        ax.set_title(f"{sph}, {name}, i.i.d. start")
-        ax.set_xlabel("N")
+        ax.set(title=f"{sph}, {name}, i.i.d. start", xlabel="N")
         ax.legend(fontsize=7)
     q = [r for r in rep.rows if r["start"] == "quadrature"]
     ax = axes[-1]
@@ -709,8 +708,7 @@ def _figure(rep: StudyReport, out: Path) -> Path:
     if q:
         n_axis = np.array(sorted({r["N"] for r in q}), float)
         ax.loglog(n_axis, 1.0 / n_axis, "k:", label="N^-1")
-    ax.set_title("S1, quadrature start, t = 2")
-    ax.set_xlabel("N")
+    ax.set(title="S1, quadrature start, t = 2", xlabel="N")
     ax.legend(fontsize=7)
     return save_figure(fig, out / "mean_field.png", dpi=110)
 

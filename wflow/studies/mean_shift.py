@@ -317,8 +317,7 @@ def _figure(out: Path, field_rows, runs) -> Path:
     axes[0].axhline(1e-12, color="k", ls=":", lw=0.8, label="tolerance 1e-12")
     axes[0].set_xscale("log")
     axes[0].set_xlabel("β (inverse temperature, dimensionless)")
-    axes[0].set_ylabel("field magnitude (1/time)")
-    axes[0].set_title("fields on random clouds")
+    axes[0].set(ylabel="field magnitude (1/time)", title="fields on random clouds")
     axes[0].legend(fontsize=7)
     for beta, r in runs.items():
         axes[1].semilogy(
@@ -326,7 +325,6 @@ def _figure(out: Path, field_rows, runs) -> Path:
         )
     axes[1].axhline(1e-8, color="k", ls=":", lw=0.8, label="tolerance 1e-8")
     axes[1].set_xlabel("mean-shift time t (SA time β t)")
-    axes[1].set_ylabel("max |x_MS(t) - x_SA(βt)| (chordal)")
-    axes[1].set_title("runs, dopri5 rtol 1e-11")
+    axes[1].set(ylabel="max |x_MS(t) - x_SA(βt)| (chordal)", title="runs, dopri5 rtol 1e-11")
     axes[1].legend(fontsize=7)
     return save_figure(fig, Path(out) / "mean_shift.png", dpi=110)

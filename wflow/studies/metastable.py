@@ -692,8 +692,7 @@ def _figure(results, plan, out: Path) -> Path:
             ax.axvline(a, color="k", ls=":", lw=0.8)
         for a in predicted_angles(p["c0"][k_star - 1], k_star):
             ax.axvline(a, color="C1", ls=":", lw=0.8)
-        ax.set_title(f"β={beta:g}: k*={k_star}")
-        ax.set_xlabel("angle θ (rad)")
+        ax.set(title=f"β={beta:g}: k*={k_star}", xlabel="angle θ (rad)")
         ax.legend(fontsize=6, loc="upper right")
         ax = axes[1, j]
         lam = growth_rate(ks, beta, 2, "SA")

@@ -208,6 +208,12 @@ def _scheme_run(scheme: str, beta: float, x0: np.ndarray, t_end: float, t: np.nd
     return traj, time.perf_counter() - t0
 
 
+def _half_time(scheme: str, n: int, beta: float, rho0: float) -> float:
+    """When the equiangular ODE of ``scheme`` from cosine ``rho0`` reaches 1/2."""
+    kw = SCHEME_OPTIONS.get(scheme, {})
+    return float(theory.equiangular_time(beta, n, 0.5, rho0, "SA", scheme, t_max=1e30, **kw))
+
+
 def equiangular_part(scheme: str, n: int, beta: float, rho0: float, t_end: float) -> dict[str, Any]:
     """Particles from ``n`` equiangular tokens against the reduced ODE at the same times.
 
@@ -279,9 +285,7 @@ def random_part(
         "mean_exp": float(
             np.mean(np.exp(beta * (G[iu] - rho0)) * (1 - G[iu] ** 2)) / (1 - rho0**2)
         ),
-        "t_merge_ode": float(
-            theory.equiangular_time(beta, n, 0.5, rho0, "SA", scheme, t_max=1e30, **kw)
-        ),
+        "t_merge_ode": _half_time(scheme, n, beta, rho0),
     }
 
 
@@ -634,18 +638,7 @@ def _collapse(rep: StudyReport, parts: Parts, n_r: int, d_c: int) -> dict[str, d
         col[scheme] = p
         law = scheme_law(beta_c, n_r, scheme, p["rho0"])
         rate = fit_scheme_rate(p["t_fit"], p["gap_fit"], scheme, law) if p["collapsed"] else np.nan
-        half_ode[scheme] = t_half_ode = float(
-            theory.equiangular_time(
-                beta_c,
-                n_r,
-                0.5,
-                p["rho0"],
-                "SA",
-                scheme,
-                t_max=1e30,
-                **SCHEME_OPTIONS.get(scheme, {}),
-            )
-        )
+        half_ode[scheme] = t_half_ode = _half_time(scheme, n_r, beta_c, p["rho0"])
         rep.rows.append(
             {
                 "start": "collapse",

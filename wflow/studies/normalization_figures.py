@@ -26,8 +26,7 @@ def collapse_figure(out: Path, col: dict, n: int, d: int) -> Path:
     ax.set_ylabel("mean pair gap 1 - <θ_i, θ_j>")
     ax.set_title(f"{n} random tokens, d = {d}, β = √d: the metastable staircase to one point")
     ax.legend()
-    ax2.set_xlabel("t (each scheme's own time)")
-    ax2.set_ylabel("clusters (1 - cos < 1e-3 joined)")
+    ax2.set(xlabel="t (each scheme's own time)", ylabel="clusters (1 - cos < 1e-3 joined)")
     return save_figure(fig, out / "normalization_collapse.png", dpi=80)
 
 

@@ -1,23 +1,14 @@
 r"""The perceptron paper's experiments as a study: ``wflow validate perceptron [--quick] [--option convention=poster]``.
 
 Álvarez-López, Geshkovski & Ruiz-Balet, *Perceptrons and localization of attention's mean-field
-landscape* (ICML 2026).  The model, its conversion to wflow's kernel and time and the two sign
-conventions of descent, the runs and their stopping rule are the public :mod:`wflow.perceptron_paper`'s
-(this module re-exports them; stored runs: :mod:`wflow.studies.perceptron_runs`); the paper's statements the study
-checks are :mod:`wflow.studies.perceptron_checks`'s, the runs it makes
-:mod:`wflow.studies.perceptron_plan`'s, its figures :mod:`wflow.studies.perceptron_figures`'s.
-The study runs in the convention of the authors' code unless ``convention="poster"``:
-
-* **E1** attention alone on :math:`S^1`; **E2/E3** ReLU and GELU at fixed weights, the atoms'
-  locations against the particle seed;
-* **counts** the paper's cluster counts (ReLU ascent one atom in :math:`\{v_\vartheta > 0\}`, ReLU
-  descent 2-3, GELU ascent 2, descent 3) over 10 weight draws, the fraction that matches;
-* **convention** one weight draw on which the conventions part (beta = 5, GELU descent);
-* **E4** descent + GELU, threshold :math:`1/(2\sqrt\beta)`: the three largest masses against
-  :math:`\sqrt\beta` for each d beside the poster's values, and the anti-concentration bound;
-* **E5** :math:`S^2`, USA/SA, with and without GELU; **C9** one neuron; the corollary on the
-  number of heavy clusters;
-* **sweep** the MLP-scale sweep: stopping time against :math:`|\omega|`, USA and SA.
+landscape* (ICML 2026).  The model, its conventions, the runs and their stopping rule are
+:mod:`wflow.perceptron_paper`'s (re-exported here); the stored runs are
+:mod:`~wflow.studies.perceptron_runs`', the paper's statements :mod:`~wflow.studies.perceptron_checks`',
+the runs made :mod:`~wflow.studies.perceptron_plan`'s, the figures
+:mod:`~wflow.studies.perceptron_figures`'.  The study (in the authors' code's convention unless
+``convention="poster"``) runs E1-E5, C9 and the corollary on heavy clusters, the paper's cluster
+counts over 10 weight draws, one draw on which the conventions part, and the MLP-scale sweep;
+docs/perceptron.md says what each checks and what was measured.
 """
 
 from __future__ import annotations

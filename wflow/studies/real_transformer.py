@@ -1,26 +1,13 @@
-r"""A real Transformer beside the dynamics wflow solves: ``wflow validate real-transformer [--quick]`` (issue #36).
+r"""A real Transformer beside the dynamics wflow solves: ``wflow validate real-transformer [--quick]``.
 
-all-MiniLM-L6-v2 (BERT: 6 layers, :math:`d = 384`, 12 heads, Post-LN; :mod:`wflow.pretrained`) reads a
-fixed English text; its token states layer by layer are set beside
-
-(a) the discrete model -- wflow's BERT layer (:meth:`wflow.models.BertLayer.step`, step 1), checked
-    against an independent dense NumPy forward pass written here from the raw tensors;
-(b) the continuous-time idealisations (:meth:`wflow.models.BertLayer.velocity`): attention alone (the
-    sum of the heads' ``SA(beta rho^2, Q_h, K_h, W_O,h W_V,h)``, read at the tokens' radius
-    :math:`\rho`), + the feed-forward block (a non-conservative GELU perceptron), + the biases (a
-    drift), + LayerNorm's centring and :math:`\gamma, \beta`; run by :func:`wflow.simulate` from the
-    real layer-0 tokens through depth with one unit of time per layer or a fitted time per layer
-    (the best step below), and one layer at a time from the real tokens: the alignment (cosine) of
-    the predicted displacement :math:`v(\theta_\ell)` with the real one
-    :math:`\theta_{\ell+1} - \theta_\ell` and the best step :math:`s^* = \langle v, \Delta\rangle/|v|^2`;
-(c) the survey's figure (Rigollet 2025, Figure 1) for the real model and each idealisation: the
-    histogram of pairwise cosines per layer, the mean cosine and the cluster count against depth
-    (:func:`wflow.pretrained.layer_measures`).
-
+all-MiniLM-L6-v2 (BERT, :mod:`wflow.pretrained`) reads :data:`TEXT`; its token states layer by
+layer are set beside (a) wflow's discrete BERT layer (:meth:`wflow.models.BertLayer.step`), checked
+against the independent :func:`dense_forward`; (b) the continuous-time idealisations of
+:data:`VARIANTS` (:meth:`wflow.models.BertLayer.velocity`), run by :func:`wflow.simulate` from the
+real layer-0 tokens through depth, and one layer at a time (:func:`one_layer_alignment`); (c) the
+survey's figure (Rigollet 2025, Figure 1) for each (:func:`wflow.pretrained.layer_measures`).
 Without ``safetensors``, ``tokenizers`` or the weights the study is skipped with a one-line message
-naming the install command.  Quick: the first 64 tokens, RK4 with step 0.1; full: the whole text
-(262 tokens), step 0.05 and fitted times for every idealisation; both check the stiffest run
-(+feed-forward) under step halving.
+naming the install command.  What matches and why: docs/real_transformers.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 r"""The default ``stationary`` call against long particle runs (``wflow validate stationary``).
 
-Issue 35: :func:`wflow.solvers.jko.stationary` must be right with default arguments at every
-:math:`\beta` and kernel convention.  Each configuration is the perceptron paper's setting in its
-authors' code convention: USA(beta, V = s I) + ``Perceptron.conservative(A, s e^beta omega)``
-(``s = +1`` ascent, ``-1`` descent; time :math:`t = e^{-\beta}\tau`), with one fixed draw
-``A, omega = paper_perceptron(d, 1, seed)`` (seed 1 on :math:`S^1`, 3 on :math:`S^2`), from the
-uniform density on ``CircleMesh(256)`` (``SphereMesh(8)``, 642 cells, on :math:`S^2`).
-
-The independent answer: one particle per cell, at the cell centres with the cells' masses, run by
-:func:`wflow.simulate` (dopri5) to paper time 1500, its clusters merged and polished to the
-critical point next to them by :func:`wflow.stability.stability` (displacements below 1e-6 rad),
-which also says whether that state is strictly stable.
-
-Expectations, for every configuration whose particle state is strictly stable: ``converged``, the
-same number of atoms, every atom within two mesh spacings of a particle atom, and masses within
-0.02 (on :math:`S^1` and :math:`S^2`).  Quick mode: beta in {1, 25}, ReLU and GELU, ascent and
-descent (8 configurations), GELU ascent at beta = 5 on :math:`S^2`, and the three-way check of
-:func:`three_ways_gelu` (about a minute).  Full mode: beta in {0.1, 1, 5, 10, 25} on 256 cells and
-beta = 50 on 1024 cells (24 configurations; on 256 cells beta = 50 descent must say
-``resolved=False``; ReLU descent on 512 cells is reported, docs/perceptron.md says why it differs),
-GELU ascent at beta = 1 and 5 on :math:`S^2`, GELU descent at beta = 5 on :math:`S^2` (reported:
-the particles do not form clusters), and the three-way check.
+:func:`wflow.solvers.jko.stationary` must be right with default arguments at every :math:`\beta`
+and kernel convention.  Each configuration is the perceptron paper's setting in its authors' code
+convention (:func:`reference_model`) from the uniform density on ``CircleMesh(256)``
+(``SphereMesh(8)`` on :math:`S^2`); the independent answer is one particle per cell run to paper
+time 1500 and polished by :func:`wflow.stability.stability` (:func:`particle_reference`), which also
+says whether that state is strictly stable.  Expected where it is: ``converged``, the same number of
+atoms, each within two mesh spacings of a particle atom, masses within 0.02; and the three-way check
+of :func:`three_ways_gelu`.  Configurations of each mode: docs/validation.md.
 """
 
 from __future__ import annotations

@@ -197,8 +197,7 @@ def _figure(results, out: Path) -> Path:
                 color=p[0].get_color(),
                 lw=0.8,
             )
-        ax.set_title(f"$S^{{{d - 1}}}$: $W_2$ of $z$-marginal at t={T_END:g}")
-        ax.set_xlabel("N")
+        ax.set(title=f"$S^{{{d - 1}}}$: $W_2$ of $z$-marginal at t={T_END:g}", xlabel="N")
         ax.legend(fontsize=8)
     np.atleast_1d(axes)[0].set_ylabel("$W_2(\\mu_N^z(t), \\mu^z(t))$")
     fig.tight_layout()
