@@ -1,12 +1,8 @@
 r"""The solver contract: a :class:`Problem` says *what* moves, a :class:`Solver` *how* one step is taken.
 
-Every time-dependent computation in wflow -- particles, Lagrangian nodes, finite volumes,
-JKO steps -- is a :class:`Problem` (the state space and its right-hand side) and a
-:class:`Solver` (one step: ``init`` / ``step``, a declared ``order``, an error estimate
-where it has one, a stability limit, ``checkpoint`` / ``restore`` for a bit-exact resume),
-looked up by name in :data:`SOLVERS`.  The one time loop that drives them is
-:func:`wflow.solvers.driver.integrate` (the *when*).  Import these names from
-:mod:`wflow.solvers.base`.
+A :class:`Solver` has ``init`` / ``step``, a declared ``order``, an error estimate where it has one, a
+stability limit and ``checkpoint`` / ``restore`` for a bit-exact resume; solvers are looked up by name
+in :data:`SOLVERS`.  Import these names from :mod:`wflow.solvers.base`.
 """
 
 from __future__ import annotations
@@ -50,9 +46,8 @@ class Problem:
         The result kind (``"particles"``, ``"lagrangian"``, ``"density"``, ``"jko"``, ...):
         how snapshots are stored and which result class is returned.
     limit_slack : float
-        How far past the limit of :meth:`rhs_with_limit` a Runge--Kutta *stage* may go and stay stable:
-        ``1 / cfl`` when that limit is a CFL fraction of the true one.  Steps are proposed within the limit;
-        a stage is rejected only beyond ``limit_slack`` times it (1 by default).
+        A Runge--Kutta *stage* is rejected only beyond ``limit_slack`` times the limit of
+        :meth:`rhs_with_limit` (``1 / cfl`` when that limit is a CFL fraction of the true one; default 1).
 
     Examples
     --------
@@ -142,11 +137,9 @@ class Problem:
         r"""Within: every stage of the step from ``t`` to ``t + dt`` sees the piece of a piecewise-in-time model
         (a :class:`~wflow.schemes.Layered` model's layer) that the step lies in.
 
-        A right-hand side that jumps at a breakpoint :math:`b` (a layer boundary) is right-continuous,
-        :math:`f(b, \cdot)` being the next layer's field; the last stage of a step that ends on :math:`b`
-        (RK4's :math:`k_4`, Dormand--Prince's :math:`c = 1` stages) must see the left limit, the layer the
-        step belongs to.  The driver takes every step inside ``stepping(t, dt)``; problems choose the piece
-        by :meth:`piece_time`.  ``stepping(None)`` leaves the step (a solver's first-same-as-last
+        The last stage of a step that ends on a layer boundary (RK4's :math:`k_4`) must see the layer the
+        step belongs to, not the next one.  The driver takes every step inside ``stepping(t, dt)``; problems
+        choose the piece by :meth:`piece_time`.  ``stepping(None)`` leaves the step (a first-same-as-last
         evaluation at ``t + dt`` is the *next* step's first stage).
 
         Examples
@@ -174,9 +167,8 @@ class Problem:
 
     @property
     def autonomous(self) -> bool:
-        """True when the right-hand side does not depend on t.  Adaptive steps of such a problem may be far
-        below the rounding of t (the time is compensated): a merge lasting O(1) at t ~ 1e30 is resolved, and a
-        stall is detected by consecutive rejections instead of the floor ``1e-30 |t|``."""
+        """True when the right-hand side does not depend on t: adaptive steps may then be far below the
+        rounding of t (the time is compensated), and a stall is detected by consecutive rejections."""
         return False
 
 
@@ -203,12 +195,10 @@ class StepResult:
     info : dict
         Per-step statistics the solver wants recorded (e.g. a JKO step's residual).
     finite : bool or None
-        Whether the solver already knows every number of ``y`` is finite (a fused step that saw every
-        row's norm); None: the driver scans ``y`` itself.
+        Whether every number of ``y`` is finite, when the solver knows; None: the driver scans ``y``.
     diagnostics : dict or None
-        Save-time diagnostics of ``y`` that the step formed on its way (a solver declaring
-        :attr:`Solver.forms_diagnostics`, asked with ``save=True``); the save then does not form them
-        again.  None when the step formed none.
+        Save-time diagnostics of ``y`` the step formed on its way (:attr:`Solver.forms_diagnostics`,
+        asked with ``save=True``), which the save then does not form again.
 
     Examples
     --------
@@ -254,9 +244,8 @@ class Solver(ABC):
     #: order of the embedded error estimate; None when the solver has none (fixed steps only)
     error_order: ClassVar[float | None] = None
     stochastic: ClassVar[bool] = False
-    #: whether :meth:`step` takes the keyword ``save`` (True when the step ends on a save time) and may then
-    #: return the saved state's diagnostics in :attr:`StepResult.diagnostics` (a fused step forms them on
-    #: its way); the driver passes ``save`` only to such solvers
+    #: whether :meth:`step` takes the keyword ``save`` (the step ends on a save time) and may then return
+    #: the saved state's diagnostics in :attr:`StepResult.diagnostics`
     forms_diagnostics: ClassVar[bool] = False
 
     @property
@@ -363,16 +352,7 @@ class Registry(MutableMapping[str, _Entry]):
 SOLVERS: Registry[type[Solver]] = Registry(
     {
         **dict.fromkeys(
-            (
-                "euler",
-                "euler-average",
-                "rk4",
-                "dopri5",
-                "euler-maruyama",
-                "ssprk3",
-                "ros2",
-                "remap",
-            ),
+            "euler euler-average rk4 dopri5 euler-maruyama ssprk3 ros2 remap".split(),
             "wflow.solvers.steppers",
         ),
         "fused-euler": "wflow.solvers.fused",

@@ -1,30 +1,12 @@
 r"""Step-size control: the size of the next trial step, whether a step is kept, where time lands.
 
-The driver (:func:`wflow.solvers.driver.integrate`) asks one :class:`StepSizeController`
-(as diffrax's ``AbstractStepSizeController``): :meth:`~StepSizeController.init` once,
-then per attempted step :meth:`~StepSizeController.propose` (the trial step, whether it
-lands on the next stop), :meth:`~StepSizeController.accept` (keep or reject the step by its
-error; the next step), :meth:`~StepSizeController.unstable` (a stage broke the solver's
-stability limit) and :meth:`~StepSizeController.advance` (the time after a kept step).
-:func:`make_controller` checks ``dt``, ``adaptive``, ``rtol`` and ``atol`` and builds one.
-
-*Fixed steps* (:class:`ConstantSteps`: ``dt`` given and the solver has no error estimate,
-or ``adaptive=False``): steps of exactly ``dt`` on the grid :math:`t_k = t_0 + k\,dt`
-(:class:`~wflow.solvers.saveat.StepGrid`); the last step ends at ``t_end`` (it is stretched
-by at most :math:`10^{-6}dt` rather than followed by a round-off step).  The step crossing a save
-time is split in two to land on it (:class:`~wflow.solvers.saveat.SaveTimes`).  Every stage of a step sees the piece
-of a piecewise-in-time model the step lies in (:meth:`~wflow.solvers.base.Problem.stepping`); a grid
-that straddles a breakpoint of the problem (a layer boundary) warns: that step has one layer.
-
-*Adaptive steps* (:class:`AdaptiveSteps`, a solver with an error estimate): the step is
-accepted when the solver's scaled error norm is :math:`\le 1`, and the next step is
-:math:`h\min(5, \max(0.2, 0.9\,\mathrm{err}^{-1/(q+1)}))` with :math:`q` the order of the
-error estimate (Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4).  The step is capped by
-the solver's stability limit (e.g. the positivity CFL limit of a finite-volume scheme)
-and lands exactly on each save time and on each breakpoint of the problem; a remainder
-below :math:`10^{-3}` of a step is absorbed by stretching that step, so no step is shorter
-than the problem warrants.  Time is summed with compensation, so an autonomous problem can
-take steps far below the rounding of :math:`t`.
+The driver (:func:`wflow.solvers.driver.integrate`) asks one :class:`StepSizeController` (as diffrax's
+``AbstractStepSizeController``): :meth:`~StepSizeController.init` once, then per attempted step
+:meth:`~StepSizeController.propose`, :meth:`~StepSizeController.accept`,
+:meth:`~StepSizeController.unstable` and :meth:`~StepSizeController.advance`.  :class:`ConstantSteps`
+takes steps of exactly ``dt`` on a grid, split to land on save times; :class:`AdaptiveSteps` controls
+the error (Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4) and lands on save times and breakpoints
+(``docs/solvers.md``, step control).  :func:`make_controller` checks the arguments and builds one.
 """
 
 from __future__ import annotations

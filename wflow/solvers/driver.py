@@ -1,17 +1,11 @@
 r"""The driver: :func:`integrate`, the one time loop of wflow (the *when*).
 
-The loop asks a step-size controller (:mod:`~wflow.solvers.control`) for each trial step,
-the solver (:mod:`~wflow.solvers.contract`) for the step itself, and saves at the times of
-a :class:`~wflow.solvers.saveat.SaveAt` (the times of :class:`~wflow.solvers.saveat.SaveTimes`); it owns ``max_steps``, the detection of
-non-finite states, the trackers (progress bar, callbacks, recorders,
-:mod:`~wflow.solvers.trackers`) and resume, and ends with a status of
-:class:`~wflow.solvers.result.Status` in a :class:`~wflow.solvers.result.Result`.  Import
-these names from :mod:`wflow.solvers.base`.
-
-Randomness
-----------
-The noise of step ``k`` is drawn from ``default_rng(SeedSequence(seed, spawn_key=(k,)))``,
-so a run resumed after any saved snapshot repeats the uninterrupted run bit for bit.
+The loop asks a step-size controller (:mod:`~wflow.solvers.control`) for each trial step and the
+solver for the step, and saves at the times of a :class:`~wflow.solvers.saveat.SaveAt`; it owns
+``max_steps``, the detection of non-finite states, the trackers and resume.  Import these names from
+:mod:`wflow.solvers.base`.  The noise of step ``k`` is drawn from
+``default_rng(SeedSequence(seed, spawn_key=(k,)))``, so a run resumed after any saved snapshot repeats
+the uninterrupted run bit for bit.
 """
 
 from __future__ import annotations
@@ -278,11 +272,8 @@ def _loop(
     max_steps: int,
     entropy: int | None,
 ) -> tuple[int, str]:
-    """Step from ``(t, y)`` through the save times after ``first``: ``(status, message)``.
-
-    Raises :class:`~wflow.errors.SolverError` when the run fails (``max_steps``, a step size
-    underflow, a non-finite state, a step that missed its own target); what was saved is kept.
-    """
+    """Step from ``(t, y)`` through the save times after ``first``: ``(status, message)``; a
+    :class:`~wflow.errors.SolverError` when the run fails (what was saved is kept)."""
     times = saves.times
     n_saves = len(times)
     stats_base_ev = stats["evaluations"]
@@ -358,9 +349,8 @@ def _attempt(
     step_no: int,
     entropy: int | None,
 ) -> tuple[StepResult, Any] | None:
-    """One attempted step of size ``h`` from ``(t, y)``: the solver's result and new state when the step is
-    kept, ``None`` when the solver or the controller rejects it.  Raises :class:`~wflow.errors.SolverError`
-    when the new state is not finite."""
+    """One attempted step of size ``h`` from ``(t, y)``: the solver's result and new state, or ``None`` when
+    the solver or the controller rejects it; a :class:`~wflow.errors.SolverError` for a non-finite state."""
     rng = None
     if solver.stochastic:
         rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(step_no,)))
@@ -395,20 +385,14 @@ def _shown_step(trackers: Sequence[Tracker], t: float, h: float, res: StepResult
     return stopped_by
 
 
-#: kept variables of at least this many bytes a snapshot go straight into one array allocated for every save
-#: (no stacking copy at the end); smaller ones are stacked at the end
+#: kept variables of at least this many bytes a snapshot go into one array for every save (smaller ones
+#: are stacked at the end)
 _BUFFER_BYTES = 1 << 16
 
 
 class _Saved:
-    """The snapshots a run keeps in memory and shows its trackers.
-
-    ``keep=False``: the last snapshot only.  Otherwise as the :class:`~wflow.solvers.saveat.SaveAt` says:
-    every variable of every save (``points=True``), or the state variables
-    (:attr:`~wflow.solvers.contract.Problem.state_variables`) of the last save only (``points=False``); with a
-    ``dtype`` or an ``out`` the points (:meth:`~wflow.solvers.contract.Problem.saved_points`) go into that
-    array or dtype.
-    """
+    """The snapshots a run keeps in memory and shows its trackers: the last one only (``keep=False``), or
+    as the :class:`~wflow.solvers.saveat.SaveAt` says."""
 
     def __init__(
         self,
@@ -431,10 +415,7 @@ class _Saved:
         if spec.out is not None:
             self.buffers["points"] = spec.out
         self.stats: dict[str, list] = {
-            "steps": [],
-            "rejected": [],
-            "evaluations": [],
-            "dt_next": [],
+            k: [] for k in ("steps", "rejected", "evaluations", "dt_next")
         }
         self.step_info: list[dict[str, Any]] = []
         self.last: Snapshot | None = None
@@ -451,12 +432,10 @@ class _Saved:
         """Save snapshot ``index`` at ``(t, y)``; ``known``: the diagnostics of ``y`` the step formed.  True when
         a tracker asks to stop."""
         problem = self.problem
-        # (only a problem whose solver forms diagnostics, a particle problem, gets ``known``)
         extra: dict[str, Any] = {} if known is None else {"known": known}
         ev = problem.evaluations
         data = problem.snapshot(t, y, **extra)
-        # a save's diagnostics are not the solver's evaluations: left uncounted, a resumed run (which
-        # loads the saved snapshot instead of computing it) counts what the uninterrupted one counts
+        # a save's diagnostics are not counted: a resumed run, which loads the snapshot, counts the same
         problem.evaluations = ev
         snap = Snapshot(
             index,
@@ -487,9 +466,8 @@ class _Saved:
         return stop
 
     def _keep(self, data: dict[str, Variable]) -> dict[str, Variable]:
-        """What is kept of a snapshot's ``data``: its large arrays copied into their buffers (and replaced by the
-        buffer's row), the points as the spec asks; a variable whose shape or dtype changes between saves goes
-        back to stacking."""
+        """What is kept of a snapshot's ``data``: large arrays as rows of their buffers, the points as the spec
+        asks; a variable whose shape or dtype changes between saves goes back to stacking."""
         spec, k = self.spec, len(self.kept)
         out = dict(data)
         if not spec.points:
@@ -566,8 +544,7 @@ class _Saved:
 
 
 def _buffer(name: str, capacity: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An empty array for ``capacity`` saves of a variable; a size the machine cannot hold is a
-    ``MemoryError`` that says what to pass instead."""
+    """An empty array for ``capacity`` saves of a variable, or a ``MemoryError`` that says what to do."""
     try:
         return np.empty((capacity, *shape), dtype)
     except (MemoryError, ValueError):
@@ -581,7 +558,7 @@ def _buffer(name: str, capacity: int, shape: tuple[int, ...], dtype: Any) -> np.
 
 
 def _check_points_spec(problem: Problem, spec: SaveAt, n_saves: int, y0: np.ndarray) -> None:
-    """Raise before any step when ``spec`` asks of the points what this run cannot give (module docstring)."""
+    """Raise before any step when ``spec`` asks of the points what this run cannot give."""
     if spec.out is None and spec.dtype is None:
         return
     shape = problem.points_shape(y0)

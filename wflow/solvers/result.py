@@ -1,10 +1,8 @@
 """What a run gives back: its status codes (:class:`Status`), the :class:`Result` and the kinds of results.
 
-The status codes live here and only here (as diffrax's ``RESULTS``): the driver sets them,
-:attr:`Result.success` reads them, stores and sweeps record them as plain integers.
-:data:`KINDS` lists every kind of result (each registered through :func:`register_kind` by its
-solver module, imported when the kind is first looked up) with what a resume needs to rebuild
-its run.  Import these names from :mod:`wflow.solvers.base`.
+The status codes live here only (as diffrax's ``RESULTS``); stores record them as plain integers.
+:data:`KINDS` lists every kind of result with what a resume needs to rebuild its run.  Import these
+names from :mod:`wflow.solvers.base`.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ class Status(enum.IntEnum):
     SUCCESS = 0
     #: stopped by a tracker or a callback before ``t_end`` (``message``: by whom and when)
     STOPPED = 1
-    #: failed: a non-finite state, a step size underflow, ``max_steps``, a step that missed its
-    #: own tolerance (``message``: what happened and what to change)
+    #: failed (``message``: what happened and what to change)
     FAILED = -1
 
     @property
@@ -75,19 +72,16 @@ class Result:
     stats : dict of ndarray, each shape (k,)
         Cumulative ``steps``, ``rejected`` and ``evaluations`` at each save, and ``dt_next``.
     status : int
-        A :class:`Status`: 0 reached ``t_end``; 1 stopped by a tracker or callback; -1 failed
-        (see ``message``).
+        A :class:`Status`: 0 reached ``t_end``; 1 stopped by a tracker or callback; -1 failed.
     message : str
     config : dict
-        Everything needed to repeat the run (problem, solver and its options, step control,
-        seed, save times, wflow version).
+        Everything needed to repeat the run.
     solver : str
     order : float
     checkpoint : dict
         The solver's resume variables at the last save.
     last_state : dict
-        ``name -> (dims, array)``: the state variables of the last save, when the run kept them for the
-        last save only (``SaveAt(points=False)``); empty otherwise.
+        ``name -> (dims, array)``: the state variables of the last save with ``SaveAt(points=False)``.
 
     Examples
     --------
@@ -126,9 +120,8 @@ class Result:
         return int(len(self.times))
 
     def save_index(self, t: float) -> int:
-        """The index of the save at time ``t`` (equal to a saved time up to rounding: ``1e-9`` of the interval).
-
-        Raises ``ValueError`` naming the nearest saved times when ``t`` is not one of them.
+        """The index of the save at time ``t`` (to ``1e-9`` of the interval), or a ``ValueError`` naming the
+        nearest saved times.
 
         Examples
         --------
@@ -186,11 +179,8 @@ class Result:
 
 @dataclass(frozen=True)
 class Kind:
-    """How one kind of result is rebuilt: its result class and, for resume, its problem and state.
-
-    ``rebuild(config, stored) -> (problem, solver, y_last)`` gets a store's configuration and
-    its contents (:func:`wflow.io.read_store`) and returns what :func:`integrate` needs to
-    continue the run from the last committed snapshot.
+    """How one kind of result is rebuilt: its result class and ``rebuild(config, stored) -> (problem,
+    solver, y_last)``, which continues a store's run (:func:`wflow.io.read_store`) from its last snapshot.
     """
 
     name: str

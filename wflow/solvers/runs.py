@@ -8,6 +8,7 @@ bit for bit equal to the uninterrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
@@ -51,11 +52,9 @@ def _result(stored: dict[str, Any]) -> Result:
 def load(path: str | os.PathLike, *, recover: bool = False) -> Result:
     """Load a result of any kind written by a run or by :func:`save` (committed snapshots only, verified).
 
-    A damaged store (a missing or inconsistent commit record, a chunk missing, out of place or
-    failing its checksum) raises :class:`~wflow.errors.WflowError` naming the variable and the
-    snapshot.  With ``recover=True`` the sound snapshots before the first damaged one are
-    returned instead, with a warning and a ``message`` saying how many were kept and why;
-    :func:`wflow.io.repair` makes them the store's committed snapshots, so the run resumes.
+    A damaged store raises :class:`~wflow.errors.WflowError` naming the variable and the snapshot; with
+    ``recover=True`` the sound snapshots before the first damaged one are returned instead, with a
+    warning (:func:`wflow.io.repair` makes them the store's committed snapshots).
 
     Examples
     --------
@@ -107,9 +106,8 @@ def resume(
 ) -> Result:
     """Continue an interrupted run of any kind from its last committed snapshot.
 
-    The run repeats exactly what the uninterrupted run would have done (same steps, same
-    noise, same step-size control, same solver state).  Returns the whole result, old and
-    new snapshots; a complete store is returned as loaded.
+    The run repeats exactly what the uninterrupted run would have done.  Returns the whole result, old
+    and new snapshots; a complete store is returned as loaded.
 
     Parameters
     ----------
@@ -189,39 +187,18 @@ def resume(
     return _concat(prev, new) if keep else new
 
 
-_DRIVER_KEYS = {
-    "solver",
-    "solver_options",
-    "order",
-    "adaptive",
-    "dt",
-    "rtol",
-    "atol",
-    "seed",
-    "t0",
-    "t_end",
-    "save_at",
-    "save_mode",
-    "max_steps",
-    "wflow_version",
-}
+#: the configuration keys the driver writes itself (:func:`wflow.solvers.driver.integrate`)
+_DRIVER_KEYS = set(
+    "solver solver_options order adaptive dt rtol atol seed t0 t_end save_at save_mode max_steps "
+    "wflow_version".split()
+)
 
 
 def _concat(a: Result, b: Result) -> Result:
     """The stored snapshots followed by those of the continuation (which starts after a's last one)."""
-    data = {k: (d, np.concatenate([a.data[k][1], v])) for k, (d, v) in b.data.items()}
-    stats = {k: np.concatenate([a.stats[k], v]) for k, v in b.stats.items()}
-    return type(b)(
-        kind=b.kind,
+    return dataclasses.replace(
+        b,
         times=np.concatenate([a.times, b.times]),
-        data=data,
-        static=b.static,
-        stats=stats,
-        status=b.status,
-        message=b.message,
-        config=b.config,
-        solver=b.solver,
-        order=b.order,
-        checkpoint=b.checkpoint,
-        step_info=b.step_info,
+        data={k: (d, np.concatenate([a.data[k][1], v])) for k, (d, v) in b.data.items()},
+        stats={k: np.concatenate([a.stats[k], v]) for k, v in b.stats.items()},
     )

@@ -1,11 +1,8 @@
 """What a run saves and when: the user's specification (:class:`SaveAt`, as diffrax's), the save times
 of one run (:class:`SaveTimes`) and the fixed-step grid they snap to (:class:`StepGrid`).
 
-Every run saves at the times asked for.  *Adaptive steps* land on each save time.  *Fixed steps*
-of size ``dt`` run on the grid :math:`t_k = t_0 + k\\,dt` (:class:`StepGrid`), whose last step
-ends at ``t_end``; a save time between two grid times splits the step that crosses it in two
-(to the save time, then on to the grid time), so the grid, and the steps away from the saves,
-are those of ``dt``.  A save time within :math:`10^{-9} dt` of a grid time is that grid time.  Import
+Every run saves at the times asked for: adaptive steps land on each, fixed steps on the grid
+:math:`t_k = t_0 + k\\,dt` split the step that crosses one in two (``docs/solvers.md``).  Import
 :func:`check_save_at` from :mod:`wflow.solvers.base`.
 """
 
@@ -31,10 +28,8 @@ GRID_SNAP = 1e-9
 
 @dataclass(frozen=True, eq=False)
 class SaveAt:
-    r"""What a run saves and when: the save times, the variables and functions saved at each, the points'
-    dtype and, optionally, the caller's own buffer for them (diffrax's ``SaveAt``, NumPy's ``out=``).
-
-    Pass it as ``save_at`` of :func:`wflow.simulate` (a plain sequence of times means ``SaveAt(ts=times)``).
+    r"""What a run saves and when (diffrax's ``SaveAt``, NumPy's ``out=``): ``save_at`` of
+    :func:`wflow.simulate` (a plain sequence of times means ``SaveAt(ts=times)``).
 
     Parameters
     ----------
@@ -42,21 +37,20 @@ class SaveAt:
         Save times in ``[t0, t_end]``, increasing (``t0`` is always saved); default 11 equally spaced.
         With a fixed step, the step that crosses a save time is split to land on it.
     points : bool
-        Keep the points (the state) of every save in the result (default).  ``False``: the result keeps
-        the diagnostics of every save and the points of the last one only (:attr:`Trajectory.final
-        <wflow.solvers.particles.Trajectory.final>`); a recorder (``trackers``) still writes every save.
+        Keep the points of every save in the result (default); ``False``: of the last one only
+        (:attr:`Trajectory.final <wflow.solvers.particles.Trajectory.final>`), while a recorder still
+        writes every save.
     diagnostics : sequence of str, optional
         Built-in diagnostics saved at each time (default: ``energy``, ``log_energy``,
         ``order_parameter``, ``n_eff``, ``n_clusters``; also ``pair_fraction``); ``()`` for none.
     fn : dict, optional
         ``name -> f(mu)``: functions of the measure saved at each time, one value (or array) per system.
     dtype : dtype, optional
-        The floating type of the kept points (``float32`` halves their memory); default the run's own (or
-        ``out``'s).  The run computes as before, and a recorder stores the points as computed.
+        The floating type of the kept points; default the run's own (or ``out``'s).  The run computes as
+        before.
     out : ndarray, optional
-        A writeable floating array of shape ``(k, ..., n, d)``, ``k`` the number of saves (``ts`` with ``t0``
-        added when it is not among them), into which the points of every save are written (in its dtype):
-        the result's ``points`` is this array.
+        A writeable floating array of shape ``(k, ..., n, d)``, ``k`` the number of saves (with ``t0``),
+        into which the points of every save are written: the result's ``points`` is this array.
     cluster_threshold : float
         Geodesic linkage distance of the ``n_clusters`` diagnostic.
 
@@ -175,10 +169,8 @@ def check_save_at(save_at: Any, t0: float, t_end: float, default: int = 11) -> n
 
 @dataclass
 class StepGrid:
-    """The fixed-step grid: step k goes from t0 + k dt to t0 + (k+1) dt, the last one ends at t_end.
-
-    The last step is stretched by at most :math:`10^{-6} dt` rather than followed by a
-    round-off step.
+    """The fixed-step grid: step k goes from t0 + k dt to t0 + (k+1) dt, the last one ends at t_end (stretched
+    by at most :math:`10^{-6} dt` rather than followed by a round-off step).
 
     Examples
     --------
@@ -228,8 +220,7 @@ class SaveTimes:
     Attributes
     ----------
     times : ndarray, shape (k,)
-        The times saved: those asked for (with fixed steps, one within :data:`GRID_SNAP` steps of a
-        grid time is that grid time).
+        The times asked for (with fixed steps, snapped to a grid time within :data:`GRID_SNAP` steps).
     mode : str
         ``"land"``: the run lands on each time (recorded in its configuration as ``save_mode``).
 

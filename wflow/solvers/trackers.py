@@ -1,10 +1,8 @@
 """Trackers of the driver (:func:`wflow.solvers.base.integrate`): what they are shown, progress bars, callbacks.
 
-:class:`Tracker` is what the driver calls (``start``, ``save``, ``step``, ``finish``,
-``close``), with a :class:`RunInfo` when the run starts and a :class:`Snapshot` at each
-save time.  A tracker watches a run and never changes it; recorders that write to disk live
-in :mod:`wflow.io` (:class:`~wflow.io.ZarrRecorder`).  Import the first three from
-:mod:`wflow.solvers.base`.
+A tracker watches a run and never changes it; recorders that write to disk live in :mod:`wflow.io`
+(:class:`~wflow.io.ZarrRecorder`).  Import :class:`Tracker`, :class:`RunInfo` and :class:`Snapshot`
+from :mod:`wflow.solvers.base`.
 """
 
 from __future__ import annotations
@@ -31,13 +29,9 @@ __all__ = ["Snapshot", "RunInfo", "Tracker", "ProgressBar", "Callback", "Record"
 
 @dataclass
 class Snapshot:
-    """One saved state, as trackers receive it.
-
-    ``data`` holds the problem's variables (state and diagnostics), ``stats`` the
-    cumulative solver statistics, ``control`` the step-size controller's state
-    (``dt_next``), ``checkpoint`` the solver's resume variables and ``state`` the raw
-    state array (not a copy: a read-only view of the state the run continues from, so a tracker
-    or callback that tries to change it gets an error instead of silently changing the run).
+    """One saved state, as trackers receive it: the problem's variables ``data``, the cumulative ``stats``,
+    the controller's ``dt_next`` in ``control``, the solver's resume variables ``checkpoint`` and ``state``,
+    a read-only view of the state the run continues from.
 
     Examples
     --------
@@ -81,9 +75,8 @@ class RunInfo:
 class Tracker:
     """Watches a run: ``start`` once, ``save`` at each save time, ``step`` after each accepted step, ``finish``.
 
-    ``save`` and ``step`` may return True to stop the run (status 1, "stopped by ...").
-    ``close`` is called last whatever ended the run (an exception or an interrupt included).
-    A tracker never changes the state.
+    ``save`` and ``step`` may return True to stop the run (status 1); ``close`` is called last whatever
+    ended the run.
 
     Examples
     --------
@@ -120,11 +113,8 @@ class Tracker:
 
 
 class ProgressBar(Tracker):
-    """A tqdm bar over the time interval, labelled with the solver; never past 100 %, no negative ETA.
-
-    While numba compiles a function during the run, the label says which (``[compiling f, first run
-    only]`` for functions numba caches on disk; :func:`wflow.kernels.jit.compile_notices`), so a
-    first run's compilation is not a frozen bar.
+    """A tqdm bar over the time interval, labelled with the solver (and with the function numba compiles,
+    while it does: :func:`wflow.kernels.jit.compile_notices`).
 
     Examples
     --------
@@ -193,8 +183,7 @@ class ProgressBar(Tracker):
 
 
 class Callback(Tracker):
-    """``f(t, state)`` at every save time; a true return value stops the run.  ``state`` is a read-only
-    view of the state the run continues from (:class:`~wflow.solvers.base.Snapshot`).
+    """``f(t, state)`` at every save time (``state`` read-only); a true return value stops the run.
 
     Examples
     --------
@@ -226,8 +215,7 @@ class Callback(Tracker):
 
 
 class Record(Tracker):
-    """Keeps the named variables of every snapshot (``times``, ``values[name]``), for runs with ``keep=False``
-    that hold only their last snapshot: a diagnostic's history without every state's.
+    """Keeps the named variables of every snapshot (``times``, ``values[name]``), for runs with ``keep=False``.
 
     Examples
     --------
@@ -261,8 +249,7 @@ class Record(Tracker):
 class StepLog(Tracker):
     """One CSV row per accepted step: ``step, t, dt, error`` and the solver's per-step ``info``.
 
-    Rows are flushed as they are written; on resume the rows after the resumed snapshot's
-    step are dropped, so the log equals the uninterrupted run's.
+    On resume the rows after the resumed snapshot's step are dropped: the log equals the uninterrupted run's.
 
     Examples
     --------
@@ -298,8 +285,7 @@ class StepLog(Tracker):
         old = read_regular(self.path) if self.append and run.resumed_at > 0 else None
         if old is not None:  # (a FIFO in its place is refused, never waited on)
             rows = list(csv.DictReader(io.StringIO(old.decode("utf-8"), newline="")))
-            # complete rows of the steps up to the resumed snapshot are kept; the rest (and a row torn by
-            # a kill) are redone
+            # complete rows of the steps up to the resumed snapshot are kept; the rest are redone
             limit = float(run.save_times[run.resumed_at])
             kept = [
                 r
@@ -312,9 +298,8 @@ class StepLog(Tracker):
             self.step_no = int(kept[-1]["step"]) if kept else 0
             self.fields = list(rows[0].keys()) if rows else []
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.unlink(
-            missing_ok=True
-        )  # a killed run's leftover (a link there is removed, not followed)
+        # a killed run's leftover (a link there is removed, not followed)
+        tmp.unlink(missing_ok=True)
         fd = os.open(
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644
         )
