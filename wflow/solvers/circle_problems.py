@@ -22,10 +22,8 @@ class CircleAngleProblem(ParticleProblem):
     r"""Particles on :math:`S^1` in angles: the state is :math:`\theta` of shape ``(..., n)`` and the velocity the
     model's :meth:`~wflow.models.SA.angular_velocity` (Kuramoto form).
 
-    For attention with :math:`Q = K = I`, :math:`V = \pm I`.  Coincident tokens contribute exactly
-    zero and forces far below rounding are resolved: the choice for metastable dynamics at large
-    beta, where Cartesian coordinates drown the slow inter-cluster forces (:math:`e^{-40}`) in the
-    rounding noise of tokens that have merged.  Saved: ``angles`` (the state) and ``points``.
+    For attention with :math:`Q = K = I`, :math:`V = \pm I`: coincident tokens contribute exactly zero, so
+    slow inter-cluster forces at large beta are not drowned in rounding.  Saved: ``angles`` and ``points``.
 
     Examples
     --------
@@ -98,7 +96,7 @@ class CircleAngleProblem(ParticleProblem):
         self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None
     ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         r"""Energies from the angle differences (accurate when tokens have merged): :math:`E = \frac1{2\beta}
-        \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`; and :math:`\log E` (N_eff's sums)."""
+        \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`; and :math:`\log E`."""
         if not isinstance(model, Attention):  # the constructor admits attention only
             return super()._energies(model, mu)
         th = np.arctan2(mu.points[..., 1], mu.points[..., 0])
@@ -136,15 +134,11 @@ class CircleGapProblem(CircleAngleProblem):
     :math:`\theta_i = \theta_0 + g_1 + \dots + g_i`, with the tokens sorted along the circle and the cut
     placed in the largest initial gap.
 
-    Angle differences are formed as sums of gaps, :math:`\theta_j - \theta_i = g_{i+1} + \dots + g_j`, so a
-    gap of 1e-200 between merged tokens keeps its relative accuracy (in angles it is lost below
-    :math:`\epsilon|\theta|`).  The Jacobian :math:`T^{-1}J_\theta T` (``T`` the cumulative sum) is formed from
-    one-sided partial sums of :math:`J_\theta`'s off-diagonal entries: rotations are not a mode of the gaps,
-    and the slow inter-cluster eigenvalues (:math:`e^{-\beta\delta^2/2}`, far below rounding of the
-    :math:`O(1)` intra-cluster entries) are not swamped.  This is what lets the implicit ``ros2`` take steps
-    of length :math:`t \sim 10^{30}` through every merge of a metastable staircase; in angles the
-    rounding of the zero mode stops it near :math:`t \sim 1/\epsilon`.  Saved: ``gaps`` (the state, in
-    sorted order), ``angles`` and ``points`` in the caller's order.
+    Angle differences are sums of gaps, so a gap of 1e-200 between merged tokens keeps its relative
+    accuracy, and the Jacobian :math:`T^{-1}J_\theta T` (``T`` the cumulative sum) comes from one-sided
+    partial sums: the slow inter-cluster eigenvalues are not swamped, and ``ros2`` steps through every
+    merge of a metastable staircase (``docs/schemes.md``).  Saved: ``gaps`` (the state, in sorted order),
+    ``angles`` and ``points`` in the caller's order.
 
     Examples
     --------
@@ -216,9 +210,8 @@ class CircleGapProblem(CircleAngleProblem):
         np.fill_diagonal(J, 0.0)
         n = y.size
         right = np.cumsum(J[:, ::-1], axis=1)[:, ::-1]  # sum_{j >= m} J_ij
-        left = np.concatenate(
-            [np.zeros((n, 1)), np.cumsum(J, axis=1)[:, :-1]], axis=1
-        )  # sum_{j < m} J_ij
+        # sum_{j < m} J_ij
+        left = np.concatenate([np.zeros((n, 1)), np.cumsum(J, axis=1)[:, :-1]], axis=1)
         below = np.arange(n)[:, None] < np.arange(n)[None, :]  # i < m
         JT = np.where(below, right, -left)
         JT[:, 0] = 0.0  # rotations: exactly no force

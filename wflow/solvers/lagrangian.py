@@ -1,22 +1,12 @@
 r"""Lagrangian quadrature solver: the continuum equation along characteristics.
 
-A smooth initial density :math:`\rho_0` (a probability density with respect to the
-surface measure, as everywhere in wflow: the uniform one is :math:`1/(2\pi)` on :math:`S^1`,
-:math:`1/(4\pi)` on :math:`S^2`) is represented by a quadrature rule, :math:`\mu_0 \approx
-\sum_k w_k\rho_0(x_k)\delta_{x_k}` (:math:`\sum_k w_k = |S^{d-1}|`) -- the trapezoid rule on :math:`S^1` (spectrally
-accurate for smooth periodic data) and the product Gauss--Legendre x trapezoid rule on
-:math:`S^2`.  The nodes are carried by the particle solver, which is exact for the
-continuity equation with a quadrature-discretized velocity:
-:math:`\partial_t\mu + \mathrm{div}(\mu v[\mu]) = 0` holds for :math:`\mu_t = X_t\#\mu_0`
-with :math:`\dot X = v[\mu_t](X)`.  The density is recovered from the Jacobian of the
-flow map, :math:`\rho(t, X_t(x)) = \rho_0(x)/J_t(x)`, with :math:`J_t` measured by
-passive tracers at :math:`\exp_x(\pm\varepsilon e_a)` along an orthonormal tangent frame
-(central differences, error :math:`O(\varepsilon^2)`).
-
-Before clusters form this is the high-accuracy continuum reference: its error is the
-quadrature error of the velocity (spectral in the node count for smooth data) plus the
-time-stepping tolerance.  Once the flow map folds (clusters) the Jacobian tends to 0
-and the recovered density is no longer meaningful; the atoms remain a valid measure.
+A smooth initial density :math:`\rho_0` (w.r.t. the surface measure) is a quadrature rule,
+:math:`\mu_0 \approx \sum_k w_k\rho_0(x_k)\delta_{x_k}` -- the trapezoid rule on :math:`S^1`, Gauss--Legendre
+x trapezoid on :math:`S^2` -- whose nodes the particle solver carries: :math:`\mu_t = X_t\#\mu_0` with
+:math:`\dot X = v[\mu_t](X)`.  The density is :math:`\rho(t, X_t(x)) = \rho_0(x)/J_t(x)`, the Jacobian
+:math:`J_t` measured by passive tracers at :math:`\exp_x(\pm\varepsilon e_a)` (central differences).
+Before clusters form this is the high-accuracy continuum reference; once the flow map folds the
+recovered density is no longer meaningful (the atoms remain a valid measure).
 """
 
 from __future__ import annotations
@@ -42,10 +32,9 @@ def quadrature_measure(
 ) -> tuple[Atoms, np.ndarray]:
     r"""Quadrature atoms :math:`\sum_k w_k\rho_0(x_k)\delta_{x_k}` for a density on :math:`S^1` or :math:`S^2`.
 
-    ``nodes`` is the number of trapezoid nodes on :math:`S^1` or of Gauss--Legendre
-    latitudes on :math:`S^2` (with ``2 nodes`` longitudes).  Returns the atoms
-    (weights normalized) and the values at the nodes of the probability density with respect to
-    the surface measure: :math:`\sum_k w_k\rho_0(x_k) = 1` with :math:`\sum_k w_k = |S^{d-1}|`.
+    ``nodes`` is the number of trapezoid nodes on :math:`S^1` or of Gauss--Legendre latitudes on
+    :math:`S^2` (with ``2 nodes`` longitudes).  Returns the atoms (weights normalized) and the values at
+    the nodes of the density w.r.t. the surface measure.
 
     Examples
     --------
@@ -173,9 +162,7 @@ class LagrangianSolution(Trajectory):
         if tracers is None:  # solve_lagrangian always carries them
             raise ValueError("this solution carries no Jacobian tracers")
         T = tracers.reshape(k, d - 1, 2, n, d)
-        D = (T[:, :, 0] - T[:, :, 1]) / (
-            2 * self.eps
-        )  # (k, d-1, n, d): images of the frame vectors
+        D = (T[:, :, 0] - T[:, :, 1]) / (2 * self.eps)  # (k, d-1, n, d): the frame vectors' images
         G = np.einsum("kanj,kbnj->knab", D, D)
         return np.sqrt(np.linalg.det(G))
 

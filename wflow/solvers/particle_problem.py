@@ -1,11 +1,6 @@
 r"""The particle problem: the finite-N system :math:`\dot x_i = v[\mu_N](x_i)`, :math:`\mu_N = \sum_j w_j\delta_{x_j}`,
-as the *what* of the solver contract (:mod:`wflow.solvers.base`), in Cartesian coordinates
-(:class:`ParticleProblem`) or in the span of the initial tokens (:class:`SpanProblem`).
-
-Points on the sphere, the model's velocity, the projection after each step, the noise
-:math:`\sqrt{2/\kappa}\,P_x\,dW` when ``kappa`` is given, passive tracers, the diagnostics saved with
-each snapshot, and the fused small-system Euler step (:mod:`wflow.solvers.fused`) when the model
-says its step can be fused.  :func:`wflow.simulate` (:mod:`wflow.solvers.particles`) builds them.
+as the *what* of the solver contract, in Cartesian coordinates (:class:`ParticleProblem`) or in the span
+of the initial tokens (:class:`SpanProblem`); :func:`wflow.simulate` builds them.
 """
 
 from __future__ import annotations
@@ -47,14 +42,7 @@ log = logging.getLogger(__name__)
 DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_eff", "n_clusters")
 #: every diagnostic :func:`simulate` knows: ``pair_fraction`` is the GLPR phase diagram's observable, the
 #: fraction of token pairs with inner product above 0.999 (:func:`wflow.diagnostics.pair_fraction`)
-KNOWN_DIAGNOSTICS = (
-    "energy",
-    "log_energy",
-    "order_parameter",
-    "n_eff",
-    "n_clusters",
-    "pair_fraction",
-)
+KNOWN_DIAGNOSTICS = (*DIAGNOSTICS, "pair_fraction")
 #: the cosine of ``pair_fraction``
 PAIR_COSINE = 0.999
 
@@ -71,11 +59,9 @@ def batch_dims(batch_shape: Sequence[int]) -> tuple[str, ...]:
 class ParticleProblem(Problem):
     r"""Points on :math:`S^{d-1}` moved by ``model.velocity`` (with noise when ``kappa`` is given).
 
-    The state is the array of points ``(..., n + m, d)``: the ``n`` atoms carrying the
-    weights, then ``m`` passive tracers moved by the same field.  The field is extended off
-    the sphere by zero-homogeneity, :math:`v(x) = v(x/|x|)`: every point is normalized before
-    the velocity is evaluated, so Runge--Kutta plus projection keeps its order
-    (Hairer--Lubich--Wanner, GNI IV.4) and kernel sums always see points on the sphere.
+    The state is the array of points ``(..., n + m, d)``: the ``n`` atoms carrying the weights, then ``m``
+    passive tracers.  The field is extended off the sphere by zero-homogeneity, :math:`v(x) = v(x/|x|)`,
+    so Runge--Kutta plus projection keeps its order (Hairer--Lubich--Wanner, GNI IV.4).
 
     Parameters
     ----------
@@ -87,14 +73,11 @@ class ParticleProblem(Problem):
     backend : str
         Kernel-sum backend.
     diagnostics : sequence of str
-        Saved with each snapshot: ``energy`` and ``log_energy`` (gradient models only: not
-        recorded for a model that is not a gradient flow; ``log_energy`` is
-        :math:`\log E_\beta`, finite at any beta, where ``energy`` overflows float64 beyond
-        :math:`\beta \approx 709` and is then NaN), ``order_parameter`` :math:`|\sum_i w_i x_i|`,
-        ``n_eff`` the effective number of clusters at the model's attention :math:`\beta`
-        (:func:`wflow.diagnostics.effective_clusters`; models with attention only; from the energy's double
-        sums when they are formed), ``n_clusters`` (single linkage at ``cluster_threshold``); user functions
-        ``name -> f(mu) -> array (batch)`` in ``extra_diagnostics``.
+        Saved with each snapshot: ``energy`` and ``log_energy`` (gradient models only; ``log_energy`` is
+        finite where ``energy`` overflows, beyond :math:`\beta \approx 709`, and is NaN),
+        ``order_parameter`` :math:`|\sum_i w_i x_i|`, ``n_eff`` the effective number of clusters at the
+        model's attention :math:`\beta` (:func:`wflow.diagnostics.effective_clusters`), ``n_clusters``
+        (single linkage at ``cluster_threshold``); user functions ``name -> f(mu)`` in ``extra_diagnostics``.
 
     Examples
     --------
@@ -110,7 +93,7 @@ class ParticleProblem(Problem):
     """
 
     kind = "particles"
-    #: whether the state is the tokens themselves (or their span coordinates), which the fused step takes
+    #: whether the state is the tokens (or their span coordinates), which the fused step takes
     _fusable = True
 
     def __init__(
@@ -207,14 +190,9 @@ class ParticleProblem(Problem):
         return self.model_at(t).fused_attention(self.n)
 
     def jacobian(self, t: float, y: np.ndarray) -> np.ndarray | None:
-        r"""The exact Jacobian of :meth:`rhs` for one system on the sphere whose model offers one
-        (``model.sphere_jacobian``: SA/USA with :math:`Q = K = I`, :math:`V = \pm I`, and the sphere schemes of
-        :class:`~wflow.schemes.Normalized`), shape ``(n r, n r)``; else ``None`` (implicit solvers then
-        difference the field).  The field is extended off the sphere by zero-homogeneity,
-        :math:`v(y) = v(y/|y|)`, hence the factor :math:`P_{\theta_k}/|y_k|` on the right of each block.
-
-        The matrix is dense, :math:`(nr)^2` numbers: for ``method="ros2"`` on small systems, such as
-        tokens in span coordinates (``coordinates="span"``, r = n).
+        r"""The exact Jacobian of :meth:`rhs`, shape ``(n r, n r)``, for one system on the sphere whose model
+        offers one (``model.sphere_jacobian``); else ``None`` (implicit solvers then difference the field).
+        Zero-homogeneity, :math:`v(y) = v(y/|y|)`, puts :math:`P_{\theta_k}/|y_k|` on the right of each block.
         """
         model = self.model_at(t)
         if (
@@ -276,8 +254,7 @@ class ParticleProblem(Problem):
         known: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """The built-in diagnostics of ``mu`` and the user's of ``mu_extra`` (default ``mu``); ``known``: what the
-        caller has of ``mu`` already (:class:`~wflow.solvers.fused.FusedEuler`: ``pair_fraction``, ``energy_sums``, ``n_clusters``,
-        ``means``)."""
+        caller has of ``mu`` already (``pair_fraction``, ``energy_sums``, ``n_clusters``, ``means``)."""
         known = known or {}
         out: dict[str, np.ndarray] = {}
         model = self.model_at(t)
@@ -323,9 +300,8 @@ class ParticleProblem(Problem):
         energy_sums: np.ndarray | None,
         log_energy: np.ndarray | None,
     ) -> np.ndarray | None:
-        r""":math:`N_{\mathrm{eff}}` at the model's attention beta (None without attention): from a fused step's
-        double sums, from :math:`\log E_\beta` of plain attention (:math:`\log\sum = \log E_\beta + \log 2\beta + o`),
-        else from a kernel sum of its own."""
+        r""":math:`N_{\mathrm{eff}}` at the model's attention beta (None without attention), from a fused step's
+        double sums, from :math:`\log E_\beta` of plain attention, or from a kernel sum of its own."""
         beta = kernel_beta(model, self.n)
         if beta is None:
             return None
@@ -347,8 +323,7 @@ class ParticleProblem(Problem):
     def _energies(
         self, model: Any, mu: Atoms, energy_sums: np.ndarray | None = None
     ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-        """``energy`` and ``log_energy`` from one kernel sum where the model has a log-scale energy, or from the
-        double sums ``log sum_i w_i sum_j w_j e^(beta <x_i, x_j>)`` of a fused step (:class:`~wflow.solvers.fused.FusedEuler`); and
+        """``energy`` and ``log_energy`` (from the model's log-scale energy, or a fused step's double sums), and
         the log-scale energy itself (None where it is not formed)."""
         out = {}
         log_e = getattr(model, "log_energy", None)
@@ -387,9 +362,8 @@ class ParticleProblem(Problem):
         return data["points"]
 
     def snapshot(self, t: float, y: np.ndarray, known: dict[str, np.ndarray] | None = None) -> dict:
-        """The saved variables of state ``y``: read-only views of it (no solver writes into a state it was
-        given or returned) and the diagnostics; ``known``: those the step formed
-        (:attr:`~wflow.solvers.contract.StepResult.diagnostics`)."""
+        """The saved variables of state ``y`` (read-only views) and the diagnostics; ``known``: those the step
+        formed (:attr:`~wflow.solvers.contract.StepResult.diagnostics`)."""
         dims = self._batch + ("particle", "coord")
         y = read_only(y)
         x = y[..., : self.n, :]
@@ -451,14 +425,10 @@ class SpanProblem(ParticleProblem):
     ``(..., n, n)``, the tokens :math:`x = yU` for an orthonormal basis ``U`` (``(..., n, d)``) of the span of
     the initial tokens (:func:`wflow.kernels.small.span_coordinates`).
 
-    Exact, not an approximation: every velocity :math:`\dot x_i` is a combination of the :math:`x_j`, so
-    tokens never leave the span, and the flow commutes with orthogonal maps, so the coordinates evolve by
-    the same model in dimension ``n``.  For ``n`` tokens in dimension ``d > n`` a step costs
-    :math:`n^3` instead of :math:`n^2 d` per system (4x less at n = 32, d = 128; 32x at d = 1024).
-    Built-in diagnostics (energies, order parameter, clusters) depend only on inner products and are
-    computed from ``y``; user diagnostics (``extra_diagnostics``) see :math:`x = yU`.  Saved: ``span``
-    ``(..., n, n)`` (the state) and, once, ``span_basis`` ``(..., n, d)``: ``n/d`` of the points' size;
-    :attr:`Trajectory.points` forms :math:`x = yU` when asked (``span @ span_basis`` in a store).
+    Exact: every velocity is a combination of the tokens and the flow commutes with orthogonal maps, so
+    the coordinates evolve by the same model in dimension ``n``, at :math:`n^3` instead of :math:`n^2 d`
+    a step.  Built-in diagnostics are computed from ``y``, user diagnostics see :math:`x = yU`.  Saved:
+    ``span`` ``(..., n, n)`` (the state) and, once, ``span_basis`` ``(..., n, d)``.
 
     Examples
     --------

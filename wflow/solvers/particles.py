@@ -1,13 +1,10 @@
 r"""Particle solver: the finite-N system :math:`\dot x_i = v[\mu_N](x_i)`, :math:`\mu_N = \sum_j w_j\delta_{x_j}`.
 
 :func:`simulate` is the front door: it builds the problem and calls the one driver,
-:func:`wflow.solvers.base.integrate`, and returns a :class:`Trajectory`.  The problems are the
-*what* of the solver contract (:mod:`wflow.solvers.base`): :class:`ParticleProblem` and
-:class:`SpanProblem` (:mod:`wflow.solvers.particle_problem`: points on the sphere, the model's
-velocity, the noise :math:`\sqrt{2/\kappa}\,P_x\,dW` when ``kappa`` is given (mean-field limit:
-diffusion :math:`\kappa^{-1}\Delta_S\mu`), passive tracers, the diagnostics saved with each snapshot,
-the fused small-system step), :class:`CircleAngleProblem` and :class:`CircleGapProblem`
-(:mod:`wflow.solvers.circle_problems`); all are importable from here.
+:func:`wflow.solvers.base.integrate`, and returns a :class:`Trajectory`.  The problems
+(:class:`ParticleProblem`, :class:`SpanProblem` of :mod:`wflow.solvers.particle_problem`,
+:class:`CircleAngleProblem`, :class:`CircleGapProblem` of :mod:`wflow.solvers.circle_problems`) are
+importable from here.
 """
 
 from __future__ import annotations
@@ -94,11 +91,8 @@ class Trajectory(Result):
 
     @property
     def points(self) -> np.ndarray | SavedPoints:
-        """Positions on the sphere (the directions, for a scheme with radii), shape ``(k, ..., n, d)``.
-
-        A run in span coordinates holds :math:`y` and the basis :math:`U` of :math:`x = yU`: its points are a
-        :class:`SavedPoints`, which forms only the saves an index asks for (``points[-1]``, ``points[2:5]``),
-        once each, and the whole array when used as one (``np.asarray(traj.points)``)."""
+        """Positions on the sphere (the directions, for a scheme with radii), shape ``(k, ..., n, d)``; a
+        :class:`SavedPoints` for a run in span coordinates."""
         if "points" in self.data:
             return self.data["points"][1]
         if "span" in self.data:
@@ -147,8 +141,7 @@ class Trajectory(Result):
         return self.stats["dt_next"]
 
     def points_at(self, i: int = -1) -> np.ndarray:
-        """The points of save index ``i``, shape ``(..., n, d)`` (``points[i]``; with ``SaveAt(points=False)``
-        the last save's)."""
+        """The points of save index ``i``, shape ``(..., n, d)`` (with ``SaveAt(points=False)``, the last)."""
         if self.last_state and not any(k in self.data for k in ("points", "span", "positions")):
             if i not in (-1, len(self) - 1):
                 raise ValueError(
@@ -189,9 +182,8 @@ class Trajectory(Result):
 class SavedPoints:
     r"""The points :math:`x = yU` of every save of a run in span coordinates, formed where an index asks.
 
-    Behaves as a read-only array of shape ``(k, ..., n, d)``: an integer, a slice or a list of save indices
-    first (``points[-1]``, ``points[::10]``, ``points[3, :, 0]``) forms only those saves, each once; anything
-    else, and NumPy functions (``np.asarray(points)``), form the whole array once.
+    A read-only array of shape ``(k, ..., n, d)``: save indices first (``points[-1]``, ``points[::10]``)
+    form only those saves, each once; anything else, and ``np.asarray(points)``, the whole array once.
 
     Examples
     --------
@@ -254,9 +246,8 @@ class SavedPoints:
             return whole.astype(dtype)
         return np.array(whole) if copy else whole
 
-    def __getattr__(
-        self, name: str
-    ) -> Any:  # ndarray methods (max, reshape, ...) on the whole array
+    def __getattr__(self, name: str) -> Any:
+        """ndarray methods (``max``, ``reshape``, ...) on the whole array."""
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(np.asarray(self), name)
@@ -264,13 +255,8 @@ class SavedPoints:
 
 # ------------------------------------------------------------------------------ defaults
 def default_method(*, kappa: float | None = None, dt: float | None = None) -> str:
-    """The method :func:`simulate` and ``wflow run`` use when none is named.
-
-    Error-controlled ``"dopri5"`` unless the user fixes the step: ``"rk4"`` with a fixed
-    ``dt``, ``"euler-maruyama"`` with noise (``kappa``).  One rule for the library and the
-    command line, so that a run never silently takes millions of tiny fixed steps (a stiff
-    model such as ``SA(1e6)`` moves on a time scale ``1/beta`` that a fixed default step can
-    only guess).
+    """The method :func:`simulate` and ``wflow run`` use when none is named: error-controlled
+    ``"dopri5"``, ``"rk4"`` with a fixed ``dt``, ``"euler-maruyama"`` with noise (``kappa``).
 
     Examples
     --------
@@ -301,20 +287,15 @@ def default_dt(model: Model, method: str | None = None, save_at: Any = None) -> 
     if save_at is not None:
         gaps = np.diff(np.asarray(save_at, dtype=float))
         if gaps.size and np.ptp(gaps) <= 1e-9 * gaps.max():
-            dt = gaps[0] / max(
-                1, math.ceil(gaps[0] / dt - 1e-9)
-            )  # (one step at least: t_end = 1e-300)
+            dt = gaps[0] / max(1, math.ceil(gaps[0] / dt - 1e-9))  # (t_end = 1e-300: one step)
     return float(dt)
 
 
 def span_is_exact(model: Model, *, kappa: float | None = None, tracers: int = 0) -> str | None:
-    r"""``None`` when the flow stays in the span of the initial tokens and commutes with rotations, so
-    that ``coordinates="span"`` integrates it exactly; else why not.
+    r"""``None`` when ``coordinates="span"`` integrates the flow exactly, else why not.
 
-    That holds for SA and USA with :math:`Q = K = V = I` (any :math:`\beta`, either kernel) on
-    the sphere: every velocity is a combination of the tokens.  Other attention matrices, a
-    perceptron (its :math:`W\sigma(Ax+b)` leaves the span), noise (it moves in every direction)
-    and tracers (they need not lie in the span) break it.
+    That holds for SA and USA with :math:`Q = K = V = I` on the sphere (every velocity is a combination
+    of the tokens, and the flow commutes with rotations), without noise or tracers.
 
     Examples
     --------
@@ -368,18 +349,13 @@ def simulate(
         Final time (> ``t0``).
     save_at : array_like or SaveAt, optional
         Save times in ``[t0, t_end]`` (``t0`` is always saved; default 11 equally spaced), or a
-        :class:`~wflow.solvers.saveat.SaveAt` that also says what is saved: the points of every save
-        or of the last one only, the diagnostics (default ``energy``, ``log_energy``,
-        ``order_parameter``, ``n_eff``, ``n_clusters``; also ``pair_fraction``), functions ``fn`` of the
-        measure, the points' dtype and a buffer of the caller's (``out``).  With a fixed step the step
-        crossing a save time is split in two to land on it: the result holds the times asked for.
+        :class:`~wflow.solvers.saveat.SaveAt` that also says what is saved (points, diagnostics,
+        functions of the measure, dtype, ``out``).  Steps land on the save times.
     method : str, optional
         A solver of :data:`wflow.solvers.base.SOLVERS`: ``"dopri5"``, ``"rk4"``, ``"euler"``,
-        ``"euler-average"``, ``"euler-maruyama"``, ``"ros2"``.  Default
-        (:func:`default_method`): error-controlled ``"dopri5"``; ``"rk4"`` when ``dt`` is
-        given; ``"euler-maruyama"`` when ``kappa`` is given.  ``"euler"`` and ``"euler-average"`` of SA
-        with :math:`Q = K = V = I` on systems of at most 256 tokens run fused
-        (:class:`~wflow.solvers.fused.FusedEuler`, recorded as ``"fused-euler"``).
+        ``"euler-average"``, ``"euler-maruyama"``, ``"ros2"``; default :func:`default_method`.
+        ``"euler"`` and ``"euler-average"`` of SA with :math:`Q = K = V = I` on systems of at most
+        256 tokens run fused (:class:`~wflow.solvers.fused.FusedEuler`, recorded as ``"fused-euler"``).
     dt : float, optional
         Fixed step, never changed (the last step ends at ``t_end``), or the first trial step
         of ``"dopri5"``.  Default :func:`default_dt` for fixed-step methods.
@@ -398,9 +374,8 @@ def simulate(
         Passive points carried by the flow of :math:`\mu_N` without mass of their own
         (e.g. to measure the flow map's Jacobian); returned in ``Trajectory.tracers``.
     trackers : sequence of Tracker or callable
-        Recorders (:class:`wflow.io.ZarrRecorder`), progress bars and other trackers of the driver
-        (:mod:`wflow.solvers.trackers`); a plain function ``f(t, mu)`` is called after each save
-        (``mu``'s points are a read-only view of the state the run continues from) and stops the run
+        Recorders (:class:`wflow.io.ZarrRecorder`) and other trackers (:mod:`wflow.solvers.trackers`); a
+        plain function ``f(t, mu)`` is called after each save (``mu`` read-only) and stops the run
         (status 1) when it returns a true value.
     progress : bool
         Show a progress bar.
@@ -408,17 +383,12 @@ def simulate(
         Raise :class:`~wflow.errors.SolverError` on failure (default) or return a result with
         ``status = -1``.
     coordinates : {"auto", "cartesian", "angles", "gaps", "span"}
-        ``"auto"`` (default): ``"span"`` where it is exact and smaller — SA or USA with
-        :math:`Q = K = V = I` on the sphere, no noise, no tracers, more dimensions than tokens
-        (:func:`span_is_exact`) — else ``"cartesian"``: the same flow to rounding (1e-12),
-        ``Trajectory.points`` the same, the fewer numbers per step.
-        ``"angles"``: on :math:`S^1`, integrate the angles in the Kuramoto form
-        (:class:`CircleAngleProblem`; attention with Q = K = I, V = ±I): exact for merged tokens.
-        ``"gaps"``: the same flow in the gaps between sorted tokens (:class:`CircleGapProblem`):
-        with ``method="ros2"`` the choice for metastable staircases at large beta, where steps grow
-        to :math:`t\sim10^{30}` between merges.  ``"span"``: SA/USA with Q = K = V = I for n tokens in
-        d > n dimensions, integrated exactly in the n coordinates of the initial tokens' span
-        (:class:`SpanProblem`): the cost of a step no longer grows with d (many small systems).
+        ``"auto"`` (default): ``"span"`` where it is exact (:func:`span_is_exact`) and there are more
+        dimensions than tokens, else ``"cartesian"``.  ``"angles"``: on :math:`S^1`, the Kuramoto form
+        (:class:`CircleAngleProblem`).  ``"gaps"``: the gaps between sorted tokens on :math:`S^1`
+        (:class:`CircleGapProblem`; with ``method="ros2"`` for metastable staircases at large beta).
+        ``"span"``: the n coordinates of the initial tokens' span (:class:`SpanProblem`), exact for
+        SA/USA with Q = K = V = I; a step's cost no longer grows with d.
     **deprecated
         The spellings of earlier releases, each with a ``DeprecationWarning`` naming its successor:
         ``rtol``, ``atol``, ``max_steps`` (``control=StepControl(...)``); ``diagnostics``,
@@ -489,8 +459,6 @@ def simulate(
         n_tr = tracers.shape[-2]
         x = np.concatenate([x, tracers], axis=-2)
     if x.dtype != np.float64 and method in FLOAT64_SOLVERS:
-        # the run computes in float64: so does every snapshot, the first included, and a store keeps
-        # that precision (SaveAt(dtype=...) asks for another); resume then repeats it bit for bit
         x = x.astype(np.float64)
     problem, x = _problem(model, mu0, x, n_tr, kappa, backend, spec, coordinates)
     if method in ("euler", "euler-average") and problem.fused_spec(t0, x) is not None:
@@ -519,9 +487,8 @@ def simulate(
     return traj
 
 
-#: particle solvers whose steps compute in float64 whatever the points' dtype, and why; :func:`simulate`
-#: starts them from float64 points, so that the initial snapshot and a store written during the run
-#: (which takes its dtype from the first snapshot) hold the precision the run computed in
+#: particle solvers whose steps compute in float64 whatever the points' dtype, and why: :func:`simulate`
+#: starts them from float64 points, so that every snapshot (and a store) holds that precision
 FLOAT64_SOLVERS = {
     "dopri5": "its error control (the default atol 1e-9 lies below float32's resolution)",
     "euler-maruyama": "its noise increments are drawn in float64",
@@ -544,8 +511,8 @@ _DEPRECATED = {
 def _upgrade(
     save_at: Any, control: Any, trackers: Any, old: dict[str, Any]
 ) -> tuple[SaveAt, StepControl, list[Any], bool]:
-    """The save specification, step control and trackers of :func:`simulate` with the deprecated spellings
-    ``old`` folded in (each with a ``DeprecationWarning``), and whether every snapshot is kept."""
+    """:func:`simulate`'s save specification, step control and trackers with the deprecated spellings
+    ``old`` folded in, and whether every snapshot is kept."""
     unknown = sorted(set(old) - set(_DEPRECATED))
     if unknown:
         raise TypeError(
@@ -566,12 +533,8 @@ def _upgrade(
         control = dataclasses.replace(control, **steps)
     spec = SaveAt.of(save_at)
     saving = {
-        new: old[k]
-        for k, new in (
-            ("diagnostics", "diagnostics"),
-            ("extra_diagnostics", "fn"),
-            ("cluster_threshold", "cluster_threshold"),
-        )
+        ("fn" if k == "extra_diagnostics" else k): old[k]
+        for k in ("diagnostics", "extra_diagnostics", "cluster_threshold")
         if k in old
     }
     if saving:  # (beside a SaveAt too: what they name replaces the SaveAt's own)
@@ -660,8 +623,7 @@ def _problem(
     spec: SaveAt,
     coordinates: str,
 ) -> tuple[ParticleProblem, np.ndarray]:
-    """The particle problem in the coordinates asked for (``"auto"``: span where it is exact and smaller) and
-    its initial state."""
+    """The particle problem in the coordinates asked for and its initial state."""
     if coordinates not in ("auto", "cartesian", "angles", "gaps", "span"):
         raise ValueError(
             f"coordinates must be 'auto', 'cartesian', 'angles', 'gaps' or 'span', got {coordinates!r}"
@@ -713,11 +675,8 @@ def _rebuild(
     coordinates = cfg.get("coordinates")
     problem: ParticleProblem
     if coordinates == "span":
-        return (
-            SpanProblem(model, weights, static["span_basis"][1], **kw),
-            solver,
-            data["span"][1][-1],
-        )
+        problem = SpanProblem(model, weights, static["span_basis"][1], **kw)
+        return problem, solver, data["span"][1][-1]
     if coordinates == "gaps":
         problem = CircleGapProblem(model, weights, static["order"][1], **kw)
         return problem, solver, data["gaps"][1][-1]
