@@ -1,12 +1,9 @@
 r"""The fused small-system SA step: one explicit Euler step of SA with :math:`Q = K = V = I` for a batch
 of tiny systems in one compiled pass per system, and what a save reads off it.
 
-This is what :func:`wflow.simulate` runs for the GLPR phase-diagram workload (thousands of systems
-of n <= 256 tokens, Euler or GLPR's scheme, the ``auto`` or ``numba`` backend): the particle
-problem (:class:`wflow.solvers.particles.ParticleProblem`) asks the model whether its step can be
-fused (:meth:`wflow.models.Model.fused_attention`) and, when it can, calls :func:`fused_step`
-instead of the model's velocity and the kernel sums.  The compiled passes are in
-:mod:`wflow.solvers.fused_kernels`, the small products they call in :mod:`wflow.kernels.dense`.
+:func:`wflow.simulate` runs it for the GLPR phase-diagram workload (thousands of systems of n <= 256
+tokens) when the model says its step can be fused (:meth:`wflow.models.Model.fused_attention`);
+``docs/particles.md`` describes it.  The compiled passes are in :mod:`wflow.solvers.fused_kernels`.
 """
 
 from __future__ import annotations
@@ -41,9 +38,8 @@ __all__ = [
 #: :data:`wflow.kernels.small.SMALL_MAX`).
 MAX_TOKENS = small.SMALL_MAX
 
-#: the fused SA step shifts every logit by |beta| + max log-weight when the log-weights of a system span at
-#: most this much, less 2|beta| for beta < 0 (uniform weights, beta >= 0: 0), else by each row's maximum
-#: (zero weights, weights beyond e^600 apart): the diagonal term e^(beta - |beta| + lw_i - max lw) stays normal
+#: the step shifts every logit by |beta| + max log-weight when the log-weights of a system span at most
+#: this much (less 2|beta| for beta < 0), else by each row's maximum: the diagonal term stays normal
 _FIXED_SHIFT_SPREAD = 600.0
 #: the same in float32 (exponent floor -80)
 _FIXED_SHIFT_SPREAD_32 = 60.0
@@ -68,25 +64,13 @@ def sa_euler_step(
         \qquad
         x_i \leftarrow \frac{x_i + h\,(A_i - \langle\theta_i, A_i\rangle\theta_i)}{|x_i + h\,(A_i - \langle\theta_i, A_i\rangle\theta_i)|}
 
-    -- what :class:`wflow.solvers.steppers.Euler` computes through the particle problem's
-    ``rhs`` (velocity at :math:`\theta`, the SA average projected on the tangent plane) and
-    ``retract``, but in one compiled pass per system (worker threads take chunks of systems)
-    with no array of the batch's size in between: the Gram matrix and the averages by BLAS's gemm
-    called from the compiled pass (OpenBLAS's small-matrix kernels), the
-    softmax (shifted by :math:`|\beta|` + the largest log-weight, a bound of every logit, or by each
-    row's maximum when the log-weights span more than :math:`600 - 2\max(-\beta, 0)`, 60 in place of
-    600 in float32), the projection and the retraction, in float64.  float32 input: the directions, logits, exponentials and averages in
-    float32 when the logits' rounding is provably small,
-    :math:`2^{-24}\big((r+4)|\beta| + 2\,\mathrm{span}\log w\big) \le 3\cdot 10^{-6}` (the rule
-    of the kernel sums, :math:`|\theta| = 1` bounding every logit by :math:`|\beta|`, with
-    :math:`2|\beta|` more for the directions' rounding to float32; as there, the shift's subtraction
-    adds at most :math:`2^{-24}(\mathrm{span}\log w + \log n)` to the sums' relative error), with row
-    sums, projection and retraction in float64 and a float32 result; float64 logits otherwise.
-    Measured against the float64 step at :math:`\beta = 4.15`, :math:`r = 8`, :math:`h = 0.1`: 3.6e-8, of
-    which the result's own rounding is 3.0e-8.
-    With ``projected=False`` the average is not projected on the tangent plane:
-    :math:`x_i \leftarrow (x_i + hA_i)/|x_i + hA_i|`, the published scheme of the GLPR phase
-    diagram (what :class:`wflow.solvers.steppers.EulerAverage` computes).
+    -- what :class:`wflow.solvers.steppers.Euler` computes through the particle problem, in one compiled
+    pass per system (worker threads take chunks of systems), with the Gram matrix and the averages by
+    BLAS's gemm.  float32 input: directions, logits, exponentials and averages in float32 when the logits'
+    rounding is provably small, :math:`2^{-24}\big((r+4)|\beta| + 2\,\mathrm{span}\log w\big) \le
+    3\cdot 10^{-6}` (the rule of the kernel sums), row sums, projection and retraction in float64.  With
+    ``projected=False``: :math:`x_i \leftarrow (x_i + hA_i)/|x_i + hA_i|`, GLPR's published scheme
+    (:class:`wflow.solvers.steppers.EulerAverage`).
 
     Parameters
     ----------
@@ -109,15 +93,9 @@ def sa_euler_step(
         not change); formed here otherwise.
     count_pairs_above : float, optional
         Also count, per system, the ordered pairs :math:`i \ne j` of the *input* with
-        :math:`\langle\theta_i, \theta_j\rangle` above this cosine (the phase diagram's observable),
-        from the Gram matrix of the directions the step forms anyway: a compare per entry instead of a
-        second pass.  For float64 points on the sphere (to rounding) that is :func:`~wflow.diagnostics.pair_counts`' count
-        of :math:`\langle x_i, x_j\rangle > c` but for a pair within :math:`10^{-15}` of the threshold.
-        float32 points get :func:`~wflow.diagnostics.pair_counts`' count exactly: when their logits are float64 it is read
-        off the step's float64 Gram matrix but in the systems with a pair within a proven bound of the
-        threshold (about 1e-7: the points lie off the sphere by float32 rounding), which
-        :func:`~wflow.diagnostics.pair_counts` counts after the step; otherwise, and in place, :func:`~wflow.diagnostics.pair_counts` counts
-        them all before the step (so ``out`` may be ``x``).
+        :math:`\langle\theta_i, \theta_j\rangle` above this cosine, from the step's Gram matrix:
+        :func:`~wflow.diagnostics.pair_counts`' count (for float64 points, but for a pair within
+        :math:`10^{-15}` of the threshold).
 
     Returns
     -------
@@ -169,16 +147,11 @@ def fused_step(
     means=False,
     strict=True,
 ) -> FusedStep:
-    """:func:`sa_euler_step` as a :class:`FusedStep`: ``finite`` says whether every new point is finite, known
-    from the compiled pass's row norms (no scan of the output).  Of the input, from the Gram matrix and row
-    sums the step forms anyway, when they are float64 (float64 points, and float32 points whose logits the
-    float32 rule keeps in float64, as at beta = 5 for r >= 7; otherwise a ValueError, or with ``strict=False``
-    None for each): with ``energy_sums``, per system
-    log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>) (:meth:`wflow.models.SA.log_energy` less log 2 beta);
-    with ``cluster_threshold`` (radians), :func:`wflow.diagnostics.count_clusters`' count, exactly
-    (:func:`~wflow.solvers.fused_kernels.gram_clusters`; count_clusters clusters systems of up to BATCHED_MAX_N = 512 >= SMALL_MAX
-    points from the coordinates, whose decisions it reproduces); with ``means``,
-    sum_i w_i x_i (:meth:`wflow.Atoms.mean`, to rounding)."""
+    """:func:`sa_euler_step` as a :class:`FusedStep`; ``finite`` comes from the pass's row norms.  Of the
+    input, when the Gram matrix is float64 (else a ValueError, or with ``strict=False`` None for each):
+    with ``energy_sums``, per system log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>); with
+    ``cluster_threshold`` (radians), :func:`wflow.diagnostics.count_clusters`' count, exactly; with
+    ``means``, sum_i w_i x_i."""
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
@@ -265,9 +238,8 @@ def _logits_precision(
     dtype: np.dtype, r: int, beta: float, lw: np.ndarray
 ) -> tuple[np.ndarray, float, float]:
     """The log-weights in the dtype of the step's logits, the exponent floor and the fixed-shift spread: float32
-    for float32 points when the logits' rounding is provably small -- the rule of the kernel sums for dimension
-    r + 2 (|theta| = 1, so every logit is at most |beta| in size; the directions, formed in float64, are rounded
-    to float32: 2 |beta| 2^-24 more) -- else float64."""
+    for float32 points when the kernel sums' rule for dimension r + 2 allows (|theta| = 1; 2 |beta| 2^-24
+    more for the directions' rounding), else float64."""
     if dtype == np.float32:
         fl32 = exp_floor(np.dtype(np.float32))
         ok, lw_rel, _ = float32_logits_bound(r + 2, abs(beta) * (1.0 + 1e-6), lw, fl32)
@@ -297,10 +269,8 @@ def _pair_plan(
         counts = np.zeros(B, dtype=np.int64)
         return cp, 0.0, counts, counts
     if logits == np.float64 and not np.may_share_memory(out, xf):
-        # float32 points, float64 Gram matrix of their directions: pair_counts' count (float64 products of
-        # the points) wherever no pair lies within _pair_band of c; the systems with one (about 1e-3 of
-        # them at a save near c = 0.999) are counted by pair_counts after the step, from the input (not
-        # overwritten: out is elsewhere)
+        # float32 points, float64 Gram matrix: the systems with a pair near c are counted by pair_counts
+        # after the step, from the input (out is elsewhere)
         counts = np.zeros(B, dtype=np.int64)
         return cp, 1.0, counts, counts
     # float32 logits (a float32 Gram matrix), or in place: pair_counts' products, before out is written
@@ -371,21 +341,13 @@ class _FusedState:
 
 @register_solver
 class FusedEuler(Solver):
-    r"""Euler's step of SA with :math:`Q = K = V = I` on many tiny systems, fused (order 1): :func:`fused_step`,
-    one compiled pass per system, instead of the model's velocity and the kernel sums.
+    r"""Euler's step of SA with :math:`Q = K = V = I` on many tiny systems, fused (order 1): :func:`fused_step`.
 
-    The same step as ``euler`` (``projected=True``: :math:`y \mapsto R(y + h\,v(y))`) or as ``euler-average``
-    (``projected=False``: GLPR's :math:`x \mapsto (x + hAx)/|x + hAx|`), to rounding (1e-14); what
-    :func:`wflow.simulate` runs in their place when the particle problem can fuse its step
-    (:meth:`~wflow.solvers.particle_problem.ParticleProblem.fused_spec`: SA with :math:`Q = K = V = I` on the
-    sphere, no noise or tracers, at most :data:`MAX_TOKENS` tokens, the ``auto`` or ``numba`` backend).  A step
-    the problem cannot fuse (a layer of another kind) is taken as ``euler`` takes it.
-
-    At a save (``save=True``) the diagnostics of the new state that a save would form by a pass of its own --
-    the pair fraction, the energy's double sums (energy, :math:`N_{\mathrm{eff}}`), the cluster count, the
-    barycentre -- are read off the *next* step, taken now with the same step size and returned in
-    :attr:`~wflow.solvers.contract.StepResult.diagnostics`; the next call takes that step from the state
-    (when its step size is the same), so the save costs a compare per pair instead of a second Gram matrix.
+    The same step as ``euler`` (``projected=True``) or ``euler-average`` (``projected=False``), to rounding
+    (1e-14), which :func:`wflow.simulate` runs in their place when the problem can fuse its step
+    (:meth:`~wflow.solvers.particle_problem.ParticleProblem.fused_spec`); a step it cannot fuse is taken as
+    ``euler`` takes it.  At a save (``save=True``) the new state's diagnostics are read off the *next* step,
+    taken now and kept for the next call (``docs/particles.md``).
 
     Examples
     --------
@@ -455,7 +417,7 @@ class FusedEuler(Solver):
         self, problem: Any, beta: float, y: np.ndarray, dt: float, log_weights: np.ndarray
     ) -> tuple[dict[str, np.ndarray] | None, _Ahead | None]:
         """The diagnostics of the saved state ``y`` that the step from it forms, and that step; ``(None, None)``
-        when the save asks for none of them (the barycentre alone costs less than a step taken in vain)."""
+        when the save asks for none of them."""
         want = {"energy" if name == "log_energy" else name for name in problem.diagnostics}
         pairs = "pair_fraction" in want and problem.n >= 2
         energy = ("energy" in want or "n_eff" in want) and beta != 0

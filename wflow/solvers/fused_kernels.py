@@ -2,11 +2,9 @@ r"""The compiled passes of the fused SA step (:mod:`wflow.solvers.fused`): per s
 the Gram matrix, the softmax, the average, the projection and the retraction in one pass, and what a
 save reads off the same Gram matrix (pair count, cluster count, energy sums, barycentre).
 
-One idea, many loops: every function here is one stage of that pass, inlined into it; the products come from
-:mod:`wflow.kernels.dense`, the exponential from :mod:`wflow.kernels.jit` and the link rule of the
-cluster count from :mod:`wflow.linkage`.  Every work array is a :func:`~wflow.kernels.jit.scratch`
-array, apart from all others, so that the vectorized loops run whatever the heap (bit for bit the
-same step wherever malloc puts them).  Imported only when numba imports.
+Every function here is one stage of that pass, inlined into it.  Every work array is a
+:func:`~wflow.kernels.jit.scratch` array, so that the step is bit for bit the same wherever malloc puts
+it.  Imported only when numba imports.
 """
 
 from __future__ import annotations
@@ -32,11 +30,8 @@ __all__ = [
     "gram_clusters",
 ]
 
-#: :func:`~wflow.solvers.fused.sa_euler_step`'s BLAS pass keeps the directions and averages of systems of at most this many
-#: coordinates as columns (r, n), so that norms, projections and retractions run across the n tokens;
-#: beyond, as rows (n, r).  Step times, n = 32, one thread, min of 80 round-robin calls, rows against
-#: columns: 2048 systems r = 3 3.77 against 3.22 ms, r = 4 3.63/2.92, r = 8 6.10/5.66, r = 12 8.02/7.23;
-#: 256 systems r = 16 0.95/0.89, r = 32 1.13/1.36
+#: the fused pass keeps the directions and averages of systems of at most this many coordinates as
+#: columns (r, n), so that norms, projections and retractions run across the n tokens; beyond, as rows
 SA_STEP_TRANSPOSED_MAX_DIM = 16
 
 
@@ -60,22 +55,17 @@ def _sa_directions(xk, T):  # pragma: no cover - compiled
 
 @njit(cache=True, inline="always")
 def _off_sphere(s, r):  # pragma: no cover - compiled
-    """A bound of ||x| - 1| <= ||x|^2 - 1| from s, |x|^2 summed in float64 over the r coordinates (in any
-    order): |s - 1| plus the sum's rounding.  Its maximum over the rows is the delta of
-    :func:`gram_clusters`."""
+    """A bound of ||x| - 1| <= ||x|^2 - 1| from s, |x|^2 summed in float64 over r coordinates: |s - 1| plus
+    the sum's rounding."""
     return abs(s - 1.0) + (r + 2) * 1.2e-16 * s
 
 
 @njit(cache=True, inline="always")
 def _pair_band(pb, dl, r):  # pragma: no cover - compiled
-    """0.0 when pb is 0.0 (no band: dl is not used, and may be infinite or NaN), else, for float32 points
-    x (n, r), a bound of |P_ij - G_ij|, P_ij the float64 inner product
-    :func:`~wflow.diagnostics.pair_counts` forms of the points (exact products, summed in any order) and G_ij the step's
-    of their directions theta (formed in float64), dl the maximum of :func:`_off_sphere` over the rows
-    (>= ||x_i|^2 - 1|): exactly, P - G = <theta_i, theta_j> (|x_i||x_j| - 1), and |ab - 1| <=
-    max(|a^2 - 1|, |b^2 - 1|) for a, b >= 0, so at most dl; plus the rounding of the directions and of
-    both sums, under (3r + 4) u (1 + dl)^2 with u = 2^-53, plus a margin.  Valid at any norm (far from
-    the sphere every pair is near: the system is counted by pair_counts)."""
+    """0.0 when pb is 0.0 (dl unused), else, for float32 points x (n, r), a bound of |P_ij - G_ij|, P_ij the
+    float64 inner product :func:`~wflow.diagnostics.pair_counts` forms of the points and G_ij the step's of
+    their directions, dl the maximum of :func:`_off_sphere`: P - G = <theta_i, theta_j> (|x_i||x_j| - 1),
+    at most dl, plus the rounding of the directions and of both sums, (3r + 4) u (1 + dl)^2, and a margin."""
     if pb == 0.0:
         return 0.0
     return dl + (4.0 * r + 8.0) * 1.2e-16 * (1.0 + dl) * (1.0 + dl) + 1e-15
@@ -97,13 +87,10 @@ def _near_pairs(G, c, eb):  # pragma: no cover - compiled
 @njit(cache=True, fastmath=FM_SUM, inline="always")
 def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s, c, want_e):  # pragma: no cover - compiled
     """G (n, n) inner products of directions -> the exponentials e^(bw G_ij + lw_j - shift) in place,
-    inv_s = 1 / row sums (float64): one shift |bw| + max lw for the system when the log-weights span
-    at most ``spread`` (less 2|bw| when bw < 0), else each row's maximum.  Returns ``(count, lse, sym)``:
-    #{(i, j): i != j, G_ij > c} counted on the way (the pair count of :func:`~wflow.solvers.fused.sa_euler_step`; c = 2
-    when not wanted); when ``want_e``, log sum_i w_i sum_j w_j e^(bw G_ij) from the row sums and
-    their shifts (the energy's double sum, :meth:`wflow.models.SA.log_energy`; 0.0 otherwise); and
-    whether the exponentials are symmetric whenever G is (one shift and equal log-weights: E_ij a
-    function of G_ij alone), so that E^T may stand for E in the average."""
+    inv_s = 1 / row sums (float64): one shift |bw| + max lw when the log-weights span at most ``spread``
+    (less 2|bw| when bw < 0), else each row's maximum.  Returns ``(count, lse, sym)``: #{(i, j): i != j,
+    G_ij > c}; when ``want_e``, log sum_i w_i sum_j w_j e^(bw G_ij) (else 0.0); and whether the
+    exponentials are symmetric whenever G is (one shift, equal log-weights)."""
     n = G.shape[0]
     cnt = 0
     lse = 0.0
@@ -114,9 +101,7 @@ def _sa_exps(G, lwk, bw, fw, spread, zero, inv_s, c, want_e):  # pragma: no cove
         lo = min(lo, lwk[j])
     sym = False
     if hi - lo + max(-2.0 * bw, 0.0) <= spread:
-        # one shift for every row, |beta| + max log-weight >= every logit (|<theta_i, theta_j>| <= 1):
-        # the diagonal term e^(beta + lw_i - |beta| - hi) >= e^-spread keeps every row sum normal, so
-        # no row maximum is needed and the normalization folds into the average
+        # one shift |beta| + max log-weight >= every logit: the diagonal term keeps every row sum normal
         sh = abs(bw) + hi
         sym = hi == lo
         acc = 0.0  # sum_i w_i e^sh t_i = e^(sh + hi) sum_i e^(lw_i - hi) t_i, each e^(lw_i - hi) >= e^-spread
@@ -158,9 +143,7 @@ def _compare8(op):
     @intrinsic
     def compare(typingctx, row, j, c):
         """Bit k of the result (k = 0..7): row[j + k] op c (op '>' or '>='), for a C-contiguous float
-        row and j + 8 <= len(row) (c rounded to the row's dtype): one vector compare of eight numbers,
-        its mask read as a byte (what LLVM's loop vectorizer does not make of
-        ``m |= (row[j] > c) << j``: 1.6x faster, 2x in the loop of :func:`gram_clusters`)."""
+        row and j + 8 <= len(row): one vector compare of eight numbers, its mask read as a byte."""
         if not (
             isinstance(row, _types.Array)
             and row.ndim == 1
@@ -209,16 +192,12 @@ def _cluster_buffers(n):  # pragma: no cover - compiled
 def gram_clusters(G, xk, dl, cl, adj, U, stack):  # pragma: no cover  # noqa: C901, PLR0912, PLR0915 - one compiled kernel
     """The number of single-linkage clusters of the points xk (n, r) -- i and j linked when
     |x_i - x_j| < chord -- read off the Gram matrix G (n, n, float64) of their directions, with
-    cl = (chord, 1 - chord^2 / 2, lo, hi) (lo, hi of :func:`wflow.linkage.link_bounds`) and dl >= max_i ||x_i| - 1|
-    (the maximum of :func:`_off_sphere` over the rows, which the directions return); buffers adj (n, W) and U
-    (W) uint64, W = ceil(n / 64), stack (n) int64.  Exactly :func:`wflow.diagnostics.count_clusters`'
-    count: a pair is decided by G_ij when 2 - 2 G_ij is further from chord^2 than a bound e of
-    |2 - 2 G_ij - d_ij| (d_ij the squared distance count_clusters forms, :func:`~wflow.linkage.squared_distance`: the rounding of G, of the
-    directions and of d_ij, and delta = dl, for |x_i - x_j|^2 = (1 + delta_i)(1 + delta_j)
-    (2 - 2 <theta_i, theta_j>) + (delta_i - delta_j)^2), and otherwise by d_ij itself, as count_clusters
-    decides it (:func:`squared_distance`).  The links of each point are a bit mask (a compare per entry of G, no
-    branch), the components a search over the masks, each point taken once: about 0.5 us per system
-    at n = 32 (a union-find over the pairs: 1-1.6 us)."""
+    cl = (chord, 1 - chord^2 / 2, lo, hi) (:func:`wflow.linkage.link_bounds`), dl >= max_i ||x_i| - 1|;
+    buffers adj (n, W) and U (W) uint64, W = ceil(n / 64), stack (n) int64.  Exactly
+    :func:`wflow.diagnostics.count_clusters`' count: a pair is decided by G_ij when 2 - 2 G_ij is further
+    from chord^2 than a bound of the rounding and of dl, else by :func:`~wflow.linkage.squared_distance`
+    as count_clusters decides it.  The links of each point are a bit mask, the components a search over
+    the masks."""
     n, r = xk.shape
     chord, cth, lo, hi = cl[0], cl[1], cl[2], cl[3]
     e = 0.5 * (
@@ -290,10 +269,8 @@ def gram_clusters(G, xk, dl, cl, adj, U, stack):  # pragma: no cover  # noqa: C9
 
 @njit(cache=True, fastmath=FM_SUM, inline="always")
 def _sa_stats_at(G, x, k, dl, cl, bufs, nclust, w, means):  # pragma: no cover - compiled
-    """What a save of system k's input needs from its Gram matrix G before the step overwrites it:
-    nclust[k] its cluster count (:func:`gram_clusters`, dl what the directions returned) when nclust is
-    not empty, means[k] = sum_i w[k, i] x[k, i] (the order parameter's barycentre) when means is not
-    empty."""
+    """What a save of system k's input needs from its Gram matrix G before the step overwrites it: nclust[k]
+    (:func:`gram_clusters`) and means[k] = sum_i w[k, i] x[k, i], each when its array is not empty."""
     if nclust.shape[0]:
         nclust[k] = gram_clusters(G, x[k], dl, cl, bufs[0], bufs[1], bufs[2])
     if means.shape[0]:
@@ -312,9 +289,7 @@ def _sa_exps_at(
     G, lw, k, bw, fw, spread, zero, inv_s, c, eb, counts, lses
 ):  # pragma: no cover - compiled
     """:func:`_sa_exps` for system k: its pair count into counts[k] and its energy sum into lses[k] when
-    those arrays are not empty; returns whether the exponentials are symmetric when G is.  With eb > 0
-    (float32 points, :func:`_pair_band`), counts[k] = -1 instead when some pair i != j has |G_ij - c| <= eb:
-    one the count on G might decide otherwise than :func:`~wflow.diagnostics.pair_counts` does."""
+    those arrays are not empty (counts[k] = -1 when some |G_ij - c| <= eb > 0); returns ``sym``."""
     near = False
     if eb > 0.0 and counts.shape[0]:
         near = _near_pairs(G, c, eb)
@@ -328,11 +303,9 @@ def _sa_exps_at(
 
 @njit(cache=True, fastmath=FM_SUM, inline="always")
 def _sa_move(xk, T, A, inv_s, dt, proj, y, outk):  # pragma: no cover - compiled
-    """outk = (xk + dt P (A / s)) / |xk + dt P (A / s)| in float64, with P the tangent projection at the
-    directions T when proj is 1.0 and the identity when it is 0.0; y a float64 buffer of r numbers.
-    Returns the sum over rows of |y|^2 + 1/|y| (y the stepped row before normalization): finite
-    exactly when every row of outk is (a row |y| = 0, infinite or NaN makes it infinite or NaN), so
-    that the caller need not scan the output for non-finite numbers."""
+    """outk = (xk + dt P (A / s)) / |xk + dt P (A / s)| in float64, P the tangent projection at T (proj 1.0)
+    or the identity (proj 0.0); y a float64 buffer of r numbers.  Returns the sum over rows of
+    |y|^2 + 1/|y| (y before normalization): finite exactly when every row of outk is."""
     n, r = xk.shape
     health = 0.0
     for i in range(n):
@@ -357,10 +330,8 @@ def _sa_move(xk, T, A, inv_s, dt, proj, y, outk):  # pragma: no cover - compiled
 
 @njit(cache=True, fastmath=FM_SUM, inline="always")
 def _sa_directions_t(xk, X, TT, nrm):  # pragma: no cover - compiled
-    """The transposed layout of :func:`sa_euler_blas` (r <= :data:`SA_STEP_TRANSPOSED_MAX_DIM`): X (r, n)
-    = xk^T in float64, TT (r, n) the directions x_i / |x_i| as columns, nrm (n) a float64 buffer.  The
-    norms and the scaling run across the n tokens (vectors of tokens, not of r < 16 coordinates).  Returns
-    :func:`_off_sphere` of the squared norms, as :func:`_sa_directions` does."""
+    """:func:`_sa_directions` in the transposed layout (r <= :data:`SA_STEP_TRANSPOSED_MAX_DIM`): X (r, n)
+    = xk^T in float64, TT (r, n) the directions as columns, nrm (n) a float64 buffer."""
     n, r = xk.shape
     for i in range(n):
         for l in range(r):
@@ -436,26 +407,15 @@ def sa_euler_blas(
     means,
     fn,
 ):  # pragma: no cover - compiled
-    """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, serially and without the GIL, in
-    L1/L2 (see :func:`~wflow.solvers.fused.sa_euler_step`): the directions theta = x/|x| (norms in float64),
-    the Gram matrix, the exponentials (:func:`_sa_exps`), the averages A = E theta / s, then
-    out = (x + dt P A) / |x + dt P A| in float64 (:func:`_sa_move`), written in out's dtype, with P the
-    tangent projection at theta when proj is 1.0 and the identity when proj is 0.0 (GLPR's scheme).  The
-    directions, the Gram matrix, the exponentials and the averages are in the dtype of lw (float64, or
-    float32 when the caller has checked that float32 logits are accurate enough); row sums in float64.
-    counts[k] (when counts is not empty) = the ordered pairs i != j of the input's directions with
-    <theta_i, theta_j> > c, from the same Gram matrix; health[k] finite exactly when out[k] is
-    (:func:`_sa_move`); lses[k] (when lses is not empty) log sum_i w_i sum_j w_j e^(beta <theta_i, theta_j>)
-    of the input (:func:`_sa_exps`); nclust[k] and means[k] the input's cluster count and barycentre when
-    those arrays are not empty (:func:`_sa_stats_at`).
+    """One Euler step of SA (Q = K = V = I) for each system k0 <= k < k1, without the GIL
+    (:func:`~wflow.solvers.fused.sa_euler_step`): the directions theta = x/|x|, the Gram matrix, the
+    exponentials (:func:`_sa_exps`), the averages A = E theta / s, then out = (x + dt P A) / |x + dt P A|
+    in float64 (:func:`_sa_move`).  Directions, Gram matrix, exponentials and averages are in lw's dtype;
+    row sums in float64.  counts[k], lses[k], nclust[k], means[k] (when not empty): the input's pair
+    count, energy sum, cluster count and barycentre; health[k] finite exactly when out[k] is.
 
-    The two products of each system are BLAS's (``fn`` the address of dgemm, or sgemm for float32 logits):
-    the row-major directions T (n, r) are T^T in BLAS's column-major terms, so G = T T^T is
-    gemm('T', 'N', n, n, r) of T with itself (exactly symmetric: the same products in the same order for
-    G_ij and G_ji) and the averages A = E T, row-major (n, r), are A^T = T^T E^T = gemm('N', 'N', r, n, n)
-    of T and E (OpenBLAS's small-matrix kernels).  Up to r = :data:`SA_STEP_TRANSPOSED_MAX_DIM` the
-    directions and averages are kept as columns (:func:`_sa_directions_t`, :func:`_sa_move_t`).  Its loops are vectorized 512 bits wide where the
-    core has AVX-512 (:func:`~wflow.kernels.numba_backend._prefer_wide_vectors`)."""
+    Both products are BLAS's gemm (``fn`` the address of dgemm or sgemm): G = T T^T (exactly symmetric)
+    and A = E T, with T (n, r) row-major, which BLAS reads as T^T."""
     prefer_wide_vectors()
     B, n, r = x.shape
     wdt = lw.dtype
@@ -473,9 +433,7 @@ def sa_euler_blas(
     scal[0] = 1
     scal[1] = 0
     if r <= SA_STEP_TRANSPOSED_MAX_DIM:
-        # the transposed layout: the directions and averages as columns TT, AT (r, n), which BLAS reads
-        # as the n x r matrices T and A; G = T T^T = gemm('N', 'T', n, n, r) (exactly symmetric, as
-        # below), A = E T = gemm('T', 'N', n, r, n) of the row-major E and T
+        # the directions and averages as columns TT, AT (r, n), which BLAS reads as T and A (n x r)
         X = scratch((r, n), np.float64)
         TT = scratch((r, n), wdt)
         AT = scratch((r, n), wdt)
@@ -489,8 +447,7 @@ def sa_euler_blas(
             sym = _sa_exps_at(
                 G, lw, k, bw, fw, spread, zero, inv_s, c, _pair_band(pb, dl, r), counts, lses
             )
-            # A = E T; when E is symmetric (G is: see above) E^T T, gemm('N', 'N'), which OpenBLAS does
-            # 1.7x faster than its 'T', 'N' for n = 32, r = 8
+            # A = E T; when E is symmetric, E^T T: gemm('N', 'N') is faster than 'T', 'N'
             gemm(fn, 0 if sym else 1, 0, n, r, n, G, n, TT, n, AT, n, ints, chars, scal)
             health[k] = _sa_move_t(X, TT, AT, inv_s, dt, proj, Y, nrm, xa, out[k])
         return

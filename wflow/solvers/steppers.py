@@ -1,10 +1,8 @@
-r"""Explicit time steppers of the solver contract (:mod:`wflow.solvers.base`): the *how*.
+r"""Time steppers of the solver contract (:mod:`wflow.solvers.base`): the *how*.
 
 Each stepper takes one step of :math:`\dot y = f(t, y)` for any :class:`~wflow.solvers.base.Problem`
-and hands the result to ``problem.retract`` -- the projection :math:`x \mapsto x/|x|` for
-points on the sphere, the identity in flat space.  A projection method keeps the order of
-the underlying Runge--Kutta method (Hairer, Lubich & Wanner, *Geometric Numerical
-Integration*, §IV.4), and points stay on the sphere to round-off.
+and hands the result to ``problem.retract`` (:math:`x \mapsto x/|x|` on the sphere), which keeps the
+order of the Runge--Kutta method (Hairer, Lubich & Wanner, *Geometric Numerical Integration*, §IV.4).
 
 ======================  =====  ===============  =========================================
 name                    order  error estimate   use
@@ -47,7 +45,7 @@ __all__ = [
 
 
 def project_to_sphere(x: np.ndarray) -> np.ndarray:
-    """Radial projection ``x / |x|`` (the retraction applied after every step on the sphere).
+    """Radial projection ``x / |x|`` (the retraction on the sphere); a point at the origin becomes NaN.
 
     Examples
     --------
@@ -56,9 +54,6 @@ def project_to_sphere(x: np.ndarray) -> np.ndarray:
     >>> project_to_sphere(np.array([[3.0, 4.0], [0.0, -2.0]]))
     array([[ 0.6,  0.8],
            [ 0. , -1. ]])
-
-    A point at the origin has no direction: it becomes NaN, silently (the driver reports the
-    non-finite state after the step).
     """
     with np.errstate(invalid="ignore", divide="ignore"):
         return x / np.sqrt(np.einsum("...i,...i->...", x, x))[..., None]
@@ -66,10 +61,8 @@ def project_to_sphere(x: np.ndarray) -> np.ndarray:
 
 @register_solver
 class Euler(Solver):
-    """Explicit Euler, :math:`y \\mapsto R(y + h f(t, y))` (order 1).
-
-    For SA with :math:`Q = K = V = I` on many tiny systems :func:`wflow.simulate` takes the same step
-    fused instead (:class:`~wflow.solvers.fused.FusedEuler`, one compiled pass per system).
+    """Explicit Euler, :math:`y \\mapsto R(y + h f(t, y))` (order 1); fused for many tiny SA systems
+    (:class:`~wflow.solvers.fused.FusedEuler`).
 
     Examples
     --------
@@ -94,16 +87,11 @@ class Euler(Solver):
 class EulerAverage(Solver):
     r"""The discrete scheme of the GLPR phase diagram: :math:`x \mapsto (x + h A x)/|x + h A x|` (order 1).
 
-    :math:`A x` is the attention average itself (``problem.average``, e.g. the SA average
-    :math:`\sum_j e^{\beta\langle x, x_j\rangle} x_j / Z`), *not* projected on the tangent plane as
-    in ``euler``.  Since :math:`x + hAx = (1 + h\langle x, Ax\rangle)\,(x + h' P_x A x)` with
-    :math:`h' = h / (1 + h\langle x, Ax\rangle)`, one step is projected Euler with the per-token step
-    :math:`h'`: consistent with the same ODE, but it moves a token by :math:`1/(1 + h\langle x, Ax\rangle)`
-    of the projected step (up to 10 % less at :math:`h = 0.1` once tokens have gathered).  For SA with
-    :math:`Q = K = V = I` on many tiny systems :func:`wflow.simulate` takes the same step fused instead
-    (:class:`~wflow.solvers.fused.FusedEuler` with ``projected=False``).  Geshkovski,
-    Letrouit, Polyanskiy & Rigollet, *A mathematical perspective on Transformers* (phase-diagram code).
-    Needs a problem with an ``average`` (particles of an attention model on the sphere).
+    :math:`A x` is the attention average itself (``problem.average``), *not* projected on the tangent
+    plane: one step is projected Euler with the per-token step :math:`h/(1 + h\langle x, Ax\rangle)`,
+    consistent with the same ODE.  Geshkovski, Letrouit, Polyanskiy & Rigollet, *A mathematical
+    perspective on Transformers* (phase-diagram code).  Fused for many tiny SA systems
+    (:class:`~wflow.solvers.fused.FusedEuler` with ``projected=False``).
 
     Examples
     --------
@@ -253,16 +241,11 @@ class SSPRK3(Solver):
         y^{(1)} = y + h f(y),\quad y^{(2)} = \tfrac34 y + \tfrac14\big(y^{(1)} + h f(y^{(1)})\big),\quad
         y^{+} = \tfrac13 y + \tfrac23\big(y^{(2)} + h f(y^{(2)})\big).
 
-    Each stage is a forward-Euler step, so when every stage step is below the problem's
-    forward-Euler limit (``problem.rhs_with_limit``, e.g. the positivity CFL limit of a
-    finite-volume scheme) the step preserves whatever forward Euler preserves (Gottlieb,
-    Shu & Tadmor 2001).  A stage above its limit (times ``problem.limit_slack``: the limit a
-    problem gives may hold a CFL margin that proposals keep and stages need not) makes the step
-    ``ok=False`` and the driver retries with the smaller step.  Heun's method :math:`\tfrac12 y + \tfrac12(y^{(1)} + h f(y^{(1)}))`
-    uses the same two first stages, so the error estimate :math:`y^+ - y_{\mathrm{Heun}}` is free.
-
-    The right-hand side at the new state is computed at the end of the step and reused as
-    the next step's first stage (first same as last).
+    Each stage is a forward-Euler step, so when every stage is below the problem's forward-Euler limit
+    (``problem.rhs_with_limit`` times ``problem.limit_slack``) the step preserves whatever forward Euler
+    preserves (Gottlieb, Shu & Tadmor 2001); a stage above it makes the step ``ok=False``.  Heun's method
+    uses the same two first stages: the error estimate :math:`y^+ - y_{\mathrm{Heun}}` is free.  The
+    right-hand side at the new state is the next step's first stage (first same as last).
 
     Examples
     --------
@@ -290,8 +273,7 @@ class SSPRK3(Solver):
 
     def step(self, problem, t, y, dt, state, *, rtol=0.0, atol=0.0, **_):
         f0, lim0 = state
-        # each stage against its own true limit (the proposed step keeps the problem's CFL margin; a
-        # stage checked against that margin would reject most steps of a contracting density)
+        # each stage against its own true limit (the proposed step keeps the problem's CFL margin)
         slack = problem.limit_slack
         if dt > lim0 * slack:
             return StepResult(y, ok=False, limit=lim0), state
@@ -322,13 +304,10 @@ class ROS2(Solver):
         (I - \gamma hJ)k_1 = f(y),\quad (I - \gamma hJ)k_2 = f(y + hk_1) - 2k_1,\quad
         y^+ = R\big(y + \tfrac32 hk_1 + \tfrac12 hk_2\big),\qquad \gamma = 1 + 1/\sqrt2,
 
-    with the embedded first-order solution :math:`y + hk_1` for error control and :math:`J`
-    the problem's exact Jacobian where it has one (``problem.jacobian(t, y)``, e.g. particles on
-    :math:`S^1` in angles) or the Jacobian of :math:`f` by forward differences (``m`` right-hand
-    sides for ``m`` unknowns, so meant for small systems).  Where merged clusters collapse at rates
-    :math:`\sim\beta` while the next merge is :math:`e^{c\beta}` away (the metastable staircase
-    of USA at large beta), explicit methods are held to steps :math:`\sim 1/\beta` forever; this
-    one takes steps as long as the accuracy allows.
+    with the embedded first-order solution :math:`y + hk_1` for error control and :math:`J` the
+    problem's exact Jacobian (``problem.jacobian(t, y)``) or forward differences (``m`` right-hand sides
+    for ``m`` unknowns: small systems).  For metastable staircases, where explicit methods are held to
+    steps :math:`\sim 1/\beta`.
 
     Examples
     --------
@@ -368,8 +347,7 @@ class ROS2(Solver):
         differenced = J is None
         if differenced:
             J = self.jacobian(problem, t, y, f0)
-        # one BLAS thread for small factorizations: on a shared 2-core machine two threads factored a
-        # 1024 x 1024 matrix in 340-400 ms against 100-140 ms for one
+        # one BLAS thread for small factorizations (faster than several)
         with (
             warnings.catch_warnings(),
             blas_threads(1) if J.shape[0] <= 2048 else contextlib.nullcontext(),
@@ -377,9 +355,7 @@ class ROS2(Solver):
             warnings.simplefilter("ignore", sla.LinAlgWarning)
             lu = sla.lu_factor(np.eye(J.shape[0]) - self.GAMMA * dt * J)
             k1 = sla.lu_solve(lu, f0.reshape(-1)).reshape(y.shape)
-            if not np.all(
-                np.isfinite(k1)
-            ):  # I - gamma h J singular (an unstable mode at this h): a smaller step
+            if not np.all(np.isfinite(k1)):  # I - gamma h J singular at this h: a smaller step
                 return StepResult(y, error=np.inf), state
             f1 = problem.rhs(t + dt, y + dt * k1)
             k2 = sla.lu_solve(lu, (f1 - 2 * k1).reshape(-1)).reshape(y.shape)
@@ -394,12 +370,10 @@ class ROS2(Solver):
 class Remap(Solver):
     r"""Characteristics and conservative remap for one-dimensional conservation laws (order 3 in time, error order 2).
 
-    The problem takes the step itself, ``problem.remap_step(t, y, dt)`` returning the new state and a
-    lower-order one (the error estimate), or ``None`` when the step is too long for its characteristics
-    (they would cross); the driver then halves the step.  For a 1-D continuity equation the mass between
-    two characteristics is conserved, so the new mass of a cell is the old mass between the feet of its
-    faces: positive and conservative for any step with ordered feet, with no positivity (CFL) limit.
-    :class:`wflow.solvers.zonal.ZonalProblem` offers it (``solve_zonal(..., method="remap")``).
+    The problem takes the step itself: ``problem.remap_step(t, y, dt)`` returns the new state and a
+    lower-order one (the error estimate), or ``None`` when characteristics would cross (the driver then
+    halves the step).  Positive and conservative, with no CFL limit
+    (:class:`wflow.solvers.zonal.ZonalProblem`).
 
     Examples
     --------
