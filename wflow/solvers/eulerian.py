@@ -14,24 +14,12 @@ vector of cell masses :math:`m_i = \rho_i|C_i|`, updated by
     \frac{dm_i}{dt} = -\sum_{e\in\partial C_i} s_{ie} F_e , \qquad
     F_e = \ell_e\big(u_e^+\rho_L^e + u_e^-\rho_R^e\big) - \kappa^{-1}\ell_e\frac{\rho_R - \rho_L}{\mathrm{dist}_e},
 
-with :math:`s_{ie} = \pm1` the orientation of edge ``e`` seen from cell ``i``.  Each flux is
-added to one cell and subtracted from the other, so the total mass is conserved to
-round-off.  The velocity comes from ``model.velocity`` at the edge midpoints, the edge values
-:math:`0 \le \rho_i^e \le 2\rho_i` from a limited linear reconstruction (Carrillo, Chertock &
-Huang 2015), the time steps from SSP-RK3 with every stage below its forward-Euler positivity
-limit :math:`\Delta t_{\max}`, so densities stay non-negative for every ``cfl <= 1``; the
-ingredients and the limit are in ``docs/continuum.md`` (the finite-volume scheme).
-
-Step control.  Near a uniform state the velocities, and with them the positivity limit's
-restriction, vanish: the step must come from an error estimate.  SSP-RK3 carries an
-embedded Heun solution (same first two stages), and :meth:`FiniteVolume.error_norm` measures
-the difference against the step's own change of mass,
-:math:`\|e\|_1 \le \text{atol} + \text{rtol}\,\|m^{n+1} - m^n\|_1`: an error *per unit of
-change* (Shampine's error per unit step, scaled by the field), so a small perturbation of a
-uniform density is resolved as accurately as a large one.  Defaults ``rtol = 1e-3``,
-``atol = 1e-12`` (masses sum to 1).
-
-The scheme is second order in space (``FiniteVolume.order = 2``) and third order in time.
+with :math:`s_{ie} = \pm1` the orientation of edge ``e`` seen from cell ``i``: mass is conserved to
+round-off.  Edge values come from a limited linear reconstruction (Carrillo, Chertock & Huang 2015),
+steps from SSP-RK3 with every stage below its positivity limit, so densities stay non-negative for
+every ``cfl <= 1``; the error is measured per unit of change,
+:math:`\|e\|_1 \le \text{atol} + \text{rtol}\,\|m^{n+1} - m^n\|_1` (``docs/continuum.md``,
+``docs/solvers.md``).  Second order in space, third in time.
 """
 
 from __future__ import annotations
@@ -56,11 +44,8 @@ logger = logging.getLogger(__name__)
 
 
 class FiniteVolume(Problem):
-    """The limited MUSCL finite-volume discretization of the continuity equation (module docstring).
-
-    A :class:`~wflow.solvers.base.Problem` whose state is the vector of cell masses: it gives
-    the semi-discrete right-hand side with its positivity limit, the error norm and what a
-    snapshot saves; a time stepper of the solver contract (``ssprk3`` by default) advances it.
+    """The limited MUSCL finite-volume discretization of the continuity equation (module docstring): a
+    :class:`~wflow.solvers.base.Problem` whose state is the vector of cell masses.
 
     Parameters
     ----------
@@ -203,12 +188,8 @@ class FiniteVolume(Problem):
         rho_l, rho_r = self.reconstruct(rho)
         flux = mesh.edge_length * (np.maximum(u, 0.0) * rho_l + np.minimum(u, 0.0) * rho_r)
         if self.inv_kappa:
-            flux -= (
-                self.inv_kappa
-                * mesh.edge_length
-                * (rho[mesh.cell_right] - rho[mesh.cell_left])
-                / mesh.edge_distance
-            )
+            jump = rho[mesh.cell_right] - rho[mesh.cell_left]
+            flux -= self.inv_kappa * mesh.edge_length * jump / mesh.edge_distance
         M = self._M
         dm = np.bincount(mesh.cell_right, weights=flux, minlength=M) - np.bincount(
             mesh.cell_left, weights=flux, minlength=M
@@ -242,15 +223,13 @@ class FiniteVolume(Problem):
             )
         )
 
-    #: the name of the saved cell averages: ``density`` (``values`` in stores written by wflow 0.1, a name
-    #: xarray's ``Dataset.values`` shadows; a resume of such a store keeps it)
+    #: the name of the saved cell averages (``values`` in stores written by wflow 0.1; a resume keeps it)
     density_name = "density"
 
     def snapshot(self, t: float, masses: np.ndarray) -> dict:
         out = {
             self.density_name: (("cell",), masses / self.mesh.areas),
-            # the state itself: values * areas is the masses only to rounding, and a resume continues
-            # from exactly the numbers the uninterrupted run had
+            # the state itself (density * areas is the masses only to rounding): resume is exact
             "masses": (("cell",), masses),
             "mass": ((), np.float64(masses.sum())),
         }
@@ -293,11 +272,8 @@ class DensityTrajectory(Result):
         :math:`\\sum_i \\rho_i|C_i|` at the saved times.
     energy : ndarray, shape (n_saves,) or None
         ``model.energy(rho.to_atoms())`` where the model is a gradient flow.
-    stats : dict of ndarray
-        Cumulative ``steps``, ``rejected``, ``evaluations`` (velocity evaluations) and ``dt_next``
-        at each save.
-    status : int
-        0: reached ``t_end``; 1: stopped by the callback; -1: failed.
+    stats, status
+        As for every :class:`~wflow.solvers.base.Result`.
 
     Examples
     --------
@@ -374,8 +350,7 @@ def solve_density(
     cfl : float
         Fraction of the positivity limit ``dt_max`` (module docstring) a step may use, in ``(0, 1]``.
     kappa : float, optional
-        Inverse diffusivity; ``None`` or ``inf``: no diffusion.  Diffusion is explicit (two-point
-        flux), its parabolic restriction is included in ``dt_max``.
+        Inverse diffusivity; ``None`` or ``inf``: no diffusion (explicit, two-point flux).
     dt : float, optional
         Fixed step instead of the error-controlled one; must stay ``<= dt_max``.
     max_step : float, optional
@@ -388,8 +363,7 @@ def solve_density(
     callback : callable, optional
         ``callback(t, rho)`` after every step; a true return value stops the run (status 1).
     method : str
-        Time stepper of the solver contract; ``"ssprk3"`` (default, positivity preserving with an
-        embedded error estimate) or any other registered solver.
+        Time stepper of the solver contract; ``"ssprk3"`` (default, positivity preserving).
     rtol, atol : float, optional
         Tolerances of the error-per-unit-change control (module docstring); default 1e-3, 1e-12.
     progress : bool
@@ -494,9 +468,7 @@ def _rebuild(cfg: dict[str, Any], stored: dict[str, Any]):
     kw = {k: cfg[k] for k in ("kappa", "backend", "limiter", "cfl", "max_step")}
     problem = FiniteVolume(mesh, model, **kw)
     data = stored["data"]
-    if (
-        "values" in data and "density" not in data
-    ):  # a store from before the rename: continue its layout
+    if "values" in data and "density" not in data:  # a store from before the rename
         problem.density_name = "values"
     name = problem.density_name
     # stores from before the masses were saved restart from density * areas (equal to rounding)

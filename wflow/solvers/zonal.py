@@ -1,12 +1,8 @@
 r"""The zonal solver: the mean-field equation on :math:`S^{d-1}`, any :math:`d \ge 2`, for zonal densities.
 
 A zonal measure :math:`\mu = f(\langle x, e\rangle)\sigma` stays zonal under SA and USA with
-:math:`Q = K = I`, :math:`V = \pm I`, and the continuity equation becomes a conservation law
-for the law of :math:`z = \langle x, e\rangle` on :math:`[-1, 1]` (:mod:`wflow.zonal`,
-``docs/zonal.md``).  This module puts its finite-volume discretization
-(:class:`~wflow.zonal.ZonalFV`) under the solver contract: :class:`ZonalProblem` (kind
-``"zonal"``, the band masses as state), its result :class:`ZonalTrajectory` and the front door
-:func:`solve_zonal`.
+:math:`Q = K = I`, :math:`V = \pm I`: a conservation law for the law of :math:`z = \langle x, e\rangle`
+on :math:`[-1, 1]` (:mod:`wflow.zonal`, ``docs/zonal.md``), here under the solver contract.
 """
 
 from __future__ import annotations
@@ -105,19 +101,12 @@ class ZonalProblem(Problem):
         self, t: float, masses: np.ndarray, dt: float
     ) -> tuple[np.ndarray, np.ndarray] | None:
         r"""One step of the characteristic (semi-Lagrangian) scheme: ``(masses, second-order masses)``, or ``None``
-        when characteristics cross within the step (the step is too long).
+        when characteristics cross within the step.
 
-        The velocity :math:`u` of the polar angle (:meth:`ZonalFV.theta_velocity`) at the start
-        (:math:`u_0`), at the half step (from the masses moved by :math:`u_0` frozen over half a step) and
-        at the end (:math:`u_2`, from the second-order masses: every face traced back by the midpoint rule
-        in that half-step field); the half step once more, traced in the field linear in time between
-        :math:`u_0` and :math:`u_2`, gives :math:`u_1` to :math:`O(\Delta t^3)`; then every face is traced
-        back through the field that takes the values :math:`u_0, u_1, u_2` at the three times by Kutta's
-        third-order rule (which samples it only there), and the old masses are remapped onto the bands
-        (:meth:`ZonalFV.remap`).  Third order in time, second in space (per unit time; the remap adds
-        :math:`O(\Delta\theta^2)` per step); the second-order masses are the error estimate.  Four
-        velocity evaluations a step and no positivity limit on it: positivity and conservation hold
-        whenever the departure points are increasing.
+        The velocity of the polar angle at the start (:math:`u_0`), the end (:math:`u_2`, from second-order
+        masses) and the half step (:math:`u_1`, traced in the field linear in time between them); every face
+        is traced back by Kutta's third-order rule and the old masses are remapped onto the bands.  Third
+        order in time, second in space; four velocity evaluations, no positivity limit.
         """
         if self.fv.inv_kappa:
             raise ValueError(
@@ -162,13 +151,12 @@ class ZonalProblem(Problem):
 
     # -- what is saved ---------------------------------------------------------------------------------
     def snapshot(self, t: float, masses: np.ndarray) -> dict:
-        out = {
+        return {
             "masses": (("cell",), np.array(masses, dtype=np.float64, copy=True)),
             "mass": ((), np.float64(masses.sum())),
             "mean_z": ((), np.float64(masses @ self.fv.centers)),
+            "energy": ((), np.float64(self.fv.energy(masses))),
         }
-        out["energy"] = ((), np.float64(self.fv.energy(masses)))
-        return out
 
     def static(self) -> dict:
         fv = self.fv
@@ -194,6 +182,12 @@ class ZonalProblem(Problem):
 
 
 # ------------------------------------------------------------------------------ the law of z
+def _cdf_at_edges(masses: np.ndarray) -> np.ndarray:
+    """The CDF of the band law at the band edges, shape ``(M+1,)``."""
+    c = np.concatenate([[0.0], np.cumsum(masses)])
+    return c / c[-1]
+
+
 def law_quantile(edges: np.ndarray, masses: np.ndarray, s: np.ndarray) -> np.ndarray:
     r"""Quantiles :math:`G^{-1}(s)` of the law of :math:`z` with band masses ``masses`` on ``edges``.
 
@@ -208,8 +202,7 @@ def law_quantile(edges: np.ndarray, masses: np.ndarray, s: np.ndarray) -> np.nda
     >>> law_quantile(edges, masses, np.array([0.0, 0.25, 0.5, 1.0])).tolist()
     [-1.0, -0.5, 0.0, 1.0]
     """
-    c = np.concatenate([[0.0], np.cumsum(masses)])
-    c /= c[-1]
+    c = _cdf_at_edges(masses)
     keep = np.concatenate([[True], np.diff(c) > 0])  # drop empty bands (flat CDF pieces)
     return np.interp(s, c[keep], np.asarray(edges)[keep])
 
@@ -221,9 +214,8 @@ def w2_to_law(z: np.ndarray, edges: np.ndarray, masses: np.ndarray) -> float:
 
         W_2^2 = \int_0^1 |F_N^{-1}(s) - G^{-1}(s)|^2\,ds ,
 
-    :math:`F_N^{-1}` piecewise constant (the sorted samples), :math:`G^{-1}` piecewise linear: on
-    every piece between the merged breakpoints the integrand is a quadratic integrated exactly,
-    :math:`(s_1 - s_0)(u_0^2 + u_0u_1 + u_1^2)/3`.
+    :math:`F_N^{-1}` piecewise constant (the sorted samples), :math:`G^{-1}` piecewise linear: a
+    quadratic on every piece, integrated exactly.
 
     Parameters
     ----------
@@ -243,8 +235,7 @@ def w2_to_law(z: np.ndarray, edges: np.ndarray, masses: np.ndarray) -> float:
     N = z.size
     if N == 0:
         raise ValueError("z must hold at least one sample")
-    c = np.concatenate([[0.0], np.cumsum(masses)])
-    c /= c[-1]
+    c = _cdf_at_edges(masses)
     s = np.unique(np.concatenate([c, np.arange(N + 1) / N]))
     g = law_quantile(edges, masses, s)
     mid = 0.5 * (s[1:] + s[:-1])
@@ -264,9 +255,7 @@ class ZonalTrajectory(Result):
         Band masses (the law of :math:`z` on the bands).
     values : ndarray, shape (n_saves, M)
         Cell averages :math:`m_i/(|S^{d-1}|\,V_i)` of the probability density w.r.t. the surface
-        measure (uniform: :math:`1/|S^{d-1}|`, as everywhere in wflow); ``inf`` where that does not
-        fit in float64 (:math:`1/|S^{d-1}|` passes 1e308 near ``d = 340``; a polar band's volume
-        underflows sooner): at large ``d`` read :attr:`masses` or :meth:`law_density`.
+        measure; ``inf`` where that overflows float64 (from ``d`` near 340): read :attr:`masses` there.
     mass, energy, mean_z : ndarray, shape (n_saves,)
         Total mass, :math:`\pm E_\beta` (the functional the flow ascends), :math:`\int z\,d\mu`.
     edges : ndarray, shape (M+1,)
@@ -338,8 +327,7 @@ class ZonalTrajectory(Result):
 
     def cdf(self, z: np.ndarray, i: int = -1) -> np.ndarray:
         """The CDF of the law of z at saved time ``i`` (piecewise linear between the exact edge values)."""
-        c = np.concatenate([[0.0], np.cumsum(self.masses[i])])
-        return np.interp(z, self.edges, c / c[-1])
+        return np.interp(z, self.edges, _cdf_at_edges(self.masses[i]))
 
     def quantile(self, s: np.ndarray, i: int = -1) -> np.ndarray:
         """Quantiles of the law of z at saved time ``i`` (:func:`law_quantile`)."""
@@ -464,10 +452,9 @@ def solve_zonal(
         A wflow SA/USA model with :math:`Q = K = I`, :math:`V = \pm I` (anything else is not
         zonal), or ``{"attention": "SA"|"USA", "beta": float, "sign": 1|-1}``.
     rho0 : callable or ndarray
-        The initial density :math:`f(z)`, a function of the height :math:`z = \langle x, e\rangle`
-        (normalized to mass 1 unless ``normalize=False``: then a probability density w.r.t. the
-        surface measure, uniform :math:`1/|S^{d-1}|`), or the band masses, shape ``(n_cells,)``,
-        summing to 1.
+        The initial density :math:`f(z)` of the height :math:`z = \langle x, e\rangle` (normalized to mass
+        1 unless ``normalize=False``: then w.r.t. the surface measure), or the band masses, shape
+        ``(n_cells,)``, summing to 1.
     t_end : float
         Final time, ``> 0``.
     d : int
@@ -496,12 +483,9 @@ def solve_zonal(
     normalize : bool
         Rescale a callable ``rho0`` to mass 1 (default).
     method : {"auto", "remap", "ssprk3"}
-        Time stepper.  ``"remap"``: characteristics traced back over a step and the old masses
-        remapped onto the bands (:meth:`ZonalProblem.remap_step`; third order in time, positive and
-        conservative with no positivity limit on the step, so clustering runs take hundreds of steps,
-        not tens of thousands; no noise).  ``"ssprk3"``: the finite-volume right-hand side with
-        SSP-RK3 stages below the positivity limit (noise included).  ``"auto"`` (default): ``"remap"``
-        without noise, ``"ssprk3"`` with it.
+        Time stepper.  ``"remap"``: characteristics and remap (:meth:`ZonalProblem.remap_step`; no
+        positivity limit on the step, no noise).  ``"ssprk3"``: SSP-RK3 stages below the positivity limit
+        (noise included).  ``"auto"`` (default): ``"remap"`` without noise, ``"ssprk3"`` with it.
     trackers, keep, throw, progress
         See :func:`wflow.solvers.base.integrate`; ``progress`` adds a progress bar.
 
@@ -514,8 +498,7 @@ def solve_zonal(
     ValueError
         ``d < 2``, negative masses, a total mass far from 1, a model that is not zonal, ...
     TypeError
-        ``rho0`` that is not zonal (a :class:`~wflow.density.Density` on a mesh, a function of
-        points rather than of :math:`z`).
+        ``rho0`` that is not zonal (a :class:`~wflow.density.Density`, a function of points).
 
     Examples
     --------
