@@ -4,10 +4,9 @@ Points are arrays of shape ``(..., n, d)``; the last axis holds coordinates and 
 leading axes are independent systems.  Tangent vectors at ``x`` have the same shape.
 
 Contents: projections, geodesics, cost matrices, tangent frames, exponential map and
-retraction, random rotations, samplers (uniform, von Mises--Fisher, mixtures, a density
-on the circle or on :math:`S^2`, a zonal density on :math:`S^{d-1}`) and quadrature nodes (trapezoid rule on :math:`S^1`, Gauss--Legendre x trapezoid on
-:math:`S^2`).  Every random function takes ``seed``: ``None``, an ``int``, a
-:class:`numpy.random.SeedSequence` or a :class:`numpy.random.Generator`.
+retraction, random rotations, samplers and quadrature nodes.  Every random function takes
+``seed``: ``None``, an ``int``, a :class:`numpy.random.SeedSequence` or a
+:class:`numpy.random.Generator`.
 """
 
 from __future__ import annotations
@@ -52,7 +51,6 @@ def as_generator(seed: SeedLike) -> np.random.Generator:
 
     Examples
     --------
-    >>> from wflow.sphere import as_generator
     >>> rng = as_generator(0)
     >>> type(rng).__name__
     'Generator'
@@ -72,10 +70,8 @@ def as_generator(seed: SeedLike) -> np.random.Generator:
     )
 
 
-#: Arrays with at least this many numbers go through the fused numba loops of
-#: :func:`project` and :func:`normalize` (one pass over memory); smaller ones through NumPy.
-#: The loops are serial: memory-bound, they ran as fast on one core as on two (measured
-#: side by side), and a parallel region on a shared 2-core machine waits for a second core.
+#: Arrays with at least this many numbers go through the fused (serial, memory-bound) numba
+#: loops of :func:`project`, :func:`normalize` and :func:`retract`; smaller ones through NumPy.
 FUSED_MIN_SIZE = 1 << 15
 
 
@@ -151,20 +147,14 @@ def normalize(x: ArrayLike, *, check: bool = True) -> np.ndarray:
     x : array_like, shape (..., n, d)
         Vectors (float32 stays float32, anything else becomes float64).
     check : bool
-        Validate the input (default).  Raises ``ValueError`` for a zero vector or a
-        non-finite value, ``TypeError`` for a non-numeric array.  ``check=False`` is the
-        solvers' hot path (a retraction after every step): no validation, a zero vector
-        gives zeros.
+        Validate the input (default): ``ValueError`` for a zero vector or a non-finite value,
+        ``TypeError`` for a non-numeric array.  ``check=False`` (the solvers' hot path): no
+        validation, a zero vector gives zeros.
 
     Returns
     -------
     ndarray, shape (..., n, d)
         A new array of unit vectors.
-
-    Notes
-    -----
-    Large C-contiguous float arrays take one fused pass (squared norm, then scaling, per
-    row); the squared norms are accumulated in float64 and checked afterwards.
 
     Examples
     --------
@@ -179,16 +169,15 @@ def normalize(x: ArrayLike, *, check: bool = True) -> np.ndarray:
         or arr.shape[-1] < 2
         or arr.shape[-2] < 1
     ):
-        return as_points(x, "x", normalize=True)  # converts, or raises naming the problem
+        return as_points(x, "x", normalize=True)  # converts, or raises
     if _fused_ok(arr):
         out = np.empty_like(arr)
         sq = np.empty(arr.size // arr.shape[-1])
         _normalize_rows(arr.reshape(-1, arr.shape[-1]), out.reshape(-1, arr.shape[-1]), sq)
         if not check or (np.isfinite(sq).all() and (sq > 0).all()):
             return out
-        return as_points(
-            arr, "x", normalize=True
-        )  # raises (or rescues squares that over/underflowed)
+        # raises, or rescues squares that over/underflowed
+        return as_points(arr, "x", normalize=True)
     sq = np.einsum("...i,...i->...", arr, arr)
     if not check or (np.isfinite(sq).all() and (sq > 0).all()):
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -201,11 +190,7 @@ def project(x: np.ndarray, v: np.ndarray, *, scale: np.ndarray | None = None) ->
 
     ``x`` and ``v`` broadcast against each other; no validation (hot path).  With ``scale``
     of shape ``(..., n)`` the result is :math:`P_x v / s`, e.g. the SA velocity from the
-    shifted kernel sums in one pass: ``project(x, sums.vector, scale=sums.mass)``.  Large
-    C-contiguous arrays of one float dtype and shape take one fused pass (1.2--1.4 ms for
-    :math:`10^6` float64 numbers, against 4--5 ms for the NumPy expression
-    ``v - sum(x * v) x``, measured side by side); others use ``einsum`` for the inner
-    products.
+    shifted kernel sums in one pass: ``project(x, sums.vector, scale=sums.mass)``.
 
     Examples
     --------
@@ -252,8 +237,6 @@ def geodesic_distance(x: ArrayLike, y: ArrayLike) -> np.ndarray:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import geodesic_distance
     >>> round(float(geodesic_distance([1.0, 0.0, 0.0], [0.0, 1.0, 0.0])), 6)  # pi / 2
     1.570796
     >>> round(float(geodesic_distance([1.0, 0.0], [-1.0, 0.0])), 6)  # antipodal: pi
@@ -283,14 +266,11 @@ def cost_matrix(
         d_{\mathrm{geo}}(x, y) = \arccos\langle x, y\rangle \in [0, \pi], \qquad
         d_{\mathrm{chord}}(x, y) = |x - y| = \sqrt{2 - 2\langle x, y\rangle}.
 
-    Computed from the Gram matrix :math:`G = x y^\top` (one GEMM per block of rows), except
-    where ``arccos`` (or the square root of :math:`2 - 2G`) loses digits: for
-    :math:`G > 0.99` the distance comes from the chord, :math:`d = 2\arcsin(|x - y|/2)`,
-    and for :math:`G < -0.99` from :math:`d = \pi - 2\arcsin(|x + y|/2)`, both formed from
-    the coordinates.  The result agrees with :func:`geodesic_distance` to about
-    :math:`10^{-15}` (absolute, :math:`p = 1`) for every pair, near and antipodal ones
-    included.  Rows are processed in blocks, so temporaries stay near 32 MB whatever the
-    size; the output itself is :math:`n \times m` float64.
+    Computed from the Gram matrix :math:`G = x y^\top` in blocks of rows, except where
+    ``arccos`` loses digits: for :math:`G > 0.99` from the chord,
+    :math:`d = 2\arcsin(|x - y|/2)`, for :math:`G < -0.99` from
+    :math:`d = \pi - 2\arcsin(|x + y|/2)`; it agrees with :func:`geodesic_distance` to about
+    :math:`10^{-15}` for every pair.
 
     Parameters
     ----------
@@ -326,7 +306,7 @@ def cost_matrix(
         raise ValueError(f"p must be a finite number > 0, got {p!r}")
     same = y is None
     x = np.asarray(x)
-    real_float_dtype(x.dtype, "x", integers=True)  # complex or object: refused, not cast
+    real_float_dtype(x.dtype, "x", integers=True)  # complex or object: refused
     x = x.astype(np.float64, copy=False)
     if not same:
         y = np.asarray(y)
@@ -379,8 +359,7 @@ def tangent_frame(x: ArrayLike) -> np.ndarray:
       :math:`k = \arg\max_j |x_j|` (:math:`H e_k = -\mathrm{sign}(x_k)\, x` and
       :math:`|u|^2 \ge 2`, so no cancellation); cost :math:`O(d^2)` per point.
 
-    The frame is not continuous in :math:`x` (no continuous frame exists on :math:`S^2`);
-    it is orthonormal to round-off everywhere.
+    The frame is not continuous in :math:`x` (none is on :math:`S^2`).
 
     Examples
     --------
@@ -419,8 +398,6 @@ def exp_map(x: np.ndarray, v: np.ndarray) -> np.ndarray:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import exp_map
     >>> x, v = np.array([1.0, 0.0, 0.0]), np.array([0.0, np.pi / 2, 0.0])
     >>> np.allclose(exp_map(x, v), [0.0, 1.0, 0.0])  # a quarter great circle
     True
@@ -438,8 +415,6 @@ def log_map(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import exp_map, log_map
     >>> x, y = np.array([1.0, 0.0, 0.0]), np.array([0.0, 0.0, 1.0])
     >>> v = log_map(x, y)
     >>> round(float(np.linalg.norm(v)), 6), np.allclose(exp_map(x, v), y)
@@ -457,8 +432,7 @@ def retract(x: np.ndarray, v: np.ndarray, *, step: float = 1.0) -> np.ndarray:
     r"""Projective retraction :math:`R_x(hv) = (x + hv)/|x + hv|` (second-order agreement with ``exp_map``).
 
     ``step`` is :math:`h`: ``retract(x, v, step=dt)`` is the projected explicit Euler step.
-    Large C-contiguous arrays take one fused pass (the norms accumulated in float64); no
-    validation (hot path).
+    No validation (hot path).
 
     Examples
     --------
@@ -479,8 +453,6 @@ def angles_to_points(theta: ArrayLike) -> np.ndarray:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import angles_to_points
     >>> np.round(angles_to_points([0.0, np.pi / 2]), 6)
     array([[1., 0.],
            [0., 1.]])
@@ -494,8 +466,6 @@ def points_to_angles(x: ArrayLike) -> np.ndarray:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import points_to_angles
     >>> np.round(points_to_angles([[1.0, 0.0], [0.0, -1.0]]), 6)  # 0 and 3 pi / 2
     array([0.      , 4.712389])
     """
@@ -510,8 +480,6 @@ def random_rotation(d: int, seed: SeedLike = None) -> np.ndarray:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import random_rotation
     >>> Q = random_rotation(3, seed=0)
     >>> np.allclose(Q @ Q.T, np.eye(3)), round(float(np.linalg.det(Q)), 6)
     (True, 1.0)
@@ -530,8 +498,6 @@ def uniform(n: int, d: int, seed: SeedLike = None, *, batch: Sequence[int] = ())
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import uniform
     >>> x = uniform(100, 3, seed=0, batch=(2,))
     >>> x.shape, np.allclose(np.linalg.norm(x, axis=-1), 1.0)
     ((2, 100, 3), True)
@@ -553,9 +519,8 @@ def _as_direction(mean: ArrayLike, name: str) -> np.ndarray:
 def von_mises_fisher(n: int, mean: ArrayLike, kappa: float, seed: SeedLike = None) -> np.ndarray:
     r"""``n`` samples of the von Mises--Fisher law :math:`\propto e^{\kappa\langle\mu, x\rangle}` on :math:`S^{d-1}`.
 
-    Drawn by :class:`scipy.stats.vonmises_fisher` (Wood's 1994 rejection sampler for the
-    component along ``mean``) from the generator made of ``seed``, so a seed reproduces
-    the same samples; ``kappa = 0`` is the uniform law (:func:`uniform`).  Shape ``(n, d)``.
+    Drawn by :class:`scipy.stats.vonmises_fisher` (Wood 1994) from the generator made of
+    ``seed``; ``kappa = 0`` is the uniform law (:func:`uniform`).  Shape ``(n, d)``.
 
     Examples
     --------
@@ -570,7 +535,7 @@ def von_mises_fisher(n: int, mean: ArrayLike, kappa: float, seed: SeedLike = Non
     rng = as_generator(seed)
     if kappa == 0:
         return uniform(n, d, rng)
-    from scipy import stats  # (here: importing scipy.stats costs every wflow import 1-2 s)
+    from scipy import stats  # (here: importing it costs 1-2 s)
 
     x = stats.vonmises_fisher(mu, kappa).rvs(n, random_state=rng).reshape(n, d)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -590,8 +555,6 @@ def vmf_mixture(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import vmf_mixture
     >>> x = vmf_mixture(200, means=[[0.0, 0.0, 1.0]], kappas=[50.0], seed=0)
     >>> x.shape, bool(np.mean(x[:, 2]) > 0.9)  # concentrated near the north pole
     ((200, 3), True)
@@ -634,8 +597,6 @@ def sample_circle_density(
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import sample_circle_density
     >>> x = sample_circle_density(lambda theta: 1 + np.cos(theta), 1000, seed=0)
     >>> x.shape, bool(np.mean(x[:, 0]) > 0.4)  # E[cos theta] = 1/2 for this law
     ((1000, 2), True)
@@ -661,7 +622,7 @@ def sample_circle_density(
     cdf = np.concatenate([[0.0], np.cumsum(cell_mass)])
     u = rng.uniform(size=n) * cdf[-1]
     k = np.clip(np.searchsorted(cdf, u, side="right") - 1, 0, m - 1)
-    r = u - cdf[k]  # mass to cover inside cell k, linear density a + s*(b-a)/h
+    r = u - cdf[k]  # mass to cover inside cell k (linear density)
     a, b = f[k], f1[k]
     slope = (b - a) / h
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -776,9 +737,7 @@ def density_quadrature(density: Any, refine: int = 4) -> tuple[np.ndarray, np.nd
 
     Examples
     --------
-    >>> import numpy as np
     >>> from wflow import Density, SphereMesh
-    >>> from wflow.sphere import density_quadrature
     >>> rho = Density.from_function(SphereMesh(4), lambda x: np.exp(2 * x[:, 2]))
     >>> y, w, r = density_quadrature(rho, refine=4)
     >>> y.shape, round(float(w.sum()), 12), round(r, 4)
@@ -869,20 +828,15 @@ def sample_sphere_density(
 
     Notes
     -----
-    A ``Density`` is sampled exactly: a triangle of the fan of each Voronoi cell
-    (generator, two consecutive vertices) with probability its mass, then a uniform point of
-    that spherical triangle (flat uniform point projected radially, accepted with probability
-    :math:`(h/|p|)^3`).  A callable is evaluated at the centres (in :math:`\vartheta,
-    \varphi`) of ``resolution x 2 resolution`` cells equispaced in the polar angle
-    :math:`\vartheta` and the azimuth :math:`\varphi`, and the piecewise-constant density
-    they define is sampled exactly: a cell by its mass, then :math:`z = \cos\vartheta` and
-    :math:`\varphi` uniform in it (the area element is :math:`dz\,d\varphi`).  The
-    moments are those of :math:`\rho` to :math:`O(h^2)`, :math:`h = \pi/\mathrm{resolution}`.
+    A ``Density`` is sampled exactly: a triangle of the fan of a Voronoi cell (generator, two
+    consecutive vertices) with probability its mass, then a uniform point of that spherical
+    triangle.  A callable is evaluated at the centres of ``resolution x 2 resolution`` cells
+    equispaced in :math:`\vartheta` and :math:`\varphi`, and the piecewise-constant density
+    they define is sampled exactly (a cell by its mass, then :math:`z = \cos\vartheta` and
+    :math:`\varphi` uniform in it): moments to :math:`O(h^2)`, :math:`h = \pi/\mathrm{resolution}`.
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import sample_sphere_density
     >>> kappa = 5.0  # von Mises--Fisher about the north pole: E[z] = coth(kappa) - 1/kappa
     >>> x = sample_sphere_density(lambda p: np.exp(kappa * p[:, 2]), 100_000, seed=0)
     >>> x.shape, round(float(x[:, 2].mean()), 2), round(float(1 / np.tanh(kappa) - 1 / kappa), 2)
@@ -954,9 +908,7 @@ def sample_zonal_density(
     --------
     Von Mises--Fisher on :math:`S^4`: :math:`E\langle x, e\rangle = I_{5/2}(\kappa)/I_{3/2}(\kappa)`.
 
-    >>> import numpy as np
     >>> from scipy.special import iv
-    >>> from wflow.sphere import sample_zonal_density
     >>> x = sample_zonal_density(lambda t: np.exp(2.0 * t), 100_000, axis=[0, 0, 0, 0, 1], seed=0)
     >>> x.shape, round(float(x[:, 4].mean()), 2), round(float(iv(2.5, 2.0) / iv(1.5, 2.0)), 2)
     ((100000, 5), 0.36, 0.36)
@@ -1005,8 +957,6 @@ def circle_nodes(m: int, *, offset: float = 0.0) -> tuple[np.ndarray, np.ndarray
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import circle_nodes
     >>> pts, w = circle_nodes(8)
     >>> pts.shape, round(float(w.sum()), 12), round(float(w @ pts[:, 0] ** 2), 12)  # mean of cos^2 = 1/2
     ((8, 2), 1.0, 0.5)
@@ -1025,8 +975,6 @@ def gauss_sphere_nodes(n_lat: int, n_lon: int | None = None) -> tuple[np.ndarray
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import gauss_sphere_nodes
     >>> pts, w = gauss_sphere_nodes(4)
     >>> pts.shape, round(float(w.sum()), 12), round(float(w @ pts[:, 2] ** 2), 12)  # mean of z^2 = 1/3
     ((32, 3), 1.0, 0.333333333333)
@@ -1047,8 +995,6 @@ def fibonacci_nodes(n: int) -> np.ndarray:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.sphere import fibonacci_nodes
     >>> x = fibonacci_nodes(500)
     >>> x.shape, np.allclose(np.linalg.norm(x, axis=1), 1.0), bool(abs(x.mean(axis=0)).max() < 0.01)
     ((500, 3), True, True)

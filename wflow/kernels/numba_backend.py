@@ -2,54 +2,35 @@ r"""Fast direct kernel sums on the CPU with numba: parallel rows, vectorized exp
 
 The sums are those of :mod:`wflow.kernels` (shift :math:`c_i` = exact row maximum of
 :math:`\ell_{ij} + \log w_j`), computed in one streamed pass per row with an online
-maximum (as in "flash attention", Dao et al. 2022): columns are taken in blocks,
-and when a block raises the running maximum of a row the partial sums of that row
-are rescaled by :math:`e^{c_{old} - c_{new}}`.  The final shift is the exact row
-maximum; no array larger than a fixed block is ever held.
-
-Why it is fast (see ``PITFALLS.md``): the exponential is :func:`wflow.kernels.jit.exp64` /
-``exp32``, plain arithmetic that LLVM vectorizes (AVX2: 4 float64 or 8 float32 lanes), where
-``np.exp`` in a loop would be a scalar libm call.  Exponents are clamped at
-:func:`~wflow.kernels.exp_floor`, so no subnormal number appears.  The compiled passes live in
-:mod:`wflow.kernels.numba_passes`, the worker pool in :mod:`wflow.kernels.threads`, the float32
-rule in :mod:`wflow.kernels.precision`; this module chooses the route and drives it.
+maximum (as in "flash attention", Dao et al. 2022): columns are taken in blocks, and when a
+block raises the running maximum of a row, its partial sums are rescaled by
+:math:`e^{c_{old} - c_{new}}`.  The exponential is :func:`wflow.kernels.jit.exp64` /
+``exp32``, plain arithmetic that LLVM vectorizes (``np.exp`` in a loop is a scalar libm
+call); exponents are clamped at :func:`~wflow.kernels.exp_floor`.  The compiled passes live
+in :mod:`wflow.kernels.numba_passes`; this module chooses the route and drives it.
 
 Two routes:
 
-* ``d`` (the row length of :math:`Qx`) up to :data:`BLAS_MIN_DIM` - 1: inner
-  products in numba, tiles of :data:`TILE_ROWS` rows × :data:`TILE_COLS` columns
-  kept in L1/L2 cache; ``prange`` over (system, row tile), so a batch of many small
-  systems is as parallel as one large one.
-* larger ``d``: inner products by BLAS on blocks, numba only for the
-  exponential, the online maximum and the row sums; the value sums
-  :math:`\sum_j e_{ij} V y_j` by BLAS as well.  One worker thread per core takes
-  whole blocks (numpy's matmul and the numba kernel release the GIL) with BLAS
-  limited to one thread (threadpoolctl): small GEMMs split across a 2-core machine's
-  OpenBLAS threads are slow and, when the machine is shared, erratic.  With few query
-  rows the columns are split across workers and the partial sums merged.
+* ``d`` (the row length of :math:`Qx`) below :data:`BLAS_MIN_DIM`: inner products in
+  numba, tiles of :data:`TILE_ROWS` × :data:`TILE_COLS` kept in cache; ``prange`` over
+  (system, row tile), so a batch of small systems is as parallel as one large one.
+* larger ``d``: inner products and value sums by BLAS on blocks, numba for the exponential,
+  the online maximum and the row sums.  One worker thread per core takes whole blocks, BLAS
+  limited to one thread (:mod:`wflow.kernels.threads`); with few query rows the columns are
+  split across tasks and the partial sums merged in a fixed order.
 
-Accuracy: logits are formed in float64 even for float32 input (a float32 logit of
-size :math:`\beta = 10^3` carries an absolute error of :math:`6\cdot 10^{-5}`, which
-would be a relative error of the sum) — unless the direct route can prove that float32
-logits are accurate enough: with log-weights taken relative to their maximum, the
-rounding error of each exponent is at most
-:math:`2^{-24}\big((p+2)\max_i|a_i|\max_j|b_j| + 2\max_j|\log w_j - \max\log w|\big)`,
-and when that is below :data:`~wflow.kernels.precision.LOWP_LOGIT_ERROR` (3e-6; small :math:`\beta`, near-uniform
-weights) the whole pass runs in float32, twice the SIMD lanes.  Otherwise (float32 input,
-float64 logits) the direct route rounds each logit to float32 only after subtracting its
-row's running shift :math:`c` (which starts at the bound :math:`|a_i|\max_j|b_j| + \max_j\log w_j`
-and moves, the block being formed again, whenever a block's maximum lies more than
-:data:`MIXED_JUMP` away from it): the error of a term is then at most
-:math:`2^{-24}(|\ell_{ij} - \max_j\ell_{ij}| + 8)`, and since the terms' softmax weights
-:math:`\pi_j` satisfy :math:`\sum_j \pi_j(\max\ell - \ell_j) \le \log m`, the relative error
-of the sums from it is at most :math:`2^{-24}(\log m + 8)`, 1.2e-6 at :math:`m = 10^5` —
-whatever :math:`\beta`.  The exponentials, the maxima and the value sums then all run in
-float32.  The exponential and the value sums run in the input precision, partial sums of
-each block are added in float64.  Results
-agree with the exact sums to about :math:`10^{-14}` (float64) and :math:`10^{-6}`
-(float32) relative, at any :math:`\beta`.  For float32 the returned ``log_scale`` is
-the row maximum rounded to float32 and ``mass``/``vector`` are rescaled to match it,
-so ``exp(log_scale) * mass`` keeps float64-level consistency.
+Accuracy: logits are formed in float64 even for float32 input (a float32 logit of size
+:math:`\beta = 10^3` carries an absolute error of :math:`6\cdot 10^{-5}`), unless the direct
+route proves float32 logits accurate enough (:mod:`wflow.kernels.precision`; small
+:math:`\beta`, near-uniform weights), then the whole pass runs in float32.  Otherwise, for
+float32 input, each float64 logit is rounded to float32 only after subtracting its row's
+running shift :math:`c` (moved, and the block formed again, whenever a block's maximum lies
+more than :data:`MIXED_JUMP` from it): a term's error is at most
+:math:`2^{-24}(|\ell_{ij} - \max_j\ell_{ij}| + 8)`, and the relative error of the sums at most
+:math:`2^{-24}(\log m + 8)` whatever :math:`\beta`.  Results agree with the exact sums to
+about :math:`10^{-14}` (float64) and :math:`10^{-6}` (float32) relative.  For float32 the
+returned ``log_scale`` is the row maximum rounded to float32 and ``mass``/``vector`` are
+rescaled to match it.
 """
 
 from __future__ import annotations
@@ -82,26 +63,20 @@ __all__ = [
 TILE_ROWS = 16
 #: Columns of one block of the direct route (logits and exponentials stay in L1).
 TILE_COLS = 256
-#: float32 input with float64 logits (direct route): each logit is rounded to float32 after
-#: subtracting its row's running shift, which is moved (and the block formed again) when a
-#: block's maximum lies more than this above it; the rounding error of a term is at most
-#: ``2^-24 (|l - max l| + MIXED_JUMP)``.
+#: float32 input with float64 logits: how far a block's maximum may lie from its row's shift
+#: before the shift moves (module docstring).
 MIXED_JUMP = 8.0
 #: Columns of one block of that mixed-precision kernel (its float32 buffers are half the size).
 MIXED_TILE_COLS = 1024
 #: From this dimension of :math:`Qx` on, inner products are computed by BLAS.
 BLAS_MIN_DIM = 48
-#: (rows, columns) of one block of the BLAS route (2 MB of float64 logits, one block per
-#: thread at a time; each thread runs single-threaded GEMMs on its own blocks).
+#: (rows, columns) of one block of the BLAS route (2 MB of float64 logits).
 BLAS_BLOCK = (256, 1024)
-
-#: The BLAS route splits the columns of a problem with fewer row blocks than this into chunks (at
-#: most this many tasks in all), so that every thread has work; a constant, not the thread count,
-#: so that the partial sums, hence the bits, are the same whatever the threads.
+#: The BLAS route splits the columns of a problem with fewer row blocks than this (a constant,
+#: not the thread count: the same bits whatever the threads).
 BLAS_TASKS = 32
 
-#: Force one route of the numba backend ("direct", "blas" or "small"; None: :func:`choose_route`).
-#: For benchmarks and tests.
+#: Force one route ("direct", "blas" or "small"; None: :func:`choose_route`), for benchmarks and tests.
 FORCE_ROUTE: str | None = None
 
 
@@ -111,10 +86,7 @@ def choose_route(B: int, n: int, m: int, p: int, dtype, q: int | None = None) ->
 
     * Tiny systems, ``n, m <=`` :data:`~wflow.kernels.small.SMALL_MAX` and ``p >=``
       :data:`SMALL_MIN_DIM`: the route with the least time predicted by the cost model of
-      :mod:`wflow.kernels.cost` (fitted to measured times of the four routes on this machine, and
-      checked on other shapes: ``python -m benchmarks.small_systems --costs``), ``"small"`` when
-      that is one of the tiny-systems route's two methods (:func:`wflow.kernels.small.choose_method`
-      then picks the same one);
+      :mod:`wflow.kernels.cost`, ``"small"`` for either of the tiny-systems route's methods;
     * otherwise ``"direct"`` when ``p <`` :data:`BLAS_MIN_DIM`, else ``"blas"``.
 
     Examples
@@ -147,8 +119,7 @@ class NumbaBackend:
     """Direct kernel sums compiled with numba (see module docstring).
 
     Takes every problem (general Q, K, V, any batch, float32 and float64).  ``"auto"``
-    picks it ahead of ``"numpy"``; KeOps stays ahead of it
-    but is auto-selected only on a GPU.
+    picks it ahead of ``"numpy"``.
 
     Examples
     --------
@@ -181,9 +152,8 @@ class NumbaBackend:
         route = choose_route(x.shape[0], x.shape[1], y.shape[1], p, dtype, q)
         if route == "small":
             return self._small(problem)
-        # logits in float64 even for float32 input: a float32 logit of size beta carries an
-        # error beta * 6e-8.  Keys b stay in the input dtype (the kernel's transposed copy
-        # upcasts them in the same pass); values c stay in the working dtype.
+        # logits in float64 even for float32 input; keys b stay in the input dtype (the
+        # kernel's transposed copy upcasts them), values c in the working dtype
         if problem.Q is None:
             a = np.multiply(x, problem.beta, dtype=f64)
         else:
@@ -202,8 +172,8 @@ class NumbaBackend:
             shift, acc = self._direct(a, b, logw, c, floor, zero)
         else:
             shift, acc = self._blas(a, b, logw, c, floor, zero)
-        if dtype != np.float64 and route != "direct":  # (the direct route does this in its kernel)
-            # report the shift in the output dtype and make mass and vector consistent with it
+        if dtype != np.float64 and route != "direct":  # (the direct route does this itself)
+            # the shift in the output dtype, mass and vector consistent with it
             c32 = shift.astype(dtype)
             acc *= np.exp(shift - c32.astype(np.float64))[..., None]
             shift = c32
@@ -213,8 +183,7 @@ class NumbaBackend:
         return KernelSums(shift, mass, vec, self.name)
 
     def _small(self, problem: KernelProblem) -> KernelSums:
-        """The tiny-systems route (:mod:`wflow.kernels.small`): beta is applied in its exponential
-        pass, so that Q = K = I needs no scaled copy of the points."""
+        """The tiny-systems route (:mod:`wflow.kernels.small`), beta applied in its exponential pass."""
         from .small import small_sums
 
         f64 = np.float64
@@ -238,16 +207,13 @@ class NumbaBackend:
         B, n, p = a.shape
         m = b.shape[1]
         p4 = -(-p // 4) * 4
-        # float32 input: logits in float32 too when their rounding provably stays below
-        # LOWP_LOGIT_ERROR relative per term (small beta), else in float64.  Log-weights are
-        # taken relative to their maximum (added back to the shift in float64), so that
-        # uniform weights 1/N do not inflate the logits' size.
+        # float32 input: float32 logits when provably accurate enough (module docstring), with
+        # log-weights relative to their maximum (added back to the shift in float64)
         ldt = np.float64
         if type(zero) is np.float32:
             sq = lambda z: float(np.max(np.einsum("...i,...i->...", z, z), initial=0.0))  # noqa: E731
-            size = math.sqrt(sq(a) * sq(b)) * (
-                1.0 + 1e-6
-            )  # (b may be float32: its squared norms' rounding)
+            # (b may be float32: the rounding of its squared norms)
+            size = math.sqrt(sq(a) * sq(b)) * (1.0 + 1e-6)
             ok, lw_rel, lw_max = float32_logits_bound(p4, size, logw, floor)
             if ok:
                 ldt = np.float32
@@ -255,9 +221,7 @@ class NumbaBackend:
         threads = numba.get_num_threads()
         # one column block (small systems): larger row tiles, fewer parallel tasks to set up
         rows = min(TILE_ROWS if m > TILE_COLS else 64, -(-n // 4) * 4)
-        if (
-            B * -(-n // rows) < 8 * threads
-        ):  # few query rows: smaller tiles, so every thread has work
+        if B * -(-n // rows) < 8 * threads:  # few query rows: smaller tiles, work for every thread
             rows = max(4, min(rows, (n // (8 * threads * B)) // 4 * 4))
         n_pad = -(-n // rows) * rows
         if n_pad == n and p4 == p:
@@ -270,9 +234,7 @@ class NumbaBackend:
         bT[:, p:, :] = 0.0
         if c is None:
             gT = np.zeros((B, 0, m), dtype=type(zero))
-        elif (
-            c is b and p4 == p and bT.dtype == type(zero)
-        ):  # values = keys (Q = K = V = I): share the transpose
+        elif c is b and p4 == p and bT.dtype == type(zero):  # values = keys: share the transpose
             gT = bT
         else:
             gT = np.ascontiguousarray(np.swapaxes(c, 1, 2), dtype=type(zero))
@@ -298,8 +260,8 @@ class NumbaBackend:
             )
         shift = shift[:, :n]
         if ldt is np.float32:
-            shift += lw_max[:, None]  # exact: both parts are float32 numbers, added in float64
-            # the shift was rounded to float32 in the kernel; the sum of two float32 numbers is not
+            shift += lw_max[:, None]  # two float32 numbers, added exactly in float64
+            # (the sum of two float32 numbers is not one)
             c32 = shift.astype(np.float32).astype(np.float64)
             acc[:, :n] *= np.exp(shift - c32)[..., None]
             shift = c32
@@ -314,10 +276,7 @@ class NumbaBackend:
         convert = b.dtype != np.float64  # float32 keys: upcast block by block, in the workers
         threads = max(1, numba.get_num_threads())
         rows, cols = BLAS_BLOCK
-        # tasks: (system, row block, column chunk); columns are split only when there are
-        # fewer than BLAS_TASKS row blocks, and the partial sums merged after in a fixed order.
-        # The split depends on the shape alone, never on the thread count: the same bits on
-        # every machine and under any NUMBA_NUM_THREADS
+        # tasks: (system, row block, column chunk), split by the shape alone (BLAS_TASKS)
         row_blocks = [(k, i0, min(i0 + rows, n)) for k in range(B) for i0 in range(0, n, rows)]
         n_split = (
             1

@@ -1,9 +1,6 @@
-r"""The compiled passes of the numba backend (:mod:`wflow.kernels.numba_backend`): the direct route's
-tiles (inner products, online maximum, exponentials and value sums in one streamed pass per row
-tile, in float64, float32 or mixed precision) and the BLAS route's exponential pass.
-
-Imported only when numba imports; the backend's module docstring gives the algorithms and their
-accuracy, this module the loops.
+r"""The compiled passes of the numba backend (:mod:`wflow.kernels.numba_backend`, whose docstring
+gives the algorithms): the direct route's tiles, in float64, float32 or mixed precision, and the
+BLAS route's exponential pass.
 """
 
 from __future__ import annotations
@@ -22,8 +19,8 @@ _FLOAT_MIN = float(np.finfo(np.float64).min)
 
 @njit(inline="always", cache=True, fastmath=FM_SUM)
 def _value_sums4(gTk, j0, j1, e, acc, r4, zero):
-    """acc[r4 + s, 1 + l] += sum_j e[s, j] g_l(j) for the 4 rows s of one block: each value
-    load feeds 4 FMAs; partial sums in the dtype of ``zero``."""
+    """acc[r4 + s, 1 + l] += sum_j e[s, j] g_l(j) for the 4 rows s of one block (partial sums in
+    the dtype of ``zero``)."""
     e0, e1, e2, e3 = e[0], e[1], e[2], e[3]
     for l in range(gTk.shape[0]):
         g = gTk[l, j0:j1]
@@ -48,19 +45,15 @@ def direct_sums(a, bT, logw, gT, floor, zero, rows, cols, n_chunks, shift, acc_o
     """a (B, n, p) with n a multiple of rows, rows and p multiples of 4, bT (B, p, m),
     logw (B, m) finite, all float64; gT (B, q, m) values in the working dtype (that of
     zero).  Writes shift (B, n) and acc_out (B, n, 1 + q) = (mass, vector), float64.
-
-    The B * n / rows tiles are split into n_chunks contiguous runs, one parallel task
-    each, so that the work buffers are allocated once per task, not once per tile
-    (thousands of tiny systems would otherwise spend most of their time in malloc)."""
+    The tiles are split into n_chunks contiguous runs, one parallel task (and one set of
+    work buffers) each."""
     B, n, p = a.shape
     m = bT.shape[2]
     q = gT.shape[1]
     ntile = n // rows
     n_tasks = B * ntile
     for chunk in prange(n_chunks):
-        buf = np.empty(
-            (4, cols), a.dtype
-        )  # logits: float64, or float32 when that is accurate enough
+        buf = np.empty((4, cols), a.dtype)  # logits: float64, or float32 when accurate enough
         cf = np.empty(2, a.dtype)  # the row's shift and the floor in the logits' dtype
         e = np.empty((4, cols), gT.dtype)
         mx = np.empty(rows)
@@ -92,9 +85,8 @@ def direct_sums(a, bT, logw, gT, floor, zero, rows, cols, n_chunks, shift, acc_o
 
 @njit(inline="always", cache=True, fastmath=FM_SUM)
 def _exp_block4(x, e, r4, mx, acc, cf, floor, zero, J):
-    """One block of the 4 rows r4..r4+3 of :func:`direct_sums`: the online maximum (the sums
-    taken so far rescaled when a row's maximum rises), e[s, jj] = e^(x[s, jj] - max) in the dtype
-    of zero, and their sums added to acc[:, 0]."""
+    """One block of the 4 rows r4..r4+3 of :func:`direct_sums`: the online maximum, e[s, jj] =
+    e^(x[s, jj] - max) in the dtype of zero, and their sums added to acc[:, 0]."""
     x0, x1, x2, x3 = x[0], x[1], x[2], x[3]
     # block maxima of the 4 rows in one pass
     m0 = x0[0]
@@ -142,8 +134,8 @@ def _block_max(ai, bTk, lw, j0, J):
 
 @njit(inline="always", cache=True, fastmath=FM_SUM)
 def _partial_logits4(x, lw, A, bTk, l, j0, j1):
-    """x[s, jj] (+)= sum_{t < 4} A[s, l + t] bTk[l + t, j0 + jj] (in the dtype of x) for the 4 rows of one
-    block: components l..l+3 of the logits (the first four start from the log-weights lw)."""
+    """x[s, jj] (+)= sum_{t < 4} A[s, l + t] bTk[l + t, j0 + jj] for the 4 rows of one block
+    (l = 0 starts from the log-weights lw)."""
     J = j1 - j0
     x0, x1, x2, x3 = x[0], x[1], x[2], x[3]
     b0 = bTk[l, j0:j1]
@@ -185,58 +177,21 @@ def _shifted_logits4(x, lw, A, bTk, l, j0, j1, cs, floor, xv, bmax):
     a10, a11, a12, a13 = A[1, l], A[1, l + 1], A[1, l + 2], A[1, l + 3]
     a20, a21, a22, a23 = A[2, l], A[2, l + 1], A[2, l + 2], A[2, l + 3]
     a30, a31, a32, a33 = A[3, l], A[3, l + 1], A[3, l + 2], A[3, l + 3]
-    if l == 0:  # p = 4: the logits start from the log-weights
-        for jj in range(J):
-            v0[jj] = np.float32(
-                max(
-                    lw[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj] - c0,
-                    floor,
-                )
-            )
-            v1[jj] = np.float32(
-                max(
-                    lw[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj] - c1,
-                    floor,
-                )
-            )
-            v2[jj] = np.float32(
-                max(
-                    lw[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj] - c2,
-                    floor,
-                )
-            )
-            v3[jj] = np.float32(
-                max(
-                    lw[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj] - c3,
-                    floor,
-                )
-            )
-    else:
-        for jj in range(J):
-            v0[jj] = np.float32(
-                max(
-                    x0[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj] - c0,
-                    floor,
-                )
-            )
-            v1[jj] = np.float32(
-                max(
-                    x1[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj] - c1,
-                    floor,
-                )
-            )
-            v2[jj] = np.float32(
-                max(
-                    x2[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj] - c2,
-                    floor,
-                )
-            )
-            v3[jj] = np.float32(
-                max(
-                    x3[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj] - c3,
-                    floor,
-                )
-            )
+    # p = 4: the logits start from the log-weights
+    s0, s1, s2, s3 = (lw, lw, lw, lw) if l == 0 else (x0, x1, x2, x3)
+    for jj in range(J):
+        v0[jj] = np.float32(
+            max(s0[jj] + a00 * b0[jj] + a01 * b1[jj] + a02 * b2[jj] + a03 * b3[jj] - c0, floor)
+        )
+        v1[jj] = np.float32(
+            max(s1[jj] + a10 * b0[jj] + a11 * b1[jj] + a12 * b2[jj] + a13 * b3[jj] - c1, floor)
+        )
+        v2[jj] = np.float32(
+            max(s2[jj] + a20 * b0[jj] + a21 * b1[jj] + a22 * b2[jj] + a23 * b3[jj] - c2, floor)
+        )
+        v3[jj] = np.float32(
+            max(s3[jj] + a30 * b0[jj] + a31 * b1[jj] + a32 * b2[jj] + a33 * b3[jj] - c3, floor)
+        )
     # the block's maxima relative to the shifts (float32, 8 lanes)
     m0 = v0[0]
     m1 = v1[0]
@@ -256,8 +211,7 @@ def _shifted_logits4(x, lw, A, bTk, l, j0, j1, cs, floor, xv, bmax):
 @njit(inline="always", cache=True, fastmath=FM_SUM)
 def _reshift4(cs, bmax, first, jump, floor, A, bTk, lw, j0, J):
     """Move the shift of each of the 4 rows whose block maximum lies more than ``jump`` above it (in
-    a row's first block, also below it) to that maximum; True when a row moved (form the block
-    again)."""
+    a row's first block, also below it) to that maximum; True when a row moved."""
     again = False
     for s in range(4):
         if bmax[s] > jump or (first and bmax[s] < -jump):
@@ -272,9 +226,8 @@ def _reshift4(cs, bmax, first, jump, floor, A, bTk, lw, j0, J):
 
 @njit(inline="always", cache=True, fastmath=FM_SUM)
 def _absorb4(r4, cs, bmax, first, floor, mx, best, acc, xv, J):
-    """Fold one block into the running shifts and masses of its 4 rows: move each shift up to the
-    block maximum (by at most jump; in a row's first block also down), rescale the sums taken so
-    far, and turn xv into the exponentials e^(l - shift) (float32), their sums added to acc[:, 0]."""
+    """Fold one block into the running shifts and masses of its 4 rows, turning xv into the
+    exponentials e^(l - shift) (float32), their sums added to acc[:, 0]."""
     for s in range(4):
         r = r4 + s
         if bmax[s] > floor:
@@ -301,17 +254,11 @@ def _absorb4(r4, cs, bmax, first, floor, mx, best, acc, xv, J):
 
 @njit(parallel=True, cache=True, fastmath=FM_SUM)
 def direct_sums_mixed(a, bT, logw, gT, upper, floor, jump, rows, cols, n_chunks, shift, acc_out):
-    """float32 input whose logits need float64: as :func:`direct_sums` (same arguments,
-    and ``upper`` (B, n) a bound on each row's logits), but each logit leaves the float64
-    FMA loop already shifted, ``l - c`` rounded to float32, so that the exponentials, the
-    sums and the value sums run in float32 on 8 lanes from a half-size buffer.
-
-    The shift ``c`` of a row must be known before its block is formed: the row's running
-    shift, at first ``upper``.  The exact float64 maximum of the block comes out of the
-    same loop; when it lies more than ``jump`` above the shift (or, in a row's first
-    block, more than ``jump`` below it), the shift moves to it and the block is formed
-    again.  So every stored value ``l - c`` with ``l`` above ``c - jump`` is at most
-    ``jump`` in size and rounds with an absolute error below ``2^-24 (|l - c_final| + jump)``."""
+    """float32 input whose logits need float64: as :func:`direct_sums` (``upper`` (B, n) a bound
+    on each row's logits), but each logit leaves the float64 loop already shifted, ``l - c``
+    rounded to float32, and the rest runs in float32.  The shift ``c`` starts at ``upper``;
+    when a block's maximum lies more than ``jump`` above it (in a row's first block, also
+    below), it moves there and the block is formed again (numba_backend's module docstring)."""
     B, n, p = a.shape
     m = bT.shape[2]
     q = gT.shape[1]
@@ -362,14 +309,10 @@ def direct_sums_mixed(a, bT, logw, gT, upper, floor, jump, rows, cols, n_chunks,
 
 @njit(cache=True, nogil=True, fastmath=FM_SUM)
 def exp_rows(L, lw, E, mx, mass, scale, floor, zero):
-    """BLAS route, one block, serially.  L (R, J) float64 logits, lw (J,) log-weights;
-    E (R, J) working dtype.  Updates the running maxima mx and masses (R,) in place,
-    writes the exponentials e^(L + lw - mx) to E and the factor by which each row's
-    earlier value sums must be rescaled to scale.
-
-    Serial and GIL-free: the BLAS route runs one such worker per core (Python threads,
-    single-threaded BLAS); an OpenMP team spinning beside OpenBLAS's own threads on a
-    small, shared machine slows both by 10-50x."""
+    """BLAS route, one block, serially and without the GIL.  L (R, J) float64 logits, lw (J,)
+    log-weights; E (R, J) working dtype.  Updates the running maxima mx and masses (R,) in
+    place, writes the exponentials e^(L + lw - mx) to E and the factor by which each row's
+    earlier value sums must be rescaled to scale."""
     R, J = L.shape
     for r in range(R):
         Lr = L[r]
