@@ -21,14 +21,11 @@ Kernel sums know nothing about models.  Backends are looked up by name in
 ``__call__(problem) -> KernelSums``.  ``"auto"`` asks each backend in
 :data:`AUTO_ORDER` whether it takes the problem.
 
-Modules: :mod:`~wflow.kernels.sums` (the contract and :func:`kernel_sums`, re-exported here), the
-backends (:mod:`~wflow.kernels.numpy_backend`, :mod:`~wflow.kernels.numba_backend`,
-:mod:`~wflow.kernels.keops_backend`, :mod:`~wflow.kernels.torch_backend`,
-:mod:`~wflow.kernels.spectral`), the numba backend's tiny-systems route
-(:mod:`~wflow.kernels.small`) and route costs (:mod:`~wflow.kernels.cost`), and the compiled
-building blocks shared with the fused step: :mod:`~wflow.kernels.jit`,
-:mod:`~wflow.kernels.threads`, :mod:`~wflow.kernels.precision`, :mod:`~wflow.kernels.dense`,
-:mod:`~wflow.kernels.numba_passes`.  Nothing here imports a model, a solver or a diagnostic.
+Modules: :mod:`~wflow.kernels.sums` (the contract, re-exported here), the backends
+(``numpy_backend``, ``numba_backend``, ``keops_backend``, ``torch_backend``, ``spectral``), the
+numba backend's tiny-systems route (``small``, ``cost``) and the compiled building blocks shared
+with the fused step (``jit``, ``threads``, ``precision``, ``dense``, ``numba_passes``).  Nothing
+here imports a model, a solver or a diagnostic.
 """
 
 from __future__ import annotations
@@ -63,9 +60,7 @@ from . import numpy_backend as _numpy_backend  # noqa: F401  (registers "numpy")
 from . import spectral as _spectral  # noqa: F401  (registers "spectral")
 from . import torch_backend as _torch_backend  # noqa: F401  (registers "torch"; imports no torch)
 
-# What "auto" tries, in order: KeOps on a GPU, PyTorch on a GPU where KeOps is not usable, the
-# spectral sums where the model and the size make them clearly faster, the fast direct CPU sums,
-# NumPy.
+# What "auto" tries, in order (each backend's accepts_auto says when).
 AUTO_ORDER[:] = [
     name for name in ("keops", "torch", "spectral", "numba", "numpy") if name in BACKENDS
 ]

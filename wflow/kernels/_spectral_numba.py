@@ -1,18 +1,14 @@
 """Compiled engine of :mod:`wflow.kernels.spectral` (numba), imported when that engine first runs.
 
-Module-level functions, so that numba's on-disk cache (``cache=True``) works: kernels
-defined inside a function are recompiled in every new process (7-9 s on this machine).
-Each kernel does a range of chunks (or of row blocks) and releases the GIL; the caller runs
-the ranges on :mod:`wflow.kernels.threads`' worker threads.  Not ``parallel=True``: numba's
-parallel lowering and the reductions it needs cost 2-4 s more of first-run compilation per
-kernel (the two S^2 kernels: 9 s against 3.5 s, measured in one process) for the same loops.
+Each kernel does a range of chunks (or of row blocks) and releases the GIL; the caller runs the
+ranges on :mod:`wflow.kernels.threads`' worker threads (not ``parallel=True``, which costs seconds
+more of first-run compilation for the same loops).
 
 On S^2 the harmonics are complex solid harmonics Z_l^m = rho^l P~_l^m e^{+-im phi}: the
 sectoral start Z_m^m = sqrt((2m+1)/2m) (y1 +- i y2) Z_{m-1}^{m-1} needs no trigonometry and
-the recurrence Z_l^m = a_lm y3 Z_{l-1}^m - b_lm rho^2 Z_{l-2}^m carries the radius.  The S^2
-kernels run the recurrences for a block of :data:`BLOCK` points at once, innermost loop over
-the block, so that LLVM vectorizes them (4 float64 lanes with AVX2); so do the circle kernels
-(powers of z = y1 - i y2), 4-9x faster than one point at a time.
+the recurrence Z_l^m = a_lm y3 Z_{l-1}^m - b_lm rho^2 Z_{l-2}^m carries the radius.  Every
+kernel runs its recurrences for a block of :data:`BLOCK` points at once, innermost loop over
+the block, so that LLVM vectorizes them.
 """
 
 from __future__ import annotations
@@ -20,11 +16,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-#: Points per vectorized block of the kernels: the moments' sums over a block cost about as much
-#: as 32 of its points, and the block's work arrays stay in the L1/L2 caches.
+#: Points per vectorized block of the kernels (the block's work arrays stay in the L1/L2 caches).
 BLOCK = 128
-# contraction into FMAs and vectorized reductions; no reassociation of the recurrences
-# themselves is needed (each lane runs its own), but the block sums need "reassoc"
+# FMAs and vectorized reductions (the block sums need "reassoc")
 _FM = {"nnan", "ninf", "nsz", "contract", "reassoc"}
 
 

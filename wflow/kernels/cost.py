@@ -15,15 +15,10 @@ The time of each is modelled as
 
     t = c_0 + c_1 B + c_2\, B n m + c_3\, B n m (p + q)
 
--- a fixed cost per call (argument checks, thread hand-off), a cost per system (GEMM calls,
-Python tasks), per pair (the exponential and its sums) and per multiply-add of the two
-products -- with non-negative coefficients for each route and input dtype, fitted to measured
-times by :func:`fit` (least squares on the relative error) and stored in :data:`COSTS`.  The
-coefficients shipped are those of the development machine (2 vCPUs of an AVX-512 Xeon,
-OpenBLAS): ``python -m benchmarks.small_systems --costs`` measures the four routes on a grid
-of shapes, prints the fitted coefficients (to paste here on another machine) and checks the
-model on other shapes, printing how often its pick is the fastest route and how much slower
-it is when not (``benchmarks/SMALL.md``).
+-- per call, per system, per pair and per multiply-add -- with non-negative coefficients for
+each route and input dtype, fitted to measured times by :func:`fit` and stored in
+:data:`COSTS`.  ``python -m benchmarks.small_systems --costs`` measures the four routes on a
+grid of shapes and prints the fitted coefficients, to paste here on another machine.
 
 Examples
 --------
@@ -46,8 +41,7 @@ __all__ = ["ROUTES", "COSTS", "features", "predict", "cheapest", "fit"]
 #: The routes the model prices.
 ROUTES = ("fused", "gemm", "direct", "blas")
 
-#: Coefficients ``(c0, c1, c2, c3)`` in seconds of the model above, per ``(route, dtype name)``
-#: (fitted by ``python -m benchmarks.small_systems --costs`` on the development machine).
+#: Coefficients ``(c0, c1, c2, c3)`` in seconds of the model above, per ``(route, dtype name)``.
 COSTS: dict[tuple[str, str], tuple[float, float, float, float]] = {
     ("fused", "float64"): (5.270e-05, 7.600e-07, 3.724e-09, 1.495e-10),
     ("gemm", "float64"): (9.822e-05, 1.601e-06, 5.421e-09, 7.003e-11),
@@ -87,8 +81,7 @@ def features(B: int, n: int, m: int, p: int, q: int) -> np.ndarray:
 
 
 def _price(c, B, n, m, p, q) -> float:
-    """The model's time for coefficients ``c`` (plain floats: the route choice of every tiny kernel sum
-    runs this, so no arrays)."""
+    """The model's time for coefficients ``c`` (plain floats: it runs for every tiny kernel sum)."""
     pairs = float(B) * n * m
     return c[0] + c[1] * B + c[2] * pairs + c[3] * pairs * (p + q)
 
@@ -106,8 +99,7 @@ def predict(route: str, B: int, n: int, m: int, p: int, q: int, dtype, costs=Non
 def cheapest(
     B: int, n: int, m: int, p: int, q: int, dtype, routes: Iterable[str] = ROUTES, costs=None
 ) -> str:
-    """The route of ``routes`` with the least predicted time (the first of equals, in the order given).
-    A few microseconds: it runs for every kernel sum of tiny systems."""
+    """The route of ``routes`` with the least predicted time (the first of equals, in the order given)."""
     routes = tuple(routes)
     if not routes:
         raise ValueError("routes must name at least one route")
@@ -127,8 +119,7 @@ def cheapest(
 def fit(samples: Iterable[tuple]) -> dict[tuple[str, str], tuple[float, float, float, float]]:
     """Coefficients of the model from measured times: ``samples`` of ``(route, dtype, B, n, m, p, q,
     seconds)``; for each ``(route, dtype)`` the non-negative coefficients minimizing the sum of squared
-    *relative* errors (so that microsecond calls count as much as second-long ones), by
-    :func:`scipy.optimize.nnls`.
+    *relative* errors (:func:`scipy.optimize.nnls`).
 
     Examples
     --------

@@ -1,11 +1,9 @@
 r"""Compiled small-matrix primitives of the tiny-systems kernels: BLAS's gemm called from compiled code,
 row-major small products, blocked Gram matrices, dot-product averages and softmax rows.
 
-Shared by the tiny-systems kernel sums (:mod:`wflow.kernels.small`), the fused SA step
-(:mod:`wflow.solvers.fused`) and the pair counts (:func:`wflow.diagnostics.pair_counts`): each
-system's numbers stay in L1, the inner loops run along contiguous rows so that LLVM vectorizes
-them, and every product sums in a fixed order (so that :math:`TT^\top` comes out exactly
-symmetric).  Imported only when numba imports.
+Shared by :mod:`wflow.kernels.small`, the fused SA step (:mod:`wflow.solvers.fused`) and
+:func:`wflow.diagnostics.pair_counts`: inner loops run along contiguous rows so that LLVM
+vectorizes them, and every product sums in a fixed order (:math:`TT^\top` is exactly symmetric).
 """
 
 from __future__ import annotations
@@ -39,9 +37,8 @@ GRAM_BLOCK = 8
 BLOCKED_MAX_R = 16
 
 
-#: the addresses of BLAS's dgemm and sgemm (scipy's Cython wrappers of its OpenBLAS, Fortran calling
-#: convention: every argument a pointer), which the fused SA step calls on each system's 32 x 32
-#: products from inside its compiled pass (:func:`gemm`)
+#: the addresses of BLAS's dgemm and sgemm (scipy's Cython wrappers, Fortran calling convention),
+#: called from compiled passes by :func:`gemm`
 GEMM = {
     np.dtype(np.float64): get_cython_function_address("scipy.linalg.cython_blas", "dgemm"),
     np.dtype(np.float32): get_cython_function_address("scipy.linalg.cython_blas", "sgemm"),
@@ -131,8 +128,7 @@ def mm(A, Bt, C):  # pragma: no cover - compiled
     C[i] += A[i, l] Bt[l] and C[i + 1] += A[i + 1, l] Bt[l], loops over the contiguous rows that
     the compiler vectorizes (each load of Bt feeds two FMAs), sums in the order l = 0, 1, ...
     (so T T^T comes out exactly symmetric).  Unsigned row indices: no negative-index wraparound
-    in the address arithmetic.  Measured 2.3x (Gram matrices, n = 32, r = 8) and 1.6x (the whole
-    SA step) faster than 4 x 2 register-blocked dot products on one AVX-512 core."""
+    in the address arithmetic."""
     n, K = A.shape
     m = Bt.shape[1]
     n2 = n - n % 2
@@ -167,9 +163,7 @@ def gram_blocked(T, TT, G):  # pragma: no cover - compiled
     columns): for each row i and each block of 8 coordinates, the loop over j (vectorized) sums the
     block's 8 products in registers (the block's trip count is a compile-time constant, so the
     compiler unrolls it) and touches G[i, j] once per block.  Same products summed in the same
-    order for (i, j) and (j, i): G is exactly symmetric.  Measured at n = 32 (one AVX-512 core,
-    2048 Gram matrices): r = 8 1.2 ms against 3.0 ms for :func:`mm`, r = 16 3.1 against 5.9 ms;
-    r = 3 (padded to 8) 1.4 against 0.9 ms, r = 32 equal -- hence only for 4 < r <= 16."""
+    order for (i, j) and (j, i): G is exactly symmetric.  Faster than :func:`mm` for 4 < r <= 16."""
     n, rp = T.shape
     m = TT.shape[1]
     for i in range(n):
@@ -192,11 +186,10 @@ def gram_blocked(T, TT, G):  # pragma: no cover - compiled
 def fused_sums(
     a, b, c, lw, scale, fl, zero, k0, k1, shift, mass, vec
 ):  # pragma: no cover - compiled
-    """Everything for each system k0 <= k < k1, serially and without the GIL (the worker
-    threads take chunks of systems; each system's numbers stay in L1/L2): logits
-    L = scale a b^T + lw by :func:`mm` (in the dtype of a and b; b transposed per system into a
-    buffer), row maxima and exponentials (E in the dtype of zero, mass accumulated in float64),
-    then the value sums vec = E c by :func:`mm`.  c may have q = 0 columns (no values)."""
+    """Everything for each system k0 <= k < k1, serially and without the GIL: logits
+    L = scale a b^T + lw by :func:`mm` (in the dtype of a and b), row maxima and exponentials
+    (E in the dtype of zero, mass accumulated in float64), then the value sums vec = E c by
+    :func:`mm`.  c may have q = 0 columns (no values)."""
     B, n, p = a.shape
     m = b.shape[1]
     q = c.shape[2]

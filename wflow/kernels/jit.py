@@ -4,19 +4,13 @@ what numba compiles (:func:`compile_notices`).
 
 numba has no SVML here, so ``np.exp`` inside a loop is a scalar libm call.  :func:`exp64` and
 :func:`exp32` write the exponential with plain arithmetic -- Cody--Waite range reduction
-:math:`e^x = 2^k e^r`, :math:`|r| \le \tfrac12\log 2`, a near-minimax (Chebyshev interpolation)
-polynomial for :math:`e^r` of degree 10 (float64, relative error :math:`2\cdot 10^{-15}`) or 6
-(float32, :math:`3\cdot 10^{-9}`), and :math:`2^k` built from the exponent bits -- so LLVM
-vectorizes the loops over columns (AVX2: 4 float64 or 8 float32 lanes).  Callers clamp exponents at
-:func:`~wflow.kernels.exp_floor`, so :math:`k` stays in the normal range and no subnormal number
-appears.  Every compiled pass of :mod:`wflow.kernels` and of the fused step
-(:mod:`wflow.solvers.fused`) takes its exponential and its fast-math flags from here.
+:math:`e^x = 2^k e^r`, :math:`|r| \le \tfrac12\log 2`, a Chebyshev interpolant of :math:`e^r` of
+degree 10 (float64, relative error :math:`2\cdot 10^{-15}`) or 6 (float32, :math:`3\cdot 10^{-9}`),
+and :math:`2^k` built from the exponent bits -- so LLVM vectorizes the loops over columns.  Callers
+clamp exponents at :func:`~wflow.kernels.exp_floor`, so :math:`k` stays in the normal range.
 
-Importing this module also makes numba's on-disk cache of every wflow kernel depend on the sources
-of all of wflow's compiled modules, not on the kernel's own file alone (:func:`kernel_sources_digest`):
-a kernel inlines what it calls from other files (:func:`exp64` into every pass), and numba would
-otherwise serve a cached kernel with the callee it was compiled against, so that the same
-installation gave other bits from a warm cache than from an empty one.
+Importing this module also keys numba's on-disk cache of every wflow kernel on the sources of all
+of wflow's compiled modules (:func:`kernel_sources_digest`).
 """
 
 from __future__ import annotations
@@ -68,13 +62,10 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 def kernel_sources_digest(root: str = str(_PACKAGE)) -> str:
     """SHA-256 of the contents of every module under ``root`` that uses numba, in path order.
 
-    numba keys a cached kernel on its own file's contents only, but a kernel carries the code of what
-    it calls from other files (inlined by LLVM: the exponential of this module, the products of
-    :mod:`wflow.kernels.dense`, constants such as :data:`LOG_ZERO`).  After an upgrade that changed
-    only a callee's file, a warm cache served kernels built on the old callee: other bits than from
-    an empty cache.  Every wflow kernel's cache entry is therefore stamped with this digest too, so it
-    is reused only by the very sources it was compiled from.  Contents, not modification times: a
-    reinstall of the same version keeps the cache.
+    numba keys a cached kernel on its own file only, but a kernel inlines what it calls from other
+    files (:func:`exp64`, :mod:`wflow.kernels.dense`, :data:`LOG_ZERO`): a warm cache built on an
+    older callee would give other bits than an empty one.  Every wflow kernel's cache entry is
+    therefore stamped with this digest too (contents, not modification times).
 
     Examples
     --------
@@ -125,9 +116,8 @@ def _install_cache_stamp() -> None:
 _install_cache_stamp()
 
 
-#: Stands for log(0) so that every number the kernels see is finite (they are
-#: compiled with the no-inf/no-nan fast-math flags); e^(-1e300 - c) is clamped to
-#: e^floor exactly as the numpy backend clamps e^(-inf).
+#: Stands for log(0) so that every number the kernels see is finite (no-inf/no-nan fast-math);
+#: e^(-1e300 - c) is clamped to e^floor as the numpy backend clamps e^(-inf).
 LOG_ZERO = -1e300
 
 #: Fast-math flags of the exponential.  It must not get "reassoc": that would fold the
@@ -164,19 +154,16 @@ def _pow2_of_shifted32(typingctx, t):
     return _types.float32(_types.float32), codegen
 
 
-#: the LLVM function attribute that lets the loop vectorizer use 512-bit registers: LLVM's default
-#: for AVX-512 cores is 256 (the "prefer-256-bit" tuning), under which the exponential loops of the
-#: fused SA step run 4 float64 lanes instead of 8 (0.56 against 1.07 ns per e^x, one core, 1024
-#: exponentials in L1; no effect on cores without AVX-512)
+#: the LLVM function attribute that lets the loop vectorizer use 512-bit registers (LLVM's default
+#: for AVX-512 cores is 256; no effect on cores without AVX-512)
 WIDE_VECTORS = '"prefer-vector-width"="512"'
 
 
 @intrinsic
 def prefer_wide_vectors(typingctx):
-    """Called first in a compiled function: its loops may be vectorized 512 bits wide (see
-    :data:`WIDE_VECTORS`); the calling function is marked (functions LLVM inlines into it follow
-    it), the numbers unchanged to rounding (reductions may split into more partial sums).  A no-op
-    when llvmlite refuses the attribute."""
+    """Called first in a compiled function: its loops may be vectorized 512 bits wide
+    (:data:`WIDE_VECTORS`; reductions may split into more partial sums).  A no-op when llvmlite
+    refuses the attribute."""
 
     def codegen(context, builder, signature, args):
         attrs = builder.function.attributes
@@ -269,18 +256,13 @@ SCRATCH_PAD = 512
 
 def scratch(shape: tuple[int, ...], dtype) -> np.ndarray:
     """``np.empty(shape, dtype)`` whose data lies at least :data:`SCRATCH_PAD` bytes from any other
-    array's: the work arrays of the fused SA step's passes (:mod:`wflow.solvers.fused_kernels`, and
-    the GEMM route's chunk arrays, made in Python).  Callable from Python and from compiled code
-    (``shape`` a tuple).
+    array's (callable from Python and from compiled code, ``shape`` a tuple).
 
-    LLVM cannot prove that two arrays do not overlap, so a vectorized loop that writes one array while
-    reading another first checks, at run time, that the written data does not start within 256 bytes
-    (vector width x unroll) after the data read, and otherwise runs its scalar version instead.  With
-    the "reassoc" flag (:data:`FM_SUM`) the two versions sum in different orders, so a result would
-    change by an ulp or two with where malloc happened to put the work arrays (one allocated right
-    after another: the heap's history), and a run resumed from a snapshot would not repeat the
-    uninterrupted run bit for bit (:mod:`wflow.solvers.driver`).  Arrays this far apart always pass the
-    check: the vector path, whatever the heap."""
+    A vectorized loop that writes one array while reading another checks at run time that they do
+    not overlap within 256 bytes, else runs its scalar version, which sums in another order under
+    "reassoc": results would then depend on where malloc put the work arrays, and a resumed run
+    would not repeat the uninterrupted one bit for bit.  Arrays this far apart always take the
+    vector path."""
     dtype = np.dtype(dtype)
     k = math.prod(shape)
     pad = SCRATCH_PAD // dtype.itemsize
@@ -311,13 +293,10 @@ _SINKS_LOCK = threading.Lock()
 
 class _CompileListener(_event.Listener):
     """Tells the innermost sink when numba starts and ends compiling a function that was called (not the
-    functions compiled inside it).  numba fires ``numba:compile`` only when it compiles: a signature
-    loaded from its on-disk cache fires nothing."""
+    functions compiled inside it)."""
 
     def __init__(self) -> None:
-        self.depth = (
-            0  # compilations nest (callees, overloads); numba's compiler lock serializes them
-        )
+        self.depth = 0  # compilations nest (callees, overloads)
         self.outer: tuple[str, bool, float, bool] | None = None
 
     @staticmethod
@@ -352,7 +331,7 @@ class _CompileListener(_event.Listener):
 
 def _announce(name: str, cached: bool, seconds: float | None) -> None:
     """Outside any :func:`compile_notices` block: one line on stderr when numba starts compiling one of
-    wflow's kernels (seconds to a minute on a first run; ``WFLOW_NOTICES=0`` silences it)."""
+    wflow's kernels (``WFLOW_NOTICES=0`` silences it)."""
     if seconds is None:
         once = " (first run only: cached for later runs)" if cached else ""
         notice(f"compiling {name} with numba{once}")
@@ -367,13 +346,10 @@ def compile_notices(callback: Callable[[str, bool, float | None], None]) -> Iter
     """Tell ``callback`` what numba compiles inside the block, while it compiles.
 
     ``callback(name, cached, None)`` is called when numba starts compiling a function that was called
-    (``name``: its name; ``cached``: it was declared ``cache=True``, so the machine code is
-    written to disk and later processes load it instead), ``callback(name, cached, seconds)`` when
-    that compilation ends (``seconds``: its wall time, the functions compiled inside it included).
-    Nothing is called for a signature compiled earlier in the process or loaded from numba's cache,
-    so a block that compiles nothing tells nothing.  Blocks nest: only the innermost open block's
-    callback is told (a progress bar inside a command's block shows the notices while it is drawn).
-    An exception raised by ``callback`` is logged and ignored.
+    (``cached``: declared ``cache=True``, so later processes load it from disk), and
+    ``callback(name, cached, seconds)`` when that compilation ends.  Nothing is called for a
+    signature compiled earlier or loaded from numba's cache.  Blocks nest: only the innermost open
+    block's callback is told.  An exception raised by ``callback`` is logged and ignored.
 
     Examples
     --------

@@ -4,19 +4,16 @@ The formula is KeOps' ``Max_SumShiftExpWeight`` reduction, which returns exactly
 row maximum :math:`c_i` of :math:`\\ell_{ij} + \\log w_j` and
 :math:`\\sum_j e^{\\ell_{ij} + \\log w_j - c_i} (1, V y_j)` in one streamed pass.
 
-Compiled formulas are cached in :func:`keops_cache_dir` (override with
-the environment variable ``WFLOW_KEOPS_CACHE``), one folder per KeOps version, so a
-new machine or a new host name does not silently recompile into ``~/.cache``.  The
-first use of each (dimension, dtype) compiles with g++ for 10--25 s; a file lock
-keeps two processes from compiling the same formula at once.
+Compiled formulas are cached in :func:`keops_cache_dir` (override with the environment
+variable ``WFLOW_KEOPS_CACHE``), one folder per KeOps version.  The first use of each
+(dimension, dtype) compiles with g++ for 10--25 s; a file lock keeps two processes from
+compiling the same formula at once.
 
-A compiler that crashes (KeOps 2.3 with CUDA 13 died of a segmentation fault compiling
-its first formula) would kill the Python process, where no ``try`` catches it.  So on a
-machine with an NVIDIA driver, before the first KeOps sum, :func:`keops_probe` compiles
-and runs a small formula of the same family in a child process and records its verdict
-in ``<cache folder>/probe/``, one file per KeOps version, CUDA version and formula family.
-Where the child crashed, failed or hung, ``backend="auto"`` does not pick KeOps on that
-machine (a warning says so once, in one line) and ``backend="keops"`` raises that line.
+A compiler that crashes would kill the Python process, where no ``try`` catches it.  So on a
+machine with an NVIDIA driver, before the first KeOps sum, :func:`keops_probe` compiles and
+runs a small formula of the same family in a child process and records its verdict.  Where
+the child crashed, failed or hung, ``backend="auto"`` does not pick KeOps on that machine (a
+warning says so once) and ``backend="keops"`` raises that line.
 """
 
 from __future__ import annotations
@@ -125,9 +122,8 @@ def import_pykeops():
             _PYKEOPS = _import_quietly(folder)
             break
         except (pickle.UnpicklingError, EOFError) as exc:
-            # a truncated index of KeOps' cache (a process killed, or stopped by a full disk or a file
-            # size limit, while KeOps saved it at exit): the index is only a cache, so wflow's folder
-            # drops it and KeOps rebuilds it; the compiled formulas stay
+            # a truncated index of KeOps' cache (a process killed while KeOps saved it): drop it,
+            # KeOps rebuilds it; the compiled formulas stay
             _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
             if attempt == 2:
                 break
@@ -166,8 +162,7 @@ def _import_quietly(folder: Path):
 
 @functools.cache
 def nvidia_driver_present() -> bool:
-    """Whether this machine has an NVIDIA driver at all (without importing pykeops, which takes seconds,
-    prints CUDA warnings on a CPU machine and leaves a cache writer to run at exit)."""
+    """Whether this machine has an NVIDIA driver at all (without importing pykeops)."""
     import shutil
 
     return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
@@ -197,9 +192,7 @@ def compile_lock(folder: Path, name: str = "wflow-compile.lock"):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-# ---------------------------------------------------------------------------------------------
 # The probe: a KeOps formula compiled and run in a child process, whose crash cannot hurt.
-
 #: Formula families the probe knows; the kernel sums' ``Max_SumShiftExpWeight`` reduction.
 PROBE_FAMILIES = ("kernel_sums",)
 #: Seconds the child may take (a first compile takes 10--25 s on a CPU) before it counts as hung.
@@ -291,8 +284,7 @@ def keops_probe(
 
     The verdict is recorded in ``folder / "probe"`` (default :func:`keops_cache_dir`), one file per
     KeOps version, CUDA version and family, and read from there by later calls and processes.
-    Where the child crashed, failed or hung, a :class:`UserWarning` says so once, in the
-    verdict's one line.
+    Where the child crashed, failed or hung, a :class:`UserWarning` says so once.
 
     Parameters
     ----------
@@ -311,8 +303,7 @@ def keops_probe(
 
     Examples
     --------
-    The child imports pykeops and may compile a formula (seconds to minutes), so the example is
-    not run (``tests/test_keops_probe.py`` runs it):
+    Not run (the child may compile a formula for minutes; ``tests/test_keops_probe.py`` runs it):
 
     >>> from wflow.kernels.keops_backend import keops_probe  # doctest: +SKIP
     >>> verdict = keops_probe()  # doctest: +SKIP
@@ -432,14 +423,12 @@ class KeopsBackend:
     """Kernel sums with pykeops ``LazyTensor`` (see module docstring).
 
     ``"auto"`` picks it only when a GPU is present, the problem has at least
-    ``min_pairs_auto`` pairs and :func:`keops_probe` found KeOps working on this machine; on a
-    CPU the dense and fast CPU backends are faster.  It is not :meth:`available` where the
-    probe failed (its line is the :attr:`reason`).
+    ``min_pairs_auto`` pairs and :func:`keops_probe` found KeOps working on this machine.  It is
+    not :meth:`available` where the probe failed (its line is the :attr:`reason`).
 
     Examples
     --------
-    ``available()`` and a kernel sum import pykeops (and the first sum compiles a formula,
-    which takes minutes), so the example is not run:
+    Not run (the first sum compiles a formula for minutes):
 
     >>> import numpy as np, wflow  # doctest: +SKIP
     >>> from wflow.kernels import kernel_sums  # doctest: +SKIP

@@ -9,30 +9,20 @@ For each system :math:`b` of a batch, with :math:`a = \beta Q x`, :math:`b = K y
     E_{ij} = e^{\max(L_{ij} - c_i,\ \text{floor})}, \qquad
     s^0_i = \sum_j E_{ij}, \qquad s^1 = E\, c,
 
-i.e. exactly what PyTorch's ``bmm`` + ``softmax`` + ``bmm`` computes, with the shift kept.
-Two methods (:func:`choose_method`):
+i.e. what PyTorch's ``bmm`` + ``softmax`` + ``bmm`` computes, with the shift kept.
+Two methods (:func:`choose_method`), both in worker threads that take chunks of systems:
 
-* ``"fused"`` (low logit and value dimensions): one compiled
-  pass per system (worker threads take chunks of systems), everything in L1: the logits by
-  small matrix products whose inner loops run along contiguous rows (:func:`~wflow.kernels.dense.mm`), the row
-  maxima and exponentials, the values by the same products;
-* ``"gemm"``: three steps per chunk of systems, in worker threads (one per core) that each
-  take whole chunks: a batched GEMM for the logits, one compiled pass for the row maxima,
-  the exponentials (:func:`~wflow.kernels.jit.exp64`/``exp32``: polynomial,
-  vectorized) and the row sums, and a batched GEMM for the values.  BLAS runs single-threaded
-  inside the workers: OpenBLAS splitting each 32 x 32 GEMM over the cores of a small shared
-  machine was measured 10--70x slower than one thread per GEMM (d = 1024, 256 systems: 0.2--2 s
-  against 30 ms).
+* ``"fused"`` (low logit and value dimensions): one compiled pass per system, everything in
+  L1 (:func:`wflow.kernels.dense.fused_sums`);
+* ``"gemm"``: a batched GEMM for the logits, one compiled pass for the row maxima,
+  exponentials and row sums, and a batched GEMM for the values, BLAS single-threaded.
 
 :func:`bmm` exposes that batched GEMM for other callers (diagnostics).
 
-float32: the logits are formed in float32 (SGEMM) only when their rounding error is
-provably small, :math:`2^{-24}\big((p+2)\max|a|\max|b| + 2\,\mathrm{span}\log w\big) \le 3\cdot
-10^{-6}` (as the direct route of the numba backend decides); otherwise in float64 (DGEMM on
-upcast operands).  A caller that asks for less, ``kernel_sums(..., tol=2e-4)``, gets float32
-logits whenever that bound is below ``tol / 3`` (at beta = 5, d = 128 the bound is 4e-5, so
-any tol >= 1.2e-4), which is what PyTorch computes in float32.  Exponentials and the value
-GEMM run in float32 either way; row sums are accumulated in float64.
+float32: the logits are formed in float32 only when their rounding error is provably small
+(:mod:`wflow.kernels.precision`), or below ``tol / 3`` when the caller asks for less
+(``kernel_sums(..., tol=2e-4)``); otherwise in float64.  Exponentials and the value GEMM run in
+float32 either way; row sums are accumulated in float64.
 """
 
 from __future__ import annotations
@@ -70,8 +60,7 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     r"""Batched matrix product ``a @ b`` of shapes ``(B, n, k) @ (B, k, m) -> (B, n, m)``, fast for many small matrices.
 
     The batch is split into contiguous chunks, one worker thread per core, each calling
-    NumPy's ``matmul`` with BLAS limited to one thread.  Same numbers as ``np.matmul``
-    (each matrix is one GEMM call either way).
+    NumPy's ``matmul`` with BLAS limited to one thread: the same numbers as ``np.matmul``.
 
     Examples
     --------
@@ -107,10 +96,7 @@ def _logits_in_float32(
     scale: float = 1.0,
 ) -> tuple[bool, np.ndarray, np.ndarray]:
     """Whether float32 logits ``scale <a_i, b_j> + log w_j`` are accurate enough (module docstring),
-    with log-weights relative to each system's maximum.
-
-    The bound on a term's relative error must stay below :data:`~wflow.kernels.precision.LOWP_LOGIT_ERROR`, or below
-    ``tol / 3`` when the caller asked for that looser relative accuracy."""
+    with log-weights relative to each system's maximum."""
     sq = lambda z: float(np.max(np.einsum("...i,...i->...", z, z, dtype=np.float64), initial=0.0))  # noqa: E731
     size = abs(scale) * math.sqrt(sq(a) * sq(b)) * (1.0 + 1e-6)
     return float32_logits_bound(a.shape[-1], size, logw, floor, tol)
@@ -125,15 +111,6 @@ def choose_method(n: int, m: int, p: int, q: int, B: int = 1, dtype=np.float64) 
     products) or ``"gemm"`` (batched BLAS GEMMs around one exponential pass, in worker threads) for
     ``B`` systems of ``n`` x ``m`` pairs, logit dimension ``p`` and value dimension ``q`` in ``dtype``:
     the one with the least time predicted by the cost model of :mod:`wflow.kernels.cost`.
-
-    Measured side by side (``python -m benchmarks.small_systems --costs``): the fused pass is the
-    faster at low dimension (1.4--2x at d = 3 and 8, n = 32), the GEMMs from d = 32--64 on (OpenBLAS
-    beats the compiled dots), with the crossing depending on the batch and the sizes too (at
-    d = 48, one system of 40 tokens, the fused pass is 1.3--1.4x faster).  Between these two methods
-    the model, fitted on one grid of shapes, picks the faster in 23 of 28 other shapes (within 10 %
-    in 24), as does the dimension rule it replaced (fused up to d = 16): no better on average, but it
-    prices the batch and the sizes too, and ``python -m benchmarks.small_systems --costs`` prints
-    coefficients for another machine, to paste into :data:`wflow.kernels.cost.COSTS`.
 
     Examples
     --------
@@ -240,7 +217,7 @@ def _finish(shift, mass, vec, lw_max, ldt, wdt):
     if lw_max is not None and ldt is np.float32:
         shift += lw_max[:, None]
     if wdt is not np.float64:
-        # report the shift in the output dtype and make mass and vector consistent with it
+        # the shift in the output dtype, mass and vector consistent with it
         c32 = shift.astype(wdt)
         f = np.exp(shift - c32.astype(np.float64)).astype(wdt)
         mass *= f
@@ -253,13 +230,10 @@ def _finish(shift, mass, vec, lw_max, ldt, wdt):
 def span_coordinates(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     r"""Coordinates of points in an orthonormal basis of their span: ``x = y @ basis``.
 
-    With :math:`Q = K = V = I` every token of SA/USA moves in the span of the initial tokens
-    (:math:`\dot x_i` is a combination of the :math:`x_j`), and the flow commutes with
-    orthogonal maps: ``n`` tokens in dimension ``d > n`` evolve exactly as their ``n``
-    coordinates :math:`y = x U^\top` in an orthonormal basis :math:`U` of that span (a
-    thin QR factorization :math:`x^\top = U^\top R`, :math:`y = R^\top`), at ``n / d`` of the
-    cost.  Inner products, hence every pair or cluster diagnostic, are the same in ``y``
-    (to rounding).
+    With :math:`Q = K = V = I` every token of SA/USA moves in the span of the initial tokens and
+    the flow commutes with orthogonal maps: ``n`` tokens in dimension ``d > n`` evolve exactly as
+    their ``n`` coordinates :math:`y = x U^\top` (thin QR :math:`x^\top = U^\top R`,
+    :math:`y = R^\top`), at ``n / d`` of the cost, with the same inner products (to rounding).
 
     Parameters
     ----------
@@ -285,7 +259,6 @@ def span_coordinates(x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     n, d = x.shape[-2:]
     if d <= n:
         return x, None
-    # one BLAS thread: OpenBLAS splitting each small factorization over loaded cores is far slower
     with blas_threads(1):
         q, rr = np.linalg.qr(np.swapaxes(x, -1, -2))  # x^T = q rr, q orthonormal columns
     return np.ascontiguousarray(np.swapaxes(rr, -1, -2)), np.ascontiguousarray(

@@ -17,10 +17,7 @@ with :math:`i_\ell(z) = \sqrt{\pi/2z}\, I_{\ell+1/2}(z)`, :math:`\epsilon_0 = 1`
 Source moments :math:`\sum_j w_j (1, y_j)\,\overline{\text{mode}(y_j)}` cost
 :math:`O(M K)` (circle) or :math:`O(M L^2)` (:math:`S^2`); evaluating the truncated
 series at the queries costs the same in :math:`N`.  The vector sum uses the
-coordinates of :math:`y_j` as extra weights (three or four real weight columns share
-one basis evaluation), which is exact for sources off the sphere too; the gradient
-identity :math:`\sum_j w_j y_j e^{\beta\langle x, y_j\rangle} = \beta^{-1}\nabla_x(\cdot)`
-would save a few moment columns but costs more work per query and is not used.
+coordinates of :math:`y_j` as extra weight columns.
 
 Points off the sphere
 ---------------------
@@ -55,17 +52,12 @@ and the error of each component of ``vector`` at most :math:`|v|\bar\rho\,\varep
 (plus rounding, about :math:`10^{-15}`).  :math:`K` and :math:`P` are the smallest that
 make :math:`\varepsilon \le` ``tol``.  The tails are Gaussian-like,
 :math:`T_K(z) \approx e^{-K^2/2z}`, so :math:`K \approx \sqrt{2 z \log(1/\mathrm{tol})}`:
-27 at :math:`\beta = 10` and 75 at :math:`\beta = 100` for ``tol = 1e-12``, far fewer than
-the :math:`\beta + O(\beta^{1/3})` of oscillatory kernels, because the bound is relative to
-:math:`e^{c_i}`, not to the true sum.
+27 at :math:`\beta = 10` and 75 at :math:`\beta = 100` for ``tol = 1e-12``.
 
-The bound is relative to the upper bound :math:`e^{c_i}`.  Where the local mass is
-tiny (a query far from every source at large :math:`\beta`: as small as
-:math:`e^{-2|\beta|}`), the relative accuracy of the sums and of the softmax average
-:math:`s^1/s^0` (error at most :math:`2|v|\bar\rho\varepsilon/(s^0_i - \varepsilon)`)
-degrades.  Rows whose a-posteriori softmax bound exceeds :math:`\sqrt{\mathrm{tol}}` are
-therefore recomputed by direct summation (backend ``"numpy"``), at a cost proportional
-to their number.
+The bound is relative to :math:`e^{c_i}`.  Where the local mass is tiny (a query far from
+every source at large :math:`\beta`), the softmax average :math:`s^1/s^0` (error at most
+:math:`2|v|\bar\rho\varepsilon/(s^0_i - \varepsilon)`) degrades: rows whose bound exceeds
+:math:`\sqrt{\mathrm{tol}}` are recomputed by direct summation (backend ``"numpy"``).
 """
 
 from __future__ import annotations
@@ -94,7 +86,6 @@ DEFAULT_TOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-6}
 _EPS = np.finfo(np.float64).eps
 
 
-# --------------------------------------------------------------------------- coefficients
 def _order_weights(d: int, kmax: int) -> np.ndarray:
     """Multiplicity of each order in :math:`\\sum_k p_k = 1`: 1, 2, 2, ... (circle) or :math:`2\\ell+1`."""
     k = np.arange(kmax + 1, dtype=np.float64)
@@ -166,12 +157,10 @@ def _scaled_bessel_rows(d: int, z: np.ndarray, kmax: int, extra: int) -> np.ndar
 
 
 def _miller_extra(z_max: float) -> int:
-    # orders above kmax at which the backward recurrence starts; checked against
-    # scipy.special.ive to 1e-15 for z up to 2000 in tests/test_spectral.py
+    # orders above kmax at which the backward recurrence starts (tests/test_spectral.py)
     return int(30 + 3.0 * math.sqrt(z_max))
 
 
-# --------------------------------------------------------------------------- plan
 #: beyond this |beta| the spectral series (degree ~ beta) is not attempted
 MAX_BETA = 1e5
 
@@ -251,7 +240,6 @@ def spectral_plan(d: int, z_max: float, u: float, tol: float) -> SpectralPlan:
     )
 
 
-# --------------------------------------------------------------------------- circle
 def _powers(c: np.ndarray, K: int) -> np.ndarray:
     """``c[:, None] ** arange(K + 1)`` by a cumulative product (complex)."""
     E = np.empty((c.shape[0], K + 1), dtype=np.complex128)
@@ -277,7 +265,6 @@ def _circle_eval(xhat: np.ndarray, G: np.ndarray) -> np.ndarray:
     return (E @ G).real
 
 
-# --------------------------------------------------------------------------- sphere
 def _legendre_coefficients(L: int) -> list[tuple[np.ndarray, np.ndarray]]:
     r"""Recurrence coefficients :math:`a_{\ell m}, b_{\ell m}` for :math:`m \le \ell - 2`."""
     out = []
@@ -345,9 +332,7 @@ def _sphere_moments(
     return M
 
 
-# --------------------------------------------------------------------------- numba engine
-# The same sums as above, fused per point (no temporaries, no skinny BLAS products, which
-# OpenBLAS runs badly on a loaded machine): wflow.kernels._spectral_numba.
+# The same sums, fused per point (no temporaries, no skinny BLAS products): _spectral_numba.
 _NUMBA = None
 
 
@@ -492,7 +477,6 @@ def _legendre_tables(L: int) -> tuple[np.ndarray, np.ndarray]:
     return A, Bc
 
 
-# --------------------------------------------------------------------------- backend
 class SpectralBackend:
     """Spectral kernel sums (module docstring); ``tol`` bounds the error relative to :math:`e^{c_i}`.
 
@@ -517,8 +501,8 @@ class SpectralBackend:
 
     #: rows per block of the numpy engine (temporaries stay near ``block * K`` complex numbers)
     block = 4096
-    #: points per block of the numba engine's passes: its work space is about ``(4d + 8) * stream_block``
-    #: float64 numbers per worker thread, whatever the number of points
+    #: points per block of the numba engine's passes (work space ``(4d + 8) * stream_block``
+    #: float64 numbers per worker thread)
     stream_block = 1 << 16
     #: worker threads over query blocks (NumPy releases the GIL in its loops)
     threads = max(1, min(2, os.cpu_count() or 1))
@@ -575,8 +559,7 @@ class SpectralBackend:
         return self._plan(problem)[0]
 
     def _plan(self, problem: KernelProblem) -> tuple[SpectralPlan, list[tuple[_Radii, _Radii]]]:
-        """The plan and the radii of each system's queries and sources (read in blocks: no temporaries
-        of the size of the points)."""
+        """The plan and the radii of each system's queries and sources (read in blocks)."""
         why = self.why_not(problem)
         if why:
             raise ValueError(f"backend 'spectral' cannot compute this kernel sum: {why}")
@@ -592,8 +575,7 @@ class SpectralBackend:
         return spectral_plan(problem.x.shape[-1], a_max * rho_bar, u, self._tol(problem)), radii
 
     def memory_bytes(self, problem: KernelProblem) -> int:
-        """Bytes this backend allocates for ``problem`` beyond its input: the output arrays and the
-        per-thread work space of the streaming passes (the numba engine), estimated before starting.
+        """Bytes this backend allocates for ``problem`` beyond its input (output and work space).
 
         Examples
         --------
@@ -614,7 +596,7 @@ class SpectralBackend:
 
     def _check_memory(self, problem: KernelProblem) -> None:
         need = self.memory_bytes(problem)
-        if need < 2**28:  # a quarter GB: not worth reading /proc/meminfo at every step
+        if need < 2**28:  # a quarter GB: not worth reading /proc/meminfo
             return
         avail = available_memory()
         if need > 0.9 * avail:
@@ -629,7 +611,7 @@ class SpectralBackend:
         dtype = problem.dtype
         B, n, d = problem.x.shape
         v = 1.0 if problem.V is None else float(problem.V[0, 0])
-        # outputs in the problem's dtype, written block by block (no float64 copies to convert)
+        # outputs in the problem's dtype, written block by block
         log_scale = np.empty((B, n), dtype)
         mass = np.empty((B, n), dtype)
         vector = np.empty((B, n, d), dtype) if problem.values else None
@@ -657,7 +639,6 @@ class SpectralBackend:
                     vector[b, bad] = direct.vector[0]
         return KernelSums(log_scale, mass, vector, self.name)
 
-    # ------------------------------------------------------------------ one system
     def _one(self, problem: KernelProblem, b: int, plan: SpectralPlan, radii, out, v: float):
         """System ``b`` into ``out = (log_scale, mass, vector)``; returns the rows whose softmax bound
         :math:`2|v|\\bar\\rho\\varepsilon/(s^0_i - \\varepsilon)` exceeds :math:`\\sqrt{tol}` (module docstring)."""

@@ -1,9 +1,7 @@
 r"""The kernel-sum contract: the problem, the result, the backend registry and :func:`kernel_sums`.
 
-Every backend (:mod:`wflow.kernels.numpy_backend`, :mod:`~wflow.kernels.numba_backend`,
-:mod:`~wflow.kernels.keops_backend`, :mod:`~wflow.kernels.spectral`) imports its types from here
-and registers itself in :data:`BACKENDS`; :mod:`wflow.kernels` re-exports these names and imports
-the backends (see its docstring for the mathematics).
+Every backend imports its types from here and registers itself in :data:`BACKENDS`;
+:mod:`wflow.kernels` re-exports these names (see its docstring for the mathematics).
 """
 
 from __future__ import annotations
@@ -16,9 +14,8 @@ import numpy as np
 
 from ..errors import WflowError, real_float_dtype, short_repr
 
-# The numba backends' OpenMP workers otherwise spin for a while after each parallel loop (GNU
-# libgomp's default), stealing a core from the NumPy work that follows a kernel sum in every
-# solver step.  libgomp reads this when numba first starts its threads; a user's value wins.
+# The numba backends' OpenMP workers otherwise spin after each parallel loop (libgomp's
+# default), stealing a core from the NumPy work that follows; a user's value wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __all__ = [
@@ -268,11 +265,9 @@ def _as_matrix(M, name: str, d: int, dtype: np.dtype, rows: int | None = None) -
 
 
 def _writable(a: np.ndarray) -> np.ndarray:
-    """``a`` as a writable array: a writable view of a read-only view (a saved state's) when its memory
-    is writable, else a copy.  numba types read-only arrays apart from writable ones, so the compiled
-    backends compiled every kernel twice, for the steps and for the save-time diagnostics (2-3 s each
-    on a first run).  No backend writes into its input; a view costs nothing where a copy of the
-    points costs more than the sums at d = 128."""
+    """``a`` as a writable array: a writable view when its memory is writable, else a copy (numba
+    compiles every kernel twice, for read-only and writable arrays).  No backend writes into its
+    input."""
     if a.flags.writeable:
         return a
     v = a.view()
@@ -290,8 +285,7 @@ def _checked_weights(weights, shape: tuple[int, ...], dtype) -> np.ndarray:
     w = w.astype(dtype, copy=False)
     if w.shape != shape:
         raise ValueError(f"weights must have shape {shape}, got {w.shape}")
-    # one reduction each (no temporary): a NaN or infinite entry makes the sum non-finite; a
-    # non-finite sum of finite entries (overflow) is sorted out by the exact test
+    # fast path: one reduction each; the exact test sorts out an overflowing sum
     if not (np.isfinite(np.sum(w)) and w.size and np.min(w) >= 0) and (
         not np.isfinite(w).all() or (w < 0).any()
     ):
@@ -435,8 +429,7 @@ def _select(backend: str, problem: KernelProblem) -> Backend:
     if backend == "auto":
         for name in AUTO_ORDER:
             b = BACKENDS[name]
-            # whether it would take the problem first: that asks no import (pykeops takes seconds to
-            # import, and on a machine without a GPU auto never picks it)
+            # whether it would take the problem first: that asks no (slow) import
             if getattr(b, "accepts_auto", b.accepts)(problem) and b.available():
                 return b
         return BACKENDS["numpy"]

@@ -1,12 +1,9 @@
 """Worker threads for the compiled kernels: one persistent pool, BLAS limited inside the workers,
 and the split of a batch of systems into chunks and shares.
 
-The kernels that run many small systems (the tiny-systems kernel sums, the numba backend's BLAS
-route, the fused step, the batched diagnostics) release the GIL and run in Python worker threads,
-one per core, each taking whole chunks of systems, with BLAS limited to one thread inside them:
-OpenBLAS splitting each small GEMM over the cores of a small shared machine was measured 10--70x
-slower than one thread per GEMM, and an OpenMP team spinning beside OpenBLAS's own threads slows
-both.
+The kernels that run many small systems release the GIL and run in Python worker threads, one per
+core, each taking whole chunks of systems, with BLAS limited to one thread inside them (OpenBLAS
+splitting each small GEMM over the cores is far slower).
 """
 
 from __future__ import annotations
@@ -32,10 +29,8 @@ _BLAS_CONTROLLER = None
 
 
 def executor(threads: int):
-    """A persistent pool of at least ``threads`` threads for the BLAS route and the fused step (numpy's matmul
-    and the numba kernels release the GIL).  It only grows: callers ask for as many workers as they have
-    shares, which changes from call to call, and a pool rebuilt each time costs about 0.2 ms; a replaced
-    pool finishes the tasks it holds."""
+    """A persistent pool of at least ``threads`` threads; it only grows (a replaced pool finishes the
+    tasks it holds)."""
     global _EXECUTOR, _EXECUTOR_SIZE
     with _EXECUTOR_LOCK:
         if _EXECUTOR is None or _EXECUTOR_SIZE < threads:
@@ -51,9 +46,7 @@ def executor(threads: int):
 
 def parallel(work, workers: int) -> None:
     """``work(t)`` for t = 0..workers-1 at once: t = 0 in the calling thread, the others on :func:`executor`'s
-    pool (a step of 2048 tiny systems takes 1-2 ms; handing every share to the pool and waiting for it
-    costs a thread wake-up more per call).  Returns when every share has finished; raises the first
-    error, the caller's own first."""
+    pool.  Returns when every share has finished; raises the first error, the caller's own first."""
     if workers <= 1:
         if workers == 1:
             work(0)
@@ -93,9 +86,8 @@ def chunk_bounds(B: int, per_system: int, threads: int, target: int) -> list[tup
 
 
 def shares(B: int, workers: int) -> list[tuple[int, int]]:
-    """At most ``workers`` contiguous shares of B systems, of equal size but the last: for compiled passes
-    that loop over the systems themselves, one call per worker (one call per chunk of 32 systems cost 3 %
-    of a step at 2048 systems)."""
+    """At most ``workers`` contiguous shares of B systems, of equal size but the last (one call of a
+    compiled pass per worker)."""
     per = -(-B // max(1, workers)) if B else 1
     return [(b0, min(B, b0 + per)) for b0 in range(0, B, per)]
 

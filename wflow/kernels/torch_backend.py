@@ -1,15 +1,11 @@
 r"""PyTorch kernel sums: the dense NumPy route on a CUDA GPU (or on the CPU), in blocks.
 
-The sums are those of :mod:`wflow.kernels`: for each block of query rows the logits
-:math:`\ell_{ij} + \log w_j` of all sources are formed at once (one batched matrix
-product), their row maximum :math:`c_i` is the log-scale, and one more product with
-:math:`(1, V y_j)` gives :math:`s^0_i` and :math:`s^1_i`.  Exponents are clamped below at
-:func:`~wflow.kernels.exp_floor`, like the NumPy backend.  A block holds at most
-``block_elements`` pairs (or one full row of sources, if that is more), so memory stays
-linear in the number of points.
+For each block of query rows the logits :math:`\ell_{ij} + \log w_j` of all sources are formed
+at once (one batched matrix product), their row maximum :math:`c_i` is the log-scale, and one
+more product with :math:`(1, V y_j)` gives :math:`s^0_i` and :math:`s^1_i`.  A block holds at most
+``block_elements`` pairs (or one full row of sources, if that is more).
 
-PyTorch is an optional dependency (``pip install ".[torch]"`` in a checkout, or ``pip install "wflow-meanfield[torch]"``
-in a checkout) and is imported on the first sum, never when wflow is imported.
+PyTorch is an optional dependency (``pip install ".[torch]"``), imported on the first sum.
 ``backend="torch"`` runs on the GPU when PyTorch sees one, else on the CPU;
 ``backend="torch:cuda"`` and ``backend="torch:cpu"`` choose the device.
 ``backend="auto"`` picks it for large problems on a machine with an NVIDIA GPU where KeOps
