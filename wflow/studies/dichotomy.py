@@ -341,7 +341,6 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
             "d": d,
             "n": n,
             "seeds": seeds,
-            "T": T,
             "fraction_synchronized": frac,
             "theory_rate": lam,
             "rate_mean": mean,
@@ -362,8 +361,7 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
             row["average_rate_1e-4_mean"] = float(np.mean(avg))
             row["average_rate_1e-4_min"] = float(np.min(avg))
         rep.rows.append(row)
-        t_end = float(r["T"])
-        row["T"] = t_end
+        row["T"] = t_end = float(r["T"])
         row["final_spread_max"] = float(series[-1].max())
         rep.expect(
             f"{label}: fraction of {seeds} seeds synchronized (all cosines > 1 - 1e-6) by "

@@ -258,13 +258,16 @@ def study_long_context(out: Path, quick: bool) -> StudyReport:
         0.0,
         1e-12,
     )
+
     # 2. limits and sharpening
+    def exponent(rho: float, sizes: list) -> float:
+        dev = [res[(n, rho)]["dev_away"] for n in sizes]
+        return float(np.polyfit(np.log(sizes), np.log(dev), 1)[0])
+
     slopes = {}
     for rho in RHOS:
-        gc = 1 / (1 - rho)
         dev = np.array([res[(n, rho)]["dev_away"] for n in ns])
-        slope = float(np.polyfit(np.log(ns[:5]), np.log(dev[:5]), 1)[0])
-        slopes[rho] = slope
+        slopes[rho] = slope = exponent(rho, ns[:5])
         rep.expect(
             f"rho = {rho:g}: max deviation from the limit at |gamma - gamma_c| >= {DELTA:g} gamma_c decreases "
             "with n (largest ratio of consecutive n)",
@@ -303,14 +306,7 @@ def study_long_context(out: Path, quick: bool) -> StudyReport:
         + ", ".join(f"rho = {r:g}: {s:.4f}" for r, s in slopes.items())
     )
     if len(ns) > 5:
-        tail = {
-            rho: float(
-                np.polyfit(
-                    np.log(ns[-3:]), np.log([res[(n, rho)]["dev_away"] for n in ns[-3:]]), 1
-                )[0]
-            )
-            for rho in RHOS
-        }
+        tail = {rho: exponent(rho, ns[-3:]) for rho in RHOS}
         rep.notes.append(
             f"exponent fitted over n = {ns[-3]:.0e}..{ns[-1]:.0e} (closed form): "
             + ", ".join(f"rho = {r:g}: {s:.4f}" for r, s in tail.items())

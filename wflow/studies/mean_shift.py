@@ -255,9 +255,7 @@ def study_mean_shift(out: Path, quick: bool = True) -> StudyReport:
     batch = 4 if quick else 16
     runs = {}
     for beta in BETAS:
-        t_end = (
-            1.0 if beta <= 3 else 0.25
-        )  # SA time beta t_end: 0.5, 3, 5 -- clustering well under way
+        t_end = 1.0 if beta <= 3 else 0.25  # SA time beta t_end: 0.5, 3, 5, clustering under way
         x0 = uniform(n, d, np.random.default_rng([11, int(beta * 10)]), batch=(batch,))
         r = parts.get(
             {

@@ -453,6 +453,7 @@ def _sphere(
     """S^2: the growth of A_l* over the linear phase against 2 lambda_l*, the dominant degree against the
     degrees the linear theory does not separate, and (full mode) how often l* wins against the theory."""
     s2_matches, s2_expected, s2_var = 0, 0.0, 0.0
+    n = plan["s2_n"]
     ells = np.arange(1, L_MAX + 1)
     for beta in plan["s2_betas"]:
         l_star = most_unstable_mode(beta, 3, "SA")
@@ -463,13 +464,13 @@ def _sphere(
                 {
                     "solver": "particles-s2",
                     "beta": beta,
-                    "n": plan["s2_n"],
+                    "n": n,
                     "seed": seed,
                     "dt": DT,
                     "amplitude": AMPLITUDE,
                 },
-                lambda: run_sphere(beta, plan["s2_n"], seed),
-                what=label(f"S2, beta = {beta:g}: {plan['s2_n']} particles, seed {seed}"),
+                lambda: run_sphere(beta, n, seed),
+                what=label(f"S2, beta = {beta:g}: {n} particles, seed {seed}"),
             )
             results[("s2", beta, seed)] = s
             slope = fit_growth(s["series"], s["times"])[l_star]
@@ -484,7 +485,7 @@ def _sphere(
                     "solver": "particles-s2",
                     "beta": beta,
                     "seed": seed,
-                    "size": plan["s2_n"],
+                    "size": n,
                     "k_star": l_star,
                     "t_lin": s["t_lin"],
                     "k_dom": s["l_dom"],
@@ -511,7 +512,7 @@ def _sphere(
             )
             rep.notes.append(
                 f"S^2 beta={beta:g} seed {seed}: l*={l_star}, dominant {s['l_dom']}, predicted from "
-                f"N A_l(0) = {', '.join(f'{x:.2f}' for x in s['spectrum0'][1:7] * plan['s2_n'])}: "
+                f"N A_l(0) = {', '.join(f'{x:.2f}' for x in s['spectrum0'][1:7] * n)}: "
                 f"{int(np.argmax(pred) + 1)}; P(l* wins) {prob:.2f}; t_lin={s['t_lin']:.1f}, A_l = "
                 f"{', '.join(f'{x:.3f}' for x in s['spectrum'][1:9])} ({time.perf_counter() - t0:.1f} s)"
             )

@@ -1,13 +1,11 @@
 """Finished parts of a study survive an interruption: :class:`Parts` stores each part's arrays once computed.
 
-A long study (``wflow validate papers`` without ``--quick``) is a list of parts -- one beta, one dimension,
-one seed batch.  :meth:`Parts.prefetch` computes the missing ones of a list on Dask worker processes (a
-``LocalCluster``: ``wflow validate --workers N``), each part stored by the worker that computed it, so the
-study then finds them all on disk and an interruption loses only the parts in flight.  ``parts.get(key, compute)`` returns the stored result of ``key`` if an earlier run finished
-it, and otherwise calls ``compute()`` and stores what it returns (a dict of arrays and numbers) in
-``<out>/parts/<study>/<name>.npz``, written to a temporary file and renamed (atomic on POSIX), so a part is
-either complete on disk or absent.  The key records the mode and every parameter of the part: a quick run
-never hands its parts to a full one, and a part whose parameters changed is recomputed.
+A long study is a list of parts (one beta, one dimension, one seed batch).  ``parts.get(key, compute)``
+returns the stored result of ``key`` if an earlier run finished it, else calls ``compute()`` and stores
+its dict of arrays in ``<out>/parts/<study>/<name>.npz`` atomically (a temporary file renamed).  The key
+records the mode and every parameter of the part: a quick run never hands its parts to a full one, and
+a part whose parameters changed is recomputed.  :meth:`Parts.prefetch` computes missing parts on Dask
+worker processes (``wflow validate --workers N``).
 
 >>> import tempfile, pathlib
 >>> parts = Parts(pathlib.Path(tempfile.mkdtemp()), "demo", quick=True)
@@ -117,12 +115,9 @@ class Parts:
         compute: Callable[[], dict[str, Any]],
         what: str | None = None,
     ) -> dict[str, Any]:
-        """The stored part ``key`` or ``compute()``'s result, stored before it is returned.
+        """The stored part ``key`` or ``compute()``'s result (a dict of arrays or numbers), stored first.
 
-        ``compute`` returns a dict of names to arrays or numbers; they come back as arrays (numbers as
-        0-d arrays converted back with ``.item()``).  ``what`` (``"S1 SA: 102 particle runs"``) is
-        announced on stderr before ``compute`` runs (:func:`wflow.studies.progress.phase`); a part
-        found stored is not announced."""
+        ``what`` is announced on stderr (:func:`wflow.studies.progress.phase`) before ``compute`` runs."""
         if not isinstance(key, dict):
             raise TypeError(
                 f"key must be a dict of the part's parameters, got {type(key).__name__}"
@@ -170,11 +165,9 @@ class Parts:
     def prefetch(self, jobs: Sequence[tuple[dict[str, Any], Callable, tuple]]) -> int:
         """Compute the missing parts among ``jobs`` on Dask worker processes; returns how many it computed.
 
-        ``jobs`` are ``(key, function, args)`` with ``function(*args)`` the part's dict (a module-level
-        function: the workers import it).  With one worker (the default outside :func:`workers`) or fewer
-        than two missing parts nothing is started: :meth:`get` computes them in order.  A part that
-        fails raises here, after the others have finished and been stored; a worker that dies has its
-        part retried (twice) by Dask.
+        ``jobs`` are ``(key, function, args)``, ``function(*args)`` a module-level function returning the
+        part.  With one worker or fewer than two missing parts nothing starts (:meth:`get` computes them
+        in order).  A part that fails raises here, after the others are stored.
         """
         missing = [(k, f, a) for k, f, a in jobs if not self.has(k)]
         if _WORKERS <= 1 or len(missing) < 2:
@@ -220,8 +213,7 @@ class Parts:
         return len(missing)
 
     def note(self) -> str:
-        """A line for the report: how many parts were reused from an earlier (interrupted) run, and their
-        folder relative to the report's (no machine path in a report that is kept)."""
+        """A line for the report: parts computed and reused, and their folder relative to the report's."""
         where = Path("parts") / self.folder.name
         return (
             f"parts: {self.computed} computed, {self.reused} reused from an earlier run ({where})"

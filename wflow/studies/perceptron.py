@@ -188,7 +188,7 @@ def _e23(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[str, list]:
                 k = [len(c[1]) for c in cl]
                 sp = _location_spread(cl, min_mass=0.05)
                 spread_ok.append(bool(sp <= r["threshold"]))
-                tag = f"{act} {'ascent' if sign > 0 else 'descent'}"
+                tag = _regime(act, sign)
                 locs_fig.setdefault(tag, []).append(
                     (beta, [_angle(c[0][c[1] >= 0.05]) for c in cl])
                 )

@@ -403,9 +403,12 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     cb = plan["compare_betas"]
 
     # -- how much of the published diagram is the discretization (crossing times, in checkpoints)
+    def th(d, b, s):
+        return rows[(d, b, s)]["t_half"]
+
     def crosses(d, b, *schemes):
         """Every scheme's mean curve crosses 0.5 within its horizon (d = 8 at large beta lags past it)."""
-        return all(np.isfinite(rows[(d, b, s)]["t_half"]) for s in schemes)
+        return all(np.isfinite(th(d, b, s)) for s in schemes)
 
     pairs = [
         (d, b) for d in plan["dims"] for b in cb if crosses(d, b, "original", "projected", "dopri5")
@@ -418,13 +421,10 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
         )
 
     def shift(d, b, s, r):
-        return (rows[(d, b, s)]["t_half"] - rows[(d, b, r)]["t_half"]) / SPACING
+        return (th(d, b, s) - th(d, b, r)) / SPACING
 
     delays = [shift(d, b, "original", "projected") for d, b in pairs]
-    rel = [
-        shift(d, b, "original", "projected") * SPACING / rows[(d, b, "projected")]["t_half"]
-        for d, b in pairs
-    ]
+    rel = [shift(d, b, "original", "projected") * SPACING / th(d, b, "projected") for d, b in pairs]
     rep.expect(
         "eta=0.1: original crosses 0.5 later than projected (min delay over d, beta, in checkpoints)",
         float(np.min(delays)),
@@ -459,11 +459,7 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
     ]
     if fine:
         agree = max(
-            abs(
-                rows[(d, b, "original-fine")]["t_half"] / rows[(d, b, "projected-fine")]["t_half"]
-                - 1
-            )
-            for d, b in fine
+            abs(th(d, b, "original-fine") / th(d, b, "projected-fine") - 1) for d, b in fine
         )
         rep.notes.append(
             "eta=0.01: t_half original - projected in checkpoints: "
@@ -473,11 +469,7 @@ def phase_diagram_study(out: Path, quick: bool = True) -> StudyReport:
             )
         )
         to_ode = (
-            max(
-                abs(rows[(d, b, "projected-fine")]["t_half"] - rows[(d, b, "dopri5")]["t_half"])
-                for d, b in fine
-            )
-            / SPACING
+            max(abs(th(d, b, "projected-fine") - th(d, b, "dopri5")) for d, b in fine) / SPACING
         )
         rep.expect(
             "eta=0.01: |t_orig/t_proj - 1|, max (dilation <= eta = 0.01: within one checkpoint up to t = 15)",

@@ -1,11 +1,8 @@
 """Where a running study is: one line on stderr per phase that may take seconds, a bar for long loops.
 
-Every study announces its phases through :func:`phase` (``mean-field: S1 SA: reference run and 102
-particle runs, N = 100..6400, to t = 2 (1/12)``) and loops of many similar items through :func:`steps` (a tqdm bar
-when stderr is a terminal, else the same one line); a part that :class:`~wflow.studies.parts.Parts`
-finds stored from an earlier run is not announced (it takes no time).  Results stay on stdout.
-:func:`shown` turns the lines off within a block (``run_studies(..., progress=False)``); parts that
-Dask worker processes compute announce nothing (the parent shows a bar over them).
+Studies announce their phases through :func:`phase` and loops of many similar items through
+:func:`steps` (a tqdm bar when stderr is a terminal, else one line); :func:`shown` turns both off
+within a block.  Results stay on stdout.
 
 >>> import contextlib, io
 >>> err = io.StringIO()
@@ -88,9 +85,8 @@ def steps(
     """Iterate over ``items`` (a loop of many similar steps) with a tqdm bar ``"{study}: {what}"`` on
     stderr when it is a terminal, else one :func:`phase` line ``"{study}: {what} ({total})"``.
 
-    ``total`` defaults to ``len(items)``.  ``announced``: the loop is part of a phase whose line is
-    written already (:func:`phase`, ``Parts.get(..., what=)``): the bar on a terminal, no second line.  While the bar is drawn, numba compilations show in its
-    label (:func:`wflow.kernels.jit.compile_notices`) instead of lines that would break it.
+    ``total`` defaults to ``len(items)``.  ``announced``: the phase's line is written already (the bar
+    only, on a terminal).  While the bar is drawn, numba compilations show in its label.
     """
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
