@@ -75,8 +75,6 @@ def phase_diagram(
     ``kwargs`` go to :func:`wflow.sweep.sweep` (``scheduler``, ``workers``, ...).  With ``figure`` the heat
     maps (:func:`plot_phase_diagram`) are written there.  Returns the store as a Dataset.
 
-    Geshkovski, Letrouit, Polyanskiy & Rigollet, *A mathematical perspective on Transformers* (2023/2024).
-
     Examples
     --------
     >>> import tempfile, pathlib
@@ -86,8 +84,6 @@ def phase_diagram(
     ...                    config={"init.n": 8, "run.t_end": 1.0, "save.n": 3})  # doctest: +SKIP
     >>> ds.pair_fraction.dims, ds.pair_fraction.shape  # doctest: +SKIP
     (('d', 'beta', 'seed', 'time'), (1, 2, 2, 3))
-
-    Not run as a doctest: a sweep starts a Dask cluster (seconds).
     """
     kwargs.setdefault("observables", ("pair_fraction",))
     ds = sweep({**GLPR_CONFIG, **(config or {})}, glpr_grid(d, betas, systems), out=out, **kwargs)

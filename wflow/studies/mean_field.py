@@ -548,16 +548,9 @@ def _s2_emd_note(rep: StudyReport, name: str, fine_start: Atoms) -> None:
 
 def _largest_n_notes(rep: StudyReport, d: int, name: str, n_max: int, times: np.ndarray) -> None:
     """The growth of the error with t, at the largest N: mean D_N and mean W2 at each save."""
+    run = {"sphere": f"S{d - 1}", "model": name, "start": "iid", "N": n_max}
     for t in times:
-        vals = [
-            r
-            for r in rep.rows
-            if r["sphere"] == f"S{d - 1}"
-            and r["model"] == name
-            and r["start"] == "iid"
-            and r["N"] == n_max
-            and r["t"] == t
-        ]
+        vals = [r for r in rep.rows if r["t"] == t and all(r[k] == v for k, v in run.items())]
         rep.notes.append(
             f"S{d - 1} {name} N={n_max} t={t:g}: mean D_N = "
             f"{np.mean([r['coupling'] for r in vals]):.4g}, mean W2 = "

@@ -308,10 +308,6 @@ def _clock_span(scheme: str, t_stop: float, units: float) -> np.ndarray:
     return np.linspace(max(0.0, t_stop - units / speed), t_stop, 401)
 
 
-def _copy(t: Any) -> np.ndarray:
-    return np.array(t)
-
-
 def sqrt_clock(t: Any) -> np.ndarray:
     r"""The clock in which √-scaling is autonomous: :math:`\tau = 2(\sqrt{t+1}-1)`, so :math:`d\theta/d\tau = P_\theta A`."""
     return 2.0 * (np.sqrt(1.0 + np.asarray(t, dtype=float)) - 1.0)
@@ -381,7 +377,7 @@ def collapse_part(
         clock, time_of = sqrt_clock, sqrt_time
     else:
         model = Normalized(SA(beta), scheme, **SCHEME_OPTIONS.get(scheme, {}))
-        clock = time_of = _copy  # a copy: the end point below is set on the clock's array
+        clock = time_of = np.array  # a copy: the end point below is set on the clock's array
     prob = SpanProblem(model, np.full(n, 1.0 / n), basis, backend="numpy")
     r = y0.shape[-1]
 

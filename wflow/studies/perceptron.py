@@ -234,7 +234,7 @@ def _e4(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[int, list]:
             r = runs(beta, -1, **e4_call(plan, d, beta, conv))
             masses = r["clusters"][0][1]
             bound = float(anticoncentration_bound(beta, om4, A4))
-            e4.setdefault(d, []).append((beta, masses[:3].tolist(), bound))
+            e4.setdefault(d, []).append((beta, masses[:3].tolist(), bound, int(masses.size)))
             if np.sqrt(beta) >= 2.5:
                 excess.setdefault(d, []).append(float(masses[0]) - bound)
             rep.rows.append(
@@ -278,12 +278,7 @@ def _e4(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[int, list]:
         "|---|---|---|---|---|",
     ]
     for d, rows in e4.items():
-        for beta, m, bound in rows:
-            k = next(
-                row["clusters"]
-                for row in rep.rows
-                if row.get("experiment") == "E4" and row["d"] == d and row["beta"] == beta
-            )
+        for beta, m, bound, k in rows:
             shown = f"{bound:.3f}" if bound < 1 else ">= 1 (says nothing)"
             table.append(
                 f"| {d} | {beta:g} | {k} | {' / '.join(f'{x:.3f}' for x in m)} | {shown} |"

@@ -42,11 +42,9 @@ def paper_part(beta: float, sign: int, **kw: Any) -> dict[str, Any]:
 
 
 def _digest(a: np.ndarray | None) -> str | None:
-    return (
-        None
-        if a is None
-        else hashlib.sha1(np.ascontiguousarray(a, dtype=np.float64).tobytes()).hexdigest()[:16]
-    )
+    if a is None:
+        return None
+    return hashlib.sha1(np.ascontiguousarray(a, dtype=np.float64).tobytes()).hexdigest()[:16]
 
 
 #: :func:`run_paper`'s parameters; the study runs every part at the defaults of those in ``_FIXED``
@@ -87,9 +85,8 @@ class Runs:
         key = {k: args[k] for k in ("beta", "sign", "d", "N", "seeds", "attention")}
         key |= {"A": _digest(args["A"]), "omega": _digest(args["omega"])}
         key |= {"activation": args["activation"], "t_max": args["t_max"], "dt": _DT}
-        if (
-            args["A"] is not None and args["sign"] < 0
-        ):  # (the conventions differ only in descent with a perceptron)
+        # the conventions differ only in descent with a perceptron
+        if args["A"] is not None and args["sign"] < 0:
             key["convention"] = args["convention"]
         if args["threshold"] is not None:
             key["threshold"] = args["threshold"]
