@@ -334,13 +334,8 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
         frac = float(np.mean(r["synced"]))
         curves[(start_kind, name, d, beta)] = (r["times"], series, lam)
         label = f"{start_kind} start, {name}, d={d}, beta={beta:g}"
-        row = {
-            "part": start_kind,
-            "model": name,
-            "beta": beta,
-            "d": d,
-            "n": n,
-            "seeds": seeds,
+        row = {"part": start_kind} | {k: key[k] for k in ("model", "beta", "d", "n", "seeds")}
+        row |= {
             "fraction_synchronized": frac,
             "theory_rate": lam,
             "rate_mean": mean,
@@ -352,8 +347,8 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
             "seconds": r["seconds"],
         }
         if start_kind == "hemisphere":
-            drop = float(np.max(r["margin"][0] - np.minimum.accumulate(r["margin"], axis=0)[-1]))
-            row["margin_drop"] = drop
+            margin = r["margin"][0] - np.minimum.accumulate(r["margin"], axis=0)[-1]
+            row["margin_drop"] = float(np.max(margin))
             # the time to shrink the diameter by 1e-4 (average rate over the whole approach)
             hit = np.argmax(r["diameter"] < 1e-4 * r["diameter"][0], axis=0)
             ok = r["diameter"][-1] < 1e-4 * r["diameter"][0]

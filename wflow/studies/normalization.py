@@ -439,6 +439,11 @@ def collapse_part(
     }
 
 
+def _key(start: str, scheme: str, **fields: Any) -> dict[str, Any]:
+    """The key of a part: its start, scheme, parameters and the scheme's :data:`SCHEME_OPTIONS`."""
+    return {"start": start, "scheme": scheme, **fields, **SCHEME_OPTIONS.get(scheme, {})}
+
+
 def _equiangular(
     rep: StudyReport,
     parts: Parts,
@@ -453,15 +458,7 @@ def _equiangular(
     what = f"equiangular start, n = {n}: the schemes against the reduced ODE"
     for scheme in steps(rep.name, what, SCHEMES):
         p = parts.get(
-            {
-                "start": "equiangular",
-                "scheme": scheme,
-                "n": n,
-                "beta": beta,
-                "rho0": rho0,
-                "t_end": horizon[scheme],
-                **SCHEME_OPTIONS.get(scheme, {}),
-            },
+            _key("equiangular", scheme, n=n, beta=beta, rho0=rho0, t_end=horizon[scheme]),
             lambda: equiangular_part(scheme, n, beta, rho0, horizon[scheme]),
         )
         eq[scheme] = p
@@ -540,16 +537,7 @@ def _random_starts(
         runs = []
         for seed in seeds:
             p = parts.get(
-                {
-                    "start": "random",
-                    "scheme": scheme,
-                    "n": n_r,
-                    "d": d_r,
-                    "beta": beta_r,
-                    "seed": seed,
-                    "t_end": t_end_random,
-                    **SCHEME_OPTIONS.get(scheme, {}),
-                },
+                _key("random", scheme, n=n_r, d=d_r, beta=beta_r, seed=seed, t_end=t_end_random),
                 lambda: random_part(scheme, n_r, d_r, beta_r, seed, t_end_random),
             )
             runs.append(p)
@@ -615,18 +603,11 @@ def _collapse(rep: StudyReport, parts: Parts, n_r: int, d_c: int) -> dict[str, d
     col, half_ode = {}, {}
     what = f"random starts, n = {n_r}, d = {d_c}: the sphere schemes through the staircase (BDF)"
     for scheme in steps(rep.name, what, SPHERE_SCHEMES):
+        clock = "tau" if scheme == "sqrt" else "t"
         p = parts.get(
-            {
-                "start": "collapse",
-                "scheme": scheme,
-                "n": n_r,
-                "d": d_c,
-                "beta": beta_c,
-                "seed": 0,
-                "clock": "tau" if scheme == "sqrt" else "t",
-                **COLLAPSE_TOL,
-                **SCHEME_OPTIONS.get(scheme, {}),
-            },
+            _key(
+                "collapse", scheme, n=n_r, d=d_c, beta=beta_c, seed=0, clock=clock, **COLLAPSE_TOL
+            ),
             lambda: collapse_part(
                 scheme, n_r, d_c, beta_c, 0, rtol=COLLAPSE_TOL["rtol"], atol=COLLAPSE_TOL["atol"]
             ),
