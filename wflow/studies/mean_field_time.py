@@ -70,8 +70,7 @@ def circle_w2(x: np.ndarray, a: np.ndarray, y: np.ndarray, b: np.ndarray) -> flo
     :math:`F^{-1}`, :math:`G^{-1}` (the latter extended by :math:`G^{-1}(s + k) = G^{-1}(s) + k`),
     :math:`W_2^2 = (2\pi)^2 \min_\theta \int_0^1 |F^{-1}(t) - G^{-1}(t + \theta)|^2 dt`, convex in
     :math:`\theta`; each evaluation is exact on the merged breakpoints (O((n + m) log(n + m))), the
-    minimum by bounded Brent.  Agrees with POT's ``wasserstein_circle`` to 1e-11 and is 10-100x faster
-    on 10^3-10^4 atoms.
+    minimum by bounded Brent.
 
     Examples
     --------
@@ -118,11 +117,6 @@ def lipschitz_bound(model: str, beta: float) -> tuple[float, float]:
     * SA, :math:`\dot\theta = -\int h\,d\mu / \int e^{\beta\cos}d\mu`: :math:`L_1 \le 1 + \beta` (the derivative is
       :math:`-E_p[\cos] + \beta\,\mathrm{Var}_p[\sin]`), :math:`L_2 \le (M_1 + M_2)\,e^{\beta}` (the normalizer is
       :math:`\ge e^{-\beta}` and :math:`|v| \le 1`).
-
-    Coupling the two flows from an optimal plan of the initial data gives
-    :math:`\frac{d}{dt}D \le L_1 D + L_2 W_1 \le (L_1 + L_2) D`, hence Dobrushin's estimate
-    :math:`W_2(\mu_N(t), \mu(t)) \le e^{Lt} W_2(\mu_N(0), \mu(0))`, :math:`L = L_1 + L_2`
-    (Sznitman 1991; Rigollet 2025, the mean-field limit).
 
     >>> np.allclose(lipschitz_bound("USA", 1.0), np.e), np.allclose(lipschitz_bound("SA", 0.0), (1.0, 1.0))
     (True, True)
@@ -196,18 +190,12 @@ def w2_in_time(
 ) -> Path:
     r"""Propagation of chaos in time on :math:`S^1`: :math:`W_2(\mu_N(t), \mu(t))` against Dobrushin's :math:`e^{Lt}`.
 
-    SA and USA at :math:`\beta \in \{1, 5\}`; :math:`\mu(t)` is the push-forward of ``CHAOS_FINE``
-    equispaced :math:`\rho_0`-weighted nodes by the Lagrangian quadrature solver (``CHAOS_QUAD`` nodes;
-    its error is the :math:`W_2` to the solve on half the nodes).  Per sample the exact circle
-    :math:`W_2` (:func:`circle_w2`) at every save.  Expected (what theory guarantees): every sample's
-    empirical rate :math:`\max_t \log(W_2(t)/W_2(0))/t` is below :math:`L = L_1 + L_2`
-    (:func:`lipschitz_bound`), and so is the fitted growth rate (OLS of :math:`\log(W_2(t)/W_2(0))`
-    against :math:`t`, pooled over seeds, one fit per N, 99 % CI).  Reported: the fitted rates.
-
-    ``density`` is :math:`\rho_0` (points of :math:`S^1` -> values relative to the uniform measure);
-    rows, expectations and notes go to ``rep``, the finished parts to ``out/parts/<rep.name>``;
-    returns the path of the figure.  Each part is announced on stderr (:mod:`wflow.studies.progress`),
-    its line made by ``label`` (the calling study's count of its phases).
+    SA and USA at :data:`CHAOS_BETAS` from :math:`\rho_0` = ``density`` (points of :math:`S^1` ->
+    values relative to the uniform measure): every sample's empirical rate
+    :math:`\max_t \log(W_2(t)/W_2(0))/t` and the fitted growth rate (99 % CI) are expected below
+    :math:`L = L_1 + L_2` (:func:`lipschitz_bound`); docs/validation.md gives the method.  Rows,
+    expectations and notes go to ``rep``, the parts to ``out/parts/<rep.name>``, each announced by
+    ``label``; returns the path of the figure.
     """
     parts = Parts(out, rep.name, quick)
     plan = CHAOS_PLAN[quick]

@@ -139,12 +139,10 @@ def three_ways_gelu(
     Eulerian solver, GELU descent in the poster's convention on ``CircleMesh(256)``.
 
     The model is USA(1, V = -I) + ``Perceptron.conservative(A, omega)``, two units drawn by
-    ``default_rng(13)`` (``a_j`` uniform on :math:`S^1`, :math:`\omega_j \sim N(0, 1)`).  The measure
-    ends in five atoms, two of them (masses 0.26, 0.23) 17 cells apart; a few thousandths of the
-    mass drain slowly from unstable points between atoms, so ``stationary`` gets ``tau_max=4``.
-    Particles: 256 on a uniform grid, Euler ``dt = 0.05`` to ``t = 50`` (speeds start near 1),
-    then ``dt = 1`` to ``t_particles``.  Eulerian: ``cfl = 0.8`` to ``t_eulerian``.  Only atoms of
-    mass at least 0.05 are compared; returns ``[(particles), (eulerian)]``, each
+    ``default_rng(13)``; ``stationary`` gets ``tau_max=4`` (mass drains slowly from unstable points).
+    Particles: 256 on a uniform grid, Euler ``dt = 0.05`` to ``t = 50``, then ``dt = 1`` to
+    ``t_particles``; Eulerian: ``cfl = 0.8`` to ``t_eulerian`` (docs/stability.md says why).  Only
+    atoms of mass at least 0.05 are compared; returns ``[(particles), (eulerian)]``, each
     ``(location gap / h, mass gap)``, or NaN gaps where the heavy-atom counts differ.
 
     Examples
