@@ -77,8 +77,7 @@ S2_EMD_MAX_N = 1600
 #: also against S2_REFINED_ATOMS_PER_PARTICLE * N nodes, which measures the reference's own error
 S2_SD_PLAN = {100: 16, 1000: 8, 10_000: 2}
 #: ... at these times; expectations only up to S2_SD_ASSERT_UNTIL (later times are reported).  Not
-#: t = 2: by then the pushed Fibonacci set is far from quasi-uniform (SA: nearest-neighbour spacing
-#: 0.029..0.39 against 0.077..0.088 at t = 0), and solves at N = 1e4 take minutes already at t = 1
+#: t = 2: by then the pushed Fibonacci set is far from quasi-uniform
 S2_SD_TIMES = (0.0, 1.0)
 S2_SD_ASSERT_UNTIL = 1.0
 S2_ATOMS_PER_PARTICLE = 16

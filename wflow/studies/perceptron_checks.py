@@ -32,9 +32,8 @@ COUNT_BETAS = (1.0, 5.0)
 
 #: the paper's cluster counts, ``(activation, sign) -> (beta where the study asserts it, fewest, most,
 #: lower bound on the fraction of the weight draws that match)``; ReLU ascent's one atom must also lie
-#: in :math:`\{v_\vartheta > 0\}`.  The bounds are a little below the fractions measured in the
-#: code's convention (docs/perceptron.md: 0.8, 0.7, 1.0 and 0.3-0.4), so that a perceptron lost
-#: beside the attention (equidistribution or one atom: fraction 0) fails them.
+#: in :math:`\{v_\vartheta > 0\}`.  The bounds sit a little below the fractions of docs/perceptron.md:
+#: a perceptron lost beside the attention (equidistribution or one atom: fraction 0) fails them.
 COUNT_RULES: dict[tuple[str, int], tuple[float, int, int, float]] = {
     ("relu", 1): (1.0, 1, 1, 0.7),
     ("relu", -1): (1.0, 2, 3, 0.5),

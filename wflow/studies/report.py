@@ -147,10 +147,7 @@ def check_options(names: list[str], options: dict[str, str] | None) -> dict[str,
 
 
 def load_all() -> dict[str, str]:
-    """Import every module of :data:`STUDY_MODULES` (each registers its studies in :data:`STUDIES`).
-
-    A module that cannot be imported does not stop the others: returns those that failed,
-    module name -> ``"ExceptionType: message"`` (empty when all imported).
+    """Import every module of :data:`STUDY_MODULES`; returns those that failed, name -> ``"Type: message"``.
 
     Examples
     --------
@@ -208,8 +205,7 @@ def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
 def fit_slope(N: np.ndarray, err: np.ndarray, level: float = 0.99) -> tuple[float, float]:
     """OLS slope of ``log err`` against ``log N``, with the half-width of its ``level`` confidence interval.
 
-    The half-width is Student's t quantile times the slope's standard error (``inf`` with two
-    points); :meth:`StudyReport.expect_slope` states an expectation on the pair.
+    Student's t quantile times the slope's standard error (``inf`` with two points).
 
     Examples
     --------
@@ -243,13 +239,10 @@ class RateFit(NamedTuple):
 def fit_rate_models(N: np.ndarray, err: np.ndarray, level: float = 0.95) -> RateFit:
     r"""The slope of ``err`` against ``N`` with its confidence interval, and the fits of two rate models.
 
-    The slope is :func:`fit_slope`'s (least squares in log-log, Student's t interval at ``level``
-    from the residuals).  Each model :math:`e_i \approx C f(N_i)`, with
-    :math:`f(N) = N^{-1/2}` (the i.i.d. empirical rate in dimension 1) or
-    :math:`f(N) = (\log N / N)^{1/2}` (Ajtai--Komlós--Tusnády on a 2-dimensional sphere), has one
-    free constant fitted by least squares in log space,
-    :math:`\log C = \overline{\log e_i - \log f(N_i)}`; its residual is the RMS of
-    :math:`\log e_i - \log(C f(N_i))`.
+    The slope is :func:`fit_slope`'s.  Each model :math:`e_i \approx C f(N_i)`, with
+    :math:`f(N) = N^{-1/2}` (i.i.d. rate in dimension 1) or :math:`(\log N / N)^{1/2}`
+    (Ajtai--Komlós--Tusnády on a 2-sphere), has :math:`\log C = \overline{\log e_i - \log f(N_i)}`
+    and the RMS of :math:`\log e_i - \log(C f(N_i))` as its residual.
 
     Parameters
     ----------
@@ -342,8 +335,7 @@ class StudyReport:
 
     @property
     def passed(self) -> bool:
-        """True when the study ran, stated expectations and all of them held (a study with none fails), or
-        when it was skipped (:attr:`skipped`)."""
+        """Ran and stated expectations that all held (a study with none fails), or was skipped."""
         if self.skipped is not None and self.error is None:
             return True
         return (

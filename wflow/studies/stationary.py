@@ -215,10 +215,8 @@ def stationary_study(out: Path, quick: bool = True) -> StudyReport:
         lines.append(_one(rep, beta, 1, "gelu", 3))
     if not quick:
         phase(rep.name, "S1: beta = 50 on 512 and 1024 cells, S2: GELU descent at beta = 5")
-        # beta = 50 on 1024 cells: two descent atoms 0.14 rad apart need h sqrt(beta) <= 0.12, and the
-        # ReLU descent's four light atoms split as the particles' only at h sqrt(beta) ~ 0.04 (512
-        # cells: another stable state, reported; docs/perceptron.md); on 256 cells the default call
-        # must say resolved=False, not converged
+        # beta = 50 needs h sqrt(beta) <= 0.12 (1024 cells; 512 reach another stable state, reported:
+        # docs/perceptron.md); on 256 cells the default call must say resolved=False, not converged
         for act in ("relu", "gelu"):
             for sign in (1, -1):
                 lines.append(_one(rep, 50.0, sign, act, 2, n=1024))
