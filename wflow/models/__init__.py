@@ -15,17 +15,11 @@ Blocks (the conventions page of the documentation):
 
 Models add: ``SA(beta=4) + Perceptron(W, A)`` has the sum of the velocities.
 
-Energy convention.  ``energy(mu)`` is the functional :math:`F` that the flow *ascends*
-(:math:`dF/dt \ge 0`): :math:`\pm E_\beta`, :math:`E_\beta(\mu) = \frac{1}{2\beta}\iint
-e^{\beta\langle x,y\rangle}d\mu\,d\mu`, for USA and SA with :math:`Q = K = I`, :math:`V = \pm I`
-(SA in the metric reweighted by :math:`Z_\mu`), plus :math:`\tfrac12\int v_\omega\,d\mu` for a
-conservative perceptron :math:`W = A^\top\mathrm{diag}(\omega)`,
-:math:`v_\omega(x) = \sum_j \omega_j\varphi(a_j\cdot x + b_j)`, :math:`\varphi' = 2\sigma` (the
-conventions page derives each).
-So for the repulsive choice :math:`V = -I` the interaction energy :math:`E_\beta`
-*decreases* and ``energy`` returns :math:`-E_\beta`.  At :math:`\beta = 0` the constant
-:math:`1/(2\beta)` is dropped: :math:`E_0(\mu) = \tfrac12|\int x\,d\mu|^2`, the limit of
-:math:`E_\beta - 1/(2\beta)`.  A model that is not a gradient flow raises
+Energy convention (derived on the conventions page).  ``energy(mu)`` is the functional :math:`F`
+that the flow *ascends*: :math:`\pm E_\beta`, :math:`E_\beta(\mu) = \frac{1}{2\beta}\iint
+e^{\beta\langle x,y\rangle}d\mu\,d\mu`, for USA and SA with :math:`Q = K = I`, :math:`V = \pm I`,
+plus :math:`\tfrac12\int v_\omega\,d\mu` for a conservative perceptron.  At :math:`\beta = 0`:
+:math:`E_0(\mu) = \tfrac12|\int x\,d\mu|^2`.  A model that is not a gradient flow raises
 :class:`~wflow.errors.NotAGradientFlowError` saying which condition fails.
 """
 

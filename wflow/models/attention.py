@@ -1,9 +1,6 @@
-r"""The attention blocks: :class:`SA` (softmax, "Post-LN") and :class:`USA` (unnormalized), with their
-energies, their Kuramoto form on the circle and their exact Jacobian on the sphere.
-
-One idea, one module: everything here is the attention velocity
-:math:`P_x\big(\int e^{\beta\langle Qx, Ky\rangle} V y\,d\mu(y) / Z\big)` and what follows from it; the
-shared machinery is :class:`Attention`, of which SA and USA are the two normalizations.
+r"""The attention blocks: :class:`SA` (softmax, "Post-LN") and :class:`USA` (unnormalized), the two
+normalizations of :class:`Attention`, with their energies, their Kuramoto form on the circle and their
+exact Jacobian on the sphere.
 """
 
 from __future__ import annotations
@@ -125,12 +122,7 @@ class Attention(Model):
             return norm(self.V) * (1 + b)
         size = b - self.offset(self.beta)
         if size > USA.MAX_LOG_VELOCITY:
-            raise WflowError(
-                f"USA at beta={self.beta:g}: velocities of size up to e^{size:.4g} move on the time "
-                f"scale e^-beta, beyond what float64 can integrate; use SA, a smaller beta, or the "
-                f"rescaled kernel e^(beta(<x,y>-1)) (USA(beta, kernel='rescaled'): a time change "
-                f"t' = e^beta t, wflow.theory.rescaled_time)"
-            )
+            raise WflowError(USA.too_fast(self.beta, size))
         return norm(self.V) * (1 + b) * float(np.exp(size))
 
     def _sums(self, x: np.ndarray, mu: Atoms, backend: str, values: bool = True):
@@ -192,10 +184,9 @@ class Attention(Model):
             \theta_i' = \pm\frac{\sum_j w_j e^{-2\beta\sin^2(\Delta_{ij}/2) + c}\sin\Delta_{ij}}{[\sum_j w_j
             e^{-2\beta\sin^2(\Delta_{ij}/2)}]_{\mathrm{SA}}}, \qquad \Delta_{ij} = \theta_j - \theta_i,
 
-        with :math:`c = \beta - o` (0 in the rescaled kernel) for USA.  Angle differences of nearby tokens are
-        exact (Sterbenz) and :math:`1 - \cos\Delta = 2\sin^2(\Delta/2)` keeps its relative accuracy, so tokens
-        that have merged contribute exactly nothing and forces of size :math:`e^{-\beta\Delta^2/2}` far below
-        rounding are resolved (the metastable staircase); Cartesian coordinates carry a noise of ~1e-16 there.
+        with :math:`c = \beta - o` (0 in the rescaled kernel) for USA.  Angle differences keep their
+        relative accuracy, so merged tokens contribute exactly nothing and forces far below rounding
+        in Cartesian coordinates are resolved (the metastable staircase).
         ``theta`` of shape ``(..., n)``, ``weights`` ``(..., n)``; an O(n^2) direct sum.
         """
         why = self.gradient_obstruction()
@@ -218,10 +209,7 @@ class Attention(Model):
             return self.sign * num / np.sum(k, axis=-1)
         c = beta - self.offset(beta)
         if c > USA.MAX_LOG_VELOCITY:
-            raise WflowError(
-                f"USA at beta={self.beta:g}: velocities of size e^{c:.4g}, beyond float64; use "
-                f"kernel='rescaled'"
-            )
+            raise WflowError(USA.too_fast(self.beta, c))
         return self.sign * num * np.exp(c)
 
     def angular_jacobian(self, theta: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -269,10 +257,8 @@ class Attention(Model):
             \frac{\partial v_i}{\partial\theta_k} = P_{\theta_i}\frac{\partial A_i}{\partial\theta_k}
             - \delta_{ik}\big(\langle\theta_i, A_i\rangle I + \theta_i A_i^\top\big),
 
-        with :math:`\bar A_i = \sum_j p_{ij}\theta_j` for SA (the derivative of the normalization) and
-        :math:`\bar A_i = 0` for USA.  A dense Jacobian of :math:`n d` unknowns: meant for the stiff
-        steps (``method="ros2"``) of small systems, e.g. tokens in span coordinates
-        (``coordinates="span"``).
+        with :math:`\bar A_i = \sum_j p_{ij}\theta_j` for SA and :math:`\bar A_i = 0` for USA.  A dense
+        Jacobian of :math:`n d` unknowns, for the stiff steps (``method="ros2"``) of small systems.
 
         Examples
         --------
@@ -288,10 +274,7 @@ class Attention(Model):
         >>> bool(np.allclose(fd, dv[:, 1, :, 2], atol=1e-8))
         True
         """
-        if any(_identity_sign(M) != 1 for M in (self.Q, self.K)) or _identity_sign(self.V) not in (
-            1,
-            -1,
-        ):
+        if self.gradient_obstruction() is not None:
             raise ValueError(f"sphere_jacobian needs Q = K = I and V = +-I, got {self!r}")
         theta = np.asarray(theta, dtype=np.float64)
         w = np.asarray(weights, dtype=np.float64)
@@ -319,9 +302,7 @@ class Attention(Model):
             + beta * (theta[None, :, :, None] - Abar[:, None, :, None]) * theta[:, None, None, :]
         )
         idx = np.arange(n)
-        C = np.matmul(
-            theta.T[None, :, :] * p[:, None, :], theta
-        )  # C_i = sum_j p_ij theta_j theta_j^T
+        C = np.matmul(theta.T[None, :, :] * p[:, None, :], theta)  # sum_j p_ij theta_j theta_j^T
         dA[idx, idx] += beta * (C - Abar[:, :, None] * Abar[:, None, :])
         dA *= self.sign
         A *= self.sign
@@ -342,13 +323,16 @@ class Attention(Model):
         x = self._check_query(x, mu)
         return self._average(x, mu, backend)
 
+    def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
+        x = self._check_query(x, mu)
+        return project(x, self._average(x, mu, backend))
+
     def log_energy(self, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         r""":math:`\log E_\beta(\mu)`, :math:`E_\beta = \frac{1}{2\beta}\iint e^{\beta\langle x,y\rangle}d\mu\,d\mu`, finite at any beta.
 
-        ``energy`` is :math:`\pm E_\beta` (the sign of V) and overflows float64 beyond
-        :math:`\beta \approx 709`; its logarithm is formed from the kernel sums' log-scale,
-        :math:`\log E_\beta = \log\sum_i w_i s_i e^{c_i} - \log 2\beta`, and stays finite.
-        At :math:`\beta = 0`: :math:`\log\tfrac12|\int x\,d\mu|^2`.
+        Formed from the kernel sums' log-scale, :math:`\log\sum_i w_i s_i e^{c_i} - \log 2\beta`
+        (``energy`` overflows beyond :math:`\beta \approx 709`).  At :math:`\beta = 0`:
+        :math:`\log\tfrac12|\int x\,d\mu|^2`.
         """
         self._require_gradient()
         mu = as_atoms(mu, "mu")
@@ -379,17 +363,15 @@ class Attention(Model):
         return out
 
     def __repr__(self) -> str:
+        signed = self.V is not None and self.sign != 0  # V = +-I: said so
+        names = ("Q", "K") if signed else ("Q", "K", "V")
         extra = "".join(
-            f", {n}=<{getattr(self, n).shape[0]}x{getattr(self, n).shape[1]}>"
-            for n in ("Q", "K", "V")
-            if getattr(self, n) is not None
+            f", {n}=<{M.shape[0]}x{M.shape[1]}>"
+            for n in names
+            if (M := getattr(self, n)) is not None
         )
-        if self.V is not None and self.sign != 0:
-            extra = "".join(
-                f", {n}=<{getattr(self, n).shape[0]}x{getattr(self, n).shape[1]}>"
-                for n in ("Q", "K")
-                if getattr(self, n) is not None
-            ) + (", V=-I" if self.sign < 0 else ", V=I")
+        if signed:
+            extra += ", V=-I" if self.sign < 0 else ", V=I"
         temp = f"gamma={self.gamma:g}" if self.gamma is not None else f"beta={self.beta:g}"
         kern = ", kernel='rescaled'" if self.kernel == "rescaled" else ""
         return f"{type(self).__name__}({temp}{extra}{kern})"
@@ -408,9 +390,8 @@ class SA(Attention):
     V : array_like, shape (d, d), optional
         Value matrix (identity if omitted; ``-I`` is repulsive).
     kernel : {"plain", "rescaled"}
-        :math:`e^{\beta\langle Qx,Ky\rangle}` or :math:`e^{\beta(\langle Qx,Ky\rangle - 1)}` (the perceptron
-        paper's and the metastability papers' convention).  SA's velocity is the same in both;
-        its energy carries the factor :math:`e^{-\beta}` in the rescaled one.
+        :math:`e^{\beta\langle Qx,Ky\rangle}` or :math:`e^{\beta(\langle Qx,Ky\rangle - 1)}`: the same
+        velocity for SA, the energy times :math:`e^{-\beta}` in the rescaled one.
     gamma : float, optional
         Long context: :math:`\beta = \gamma\log n` on a measure of ``n`` atoms (instead of ``beta``).
 
@@ -438,10 +419,6 @@ class SA(Attention):
     def _average(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
         return self._sums(x, mu, backend).softmax_average()
 
-    def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
-        x = self._check_query(x, mu)
-        return project(x, self._average(x, mu, backend))
-
     def fused_attention(self, n: int) -> FusedAttention | None:
         """A :class:`FusedAttention` at ``beta_for(n)`` when :math:`Q = K = V = I` (:meth:`plain_attention`), else
         ``None``: the fused small-system step (:mod:`wflow.solvers.fused`) applies."""
@@ -465,12 +442,9 @@ class USA(Attention):
     Wasserstein-2 gradient ascent of :math:`\pm E_\beta`:
     :math:`v = \nabla_S\,\delta F/\delta\mu`, :math:`dF/dt = \int |v|^2 d\mu`.
 
-    In the plain kernel the velocity is of size :math:`e^{\beta}` and moves on the time scale
-    :math:`e^{-\beta}`: beyond :math:`\beta \approx 300` float64 cannot integrate it and a
-    :class:`~wflow.errors.WflowError` says so.  The rescaled kernel
-    :math:`e^{\beta(\langle x,y\rangle-1)}` (``kernel="rescaled"``) is the same flow at the time
-    :math:`t' = e^{\beta}t` with velocities of size 1; it runs at any beta (the metastability
-    studies use :math:`\beta = 500\ldots 4000`).
+    In the plain kernel the velocity is of size :math:`e^{\beta}`: beyond :math:`\beta \approx 300`
+    float64 cannot integrate it and a :class:`~wflow.errors.WflowError` says so.  The rescaled
+    kernel (``kernel="rescaled"``) is the same flow at the time :math:`t' = e^{\beta}t`, at any beta.
 
     Examples
     --------
@@ -487,8 +461,7 @@ class USA(Attention):
 
     @classmethod
     def too_fast(cls, beta: float, log_size: float) -> str:
-        """Why float64 cannot integrate USA whose velocity is of size ``e^log_size`` (the one message of
-        the rule, for the library, the configuration and sweeps alike)."""
+        """Why float64 cannot integrate USA whose velocity is of size ``e^log_size`` (the one message)."""
         return (
             f"USA at beta={beta:g}: the velocity is of size e^{log_size:.4g} and moves on the time scale "
             f"e^-beta, beyond what float64 can integrate (e^beta overflows, and its square long before; "
@@ -500,9 +473,6 @@ class USA(Attention):
     @classmethod
     def integrable(cls, beta: float, kernel: str = "plain") -> str | None:
         """``None`` when float64 can integrate USA at ``beta`` in ``kernel``, else why not.
-
-        Tokens that gather make the self-interaction :math:`e^{\beta}` the velocity's size in the
-        plain kernel; the rescaled kernel divides it by :math:`e^{\beta}`, so it runs at any beta.
 
         Examples
         --------
@@ -519,13 +489,6 @@ class USA(Attention):
         if c.size and float(np.max(c)) > self.MAX_LOG_VELOCITY:
             raise WflowError(self.too_fast(self.beta, float(np.max(c))))
         return s.vector * np.exp(c)[..., None]
-
-    def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
-        x = self._check_query(x, mu)
-        return project(x, self._average(x, mu, backend))
-
-
-# --------------------------------------------------------------------------- perceptron
 
 
 _ATTENTION_KEYS = {"type", "beta", "Q", "K", "V", "kernel", "gamma"}

@@ -1,10 +1,7 @@
 r"""The model contract: :class:`Model` (a velocity field that depends on a measure, and for gradient
 flows its energy), sums of models, what a solver needs to fuse a step (:class:`FusedAttention`), and
-the registry that turns a model's description back into the model (:func:`model_from_dict`).
-
-The blocks live in :mod:`wflow.models.attention` and :mod:`wflow.models.perceptron`, the
-normalization schemes in :mod:`wflow.schemes`; each registers its types here
-(:func:`register_model`).
+the registry that turns a model's description back into the model (:func:`model_from_dict`), where
+every model type registers itself (:func:`register_model`).
 """
 
 from __future__ import annotations
@@ -48,9 +45,8 @@ class FusedAttention:
         v[\mu](x) = P_x\Big(\frac{\int e^{\beta\langle x, y\rangle} y\,d\mu(y)}{\int e^{\beta\langle x, y\rangle}d\mu(y)}\Big),
 
     at inverse temperature ``beta`` on the ``n`` tokens it was asked for (:meth:`Model.fused_attention`),
-    and the log of its kernel's scale ``offset`` (0 for :math:`e^{\beta\langle x,y\rangle}`, ``beta`` for the
-    rescaled :math:`e^{\beta(\langle x,y\rangle - 1)}`), which turns the double sums of a fused step into
-    the model's energy (:meth:`log_energy`).
+    and the log of its kernel's scale ``offset`` (0, or ``beta`` for the rescaled kernel), which turns
+    the double sums of a fused step into the model's energy (:meth:`log_energy`).
 
     Examples
     --------
@@ -67,8 +63,7 @@ class FusedAttention:
 
     def log_energy(self, log_double_sums: Any) -> Any:
         r""":math:`\log E_\beta = \log\sum_i w_i\sum_j w_j e^{\beta\langle x_i, x_j\rangle} - \log 2\beta - o`
-        (:meth:`SA.log_energy`'s formula, :math:`o` the offset) from the double sums' logarithm, for
-        ``beta > 0``."""
+        from the double sums' logarithm, for ``beta > 0``."""
         return log_double_sums - math.log(2 * self.beta) - self.offset
 
 
@@ -103,11 +98,10 @@ class Model(ABC):
         return False
 
     def at(self, t: float, *, piece: float | None = None) -> Model:
-        """The model acting at time ``t`` (a time-independent one: itself).  Solvers evaluate ``model.at(t)``.
+        """The model acting at time ``t`` (a time-independent one: itself).
 
-        ``piece``: a time in the same piece (between two :meth:`breakpoints`) as the one wanted, which side
-        of a breakpoint ``t`` is on (solvers pass a step's midpoint, so that a stage at a step's end on a
-        layer boundary sees the step's layer); None: ``t`` itself (right-continuous).
+        ``piece``: a time in the same piece (between two :meth:`breakpoints`) as the one wanted, which
+        side of a breakpoint ``t`` is on (solvers pass a step's midpoint); None: ``t`` itself.
         """
         return self
 
@@ -118,16 +112,14 @@ class Model(ABC):
     @property
     def ordered(self) -> bool:
         """True when the velocity depends on the tokens' order, not on the measure alone (causal
-        masking, :class:`~wflow.models.MultiHead`): the particle solver without noise or tracers serves
-        it; the mean-field solvers, which see a measure, refuse it."""
+        masking): the mean-field solvers refuse it."""
         return False
 
     # -- fused steps -------------------------------------------------------------
     def fused_attention(self, n: int) -> FusedAttention | None:
-        """Whether and how a solver may fuse this model's step on systems of ``n`` tokens: a
-        :class:`FusedAttention` when the velocity is softmax attention with :math:`Q = K = V = I` (SA),
-        else ``None`` (the default: the solver evaluates :meth:`velocity`).  A subclass that changes
-        the velocity of such a model must return ``None``."""
+        """A :class:`FusedAttention` when a solver may fuse this model's step on systems of ``n``
+        tokens (SA with :math:`Q = K = V = I`), else ``None``.  A subclass that changes the velocity
+        of such a model must return ``None``."""
         return None
 
     # -- gradient structure ----------------------------------------------------
@@ -164,14 +156,10 @@ class Model(ABC):
         x = self._check_query(x, mu)
         return self._first_variation(x, mu, backend)
 
-    def _energy(
-        self, mu: Atoms, backend: str
-    ) -> np.ndarray:  # pragma: no cover - abstract in effect
+    def _energy(self, mu: Atoms, backend: str) -> np.ndarray:  # pragma: no cover
         raise NotAGradientFlowError(f"{self!r} defines no energy")
 
-    def _first_variation(
-        self, x: np.ndarray, mu: Atoms, backend: str
-    ) -> np.ndarray:  # pragma: no cover
+    def _first_variation(self, x: np.ndarray, mu: Atoms, backend: str) -> np.ndarray:
         raise NotAGradientFlowError(f"{self!r} defines no first variation")
 
     # -- composition and serialisation ----------------------------------------
@@ -194,10 +182,7 @@ class Model(ABC):
             raise ValueError(f"x must have shape (..., n, d), got shape {x.shape}")
         if x.shape[-1] != mu.d:
             raise ValueError(f"x has dimension d={x.shape[-1]} but the measure has d={mu.d}")
-        if self.dim is not None and mu.d != self.dim:
-            raise ValueError(
-                f"{self!r} works in dimension d={self.dim}, but the measure has d={mu.d}"
-            )
+        self.check_dimension(mu.d)
         return x
 
     def rate_bound(self) -> float:
@@ -212,8 +197,7 @@ class Model(ABC):
 
 def as_matrix(M: Any, name: str, ndim: int = 2) -> np.ndarray | None:
     """``M`` as a finite real float64 array of ``ndim`` axes (``None`` stays ``None``); a TypeError or
-    ValueError naming ``name`` otherwise.  The check of every model's matrices (Q, K, V, W, A) and
-    stacks of them (a multi-head model's, ``ndim=3``)."""
+    ValueError naming ``name`` otherwise."""
     if M is None:
         return None
     A = np.asarray(M)
@@ -312,7 +296,6 @@ class SumModel(Model):
     def metric(self) -> str:
         return self._parts[0].metric if len(self._parts) == 1 else WASSERSTEIN
 
-    # (sum over at least one block, checked in __init__: never sum's start value 0)
     def _energy(self, mu: Atoms, backend: str) -> np.ndarray:
         return cast(np.ndarray, sum(p._energy(mu, backend) for p in self._parts))
 
@@ -326,8 +309,7 @@ class SumModel(Model):
         return " + ".join(repr(p) for p in self._parts)
 
 
-#: model type (``to_dict()["type"]``) -> (the keys its description may have, the function that builds it
-#: from the description); filled by :func:`register_model` where each model class is defined
+#: model type (``to_dict()["type"]``) -> (the keys its description may have, its builder)
 MODEL_TYPES: dict[str, tuple[frozenset[str], Callable[[dict[str, Any]], Model]]] = {}
 
 
@@ -335,13 +317,11 @@ def register_model(
     name: str, keys: Iterable[str], build: Callable[[dict[str, Any]], Model]
 ) -> None:
     """Make :func:`model_from_dict` build descriptions of type ``name`` (whose keys are among ``keys``,
-    ``"type"`` included) by ``build(spec)``.  The modules defining models call it at import
-    (:mod:`wflow.models`, :mod:`wflow.schemes`), so that this module needs none of them."""
+    ``"type"`` included) by ``build(spec)``; the modules defining models call it at import."""
     MODEL_TYPES[name] = (frozenset(keys), build)
 
 
-#: model types registered by modules outside wflow.models, by the module that registers them (imported when a
-#: stored model of that type is read)
+#: model types registered outside wflow.models, by their module (imported when such a model is read)
 _MODEL_MODULES = {"Normalized": "wflow.schemes", "Layered": "wflow.schemes"}
 
 
@@ -361,9 +341,7 @@ def model_from_dict(spec: dict[str, Any]) -> Model:
     if not isinstance(spec, dict):
         raise TypeError(f"a model description must be a dict, got {short_repr(spec)}")
     kind = spec.get("type")
-    if (
-        kind not in MODEL_TYPES and kind in _MODEL_MODULES
-    ):  # registered by a module not yet imported
+    if kind not in MODEL_TYPES and kind in _MODEL_MODULES:  # its module not yet imported
         importlib.import_module(_MODEL_MODULES[kind])
     if kind not in MODEL_TYPES:
         raise ValueError(

@@ -26,8 +26,7 @@ coordinate :math:`(y - \bar y)/(\sqrt d\,\mathrm{std}\,y)`, on the unit sphere o
 with :math:`C` the centring (LayerNorm part) or the identity, :math:`s = \sqrt d` or :math:`\rho`.  Each part
 (attention, feed-forward, biases, LayerNorm's centring and :math:`\gamma, \beta`) switches on or off
 (``parts``); attention alone without biases is the sum of the heads' ``SA(beta, Q_h, K_h, W_O,h W_V,h)``
-read at radius :math:`\rho`.  This is an idealisation, not a limit of the discrete layer: a Post-LN layer
-renormalizes the whole stream at every step, so :math:`\eta \to 0` does not give an ODE (the docs page
+read at radius :math:`\rho`.  This is an idealisation, not a limit of the discrete layer (the docs page
 "Real Transformers" says what matches and what does not).
 """
 
@@ -50,6 +49,18 @@ __all__ = ["LayerNorm", "BertLayer", "PARTS"]
 
 #: the parts of a BERT layer the continuous idealisation can switch on
 PARTS = ("attention", "feed_forward", "biases", "layernorm")
+
+
+def _parts(parts: Any) -> tuple[str, ...]:
+    if isinstance(parts, str) or not all(p in PARTS for p in parts):
+        raise ValueError(f"parts must be a list of names among {PARTS}, got {short_repr(parts)}")
+    return tuple(p for p in PARTS if p in parts)
+
+
+def _nonnegative(value: Any, name: str) -> float:
+    if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {short_repr(value)}")
+    return float(value)
 
 
 def _vector(v: Any, name: str, d: int) -> np.ndarray:
@@ -77,9 +88,7 @@ class LayerNorm:
             raise ValueError(f"gamma must be a vector of length d >= 2, got {short_repr(gamma)}")
         self.gamma = _vector(g, "gamma", g.size)
         self.beta = _vector(beta, "beta", g.size)
-        if not isinstance(eps, (int, float)) or not np.isfinite(eps) or eps < 0:
-            raise ValueError(f"eps must be a finite number >= 0, got {short_repr(eps)}")
-        self.eps = float(eps)
+        self.eps = _nonnegative(eps, "eps")
 
     def normalize(self, y: np.ndarray) -> np.ndarray:
         """:math:`(y - \\bar y)/\\sqrt{\\mathrm{var}\\,y + \\epsilon}` (before gamma, beta)."""
@@ -170,15 +179,9 @@ class BertLayer(Model):
             if ln.gamma.size != d:
                 raise ValueError(f"{name} acts on dimension {ln.gamma.size}, the attention on {d}")
         self.ln1, self.ln2 = ln1, ln2
-        if isinstance(parts, str) or not all(p in PARTS for p in parts):
-            raise ValueError(
-                f"parts must be a list of names among {PARTS}, got {short_repr(parts)}"
-            )
-        self.parts_on = tuple(p for p in PARTS if p in parts)
+        self.parts_on = _parts(parts)
         self.radius = float(np.sqrt(d)) if radius is None else check_positive(radius, "radius")
-        if not isinstance(speed, (int, float)) or not np.isfinite(speed) or speed < 0:
-            raise ValueError(f"speed must be a finite number >= 0, got {short_repr(speed)}")
-        self.speed = float(speed)
+        self.speed = _nonnegative(speed, "speed")
         #: what the copies of :meth:`with_parts` share: the bias-free attention, the weights' description
         self._cache: dict[str, Any] = {}
         self._bare = self._bare_attention() if "biases" not in self.parts_on else attention
@@ -224,18 +227,13 @@ class BertLayer(Model):
     ) -> BertLayer:
         """The same weights with other ``parts`` switched on (and another ``radius``, ``speed``); the input
         LayerNorm is kept."""
-        if isinstance(parts, str) or not all(p in PARTS for p in parts):
-            raise ValueError(
-                f"parts must be a list of names among {PARTS}, got {short_repr(parts)}"
-            )
+        parts_on = _parts(parts)
         layer = copy.copy(self)  # the same (checked) weights, shared: no copy, no re-validation
-        layer.parts_on = tuple(p for p in PARTS if p in parts)
+        layer.parts_on = parts_on
         if radius is not None:
             layer.radius = check_positive(radius, "radius")
         if speed is not None:
-            if not isinstance(speed, (int, float)) or not np.isfinite(speed) or speed < 0:
-                raise ValueError(f"speed must be a finite number >= 0, got {short_repr(speed)}")
-            layer.speed = float(speed)
+            layer.speed = _nonnegative(speed, "speed")
         layer._bare = self._bare_attention() if "biases" not in layer.parts_on else self.attention
         return layer
 
@@ -398,22 +396,7 @@ class BertLayer(Model):
         )
 
 
-register_model(
-    "BertLayer",
-    {
-        "type",
-        "attention",
-        "W1",
-        "b1",
-        "W2",
-        "b2",
-        "ln1",
-        "ln2",
-        "activation",
-        "parts",
-        "radius",
-        "speed",
-        "ln_in",
-    },
-    BertLayer.from_dict,
-)
+#: a BertLayer's description: its weights, then its options
+_WEIGHTS = {"attention", "W1", "b1", "W2", "b2", "ln1", "ln2", "ln_in"}
+_OPTIONS = {"type", "activation", "parts", "radius", "speed"}
+register_model("BertLayer", _WEIGHTS | _OPTIONS, BertLayer.from_dict)

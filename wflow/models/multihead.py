@@ -10,11 +10,9 @@ Heads :math:`h = 1..H`, each with its own query and key maps :math:`Q_h, K_h \in
     (W^V_h x_j + b^V_h)}{\sum_{j\in J(i)} w_j\,e^{\beta\langle Q_h x_i + b^Q_h,\,K_h x_j + b^K_h\rangle}} + b^O,
     \qquad v(x_i) = P_{x_i}A(x_i),
 
-with :math:`J(i)` every token, or with ``causal=True`` the tokens :math:`j \le i` (each token attends to
-itself and the tokens before it; Karagodin, Polyanskiy & Rigollet, "Clustering in causal attention
-masking", 2024).  The value maps are applied as the two thin products :math:`W^O_h(P_h (Y W^{V\top}_h))`,
-never as a :math:`d\times d` matrix: :math:`O(n^2 H p + n d H r)` work a layer instead of
-:math:`O(n^2 H d + n d^2 H)` for :math:`H` dense-V :class:`~wflow.models.SA` blocks.
+with :math:`J(i)` every token, or with ``causal=True`` the tokens :math:`j \le i` (Karagodin,
+Polyanskiy & Rigollet, "Clustering in causal attention masking", 2024).  The value maps are applied
+as two thin products, never as a :math:`d\times d` matrix.
 
 With one head, no biases, :math:`r = d` and no mask it is ``SA(beta, Q, K, V=W_O @ W_V)``.
 """
@@ -57,9 +55,8 @@ class MultiHead(Model):
     bias_o : array_like, shape (d,), optional
         Output bias (a constant drift).
     causal : bool
-        Token ``i`` attends to the tokens ``j <= i`` only.  The velocity then depends on the tokens'
-        order, not on the measure alone: the particle solver without noise or tracers serves it, the
-        mean-field solvers refuse it (:attr:`ordered`).
+        Token ``i`` attends to the tokens ``j <= i`` only (the velocity then depends on the tokens'
+        order: :attr:`ordered`).
 
     Examples
     --------
@@ -120,10 +117,9 @@ class MultiHead(Model):
         if not isinstance(causal, (bool, np.bool_)):
             raise TypeError(f"causal must be True or False, got {short_repr(causal)}")
         self.causal = bool(causal)
-        # the output maps of all heads side by side, (d, H r)
-        self._Os = np.concatenate(list(O_), axis=1)
-        # the maps of every head stacked for one GEMM, each head's block followed by a column of
-        # ones (its bias 1, its row 0): queries (beta folded in), then keys, then values
+        self._Os = np.concatenate(list(O_), axis=1)  # the output maps side by side, (d, H r)
+        # the maps of every head stacked for one GEMM, each head's block followed by a row of
+        # bias 1 (weights 0): queries (beta folded in), then keys, then values
         rows = []
         for M, bias in (
             (self.beta * Q_, None if self.bias_q is None else self.beta * self.bias_q),
@@ -168,11 +164,10 @@ class MultiHead(Model):
     def update(
         self, x: ArrayLike, weights: ArrayLike | None = None, keys: ArrayLike | None = None
     ) -> np.ndarray:
-        r"""The attention output :math:`A(x_i)` before projection at queries ``x`` of shape ``(..., n, d)`` in
-        :math:`\mathbb{R}^d` (not only on the sphere) attending to the tokens ``keys`` of shape ``(..., m, d)``
-        (default ``x``: the tokens attend to each other) with atom weights ``weights`` of shape ``(..., m)``
-        (uniform if omitted); shape ``(..., n, d)``.  With the causal mask query ``i`` attends to the keys
-        ``j <= i`` (then ``m = n``)."""
+        r"""The attention output :math:`A(x_i)` before projection at queries ``x`` of shape ``(..., n, d)``
+        (any points of :math:`\mathbb{R}^d`) attending to ``keys`` of shape ``(..., m, d)`` (default
+        ``x``) with weights of shape ``(..., m)`` (uniform if omitted); shape ``(..., n, d)``.  With
+        the causal mask query ``i`` attends to the keys ``j <= i`` (then ``m = n``)."""
         x = np.asarray(x, dtype=np.float64)
         if x.ndim < 2 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (..., n, {self.dim}), got {x.shape}")
@@ -196,11 +191,9 @@ class MultiHead(Model):
                 f"causal attention needs one key per query (token i attends to tokens j <= i), got {n} "
                 f"queries and {m} keys"
             )
-        w = (
-            None
-            if weights is None
-            else np.broadcast_to(np.asarray(weights, np.float64), kv.shape[:-1])
-        )
+        w = None
+        if weights is not None:
+            w = np.broadcast_to(np.asarray(weights, np.float64), kv.shape[:-1])
         heads = np.empty((*batch, n, H * r))
         block = max(1, _BLOCK_NUMBERS // max(1, m * int(np.prod(batch, dtype=int))))
         cols = np.arange(m)
@@ -214,9 +207,8 @@ class MultiHead(Model):
             v = kv[..., lo : lo + r + 1]
             if w is not None:
                 v = v * w[..., None]
-            # shift c_i: the bound |q_i| max_j |k_j| of row i's logits (Cauchy-Schwarz) while their
-            # spread 2 c_i stays below 600 (no term under e^-600: no subnormal, no underflow); else
-            # 0 and each row's maximum is subtracted below, dropping terms under e^-700 of it
+            # shift c_i: the bound |q_i| max_j |k_j| of row i's logits while it stays below 300
+            # (no subnormal term); else each row's maximum, terms under e^-700 of it dropped
             bound = np.linalg.norm(q[..., :p], axis=-1) * np.max(
                 np.linalg.norm(k[..., :p], axis=-1), axis=-1, keepdims=True
             )
@@ -241,8 +233,7 @@ class MultiHead(Model):
 
     def velocity(self, x: ArrayLike, mu: Atoms, *, backend: str = "auto") -> np.ndarray:
         r""":math:`P_{x_i}A(x_i)` at points ``x`` of shape ``(..., n, d)`` attending to the measure's atoms
-        (causal: ``x`` are the measure's own tokens, in order; ``backend`` is not used, the sums are dense
-        NumPy)."""
+        (causal: ``x`` are the measure's own tokens, in order; ``backend`` is not used)."""
         x = self._check_query(x, mu)
         if self.causal and x.shape[-2] != mu.n:
             raise ValueError(

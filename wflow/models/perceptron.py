@@ -109,10 +109,8 @@ class Perceptron(Model):
         self._omega = self._conservative_weights()
 
     def _check_speed(self) -> None:
-        r"""Refuse weights whose velocity float64 cannot hold: the bound
-        :math:`|W\sigma(Ax+b)| \le \|W\|_F(\|A\|_F + |b|)` (:math:`|\sigma(s)| \le |s|`; tanh:
-        :math:`\|W\|_F\sqrt m`) must have a finite square, as the solvers' norms and error estimates form
-        squares of velocities."""
+        r"""Refuse weights whose velocity bound :math:`\|W\|_F(\|A\|_F + |b|)` (tanh:
+        :math:`\|W\|_F\sqrt m`) has no finite square in float64 (the solvers' norms form squares)."""
         big = float(np.sqrt(np.finfo(np.float64).max))  # 1.34e154
         with np.errstate(over="ignore"):
             w = float(np.linalg.norm(self.W))

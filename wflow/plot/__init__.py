@@ -11,18 +11,12 @@ attributes rather than its class:
 * Lagrangian nodes (:func:`~wflow.solvers.lagrangian.solve_lagrangian`): moving nodes coloured by the
   density they carry.
 
-The module is notebook-safe: it never selects a matplotlib backend.  Functions that
-draw one panel take ``ax=`` and return the :class:`~matplotlib.axes.Axes`; functions
-that draw several take ``fig=`` and return the :class:`~matplotlib.figure.Figure`.
-Without ``ax``/``fig`` a new pyplot figure is made (so it shows inline in a notebook),
-except when a ``path`` is given: then the figure is a plain
-:class:`~matplotlib.figure.Figure`, written and not registered with pyplot.
-
-Asking a function for a picture it cannot draw (a particle plot of a density, say)
-raises :class:`TypeError` naming the result kind and the function that draws it.
-
-This module re-exports the figures of its private modules, one per kind of picture, drawn over
-``_views.py`` (every result seen as particles or densities) and ``_draw.py`` (axes, colour scales, maps).
+The module never selects a matplotlib backend.  Functions that draw one panel take ``ax=``
+and return the :class:`~matplotlib.axes.Axes`; functions that draw several take ``fig=`` and
+return the :class:`~matplotlib.figure.Figure`.  Without them a new pyplot figure is made,
+except when a ``path`` is given: then a plain :class:`~matplotlib.figure.Figure` is written.
+Asking for a picture a function cannot draw raises :class:`TypeError` naming the function that
+draws it.
 """
 
 from ._animate import animate

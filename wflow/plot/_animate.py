@@ -27,9 +27,8 @@ def animate(
 ) -> Path:
     r"""Write an animation of a run, one frame per save: GIF (Pillow) or MP4.
 
-    Particles on :math:`S^1` (circle) and :math:`S^2` (3-D sphere, or ``view="map"``);
-    densities on :math:`S^1` (the profile :math:`\rho(\theta)`) and :math:`S^2` (the
-    cell map), on one colour scale for the whole run.
+    Particles on :math:`S^1` (circle) and :math:`S^2` (3-D sphere, or ``view="map"``); densities
+    on :math:`S^1` (the profile) and :math:`S^2` (the cell map), on one scale for the whole run.
 
     Parameters
     ----------

@@ -18,6 +18,7 @@ from ._draw import (
     pooled_heatmap,
     save_index,
     snapshot_indices,
+    theta_axis,
 )
 from ._views import CentersMesh, DensitiesView
 
@@ -89,8 +90,7 @@ def circle_heatmap(
             linewidths=0,
             rasterized=True,
         )
-    ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="t")
-    ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
+    theta_axis(ax, ylabel="t")
     if colorbar:
         ax.figure.colorbar(art, ax=ax, label="density ρ")
     ax.set_title(title if title is not None else "")
@@ -117,8 +117,7 @@ def circle_profiles(
         top = float(np.nanmax(dens.values[idx]))
         if top > 0:  # eight decades (a collapsed profile reaches 1e-300 between its clusters)
             ax.set_ylim(top * 1e-8, top * 3)
-    ax.set(xlim=(0, 2 * np.pi), xlabel="θ", ylabel="density ρ")
-    ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
+    theta_axis(ax, ylabel="density ρ")
     ax.legend(fontsize="small")
     ax.set_title(title if title is not None else "")
     return ax

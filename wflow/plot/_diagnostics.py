@@ -9,19 +9,6 @@ import numpy as np
 from ._draw import new_axes, new_figure
 from ._views import densities_view, describe, particles_view, result_kind, type_name
 
-__all__ = [
-    "LABELS",
-    "diagnostic_series",
-    "plain_axis",
-    "plot_energy",
-    "plot_diagnostics",
-    "diag_panel",
-    "SUMMARY_SERIES",
-    "summary_series",
-    "progress_series",
-    "n_eff_from_energy",
-]
-
 #: the time series a summary figure draws, in order, where the run has them (the order parameter only
 #: without an energy, the single-linkage count only without N_eff)
 SUMMARY_SERIES = ("energy", "free_energy", "order_parameter", "n_eff", "n_clusters", "max_density")
@@ -38,9 +25,8 @@ def summary_series(diag: dict[str, np.ndarray]) -> list[str]:
 
 
 def progress_series(diag: dict[str, np.ndarray]) -> tuple[str, np.ndarray, bool] | None:
-    """The diagnostic whose change says how far a run has gone, ``(name, series, log)``: N_eff (log), the
-    order parameter, the energy, the maximum density (log); for a zonal run the mean of z first (its energy
-    grows as e^(beta z) and moves only at the end of the collapse); None without any."""
+    """The diagnostic whose change says how far a run has gone, ``(name, series, log)``: the mean of z
+    (zonal runs), N_eff (log), the order parameter, the energy, the maximum density (log); or None."""
     for name, log in (
         ("mean_z", False),
         ("n_eff", True),
@@ -182,10 +168,8 @@ def plot_diagnostics(result: Any, *, fig: Any = None, system: int = 0, title: st
     the single-linkage cluster count.  Densities: energy, free energy (JKO), mass, maximum density.
 
     :math:`N_{\mathrm{eff}} = 1/\iint e^{\beta(\langle x,y\rangle-1)}d\mu\,d\mu` reads :math:`k` for
-    :math:`k` separated equal clusters and :math:`2\beta/(1-e^{-2\beta})` for a uniform cloud on
-    :math:`S^2`.  The single-linkage count (connected components of the graph joining particles
-    closer than the threshold) first counts percolation components of a uniform cloud, not
-    clusters: it can rise before the clusters form and merge.
+    :math:`k` separated equal clusters.  The single-linkage count first counts percolation
+    components of a uniform cloud, not clusters: it can rise before the clusters form.
 
     Parameters
     ----------
@@ -208,19 +192,8 @@ def plot_diagnostics(result: Any, *, fig: Any = None, system: int = 0, title: st
     (4, 'energy E_β (non-decreasing)')
     """
     times, diag, cfg = diagnostic_series(result, system)
-    names = [
-        n
-        for n in (
-            "energy",
-            "free_energy",
-            "order_parameter",
-            "n_eff",
-            "n_clusters",
-            "mass",
-            "max_density",
-        )
-        if n in diag and np.any(np.isfinite(diag[n]))
-    ]
+    every = (*SUMMARY_SERIES[:-1], "mass", "max_density")  # the summary's, and the mass
+    names = [n for n in every if n in diag and np.any(np.isfinite(diag[n]))]
     fig = new_figure(fig, figsize=(3.6 * max(len(names), 1), 3.2))
     axes = [fig.add_subplot(1, max(len(names), 1), j + 1) for j in range(max(len(names), 1))]
     for ax, name in zip(axes, names):
@@ -268,11 +241,8 @@ def diag_panel(
     else:
         ax.plot(times, values, marker=".")
         plain_axis(ax)
-        if (
-            name == "max_density"
-            and np.nanmin(values) > 0
-            and np.nanmax(values) > 100 * np.nanmin(values)
-        ):
+        lo, hi = np.nanmin(values), np.nanmax(values)
+        if name == "max_density" and lo > 0 and hi > 100 * lo:
             ax.set_yscale("log")
         ax.set_ylabel(LABELS.get(name, name))
     if marks is not None:

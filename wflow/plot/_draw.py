@@ -12,27 +12,6 @@ import numpy as np
 
 from ._views import CentersMesh, DensitiesView
 
-__all__ = [
-    "GEO",
-    "new_figure",
-    "new_axes",
-    "save_figure",
-    "project3",
-    "circle_angles",
-    "lonlat",
-    "save_index",
-    "snapshot_indices",
-    "progress_indices",
-    "max_pool",
-    "pooled_heatmap",
-    "color_norm",
-    "sphere_outline",
-    "map_axes_labels",
-    "cell_polygons",
-    "density_map",
-]
-
-
 GEO = ("mollweide", "hammer", "aitoff", "lambert")
 
 
@@ -75,6 +54,12 @@ def circle_angles(x: np.ndarray) -> np.ndarray:
     return np.mod(np.arctan2(x[..., 1], x[..., 0]), 2 * np.pi)
 
 
+def theta_axis(ax: Any, **kw: Any) -> None:
+    """The angle on S^1 across, [0, 2π] with ticks at multiples of π/2 (``kw``: more ``ax.set``)."""
+    ax.set(xlim=(0, 2 * np.pi), xlabel="θ", **kw)
+    ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
+
+
 def lonlat(x: np.ndarray, degrees: bool) -> tuple[np.ndarray, np.ndarray]:
     x = project3(x) if x.shape[-1] > 3 else x
     r = np.linalg.norm(x, axis=-1)
@@ -113,8 +98,7 @@ def progress_indices(
 
     (of :math:`\log s` with ``log=True``; :math:`w` = ``weight``): about half the snapshots follow
     the change and half the clock, so a collapse over by :math:`t = 5` of 30 gets snapshots while it
-    happens and the long rest still gets one (a late merge of two clusters included), where equally
-    spaced times would show the collapse in none.  A pick that repeats is replaced by the save halfway,
+    happens and the long rest still gets one.  A pick that repeats is replaced by the save halfway,
     in progress, through the largest share of progress left between two picks.  Where the series is
     missing or constant the snapshots are evenly spaced in time (:func:`snapshot_indices`).
 
@@ -152,9 +136,7 @@ def progress_indices(
     # (a level reached within rounding of a save counts as reached there)
     picks = [int(np.searchsorted(c, m / (n - 1) - 1e-12)) for m in range(1, n - 1)]
     chosen = sorted({0, k - 1, *picks})
-    while (
-        len(chosen) < n
-    ):  # a repeated pick: split the largest share of progress left between two picks
+    while len(chosen) < n:  # a repeated pick: split the largest share of progress left
         gaps = [(c[b] - c[a], a, b) for a, b in zip(chosen[:-1], chosen[1:]) if b - a > 1]
         if not gaps:
             break
@@ -182,9 +164,7 @@ def max_pool(values: np.ndarray, cells: np.ndarray, bins: np.ndarray, axis: int 
     v = np.where(np.isfinite(v), v, -np.inf)
     cells = np.asarray(cells, dtype=float)
     bins = np.asarray(bins, dtype=float)
-    first = (
-        np.searchsorted(cells, bins[:-1], side="right") - 1
-    )  # the cell holding each bin's left end
+    first = np.searchsorted(cells, bins[:-1], side="right") - 1  # the cell of each bin's left end
     last = np.searchsorted(cells, bins[1:], side="left")  # one past the cell holding its right end
     first = np.clip(first, 0, v.shape[-1])
     last = np.clip(last, 0, v.shape[-1])
@@ -229,11 +209,8 @@ def pooled_heatmap(
     """A heat map of ``values`` ``(len(t), len(x))`` (``x`` sorted) that keeps one-cell peaks visible.
 
     Where there are more cells (or saves) than the axes have pixels / ``pixels_per_cell``, the
-    data are max-pooled onto that many equal bins first (:func:`max_pool`), so that every drawn
-    cell covers a few pixels and holds the largest value of the cells it stands for: a cluster
-    one cell wide stays in the picture at any image size (drawing all cells lets the
-    rasterizer drop those narrower than a pixel).  Returns the QuadMesh; its array is what is
-    drawn.
+    data are max-pooled onto that many equal bins first (:func:`max_pool`): a cluster one cell
+    wide stays in the picture at any image size.  Returns the QuadMesh.
     """
     x = np.asarray(x, dtype=float)
     t = np.asarray(t, dtype=float)

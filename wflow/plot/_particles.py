@@ -16,6 +16,7 @@ from ._draw import (
     project3,
     save_index,
     sphere_outline,
+    theta_axis,
 )
 from ._views import describe, particles_view, sphere_label
 
@@ -47,11 +48,9 @@ def plot_particles(
         Where to draw; a ``"3d"`` view needs 3-D axes (``projection="3d"``), a ``"map"``
         view a geographic projection such as ``"mollweide"`` (or plain axes, in degrees).
     view : {"angle", "circle", "3d", "map"}, optional
-        On :math:`S^1`: ``"angle"`` (default) draws every particle's angle
-        :math:`\theta_i(t)` against time (:math:`\theta` across, :math:`t` up, like
-        :func:`plot_density`'s heat map); ``"circle"`` one snapshot on the circle.  On
-        :math:`S^2` (and higher, by the first three principal axes): ``"3d"`` (default)
-        with the sphere's outline, or ``"map"`` (longitude--latitude, Mollweide).
+        On :math:`S^1`: ``"angle"`` (default), every particle's angle :math:`\theta_i(t)` across
+        against time up; ``"circle"`` one snapshot.  On :math:`S^2` (and higher, by the first
+        three principal axes): ``"3d"`` (default) or ``"map"`` (longitude--latitude, Mollweide).
     system : int
         Which system of a batched run.
     size, color : optional
@@ -112,13 +111,8 @@ def plot_particles(
             lines = LineCollection(seg[keep], colors=color or "C0", linewidths=0.6, alpha=alpha)
             ax.add_collection(lines)
         ax.scatter(th[-1], t[-1], s=s, color=color or "C0", zorder=3)
-        ax.set(
-            xlim=(0, 2 * np.pi),
-            ylim=(p.times[0], p.times[-1] if p.times[-1] > p.times[0] else p.times[0] + 1),
-            xlabel="θ",
-            ylabel="t",
-        )
-        ax.set_xticks(np.arange(5) * np.pi / 2, ["0", "π/2", "π", "3π/2", "2π"])
+        t_end = p.times[-1] if p.times[-1] > p.times[0] else p.times[0] + 1
+        theta_axis(ax, ylim=(p.times[0], t_end), ylabel="t")
         ax.set_title(
             title if title is not None else describe(result) if p.kind == "particles" else ""
         )

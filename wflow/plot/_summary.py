@@ -1,7 +1,5 @@
-"""Figures that combine panels: :func:`plot_trajectory` (the summary ``wflow run`` writes), :func:`plot_zonal`.
-
-:func:`plot_density`'s front door lives here too: its older call form on raw arrays draws
-the :func:`plot_trajectory` summary of them.
+"""Figures that combine panels: :func:`plot_trajectory` (the summary ``wflow run`` writes),
+:func:`plot_zonal`, and :func:`plot_density`'s front door (its older call form draws a summary).
 """
 
 from __future__ import annotations
@@ -69,21 +67,17 @@ def plot_density(
     result : DensityTrajectory, JKOResult or LagrangianSolution
         A density result (finite volume, JKO on a mesh or point cloud, Lagrangian nodes).
     index : int or sequence of int, optional
-        Save indices.  On :math:`S^1` with ``view="profile"``: the profiles drawn (default
-        ``n_snapshots`` evenly spaced).  On :math:`S^2`: an int draws one map on ``ax``;
-        a sequence (default ``n_snapshots`` evenly spaced) draws one map per save on
-        ``fig``, all on one colour scale with one colour bar.
+        Save indices (default ``n_snapshots`` evenly spaced): the profiles on :math:`S^1`; on
+        :math:`S^2` an int draws one map on ``ax``, a sequence one map per save on ``fig``, on
+        one colour scale.
     ax, fig : optional
         Axes for a one-panel picture, figure for several.
     view : {"heatmap", "profile", "map"}, optional
-        ``"heatmap"`` (default on :math:`S^1`): :math:`\theta` across, :math:`t` up,
-        colour the density; ``"profile"``: :math:`\rho(\theta)` at a few times;
-        ``"map"`` (the only view on :math:`S^2`): Mollweide maps of the Voronoi cells,
-        filled with their cell averages.
+        ``"heatmap"`` (default on :math:`S^1`): :math:`\theta` across, :math:`t` up;
+        ``"profile"``: :math:`\rho(\theta)` at a few times; ``"map"`` (the only view on
+        :math:`S^2`): Mollweide maps of the cells.
     norm : {"log", "linear"}
-        Colour scale.  The default log scale shows the exponentially growing modes of a
-        near-uniform start as well as the clusters that follow (down to :math:`10^{-6}`
-        of the maximum unless ``vmin`` is given).
+        Colour scale (log: down to :math:`10^{-6}` of the maximum unless ``vmin`` is given).
     vmin, vmax : float, optional
         Ends of the colour scale (default: the data's).
     cmap : str
@@ -155,19 +149,15 @@ def plot_trajectory(
 ):
     r"""The summary figure of a run (the one ``wflow run`` writes): snapshots above time series.
 
-    Particles: the particles at ``n_snapshots`` times (circle, or 3-D sphere) and, on
-    :math:`S^1`, their angles against time.  Densities on :math:`S^1`: the
-    :math:`\theta`--:math:`t` heat map (log colour scale, max-pooled to the image so that one-cell
-    clusters stay visible) and profiles; on :math:`S^2`: maps of the cells at ``n_snapshots`` times
-    on one colour scale.  Zonal runs: :func:`plot_zonal`'s law of :math:`z` and its
-    :math:`z`--:math:`t` heat map.  Bottom row, always: the time series the run recorded (energy
-    :math:`E_\beta`, the effective number of clusters :math:`N_{\mathrm{eff}}`, maximum density,
-    ...), with the snapshot times marked.
+    Particles: the particles at ``n_snapshots`` times and, on :math:`S^1`, their angles against
+    time.  Densities on :math:`S^1`: the :math:`\theta`--:math:`t` heat map and profiles; on
+    :math:`S^2`: maps of the cells at ``n_snapshots`` times on one colour scale.  Zonal runs:
+    :func:`plot_zonal`'s law of :math:`z` and its :math:`z`--:math:`t` heat map.  Bottom row: the
+    time series the run recorded, with the snapshot times marked.
 
-    The snapshot times follow the run's progress (:func:`~wflow.plot._draw.progress_indices`): the
-    first and last saves, and between them the saves where :math:`\log N_{\mathrm{eff}}` (else the
-    order parameter, the energy, the mean of :math:`z`, the log of the maximum density) has done
-    1/3, 2/3, ... of its total change; not equally spaced times.
+    The snapshot times follow the run's progress: the first and last saves, and between them the
+    saves where :math:`\log N_{\mathrm{eff}}` (else the order parameter, the energy, ...) has done
+    1/3, 2/3, ... of its total change.
 
     Parameters
     ----------
@@ -197,9 +187,7 @@ def plot_trajectory(
     >>> fig.get_suptitle()
     'SA, β = 4 — n = 32 tokens on S² (d = 3), dopri5'
     """
-    if (
-        getattr(result, "kind", None) == "zonal"
-    ):  # (five snapshots: the law travels, then collapses)
+    if getattr(result, "kind", None) == "zonal":  # five snapshots: it travels, then collapses
         n = n_snapshots if n_snapshots != 4 else 5
         return _zonal_summary(result, path, fig=fig, n_snapshots=n, title=title, dpi=dpi)
     kind = result_kind(result)
@@ -217,23 +205,15 @@ def plot_trajectory(
         view = densities_view(result, system)
         ncol = 2 if view.d == 2 else len(idx)
     fig = new_figure(fig, path=path, figsize=(max(3.3 * ncol, 7.0), 6.6))
-    rows = fig.add_gridspec(
-        2, 1
-    )  # (each row its own columns: the time series share the width equally)
+    rows = fig.add_gridspec(2, 1)  # each row its own columns
     grid = rows[0].subgridspec(1, max(ncol, 1))
     cols = grid.ncols
     if isinstance(view, ParticlesView):
         axes = []
+        shape = "circle" if view.d == 2 else "3d"
         for j, i in enumerate(idx):
             a = fig.add_subplot(grid[0, j], projection=None if view.d == 2 else "3d")
-            plot_particles(
-                view,
-                i,
-                ax=a,
-                view="circle" if view.d == 2 else "3d",
-                colorbar=False,
-                title=f"t = {times[i]:.3g}",
-            )
+            plot_particles(view, i, ax=a, view=shape, colorbar=False, title=f"t = {times[i]:.3g}")
             if view.d == 2:
                 a.set_axis_off()
             axes.append(a)
@@ -243,15 +223,10 @@ def plot_trajectory(
             a = fig.add_subplot(grid[0, len(idx) :])
             plot_particles(view, ax=a, view="angle", title="angles θᵢ(t)")
     elif view.d == 2:
-        half = cols // 2
-        plot_density(view, ax=fig.add_subplot(grid[0, : max(half, 1)]), title="density ρ(θ, t)")
-        plot_density(
-            view,
-            idx,
-            ax=fig.add_subplot(grid[0, max(half, 1) :]),
-            view="profile",
-            title="profiles",
-        )
+        half = max(cols // 2, 1)
+        plot_density(view, ax=fig.add_subplot(grid[0, :half]), title="density ρ(θ, t)")
+        right = fig.add_subplot(grid[0, half:])
+        plot_density(view, idx, ax=right, view="profile", title="profiles")
     else:
         scale = color_norm(view.values[idx], "log", None, None)
         cache: dict = {}
@@ -339,9 +314,8 @@ def plot_zonal(result: Any, *, ax: Any = None, n_snapshots: int = 5, index: Any 
     r"""The law of :math:`z = \langle x, e\rangle` of a zonal run (:func:`wflow.solvers.zonal.solve_zonal`) at
     ``n_snapshots`` saved times, on a log scale (the density of the law, bands' masses over their widths).
 
-    The times follow the run's progress (the first and last saves, and those where the mean of :math:`z`
-    has done 1/4, 2/4, ... of its change: a collapse over by :math:`t = 5` of 30 is
-    shown while it happens); ``index`` picks the saves instead.  Returns the Axes.
+    The times follow the run's progress (as in :func:`plot_trajectory`, by the mean of :math:`z`);
+    ``index`` picks the saves instead.  Returns the Axes.
 
     Examples
     --------

@@ -44,10 +44,8 @@ def plot_sweep(
 
     For the GLPR phase diagram (a grid over ``model.beta``, ``init.d`` and ``init.seed``) each panel is
     :math:`\beta` across, :math:`t` up, coloured by the mean fraction of token pairs with
-    :math:`\langle x_i, x_j\rangle > 0.999`, with its :math:`\tfrac12` level drawn as a white line (where
-    half the pairs have merged).  Points that failed are left out of the mean (a point none of whose
-    seeds reached ``t_end`` is blank).  Other grid axes are shown at their first value (the title says
-    which).
+    :math:`\langle x_i, x_j\rangle > 0.999`, its :math:`\tfrac12` level drawn as a white line.  Failed
+    points are left out of the mean; other grid axes are shown at their first value.
 
     Parameters
     ----------
@@ -56,11 +54,10 @@ def plot_sweep(
     path : str or Path, optional
         Write the figure there; it is then not registered with pyplot.
     observable : str, optional
-        Default: ``pair_fraction``, else the order parameter, N_eff, the mean of z, the energy, the
-        cluster count (the first the sweep recorded).
+        Default: the first the sweep recorded of ``pair_fraction``, the order parameter, N_eff, the
+        mean of z, the energy, the cluster count.
     x : str, optional
-        The dimension across (default: that of ``model.beta``, else the first grid dimension that is not
-        a seed or the panels').
+        The dimension across (default: that of ``model.beta``, else the first other grid dimension).
     panels : str, optional
         One panel per value of this dimension (default: that of ``init.d`` when the grid has it).
     fig : matplotlib Figure, optional

@@ -13,24 +13,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "ParticlesView",
-    "DensitiesView",
-    "CentersMesh",
-    "result_kind",
-    "density_values",
-    "type_name",
-    "pick_system",
-    "particles_view",
-    "AsParticles",
-    "densities_view",
-    "result_config",
-    "sphere_label",
-    "where_label",
-    "model_label",
-    "describe",
-]
-
 
 @dataclass
 class ParticlesView:
@@ -220,34 +202,26 @@ def densities_view(result: Any, system: int = 0, *, caller: str = "plot_density"
     kind = result_kind(result)
     if isinstance(result, DensitiesView):
         return result
-    if kind == "density":
-        mesh = result.mesh
-        k = len(result.times)
-        picked = {
-            key: pick_system(getattr(result, key, None), k, 0, key)
-            for key in ("energy", "mass", "free_energy")
-        }
+    if kind in ("density", "atoms-density"):
+        if kind == "density":  # on a mesh
+            k = len(result.times)
+            picked = {
+                key: pick_system(getattr(result, key, None), k, 0, key)
+                for key in ("energy", "mass", "free_energy")
+            }
+            diag = {key: v for key, v in picked.items() if v is not None and np.any(np.isfinite(v))}
+            mesh, centers = result.mesh, result.mesh.centers
+        else:  # on a point cloud
+            diag = {
+                key: np.asarray(getattr(result, key), float) for key in ("energy", "free_energy")
+            }
+            mesh, centers = None, result.points
         return DensitiesView(
             kind,
             np.asarray(result.times, float),
             density_values(result),
-            np.asarray(mesh.centers, float),
+            np.asarray(centers, float),
             mesh=mesh,
-            diagnostics={
-                key: v for key, v in picked.items() if v is not None and np.any(np.isfinite(v))
-            },
-            config=result_config(result),
-        )
-    if kind == "atoms-density":
-        diag = {
-            "energy": np.asarray(result.energy, float),
-            "free_energy": np.asarray(result.free_energy, float),
-        }
-        return DensitiesView(
-            kind,
-            np.asarray(result.times, float),
-            density_values(result),
-            np.asarray(result.points, float),
             diagnostics=diag,
             config=result_config(result),
         )
@@ -344,11 +318,8 @@ def describe(result: Any) -> str:
             spec["V"] = (-np.eye(2)).tolist()
         return _title("zonal", model_label(spec), where_label(bands, "bands in z", d))
     kind = result_kind(result)
-    cfg = (
-        particles_view(result).config
-        if kind in ("particles", "lagrangian")
-        else result_config(result)
-    )
+    particles = kind in ("particles", "lagrangian")
+    cfg = particles_view(result).config if particles else result_config(result)
     model = model_label(cfg.get("model"))
     if kind == "particles":
         view = particles_view(result)
