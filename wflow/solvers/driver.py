@@ -129,11 +129,9 @@ def integrate(
     t0, t_end : float
         The interval, ``t_end > t0``.
     save_at : array_like or SaveAt, optional
-        Save times in ``[t0, t_end]`` (``t0`` is always saved); default 11 equally spaced
-        (with fixed steps: at most 11 step times spread over the interval).  With fixed steps
-        the step crossing a save time is split to land on it (:mod:`~wflow.solvers.saveat`).  A
-        :class:`~wflow.solvers.saveat.SaveAt` also says what is kept: its ``points``, ``dtype`` and
-        ``out`` apply to a problem whose snapshots hold points (:meth:`Problem.saved_points`).
+        Save times in ``[t0, t_end]`` (``t0`` is always saved; default 11, on the grid with fixed
+        steps), which steps land on, or a :class:`~wflow.solvers.saveat.SaveAt` (its ``points``,
+        ``dtype`` and ``out`` apply to a problem whose snapshots hold points).
     dt : float, optional
         Fixed step, or the first trial step of an adaptive solver (default: Hairer's estimate).
     rtol, atol : float, optional
@@ -148,11 +146,10 @@ def integrate(
     trackers : sequence of Tracker
         Progress bars, callbacks, recorders (e.g. :class:`wflow.io.ZarrRecorder`).
     keep : bool
-        Keep every snapshot in memory (default); ``False`` keeps only the last one (a
-        recorder then holds the rest).
+        Keep every snapshot in memory (default), or the last one only.
     throw : bool
-        Raise :class:`~wflow.errors.SolverError` on failure (default); otherwise return a
-        result with ``status = -1`` and the failure in ``message``.
+        Raise :class:`~wflow.errors.SolverError` on failure (default), or return a result with
+        ``status = -1``.
     resume : ResumeState, optional
         Continue a stored run from its last snapshot (see :func:`wflow.resume`).
     config : dict, optional
@@ -168,8 +165,8 @@ def integrate(
     ValueError
         Bad arguments (named in the message), before anything is written.
     SolverError
-        With ``throw=True``: non-finite state, step size underflow, ``max_steps`` exceeded or
-        a step that missed its own tolerance.  Snapshots already given to trackers are kept.
+        With ``throw=True``: non-finite state, step size underflow, ``max_steps`` exceeded or a step
+        that missed its own tolerance (snapshots given to trackers are kept).
 
     Examples
     --------
@@ -221,12 +218,8 @@ def integrate(
         saved = _Saved(problem, solver, control, trackers, keep, spec, capacity=len(saves.times))
         try:
             status, message = _loop(
-                problem,
-                solver,
-                control,
-                saves,
-                trackers,
                 saved,
+                saves,
                 t,
                 y,
                 state,
@@ -241,7 +234,7 @@ def integrate(
             if throw:
                 raise
             status, message = int(Status.FAILED), str(exc)
-        result = saved.result(result_class, problem, solver, cfg, static, status, message)
+        result = saved.result(result_class, cfg, static, status, message)
         for tr in trackers:
             tr.finish(result)
         log.debug("integrate: %s", result)
@@ -255,12 +248,8 @@ def integrate(
 
 
 def _loop(
-    problem: Problem,
-    solver: Solver,
-    control: StepSizeController,
-    saves: SaveTimes,
-    trackers: Sequence[Tracker],
     saved: _Saved,
+    saves: SaveTimes,
     t: float,
     y: np.ndarray,
     state: Any,
@@ -274,6 +263,7 @@ def _loop(
 ) -> tuple[int, str]:
     """Step from ``(t, y)`` through the save times after ``first``: ``(status, message)``; a
     :class:`~wflow.errors.SolverError` when the run fails (what was saved is kept)."""
+    problem, solver, control, trackers = saved.problem, saved.solver, saved.control, saved.trackers
     times = saves.times
     n_saves = len(times)
     stats_base_ev = stats["evaluations"]
@@ -503,14 +493,13 @@ class _Saved:
     def result(
         self,
         cls: type[Result],
-        problem: Problem,
-        solver: Solver,
         cfg: dict[str, Any],
         static: dict[str, Variable],
         status: int,
         message: str,
     ) -> Result:
         """The run's result: the kept snapshots stacked along time."""
+        problem, solver = self.problem, self.solver
         data: dict[str, Variable] = {}
         if self.kept:
             n = len(self.kept)
