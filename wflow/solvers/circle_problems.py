@@ -92,38 +92,28 @@ class CircleAngleProblem(ParticleProblem):
         out.update(self.diagnostic_variables(mu, t, known=known))
         return out
 
-    def _energies(
-        self, model: Model, mu: Atoms, energy_sums: np.ndarray | None = None
-    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-        r"""Energies from the angle differences (accurate when tokens have merged): :math:`E = \frac1{2\beta}
-        \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`; and :math:`\log E`."""
-        if not isinstance(model, Attention):  # the constructor admits attention only
-            return super()._energies(model, mu)
-        th = np.arctan2(mu.points[..., 1], mu.points[..., 0])
-        beta = model.beta_for(mu.n)
+    def _log_energy(
+        self, model: Any, mu: Atoms, energy_sums: np.ndarray | None
+    ) -> np.ndarray | None:
+        r""":math:`\log E` from the angle differences (accurate when tokens have merged), :math:`E = \frac1{2\beta}
+        \sum_{ij} w_iw_j e^{\beta - 2\beta\sin^2(\Delta_{ij}/2) - o}`."""
+        beta = model.beta_for(mu.n) if isinstance(model, Attention) else 0.0  # (attention only)
         if beta == 0:
-            return super()._energies(model, mu)
+            return super()._log_energy(model, mu, energy_sums)
+        th = np.arctan2(mu.points[..., 1], mu.points[..., 0])
         D = th[..., None, :] - th[..., :, None]
         w = mu.weights
         terms = (
             -2.0 * beta * np.sin(0.5 * D) ** 2 + np.log(w)[..., :, None] + np.log(w)[..., None, :]
         )
         top = terms.max(axis=(-1, -2), keepdims=True)
-        le = (
+        return (
             top[..., 0, 0]
             + np.log(np.exp(terms - top).sum(axis=(-1, -2)))
             + beta
             - model.offset(beta)
             - np.log(2 * beta)
         )
-        out = {}
-        if "energy" in self.diagnostics:
-            with np.errstate(over="ignore"):
-                e = model.sign * np.exp(le)
-            out["energy"] = np.where(np.isfinite(e), e, np.nan)
-        if "log_energy" in self.diagnostics:
-            out["log_energy"] = le
-        return out, le
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "coordinates": "angles"}

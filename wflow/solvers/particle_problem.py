@@ -269,36 +269,21 @@ class ParticleProblem(Problem):
                 if n_eff is not None:
                     out[name] = n_eff
             if name == "order_parameter":
-                out[name] = np.asarray(
-                    np.linalg.norm(known["means"], axis=-1)
-                    if "means" in known
-                    else order_parameter(mu),
-                    dtype=np.float64,
-                )
+                means = known.get("means")  # (the barycentre, from a fused step)
+                value = order_parameter(mu) if means is None else np.linalg.norm(means, axis=-1)
+                out[name] = np.asarray(value, dtype=np.float64)
             elif name == "n_clusters":
-                out[name] = np.asarray(
-                    known["n_clusters"]
-                    if "n_clusters" in known
-                    else count_clusters(mu, self.cluster_threshold),
-                    dtype=np.int64,
-                )
+                value = known[name] if name in known else count_clusters(mu, self.cluster_threshold)
+                out[name] = np.asarray(value, dtype=np.int64)
             elif name == "pair_fraction":
-                out[name] = np.asarray(
-                    known["pair_fraction"]
-                    if "pair_fraction" in known
-                    else pair_fraction(mu.points, PAIR_COSINE),
-                    dtype=np.float64,
-                )
+                value = known[name] if name in known else pair_fraction(mu.points, PAIR_COSINE)
+                out[name] = np.asarray(value, dtype=np.float64)
         for name, f in self.extra.items():
             out[name] = np.asarray(f(mu if mu_extra is None else mu_extra))
         return out
 
     def _n_eff(
-        self,
-        model: Any,
-        mu: Atoms,
-        energy_sums: np.ndarray | None,
-        log_energy: np.ndarray | None,
+        self, model: Any, mu: Atoms, energy_sums: np.ndarray | None, log_energy: np.ndarray | None
     ) -> np.ndarray | None:
         r""":math:`N_{\mathrm{eff}}` at the model's attention beta (None without attention), from a fused step's
         double sums, from :math:`\log E_\beta` of plain attention, or from a kernel sum of its own."""
@@ -320,18 +305,24 @@ class ParticleProblem(Problem):
             effective_clusters(mu.points, mu.weights, beta, backend=self.backend), dtype=np.float64
         )
 
+    def _log_energy(
+        self, model: Any, mu: Atoms, energy_sums: np.ndarray | None
+    ) -> np.ndarray | None:
+        """The log-scale energy, from a fused step's double sums or the model's ``log_energy`` (None without)."""
+        if energy_sums is not None:  # SA.log_energy's formula on the step's sums
+            return model.fused_attention(self.n).log_energy(
+                np.asarray(energy_sums, dtype=np.float64)
+            )
+        log_e = getattr(model, "log_energy", None)
+        return None if log_e is None else np.asarray(log_e(mu, backend=self.backend), np.float64)
+
     def _energies(
         self, model: Any, mu: Atoms, energy_sums: np.ndarray | None = None
     ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-        """``energy`` and ``log_energy`` (from the model's log-scale energy, or a fused step's double sums), and
-        the log-scale energy itself (None where it is not formed)."""
+        """``energy`` and ``log_energy`` (from :meth:`_log_energy` where it is formed), and the log-scale energy
+        itself (None where it is not formed)."""
         out = {}
-        log_e = getattr(model, "log_energy", None)
-        le = None
-        if energy_sums is not None:  # SA.log_energy's formula on the step's sums
-            le = model.fused_attention(self.n).log_energy(np.asarray(energy_sums, dtype=np.float64))
-        elif log_e is not None:
-            le = np.asarray(log_e(mu, backend=self.backend), dtype=np.float64)
+        le = formed = self._log_energy(model, mu, energy_sums)
         if le is not None:
             with np.errstate(over="ignore"):
                 e = model.sign * np.exp(le)
@@ -347,7 +338,7 @@ class ParticleProblem(Problem):
             out["energy"] = e
         if "log_energy" in self.diagnostics:
             out["log_energy"] = le
-        return out, (le if log_e is not None or energy_sums is not None else None)
+        return out, formed
 
     #: the snapshot variables that hold the state (:class:`~wflow.solvers.saveat.SaveAt` ``points=False``)
     state_variables = frozenset(
