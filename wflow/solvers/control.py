@@ -46,8 +46,7 @@ class StepControl:
     Parameters
     ----------
     rtol, atol : float, optional
-        Relative and absolute tolerances of an error-controlled method (``"dopri5"``; default 1e-6 and
-        1e-9 for particles); not accepted by fixed-step methods.
+        Tolerances of an error-controlled method (``"dopri5"``; default 1e-6 and 1e-9 for particles).
     max_steps : int
         Attempted steps (accepted + rejected) before the run fails.
 
@@ -161,8 +160,7 @@ class ConstantSteps(StepSizeController):
         breaks = np.asarray(problem.breakpoints(g.t0, g.t_end), dtype=np.float64).reshape(-1)
         off = [float(b) for b in breaks if abs(g.time(g.index(b)) - b) > 1e-9 * g.dt]
         if off:
-            # every stage of a step sees the layer of the step's midpoint (Problem.stepping): a step across a
-            # layer boundary has one layer for all of it, an error of first order in dt at that step
+            # a step across a layer boundary has one layer for all its stages (Problem.stepping)
             warnings.warn(
                 f"fixed steps of dt={g.dt:g} straddle the model's breakpoints (layer boundaries) at "
                 f"t = {', '.join(f'{b:g}' for b in off[:3])}{', ...' if len(off) > 3 else ''}: the step "
@@ -292,8 +290,7 @@ class AdaptiveSteps(StepSizeController):
         if land:
             self.tc = 0.0
             return stop
-        # compensated time (t + tc): a fast event late in a long run (a merge at t ~ 1e17 lasting
-        # O(1)) advances time by steps below the rounding of t
+        # compensated time (t + tc): steps below the rounding of t still advance it
         tc = self.tc
         s_ = t + h
         b_ = s_ - t
@@ -329,10 +326,8 @@ def make_controller(
     atol: Any = None,
     adaptive: bool | None = None,
 ) -> StepSizeController:
-    """The controller :func:`~wflow.solvers.driver.integrate` uses, its arguments checked (``ValueError`` naming them).
-
-    Adaptive steps whenever the solver has an error estimate, unless ``adaptive=False``
-    (then ``dt`` is required); ``rtol``/``atol`` default to ``problem.default_tolerances()``.
+    """The controller :func:`~wflow.solvers.driver.integrate` uses, its arguments checked: adaptive steps
+    whenever the solver has an error estimate, unless ``adaptive=False`` (then ``dt`` is required).
 
     Examples
     --------

@@ -50,18 +50,8 @@ class FiniteVolume(Problem):
     Parameters
     ----------
     mesh : Mesh
-    model : Model or None
-        ``None`` for pure diffusion.
-    kappa : float, optional
-        Inverse diffusivity (``None`` or ``inf``: none).
-    backend : str
-        Kernel-sum backend of ``model.velocity``.
-    limiter : bool
-        Barth--Jespersen limited (``True``) or unlimited (``False``) reconstruction.
-    cfl : float
-        Fraction of the positivity limit that steps may use, in ``(0, 1]``.
-    max_step : float, optional
-        A cap on the step, whatever the limit and the error estimate allow.
+    model, kappa, backend, limiter, cfl, max_step
+        As :func:`solve_density`.
 
     Examples
     --------
@@ -268,10 +258,8 @@ class DensityTrajectory(Result):
     values : ndarray, shape (n_saves, M)
         Cell averages (plain surface measure) at the saved times.
     mesh : Mesh
-    mass : ndarray, shape (n_saves,)
-        :math:`\\sum_i \\rho_i|C_i|` at the saved times.
-    energy : ndarray, shape (n_saves,) or None
-        ``model.energy(rho.to_atoms())`` where the model is a gradient flow.
+    mass, energy : ndarray, shape (n_saves,)
+        :math:`\\sum_i \\rho_i|C_i|`; the energy (None where the model is not a gradient flow).
     stats, status
         As for every :class:`~wflow.solvers.base.Result`.
 
@@ -345,10 +333,9 @@ def solve_density(
     t_end : float
         Final time, ``> 0``.
     save_at : array_like, optional
-        Increasing times in ``[0, t_end]`` at which the density is saved (steps land on them
-        exactly); default ``[0, t_end]``.
+        Save times in ``[0, t_end]`` (steps land on them); default ``[0, t_end]``.
     cfl : float
-        Fraction of the positivity limit ``dt_max`` (module docstring) a step may use, in ``(0, 1]``.
+        Fraction of the positivity limit ``dt_max`` a step may use, in ``(0, 1]``.
     kappa : float, optional
         Inverse diffusivity; ``None`` or ``inf``: no diffusion (explicit, two-point flux).
     dt : float, optional
@@ -358,20 +345,15 @@ def solve_density(
     backend : str
         Kernel-sum backend for ``model.velocity``.
     limiter : bool
-        Barth--Jespersen limited (``True``) or unlimited (``False``) linear reconstruction;
-        positivity is guaranteed only with the limiter.
+        Barth--Jespersen limited (``True``, positive) or unlimited (``False``) reconstruction.
     callback : callable, optional
         ``callback(t, rho)`` after every step; a true return value stops the run (status 1).
     method : str
         Time stepper of the solver contract; ``"ssprk3"`` (default, positivity preserving).
     rtol, atol : float, optional
-        Tolerances of the error-per-unit-change control (module docstring); default 1e-3, 1e-12.
-    progress : bool
-        A progress bar.
-    trackers : sequence of Tracker
-        Further trackers (e.g. :class:`wflow.io.ZarrRecorder`).
-    keep, throw : bool
-        See :func:`wflow.solvers.base.integrate`.
+        Tolerances of the error per unit of change (module docstring); default 1e-3, 1e-12.
+    progress, trackers, keep, throw
+        See :func:`wflow.solvers.base.integrate`; ``progress`` adds a progress bar.
 
     Returns
     -------
@@ -380,8 +362,7 @@ def solve_density(
     Raises
     ------
     ValueError
-        Bad input: a model whose dimension differs from the mesh's, a fixed ``dt`` above the
-        initial limit, ...
+        A model whose dimension differs from the mesh's, a fixed ``dt`` above the initial limit, ...
     SolverError
         A fixed ``dt`` exceeds the limit later in the run, or the step underflows.
 

@@ -23,13 +23,7 @@ from ..linkage import link_bounds
 from . import fused_kernels as fk
 from .contract import Problem, Solver, StepResult, register_solver
 
-__all__ = [
-    "sa_euler_step",
-    "fused_step",
-    "step_log_weights",
-    "MAX_TOKENS",
-    "FusedEuler",
-]
+__all__ = ["sa_euler_step", "fused_step", "step_log_weights", "MAX_TOKENS", "FusedEuler"]
 
 # FusedStep (what fused_step returns) is public but left out of __all__: the API reference documents
 # __all__, and its field ``points`` would make the docs' cross-references to Trajectory.points ambiguous.
@@ -387,11 +381,8 @@ class FusedEuler(Solver):
     ) -> tuple[StepResult, _FusedState]:
         spec = problem.fused_spec(t, y)
         if spec is None:  # a piece of the model (a layer) that is not fused: the plain step
-            if self.projected:
-                y_new = problem.retract(y + dt * problem.rhs(t, y))
-            else:
-                y_new = problem.retract(y + dt * problem.average(t, y))
-            return StepResult(y_new), _FusedState(state.log_weights)
+            f = problem.rhs if self.projected else problem.average
+            return StepResult(problem.retract(y + dt * f(t, y))), _FusedState(state.log_weights)
         problem.evaluations += 1
         ahead = state.ahead
         if ahead is not None and ahead.dt == dt and ahead.beta == spec.beta:

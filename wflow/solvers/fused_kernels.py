@@ -16,19 +16,11 @@ from numba.core import types as _types
 from numba.cpython.unsafe.numbers import trailing_zeros as _trailing_zeros
 from numba.extending import intrinsic
 
-from ..kernels.dense import (
-    count_off_diagonal,
-    gemm,
-    softmax_row,
-)
+from ..kernels.dense import count_off_diagonal, gemm, softmax_row
 from ..kernels.jit import FM_SUM, exp_as, prefer_wide_vectors, scratch
 from ..linkage import linked, squared_distance
 
-__all__ = [
-    "SA_STEP_TRANSPOSED_MAX_DIM",
-    "sa_euler_blas",
-    "gram_clusters",
-]
+__all__ = ["SA_STEP_TRANSPOSED_MAX_DIM", "sa_euler_blas", "gram_clusters"]
 
 #: the fused pass keeps the directions and averages of systems of at most this many coordinates as
 #: columns (r, n), so that norms, projections and retractions run across the n tokens; beyond, as rows

@@ -123,9 +123,9 @@ class LagrangianSolution(Trajectory):
     Attributes
     ----------
     points : ndarray, shape (k, n, d)
-        The quadrature atoms at the save times (a valid measure at every time).
+        The quadrature atoms at the save times.
     rho0 : ndarray, shape (n,)
-        Initial density at the nodes (a probability density w.r.t. the surface measure).
+        Initial density at the nodes (w.r.t. the surface measure).
     jacobian : ndarray, shape (k, n)
         :math:`J_t` at each node and save time.
     eps : float
@@ -212,8 +212,7 @@ def solve_lagrangian(
     eps : float
         Offset of the Jacobian tracers (central differences, error ``O(eps^2)``).
     writer : Tracker, optional
-        A recorder (e.g. :class:`wflow.io.ZarrRecorder`); the run is then resumable with
-        :func:`wflow.resume`.
+        A recorder (e.g. :class:`wflow.io.ZarrRecorder`), which makes the run resumable.
 
     Returns
     -------

@@ -21,15 +21,7 @@ import numpy as np
 from ..errors import check_positive, did_you_mean, short_repr
 from ..measure import Atoms, as_atoms
 from ..models import Model
-from .base import (
-    Result,
-    Tracker,
-    check_save_at,
-    get_solver,
-    integrate,
-    read_only,
-    register_kind,
-)
+from .base import Result, Tracker, check_save_at, get_solver, integrate, read_only, register_kind
 from .circle_problems import CircleAngleProblem, CircleGapProblem
 from .control import StepControl
 from .fused import FusedEuler
@@ -66,13 +58,8 @@ class Trajectory(Result):
         :math:`|\\sum_i w_i x_i|`, ``n_eff`` the effective number of clusters at ``config["n_eff_beta"]``
         (:func:`wflow.diagnostics.effective_clusters`), ``n_clusters`` at ``config["cluster_threshold"]``.
     tracers : ndarray, shape (k, ..., m, d) or None
-    stats : dict
-        Cumulative ``steps``, ``rejected`` steps and velocity ``evaluations``, and ``dt_next``, shape (k,).
-    config : dict
-        Everything needed to repeat the run: model, solver, dt, tolerances, kappa, seed,
-        backend, save times, wflow version.
-    status, message : int, str
-        0 and ``"reached t_end"`` on success; see :class:`~wflow.solvers.base.Result`.
+    stats, config, status, message
+        As for every :class:`~wflow.solvers.base.Result`.
 
     Examples
     --------
@@ -270,9 +257,8 @@ def default_method(*, kappa: float | None = None, dt: float | None = None) -> st
 
 
 def default_dt(model: Model, method: str | None = None, save_at: Any = None) -> float:
-    """A default fixed step: ``0.5 / (1 + L)`` with ``L = model.rate_bound()``, shortened to divide equal save intervals.
-
-    The bound is crude; pass ``dt`` explicitly for accuracy studies.
+    """A default fixed step: ``0.5 / (1 + L)`` with ``L = model.rate_bound()`` (a crude bound), shortened to
+    divide equal save intervals.
 
     Examples
     --------
@@ -342,9 +328,8 @@ def simulate(
     model : Model
         Gives the velocity (``SA``, ``USA``, ``Perceptron`` or sums).
     mu0 : Atoms or ndarray, shape (..., n, d)
-        Initial measure; leading axes are independent systems evolved together.  For a
-        scheme with radii (``model.space == "free"``, :mod:`wflow.schemes`) an array holds the
-        tokens :math:`x = r\theta` with their radii.
+        Initial measure; leading axes are independent systems.  For a scheme with radii
+        (:mod:`wflow.schemes`) an array holds the tokens :math:`x = r\theta`.
     t_end : float
         Final time (> ``t0``).
     save_at : array_like or SaveAt, optional
@@ -357,11 +342,9 @@ def simulate(
         ``"euler"`` and ``"euler-average"`` of SA with :math:`Q = K = V = I` on systems of at most
         256 tokens run fused (:class:`~wflow.solvers.fused.FusedEuler`, recorded as ``"fused-euler"``).
     dt : float, optional
-        Fixed step, never changed (the last step ends at ``t_end``), or the first trial step
-        of ``"dopri5"``.  Default :func:`default_dt` for fixed-step methods.
+        Fixed step, or the first trial step of ``"dopri5"``; default :func:`default_dt` for fixed steps.
     control : StepControl, optional
-        Tolerances of ``"dopri5"`` (default 1e-6 and 1e-9) and ``max_steps``
-        (:class:`~wflow.solvers.control.StepControl`).
+        Tolerances of ``"dopri5"`` and ``max_steps`` (:class:`~wflow.solvers.control.StepControl`).
     kappa : float, optional
         Noise: diffusion :math:`\kappa^{-1}\Delta_S` (``sqrt(2/kappa) dW``).
     seed : int or numpy.random.Generator, optional
@@ -371,8 +354,7 @@ def simulate(
     t0 : float
         Initial time.
     tracers : ndarray, shape (..., m, d), optional
-        Passive points carried by the flow of :math:`\mu_N` without mass of their own
-        (e.g. to measure the flow map's Jacobian); returned in ``Trajectory.tracers``.
+        Passive points carried by the flow of :math:`\mu_N` (``Trajectory.tracers``).
     trackers : sequence of Tracker or callable
         Recorders (:class:`wflow.io.ZarrRecorder`) and other trackers (:mod:`wflow.solvers.trackers`); a
         plain function ``f(t, mu)`` is called after each save (``mu`` read-only) and stops the run
@@ -380,8 +362,7 @@ def simulate(
     progress : bool
         Show a progress bar.
     throw : bool
-        Raise :class:`~wflow.errors.SolverError` on failure (default) or return a result with
-        ``status = -1``.
+        Raise :class:`~wflow.errors.SolverError` on failure (default), or return ``status = -1``.
     coordinates : {"auto", "cartesian", "angles", "gaps", "span"}
         ``"auto"`` (default): ``"span"`` where it is exact (:func:`span_is_exact`) and there are more
         dimensions than tokens, else ``"cartesian"``.  ``"angles"``: on :math:`S^1`, the Kuramoto form
@@ -402,8 +383,7 @@ def simulate(
     Raises
     ------
     SolverError
-        A non-finite state (the snapshots already recorded are kept), a step size underflow
-        or ``max_steps`` exceeded (with ``throw=True``).
+        A non-finite state, a step size underflow or ``max_steps`` exceeded (with ``throw=True``).
 
     Examples
     --------
@@ -422,7 +402,6 @@ def simulate(
     spec, control, trackers, keep = _upgrade(save_at, control, trackers, deprecated)
     x_free = None
     if model.space == "free" and not isinstance(mu0, Atoms):
-        # a scheme with radii starts from tokens x = r theta in R^d (uniform weights)
         x_free = np.asarray(mu0, dtype=np.float64)
         if x_free.ndim < 2 or x_free.shape[-1] < 2 or not np.all(np.isfinite(x_free)):
             raise ValueError(

@@ -65,10 +65,8 @@ class Result:
         ``"particles"``, ``"lagrangian"``, ``"density"``, ``"jko"``, ...
     times : ndarray, shape (k,)
         Saved times.
-    data : dict
-        ``name -> (dims, array of shape (k, ...))``: the saved variables.
-    static : dict
-        ``name -> (dims, array)``: variables that do not change (weights, mesh).
+    data, static : dict
+        ``name -> (dims, array)``: the saved variables (shape ``(k, ...)``), and those that do not change.
     stats : dict of ndarray, each shape (k,)
         Cumulative ``steps``, ``rejected`` and ``evaluations`` at each save, and ``dt_next``.
     status : int

@@ -116,8 +116,7 @@ def resume(
     progress : bool
         Show a progress bar.
     backend : str, optional
-        Kernel-sum backend for the continuation (default: the stored one; results agree to
-        rounding across backends, bit for bit only with the same one).
+        Kernel-sum backend for the continuation (default the stored one, the only one bit for bit).
     trackers : sequence of Tracker
         Further trackers for the continuation.
     keep : bool

@@ -35,7 +35,6 @@ class SaveAt:
     ----------
     ts : array_like, optional
         Save times in ``[t0, t_end]``, increasing (``t0`` is always saved); default 11 equally spaced.
-        With a fixed step, the step that crosses a save time is split to land on it.
     points : bool
         Keep the points of every save in the result (default); ``False``: of the last one only
         (:attr:`Trajectory.final <wflow.solvers.particles.Trajectory.final>`), while a recorder still
@@ -46,8 +45,7 @@ class SaveAt:
     fn : dict, optional
         ``name -> f(mu)``: functions of the measure saved at each time, one value (or array) per system.
     dtype : dtype, optional
-        The floating type of the kept points; default the run's own (or ``out``'s).  The run computes as
-        before.
+        The floating type of the kept points (not of the run's); default the run's own (or ``out``'s).
     out : ndarray, optional
         A writeable floating array of shape ``(k, ..., n, d)``, ``k`` the number of saves (with ``t0``),
         into which the points of every save are written: the result's ``points`` is this array.
@@ -222,7 +220,7 @@ class SaveTimes:
     times : ndarray, shape (k,)
         The times asked for (with fixed steps, snapped to a grid time within :data:`GRID_SNAP` steps).
     mode : str
-        ``"land"``: the run lands on each time (recorded in its configuration as ``save_mode``).
+        ``"land"``: the run lands on each time (``config["save_mode"]``).
 
     Examples
     --------

@@ -472,14 +472,10 @@ def solve_zonal(
     kernel : {"plain", "rescaled"}
         :math:`e^{\beta\langle x,y\rangle}` or :math:`e^{\beta(\langle x,y\rangle - 1)}` (USA at large :math:`\beta`).
     kernel_method : {"auto", "panel", "dense"}
-        Kernel sums by a verified panel Chebyshev factorization or dense matrices
-        (:mod:`wflow.zonal.rows`).
-    cfl : float
-        Fraction of the positivity limit a step may use, in ``(0, 1]``.
-    max_step : float, optional
-        Upper bound on the step.
-    max_steps : int
-        Attempted steps before the run fails.
+        Kernel sums by a verified panel Chebyshev factorization or dense matrices.
+    cfl, max_step, max_steps
+        Fraction of the positivity limit a step may use, in ``(0, 1]``; a cap on the step; attempted
+        steps before the run fails.
     normalize : bool
         Rescale a callable ``rho0`` to mass 1 (default).
     method : {"auto", "remap", "ssprk3"}
