@@ -3,21 +3,7 @@ r"""Time steppers of the solver contract (:mod:`wflow.solvers.base`): the *how*.
 Each stepper takes one step of :math:`\dot y = f(t, y)` for any :class:`~wflow.solvers.base.Problem`
 and hands the result to ``problem.retract`` (:math:`x \mapsto x/|x|` on the sphere), which keeps the
 order of the Runge--Kutta method (Hairer, Lubich & Wanner, *Geometric Numerical Integration*, §IV.4).
-
-======================  =====  ===============  =========================================
-name                    order  error estimate   use
-======================  =====  ===============  =========================================
-``euler``               1      --               baseline, published discrete schemes
-``euler-average``       1      --               GLPR's phase-diagram scheme (unprojected average)
-``rk4``                 4      --               fixed-step reference
-``dopri5``              5      4 (embedded)     default for particles and Lagrangian nodes
-``euler-maruyama``      1/2    --               noise :math:`\sqrt{2/\kappa}\,dW` (strong order)
-``ssprk3``              3      2 (embedded)     finite volumes: positivity-preserving stages
-``ros2``                2      1 (embedded)     stiff flows (exact or finite-difference Jacobian)
-``remap``               3      2 (embedded)     1-D conservation laws: characteristics + remap
-======================  =====  ===============  =========================================
-
-All are registered in :data:`wflow.solvers.base.SOLVERS`.
+All are registered in :data:`wflow.solvers.base.SOLVERS` (``docs/solvers.md`` tabulates them).
 """
 
 from __future__ import annotations

@@ -40,10 +40,8 @@ class ZonalProblem(Problem):
         Number of latitude bands ``M``.
     attention, beta, sign, kappa, kernel, grid, kernel_method
         As :class:`~wflow.zonal.ZonalFV`.
-    cfl : float
-        Fraction of the positivity limit a step may use, in ``(0, 1]``.
-    max_step : float, optional
-        A cap on the step.
+    cfl, max_step
+        As :func:`solve_zonal`.
 
     Examples
     --------
