@@ -18,7 +18,14 @@ import numpy as np
 from numba import njit
 
 from ._typing import ArrayLike, SeedLike
-from .errors import as_points, check_int, check_nonnegative, real_float_dtype, short_repr
+from .errors import (
+    as_points,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    real_float_dtype,
+    short_repr,
+)
 
 __all__ = [
     "as_generator",
@@ -297,13 +304,7 @@ def cost_matrix(
     """
     if cost not in COSTS:
         raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
-    if not (
-        isinstance(p, (int, float, np.integer, np.floating))
-        and not isinstance(p, bool)
-        and np.isfinite(p)
-        and p > 0
-    ):
-        raise ValueError(f"p must be a finite number > 0, got {p!r}")
+    p = check_positive(p, "p")
     same = y is None
     x = np.asarray(x)
     real_float_dtype(x.dtype, "x", integers=True)  # complex or object: refused
@@ -727,13 +728,10 @@ def density_quadrature(density: Any, refine: int = 4) -> tuple[np.ndarray, np.nd
     weights : ndarray, shape (Q,)
         Sum to 1.
     radius : float
-        :math:`r = (\sum_T m_T\,E_T|x - c_T|^2)^{1/2}`, :math:`E_T` the mean over the triangle
-        :math:`T` and :math:`c_T` its atom: the cost of the transport plan that moves each
-        triangle's mass to its atom, so a bound on the chordal :math:`W_2` distance between the
-        atoms and the density, and for any measure :math:`\mu`,
-        :math:`|W_2(\mu, \rho) - W_2(\mu, \mathrm{atoms})| \le r`.  In closed form:
-        :math:`c_T = \int_T x\,dA / |\int_T x\,dA|` and
-        :math:`E_T|x - c_T|^2 = 2 - 2|\int_T x\,dA| / |T|`.
+        :math:`r = (\sum_T m_T\,E_T|x - c_T|^2)^{1/2}` (:math:`E_T` the mean over the triangle
+        :math:`T`, :math:`c_T = \int_T x\,dA / |\int_T x\,dA|` its atom): the cost of moving each
+        triangle's mass to its atom, so for any measure :math:`\mu`,
+        :math:`|W_2(\mu, \rho) - W_2(\mu, \mathrm{atoms})| \le r` (chordal).
 
     Examples
     --------
@@ -952,7 +950,6 @@ def _linear_inverse(a: np.ndarray, b: np.ndarray, r: np.ndarray) -> np.ndarray:
 def circle_nodes(m: int, *, offset: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     r"""Trapezoid rule on :math:`S^1`: ``m`` equispaced nodes and equal weights ``1/m``.
 
-    Spectrally accurate for smooth periodic integrands (normalized measure).
     Returns ``(points (m, 2), weights (m,))``.
 
     Examples

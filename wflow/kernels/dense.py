@@ -62,9 +62,7 @@ def gemm_call(typingctx, fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ld
 
 
 @njit(cache=True, inline="always")
-def gemm(
-    fn, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, ints, chars, scal
-):  # pragma: no cover - compiled
+def gemm(fn, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, ints, chars, scal):  # pragma: no cover
     """C = op(A) op(B) in BLAS's column-major terms (``ta``, ``tb`` 0 for 'N', 1 for 'T'); ``ints`` an
     int32 buffer of 6, ``chars`` the bytes 'N', 'T', ``scal`` (1, 0) in the arrays' dtype."""
     ints[0] = m
@@ -183,9 +181,7 @@ def gram_blocked(T, TT, G):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, fastmath=FM_SUM)
-def fused_sums(
-    a, b, c, lw, scale, fl, zero, k0, k1, shift, mass, vec
-):  # pragma: no cover - compiled
+def fused_sums(a, b, c, lw, scale, fl, zero, k0, k1, shift, mass, vec):  # pragma: no cover
     """Everything for each system k0 <= k < k1, serially and without the GIL: logits
     L = scale a b^T + lw by :func:`mm` (in the dtype of a and b), row maxima and exponentials
     (E in the dtype of zero, mass accumulated in float64), then the value sums vec = E c by

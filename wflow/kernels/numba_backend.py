@@ -145,7 +145,6 @@ class NumbaBackend:
 
     def __call__(self, problem: KernelProblem) -> KernelSums:
         dtype = problem.dtype
-        f64 = np.float64
         x, y = problem.x, problem.y
         p = x.shape[-1] if problem.Q is None else problem.Q.shape[0]
         q = (y.shape[-1] if problem.V is None else problem.V.shape[0]) if problem.values else 0
@@ -154,18 +153,11 @@ class NumbaBackend:
             return self._small(problem)
         # logits in float64 even for float32 input; keys b stay in the input dtype (the
         # kernel's transposed copy upcasts them), values c in the working dtype
+        a, b, logw, c = self._operands(problem)
         if problem.Q is None:
-            a = np.multiply(x, problem.beta, dtype=f64)
+            a = np.multiply(x, problem.beta, dtype=np.float64)
         else:
-            a = np.matmul(x, problem.Q.T.astype(f64), dtype=f64)
             a *= problem.beta
-        b = y if problem.K is None else np.matmul(y, problem.K.T.astype(f64), dtype=f64)
-        with np.errstate(divide="ignore"):
-            logw = np.log(problem.weights, dtype=f64)
-        c = None
-        if problem.values:
-            c = y if problem.V is None else y @ problem.V.T
-        logw = np.maximum(logw, LOG_ZERO, out=logw)  # log 0 = -inf -> finite stand-in
         floor = exp_floor(dtype)
         zero = dtype.type(0)
         if route == "direct":
@@ -186,6 +178,17 @@ class NumbaBackend:
         """The tiny-systems route (:mod:`wflow.kernels.small`), beta applied in its exponential pass."""
         from .small import small_sums
 
+        a, b, logw, c = self._operands(problem)
+        tol = problem.tol if problem.tol is not None and 0.0 < problem.tol < 1.0 else None
+        shift, mass, vec = small_sums(
+            a, b, logw, c, exp_floor(problem.dtype), problem.dtype, scale=problem.beta, tol=tol
+        )
+        return KernelSums(shift, mass, vec, self.name)
+
+    @staticmethod
+    def _operands(problem: KernelProblem):
+        """``(Q x, K y, log w, V y or None)``, the products in float64 (``x``, ``y`` themselves for
+        identities), ``log 0`` clamped at :data:`~wflow.kernels.jit.LOG_ZERO`."""
         f64 = np.float64
         x, y = problem.x, problem.y
         a = x if problem.Q is None else np.matmul(x, problem.Q.T.astype(f64), dtype=f64)
@@ -196,11 +199,7 @@ class NumbaBackend:
         c = None
         if problem.values:
             c = y if problem.V is None else y @ problem.V.T
-        tol = problem.tol if problem.tol is not None and 0.0 < problem.tol < 1.0 else None
-        shift, mass, vec = small_sums(
-            a, b, logw, c, exp_floor(problem.dtype), problem.dtype, scale=problem.beta, tol=tol
-        )
-        return KernelSums(shift, mass, vec, self.name)
+        return a, b, logw, c
 
     @staticmethod
     def _direct(a, b, logw, c, floor, zero):

@@ -180,8 +180,7 @@ class SpectralPlan:
     z_max, u : float
         Arguments of the two tails (module docstring).
     bound : float
-        :math:`\varepsilon = T_K(z_{\max}) + \sum_{p>P} u^p/p!`, the a-priori bound on the
-        error of ``mass`` in units of :math:`e^{c_i}`.
+        :math:`\varepsilon`, the a-priori bound on the error of ``mass`` in units of :math:`e^{c_i}`.
     tol : float
         The tolerance asked for.
 
@@ -330,26 +329,6 @@ def _sphere_moments(
             M[l] += (Pl * E[:, : l + 1]).T @ W
             W *= rb
     return M
-
-
-# The same sums, fused per point (no temporaries, no skinny BLAS products): _spectral_numba.
-_NUMBA = None
-
-
-def _numba_kernels():
-    global _NUMBA
-    if _NUMBA is not None:
-        return _NUMBA
-    from . import _spectral_numba as k
-
-    _NUMBA = dict(
-        circle_moments=k.circle_moments,
-        circle_eval=k.circle_eval,
-        sphere_moments=k.sphere_moments,
-        sphere_eval=k.sphere_eval,
-        block=k.BLOCK,
-    )
-    return _NUMBA
 
 
 class _Radii(NamedTuple):
@@ -671,7 +650,8 @@ class SpectralBackend:
     def _numba_moments(self, sys: _System, y: np.ndarray, w: np.ndarray) -> np.ndarray:
         """Source moments, ``(K+1, [K+1,] (P+1) C, 2)``: one pass over the sources in blocks, one
         accumulator per worker thread."""
-        kern = _numba_kernels()
+        from . import _spectral_numba as kern  # (imported when first used)
+
         K, S = sys.K, self.stream_block
         parts = _threads.shares(y.shape[0], _threads.num_threads())
         shape = (K + 1,) if sys.d == 2 else (K + 1, K + 1)
@@ -687,9 +667,9 @@ class SpectralBackend:
                 if sys.reflect:
                     np.negative(yb, out=yb)
                 if sys.d == 2:
-                    kern["circle_moments"](yb, cols, K, 1, 0, 1, acc[t : t + 1])
+                    kern.circle_moments(yb, cols, K, 1, 0, 1, acc[t : t + 1])
                 else:
-                    kern["sphere_moments"](yb, cols, K, A, Bc, 1, 0, 1, acc[t : t + 1])
+                    kern.sphere_moments(yb, cols, K, A, Bc, 1, 0, 1, acc[t : t + 1])
 
         _threads.parallel(work, len(parts))
         return acc.sum(axis=0)
@@ -697,7 +677,8 @@ class SpectralBackend:
     def _numba_eval(self, sys: _System, G: np.ndarray, x: np.ndarray, out, v: float, plan):
         """Evaluate the series at the queries in blocks, each worker thread a contiguous share, writing
         into ``out``; returns the rows for the direct fallback."""
-        kern = _numba_kernels()
+        from . import _spectral_numba as kern
+
         S = self.stream_block
         parts = _threads.shares(x.shape[0], _threads.num_threads())
         found: list[list[np.ndarray]] = [[] for _ in parts]
@@ -712,13 +693,11 @@ class SpectralBackend:
                 nb = xhat.shape[0]
                 s = np.zeros((nb, G.shape[-2]))
                 if sys.d == 2:
-                    kern["circle_eval"](
-                        xhat, G, a, h0, not sys.shared, sys.extra, scale_exp, 0, nb, s
-                    )
+                    kern.circle_eval(xhat, G, a, h0, not sys.shared, sys.extra, scale_exp, 0, nb, s)
                 else:
-                    blocks = -(-nb // kern["block"])
+                    blocks = -(-nb // kern.BLOCK)
                     args = (xhat, G, a, h0, not sys.shared, sys.extra, scale_exp, A, Bc)
-                    kern["sphere_eval"](*args, 0, blocks, s)
+                    kern.sphere_eval(*args, 0, blocks, s)
                 c = a * sys.rho_bar + math.log(sys.W)
                 found[t].append(_write_rows(sys, out, i0, c, s, v, plan))
 

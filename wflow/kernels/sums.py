@@ -175,10 +175,9 @@ class KernelProblem:
 class Backend(Protocol):
     """A kernel-sum backend: ``available()``, ``accepts(problem)`` and ``__call__(problem)``.
 
-    A backend may also define ``accepts_auto(problem)``, asked instead of ``accepts``
-    when ``backend="auto"`` (e.g. KeOps takes every problem but is chosen
-    automatically only on a GPU), and ``on_device(device)``, the same backend on
-    another device, which ``backend="<name>:<device>"`` asks for (``"torch:cuda"``).
+    It may also define ``accepts_auto(problem)``, asked instead of ``accepts`` by
+    ``backend="auto"``, and ``on_device(device)``, the same backend on another device
+    (``backend="torch:cuda"``).
 
     Examples
     --------
@@ -242,8 +241,6 @@ def available_backends() -> list[str]:
     (True, True)
     >>> "numpy" in available_backends()  # doctest: +SKIP
     True
-
-    Not run as a doctest: asking KeOps whether it imports takes seconds.
     """
     return [name for name, b in BACKENDS.items() if b.available()]
 
@@ -334,10 +331,8 @@ def kernel_sums(
         A name in :data:`BACKENDS`, ``"<name>:<device>"`` for a backend with devices
         (``"torch:cuda"``, ``"torch:cpu"``), or ``"auto"``.
     tol : float, optional
-        Requested relative accuracy for approximate backends (``"spectral"``).  The numba
-        backend's tiny-systems route (:mod:`wflow.kernels.small`) uses it to allow float32
-        logits for float32 input when their rounding bound is below ``tol / 3``; the other
-        exact routes and backends ignore it.
+        Requested relative accuracy for approximate backends (``"spectral"``); the numba
+        backend's tiny-systems route allows float32 logits below ``tol / 3``.
 
     Returns
     -------
@@ -360,7 +355,7 @@ def kernel_sums(
     """
     x = np.asarray(x)
     y = np.asarray(y)
-    for name, arr in (("x", x), ("y", y)):  # complex or object arrays would be cast without a word
+    for name, arr in (("x", x), ("y", y)):  # complex or object arrays: refused, not cast
         if arr.dtype.kind not in "biuf":
             raise TypeError(f"{name} must be a real array of points, got dtype {arr.dtype}")
     dtype = np.result_type(x.dtype, y.dtype, np.float32)
@@ -443,11 +438,8 @@ def _select(backend: str, problem: KernelProblem) -> Backend:
             raise ValueError(f"backend {name!r} takes no device, got backend={backend!r}")
         b = on_device(device)
     if not b.available():
-        raise ValueError(
-            f"backend {backend!r} is not available on this machine: {getattr(b, 'reason', '')}".rstrip(
-                ": "
-            )
-        )
+        why = f"backend {backend!r} is not available on this machine: {getattr(b, 'reason', '')}"
+        raise ValueError(why.rstrip(": "))
     if not b.accepts(problem):
         why = getattr(b, "why_not", lambda p: "")(problem)
         raise ValueError(
