@@ -123,13 +123,10 @@ class Result:
 
         Examples
         --------
-        >>> import numpy as np
-        >>> from wflow.solvers.base import Problem, integrate
-        >>> class Decay(Problem):
-        ...     def rhs(self, t, y):
-        ...         return -y
-        >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, save_at=[0.5, 1.0])
-        >>> res.save_index(0.5), res.save_index(1.0)
+        >>> import wflow
+        >>> x0 = wflow.sphere.uniform(4, 3, seed=0)
+        >>> traj = wflow.simulate(wflow.SA(1.0), x0, 1.0, dt=0.1, save_at=[0.5, 1.0], backend="numpy")
+        >>> traj.save_index(0.5), traj.save_index(1.0)
         (1, 2)
         """
         if isinstance(t, (bool, np.bool_)) or not isinstance(
