@@ -334,8 +334,13 @@ def study_dichotomy(out: Path, quick: bool = True) -> StudyReport:
         frac = float(np.mean(r["synced"]))
         curves[(start_kind, name, d, beta)] = (r["times"], series, lam)
         label = f"{start_kind} start, {name}, d={d}, beta={beta:g}"
-        row = {"part": start_kind} | {k: key[k] for k in ("model", "beta", "d", "n", "seeds")}
-        row |= {
+        row = {
+            "part": start_kind,
+            "model": name,
+            "beta": beta,
+            "d": d,
+            "n": n,
+            "seeds": seeds,
             "fraction_synchronized": frac,
             "theory_rate": lam,
             "rate_mean": mean,

@@ -243,13 +243,8 @@ def _clusters(M: int, backend: str, out: Path, T: float = 30.0) -> dict:
         "steps": int(r.stats["steps"][-1]),
     }
     fig, ax = subplots(figsize=(7, 4))
-    im = ax.pcolormesh(
-        mesh.center_angles,
-        r.times,
-        np.log10(np.maximum(r.values, 1e-12)),
-        shading="auto",
-        cmap="magma",
-    )
+    log_rho = np.log10(np.maximum(r.values, 1e-12))
+    im = ax.pcolormesh(mesh.center_angles, r.times, log_rho, shading="auto", cmap="magma")
     ax.axhline(r.times[i_lin], color="c", lw=0.8, ls="--")
     ax.set_xlabel(r"$\theta$")
     ax.set_ylabel("t")

@@ -147,12 +147,8 @@ def _figures(out: Path, res: dict, ns: list, gammas: np.ndarray, slopes: dict) -
     fig, axes = subplots(1, len(RHOS), figsize=(11, 3.8), layout="constrained", sharey=False)
     for ax, rho in zip(axes, RHOS):
         for k, n in enumerate(ns):
-            ax.plot(
-                gammas,
-                res[(n, rho)]["cos"],
-                color=colormaps["viridis"](k / max(len(ns) - 1, 1)),
-                label=f"n = {n:.0e}",
-            )
+            color = colormaps["viridis"](k / max(len(ns) - 1, 1))
+            ax.plot(gammas, res[(n, rho)]["cos"], color=color, label=f"n = {n:.0e}")
         ax.plot([0, 1], [1, 1], "k--", lw=1)
         ax.plot([1, gammas[-1]], [rho, rho], "k--", lw=1, label="limit n -> inf")
         ax.plot([1], [4 * rho / (1 + 3 * rho)], "ko", ms=5)

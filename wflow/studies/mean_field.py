@@ -283,14 +283,9 @@ def _iid_block(
     if d == 3 and len(tracers) > 200_000:  # full mode on S^2: RK4 (error ~1e-7, far below D_N)
         ref = simulate(model, quad, times[-1], save_at=times, dt=0.05, tracers=tracers)
     else:
+        tight = StepControl(rtol=1e-10, atol=1e-12)
         ref = simulate(
-            model,
-            quad,
-            times[-1],
-            save_at=times,
-            method="dopri5",
-            control=StepControl(rtol=1e-10, atol=1e-12),
-            tracers=tracers,
+            model, quad, times[-1], save_at=times, method="dopri5", control=tight, tracers=tracers
         )
     assert ref.tracers is not None  # tracers= asked for them
     offsets = np.cumsum([0] + [len(p) for p in parts])
@@ -613,14 +608,8 @@ def _quadrature_start(
     for N in quad_N:
         qx, qq = sphere.circle_nodes(N, offset=np.pi / N)
         start = Atoms(qx, qq * _circle_density(qx))
-        tr = simulate(
-            model,
-            start,
-            times[-1],
-            save_at=times,
-            method="dopri5",
-            control=StepControl(rtol=1e-11, atol=1e-13),
-        )
+        tight = StepControl(rtol=1e-11, atol=1e-13)
+        tr = simulate(model, start, times[-1], save_at=times, method="dopri5", control=tight)
         w2 = wasserstein(tr.atoms(-1), fine_end, method="circle")
         m_err = float(np.abs(tr.atoms(-1).mean() - fine_end.mean()).max())
         errs.append(w2)
@@ -691,12 +680,8 @@ def _figure(rep: StudyReport, out: Path) -> Path:
     for name in sorted({r["model"] for r in q}):
         Ns = [r["N"] for r in q if r["model"] == name]
         ax.loglog(Ns, [r["W2"] for r in q if r["model"] == name], "o-", label=f"W2, {name}")
-        ax.loglog(
-            Ns,
-            [max(r["moment_error"], 1e-17) for r in q if r["model"] == name],
-            "s--",
-            label=f"|moment error|, {name}",
-        )
+        moments = [max(r["moment_error"], 1e-17) for r in q if r["model"] == name]
+        ax.loglog(Ns, moments, "s--", label=f"|moment error|, {name}")
     if q:
         n_axis = np.array(sorted({r["N"] for r in q}), float)
         ax.loglog(n_axis, 1.0 / n_axis, "k:", label="N^-1")

@@ -147,16 +147,10 @@ def _part(
     fw = fq * density(fx)
     fw /= fw.sum()
     pushed: dict[int, np.ndarray] = {}
+    saves = SaveAt(times, diagnostics=())
+    run: dict[str, Any] = {"method": "dopri5", "control": StepControl(rtol=1e-10, atol=1e-12)}
     for M in (n_quad, n_quad // 2):
-        ref = simulate(
-            model,
-            _quadrature(density, M),
-            times[-1],
-            save_at=SaveAt(times, diagnostics=()),
-            method="dopri5",
-            control=StepControl(rtol=1e-10, atol=1e-12),
-            tracers=fx,
-        )
+        ref = simulate(model, _quadrature(density, M), times[-1], save_at=saves, tracers=fx, **run)
         assert ref.tracers is not None  # tracers=fx asked for them
         pushed[M] = ref.tracers
     ref_err = np.array(

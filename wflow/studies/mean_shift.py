@@ -48,6 +48,7 @@ __all__ = [
 BETAS = (0.5, 3.0, 20.0)
 #: tolerances of the adaptive runs (dopri5)
 RTOL, ATOL = 1e-11, 1e-13
+DOPRI5: dict[str, Any] = {"method": "dopri5", "control": StepControl(rtol=RTOL, atol=ATOL)}
 
 
 def mean_shift_field(x: Any, points: Any, weights: Any, beta: float) -> np.ndarray:
@@ -181,24 +182,11 @@ def run_gap(beta: float, x0: np.ndarray, t_end: float, n_saves: int = 5) -> dict
     r"""Mean shift to ``t_end`` and SA to :math:`\beta t_{end}` (dopri5, rtol 1e-11): largest gap at matched times."""
     times = np.linspace(0.0, t_end, n_saves)
     t_ms = time.perf_counter()
-    ms = simulate(
-        MeanShift(beta),
-        x0,
-        t_end,
-        save_at=SaveAt(times, diagnostics=()),
-        method="dopri5",
-        control=StepControl(rtol=RTOL, atol=ATOL),
-    )
+    ms = simulate(MeanShift(beta), x0, t_end, save_at=SaveAt(times, diagnostics=()), **DOPRI5)
     t_ms = time.perf_counter() - t_ms
     t_sa = time.perf_counter()
-    sa = simulate(
-        SA(beta),
-        x0,
-        beta * t_end,
-        save_at=SaveAt(beta * times, diagnostics=()),
-        method="dopri5",
-        control=StepControl(rtol=RTOL, atol=ATOL),
-    )
+    sa_saves = SaveAt(beta * times, diagnostics=())
+    sa = simulate(SA(beta), x0, beta * t_end, save_at=sa_saves, **DOPRI5)
     t_sa = time.perf_counter() - t_sa
     x_ms, x_sa = np.asarray(ms.points), np.asarray(sa.points)
     gaps = np.abs(x_ms - x_sa).max(axis=tuple(range(1, x_ms.ndim)))

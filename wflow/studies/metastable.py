@@ -66,6 +66,7 @@ DT_SAVE = 0.2
 DT = 0.2
 #: last time searched for the end of the linear phase
 T_MAX = 30.0
+SAVE_TIMES = np.arange(0.0, T_MAX + 1e-9, DT_SAVE)
 #: width (rad) of the wrapped-Gaussian smoothing that counts peaks; peak prominence / mean density
 SIGMA = 0.1
 PROMINENCE = 0.25
@@ -368,15 +369,8 @@ def _until(beta: float, x0: np.ndarray, measure, reached) -> tuple[Any, np.ndarr
         times.append(t)
         return reached(series[-1])
 
-    tr = simulate(
-        SA(beta),
-        x0,
-        T_MAX,
-        dt=DT,
-        save_at=SaveAt(np.arange(0.0, T_MAX + 1e-9, DT_SAVE), points=False, diagnostics=()),
-        backend="spectral",
-        trackers=[stop],
-    )
+    saves = SaveAt(SAVE_TIMES, points=False, diagnostics=())
+    tr = simulate(SA(beta), x0, T_MAX, dt=DT, save_at=saves, backend="spectral", trackers=[stop])
     return tr, np.asarray(series), np.asarray(times)
 
 
@@ -417,13 +411,7 @@ def run_fv(beta: float, cells: int, seed: int) -> dict[str, Any]:
         return c.max() >= AMPLITUDE
 
     sol = solve_density(
-        SA(beta),
-        rho0,
-        T_MAX,
-        save_at=np.arange(0.0, T_MAX + 1e-9, DT_SAVE),
-        backend="spectral",
-        callback=stop,
-        keep=False,
+        SA(beta), rho0, T_MAX, save_at=SAVE_TIMES, backend="spectral", callback=stop, keep=False
     )
     return _circle_summary(th, sol.values[-1] * mesh.areas, c0, sol.times[-1], series, times, beta)
 
@@ -681,14 +669,8 @@ def _figure(results, plan, out: Path) -> Path:
         th = grid_angles(fv["density"].size)
         ax.plot(th, fv["density"], "k-", lw=1.2, label=f"finite volume, t={fv['t_lin']:.1f}")
         p = results[("particles", beta, 0)]
-        ax.plot(
-            th,
-            p["density"],
-            "-",
-            color="C1",
-            lw=1,
-            label=f"particles N={plan['n']}, t={p['t_lin']:.1f}",
-        )
+        label = f"particles N={plan['n']}, t={p['t_lin']:.1f}"
+        ax.plot(th, p["density"], "-", color="C1", lw=1, label=label)
         for a in predicted_angles(fv["c0"][k_star - 1], k_star):
             ax.axvline(a, color="k", ls=":", lw=0.8)
         for a in predicted_angles(p["c0"][k_star - 1], k_star):

@@ -76,6 +76,12 @@ CLOCKS = {
     "exponential-sqrt": lambda t: np.sqrt(t + 1.0),
     "power": lambda t: np.log(t),
 }
+#: how the particles of the equiangular and random starts run
+PARTICLE_RUN: dict[str, Any] = {
+    "method": "dopri5",
+    "control": StepControl(rtol=1e-10, atol=1e-13),
+    "backend": "numpy",
+}
 #: gap window of the rate fits: late enough for the asymptotic law, above the rounding of the gaps
 FIT_WINDOW = (1e-10, 1e-5)
 
@@ -195,16 +201,9 @@ EQ_HORIZON = {
 
 def _scheme_run(scheme: str, beta: float, x0: np.ndarray, t_end: float, t: np.ndarray):
     """The particles of ``scheme`` (SA) from ``x0``, saved at ``t`` (dopri5, rtol 1e-10), and the seconds taken."""
+    model = Normalized(SA(beta), scheme, **SCHEME_OPTIONS.get(scheme, {}))
     t0 = time.perf_counter()
-    traj = simulate(
-        Normalized(SA(beta), scheme, **SCHEME_OPTIONS.get(scheme, {})),
-        x0,
-        t_end,
-        save_at=SaveAt(t, diagnostics=()),
-        method="dopri5",
-        control=StepControl(rtol=1e-10, atol=1e-13),
-        backend="numpy",
-    )
+    traj = simulate(model, x0, t_end, save_at=SaveAt(t, diagnostics=()), **PARTICLE_RUN)
     return traj, time.perf_counter() - t0
 
 

@@ -72,14 +72,8 @@ def study_figures(
     fig, ax = subplots(figsize=(6.5, 4.5), layout="constrained")
     for k, (scheme, runs) in enumerate(rnd.items()):
         for s, p in enumerate(runs):
-            ax.loglog(
-                p["t"][1:],
-                p["gap"][0] - p["gap"][1:],
-                "-",
-                color=f"C{k}",
-                lw=1,
-                label=scheme if s == 0 else None,
-            )
+            label = scheme if s == 0 else None
+            ax.loglog(p["t"][1:], p["gap"][0] - p["gap"][1:], "-", color=f"C{k}", lw=1, label=label)
             ax.loglog(p["t"][1:], p["gap_ode"][0] - p["gap_ode"][1:], "--", color=f"C{k}", lw=1)
     ax.set(
         xlabel="t (depth)",

@@ -25,12 +25,8 @@ def save_figure(out: Path, name: str, draw: Callable[[Any], None]) -> Path:
 def draw_e1(ax: Any, e1: dict[tuple[int, float], tuple], betas: tuple[float, ...]) -> None:
     """E1: clusters at the stop (mean over seeds) against sqrt(beta), ascent and descent."""
     for sign, mk in ((1, "o"), (-1, "x")):
-        ax.plot(
-            np.sqrt(betas),
-            [np.mean(e1[(sign, b)][0]) for b in betas],
-            mk + "-",
-            label="ascent" if sign > 0 else "descent",
-        )
+        clusters = [np.mean(e1[(sign, b)][0]) for b in betas]
+        ax.plot(np.sqrt(betas), clusters, mk + "-", label="ascent" if sign > 0 else "descent")
     ax.set(
         xlabel="sqrt(beta)",
         ylabel="clusters at the stop (mean over seeds)",
@@ -96,14 +92,9 @@ def draw_e4_masses(ax: Any, e4: dict[int, list], limit: float) -> None:
 def draw_sweep(ax: Any, sweep: dict[tuple[str, int], list]) -> None:
     """The MLP-scale sweep: stopping time against |omega|, log-log, one line per attention and sign."""
     for (att, sign), rows in sweep.items():
-        sc = [r[0] for r in rows]
-        ax.plot(
-            sc,
-            [r[1] for r in rows],
-            "o-" if att == "USA" else "s--",
-            ms=3,
-            label=f"{att} {'ascent' if sign > 0 else 'descent'}",
-        )
+        label = f"{att} {'ascent' if sign > 0 else 'descent'}"
+        style = "o-" if att == "USA" else "s--"
+        ax.plot([r[0] for r in rows], [r[1] for r in rows], style, ms=3, label=label)
     ax.set(
         xscale="log",
         yscale="log",

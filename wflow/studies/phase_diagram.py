@@ -158,14 +158,10 @@ def pair_fraction_curves(
     record = Record("pair_fraction")
     # span coordinates: n = 32 numbers per token whatever d (exact for SA with Q = K = V = I; the pair
     # fraction is computed from them), so d = 1024 costs what d = 32 does
+    saving = SaveAt(saves, points=False, diagnostics=("pair_fraction",))
+    kw = SCHEMES[scheme]
     simulate(
-        SA(beta),
-        x0,
-        float(saves[-1]),
-        save_at=SaveAt(saves, points=False, diagnostics=("pair_fraction",)),
-        trackers=[record],
-        coordinates="span",
-        **SCHEMES[scheme],
+        SA(beta), x0, float(saves[-1]), save_at=saving, trackers=[record], coordinates="span", **kw
     )
     return np.array(record.times), np.array(record.values["pair_fraction"])
 
@@ -542,13 +538,8 @@ def _figures(out: Path, plan, heat, curves, tstar, rows) -> list[Path]:
         t = heat[(d, hb[0])]["times"][:m]
         im = plot_heat(ax, t, np.array(hb), z)
         bs = np.linspace(min(hb), max(hb), 200)
-        ax.plot(
-            np.minimum(equiangular_time(bs, N_TOKENS, THRESHOLD), 1e3),
-            bs,
-            "w-",
-            lw=1.5,
-            label="$t^*(\\beta)$",
-        )
+        t_star = np.minimum(equiangular_time(bs, N_TOKENS, THRESHOLD), 1e3)
+        ax.plot(t_star, bs, "w-", lw=1.5, label="$t^*(\\beta)$")
         th = [crossing_time(heat[(d, b)]["times"], heat[(d, b)]["mean"]) for b in hb]
         ax.plot(th, hb, "o", color="tab:red", ms=3, label="0.5 level")
         ax.set_xlim(0, T_PUBLISHED)

@@ -190,13 +190,8 @@ def _figure(results, out: Path) -> Path:
                 Ns, w2, "o", ms=3, alpha=0.6, label=f"{name}: slope {slope:.2f} ± {half:.2f}"
             )
             n = np.unique(Ns)
-            ax.loglog(
-                n,
-                np.exp(np.mean(np.log(w2) + 0.5 * np.log(Ns))) * n**-0.5,
-                "-",
-                color=p[0].get_color(),
-                lw=0.8,
-            )
+            fit = np.exp(np.mean(np.log(w2) + 0.5 * np.log(Ns))) * n**-0.5
+            ax.loglog(n, fit, "-", color=p[0].get_color(), lw=0.8)
         ax.set(title=f"$S^{{{d - 1}}}$: $W_2$ of $z$-marginal at t={T_END:g}", xlabel="N")
         ax.legend(fontsize=8)
     np.atleast_1d(axes)[0].set_ylabel("$W_2(\\mu_N^z(t), \\mu^z(t))$")
