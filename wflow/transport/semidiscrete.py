@@ -117,12 +117,13 @@ def _graph(x: np.ndarray, knn: np.ndarray) -> np.ndarray:
     dst = np.concatenate(
         [knn.ravel(), np.roll(tri, 1, axis=1).ravel(), np.roll(tri, -1, axis=1).ravel()]
     )
-    pairs = np.unique(np.stack([src, dst], axis=1), axis=0)  # sorted by src
-    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-    deg = np.bincount(pairs[:, 0], minlength=n)
+    key = np.unique(src.astype(np.int64) * n + dst)  # sorted by src
+    src, dst = np.divmod(key, n)
+    src, dst = src[src != dst], dst[src != dst]
+    deg = np.bincount(src, minlength=n)
     out = np.full((n, int(deg.max()) + 1), -1, np.intp)
     out[:, 0] = np.arange(n)
-    out[pairs[:, 0], np.arange(len(pairs)) - np.repeat(np.cumsum(deg) - deg, deg) + 1] = pairs[:, 1]
+    out[src, np.arange(len(src)) - np.repeat(np.cumsum(deg) - deg, deg) + 1] = dst
     return out
 
 
