@@ -1,11 +1,7 @@
-"""The objects a run configuration describes: its model, mesh, initial state and run.
+"""The objects a checked run configuration (:mod:`wflow.config`) describes: model, mesh, initial state, run.
 
-:mod:`wflow.config` reads, checks and writes configurations (flat tables of typed keys);
-this module builds from a checked one what ``wflow run`` and :mod:`wflow.sweep` run:
-:func:`build_model`, :func:`build_mesh`, :func:`initial_density`, :func:`build_run` (the
-arguments of :func:`wflow.simulate`), :func:`save_times`, and :func:`start_run` /
-:func:`resume_run`, which return a :class:`Run`.  :mod:`wflow.config` re-exports every
-name, so ``wflow.config.start_run`` works as before.
+:func:`start_run` and :func:`resume_run` return the :class:`Run` that ``wflow run`` and
+:mod:`wflow.sweep` execute; :mod:`wflow.config` re-exports every name.
 """
 
 from __future__ import annotations
@@ -145,11 +141,8 @@ def build_model(cfg: dict[str, Any]):
     if scheme != "post-ln" or (perceptron is not None and cfg["model.kernel"] == "rescaled"):
         from .schemes import Normalized
 
-        kw = (
-            {"tau": cfg["model.tau"]}
-            if scheme == "mix-ln"
-            else ({"alpha": cfg["model.alpha"]} if scheme == "ngpt" else {})
-        )
+        options = {"mix-ln": {"tau": cfg["model.tau"]}, "ngpt": {"alpha": cfg["model.alpha"]}}
+        kw = options.get(scheme, {})
         models: list[Model] = [
             Normalized(a, scheme, perceptron=perceptron, **kw) for a in attentions
         ]
@@ -323,11 +316,8 @@ def start_run(cfg: dict[str, Any]) -> Run:
                 **kwargs,
             )
 
-        return Run(
-            cfg,
-            f"{model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, method={kwargs['method']}",
-            run_particles,
-        )
+        what = f"{model!r}, n={mu0.n}, d={mu0.d}, t_end={cfg['run.t_end']:g}, method={kwargs['method']}"
+        return Run(cfg, what, run_particles)
     if problem == "lagrangian":
         from .solvers.lagrangian import solve_lagrangian
 
@@ -345,11 +335,8 @@ def start_run(cfg: dict[str, Any]) -> Run:
                 **_quiet(trackers, progress),
             )
 
-        return Run(
-            cfg,
-            f"lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}",
-            run_lagrangian,
-        )
+        what = f"lagrangian, {model!r}, d={cfg['init.d']}, nodes={cfg['mesh.resolution']}"
+        return Run(cfg, what, run_lagrangian)
     kappa = cfg["run.kappa"] or None
     if problem == "zonal":
         from .solvers.zonal import solve_zonal
@@ -374,11 +361,8 @@ def start_run(cfg: dict[str, Any]) -> Run:
                 **_quiet(trackers, progress),
             )
 
-        return Run(
-            cfg,
-            f"zonal, {model!r}, d={cfg['init.d']}, {cfg['mesh.resolution']} bands in z",
-            run_zonal,
-        )
+        what = f"zonal, {model!r}, d={cfg['init.d']}, {cfg['mesh.resolution']} bands in z"
+        return Run(cfg, what, run_zonal)
     mesh = build_mesh(cfg)
     rho = Density.from_function(mesh, initial_density(cfg))
     if problem == "eulerian":
@@ -410,10 +394,8 @@ def start_run(cfg: dict[str, Any]) -> Run:
             check_eps(cfg["jko.eps"], mesh.centers, mesh.areas)
         except ValueError as err:
             raise ValueError(f"config key jko.eps: {err}") from None
-    try:
-        check_tau(
-            tau, float(np.pi) ** 2, 1e-6
-        )  # the geodesic cost's largest value, jko's default tol
+    try:  # with the geodesic cost's largest value and jko's default tol
+        check_tau(tau, float(np.pi) ** 2, 1e-6)
     except ValueError as err:
         raise ValueError(f"config key jko.tau: {err}") from None
 

@@ -2,13 +2,8 @@
 
 A config is TOML with sections (``[model]``, ``[init]``, ``[run]``, ...); on the
 command line a key is written with a dot, ``--set model.beta=4``.  Unknown keys and
-wrong types are rejected with the key and the value received.
-
-This module reads (:func:`load_config`, :func:`apply_overrides`), checks
-(:func:`validate_config`) and writes (:func:`to_toml`) configurations; the objects a
-configuration describes (its model, mesh, initial state and run: :func:`start_run`,
-:func:`resume_run`, :func:`build_run`, ...) are built by :mod:`wflow.build` and
-importable from here as well.
+wrong types are rejected with the key and the value received.  The objects a
+configuration describes are built by :mod:`wflow.build` (importable from here as well).
 """
 
 from __future__ import annotations
@@ -254,25 +249,25 @@ def default_config() -> dict[str, Any]:
     return {k: v.default for k, v in KEYS.items()}
 
 
-def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A TOML table with sections as flat ``section.key`` keys."""
     out: dict[str, Any] = {}
     for k, v in table.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
+            out.update(flatten(v, key + "."))
         else:
             out[key] = v
     return out
 
 
-def _check_key(key: str) -> None:
+def coerce(key: str, value: Any) -> Any:
+    """``value`` as configuration key ``key`` takes it (unknown keys, wrong types and choices are errors)."""
+    key = current_key(key)
     if key not in KEYS:
         raise ValueError(
             f"unknown config key {key!r}{did_you_mean(key, KEYS)}; known keys: {', '.join(KEYS)}"
         )
-
-
-def _coerce(key: str, value: Any) -> Any:
     spec = KEYS[key]
     if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -290,11 +285,6 @@ def _coerce(key: str, value: Any) -> Any:
             + did_you_mean(value, spec.choices)
         )
     return value
-
-
-def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A TOML table with sections as flat ``section.key`` keys."""
-    return _flatten(table, prefix)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -320,13 +310,6 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"config file {p} is not valid TOML: {exc}") from None
 
 
-def coerce(key: str, value: Any) -> Any:
-    """``value`` as configuration key ``key`` takes it (unknown keys, wrong types and choices are errors)."""
-    key = current_key(key)
-    _check_key(key)
-    return _coerce(key, value)
-
-
 def load_config(path: str | Path | None) -> dict[str, Any]:
     """Defaults updated by a TOML file (if given); validated.
 
@@ -340,7 +323,7 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
     """
     cfg = default_config()
     if path is not None:
-        for key, value in _flatten(read_toml(path)).items():
+        for key, value in flatten(read_toml(path)).items():
             key = current_key(key)
             cfg[key] = coerce(key, value)
     return validate_config(cfg)
@@ -365,12 +348,11 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ValueError(f"--set expects key=value, got {item!r}")
         key, raw = (s.strip() for s in item.split("=", 1))
         key = current_key(key)
-        _check_key(key)
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
-        cfg[key] = _coerce(key, value)
+        cfg[key] = coerce(key, value)
     return validate_config(cfg)
 
 
@@ -403,12 +385,8 @@ def _check_ranges(cfg: dict[str, Any]) -> None:
     if cfg["model.weights"]:
         _need(cfg, Path(cfg["model.weights"]).is_file(), "model.weights", "an existing .npz file")
     if cfg["model.scheme"] in ("pre-ln", "peri-ln", "mix-ln"):
-        _need(
-            cfg,
-            cfg["problem"] == "particles",
-            "model.scheme",
-            f"post-ln, ngpt or sqrt for problem {cfg['problem']!r} ({cfg['model.scheme']} carries radii: particles only)",
-        )
+        what = f"post-ln, ngpt or sqrt for problem {cfg['problem']!r} ({cfg['model.scheme']} carries radii: particles only)"
+        _need(cfg, cfg["problem"] == "particles", "model.scheme", what)
     for key in (
         "run.t_end",
         "control.rtol",
@@ -420,19 +398,13 @@ def _check_ranges(cfg: dict[str, Any]) -> None:
         "jko.tau",
     ):
         _need(cfg, np.isfinite(cfg[key]) and cfg[key] > 0, key, "a finite number > 0")
-    _need(
-        cfg,
-        cfg["control.rtol"] >= 1e-15,
-        "control.rtol",
-        ">= 1e-15 (below double-precision rounding nothing can be resolved)",
-    )
-    _need(
-        cfg,
-        cfg["init.kappa"] <= 1e8,
-        "init.kappa",
+    what = ">= 1e-15 (below double-precision rounding nothing can be resolved)"
+    _need(cfg, cfg["control.rtol"] >= 1e-15, "control.rtol", what)
+    what = (
         "<= 1e8 (a von Mises-Fisher concentration beyond that is a "
-        "point mass at double precision: use fewer components or init.kind=uniform)",
+        "point mass at double precision: use fewer components or init.kind=uniform)"
     )
+    _need(cfg, cfg["init.kappa"] <= 1e8, "init.kappa", what)
     if cfg["model.type"] == "USA" and cfg["model.gamma"] == 0:  # the model owns the rule
         from .models import USA
 
@@ -457,7 +429,8 @@ def _check_ranges(cfg: dict[str, Any]) -> None:
 def _check_problem(cfg: dict[str, Any]) -> None:
     """What each kind of problem admits: the keys the zonal solver leaves at their defaults, the dimensions,
     schemes, methods and coordinates of the continuum solvers, noise only with euler-maruyama."""
-    if cfg["problem"] == "zonal":
+    problem, method = cfg["problem"], cfg["run.method"]
+    if problem == "zonal":
         for key, default in (
             ("model.scheme", "post-ln"),
             ("model.layers", 0),
@@ -465,58 +438,31 @@ def _check_problem(cfg: dict[str, Any]) -> None:
             ("perceptron.m", 0),
             ("model.gamma", 0.0),
         ):
-            _need(
-                cfg,
-                cfg[key] == default,
-                key,
-                f"left at {default!r} for the zonal solver (Q = K = V = +-I attention)",
-            )
-    elif cfg["problem"] != "particles":
+            what = f"left at {default!r} for the zonal solver (Q = K = V = +-I attention)"
+            _need(cfg, cfg[key] == default, key, what)
+    elif problem != "particles":
         _need(
-            cfg,
-            cfg["init.d"] in (2, 3),
-            "init.d",
-            f"2 or 3 for problem {cfg['problem']!r} (S^1 or S^2)",
+            cfg, cfg["init.d"] in (2, 3), "init.d", f"2 or 3 for problem {problem!r} (S^1 or S^2)"
         )
-        if cfg["problem"] == "jko":
-            _need(
-                cfg,
-                cfg["model.scheme"] == "post-ln",
-                "model.scheme",
-                "post-ln for the jko solver (a Wasserstein gradient flow)",
-            )
-        if cfg["problem"] in ("eulerian", "jko"):
-            _need(
-                cfg,
-                cfg["run.method"] in ("auto", "dopri5", "rk4"),
-                "run.method",
-                f"left at its default for the {cfg['problem']} solver (it has its own time stepping)",
-            )
-        if cfg["run.kappa"] > 0 and cfg["problem"] == "lagrangian":
+        if problem == "jko":
+            what = "post-ln for the jko solver (a Wasserstein gradient flow)"
+            _need(cfg, cfg["model.scheme"] == "post-ln", "model.scheme", what)
+        if problem in ("eulerian", "jko"):
+            what = f"left at its default for the {problem} solver (it has its own time stepping)"
+            _need(cfg, method in ("auto", "dopri5", "rk4"), "run.method", what)
+        if cfg["run.kappa"] > 0 and problem == "lagrangian":
             raise ValueError(
                 "config key run.kappa must be 0 for the lagrangian solver (characteristics carry no noise)"
             )
-    if cfg["problem"] != "particles":
-        _need(
-            cfg,
-            cfg["run.coordinates"] in ("auto", "cartesian"),
-            "run.coordinates",
-            f"auto or cartesian for the "
-            f"{cfg['problem']} solver (other coordinates are for particles)",
-        )
-        _need(
-            cfg,
-            cfg["run.method"] not in ("euler-average", "ros2"),
-            "run.method",
-            f"one of dopri5, rk4, euler, euler-maruyama for the {cfg['problem']} solver",
-        )
-    if (
-        cfg["problem"] == "particles"
-        and cfg["run.method"] != "auto"
-        and (cfg["run.kappa"] > 0) != (cfg["run.method"] == "euler-maruyama")
-    ):
+    if problem != "particles":
+        what = f"auto or cartesian for the {problem} solver (other coordinates are for particles)"
+        _need(cfg, cfg["run.coordinates"] in ("auto", "cartesian"), "run.coordinates", what)
+        what = f"one of dopri5, rk4, euler, euler-maruyama for the {problem} solver"
+        _need(cfg, method not in ("euler-average", "ros2"), "run.method", what)
+    noise = cfg["run.kappa"] > 0
+    if problem == "particles" and method != "auto" and noise != (method == "euler-maruyama"):
         raise ValueError(
-            f"run.kappa = {cfg['run.kappa']!r} and run.method = {cfg['run.method']!r} do not fit: "
+            f"run.kappa = {cfg['run.kappa']!r} and run.method = {method!r} do not fit: "
             f"noise (kappa > 0) goes with method euler-maruyama and only with it"
         )
 
