@@ -1,56 +1,18 @@
 r"""Parameter sweeps: a configuration and a grid over its keys, run on Dask, recorded in one Zarr store.
 
-A sweep is many driver runs (:func:`wflow.simulate`) scheduled by ``dask.distributed``;
-it adds no time loop of its own.  The grid is a product over configuration keys
-(:data:`wflow.config.KEYS`): ``{"model.beta": linspace(0.1, 9, 90), "init.seed": range(2048)}``.
-Points that differ only in ``init.seed`` run as *one batched call*: their initial
-conditions are stacked into one ``(systems, n, d)`` array (each system is exactly the
-initial condition of the single run with that seed), in batches of at most
-``batch_size`` systems.  Every other combination of values is its own task.
+A sweep is many driver runs (:func:`wflow.simulate`) scheduled by ``dask.distributed``; points
+that differ only in ``init.seed`` run as one batched call of at most ``batch_size`` systems.
+The store's dimensions are the grid's keys (by their last part: ``beta``, ``seed``) and ``time``;
+each finished task is written by the client (the only writer) and committed atomically in
+``wflow_sweep.json``, so a sweep run again skips every committed point.  docs/sweeps.md describes
+the store's variables, the commit protocol and running on a cluster.
 
-The store
----------
-One Zarr (format 3) group, readable with ``xarray.open_zarr(out)``, whose dimensions are
-the grid's keys, named by the key's last part (``beta``, ``seed``, ``d``; the full key is
-in each coordinate's ``key`` attribute; a name that is ambiguous or clashes with
-``xarray``'s ``sel`` keywords keeps its section, ``run_method``) and ``time`` (the save
-times).  Variables:
-
-* each observable, ``(*grid, time)``, float64, NaN where not computed;
-* ``status`` (int8: 0 reached ``t_end``, 1 stopped, -1 failed, -2 not run yet),
-  ``message``, ``seconds`` and ``cpu_seconds`` (wall and CPU time of the task that ran the
-  point), ``worker``, per point;
-* ``config`` (the flat configuration as JSON, with ``init.seed`` set to the first seed of
-  the point's batch: a point's own configuration is that with its ``seed`` coordinate)
-  and ``save_time`` (the times the solver saved), per
-  combination of the non-seed keys;
-* attributes: ``base_config`` (JSON), ``grid``, ``observables``, ``fingerprint``.
-
-Arrays are pre-sized when the sweep starts and chunked one task per chunk.  The client
-writes a finished task's region (observables, then message and timing, then status)
-and then *commits* it by atomically replacing ``wflow_sweep.json`` (the list of
-finished tasks; write, ``fsync``, rename), with the commit protocol of every wflow store
-(:func:`wflow.io.write_commit`): a sweep killed at any instant never counts a half-written
-point as done, and running it again skips every committed point (matched by its
-coordinates: the grid's axes and values may be given in another order; a grid with other
-values or axes is refused).  ``open_sweep`` counts points from the commit record.  Chunks
-carry CRC32C checksums (:func:`wflow.io.chunk_codecs`).  One process writes a store at a time
-(an OS lock next to it, :class:`wflow.io.FolderLock`).
-
-Tasks run on the workers and send their observables back to the client, which is
-the only writer: workers need no shared file system (a cluster on other hosts, on
-Kubernetes, on SLURM through dask-jobqueue), and a worker killed mid-task only costs
-the task, which Dask runs again elsewhere.
-
-The package
------------
 This module holds :func:`sweep` and re-exports the public names of its parts:
 :mod:`~wflow.sweep.grid` (grid values, ``--grid`` arguments, TOML ``[sweep]`` tables),
 :mod:`~wflow.sweep.plan` (axes, observables, tasks and the store's layout, checked before
-anything is written), :mod:`~wflow.sweep.tasks` (one task on a worker: the batched run,
-its observables, its threads), :mod:`~wflow.sweep.store` (the Zarr store, its commits and
-reading it back) and :mod:`~wflow.sweep.cluster` (the Dask cluster and the loop that
-submits tasks and writes their results).
+anything is written), :mod:`~wflow.sweep.tasks` (one task on a worker),
+:mod:`~wflow.sweep.store` (the Zarr store and its commits) and :mod:`~wflow.sweep.cluster`
+(the Dask cluster and the loop that submits tasks and writes their results).
 """
 
 from __future__ import annotations
@@ -213,9 +175,8 @@ def sweep(
         log.info("%s: every point is committed", out)
         return open_sweep(out)
     _check_disk(plan, out)
-    client, cluster, owned = connect(
-        scheduler, workers, timeout, threads_per_task
-    )  # before anything is written
+    # before anything is written
+    client, cluster, owned = connect(scheduler, workers, timeout, threads_per_task)
     lock = None
     try:
         lock = FolderLock(out.with_name(out.name + ".lock"), f"sweep store {out}").acquire()

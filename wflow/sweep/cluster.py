@@ -1,10 +1,4 @@
-"""Dask for a sweep: a LocalCluster or a running scheduler, and the loop that submits tasks and commits results.
-
-:func:`connect` starts a ``LocalCluster`` of one-thread worker processes (their numba, BLAS
-and OpenMP limited by :data:`~wflow.sweep.tasks.WORKER_ENV`) or connects to a scheduler;
-:func:`run_tasks` submits the tasks still to do and hands each batch of finished ones to
-the store, the only writer.
-"""
+"""Dask for a sweep: a LocalCluster or a running scheduler, and the loop that submits tasks and commits results."""
 
 from __future__ import annotations
 
@@ -109,9 +103,8 @@ def connect(scheduler: Any, workers: int | None, timeout: float, threads: int = 
             env={k: str(threads) for k in WORKER_ENV},
         )
         return Client(cluster), cluster, True
-    address = getattr(
-        scheduler, "scheduler_address", scheduler
-    )  # a Cluster object (dask-jobqueue, ...)
+    # a Cluster object (dask-jobqueue, ...) has its scheduler's address
+    address = getattr(scheduler, "scheduler_address", scheduler)
     if not isinstance(address, str):
         raise ValueError(
             f"scheduler must be None, an address like 'tcp://host:8786', a distributed.Client or a "
@@ -129,10 +122,8 @@ def connect(scheduler: Any, workers: int | None, timeout: float, threads: int = 
 def disconnect(client: Any, cluster: Any, owned: bool) -> None:
     """Close what :func:`connect` opened: the client when ``owned``, the LocalCluster it started.
 
-    A LocalCluster's nannies log "Worker process still alive after 4.0 seconds, killing" at
-    WARNING when a worker process is slow to exit (``silence_logs`` covers only the cluster's
-    start); the sweep's results are committed by then, so the shutdown is kept quiet: the
-    ``distributed`` loggers show only errors while it runs.
+    The results are committed by then: the ``distributed`` loggers show only errors meanwhile (a
+    nanny warns when a worker is slow to exit).
 
     Examples
     --------
@@ -162,20 +153,12 @@ def _has_bokeh() -> bool:
 
 
 def run_tasks(
-    client,
-    plan: Plan,
-    store: Store,
-    todo: list[int],
-    threads: int,
-    retries: int,
-    progress: bool,
+    client, plan: Plan, store: Store, todo: list[int], threads: int, retries: int, progress: bool
 ) -> None:
     """Submit the tasks ``todo`` of ``plan`` to ``client`` and write each batch of finished ones to ``store``.
 
-    The client is the only writer: results come back from the workers, are written and committed
-    (:meth:`~wflow.sweep.store.Store.write`) as they arrive.  A task the cluster could not run
-    (a worker killed too often) is recorded as failed but not committed, so that running the sweep
-    again retries it.
+    The client is the only writer, committing results as they arrive.  A task the cluster could not
+    run is recorded as failed but not committed: running the sweep again retries it.
     """
     from distributed import as_completed
     from tqdm.auto import tqdm
@@ -198,23 +181,10 @@ def run_tasks(
             "n_time": plan.n_time,
             "threads": threads,
         }
-        futures.append(
-            client.submit(
-                run_task,
-                spec,
-                key=f"wflow-sweep-{plan.fingerprint}-{t}",
-                pure=False,
-                retries=retries,
-            )
-        )
+        key = f"wflow-sweep-{plan.fingerprint}-{t}"
+        futures.append(client.submit(run_task, spec, key=key, pure=False, retries=retries))
     failed = 0
-    bar = tqdm(
-        total=total,
-        unit="point",
-        desc="sweep",
-        disable=not progress,
-        dynamic_ncols=True,
-    )
+    bar = tqdm(total=total, unit="point", desc="sweep", disable=not progress, dynamic_ncols=True)
     try:
         done_iter = as_completed(futures)
         for batch in done_iter.batches():

@@ -1,8 +1,6 @@
 """Grids of a sweep: values of one axis (``linspace``, ``logspace``, ``range``, TOML), grids, ``--grid`` arguments.
 
-A grid maps configuration keys (:data:`wflow.config.KEYS`) to lists of values; a TOML
-configuration may hold it in a ``[sweep]`` table (:func:`load_sweep_config`).  Keys and values
-are checked here with the configuration's own rules (:func:`coerce_value`).
+Keys and values are checked with the configuration's own rules (:func:`coerce_value`).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import flatten
+from ..config import KEYS, coerce, current_key, default_config, flatten, read_toml, validate_config
 from ..errors import short_repr
 
 __all__ = [
@@ -193,8 +191,6 @@ def coerce_value(key: str, value: Any) -> Any:
     ...     print(exc)
     config key init.n must be an integer, got 8.5
     """
-    from ..config import KEYS, coerce
-
     if key in KEYS and KEYS[key].type is int and isinstance(value, float) and value.is_integer():
         value = int(value)
     try:
@@ -216,8 +212,6 @@ def check_key(key: str, where: str) -> None:
     ...     print(str(exc).split(";")[0])
     grid: unknown config key 'model.bta'
     """
-    from ..config import KEYS
-
     if key not in KEYS:
         raise ValueError(f"{where}: unknown config key {key!r}; known keys: {', '.join(KEYS)}")
 
@@ -232,8 +226,6 @@ def base_config(config: Mapping[str, Any]) -> dict[str, Any]:
     >>> cfg["model.beta"], cfg["init.n"], cfg["problem"]
     (4.0, 8, 'particles')
     """
-    from ..config import default_config, validate_config
-
     cfg = default_config()
     for key, value in config.items():
         key = current_key(key)
@@ -242,16 +234,7 @@ def base_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return validate_config(cfg)
 
 
-def current_key(key: str) -> str:
-    """A configuration key's name now (:func:`wflow.config.current_key`: a key of an earlier release warns)."""
-    from ..config import current_key as now
-
-    return now(key)
-
-
-def load_sweep_config(
-    path: str | os.PathLike,
-) -> tuple[dict[str, Any], dict[str, list]]:
+def load_sweep_config(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, list]]:
     """A TOML configuration with a ``[sweep]`` table: ``(flat config, grid)``.
 
     The ``[sweep]`` table holds ``key = [values]`` or ``key = "linspace(a, b, n)"`` (dotted
@@ -274,8 +257,6 @@ def load_sweep_config(
     >>> config["model.beta"], grid
     (2.0, {'init.seed': [0, 1, 2], 'model.beta': [1.0, 4.0]})
     """
-    from ..config import read_toml
-
     p = Path(path)
     table = read_toml(p)
     spec = table.pop("sweep", {})

@@ -1,9 +1,7 @@
 """The plan of a sweep: its axes, observables and tasks (seeds batched), and the store's layout.
 
-:func:`make_plan` checks everything a sweep is given -- keys, values, every task's
-configuration, the observables, the batch size -- before anything is written or any
-cluster starts.  A :class:`Plan` maps task numbers to configurations and to regions of
-the store.
+:func:`make_plan` checks everything a sweep is given before anything is written or any cluster
+starts; a :class:`Plan` maps task numbers to configurations and to regions of the store.
 """
 
 from __future__ import annotations
@@ -65,13 +63,7 @@ KIND_OBSERVABLES: dict[str, tuple[str, ...]] = {
     "zonal": ("mass", "mean_z", "energy"),
     "jko": ("energy", "free_energy"),
 }
-DRIVER_DIAGNOSTICS = (
-    "energy",
-    "log_energy",
-    "order_parameter",
-    "n_clusters",
-    "pair_fraction",
-)
+DRIVER_DIAGNOSTICS = ("energy", "log_energy", "order_parameter", "n_clusters", "pair_fraction")
 #: dimension names that would clash with the store's variables or with ``Dataset.sel``'s keywords
 _RESERVED = {
     "time",
@@ -143,10 +135,7 @@ class Plan:
             k = int(ki)
             if i == self.batch_axis:
                 out.append(
-                    slice(
-                        k * self.batch_size,
-                        min((k + 1) * self.batch_size, self.shape[i]),
-                    )
+                    slice(k * self.batch_size, min((k + 1) * self.batch_size, self.shape[i]))
                 )
             else:
                 out.append(slice(k, k + 1))
@@ -283,9 +272,7 @@ def make_plan(config: Any, grid: Any, observables: Any, batch_size: int | None) 
     batch_size = _batch_size(base, axes, batch_size)
     plan = Plan(base, axes, obs, batch_size, 0, np.zeros(0), "")
     saves = _check_tasks(plan)
-    start_run(
-        plan.task_config(0)[0]
-    )  # builds the first task's model and state: backend and the like
+    start_run(plan.task_config(0)[0])  # the first task's model and state: backend and the like
     plan.n_time = max(len(t) for t in saves)
     plan.times = (
         np.array(next(iter(saves))) if len(saves) == 1 else np.arange(plan.n_time, dtype=float)

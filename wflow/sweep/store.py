@@ -1,9 +1,5 @@
-"""The store of a sweep: one Zarr group, pre-sized, written task by task and committed with :mod:`wflow.io`.
-
-:class:`Store` creates the group (or resumes it), writes each finished task's region and
-commits it through :func:`wflow.io.write_commit` into ``wflow_sweep.json`` (the fingerprint
-of the sweep and the sorted list of finished tasks), with the chunk checksums of
-:func:`wflow.io.chunk_codecs`; :func:`open_sweep` and :func:`point_config` read it back.
+"""The store of a sweep: one Zarr group, pre-sized, written task by task and committed with :mod:`wflow.io`
+into ``wflow_sweep.json`` (the sweep's fingerprint and its finished tasks); read back by :func:`open_sweep`.
 """
 
 from __future__ import annotations
@@ -31,6 +27,8 @@ __all__ = ["COMMIT", "Store", "open_sweep", "point_config", "store_is_complete"]
 
 #: the commit record of a sweep store: ``{"fingerprint": ..., "done": [finished tasks, sorted]}``
 COMMIT = "wflow_sweep.json"
+_TIME = "save times (nominal; save_time holds the solver's step times)"
+_CONFIG = f"flat configuration (JSON); a point's own has {BATCH_KEY} = its seed coordinate"
 
 
 def _per_point(value: Any, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -107,9 +105,8 @@ class Store:
         attrs = _attrs(p)
         ours = attrs.get("wflow_format") == FORMAT
         if overwrite:
-            if not ours and not (
-                p.is_dir() and not any(p.iterdir())
-            ):  # only an empty folder or our own store
+            # only an empty folder or our own store
+            if not ours and not (p.is_dir() and not any(p.iterdir())):
                 raise ValueError(
                     f"{p} exists and is not a wflow sweep store; refusing to overwrite it"
                 )
@@ -173,65 +170,42 @@ class Store:
         group = zarr.open_group(self.path, mode="w", zarr_format=3, attributes=attrs)
         from ..config import KEYS
 
-        def array(name, shape, chunks, dtype, fill, dims, **at):
-            a = group.create_array(
+        def array(name, dims, shape, chunks=None, dtype=np.float64, fill=np.nan, **attrs):
+            """A pre-sized array of the store, one chunk unless ``chunks`` says otherwise."""
+            self.arrays[name] = group.create_array(
                 name,
                 shape=shape,
-                chunks=chunks,
+                chunks=shape if chunks is None else chunks,
                 dtype=dtype,
                 fill_value=fill,
                 compressors=codecs,
                 dimension_names=dims,
                 config={"write_empty_chunks": True},
-                attributes=at,
+                attributes=attrs,
             )
-            self.arrays[name] = a
-            return a
+            return self.arrays[name]
 
         for ax in plan.axes:
             vals = np.array(ax.values, dtype=str if isinstance(ax.values[0], str) else None)
+            dtype, fill = (str, "") if vals.dtype.kind == "U" else (vals.dtype, 0)
+            desc = KEYS[ax.key].help
             a = array(
-                ax.dim,
-                (len(vals),),
-                (len(vals),),
-                vals.dtype if vals.dtype.kind != "U" else str,
-                "" if vals.dtype.kind == "U" else 0,
-                (ax.dim,),
-                key=ax.key,
-                description=KEYS[ax.key].help,
+                ax.dim, (ax.dim,), vals.shape, dtype=dtype, fill=fill, key=ax.key, description=desc
             )
             a[:] = vals
-        a = array(
-            "time",
-            (plan.n_time,),
-            (plan.n_time,),
-            np.float64,
-            np.nan,
-            ("time",),
-            description="save times (nominal; save_time holds the solver's step times)",
-        )
+        a = array("time", ("time",), (plan.n_time,), description=_TIME)
         a[:] = plan.times
         dims = tuple(a.dim for a in plan.axes)
         shape, chunks = plan.shape, plan.chunks()
-        problem = plan.base["problem"]
+        problem, t = plan.base["problem"], (plan.n_time,)
         for name, f in plan.observables.items():
             if f is not None:
                 desc = f"user observable {getattr(f, '__qualname__', name)}"
+            elif problem == "particles":
+                desc = OBSERVABLES[name]
             else:
-                desc = (
-                    OBSERVABLES[name]
-                    if problem == "particles"
-                    else f"the {problem} run's {name} at each save"
-                )
-            array(
-                name,
-                shape + (plan.n_time,),
-                chunks + (plan.n_time,),
-                np.float64,
-                np.nan,
-                dims + ("time",),
-                description=desc,
-            )
+                desc = f"the {problem} run's {name} at each save"
+            array(name, dims + ("time",), shape + t, chunks + t, description=desc)
         per_point = {
             "status": (np.int8, PENDING, attrs["status_codes"]),
             "message": (str, "", "the solver's message, or the error"),
@@ -244,29 +218,14 @@ class Store:
             ),
             "worker": (str, "", "the Dask worker that ran the point"),
         }
-        for name, (dtype, fill, desc) in per_point.items():
-            array(name, shape, chunks, dtype, fill, dims, description=desc)
+        for name, (kind, empty, desc) in per_point.items():
+            array(name, dims, shape, chunks, kind, empty, description=desc)
         task_dims = tuple(a.dim for i, a in enumerate(plan.axes) if i != plan.batch_axis)
         task_shape = tuple(len(a.values) for i, a in enumerate(plan.axes) if i != plan.batch_axis)
         ones = tuple(1 for _ in task_dims)
-        array(
-            "config",
-            task_shape,
-            ones,
-            str,
-            "",
-            task_dims,
-            description=f"flat configuration (JSON); a point's own has {BATCH_KEY} = its seed coordinate",
-        )
-        array(
-            "save_time",
-            task_shape + (plan.n_time,),
-            ones + (plan.n_time,),
-            np.float64,
-            np.nan,
-            task_dims + ("time",),
-            description="times the solver saved",
-        )
+        array("config", task_dims, task_shape, ones, str, "", description=_CONFIG)
+        desc = "times the solver saved"
+        array("save_time", task_dims + ("time",), task_shape + t, ones + t, description=desc)
         with warnings.catch_warnings():  # consolidated metadata is not in the Zarr v3 spec (yet)
             warnings.simplefilter("ignore")
             zarr.consolidate_metadata(self.path)
@@ -281,24 +240,15 @@ class Store:
             task = int(r["task"])
             reg = plan.region(task)
             shape = tuple(s.stop - s.start for s in reg)
-            for name in plan.observables:  # (systems, n_time): the systems run along the batch axis
-                data.append(
-                    (
-                        name,
-                        reg + (slice(None),),
-                        r["values"][name].reshape(shape + (plan.n_time,)),
-                    )
-                )
+            every, t = (slice(None),), (plan.n_time,)
+            # (systems, n_time): the systems run along the batch axis
+            data += [(k, reg + every, r["values"][k].reshape(shape + t)) for k in plan.observables]
             task_reg = tuple(s for i, s in enumerate(reg) if i != b)
             ones = tuple(1 for _ in task_reg)
             cfg, _ = plan.task_config(task)
             data += [
                 ("config", task_reg, np.full(ones, json.dumps(cfg), dtype=object)),
-                (
-                    "save_time",
-                    task_reg + (slice(None),),
-                    r["times"].reshape(ones + (plan.n_time,)),
-                ),
+                ("save_time", task_reg + every, r["times"].reshape(ones + t)),
                 ("message", reg, _per_point(r["message"], shape, object)),
                 ("seconds", reg, np.full(shape, r["seconds"])),
                 ("cpu_seconds", reg, np.full(shape, r["cpu_seconds"])),
@@ -313,7 +263,7 @@ class Store:
             _commit(self.path, plan.fingerprint, self.done)
 
     def _put(self, items: list[tuple[str, tuple, np.ndarray]]) -> None:
-        if len(items) <= 1:
+        if len(items) <= 1:  # (the status of one task: no threads)
             for name, sel, value in items:
                 self.arrays[name][sel] = value
             return
@@ -322,11 +272,10 @@ class Store:
 
             self._pool = ThreadPoolExecutor(4, thread_name_prefix="wflow-sweep-write")
 
-        def put(item):
-            name, sel, value = item
+        def put(name: str, sel: tuple, value: np.ndarray) -> None:
             self.arrays[name][sel] = value
 
-        for f in [self._pool.submit(put, it) for it in items]:
+        for f in [self._pool.submit(put, *item) for item in items]:
             f.result()
 
     def close(self) -> None:
@@ -376,9 +325,7 @@ def open_sweep(path: str | os.PathLike):
             f"{p} is not a wflow sweep store (wflow_format={attrs.get('wflow_format')!r})"
         )
     ds = xr.open_zarr(p, consolidated=True)
-    status = np.asarray(
-        zarr.open_array(p / "status", mode="r")[...]
-    )  # read here, not on a Dask cluster
+    status = np.asarray(zarr.open_array(p / "status", mode="r")[...])  # here, not on a Dask cluster
     fp, done = _committed(p)
     committed = _layout(attrs).point_mask(done if fp == attrs["fingerprint"] else ())
     # a point counts once its task is committed; one the cluster could not run is failed, not committed
@@ -429,9 +376,7 @@ def point_config(ds, **coords) -> dict[str, Any]:
         raise ValueError(
             f"point_config: give a value for every dimension; missing {sorted(missing)}"
         )
-    task = {
-        k: v for k, v in coords.items() if k in ds["config"].dims
-    }  # (a batched seed axis is not one)
+    task = {k: v for k, v in coords.items() if k in ds["config"].dims}  # (not a batched seed axis)
     cfg = current_config(json.loads(str(ds["config"].sel(task).values)))
     for dim, v in coords.items():
         cfg[key_of[dim]] = v.item() if isinstance(v, np.generic) else v

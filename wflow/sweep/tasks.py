@@ -1,10 +1,7 @@
 """One task of a sweep, run on a Dask worker: a batched run, its observables, its threads.
 
-:func:`run_task` runs the points of one task (the seeds of a batch as one
-:func:`wflow.simulate` call, or one continuum run) with a tracker that keeps only the
-observables, splits a failed batch to find the failing systems (:func:`_split_failed`), and
-limits numba, BLAS and OpenMP to the task's threads (:data:`WORKER_ENV`,
-:func:`_limit_threads`).  It never raises for a failure of the computation.
+:func:`run_task` never raises for a failure of the computation: a failed batch is split to find
+the failing systems, and the result carries their status and message.
 """
 
 from __future__ import annotations
@@ -66,10 +63,8 @@ class _Collect(_TrackerBase):
                 v = np.asarray(self.functions[name](snap), dtype=np.float64).reshape(-1)
             elif name not in snap.data:
                 continue  # e.g. the energy of a model that is not a gradient flow
-            else:
-                v = np.asarray(snap.data[name][1], dtype=np.float64).reshape(
-                    -1
-                )  # a continuum run's scalars: (1,)
+            else:  # a continuum run's scalars: (1,)
+                v = np.asarray(snap.data[name][1], dtype=np.float64).reshape(-1)
             if v.shape != out.shape[:1]:
                 raise ValueError(
                     f"observable {name!r} must give one number per system, shape ({out.shape[0]},), "
@@ -100,23 +95,15 @@ def _blas_limit(threads: int):
 def _limit_threads(threads: int) -> None:
     """numba's threads limited to ``threads`` in this process (a worker).
 
-    A LocalCluster worker process imports the client's main module (the ``wflow`` CLI: numba among
-    its imports) before the nanny sets its environment (:data:`WORKER_ENV`), so numba may have read
-    another ``NUMBA_NUM_THREADS`` than the one now set.  numba re-reads its configuration whenever it
-    compiles, and once its threads run a changed count there is an error ("Cannot set
-    NUMBA_NUM_THREADS to a different value once the threads have been launched": every task of a
-    sweep with a cold compilation cache failed so).  So: before numba's threads start, its
-    configuration is re-read (the pool gets the worker's count, not the machine's); after, the
-    environment is made to agree with the count it started with.  ``numba.set_num_threads`` then
-    limits the threads a task uses."""
+    A worker may import numba before the nanny sets :data:`WORKER_ENV`, and numba refuses a changed
+    ``NUMBA_NUM_THREADS`` once its threads run: before they start its configuration is re-read,
+    after, the environment is made to agree with the count they started with."""
     import numba  # here, not at the top: importing wflow.sweep does not import numba
 
     try:
         from numba.np.ufunc import parallel
 
-        started = getattr(
-            parallel, "_is_initialized", True
-        )  # (unknown: assume started, the safe side)
+        started = getattr(parallel, "_is_initialized", True)  # (unknown: assume started)
     except ImportError:  # pragma: no cover - a numba without that module
         started = True
     # numba.config sets its options as module attributes at run time (reload_config): none in its stubs
@@ -141,7 +128,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     """Run one task of a sweep (on a Dask worker): a batched :func:`wflow.simulate` call, observables only.
 
     Never raises for a failure of the computation: the result carries ``status`` -1 and the
-    message, so one bad point does not stop the others.
+    message; a failed batch is split to find the failing systems (:func:`_split_failed`).
     """
     t_start, c_start = time.perf_counter(), time.process_time()
     cfg, seeds, names = task["config"], task["seeds"], list(task["observables"])
@@ -162,38 +149,21 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 
                 res = start_run(cfg).execute([coll], progress=False)
                 return _task_result(task, coll, int(res.status), str(res.message), t_start, c_start)
-            status, message, coll = _run_particles(cfg, seeds, task["observables"], task["n_time"])
+            obs, n_time = task["observables"], task["n_time"]
+            status, message, coll = _simulate_batch(cfg, seeds, obs, n_time)
+            if status == FAILED and seeds is not None and len(seeds) > 1:
+                status, message, coll = _split_failed(cfg, seeds, obs, n_time)
     except Exception as exc:  # noqa: BLE001 - recorded with the point, the sweep goes on
         message = f"{type(exc).__name__}: {exc}"
     return _task_result(task, coll, status, message, t_start, c_start)
 
 
-def _run_particles(
-    cfg: dict[str, Any],
-    seeds: list[int] | None,
-    observables: Mapping[str, Callable | None],
-    n_time: int,
-) -> tuple[Any, Any, _Collect]:
-    """One batched :func:`wflow.simulate` call over ``seeds`` (``None``: the configuration's own), observables
-    only: ``(status, message, collected)``; a failed batch is split (:func:`_split_failed`)."""
-    status, message, coll = _simulate_batch(cfg, seeds, observables, n_time)
-    if status != FAILED or seeds is None or len(seeds) == 1:
-        return status, message, coll
-    return _split_failed(cfg, seeds, observables, n_time)
-
-
 def _split_failed(
-    cfg: dict[str, Any],
-    seeds: list[int],
-    observables: Mapping[str, Callable | None],
-    n_time: int,
+    cfg: dict[str, Any], seeds: list[int], observables: Mapping[str, Callable | None], n_time: int
 ) -> tuple[Any, Any, _Collect]:
-    """Seeds whose batched run failed (a non-finite state, a step-size underflow, ``max_steps``: one system
-    can end the run of all), run again in two halves.  When one half fails and the other does not, the
-    failing half is split again, and so on down to single seeds: a rare failing system fails alone, for
-    about twice the batch's work more.  When both halves fail, both are recorded as failed (a failure
-    common to many systems; splitting on would cost log2(systems) times the batch).  Status and message
-    are arrays, one entry per system."""
+    """Seeds whose batched run failed (one system can end the run of all), run again in two halves; a
+    failing half beside a sound one is split again, down to single seeds; when both fail, both are
+    recorded as failed.  Status and message are arrays, one entry per system."""
     half = len(seeds) // 2
     parts = [
         _simulate_batch(cfg, seeds[:half], observables, n_time),
