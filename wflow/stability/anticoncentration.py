@@ -1,8 +1,4 @@
-r"""The perceptron paper's bound on the mass of a cluster of a stable critical point.
-
-:func:`anticoncentration_bound` (d = 2, descent) and its limit as :math:`\beta\to\infty`,
-:data:`ANTICONCENTRATION_LIMIT`.
-"""
+r"""The perceptron paper's bound on the mass of a cluster of a stable critical point."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-r"""What the stability tools read off a model and a measure, checked once for all of them.
-
-:func:`gradient_blocks` splits a gradient model into its attention blocks (sign, beta) and
-its conservative perceptrons, :data:`DSIGMA` gives each activation's :math:`\sigma'`,
-:func:`check_atoms` checks an atomic measure and :func:`tangent_basis` gives orthonormal
-bases of the tangent spaces at its atoms.
-"""
+r"""What the stability tools read off a model and a measure, checked once for all of them."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
 
 from .._typing import ArrayLike
 from ..errors import check_nonnegative
@@ -164,22 +166,9 @@ def circle_condition(
     tol = rtol * scale
     iu = np.triu_indices(k, 1)
     holds = st.critical and bool(np.all(c[iu] <= tol)) and bool(np.all(u <= tol))
-    # connected components of {c_ij < -tol}
-    adj = c < -tol
-    label = -np.ones(k, dtype=int)
-    comps: list[list[int]] = []
-    for s0 in range(k):
-        if label[s0] >= 0:
-            continue
-        stack, comp = [s0], []
-        label[s0] = len(comps)
-        while stack:
-            i = stack.pop()
-            comp.append(i)
-            for j in np.flatnonzero(adj[i] & (label < 0)):
-                label[j] = len(comps)
-                stack.append(int(j))
-        comps.append(sorted(comp))
+    # connected components of the graph {c_ij < -tol}, numbered in the order of their first atom
+    n_comps, label = connected_components(csr_matrix(c < -tol), directed=False)
+    comps = [np.flatnonzero(label == j).tolist() for j in range(n_comps)]
     anchored = all(np.any(u[comp] < -tol) for comp in comps)
     if st.modulo_rotations:
         strict = holds and (len(comps) == 1 or anchored)

@@ -1,10 +1,4 @@
-r"""The Wasserstein Hessian of the energy at an atomic measure, with its splitting blocks.
-
-:func:`wasserstein_hessian` computes the second variation of :math:`F` along Monge
-perturbations :math:`x \mapsto \exp_x(t\xi(x))`, exactly, on the product of the tangent
-spaces at the atoms, and the extra second-order terms of perturbations that tear an atom
-into pieces (:class:`WassersteinHessian`).
-"""
+r"""The Wasserstein Hessian of the energy at an atomic measure, with its splitting blocks."""
 
 from __future__ import annotations
 
@@ -25,13 +19,9 @@ _BETA_MAX = 700.0
 
 # --------------------------------------------------------------------------- the Hessian
 def _ambient_derivatives(attention, perceptrons, x: np.ndarray, m: np.ndarray):
-    """Gradient (k, d) and Hessian (k, d, k, d) of the ambient extension of F in the positions.
-
-    The self-interaction of each atom, constant on the sphere, is left out (it changes
-    neither the gradient's tangent part nor the second variation along geodesics, as long as
-    gradient and Hessian leave it out together).  Also returns the splitting shift
-    ``sum_attention s m_i^2 e^beta`` per atom (the self-attraction of the pieces of a split atom).
-    """
+    """Gradient (k, d) and Hessian (k, d, k, d) of the ambient extension of F in the positions (each
+    atom's self-interaction, constant on the sphere, left out of both), and the splitting shift
+    ``sum_attention s m_i^2 e^beta`` per atom (the self-attraction of the pieces of a split atom)."""
     k, d = x.shape
     grad = np.zeros((k, d))
     hess = np.zeros((k, d, k, d))
@@ -70,9 +60,8 @@ def _ambient_derivatives(attention, perceptrons, x: np.ndarray, m: np.ndarray):
                     RuntimeWarning,
                     stacklevel=3,
                 )
-        grad += m[:, None] * (
-            (sigma * conservative_omega(p)) @ p.A
-        )  # m_i grad U(x_i), grad U = sum_j w_j sigma a_j
+        # m_i grad U(x_i), grad U = sum_j w_j sigma a_j
+        grad += m[:, None] * ((sigma * conservative_omega(p)) @ p.A)
         dU = np.einsum("kj,ja,jb->kab", dsigma * conservative_omega(p), p.A, p.A)
         hess[np.arange(k), :, np.arange(k), :] += m[:, None, None] * dU
     return grad, hess, shift
@@ -195,23 +184,18 @@ def wasserstein_hessian(model: Model, mu: Atoms | ArrayLike) -> WassersteinHessi
     :math:`D^2_{ij}f = s\,m_i m_j e^{\beta\langle x_i,x_j\rangle}(I + \beta x_j x_i^\top)` for
     :math:`i\ne j`, :math:`D^2_{ii}f = s\,m_i\sum_{j\ne i}\beta m_j e^{\beta\langle x_i,x_j\rangle}x_jx_j^\top`,
     and for each perceptron :math:`\nabla U = \sum_j\omega_j\sigma(a_j\cdot x+b_j)a_j`,
-    :math:`D^2U = \sum_j\omega_j\sigma'(a_j\cdot x+b_j)a_ja_j^\top`.  The last term is the
-    curvature of the sphere: the first-order term :math:`\langle\nabla f,\dot x\rangle` seen
-    through the geodesic's acceleration.  At :math:`\beta = 0` the kernel is
-    :math:`\langle x,y\rangle` (set :math:`\beta = 0` in the formulas).
+    :math:`D^2U = \sum_j\omega_j\sigma'(a_j\cdot x+b_j)a_ja_j^\top`; the last term of :math:`H` is
+    the curvature of the sphere.
 
-    **Splitting blocks.**  Perturbations by transport plans may tear atom :math:`i` into pieces
-    of masses :math:`q_k m_i` moving along :math:`\xi_{ik} = \bar\xi_i + \delta_{ik}`
-    (:math:`\sum_k q_k\delta_{ik} = 0`).  Their second variation is exactly
+    **Splitting blocks.**  Tearing atom :math:`i` into pieces of masses :math:`q_k m_i` moving
+    along :math:`\bar\xi_i + \delta_{ik}` (:math:`\sum_k q_k\delta_{ik} = 0`) has the second variation
 
     .. math::
 
         H(\bar\xi,\bar\xi) + \sum_i\sum_k q_k\,\delta_{ik}^\top S_i\,\delta_{ik},\qquad
         S_i = H_{ii} - \Big(\sum_{\text{attention}} s\,e^{\beta}\Big) m_i^2 I_{d-1},
 
-    where :math:`H_{ii}` is the diagonal block of the form: the pieces of one atom attract
-    (:math:`s = 1`) or repel (:math:`s = -1`) each other with strength :math:`e^\beta`.
-    ``splitting`` holds :math:`S_i/m_i`, the form per unit mass.
+    :math:`H_{ii}` the diagonal block of the form; ``splitting`` holds :math:`S_i/m_i`.
 
     Parameters
     ----------
@@ -228,11 +212,6 @@ def wasserstein_hessian(model: Model, mu: Atoms | ArrayLike) -> WassersteinHessi
         The form, the operator in a metric-orthonormal basis (Wasserstein metric
         :math:`\sum_i m_i|\xi_i|^2`, or :math:`\sum_i m_i Z_\mu(x_i)|\xi_i|^2` for SA), its
         eigenvalues, the splitting blocks and the Wasserstein gradient at the atoms.
-
-    Notes
-    -----
-    The paper (Álvarez-López, Geshkovski & Ruiz-Balet, ICML 2026) studies the descent of
-    :math:`\mathsf E = -F`; its Hessian is minus this one.
 
     Examples
     --------

@@ -1,12 +1,8 @@
 r"""From a settled measure to the critical point next to it: :func:`merge_atoms`, :func:`polish_atoms`.
 
-A particle run or a stationary state on a mesh ends *near* a critical point, never on it: the
-particles of a cluster still differ by the run's drift, and an atom read off a mesh sits within
-a spacing of where it should be.  :func:`stability` asks for a critical point to round-off, so
-these two functions bridge the gap: :func:`merge_atoms` turns particles that coincide to within
-a radius into one atom (their masses added), :func:`polish_atoms` moves the atoms (masses fixed)
-to the nearby zero of the velocity field of the finite-atom flow by damped Newton steps, and
-says how far they moved.
+A run ends *near* a critical point, while :func:`stability` asks for one to round-off:
+:func:`merge_atoms` turns particles within a radius into one atom, :func:`polish_atoms` moves
+the atoms (masses fixed) to the nearby zero of the finite-atom flow's velocity.
 """
 
 from __future__ import annotations
@@ -114,12 +110,10 @@ def polish_atoms(
 ) -> Polished:
     r"""Damped Newton steps on the finite-atom flow (masses fixed): the critical point next to ``mu``.
 
-    The unknowns are the tangent coordinates :math:`c` of the ``free`` atoms in the frame at the
-    current atoms, the equations their velocities :math:`g(c) = B^\top v(a)`.  The Jacobian is
-    the whole one, by forward differences: moving one atom changes the field at every other
-    atom by :math:`O(m)`, while an atom's own curvature can be far smaller where repulsion and
-    the perceptron nearly cancel, so a per-atom step :math:`v/|\mathrm{Hess}|` overshoots and
-    cycles.  Each step is cut to ``max_move / 2`` per atom and halved until :math:`|g|` decreases.
+    The unknowns are the tangent coordinates of the ``free`` atoms, the equations their
+    velocities; the whole Jacobian, by forward differences (moving one atom changes the field at
+    every other one: a per-atom step cycles).  Each step is cut to ``max_move / 2`` per atom and
+    halved until the velocity decreases.
 
     The polish is *refused* (input returned, ``applied=False``, the reason in ``message``) when
     an atom would move farther than ``max_move``, two atoms would come within ``min_gap``
@@ -175,15 +169,13 @@ def polish_atoms(
     refused = _refusal(atoms, start, max_move, min_gap)
     if refused is not None:
         return out(start, False, refused)
-    moved = np.arccos(np.clip(np.sum(atoms * start, axis=-1), -1.0, 1.0))
-    res1 = float(np.max(_speeds(model, atoms, weights, backend)[idx], initial=0.0))
+    polished = out(atoms, True, "")
+    res1 = polished.velocity_after
     if not res1 <= res0:
-        return out(
-            start,
-            False,
-            f"polishing would raise the velocity from {res0:.3g} to {res1:.3g}: not applied",
-        )
-    return out(atoms, True, f"polished: atoms moved by at most {moved.max():.3g} rad")
+        why = f"polishing would raise the velocity from {res0:.3g} to {res1:.3g}: not applied"
+        return out(start, False, why)
+    polished.message = f"polished: atoms moved by at most {polished.displacement.max():.3g} rad"
+    return polished
 
 
 def _newton(
@@ -195,9 +187,7 @@ def _newton(
     backend: str,
     max_iter: int,
 ) -> np.ndarray:
-    """Damped Newton steps on the tangent velocities of the atoms ``idx`` from ``start``, shape
-    ``(k, d)``: the whole Jacobian by forward differences, each step cut to ``max_move / 2`` per
-    atom and halved until the residual decreases (stops when it cannot)."""
+    """The atoms ``(k, d)`` after damped Newton steps from ``start`` on the velocities of ``idx``."""
     k, d = idx.size, start.shape[1]
 
     def exp(a: np.ndarray, u: np.ndarray) -> np.ndarray:

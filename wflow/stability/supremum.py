@@ -113,13 +113,11 @@ def potential_maximum(
 ) -> PotentialMaximum:
     r"""Global maximum of :math:`v_\omega(x) = \sum_j\omega_j\varphi(a_j\cdot x+b_j)` over :math:`S^{d-1}`.
 
-    On :math:`S^1` (``d = 2``): every local maximum of ``v`` on a grid of ``n_grid`` angles
-    (default :math:`\max(2^{14}, 256m)`) within reach of the grid's maximum is refined by
-    bounded Brent search in its two cells; the result carries the certified bound
-    :math:`\max v \le \max_k\max(v_k, v_{k+1}) + C h^2/8`, with :math:`h` the grid step and
-    :math:`C \ge |v''|` (:math:`v` is :math:`C^{1,1}` for every activation here).  For
-    :math:`d \ge 3`: ``n_starts`` uniform points plus the directions :math:`\pm a_j/|a_j|`;
-    the best ``n_local`` are polished by Riemannian gradient and Newton steps (Armijo line search).
+    On :math:`S^1`: the local maxima of ``v`` on a grid of ``n_grid`` angles (default
+    :math:`\max(2^{14}, 256m)`) refined by bounded Brent search, with the certified bound
+    :math:`\max v \le \max_k\max(v_k, v_{k+1}) + C h^2/8` (:math:`h` the grid step,
+    :math:`C \ge |v''|`).  For :math:`d \ge 3`: ``n_starts`` uniform points and the
+    :math:`\pm a_j/|a_j|`, the best ``n_local`` polished by Riemannian gradient and Newton steps.
 
     Parameters
     ----------
@@ -174,9 +172,8 @@ def potential_maximum(
         for p in perceptrons:
             an = np.linalg.norm(p.A, axis=1)
             reach = an + np.abs(p.b)
-            smax = (
-                np.ones_like(reach) if p.activation == "tanh" else reach
-            )  # |sigma(s)| <= |s| (or 1)
+            # |sigma(s)| <= |s| (or 1)
+            smax = np.ones_like(reach) if p.activation == "tanh" else reach
             dmax = 1.13 if p.activation == "gelu" else 1.0  # sup sigma'
             C += float(np.sum(2 * np.abs(conservative_omega(p)) * (dmax * an**2 + an * smax)))
         upper = float(np.max(np.maximum(vals, np.roll(vals, -1)))) + C * h * h / 8
@@ -267,13 +264,10 @@ def energy_supremum(model: Model, **kwargs: Any) -> EnergySupremum:
                  + \frac12\int v_\omega\,d\mu
         \;\le\; \sum_{\text{attention}}\frac{e^\beta}{2\beta} + \frac12\max_{S^{d-1}} v_\omega,
 
-    since :math:`\langle x,y\rangle \le 1` and :math:`\int v_\omega\,d\mu \le \max v_\omega`;
-    equality holds exactly at :math:`\mu = \delta_{x^*}`, :math:`x^* \in \arg\max v_\omega`
-    (for :math:`\beta > 0`; at :math:`\beta = 0` the interaction is :math:`\tfrac12|\int x\,d\mu|^2 \le \tfrac12`,
-    also attained only at Diracs).  Without attention, every measure carried by
-    :math:`\arg\max v_\omega` is a maximizer; the Diracs are reported.  This is the
-    global maximizer of gradient ascent (Álvarez-López, Geshkovski & Ruiz-Balet, ICML
-    2026; their descent energy :math:`\mathsf E = -F` has infimum :math:`-\sup F`).
+    with equality exactly at :math:`\mu = \delta_{x^*}`, :math:`x^* \in \arg\max v_\omega` (at
+    :math:`\beta = 0` the interaction is :math:`\tfrac12|\int x\,d\mu|^2 \le \tfrac12`).  Without
+    attention every measure carried by :math:`\arg\max v_\omega` is a maximizer; the Diracs are
+    reported.
 
     Parameters
     ----------

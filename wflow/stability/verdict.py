@@ -1,8 +1,7 @@
 r"""Second-order stability of an atomic critical point: :func:`stability`, :func:`is_stable`.
 
-The verdict (:class:`Stability`) reads the spectrum of the Wasserstein Hessian
-(:mod:`wflow.stability.hessian`), modulo the rotations when the model is rotation
-invariant, and with the splitting blocks when asked.
+The verdict reads the spectrum of the Wasserstein Hessian, modulo the rotations when the model
+is rotation invariant, and with the splitting blocks when asked.
 """
 
 from __future__ import annotations
@@ -129,26 +128,12 @@ def stability(
 ) -> Stability:
     r"""Is an atomic measure a (strictly) stable critical point of the ascent of :math:`F`?
 
-    Conditions (wflow's sign: the flow ascends :math:`F`; the paper descends
-    :math:`\mathsf E = -F`, so its "second variation positive semi-definite" -- SOPD -- is
-    "negative semi-definite" here):
-
-    * **critical**: :math:`\nabla_S\,\frac{\delta F}{\delta\mu}(x_i) = 0` at every atom (zero
-      velocity; for SA the velocity is this divided by :math:`Z_\mu`);
-    * **stable** (SOPD): critical and
-      :math:`\frac{d^2}{dt^2}F((\exp(t\xi))_\#\mu)|_{t=0} \le 0` for every tangent field
-      :math:`\xi`, i.e. :math:`\lambda_{\max}(H) \le 0`;
-    * **strictly stable** (strictly SOPD): critical and :math:`\lambda_{\max}(H) < 0`.  When the
-      energy is invariant under rotations (attention only) every rotation
-      :math:`\xi_i = \Omega x_i` is a zero mode, so strictness is asked on the
-      metric-orthogonal complement of the rotations (``modulo_rotations``, on by default
-      for attention-only models).
-
-    With ``splitting=True`` the perturbations are transport plans, which may tear an atom
-    apart: the splitting blocks :math:`S_i` of :func:`wasserstein_hessian` must be
-    negative (semi-)definite too.  Monge maps (the default) cannot split atoms; a heavy
-    atom under repulsive attention is Monge-stable but splitting-unstable unless the
-    perceptron pins it (the anti-concentration theorem of the paper is about the latter).
+    In wflow's sign (the paper's SOPD is "negative semi-definite" here): **critical**, zero
+    velocity :math:`\nabla_S\,\frac{\delta F}{\delta\mu}(x_i) = 0` at every atom; **stable**,
+    critical and :math:`\lambda_{\max}(H) \le 0`; **strictly stable**, critical and
+    :math:`\lambda_{\max}(H) < 0`, on the complement of the rotations (zero modes of a rotation
+    invariant energy) with ``modulo_rotations``.  With ``splitting=True`` the splitting blocks of
+    :func:`wasserstein_hessian` (perturbations that tear an atom apart) must be negative too.
 
     Parameters
     ----------
@@ -168,14 +153,12 @@ def stability(
     splitting : bool
         Include perturbations that split atoms.
     polish : {"auto", True, False}
-        Accept a state that is only *near* a critical point, such as the final positions of a
-        particle run: points within ``merge`` radians of each other are merged into one atom
-        (:func:`merge_atoms`), then the atoms are moved, masses fixed, to the critical point
-        next to them (:func:`polish_atoms`, at most ``max_move`` radians each), and the verdict
-        is on the polished atoms; ``Stability.polish`` and the message report the displacement.
-        ``"auto"`` (default) does this only when ``mu`` has coinciding points or is not a
-        critical point as given; ``True`` always; ``False`` never (the verdict is on ``mu`` as
-        given: "not a critical point" for a particle run's raw state).
+        Accept a state only *near* a critical point (a particle run's final positions): points
+        within ``merge`` radians are merged into one atom (:func:`merge_atoms`), the atoms moved
+        to the critical point next to them (:func:`polish_atoms`, at most ``max_move`` radians
+        each) and judged; ``Stability.polish`` and the message report the displacement.
+        ``"auto"`` (default): only when ``mu`` has coinciding points or is not critical as
+        given; ``True``: always; ``False``: never.
     merge : float
         Linkage radius of the merge, radians (default 1e-3).
     max_move : float
@@ -212,14 +195,18 @@ def stability(
     """
     if polish not in ("auto", True, False):
         raise ValueError(f"polish must be 'auto', True or False, got {polish!r}")
+
+    def judge(atoms: Atoms | ArrayLike) -> Stability:
+        return _verdict(model, atoms, rtol, tol_velocity, modulo_rotations, splitting)
+
     if polish is False:
-        return _verdict(model, mu, rtol, tol_velocity, modulo_rotations, splitting)
+        return judge(mu)
     merge = check_positive(merge, "merge")
     max_move = check_positive(max_move, "max_move")
     given = check_atoms(model, mu, distinct=False)
     merged = merge_atoms(given.points, given.weights, merge)
     if polish == "auto" and merged.n == given.n:
-        first = _verdict(model, merged, rtol, tol_velocity, modulo_rotations, splitting)
+        first = judge(merged)
         if first.critical:
             return first
     note = (
@@ -228,17 +215,10 @@ def stability(
         else ""
     )
     p = polish_atoms(model, merged, max_move=max_move, min_gap=merge)
-    out = _verdict(
-        model,
-        Atoms._trusted(p.points, p.masses),
-        rtol,
-        tol_velocity,
-        modulo_rotations,
-        splitting,
-    )
+    out = judge(Atoms._trusted(p.points, p.masses))
     if p.applied and not out.critical:
         # the polish lowered the velocity but did not reach a critical point: judge the atoms as merged
-        out = _verdict(model, merged, rtol, tol_velocity, modulo_rotations, splitting)
+        out = judge(merged)
         p.applied = False
         p.message = f"the polish did not reach a critical point (velocity {p.velocity_after:.3g})"
         p.points, p.displacement = merged.points, np.zeros(merged.n)
@@ -308,11 +288,7 @@ def _verdict(
     elif stable:
         msg = f"stable, not strictly: largest eigenvalue {top:.3g} within {tol:.3g} of 0"
     else:
-        what = (
-            "a splitting block"
-            if splitting and split_max is not None and split_max == top
-            else "the Hessian"
-        )
+        what = "a splitting block" if splitting and split_max == top else "the Hessian"
         msg = f"unstable: {what} has the positive eigenvalue {top:.6g} (the ascent moves away along it)"
     return Stability(
         critical=critical,
@@ -332,10 +308,7 @@ def _verdict(
 
 
 def is_stable(model: Model, mu: Atoms | ArrayLike, *, strict: bool = False, **kwargs: Any) -> bool:
-    r"""``True`` iff ``mu`` is a stable (``strict=True``: strictly stable) critical point.
-
-    The paper's SOPD / strictly SOPD conditions read in wflow's sign (the flow ascends
-    :math:`F`); see :func:`stability` for the definitions and the keyword arguments.
+    r"""``True`` iff ``mu`` is a stable (``strict=True``: strictly stable) critical point (:func:`stability`).
 
     Examples
     --------
