@@ -9,13 +9,9 @@ with respect to the plain surface measure* (arc length on :math:`S^1`, area on
     \mathrm{mass} = \sum_i \rho_i |C_i| = 1, \qquad
     \rho_{\mathrm{uniform}} = 1/|S^{d-1}| = \tfrac{1}{2\pi}\ (S^1),\ \tfrac{1}{4\pi}\ (S^2).
 
-Validation at the door (:class:`Density`):
-
-* non-finite or negative values: ``ValueError``;
-* total mass within ``1e-12`` of 1 (relative): accepted, rescaled to 1 exactly;
-* total mass within ``1e-6``: rescaled to 1 with a :class:`UserWarning`;
-* farther from 1: ``ValueError`` unless ``normalize=True`` (then any positive mass is
-  rescaled silently).
+:class:`Density` refuses non-finite or negative values, rescales a total mass within
+:data:`MASS_SILENT` of 1 silently and within :data:`MASS_WARN` with a :class:`UserWarning`, and
+refuses one farther from 1 unless ``normalize=True``.
 
 :meth:`Density.to_atoms` gives the atomic measure with the cell masses at the cell
 centroids -- the form every kernel sum and model takes.

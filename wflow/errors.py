@@ -108,9 +108,8 @@ def as_points(
 ) -> np.ndarray:
     """Validate an array of points ``(..., n, d)`` with ``d >= 2``.
 
-    Returns a floating array (float32 kept, everything else float64).  With
-    ``normalize=True`` the points are projected onto the sphere; otherwise their norms
-    must be within ``atol`` of one.
+    Returns a floating array (float32 kept, everything else float64), projected onto the sphere
+    with ``normalize=True``, else with norms checked within ``atol`` of one.
 
     Examples
     --------
@@ -166,12 +165,9 @@ def as_points(
 
 
 def real_float_dtype(dtype: Any, name: str, *, integers: bool = False) -> np.dtype:
-    """``np.dtype(dtype)`` when it is a real floating type (float16/32/64), else a TypeError naming ``name``
-    and the dtype.  The one dtype rule of every public entry: complex and object inputs are refused alike
-    (NumPy would drop an imaginary part with a warning, and convert an object array silently).
-
-    ``integers=True`` also takes integer and boolean dtypes (values that convert to float64, e.g. points
-    written as ``[[1, 0], [0, 1]]``).
+    """``np.dtype(dtype)`` when it is a real floating type, else a TypeError naming ``name`` and the dtype:
+    the one dtype rule of every public entry (complex and object refused); ``integers=True`` also takes
+    integer and boolean dtypes.
 
     Examples
     --------
@@ -199,8 +195,11 @@ def real_float_dtype(dtype: Any, name: str, *, integers: bool = False) -> np.dty
     return dt
 
 
-def _is_real_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def _real(value: Any, name: str) -> float:
+    """``float(value)`` of a real number (not a bool), else a TypeError naming ``name``."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a real number, got {short_repr(value)}")
+    return float(value)
 
 
 def check_positive(value: Any, name: str, *, allow_inf: bool = False) -> float:
@@ -217,9 +216,7 @@ def check_positive(value: Any, name: str, *, allow_inf: bool = False) -> float:
     ...     print(exc)
     tau must be a finite number > 0, got 0
     """
-    if not _is_real_number(value):
-        raise TypeError(f"{name} must be a real number, got {short_repr(value)}")
-    v = float(value)
+    v = _real(value, name)
     if np.isnan(v) or (np.isinf(v) and not allow_inf) or v <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return v
@@ -239,9 +236,7 @@ def check_nonnegative(value: Any, name: str) -> float:
     ...     print(exc)
     kappa must be a finite number >= 0, got -1
     """
-    if not _is_real_number(value):
-        raise TypeError(f"{name} must be a real number, got {short_repr(value)}")
-    v = float(value)
+    v = _real(value, name)
     if not np.isfinite(v) or v < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return v
@@ -278,9 +273,7 @@ def check_finite(value: Any, name: str) -> float:
     ...     print(exc)
     offset must be a finite number, got nan
     """
-    if not _is_real_number(value):
-        raise TypeError(f"{name} must be a real number, got {short_repr(value)}")
-    v = float(value)
+    v = _real(value, name)
     if not np.isfinite(v):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return v
@@ -321,7 +314,6 @@ def available_memory() -> float:
 
 
 def notice(text: str) -> None:
-    """One line ``wflow: text`` on stderr: a step that takes seconds starts (a numba compilation, a
-    large distance solve).  ``WFLOW_NOTICES=0`` in the environment silences them."""
+    """One line ``wflow: text`` on stderr as a step of seconds starts; ``WFLOW_NOTICES=0`` silences them."""
     if os.environ.get("WFLOW_NOTICES", "1") != "0":
         print(f"wflow: {text}", file=sys.stderr, flush=True)

@@ -1,17 +1,11 @@
 r"""The cluster-link rule: when two points are linked in a single-linkage cluster count.
 
-Points :math:`x_i, x_j` are linked at a geodesic ``threshold`` :math:`\theta` when they lie
-closer than the chord :math:`r = 2\sin(\theta/2)`, :math:`|x_i - x_j| < r`.  Every batched
-cluster count decides a pair the same way, from its squared distance :math:`d^2` summed over
-the coordinates in order, in float64 without fused multiply-adds
-(:func:`squared_distance`): below ``lo`` linked, above ``hi`` not, and within the band
-:math:`r^2(1 \mp` :data:`LINK_BAND` :math:`)` as the square root says (:func:`linked`), as
-:func:`wflow.diagnostics.cluster_labels` decides it with NumPy's norm of the difference.
-
-Two counts use it and must agree exactly: :func:`wflow.diagnostics.count_clusters` (the
-distances from the coordinates) and the fused step's count off its Gram matrix
-(:mod:`wflow.solvers.fused`), which decides the pairs near the threshold by this rule.  It lives
-here, below both.
+Points :math:`x_i, x_j` are linked at a geodesic ``threshold`` :math:`\theta` when
+:math:`|x_i - x_j| < r = 2\sin(\theta/2)`.  Every batched cluster count decides a pair from its
+squared distance (:func:`squared_distance`): below ``lo`` linked, above ``hi`` not, within the
+band :math:`r^2(1 \mp` :data:`LINK_BAND` :math:`)` as the square root says (:func:`linked`), so
+that :func:`wflow.diagnostics.count_clusters` and the fused step's count (:mod:`wflow.solvers.fused`)
+agree exactly.
 
 Examples
 --------

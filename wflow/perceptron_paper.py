@@ -1,26 +1,13 @@
 r"""The perceptron paper in wflow: its model and conventions, its weight draws, its runs and clusters.
 
 Álvarez-López, Geshkovski & Ruiz-Balet, *Perceptrons and localization of attention's mean-field
-landscape* (ICML 2026), in the paper's conventions, converted to wflow's explicitly here (the study
-that reproduces its experiments: :mod:`wflow.studies.perceptron`, ``wflow validate perceptron``):
-
-* **kernel.** The paper's code uses :math:`e^{\beta(\langle x,y\rangle-1)}`; wflow's models
-  :math:`e^{\beta\langle x,y\rangle}`.  For SA the factor :math:`e^{-\beta}` cancels in the softmax:
-  nothing changes.  For USA the paper's field is :math:`e^{-\beta}` times wflow's attention plus the
-  perceptron, so the paper's run of time :math:`s` is wflow's run of ``USA(beta) + e^beta * perceptron``
-  (output weights :math:`e^\beta\omega`) for the time :math:`t = e^{-\beta}s` (:func:`paper_model`).
-* **sign.** "Ascent" is attraction (``V = I``), "descent" repulsion (``V = -I``): the gradient
-  ascent or descent of the interaction energy :math:`E_\beta`.  Two conventions for the perceptron
-  in descent (``convention``): ``"code"`` (default), as the authors' simulation code, flips the
-  whole velocity, perceptron included (its weights enter as :math:`-\omega`); ``"poster"``, the
-  poster's statement of the model, flips only the attention.  Ascent is the same in both.
-* **perceptron.** :math:`d` units, :math:`a_j` uniform on :math:`S^{d-1}`,
-  :math:`\omega_j\sim N(0, \text{scale}^2)`, :math:`b = 0`, :math:`W = A^\top\mathrm{diag}(\omega)`.
-* **clusters.** Threshold :math:`\min(1/(2\sqrt\beta), \pi/(2d))` (:func:`cluster_threshold`).
-* **runs.** :func:`run_paper` runs a batch of particle systems in paper time :math:`s` (Euler,
-  ``dt = 0.1``) until every system has settled -- the cluster count the same for three saves, every
-  cluster's diameter below the threshold, the drift (largest displacement per unit time between
-  saves) below 1e-4 (:class:`SettleStop`) -- or ``t_max``.
+landscape* (ICML 2026), in the paper's conventions, converted to wflow's explicitly here
+(docs/perceptron.md; the study: :mod:`wflow.studies.perceptron`): the rescaled kernel, a time
+change for USA (:func:`paper_model`); the two sign conventions of descent (``"code"``, the
+authors' simulation code, flips the perceptron with the attention; ``"poster"`` only the
+attention); the weight draws (:func:`paper_perceptron`), the cluster threshold
+(:func:`cluster_threshold`) and runs until every system has settled (:func:`run_paper`,
+:class:`SettleStop`).
 """
 
 from __future__ import annotations
@@ -51,8 +38,6 @@ __all__ = [
 
 #: the paper's beta grid
 BETAS = (0.01, 0.05, 0.1, 0.5, 1.0, 3.0, 5.0, 7.0, 10.0, 15.0, 25.0, 35.0, 50.0)
-
-
 #: the two sign conventions of descent (:func:`paper_model`)
 CONVENTIONS = ("code", "poster")
 
@@ -140,11 +125,9 @@ def paper_model(
         The conservative perceptron :math:`W = A^\top\mathrm{diag}(\omega)`; none when ``A`` is None.
     activation : str
     convention : {"code", "poster"}
-        Where the descent's sign goes.  ``"code"`` (default): as in the authors' simulation code,
-        descent flips the whole velocity, :math:`\dot x = -(v_{\rm attn} + u_\omega)`, so the
-        perceptron's weights enter as :math:`\text{sign}\cdot\omega` (the paper's figures).
-        ``"poster"``: as in the poster's statement of the model, descent flips only the attention,
-        :math:`\dot x = -v_{\rm attn} + u_\omega`.  Ascent is the same in both.
+        Descent flips the whole velocity, :math:`\dot x = -(v_{\rm attn} + u_\omega)`, in the
+        authors' code (``"code"``, default: the paper's figures), only the attention,
+        :math:`\dot x = -v_{\rm attn} + u_\omega`, in the poster (``"poster"``).
 
     Examples
     --------
@@ -185,7 +168,11 @@ def paper_model(
 
 
 class SettleStop:
-    """``callback(t, mu)`` of :func:`wflow.simulate`: true once every system has settled (module docstring).
+    """``callback(t, mu)`` of :func:`wflow.simulate`: true once every system has settled.
+
+    Settled: the cluster count the same for ``stable_saves`` saves, every cluster's diameter below
+    the threshold, the drift (largest displacement per unit of paper time between saves) below
+    ``drift_tol``.
 
     Times are wflow's; ``factor`` converts them to the paper's (``s = t / factor``).
 

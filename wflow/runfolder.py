@@ -1,11 +1,8 @@
 """The output folder of ``wflow run``: which store it holds, what the run needs of the machine, and
 what a fresh run or a resumed one may replace.
 
-A run folder holds one store (``trajectory.zarr`` for particles and Lagrangian runs,
-``density.zarr`` for the density solvers), the run's ``config.toml``, its figure
-``summary.png`` (and ``animation.gif``) and, for JKO, ``steps.csv``.  The command line goes
-through :class:`RunFolder` for all of it, so that the names of these files and the layout of
-the store's attributes live here and in :mod:`wflow.io`, not in :mod:`wflow.cli`.
+A run folder holds one store (:data:`STORE_NAMES`), the run's ``config.toml``, its figure
+``summary.png`` (and ``animation.gif``) and, for JKO, ``steps.csv``.
 """
 
 from __future__ import annotations
@@ -58,6 +55,12 @@ def _is_regular(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def _mark(marker: Path, what: str) -> None:
+    """Write the folder's ``marker`` file unless it is there (created anew: never through a link)."""
+    if not _is_regular(marker):
+        create_new(marker, json.dumps({"wflow": what, "version": __version__}).encode())
 
 
 class RunFolder:
@@ -152,9 +155,8 @@ class RunFolder:
         """
         self.check_ours()
         try:
-            for (
-                name
-            ) in _LOCKS:  # a link or the user's file at a lock path: refused, nothing written
+            # a link or the user's file at a lock path: refused, nothing written
+            for name in _LOCKS:
                 io.FolderLock(self.path / name).check()
             self.path.mkdir(parents=True, exist_ok=True)
             lock = io.FolderLock(self.path / ".wflow.lock", f"output folder {self.path}").acquire()
@@ -163,10 +165,7 @@ class RunFolder:
                 f"--out {self.path}: cannot create or write the folder ({exc.strerror or exc})"
             ) from None
         try:  # marked once it is ours to write: a busy folder is left as it was
-            marker = self.path / MARKER
-            if not _is_regular(marker):  # (created anew: never through a link)
-                mark = json.dumps({"wflow": "run folder", "version": __version__})
-                create_new(marker, mark.encode())
+            _mark(self.path / MARKER, "run folder")
         except OSError as exc:
             lock.release()
             raise ValueError(
@@ -175,12 +174,10 @@ class RunFolder:
         return lock
 
     def replacing(self, cfg: dict[str, Any], existing: Path | None) -> Tracker:
-        """A tracker, first in a fresh run's list, that replaces what an earlier run wrote here only when the
-        driver starts the run (every argument checked: step and save times, tolerances, solver): the
-        earlier store ``existing`` when the new one has another name (the recorder replaces a store of
-        the same name at its first save), and the run's files, ``config.toml`` written anew.  Only what
-        wflow wrote in the earlier store goes (:func:`wflow.io.remove_store`): anything else in it is
-        refused (``ValueError`` naming it) now, before the run."""
+        """A tracker, first in a fresh run's list, that replaces what an earlier run wrote here once the driver
+        starts the run (every argument checked): the earlier store ``existing`` when the new one has another
+        name, and the run's files, ``config.toml`` written anew.  Only what wflow wrote in the earlier store
+        goes: anything else in it is refused (``ValueError`` naming it) now, before the run."""
         folder, new = self, self.store_for(cfg)
         replaced = existing if existing is not None and existing != new else None
         if replaced is not None:  # only what wflow wrote goes: anything else there is refused now
@@ -258,10 +255,7 @@ def claim_report_folder(path: str | os.PathLike, studies: Sequence[str] = ()) ->
             )
     try:
         p.mkdir(parents=True, exist_ok=True)
-        marker = p / REPORT_MARKER
-        if not _is_regular(marker):  # (created anew: never through a link)
-            mark = json.dumps({"wflow": "report folder", "version": __version__})
-            create_new(marker, mark.encode())
+        _mark(p / REPORT_MARKER, "report folder")
     except OSError as exc:
         raise ValueError(
             f"--out {p}: cannot create or write the folder ({exc.strerror or exc})"
@@ -291,9 +285,8 @@ def estimate_resources(cfg: dict[str, Any]) -> tuple[float, float]:
     if problem == "particles":
         state = cfg["init.n"] * d * 8.0
     elif problem == "zonal":
-        state = (
-            cfg["mesh.resolution"] * 8.0 * 64
-        )  # bands, their geometry and the kernel's panel factors
+        # bands, their geometry and the kernel's panel factors
+        state = cfg["mesh.resolution"] * 8.0 * 64
     elif problem == "lagrangian":
         nodes = cfg["mesh.resolution"] * (1 if d == 2 else 2 * cfg["mesh.resolution"])
         state = nodes * (1 + 2 * (d - 1)) * d * 8.0
@@ -335,9 +328,7 @@ def check_resources(cfg: dict[str, Any], out: str | os.PathLike) -> None:
     except OSError as exc:
         raise ValueError(f"--out {out}: cannot reach {probe} ({exc.strerror or exc})") from None
     free = usage.free
-    if (
-        usage.total == 0
-    ):  # a pseudo file system (/proc, /sys): no disk to judge; creating the folder tells
+    if usage.total == 0:  # a pseudo file system (/proc, /sys): no disk to judge
         return
     if disk > free:
         raise ValueError(
