@@ -73,8 +73,8 @@ class ParticleProblem(Problem):
     backend : str
         Kernel-sum backend.
     diagnostics : sequence of str
-        Saved with each snapshot: ``energy`` and ``log_energy`` (gradient models only; ``log_energy`` is
-        finite where ``energy`` overflows, beyond :math:`\beta \approx 709`, and is NaN),
+        Saved with each snapshot: ``energy`` and ``log_energy`` (gradient models only; beyond
+        :math:`\beta \approx 709` ``energy`` overflows to NaN, ``log_energy`` stays finite),
         ``order_parameter`` :math:`|\sum_i w_i x_i|`, ``n_eff`` the effective number of clusters at the
         model's attention :math:`\beta` (:func:`wflow.diagnostics.effective_clusters`), ``n_clusters``
         (single linkage at ``cluster_threshold``); user functions ``name -> f(mu)`` in ``extra_diagnostics``.
