@@ -568,16 +568,8 @@ def _finite_volume_check(
 
     gaps = []
     for M in (256, 512):  # orders 1.80 / 2.18 (SA / USA) at 128..256, 1.90 / 2.13 at 256..512
-        fv = (
-            solve_density(
-                model,
-                Density.from_function(CircleMesh(M), _circle_density),
-                times[-1],
-                save_at=[0.0, times[-1]],
-            )
-            .density(-1)
-            .to_atoms()
-        )
+        rho0 = Density.from_function(CircleMesh(M), _circle_density)
+        fv = solve_density(model, rho0, times[-1], save_at=[0.0, times[-1]]).density(-1).to_atoms()
         gaps.append(float(np.abs(moments(fv) - moments(fine_end)).max()))
     rep.expect(
         f"S1 {name} Lagrangian vs finite volume (M=512), Fourier moments 1..3 at t={times[-1]:g}",

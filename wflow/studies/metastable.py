@@ -594,12 +594,8 @@ def metastable(out: Path, quick: bool = True) -> StudyReport:
             f"peaks {peaks}, linear-theory P(k* wins) {np.mean(probs):.2f} ({t_p:.1f} s)"
         )
     # particles: the number of seeds selecting k* against the linear theory's expected number (binomial 2 sigma)
-    sd = np.sqrt(
-        max(
-            sum(r["p_kstar"] * (1 - r["p_kstar"]) for r in rep.rows if r["solver"] == "particles"),
-            0.25,
-        )
-    )
+    var = sum(r["p_kstar"] * (1 - r["p_kstar"]) for r in rep.rows if r["solver"] == "particles")
+    sd = np.sqrt(max(var, 0.25))
     rep.expect(
         f"particles: runs selecting k* ({matches}/{n_runs}) - linear-theory expectation "
         f"({expected_matches:.1f}), in units of its binomial sd ({sd:.2f}); at least as often as the linear theory",

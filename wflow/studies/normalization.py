@@ -570,13 +570,8 @@ def _random_starts(
             0.8,
             1.25,
         )
-    emp = np.array(
-        [
-            r["change_ratio"] / r["empirical_weight_ratio"]
-            for r in rep.rows
-            if r["start"] == "random"
-        ]
-    )
+    randoms = [r for r in rep.rows if r["start"] == "random"]
+    emp = np.array([r["change_ratio"] / r["empirical_weight_ratio"] for r in randoms])
     rep.notes.append(
         "random starts: change ratio over the empirical pair average of e^(beta (rho_ij - rho0)) "
         f"(1 - rho_ij^2) / (1 - rho0^2) of the seed: {emp.min():.4f} to {emp.max():.4f}"

@@ -180,18 +180,9 @@ class Parts:
         log = logging.getLogger(__name__)
         errors = []
         try:
+            where = (str(self.out), self.study, self.quick)
             futures = [
-                client.submit(
-                    _compute_part,
-                    str(self.out),
-                    self.study,
-                    self.quick,
-                    k,
-                    f,
-                    a,
-                    pure=False,
-                    retries=2,
-                )
+                client.submit(_compute_part, *where, k, f, a, pure=False, retries=2)
                 for k, f, a in missing
             ]
             running = f"{len(missing)} parts on {min(_WORKERS, len(missing))} worker processes"
@@ -200,12 +191,8 @@ class Parts:
                     fut.result()
                 except Exception as exc:  # noqa: BLE001 - the other parts go on; the first error is raised
                     errors.append(exc)
-            log.info(
-                "%s: %d parts computed on %d workers",
-                self.study,
-                len(missing) - len(errors),
-                _WORKERS,
-            )
+            done = len(missing) - len(errors)
+            log.info("%s: %d parts computed on %d workers", self.study, done, _WORKERS)
         finally:
             disconnect(client, cluster, True)
         if errors:

@@ -465,14 +465,10 @@ def run_studies(
             StudyReport(mod, error=f"cannot be imported ({why})")
             for mod, why in import_errors.items()
         ]
-        reports += [
-            StudyReport(
-                n,
-                error="not registered; study modules that could not be imported: "
-                + ", ".join(import_errors),
-            )
-            for n in unknown
-        ]
+        why = "not registered; study modules that could not be imported: " + ", ".join(
+            import_errors
+        )
+        reports += [StudyReport(n, error=why) for n in unknown]
         for rep in reports:
             write_report(rep, out)
             if on_done is not None:
