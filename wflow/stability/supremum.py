@@ -159,11 +159,7 @@ def potential_maximum(
     upper = None
     if d == 2:
         m_units = sum(p.A.shape[0] for p in perceptrons)
-        n = (
-            check_int(n_grid, "n_grid", minimum=16)
-            if n_grid is not None
-            else max(2**14, 256 * m_units)
-        )
+        n = max(2**14, 256 * m_units) if n_grid is None else check_int(n_grid, "n_grid", minimum=16)
         h = 2 * np.pi / n
         theta = h * np.arange(n)
         vals = _potential(perceptrons, np.stack([np.cos(theta), np.sin(theta)], -1))
@@ -191,8 +187,7 @@ def potential_maximum(
             r = optimize.minimize_scalar(
                 f, bounds=(theta[k] - h, theta[k] + h), method="bounded", options={"xatol": 1e-13}
             )
-            t_best = r.x if -r.fun >= vals[k] else theta[k]
-            cands.append(t_best)
+            cands.append(r.x if -r.fun >= vals[k] else theta[k])
         pts = np.stack([np.cos(cands), np.sin(cands)], -1)
     else:
         starts = rng.standard_normal((check_int(n_starts, "n_starts"), d))
