@@ -35,18 +35,15 @@ class Snapshot:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.solvers.base import Problem, Tracker, integrate
-    >>> class Decay(Problem):
-    ...     def rhs(self, t, y):
-    ...         return -y
+    >>> import wflow
+    >>> from wflow.solvers.base import Tracker
     >>> class Last(Tracker):  # keeps the last snapshot it was shown
     ...     def save(self, snap):
     ...         self.snap = snap
     >>> last = Last()
-    >>> _ = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, trackers=[last])
-    >>> last.snap.index, last.snap.t, last.snap.stats["steps"], sorted(last.snap.data)
-    (10, 1.0, 10, ['state'])
+    >>> _ = wflow.simulate(wflow.SA(1.0), wflow.sphere.uniform(8, 3, seed=0), 1.0, dt=0.1, trackers=[last])
+    >>> last.snap.index, last.snap.t, last.snap.stats["steps"], last.snap.data["points"][1].shape
+    (10, 1.0, 10, (8, 3))
     """
 
     index: int
@@ -80,16 +77,14 @@ class Tracker:
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.solvers.base import Problem, Tracker, integrate
-    >>> class Decay(Problem):
-    ...     def rhs(self, t, y):
-    ...         return -y
+    >>> import wflow
+    >>> from wflow.solvers.base import Tracker
     >>> class StopAtHalf(Tracker):
     ...     name = "stop-at-half"
     ...     def save(self, snap):
     ...         return snap.t >= 0.5  # True stops the run
-    >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, trackers=[StopAtHalf()])
+    >>> x0 = wflow.sphere.uniform(8, 3, seed=0)
+    >>> res = wflow.simulate(wflow.SA(1.0), x0, 1.0, dt=0.1, trackers=[StopAtHalf()], backend="numpy")
     >>> res.status, float(res.times[-1]), len(res)
     (1, 0.5, 6)
     """
@@ -118,16 +113,12 @@ class ProgressBar(Tracker):
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.solvers.base import Problem, integrate
+    >>> import wflow
     >>> from wflow.solvers.trackers import ProgressBar
-    >>> class Decay(Problem):
-    ...     def rhs(self, t, y):
-    ...         return -y
-    >>> bar = ProgressBar("decay")
-    >>> _ = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.1, trackers=[bar])  # drawn on stderr
-    >>> bar.label, round(bar.bar.n, 6)  # the bar ends at t_end
-    ('decay', 1.0)
+    >>> bar = ProgressBar("SA")  # (simulate(..., progress=True) adds one)
+    >>> _ = wflow.simulate(wflow.SA(1.0), wflow.sphere.uniform(8, 3, seed=0), 1.0, dt=0.1, trackers=[bar])
+    >>> bar.label, round(bar.bar.n, 6)  # the bar, drawn on stderr, ends at t_end
+    ('SA', 1.0)
     """
 
     name = "progress bar"
@@ -253,15 +244,11 @@ class StepLog(Tracker):
 
     Examples
     --------
-    >>> import csv, tempfile, pathlib
-    >>> import numpy as np
-    >>> from wflow.solvers.base import Problem, integrate
+    >>> import csv, tempfile, pathlib, wflow
     >>> from wflow.solvers.trackers import StepLog
-    >>> class Decay(Problem):
-    ...     def rhs(self, t, y):
-    ...         return -y
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "steps.csv"
-    >>> _ = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 1.0, dt=0.25, trackers=[StepLog(path)])
+    >>> x0 = wflow.sphere.uniform(8, 3, seed=0)
+    >>> _ = wflow.simulate(wflow.SA(1.0), x0, 1.0, dt=0.25, trackers=[StepLog(path)], backend="numpy")
     >>> rows = list(csv.DictReader(open(path)))
     >>> len(rows), rows[-1]["step"], float(rows[-1]["t"]), float(rows[-1]["dt"])
     (4, '4', 1.0, 0.25)
