@@ -453,9 +453,7 @@ def _phase_count(plan: dict[int, dict[int, int]], models: dict[int, dict[str, Mo
     return sum(per_model[d] * len(models[d]) for d in plan) + 2 * len(CHAOS_BETAS)
 
 
-def _plan(
-    quick: bool,
-) -> tuple[dict[int, dict[int, int]], dict[int, dict[str, Model]], list[int]]:
+def _plan(quick: bool) -> tuple[dict[int, dict[int, int]], dict[int, dict[str, Model]], list[int]]:
     """Seeds per N for each d, the models for each d, the N of the quadrature start.
 
     Samples per N: the slope's error is dominated by the spread of log W at each N, which hardly
@@ -513,10 +511,7 @@ def _iid_rates(
         if t > 0:
             slope, half = fit_slope(arr[:, 0], arr[:, 1])
             rep.expect_slope(
-                f"S{d - 1} {name} coupling error D_N slope in N at t={t:g}",
-                slope,
-                half,
-                -0.5,
+                f"S{d - 1} {name} coupling error D_N slope in N at t={t:g}", slope, half, -0.5
             )
         if d == 2:
             slope, half = fit_slope(arr[:, 0], arr[:, 2])
@@ -586,12 +581,7 @@ def _finite_volume_check(
 
 
 def _quadrature_start(
-    rep: StudyReport,
-    name: str,
-    model: Model,
-    fine_end: Atoms,
-    times: np.ndarray,
-    quad_N: list[int],
+    rep: StudyReport, name: str, model: Model, fine_end: Atoms, times: np.ndarray, quad_N: list[int]
 ) -> None:
     """S^1 from a deterministic start (trapezoid nodes, weights rho_0/N): W2 like 1/N, moments spectral."""
     from ..transport import wasserstein
@@ -634,12 +624,7 @@ def _quadrature_start(
         6.0,
         np.inf,
     )
-    rep.expect(
-        f"S1 {name} quadrature-start moment error at N={quad_N[-1]}",
-        moms[-1],
-        0.0,
-        1e-10,
-    )
+    rep.expect(f"S1 {name} quadrature-start moment error at N={quad_N[-1]}", moms[-1], 0.0, 1e-10)
 
 
 def _figure(rep: StudyReport, out: Path) -> Path:

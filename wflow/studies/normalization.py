@@ -444,12 +444,7 @@ def _key(start: str, scheme: str, **fields: Any) -> dict[str, Any]:
 
 
 def _equiangular(
-    rep: StudyReport,
-    parts: Parts,
-    n: int,
-    beta: float,
-    rho0: float,
-    horizon: dict[str, float],
+    rep: StudyReport, parts: Parts, n: int, beta: float, rho0: float, horizon: dict[str, float]
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The equiangular start, every scheme: particles against the reduced ODE, the late law's rate and
     constant against :func:`wflow.theory.equiangular_asymptotics`; returns the parts and the laws."""
@@ -519,12 +514,7 @@ def _equiangular(
 
 
 def _random_starts(
-    rep: StudyReport,
-    parts: Parts,
-    n_r: int,
-    d_r: int,
-    seeds: tuple[int, ...],
-    t_end_random: float,
+    rep: StudyReport, parts: Parts, n_r: int, d_r: int, seeds: tuple[int, ...], t_end_random: float
 ) -> dict[str, list]:
     """Random starts, the early phase: the change of the mean gap, tokens against the equiangular ODE from
     the measured mean cosine, over c_0; returns each scheme's parts (one per seed)."""

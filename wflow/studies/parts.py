@@ -110,10 +110,7 @@ class Parts:
         return hashlib.sha1(text.encode()).hexdigest()[:16], text
 
     def get(
-        self,
-        key: dict[str, Any],
-        compute: Callable[[], dict[str, Any]],
-        what: str | None = None,
+        self, key: dict[str, Any], compute: Callable[[], dict[str, Any]], what: str | None = None
     ) -> dict[str, Any]:
         """The stored part ``key`` or ``compute()``'s result (a dict of arrays or numbers), stored first.
 

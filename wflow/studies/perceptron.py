@@ -40,14 +40,7 @@ from .perceptron_checks import (
     heavy_count,
     stopping_slope,
 )
-from .perceptron_figures import (
-    draw_e1,
-    draw_e4_masses,
-    draw_e5,
-    draw_e23,
-    draw_sweep,
-    save_figure,
-)
+from .perceptron_figures import draw_e1, draw_e4_masses, draw_e5, draw_e23, draw_sweep, save_figure
 from .perceptron_plan import (
     c9_call,
     convention_call,

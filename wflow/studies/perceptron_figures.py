@@ -58,10 +58,7 @@ def draw_e5(ax: Any, e5: dict[str, list], betas: tuple[float, ...]) -> None:
     s = np.sqrt(np.array(betas))
     ax.plot(s, 4 * (1 + s), "k--", label="4 (1 + sqrt beta)")
     ax.set(
-        xlabel="sqrt(beta)",
-        ylabel="heavy clusters (mass >= 0.05)",
-        title="E5: S^2",
-        yscale="log",
+        xlabel="sqrt(beta)", ylabel="heavy clusters (mass >= 0.05)", title="E5: S^2", yscale="log"
     )
     ax.legend(fontsize=6)
 

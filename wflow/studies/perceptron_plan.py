@@ -120,15 +120,9 @@ def e23_call(plan: dict[str, Any], act: str, conv: str) -> dict[str, Any]:
 
 def e4_call(plan: dict[str, Any], d: int, beta: float, conv: str) -> dict[str, Any]:
     """E4: descent + GELU in dimension ``d``, threshold :func:`~.perceptron_checks.e4_threshold`."""
+    n, t_max, threshold = plan["N4"], plan["t_max4"], e4_threshold(beta)
     return weights_call(
-        plan["A4"][d],
-        conv,
-        d=d,
-        N=plan["N4"],
-        seeds=1,
-        t_max=plan["t_max4"],
-        activation="gelu",
-        threshold=e4_threshold(beta),
+        plan["A4"][d], conv, d=d, N=n, seeds=1, t_max=t_max, activation="gelu", threshold=threshold
     )
 
 

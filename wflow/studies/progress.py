@@ -75,12 +75,7 @@ def numbered(total: int) -> Callable[[str], str]:
 
 
 def steps(
-    study: str,
-    what: str,
-    items: Iterable[T],
-    total: int | None = None,
-    *,
-    announced: bool = False,
+    study: str, what: str, items: Iterable[T], total: int | None = None, *, announced: bool = False
 ) -> Iterator[T]:
     """Iterate over ``items`` (a loop of many similar steps) with a tqdm bar ``"{study}: {what}"`` on
     stderr when it is a terminal, else one :func:`phase` line ``"{study}: {what} ({total})"``.

@@ -207,10 +207,8 @@ def stationary_study(out: Path, quick: bool = True) -> StudyReport:
         lines.append(_one(rep, beta, sign, act, 2))
     # S^2: GELU ascent settles into two atoms by paper time 100 (the particles at 1500 and 6000 agree)
     s2_betas = (5.0,) if quick else (1.0, 5.0)
-    phase(
-        rep.name,
-        f"S2: GELU ascent against particle runs, beta = {', '.join(f'{b:g}' for b in s2_betas)}",
-    )
+    betas_s2 = ", ".join(f"{b:g}" for b in s2_betas)
+    phase(rep.name, f"S2: GELU ascent against particle runs, beta = {betas_s2}")
     for beta in s2_betas:
         lines.append(_one(rep, beta, 1, "gelu", 3))
     if not quick:
