@@ -140,12 +140,9 @@ class ConstantSteps(StepSizeController):
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.solvers.base import Problem, integrate
-    >>> class Decay(Problem):
-    ...     def rhs(self, t, y):
-    ...         return -y
-    >>> res = integrate(Decay(), "rk4", np.array([1.0]), 0.0, 0.9, dt=0.3, save_at=[0.5, 0.9])
+    >>> import wflow
+    >>> x0 = wflow.sphere.uniform(8, 3, seed=0)
+    >>> res = wflow.simulate(wflow.SA(1.0), x0, 0.9, method="rk4", dt=0.3, save_at=[0.5, 0.9], backend="numpy")
     >>> [round(float(t), 12) for t in res.times], res.stats["steps"].tolist()  # 0.3 -> 0.5 -> 0.6 -> 0.9
     ([0.0, 0.5, 0.9], [0, 2, 4])
     """
@@ -199,12 +196,9 @@ class AdaptiveSteps(StepSizeController):
 
     Examples
     --------
-    >>> import numpy as np
-    >>> from wflow.solvers.base import Problem, integrate
-    >>> class Decay(Problem):
-    ...     def rhs(self, t, y):
-    ...         return -y
-    >>> res = integrate(Decay(), "dopri5", np.array([1.0]), 0.0, 1.0, save_at=[0.5, 1.0], rtol=1e-8, atol=1e-10)
+    >>> import wflow
+    >>> x0 = wflow.sphere.uniform(8, 3, seed=0)
+    >>> res = wflow.simulate(wflow.SA(1.0), x0, 1.0, save_at=[0.5, 1.0], backend="numpy")  # dopri5
     >>> res.times.tolist(), res.config["save_mode"], bool(res.stats["dt_next"][-1] > 0)  # lands on each save
     ([0.0, 0.5, 1.0], 'land', True)
     """
