@@ -1,23 +1,9 @@
 r"""The JKO step's Gibbs kernel without the dense cost matrix: adaptive truncation in linear memory.
 
-The stabilized kernel of the inner solver (:class:`~wflow.solvers.jko.transport.SemiRelaxed`),
-:math:`K_{ij} = r_j e^{(\bar f_i + \bar g_j - C_{ij})/\varepsilon}`, only matters where it is
-within a factor :math:`e^{-\Theta}` of its row's largest entry.  On a mesh of ``n`` cells this is a
-disc of :math:`\pi\Theta\varepsilon/h^2` cells around where row ``i``'s mass goes (about
-:math:`2\pi\Theta` cells at the default :math:`\varepsilon = 2h^2`), wherever the potential
-:math:`\bar g` displaces it.  :class:`SparseCost` finds exactly those pairs,
-
-.. math::
-
-    C_{ij} - \bar g_j - \varepsilon\log r_j \le \min_k\big(C_{ik} - \bar g_k - \varepsilon\log r_k\big) + \Theta\varepsilon ,
-
-with a k-d tree search in a lifted space (:func:`wflow.transport.certify.threshold_pairs`,
-Schmitzer 2019), and stores them in CSR form: memory and work per kernel build
-:math:`O(n\,\Theta\varepsilon/h^2)`, linear in the cells at fixed :math:`\varepsilon/h^2`.
-
-A row dropped at :math:`\Theta =` ``THETA_SPARSE`` :math:`= 36` loses :math:`e^{-36} = 2.3\cdot10^{-16}`
-of its mass (a planar Gaussian outside its :math:`e^{-\Theta}` level set), float64's round-off
-(``docs/jko.md``, "Large meshes").
+:class:`SparseCost` keeps the pairs with
+:math:`C_{ij} - \bar g_j - \varepsilon\log r_j \le \min_k(C_{ik} - \bar g_k - \varepsilon\log r_k) + \Theta\varepsilon`
+(a k-d tree search, :func:`wflow.transport.certify.threshold_pairs`, Schmitzer 2019) in CSR form:
+memory linear in the cells at fixed :math:`\varepsilon/h^2` (``docs/jko.md``, "Large meshes").
 """
 
 from __future__ import annotations
@@ -87,8 +73,7 @@ class SparseCost:
     def pattern(self, pot: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         r"""CSR ``(ptr, cols, c)`` of the pairs with :math:`C_{ij} - pot_j \le \min_k(C_{ik} - pot_k) + \Theta\varepsilon`."""
         n = self.n
-        # first guess of the candidates per row: 1.4x the kept disc's pi Theta eps / (4 pi / n) cells
-        # on S^2 (one k-d tree round instead of two: half the search's time); the search grows it
+        # first guess of the candidates per row: 1.4x the kept disc's cells on S^2; the search grows it
         k = 128
         if self.x.shape[1] == 3:
             k = int(min(n, max(32, 1.4 * self.theta * eps * n / 4.0 + 16)))

@@ -1,12 +1,5 @@
-r"""Stationary states by iterated JKO steps with growing :math:`\tau`, and their atoms.
-
-:func:`stationary` steps until the measure stops moving, then reads the atoms off the mass
-(:func:`atom_groups`, through :func:`wflow.diagnostics.mass_clusters`), checks them and says
-what it found: ``converged`` only when the measure stopped moving *and* the first-order
-residual is below the resolution of the support (for an atomic limit: the velocity at the
-atoms too); polishing the atoms off the grid is kept only when it does not move an atom off
-its mass and does not raise the residual (``polished`` and the message say which).
-"""
+r"""Stationary states by iterated JKO steps with growing :math:`\tau`, and their atoms
+(:func:`stationary`, :func:`atom_groups`; ``docs/jko.md``, "Accuracy")."""
 
 from __future__ import annotations
 
@@ -95,16 +88,11 @@ def atom_groups(
 ) -> AtomGroups:
     r"""The mass groups of a measure on a support, separated wherever a valley separates them.
 
-    A single linkage threshold cannot do this: a thin bridge of mass (a measure that has not
-    finished concentrating, or the blur of two atoms a few cells apart) joins two groups at a
-    low threshold, and a high one drops small atoms.  So the components of the points above a
-    threshold (:func:`wflow.diagnostics.mass_clusters`) are followed up a geometric ladder of
-    ``levels`` thresholds from ``threshold`` to ``top`` (relative to the largest weight): a
-    component that splits into several as the threshold rises is several groups (a valley
-    separates them), one that disappears is a small group of its own.  Each group's atom is the
-    normalized barycentre of its last core (its points above the highest threshold at which it
-    is still one component); every point's mass then goes to its nearest atom, so the masses sum
-    to 1 (tails and bridges included).
+    The components of the points above a threshold (:func:`wflow.diagnostics.mass_clusters`)
+    are followed up a geometric ladder of ``levels`` thresholds from ``threshold`` to ``top``
+    (relative to the largest weight): a component that splits is several groups, one that
+    vanishes a group of its own.  Each atom is the normalized barycentre of its group's last
+    core; every point's mass goes to its nearest atom, so the masses sum to 1.
 
     Parameters
     ----------
@@ -149,7 +137,6 @@ def atom_groups(
         mass = np.bincount(label, weights=ws[keep], minlength=k)
         comps.append([keep[label == j] for j in np.argsort(-mass, kind="stable")])
     counts = {float(t): len(c) for t, c in zip(ladder, comps)}
-    # follow each component up the ladder: split -> several groups, vanish -> a group (its last core)
     cores: list[np.ndarray] = []
     level_of = []
     stack = [(0, c) for c in comps[0]]
@@ -242,52 +229,43 @@ class StationaryResult:
         Its atoms (:func:`atom_groups`, polished when ``polished``) and their masses, sorted by
         decreasing mass; they sum to ``1 - residual_mass``.
     residual_mass : float
-        Mass left outside the atoms: groups wider than an atom of total mass at most
-        ``stray_mass`` (tails still draining between atoms), not reported as atoms.
+        Mass of the groups wider than an atom, at most ``stray_mass`` in all (tails still draining).
     spread : ndarray, shape (k,)
         RMS distance of each atom's mass to it.
     atomic : bool
-        Every group (strays aside) is concentrated within ``atom_width`` (default three
-        spacings of the support): the limit is a sum of Diracs, blurred by the grid.
+        Every group (strays aside) is concentrated within ``atom_width``: a sum of Diracs.
     residual : float
         Largest velocity of the atoms in the finite-atom flow,
         :math:`\\max_k|\\nabla_S\\,\\delta F/\\delta\\mu(a_k)|`; 0 at a critical point.
     residual_support : float
         :math:`\\sum_j\\nu_j|\\nabla_S\\,\\delta F/\\delta\\mu(x_j)|` on the (blurred) support measure.
     residual_tol : float
-        The tolerance of the test that decided ``converged`` (``test``).  Atomic limits:
-        :math:`h\\max_i\\sum_j|H_{ij}|/m_i`, the velocity error of atoms each misplaced by one
-        spacing :math:`h`, :math:`H` the Wasserstein Hessian of :mod:`wflow.stability`, which
-        leaves out each atom's interaction with itself; otherwise :math:`0.01\\,h/T`, ``T`` the time unit.
+        The tolerance of ``test``: for atomic limits :math:`h\\max_i\\sum_j|H_{ij}|/m_i` (atoms each
+        misplaced by one spacing :math:`h`, :math:`H` the Wasserstein Hessian of
+        :mod:`wflow.stability`), otherwise :math:`0.01\\,h/T`.
     test : str
-        ``"atoms"`` (the atoms' velocity decided) or ``"support"`` (the largest speed
-        :math:`|\\nabla_S\\,\\delta F/\\delta\\mu(x_j)|` over the support points holding at least
-        1e-3 of the largest weight did).
+        ``"atoms"`` (the atoms' velocity) or ``"support"`` (the largest speed on the support
+        points holding at least 1e-3 of the largest weight).
     residual_grid : float or None
         The atoms' velocity before polishing.
     polished : bool
         The atoms were moved off the grid to the nearby critical point of the finite-atom flow
-        (:func:`wflow.stability.polish_atoms`); refused, with the reason in ``message``, when an
-        atom would leave its mass group, two atoms would meet or the velocity would rise.
+        (:func:`wflow.stability.polish_atoms`; when refused, ``message`` says why).
     hessian : ndarray, shape (k, d-1)
         Eigenvalues of the tangential Hessian of :math:`\\delta F/\\delta\\mu[\\text{atoms}]` at each
         atom, the atom's own term included (finite differences).
     stability : wflow.stability.Stability or None
         The second-order verdict on the atoms (atomic limits that converged).
     perturbations : list of str
-        Each restart off a critical point that was not stable: the unstable eigenvalue and the
-        displacement.
+        Each restart off a critical point that was not stable.
     potential_gap : float
         :math:`\\max_j \\psi(x_j) - \\min_k \\psi(a_k)`, :math:`\\psi = \\delta F/\\delta\\mu[\\text{atoms}]`.
     resolved : bool
-        The support resolves the clusters: its spacing ``h`` is at most :math:`1/\\sqrt\\beta`
-        (the width of the attention kernel at inverse temperature :math:`\\beta`), at most a
-        third of the smallest distance between two atoms found, and no group is wider than an
-        atom yet narrower than a cluster (:math:`\\min(2/\\sqrt\\beta, \\pi/4)`: atoms the
-        support cannot tell apart).  ``converged`` needs it.
+        The spacing ``h`` is at most :math:`1/\\sqrt\\beta` and a third of the closest two atoms'
+        distance, and no group is wider than an atom yet narrower than
+        :math:`\\min(2/\\sqrt\\beta, \\pi/4)`.  ``converged`` needs it.
     time_unit : float
-        The model's time unit ``T`` that ``tau0``, ``tau_max`` and the stopping rule are in
-        (:func:`model_time_unit`).
+        The time unit ``T`` of ``tau0``, ``tau_max`` and the stopping rule (:func:`model_time_unit`).
     stopped : bool
         The measure stopped moving (``change <= tol``) at ``tau_max``.
     converged : bool
@@ -353,14 +331,9 @@ class StationaryResult:
 def model_time_unit(model: Model | None) -> float:
     r"""The model's own time unit :math:`T`: one over the curvature scale of its velocity field.
 
-    :math:`1/T = \sum` over the model's blocks of: for attention,
-    :math:`|V|\,e^{\beta - o}` with :math:`o` the kernel's log-scale (``0`` for the plain kernel
-    :math:`e^{\beta\langle x,y\rangle}`, ``beta`` for the rescaled
-    :math:`e^{\beta(\langle x,y\rangle-1)}`), the curvature of :math:`\delta F/\delta\mu` at a
-    Dirac; for any other block its ``rate_bound()`` (a perceptron: :math:`|W||A|`).  A USA model at
-    :math:`\beta` in the plain kernel moves on the time scale :math:`e^{-\beta}`, in the rescaled
-    one on the scale 1; both give the same steps in their own time.  ``1.0`` for ``None`` (pure
-    diffusion) or a model whose scale is 0.
+    :math:`1/T = \sum` over the blocks of :math:`|V|\,e^{\beta - o}` for USA (:math:`o` the
+    kernel's log-scale: 0 plain, :math:`\beta` rescaled), :math:`|V|` for SA, ``rate_bound()``
+    otherwise.  ``1.0`` for ``None`` (pure diffusion) or a model whose scale is 0.
 
     Examples
     --------
@@ -389,7 +362,7 @@ def _second_order(
     k, d = atoms.shape
     if model is None:
         return np.zeros((k, d - 1))
-    mu = Atoms._trusted(atoms, masses / masses.sum())
+    mu = _normalized(atoms, masses)
     B = tangent_frame(atoms)
     psi0 = model.first_variation(atoms, mu, backend=backend)
     H = np.zeros((k, d - 1, d - 1))
@@ -417,9 +390,13 @@ def _max_speed(
     which: np.ndarray | None = None,
 ) -> float:
     """Largest speed of the (``which``) atoms in the flow of the atomic measure."""
-    mu = Atoms._trusted(atoms, masses / masses.sum())
+    mu = _normalized(atoms, masses)
     speed = np.linalg.norm(model.velocity(atoms, mu, backend=backend), axis=-1)
     return float(np.max(speed if which is None else speed[which], initial=0.0))
+
+
+def _normalized(atoms: np.ndarray, masses: np.ndarray) -> Atoms:
+    return Atoms._trusted(atoms, masses / masses.sum())
 
 
 def _max_beta(model: Model | None) -> float:
@@ -429,13 +406,9 @@ def _max_beta(model: Model | None) -> float:
 
 
 def _atoms_tolerance(model: Model, atoms: np.ndarray, masses: np.ndarray, h: float) -> float:
-    r""":math:`h\max_i\sum_j|H_{ij}|/m_i`: how fast the atoms' velocities change when each moves by ``h``.
-
-    :math:`H` is the Wasserstein Hessian's form (:func:`wflow.stability.wasserstein_hessian`),
-    which leaves out each atom's interaction with itself (a constant on the sphere).
-    """
+    r""":math:`h\max_i\sum_j|H_{ij}|/m_i`, :math:`H` of :func:`wflow.stability.wasserstein_hessian`."""
     try:
-        H = wasserstein_hessian(model, Atoms._trusted(atoms, masses / masses.sum()))
+        H = wasserstein_hessian(model, _normalized(atoms, masses))
     except (ValueError, WflowError):
         return float("nan")
     k, dm1 = atoms.shape[0], atoms.shape[1] - 1
@@ -490,21 +463,11 @@ def stationary(
 ) -> StationaryResult:
     r"""A stable critical point of the free energy by iterated JKO steps with growing :math:`\tau`.
 
-    **Time** (``docs/jko.md``).  Steps, tolerances and the budget are in the model's own time
-    unit ``T`` (:func:`model_time_unit`; ``time_unit=1.0`` gives model-time steps):
+    Steps and budget are in the model's time unit ``T`` (:func:`model_time_unit`):
     :math:`\tau_{k+1} = \min(\tau_{\max}, \text{growth}\cdot\tau_k)\,T` from ``tau0 T`` until
     :math:`\|\nu_{k+1}-\nu_k\|_1 \le \text{tol}\cdot\min(1, \tau_k/T)`, within ``t_max`` units of
-    ``T`` in all (restarts included).  A mode of rate :math:`\lambda` slows below the test's speed
-    :math:`v = 0.01\,h/T` after at most :math:`\log(\lambda\pi/v)/\lambda`, longest at
-    :math:`\lambda = e v/\pi`: the default
-
-    .. math:: t_{\max} = \frac{\pi}{e\,v} = \frac{100\,\pi}{e\,h}\,T .
-
-    A run still moving when the budget is spent says ``converged=False`` and why in ``message``.
-
-    Then it reads the mass groups off the final measure (:func:`atom_groups`) and judges them as
-    :class:`StationaryResult`'s ``atomic``, ``polished``, ``resolved``, ``test`` and
-    ``converged`` say; a converged atomic limit is judged by :func:`wflow.stability.stability`.
+    ``T`` (restarts included).  The mass groups of the final measure (:func:`atom_groups`) are
+    then judged as :class:`StationaryResult` says (``docs/jko.md``, "Accuracy").
 
     Parameters
     ----------
@@ -521,8 +484,8 @@ def stationary(
         each atom's mass by ``atom_width`` along the unstable mode and resume, at most
         ``max_restarts`` times (``perturbations``).
     t_max : float, optional
-        Budget of model time in units of ``T``; default :math:`\pi/(e v)` (above), reported as
-        ``StationaryResult.t_max``.
+        Budget of model time in units of ``T``; default :math:`100\pi/(e h)`, the longest time a
+        linear mode needs to slow below the test's speed :math:`0.01\,h/T`.
     max_steps : int, optional
         Cap on the number of steps; none by default.
 
@@ -610,9 +573,7 @@ def stationary(
             and raised < 3
             and not spent
         ):
-            # stopped moving off a critical point: mass far from every atom feels exponentially weak
-            # forces and drifts slowly; go on with the same steps and a stricter stopping rule (longer
-            # steps would jump over basins, and steps in the prox-dominated regime fail)
+            # stopped off a critical point (far mass drifts slowly): same steps, stricter rule
             raised += 1
             tol_now /= 10.0
             start = tau
@@ -667,8 +628,7 @@ def stationary(
 def _budget_note(
     steps: int, max_steps: int | None, t: float, t_max: float, change: float, tol: float, tau: float
 ) -> str:
-    """How a run that did not stop moving ended: which budget ran out, when, and how fast the
-    measure still moved (times in units of ``T``)."""
+    """How a run that did not stop moving ended (times in units of ``T``)."""
     why = (
         "budget spent"
         if max_steps is None or steps < max_steps
@@ -683,8 +643,7 @@ def _budget_note(
 def _message(
     out: _Analysis, stop: str, perturbations: list[str], restarted: bool, breakdowns: int
 ) -> str:
-    """The verdict of :func:`stationary`: converged or not, how the steps stopped (``stop``), then
-    the analysis' notes, the perturbations and the inner solver's breakdowns."""
+    """The message of :func:`stationary`: the verdict, how the steps stopped, then the notes."""
     msg = "converged" if out.fields["converged"] else "NOT converged"
     msg += f" (test: {out.fields['test']})"
     msg += stop
@@ -716,10 +675,7 @@ def _iterate(
     hist: dict[str, list],
 ) -> tuple[np.ndarray, bool, float, int, int]:
     """JKO steps with growing tau until the measure stops moving or the ``budget`` (model time,
-    steps) of the whole run is spent; ``(w, stopped, tau, steps, failed)``.
-
-    A step that fails (not converged, or 30 re-linearizations) brings tau back to at most ``safe``.
-    """
+    steps) is spent; ``(w, stopped, tau, steps, failed)``.  A failed step brings tau to ``safe``."""
     stopped, k, failed = False, 0, 0
     t, steps = float(sum(hist["tau"])), len(hist["tau"])
     while t < budget[0] and steps + k < budget[1]:
@@ -736,8 +692,7 @@ def _iterate(
         if change <= tol * min(1.0, tau / unit) and tau >= tau_max:
             stopped = True
             break
-        # grow tau while steps stay cheap; a step that needed many re-linearizations (repulsion:
-        # proximal weight) is prox-dominated, so a larger tau would only cost more
+        # grow tau while steps stay cheap (many re-linearizations: prox-dominated)
         if s.iterations >= 30 or not s.converged:
             failed += 1
             tau = max(tau0, min(tau / growth, safe))
@@ -785,12 +740,8 @@ def _analyse(setting: _Setting, w: np.ndarray, stopped: bool) -> _Analysis:
     if model is not None and atomic:
         residual_grid = _max_speed(model, atoms, masses, setting.backend)
         if setting.polish:
-            p = polish_atoms(
-                model,
-                Atoms._trusted(atoms, masses / masses.sum()),
-                max_move=min(atom_width, 2.0 * h),
-                backend=setting.backend,
-            )
+            mu = _normalized(atoms, masses)
+            p = polish_atoms(model, mu, max_move=min(atom_width, 2.0 * h), backend=setting.backend)
             polished = p.applied
             if not p.applied:
                 notes.append(p.message)
@@ -820,12 +771,9 @@ def _analyse(setting: _Setting, w: np.ndarray, stopped: bool) -> _Analysis:
     verdict = None
     if converged and atomic and model is not None and atoms.shape[0] >= 1:
         try:
-            verdict = stability(
-                model,
-                Atoms._trusted(atoms, masses / masses.sum()),
-                tol_velocity=max(residual_tol, residual),
-                polish=False,
-            )
+            tol_velocity = max(residual_tol, residual)
+            mu = _normalized(atoms, masses)
+            verdict = stability(model, mu, tol_velocity=tol_velocity, polish=False)
             note += f"; stability: {verdict.message}"
         except (ValueError, WflowError) as err:
             note += f"; stability not judged ({err})"
@@ -854,11 +802,7 @@ def _analyse(setting: _Setting, w: np.ndarray, stopped: bool) -> _Analysis:
 def _split_groups(
     setting: _Setting, w: np.ndarray
 ) -> tuple[AtomGroups, bool, np.ndarray, float, list[str]]:
-    """The mass groups of ``w`` and which are atoms: ``(groups, atomic, keep, residual_mass, notes)``.
-
-    Groups wider than an atom carrying at most ``stray_mass`` in all are strays (tails still
-    draining); the measure is atomic when every other group is an atom and there are few groups.
-    """
+    """The mass groups of ``w`` and which are atoms: ``(groups, atomic, keep, residual_mass, notes)``."""
     x, mesh = setting.x, setting.mesh
     groups = atom_groups(
         x, w, neighbors=None if mesh is None else mesh.cell_neighbors, threshold=setting.threshold
@@ -884,11 +828,7 @@ def _split_groups(
 def _residuals(
     setting: _Setting, w: np.ndarray, atoms: np.ndarray, masses: np.ndarray
 ) -> tuple[float, float, float, float]:
-    """``(residual, residual_support, speed_max, potential_gap)``: all zero without a model.
-
-    The atoms' largest velocity, the mass-weighted and the largest speed on the support (where the
-    weight is at least 1e-3 of the largest), and the spread of the first variation.
-    """
+    """``(residual, residual_support, speed_max, potential_gap)`` (:class:`StationaryResult`); zeros without a model."""
     model, x, backend = setting.model, setting.x, setting.backend
     if model is None:
         return 0.0, 0.0, 0.0, 0.0
@@ -896,10 +836,8 @@ def _residuals(
     v = model.velocity(x, Atoms._trusted(x, w), backend=backend)
     speed = np.linalg.norm(v, axis=-1)
     res_support = float(np.dot(w, speed))
-    # mass still draining far from the atoms is little mass but moves fast: the test takes the
-    # largest speed where there is mass, not the mass-weighted mean
     speed_max = float(speed[w >= 1e-3 * w.max()].max())
-    mu_atoms = Atoms._trusted(atoms, masses / masses.sum())
+    mu_atoms = _normalized(atoms, masses)
     psi_x = model.first_variation(x, mu_atoms, backend=backend)
     psi_a = model.first_variation(atoms, mu_atoms, backend=backend)
     gap = float(psi_x.max() - psi_a.min())
@@ -909,12 +847,7 @@ def _residuals(
 def _resolution(
     setting: _Setting, groups: AtomGroups, atoms: np.ndarray, atomic: bool
 ) -> tuple[float, bool, str]:
-    r"""Whether the support resolves the clusters: ``(width, resolved, why not)``.
-
-    The spacing ``h`` against the clusters' width :math:`1/\sqrt\beta` and against a third of the
-    closest two atoms' distance; a group wider than an atom but no wider than a cluster is atoms
-    the support cannot tell apart.
-    """
+    """Whether the support resolves the clusters (``StationaryResult.resolved``): ``(width, resolved, why not)``."""
     h, atom_width = setting.h, setting.atom_width
     beta = _max_beta(setting.model)
     width = 1.0 / np.sqrt(beta) if beta > 0 else np.inf
@@ -924,8 +857,6 @@ def _resolution(
         closest = float(gaps.min())
     else:
         closest = np.inf
-    # a group wider than an atom but no wider than a cluster (2/sqrt(beta), at most pi/4) is atoms
-    # the support cannot tell apart (beta = 50 descent on 256 cells: two atoms 0.14 rad apart)
     wide_groups = groups.spread[groups.spread > atom_width]
     blurred = (
         float(wide_groups.min())

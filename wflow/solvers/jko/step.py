@@ -1,10 +1,6 @@
 r"""JKO scheme: the :class:`JKO` solver of the contract, its problem and result, and the front door :func:`jko`.
 
-One step -- the scheme, its algorithm, its stopping rule -- is :mod:`wflow.solvers.jko.stepper`
-(:class:`JKOStepper`, whose names are importable from here too); this module runs such steps
-through the driver of the solver contract: :class:`JKOProblem` (the weights on the support),
-:class:`JKO` (one stepper per run, checkpointed for a bit-exact resume), :class:`JKOResult`,
-:func:`jko` and :func:`jko_step`.
+One step is :mod:`wflow.solvers.jko.stepper` (its names are importable from here too).
 """
 
 from __future__ import annotations
@@ -43,9 +39,7 @@ from .stepper import default_eps as default_eps
 from .stepper import spacing as spacing
 from .stepper import support as support
 
-# No __all__: the names above are re-exported (``name as name``, as before this module was split)
-# and documented where they live; autodoc documents this module's own jko, jko_step, JKO,
-# JKOProblem and JKOResult.
+# No __all__: the names above are re-exported and documented where they live.
 
 
 class JKOProblem(Problem):
@@ -126,10 +120,8 @@ class JKOProblem(Problem):
 class JKO(Solver):
     """Implicit JKO steps (:mod:`~wflow.solvers.jko.stepper`) as a solver of the contract: order 1, fixed step ``dt = tau``.
 
-    Each step is :meth:`JKOStepper.step`; a step whose first-order residual stays above
-    ``tol`` after ``max_iter`` outer iterations is a failure (status -1 with ``throw=False``).
-    The inner solver's state (:class:`WarmStart`) is saved with every snapshot, so a resumed
-    run repeats the uninterrupted one's iterations.
+    A step that misses ``tol`` after ``max_iter`` outer iterations is a failure; the inner
+    solver's state (:class:`WarmStart`) is saved with every snapshot for a bit-exact resume.
 
     Examples
     --------
@@ -212,8 +204,7 @@ class JKO(Solver):
 
     def step(self, problem, t, y, dt, state: JKOStepper, **_):
         if problem.model is not None and problem.model.time_dependent:
-            # an implicit step: the energy at its end, of the layer the step lies in (not the next one when
-            # the step ends on a layer boundary)
+            # implicit: the energy at the step's end, of the layer the step lies in
             problem.energy.model = problem.model.at(t + dt, piece=t + 0.5 * dt)
         state.set_tau(dt)
         w, s = state.step(y)
@@ -416,9 +407,8 @@ def jko(
 ) -> JKOResult:
     r"""Run ``n_steps`` JKO steps :math:`\mu_{k+1} = \arg\min_\nu W_2^2(\mu_k,\nu)/(2\tau) - F(\nu) + \kappa^{-1}\int\nu\log\nu`.
 
-    Algorithm, stopping rule and the role of :math:`\varepsilon`: :mod:`~wflow.solvers.jko.stepper`.  The steps
-    run through the driver of the solver contract (:func:`wflow.solvers.base.integrate`) with
-    the :class:`JKO` solver and a fixed step ``tau``.
+    The :class:`JKO` solver through :func:`wflow.solvers.base.integrate` at the fixed step
+    ``tau``; the algorithm and the role of :math:`\varepsilon`: ``docs/jko.md``.
 
     Parameters
     ----------
@@ -433,10 +423,8 @@ def jko(
     n_steps : int
         Number of steps; the result holds times ``0, tau, ..., n_steps tau`` (every ``save_every``).
     eps : float, optional
-        Entropic regularization (units of squared distance); default ``2 h^2``, ``h`` the spacing of
-        the support.  It blurs each step's plan over ~sqrt(eps) (debiased to leading order);
-        smaller than ``h^2`` locks mass in its cell.  With noise the inner solve costs
-        ~sqrt(2 tau / (kappa eps)) kernel products per Newton step.
+        Entropic regularization (squared distance); default ``2 h^2``, ``h`` the spacing of the
+        support.  Smaller than ``h^2`` locks mass in its cell.
     cost : {"geodesic", "chordal"}
         :math:`C = d^2` with the great-circle or the chordal distance.
     kappa : float, optional
@@ -444,7 +432,7 @@ def jko(
     method : {"sinkhorn", "emd"}
         Entropic semi-relaxed Sinkhorn (any size) or exact ``ot.emd`` mirror descent (small supports).
     debias : bool
-        Remove the blur's spurious diffusion to leading order (:mod:`~wflow.solvers.jko.stepper`).
+        Remove the blur's spurious diffusion to leading order.
     eps_scaling : float, optional
         ``None`` (default): every step is solved at ``eps`` directly.  A factor in ``(0, 1)``: the
         first step runs an eps-scaling schedule from the squared displacement of one step down to ``eps``.
@@ -463,9 +451,8 @@ def jko(
     progress : bool
         A progress bar over steps.
     warm_start : WarmStart, optional
-        Continue a run: the inner solver starts from this state (``JKOResult.warm_start``) instead
-        of cold.  With ``rho0`` the measure saved at that step, the continued run repeats the
-        uninterrupted one's iterations (equal to round-off in the starting weights).
+        Continue a run from ``JKOResult.warm_start`` (with ``rho0`` the measure saved at that
+        step: the uninterrupted run's iterations).
     trackers, keep, throw
         See :func:`wflow.solvers.base.integrate`.
 
@@ -530,7 +517,6 @@ def jko(
         throw=throw,
         result_class=JKOResult,
     )
-    # integrate builds result_class
     jres = cast(JKOResult, res)
     jres._mesh = mesh
     return jres

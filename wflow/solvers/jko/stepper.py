@@ -1,57 +1,19 @@
 r"""One JKO step: an implicit Wasserstein gradient-flow step on a fixed support, solved with optimal transport.
 
-For a gradient model (USA with :math:`Q = K = I`, :math:`V = \pm I`, conservative
-perceptrons, their sums) the mean-field equation with noise,
-:math:`\partial_t\mu + \mathrm{div}_S(\mu\nabla_S\delta F/\delta\mu) = \kappa^{-1}\Delta_S\mu`,
-is the Wasserstein-2 gradient flow of the free energy :math:`\Phi = -F + \kappa^{-1}\int\mu\log\mu`
-(:math:`F` = ``model.energy``, the functional the flow ascends).  The Jordan--Kinderlehrer--Otto
-scheme (Jordan, Kinderlehrer & Otto 1998) takes implicit steps
+For a gradient model (USA with :math:`Q = K = I`, :math:`V = \pm I`, conservative perceptrons,
+their sums) the Jordan--Kinderlehrer--Otto scheme (1998) takes implicit steps
 
 .. math::
 
-    \mu_{k+1} = \arg\min_\nu \frac{W_2^2(\mu_k, \nu)}{2\tau} - F(\nu) + \kappa^{-1}\int\nu\log\nu ,
+    \mu_{k+1} = \arg\min_\nu \frac{W_2^2(\mu_k, \nu)}{2\tau} - F(\nu) + \kappa^{-1}\int\nu\log\nu
 
-here over the measures carried by a fixed support :math:`x_1..x_n` (a mesh's cell centres, or
-any point cloud) with reference volumes :math:`r_j` (cell areas), :math:`\int\nu\log\nu \approx
-\sum_j\nu_j\log(\nu_j/r_j)`, and ground cost :math:`C_{ij} = d(x_i, x_j)^2` (geodesic, or chordal).
-
-Algorithm (``method="sinkhorn"``; ``docs/jko.md`` explains it at length, with its accuracy).
-The transport term is entropic,
-:math:`T_\varepsilon(a,\nu) = \min_{\pi\in\Pi(a,\nu)}\langle C,\pi\rangle + \varepsilon\,\mathrm{KL}(\pi\,|\,a\otimes r)`
-(Peyré 2015), and the step minimizes over plans whose first marginal is :math:`a = \mu_k`
-
-.. math::
-
-    J(\pi) = \frac{T_\varepsilon}{2\tau} - F(\nu) + (\kappa^{-1} - c_\varepsilon)\,\mathrm{KL}(\nu\,|\,r),
-    \qquad \nu = \pi^\top\mathbb 1 .
-
-* **Outer loop.**  :math:`-F` and a negative entropy coefficient are linearized at
-  :math:`\nu^m` (the convex--concave procedure); a convex remainder (repulsion) gets a proximal
-  term :math:`L\,\mathrm{KL}(\nu|\nu^m)`, :math:`L` doubled whenever :math:`J` fails to decrease.
-* **Inner loop.**  The linearized problem (potential :math:`V`, entropy weight :math:`\lambda`)
-  is solved in the stabilized log domain with a truncated kernel (above ``DENSE_MAX_CELLS``
-  points on the kept pairs only, :mod:`wflow.solvers.jko.sparse`).  Semi-relaxed Sinkhorn
-  (Chizat, Peyré, Schmitzer & Vialard 2018),
-  :math:`f_i = -\varepsilon\log\sum_j r_j e^{(g_j - C_{ij})/\varepsilon}`,
-  :math:`g_j = -\frac{\varepsilon}{\varepsilon+\lambda}\big(\lambda\log\sum_i a_i e^{(f_i-C_{ij})/\varepsilon} + V_j\big)`,
-  contracts by :math:`\zeta = \lambda/(\lambda+\varepsilon)`; for :math:`\zeta > 1/2` damped
-  Newton--CG on the semi-dual
-  :math:`D(g) = \langle a, f(g)\rangle - \lambda\sum_j r_j e^{-(g_j+V_j)/\lambda}`
-  (:meth:`~wflow.solvers.jko.transport.SemiRelaxed.newton`).  The first step starts from :math:`g = -V - \lambda\log(\mu_k/r)`,
-  later ones from the previous potentials; ``eps_scaling`` (off by default) starts the first
-  step at :math:`\varepsilon = \tau^2\langle\mu_k, |\nabla_S\delta F/\delta\mu|^2\rangle + 2(d-1)\tau/\kappa`.
-* **Stopping rule.**  The residual
-  :math:`\sum_j\nu_j|g_j/(2\tau) + \delta\Phi_\varepsilon/\delta\nu_j|` (the first-order
-  condition, :math:`g` the OT dual potential of :math:`\nu`) below ``tol``, or ``max_iter``
-  outer iterations (flagged in the statistics).
-* **Debiasing.**  The entropic plan blurs a step by :math:`e^{-d^2/\varepsilon}`, a spurious
-  diffusion :math:`\varepsilon/(4\tau)`; ``debias=True`` removes it to leading order with
-  :math:`c_\varepsilon = \sigma^2/(2\tau)`, :math:`\sigma^2` the blur's per-direction variance
-  measured on the support.  Keep :math:`\varepsilon \gtrsim h^2` (the default is :math:`2h^2`):
-  the exact discrete transport locks mass in its cell when :math:`\tau|v| < h/2`.
-
-``method="emd"``: the exact transport of POT's ``ot.emd`` (small supports), mirror descent on
-the weights with Armijo backtracking along :math:`g/(2\tau) + \delta\Phi/\delta\nu`.
+over the measures on a fixed support :math:`x_1..x_n` with reference volumes :math:`r_j`
+(:math:`\int\nu\log\nu \approx \sum_j\nu_j\log(\nu_j/r_j)`), ground cost
+:math:`C_{ij} = d(x_i, x_j)^2` (geodesic or chordal).  ``method="sinkhorn"``: entropic transport
+(regularization :math:`\varepsilon`, debiased to leading order), an outer convex--concave loop and
+an inner semi-relaxed Sinkhorn / Newton--CG solve (:mod:`wflow.solvers.jko.transport`), stopped
+on the first-order residual; ``docs/jko.md`` ("Algorithm", "Accuracy") explains each part.
+``method="emd"``: POT's exact ``ot.emd`` (small supports) and mirror descent on the weights.
 
 The solver of the contract, its result and the front door :func:`~wflow.solvers.jko.jko` are
 :mod:`wflow.solvers.jko.step`.
@@ -99,7 +61,6 @@ __all__ = [
     "check_tau",
 ]
 
-# the channel the step logged on before it moved here from step.py (filters on it keep working)
 logger = logging.getLogger("wflow.solvers.jko.step")
 
 COSTS = ("geodesic", "chordal")
@@ -210,24 +171,24 @@ class JKOEnergy:
         self.evaluations = 0
         self.time = 0.0
 
+    def _timed(self, f: Any, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = f(*args, backend=self.backend)
+        self.evaluations += 1
+        self.time += time.perf_counter() - t0
+        return out
+
     def first_variation(self, nu: np.ndarray) -> np.ndarray:
         r""":math:`\delta F/\delta\nu` at the support points, shape ``(n,)``."""
         if self.model is None:
             return np.zeros_like(nu)
-        t0 = time.perf_counter()
-        out = self.model.first_variation(self.x, Atoms._trusted(self.x, nu), backend=self.backend)
-        self.evaluations += 1
-        self.time += time.perf_counter() - t0
+        out = self._timed(self.model.first_variation, self.x, Atoms._trusted(self.x, nu))
         return np.asarray(out, dtype=float)
 
     def F(self, nu: np.ndarray) -> float:
         if self.model is None:
             return 0.0
-        t0 = time.perf_counter()
-        out = float(self.model.energy(Atoms._trusted(self.x, nu), backend=self.backend))
-        self.evaluations += 1
-        self.time += time.perf_counter() - t0
-        return out
+        return float(self._timed(self.model.energy, Atoms._trusted(self.x, nu)))
 
     def kl(self, nu: np.ndarray) -> float:
         pos = nu > 0
@@ -292,8 +253,7 @@ class StepStats:
     """
 
     iterations: int  #: outer (re-linearization) iterations
-    #: inner iterations: scaling iterations, Newton-CG kernel products and Newton steps
-    sinkhorn: int
+    sinkhorn: int  #: inner iterations: scalings, Newton-CG kernel products and Newton steps
     residual: float  #: nu-weighted first-order residual, units of dF/dmu
     residual_max: float  #: max over support points with nu_j >= 1e-8 max(nu)
     eps: float  #: regularization at the end of the step (0 for emd)
@@ -302,15 +262,11 @@ class StepStats:
     converged: bool
     time_ot: float = 0.0
     time_energy: float = 0.0
-    #: inner-solver breakdowns handled in this step (zero curvature in CG, non-finite iterates)
-    breakdowns: int = 0
-    #: method="emd": the mirror descent stopped because no step lowered the objective in float64
-    #: (more iterations would not help)
-    stalled: bool = False
+    breakdowns: int = 0  #: inner-solver breakdowns handled (zero curvature in CG, non-finite)
+    stalled: bool = False  #: emd: no step lowered the objective in float64
     #: the inner solver's state after this step, kept at the saved steps (None elsewhere and for emd)
     warm_start: WarmStart | None = field(default=None, repr=False)
-    #: eps below h^2 only: the plan kept nearly all the mass in its cells although the velocity moves
-    #: it (the step "converged" to a measure that did not move); the message says by how much
+    #: eps below h^2 only: the plan kept the mass in its cells although the flow moves it (why)
     locked: str | None = None
 
 
@@ -356,8 +312,7 @@ class JKOStepper:
         self.tol, self.max_iter, self.max_sinkhorn = tol, max_iter, max_sinkhorn
         self.kappa_inv = 0.0 if kappa is None or np.isinf(kappa) else 1.0 / kappa
         self.energy = energy if energy is not None else JKOEnergy(model, x, r, backend)
-        # above DENSE_MAX_CELLS points the kernel is built on its kept pairs only (linear memory);
-        # the exact transport of method="emd" needs every pair
+        # above DENSE_MAX_CELLS points the kernel keeps its kept pairs only; emd needs every pair
         self.C: np.ndarray | SparseCost = (
             SparseCost(x, cost)
             if method == "sinkhorn" and x.shape[0] > DENSE_MAX_CELLS
@@ -374,7 +329,7 @@ class JKOStepper:
             self.sigma2 = sparse_blur_variance(self.C, r, eps, self.dim)
         else:
             self.sigma2 = blur_variance(self.C, r, eps, self.dim)
-        self.c_max = float(self.C.max())  # (the largest cost: the potentials' range)
+        self.c_max = float(self.C.max())  # the potentials' range
         self.h = spacing(x, r)
         self.ot = SemiRelaxed(self.C, r) if method == "sinkhorn" else None
         self.first = True
@@ -460,10 +415,8 @@ class JKOStepper:
         return min(float(self.C.max()), s2)
 
     def _locked(self, a: np.ndarray) -> str | None:
-        r"""Below :math:`\varepsilon = h^2` exact-like transport may keep the mass in its cells: compare
-        the mass the plan moved between cells with what one step of the flow moves out of them,
-        :math:`\sum_i a_i\min(1, (\tau|v_i| + \sqrt{2\tau/\kappa})/h)`; ``None`` when it moved at
-        least half of that (always when :math:`\varepsilon \ge h^2`: the blur alone moves more)."""
+        r"""Why the plan kept the mass in its cells (below :math:`\varepsilon = h^2`): it moved less than
+        half of :math:`\sum_i a_i\min(1, (\tau|v_i| + \sqrt{2\tau/\kappa})/h)`; else ``None``."""
         if self.ot is None or self.eps_target >= self.h**2:
             return None
         step = np.full(a.shape, np.sqrt(2 * self.tau * self.kappa_inv))
@@ -624,9 +577,7 @@ class JKOStepper:
                     break
                 s *= 0.5
             if not (accepted and Jt < J):
-                # no step lowers J in float64 (on a fixed support the exact transport locks mass in
-                # its cells while tau |v| < h/2: nu = a is then the step's answer, and the residual,
-                # built on one of the exact dual's many potentials, stays above tol)
+                # no step lowers J in float64 (exact transport locks mass while tau |v| < h/2)
                 stalled = True
                 break
             nu, J, grad = trial, Jt, gt
@@ -693,23 +644,11 @@ def smallest_eps(x: np.ndarray, cost: str = "geodesic") -> tuple[float, float]:
     r"""``(eps_min, c_nn)``: the smallest :math:`\varepsilon` whose Gibbs kernel can move mass between
     neighbouring support points in float64, and the nearest-neighbour cost it comes from.
 
-    A step's plan is :math:`\pi_{ij} \propto e^{(f_i + g_j - C_{ij})/\varepsilon}`; the diagonal entry of
-    row ``i`` of the kernel :math:`e^{-C_{ij}/\varepsilon}` is 1 and its largest off-diagonal entry is
-    :math:`e^{-c_i/\varepsilon}`, :math:`c_i = \min_{j\ne i} C_{ij}` the cost to the nearest other
-    point.  When that entry is below float64's unit round-off :math:`u = 2^{-53}` of the diagonal,
-
-    .. math::
-
-        e^{-c_i/\varepsilon} < u \iff \varepsilon < \frac{c_i}{53\log 2} = \frac{c_i}{36.74},
-
-    every sum over the row rounds to its diagonal term: the mass of cell ``i`` cannot leave it (the
-    sparse kernel of large supports drops the pair altogether, :mod:`~wflow.solvers.jko.sparse`), and
-    each step "converges" in one iteration having moved nothing.  ``eps_min`` is
-    :math:`\max_i c_i/(53\log 2)`: every cell can pass mass to its nearest neighbour.  On a uniform
-    circle of ``n`` cells :math:`c_i = h^2`, :math:`h = 2\pi/n` (32 cells: ``eps_min = 1.05e-3``).
-    It is a floor, not a recommendation: below about :math:`h^2` the entropic plan tends to the exact
-    discrete one, which keeps mass in its cell while :math:`\tau|v| < h/2` (module docstring); the
-    default :math:`2h^2` avoids both.
+    Below :math:`\varepsilon = c_i/(53\log 2)`, :math:`c_i = \min_{j\ne i} C_{ij}`, the kernel's entry
+    :math:`e^{-c_i/\varepsilon}` is under the round-off :math:`2^{-53}` of the diagonal: the mass of
+    cell ``i`` cannot leave it.  ``eps_min`` is :math:`\max_i c_i/(53\log 2)`.  A floor, not a
+    recommendation: below about :math:`h^2` the plan tends to the exact discrete one, which locks
+    mass in its cell while :math:`\tau|v| < h/2`; the default is :math:`2h^2`.
 
     Parameters
     ----------
@@ -765,10 +704,8 @@ def check_eps(eps: float, x: np.ndarray, r: np.ndarray, cost: str = "geodesic") 
 def check_tau(tau: float, c_max: float, tol: float) -> None:
     r"""Raise ValueError when the step's first-order residual cannot reach ``tol`` in float64.
 
-    The residual holds :math:`g/(2\tau)`, :math:`g` the transport potential, whose values span the
-    cost's range :math:`C_{\max}` and carry its rounding, about :math:`u\,C_{\max}`
-    (:math:`u = 2^{-53}`): below :math:`\tau = u\,C_{\max}/(2\,\mathrm{tol})` that rounding alone
-    exceeds the tolerance (:math:`5.5\cdot10^{-10}` for the geodesic cost and ``tol = 1e-6``).
+    The residual holds :math:`g/(2\tau)`, :math:`g` a transport potential rounded to about
+    :math:`2^{-53}C_{\max}`: below :math:`\tau = 2^{-53}C_{\max}/(2\,\mathrm{tol})` that alone exceeds ``tol``.
 
     Examples
     --------

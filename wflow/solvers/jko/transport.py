@@ -1,7 +1,5 @@
-r"""The inner optimal-transport solver of a JKO step: stabilized semi-relaxed Sinkhorn and Newton--CG.
-
-See :mod:`wflow.solvers.jko.stepper` for the algorithm this serves (its "inner loop").
-"""
+r"""The inner optimal-transport solver of a JKO step: stabilized semi-relaxed Sinkhorn and Newton--CG
+(``docs/jko.md``, "Algorithm")."""
 
 from __future__ import annotations
 
@@ -50,8 +48,7 @@ class SemiRelaxed:
         self.fbar = np.zeros(self.n)
         self.v = np.ones(self.n)
         self.u = np.ones(self.n)
-        # the truncated kernel, its transpose and its squared entries transposed (Newton--CG):
-        # dense arrays or scipy sparse matrices, built on demand by build()
+        # the truncated kernel, its transpose and its squared entries transposed, built by build()
         self.K: np.ndarray | sparse.csr_matrix | None = None
         self.KT: np.ndarray | sparse.csr_matrix | None = None
         self._KT2: np.ndarray | sparse.csr_matrix | None = None
@@ -122,8 +119,7 @@ class SemiRelaxed:
         self.build_time += time.perf_counter() - t0
 
     def save(self) -> tuple:
-        """The solver's state, for :meth:`restore` (the dense kernel by reference; a truncated one is
-        rebuilt instead, bit for bit, so that two never coexist)."""
+        """The state for :meth:`restore` (a dense kernel by reference; a truncated one is rebuilt)."""
         K = None if self.sparse else (self.K, self.KT)
         return (self.fbar.copy(), self.gbar.copy(), self.u.copy(), self.v.copy(), self.builds, K)
 
@@ -227,18 +223,11 @@ class SemiRelaxed:
     ) -> tuple[int, float]:
         r"""Damped Newton--CG on the semi-dual; ``(Hessian products + Newton steps, residual)``.
 
-        With the row potential eliminated (:math:`f = f(g)` exact), the dual of the linearized step is the
-        smooth concave function
-        :math:`D(g) = \langle a, f(g)\rangle - \lambda\sum_j r_j e^{-(g_j+V_j)/\lambda}`, gradient
-        :math:`q - \nu`, :math:`q_j = r_j e^{-(g_j+V_j)/\lambda}`, and negative Hessian
-        :math:`H = (\mathrm{diag}\,\nu - \pi^\top\mathrm{diag}(a)^{-1}\pi)/\varepsilon + \mathrm{diag}(q)/\lambda`
-        (symmetric positive definite; two kernel products per application).  Its condition number is
-        :math:`\approx 1 + \lambda/\varepsilon`, so Jacobi-preconditioned CG needs
-        :math:`O(\sqrt{\lambda/\varepsilon})` products where the scaling iterations, which contract by
-        :math:`\zeta = \lambda/(\lambda+\varepsilon)`, need :math:`O(\lambda/\varepsilon)`.  Steps are
-        damped by Armijo backtracking on :math:`D`.  Stops when
-        :math:`\sum_j\nu_j|g_j + V_j + \lambda\log(\nu_j/r_j)| \le` ``tol`` (the linearized optimality
-        condition, units of ``g``) or after ``max_iter`` products.
+        :math:`D(g) = \langle a, f(g)\rangle - \lambda\sum_j q_j`, :math:`q_j = r_j e^{-(g_j+V_j)/\lambda}`,
+        gradient :math:`q - \nu`, negative Hessian
+        :math:`(\mathrm{diag}\,\nu - \pi^\top\mathrm{diag}(a)^{-1}\pi)/\varepsilon + \mathrm{diag}(q)/\lambda`;
+        Jacobi-preconditioned CG, Armijo backtracking on :math:`D`.  Stops when
+        :math:`\sum_j\nu_j|g_j + V_j + \lambda\log(\nu_j/r_j)| \le` ``tol`` or after ``max_iter`` products.
         """
         eps = self._eps
         logr = self.logr
@@ -273,8 +262,7 @@ class SemiRelaxed:
             K, KT = self._kernels()
             diag = (nu - v * v * (self._squared_kernel_t() @ au2)) / eps + q / lam
             diag = np.maximum(diag, q / lam)
-            # a Jacobi preconditioner only needs to be positive: floor it so that rows whose mass and
-            # q underflow do not blow the CG iterates up (the overflow before the ZeroDivisionError)
+            # floored: rows whose mass and q underflow must not blow the CG iterates up
             diag = np.maximum(diag, 1e-12 * float(np.max(diag, initial=0.0)))
 
             def hess(x: np.ndarray) -> np.ndarray:
