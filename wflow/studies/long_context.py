@@ -286,11 +286,9 @@ def study_long_context(out: Path, quick: bool) -> StudyReport:
             0.999,
             1.001,
         )
+        at_c = abs(res[(1e6, rho)]["at_c"] - 4 * rho / (1 + 3 * rho))
         rep.expect(
-            f"rho = {rho:g}: |cos - 4 rho / (1 + 3 rho)| at gamma_c, n = 1e6",
-            abs(res[(1e6, rho)]["at_c"] - 4 * rho / (1 + 3 * rho)),
-            0.0,
-            1e-5,
+            f"rho = {rho:g}: |cos - 4 rho / (1 + 3 rho)| at gamma_c, n = 1e6", at_c, 0.0, 1e-5
         )
         rep.notes.append(
             f"rho = {rho:g}: max deviation away from gamma_c by n: "

@@ -572,12 +572,8 @@ def _finite_volume_check(
         0.0,
         2e-4,
     )
-    rep.expect(
-        f"S1 {name} Lagrangian vs finite volume, observed order M=256..512",
-        np.log2(gaps[0] / gaps[1]),
-        1.8,
-        2.3,
-    )
+    order = np.log2(gaps[0] / gaps[1])
+    rep.expect(f"S1 {name} Lagrangian vs finite volume, observed order M=256..512", order, 1.8, 2.3)
 
 
 def _quadrature_start(

@@ -136,12 +136,8 @@ def _e1(rep: StudyReport, runs: Runs, plan: dict[str, Any]) -> dict[tuple[int, f
                 }
             )
     ones = [e1[(1, b)][0] for b in betas if b <= 1.0]
-    rep.expect(
-        "E1 ascent (beta <= 1): every seed ends in one atom (fraction)",
-        float(np.mean([np.mean(np.array(k) == 1) for k in ones])),
-        1.0,
-        1.0,
-    )
+    one_atom = float(np.mean([np.mean(np.array(k) == 1) for k in ones]))
+    rep.expect("E1 ascent (beta <= 1): every seed ends in one atom (fraction)", one_atom, 1.0, 1.0)
     locs = [np.ptp(_angle(np.array(e1[(1, b)][2]))) for b in betas if b <= 1.0]
     rep.expect(
         "E1 ascent: the atom's location changes with the seed (range of angles, rad)",

@@ -279,12 +279,8 @@ def _study(rep: StudyReport, out: Path, quick: bool) -> None:
             rows.append(row)
     rep.rows = rows
     real = measures["real"].mean_cosine.values
-    rep.expect(
-        "real tokens concentrate: mean cosine, layer L-1 minus layer 0",
-        real[L - 1] - real[0],
-        0.05,
-        1.0,
-    )
+    gain = real[L - 1] - real[0]
+    rep.expect("real tokens concentrate: mean cosine, layer L-1 minus layer 0", gain, 0.05, 1.0)
     rep.expect(
         "attention alone clusters too fast: its mean cosine at depth L minus the real one",
         float(measures["attention"].mean_cosine[L]) - real[L], 0.2, 2.0,
