@@ -428,14 +428,9 @@ class FusedEuler(Solver):
             means="order_parameter" in want,
             strict=False,
         )
-        known = {}
+        # (None: float32 logits, too coarse; the save forms it itself)
+        formed = {"energy_sums": st.energy_sums, "n_clusters": st.n_clusters, "means": st.means}
+        known = {key: value for key, value in formed.items() if value is not None}
         if pairs:
             known["pair_fraction"] = st.counts / (problem.n * (problem.n - 1))
-        for key, value in (
-            ("energy_sums", st.energy_sums),
-            ("n_clusters", st.n_clusters),
-            ("means", st.means),
-        ):
-            if value is not None:  # (None: float32 logits, too coarse; the save forms it itself)
-                known[key] = value
         return known, _Ahead(dt, beta, st.points, st.finite)
