@@ -1,35 +1,12 @@
 r"""Normalization schemes and layer-dependent parameters: models whose speed, space or weights change.
 
-Normalization as speed regulation (Rigollet 2025, §5; Karagodin, Geshkovski, Polyanskiy &
-Rigollet 2025).  A token is :math:`x_i = r_i\theta_i` with a radius :math:`r_i > 0` and a
-direction :math:`\theta_i \in S^{d-1}`.  The block's update is computed from the directions,
+A token is :math:`x_i = r_i\theta_i`; every scheme moves the directions by
+:math:`\theta_i' = P_{\theta_i}U_i / s_i(t)`, :math:`U_i` the block's update from the directions,
+and the radii by its own law (Rigollet 2025, §5; Karagodin, Geshkovski, Polyanskiy & Rigollet
+2025; the table: ``docs/schemes.md``).  Pre-, Peri- and Mix-LN carry radii (``space = "free"``).
 
-.. math::
-
-    U_i = A_i + W\sigma(A\theta_i + b), \qquad
-    A_i = \frac{\sum_j e^{\beta\langle Q\theta_i, K\theta_j\rangle} V\theta_j}{\sum_k e^{\beta\langle Q\theta_i, K\theta_k\rangle}}
-    \ \text{(SA; USA drops the denominator)},
-
-(the perceptron term only when the layer has one), and every scheme moves the directions by
-:math:`\theta_i' = P_{\theta_i}U_i / s_i(t)` and the radii by its own law:
-
-* ``post-ln``: :math:`s = 1`, :math:`r' = 0` (on the sphere);
-* ``pre-ln``: :math:`s = r_i`, :math:`r' = \langle\theta_i, U_i\rangle` (free space: :math:`x' = U`);
-* ``mix-ln`` (switch time τ): Post-LN until τ, then Pre-LN (free space);
-* ``peri-ln``: :math:`s = r_i|U_i|`, :math:`r' = \langle\theta_i, U_i\rangle/|U_i|` (free space: :math:`x' = U/|U|`);
-* ``ngpt`` (step α(t)): :math:`s = |U_i|/\alpha(t)`, :math:`r' = 0` (on the sphere);
-* ``sqrt``: :math:`s = \sqrt{t+1}`, :math:`r' = 0` (on the sphere).
-
-Post-LN, nGPT and √-scaling are velocity fields on the sphere; Pre-, Peri- and Mix-LN carry
-radii (``space = "free"``, the state in :math:`\mathbb{R}^d`).  With :math:`Q = K = I`,
-:math:`V = \pm I` and no perceptron, ``energy`` is the attention energy :math:`\pm E_\beta` of
-the directions, a Lyapunov function of every scheme (``docs/schemes.md``).
-
-Layer-dependent parameters: :class:`Layered` (a list of models, one per unit of depth, or
-random weights redrawn every ``period``) and :class:`TimeDependent` (any function of t).
-Solvers evaluate ``model.at(t)``; adaptive steps land on layer boundaries, and every stage of a
-step sees the layer the step lies in (``model.at(t, piece=midpoint)``,
-:meth:`wflow.solvers.base.Problem.stepping`).
+:class:`Layered` and :class:`TimeDependent`: parameters that change with depth; solvers evaluate
+``model.at(t)`` (every stage of a step sees the layer the step lies in).
 """
 
 from __future__ import annotations
@@ -234,10 +211,7 @@ class Normalized(Model):
     ) -> tuple[np.ndarray, np.ndarray]:
         r"""``(dU, dv)``: the exact Jacobians (shape ``(n, n, d, d)``) of the update and of the scheme's velocity
         on the sphere, for the sphere schemes of attention with :math:`Q = K = I`, :math:`V = \pm I` and no
-        perceptron (:meth:`wflow.models.SA.sphere_jacobian`): Post-LN's is the attention's, sqrt-scaling's
-        divided by :math:`\sqrt{t+1}`, nGPT's :math:`v_i = \alpha P_{\theta_i}A_i/|A_i|` has
-        :math:`\partial v_i = \alpha\big(\partial(P_{\theta_i}A_i) - P_{\theta_i}A_i\,\hat A_i^\top\partial A_i\big)/|A_i|`.
-        Other schemes and perceptrons: ``ValueError``.
+        perceptron (:meth:`wflow.models.SA.sphere_jacobian`); other schemes: ``ValueError``.
 
         Examples
         --------
@@ -366,8 +340,7 @@ class Normalized(Model):
 class Layered(Model):
     r"""Piecewise-constant parameters: model ``k`` acts on :math:`[t_0 + k\,\text{period}, t_0 + (k+1)\,\text{period})`.
 
-    A Transformer whose layers have their own Q, K, V, beta: one model per unit of depth (the
-    last one continues after the end of the list).
+    The last one continues after the end of the list.
 
     Parameters
     ----------
@@ -563,12 +536,9 @@ def layer_map(
     backend: str = "auto",
 ) -> np.ndarray:
     r"""One discrete layer on tokens ``x`` of shape ``(..., n, d)``: :math:`x \mapsto x + \eta\,U(\theta)` (a Pre-LN
-    residual block) or :math:`\theta \mapsto (\theta + \eta U(\theta))/|\cdot|` (Post-LN: the block's output added
-    to the stream, then normalized).
+    residual block) or :math:`\theta \mapsto (\theta + \eta U(\theta))/|\cdot|` (Post-LN).
 
-    With the long-context scaling ``SA(gamma=...)`` and equiangular inputs, the cosines of
-    :math:`U(\theta_i)` and of the Post-LN output are those of
-    :func:`wflow.theory.long_context_cosine` (``scheme="pre-ln"`` and ``"post-ln"``) at finite n.
+    Equiangular inputs under ``SA(gamma=...)``: :func:`wflow.theory.long_context_cosine`.
 
     Examples
     --------

@@ -12,10 +12,6 @@ r"""Analytic results that the solvers must reproduce (the conventions page of th
   (:func:`long_context_limit`, :func:`long_context_cosine`).
 * Kernel conventions and the Kuramoto form: :func:`rescaled_time`, :func:`plain_time`,
   :func:`rescaled_energy`, :func:`plain_energy`, :func:`kuramoto_velocity`.
-
-This module re-exports the code of :mod:`~wflow.theory.spectrum`, :mod:`~wflow.theory.equiangular`,
-:mod:`~wflow.theory.asymptotics`, :mod:`~wflow.theory.long_context` and
-:mod:`~wflow.theory.conventions`; :mod:`~wflow.theory.checks` holds :data:`SCHEMES` and the checks they share.
 """
 
 from .asymptotics import EquiangularLaw, equiangular_asymptotics

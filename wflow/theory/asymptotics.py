@@ -1,9 +1,4 @@
-r"""The late-time laws of :math:`1-\rho` near :math:`\rho = 1`, every normalization scheme.
-
-:func:`equiangular_asymptotics` returns an :class:`EquiangularLaw`: exponential (Post-LN,
-:math:`\sqrt{}`-scaling, nGPT) or power (Pre-LN, Peri-LN, Mix-LN), with its constant for
-the given initial condition (exact integrals of the separable ODE).
-"""
+r"""The late-time laws of :math:`1-\rho` near :math:`\rho = 1`, every normalization scheme."""
 
 from __future__ import annotations
 
@@ -129,32 +124,10 @@ def equiangular_asymptotics(
 ) -> EquiangularLaw:
     r"""Late-time law of :math:`1-\rho` for the equiangular ODE of a scheme, with its constant.
 
-    Derivation near :math:`\rho = 1`.  Write :math:`u = 1-\rho` and :math:`m_0 = n\,b|_{u=0}`
-    (SA: :math:`m_0 = 1`; USA: :math:`m_0 = e^{\beta}`, or 1 in the rescaled convention).
-    Then :math:`(1-\rho)(1+(n-1)\rho) = u(n-(n-1)u)` and :math:`\|A\| \to m_0`,
-    :math:`\langle\theta,A\rangle\to m_0`, so to first order
-
-    .. math::
-
-        u' \simeq -\frac{2m_0}{s}\,u, \qquad
-        s = 1,\ \sqrt{t+1},\ m_0/\alpha(t),\ r,\ r\,m_0
-
-    for Post-LN, :math:`\sqrt{}`-scaling, nGPT, Pre-LN, Peri-LN, which gives
-
-    * Post-LN: :math:`1-\rho \sim C e^{-2m_0 t}` (SA :math:`e^{-2t}`, plain USA :math:`e^{-2e^{\beta}t}`);
-    * :math:`\sqrt{}`-scaling (a time change :math:`T = 2\sqrt{t+1}-2` of Post-LN):
-      :math:`1-\rho\sim C e^{-4m_0\sqrt{t+1}}`;
-    * nGPT: :math:`1-\rho \sim C e^{-2\int_0^t\alpha}` for SA and USA alike (the field
-      :math:`\alpha P_\theta A/\|A\|` does not see the scale of :math:`A`);
-    * Pre-LN: :math:`r' \to m_0` so :math:`r\sim m_0 t` and :math:`u'\simeq -2u/t`:
-      :math:`1-\rho\sim C t^{-2}`; Peri-LN: :math:`r'\to 1`, the same :math:`t^{-2}`;
-      Mix-LN is Pre-LN after :math:`\tau`.
-
-    The constants are exact integrals of the separable ODE (``scipy.integrate.quad``):
-    for the schemes on the sphere :math:`\log C = \log u_0 + \int_0^{u_0}(\lambda/G(v) - 1/v)\,dv`
-    with :math:`u' = -\dot T\,G(u)`; for Pre-/Peri-LN
-    :math:`C = r_0^2u_0\exp\big(\int_0^{u_0}\frac{e^{\beta v}-1}{v(n-(n-1)v)}dv\big)/m^2`
-    with :math:`m = m_0` (Pre-LN) or 1 (Peri-LN); Mix-LN uses :math:`u(\tau)` from the ODE.
+    Exponential (Post-LN :math:`Ce^{-2m_0t}`, :math:`\sqrt{}`-scaling :math:`Ce^{-4m_0\sqrt{t+1}}`,
+    nGPT :math:`Ce^{-2\int_0^t\alpha}`) or power (Pre-, Peri-, Mix-LN :math:`Ct^{-2}`),
+    :math:`m_0 = n\,b|_{\rho=1}`; the constant :math:`C` by an exact quadrature of the separable
+    ODE.  The derivation: ``docs/theory.md``, "How fast tokens collapse".
 
     Parameters
     ----------

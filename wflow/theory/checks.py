@@ -1,10 +1,4 @@
-"""The names the theory functions accept and their argument checks.
-
-:data:`SCHEMES` (and :data:`SCHEME_ALIASES`), the models, and the checks of a model, a
-scheme, a real number and a common cosine that :mod:`wflow.theory.equiangular`,
-:mod:`wflow.theory.asymptotics`, :mod:`wflow.theory.long_context` and
-:mod:`wflow.theory.conventions` share, so that they give the same message for the same value.
-"""
+"""The names the theory functions accept and the argument checks they share."""
 
 from __future__ import annotations
 

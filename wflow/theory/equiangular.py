@@ -1,13 +1,8 @@
 r"""The equiangular reduction for every normalization scheme: its ODE, solutions and times.
 
-All pairwise inner products equal :math:`\rho`, all radii equal :math:`r`: the dynamics of
-Post-LN, Pre-LN, Peri-LN, Mix-LN, nGPT and :math:`\sqrt{}`-scaling reduce to an ODE in
-:math:`(\rho, r)` (Rigollet §5, Karagodin--Geshkovski--Polyanskiy--Rigollet 2025):
-:func:`equiangular_scheme_rhs`, :func:`equiangular_scheme_solution` (its Post-LN case
-:func:`equiangular_rhs`, :func:`equiangular_solution`), the time to a cosine
-:func:`equiangular_time` and an equiangular configuration (:func:`equiangular_configuration`).
-:class:`EquiangularSystem` holds one system's checked parameters and its right side; the
-late-time laws are in :mod:`wflow.theory.asymptotics`.
+All pairwise inner products equal :math:`\rho`, all radii equal :math:`r`: every scheme reduces
+to an ODE in :math:`(\rho, r)` (Rigollet §5, Karagodin--Geshkovski--Polyanskiy--Rigollet 2025;
+``docs/theory.md``).  The late-time laws are in :mod:`wflow.theory.asymptotics`.
 """
 
 from __future__ import annotations
@@ -28,11 +23,8 @@ _BETA_PLAIN_MAX = 700.0
 
 
 class _Alpha:
-    r"""nGPT step :math:`\alpha(t)`: a constant, a callable, or values on a time grid.
-
-    Values on a grid ``alpha_times`` are interpolated linearly (constant beyond the ends),
-    so :math:`\int_0^t\alpha` is exact and the grid times are the only kinks.
-    """
+    r"""nGPT step :math:`\alpha(t)`: a constant, a callable, or values on a time grid ``alpha_times``
+    (linear in between, constant beyond the ends)."""
 
     def __init__(self, alpha: Any, alpha_times: Any = None):
         self.breaks: tuple[float, ...] = ()
@@ -196,7 +188,7 @@ class EquiangularSystem:
         """``(u', r')`` with ``u = 1 - rho`` (the schemes' table, written in u to keep 1-rho accurate)."""
         phase = phase or self.phase(t)
         n = self.n
-        # plain floats (the ODE solver's scalar state) go through math: 10x less overhead than numpy scalars
+        # plain floats (the ODE solver's scalar state) go through math
         scalar = isinstance(u, float)
         exp, sqrt = (math.exp, math.sqrt) if scalar else (np.exp, np.sqrt)
         q = exp(-self.beta * u)  # b / a = e^{-beta(1-rho)}
@@ -291,34 +283,10 @@ def equiangular_scheme_rhs(
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""Right side :math:`(\rho', r')` of the equiangular reduction for a normalization scheme.
 
-    All pairwise cosines of the directions equal :math:`\rho` and all radii equal
-    :math:`r`.  The attention average of token :math:`i` is
-    :math:`A_i = a\theta_i + b\sum_{j\ne i}\theta_j` with, for SA,
-
-    .. math::
-
-        a = \frac{e^{\beta}}{Z},\quad b = \frac{e^{\beta\rho}}{Z},\quad Z = e^{\beta} + (n-1)e^{\beta\rho},
-
-    and for USA :math:`a = e^{\beta}/n`, :math:`b = e^{\beta\rho}/n` (rescaled convention:
-    :math:`a = 1/n`, :math:`b = e^{-\beta(1-\rho)}/n`).  With the scheme's speed divisor
-    :math:`s` and radius law,
-
-    .. math::
-
-        \rho' = \frac{2}{s}\,b\,(1-\rho)\,(1+(n-1)\rho),\qquad
-        \langle\theta_i, A_i\rangle = a + (n-1)b\rho,\qquad
-        \|A_i\|^2 = a^2 + 2ab(n-1)\rho + b^2(n-1)(1+(n-2)\rho),
-
-    ============  =======================================  =====================================
-    scheme        :math:`s`                                 :math:`r'`
-    ============  =======================================  =====================================
-    ``post-ln``   1                                         0
-    ``pre-ln``    :math:`r`                                 :math:`\langle\theta, A\rangle`
-    ``mix-ln``    1 for :math:`t\le\tau`, then :math:`r`    0, then :math:`\langle\theta, A\rangle`
-    ``peri-ln``   :math:`r\|A\|`                            :math:`\langle\theta, A\rangle/\|A\|`
-    ``ngpt``      :math:`\|A\|/\alpha(t)`                   0
-    ``sqrt``      :math:`\sqrt{t+1}`                        0
-    ============  =======================================  =====================================
+    All pairwise cosines of the directions equal :math:`\rho`, all radii :math:`r`; with the
+    attention average :math:`A_i = a\theta_i + b\sum_{j\ne i}\theta_j` and the scheme's speed
+    divisor :math:`s`, :math:`\rho' = (2/s)\,b\,(1-\rho)(1+(n-1)\rho)`; :math:`a`, :math:`b`, :math:`s`
+    and the radius law of each scheme: ``docs/theory.md``.
 
     Parameters
     ----------
@@ -440,10 +408,8 @@ def equiangular_scheme_solution(
 ) -> EquiangularSolution:
     r"""Solve the equiangular ODE of a normalization scheme (see :func:`equiangular_scheme_rhs`).
 
-    The state is :math:`(1-\rho, r)`, integrated by scipy's DOP853 with dense output,
-    piece by piece between the kinks of the right side (the Mix-LN switch :math:`\tau`,
-    the grid of an array :math:`\alpha`).  :math:`1-\rho` is controlled relatively
-    (``rtol``), the radius with ``rtol`` and ``atol``.
+    The state :math:`(1-\rho, r)` by scipy's DOP853 with dense output, between the kinks (the
+    Mix-LN switch, the grid of an array :math:`\alpha`); :math:`1-\rho` controlled relatively.
 
     Parameters
     ----------
@@ -543,8 +509,7 @@ def equiangular_solution(
 def equiangular_configuration(n: int, rho: float) -> np.ndarray:
     r"""``n`` unit vectors in :math:`\mathbb{R}^n` with all pairwise inner products ``rho``.
 
-    :math:`x_i = a e_i + b\mathbf{1}` with :math:`a^2 + 2ab + nb^2 = 1`, :math:`2ab + nb^2 = \rho`;
-    needs :math:`-1/(n-1) < \rho < 1`.
+    :math:`x_i = a e_i + b\mathbf{1}`; needs :math:`-1/(n-1) < \rho < 1`.
 
     Examples
     --------
@@ -561,11 +526,6 @@ def equiangular_configuration(n: int, rho: float) -> np.ndarray:
     # n b^2 + 2 a b - rho = 0, positive root
     b = (-a + np.sqrt(a * a + n * rho)) / n
     return a * np.eye(n) + b * np.ones((n, n))
-
-
-# --------------------------------------------------------------------------------------
-# Time to reach a cosine (phase diagram overlay)
-# --------------------------------------------------------------------------------------
 
 
 def equiangular_time(
@@ -587,13 +547,8 @@ def equiangular_time(
 ):
     r"""Time :math:`t^*` at which the equiangular ODE first reaches :math:`\rho = \rho_{\rm target}`.
 
-    :math:`t^* = \inf\{t\ge 0 : \rho(t)\ge\rho_{\rm target}\}`, found as a terminal event of
-    the DOP853 integration of :func:`equiangular_scheme_solution` (the crossing located on
-    the dense output to round-off; the ODE error is about ``rtol`` relative, so
-    :math:`t^*` is accurate to far better than :math:`10^{-6}`).  For Post-LN SA
-    it equals :math:`\int_{\rho_0}^{\rho_{\rm target}} d\rho / F(\rho)` with :math:`F` of
-    :func:`equiangular_rhs`.  0 when :math:`\rho_0\ge\rho_{\rm target}`, ``inf`` when the target
-    is not reached by ``t_max`` (e.g. from the fixed point :math:`\rho_0 = -1/(n-1)`).
+    A terminal event of the integration of :func:`equiangular_scheme_solution`.  0 when
+    :math:`\rho_0\ge\rho_{\rm target}`, ``inf`` when the target is not reached by ``t_max``.
 
     Parameters
     ----------

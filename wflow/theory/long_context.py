@@ -30,22 +30,10 @@ def long_context_limit(
 ) -> float:
     r"""Limit :math:`n\to\infty` of the output cosine of one SA layer with :math:`\beta = \gamma\log n`.
 
-    Input: :math:`n` equiangular unit tokens of cosine :math:`\rho\in(0,1)`.  The self weight
-    :math:`a = e^{\beta}/Z` against the others' total :math:`(n-1)b` compares
-    :math:`n^{\gamma(1-\rho)}` with :math:`n`, so :math:`a\to 0,\ \tfrac12,\ 1` as
-    :math:`\gamma` is below, at or above :math:`\gamma_c = 1/(1-\rho)`, and the mean
-    :math:`m` of the other tokens has :math:`\langle\theta_i,m\rangle\to\rho`,
-    :math:`\|m\|^2\to\rho`.  An output :math:`y_i = p\,\theta_i + q'\,m` then has cosine
-    :math:`\rho(p+q')^2/(p^2 + (2pq'+q'^2)\rho)`.
-
-    * ``'pre-ln'``: the block's output :math:`y_i = A_i` (:math:`p = a`, :math:`q' = 1-a`):
-      1, :math:`4\rho/(1+3\rho)`, :math:`\rho`;
-    * ``'post-ln'``: the layer :math:`y_i = \theta_i + \eta A_i` (normalized afterwards):
-      :math:`\rho(1+\eta)^2/(1+(2\eta+\eta^2)\rho)`, the same at :math:`p = 1+\eta/2,\ q' = \eta/2`
-      (:math:`16\rho/(9+7\rho)` for :math:`\eta = 1`), and :math:`\rho`.
-
-    For :math:`\rho\le 0` the mean of the tokens vanishes with :math:`n` and the transition
-    sits elsewhere, so :math:`\rho` must lie in (0, 1).
+    Input: :math:`n` equiangular unit tokens of cosine :math:`\rho\in(0,1)`; the self weight tends
+    to 0, 1/2, 1 as :math:`\gamma` is below, at or above :math:`\gamma_c = 1/(1-\rho)`.
+    ``'pre-ln'``: the block's output :math:`A_i`, limits 1, :math:`4\rho/(1+3\rho)`, :math:`\rho`;
+    ``'post-ln'``: the layer :math:`\theta_i + \eta A_i` (``docs/theory.md``, "Long context").
 
     Examples
     --------
@@ -76,21 +64,15 @@ def long_context_gap(
 ) -> np.ndarray | float:
     r""":math:`1-\cos` of the outputs of one SA layer on :math:`n` equiangular tokens, :math:`\beta = \gamma\log n`.
 
-    With :math:`a = e^{\beta}/Z`, :math:`b = e^{\beta\rho}/Z`, :math:`Z = e^{\beta}+(n-1)e^{\beta\rho}`,
-    the output of token :math:`i` is :math:`y_i = p\,\theta_i + q\sum_{j\ne i}\theta_j` with
-    :math:`(p, q) = (a, b)` for Pre-LN (the block's output :math:`A_i`) and
-    :math:`(1+\eta a, \eta b)` for Post-LN (:math:`\theta_i+\eta A_i`).  Since
-    :math:`y_i - y_k = (p-q)(\theta_i-\theta_k)` and
-    :math:`y_i = (p-q)\theta_i + q\sum_j\theta_j`,
+    The output of token :math:`i` is :math:`y_i = p\,\theta_i + q\sum_{j\ne i}\theta_j`, :math:`(p, q) = (a, b)`
+    for Pre-LN and :math:`(1+\eta a, \eta b)` for Post-LN, and
 
     .. math::
 
         1 - \cos(y_i, y_k) = \frac{(1-\rho)(p-q)^2}
         {(p-q)^2 + 2(p-q)q(1+(n-1)\rho) + q^2 n(1+(n-1)\rho)},
 
-    every term nonnegative.  Only the ratio :math:`q/p` enters; it is formed in log scale
-    (:math:`b/a = n^{-\gamma(1-\rho)}`), so :math:`n` up to :math:`10^{12}` and beyond and
-    :math:`\gamma` up to 100 and beyond neither overflow nor cancel.
+    with :math:`q/p` formed in log scale (no overflow for :math:`n = 10^{12}`, :math:`\gamma = 100`).
 
     Parameters
     ----------
@@ -141,11 +123,7 @@ def long_context_cosine(
 ) -> np.ndarray | float:
     r"""Output cosine :math:`1 -` :func:`long_context_gap` of one layer at :math:`\beta = \gamma\log n`.
 
-    Tends to :func:`long_context_limit` as :math:`n\to\infty` (for :math:`\rho\in(0,1)`), with
-    :math:`c = \gamma(1-\rho)`: Pre-LN below :math:`\gamma_c` as
-    :math:`1-\cos\simeq\frac{1-\rho}{\rho}n^{-2(1-c)}`, above as
-    :math:`\cos-\rho\simeq 2\rho(1-\rho)n^{-(c-1)}`, at :math:`\gamma_c` as :math:`O(1/n)`;
-    Post-LN as :math:`n^{-(1-c)}`, :math:`n^{-(c-1)}`, :math:`O(1/n)`.
+    Tends to :func:`long_context_limit` as :math:`n\to\infty` (rates: ``docs/theory.md``).
 
     Examples
     --------

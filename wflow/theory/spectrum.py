@@ -1,11 +1,4 @@
-r"""The linear theory around the uniform measure: Funk--Hecke eigenvalues and growth rates.
-
-* Funk--Hecke eigenvalues of :math:`e^{\beta\langle x,y\rangle}` on :math:`S^{d-1}`:
-  :math:`c_\ell(\beta) = \Gamma(d/2)(2/\beta)^{d/2-1} I_{\ell+d/2-1}(\beta)`
-  (:func:`funk_hecke`);
-* the linear growth rates of the harmonics (:func:`growth_rate`, :func:`most_unstable_mode`)
-  and the decay rates of the heat semigroup (:func:`heat_decay_rate`).
-"""
+r"""The linear theory around the uniform measure: Funk--Hecke eigenvalues and growth rates."""
 
 from __future__ import annotations
 
