@@ -253,10 +253,8 @@ def density_curve(
     """
     total, total2, count, seconds, times = 0.0, 0.0, 0, 0.0, None
     for c, size in _chunks(systems, chunk):
-        p = parts.get(
-            curve_part_key(d, beta, scheme, c, size),
-            functools.partial(curve_part, d, beta, scheme, c, size),
-        )
+        args = (d, beta, scheme, c, size)
+        p = parts.get(curve_part_key(*args), functools.partial(curve_part, *args))
         times = p["times"]
         total, total2, count = total + p["sum"], total2 + p["sum2"], count + int(p["count"])
         seconds += float(p["seconds"])
