@@ -1,29 +1,16 @@
 """Results on disk: one Zarr store per run, written snapshot by snapshot, committed atomically.
 
-A run's store (``trajectory.zarr``, ``density.zarr``, ...) is a Zarr v3 group created when
-the run starts, with every per-snapshot array sized for all the run's save times and
-chunked one snapshot per chunk.  A snapshot is written chunk by chunk and then
-*committed* by atomically replacing a small record, ``wflow_commit.json``, that holds the
-number of committed snapshots (write a temporary file, ``fsync``, ``rename``).  Readers
-and :func:`wflow.resume` use the committed length and ignore anything beyond it, so a
-process that dies at any instant leaves either the whole snapshot or none of it.
-Every chunk carries a CRC32C checksum (Zarr's ``crc32c`` codec), and a chunk missing
-inside the committed length is an error naming the store, the variable and the snapshot,
-never a fill value.
+A run's store (``trajectory.zarr``, ``density.zarr``, ...) holds the variables the problem
+saves with a leading ``time`` dimension, the step counters, the solver's resume variables
+(``checkpoint_*``) and the variables written once; each snapshot is committed by atomically
+replacing ``wflow_commit.json``, and readers use only the committed snapshots, every chunk
+verified (docs/reliability.md).  This package knows nothing about solvers: it stores what the
+driver hands to its recorder and reads it back as plain arrays.
 
-Layout: the variables the problem saves (``points``, ``density``, diagnostics, ...) with a
-leading ``time`` dimension; ``steps``, ``rejected``, ``evaluations`` and ``dt_next`` per
-snapshot; the solver's resume variables (``checkpoint_*``); variables written once
-(``weights``, mesh arrays) without ``time``; attributes ``wflow_format``, ``kind``,
-``solver``, ``wflow_version`` and the configuration as JSON.
-
-This package knows nothing about solvers: it stores what the driver hands to its
-recorder (:class:`ZarrRecorder`) and reads it back as plain arrays (:func:`read_store`).
-
-This module re-exports the code of :mod:`~wflow.io.commit` (the commit protocol, digests, the
-one-writer lock, removing what wflow wrote), :mod:`~wflow.io.paths` (files never through a link or
-special file), :mod:`~wflow.io.recorder` (:class:`ZarrRecorder`, the variables' and the store's
-attributes) and :mod:`~wflow.io.read` (:func:`read_store`, :func:`repair`, :func:`write_result`).
+It re-exports :mod:`~wflow.io.commit` (the commit protocol, digests, the one-writer lock,
+removing what wflow wrote), :mod:`~wflow.io.paths` (files never through a link or special
+file), :mod:`~wflow.io.recorder` (:class:`ZarrRecorder`, the stores' attributes) and
+:mod:`~wflow.io.read` (:func:`read_store`, :func:`repair`, :func:`write_result`).
 """
 
 from .commit import (

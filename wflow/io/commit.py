@@ -1,12 +1,9 @@
 """The commit protocol of wflow's stores: the commit record, the snapshot digests, the lock.
 
-A store is committed by atomically replacing a small JSON record (:func:`write_commit`,
-:func:`read_commit`); a run's store records its committed length (:func:`commit_length`,
-:func:`committed_length`) and a hash chain over one line of chunk digests per snapshot
-(:data:`DIGESTS`), so that a chunk copied over another is found.  One writer holds a store
-at a time (:class:`FolderLock`).  :mod:`wflow.sweep` commits its own store with the same
-functions.  Nothing here knows a store's variables: :mod:`wflow.io.recorder` writes them,
-:mod:`wflow.io.read` reads them back.
+A store is committed by atomically replacing a small JSON record (:func:`write_commit`); a
+run's store records its committed length and a hash chain over one line of chunk digests per
+snapshot (:data:`DIGESTS`), so that a chunk copied over another is found.  One writer holds a
+store at a time (:class:`FolderLock`).  Nothing here knows a store's variables.
 """
 
 from __future__ import annotations
@@ -24,14 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreBusyError, WflowError
-from .paths import (
-    create_new,
-    kind_of,
-    open_regular,
-    read_regular,
-    special_file_error,
-    write_all,
-)
+from .paths import create_new, kind_of, open_regular, read_regular, special_file_error, write_all
 
 FORMAT = "wflow.result/2"
 COMMIT = "wflow_commit.json"
@@ -80,11 +70,8 @@ def _fsync_dir(path: Path) -> None:
 def write_commit(folder: str | os.PathLike, record: Any, *, name: str = COMMIT) -> None:
     """Commit a store: atomically replace its commit record ``folder / name`` with ``record`` (JSON).
 
-    The record is written to a temporary file beside it, flushed and ``fsync``-ed, renamed over
-    the old one and the folder is ``fsync``-ed: a process that dies at any instant leaves the
-    old record or the new one, never a torn one.  A run's store records ``{"length": k}``
-    (``wflow_commit.json``, :func:`committed_length`); a sweep's store the tasks it finished
-    (``wflow_sweep.json``, :mod:`wflow.sweep`).
+    Written to a temporary file, ``fsync``-ed, renamed over the old one, the folder ``fsync``-ed: a
+    process that dies at any instant leaves the old record or the new one, never a torn one.
 
     Examples
     --------
@@ -259,18 +246,11 @@ def _make_folder(folder: Path) -> None:
 class FolderLock:
     """An exclusive OS lock (``fcntl.flock``) on a lock file: one writer per store or output folder.
 
-    The lock belongs to the open file, so the operating system releases it when the process
-    dies, however it dies; the file (holding the owner's PID) is then left in place, and the
-    next writer takes it over.  A clean release removes the file, and only while the path still
-    names the file this lock created or took over.  A second holder gets
-    :class:`~wflow.errors.StoreBusyError` naming the path and the PID.  A writer that locked a
-    file which a release removed meanwhile notices (the path no longer names its file) and
-    locks afresh, so two writers never both hold the lock.
-
-    The lock file is created without following a symbolic link and never taken from the user:
-    a link, a FIFO, socket or device, or a regular file that is not a wflow lock (it holds
-    anything but ``process N``) at the path is refused (``ValueError`` naming the path), left
-    as it is.
+    The operating system releases the lock when its process dies; the file (the owner's PID) is
+    left and the next writer takes it over.  A clean release removes the file while the path
+    still names it.  A second holder gets :class:`~wflow.errors.StoreBusyError` naming the path
+    and the PID.  A link, a special file, or a file that is not a wflow lock (anything but
+    ``process N``) at the path is refused (``ValueError`` naming the path) and left as it is.
 
     Examples
     --------
@@ -490,13 +470,11 @@ def _json(path: Path) -> Any:
 def store_files(path: str | os.PathLike, records: Iterable[str] = RUN_RECORDS) -> list[Path]:
     """Everything in the store ``path`` that wflow wrote, folders after their contents; refuse anything else.
 
-    What wflow wrote is what the store's own record lists: its ``zarr.json`` (a wflow store:
-    ``wflow_format``), the arrays its consolidated metadata names (each array's ``zarr.json``
-    and chunk files ``c/0/...``, and what Zarr left half-written), and ``records`` (a run's
-    commit record and digests, with their temporaries).  Anything else in the folder (a
-    user's notes, a folder of plots, a link, a FIFO) is refused with ``ValueError`` naming
-    its path, before anything is touched; so is a ``path`` that is a link or not a wflow store.
-    An empty folder is one to remove; nothing at ``path`` gives ``[]``.
+    What wflow wrote is what the store's own record lists: its ``zarr.json``, the arrays its
+    consolidated metadata names (their ``zarr.json``, chunk files and Zarr's half-written ones)
+    and ``records`` (with their temporaries).  Anything else in the folder is refused with
+    ``ValueError`` naming its path, before anything is touched; so is a ``path`` that is a link
+    or not a wflow store.  An empty folder is one to remove; nothing at ``path`` gives ``[]``.
     """
     p = Path(path)
     try:
@@ -589,11 +567,8 @@ def _chunk_files(folder: Path, array: Path) -> list[Path]:
 
 
 def remove_store(path: str | os.PathLike, records: Iterable[str] = RUN_RECORDS) -> None:
-    """Remove the store ``path``: only what wflow wrote there (:func:`store_files`), checked before
-    anything is removed; anything else in it is refused with ``ValueError`` naming its path.
-
-    ``records`` are the store's own record files beside its arrays (a sweep's store:
-    ``("wflow_sweep.json",)``).  Nothing at ``path``: nothing to do.
+    """Remove the store ``path``: only what wflow wrote there (:func:`store_files`, with the store's
+    own ``records``), checked before anything is removed; nothing at ``path``: nothing to do.
 
     Examples
     --------

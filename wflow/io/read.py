@@ -1,10 +1,6 @@
 """Reading a store back: its attributes, its committed snapshots (every chunk verified), repair.
 
-:func:`read_store` returns a store's committed snapshots as plain arrays after checking
-each chunk against the commit record and the snapshot digests (:mod:`wflow.io.commit`);
-:func:`repair` makes the sound snapshots of a damaged store its committed ones.
-:func:`result_dataset` and :func:`write_result` turn an in-memory result into the store's
-layout (an :class:`xarray.Dataset`, a store written through :class:`~wflow.io.ZarrRecorder`).
+:func:`result_dataset` and :func:`write_result` give an in-memory result the store's layout.
 """
 
 from __future__ import annotations
@@ -105,19 +101,14 @@ def read_store(path: str | os.PathLike, *, recover: bool = False) -> dict[str, A
     (``name -> (dims, array)``, leading time axis), ``static``, ``stats`` (incl. ``dt_next``),
     ``checkpoint`` (the solver's resume variables, each with a time axis) and ``length``.
 
-    Every chunk of a committed snapshot must be a file whose bytes are those committed for
-    that variable and snapshot (a digest keyed by both, :data:`DIGESTS`) and pass its CRC32C
-    checksum; the commit record's length must lie between 0 and the snapshots on disk.
-
     Parameters
     ----------
     path : str or Path
         The store.
     recover : bool
-        Instead of raising on a damaged store, return the longest run of sound snapshots from
-        the first one on; ``recovered`` then says how many were kept, how many the commit
-        record claimed and why the next one was dropped (:func:`repair` makes that the
-        committed length, so the run can be resumed).
+        Instead of raising on a damaged store, return the longest run of sound snapshots from the
+        first one on; ``recovered`` then says how many were kept, how many the commit record
+        claimed and why the next one was dropped (:func:`repair`).
 
     Raises
     ------
@@ -280,11 +271,9 @@ def _sound_prefix(p: Path, arrays) -> tuple[int, dict[str, Any]]:
 def repair(path: str | os.PathLike) -> dict[str, Any]:
     """Make the sound snapshots of a damaged store its committed ones, so that it loads and resumes.
 
-    The longest run of sound snapshots from the first one on (:func:`read_store` with
-    ``recover=True``) becomes the committed length; their digests are written afresh and the
-    commit record replaced atomically.  Nothing is deleted: chunks beyond the new length are
-    overwritten when the run is resumed.  Returns the report (``kept``, ``claimed``,
-    ``on_disk``, ``reason``).
+    The longest run of sound snapshots from the first one on becomes the committed length, their
+    digests written afresh.  Nothing is deleted (a resumed run overwrites the chunks beyond).
+    Returns the report (``kept``, ``claimed``, ``on_disk``, ``reason``).
 
     Examples
     --------

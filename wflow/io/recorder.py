@@ -1,11 +1,8 @@
 """The recorder: the tracker that writes a run to its Zarr store, one atomic commit per snapshot.
 
-:class:`ZarrRecorder` creates the store at the first snapshot (every per-snapshot array
-sized for all the run's save times, one snapshot per chunk, :data:`VARIABLE_ATTRS` as the
-variables' attributes), writes each snapshot chunk by chunk, appends its digests and
-commits it (:mod:`wflow.io.commit`).  :func:`store_attributes` and
-:func:`index_coordinates` are the store's attributes and index coordinates, which
-:func:`wflow.io.read.result_dataset` gives an in-memory result too.
+:class:`ZarrRecorder` creates the store at the first snapshot, one snapshot per chunk, and
+commits each snapshot with its digests (:mod:`wflow.io.commit`).  :func:`store_attributes` and
+:func:`index_coordinates` also serve :func:`wflow.io.read.result_dataset`.
 """
 
 from __future__ import annotations
@@ -50,9 +47,8 @@ CHECKPOINT_PREFIX = "checkpoint_"
 
 
 # Ctrl-C during a snapshot's writes: a SIGINT handler that sees writing_snapshot() true calls
-# defer_interrupt(), and the write raises KeyboardInterrupt once the snapshot is committed.  An
-# interrupt in the middle of Zarr's asynchronous writes left coroutines that were collected after
-# their event loop had closed ("Exception ignored ... Event loop is closed" after the one line).
+# defer_interrupt(), and the write raises KeyboardInterrupt once the snapshot is committed (an
+# interrupt inside Zarr's asynchronous writes would leave coroutines behind).
 _WRITES = {"depth": 0, "deferred": False}
 
 
@@ -436,8 +432,7 @@ class ZarrRecorder:
         self._arrays: dict[str, Any] = {}
         self._chain: str | None = ""  # the hash chain of the snapshot digests committed so far
         self._digest_end = 0  # where their lines end in the digests file
-        # the store folder's (device, inode) once written
-        self._folder: tuple[int, int] | None = None
+        self._folder: tuple[int, int] | None = None  # the store's (device, inode) once written
         self._parent = _identity(self.path.parent)  # the folder it goes into, if it exists yet
 
     def _lock_path(self) -> FolderLock:
@@ -466,10 +461,7 @@ class ZarrRecorder:
                 length = committed_length(self.path)
                 read_digest_lines(self.path, length, self._chain)
                 self._digest_end = digest_end(self.path, length)
-        else:
-            # created at the first snapshot, when the shapes are known; a store it replaces is removed
-            # then too, so that a run refused by the driver's checks (or failing before its first
-            # save) leaves the old one in place
+        else:  # created at the first snapshot (the shapes known): a run failing before leaves the old one
             self.group = None
 
     def save(self, snap) -> None:
@@ -540,27 +532,16 @@ class ZarrRecorder:
         for k in STATS:
             out[k] = ((), np.int64(snap.stats[k]))
         out["dt_next"] = ((), np.float64(snap.control.get("dt_next", np.nan)))
-        out.update(
-            {
-                CHECKPOINT_PREFIX + k: (dims, np.asarray(v))
-                for k, (dims, v) in snap.checkpoint.items()
-            }
-        )
+        for k, (dims, v) in snap.checkpoint.items():
+            out[CHECKPOINT_PREFIX + k] = (dims, np.asarray(v))
         return out
 
     def _create(self, snap) -> None:
         zarr = import_zarr()
         remove_store(self.path)  # (overwrite=True: only what wflow wrote, checked again)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        group = zarr.open_group(
-            self.path,
-            mode="w",
-            zarr_format=3,
-            attributes={
-                **store_attributes(self.kind, self.solver, self.config),
-                **self.extra_attrs,
-            },
-        )
+        attrs = {**store_attributes(self.kind, self.solver, self.config), **self.extra_attrs}
+        group = zarr.open_group(self.path, mode="w", zarr_format=3, attributes=attrs)
         codecs = chunk_codecs()
         cells = cell_coordinates(self.static)
         on_cells = " ".join(cells)
