@@ -49,8 +49,7 @@ def _keys_help() -> str:
 
 
 def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
-    """The command line; ``list_studies=False`` leaves the study names out of ``validate``'s help
-    (listing them imports every study, scipy.stats included: 1-4 s of every ``wflow run``)."""
+    """The command line; ``list_studies=False`` leaves the study names out (listing imports every study)."""
     p = argparse.ArgumentParser(
         prog="wflow", description="Mean-field dynamics of Transformers on the sphere."
     )
@@ -95,20 +94,13 @@ def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
     w.add_argument(
         "--scheduler",
         metavar="ADDRESS",
-        default=None,
         help="a running Dask scheduler, e.g. tcp://host:8786 (default: a LocalCluster on this machine)",
     )
-    w.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="LocalCluster worker processes (default: the cores)",
-    )
+    w.add_argument("--workers", type=int, help="LocalCluster worker processes (default: the cores)")
     w.add_argument(
         "--observable",
         dest="observables",
         action="append",
-        default=None,
         metavar="NAME",
         help="recorded at every save: pair_fraction, energy, log_energy, order_parameter, n_clusters "
         "(repeatable; default: pair_fraction, energy, order_parameter, n_clusters); for the "
@@ -116,10 +108,7 @@ def _parser(list_studies: bool = True) -> argparse.ArgumentParser:
         "zonal: mass, mean_z, energy; jko: energy, free_energy; default: all of them)",
     )
     w.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="seeds per task (default: ~64 MB of state per task)",
+        "--batch-size", type=int, help="seeds per task (default: ~64 MB of state per task)"
     )
     w.add_argument(
         "--overwrite", action="store_true", help="replace a store that holds another sweep"
@@ -213,18 +202,15 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"[{k}/{total}] {name} ({mode}) ...", flush=True)
 
     def done(rep) -> None:  # and its verdict as soon as it is known
+        report = out / (rep.name + ".md")
         if rep.error is not None:  # one line: the study could not run
-            print(
-                f"{rep.name}: FAILED, could not run: {rep.error} -> {out / (rep.name + '.md')}",
-                flush=True,
-            )
+            print(f"{rep.name}: FAILED, could not run: {rep.error} -> {report}", flush=True)
             return
         if rep.skipped is not None:  # one line: an optional package or data set is missing
             print(f"{rep.name}: skipped, {rep.skipped}", flush=True)
             return
-        print(
-            f"{rep.name}: {'passed' if rep.passed else 'FAILED'} ({rep.seconds:.0f} s) -> {out / (rep.name + '.md')}"
-        )
+        verdict = "passed" if rep.passed else "FAILED"
+        print(f"{rep.name}: {verdict} ({rep.seconds:.0f} s) -> {report}")
         if not rep.expectations:
             print("  FAIL the study stated no expectation")
         width = max((len(e.name) for e in rep.expectations), default=20)
@@ -262,12 +248,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """``wflow run``: build the configuration's problem, run it through the driver with a recorder.
-
-    Every solver takes the same path: one store, one recorder, one resume (:func:`wflow.resume`).
-    Everything is validated before anything is written or deleted; the output folder is locked
-    (one writer) for the whole run.
-    """
+    """``wflow run``: every solver through the driver with a recorder, validated before anything is written."""
     from .config import apply_overrides, load_config, start_run
     from .runfolder import RunFolder, check_resources
 
@@ -284,9 +265,8 @@ def _run(args: argparse.Namespace) -> int:
             return _resume(folder, progress)
     cfg = apply_overrides(load_config(args.config), args.overrides)  # (a FIFO there: refused)
     check_resources(cfg, folder.path)  # memory and disk, before anything is allocated
-    run = start_run(
-        cfg
-    )  # builds everything (and validates it) before anything is written or deleted
+    # builds everything (and validates it) before anything is written or deleted
+    run = start_run(cfg)
     with folder.lock():
         existing = folder.store
         if existing is not None and not args.overwrite:
@@ -313,8 +293,7 @@ def _fresh(cfg: dict, run, folder, progress: bool, existing: Path | None) -> int
 
 
 def _compile_notices():
-    """While a run compiles numba kernels (a first run: nothing is cached yet), one line on stderr per
-    kernel saying so; while the progress bar is drawn it says it instead (its label)."""
+    """One line on stderr per numba kernel a run compiles (the progress bar's label says it instead)."""
     from .kernels.jit import compile_notices
 
     def announce(name: str, cached: bool, seconds: float | None) -> None:
@@ -484,10 +463,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def sweep_figure(ds: Any, store: Path) -> Path | None:
-    """Draw a sweep's default figure (:func:`wflow.plot.plot_sweep`) beside its store: ``sweep.png`` for
-    ``sweep.zarr``; None (with a warning line) when the sweep has nothing to draw, or when a file
-    wflow did not write is there (the user's figure, a link: left as it is).  The figure carries
-    wflow's mark (:func:`wflow.io.paths.write_figure`), so a later run replaces it."""
+    """The sweep's figure (:func:`wflow.plot.plot_sweep`) beside its store, ``sweep.png`` for ``sweep.zarr``,
+    marked as wflow's; None (a warning line) when there is nothing to draw or a file not wflow's is there."""
     import io as _io
 
     from .io.paths import write_figure
@@ -628,9 +605,8 @@ def _on_interrupt(signum, frame) -> None:
         recorder.defer_interrupt()  # raised once the snapshot being written is committed
         return
     if _in_compiler(frame):
-        # inside numba's compiler an exception can leave LLVM's lock held (llvmlite takes it
-        # outside a try), and a worker thread compiling beside it then waits for it forever: 1 in
-        # 25 Ctrl-Cs of a cold-cache `wflow run` hung so.  Delivered again once the compiler is out
+        # an exception inside numba's compiler can leave LLVM's lock held (a thread compiling beside
+        # it then waits forever): delivered again once the compiler is out
         threading.Timer(0.1, _redeliver).start()
         return
     raise KeyboardInterrupt
@@ -680,11 +656,6 @@ def _interrupts():
     return _Interrupts()
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    commands = {"run": _run, "validate": _validate, "sweep": _sweep, "repair": _repair}
-    return commands[args.command](args)
-
-
 def _main(argv: list[str] | None) -> int:
     from .errors import StoreBusyError, WflowError  # (imports numpy: inside main's Ctrl-C guard)
 
@@ -699,7 +670,8 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_USAGE
     try:
         try:
-            return _dispatch(args)
+            commands = {"run": _run, "validate": _validate, "sweep": _sweep, "repair": _repair}
+            return commands[args.command](args)
         except Exception:
             if _INTERRUPTED.is_set():  # a Ctrl-C that numba's compiler swallowed left this error
                 raise KeyboardInterrupt from None  # (a half-compiled kernel): it is the interrupt
@@ -724,8 +696,7 @@ def _main(argv: list[str] | None) -> int:
         )
         return EXIT_FAILED
     except KeyboardInterrupt:
-        # a write in flight on Zarr's IO thread is abandoned (it was not committed): asyncio would report its
-        # pending task at exit; the store is consistent, so the one line below is all there is to say
+        # a write in flight on Zarr's IO thread was not committed: asyncio's report of it at exit is noise
         logging.getLogger("asyncio").disabled = True
         if args.command == "validate":
             print(
