@@ -1,37 +1,16 @@
 r"""Finite-volume meshes on the circle :math:`S^1` and the sphere :math:`S^2`.
 
-A mesh is a partition of the sphere into ``M`` cells, stored as flat arrays so that a
-finite-volume solver can be written without a Python loop over cells or edges:
+A mesh stores flat arrays (``M`` cells, ``E`` edges) so that a finite-volume solver needs no
+Python loop: ``centers`` (M, d), ``generators``, ``areas`` (plain surface measure, summing to
+:math:`2\pi` or :math:`4\pi`), ``cell_left``/``cell_right`` (E,), ``edge_length``,
+``edge_midpoint``, ``edge_normal`` (unit co-normal from left to right), ``edge_distance``
+(between the generators) and the padded per-cell ``cell_edges`` (pad -1), ``cell_neighbors``
+(pad: self) and ``cell_edge_sign`` (+1 out, -1 in, 0 pad); ``docs/continuum.md``.
 
-========================  ===================  ==========================================
-attribute                 shape                meaning
-========================  ===================  ==========================================
-``centers``               ``(M, d)``           cell centroids (spherical, normalized)
-``generators``            ``(M, d)``           Voronoi generators (= centres on ``S^1``)
-``areas``                 ``(M,)``             cell areas, plain surface measure
-``cell_left``             ``(E,)``             cell on the side the normal leaves
-``cell_right``            ``(E,)``             cell on the side the normal enters
-``edge_length``           ``(E,)``             arc length of the edge (1 on ``S^1``)
-``edge_midpoint``         ``(E, d)``           midpoint of the edge on the sphere
-``edge_normal``           ``(E, d)``           unit co-normal, tangent, from left to right
-``edge_distance``         ``(E,)``             geodesic distance between the generators
-``cell_edges``            ``(M, k)``           edges of each cell, padded with ``-1``
-``cell_neighbors``        ``(M, k)``           cell across each of those edges (pad: self)
-``cell_edge_sign``        ``(M, k)``           +1 if the normal points out of the cell, -1
-                                               if in, 0 for padding
-========================  ===================  ==========================================
-
-The areas are for the plain (un-normalized) surface measure: they sum to
-:math:`2\pi` on the circle and :math:`4\pi` on :math:`S^2`.
-
-* :class:`CircleMesh` -- ``m`` equal arcs.
-* :class:`SphereMesh` -- the spherical Voronoi tessellation
-  (:class:`scipy.spatial.SphericalVoronoi`) of a refined icosahedron (or Fibonacci
-  points) smoothed by Lloyd iterations towards a centroidal Voronoi tessellation
-  (Du, Faber & Gunzburger 1999).  On a Voronoi mesh every edge is orthogonal to the
-  segment joining the two generators it separates, which makes the two-point
-  diffusive flux :math:`(\rho_R - \rho_L)/\mathrm{dist}` consistent.
-
+:class:`CircleMesh` has ``m`` equal arcs; :class:`SphereMesh` is the spherical Voronoi
+tessellation of a refined icosahedron (or Fibonacci points) smoothed by Lloyd iterations
+(Du, Faber & Gunzburger 1999): every edge is orthogonal to the segment joining its two
+generators, so the two-point diffusive flux is consistent.
 """
 
 from __future__ import annotations
@@ -171,10 +150,8 @@ class Mesh(ABC):
 class CircleMesh(Mesh):
     r"""Uniform grid of ``m`` equal arcs on :math:`S^1`.
 
-    Cell ``i`` is the arc :math:`[\theta_0 + i h, \theta_0 + (i+1) h]`, :math:`h = 2\pi/m`, with
-    centre :math:`\theta_0 + (i + \tfrac12)h`.  Edge ``i`` is the point
-    :math:`\theta_0 + i h` between cells ``i-1`` (left) and ``i`` (right); its "length" is 1
-    and its normal is the unit tangent :math:`(-\sin\theta, \cos\theta)`.
+    Cell ``i`` is the arc :math:`[\theta_0 + i h, \theta_0 + (i+1) h]`, :math:`h = 2\pi/m`; edge ``i``
+    is the point :math:`\theta_0 + i h` between cells ``i-1`` and ``i`` (length 1).
 
     Parameters
     ----------
@@ -347,10 +324,8 @@ class SphereMesh(Mesh):
 
     Notes
     -----
-    ``centers`` are the spherical centroids :math:`\int_C x\,dA / |\int_C x\,dA|`, where the
-    cell averages of a density are second-order accurate point values; the two-point
-    diffusive flux uses the generators (the Voronoi edge is their perpendicular bisector).
-    Use :meth:`from_generators` for any other generator set.
+    ``centers`` are the spherical centroids :math:`\int_C x\,dA / |\int_C x\,dA|`; the diffusive
+    flux uses the generators.  :meth:`from_generators` takes any generator set.
 
     Examples
     --------

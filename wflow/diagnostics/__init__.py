@@ -1,17 +1,7 @@
 r"""Diagnostics of a configuration: energy, order parameter, clusters, pair fractions.
 
-The default cluster measure is the effective number of clusters
-:math:`N_{\mathrm{eff}} = 1/\iint e^{\beta(\langle x,y\rangle-1)}d\mu\,d\mu` at the model's
-:math:`\beta` (:func:`effective_clusters`): :math:`k` for :math:`k` separated equal clusters,
-:math:`2\beta/(1-e^{-2\beta})` for the uniform measure on :math:`S^2`, whatever the number of points.
-
-These are what trackers record along a run; they know nothing about solvers.
-
-Single-linkage clusters (components of the graph of points closer than a geodesic threshold):
-:func:`batched_cluster_labels` for many small systems at once (``n <=`` :data:`BATCHED_MAX_N`),
-:func:`cluster_labels` for one large system.  :func:`pair_fraction` is the observable of the
-phase diagram of Geshkovski, Letrouit, Polyanskiy and Rigollet.  :func:`mass_clusters` groups
-the mass-carrying points of a measure on a mesh or a point cloud into atoms.
+What trackers record along a run; they know nothing about solvers.  The default cluster measure
+is the effective number of clusters :math:`N_{\mathrm{eff}}` (:func:`effective_clusters`).
 """
 
 from __future__ import annotations

@@ -36,13 +36,9 @@ BATCHED_MAX_N = 512
 def batched_cluster_labels(points, threshold: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
     r"""Single-linkage clusters of many small systems at once (no loop over systems).
 
-    Points closer than ``threshold`` (geodesic, radians; chordal :math:`r = 2\sin(\theta/2)`)
-    are linked; the clusters are the connected components.  One compiled pass per system
-    (worker threads over chunks of systems) forms the squared distances from the coordinates
-    and joins the linked pairs by union--find, with no ``(B, n, n)`` array.  Meant for
-    ``n <=`` :data:`BATCHED_MAX_N`; cost :math:`O(B n^2 d)`.  The graph is exactly that of
-    :func:`cluster_labels` (pairs near the threshold are decided by the square root, the rule
-    of :func:`wflow.linkage.linked`), so the counts are equal.
+    Points closer than ``threshold`` (geodesic, radians) are linked; the clusters are the
+    connected components (the graph of :func:`cluster_labels`).  One compiled union--find pass per
+    system, no ``(B, n, n)`` array; meant for ``n <=`` :data:`BATCHED_MAX_N`.
 
     Parameters
     ----------
@@ -82,7 +78,6 @@ def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
     n, d = x.shape[-2:]
     xf = x.reshape(-1, n, d)
     roots = np.empty(xf.shape[:2], dtype=np.int64)
-    # the distances from the coordinates, one compiled pass per system
     B = xf.shape[0]
     threads = num_threads() if B * n * n * d >= small.SERIAL_MAX_FLOPS else 1
     chunks = chunk_bounds(B, n * n * d, threads, small.CHUNK_PAIRS * 8)
@@ -99,22 +94,10 @@ def _batched_roots(x: np.ndarray, threshold: float) -> np.ndarray:
 def cluster_labels(points: np.ndarray, threshold: float = 0.1) -> tuple[int, np.ndarray]:
     r"""Single-linkage clusters of one system: points closer than ``threshold`` (geodesic, radians) are linked.
 
-    The clusters are the connected components of the graph of pairs at chordal distance
-    below :math:`r = 2\sin(\theta/2)`, found by
-
-    * on :math:`S^1`: neighbours in angular order (the components of the threshold graph
-      are arcs; :math:`O(n\log n)`);
-    * on :math:`S^2` with more than :data:`BATCHED_MAX_N` points: a grid of cubes of side
-      :math:`r/\sqrt 3` (any two points of one cube are linked) and a union--find over the
-      non-empty cubes; two cubes at most two apart along each axis are joined when their
-      points' bounding boxes are closer than :math:`r` at their farthest corners, skipped
-      when the boxes are :math:`r` apart or the cubes already joined, and otherwise by
-      scanning the points near the other box.  About :math:`O(n\log n)`; the first call
-      compiles it (numba, cached on disk afterwards).  Its worst case is two dense
-      clusters whose boxes come within :math:`r` without any pair doing so (then a scan of
-      their pairs);
-    * otherwise all pairs within :math:`r` from a k-d tree (beware of dense clusters: the
-      number of pairs grows as :math:`n^2`).
+    The connected components of the graph of pairs at chordal distance below
+    :math:`r = 2\sin(\theta/2)`: neighbours in angular order on :math:`S^1`; on :math:`S^2` above
+    :data:`BATCHED_MAX_N` points a union--find over a grid of cubes of side :math:`r/\sqrt 3`
+    (about :math:`O(n\log n)`); otherwise the pairs of a k-d tree (:math:`O(n^2)` in dense clusters).
 
     Returns ``(k, labels)`` with ``labels`` of shape ``(n,)`` in ``0..k-1``.
 
@@ -134,7 +117,6 @@ def cluster_labels(points: np.ndarray, threshold: float = 0.1) -> tuple[int, np.
     # (the grid's packed int64 cube keys need (2 sqrt(3)/r + 6)^3 < 2^62: r > 3e-6)
     if d == 3 and n > BATCHED_MAX_N and (2 * math.sqrt(3) / chord + 6) ** 3 < 2.0**62:
         return _grid_components(x, chord)
-    pairs = None
     if d == 2 and n > 1:
         theta = np.arctan2(x[:, 1], x[:, 0])
         order = np.argsort(theta)
@@ -169,15 +151,9 @@ def _find(parent, i):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz"})
 def _cluster_roots(x, chord, lo, hi, k0, k1, roots):  # pragma: no cover - compiled
-    """roots[b, i] = the least point of i's cluster, for the systems k0 <= b < k1 of x (B, n, d): points
-    i < j linked when |x_i - x_j| < chord, the squared distance summed over the coordinates in order, in
-    float64 without fused multiply-adds (as NumPy's norm of the difference: a pair within rounding of
-    the threshold, between lo and hi of :func:`~wflow.linkage.link_bounds`, is decided by the square root
-    (:func:`wflow.linkage.linked`), as :func:`cluster_labels` decides it on the circle;
-    no Gram matrix, so no cancellation for close points, no (B, n, n) arrays), the components by
-    union-find keeping the lesser root (each cluster's root is its least point).  The distances from point i
-    are formed for all j > i at once (the coordinates transposed: vectors along j), about 1 us per
-    system at n = 32, d = 8."""
+    """roots[b, i] = the least point of i's cluster, for the systems k0 <= b < k1 of x (B, n, d): i, j
+    linked when |x_i - x_j| < chord (squared differences in float64, ties by :func:`wflow.linkage.linked`,
+    no Gram matrix), the components by union-find keeping the lesser root."""
     prefer_wide_vectors()
     B, n, d = x.shape
     parent = np.empty(n, np.int64)
@@ -193,7 +169,6 @@ def _cluster_roots(x, chord, lo, hi, k0, k1, roots):  # pragma: no cover - compi
         for i in range(n - 1):
             if left == 1:
                 break
-            # every j (loops of n, not of n - i - 1: the short, ragged loops cost more than the work saved)
             for j in range(n):
                 dist[j] = 0.0
             for a in range(d):
@@ -224,7 +199,6 @@ def _cell_keys(x, h):  # pragma: no cover - compiled
     n = x.shape[0]
     lo = np.empty(3)
     span = np.zeros(3, dtype=np.int64)
-    # (loops, not x[:, a].min(): numba's reductions cost a second of first-run compilation)
     for a in range(3):
         lo[a] = np.inf
         for i in range(n):
@@ -249,7 +223,7 @@ def _grid(x, key, order, stride, r2, labels):  # pragma: no cover  # noqa: C901,
     xs = np.empty((n, 3))
     n_cells = 0
     for t in range(n):
-        for a in range(3):  # (not xs[t] = x[...]: its shape check costs a second to compile)
+        for a in range(3):
             xs[t, a] = x[order[t], a]
         if t == 0 or key[order[t]] != key[order[t - 1]]:
             n_cells += 1
@@ -279,11 +253,9 @@ def _grid(x, key, order, stride, r2, labels):  # pragma: no cover  # noqa: C901,
                 hi[c, a] = max(hi[c, a], v)
     tight = r2 * (1.0 - 1e-12)
     loose = r2 * (1.0 + 1e-12)
-    # cubes of side r/sqrt(3): a linked pair can be up to two cubes apart along each axis.
-    # The forward half of the 5x5x5 neighbourhood, as 13 rows (ox, oy) of consecutive keys:
-    # (0, 0) with oz = 1..2, (0, 1..2) and (1..2, -2..2) with oz = -2..2
-    # (the keys are sorted, so each row's first candidate only moves forward with c: one
-    # merge-like pointer per row instead of a binary search)
+    # a linked pair is at most two cubes apart per axis: the forward half of the 5x5x5
+    # neighbourhood as 13 rows (ox, oy) of consecutive keys, (0, 0) with oz = 1..2, (0, 1..2) and
+    # (1..2, -2..2) with oz = -2..2; one forward-moving pointer per row (the keys are sorted)
     offset = np.empty(13, dtype=np.int64)
     z0 = np.empty(13, dtype=np.int64)
     for row in range(13):
@@ -366,8 +338,6 @@ def _join(c, e, parent, xs, bounds, lo, hi, r2, tight, loose):  # pragma: no cov
 def count_clusters(mu: Atoms, threshold: float = 0.1, *, min_mass: float = 0.0) -> np.ndarray:
     """Number of clusters per system (see :func:`cluster_labels`) holding mass ``> min_mass``; shape ``batch``.
 
-    Systems of at most :data:`BATCHED_MAX_N` points are clustered all at once by
-    :func:`batched_cluster_labels`; larger ones one by one by :func:`cluster_labels`.
 
     Examples
     --------
@@ -401,8 +371,7 @@ def count_clusters(mu: Atoms, threshold: float = 0.1, *, min_mass: float = 0.0) 
 
 
 def check_points_weights(points: Any, weights: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, w)`` as float64 after checking one system of points ``(n, d)`` with finite, non-negative weights ``(n,)``
-    that are not all zero (the input of every cluster finder with masses)."""
+    """``(x, w)`` as float64: one system of points ``(n, d)``, finite non-negative weights ``(n,)`` not all zero."""
     x = np.asarray(points, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
     if x.ndim != 2 or w.shape != x.shape[:1]:

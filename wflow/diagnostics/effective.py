@@ -5,11 +5,8 @@ r"""The effective number of clusters of a measure at inverse temperature :math:`
     N_{\mathrm{eff}}(\mu; \beta) = \Big(\iint e^{\beta(\langle x, y\rangle - 1)}\,d\mu(x)\,d\mu(y)\Big)^{-1}
     = \frac{e^{\beta}}{2\beta E_\beta(\mu)}, \qquad E_\beta(\mu) = \frac{1}{2\beta}\iint e^{\beta\langle x,y\rangle}d\mu\,d\mu .
 
-Each pair of points counts with the attention kernel's weight (1 for coincident points,
-:math:`e^{-2\beta}` for antipodal ones): :math:`k` separated clusters of equal mass, each much
-narrower than :math:`1/\sqrt\beta`, give :math:`N_{\mathrm{eff}} \to k`; the uniform measure a
-closed form (:func:`uniform_effective_clusters`) that does not depend on the number of points.
-It costs one kernel sum and is the same in the plain and the rescaled kernel conventions.
+It is :math:`k` for :math:`k` separated clusters of equal mass much narrower than
+:math:`1/\sqrt\beta`, and has a closed form for the uniform measure (:func:`uniform_effective_clusters`).
 """
 
 from __future__ import annotations
@@ -75,9 +72,7 @@ def effective_clusters(
 ) -> np.ndarray:
     r"""Effective number of clusters :math:`N_{\mathrm{eff}} = 1/\sum_{i,j} w_i w_j e^{\beta(\langle x_i, x_j\rangle - 1)}`.
 
-    See the module docstring: :math:`k` for :math:`k` well separated clusters of equal mass,
-    :func:`uniform_effective_clusters` for the uniform measure, always between 1 and
-    :math:`1/\sum_i w_i^2` (:math:`n` for equal weights).
+    Between 1 and :math:`1/\sum_i w_i^2` (module docstring).
 
     Parameters
     ----------
@@ -125,10 +120,6 @@ def effective_clusters(
 
 def uniform_effective_clusters(beta: float, d: int) -> float:
     r""":math:`N_{\mathrm{eff}}` of the uniform measure on :math:`S^{d-1}` (closed form).
-
-    With :math:`t = \langle x, y\rangle` distributed as
-    :math:`c_d(1-t^2)^{(d-3)/2}dt`, :math:`\int e^{\beta t} = \Gamma(d/2)(2/\beta)^{d/2-1}I_{d/2-1}(\beta)`,
-    so
 
     .. math::
 

@@ -16,9 +16,7 @@ from .batch import as_batch, batch_chunks
 
 __all__ = ["pair_fraction", "pair_counts", "PAIR_COUNTS_FUSED_MAX_DIM"]
 
-#: The largest dimension r for which :func:`pair_counts` forms each system's Gram matrix in numba's own
-#: loops in one compiled pass; beyond it a batched GEMM per chunk of systems (the faster of the two
-#: there at n = 32).
+#: The largest dimension r for which :func:`pair_counts` forms each Gram matrix in one compiled pass.
 PAIR_COUNTS_FUSED_MAX_DIM = 24
 
 
@@ -30,10 +28,7 @@ def pair_fraction(points, cos_threshold: float = 0.999) -> np.ndarray:
         f = \frac{1}{n(n-1)} \#\{(i, j) : i \ne j,\ \langle x_i, x_j\rangle > c\}
 
     the observable of the phase diagram of Geshkovski, Letrouit, Polyanskiy and Rigollet
-    (2024) (:math:`c = 0.999`): 1 once the tokens have collapsed to one point.  Systems of at most
-    :data:`~wflow.kernels.small.SMALL_MAX` tokens: one compiled pass per system
-    (:func:`pair_counts`, inner products in float64); larger ones: one batched
-    GEMM per chunk of systems, in the points' dtype; no loop over systems in Python.
+    (2024) (:math:`c = 0.999`): 1 once the tokens have collapsed to one point.
 
     Parameters
     ----------
@@ -60,7 +55,6 @@ def pair_fraction(points, cos_threshold: float = 0.999) -> np.ndarray:
     batch, (n, d) = x.shape[:-2], x.shape[-2:]
     xf = x.reshape(-1, n, d)
     if n <= small.SMALL_MAX:
-        # tiny systems: one compiled pass per system (float64 Gram blocks), worker threads over systems
         count = pair_counts(xf, c)
     else:
         count = np.empty(xf.shape[0])
@@ -76,10 +70,8 @@ def pair_fraction(points, cos_threshold: float = 0.999) -> np.ndarray:
 def pair_counts(x: np.ndarray, c: float) -> np.ndarray:
     r"""Ordered pairs :math:`i \ne j` with :math:`\langle x_i, x_j\rangle > c`, per system, for batches of tiny systems.
 
-    One compiled pass per system (the Gram matrix in float64, then the count off its diagonal), or for
-    ``r >`` :data:`PAIR_COUNTS_FUSED_MAX_DIM` a batched GEMM per chunk of systems and a compiled count,
-    worker threads over chunks of systems;
-    :func:`pair_fraction` takes it for ``n <=`` :data:`~wflow.kernels.small.SMALL_MAX`.
+    One compiled pass per system (float64 Gram matrix), or for ``r >`` :data:`PAIR_COUNTS_FUSED_MAX_DIM`
+    a batched GEMM per chunk of systems; :func:`pair_fraction` takes it for ``n <=`` ``SMALL_MAX``.
 
     Parameters
     ----------
@@ -144,13 +136,11 @@ def _count_above(G, c, out):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, fastmath=FM_SUM)
 def _pair_counts(x, c, k0, k1, out):  # pragma: no cover - compiled
-    """out[k] = #{(i, j): i != j, <x_i, x_j> > c} for k0 <= k < k1 (the Gram matrix in float64 by
-    :func:`gram_blocked` or :func:`mm`, as in the fused step's pass, then :func:`count_off_diagonal`)."""
+    """out[k] = #{(i, j): i != j, <x_i, x_j> > c} for k0 <= k < k1 (float64 Gram, as the fused step)."""
     B, n, r = x.shape
     blocked = 4 < r <= BLOCKED_MAX_R
     rp = -(-r // GRAM_BLOCK) * GRAM_BLOCK if blocked else r
-    # work arrays apart from all others (scratch): the vectorized loops' overlap checks then
-    # always take the vector path, so a count never depends on where malloc put them
+    # scratch arrays: the vectorized loops never depend on where malloc put them
     T = scratch((n, rp), np.float64)
     T.fill(0.0)
     TT = scratch((rp, n), np.float64)

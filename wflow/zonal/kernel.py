@@ -1,9 +1,5 @@
-r"""The zonal kernel on :math:`S^{d-1}` in log scale: normalized Bessel functions, the kernel
-:math:`k(z, z')` and its velocity factor :math:`h(z, z')`, the law of :math:`z` and cap volumes.
-
-The mathematics is in ``docs/zonal.md`` (§2, its computation §5); this module computes it
-stably for :math:`\beta \le 10^3` and :math:`d \le 10^4`.
-"""
+r"""The zonal kernel on :math:`S^{d-1}` in log scale, stable for :math:`\beta \le 10^3`, :math:`d \le 10^4`
+(``docs/zonal.md`` §2, §5)."""
 
 from __future__ import annotations
 
@@ -70,19 +66,11 @@ def _debye_terms(nu: float) -> int:
 
 
 def _bessel_parts(nu: float, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    r"""``(log Lambda_nu(a), r_nu(a)/a)`` for ``a >= 0`` (module docstring), no overflow or cancellation.
+    r"""``(log Lambda_nu(a), r_nu(a)/a)`` for ``a >= 0``: power series, ``ive`` or Debye's expansion
+    (``docs/zonal.md`` §5), no overflow or cancellation.
 
-    Three regimes: the power series of :math:`{}_0F_1` for :math:`a^2/4 \le \max(1, \nu+1)`;
-    scaled Bessel functions (``ive``) for larger ``a`` when :math:`\nu < 30`; Debye's uniform
-    expansion for :math:`\nu \ge 30`, rewritten without the large cancelling terms:
-
-    .. math::
-
-        \log\Lambda_\nu(\nu t) = \nu\big(q - 1 - \log\tfrac{1+q}{2}\big) - \tfrac12\log q
-        + \gamma(\nu) + \log\sum_k u_k(1/q)\nu^{-k}, \qquad q = \sqrt{1+t^2},
-
-    :math:`\gamma` the Stirling remainder of :math:`\log\Gamma(\nu+1)`, and its derivative
-    :math:`r_\nu(a) = t/(1+q) - t p^2/(2\nu) - t p^3 S'(p)/(\nu S(p))`, :math:`p = 1/q`.
+    For :math:`\nu \ge 30`, :math:`r_\nu(\nu t) = t/(1+q) - t p^2/(2\nu) - t p^3 S'(p)/(\nu S(p))`,
+    :math:`q = \sqrt{1+t^2}`, :math:`p = 1/q`, :math:`S` the Debye sum.
     """
     a = np.asarray(a, dtype=float)
     log_lam = np.empty_like(a)
@@ -147,10 +135,8 @@ def _check_argument(a: ArrayLike) -> np.ndarray:
 def log_normalized_bessel(nu: float, a: ArrayLike) -> np.ndarray:
     r"""Logarithm of :math:`\Lambda_\nu(a) = \Gamma(\nu+1)(2/a)^\nu I_\nu(a) = {}_0F_1(;\nu+1;a^2/4)`.
 
-    :math:`\Lambda_\nu(a)` is the average of :math:`e^{a\langle u, u'\rangle}` over :math:`u'` on the
-    sphere :math:`S^{2\nu+1}`; :math:`\Lambda_\nu(0) = 1`.  Accurate to a few units of
-    :math:`10^{-16}\max(1, a)` in absolute terms for every :math:`\nu \ge -1/2` and
-    :math:`a \ge 0`, without overflow (:math:`\log\Lambda_\nu(a) \le a`).
+    The average of :math:`e^{a\langle u, u'\rangle}` over :math:`u' \in S^{2\nu+1}`; accurate to a few
+    :math:`10^{-16}\max(1, a)` absolute for every :math:`\nu \ge -1/2`, :math:`a \ge 0`, no overflow.
 
     Parameters
     ----------
@@ -208,7 +194,7 @@ def _check_z(z: ArrayLike, name: str) -> np.ndarray:
 
 
 def zonal_kernel(z: ArrayLike, zp: ArrayLike, beta: float, d: int) -> tuple[np.ndarray, np.ndarray]:
-    r"""The zonal interaction kernel on :math:`S^{d-1}` in log scale (module docstring).
+    r"""The zonal interaction kernel on :math:`S^{d-1}` in log scale.
 
     Returns :math:`\log k(z, z')` and :math:`h(z, z')` with
 
@@ -219,8 +205,7 @@ def zonal_kernel(z: ArrayLike, zp: ArrayLike, beta: float, d: int) -> tuple[np.n
 
     so that the potential is :math:`\int e^{\beta\langle x,y\rangle}d\mu(y) = \int k\,p\,dz'` and the
     :math:`e`-component of :math:`P_x\int e^{\beta\langle x,y\rangle}y\,d\mu(y)` is
-    :math:`(1-z^2)\int k\,h\,p\,dz'`.  Stable for :math:`\beta \le 10^3`, :math:`d \le 10^4`
-    (and beyond): :math:`\log k \le \beta` never overflows.
+    :math:`(1-z^2)\int k\,h\,p\,dz'`; :math:`\log k \le \beta` never overflows.
 
     Parameters
     ----------
@@ -289,10 +274,8 @@ def log_zonal_constant(d: int) -> float:
 def log_cap_volume(z: ArrayLike, d: int) -> np.ndarray:
     r"""Logarithm of :math:`\sigma(\{x : \langle x, e\rangle \ge z\})` (normalized measure).
 
-    The cap is the regularized incomplete beta function :math:`I_{(1-z)/2}(a, a)`,
-    :math:`a = (d-1)/2`; where it is below :math:`10^{-280}` its logarithm comes from the
-    prefactor :math:`x^a(1-x)^a/(aB(a,a))` and Lentz's continued fraction (no underflow, so
-    caps of any size in any dimension).
+    The regularized incomplete beta function :math:`I_{(1-z)/2}(a, a)`, :math:`a = (d-1)/2`; below
+    :math:`10^{-280}` in log form by Lentz's continued fraction (no underflow).
 
     Examples
     --------

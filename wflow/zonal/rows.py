@@ -1,19 +1,11 @@
-r"""Kernel sums against fixed sources: :math:`\sum_j w_j k(z_f, y_j)[h(z_f, y_j)]`, dense or factorized.
-
-The velocity of the zonal scheme needs, at every right-hand side, the sums
+r"""Kernel sums against fixed sources, dense or by a verified panel Chebyshev factorization.
 
 .. math::
 
     S_0(f) = \sum_j w_j\,k(z_f, y_j)\,e^{-t_f}, \qquad S_1(f) = \sum_j w_j\,k(z_f, y_j)\,h(z_f, y_j)\,e^{-t_f}
 
-over fixed rows :math:`z_f` (the faces) and fixed sources :math:`y_j` (two quadrature nodes per
-band) with weights :math:`w_j \ge 0` that change every step, :math:`t_f` a row shift (the
-maximum of :math:`\log k(z_f,\cdot)`).  Each row is replaced by its interpolant on :math:`P`
-panels of :math:`[-1, 1]` with :math:`r` Chebyshev points each, so that :math:`S_0 = \Phi\,\mu`
-with :math:`\Phi_{f,pq} = k(z_f, c_{pq})e^{-t_f}` and the moments
-:math:`\mu_{pq} = \sum_{y_j\in p} w_j L_{pq}(y_j)`.  The factorization is verified against the dense
-kernel when it is built, to ``tol`` of each panel's scale, and falls back to dense matrices when
-nothing cheaper passes; why a panel's error is relative, and the costs: ``docs/zonal.md``.
+over fixed rows :math:`z_f` and sources :math:`y_j`, :math:`t_f` the row maximum of :math:`\log k`
+(``docs/zonal.md`` §6, "Kernel sums").
 """
 
 from __future__ import annotations

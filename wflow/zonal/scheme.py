@@ -1,8 +1,4 @@
-r"""The finite-volume right-hand side of the zonal equation (:class:`ZonalFV`): geometry of latitude
-bands, limited reconstruction, the velocity by a two-node quadrature of the kernel, positivity limit.
-
-The mathematics is in :mod:`wflow.zonal` (and ``docs/zonal.md``).
-"""
+r"""The finite-volume right-hand side of the zonal equation (:class:`ZonalFV`; ``docs/zonal.md`` §6)."""
 
 from __future__ import annotations
 
@@ -31,27 +27,10 @@ class ZonalFV:
     r"""Finite-volume right-hand side of the zonal mean-field equation on :math:`S^{d-1}` (:mod:`wflow.zonal`).
 
     The state is the vector of band masses :math:`m_i = \mu(\{z_i \le \langle x, e\rangle \le z_{i+1}\})`,
-    a probability vector.  :meth:`rhs` returns :math:`dm/dt` and the positivity limit of one
-    forward-Euler step, exactly like :class:`wflow.solvers.eulerian.FiniteVolume`:
-
-    .. math::
-
-        \frac{dm_i}{dt} = F_i - F_{i+1}, \qquad
-        F_f = \ell_f\big(g_f^+ f_{f-1}^{R} + g_f^- f_f^{L}\big)
-              - \kappa^{-1}\ell_f\,\frac{\bar f_f - \bar f_{f-1}}{\bar z_f - \bar z_{f-1}}, \qquad F_0 = F_M = 0,
-
-    :math:`\ell_f = c_d(1-z_f^2)^{(d-1)/2}` (it vanishes at the poles for every :math:`d \ge 2`, and so
-    does the :math:`z`-velocity :math:`w = (1-z^2)g`), :math:`\bar f_i = m_i/V_i` the cell average of
-    the density w.r.t. :math:`\sigma`, :math:`f^{L,R}` its MC-limited linear reconstruction at the
-    two faces (slopes between weighted centroids :math:`\bar z_i`, face values kept in
-    :math:`[0, 2\bar f_i]`).  Each flux is added to one cell and subtracted from the other, so
-    :math:`\sum_i m_i` is conserved to round-off.  Positivity: a forward-Euler step of size
-    :math:`\Delta t \le \Delta t_{\max} = 1/\max_i\big(2\sum_{f\in\partial i}(\ell_f/V_i)(g_f)_{\rm out}
-    + \kappa^{-1}\sum_f \ell_f/(V_i\,\Delta\bar z_f)\big)` keeps every :math:`m_i \ge 0`.
-
-    The velocity :math:`g_f` at the interior faces is a two-node quadrature of the kernel in every band
-    (:meth:`face_velocity`); volumes are formed in log scale, so polar bands whose :math:`\sigma`-volume
-    underflows still carry mass.  Why :math:`z` and not the polar angle: ``docs/zonal.md`` §6.
+    a probability vector.  :meth:`rhs` returns :math:`dm/dt = F_i - F_{i+1}` (upwind fluxes of an
+    MC-limited linear reconstruction, conservative to round-off) and the positivity limit of one
+    forward-Euler step, like :class:`wflow.solvers.eulerian.FiniteVolume`; the velocity is a
+    two-node quadrature of the kernel in every band (:meth:`face_velocity`), all in log scale.
 
     Parameters
     ----------
@@ -135,7 +114,7 @@ class ZonalFV:
         self.kernel_method = kernel_method
         self._shift = self.beta if kernel == "rescaled" else 0.0
         self.edges = _edges(grid, M)
-        self.n_cells = M = self.edges.size - 1
+        self.n_cells = self.edges.size - 1
         self.evaluations = 0
         self._geometry()
         self._build_kernel()
@@ -230,13 +209,8 @@ class ZonalFV:
         return np.sqrt(np.sum(wt * (zq - mean[:, None]) ** 2, axis=1))
 
     def _build_kernel(self) -> None:
-        r"""Kernel rows at the faces against the two nodes :math:`\bar z_j \pm \varsigma_j` of every band.
-
-        :class:`~wflow.zonal.rows.KernelRows`: the sums :math:`\sum_j w_j k(z_f, y_j)e^{-t_f}` and
-        :math:`\sum_j w_j (kh)(z_f, y_j)e^{-t_f}`, shifted by the row maximum :math:`t_f` of
-        :math:`\log k`, by a verified panel Chebyshev factorization (``kernel_method="auto"``)
-        or dense matrices.
-        """
+        r"""Kernel rows (:class:`~wflow.zonal.rows.KernelRows`) at the faces against the two nodes
+        :math:`\bar z_j \pm \varsigma_j` of every band."""
         lo = np.maximum(self.centers - self.spread, self.edges[:-1])
         hi = np.minimum(self.centers + self.spread, self.edges[1:])
         half = 0.5 * (hi - lo)
@@ -271,9 +245,7 @@ class ZonalFV:
     ) -> np.ndarray:
         r"""Band masses :math:`m_i = \int_{\rm band} f\,d\sigma` of the zonal density :math:`\mu = f(z)\sigma`.
 
-        Gauss--Legendre with ``nodes`` points per cell in the polar angle, where
-        :math:`d\sigma = c_d\sin^{d-2}\varphi\,d\varphi` is smooth for every :math:`d \ge 2`, applied to the
-        weighted average of ``f``; the band volume itself is exact.
+        Gauss--Legendre with ``nodes`` points per cell in the polar angle; the band volume is exact.
 
         Parameters
         ----------
@@ -354,18 +326,14 @@ class ZonalFV:
     def face_velocity(self, masses: np.ndarray, slope: np.ndarray | None = None) -> np.ndarray:
         r""":math:`g_f` at the interior faces, shape ``(M-1,)``; the :math:`z`-velocity is :math:`w = (1-z_f^2)g_f`.
 
-        Quadrature of :math:`\int p(z')k\,h\,dz'` (and of :math:`\int p\,k\,dz'` for SA) cell by cell,
-        with the density linear in each cell (relative slope ``slope``, default the limited
-        reconstruction) and a two-node rule at :math:`\bar z_j\pm\varsigma_j`, :math:`\varsigma_j^2` the
-        :math:`\sigma`-variance of :math:`z` in the cell: exact for :math:`(1, z', z'^2)` against
-        :math:`\sigma` and for :math:`(1, z')` against :math:`\mu`, so second order (and accurate where
-        :math:`\omega` varies on the scale :math:`d^{-1/2}`).
+        Quadrature of :math:`\int p(z')k\,h\,dz'` (and of :math:`\int p\,k\,dz'` for SA) at the two nodes
+        :math:`\bar z_j\pm\varsigma_j` of every band, the density linear in it (relative slope ``slope``,
+        default the limited reconstruction); second order.
         """
         m = np.asarray(masses, dtype=float)
         if slope is None:
             slope = self._slopes(m)
         self.evaluations += 1
-        lo, hi, half = self._nodes
         tilt = self._tilt(slope)
         # node weights (m/2)(1 -+ tilt) at zbar -+ spread: first moment m * slope * spread^2
         w = np.empty((m.size, 2))
@@ -480,9 +448,8 @@ class ZonalFV:
     def _slopes(self, m: np.ndarray) -> np.ndarray:
         r"""Limited slopes of :math:`f` relative to the cell average, shape ``(M,)``.
 
-        Face values :math:`f^{L,R}_i = \bar f_i(1 + \hat s_i(z_{i,i+1} - \bar z_i))` stay in :math:`[0, 2\bar f_i]`; the neighbour ratios :math:`\bar f_{i\pm1}/\bar f_i` are
-        formed in log scale (volumes may underflow), the slope is the MC limiter of the
-        one-sided and central differences between centroids, one-sided in the polar cells.
+        Face values :math:`f^{L,R}_i = \bar f_i(1 + \hat s_i(z_{i,i+1} - \bar z_i))` stay in :math:`[0, 2\bar f_i]`
+        (:func:`_mc_log_slopes` between centroids).
         """
         with np.errstate(divide="ignore"):
             logf = np.log(m) - self.log_volumes
@@ -505,11 +472,8 @@ class ZonalFV:
     def departure(self, u: np.ndarray, dt: float, u_mid: np.ndarray | None = None) -> np.ndarray:
         r"""Departure points :math:`\theta^*_f` of the faces after a step ``dt`` ending in the field ``u``.
 
-        The characteristic through each face traced back by the midpoint rule,
-        :math:`\theta^* = \theta - \Delta t\,u_{1/2}(\theta - \tfrac{\Delta t}{2}u(\theta))`, with ``u_mid``
-        the field at the middle of the step (default ``u``: a frozen field) and both linear between faces
-        (second order); the poles are fixed points (:math:`u = 0`).  The result is increasing when
-        characteristics do not cross within the step (:meth:`remap` needs it).
+        The midpoint rule :math:`\theta^* = \theta - \Delta t\,u_{1/2}(\theta - \tfrac{\Delta t}{2}u(\theta))`,
+        ``u_mid`` the field at the middle of the step (default ``u``), both linear between faces.
         """
         th = self.theta_edges
         mid = np.clip(th - 0.5 * dt * u, 0.0, math.pi)
@@ -518,14 +482,11 @@ class ZonalFV:
         return dep
 
     def _theta_slopes(self, m: np.ndarray) -> np.ndarray:
-        r"""Limited slopes :math:`s_j` of the law's density in :math:`\theta`, relative to the cell average and
-        scaled by the cell width: the density :math:`\bar q_j(1 + s_j(\xi - \tfrac12))`, :math:`\xi \in [0, 1]`
-        across cell ``j``, :math:`|s_j| \le 2` (non-negative).  MC limiter of the neighbour ratios (in log scale).
-        """
+        r"""Limited slopes :math:`|s_j| \le 2` of the density :math:`\bar q_j(1 + s_j(\xi - \tfrac12))` in
+        :math:`\theta`, :math:`\xi \in [0, 1]` across cell ``j``."""
         w = np.diff(self.theta_edges)
         with np.errstate(divide="ignore"):
             logq = np.log(m) - np.log(w)
-        # (the centres' distances across the faces)
         slope = _mc_log_slopes(logq, m > 0, 0.5 * (w[1:] + w[:-1]))
         return np.clip(slope * w, -2.0, 2.0)
 
@@ -533,11 +494,8 @@ class ZonalFV:
         r"""The masses after a step whose faces came from ``departure``: band ``i`` receives the old mass in
         :math:`[\theta^*_i, \theta^*_{i+1}]`.
 
-        The old mass is the limited linear reconstruction in :math:`\theta` (:meth:`_theta_slopes`), so
-        every new mass is a sum of non-negative terms (positivity needs only increasing departure points),
-        and the new masses partition the old ones (conservation).  Whole bands in between are summed from
-        the nearer pole (prefix or suffix sums), so masses far below 1 in the tails keep their relative
-        accuracy.
+        The old mass is the limited linear reconstruction in :math:`\theta`; positive and conservative
+        for increasing departure points (``docs/zonal.md`` §6b).
         """
         return self._remap(self.reconstruction(masses), departure)
 
@@ -577,9 +535,7 @@ class ZonalFV:
                     \approx \frac{1}{2\beta}\sum_{i,j} m_i m_j\,k(\bar z_i, \bar z_j),
 
         times :math:`e^{-\beta}` in the rescaled kernel; at :math:`\beta = 0` the limit
-        :math:`\tfrac12(\sum_i m_i\bar z_i)^2`.  Both SA and USA ascend it.  The kernel rows at the
-        centroids (:class:`~wflow.zonal.rows.KernelRows`, factorized when verified) are built on the
-        first call.
+        :math:`\tfrac12(\sum_i m_i\bar z_i)^2`.
         """
         m = np.maximum(np.asarray(masses, dtype=float), 0.0)
         if m.shape != (self.n_cells,):
@@ -627,11 +583,8 @@ class ZonalFV:
 def _mc_log_slopes(logf: np.ndarray, full: np.ndarray, h: np.ndarray) -> np.ndarray:
     r"""Slopes of a cell-average density relative to its value, :math:`\hat s_i = f'/\bar f_i`, shape ``(M,)``.
 
-    ``logf`` the log cell averages (``-inf`` where ``full`` is False: empty cells), ``h`` the distances of
-    neighbouring cells' reference points across the ``M - 1`` interior faces.  The neighbour ratios
-    :math:`\bar f_{i\pm1}/\bar f_i` are formed in log scale (capped at :math:`e^{300}`: the callers bound
-    the reconstruction anyway), the slope is the MC limiter of the one-sided and central differences,
-    one-sided in the two end cells; not yet clipped.
+    ``logf`` the log cell averages (``-inf`` where ``full`` is False), ``h`` the distances across the
+    ``M - 1`` interior faces; MC limiter of the neighbour ratios (in log scale), one-sided at the ends.
     """
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         up = np.exp(np.minimum(logf[1:] - logf[:-1], 300.0))  # fbar_{i+1}/fbar_i, i = 0..M-2
