@@ -1,10 +1,5 @@
-r"""Ways of writing the same dynamics: the two kernel conventions and the Kuramoto form.
-
-The kernels :math:`e^{\beta\langle x,y\rangle}` and :math:`e^{\beta(\langle x,y\rangle-1)}`
-differ by :math:`e^{\beta}`: :func:`rescaled_time`, :func:`plain_time`,
-:func:`rescaled_energy`, :func:`plain_energy` convert times and energies.  USA on the
-circle written in angles is the Kuramoto form (:func:`kuramoto_velocity`).
-"""
+r"""Ways of writing the same dynamics: the two kernel conventions (:math:`e^{\beta\langle x,y\rangle}`
+and :math:`e^{\beta(\langle x,y\rangle-1)}`) and the Kuramoto form."""
 
 from __future__ import annotations
 

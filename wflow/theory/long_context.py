@@ -1,8 +1,4 @@
-r"""Long context: one attention layer at :math:`\beta = \gamma\log n`, its limit and its finite-:math:`n` value.
-
-:func:`long_context_limit` (:math:`n\to\infty`), :func:`long_context_gap` and
-:func:`long_context_cosine` (finite :math:`n`, in log scale up to :math:`n = 10^{12}` and beyond).
-"""
+r"""Long context: one attention layer at :math:`\beta = \gamma\log n`, its limit and its finite-:math:`n` value."""
 
 from __future__ import annotations
 

@@ -15,24 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-#: public name -> the module that defines it
-_NAMES = {
-    "jko": ".step",
-    "jko_step": ".step",
-    "JKO": ".step",
-    "JKOProblem": ".step",
-    "JKOResult": ".step",
-    "JKOStepper": ".step",
-    "StepStats": ".step",
-    "WarmStart": ".step",
-    "check_gradient_model": ".step",
-    "stationary": ".stationary_states",
-    "StationaryResult": ".stationary_states",
-    "model_time_unit": ".stationary_states",
-    "cluster_atoms": ".stationary_states",
-    "atom_groups": ".stationary_states",
-    "cost_matrix": "...sphere",
-}
+#: the public names of .stationary_states (cost_matrix is wflow.sphere's, the others .step's)
+_STATIONARY = ("stationary", "StationaryResult", "model_time_unit", "cluster_atoms", "atom_groups")
 
 __all__ = [
     "jko",
@@ -54,9 +38,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_NAMES[name], __name__), name)
+    where = ".stationary_states" if name in _STATIONARY else ".step"
+    module = importlib.import_module("...sphere" if name == "cost_matrix" else where, __name__)
+    value = getattr(module, name)
     globals()[name] = value  # the next look-up is a plain attribute
     return value
 

@@ -45,9 +45,7 @@ from .stepper import support as support
 class JKOProblem(Problem):
     r"""A measure on a fixed support moved by the Wasserstein gradient flow of :math:`-F + \kappa^{-1}\int\nu\log\nu`.
 
-    The state is the weight vector :math:`\nu` (sum 1) on the support points ``x`` with
-    reference volumes ``r``; there is no explicit right-hand side: the :class:`JKO` solver
-    takes implicit steps.
+    The state is the weight vector :math:`\nu` (sum 1) on the support ``x`` with volumes ``r``.
 
     Examples
     --------

@@ -128,11 +128,8 @@ def support(rho0: Any, reference: Any) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """
     if isinstance(rho0, Density):
         mesh = rho0.mesh
-        x, a, r = (
-            mesh.centers.astype(np.float64),
-            rho0.masses().astype(np.float64),
-            mesh.areas.astype(np.float64),
-        )
+        x, r = mesh.centers.astype(np.float64), mesh.areas.astype(np.float64)
+        a = rho0.masses().astype(np.float64)
     elif isinstance(rho0, Atoms):
         if rho0.batch_shape:
             raise ValueError(
@@ -200,11 +197,7 @@ class JKOEnergy:
 
 @dataclass(frozen=True, eq=False)
 class WarmStart:
-    r"""The inner solver's state after a JKO step: where the next step starts.
-
-    The kernel is rebuilt at ``gbar`` exactly as the run built it, so a run continued from a
-    warm start (``jko(..., warm_start=...)``, ``wflow run --resume``) repeats the uninterrupted
-    run's iterations.
+    r"""The inner solver's state after a JKO step: where the next step starts (bit-exact resume).
 
     Attributes
     ----------
@@ -271,9 +264,7 @@ class StepStats:
 
 
 class JKOStepper:
-    """Holds the support, the cost, the OT state (warm starts) and the energy; takes JKO steps.
-
-    The per-run state of the :class:`JKO` solver (and of :func:`~wflow.solvers.jko.stationary`).
+    """The per-run state of the :class:`JKO` solver (support, cost, OT state, energy); takes JKO steps.
 
     Examples
     --------

@@ -177,10 +177,7 @@ class SemiRelaxed:
         newton: bool = True,
     ) -> tuple[int, float]:
         """Iterate to a fixed point of the generalized Sinkhorn map; ``(iterations, change)``.
-
-        When the scaling map contracts slowly (:math:`\\zeta > 1/2`) and ``newton``, hands over to
-        :meth:`newton` instead.
-        """
+        For :math:`\\zeta > 1/2` and ``newton``, :meth:`newton` instead."""
         eps = self._eps
         zeta = lam / (eps + lam)
         if newton and zeta > 0.5:
@@ -309,11 +306,9 @@ class SemiRelaxed:
         diag: np.ndarray,
         max_products: int,
     ) -> tuple[np.ndarray, int]:
-        """Jacobi-preconditioned CG for ``H d = grad`` to relative tolerance 1e-3 (inexact Newton).
+        """Jacobi-preconditioned CG for ``H d = grad`` to relative tolerance 1e-3: ``(d, products)``.
 
-        Returns the direction and the Hessian products used (at most ``max_products``). On zero
-        curvature or an overflow, keeps the direction found so far (the preconditioned gradient at
-        first) and counts the breakdown.
+        On zero curvature or an overflow, keeps the direction found so far and counts the breakdown.
         """
         d = np.zeros_like(grad)
         rcg = grad.copy()
@@ -329,8 +324,7 @@ class SemiRelaxed:
                 pp = float(np.dot(p, p))
             products += 1
             if not (np.isfinite(pHp) and np.isfinite(pp) and pHp > 1e-300 * max(1.0, pp)):
-                # zero (or, by round-off, negative) curvature along p, or an overflow: CG cannot
-                # go on; keep the direction found so far (the preconditioned gradient at first)
+                # zero (or negative) curvature along p, or an overflow
                 self.breakdowns["curvature" if np.isfinite(pHp) else "nonfinite"] += 1
                 if not np.any(d):
                     d = z if np.all(np.isfinite(z)) else np.zeros_like(grad)
@@ -360,11 +354,8 @@ class SemiRelaxed:
         D: float,
         dual: Callable[[np.ndarray], tuple[float, np.ndarray | None]],
     ) -> tuple[float, np.ndarray, float, np.ndarray] | None:
-        """Armijo backtracking on the dual from ``g`` along ``d``: ``(t, nu, D, q)`` at the step taken.
-
-        Halves the step until the dual rises enough; below ``t = 1e-8`` moves back to ``g`` and
-        returns None.
-        """
+        """Armijo backtracking on the dual from ``g`` along ``d``: ``(t, nu, D, q)``, or None (back at
+        ``g``) below ``t = 1e-8``."""
         t = 1.0
         while True:
             nu_t = self._set_g(g + t * d, a)
