@@ -222,6 +222,13 @@ def w2_in_time(
             L = L1 + L2
             worst, w2_min = -np.inf, np.inf
             fits = {}
+            run = {
+                "sphere": "S1",
+                "model": name,
+                "start": "iid-in-time",
+                "beta": beta,
+                "coupling": np.nan,
+            }
             for N, seeds in plan.items():
                 W = r[f"W2_{N}"]  # (seeds, saves)
                 w2_min = min(w2_min, float(W.min()))
@@ -235,20 +242,8 @@ def w2_in_time(
                 fits[N] = (float(res.slope), half)
                 for s in range(seeds):
                     for i, t in enumerate(times):
-                        rep.rows.append(
-                            {
-                                "sphere": "S1",
-                                "model": name,
-                                "start": "iid-in-time",
-                                "beta": beta,
-                                "N": N,
-                                "seed": s,
-                                "t": float(t),
-                                "coupling": np.nan,
-                                "W2": float(W[s, i]),
-                                "reference_error": float(r["ref_error"][i]),
-                            }
-                        )
+                        at = {"N": N, "seed": s, "t": float(t), "W2": float(W[s, i])}
+                        rep.rows.append(run | at | {"reference_error": float(r["ref_error"][i])})
             curves[(name, beta)] = (times, {N: r[f"W2_{N}"] for N in plan}, fits, L)
             lab = f"S1 {name} beta={beta:g}, t <= {T:.3g}"
             rep.expect(
