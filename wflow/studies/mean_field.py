@@ -490,22 +490,13 @@ def _iid_rates(
 ) -> None:
     """The i.i.d. block's rows, and the slopes in N of D_N (t > 0) and, on S^1, of W2."""
     per_t: dict[float, list[tuple[int, float, float]]] = {t: [] for t in times}
+    run = {"sphere": f"S{d - 1}", "model": name, "start": "iid"}
     for N, s, t, coupling, w2 in zip(
         block["N"], block["seed"], block["t"], block["coupling"], block["W2"]
     ):
         per_t[float(t)].append((int(N), float(coupling), float(w2)))
-        rep.rows.append(
-            {
-                "sphere": f"S{d - 1}",
-                "model": name,
-                "start": "iid",
-                "N": int(N),
-                "seed": int(s),
-                "t": float(t),
-                "coupling": float(coupling),
-                "W2": float(w2),
-            }
-        )
+        at = dict(N=int(N), seed=int(s), t=float(t), coupling=float(coupling), W2=float(w2))
+        rep.rows.append(run | at)
     for t in times:
         arr = np.array(per_t[t])
         if t > 0:
