@@ -123,6 +123,7 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
             ref_err = _law_w2(ref.edges, ref.masses[-1], coarse.edges, coarse.masses[-1])
             t_zonal = time.perf_counter() - t0
             rows = []
+            run = {"d": d, "model": name, "beta": BETA, "reference_error": ref_err}
             t1 = time.perf_counter()
             runs = f"{sum(plan.values())} particle runs, N = {min(plan)}..{max(plan)}"
             phase(rep.name, label(f"d = {d} {name}: {runs}, to t = {T_END:g}"))
@@ -135,18 +136,7 @@ def mean_field_zonal(out: Path, quick: bool = True) -> StudyReport:
                     )
                     for i, t in enumerate(tr.times):
                         w2 = ref.w2(tr.points[i][:, -1], i)
-                        rows.append(
-                            {
-                                "d": d,
-                                "model": name,
-                                "beta": BETA,
-                                "N": N,
-                                "seed": s,
-                                "t": float(t),
-                                "W2": w2,
-                                "reference_error": ref_err,
-                            }
-                        )
+                        rows.append(run | {"N": N, "seed": s, "t": float(t), "W2": w2})
             t_part = time.perf_counter() - t1
             rep.rows.extend(rows)
             for t in (0.0, T_END):
