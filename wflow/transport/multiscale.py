@@ -1,67 +1,28 @@
 r"""Multiscale entropic :math:`W_2` on the sphere with a certified bracket.
 
-:func:`certified_w2` computes :math:`W_2` between two atomic measures on
-:math:`S^{d-1}` for :math:`10^5`--:math:`10^6` atoms and returns a bracket
-``lower <= W_2 <= upper`` whose relative width is at most ``tol``.
+:func:`certified_w2` computes :math:`W_2` between two atomic measures on :math:`S^{d-1}`
+(:math:`10^5`--:math:`10^6` atoms) and returns a bracket ``lower <= W_2 <= upper`` of relative
+width at most ``tol`` (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss
+multiscale).  docs/transport.md explains the method; in short:
 
-The solver (Schmitzer 2019, "Stabilized sparse scaling"; Feydy 2020, GeomLoss multiscale):
+1. **Coarse level.**  Clusterings with ``RATIO`` times more cells per level; a dense
+   log-domain Sinkhorn on the coarsest anneals :math:`\varepsilon` from :math:`\mathrm{diam}^2`
+   to its spacing squared, and a level of :math:`N_\ell` cells anneals down to
+   ``HANDOVER`` :math:`/N_\ell` before the finer level takes over.
+2. **Finer levels.**  Each atom starts from the soft c-transform of the coarser potentials
+   (:func:`_extrapolate`); per :math:`\varepsilon` (halved) the kept pairs have
+   :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU``), expanded from the coarse cell
+   pairs on a level's first two steps (:func:`_expand`), filtered from the previous step's
+   (:func:`_narrow`), or searched exactly by cells (:func:`_search`); rows that lost their
+   best partner are repaired (:func:`_repair`).  Over-relaxed Sinkhorn scaling on the
+   pattern (:mod:`._scaling`) until the marginals' L1 error is below ``LEVEL_ERR``.
+3. **Certificate.**  At :math:`\varepsilon \le` ``reg``: the lower bound is the dual value
+   of the exact c-transforms (:func:`wflow.transport.certify.c_transform`), the upper bound
+   the cost of the sparse plan rounded onto the exact marginals; a bracket wider than
+   ``tol`` halves :math:`\varepsilon` again.
 
-1. **Coarse level.**  Each measure is clustered into about ``n_coarse`` cells (nearest of
-   a random subset of its atoms, a k-d tree query); the cluster masses sit at the
-   normalized cluster means.  A dense log-domain Sinkhorn on the clusters anneals
-   :math:`\varepsilon` from :math:`\mathrm{diam}^2` down to the square of the cluster
-   spacing.  Between it and the atoms, clusterings with ``RATIO`` (4) times more cells
-   per level; a level of :math:`N_\ell` cells anneals down to :math:`2.5/N_\ell` (a fifth
-   of its spacing squared), then hands over: the finest level starts at the
-   :math:`\varepsilon` where it keeps about 150 partners per atom, whatever N.
-2. **Finer levels, kernel truncation.**  Each atom's potential is the soft c-transform of
-   the coarser level's potentials, summed over every coarse atom that carries weight (an
-   exact search by cells, :meth:`wflow.transport.certify.Cells.within`, not a fixed number
-   of candidates).  For each
-   :math:`\varepsilon` (halved per step) the kept pairs are those with
-   :math:`f_i + g_j - c_{ij} \ge -\tau\varepsilon` (``TAU`` = 12), each atom's reference
-   :math:`f_i` taken at most :math:`\tau\varepsilon` above its best
-   :math:`\min_j (c_{ij} - g_j)`; they are searched from both sides, exactly, by cells
-   (:meth:`wflow.transport.certify.Cells.within`): the dropped entries carry at most
-   :math:`e^{-\tau}` of each atom's mass.  On a level's first two :math:`\varepsilon` (the hand-over's
-   potentials have not settled) the candidates are not searched but expanded from the
-   coarser level's kept cell pairs (Schmitzer 2019; GeomLoss's block-sparse truncation):
-   atom i in cell I and atom j in cell J are candidates iff (I, J) was within
-   :math:`(\tau + 100)\varepsilon` (``MARGIN`` = 100) at the coarser level's last
-   :math:`\varepsilon`; the same rule then filters them, in O(candidates), and the expansion
-   is repaired (below) against the exact c-transforms of the hand-over's potentials.  The other
-   steps filter the previous step's pairs by the same rule (the window at
-   :math:`\varepsilon/2` lies inside the one at :math:`\varepsilon` while the potentials
-   move by less than :math:`\tau\varepsilon/2`).  One O(pairs) log-domain update, one
-   exponential per pair (the Gibbs kernel), then over-relaxed Sinkhorn scaling passes
-   (multiply-adds only) until the marginals' L1 error is below ``LEVEL_ERR`` (1e-3), with
-   absorption of the scalings into the potentials.
-   **Repair.**  A pattern can miss the support of the plan: near a discontinuity of the
-   transport map (where the atoms' partners jump from one region to another, as between
-   the basins of two caps) a coarse cell's pairs lie on one side while some of its atoms'
-   partners lie on the other, off by far more than any margin.  The scaling then converges
-   on the pattern to potentials far from the optimum's (those atoms' potentials rise until
-   distant atoms feed them), or stalls.  So after each expansion, after a stall and after a
-   bracket wider than ``tol``, each row's best kept partner is compared with its exact best
-   over all atoms (exact c-transforms by cells; after a wide bracket, the certificate's);
-   the rows and columns more than ``LOST`` (1) eps apart have *lost* their partners, and
-   their windows, searched exactly by cells, are added to the pattern (:func:`_repair`) at
-   the same :math:`\varepsilon`.  Only when nothing is lost after a wide bracket are all the
-   pairs searched anew (:func:`_search`).
-3. **Certificate.**  Once :math:`\varepsilon \le` ``reg`` and the marginals are met to
-   the precision the bracket needs: the lower bound is the dual value of the exact
-   c-transform of each potential (:func:`wflow.transport.certify.c_transform`), the upper
-   bound the cost of the sparse plan rounded to the exact marginals.  If the bracket is
-   wider than ``tol`` and no row lost its partners, :math:`\varepsilon` is halved again.
-
-The passes run with numba on the CPU, or on a GPU through PyTorch (``device``;
-:mod:`wflow.transport._cuda`); the rest always on the CPU.  Each pass costs O(pairs), memory
-is O(pairs): about :math:`\tau\varepsilon N\lambda/4`
-pairs per atom on :math:`S^2`, :math:`\lambda` the local expansion of the transport map (6
-for a von Mises--Fisher cap with :math:`\kappa = 20` spread to uniform).  The cost is
-:math:`\theta^2` (geodesic) or :math:`|x-y|^2` (chordal), as in the rest of
-:mod:`wflow.transport` (``reg`` is :math:`\varepsilon` in those units, radians² for the
-geodesic cost).  Only balanced transport (equal masses) is supported.
+Memory and each pass are O(kept pairs).  The cost is :math:`\theta^2` (geodesic) or
+:math:`|x-y|^2` (chordal); ``reg`` is in its units.  Only balanced transport is supported.
 """
 
 from __future__ import annotations
@@ -103,31 +64,22 @@ log = logging.getLogger(__name__)
 TAU = 12.0
 #: the hierarchy: each level has RATIO times fewer atoms than the next finer one
 RATIO = 4
-#: a level of N atoms (not the last) anneals down to eps = HANDOVER / N (S^2: HANDOVER / (4 pi)
-#: times its spacing squared), then hands over to the finer level, whose pairs per atom are
-#: then about proportional to HANDOVER (RATIO x N_coarse x eps)
+#: a level of N atoms (not the last) anneals down to eps = HANDOVER / N, then hands over
 HANDOVER = 2.5
 #: L1 error of the marginals at which an eps level hands over to the next (halved) one
 LEVEL_ERR = 1e-3
 #: the hand-over's coarse cell pairs: those within (TAU + MARGIN) eps of their row's or
-#: column's best at the coarse level's last eps.  A fine atom sits up to a cell radius r from
-#: its cell's centre, which moves its slack by about 2 r sqrt(TAU eps) relative to the
-#: cell's, per side; at the hand-over r^2 is several eps (HANDOVER = 2.5).  A narrower margin
-#: loses rows' best partners on the coarse levels, and the finer levels inherit and widen the
-#: losses
+#: column's best at the coarse level's last eps (a fine atom's slack differs from its cell's
+#: by about 2 r sqrt(TAU eps), r the cell radius, r^2 several eps at the hand-over)
 MARGIN = 100.0
 #: a row (column) whose best partner in the kept pairs is more than LOST eps above its exact
 #: best over all atoms has lost its partners: its window is searched and added
 LOST = 1.0
-#: the marginals are tight enough for the certificate once the bracket estimated from the rounded
-#: plan and the dual on the kept pairs takes at most SAFE of the width allowed (the exact
-#: c-transform can only lower the dual: the rest is its margin)
+#: the marginals are tight enough for the certificate once the bracket estimated on the kept
+#: pairs takes at most SAFE of the width allowed (the exact c-transform can only lower the dual)
 SAFE = 0.5
 #: on the finest level, the first eps's kept pairs go to the exact network simplex (POT's sparse
-#: ``ot.emd``) when there are at most this many: its plan and its duals' exact c-transforms
-#: bracket W_2 to round-off when the pairs hold an optimal plan.  The simplex's time grows faster
-#: than the pairs (two S^2 clouds of 2e4 uniform atoms, 1.1e6 pairs: 16 s; the eps-scaling needed
-#: 9 more halvings there and stalled at a 52 % wide bracket, its rounding error above W_2^2)
+#: ``ot.emd``, :func:`_simplex`) when there are at most this many
 EXACT_PAIRS = 4_000_000
 #: ... and when the first eps is above SIMPLEX_GAP tol W_2^2 (the scaling has several halvings to go)
 SIMPLEX_GAP = 16.0
@@ -238,10 +190,8 @@ def _coarse(xc, ac, yc, bc, geodesic, eps_list, n_final, need=1e-3):
 def _extrapolate(q, pts, pot, logw, eps, geodesic):
     r"""Soft c-transform :math:`-\varepsilon\log\sum_J w_J e^{(pot_J - c(q_i, p_J))/\varepsilon}` of each query.
 
-    The sum runs over every :math:`J` whose term is within :math:`e^{-\tau}` (``TAU``) of
-    the query's largest one, found exactly by the cells' bounds
-    (:meth:`wflow.transport.certify.Cells.within`): distant atoms with large potentials are
-    not missed.
+    Over every :math:`J` whose term is within :math:`e^{-\tau}` of the largest, found exactly
+    by cells (:meth:`wflow.transport.certify.Cells.within`).
     """
     h = pot + eps * logw
     rows, cols, c = Cells(pts).within(q, h, np.full(q.shape[0], TAU * eps), geodesic)
@@ -269,7 +219,6 @@ class _Pattern:
         # 32-bit indices: the Sinkhorn passes read them for every pair (memory bandwidth)
         self.rows = i.astype(np.int32, copy=False)
         self.cols = j.astype(np.int32, copy=False)
-        # the CSC order by a counting sort: 13x faster than a stable argsort at 5e7 pairs
         self.perm, self.cptr = csc_order(self.cols, m)
         self.crows = self.rows[self.perm]
         self.nnz = self.cols.size
@@ -281,10 +230,8 @@ class _Pattern:
         return cls(np.repeat(np.arange(n, dtype=np.int32), np.diff(ptr)), cols, n, m, ptr)
 
     def with_pairs(self, c, rows_i, rows_j, x, y, geodesic):
-        """This pattern (costs ``c``, CSR order) with the pairs ``(rows_i[k], rows_j[k])``
-        added (any order, repeats allowed), and its costs: a merge row by row, O(nnz) for a
-        few added pairs, with no 64-bit copy of the pattern (at 10^6 atoms it holds 2.3e8
-        pairs)."""
+        """This pattern (costs ``c``, CSR order) with the pairs ``(rows_i[k], rows_j[k])`` added
+        (any order, repeats allowed), and its costs: a merge row by row, no 64-bit copy."""
         n, m = self.ptr.size - 1, self.cptr.size - 1
         add = _sorted_keys(rows_i, rows_j, m)
         add_ptr = np.zeros(n + 1, dtype=np.int64)
@@ -300,8 +247,7 @@ class _Pattern:
 
 
 def _sorted_keys(rows_i, rows_j, m):
-    """The distinct keys ``rows_i * m + rows_j``, ascending: sorted, repeats dropped (np.unique
-    in NumPy 2.4 hashes first, 20x slower at 3e7 keys)."""
+    """The distinct keys ``rows_i * m + rows_j``, ascending (a sort: np.unique hashes first)."""
     key = np.sort(rows_i.astype(np.int64) * m + rows_j)
     return key[np.r_[True, key[1:] != key[:-1]]] if key.size else key
 
@@ -354,16 +300,14 @@ def certified_w2(
     seed : int
         Seed of the random cluster centres.
     omega : float in [1, 2)
-        Over-relaxation of the Sinkhorn passes (1: plain Sinkhorn), reached over the first
-        20 passes of each step, halved towards 1 when 20 passes in a row diverge (the scalings
-        then go back to the best ones) and raised again once the error has fallen tenfold.
+        Over-relaxation of the Sinkhorn passes (1: plain Sinkhorn), backed off towards 1
+        while the passes diverge (:meth:`wflow.transport._scaling.Scaling.run`).
     threads : int, optional
         numba threads (default: 1 when ``512 (n + m) < 2·10^6``, where thread start-up
         dominates, else numba's default).
     device : {"auto", "cpu", "cuda"}
-        Where the Sinkhorn passes run: ``"cuda"`` on the GPU through PyTorch (CSR tensors,
-        cuSPARSE; the searches and the certificate stay on the CPU), ``"cpu"`` with numba;
-        ``"auto"`` takes the GPU when PyTorch imports and sees one.
+        Where the Sinkhorn passes run: ``"cuda"`` on the GPU through PyTorch (the rest stays on
+        the CPU), ``"cpu"`` with numba; ``"auto"`` takes the GPU when PyTorch sees one.
 
     Returns
     -------
@@ -422,11 +366,7 @@ def certified_w2(
         raise ValueError(
             f"tol must be in [{MIN_TOL:g}, 1): float64 cannot certify a relative width below {MIN_TOL:g}, got {tol!r}"
         )
-    for v, name in (
-        (n_coarse, "n_coarse"),
-        (max_levels, "max_levels"),
-        (max_iter, "max_iter"),
-    ):
+    for v, name in ((n_coarse, "n_coarse"), (max_levels, "max_levels"), (max_iter, "max_iter")):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     omega = _real(omega, "omega")
@@ -438,7 +378,6 @@ def certified_w2(
     import numba
 
     before = numba.get_num_threads()
-    # about 512 pairs per atom at most steps: one thread for small problems
     wanted = threads if threads is not None else (1 if (n + m) * 512 < 2e6 else before)
     numba.set_num_threads(
         max(1, min(int(wanted), int(getattr(numba.config, "NUMBA_NUM_THREADS", before))))
@@ -524,15 +463,11 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
     for lev in range(1, len(hier)):
         xp, ap, yp, bp = hier[lev - 1]
         x, a, y, b = hier[lev]
-        # extrapolate: each atom's potential is the soft c-transform of the coarser level's
-        # other side (Feydy 2020)
-        f, g = (
+        f, g = (  # the soft c-transforms of the coarser level's potentials (Feydy 2020)
             _extrapolate(x, yp, g, np.log(bp), eps, geodesic),
             _extrapolate(y, xp, f, np.log(ap), eps, geodesic),
         )
         last = lev == len(hier) - 1
-        # a level of N atoms keeps O(N eps) partners per atom: it anneals down to a fifth of
-        # its spacing squared (whatever reg is), then hands over to the finer level
         eps_end = reg if last else HANDOVER / min(len(a), len(b)) * (area / (4 * math.pi))
         co = _links(wide, hier[lev], hier[lev - 1])
         (f, g), eps, result, wide = _sparse_level(
@@ -542,17 +477,12 @@ def _solve(x, a, y, b, opts: _Settings, n_coarse: int, seed: int) -> dict:
 
 
 def _search(x, y, f, g, eps, geodesic, k_min=16):
-    r"""Kept pairs searched anew, exactly, from both sides, and their costs.
+    r"""Kept pairs searched anew, exactly by cells, from both sides: ``(pattern, c, c_csc)``.
 
-    Row i keeps the pairs with :math:`c_{ij} - g_j \le t_i + \tau\varepsilon`,
-    :math:`t_i = \min(\max(f_i, m_i), m_i + \tau\varepsilon)`, :math:`m_i = \min_j (c_{ij} -
-    g_j)` over all atoms (the rule of :func:`_narrow`, with a reference at most
-    :math:`\tau\varepsilon` above the best: an infeasible potential widens no window beyond
-    twice the usual), found by cells (:meth:`~wflow.transport.certify.Cells.within`), whatever
-    the potentials; the columns likewise.  A row whose window holds fewer than ``k_min``
-    atoms (a steep potential) also keeps the ``k_min`` atoms nearest its best partner, as
-    :func:`_narrow` keeps a margin: a pattern with a partner or two per row may admit no plan
-    with the marginals, and the scaling then stalls.
+    Row i keeps :math:`c_{ij} - g_j \le t_i + \tau\varepsilon`, :math:`t_i = \min(\max(f_i,
+    m_i), m_i + \tau\varepsilon)`, :math:`m_i = \min_j (c_{ij} - g_j)` over all atoms; the
+    columns likewise.  A row with fewer than ``k_min`` in its window also keeps the ``k_min``
+    atoms nearest its best partner (with a partner or two per row no plan may fit).
     """
     slack = TAU * eps
     found = []
@@ -609,15 +539,11 @@ def _repair(x, y, f, g, eps, narrowed, geodesic, exact=(None, None)):
     r"""The pattern with the windows of the rows and columns whose best partner it misses.
 
     Row i is *lost* when the best of its pairs, :math:`\min_{j \in P_i} (c_{ij} - g_j)`, lies
-    more than ``LOST`` eps above the exact best over all atoms (``exact[0]``, computed by
-    cells when not given); its window (the rule of :func:`_search`) is searched and added,
-    and the columns likewise.  A pattern expanded from the coarser level's cell pairs misses
-    the support of the plan near the transport map's discontinuities (atoms between two
-    basins whose coarse cells were paired with one basin only); unrepaired, the scaling
-    raises those columns' potentials until distant atoms feed them, and the finer levels
-    inherit the error.  Returns
-    ``None`` when nothing is lost, else the new ``(pattern, c, c_csc)`` and the number of
-    lost rows and columns.
+    more than ``LOST`` eps above the exact best over all atoms (``exact[0]``, by cells when
+    not given); its window (the rule of :func:`_search`) is added; the columns likewise.
+    Patterns expanded from coarse cells miss such rows near the transport map's
+    discontinuities.  Returns ``None`` when nothing is lost, else the new
+    ``(pattern, c, c_csc)`` and the number of lost rows and columns.
     """
     pat, c, c_csc = narrowed
     added, n_lost = [], 0
@@ -648,10 +574,8 @@ def _repair(x, y, f, g, eps, narrowed, geodesic, exact=(None, None)):
 def _expand(x, y, f, g, eps, co: _Coarse, geodesic, k_min=16):
     r"""Kept pairs of a fine level from the coarse level's kept cell pairs (Schmitzer 2019).
 
-    Atom i in cell I and atom j in cell J are candidates iff (I, J) is in ``co.pat``; of
-    those, the rule of :func:`_narrow` keeps the pairs within ``TAU eps`` of the row's or
-    the column's reference (and each row's and column's ``k_min`` best).  O(candidates),
-    no k-d search.  The caller repairs the atoms whose best partner it misses (:func:`_repair`).
+    Atom i in cell I and atom j in cell J are candidates iff (I, J) is in ``co.pat``; the
+    rule of :func:`_narrow` filters them, in O(candidates).
     """
     slack = TAU * eps
     cp = co.pat
@@ -668,14 +592,12 @@ def _expand(x, y, f, g, eps, co: _Coarse, geodesic, k_min=16):
 
 
 def _narrow(pat, c, f, g, eps, k_min=16, tau=TAU):
-    r"""The kept pairs at a smaller ``eps``, taken from the previous eps step's pattern.
+    r"""The kept pairs at a smaller ``eps``, filtered from the previous eps step's pattern.
 
-    The rule of :func:`_search` (pairs within ``TAU eps`` of the row's or the column's
-    reference, :math:`t_i = \max(f_i, \min_j (c_{ij} - g_j))`) applied to the pairs kept at
-    the previous (doubled) eps instead of a new k-d search: while the potentials move by
-    less than ``TAU eps`` between the steps, the window at the new eps lies inside the old
-    one.  A row or column left with fewer than ``k_min`` partners keeps all its old ones
-    (a margin for the potentials' move).  A stalled scaling searches anew.
+    Pairs within ``tau eps`` of the row's or the column's reference, :math:`t_i = \max(f_i,
+    \min_j (c_{ij} - g_j))`; a row or column left with fewer than ``k_min`` keeps all its old
+    ones.  (The new window lies inside the old while the potentials move by less than
+    ``TAU eps``.)
     """
     n, m = pat.ptr.size - 1, pat.cptr.size - 1
     slack = tau * eps
@@ -707,14 +629,9 @@ def _tightened(sk: Scaling, meas, narrowed, opts: _Settings, primal, optimistic)
     r"""The scaling's marginals tightened as far as the certificate needs; the rounded plan's
     cost bound and moved mass ``(cost, delta)`` (:func:`rounded_plan_cost`).
 
-    The rounding moves at most the marginals' L1 error of mass, at cost at most
-    :math:`c_{\max}` each: an error of ``need``, half of what the dual gap ``optimistic``
-    leaves of the bracket allowed (about :math:`2\,tol\,W^2`), bounds the bracket whatever the
-    plan.  A rounded plan costs far less than that bound, so the scaling stops earlier when
-    the bracket estimated at the current error, the rounded cost against the dual on the kept
-    pairs (:func:`best_partner`), takes at most ``SAFE`` of the width allowed; otherwise it
-    aims at the error at which that estimate, taken as proportional to the error, would, and
-    never below ``need``.
+    An error of ``need`` (rounding moves that much mass at :math:`c_{\max}` at most) bounds
+    the bracket whatever the plan; the scaling stops earlier once the bracket estimated on the
+    kept pairs takes at most ``SAFE`` of the width allowed.
     """
     x, a, y, b = meas
     pat, c, c_csc = narrowed
@@ -741,13 +658,7 @@ def _tightened(sk: Scaling, meas, narrowed, opts: _Settings, primal, optimistic)
         target = max(need, sk.err * min(0.5, 0.8 * allowed / est))
         st = sk.run(target, opts.max_iter)
         log.debug(
-            "bracket estimate %.2g of %.2g allowed: tightening to %.2g: %s, err %.2g, passes %d",
-            est / pc,
-            allowed / pc,
-            target,
-            st,
-            sk.err,
-            sk.state["passes"],
+            "bracket %.2g of %.2g: to %.2g: %s, %.2g", est / pc, allowed / pc, target, st, sk.err
         )
         settled = st != "ok"
 
@@ -759,23 +670,17 @@ def _pairs(meas, f, g, eps, pat, c, co: _Coarse, geodesic, filtering, searching)
     x, _, y, _ = meas
     if filtering:
         return _narrow(pat, c, f, g, eps)
-    if not searching:  # the first two eps steps: from the coarse cell pairs,
+    if not searching:  # the first two eps steps: from the coarse cell pairs, repaired
         narrowed = _expand(x, y, f, g, eps, co, geodesic)
-        # with the windows of the atoms whose best partner they miss (near the
-        # transport map's discontinuities the coarse cells' pairs are off by far
-        # more than any margin)
         checked = _repair(x, y, f, g, eps, narrowed, geodesic)
         return narrowed if checked is None else checked[0]
     return _search(x, y, f, g, eps, geodesic)
 
 
 def _optimistic(meas, f, pattern, sk, opts: _Settings, levels):
-    """Whether to certify on the last level's final eps, ``(certify, plan cost, rounding mass)``.
-
-    The optimistic bracket, the plan's cost against the dual of the c-transform on the pattern,
-    within ``tol`` (or the levels spent): then the plan is rounded onto the marginals
-    (:func:`_tightened`) and its cost and the mass moved are returned.
-    """
+    """Whether to certify on the last level's final eps, ``(certify, plan cost, rounding mass)``:
+    when the bracket on the pattern is within ``tol`` (or the levels are spent), the plan
+    rounded onto the marginals (:func:`_tightened`)."""
     _, a, _, b = meas
     pat, c, c_csc = pattern
     primal = plan_cost(pat.ptr, pat.cols, sk.kv, c, sk.u, sk.v)
@@ -791,19 +696,11 @@ def _optimistic(meas, f, pattern, sk, opts: _Settings, levels):
 
 def _simplex(meas, duals, eps, pattern, sk, opts: _Settings, state):
     r"""The exact transport on the kept pairs (POT's sparse network simplex, started from the
-    potentials), bracketed: the upper bound is its plan's cost, the lower the dual value of the
-    exact c-transforms of its potentials over all atoms.  Both meet when the pairs hold an optimal
-    plan.
+    potentials), bracketed by its plan's cost and the exact c-transforms of its potentials.
 
-    Tried once, on the first eps of the finest level, when the scaling would still have far to go
-    and the pairs are few: the entropic plan's cost exceeds :math:`W_2^2` by about
-    :math:`\varepsilon` per unit mass, so the scaling certifies only at
-    :math:`\varepsilon \lesssim tol\, W_2^2`; at ``eps`` above ``SIMPLEX_GAP`` times that (two
-    measures closer than their spacing: near-assignment plans, where the scaling slows and its
-    rounding's error exceeds the bracket) and with at most ``EXACT_PAIRS`` pairs.  Returns the
-    certified result, or ``None``: not tried, no plan fits the pairs (an atom's partners are
-    missing), the simplex stopped early or the bracket is wider than ``tol``; the caller then
-    goes on with the scaling."""
+    Tried once, on the finest level's first eps, when it is above ``SIMPLEX_GAP`` tol
+    :math:`W_2^2` and there are at most ``EXACT_PAIRS`` pairs (docs/transport.md).  Returns
+    the certified result, or ``None`` (not tried, no plan fits the pairs, or too wide)."""
     pat, c = pattern
     f, g = duals
     if state.get("simplex_tried") or pat.nnz > EXACT_PAIRS:
@@ -869,21 +766,15 @@ def _certificate(meas, duals, eps, pat, up2, opts: _Settings, state, **details):
         "simplex": False,
         **{k: float(v) for k, v in details.items()},
     }
-    log.debug(
-        "bracket [%.6f, %.6f] width %.2g t %.1f",
-        lo,
-        up,
-        width,
-        time.perf_counter() - state["t_start"],
-    )
+    log.debug("bracket [%.6f, %.6f], t %.1f", lo, up, time.perf_counter() - state["t_start"])
     return result, (ft, gt)
 
 
 def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _Coarse):
     """The eps-halving loop on one level of atoms (kernel truncation); certifies on the last one.
 
-    ``meas`` is ``(x, a, y, b)``, ``duals`` ``(f, g)`` the potentials, ``co`` the coarser level's kept cell pairs.  Returns
-    the updated potentials ``(f, g)``, the final eps, on the last level the certificate, and on the
+    ``meas`` is ``(x, a, y, b)``, ``duals`` ``(f, g)``, ``co`` the coarser level's kept cell
+    pairs.  Returns ``(f, g)``, the final eps, on the last level the certificate, and on the
     others the kept pairs (with margin ``MARGIN``) that the finer level expands.
     """
     x, a, y, b = meas
@@ -893,27 +784,20 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
     result: dict = {}
     pat = c = c_csc = None
     first = None  # the first eps step's pairs: the widest window on this level
-    # the pairs are expanded from the coarse level's cell pairs on the level's first two eps
-    # (the hand-over's potentials have not settled), searched anew after a bracket wider
-    # than tol or a stall; the other steps filter the previous step's pairs
     step, wide = 0, False
     repaired = None  # a pattern with the windows of the rows and columns that had lost theirs
     while True:
         state["levels"] += 1
         levels = state["levels"]
         final = last and eps <= opts.reg * (1 + 1e-12)
-        for rebuild in range(4):
-            # kept pairs: f_i + g_j - c_ij >= -TAU eps around the current potentials
-            # (searched anew when the scaling stalls: they have moved)
+        for rebuild in range(4):  # a stalled scaling searches its pairs anew
             if pat is not None:  # the soft-min at this eps on the previous pairs: the reference
                 sparse_softmin(pat.ptr, pat.cols, c, g, lb_, eps, f)
                 sparse_softmin(pat.cptr, pat.crows, c_csc, f, la, eps, g)
             if repaired is not None:  # the pairs with the lost rows' and columns' windows
                 narrowed, repaired = repaired, None
             else:
-                filtering = (
-                    not (step <= 1 or wide) and rebuild == 0
-                )  # a later eps step: filter its pairs
+                filtering = not (step <= 1 or wide) and rebuild == 0  # a later eps step
                 searching = wide or rebuild > 0
                 narrowed = _pairs(meas, f, g, eps, pat, c, co, geodesic, filtering, searching)
             pat, c, c_csc = narrowed
@@ -924,17 +808,10 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             sk = _scaling(opts, pat, c, c_csc, a, b, f, g, eps, state)
             status = sk.run(LEVEL_ERR, opts.max_iter)
             sk.absorb()
-            log.debug(
-                "scaling to %.0e: %s, err %.2g, passes %d",
-                LEVEL_ERR,
-                status,
-                sk.err,
-                state["passes"],
-            )
+            log.debug("scaling: %s, err %.2g, passes %d", status, sk.err, state["passes"])
             if status != "stalled":
                 break
-            # rows that lost their partners (a pattern expanded from cells around potentials
-            # that have since moved) stall the scaling: add their windows, or search anew
+            # rows that lost their partners stall the scaling: add their windows, or search anew
             log.debug("level %d eps %.3g: stalled at err %.2g, new pattern", levels, eps, sk.err)
             checked = _repair(x, y, f, g, eps, narrowed, geodesic)
             repaired = None if checked is None else checked[0]
@@ -961,8 +838,7 @@ def _sparse_level(meas, duals, eps, eps_end, last, opts: _Settings, state, co: _
             result, (ft, gt) = _certificate(
                 meas, (f, g), eps, pat, pc, opts, state, marginal_error=sk.err, rounding_mass=delta
             )
-            width = result["rel_width"]
-            if width <= opts.tol or levels >= opts.max_levels:
+            if result["rel_width"] <= opts.tol or levels >= opts.max_levels:
                 break
             checked = _repair(x, y, f, g, eps, (pat, c, c_csc), geodesic, exact=(ft, gt))
             if checked is not None:  # rows that lost their partners: at the same eps, repaired
