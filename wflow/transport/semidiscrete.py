@@ -1,80 +1,35 @@
 r"""Semi-discrete :math:`W_2` on :math:`S^{d-1}`: N atoms against a fine quadrature of a continuum.
 
 For atoms :math:`\mu_N = \sum_i a_i\delta_{x_i}` and a much finer measure
-:math:`\nu = \sum_j w_j\delta_{y_j}` (:math:`M \gg N` atoms, e.g. the push-forward of a
-quadrature of a smooth density) with the squared chordal cost
-:math:`c(x, y) = |x - y|^2 = 2 - 2\langle x, y\rangle`, the Kantorovich dual is a concave
-function of one potential :math:`\psi \in \mathbb R^N`,
+:math:`\nu = \sum_j w_j\delta_{y_j}` (:math:`M \gg N`) with the squared chordal cost
+:math:`|x - y|^2 = 2 - 2\langle x, y\rangle`, the Kantorovich dual is a concave function of
+one potential :math:`\psi \in \mathbb R^N`,
 
 .. math::
     F_0(\psi) = \sum_i a_i\psi_i + \sum_j w_j \min_i\big(|y_j - x_i|^2 - \psi_i\big)
     \le W_2^2(\mu_N, \nu) \quad\text{for every } \psi,
 
-and :math:`\max_\psi F_0 = W_2^2`.  The inner minimum is found exactly by a search over
-cells of atoms that scans only the cells whose bound (the distance to the cell less its
-radius, minus its largest :math:`\psi_i`) can beat the best value found
-(:class:`wflow.transport.certify.Cells`), so :math:`F_0(\psi)` is evaluated exactly.
-
-:math:`\psi` is found by damped Newton steps (Kitagawa, Mérigot & Thibert, JEMS 2019) on
-the entropic semi-dual, with one :math:`\varepsilon_j` per fine atom,
+and :math:`\max_\psi F_0 = W_2^2`; the inner minimum is computed exactly by a search over
+cells of atoms (:class:`wflow.transport.certify.Cells`).  :math:`\psi` comes from damped
+Newton steps (Kitagawa, Mérigot & Thibert, JEMS 2019) on the entropic semi-dual, with one
+:math:`\varepsilon_j` per fine atom,
 
 .. math::
     F_\varepsilon(\psi) = \sum_i a_i\psi_i - \sum_j w_j\varepsilon_j
-    \log\sum_{i \in K_j} a_i\, e^{(\psi_i - |y_j - x_i|^2)/\varepsilon_j}
+    \log\sum_{i \in K_j} a_i\, e^{(\psi_i - |y_j - x_i|^2)/\varepsilon_j},
 
-(concave for any positive :math:`\varepsilon_j`; its gradient is :math:`a - m`, with
-:math:`m` the :math:`\mu_N`-marginal of the plan :math:`\pi_{ij} = w_j P_{ji}`, :math:`P_j`
-the softmax over :math:`K_j`).  :math:`\varepsilon_j` is decreased geometrically from
-:math:`\lambda_j\ell^2/20` (:math:`\ell^2 = 4\pi/N`, the area per atom) down to
-:math:`0.02\,\sqrt{\lambda_j}\ell\,\sqrt{\kappa_j}h` (:math:`h = \sqrt{4\pi/M}`): small
-enough that the entropic plan barely blurs the Laguerre-cell boundaries, large enough that
-each cell's mass is a smooth function of :math:`\psi` despite the quadrature being discrete.
-:math:`\lambda_j, \kappa_j \in [0.3, 1]` are the local squared spacings of the atoms and of
-the fine atoms around :math:`y_j` (distance to the 3rd nearest, relative to its value on a
-Fibonacci set): where the flow has clustered both, :math:`\varepsilon_j` shrinks with the
-cells, so the blur stays a fixed fraction of the local spacing.
+concave, with gradient :math:`a - m` (:math:`m` the :math:`\mu_N`-marginal of the plan
+:math:`\pi_{ij} = w_j P_{ji}`, :math:`P_j` the softmax over the support :math:`K_j`) and a
+graph Laplacian for Hessian (:meth:`_Solver.hessian`).  The schedule of
+:math:`\varepsilon_j`, the supports and the line search: docs/transport.md.
 
-:math:`K_j` holds every atom whose reduced cost :math:`|y_j - x_i|^2 - \psi_i` is within
-:math:`(\log(10/\mathrm{tol}_\mathrm{stage}) + 6)\,\varepsilon_j` of the best (the same exact search over cells of atoms): the dropped weights stay
-below :math:`e^{-\mathrm{cut}}` of the best while :math:`\max_i|\psi_i - \psi^q_i| \le
-3\min_j\varepsilon_j` (:math:`\psi^q`: where the support was queried), and the support is
-re-queried only when :math:`\psi` leaves that ball.  The Hessian is the sparse weighted graph Laplacian
-:math:`\sum_j (w_j/\varepsilon_j)(\operatorname{diag} P_j - P_j P_j^\top)`
-plus a Levenberg--Marquardt floor :math:`\min(10^{-5}, 10^{-2}\|a - m\|_1)\,\bar L\,a_i/\bar a`
-(an empty cell has an empty row), solved by conjugate gradients preconditioned with one
-V-cycle of smoothed-aggregation multigrid built on the atoms' positions (Jacobi below
-``JACOBI_MAX`` atoms); steps are capped by an adaptive trust radius on :math:`\max_i|\delta\psi_i|`, then
-backtracked (Armijo, and no cell may lose 80 % of its smallest mass; the step is cut to the
-secant root of the slope along it, within a tenth to a half, where that slope turned negative).
-
-Certified bracket.  At the end, :math:`\mathrm{lo} = F_0(\psi)` is a lower bound, and the
-entropic plan :math:`\pi_{ij} = w_j P_{ji}` (exact :math:`\nu`-marginal, :math:`\mu_N`-marginal
-:math:`m` with :math:`\|m - a\|_1` below ``tol``) gives the upper bound
-:math:`\mathrm{hi} = \sum_{ij}\pi_{ij}|x_i - y_j|^2 + 2\|m - a\|_1` (re-routing the mass
-mismatch costs at most :math:`\mathrm{diam}^2 = 4` per unit, half of it moves).  So
-:math:`\mathrm{lo} \le W_2^2(\mu_N,\nu) \le \mathrm{hi}`, whatever the solver did
-(measured widths: docs/validation.md).
-
-Scope.  Atoms against a fine quadrature with a smooth density:
-Fibonacci nodes pushed forward by a smooth flow, also after the flow has clustered nodes
-and atoms (SA and USA at :math:`t \le 1` in the mean-field study: nearest-neighbour spacing
-of the pushed nodes 0.012--0.043 against 0.028 at :math:`t = 0`, :math:`N = 10^3`); atoms
-of uneven weight also against an i.i.d. fine sample (weights 0.1 to 1: brackets 3e-5 wide).
-Where the Newton iteration stops early (a ``UserWarning`` from
-:func:`wflow.transport.wasserstein`) the bracket is still valid, only wide.
-
-Geodesic cost.  With :math:`\theta = 2\arcsin(c/2)` and :math:`c_\max` the longest chord
-used by the plan, :math:`W_2^{\mathrm{chord}} \le W_2^{\mathrm{geo}} \le
-\frac{2\arcsin(c_\max/2)}{c_\max}\sqrt{\mathrm{hi}}`: at the :math:`N^{-1/2}` scales of
-the mean-field study the factor is :math:`1 + c_\max^2/24 \approx 1 + 10^{-4}`.
-
-Linear solver.  The Hessian is a graph Laplacian on the atoms (about 18 entries a row):
-Jacobi-preconditioned CG needs iterations that grow with N and a sparse LU fills in, while
-smoothed aggregation keeps CG at 10--20 iterations whatever N.
-
-Cost: supports from a walk on the atoms' neighbour graph, checked by an exact search (above)
-when the last stage starts, at its end and after a failed line search; 20--160 Newton steps.
-Measured times: the table of docs/transport.md.
+Certified bracket.  :math:`\mathrm{lo} = F_0(\psi)` is a lower bound, and the plan
+:math:`\pi` (exact :math:`\nu`-marginal) gives :math:`\mathrm{hi} = \sum_{ij}\pi_{ij}|x_i -
+y_j|^2 + 2\|m - a\|_1` (re-routing the mass mismatch costs at most :math:`\mathrm{diam}^2 =
+4` per unit, half of it moves), so :math:`\mathrm{lo} \le W_2^2 \le \mathrm{hi}` whatever the
+solver did.  Geodesic cost: with :math:`c_\max` the longest chord the plan uses,
+:math:`W_2^{\mathrm{chord}} \le W_2^{\mathrm{geo}} \le \frac{2\arcsin(c_\max/2)}{c_\max}
+\sqrt{\mathrm{hi}}`.
 """
 
 from __future__ import annotations
@@ -134,8 +89,7 @@ def _real(values: Any, name: str) -> np.ndarray:
     return arr.astype(np.float64, copy=False)
 
 
-#: bytes per fine atom a solve holds at its peak, and per atom (supports, Hessian, multigrid):
-#: resident 1.2 GB during a solve of N = 1e5 against M = 1.6e6 (the interpreter's 0.3 GB included)
+#: bytes per fine atom a solve holds at its peak, and per atom (supports, Hessian, multigrid)
 BYTES_PER_FINE_ATOM, BYTES_PER_ATOM = 800, 2000
 
 
@@ -164,11 +118,11 @@ def _checked(
     for pts, wts, name, pname in ((x, a, "a", "x"), (y, w, "w", "y")):
         if wts.shape != (pts.shape[0],):
             raise ValueError(f"{name}: shape ({pts.shape[0]},) to match {pname}, got {wts.shape}")
-    if not np.isfinite(w).all() or (w < 0).any():
-        bad = ~np.isfinite(w) | ~(w >= 0)
+    bad = ~np.isfinite(w) | ~(w >= 0)
+    if bad.any():
         raise ValueError(f"w: weights must be finite and >= 0, got {_first_bad(w, bad)}")
-    if not np.isfinite(a).all() or (a <= 0).any():
-        bad = ~np.isfinite(a) | ~(a > 0)
+    bad = ~np.isfinite(a) | ~(a > 0)
+    if bad.any():
         raise ValueError(f"a: weights must be finite and > 0, got {_first_bad(a, bad)}")
     ma, mw = float(a.sum()), float(w.sum())
     if abs(ma - mw) > 1e-9 * max(ma, mw):
@@ -208,13 +162,10 @@ class _Solver:
         # the atoms in cells, for exact searches (:meth:`_queried`), and the fine atoms by cell
         self.cells = Cells(x, workers=workers)
         self.y_cells = self.cells.group(y)
-
-        # the atoms' neighbour graph (each atom first in its own row) and every fine atom's nearest
-        # atom, where the walks of :meth:`walk` start
+        # the atoms' neighbour graph, each row by increasing chord (the atom first, padding last),
+        # and every fine atom's nearest atom, where the walks of :meth:`walk` start
         tree = cKDTree(x)
         nbr = _graph(x, tree.query(x, k=min(NEIGHBOURS, self.N), workers=workers)[1])
-        # each row by increasing chord from its atom (itself first), padding last: the walks'
-        # scans stop where the rest cannot come within the gap
         dist = np.where(nbr >= 0, np.linalg.norm(x[nbr] - x[:, None, :], axis=2), np.inf)
         order = np.argsort(dist, axis=1, kind="stable")
         self.nbr = np.take_along_axis(nbr, order, axis=1)
@@ -222,11 +173,10 @@ class _Solver:
         self.best = tree.query(y, k=1, workers=workers)[1].astype(np.intp)
         # fine atoms whose walk once missed part of their support: queried from then on
         self.forced = np.zeros(self.M, bool)
-        # an atom with fewer neighbours than atoms in all: a support that holds all of them may
-        # hold more (:meth:`walk`)
-        self.degree = np.where(
-            (self.nbr >= 0).sum(axis=1) < self.N, (self.nbr >= 0).sum(axis=1), self.N + 1
-        )
+        # a support that holds all of an atom's neighbours may hold more (:meth:`walk`), unless
+        # they are all the atoms
+        degree = (self.nbr >= 0).sum(axis=1)
+        self.degree = np.where(degree < self.N, degree, self.N + 1)
 
     def lower(self, psi: np.ndarray) -> float:
         """The dual value ``F_0(psi)`` with the exact c-transform: a lower bound of ``W_2^2``."""
@@ -253,20 +203,14 @@ class _Solver:
         return np.searchsorted(j, np.arange(self.M + 1)), j, i[order], C[order]
 
     def support(self, psi: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, ...]:
-        """For every ``j``, every atom whose reduced cost ``|y_j - x_i|^2 - psi_i`` is within ``gap_j`` of the best.
-
-        Returns flat arrays sorted by ``j``: ``indptr`` (M + 1), the row ``j``, the atom ``i`` and
-        ``C = |y_j - x_i|^2`` of each entry (:meth:`_queried`).
-        """
+        """For every ``j``, every atom whose reduced cost ``|y_j - x_i|^2 - psi_i`` is within ``gap_j``
+        of the best: ``indptr`` (M + 1) and each entry's ``j``, ``i``, ``C = |y_j - x_i|^2``."""
         return self._csr(*self._queried(psi, gap))
 
     def walk(self, psi: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:meth:`support` by a local search (:func:`~wflow.transport.sparse_kernels.walk_support`):
-        each fine atom walks from its last best atom on the neighbour graph, and keeps the
-        neighbours of its new best within ``gap``; a fine atom whose every neighbour is within the
-        gap (far from the atoms, or among a cluster of them) is queried exactly
-        (:meth:`_queried`).  Exact wherever the walk ends at the best atom and the atoms within
-        the gap of it are its graph neighbours."""
+        """:meth:`support` by a walk on the neighbour graph
+        (:func:`~wflow.transport.sparse_kernels.walk_support`); a fine atom whose every neighbour
+        is within the gap, or ``forced``, is queried exactly (:meth:`_queried`)."""
         from .sparse_kernels import walk_fill, walk_support
 
         count = np.empty(self.M, np.intp)
@@ -375,15 +319,13 @@ def semidiscrete_w2(
     workers : int
         Threads of the exact searches and of the nearest-neighbour queries.
     walk : bool
-        Take the supports from a local search on the atoms' neighbour graph (nearest atoms and
-        the spherical Delaunay triangulation), checked against an exact search at the end of each
-        stage and after a failed line search, and replaced by it where they differ.  ``False``:
-        every support from an exact search (the same bracket).
+        Take the supports from a walk on the atoms' neighbour graph, checked against exact
+        searches (docs/transport.md); ``False``: every support from an exact search (the same
+        bracket).
     psi0 : ndarray, shape (N,), optional
         A warm start: the potential ``psi`` of a nearby problem (the same atoms a little
         earlier in a study).  The stages of ``eps`` run as from zero; the bracket is certified
-        whatever ``psi0`` is.  (Starting at a smaller ``eps`` took more steps, not fewer: the
-        Newton model at small ``eps`` holds only within a fraction of a cell.)
+        whatever ``psi0`` is.
 
     Returns
     -------
@@ -419,8 +361,6 @@ def semidiscrete_w2(
     final = e_rel <= eps_final * math.sqrt(h2 / ell2)
     st = _Newton(psi=psi_start, radius=ell2, ell2=ell2, max_steps=max_steps, max_failed=max_failed)
 
-    # supports from the walk on the atoms' graph (:meth:`_Solver.walk`), checked against the exact
-    # ones after a failed line search and at the end
     walking = walk
 
     def at(p: np.ndarray, cur: tuple):
@@ -442,13 +382,9 @@ def semidiscrete_w2(
         eps = eps_end if final else np.maximum(e_rel * ell2 * lam, eps_end)
         stage_tol = tol if final else STAGE_TOL
         st.radius = min(st.radius, ell2)  # a new eps: the cells' boundaries move on its scale
-        # the support holds every atom whose weight can reach e^{-cut} of the best while psi stays
-        # within margin * min(eps) / 2 of where it was queried
         gap = eps * (math.log(10.0 / stage_tol) + margin + s.log_a_range)
         (st.F, st.P, st.m), st.cur = at(st.psi, (None, None))
-        if walking and final and s.check(st.psi, gap, st.cur[0]):
-            # the walk's misses found at the last stage's start are queried during its steps,
-            # not after its convergence (which they would undo)
+        if walking and final and s.check(st.psi, gap, st.cur[0]):  # queried during its steps
             (st.F, st.P, st.m), st.cur = at(st.psi, st.cur)
         _stage(st, s, at, a, eps, stage_tol, final, walking, gap, e_rel)
         if final or st.stalled:
@@ -515,18 +451,22 @@ def _stage(
     steps run out, or the line search stops); the walk's supports are checked against the exact
     ones at the end of the last stage and after a failed line search."""
     N = s.N
+
+    def missed() -> bool:
+        """Whether the walk's support at psi misses part of the exact one (then re-evaluated)."""
+        n = s.check(st.psi, gap, st.cur[0])
+        if n:
+            log.debug("N=%d: the walk missed %d fine atoms at step %d", N, n, st.steps)
+            (st.F, st.P, st.m), st.cur = at(st.psi, st.cur)
+        return bool(n)
+
     while True:
         g = a - st.m
         L, diag = s.hessian(st.P, st.cur[0], eps)
         done = np.abs(g).sum() < stage_tol or st.steps >= st.max_steps
-        if walking and ((done and final) or diag.max() == 0.0):
-            # the end (or a support without a split row) on the walk's support: check it against
-            # the exact one; where they differ the walk gives way to queries, and on
-            missed = s.check(st.psi, gap, st.cur[0])
-            if missed:
-                log.debug("N=%d: the walk missed %d fine atoms at step %d", N, missed, st.steps)
-                (st.F, st.P, st.m), st.cur = at(st.psi, st.cur)
-                continue
+        # at the end, or without a split row, or after a failed line search: check the walk
+        if walking and ((done and final) or diag.max() == 0.0) and missed():
+            continue
         if done:
             return
         if diag.max() == 0.0:  # no fine atom split between two atoms: no Newton direction
@@ -537,13 +477,8 @@ def _stage(
             lambda p: at(p, st.cur), st.psi, delta, st.F, g, st.m, a, N, st.steps
         )
         st.failed += gave_up
-        if walking and t < 1.0 / 16.0:
-            # the walk's support may be the reason: check it at psi
-            missed = s.check(st.psi, gap, st.cur[0])
-            if missed:
-                log.debug("N=%d: the walk missed %d fine atoms at step %d", N, missed, st.steps)
-                (st.F, st.P, st.m), st.cur = at(st.psi, st.cur)
-                continue
+        if walking and t < 1.0 / 16.0 and missed():
+            continue
         if 0.0 < t < 1.0 / 16.0:
             st.failed += 1
         if st.failed >= st.max_failed:  # stalled: more steps would cost much and gain little
@@ -555,27 +490,14 @@ def _stage(
                 2.0 * st.radius if t == 1.0 else max(t * float(np.abs(delta).max()), 1e-3 * st.ell2)
             )
             st.steps += 1
-            log.debug(
-                "N=%d eps=%.3g step %d t=%g |m-a|_1=%.3g",
-                N,
-                e_rel,
-                st.steps,
-                t,
-                np.abs(a - st.m).sum(),
-            )
+            err = np.abs(a - st.m).sum()
+            log.debug("N=%d eps=%.3g step %d t=%g |m-a|_1=%.3g", N, e_rel, st.steps, t, err)
         if t == 0.0 or st.stalled:
             return
 
 
 def _local_scales(
-    x: np.ndarray,
-    y: np.ndarray,
-    N: int,
-    M: int,
-    ell2: float,
-    h2: float,
-    local: float,
-    workers: int,
+    x: np.ndarray, y: np.ndarray, N: int, M: int, ell2: float, h2: float, local: float, workers: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Local squared scales ``(lam, kappa)`` around each fine atom, shape ``(M,)`` each, relative to
     the quasi-uniform values and floored at ``local`` (Fibonacci sets: 0.8 ell^2 to the 3rd nearest
@@ -594,15 +516,13 @@ def _local_scales(
 def _newton_direction(
     L: Any, diag: np.ndarray, g: np.ndarray, a: np.ndarray, radius: float, x: np.ndarray
 ) -> np.ndarray:
-    """The damped Newton step ``L delta = g``, shape ``(N,)``, by conjugate gradients
-    preconditioned with one V-cycle of smoothed aggregation (:func:`_multigrid`; Jacobi for
-    ``JACOBI_MAX`` atoms or fewer), with a
-    Levenberg--Marquardt floor and a trust region ``max|delta| <= radius``."""
+    """The damped Newton step ``L delta = g``, shape ``(N,)``, by preconditioned CG
+    (:func:`_multigrid`, or Jacobi up to ``JACOBI_MAX`` atoms), with a Levenberg--Marquardt
+    floor and a trust region ``max|delta| <= radius``."""
     from scipy import sparse
 
-    # Levenberg-Marquardt floor: a cell with (almost) no mass has an (almost) empty row
-    # (vanishes near the solution: Newton's quadratic rate returns; 1e-3 instead of 1e-5 slowed the smooth
-    # modes of N = 1e4 cells, whose smallest Hessian eigenvalues are ~1e-3 of the mean diagonal)
+    # Levenberg-Marquardt floor: a cell with (almost) no mass has an (almost) empty row; the
+    # floor vanishes near the solution, where Newton's quadratic rate returns
     mu_lm = min(1e-5, 1e-2 * float(np.abs(g).sum()))
     L = (L + sparse.diags(mu_lm * (diag.mean() / a.mean()) * a + 1e-12 * diag.max())).tocsr()
     if L.shape[0] > JACOBI_MAX:
@@ -629,8 +549,8 @@ def _multigrid(A: Any, x: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     (Vaněk, Mandel & Brezina 1996): aggregates are the atoms nearest to every ``COARSENING``-th
     atom of ``x`` (shape (N, d)), the tentative prolongation is smoothed by one damped Jacobi
     step, two damped Jacobi sweeps before and after the coarse correction, and the coarsest
-    level (``COARSEST`` unknowns or fewer) is solved by sparse LU.  Conjugate gradients with it
-    take 10--20 iterations whatever N, where Jacobi alone took 275 at N = 1e4 and 440 at 3e4."""
+    level (``COARSEST`` unknowns or fewer) is solved by sparse LU: CG then takes 10--20
+    iterations whatever N."""
     from scipy import sparse
     from scipy.sparse.linalg import splu
     from scipy.spatial import cKDTree
@@ -725,11 +645,6 @@ def _line_search(
         t *= min(0.5, max(0.1, gd / (gd - slope))) if slope < 0.0 else 0.5
         if gd < 1e-13 * abs(F) or t < 1e-4:  # round-off level, or no progress: stop this stage
             log.debug(
-                "N=%d: line search stops at step %d: t=%g, g.delta=%.3g, F=%.6g",
-                N,
-                steps,
-                t,
-                gd,
-                F,
+                "N=%d: line search stops at step %d: t=%g, g.delta=%.3g, F=%.6g", N, steps, t, gd, F
             )
             return 0.0, t < 1e-4, (Fn, Pn, mn), cur_n
