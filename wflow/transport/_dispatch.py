@@ -1,11 +1,9 @@
 """The front doors of :mod:`wflow.transport` and the one dispatch on ``method``.
 
-:func:`wasserstein_result` checks what every method shares (``p``, ``method``, ``cost``,
-the two measures), resolves ``method="auto"`` (:func:`auto_method`) and hands the atoms to
-the method's runner in :data:`RUNNERS`; each runner checks its own options, calls the
-method's module (``_circle``, ``_emd``, ``_sinkhorn``, ``_sliced``, :mod:`.semidiscrete`)
-and packs a :class:`~wflow.transport.WassersteinResult`.  :func:`wasserstein` and
-:func:`sinkhorn_divergence` are that same call, reading one field of its result.
+:func:`wasserstein_result` checks what every method shares, resolves ``method="auto"`` and
+hands the atoms to the method's runner in :data:`RUNNERS`, which checks its own options and
+packs a :class:`~wflow.transport.WassersteinResult`; :func:`wasserstein` and
+:func:`sinkhorn_divergence` read one field of that result.
 """
 
 from __future__ import annotations
@@ -54,6 +52,11 @@ def _exact(wpp: float, p: float, method: str, cost: str, info: dict) -> Wasserst
     return WassersteinResult(max(wpp, 0.0) ** (1 / p), p, method, cost, True, 0.0, info)
 
 
+def _warn(message: str) -> None:
+    """A ``UserWarning`` shown at the caller of :func:`wasserstein` / :func:`wasserstein_result`."""
+    warnings.warn(message, UserWarning, stacklevel=5)
+
+
 # -- one runner per method: its own checks, the computation, the result ----------------
 def _run_circle(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     d = x.shape[1]
@@ -89,9 +92,7 @@ def _run_semidiscrete(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     coarse, fine = ((x, a), (y, b)) if n <= m else ((y, b), (x, a))
     r = semidiscrete_w2(coarse[0], coarse[1], fine[0], fine[1])
     lo, hi = math.sqrt(max(r["lo"], 0.0)), math.sqrt(max(r["hi"], 0.0))
-    if (
-        cost == "geodesic"
-    ):  # theta = 2 arcsin(c/2) <= c * 2 arcsin(c_max/2)/c_max on the plan's support
+    if cost == "geodesic":  # theta = 2 arcsin(c/2) <= c 2 arcsin(c_max/2)/c_max on the support
         cm = min(r["chord_max"], 2.0)
         hi *= 2.0 * math.asin(cm / 2.0) / cm if cm > 0 else 1.0
     info.update({k: v for k, v in r.items() if k != "psi"}, lower=lo, upper=hi)
@@ -101,11 +102,9 @@ def _run_semidiscrete(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
             if r["stalled"]
             else f"{r['newton_steps']} steps"
         )
-        warnings.warn(
+        _warn(
             f"semidiscrete: Newton stopped early ({why}; marginal error {r['marginal_error']:.3g}); the "
-            f"bracket [{lo:.6g}, {hi:.6g}] is valid but wide",
-            UserWarning,
-            stacklevel=4,  # the caller of wasserstein / wasserstein_result's caller
+            f"bracket [{lo:.6g}, {hi:.6g}] is valid but wide"
         )
     return WassersteinResult(0.5 * (lo + hi), p, "semidiscrete", cost, False, 0.5 * (hi - lo), info)
 
@@ -116,23 +115,13 @@ def _run_multiscale(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     from .multiscale import certified_w2
 
     tol = 1e-3 if opts["tol"] is None else opts["tol"]
-    r = certified_w2(
-        x,
-        y,
-        a,
-        b,
-        cost=cost,
-        reg=opts["reg"],
-        tol=tol,
-        seed=0 if opts["seed"] is None else opts["seed"],
-    )
+    seed = 0 if opts["seed"] is None else opts["seed"]
+    r = certified_w2(x, y, a, b, cost=cost, reg=opts["reg"], tol=tol, seed=seed)
     info.update(r)
     if not r["certified"]:
-        warnings.warn(
+        _warn(
             f"multiscale: bracket [{r['lower']:.6g}, {r['upper']:.6g}] is wider than tol={tol:g} "
-            f"(relative width {r['rel_width']:.2g}) after {r['levels']} eps levels; it is still valid",
-            UserWarning,
-            stacklevel=4,  # the caller of wasserstein / wasserstein_result's caller
+            f"(relative width {r['rel_width']:.2g}) after {r['levels']} eps levels; it is still valid"
         )
     half = 0.5 * (r["upper"] - r["lower"])
     return WassersteinResult(r["value"], p, "multiscale", cost, False, half, info)
@@ -157,9 +146,8 @@ def _run_sinkhorn(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     if not scaling < 1:
         raise ValueError(f"scaling must be in (0, 1), got {scaling!r}")
     tol = 0.1 * reg if opts["tol"] is None else check_positive(opts["tol"], "tol")
-    # The potentials are of size diam^p and carry float64 rounding of about 2^-46 diam^p: a residual
-    # below that is reached only at a spurious fixed point of the soft c-transforms (at reg -> 0 they
-    # stop moving long before the plan is optimal), never by convergence; refuse to promise it.
+    # potentials of size diam^p carry float64 rounding of about 2^-46 diam^p: a residual below
+    # that marks a spurious fixed point of the soft c-transforms, not convergence
     floor = SINKHORN_RESOLUTION * (math.pi if cost == "geodesic" else 2.0) ** p
     if tol < floor:
         what = f"reg={reg!r} (tol = 0.1 reg)" if opts["tol"] is None else f"tol={tol!r}"
@@ -173,11 +161,9 @@ def _run_sinkhorn(x, a, y, b, p, cost, info, opts) -> WassersteinResult:
     div, extra = sinkhorn(x, a, y, b, p, cost, reg, scaling, tol, max_iter, backend)
     info.update(extra)
     if not extra["converged"]:
-        warnings.warn(
+        _warn(
             f"Sinkhorn did not converge in max_iter={max_iter} passes at reg={reg:g} (residual {extra['residual']:.3g} "
-            f"> tol {tol:.3g}); raise max_iter or reg",
-            UserWarning,
-            stacklevel=4,  # the caller of wasserstein / wasserstein_result's caller
+            f"> tol {tol:.3g}); raise max_iter or reg"
         )
     # The bias bound holds for the exact potentials; without convergence none is known.
     bound = extra["bias_bound_pth_power"] ** (1 / p) if extra["converged"] else float("nan")
@@ -224,11 +210,8 @@ def _to_uniform(mu: Any, nu: Any, p: float, method: str, cost: str) -> Wasserste
     """``nu="uniform"`` (or ``mu``): the closed form on the circle."""
     other, which = (mu, nu) if isinstance(nu, str) else (nu, mu)
     if which != "uniform" or isinstance(other, str):
-        raise ValueError(
-            f"the only string accepted as a measure is 'uniform', got mu={mu!r}, nu={nu!r}"
-            if isinstance(other, str)
-            else f"the only string accepted as a measure is 'uniform', got {which!r}"
-        )
+        got = f"mu={mu!r}, nu={nu!r}" if isinstance(other, str) else repr(which)
+        raise ValueError(f"the only string accepted as a measure is 'uniform', got {got}")
     if method not in ("auto", "circle"):
         raise ValueError(
             f"nu='uniform' is computed in closed form (method='auto' or 'circle'), got method={method!r}"
@@ -346,38 +329,28 @@ def wasserstein(
     p : float, >= 1
         Order of the distance.
     method : {"auto", "circle", "emd", "sinkhorn", "sliced", "semidiscrete", "multiscale"}
-        ``"circle"``: exact on :math:`S^1`, O(N log N) (POT ``wasserstein_circle``; the
-        optimal rotation is bisected to 1e-12, agreement with EMD to 1e-14 measured).
+        ``"circle"``: exact on :math:`S^1`, O(N log N) (POT ``wasserstein_circle``).
         ``"emd"``: exact linear program (POT ``emd2``), any d and cost; refused above
         ``max_emd`` atoms unless ``allow_large``.
-        ``"sinkhorn"``: approximation :math:`\max(S_\varepsilon,0)^{1/p}` from the debiased
-        Sinkhorn divergence (see :func:`sinkhorn_divergence`), with
-        :math:`|S_\varepsilon - W_p^p| \le \varepsilon\log N` (so error at most
-        :math:`(\varepsilon\log N)^{1/p}` in :math:`W_p`; far less in practice).
-        ``"sliced"``: spherical sliced Wasserstein (Bonet et al., ICLR 2023) with
-        ``n_projections`` random great circles: a cheap proxy with Monte Carlo error
-        :math:`O(n_\text{proj}^{-1/2})` that is *not* :math:`W_p` and not a bound on it in
-        general; on :math:`S^1` it is the exact circle distance.
-        ``"semidiscrete"``: :math:`W_2` (p = 2) between the smaller measure and a much
-        finer one (16 or more atoms per atom of the smaller), e.g. a fine quadrature of a
-        continuum: a certified bracket ``lo <= W_2 <= hi`` from the semi-dual
-        (:mod:`wflow.transport.semidiscrete`), returned as its midpoint with ``error_bound`` the
-        half-width (about 1e-4 relative); O(M log N) per Newton step, 25--40 steps.
-        For ``cost="geodesic"`` the upper end is widened by the factor
-        :math:`2\arcsin(c_\max/2)/c_\max` (longest chord used), about :math:`1 + 10^{-4}`
-        at small scales.
-        ``"multiscale"``: :math:`W_2` (p = 2) with a certified bracket of relative width
-        ``tol`` (default 1e-3), returned as its midpoint with ``error_bound`` the
-        half-width (:func:`wflow.transport.multiscale.certified_w2`: truncated multiscale
-        Sinkhorn, exact c-transform lower bound, rounded-plan upper bound).
+        ``"sinkhorn"``: :math:`\max(S_\varepsilon,0)^{1/p}` from the debiased Sinkhorn
+        divergence (:func:`sinkhorn_divergence`), :math:`|S_\varepsilon - W_p^p| \le
+        \varepsilon\log N`.
+        ``"sliced"``: spherical sliced Wasserstein (Bonet et al., ICLR 2023) over
+        ``n_projections`` random great circles: a cheap proxy, *not* :math:`W_p` nor a bound
+        on it; on :math:`S^1` the exact circle distance.
+        ``"semidiscrete"``: :math:`W_2` between the smaller measure and a much finer one (16
+        or more atoms per atom), e.g. a fine quadrature of a continuum
+        (:mod:`wflow.transport.semidiscrete`).
+        ``"multiscale"``: :math:`W_2` by truncated multiscale Sinkhorn
+        (:func:`wflow.transport.multiscale.certified_w2`).
+        Both return the midpoint of a certified bracket, ``error_bound`` its half-width.
         ``"auto"``: circle for d = 2 (geodesic), emd up to ``max_emd`` atoms; beyond, multiscale
-        for p = 2 (certified), sinkhorn for other p.  Between particles and a fine quadrature of
-        a density, ``"semidiscrete"`` is the faster certified choice.
+        for p = 2, sinkhorn for other p.  Between particles and a fine quadrature of a
+        density, ``"semidiscrete"`` is the faster certified choice.
     cost : {"geodesic", "chordal"}
         Ground distance :math:`\theta = \arccos\langle x,y\rangle` or :math:`|x-y| = 2\sin(\theta/2)`.
     max_emd : int
-        Size limit (atoms in either measure) for ``"emd"`` and for ``"auto"`` to choose it:
-        default 5000 (about 10 s and 200 MB on a 2-core CPU).
+        Size limit (atoms in either measure) for ``"emd"`` and for ``"auto"`` to choose it.
     allow_large : bool
         Run ``"emd"`` above ``max_emd`` anyway.
     reg : float
@@ -445,26 +418,17 @@ def sinkhorn_divergence(
         \mathrm{OT}_\varepsilon = \min_\pi \int c^p\,d\pi + \varepsilon\,\mathrm{KL}(\pi\,|\,\mu\otimes\nu)
 
     with :math:`\varepsilon` = ``reg`` in the units of :math:`c^p` (radians^p for the
-    geodesic cost).  Computed in the log domain by the symmetric :math:`\varepsilon`-scaling
-    loop of GeomLoss (Feydy et al., AISTATS 2019): :math:`\varepsilon` runs from
-    :math:`\mathrm{diam}^p` down to ``reg`` by factors ``scaling**p``, then the iteration
-    continues at ``reg`` until the fixed-point residual of the potentials is below ``tol``
-    (default ``0.1 * reg``) or ``max_iter`` passes.  Every pass is four soft-min
-    reductions :math:`-\varepsilon\log\sum_j e^{h_j - c(x_i,y_j)^p/\varepsilon}`, streamed by
-    KeOps (``backend="keops"``, memory O(N), one compiled formula per cost, p and d) or by
-    NumPy in row blocks (``backend="numpy"``, memory O(N), faster on a CPU without AVX
-    KeOps builds); ``"auto"`` takes KeOps when it imports.
+    geodesic cost), by the symmetric log-domain :math:`\varepsilon`-scaling loop of GeomLoss
+    (Feydy et al., AISTATS 2019): :math:`\varepsilon` runs from :math:`\mathrm{diam}^p` down
+    to ``reg`` by factors ``scaling**p``, then passes at ``reg`` until the potentials'
+    fixed-point residual is below ``tol`` (default ``0.1 * reg``) or ``max_iter`` passes.
+    Each pass is four soft-min reductions, O(N M), streamed by KeOps (``backend="keops"``) or
+    by NumPy in row blocks (``"numpy"``); ``"auto"`` takes KeOps when it imports.
 
-    Bias.  For atomic measures with weights :math:`a, b` (entropies :math:`H(a), H(b)`),
-    at convergence, :math:`-\varepsilon\frac{H(a)+H(b)}2 \le S_\varepsilon - W_p^p \le
-    \varepsilon\min(H(a),H(b))`, so :math:`|S_\varepsilon - W_p^p| \le \varepsilon\log N`.
-    For measures with densities on a k-dimensional sphere the bias of the un-debiased
-    :math:`\mathrm{OT}_\varepsilon` is :math:`O(\varepsilon\log(1/\varepsilon))`; debiasing
-    cancels its leading term, and in practice the error is far below the bound.  Take
-    ``reg`` well below the :math:`W_p^p` you want to resolve.
-
-    Cost O(N M) per pass: on this package's 2-core CPU reference machine about 4·10^7
-    pairs/s, i.e. seconds per pass at N = 10^4; use a GPU (KeOps) beyond.
+    Bias at convergence, for atoms with weight entropies :math:`H(a), H(b)`:
+    :math:`-\varepsilon\frac{H(a)+H(b)}2 \le S_\varepsilon - W_p^p \le
+    \varepsilon\min(H(a),H(b))`; take ``reg`` well below the :math:`W_p^p` to resolve
+    (docs/transport.md).
 
     Returns
     -------
