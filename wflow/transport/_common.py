@@ -202,13 +202,9 @@ def as_single(mu: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def import_pot() -> Any:
-    """The POT module ``ot``, imported with wflow's KeOps settings.
-
-    Where GeomLoss is installed, ``import ot`` imports it and with it pykeops, which on a
-    machine without CUDA prints a warning on stdout and picks its own cache folder.  Imported
-    here, pykeops uses wflow's folder (:func:`wflow.kernels.keops_backend.keops_cache_dir`) and
-    what it prints goes to the debug log.
-    """
+    """The POT module ``ot``, imported with wflow's KeOps settings: where GeomLoss is installed,
+    ``import ot`` imports pykeops, which then uses wflow's cache folder
+    (:func:`wflow.kernels.keops_backend.keops_cache_dir`) and prints to the debug log."""
     if "ot" in sys.modules:
         return sys.modules["ot"]
     from ..kernels.keops_backend import keops_cache_dir

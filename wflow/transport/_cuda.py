@@ -1,18 +1,9 @@
-r"""The multiscale solver's Sinkhorn passes on a GPU (PyTorch, cuSPARSE).
+r"""The multiscale solver's Sinkhorn passes on a GPU (PyTorch CSR tensors, cuSPARSE).
 
-:func:`wflow.transport.multiscale.certified_w2` keeps, per atom, the pairs within
-:math:`\tau\varepsilon` of its best partner: about 230 per atom at :math:`10^6` atoms, a
-sparse pattern of no particular block structure.  Each Sinkhorn pass is then two sparse
-matrix--vector products with the Gibbs kernel :math:`K` and :math:`K^\top`, bound by memory
-traffic: at :math:`10^6` atoms the finest level's passes took about 25 s on an H100 against
-about 180 s on two CPU cores (numba).  This module runs those
-passes (and the kernel's exponentials) on the GPU with PyTorch's CSR tensors (cuSPARSE); the
-rest of the solver (the hierarchy, the searches by cells, the certificate) stays on the
-CPU.  KeOps is not used here: it reduces dense or block-sparse kernels, and the pattern's
-blocks of nearby atoms would evaluate many times more pairs than are kept.
-
-The passes are those of :class:`wflow.transport._scaling.Scaling`, in float64 (the kernel
-values too: cuSPARSE multiplies a matrix and a vector of one type), so the two engines
+Each pass of :class:`wflow.transport._scaling.Scaling` is two sparse matrix--vector products
+with the Gibbs kernel :math:`K` and :math:`K^\top` on a pattern of no block structure (so not
+KeOps), bound by memory traffic; here they run on the GPU, the rest of the solver on the
+CPU.  In float64 (cuSPARSE multiplies a matrix and a vector of one type): the two engines
 follow the same iterates up to the CPU's float32 rounding of the kernel values.
 """
 
@@ -31,7 +22,6 @@ __all__ = ["CudaScaling", "cuda_device"]
 
 
 #: where an NVIDIA driver shows itself (Linux, WSL): without one, PyTorch is not imported
-#: (1.6 s) only to find no GPU
 _DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg")
 
 
@@ -54,12 +44,8 @@ def _csr(torch, ptr, idx, values, shape):
 
 class CudaScaling(Scaling):
     """:class:`~wflow.transport._scaling.Scaling` with its passes on ``device`` (a
-    ``torch.device``: a GPU, or the CPU for the tests).
-
-    The pattern, its costs and the scalings ``u``, ``v`` live on the device during
-    :meth:`run`; the potentials ``f``, ``g`` stay the host's (absorbing a scaling updates them
-    there and uploads them), and ``u``, ``v`` are copied back when :meth:`run` returns.
-    """
+    ``torch.device``: a GPU, or the CPU for the tests): the pattern and the scalings live there
+    during :meth:`run`, the potentials ``f``, ``g`` on the host."""
 
     def __init__(self, pat, c, c_csc, a, b, f, g, eps, omega, state, device):
         import torch
@@ -76,8 +62,7 @@ class CudaScaling(Scaling):
         self._shape = (n, m)
         self._ptr, self._cols = put(pat.ptr, itype), put(pat.cols, itype)
         self._cptr, self._crows = put(pat.cptr, itype), put(pat.crows, itype)
-        self._rows = put(pat.rows, itype)
-        self._perm = put(pat.perm, itype)
+        self._rows, self._perm = put(pat.rows, itype), put(pat.perm, itype)
         self._c = put(c, torch.float64)
         self._a, self._b = put(a), put(b)
         self._host_kv = None

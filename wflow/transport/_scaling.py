@@ -13,7 +13,7 @@ import numpy as np
 
 from .sparse_kernels import absorb, gibbs_into, scale_cols, scale_rows
 
-__all__ = ["FAR", "Scaling", "far"]
+__all__ = ["FAR", "Scaling"]
 
 # the solver's debug log: one logger for the whole multiscale solver
 log = logging.getLogger("wflow.transport.multiscale")
@@ -23,24 +23,13 @@ log = logging.getLogger("wflow.transport.multiscale")
 FAR = math.exp(30)
 
 
-def far(u, a):
-    """Whether some scaling ``u_i / a_i`` lies outside ``[1/FAR, FAR]``."""
-    r = u / a
-    return bool(r.max() > FAR or r.min() < 1.0 / FAR)
-
-
 class Scaling:
     """Sinkhorn scaling on a fixed pattern: ``pi_ij = u_i K_ij v_j``, ``K = e^{(f+g-c)/eps}``.
 
-    :meth:`run` iterates until the row marginals' L1 error is at most ``need``; the
-    over-relaxation ramps up from 1 to ``omega`` over the first passes and backs off when
-    the error diverges (over-relaxed Sinkhorn converges only locally); the scalings are
-    absorbed into the potentials before they leave float64's range.
-
-    The passes run here with numba on the host's arrays; :class:`wflow.transport._cuda.CudaScaling` runs
-    the same passes on a GPU (the engine primitives ``_kernel``, ``_pass``, ``_far``,
-    ``_save``, ``_restore``, ``absorb`` and ``_finish``).  ``f``, ``g`` (the caller's arrays,
-    updated in place), ``u``, ``v``, ``kv`` and ``err`` are the host's after :meth:`run`.
+    The passes run with numba on the host's arrays; :class:`wflow.transport._cuda.CudaScaling`
+    overrides the engine primitives (``_kernel``, ``_pass``, ``_far``, ``_save``, ``_restore``,
+    ``absorb``, ``_finish``).  ``f``, ``g`` (the caller's arrays, updated in place), ``u``,
+    ``v``, ``kv`` and ``err`` are the host's after :meth:`run`.
     """
 
     def __init__(self, pat, c, c_csc, a, b, f, g, eps, omega, state):
@@ -52,15 +41,13 @@ class Scaling:
 
     def _kernel(self):
         pat = self.pat
-        # float32 kernel values: the passes are bound by memory traffic; the plan u K v is a plan
-        # whatever K's rounding (the upper bound rounds it onto the exact marginals), and the
-        # marginals' float64 sums reach ~1e-7, far below the 1e-3 and 0.1 tol W^2 / c_max sought
+        # float32 kernel values (the passes are bound by memory traffic): u K v is a plan whatever
+        # K's rounding, and the marginals' float64 sums reach ~1e-7, far below the errors sought
         self.kv = gibbs_into(
             pat.ptr, pat.cols, self.c, self.f, self.g, self.eps, np.empty(pat.nnz, np.float32)
         )
-        # potentials absorbed from a diverging iterate can be dual-infeasible by more than
-        # 88 eps, where float32 overflows: an infinite kernel value would make every pass
-        # non-finite.  Any nonnegative kernel still gives a plan (the bracket stays valid)
+        # potentials absorbed from a diverging iterate can overflow float32: clipped, any
+        # nonnegative kernel still gives a plan
         np.minimum(self.kv, np.finfo(np.float32).max, out=self.kv)
         self.kv_csc = self.kv[pat.perm]
         self.u, self.v = self.a.copy(), self.b.copy()
@@ -73,7 +60,8 @@ class Scaling:
         return err
 
     def _far(self):
-        return far(self.u, self.a) or far(self.v, self.b)
+        """Whether some scaling ``u_i / a_i`` or ``v_j / b_j`` lies outside ``[1/FAR, FAR]``."""
+        return any(r.max() > FAR or r.min() < 1.0 / FAR for r in (self.u / self.a, self.v / self.b))
 
     def _save(self):
         return (self.f.copy(), self.g.copy(), self.u.copy(), self.v.copy())
@@ -95,13 +83,11 @@ class Scaling:
     def run(self, need, it_max):
         """Returns ``"ok"`` (error <= need), ``"stalled"`` (less than 10 % gained in 200 passes) or ``"budget"``.
 
-        Over-relaxed Sinkhorn converges only near its fixed point: far from it the error can
-        grow without bound.  A pass whose error jumps (as the relaxation ramps up) is ridden
-        out; divergence is a whole window of 20 passes whose smallest error is 10 times the
-        best before it, or an error that is not finite.  Then the scalings go back to the
-        best ones and the relaxation is halved towards 1; it doubles back towards ``omega``
-        each time the error has fallen tenfold since (closer to the fixed point, where the
-        larger relaxation is stable and converges many times faster).
+        The relaxation ramps up from 1 to ``omega`` over the first 20 passes.  Over-relaxed
+        Sinkhorn converges only near its fixed point: a window of 20 passes whose smallest
+        error is 10 times the best before it (or not finite) sends the scalings back to the
+        best ones and halves the relaxation towards 1; it doubles back towards ``omega`` each
+        time the error has fallen tenfold since.
         """
         try:
             return self._run(need, it_max)

@@ -123,9 +123,8 @@ def sinkhorn(x, a, y, b, p, cost, reg, scaling, tol, max_iter, backend) -> tuple
     )
     eps_list = [diam_p * scaling ** (p * k) for k in range(n_steps)] + [reg]
 
-    # Potentials f_ba, g_ab of OT_eps(mu, nu) and the symmetric ones f_aa, g_bb of OT_eps(mu, mu),
-    # OT_eps(nu, nu).  Cross pair: alternating (Gauss-Seidel) Sinkhorn steps; self terms:
-    # averaged symmetric steps, which converge fast (Feydy et al. 2019, Sec. 3).
+    # f_ba, g_ab of OT_eps(mu, nu) by alternating Sinkhorn steps; f_aa, g_bb of OT_eps(mu, mu),
+    # OT_eps(nu, nu) by averaged symmetric steps, which converge fast (Feydy et al. 2019, Sec. 3)
     f_ba, g_ab = np.zeros(x.shape[0]), np.zeros(y.shape[0])
     f_aa, g_bb = np.zeros(x.shape[0]), np.zeros(y.shape[0])
 

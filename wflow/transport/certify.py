@@ -1,41 +1,25 @@
 r"""Certified bounds on :math:`W_2^2` on the sphere: an exact c-transform and a feasible plan.
 
-Lower bound.  Any pair :math:`(f, g)` with :math:`f_i + g_j \le c_{ij}` for **all** pairs is
-dual-feasible, so :math:`\sum_i a_i f_i + \sum_j b_j g_j \le W_2^2`.  Given any ``f`` (e.g.
-Sinkhorn's potential), :math:`g = f^c`, :math:`g_j = \min_i (c_{ij} - f_i)`, makes it so:
-:func:`c_transform` computes that minimum over all :math:`i` exactly, without the
-:math:`N^2` pairs: the points are grouped in cells around centres drawn from them, and a
-cell is scanned for a query only when a lower bound of its points' values, the cost at the
-query's distance to the cell minus the cell's radius, less the cell's largest potential, is
-below the best value found so far.  Since the cost is an increasing function of the chord,
-the bound holds for any potential; a smooth one keeps the scan to a few cells per query.
+Lower bound.  Any :math:`(f, g)` with :math:`f_i + g_j \le c_{ij}` for **all** pairs gives
+:math:`\sum_i a_i f_i + \sum_j b_j g_j \le W_2^2`; :func:`c_transform` computes
+:math:`g = f^c`, :math:`g_j = \min_i (c_{ij} - f_i)`, exactly without the :math:`N^2` pairs,
+by bounds on cells of points (:class:`Cells`), lowered by ``ROUNDOFF`` so that round-off
+cannot make the pair infeasible.
 
-Pairs within a threshold (:func:`threshold_pairs`, the kernel truncation) are found by a
-k-d tree in a lifted space.  With :math:`s = |x - y|^2` the squared chord, the cost is
-:math:`c = h(s)`: :math:`h(s) = s` (chordal) or :math:`h(s) = \theta^2 =
-(2\arcsin(\sqrt s/2))^2` (geodesic), which is convex and increasing.  Every tangent is a
-lower bound, :math:`h(s) \ge h(s_b) + k_b (s - s_b)` with :math:`k_b = h'(s_b) =
-\theta_b/\sin\theta_b`, so for the lifted points :math:`\tilde x_i = (x_i, \sqrt{F -
-f_i/k_b})`, :math:`F = \max_i f_i/k_b`, and :math:`\tilde y = (y, 0)`,
+Kernel truncation (:func:`threshold_pairs`): pairs within a threshold are found by a k-d tree
+in a lifted space.  With :math:`s = |x - y|^2`, the cost :math:`c = h(s)` (:math:`h(s) = s`
+chordal, :math:`(2\arcsin(\sqrt s/2))^2` geodesic) is convex and increasing, so its tangent
+at :math:`s_b` (slope :math:`k_b = \theta_b/\sin\theta_b`) bounds it from below and, for the
+lifted points :math:`\tilde x_i = (x_i, \sqrt{F - f_i/k_b})`, :math:`F = \max_i f_i/k_b`,
+:math:`\tilde y = (y, 0)`,
 
 .. math::
     c_{ij} - f_i \;\ge\; h(s_b) - k_b s_b + k_b\,(|\tilde x_i - \tilde y_j|^2 - F).
 
-The k nearest lifted points of :math:`\tilde y_j` hold the candidates; every other
-:math:`i` is at lifted distance at least the k-th one, which bounds its
-:math:`c_{ij} - f_i` from below, and k grows (4x) until that bound clears the threshold.
-The queries are grouped by the angle :math:`\theta_b` of their expected partner (bins of
-0.15 rad), so the tangent is tight where it matters.
+The queries are grouped by the angle :math:`\theta_b` of their expected partner (``BIN``).
 
-Upper bound.  Any plan with the exact marginals costs at least :math:`W_2^2`:
-:func:`wflow.transport.sparse_kernels.rounded_plan_cost` rounds the sparse entropic plan
-(Altschuler, Weed and Rigollet, NeurIPS 2017) and bounds its rank-one correction by
-:math:`\delta\,c_{\max}`.
-
-Round-off: costs and potentials are float64 numbers of size at most :math:`\pi^2`; the
-c-transform is lowered by ``ROUNDOFF`` (1e-12, far above their rounding) so that the
-computed dual pair stays feasible, and relative bracket widths below ``MIN_TOL`` (1e-9)
-are refused.
+Upper bound: the cost of any plan with the exact marginals
+(:func:`wflow.transport.sparse_kernels.rounded_plan_cost`).
 """
 
 from __future__ import annotations
@@ -156,19 +140,13 @@ def _group(pts: np.ndarray, centres: np.ndarray, workers: int) -> tuple[np.ndarr
 class Cells:
     r"""Points on the sphere grouped in cells, for exact searches of :math:`c(q, p) - pot_p`.
 
-    About ``per_cell`` points per cell, around centres drawn from the points (the first
-    ``rng(0)`` draw, so the grouping is reproducible); built once, searched with any
-    potential.  Every point of a cell costs a query at least the cost at the query's
-    distance to the centre less the cell's radius, minus the cell's largest potential
-    (the cost is an increasing function of the chord); a second bound fits the potential
-    linearly over each cell's tangent offsets and adds the fit's exact largest excess
-    (:func:`~wflow.transport.sparse_kernels.cell_models`), tight to second order in the
-    cell's size near a query's best partner, where the first bound is loose by the transport
-    distance times the radius.  Only the cells whose bounds beat the best value found are
-    scanned (:func:`wflow.transport.sparse_kernels.cell_c_transform`,
-    :func:`~wflow.transport.sparse_kernels.cell_within`): exact whatever the potential, and
-    a smooth (c-concave-like) potential keeps the scan to a few cells per query.  O(cells²
-    + queries · scanned) per search.
+    About ``per_cell`` points per cell, around centres drawn from the points (reproducibly);
+    built once, searched with any potential.  A cell is scanned only when one of two lower
+    bounds of its values beats the best found: the cost at the query's distance to the
+    centre less the cell's radius, minus its largest potential; and a linear fit of the
+    potential plus the fit's largest excess
+    (:func:`~wflow.transport.sparse_kernels.cell_models`).  Exact whatever the potential;
+    O(cells² + queries · scanned) per search.
     """
 
     def __init__(self, pts: np.ndarray, per_cell: int = 32, workers: int = 2):
@@ -183,12 +161,8 @@ class Cells:
 
     def group(self, q: np.ndarray) -> tuple[np.ndarray, ...]:
         """The queries in cells of their own, about ``per_cell`` each (at least 64 cells, or one
-        per query): ``(order, ptr, radius, sorted queries, centres)``; pass it instead of ``q`` to
-        search the same queries again.
-
-        A query cell's bounds hold for all its queries, less its radius, so small query cells
-        keep them tight (grouped around the points' centres, queries spread where the points are
-        concentrated would fall in a few wide cells, whose loose bounds visit most cells)."""
+        per query; small cells keep the bounds tight): ``(order, ptr, radius, sorted queries,
+        centres)``; pass it instead of ``q`` to search the same queries again."""
         nq = q.shape[0]
         nd = int(np.clip(nq // self.per_cell, min(nq, 64), MAX_CELLS))
         centres = np.ascontiguousarray(q[np.random.default_rng(1).choice(nq, nd, False)])
@@ -296,18 +270,12 @@ def threshold_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""All pairs with :math:`c(q_i, p_j) - pot_j \le t_i + slack`, :math:`t_i = \max(ref_i, \min_j (c(q_i, p_j) - pot_j))`.
 
-    With ``ref`` the query's own potential :math:`f_i` (a soft-min, at least the hard
-    minimum), the kept pairs are those with :math:`f_i + pot_j - c_{ij} \ge -slack`: the
-    dropped entries of the plan :math:`a_i b_j e^{(f_i + pot_j - c_{ij})/\varepsilon}`
-    carry at most :math:`e^{-slack/\varepsilon}` of row i's mass.  Relative to the row's
-    minimum alone (``ref`` None) a column whose potential is too large (dual-infeasible,
-    :math:`f_i + pot_j > c_{ij}`) becomes the row's best and its window leaves out the row's
-    true partners.
-
-    The kernel truncation of Schmitzer (2019): for each query the k-d tree candidates are
-    grown (4x) until the tangent lower bound of every other point exceeds the threshold,
-    so the kept set is complete, up to ``k_max`` candidates per query (beyond, the
-    ``k_max`` best by the bound are kept), and at least the ``k_min`` best.  Returns ``(rows, cols)`` of the kept pairs.
+    With ``ref`` the query's own potential :math:`f_i`, the kept pairs are those with
+    :math:`f_i + pot_j - c_{ij} \ge -slack`: the dropped entries of the plan carry at most
+    :math:`e^{-slack/\varepsilon}` of row i's mass (the kernel truncation of Schmitzer 2019).
+    The k-d tree candidates grow (4x) until the tangent bound of every other point exceeds
+    the threshold, up to ``k_max`` per query (beyond, the ``k_max`` best by the bound), and
+    at least the ``k_min`` best are kept.  Returns ``(rows, cols)`` of the kept pairs.
     """
     nq, n = q.shape[0], pts.shape[0]
     rows_out, cols_out = [], []
@@ -321,8 +289,7 @@ def threshold_pairs(
         if ref is not None:
             best = np.maximum(best, ref[todo])
         done = (lb >= best + slack) | (kk >= min(n, k_max))
-        # the threshold set, and at least the k_min best (a margin against potentials that
-        # are not yet converged, which would otherwise leave a row with too few partners)
+        # the threshold set, and at least the k_min best (a margin for unconverged potentials)
         kth = np.partition(vals, min(k_min, kk) - 1, axis=1)[:, min(k_min, kk) - 1]
         keep = ((vals <= (best + slack)[:, None]) | (vals <= kth[:, None])) & done[:, None]
         r, t = np.nonzero(keep)

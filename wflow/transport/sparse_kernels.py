@@ -4,11 +4,8 @@ A sparsity pattern is stored twice: by rows (CSR: ``ptr``, ``cols``, one entry p
 pair :math:`(i, j)`) and by columns (CSC: ``cptr``, ``crows`` and ``perm``, the CSR
 position of each CSC entry).  Costs are :math:`c_{ij} = \theta_{ij}^2` (geodesic,
 :math:`\theta = 2\,\mathrm{atan2}(|x-y|, |x+y|)`, accurate at every angle) or
-:math:`|x_i - y_j|^2` (chordal).  Every loop here is O(number of kept pairs).
-
-numba has no SVML on the reference machine (PITFALLS.md): ``math.exp`` in a loop is
-scalar, so exponentials are taken once per pair per :math:`\varepsilon` (the Gibbs kernel
-:math:`K_{ij}`); the many Sinkhorn passes in between are multiply-adds.
+:math:`|x_i - y_j|^2` (chordal).  Exponentials are taken once per pair per
+:math:`\varepsilon` (the Gibbs kernel); the Sinkhorn passes in between are multiply-adds.
 """
 
 from __future__ import annotations
@@ -171,12 +168,9 @@ def gibbs(ptr, cols, c, f, g, eps):
 def scale_rows(ptr, cols, kv, v, a, u, omega):
     r"""Over-relaxed ``u_i <- u_i (a_i / (u_i sum_j K_ij v_j))^omega``; returns the old row marginal's L1 error.
 
-    ``omega = 1`` is Sinkhorn's step; ``1 < omega < 2`` over-relaxes it (Thibault et al.
-    2017), which converges to the same fixed point in far fewer passes at small
-    :math:`\varepsilon`.  A row whose kept pairs carry no mass (every kernel value underflowed),
-    or whose new scaling would over- or underflow, keeps its scaling: an infinite or zero
-    scaling would carry NaN (0 x inf) into every row it touches; its error stays and the
-    caller's stall check searches new pairs.
+    ``omega = 1`` is Sinkhorn's step, ``1 < omega < 2`` over-relaxes it (Thibault et al.
+    2017).  A row whose pairs carry no mass, or whose new scaling would over- or underflow,
+    keeps its scaling (an infinite or zero one would spread NaN); its error stays.
     """
     n = ptr.shape[0] - 1
     err = np.empty(n)
@@ -528,10 +522,8 @@ def cell_c_transform(q, qptr, qcen, qrad, pts, pot, pptr, pcen, prad, ptop, parg
     ``q`` and ``pts`` are sorted by cell: cell ``D`` of the queries holds rows
     ``qptr[D]:qptr[D + 1]``, within ``qrad[D]`` of ``qcen[D]``; cell ``C`` of the points rows
     ``pptr[C]:pptr[C + 1]``, within ``prad[C]`` of ``pcen[C]``, largest potential ``ptop[C]``, at
-    row ``parg[C]``.  Every point of ``C`` costs a query ``y`` at least
-    ``h(max(0, |y - pcen[C]| - prad[C])) - ptop[C]`` (``h``: the cost of a chord, increasing), so
-    cells whose bound exceeds the best value found are never scanned; the others are scanned
-    exactly (:func:`pair_cost`).  Returns the values (query order) and the points scanned.
+    row ``parg[C]``, linear model ``mod[C]`` (:func:`cell_models`).  Cells whose bounds exceed
+    the best value found are skipped.  Returns the values (query order) and the points scanned.
     """
     nd = qptr.shape[0] - 1
     out = np.empty(q.shape[0])
@@ -626,9 +618,8 @@ def walk_support(y, x, psi, nbr, dist, top, best, gap, count):
     (``nbr[b]``: the atom ``b`` itself, then its neighbours by increasing chord ``dist``, padded
     with -1) of least reduced cost ``|y_j - x_i|^2 - psi_i`` until none is lower; ``count[j]`` =
     the atoms of ``nbr[best[j]]`` within ``gap[j]`` of that least cost (:func:`walk_fill` lists
-    them), counted from the reduced costs of the walk's last scan.  A scan stops where the
-    neighbours left cannot come within the gap (:func:`_beyond`; ``top``: the largest ``psi`` of
-    each row).  A local search: the caller certifies what it needs with an exact query.
+    them).  A scan stops where the rest cannot come within the gap (:func:`_beyond`; ``top``:
+    each row's largest ``psi``).  A local search: the caller checks it with exact queries.
     """
     M, K = y.shape[0], nbr.shape[1]
     for blk in prange((M + WALK_BLOCK - 1) // WALK_BLOCK):
@@ -719,10 +710,8 @@ def split_pairs(indptr, atoms, P, coef, lo, hi):
     return r, c, v
 
 
-# -- the hand-over: a fine level's pairs from the coarse level's kept cell pairs ---------------
-# Fine row i lies in coarse cell par[i]; its candidates are the children j (``ch`` in CSR
-# ``ch_ptr``) of every coarse column J of row par[i] in the coarse pattern (``ptr_c``,
-# ``cols_c``).  Each candidate pair is met once (a child has one parent).
+# -- the hand-over: a fine row's candidates are the children j (``ch`` in CSR ``ch_ptr``) of every
+# coarse column of its cell's row in the coarse pattern (``ptr_c``, ``cols_c``) ---------------
 
 
 @njit(cache=True)
@@ -756,11 +745,9 @@ def expand_thresholds(ptr_c, cols_c, ch_ptr, ch, own_ptr, own, x, y, f, g, slack
     r"""Each fine row's cut on :math:`c_{ij} - g_j` over its candidates.
 
     :math:`\max(\max(f_i, \min_j (c_{ij} - g_j)) + slack,\ v_{(k_{min})})`, with
-    :math:`v_{(k)}` the row's k-th smallest :math:`c_{ij} - g_j` (the rule of
-    :func:`wflow.transport.certify.threshold_pairs`); ``inf`` for a row with at most
-    ``k_min`` candidates (it keeps them all).  The rows are taken by coarse cell (``own``,
-    CSR ``own_ptr``: each coarse cell's fine rows), whose candidates they share
-    (:func:`_gather`, once per cell).
+    :math:`v_{(k)}` the row's k-th smallest :math:`c_{ij} - g_j`; ``inf`` for a row with at
+    most ``k_min`` candidates.  The rows are taken by coarse cell (``own``, CSR ``own_ptr``),
+    whose candidates they share (:func:`_gather`).
     """
     out = np.empty(x.shape[0])
     for big in prange(own_ptr.shape[0] - 1):
