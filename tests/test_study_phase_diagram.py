@@ -151,6 +151,26 @@ def test_curves_against_a_direct_loop():
     )
 
 
+def test_dopri5_curves_use_the_grouped_tolerances_and_the_reference_flow():
+    """The dopri5 scheme passes its tolerances as a StepControl (the flat spellings are
+    deprecated) and follows the flow: at the checkpoints, the same pair fractions as the
+    projected Euler loop at step 1e-4."""
+    import warnings
+
+    x0 = pd.initial_points(8, 0, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        times, frac = pd.pair_fraction_curves(x0, 1.0, "dopri5", 8.0, save_at=[0.0, 4.0, 6.0, 8.0])
+    x, ref = x0.copy(), [pair_fraction(x0)]
+    for k in range(80000):
+        y = x + 1e-4 * _softmax_average(x, 1.0)
+        x = y / np.linalg.norm(y, axis=-1, keepdims=True)
+        if k + 1 in (40000, 60000, 80000):
+            ref.append(pair_fraction(x))
+    np.testing.assert_allclose(times, [0, 4, 6, 8], atol=1e-12)
+    np.testing.assert_array_equal(frac, np.array(ref))
+
+
 def test_density_curve_parts_are_reused(tmp_path, monkeypatch):
     """A second call computes nothing (every chunk is a stored part), and gives the same curve."""
     monkeypatch.setattr(pd, "t_end_for", lambda beta, scheme="original", n=32: 10 * pd.SPACING)

@@ -118,7 +118,7 @@ def _s2_semidiscrete_w2(
 
     :math:`\mu(t)` is the push-forward of ``16 N`` Fibonacci nodes weighted by :math:`\rho_0`
     (one set per N, carried as tracers by one reference run); each value is the midpoint of
-    the certified bracket of :func:`wflow.semidiscrete.semidiscrete_w2`.  At the smallest N
+    the certified bracket of :func:`wflow.transport.semidiscrete.semidiscrete_w2`.  At the smallest N
     the same is computed against ``64 N`` nodes: the change is the reference's own error.
     Expected: the i.i.d. rate on a 2-dimensional sphere, :math:`\sqrt{\log N / N}`
     (Ajtai--Komlós--Tusnády), whose secant slope between the smallest and the largest N lies

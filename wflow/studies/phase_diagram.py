@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..models import SA
+from ..solvers.control import StepControl
 from ..solvers.particles import simulate
 from ..solvers.saveat import SaveAt
 from ..solvers.trackers import Record
@@ -159,7 +160,9 @@ def pair_fraction_curves(
     # span coordinates: n = 32 numbers per token whatever d (exact for SA with Q = K = V = I; the pair
     # fraction is computed from them), so d = 1024 costs what d = 32 does
     saving = SaveAt(saves, points=False, diagnostics=("pair_fraction",))
-    kw = SCHEMES[scheme]
+    kw = dict(SCHEMES[scheme])
+    if "rtol" in kw:  # the stored part keys keep the tolerances flat; simulate takes them grouped
+        kw["control"] = StepControl(rtol=kw.pop("rtol"), atol=kw.pop("atol"))
     simulate(
         SA(beta), x0, float(saves[-1]), save_at=saving, trackers=[record], coordinates="span", **kw
     )
