@@ -213,17 +213,17 @@ class _Solver:
         is within the gap, or ``forced``, is queried exactly (:meth:`_queried`)."""
         from .sparse_kernels import walk_fill, walk_support
 
-        count = np.empty(self.M, np.intp)
+        count, mask = np.empty(self.M, np.intp), np.empty(self.M, np.int64)
         top = np.where(self.nbr >= 0, psi[self.nbr], -np.inf).max(axis=1)
         graph = (self.nbr, self.dist, top)
-        walk_support(self.y, self.x, psi, *graph, self.best, gap, count)
+        walk_support(self.y, self.x, psi, *graph, self.best, gap, count, mask)
         full = np.nonzero((count >= self.degree[self.best]) | self.forced)[0]
         count[full] = 0
         indptr = np.zeros(self.M + 1, np.intp)
         np.cumsum(count, out=indptr[1:])
         n = int(indptr[-1])
         j, i, C = np.empty(n, np.intp), np.empty(n, np.intp), np.empty(n)
-        walk_fill(self.y, self.x, psi, *graph, self.best, gap, indptr, j, i, C)
+        walk_fill(self.y, self.x, psi, *graph, self.best, gap, mask, indptr, j, i, C)
         if not full.size:
             return indptr, j, i, C
         jq, iq, Cq = self._queried(psi, gap, full)

@@ -599,6 +599,8 @@ def candidate_values(q, pts, pot, idx, geodesic):
 
 #: fine atoms per block of :func:`walk_support` (one scratch row of reduced costs per block)
 WALK_BLOCK = 4096
+#: positions of a neighbour row a fine atom's support records as bits (int64, sign bit unused)
+MASK_BITS = 63
 
 
 @njit(cache=True, inline="always")
@@ -611,14 +613,14 @@ def _beyond(dist, top, b, q, d_yb, lim):
 
 
 @njit(cache=True, parallel=True)
-def walk_support(y, x, psi, nbr, dist, top, best, gap, count):
+def walk_support(y, x, psi, nbr, dist, top, best, gap, count, mask):
     """Each fine atom's best atom and how many atoms lie near it, by a walk on the atoms' graph.
 
     For fine atom ``j``: from ``best[j]`` (updated in place), move to the neighbour
     (``nbr[b]``: the atom ``b`` itself, then its neighbours by increasing chord ``dist``, padded
     with -1) of least reduced cost ``|y_j - x_i|^2 - psi_i`` until none is lower; ``count[j]`` =
-    the atoms of ``nbr[best[j]]`` within ``gap[j]`` of that least cost (:func:`walk_fill` lists
-    them).  A scan stops where the rest cannot come within the gap (:func:`_beyond`; ``top``:
+    the atoms of ``nbr[best[j]]`` within ``gap[j]`` of that least cost, ``mask[j]`` the bits of
+    their positions ``q < MASK_BITS`` in that row (:func:`walk_fill` lists them).  A scan stops where the rest cannot come within the gap (:func:`_beyond`; ``top``:
     each row's largest ``psi``).  A local search: the caller checks it with exact queries.
     """
     M, K = y.shape[0], nbr.shape[1]
@@ -648,27 +650,45 @@ def walk_support(y, x, psi, nbr, dist, top, best, gap, count):
                 b, c_b = nb, c_nb
             best[j] = b
             c = 0
+            bits = 0
             lim = rb + gap[j]
             for q in range(n):
                 if red[q] <= lim:
                     c += 1
+                    if q < MASK_BITS:
+                        bits |= 1 << q
             count[j] = c
+            mask[j] = bits
 
 
 @njit(cache=True, parallel=True)
-def walk_fill(y, x, psi, nbr, dist, top, best, gap, ptr, rows, atoms, costs):
+def walk_fill(y, x, psi, nbr, dist, top, best, gap, mask, ptr, rows, atoms, costs):
     """The supports :func:`walk_support` counted, flat in ``ptr`` order: each entry's fine atom
-    ``rows``, atom ``atoms`` and cost ``|y_j - x_i|^2`` ``costs`` (rows with no entries skipped)."""
+    ``rows``, atom ``atoms`` and cost ``|y_j - x_i|^2`` ``costs`` (rows with no entries skipped).
+    The positions below ``MASK_BITS`` come from ``mask``; a row longer than that is scanned on
+    from there as :func:`walk_support` scanned it (:func:`_beyond` only grows along a row)."""
     K = nbr.shape[1]
     for j in prange(y.shape[0]):
         if ptr[j + 1] == ptr[j]:  # a row the caller takes elsewhere
             continue
         b = best[j]
+        p = ptr[j]
+        bits, q = mask[j], 0
+        while bits:
+            if bits & 1 and p < ptr[j + 1]:
+                i = nbr[b, q]
+                rows[p] = j
+                atoms[p] = i
+                costs[p] = _sq_chord(x, y, i, j)
+                p += 1
+            bits >>= 1
+            q += 1
+        if K <= MASK_BITS:
+            continue
         c_b = _sq_chord(x, y, b, j)
         d_yb = math.sqrt(c_b)
         lim = c_b - psi[b] + gap[j]
-        p = ptr[j]
-        for q in range(K):
+        for q in range(MASK_BITS, K):
             i = nbr[b, q]
             if i < 0 or _beyond(dist, top, b, q, d_yb, lim):
                 break
